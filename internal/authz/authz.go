@@ -1,0 +1,97 @@
+// Package authz is the contract between the services and the broker that
+// vouches for callers: the capability vocabulary, the grant a token stands
+// for, and the Authority interface that gitd calls in-process. It holds no
+// state and decides nothing itself; the broker implements Authority.
+package authz
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc/metadata"
+)
+
+// The capability vocabulary (DESIGN.md, "Identity and capabilities").
+const (
+	CapPushWorking   = "git.push.working"
+	CapReviewRequest = "review.request"
+	CapReviewVerdict = "review.verdict"
+	CapTaskClose     = "task.close"
+	CapEventRecord   = "event.record"
+)
+
+// Capabilities is the whole vocabulary; a grant naming anything else is
+// refused.
+var Capabilities = []string{CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord}
+
+// HostID is the actor recorded for calls made with admin.token.
+const HostID = "host"
+
+// Grant is what the broker vouches for about a caller's token.
+type Grant struct {
+	// ID is the grant's id, or HostID for the admin token.
+	ID string
+	// Host is true for the admin token, which has no scope or capabilities
+	// of a grant but may do the host's operations.
+	Host                    bool
+	Business, Project, Task string
+	Role                    string
+	Caps                    []string
+}
+
+// Has reports whether g holds capability c.
+func (g Grant) Has(c string) bool {
+	for _, x := range g.Caps {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// Peer is the calling process as the socket saw it (SO_PEERCRED).
+type Peer struct {
+	PID, UID, GID int32
+}
+
+// Push is one accepted push, as recorded in the log.
+type Push struct {
+	Business, Project, Task string
+	Commit, Previous, Ref   string
+}
+
+// Authority is what gitd asks of the broker. Errors carry a gRPC status
+// (google.golang.org/grpc/status) that the caller passes through unchanged:
+// Unauthenticated for a bad, revoked or expired token, PermissionDenied for
+// a missing capability, FailedPrecondition for a closed task.
+type Authority interface {
+	// Authorize resolves token and requires that its grant hold at least one
+	// of caps. With no caps it requires the admin token.
+	Authorize(ctx context.Context, token string, caps ...string) (Grant, error)
+	// EnsureProject registers business/project with the broker (host only;
+	// idempotent).
+	EnsureProject(ctx context.Context, business, project string) error
+	// TaskOpen returns nil if the grant's task exists and is not closed.
+	TaskOpen(ctx context.Context, g Grant) error
+	// RecordPush appends action.allowed {capability: git.push.working,
+	// commit, previous, ref} for g's task, refusing if the task is closed.
+	// It is durable when it returns nil.
+	RecordPush(ctx context.Context, g Grant, p Push, peer Peer) error
+	// LastPushes returns, for each task of business/project with a recorded
+	// push, the commit of its latest push (used to reconcile refs at start).
+	LastPushes(ctx context.Context, business, project string) (map[string]string, error)
+}
+
+// TokenFromContext returns the bearer token of an incoming gRPC call, or "".
+func TokenFromContext(ctx context.Context) string {
+	md, ok := metadata.FromIncomingContext(ctx)
+	if !ok {
+		return ""
+	}
+	for _, v := range md.Get("authorization") {
+		if tok, ok := strings.CutPrefix(v, "Bearer "); ok {
+			return strings.TrimSpace(tok)
+		}
+	}
+	return ""
+}

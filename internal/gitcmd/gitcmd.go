@@ -1,0 +1,363 @@
+// Package gitcmd is the one door through which bushost runs git, on the
+// server and in the client alike.
+//
+// Every process it starts gets an environment built from nothing but PATH, a
+// private HOME and the variables below; no system or global config; hooks,
+// fsmonitor and every protocol but file switched off on the command line,
+// where repository config cannot undo them; and only allow-listed
+// subcommands. Caller values go after --end-of-options, or are refused when
+// they could be read as options. Nothing in this project may call
+// exec.Command("git", ...) outside this package.
+package gitcmd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// DefaultTimeout bounds a git process whose caller set no deadline.
+const DefaultTimeout = 10 * time.Minute
+
+// stderrLimit is how much of git's stderr an error keeps.
+const stderrLimit = 64 << 10
+
+// subcommands lists what may run. The value says whether the subcommand's
+// option parser understands --end-of-options (git 2.39); for the others every
+// caller value must not start with '-'.
+var subcommands = map[string]bool{
+	"add":          true,
+	"bundle":       true,
+	"cat-file":     true,
+	"checkout":     false,
+	"commit":       true,
+	"commit-tree":  true,
+	"config":       true,
+	"diff":         true,
+	"diff-index":   true,
+	"fetch":        true,
+	"for-each-ref": true,
+	"fsck":         true,
+	"hash-object":  true,
+	"index-pack":   false,
+	"init":         true,
+	"log":          true,
+	"ls-files":     true,
+	"ls-tree":      true,
+	"merge-base":   true,
+	"mktree":       true,
+	"pack-objects": true,
+	"read-tree":    true,
+	"reset":        false,
+	"rev-list":     true,
+	"rev-parse":    false,
+	"rm":           true,
+	"show-ref":     true,
+	"status":       true,
+	"symbolic-ref": true,
+	"update-ref":   true,
+	"write-tree":   true,
+}
+
+// fixedConfig is passed as -c to every git process. Command-line config wins
+// over repository config, so a hostile .git/config cannot turn these back on.
+var fixedConfig = []string{
+	"core.hooksPath=/dev/null",
+	"core.fsmonitor=false",
+	"core.sshCommand=false",
+	"core.askPass=",
+	"core.pager=cat",
+	"core.editor=false",
+	"core.attributesFile=/dev/null",
+	"credential.helper=",
+	"commit.gpgSign=false",
+	"tag.gpgSign=false",
+	"diff.external=",
+	"protocol.allow=never",
+	"protocol.file.allow=always",
+	"gc.auto=0",
+	"maintenance.auto=false",
+	"receive.autogc=false",
+	"advice.detachedHead=false",
+	"init.defaultBranch=main",
+	"core.bigFileThreshold=16m",
+	"pack.windowMemory=64m",
+	"pack.threads=2",
+}
+
+// extraEnv lists the only variables a caller may add, besides the fixed
+// environment. Each one points git at a place the caller chose on purpose.
+var extraEnv = map[string]bool{
+	"GIT_OBJECT_DIRECTORY":             true,
+	"GIT_ALTERNATE_OBJECT_DIRECTORIES": true,
+	"GIT_QUARANTINE_PATH":              true,
+	"GIT_INDEX_FILE":                   true,
+	"GIT_AUTHOR_NAME":                  true,
+	"GIT_AUTHOR_EMAIL":                 true,
+	"GIT_AUTHOR_DATE":                  true,
+	"GIT_COMMITTER_NAME":               true,
+	"GIT_COMMITTER_EMAIL":              true,
+	"GIT_COMMITTER_DATE":               true,
+}
+
+// Runner starts git processes. The zero value is not usable: use New.
+type Runner struct {
+	gitPath string
+	home    string
+	path    string
+	timeout time.Duration
+}
+
+// New returns a Runner whose processes see home as HOME. home should be a
+// directory that holds nothing git would read (no .gitconfig); it is created
+// 0700 if missing. An empty home makes a private one under os.TempDir().
+func New(home string) (*Runner, error) {
+	gitPath, err := exec.LookPath("git")
+	if err != nil {
+		return nil, fmt.Errorf("gitcmd: git not found on PATH: %w", err)
+	}
+	if home == "" {
+		home, err = os.MkdirTemp("", "bushost-githome-")
+		if err != nil {
+			return nil, fmt.Errorf("gitcmd: private home: %w", err)
+		}
+	} else if err := os.MkdirAll(home, 0o700); err != nil {
+		return nil, fmt.Errorf("gitcmd: private home: %w", err)
+	}
+	return &Runner{gitPath: gitPath, home: home, path: os.Getenv("PATH"), timeout: DefaultTimeout}, nil
+}
+
+// WithTimeout returns a copy of r whose processes are killed after d when the
+// caller's context has no earlier deadline.
+func (r *Runner) WithTimeout(d time.Duration) *Runner {
+	c := *r
+	c.timeout = d
+	return &c
+}
+
+// Home is the HOME every process of r sees.
+func (r *Runner) Home() string { return r.home }
+
+// Cmd describes one git invocation.
+type Cmd struct {
+	// Dir is the working directory (a work tree, or a bare repository).
+	Dir string
+	// GitDir, when set, is passed as --git-dir.
+	GitDir string
+	// Sub is the subcommand; it must be allow-listed. For "bundle" the
+	// bundle verb ("create", "verify", "list-heads") is the first Flag.
+	Sub string
+	// Flags are options chosen by our code; each must start with '-' except
+	// a verb of the subcommand given as the first element.
+	Flags []string
+	// Args are values that may come from outside (refs, paths, object ids);
+	// they go after --end-of-options.
+	Args []string
+	// Config adds "key=value" entries passed with -c, after the fixed ones.
+	Config []string
+	// Env adds allow-listed variables ("NAME=value").
+	Env []string
+	// Stdin, Stdout: optional; Stdout defaults to a buffer returned by
+	// Output. Stderr is always kept for errors.
+	Stdin  io.Reader
+	Stdout io.Writer
+}
+
+// Error is a git process that failed. Stderr is git's own message, trimmed.
+type Error struct {
+	Args     []string
+	ExitCode int
+	Stderr   string
+	Err      error
+}
+
+func (e *Error) Error() string {
+	msg := strings.TrimSpace(e.Stderr)
+	if msg == "" {
+		msg = e.Err.Error()
+	}
+	return fmt.Sprintf("git %s: %s", strings.Join(e.Args, " "), msg)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// ExitCode returns git's exit status from err, or -1 if err is not a git exit.
+func ExitCode(err error) int {
+	var ge *Error
+	if errors.As(err, &ge) {
+		return ge.ExitCode
+	}
+	return -1
+}
+
+// Argv returns the full argument list (without the git binary) that Run
+// would use, or an error if the command is not allowed.
+func (r *Runner) Argv(c Cmd) ([]string, error) {
+	endOpts, ok := subcommands[c.Sub]
+	if !ok {
+		return nil, fmt.Errorf("gitcmd: subcommand %q is not allowed", c.Sub)
+	}
+	argv := make([]string, 0, 2*len(fixedConfig)+len(c.Config)*2+len(c.Flags)+len(c.Args)+4)
+	for _, kv := range fixedConfig {
+		argv = append(argv, "-c", kv)
+	}
+	for _, kv := range c.Config {
+		if !strings.Contains(kv, "=") || strings.HasPrefix(kv, "-") {
+			return nil, fmt.Errorf("gitcmd: bad config entry %q", kv)
+		}
+		argv = append(argv, "-c", kv)
+	}
+	if c.GitDir != "" {
+		argv = append(argv, "--git-dir="+c.GitDir)
+	}
+	argv = append(argv, c.Sub)
+	for i, f := range c.Flags {
+		if !strings.HasPrefix(f, "-") && !(i == 0 && isVerb(c.Sub, f)) {
+			return nil, fmt.Errorf("gitcmd: flag %q of git %s does not start with '-'", f, c.Sub)
+		}
+		argv = append(argv, f)
+	}
+	if len(c.Args) > 0 {
+		if endOpts {
+			argv = append(argv, "--end-of-options")
+		} else {
+			for _, a := range c.Args {
+				if strings.HasPrefix(a, "-") {
+					return nil, fmt.Errorf("gitcmd: value %q of git %s could be read as an option", a, c.Sub)
+				}
+			}
+		}
+		argv = append(argv, c.Args...)
+	}
+	return argv, nil
+}
+
+// verbs of subcommands that take one before their options.
+var verbs = map[string][]string{
+	"bundle": {"create", "verify", "list-heads", "unbundle"},
+}
+
+func isVerb(sub, v string) bool {
+	for _, x := range verbs[sub] {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Runner) env(c Cmd) ([]string, error) {
+	env := []string{
+		"PATH=" + r.path,
+		"HOME=" + r.home,
+		"XDG_CONFIG_HOME=" + r.home,
+		"GIT_CONFIG_NOSYSTEM=1",
+		"GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_ATTR_NOSYSTEM=1",
+		"GIT_TERMINAL_PROMPT=0",
+		"GIT_NO_REPLACE_OBJECTS=1",
+		"GIT_PROTOCOL_FROM_USER=0",
+		"GIT_OPTIONAL_LOCKS=0",
+		"LC_ALL=C",
+	}
+	for _, kv := range c.Env {
+		name, _, ok := strings.Cut(kv, "=")
+		if !ok || !extraEnv[name] {
+			return nil, fmt.Errorf("gitcmd: environment %q is not allowed", name)
+		}
+		env = append(env, kv)
+	}
+	return env, nil
+}
+
+// Run runs c and returns an *Error carrying git's stderr if it fails.
+func (r *Runner) Run(ctx context.Context, c Cmd) error {
+	argv, err := r.Argv(c)
+	if err != nil {
+		return err
+	}
+	env, err := r.env(c)
+	if err != nil {
+		return err
+	}
+	if _, ok := ctx.Deadline(); !ok && r.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.timeout)
+		defer cancel()
+	}
+	cmd := exec.CommandContext(ctx, r.gitPath, argv...)
+	cmd.Dir = c.Dir
+	cmd.Env = env
+	cmd.Stdin = c.Stdin
+	cmd.Stdout = c.Stdout
+	stderr := &tailBuffer{limit: stderrLimit}
+	cmd.Stderr = stderr
+	// git starts helpers of its own (index-pack under fetch, pack-objects
+	// under bundle): a process group lets a cancel take them all.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		code := -1
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
+		return &Error{Args: argv[2*len(fixedConfig):], ExitCode: code, Stderr: stderr.String(), Err: err}
+	}
+	return nil
+}
+
+// Output runs c and returns its stdout.
+func (r *Runner) Output(ctx context.Context, c Cmd) ([]byte, error) {
+	var out bytes.Buffer
+	c.Stdout = &out
+	err := r.Run(ctx, c)
+	return out.Bytes(), err
+}
+
+// Line runs c and returns its stdout with surrounding space trimmed.
+func (r *Runner) Line(ctx context.Context, c Cmd) (string, error) {
+	out, err := r.Output(ctx, c)
+	return strings.TrimSpace(string(out)), err
+}
+
+// tailBuffer keeps the first limit bytes written to it, so that a chatty
+// process cannot grow our memory without bound.
+type tailBuffer struct {
+	buf   bytes.Buffer
+	limit int
+	lost  bool
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	room := t.limit - t.buf.Len()
+	if room <= 0 {
+		t.lost = true
+		return len(p), nil
+	}
+	if len(p) > room {
+		t.buf.Write(p[:room])
+		t.lost = true
+		return len(p), nil
+	}
+	t.buf.Write(p)
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	if t.lost {
+		return t.buf.String() + "\n[stderr truncated]"
+	}
+	return t.buf.String()
+}

@@ -1,0 +1,182 @@
+package gitcmd
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func newRunner(t *testing.T) *Runner {
+	t.Helper()
+	r, err := New(filepath.Join(t.TempDir(), "home"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func mustRun(t *testing.T, r *Runner, c Cmd) string {
+	t.Helper()
+	out, err := r.Line(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// initRepo makes a repository with one commit, through the Runner.
+func initRepo(t *testing.T, r *Runner) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "repo")
+	mustRun(t, r, Cmd{Sub: "init", Flags: []string{"-q"}, Args: []string{dir}})
+	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, r, Cmd{Dir: dir, Sub: "add", Args: []string{"f"}})
+	mustRun(t, r, Cmd{Dir: dir, Sub: "commit", Flags: []string{"-q", "--message=one"}, Env: author()})
+	return dir
+}
+
+func author() []string {
+	return []string{"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@localhost", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@localhost"}
+}
+
+// A hook in the repository, a hostile ~/.gitconfig, a repository config that
+// turns on fsmonitor and GIT_* variables in our own environment must change
+// nothing about what git does for us.
+func TestHostileSurroundingsChangeNothing(t *testing.T) {
+	r := newRunner(t)
+	dir := initRepo(t, r)
+	marker := filepath.Join(t.TempDir(), "pwned")
+	evil := "#!/bin/sh\ntouch " + marker + "\n"
+
+	hook := filepath.Join(dir, ".git", "hooks", "pre-commit")
+	if err := os.WriteFile(hook, []byte(evil), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"post-commit", "reference-transaction", "post-index-change"} {
+		if err := os.WriteFile(filepath.Join(dir, ".git", "hooks", h), []byte(evil), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := filepath.Join(t.TempDir(), "evil.sh")
+	if err := os.WriteFile(script, []byte(evil), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Repository config a hostile agent could write.
+	cfg := "[core]\n\tfsmonitor = " + script + "\n\thooksPath = .git/hooks\n\tpager = " + script + "\n[commit]\n\tgpgSign = true\n[gpg]\n\tprogram = " + script + "\n"
+	f, err := os.OpenFile(filepath.Join(dir, ".git", "config"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(cfg)
+	f.Close()
+
+	// Our process's own HOME and GIT_* variables.
+	home := t.TempDir()
+	os.WriteFile(filepath.Join(home, ".gitconfig"), []byte("[core]\n\thooksPath = "+filepath.Dir(hook)+"\n[user]\n\tname = evil\n"), 0o644)
+	other := initRepo(t, r)
+	t.Setenv("HOME", home)
+	t.Setenv("GIT_DIR", filepath.Join(other, ".git"))
+	t.Setenv("GIT_CONFIG_COUNT", "1")
+	t.Setenv("GIT_CONFIG_KEY_0", "core.hooksPath")
+	t.Setenv("GIT_CONFIG_VALUE_0", filepath.Dir(hook))
+	t.Setenv("GIT_CONFIG_PARAMETERS", "'core.hookspath'='"+filepath.Dir(hook)+"'")
+	t.Setenv("GIT_INDEX_FILE", "/nonexistent/index")
+
+	os.WriteFile(filepath.Join(dir, "g"), []byte("y\n"), 0o644)
+	mustRun(t, r, Cmd{Dir: dir, Sub: "add", Args: []string{"g"}})
+	mustRun(t, r, Cmd{Dir: dir, Sub: "commit", Flags: []string{"-q", "--message=two"}, Env: author()})
+	mustRun(t, r, Cmd{Dir: dir, Sub: "status", Flags: []string{"--porcelain"}})
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("a hook, fsmonitor, pager or gpg program ran")
+	}
+	// The commit went to dir, not to $GIT_DIR's repository.
+	log := mustRun(t, r, Cmd{Dir: dir, Sub: "log", Flags: []string{"--format=%s %an"}})
+	if log != "two t\none t" {
+		t.Fatalf("log in dir = %q", log)
+	}
+	otherLog := mustRun(t, r, Cmd{Dir: other, Sub: "log", Flags: []string{"--format=%s"}})
+	if otherLog != "one" {
+		t.Fatalf("GIT_DIR's repository was touched: %q", otherLog)
+	}
+}
+
+func TestRefusesWhatIsNotAllowed(t *testing.T) {
+	r := newRunner(t)
+	cases := []struct {
+		name string
+		cmd  Cmd
+		want string
+	}{
+		{"subcommand", Cmd{Sub: "daemon"}, "not allowed"},
+		{"upload-pack", Cmd{Sub: "upload-pack"}, "not allowed"},
+		{"flag without dash", Cmd{Sub: "log", Flags: []string{"HEAD"}}, "does not start with '-'"},
+		{"option-like value", Cmd{Sub: "index-pack", Args: []string{"--stdin"}}, "could be read as an option"},
+		{"environment", Cmd{Sub: "status", Env: []string{"GIT_DIR=/"}}, "not allowed"},
+		{"config", Cmd{Sub: "status", Config: []string{"--exec-path"}}, "bad config"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := r.Run(context.Background(), c.cmd)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// A value that looks like an option is a value: the ref "--output=x" is not
+// taken as a flag.
+func TestValuesAfterEndOfOptions(t *testing.T) {
+	r := newRunner(t)
+	dir := initRepo(t, r)
+	out := filepath.Join(t.TempDir(), "written")
+	err := r.Run(context.Background(), Cmd{Dir: dir, Sub: "log", Args: []string{"--output=" + out}})
+	if err == nil {
+		t.Fatal("log of a ref named like an option succeeded")
+	}
+	if _, serr := os.Stat(out); serr == nil {
+		t.Fatal("value was read as --output")
+	}
+}
+
+func TestErrorKeepsStderrAndExitCode(t *testing.T) {
+	r := newRunner(t)
+	dir := initRepo(t, r)
+	err := r.Run(context.Background(), Cmd{Dir: dir, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{"0000000000000000000000000000000000000001"}})
+	if ExitCode(err) != 128 {
+		t.Fatalf("exit = %d, err = %v", ExitCode(err), err)
+	}
+	if !strings.Contains(err.Error(), "could not get object info") {
+		t.Fatalf("stderr not kept: %v", err)
+	}
+}
+
+func TestTimeoutKillsGit(t *testing.T) {
+	r := newRunner(t).WithTimeout(200 * time.Millisecond)
+	dir := initRepo(t, r)
+	pr, pw, _ := os.Pipe()
+	defer pw.Close()
+	start := time.Now()
+	// hash-object --stdin waits on a pipe nobody writes.
+	err := r.Run(context.Background(), Cmd{Dir: dir, Sub: "hash-object", Flags: []string{"--stdin"}, Stdin: pr})
+	if err == nil || !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("err = %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v", d)
+	}
+}
+
+func TestStderrBounded(t *testing.T) {
+	b := &tailBuffer{limit: 10}
+	b.Write([]byte("0123456789abcdef"))
+	b.Write([]byte("more"))
+	if got := b.String(); !strings.HasPrefix(got, "0123456789\n") || !strings.Contains(got, "truncated") {
+		t.Fatalf("got %q", got)
+	}
+}

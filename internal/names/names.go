@@ -1,0 +1,94 @@
+// Package names is the one validator for business, project and task names,
+// and for the refs and paths built from them. Every name that reaches a path
+// or a ref passes through here first; nothing else builds those paths.
+package names
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+)
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// Check returns an error naming kind ("business", "project", "task") and the
+// rule when s is not a valid name.
+func Check(kind, s string) error {
+	if !nameRE.MatchString(s) {
+		return fmt.Errorf("invalid %s name %q: must match ^[a-z0-9][a-z0-9._-]{0,62}$", kind, clip(s))
+	}
+	if containsDotDot(s) {
+		return fmt.Errorf("invalid %s name %q: must not contain '..'", kind, s)
+	}
+	// A ref component may not end in ".lock" or "."; keep names usable as
+	// ref components and as file names alike.
+	if len(s) >= 5 && s[len(s)-5:] == ".lock" || s[len(s)-1] == '.' {
+		return fmt.Errorf("invalid %s name %q: must not end in '.' or '.lock'", kind, s)
+	}
+	return nil
+}
+
+// Scope is a validated business/project/task triple. Task may be empty for
+// project-level operations.
+type Scope struct {
+	Business, Project, Task string
+}
+
+// CheckScope validates each non-empty part of s; business and project are
+// required.
+func CheckScope(s Scope) error {
+	if err := Check("business", s.Business); err != nil {
+		return err
+	}
+	if err := Check("project", s.Project); err != nil {
+		return err
+	}
+	if s.Task != "" {
+		return Check("task", s.Task)
+	}
+	return nil
+}
+
+// RepoPath is <root>/<business>/<project>.git, after validation.
+func RepoPath(root, business, project string) (string, error) {
+	if err := Check("business", business); err != nil {
+		return "", err
+	}
+	if err := Check("project", project); err != nil {
+		return "", err
+	}
+	return filepath.Join(root, business, project+".git"), nil
+}
+
+// WorkRef is refs/work/<task>, after validation.
+func WorkRef(task string) (string, error) {
+	if err := Check("task", task); err != nil {
+		return "", err
+	}
+	return "refs/work/" + task, nil
+}
+
+// ReviewRef is refs/review/<task>, after validation.
+func ReviewRef(task string) (string, error) {
+	if err := Check("task", task); err != nil {
+		return "", err
+	}
+	return "refs/review/" + task, nil
+}
+
+func containsDotDot(s string) bool {
+	for i := 0; i+1 < len(s); i++ {
+		if s[i] == '.' && s[i+1] == '.' {
+			return true
+		}
+	}
+	return false
+}
+
+// clip keeps error messages short when a hostile caller sends a huge name.
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}

@@ -1,0 +1,120 @@
+// Package sock serves gRPC on the bus host's Unix sockets: it makes the
+// socket with the right mode, and tells each call which process is on the
+// other end (SO_PEERCRED), so that the broker can log it. It never trusts
+// anything the peer says about itself.
+package sock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+
+	"github.com/bushost/bushost/internal/authz"
+)
+
+// Listen makes a Unix socket at path with the given mode. A stale socket
+// file (nobody listening) is replaced; any other file there is an error.
+func Listen(path string, mode os.FileMode) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
+		}
+		if c, err := net.Dial("unix", path); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listen %s: another process is serving it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
+		}
+	}
+	// The socket is made under a restrictive umask and then opened up to
+	// mode, so there is no moment where it is wider than asked.
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(true)
+	if err := os.Chmod(path, mode); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("listen %s: chmod: %w", path, err)
+	}
+	return l, nil
+}
+
+// AuthInfo is the peer credential of a Unix socket connection.
+type AuthInfo struct {
+	credentials.CommonAuthInfo
+	Peer authz.Peer
+}
+
+// AuthType implements credentials.AuthInfo.
+func (AuthInfo) AuthType() string { return "peercred" }
+
+// PeerCred is a grpc TransportCredentials that reads SO_PEERCRED at
+// handshake. It adds no encryption: the socket's mode is the protection.
+type PeerCred struct{}
+
+// ServerHandshake implements credentials.TransportCredentials.
+func (PeerCred) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return nil, nil, errors.New("peercred: not a unix connection")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, nil, err
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return nil, nil, err
+	}
+	if cerr != nil {
+		return nil, nil, fmt.Errorf("peercred: %w", cerr)
+	}
+	return c, AuthInfo{
+		CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity},
+		Peer:           authz.Peer{PID: cred.Pid, UID: int32(cred.Uid), GID: int32(cred.Gid)},
+	}, nil
+}
+
+// ClientHandshake implements credentials.TransportCredentials; the server
+// side is the only one that uses PeerCred.
+func (PeerCred) ClientHandshake(_ context.Context, _ string, c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return c, AuthInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil
+}
+
+// Info implements credentials.TransportCredentials.
+func (PeerCred) Info() credentials.ProtocolInfo {
+	return credentials.ProtocolInfo{SecurityProtocol: "peercred"}
+}
+
+// Clone implements credentials.TransportCredentials.
+func (p PeerCred) Clone() credentials.TransportCredentials { return p }
+
+// OverrideServerName implements credentials.TransportCredentials.
+func (PeerCred) OverrideServerName(string) error { return nil }
+
+// PeerFromContext returns the calling process of a gRPC call served with
+// PeerCred; ok is false if there is none.
+func PeerFromContext(ctx context.Context) (authz.Peer, bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return authz.Peer{}, false
+	}
+	ai, ok := p.AuthInfo.(AuthInfo)
+	if !ok {
+		return authz.Peer{}, false
+	}
+	return ai.Peer, true
+}
