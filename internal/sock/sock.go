@@ -53,6 +53,8 @@ func Listen(path string, mode os.FileMode) (net.Listener, error) {
 type AuthInfo struct {
 	credentials.CommonAuthInfo
 	Peer authz.Peer
+	// Over marks a connection beyond the socket's connection limit.
+	Over bool
 }
 
 // AuthType implements credentials.AuthInfo.
@@ -64,11 +66,15 @@ type PeerCred struct{}
 
 // ServerHandshake implements credentials.TransportCredentials.
 func (PeerCred) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	uc, ok := c.(*net.UnixConn)
+	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return nil, nil, errors.New("peercred: not a unix connection")
 	}
-	raw, err := uc.SyscallConn()
+	over := false
+	if cc, ok := c.(*countedConn); ok {
+		over = cc.over
+	}
+	raw, err := sc.SyscallConn()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -85,6 +91,7 @@ func (PeerCred) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, err
 	return c, AuthInfo{
 		CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity},
 		Peer:           authz.Peer{PID: cred.Pid, UID: int32(cred.Uid), GID: int32(cred.Gid)},
+		Over:           over,
 	}, nil
 }
 
@@ -108,13 +115,15 @@ func (PeerCred) OverrideServerName(string) error { return nil }
 // PeerFromContext returns the calling process of a gRPC call served with
 // PeerCred; ok is false if there is none.
 func PeerFromContext(ctx context.Context) (authz.Peer, bool) {
+	ai, ok := authInfo(ctx)
+	return ai.Peer, ok
+}
+
+func authInfo(ctx context.Context) (AuthInfo, bool) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return authz.Peer{}, false
+		return AuthInfo{}, false
 	}
 	ai, ok := p.AuthInfo.(AuthInfo)
-	if !ok {
-		return authz.Peer{}, false
-	}
-	return ai.Peer, true
+	return ai, ok
 }
