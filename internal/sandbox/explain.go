@@ -1,0 +1,57 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// Explain writes the plan: the bind table in mount order (kind, source,
+// target, why), then namespaces, hardening, notes and problems.
+func Explain(w io.Writer, p *Plan, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			*Plan
+			EnvNames []string `json:"env"`
+		}{p, envNames(p.Env)})
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tSOURCE\tTARGET\tWHY")
+	for _, b := range p.Binds {
+		src := b.Source
+		if src == "" {
+			src = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", b.Kind, src, b.Target, b.Why)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nuser: %s (uid %d, gid %d)\n", p.User.Name, p.User.UID, p.User.GID)
+	fmt.Fprintf(w, "namespaces: %s\n", strings.Join(p.Namespaces, " "))
+	fmt.Fprintf(w, "env: %s\n", strings.Join(envNames(p.Env), " "))
+	fmt.Fprintln(w, "hardening:")
+	for _, h := range p.Hardening {
+		fmt.Fprintf(w, "  %s: %s\n", h.Flag, h.Why)
+	}
+	for _, n := range p.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	for _, pr := range p.Problems {
+		fmt.Fprintf(w, "problem: %s\n", pr)
+	}
+	return nil
+}
+
+// envNames lists variable names only: --env values may be secrets.
+func envNames(env []string) []string {
+	names := make([]string, len(env))
+	for i, e := range env {
+		names[i], _, _ = strings.Cut(e, "=")
+	}
+	return names
+}

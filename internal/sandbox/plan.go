@@ -1,0 +1,343 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// Where the sandbox puts its own files inside the session. They live in the
+// session's root (a tmpfs made read-only at the end), not under any host
+// path, so a build directory under the host's /tmp still works.
+const (
+	sessionDir    = "/run/sandbox"
+	sessionBinDir = sessionDir + "/bin"
+	initPath      = sessionDir + "/init"
+)
+
+// Bind kinds, named after the bwrap option each becomes.
+const (
+	KindROBind    = "ro-bind"
+	KindBind      = "bind"
+	KindSymlink   = "symlink"
+	KindProc      = "proc"
+	KindDev       = "dev"
+	KindRemountRO = "remount-ro"
+)
+
+// Bind is one line of the bind table: what the session gets and why.
+type Bind struct {
+	Kind   string `json:"kind"`
+	Source string `json:"source,omitempty"`
+	Target string `json:"target"`
+	Why    string `json:"why"`
+}
+
+// Flag is a hardening option given to bwrap, and why.
+type Flag struct {
+	Flag string `json:"flag"`
+	Why  string `json:"why"`
+}
+
+// Plan is a checked Config: the bind table in mount order and everything
+// else bwrap is told. Building it reads the file system but changes nothing.
+type Plan struct {
+	Config     *Config  `json:"-"`
+	User       User     `json:"user"`
+	Binds      []Bind   `json:"binds"`
+	Namespaces []string `json:"namespaces"`
+	Hardening  []Flag   `json:"hardening"`
+	Notes      []string `json:"notes,omitempty"`
+	// Problems would make the launch fail or the session unusable; explain
+	// shows them, run refuses.
+	Problems []string `json:"problems,omitempty"`
+
+	Bwrap     string   `json:"bwrap"`
+	Workspace string   `json:"workspace"`
+	RunDir    string   `json:"run_dir"`
+	Home      string   `json:"home"`
+	Tmp       string   `json:"tmp"`
+	Env       []string `json:"-"` // values may be secrets: explain shows names
+
+	Command []string `json:"command,omitempty"`
+	initExe string
+}
+
+// reserved are session paths the sandbox builds itself; a caller path on
+// or under one would be hidden by it or would replace it.
+var reserved = []string{"/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/dev", "/tmp", "/run/sandbox"}
+
+// BuildPlan checks cfg against the file system and lays out the session.
+func BuildPlan(cfg *Config) (*Plan, error) {
+	u, err := sessionUser(cfg.User)
+	if err != nil {
+		return nil, err
+	}
+	p := &Plan{Config: cfg, User: u, Command: cfg.Command}
+	if p.Bwrap, err = findBwrap(cfg.Bwrap); err != nil {
+		return nil, err
+	}
+	if p.Workspace, err = callerPath("workspace", cfg.Workspace, true); err != nil {
+		return nil, err
+	}
+	if p.RunDir, err = callerPath("run directory", cfg.RunDir, true); err != nil {
+		return nil, err
+	}
+	if within(p.Workspace, p.RunDir) || within(p.RunDir, p.Workspace) {
+		return nil, fmt.Errorf("workspace %s and run directory %s must not contain one another: the workspace leaves as a bundle, the run directory must not go with it", p.Workspace, p.RunDir)
+	}
+	p.Home = filepath.Join(p.RunDir, "home")
+	p.Tmp = filepath.Join(p.RunDir, "tmp")
+	sessionJSON := filepath.Join(p.RunDir, "session.json")
+	if st, err := os.Lstat(sessionJSON); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("run directory %s has no regular file session.json: the host writes it before the launch and the session may only read it", p.RunDir)
+	}
+	broker, err := callerPath("broker socket", cfg.BrokerSocket, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := mustBeSocket("broker socket", broker); err != nil {
+		return nil, err
+	}
+
+	system, err := systemBinds()
+	if err != nil {
+		return nil, err
+	}
+	p.Binds = append(p.Binds, system...)
+	p.Binds = append(p.Binds,
+		Bind{KindProc, "", "/proc", "a /proc of the session's own pid namespace: it lists the session's processes and no host process"},
+		Bind{KindDev, "", "/dev", "a minimal /dev (null, zero, full, random, urandom, tty, a private pts): no host device"},
+		Bind{KindBind, p.Tmp, "/tmp", "the session's private /tmp, on disk in the run directory so the host can read it after the session"},
+	)
+
+	caller := []Bind{
+		{KindBind, p.Workspace, p.Workspace, "the workspace: the session's work, which leaves only as a git bundle pushed through the git socket"},
+		{KindBind, p.RunDir, p.RunDir, "the run directory: HOME (home/) and /tmp (tmp/) live here, so the host keeps them after the session"},
+		{KindROBind, filepath.Join(p.RunDir, "bundle"), filepath.Join(p.RunDir, "bundle"), "bundles the host hands to the session (a review's fetch); read-only so the session cannot forge them"},
+		{KindROBind, sessionJSON, sessionJSON, "the host's description of the session; read-only so the session cannot rewrite what the host will trust"},
+		{KindROBind, broker, broker, "the broker socket: events, reviews and task.close, each checked against the role's grant"},
+	}
+	switch {
+	case !cfg.HasCap(CapPushWorking) && !cfg.HasCap(CapReviewVerdict):
+		if cfg.GitSocket != "" {
+			p.Notes = append(p.Notes, fmt.Sprintf("git socket %s not bound: role %s holds neither %s nor %s", cfg.GitSocket, cfg.Role, CapPushWorking, CapReviewVerdict))
+		}
+	case cfg.GitSocket == "":
+		p.Notes = append(p.Notes, fmt.Sprintf("no --git-socket given: role %s holds a git capability but the session cannot push or fetch", cfg.Role))
+	default:
+		gs, err := callerPath("git socket", cfg.GitSocket, false)
+		if err != nil {
+			return nil, err
+		}
+		if err := mustBeSocket("git socket", gs); err != nil {
+			return nil, err
+		}
+		caller = append(caller, Bind{KindROBind, gs, gs, fmt.Sprintf("the git socket, because role %s holds %s: pushes and fetches as bundles, checked by the host", cfg.Role, gitCapsOf(cfg))})
+	}
+	for _, r := range cfg.RO {
+		rp, err := callerPath("--ro path", r, false)
+		if err != nil {
+			return nil, err
+		}
+		caller = append(caller, Bind{KindROBind, rp, rp, "asked for with --ro by the host that started the session"})
+	}
+	// A parent must be mounted before its children, or it would hide them.
+	sort.SliceStable(caller, func(i, j int) bool { return depth(caller[i].Target) < depth(caller[j].Target) })
+	p.Binds = append(p.Binds, caller...)
+
+	bushost, note := findBushost(cfg.Bushost)
+	if bushost != "" {
+		p.Binds = append(p.Binds, Bind{KindROBind, bushost, sessionBinDir + "/bushost", "the bushost client, the session's only way to push, fetch and talk to the broker; first on PATH"})
+	} else {
+		p.Notes = append(p.Notes, note)
+	}
+	if p.initExe, err = os.Executable(); err != nil {
+		return nil, fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
+	}
+	if p.initExe, err = filepath.EvalSymlinks(p.initExe); err != nil {
+		return nil, fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
+	}
+	p.Binds = append(p.Binds,
+		Bind{KindROBind, p.initExe, initPath, "this sandbox binary, run as the session's pid 1: it reaps orphans, forwards SIGTERM and SIGINT to the command and dies with bwrap"},
+		Bind{KindRemountRO, "", "/", "the root bwrap built is made read-only: nothing but the workspace, the run directory and /tmp is writable"},
+	)
+
+	p.Namespaces = []string{"user", "pid", "ipc", "uts", "cgroup"}
+	if cfg.Net {
+		p.Notes = append(p.Notes, "--net: the session shares the host's network namespace")
+	} else {
+		p.Namespaces = append(p.Namespaces, "net")
+	}
+	p.Hardening = []Flag{
+		{Flag: "--new-session", Why: "the session has no controlling terminal, so TIOCSTI cannot push keystrokes into the caller's terminal"},
+		{Flag: "--disable-userns", Why: "no nested user namespace, whose capabilities could undo a read-only bind"},
+		{Flag: "--cap-drop ALL", Why: "no capability inside the session's user namespace either"},
+		{Flag: "--seccomp", Why: "refuses TIOCSTI/TIOCLINUX, keyctl, ptrace, mount and the new mount API, io_uring, unshare/setns and namespace clones, bpf, userfaultfd, perf_event_open, module and kexec calls"},
+		{Flag: "--as-pid-1", Why: "the sandbox's own init is pid 1 (bwrap's would not forward signals), with SIGKILL as its parent-death signal so the session dies with bwrap"},
+	}
+	if u.Drop {
+		p.Hardening = append(p.Hardening, Flag{Flag: "--user " + u.Name, Why: fmt.Sprintf("started as root: bwrap and the session run as uid %d gid %d, never as host root", u.UID, u.GID)})
+	}
+	p.Env = cfg.sessionEnv(p)
+	p.checkAccess()
+	return p, nil
+}
+
+// checkAccess records what the session user could not reach.
+func (p *Plan) checkAccess() {
+	want := map[string]uint32{p.Workspace: accR | accW | accX, p.RunDir: accR | accW | accX}
+	for _, b := range p.Binds {
+		if b.Source == "" || b.Kind == KindSymlink {
+			continue
+		}
+		w, ok := want[b.Source]
+		if !ok {
+			if st, err := os.Stat(b.Source); err == nil && st.Mode()&os.ModeSocket != 0 {
+				w = accW // connect(2) needs write permission on the socket
+			}
+		}
+		if _, err := os.Lstat(b.Source); err != nil && filepath.Dir(b.Source) == p.RunDir {
+			continue // made by run before the launch
+		}
+		if err := checkAccess(p.User, b.Source, w); err != nil {
+			p.Problems = append(p.Problems, fmt.Sprintf("session user %s cannot use %s: %v", p.User.Name, b.Source, err))
+		}
+	}
+	if ents, err := os.ReadDir(p.Home); err == nil && len(ents) > 0 {
+		p.Problems = append(p.Problems, fmt.Sprintf("%s is not empty: a session starts with an empty HOME", p.Home))
+	}
+}
+
+func gitCapsOf(cfg *Config) string {
+	var held []string
+	for _, c := range []string{CapPushWorking, CapReviewVerdict} {
+		if cfg.HasCap(c) {
+			held = append(held, c)
+		}
+	}
+	return strings.Join(held, " and ")
+}
+
+// systemBinds gives the session the host's programs and configuration,
+// read-only. /bin, /lib, /lib64 and /sbin stay the symlinks they are on a
+// merged-/usr host and are bound where they are real directories.
+func systemBinds() ([]Bind, error) {
+	binds := []Bind{{KindROBind, "/usr", "/usr", "the host's programs and libraries (git, a shell, compilers), read-only"}}
+	for _, d := range []string{"/bin", "/sbin", "/lib", "/lib64"} {
+		st, err := os.Lstat(d)
+		switch {
+		case os.IsNotExist(err):
+			continue
+		case err != nil:
+			return nil, err
+		case st.Mode()&os.ModeSymlink != 0:
+			to, err := os.Readlink(d)
+			if err != nil {
+				return nil, err
+			}
+			binds = append(binds, Bind{KindSymlink, to, d, "the same symlink as on the host, so programs find their interpreters and libraries"})
+		default:
+			binds = append(binds, Bind{KindROBind, d, d, "a real directory on this host holding programs or libraries, read-only"})
+		}
+	}
+	binds = append(binds, Bind{KindROBind, "/etc", "/etc", "users, name service, TLS roots and system-wide config that programs read; read-only"})
+	return binds, nil
+}
+
+// callerPath resolves a path the caller gave to the absolute real path that
+// is both bind source and target (paths mean the same inside and out).
+func callerPath(what, path string, dir bool) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	if dir && !st.IsDir() {
+		return "", fmt.Errorf("%s %s is not a directory", what, path)
+	}
+	if real == "/" {
+		return "", fmt.Errorf("%s %s is the host's root", what, path)
+	}
+	for _, r := range reserved {
+		if within(real, r) {
+			if r == "/tmp" {
+				return "", fmt.Errorf("%s %s is under /tmp, which the session's private /tmp hides; put it outside /tmp (for example under /var/tmp)", what, path)
+			}
+			return "", fmt.Errorf("%s %s is under %s, which the sandbox builds itself for the session", what, path, r)
+		}
+	}
+	return real, nil
+}
+
+func mustBeSocket(what, path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if st.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%s %s is not a socket", what, path)
+	}
+	return nil
+}
+
+// within reports whether path is dir or below it.
+func within(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
+}
+
+func depth(p string) int { return strings.Count(filepath.Clean(p), "/") }
+
+func findBwrap(flagPath string) (string, error) {
+	if flagPath != "" {
+		return flagPath, nil
+	}
+	if st, err := os.Stat("/usr/bin/bwrap"); err == nil && !st.IsDir() {
+		return "/usr/bin/bwrap", nil
+	}
+	p, err := exec.LookPath("bwrap")
+	if err != nil {
+		return "", &UnavailableError{Reason: "bwrap not found (install bubblewrap)"}
+	}
+	return p, nil
+}
+
+// findBushost returns the client to bind, or "" and why it is not bound.
+func findBushost(flagPath string) (string, string) {
+	if flagPath != "" {
+		real, err := filepath.EvalSymlinks(flagPath)
+		if err != nil {
+			return "", fmt.Sprintf("bushost not bound: --bushost %s: %v", flagPath, err)
+		}
+		if abs, err := filepath.Abs(real); err == nil {
+			return abs, ""
+		}
+		return real, ""
+	}
+	if exe, err := os.Executable(); err == nil {
+		next := filepath.Join(filepath.Dir(exe), "bushost")
+		if st, err := os.Stat(next); err == nil && st.Mode().IsRegular() {
+			if real, err := filepath.EvalSymlinks(next); err == nil {
+				return real, ""
+			}
+		}
+	}
+	if p, err := exec.LookPath("bushost"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			if abs, err := filepath.Abs(real); err == nil {
+				return abs, ""
+			}
+		}
+	}
+	return "", "bushost not bound: none next to the sandbox executable nor on PATH (give --bushost PATH)"
+}

@@ -1,0 +1,151 @@
+package sandbox
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// seccomp_data offsets (linux/seccomp.h): nr, arch, instruction pointer,
+// then six 64-bit arguments. Arguments are read by their low 32 bits,
+// which is where they sit on the little-endian machines supported here.
+const (
+	offNR   = 0
+	offArch = 4
+	offArg0 = 16
+	offArg1 = 24
+)
+
+// nsCloneFlags are the clone(2) flags that would make a new namespace.
+const nsCloneFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
+	unix.CLONE_NEWIPC | unix.CLONE_NEWUTS | unix.CLONE_NEWCGROUP
+
+// deniedSyscalls are refused with EPERM, each for a reason a session has no
+// use for the call and an escape has.
+var deniedSyscalls = []struct {
+	nr  uintptr
+	why string
+}{
+	{unix.SYS_PTRACE, "reads and rewrites other processes"},
+	{unix.SYS_PROCESS_VM_READV, "reads another process's memory"},
+	{unix.SYS_PROCESS_VM_WRITEV, "writes another process's memory"},
+	{unix.SYS_KEYCTL, "the kernel keyring is shared beyond the session"},
+	{unix.SYS_ADD_KEY, "the kernel keyring is shared beyond the session"},
+	{unix.SYS_REQUEST_KEY, "the kernel keyring is shared beyond the session"},
+	{unix.SYS_MOUNT, "mounts could undo the bind table"},
+	{unix.SYS_UMOUNT2, "unmounting could reveal what a bind covers"},
+	{unix.SYS_PIVOT_ROOT, "changes the session's root"},
+	{unix.SYS_OPEN_TREE, "new mount API"},
+	{unix.SYS_MOVE_MOUNT, "new mount API"},
+	{unix.SYS_FSOPEN, "new mount API"},
+	{unix.SYS_FSCONFIG, "new mount API"},
+	{unix.SYS_FSMOUNT, "new mount API"},
+	{unix.SYS_FSPICK, "new mount API"},
+	{unix.SYS_MOUNT_SETATTR, "new mount API: could clear a read-only flag"},
+	{unix.SYS_IO_URING_SETUP, "io_uring runs calls this filter never sees"},
+	{unix.SYS_IO_URING_ENTER, "io_uring runs calls this filter never sees"},
+	{unix.SYS_IO_URING_REGISTER, "io_uring runs calls this filter never sees"},
+	{unix.SYS_UNSHARE, "new namespaces are where capabilities come back"},
+	{unix.SYS_SETNS, "joining another namespace"},
+	{unix.SYS_BPF, "kernel programs"},
+	{unix.SYS_USERFAULTFD, "a tool for winning kernel races"},
+	{unix.SYS_PERF_EVENT_OPEN, "observes the host and has a long exploit history"},
+	{unix.SYS_OPEN_BY_HANDLE_AT, "opens files by handle, around the mount table"},
+	{unix.SYS_INIT_MODULE, "kernel modules"},
+	{unix.SYS_FINIT_MODULE, "kernel modules"},
+	{unix.SYS_DELETE_MODULE, "kernel modules"},
+	{unix.SYS_KEXEC_LOAD, "replaces the kernel"},
+	{unix.SYS_KEXEC_FILE_LOAD, "replaces the kernel"},
+	{unix.SYS_ACCT, "host process accounting"},
+	{unix.SYS_SWAPON, "host swap"},
+	{unix.SYS_SWAPOFF, "host swap"},
+	{unix.SYS_REBOOT, "host power"},
+}
+
+// deniedIoctls are refused on any file descriptor.
+var deniedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX}
+
+type asm struct{ prog []unix.SockFilter }
+
+func (a *asm) stmt(code uint16, k uint32) {
+	a.prog = append(a.prog, unix.SockFilter{Code: code, K: k})
+}
+
+func (a *asm) jump(code uint16, k uint32, jt, jf uint8) {
+	a.prog = append(a.prog, unix.SockFilter{Code: code, K: k, Jt: jt, Jf: jf})
+}
+
+const (
+	ldW  = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
+	jeqK = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+	jgeK = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K
+	jsK  = unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K
+	retK = unix.BPF_RET | unix.BPF_K
+)
+
+var (
+	retAllow = uint32(unix.SECCOMP_RET_ALLOW)
+	retEPERM = uint32(unix.SECCOMP_RET_ERRNO) | uint32(unix.EPERM)
+	// clone3 passes its flags in memory a filter cannot read: ENOSYS makes
+	// glibc and Go fall back to clone, whose flags it can.
+	retENOSYS = uint32(unix.SECCOMP_RET_ERRNO) | uint32(unix.ENOSYS)
+	retKill   = uint32(unix.SECCOMP_RET_KILL_PROCESS)
+)
+
+// Filter returns the seccomp program as bwrap's --seccomp reads it: the
+// raw array of struct sock_filter.
+func Filter() ([]byte, error) {
+	prog, err := filterProgram()
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	if err := binary.Write(&buf, binary.NativeEndian, prog); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func filterProgram() ([]unix.SockFilter, error) {
+	if auditArch == 0 {
+		return nil, fmt.Errorf("no seccomp filter for this architecture")
+	}
+	var a asm
+	// Another ABI (i386 via int 0x80, x32) numbers its calls differently,
+	// so every check below would test the wrong call: kill instead.
+	a.stmt(ldW, offArch)
+	a.jump(jeqK, auditArch, 1, 0)
+	a.stmt(retK, retKill)
+	a.stmt(ldW, offNR)
+	if x32Bit != 0 {
+		a.jump(jgeK, x32Bit, 0, 1)
+		a.stmt(retK, retKill)
+	}
+	for _, s := range deniedSyscalls {
+		a.jump(jeqK, uint32(s.nr), 0, 1)
+		a.stmt(retK, retEPERM)
+	}
+	a.jump(jeqK, unix.SYS_CLONE3, 0, 1)
+	a.stmt(retK, retENOSYS)
+
+	// clone with a namespace flag. The accumulator holds nr after this.
+	a.jump(jeqK, unix.SYS_CLONE, 0, 4)
+	a.stmt(ldW, offArg0)
+	a.jump(jsK, nsCloneFlags, 0, 1)
+	a.stmt(retK, retEPERM)
+	a.stmt(retK, retAllow)
+
+	// ioctl: the request is an unsigned int, so its low 32 bits are all
+	// the kernel looks at; comparing those leaves no high-bit bypass.
+	a.jump(jeqK, unix.SYS_IOCTL, 0, uint8(2*len(deniedIoctls)+2))
+	a.stmt(ldW, offArg1)
+	for _, req := range deniedIoctls {
+		a.jump(jeqK, req, 0, 1)
+		a.stmt(retK, retEPERM)
+	}
+	a.stmt(retK, retAllow)
+	a.stmt(retK, retAllow)
+	return a.prog, nil
+}
