@@ -12,7 +12,7 @@ PROTOC_GEN_GO_GRPC   := v1.6.2
 
 CMDS := bushostd bushost sandbox supervisor
 
-.PHONY: all build run test bench soak fuzz generate lint clean tools
+.PHONY: all deps build run test bench soak fuzz generate clean tools
 
 all: build
 
@@ -20,11 +20,19 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-run: build
+deps:
+	scripts/deps.sh
+
+run: deps build
 	./$(BIN)/bushostd serve --home $(HOME_DIR)
 
-test:
-	$(GO) test -race -timeout 45m ./...
+# The broker's PostgreSQL half needs a server: BUSHOST_TEST_PG_DSN, or a
+# throwaway cluster that scripts/pg.sh starts under /var/tmp/bushost-pg.
+test: deps
+	@dsn="$${BUSHOST_TEST_PG_DSN:-$$(scripts/pg.sh start 2>/dev/null || true)}"; \
+	if [ -z "$$dsn" ]; then echo "!!! NO POSTGRESQL: the PostgreSQL half of the broker suite will be SKIPPED !!!" >&2; \
+	else echo "PostgreSQL for tests: $$dsn"; fi; \
+	BUSHOST_TEST_PG_DSN="$$dsn" $(GO) test -race -timeout 45m ./...
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./...
