@@ -1,0 +1,251 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// escapeSource is a small static program the escape suite runs inside the
+// sandbox to make the system calls an agent's tools would: each command
+// prints ESCAPED (exit 0) if the attempt worked, REFUSED and the error (exit
+// 3) if the kernel said no, and anything else (exit 2) if it could not try.
+const escapeSource = `package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Println("usage: escape CMD ARGS")
+		os.Exit(2)
+	}
+	arg := func(i int) string {
+		if len(os.Args) <= i {
+			fmt.Println("missing argument")
+			os.Exit(2)
+		}
+		return os.Args[i]
+	}
+	var err error
+	switch os.Args[1] {
+	case "ptrace":
+		child := exec.Command("/bin/sleep", "5")
+		if err := child.Start(); err != nil {
+			fmt.Println("start child:", err)
+			os.Exit(2)
+		}
+		defer child.Process.Kill()
+		err = unix.PtraceAttach(child.Process.Pid)
+		if err == nil {
+			fmt.Println("ESCAPED: attached to", child.Process.Pid)
+			os.Exit(0)
+		}
+		if err2 := unix.PtraceSeize(1); err2 == nil {
+			fmt.Println("ESCAPED: seized pid 1")
+			os.Exit(0)
+		}
+		_, _, e := unix.Syscall(unix.SYS_PTRACE, unix.PTRACE_TRACEME, 0, 0)
+		if e == 0 {
+			fmt.Println("ESCAPED: PTRACE_TRACEME")
+			os.Exit(0)
+		}
+	case "keyctl":
+		_, err = unix.KeyctlInt(unix.KEYCTL_GET_KEYRING_ID, unix.KEY_SPEC_SESSION_KEYRING, 1, 0, 0)
+		if err == nil {
+			_, err = unix.AddKey("user", "escape", []byte("x"), unix.KEY_SPEC_SESSION_KEYRING)
+		}
+	case "mount":
+		dir := arg(2)
+		err = unix.Mount("none", dir, "tmpfs", 0, "")
+		if err == nil {
+			break
+		}
+		refused("mount", err)
+		if fd, e := unix.Fsopen("tmpfs", 0); e == nil {
+			unix.Close(fd)
+			err = nil
+			break
+		} else {
+			refused("fsopen", e)
+		}
+		if fd, e := unix.OpenTree(unix.AT_FDCWD, "/usr", unix.OPEN_TREE_CLONE); e == nil {
+			unix.Close(fd)
+			err = nil
+			break
+		} else {
+			refused("open_tree", e)
+		}
+		err = unix.MountSetattr(unix.AT_FDCWD, "/usr", 0, &unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY})
+	case "userns":
+		err = unix.Unshare(unix.CLONE_NEWUSER)
+		if err == nil {
+			break
+		}
+		refused("unshare", err)
+		c := exec.Command("/bin/true")
+		c.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER}
+		err = c.Run()
+		if err == nil {
+			break
+		}
+		refused("clone(CLONE_NEWUSER)", err)
+		c = exec.Command("/bin/true")
+		c.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+		err = c.Run()
+	case "tiocsti":
+		for _, ch := range []byte("echo PWNED\n") {
+			b := ch
+			_, _, e := unix.Syscall(unix.SYS_IOCTL, 0, unix.TIOCSTI, uintptr(unsafe.Pointer(&b)))
+			if e != 0 {
+				err = e
+				break
+			}
+		}
+	case "connect":
+		var c net.Conn
+		c, err = net.DialTimeout("unix", arg(2), 2*time.Second)
+		if err == nil {
+			c.Close()
+		}
+	case "tcp":
+		var c net.Conn
+		c, err = net.DialTimeout("tcp", arg(2), 2*time.Second)
+		if err == nil {
+			c.Close()
+		}
+	case "syscalls":
+		// Each must be refused; one that is not is an escape.
+		calls := []struct {
+			name string
+			nr   uintptr
+			a    [3]uintptr
+		}{
+			{"io_uring_setup", unix.SYS_IO_URING_SETUP, [3]uintptr{1, 0, 0}},
+			{"bpf", unix.SYS_BPF, [3]uintptr{0, 0, 0}},
+			{"userfaultfd", unix.SYS_USERFAULTFD, [3]uintptr{0, 0, 0}},
+			{"perf_event_open", unix.SYS_PERF_EVENT_OPEN, [3]uintptr{0, 0, 0}},
+			{"setns", unix.SYS_SETNS, [3]uintptr{0, 0, 0}},
+			{"keyctl", unix.SYS_KEYCTL, [3]uintptr{0, 0, 0}},
+		}
+		for _, c := range calls {
+			_, _, e := unix.Syscall(c.nr, c.a[0], c.a[1], c.a[2])
+			if e != unix.EPERM {
+				fmt.Printf("ESCAPED: %s returned %v, not EPERM\n", c.name, e)
+				os.Exit(0)
+			}
+			refused(c.name, e)
+		}
+		fmt.Println("REFUSED: every call")
+		os.Exit(3)
+	case "fork":
+		out, e := exec.Command("/bin/sh", "-c", "echo forked").Output()
+		if e != nil {
+			fmt.Println("fork/exec failed:", e)
+			os.Exit(2)
+		}
+		fmt.Print(string(out))
+		os.Exit(0)
+	default:
+		fmt.Println("unknown command", os.Args[1])
+		os.Exit(2)
+	}
+	if err == nil {
+		fmt.Println("ESCAPED:", os.Args[1])
+		os.Exit(0)
+	}
+	var errno syscall.Errno
+	var ne net.Error
+	var oe *net.OpError
+	if errors.As(err, &errno) || errors.As(err, &ne) || errors.As(err, &oe) || errors.Is(err, os.ErrNotExist) {
+		fmt.Println("REFUSED:", os.Args[1], err)
+		os.Exit(3)
+	}
+	fmt.Println("could not try:", err)
+	os.Exit(2)
+}
+
+func refused(what string, err error) {
+	fmt.Printf("refused %s: %v\n", what, err)
+}
+`
+
+var (
+	escapeOnce sync.Once
+	escapePath string
+	escapeErr  error
+)
+
+// escapeHelper builds the helper once per run, static so it needs nothing
+// from the session's /usr. It builds as its own module in the binaries
+// directory, requiring the x/sys this module pins, from the module cache.
+func escapeHelper(t *testing.T) string {
+	t.Helper()
+	escapeOnce.Do(func() { escapeErr = buildEscapeHelper() })
+	if escapeErr != nil {
+		t.Fatalf("build the escape helper: %v", escapeErr)
+	}
+	return escapePath
+}
+
+func buildEscapeHelper() error {
+	src := filepath.Join(binDir, "escape-src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return err
+	}
+	gomod, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
+	if err != nil {
+		return err
+	}
+	var sysVersion string
+	for _, line := range strings.Split(string(gomod), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "golang.org/x/sys" {
+			sysVersion = f[1]
+		}
+	}
+	if sysVersion == "" {
+		return fmt.Errorf("go.mod does not require golang.org/x/sys")
+	}
+	gosum, err := os.ReadFile(filepath.Join(repoRoot, "go.sum"))
+	if err != nil {
+		return err
+	}
+	var sum strings.Builder
+	for _, line := range strings.Split(string(gosum), "\n") {
+		if strings.HasPrefix(line, "golang.org/x/sys "+sysVersion) {
+			sum.WriteString(line + "\n")
+		}
+	}
+	files := map[string]string{
+		"main.go": escapeSource,
+		"go.mod":  "module escape\n\ngo 1.21\n\nrequire golang.org/x/sys " + sysVersion + "\n",
+		"go.sum":  sum.String(),
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(src, name), []byte(data), 0o644); err != nil {
+			return err
+		}
+	}
+	escapePath = filepath.Join(binDir, "escape")
+	cmd := exec.Command("go", "build", "-o", escapePath, ".")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return &buildError{name: "escape", out: string(out), err: err}
+	}
+	return nil
+}
