@@ -1,0 +1,95 @@
+package integration
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// openPty returns a new pseudo-terminal's master and slave.
+func openPty(t *testing.T) (*os.File, *os.File) {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	t.Cleanup(func() { master.Close() })
+	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatalf("unlock pty: %v", err)
+	}
+	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatalf("pty number: %v", err)
+	}
+	slave, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("open pty slave: %v", err)
+	}
+	t.Cleanup(func() { slave.Close() })
+	return master, slave
+}
+
+// pendingInput is how many bytes wait in the terminal's input queue: what
+// the caller's shell would read, and run, next.
+func pendingInput(t *testing.T, slave *os.File) int {
+	t.Helper()
+	n, err := unix.IoctlGetInt(int(slave.Fd()), unix.TIOCINQ)
+	if err != nil {
+		t.Fatalf("TIOCINQ: %v", err)
+	}
+	return n
+}
+
+// runOnTty runs argv with the pty as its controlling terminal and stdin.
+func runOnTty(t *testing.T, slave *os.File, argv ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	var out bytes.Buffer
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), 0
+	case errors.As(err, &ee):
+		return out.String(), ee.ExitCode()
+	default:
+		t.Fatalf("run %q: %v", argv, err)
+		return "", -1
+	}
+}
+
+func TestSandboxTIOCSTI(t *testing.T) {
+	e := newSandboxEnv(t)
+
+	// The control: outside the sandbox, on its own controlling terminal,
+	// the helper can push input, unless this kernel forbids TIOCSTI for
+	// everyone (dev.tty.legacy_tiocsti=0).
+	_, slave := openPty(t)
+	out, code := runOnTty(t, slave, e.helper, "tiocsti")
+	injected := pendingInput(t, slave)
+	t.Logf("control outside the sandbox: exit %d, %d bytes injected: %s", code, injected, out)
+	if code == 0 && injected == 0 {
+		t.Fatalf("control: the helper claims success but nothing reached the terminal")
+	}
+
+	_, slave = openPty(t)
+	before := e.snapshot(t)
+	args := append([]string{e.sandbox, "run"}, e.flags("git.push.working")...)
+	out, code = runOnTty(t, slave, append(args, "--", e.helper, "tiocsti")...)
+	if code != 3 || !strings.Contains(out, "REFUSED") {
+		t.Errorf("TIOCSTI inside the sandbox: exit %d: %s; want REFUSED", code, out)
+	}
+	if n := pendingInput(t, slave); n != 0 {
+		t.Errorf("the session pushed %d bytes into the caller's terminal", n)
+	}
+	e.assertUnchanged(t, before)
+}
