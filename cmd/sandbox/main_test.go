@@ -1,0 +1,30 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func TestExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no verb", nil, 2, "usage:"},
+		{"unknown verb", []string{"escape"}, 2, "usage:"},
+		{"bad flag", []string{"run", "--no-such-flag"}, 2, "no-such-flag"},
+		{"missing flags", []string{"explain"}, 2, "--run-dir is required"},
+		{"init outside a session", []string{"init", "--ready-fd=3", "--", "true"}, 125, "only as a session's pid 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := run(tc.args, strings.NewReader(""), &out, &errOut)
+			if code != tc.code || !strings.Contains(errOut.String(), tc.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, errOut.String(), tc.code, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,281 @@
+package sandbox
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestParseFlags(t *testing.T) {
+	base := []string{"--run-dir", "/r", "--workspace", "/w", "--role", "coder", "--broker-socket", "/b.sock"}
+	for _, tc := range []struct {
+		name    string
+		verb    string
+		args    []string
+		wantErr string
+		check   func(*testing.T, *Config)
+	}{
+		{"run needs a command", "run", base, "needs a command", nil},
+		{"explain takes none", "explain", append(slices.Clone(base), "extra"), "takes no arguments", nil},
+		{"missing workspace", "explain", []string{"--run-dir", "/r", "--role", "x", "--broker-socket", "/b"}, "--workspace is required", nil},
+		{"bad role", "explain", append(slices.Clone(base), "--role", "../x"), "role", nil},
+		{"unknown cap", "explain", append(slices.Clone(base), "--caps", "git.push.working,root"), `unknown capability "root"`, nil},
+		{"bad env", "explain", append(slices.Clone(base), "--env", "=x"), "--env", nil},
+		{"full", "run", append(slices.Clone(base), "--caps", "git.push.working, review.verdict,git.push.working", "--net",
+			"--ro", "/a", "--ro", "/b", "--env", "A=1", "--", "sh", "-c", "true"), "", func(t *testing.T, c *Config) {
+			if !slices.Equal(c.Caps, []string{CapPushWorking, CapReviewVerdict}) {
+				t.Errorf("caps %q", c.Caps)
+			}
+			if !c.Net || !slices.Equal(c.RO, []string{"/a", "/b"}) || !slices.Equal(c.Command, []string{"sh", "-c", "true"}) {
+				t.Errorf("config %+v", c)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseFlags(tc.verb, tc.args, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrUsage) {
+					t.Fatalf("err %v, want usage error with %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}
+
+// layout makes a run directory, workspace and sockets outside /tmp.
+func layout(t *testing.T) (base string, flags []string) {
+	t.Helper()
+	base, err := os.MkdirTemp("/var/tmp", "sandbox-unit-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	for _, d := range []string{"ws", "run", "bus"} {
+		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(base, "run", "session.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"broker.sock", "git.sock"} {
+		l, err := net.Listen("unix", filepath.Join(base, "bus", s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+	}
+	return base, []string{"--run-dir", filepath.Join(base, "run"), "--workspace", filepath.Join(base, "ws"), "--role", "coder",
+		"--broker-socket", filepath.Join(base, "bus", "broker.sock"), "--git-socket", filepath.Join(base, "bus", "git.sock"),
+		"--bushost", "/usr/bin/true"}
+}
+
+func plan(t *testing.T, args ...string) (*Plan, error) {
+	t.Helper()
+	c, err := ParseFlags("explain", args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return BuildPlan(c)
+}
+
+func TestPlanBindTable(t *testing.T) {
+	base, flags := layout(t)
+	p, err := plan(t, append(flags, "--caps", "review.verdict", "--ro", filepath.Join(base, "ws"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for i, b := range p.Binds {
+		if b.Why == "" {
+			t.Errorf("bind %+v has no why", b)
+		}
+		seen[b.Target] = i
+	}
+	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
+	for _, want := range []string{"/usr", "/etc", "/proc", "/dev", "/tmp", ws, run, filepath.Join(base, "bus", "git.sock"), sessionBinDir + "/bushost", initPath, "/"} {
+		if _, ok := seen[want]; !ok {
+			t.Errorf("no bind for %s", want)
+		}
+	}
+	// Parents before children, and / made read-only last.
+	if !(seen[run] < seen[filepath.Join(run, "session.json")] && seen[run] < seen[filepath.Join(run, "bundle")]) {
+		t.Errorf("run directory mounted after its read-only children: %v", seen)
+	}
+	if last := p.Binds[len(p.Binds)-1]; last.Kind != KindRemountRO || last.Target != "/" {
+		t.Errorf("last bind %+v, want remount-ro /", last)
+	}
+	args := strings.Join(p.bwrapArgs(), " ")
+	for _, want := range []string{"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net", "--disable-userns",
+		"--new-session", "--cap-drop ALL", "--as-pid-1", "--seccomp 3"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("bwrap args lack %s: %s", want, args)
+		}
+	}
+	if strings.Contains(args, "--die-with-parent") {
+		t.Errorf("bwrap args use --die-with-parent: a session must outlive a host that died hard")
+	}
+}
+
+func TestPlanGitSocketOnlyForGitCaps(t *testing.T) {
+	base, flags := layout(t)
+	gitSock := filepath.Join(base, "bus", "git.sock")
+	for caps, want := range map[string]bool{
+		"git.push.working": true, "review.verdict": true, "review.request,task.close,event.record": false, "": false,
+	} {
+		p, err := plan(t, append(flags, "--caps", caps)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := slices.ContainsFunc(p.Binds, func(b Bind) bool { return b.Target == gitSock })
+		if got != want {
+			t.Errorf("caps %q: git socket bound %v, want %v", caps, got, want)
+		}
+		if !want && !slices.ContainsFunc(p.Notes, func(n string) bool { return strings.Contains(n, "git socket") }) {
+			t.Errorf("caps %q: no note on the missing git socket: %q", caps, p.Notes)
+		}
+	}
+}
+
+func TestPlanRefusals(t *testing.T) {
+	base, flags := layout(t)
+	set := func(name, value string) []string {
+		f := slices.Clone(flags)
+		f[slices.Index(f, name)+1] = value
+		return f
+	}
+	if err := os.MkdirAll(filepath.Join(base, "ws", "run"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(base, "ws", "run", "session.json"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"workspace under /tmp", set("--workspace", t.TempDir()), "under /tmp"},
+		{"ro under /tmp", append(slices.Clone(flags), "--ro", t.TempDir()), "under /tmp"},
+		{"workspace under /usr", set("--workspace", "/usr/share"), "under /usr"},
+		{"workspace is root", set("--workspace", "/"), "host's root"},
+		{"run inside workspace", set("--run-dir", filepath.Join(base, "ws", "run")), "must not contain one another"},
+		{"no session.json", set("--run-dir", filepath.Join(base, "bus")), "session.json"},
+		{"broker not a socket", set("--broker-socket", filepath.Join(base, "run", "session.json")), "not a socket"},
+		{"missing workspace", set("--workspace", filepath.Join(base, "nope")), "no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := plan(t, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestPlanAccessProblems(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to plan a session for nobody")
+	}
+	base, flags := layout(t)
+	// Owned by root, 0755: nobody cannot write the workspace or connect.
+	p, err := plan(t, append(flags, "--caps", "git.push.working")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(p.Problems, "\n")
+	for _, want := range []string{filepath.Join(base, "ws"), "git.sock", "broker.sock"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("problems do not name %s:\n%s", want, all)
+		}
+	}
+	if _, err := Run(p, nil, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "refusing") {
+		t.Errorf("Run with problems: %v, want a refusal", err)
+	}
+}
+
+// TestSeccompFilter loads the filter into a child of the test binary and
+// has it make the calls the filter must refuse, and some it must allow.
+func TestSeccompFilter(t *testing.T) {
+	if os.Getenv("SANDBOX_SECCOMP_CHILD") == "1" {
+		seccompChild()
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSeccompFilter$")
+	cmd.Env = append(os.Environ(), "SANDBOX_SECCOMP_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	for _, want := range []string{"ptrace EPERM", "keyctl EPERM", "unshare EPERM", "mount EPERM", "fsopen EPERM",
+		"io_uring_setup EPERM", "bpf EPERM", "ioctl TIOCSTI EPERM", "ioctl TIOCSTI high bits EPERM", "clone3 ENOSYS",
+		"clone newuser EPERM", "getpid ok", "fork ok"} {
+		if !strings.Contains(string(out), want+"\n") {
+			t.Errorf("child did not report %q:\n%s", want, out)
+		}
+	}
+}
+
+func seccompChild() {
+	prog, err := filterProgram()
+	if err != nil {
+		panic(err)
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		panic(err)
+	}
+	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	// TSYNC: the filter holds for every thread of this Go process.
+	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog))); e != 0 {
+		panic(e)
+	}
+	report := func(name string, e unix.Errno) {
+		switch e {
+		case 0:
+			os.Stdout.WriteString(name + " ok\n")
+		case unix.EPERM:
+			os.Stdout.WriteString(name + " EPERM\n")
+		case unix.ENOSYS:
+			os.Stdout.WriteString(name + " ENOSYS\n")
+		default:
+			os.Stdout.WriteString(name + " " + e.Error() + "\n")
+		}
+	}
+	call := func(name string, nr uintptr, a ...uintptr) {
+		a = append(a, 0, 0, 0)
+		_, _, e := unix.Syscall(nr, a[0], a[1], a[2])
+		report(name, e)
+	}
+	call("ptrace", unix.SYS_PTRACE, unix.PTRACE_TRACEME)
+	call("keyctl", unix.SYS_KEYCTL, unix.KEYCTL_GET_KEYRING_ID)
+	call("unshare", unix.SYS_UNSHARE, unix.CLONE_NEWUSER)
+	call("mount", unix.SYS_MOUNT)
+	call("fsopen", unix.SYS_FSOPEN)
+	call("io_uring_setup", unix.SYS_IO_URING_SETUP, 1)
+	call("bpf", unix.SYS_BPF)
+	call("clone3", unix.SYS_CLONE3)
+	call("ioctl TIOCSTI", unix.SYS_IOCTL, 0, unix.TIOCSTI)
+	call("ioctl TIOCSTI high bits", unix.SYS_IOCTL, 0, 1<<32|unix.TIOCSTI)
+	call("clone newuser", unix.SYS_CLONE, unix.CLONE_NEWUSER)
+	call("getpid", unix.SYS_GETPID)
+	if err := exec.Command("/bin/true").Run(); err != nil {
+		os.Stdout.WriteString("fork " + err.Error() + "\n")
+	} else {
+		os.Stdout.WriteString("fork ok\n")
+	}
+	os.Exit(0)
+}
