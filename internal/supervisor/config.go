@@ -1,0 +1,348 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Duration is a time.Duration written in TOML as a string ("500ms", "30s").
+type Duration struct{ time.Duration }
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText writes the duration the way UnmarshalText reads it.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Identity is a git author and committer.
+type Identity struct {
+	Name  string `toml:"name"`
+	Email string `toml:"email"`
+}
+
+// HealthCheck is a service's optional probe; at most one of HTTP, TCP and
+// Exec is set.
+type HealthCheck struct {
+	HTTP     string   `toml:"http"`
+	TCP      string   `toml:"tcp"`
+	Exec     []string `toml:"exec"`
+	Interval Duration `toml:"interval"`
+	Timeout  Duration `toml:"timeout"`
+}
+
+func (h *HealthCheck) set() bool { return h.HTTP != "" || h.TCP != "" || len(h.Exec) > 0 }
+
+// ServiceConfig is one [[service]] table.
+type ServiceConfig struct {
+	Name    string   `toml:"name"`
+	Command []string `toml:"command"`
+	// Dir is relative to the workspace; the service runs there.
+	Dir string   `toml:"dir"`
+	Env []string `toml:"env"`
+	// Revertable is a pointer so that a missing key can default to true.
+	Revertable *bool        `toml:"revertable"`
+	Health     *HealthCheck `toml:"health"`
+}
+
+// IsRevertable reports whether a crash loop of this service reverts the tree.
+func (s *ServiceConfig) IsRevertable() bool { return s.Revertable == nil || *s.Revertable }
+
+// Config is the supervisor's configuration file. Every key has a default
+// (see Default and README.md).
+type Config struct {
+	Workspace        string          `toml:"workspace"`
+	Watch            []string        `toml:"watch"`
+	HealthAddr       string          `toml:"health_addr"`
+	Debounce         Duration        `toml:"debounce"`
+	GoodAfter        Duration        `toml:"good_after"`
+	CrashWindow      Duration        `toml:"crash_window"`
+	CrashThreshold   int             `toml:"crash_threshold"`
+	MaxFailedReverts int             `toml:"max_failed_reverts"`
+	RestartBackoff   Duration        `toml:"restart_backoff"`
+	MaxBackoff       Duration        `toml:"max_backoff"`
+	StopGrace        Duration        `toml:"stop_grace"`
+	Agent            Identity        `toml:"agent"`
+	Supervisor       Identity        `toml:"supervisor"`
+	Services         []ServiceConfig `toml:"service"`
+}
+
+// Default health check timing, used when a [service.health] table omits it.
+const (
+	defaultHealthInterval = time.Second
+	defaultHealthTimeout  = 2 * time.Second
+)
+
+// Default returns the configuration an empty file gives.
+func Default() Config {
+	return Config{
+		Workspace:        "/workspace",
+		Watch:            []string{"src"},
+		HealthAddr:       "127.0.0.1:3002",
+		Debounce:         Duration{500 * time.Millisecond},
+		GoodAfter:        Duration{30 * time.Second},
+		CrashWindow:      Duration{60 * time.Second},
+		CrashThreshold:   3,
+		MaxFailedReverts: 3,
+		RestartBackoff:   Duration{time.Second},
+		MaxBackoff:       Duration{30 * time.Second},
+		StopGrace:        Duration{5 * time.Second},
+		Agent:            Identity{Name: "agent", Email: "agent@localhost"},
+		Supervisor:       Identity{Name: "supervisor", Email: "supervisor@localhost"},
+	}
+}
+
+// ConfigError is a configuration problem; Key names the offending key the
+// way it is written in the file ("debounce", "service[1].health.http").
+type ConfigError struct {
+	File string
+	Key  string
+	Msg  string
+}
+
+func (e *ConfigError) Error() string {
+	if e.Key == "" {
+		return fmt.Sprintf("config %s: %s", e.File, e.Msg)
+	}
+	return fmt.Sprintf("config %s: %s: %s", e.File, e.Key, e.Msg)
+}
+
+// LoadConfig reads and checks the file at path. A relative workspace is taken
+// relative to the file's directory.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return ParseConfig(path, data)
+}
+
+// ParseConfig checks data as if read from path.
+func ParseConfig(path string, data []byte) (*Config, error) {
+	cfg := Default()
+	// Decode into a copy whose lists are empty, so that a key present in the
+	// file replaces the default list instead of appending to it.
+	cfg.Watch = nil
+	md, err := toml.Decode(string(data), &cfg)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return nil, &ConfigError{File: path, Key: pe.LastKey, Msg: fmt.Sprintf("line %d: %s", pe.Position.Line, pe.Message)}
+		}
+		return nil, &ConfigError{File: path, Msg: err.Error()}
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		sort.Strings(keys)
+		return nil, &ConfigError{File: path, Key: keys[0], Msg: "unknown key"}
+	}
+	if !md.IsDefined("watch") {
+		cfg.Watch = Default().Watch
+	}
+	if cfg.Workspace != "" && !filepath.IsAbs(cfg.Workspace) {
+		abs, err := filepath.Abs(filepath.Join(filepath.Dir(path), cfg.Workspace))
+		if err != nil {
+			return nil, &ConfigError{File: path, Key: "workspace", Msg: err.Error()}
+		}
+		cfg.Workspace = abs
+	}
+	for i := range cfg.Services {
+		s := &cfg.Services[i]
+		if s.Dir == "" {
+			s.Dir = "."
+		}
+		if s.Health != nil {
+			if s.Health.Interval.Duration == 0 {
+				s.Health.Interval.Duration = defaultHealthInterval
+			}
+			if s.Health.Timeout.Duration == 0 {
+				s.Health.Timeout.Duration = defaultHealthTimeout
+			}
+		}
+	}
+	if err := cfg.check(); err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			ce.File = path
+		}
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+var serviceNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// reservedTops are workspace entries the agent must never own, so no watch
+// entry may lie in or over them.
+var reservedTops = []string{".git", "infra", "AGENTS.md"}
+
+func (c *Config) check() error {
+	bad := func(key, format string, a ...any) error {
+		return &ConfigError{Key: key, Msg: fmt.Sprintf(format, a...)}
+	}
+	if c.Workspace == "" || filepath.Clean(c.Workspace) == "/" {
+		return bad("workspace", "must be a directory other than /")
+	}
+	c.Workspace = filepath.Clean(c.Workspace)
+	if len(c.Watch) == 0 {
+		return bad("watch", "must name at least one tree")
+	}
+	seen := map[string]bool{}
+	for i, w := range c.Watch {
+		key := fmt.Sprintf("watch[%d]", i)
+		clean, err := relInside(w)
+		if err != nil {
+			return bad(key, "%q: %v", w, err)
+		}
+		if clean == "." {
+			return bad(key, `"." would hand the whole workspace, infra/ included, to the agent`)
+		}
+		top := strings.SplitN(clean, "/", 2)[0]
+		for _, r := range reservedTops {
+			if top == r {
+				return bad(key, "%q lies in %s, which the agent must not own", w, r)
+			}
+		}
+		if seen[clean] {
+			return bad(key, "%q is listed twice", w)
+		}
+		seen[clean] = true
+		c.Watch[i] = clean
+	}
+	if c.HealthAddr != "" {
+		if _, _, err := net.SplitHostPort(c.HealthAddr); err != nil {
+			return bad("health_addr", "%q: %v", c.HealthAddr, err)
+		}
+	}
+	for key, d := range map[string]time.Duration{
+		"debounce": c.Debounce.Duration, "good_after": c.GoodAfter.Duration,
+		"crash_window": c.CrashWindow.Duration, "restart_backoff": c.RestartBackoff.Duration,
+		"max_backoff": c.MaxBackoff.Duration, "stop_grace": c.StopGrace.Duration,
+	} {
+		if d <= 0 {
+			return bad(key, "must be a positive duration such as \"500ms\", got %v", d)
+		}
+	}
+	if c.MaxBackoff.Duration < c.RestartBackoff.Duration {
+		return bad("max_backoff", "must not be shorter than restart_backoff (%v)", c.RestartBackoff.Duration)
+	}
+	if c.CrashThreshold < 1 {
+		return bad("crash_threshold", "must be at least 1, got %d", c.CrashThreshold)
+	}
+	if c.MaxFailedReverts < 0 {
+		return bad("max_failed_reverts", "must not be negative, got %d", c.MaxFailedReverts)
+	}
+	for _, id := range []struct {
+		key string
+		v   Identity
+	}{{"agent", c.Agent}, {"supervisor", c.Supervisor}} {
+		if err := checkIdentityPart(id.v.Name); err != nil {
+			return bad(id.key+".name", "%q: %v", id.v.Name, err)
+		}
+		if err := checkIdentityPart(id.v.Email); err != nil {
+			return bad(id.key+".email", "%q: %v", id.v.Email, err)
+		}
+	}
+	names := map[string]bool{}
+	for i := range c.Services {
+		s := &c.Services[i]
+		key := fmt.Sprintf("service[%d]", i)
+		if !serviceNameRE.MatchString(s.Name) {
+			return bad(key+".name", "%q must match %s", s.Name, serviceNameRE)
+		}
+		if names[s.Name] {
+			return bad(key+".name", "%q is used by another service", s.Name)
+		}
+		names[s.Name] = true
+		if len(s.Command) == 0 || s.Command[0] == "" {
+			return bad(key+".command", "must be a non-empty list such as [\"bash\", \"-c\", \"exec ./serve.sh\"]")
+		}
+		dir, err := relInside(s.Dir)
+		if err != nil {
+			return bad(key+".dir", "%q: %v", s.Dir, err)
+		}
+		s.Dir = dir
+		for j, kv := range s.Env {
+			if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+				return bad(fmt.Sprintf("%s.env[%d]", key, j), "%q must be NAME=value", kv)
+			}
+		}
+		if h := s.Health; h != nil {
+			hk := key + ".health"
+			n := 0
+			for _, set := range []bool{h.HTTP != "", h.TCP != "", len(h.Exec) > 0} {
+				if set {
+					n++
+				}
+			}
+			if n != 1 {
+				return bad(hk, "set exactly one of http, tcp, exec")
+			}
+			if h.HTTP != "" {
+				u, err := url.Parse(h.HTTP)
+				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					return bad(hk+".http", "%q is not an http(s) URL", h.HTTP)
+				}
+			}
+			if h.TCP != "" {
+				if _, _, err := net.SplitHostPort(h.TCP); err != nil {
+					return bad(hk+".tcp", "%q: %v", h.TCP, err)
+				}
+			}
+			if len(h.Exec) > 0 && h.Exec[0] == "" {
+				return bad(hk+".exec", "program must not be empty")
+			}
+			if h.Interval.Duration <= 0 {
+				return bad(hk+".interval", "must be positive")
+			}
+			if h.Timeout.Duration <= 0 {
+				return bad(hk+".timeout", "must be positive")
+			}
+		}
+	}
+	return nil
+}
+
+// relInside cleans a path that must stay inside the workspace.
+func relInside(p string) (string, error) {
+	if p == "" {
+		return "", errors.New("must not be empty")
+	}
+	if filepath.IsAbs(p) {
+		return "", errors.New("must be relative to the workspace")
+	}
+	clean := filepath.Clean(p)
+	if clean == ".." || strings.HasPrefix(clean, "../") {
+		return "", errors.New("leaves the workspace")
+	}
+	return clean, nil
+}
+
+func checkIdentityPart(s string) error {
+	if strings.TrimSpace(s) == "" {
+		return errors.New("must not be empty")
+	}
+	if strings.ContainsAny(s, "<>\n\r\x00") {
+		return errors.New("must not contain <, >, or a line break")
+	}
+	return nil
+}

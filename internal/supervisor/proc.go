@@ -1,0 +1,194 @@
+package supervisor
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ShimArg is the hidden subcommand that runs one service under the shim:
+//
+//	supervisor service-shim PARENT_PID -- COMMAND [ARG...]
+//
+// The supervisor starts the shim as the leader of a new process group with
+// SIGTERM as its parent-death signal; the shim starts the command in that
+// group. When the supervisor dies, even by SIGKILL, the shim kills the whole
+// group, grandchildren included, which Pdeathsig alone (one process deep)
+// cannot do. When the command exits, the shim kills whatever it left behind
+// in the group and exits with the command's status.
+const ShimArg = "service-shim"
+
+// RunShim is the shim's main; it returns the exit status.
+func RunShim(args []string) int {
+	// Pdeathsig of the command is tied to the thread that starts it.
+	runtime.LockOSThread()
+	if len(args) < 3 || args[1] != "--" {
+		fmt.Fprintf(os.Stderr, "usage: supervisor %s PARENT_PID -- COMMAND [ARG...]\n", ShimArg)
+		return 2
+	}
+	parent, err := strconv.Atoi(args[0])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: bad parent pid %q\n", ShimArg, args[0])
+		return 2
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	// The supervisor may have died before the kernel armed our Pdeathsig.
+	if os.Getppid() != parent {
+		return 1
+	}
+	cmd := exec.Command(args[2], args[3:]...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(os.Stderr, "start %s: %v\n", args[2], err)
+		return 127
+	}
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(done)
+	}()
+	for {
+		select {
+		case <-sigs:
+			if os.Getppid() != parent {
+				// The supervisor is gone: take the group down, this shim too.
+				syscall.Kill(-syscall.Getpgrp(), syscall.SIGKILL)
+			}
+			// Otherwise the supervisor signalled the whole group, and the
+			// command got the signal as well; wait for it to act.
+		case <-done:
+			killRestOfGroup()
+			return exitStatus(cmd.ProcessState)
+		}
+	}
+}
+
+func exitStatus(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// killRestOfGroup kills every other live process in the shim's group, so a
+// service that exits leaves no background child behind.
+func killRestOfGroup() {
+	me, pg := os.Getpid(), syscall.Getpgrp()
+	for range 20 {
+		found := false
+		for _, pid := range groupMembers(pg) {
+			if pid != me {
+				syscall.Kill(pid, syscall.SIGKILL)
+				found = true
+			}
+		}
+		if !found {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// groupMembers lists the live (not zombie) processes whose process group is
+// pg, from /proc.
+func groupMembers(pg int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		state, _, pgrp, ok := procStat(pid)
+		if ok && pgrp == pg && state != "Z" && state != "X" {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// procStat reads the state, parent and process group of pid.
+func procStat(pid int) (state string, ppid, pgrp int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", 0, 0, false
+	}
+	// The command name may hold spaces and parentheses: fields start after
+	// the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return "", 0, 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 3 {
+		return "", 0, 0, false
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	pgrp, err2 := strconv.Atoi(f[2])
+	return f[0], ppid, pgrp, err1 == nil && err2 == nil
+}
+
+// startLocked starts cmd from a goroutine locked to its OS thread that lives
+// until cmd exits: Pdeathsig fires when the *thread* that started the child
+// ends, and an unlocked goroutine's thread may end any time. The returned
+// channel yields Wait's result.
+func startLocked(cmd *exec.Cmd) (<-chan error, error) {
+	started := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// Never unlocked: when this goroutine returns, Go retires the
+		// thread, and by then the child has been waited for.
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		done <- cmd.Wait()
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return done, nil
+}
+
+// logSink serialises line-prefixed output of services and the supervisor.
+type logSink struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *logSink) line(prefix string, b []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.w, "%s | %s\n", prefix, b)
+}
+
+// copyLines prefixes every line read from r with name until r ends.
+func (l *logSink) copyLines(name string, r io.Reader) {
+	br := bufio.NewReaderSize(r, 16<<10)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			l.line(name, []byte(strings.TrimRight(string(line), "\r\n")))
+		}
+		if err != nil && err != bufio.ErrBufferFull {
+			return
+		}
+	}
+}

@@ -1,0 +1,101 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Status is what GET /status returns.
+type Status struct {
+	// State is "ok" (every service up), "degraded" or "halted".
+	State         string          `json:"state"`
+	HaltReason    string          `json:"halt_reason,omitempty"`
+	Head          string          `json:"head"`
+	Good          string          `json:"good"`
+	FailedReverts int             `json:"failed_reverts"`
+	Services      []ServiceStatus `json:"services"`
+	Reverts       []RevertRecord  `json:"reverts"`
+	LastError     string          `json:"last_error,omitempty"`
+}
+
+// ServiceStatus is one service in Status.
+type ServiceStatus struct {
+	Name        string       `json:"name"`
+	State       string       `json:"state"`
+	PID         int          `json:"pid,omitempty"`
+	Revertable  bool         `json:"revertable"`
+	Healthy     bool         `json:"healthy"`
+	HealthError string       `json:"health_error,omitempty"`
+	Restarts    int          `json:"restarts"`
+	StartedAt   time.Time    `json:"started_at"`
+	RecentExits []ExitRecord `json:"recent_exits"`
+}
+
+// Status returns a snapshot of the supervisor's state.
+func (s *Supervisor) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Status{
+		Head: s.head, Good: s.good, FailedReverts: s.failedReverts,
+		HaltReason: s.haltReason, LastError: s.lastErr,
+		Reverts:  append([]RevertRecord{}, s.reverts...),
+		Services: []ServiceStatus{},
+	}
+	up := true
+	for _, svc := range s.services {
+		healthy := svc.state == StateRunning && !svc.healthySince.IsZero()
+		up = up && healthy
+		st.Services = append(st.Services, ServiceStatus{
+			Name: svc.cfg.Name, State: svc.state, PID: svc.pid,
+			Revertable: svc.cfg.IsRevertable(), Healthy: healthy, HealthError: svc.healthErr,
+			Restarts: svc.restarts, StartedAt: svc.startedAt,
+			RecentExits: append([]ExitRecord{}, svc.exits...),
+		})
+	}
+	switch {
+	case s.halted:
+		st.State = "halted"
+	case up:
+		st.State = "ok"
+	default:
+		st.State = "degraded"
+	}
+	return st
+}
+
+// Handler serves GET /healthz (200 when every service runs and passes its
+// check, 503 otherwise, in particular when one is bricked or recovery is
+// halted) and GET /status (JSON).
+func (s *Supervisor) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		st := s.Status()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if st.State == "ok" {
+			fmt.Fprintln(w, "ok")
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		var b strings.Builder
+		fmt.Fprintln(&b, st.State)
+		if st.HaltReason != "" {
+			fmt.Fprintf(&b, "recovery halted: %s\n", st.HaltReason)
+		}
+		for _, svc := range st.Services {
+			if !svc.Healthy {
+				fmt.Fprintf(&b, "%s: %s %s\n", svc.Name, svc.State, svc.HealthError)
+			}
+		}
+		w.Write([]byte(b.String()))
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(s.Status())
+	})
+	return mux
+}

@@ -1,0 +1,668 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/bushost/bushost/internal/gitcmd"
+)
+
+// Service states, as /status reports them.
+const (
+	StateRunning  = "running"
+	StateBackoff  = "backoff"  // exited; restarts after the backoff
+	StateStopping = "stopping" // signalled; waiting for it to exit
+	StateStopped  = "stopped"
+	StateBricked  = "bricked" // crash-looping; not restarted
+)
+
+// keptExits is how many recent exits /status shows per service.
+const keptExits = 10
+
+// Options are the parts of a run that do not come from the file.
+type Options struct {
+	// Shim starts the service shim; ShimArg is appended. Default: this
+	// executable.
+	Shim []string
+	// Log receives the supervisor's log and the services' prefixed output.
+	// Default: os.Stderr.
+	Log io.Writer
+	// Ready, if set, is called with the health server's address (or "")
+	// once the services have been started.
+	Ready func(addr string)
+}
+
+// ExitRecord is one exit of a service.
+type ExitRecord struct {
+	At   time.Time `json:"at"`
+	Code int       `json:"code"`
+	Ran  string    `json:"ran"`
+}
+
+// RevertRecord is one attempt at reverting to the good commit.
+type RevertRecord struct {
+	At      time.Time `json:"at"`
+	Service string    `json:"service"`
+	Reason  string    `json:"reason"`
+	From    string    `json:"from"`
+	To      string    `json:"to"`
+	Commit  string    `json:"commit,omitempty"`
+	Error   string    `json:"error,omitempty"`
+}
+
+type service struct {
+	cfg     *ServiceConfig
+	dir     string
+	env     []string
+	state   string
+	gen     int
+	pid     int
+	started bool
+	// startedAt is when the current or last process started.
+	startedAt time.Time
+	restarts  int
+	exits     []ExitRecord
+	// crashes are the times of non-zero exits inside crash_window.
+	crashes []time.Time
+	backoff time.Duration
+	// healthySince is zero unless the service runs and its check passes.
+	healthySince time.Time
+	healthErr    string
+	checking     bool
+	lastCheck    time.Time
+	afterStop    func()
+	timer        *time.Timer
+}
+
+// Supervisor runs the services of one workspace. Everything below mu is
+// changed only by the loop goroutine, holding mu, so that the HTTP handlers
+// can read a consistent state.
+type Supervisor struct {
+	cfg  *Config
+	opts Options
+	log  *slog.Logger
+	sink *logSink
+	repo *Repo
+
+	events chan func()
+	closed chan struct{}
+
+	mu            sync.Mutex
+	services      []*service
+	head, good    string
+	headChangedAt time.Time
+	halted        bool
+	haltReason    string
+	failedReverts int
+	// revertPending: a revert happened and no commit has been good since.
+	revertPending bool
+	reverts       []RevertRecord
+	lastErr       string
+	dirtySince    time.Time
+	debounce      *time.Timer
+}
+
+// New checks the options; Run does the work.
+func New(cfg *Config, opts Options) (*Supervisor, error) {
+	if opts.Log == nil {
+		opts.Log = os.Stderr
+	}
+	if len(opts.Shim) == 0 {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find own executable for the service shim: %w", err)
+		}
+		opts.Shim = []string{exe}
+	}
+	sink := &logSink{w: opts.Log}
+	s := &Supervisor{
+		cfg: cfg, opts: opts, sink: sink,
+		log:    slog.New(slog.NewTextHandler(sinkWriter{sink}, nil)),
+		events: make(chan func(), 64),
+		closed: make(chan struct{}),
+	}
+	for i := range cfg.Services {
+		sc := &cfg.Services[i]
+		s.services = append(s.services, &service{
+			cfg: sc, dir: filepath.Join(cfg.Workspace, sc.Dir), env: serviceEnv(sc),
+			state: StateStopped, backoff: cfg.RestartBackoff.Duration,
+		})
+	}
+	return s, nil
+}
+
+// sinkWriter lets slog share the services' serialised output.
+type sinkWriter struct{ s *logSink }
+
+func (w sinkWriter) Write(p []byte) (int, error) {
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
+	return w.s.w.Write(p)
+}
+
+// gitTimeout bounds each git operation of the loop.
+const gitTimeout = 2 * time.Minute
+
+func (s *Supervisor) gitCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), gitTimeout)
+}
+
+// Run prepares the repository, starts the services and the health server,
+// and supervises until ctx ends; then it stops every service.
+func (s *Supervisor) Run(ctx context.Context) error {
+	cfg := s.cfg
+	// Files the supervisor and its services create stay writable by the
+	// agent's group.
+	syscall.Umask(0o002)
+	gitHome, err := os.MkdirTemp("", "bushost-supervisor-git-")
+	if err != nil {
+		return fmt.Errorf("git home: %w", err)
+	}
+	defer os.RemoveAll(gitHome)
+	git, err := gitcmd.New(gitHome)
+	if err != nil {
+		return err
+	}
+	s.repo = NewRepo(git.WithTimeout(gitTimeout), cfg.Workspace, cfg.Watch, s.log)
+	if err := s.repo.Ensure(ctx); err != nil {
+		return err
+	}
+	head, err := s.repo.InitialCommit(ctx, cfg.Supervisor)
+	if err != nil {
+		return fmt.Errorf("initial commit: %w", err)
+	}
+	if c, paths, err := s.repo.CommitPending(ctx, cfg.Agent); err != nil {
+		return fmt.Errorf("commit edits made while stopped: %w", err)
+	} else if c != "" {
+		s.log.Info("committed agent edits made while the supervisor was stopped", "commit", short(c), "files", len(paths))
+		head = c
+	}
+	good, err := s.repo.Good(ctx)
+	if err != nil {
+		return err
+	}
+	w, err := newWatcher(cfg.Workspace, cfg.Watch, s.log)
+	if err != nil {
+		return fmt.Errorf("watch: %w", err)
+	}
+	defer w.close()
+
+	addr := ""
+	if cfg.HealthAddr != "" {
+		ln, err := net.Listen("tcp", cfg.HealthAddr)
+		if err != nil {
+			return fmt.Errorf("health_addr: %w", err)
+		}
+		srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+		addr = ln.Addr().String()
+	}
+
+	s.mu.Lock()
+	s.head, s.good, s.headChangedAt = head, good, time.Now()
+	s.debounce = time.NewTimer(time.Hour)
+	s.debounce.Stop()
+	s.log.Info("supervisor started", "workspace", cfg.Workspace, "head", short(head), "good", short(good), "health_addr", addr)
+	for _, svc := range s.services {
+		s.start(svc)
+	}
+	s.mu.Unlock()
+	if s.opts.Ready != nil {
+		s.opts.Ready(addr)
+	}
+
+	tick := time.NewTicker(s.tickInterval())
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			s.shutdown()
+			return nil
+		case fn := <-s.events:
+			s.mu.Lock()
+			fn()
+			s.mu.Unlock()
+		case <-w.dirty:
+			s.mu.Lock()
+			s.noteDirty()
+			s.mu.Unlock()
+		case <-s.debounce.C:
+			s.mu.Lock()
+			s.dirtySince = time.Time{}
+			s.commitEdits()
+			s.mu.Unlock()
+		case <-tick.C:
+			s.mu.Lock()
+			s.checkHealth()
+			s.evaluateGood()
+			s.mu.Unlock()
+		}
+	}
+}
+
+func (s *Supervisor) tickInterval() time.Duration {
+	d := min(time.Second, s.cfg.GoodAfter.Duration/4)
+	for _, sc := range s.cfg.Services {
+		if sc.Health != nil {
+			d = min(d, sc.Health.Interval.Duration)
+		}
+	}
+	return max(d, 10*time.Millisecond)
+}
+
+// post runs fn on the loop; it gives up once the loop has stopped.
+func (s *Supervisor) post(fn func()) {
+	select {
+	case s.events <- fn:
+	case <-s.closed:
+	}
+}
+
+// after runs fn on the loop after d.
+func (s *Supervisor) after(d time.Duration, fn func()) *time.Timer {
+	return time.AfterFunc(d, func() { s.post(fn) })
+}
+
+func (s *Supervisor) fail(what string, err error) {
+	s.lastErr = fmt.Sprintf("%s: %s: %v", time.Now().Format(time.RFC3339), what, err)
+	s.log.Error(what, "err", err)
+}
+
+// start runs svc's command under the shim, as the leader of a new process
+// group whose parent-death signal reaches the shim.
+func (s *Supervisor) start(svc *service) {
+	if svc.timer != nil {
+		svc.timer.Stop()
+		svc.timer = nil
+	}
+	svc.gen++
+	gen := svc.gen
+	if svc.started {
+		svc.restarts++
+	}
+	svc.started = true
+	now := time.Now()
+	svc.startedAt = now
+	fail := func(err error) {
+		s.fail("start "+svc.cfg.Name, err)
+		// Counted as a crash, from outside the loop's current step.
+		go s.post(func() { s.exited(svc, gen, 127, time.Now()) })
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		fail(err)
+		return
+	}
+	args := append(append(append([]string{}, s.opts.Shim[1:]...), ShimArg, strconv.Itoa(os.Getpid()), "--"), svc.cfg.Command...)
+	cmd := exec.Command(s.opts.Shim[0], args...)
+	cmd.Dir = svc.dir
+	cmd.Env = svc.env
+	cmd.Stdout, cmd.Stderr = w, w
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	done, err := startLocked(cmd)
+	w.Close()
+	if err != nil {
+		r.Close()
+		fail(err)
+		return
+	}
+	svc.pid = cmd.Process.Pid
+	svc.state = StateRunning
+	svc.healthErr = ""
+	svc.healthySince = time.Time{}
+	svc.lastCheck = time.Time{}
+	if svc.cfg.Health == nil {
+		svc.healthySince = now
+	}
+	go func() {
+		s.sink.copyLines(svc.cfg.Name, r)
+		r.Close()
+	}()
+	go func() {
+		<-done
+		code := exitStatus(cmd.ProcessState)
+		s.post(func() { s.exited(svc, gen, code, time.Now()) })
+	}()
+	s.log.Info("service started", "service", svc.cfg.Name, "pid", svc.pid, "restarts", svc.restarts)
+}
+
+// stop signals svc's group with SIGTERM, then SIGKILL after stop_grace, and
+// runs then (if not nil) on the loop once it has exited.
+func (s *Supervisor) stop(svc *service, then func()) {
+	if svc.timer != nil {
+		svc.timer.Stop()
+		svc.timer = nil
+	}
+	if svc.pid == 0 {
+		if svc.state != StateBricked {
+			svc.state = StateStopped
+		}
+		if then != nil {
+			then()
+		}
+		return
+	}
+	svc.afterStop = then
+	if svc.state == StateStopping {
+		return
+	}
+	svc.state = StateStopping
+	pid, gen := svc.pid, svc.gen
+	syscall.Kill(-pid, syscall.SIGTERM)
+	svc.timer = s.after(s.cfg.StopGrace.Duration, func() {
+		if svc.gen == gen && svc.pid == pid {
+			s.log.Warn("service ignored SIGTERM; killing its process group", "service", svc.cfg.Name, "pid", pid)
+			syscall.Kill(-pid, syscall.SIGKILL)
+		}
+	})
+}
+
+func (s *Supervisor) restart(svc *service) {
+	s.stop(svc, func() { s.start(svc) })
+}
+
+// exited handles the end of generation gen of svc.
+func (s *Supervisor) exited(svc *service, gen, code int, at time.Time) {
+	if gen != svc.gen {
+		return
+	}
+	if svc.timer != nil {
+		svc.timer.Stop()
+		svc.timer = nil
+	}
+	ran := at.Sub(svc.startedAt)
+	svc.pid = 0
+	svc.healthySince = time.Time{}
+	if svc.state == StateStopping {
+		svc.state = StateStopped
+		s.log.Info("service stopped", "service", svc.cfg.Name, "code", code)
+		if then := svc.afterStop; then != nil {
+			svc.afterStop = nil
+			then()
+		}
+		return
+	}
+	svc.exits = append(svc.exits, ExitRecord{At: at, Code: code, Ran: ran.Round(time.Millisecond).String()})
+	if len(svc.exits) > keptExits {
+		svc.exits = svc.exits[len(svc.exits)-keptExits:]
+	}
+	if code != 0 {
+		kept := svc.crashes[:0]
+		for _, t := range svc.crashes {
+			if at.Sub(t) < s.cfg.CrashWindow.Duration {
+				kept = append(kept, t)
+			}
+		}
+		svc.crashes = append(kept, at)
+	}
+	if len(svc.crashes) >= s.cfg.CrashThreshold {
+		svc.state = StateBricked
+		s.log.Error("service is crash-looping: bricked, not restarted", "service", svc.cfg.Name,
+			"exits", len(svc.crashes), "window", s.cfg.CrashWindow.Duration, "code", code)
+		s.bricked(svc)
+		return
+	}
+	if ran >= s.cfg.MaxBackoff.Duration {
+		svc.backoff = s.cfg.RestartBackoff.Duration
+	}
+	delay := svc.backoff
+	svc.backoff = min(2*svc.backoff, s.cfg.MaxBackoff.Duration)
+	svc.state = StateBackoff
+	s.log.Warn("service exited; restarting after backoff", "service", svc.cfg.Name, "code", code, "ran", ran.Round(time.Millisecond), "backoff", delay)
+	svc.timer = s.after(delay, func() {
+		if svc.gen == gen && svc.state == StateBackoff {
+			s.start(svc)
+		}
+	})
+}
+
+// bricked decides what a crash loop of svc leads to.
+func (s *Supervisor) bricked(svc *service) {
+	switch {
+	case !svc.cfg.IsRevertable():
+		s.log.Error("service is not revertable: it stays stopped until an agent edit", "service", svc.cfg.Name)
+	case s.halted:
+		s.log.Error("recovery is halted: service stays stopped", "service", svc.cfg.Name, "reason", s.haltReason)
+	default:
+		s.recover(svc, fmt.Sprintf("%s exited non-zero %d times within %v", svc.cfg.Name, len(svc.crashes), s.cfg.CrashWindow.Duration))
+	}
+}
+
+// recover reverts the tree to the good commit and restarts every service,
+// unless max_failed_reverts reverts in a row have not brought health back.
+func (s *Supervisor) recover(svc *service, reason string) {
+	if s.revertPending {
+		s.failedReverts++
+	}
+	if s.failedReverts >= s.cfg.MaxFailedReverts {
+		s.halt(fmt.Sprintf("%d consecutive reverts did not bring health back (max_failed_reverts = %d); last: %s",
+			s.failedReverts, s.cfg.MaxFailedReverts, reason))
+		return
+	}
+	if s.good == "" {
+		s.halt("no commit has been good yet, so there is nothing to revert to; last: " + reason)
+		return
+	}
+	ctx, cancel := s.gitCtx()
+	defer cancel()
+	rec := RevertRecord{At: time.Now(), Service: svc.cfg.Name, Reason: reason, From: s.head, To: s.good}
+	commit, err := s.repo.Revert(ctx, s.good, s.cfg.Agent, s.cfg.Supervisor, reason)
+	s.revertPending = true
+	rec.Commit = commit
+	if err != nil {
+		rec.Error = err.Error()
+		s.reverts = append(s.reverts, rec)
+		s.fail("revert", err)
+		// Try again later; each try counts toward max_failed_reverts.
+		svc.timer = s.after(s.cfg.RestartBackoff.Duration, func() {
+			if svc.state == StateBricked && !s.halted {
+				s.recover(svc, reason)
+			}
+		})
+		return
+	}
+	s.reverts = append(s.reverts, rec)
+	s.head, s.headChangedAt = commit, time.Now()
+	s.log.Warn("reverted to the good commit", "commit", short(commit), "good", short(s.good), "reason", reason)
+	for _, other := range s.services {
+		other.crashes = nil
+		other.backoff = s.cfg.RestartBackoff.Duration
+		s.restart(other)
+	}
+}
+
+// halt stops automatic recovery, loudly.
+func (s *Supervisor) halt(reason string) {
+	s.halted, s.haltReason = true, reason
+	s.lastErr = "recovery halted: " + reason
+	banner := "RECOVERY HALTED: " + reason + ". No more reverts until a commit stays healthy for good_after; bricked services stay stopped until an agent edit."
+	s.log.Error(banner)
+	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
+	s.sink.line("supervisor", []byte(banner))
+	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
+}
+
+// noteDirty (re)arms the debounce: commit once edits pause for debounce, or
+// at the latest 10 debounces after the first edit of a burst.
+func (s *Supervisor) noteDirty() {
+	now := time.Now()
+	if s.dirtySince.IsZero() {
+		s.dirtySince = now
+	}
+	d := s.cfg.Debounce.Duration
+	if left := s.dirtySince.Add(10 * d).Sub(now); left < d {
+		d = max(left, 0)
+	}
+	s.debounce.Reset(d)
+}
+
+// commitEdits records the agent's edits and restarts the services they
+// touch, plus every bricked one (the edit may be its fix).
+func (s *Supervisor) commitEdits() {
+	ctx, cancel := s.gitCtx()
+	defer cancel()
+	commit, paths, err := s.repo.CommitPending(ctx, s.cfg.Agent)
+	if err != nil {
+		s.fail("commit agent edits", err)
+		return
+	}
+	if commit == "" {
+		return
+	}
+	s.head, s.headChangedAt = commit, time.Now()
+	s.log.Info("committed agent edits", "commit", short(commit), "files", len(paths), "first", paths[0])
+	shared := false
+	for _, p := range paths {
+		inAny := false
+		for _, svc := range s.services {
+			if under(p, svc.cfg.Dir) {
+				inAny = true
+				break
+			}
+		}
+		shared = shared || !inAny
+	}
+	for _, svc := range s.services {
+		touched := shared
+		for _, p := range paths {
+			touched = touched || under(p, svc.cfg.Dir)
+		}
+		if touched || svc.state == StateBricked {
+			svc.crashes = nil
+			svc.backoff = s.cfg.RestartBackoff.Duration
+			s.restart(svc)
+		}
+	}
+}
+
+func under(p, dir string) bool {
+	return dir == "." || p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// checkHealth starts the checks that are due.
+func (s *Supervisor) checkHealth() {
+	now := time.Now()
+	for _, svc := range s.services {
+		h := svc.cfg.Health
+		if h == nil || svc.state != StateRunning || svc.checking || now.Sub(svc.lastCheck) < h.Interval.Duration {
+			continue
+		}
+		svc.checking, svc.lastCheck = true, now
+		gen := svc.gen
+		go func() {
+			err := probe(context.Background(), h, svc.dir, svc.env)
+			s.post(func() {
+				svc.checking = false
+				if gen != svc.gen || svc.state != StateRunning {
+					return
+				}
+				if err != nil {
+					if !svc.healthySince.IsZero() || svc.healthErr == "" {
+						s.log.Warn("health check failing", "service", svc.cfg.Name, "err", err)
+					}
+					svc.healthySince, svc.healthErr = time.Time{}, err.Error()
+					return
+				}
+				if svc.healthySince.IsZero() {
+					s.log.Info("service healthy", "service", svc.cfg.Name)
+					svc.healthySince = time.Now()
+				}
+				svc.healthErr = ""
+			})
+		}()
+	}
+}
+
+// evaluateGood moves refs/supervisor/good to HEAD once every revertable
+// service has been healthy under it for good_after.
+func (s *Supervisor) evaluateGood() {
+	if s.head == "" || s.head == s.good {
+		return
+	}
+	since := s.headChangedAt
+	for _, svc := range s.services {
+		if !svc.cfg.IsRevertable() {
+			continue
+		}
+		if svc.state != StateRunning || svc.healthySince.IsZero() {
+			return
+		}
+		if svc.healthySince.After(since) {
+			since = svc.healthySince
+		}
+	}
+	if time.Since(since) < s.cfg.GoodAfter.Duration {
+		return
+	}
+	ctx, cancel := s.gitCtx()
+	defer cancel()
+	if err := s.repo.SetGood(ctx, s.head, s.good); err != nil {
+		s.fail("advance good commit", err)
+		if g, gerr := s.repo.Good(ctx); gerr == nil {
+			s.good = g
+		}
+		return
+	}
+	s.log.Info("commit is good", "commit", short(s.head), "healthy_for", s.cfg.GoodAfter.Duration)
+	s.good = s.head
+	s.failedReverts, s.revertPending = 0, false
+	if s.halted {
+		s.halted, s.haltReason = false, ""
+		s.log.Warn("recovery resumed: a commit stayed healthy", "commit", short(s.head))
+	}
+}
+
+// shutdown stops every service and waits for them, at most stop_grace plus
+// a second.
+func (s *Supervisor) shutdown() {
+	defer close(s.closed)
+	s.mu.Lock()
+	s.debounce.Stop()
+	s.log.Info("supervisor stopping services")
+	for _, svc := range s.services {
+		s.stop(svc, nil)
+	}
+	s.mu.Unlock()
+	deadline := time.After(s.cfg.StopGrace.Duration + time.Second)
+	for {
+		s.mu.Lock()
+		running := 0
+		for _, svc := range s.services {
+			if svc.pid != 0 {
+				running++
+			}
+		}
+		s.mu.Unlock()
+		if running == 0 {
+			return
+		}
+		select {
+		case fn := <-s.events:
+			s.mu.Lock()
+			fn()
+			s.mu.Unlock()
+		case <-deadline:
+			s.mu.Lock()
+			for _, svc := range s.services {
+				if svc.pid != 0 {
+					syscall.Kill(-svc.pid, syscall.SIGKILL)
+				}
+			}
+			s.mu.Unlock()
+			return
+		}
+	}
+}

@@ -1,0 +1,143 @@
+package supervisor
+
+import (
+	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// watcher turns file events under the watched trees into a "dirty" signal.
+// It does not decide what changed: the commit step asks git, so events from
+// the supervisor's own resets (which leave the trees equal to HEAD) and from
+// ignored files end in no commit and no restart.
+type watcher struct {
+	root  string
+	trees []string
+	w     *fsnotify.Watcher
+	log   *slog.Logger
+	// dirty holds at most one pending signal; more events while it is full
+	// add nothing.
+	dirty chan struct{}
+	done  chan struct{}
+}
+
+func newWatcher(root string, trees []string, log *slog.Logger) (*watcher, error) {
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, err
+	}
+	w := &watcher{root: root, w: fw, log: log, dirty: make(chan struct{}, 1), done: make(chan struct{})}
+	for _, t := range trees {
+		w.trees = append(w.trees, filepath.Join(root, t))
+	}
+	for _, t := range w.trees {
+		if err := w.addTree(t); err != nil {
+			fw.Close()
+			return nil, err
+		}
+	}
+	go w.run()
+	return w, nil
+}
+
+func (w *watcher) close() {
+	w.w.Close()
+	<-w.done
+}
+
+// addTree watches dir and every directory below it, except skipDirs.
+// fsnotify does not recurse on its own.
+func (w *watcher) addTree(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			// A directory that vanished while we walked is no error.
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		if p != dir && skipDirs[d.Name()] {
+			return filepath.SkipDir
+		}
+		if err := w.w.Add(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	})
+}
+
+func (w *watcher) signal() {
+	select {
+	case w.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// ignored reports whether p lies in a directory the agent's commits never
+// include (.git, node_modules, ...).
+func (w *watcher) ignored(p string) bool {
+	rel, err := filepath.Rel(w.root, p)
+	if err != nil {
+		return true
+	}
+	for _, part := range strings.Split(rel, string(filepath.Separator)) {
+		if skipDirs[part] {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *watcher) run() {
+	defer close(w.done)
+	for {
+		select {
+		case ev, ok := <-w.w.Events:
+			if !ok {
+				return
+			}
+			if w.ignored(ev.Name) {
+				continue
+			}
+			if ev.Has(fsnotify.Create) {
+				if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
+					// Files may have landed in it before its watch existed;
+					// the commit step finds them through git.
+					if err := w.addTree(ev.Name); err != nil {
+						w.log.Warn("watch new directory", "dir", ev.Name, "err", err)
+					}
+				}
+			}
+			w.signal()
+		case err, ok := <-w.w.Errors:
+			if !ok {
+				return
+			}
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				w.log.Warn("file events overflowed; rescanning the watched trees")
+				w.rescan()
+				continue
+			}
+			w.log.Warn("watcher", "err", err)
+		}
+	}
+}
+
+// rescan re-adds every directory (adding an existing watch is harmless) and
+// signals, since any event may have been lost.
+func (w *watcher) rescan() {
+	for _, t := range w.trees {
+		if err := w.addTree(t); err != nil {
+			w.log.Warn("rescan", "tree", t, "err", err)
+		}
+	}
+	w.signal()
+}
