@@ -1,0 +1,239 @@
+package bundle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/bushost/bushost/internal/gitcmd"
+)
+
+// QuarantinePrefix starts the name of every quarantine directory made in a
+// repository's objects directory; CleanStale removes leftovers by it.
+const QuarantinePrefix = "bushost-incoming-"
+
+// Quarantine is a temporary object directory inside a repository's objects
+// directory. git writes the incoming pack there, with the repository's
+// objects as an alternate, so nothing reaches the repository before it has
+// been checked.
+type Quarantine struct {
+	// Dir is the quarantine object directory.
+	Dir     string
+	objects string
+	added   []string // files Migrate linked into objects, in order
+	dirs    []string // directories Migrate created
+}
+
+// NewQuarantine makes a quarantine under objects (a repository's objects
+// directory).
+func NewQuarantine(objects string) (*Quarantine, error) {
+	dir, err := os.MkdirTemp(objects, QuarantinePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("quarantine: %w", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "pack"), 0o755); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("quarantine: %w", err)
+	}
+	return &Quarantine{Dir: dir, objects: objects}, nil
+}
+
+// Env is the environment that makes git write into the quarantine and read
+// the repository's objects as well.
+func (q *Quarantine) Env() []string {
+	return []string{
+		"GIT_OBJECT_DIRECTORY=" + q.Dir,
+		"GIT_ALTERNATE_OBJECT_DIRECTORIES=" + q.objects,
+		"GIT_QUARANTINE_PATH=" + q.Dir,
+	}
+}
+
+// FsckError is an object that git's fsck refused. ID is git's message id
+// (hasDotgit, zeroPaddedFilemode, gitmodulesUrl, ...).
+type FsckError struct {
+	ID, Object, Detail string
+}
+
+func (e *FsckError) Error() string {
+	return fmt.Sprintf("fsck refused object %s: %s: %s", e.Object, e.ID, e.Detail)
+}
+
+// PackError is a pack that git could not read: truncated, corrupt, or
+// missing a base.
+type PackError struct{ Msg string }
+
+func (e *PackError) Error() string { return "bad pack: " + e.Msg }
+
+// ErrNoSpace is a disk that filled up while the pack was written.
+var ErrNoSpace = errors.New("no space left on device")
+
+var fsckLineRE = regexp.MustCompile(`(?m)^error: object ([0-9a-f]{40}): ([A-Za-z]+): (.*)$`)
+
+// IndexPack runs `git index-pack --stdin --strict --fix-thin` on pack (the
+// bytes after a bundle header) with gitDir's repository, writing into the
+// quarantine. It returns the pack's name hash. The caller checks its own
+// reader's error first: a reader that failed shows here as a short pack.
+func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir string, pack io.Reader) (string, error) {
+	out, err := git.Output(ctx, gitcmd.Cmd{
+		GitDir: gitDir,
+		Sub:    "index-pack",
+		Flags:  []string{"--stdin", "--strict", "--fix-thin"},
+		Env:    q.Env(),
+		Stdin:  pack,
+	})
+	if err != nil {
+		return "", classify(err)
+	}
+	kind, name, ok := strings.Cut(strings.TrimSpace(string(out)), "\t")
+	if !ok || kind != "pack" || len(name) != 40 {
+		return "", fmt.Errorf("index-pack: unexpected output %q", out)
+	}
+	return name, nil
+}
+
+func classify(err error) error {
+	var ge *gitcmd.Error
+	if !errors.As(err, &ge) {
+		return err
+	}
+	if m := fsckLineRE.FindStringSubmatch(ge.Stderr); m != nil {
+		return &FsckError{Object: m[1], ID: m[2], Detail: strings.TrimSpace(m[3])}
+	}
+	if strings.Contains(ge.Stderr, "No space left on device") {
+		return fmt.Errorf("%w: %v", ErrNoSpace, err)
+	}
+	if ge.ExitCode > 0 {
+		msg := strings.TrimSpace(ge.Stderr)
+		msg = strings.ReplaceAll(msg, "fatal: ", "")
+		msg = strings.ReplaceAll(msg, "\n", "; ")
+		return &PackError{Msg: msg}
+	}
+	return err
+}
+
+// Run runs a git command that reads objects through the quarantine.
+func (q *Quarantine) Run(ctx context.Context, git *gitcmd.Runner, c gitcmd.Cmd) error {
+	c.Env = append(c.Env, q.Env()...)
+	return git.Run(ctx, c)
+}
+
+// Migrate links every object file of the quarantine into the repository's
+// objects: packs before their indexes, so no reader sees an index without
+// its pack. A file already there is left alone and not counted as added.
+// On error it undoes what it added.
+func (q *Quarantine) Migrate() error {
+	var packs, idx []string
+	var loose []string
+	err := filepath.WalkDir(q.Dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		rel, _ := filepath.Rel(q.Dir, p)
+		base := filepath.Base(rel)
+		switch {
+		case strings.HasPrefix(base, "tmp_"):
+			return nil
+		case strings.HasPrefix(rel, "pack"+string(filepath.Separator)) && strings.HasSuffix(base, ".idx"):
+			idx = append(idx, rel)
+		case strings.HasPrefix(rel, "pack"+string(filepath.Separator)):
+			packs = append(packs, rel)
+		case len(filepath.Dir(rel)) == 2:
+			loose = append(loose, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	sort.Strings(packs)
+	sort.Strings(idx)
+	touched := map[string]bool{}
+	for _, rel := range append(append(loose, packs...), idx...) {
+		dst := filepath.Join(q.objects, rel)
+		dir := filepath.Dir(dst)
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				q.Rollback()
+				return fmt.Errorf("migrate: %w", err)
+			}
+			q.dirs = append(q.dirs, dir)
+		}
+		if err := os.Link(filepath.Join(q.Dir, rel), dst); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				continue
+			}
+			q.Rollback()
+			return fmt.Errorf("migrate: %w", err)
+		}
+		q.added = append(q.added, dst)
+		touched[dir] = true
+	}
+	// The links must survive a crash once a caller records the push.
+	for dir := range touched {
+		if err := SyncDir(dir); err != nil {
+			q.Rollback()
+			return fmt.Errorf("migrate: %w", err)
+		}
+	}
+	return nil
+}
+
+// Added lists the files Migrate put into the repository.
+func (q *Quarantine) Added() []string { return q.added }
+
+// Rollback removes what Migrate added: indexes first, then packs, then any
+// directory it made.
+func (q *Quarantine) Rollback() error {
+	var first error
+	for i := len(q.added) - 1; i >= 0; i-- {
+		if err := os.Remove(q.added[i]); err != nil && first == nil {
+			first = err
+		}
+	}
+	for i := len(q.dirs) - 1; i >= 0; i-- {
+		if err := os.Remove(q.dirs[i]); err != nil && first == nil {
+			first = err
+		}
+	}
+	q.added, q.dirs = nil, nil
+	return first
+}
+
+// Remove deletes the quarantine directory and everything left in it.
+func (q *Quarantine) Remove() error { return os.RemoveAll(q.Dir) }
+
+// CleanStale removes quarantine directories left in objects by a process
+// that died; call it only while no ingestion into that repository runs.
+func CleanStale(objects string) error {
+	ents, err := os.ReadDir(objects)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.IsDir() && strings.HasPrefix(e.Name(), QuarantinePrefix) {
+			if err := os.RemoveAll(filepath.Join(objects, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// SyncDir fsyncs a directory, making the links and renames in it durable.
+func SyncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}

@@ -1,0 +1,342 @@
+package gitd
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/gitcmd"
+)
+
+// fakeAuth is a test double of the broker: tokens map to grants, closed
+// tasks refuse, pushes are kept in memory.
+type fakeAuth struct {
+	mu        sync.Mutex
+	grants    map[string]authz.Grant
+	closed    map[string]bool
+	refuse    error // RecordPush returns it when set
+	pushes    []authz.Push
+	projects  map[string]bool
+	lastExtra map[string]string // task -> commit, recorded without a ref move
+}
+
+func newFakeAuth() *fakeAuth {
+	return &fakeAuth{
+		grants:   map[string]authz.Grant{"admin": {ID: authz.HostID, Host: true}},
+		closed:   map[string]bool{},
+		projects: map[string]bool{},
+	}
+}
+
+func (f *fakeAuth) grant(tok string, g authz.Grant) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.grants[tok] = g
+}
+
+func (f *fakeAuth) Authorize(_ context.Context, token string, caps ...string) (authz.Grant, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g, ok := f.grants[token]
+	if !ok {
+		return authz.Grant{}, status.Error(codes.Unauthenticated, "unknown token")
+	}
+	if len(caps) == 0 {
+		if !g.Host {
+			return authz.Grant{}, status.Error(codes.PermissionDenied, "host token required")
+		}
+		return g, nil
+	}
+	for _, c := range caps {
+		if g.Has(c) {
+			return g, nil
+		}
+	}
+	return authz.Grant{}, status.Errorf(codes.PermissionDenied, "grant lacks %v", caps)
+}
+
+func (f *fakeAuth) EnsureProject(_ context.Context, b, p string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.projects[b+"/"+p] = true
+	return nil
+}
+
+func (f *fakeAuth) TaskOpen(_ context.Context, g authz.Grant) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed[g.Task] {
+		return status.Errorf(codes.FailedPrecondition, "task %s is closed", g.Task)
+	}
+	return nil
+}
+
+func (f *fakeAuth) RecordPush(_ context.Context, g authz.Grant, p authz.Push, _ authz.Peer) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.refuse != nil {
+		return f.refuse
+	}
+	if f.closed[g.Task] {
+		return status.Errorf(codes.FailedPrecondition, "task %s is closed", g.Task)
+	}
+	f.pushes = append(f.pushes, p)
+	return nil
+}
+
+func (f *fakeAuth) LastPushes(_ context.Context, b, p string) (map[string]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]string{}
+	for _, x := range f.pushes {
+		if x.Business == b && x.Project == p {
+			out[x.Task] = x.Commit
+		}
+	}
+	for t, c := range f.lastExtra {
+		out[t] = c
+	}
+	return out, nil
+}
+
+func (f *fakeAuth) recorded() []authz.Push {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]authz.Push(nil), f.pushes...)
+}
+
+// env is one test's world: a service on a temp store, a project seeded
+// from a git root, and a work repository cloned from that root.
+type env struct {
+	t    *testing.T
+	svc  *Service
+	auth *fakeAuth
+	git  *gitcmd.Runner
+	root string // the project's root (a git work tree)
+	work string // a worker's repository, main as on the server
+	main string // main's commit
+	repo string // the bare repository's path
+}
+
+const (
+	testBusiness = "acme"
+	testProject  = "web"
+)
+
+func newEnv(t *testing.T, opts ...func(*Options)) *env {
+	t.Helper()
+	g, err := gitcmd.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, auth: newFakeAuth(), git: g}
+	o := Options{ReposDir: filepath.Join(t.TempDir(), "repos"), GitHome: t.TempDir(), Authority: e.auth}
+	for _, f := range opts {
+		f(&o)
+	}
+	e.svc, err = New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.root = t.TempDir()
+	e.run(e.root, "init", nil, "--quiet")
+	os.WriteFile(filepath.Join(e.root, "README"), []byte("hello\n"), 0o644)
+	e.run(e.root, "add", nil, "--all")
+	e.commitAll(e.root, "initial")
+	e.main, _, err = e.svc.AddProject(context.Background(), testBusiness, testProject, e.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.repo = filepath.Join(o.ReposDir, testBusiness, testProject+".git")
+	e.work = t.TempDir()
+	e.run(e.work, "init", nil, "--quiet")
+	e.run(e.work, "fetch", nil, "--quiet", "--update-head-ok", "--", e.root, "+HEAD:refs/heads/main")
+	// The worker commits on its own branch; main stays the server's.
+	e.run(e.work, "symbolic-ref", nil, "--", "HEAD", "refs/heads/work")
+	e.run(e.work, "reset", nil, "--hard", "--quiet", "--", "main")
+	return e
+}
+
+// run runs git in dir; flags and args are split at "--" (args after it).
+func (e *env) run(dir, sub string, stdin []byte, words ...string) string {
+	e.t.Helper()
+	out, err := e.runErr(dir, sub, stdin, words...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func (e *env) runErr(dir, sub string, stdin []byte, words ...string) (string, error) {
+	c := gitcmd.Cmd{Dir: dir, Sub: sub, Env: []string{
+		"GIT_AUTHOR_NAME=Test", "GIT_AUTHOR_EMAIL=test@example.com", "GIT_AUTHOR_DATE=1700000000 +0000",
+		"GIT_COMMITTER_NAME=Test", "GIT_COMMITTER_EMAIL=test@example.com", "GIT_COMMITTER_DATE=1700000000 +0000",
+	}}
+	for i, w := range words {
+		if w == "--" {
+			c.Args = words[i+1:]
+			break
+		}
+		c.Flags = append(c.Flags, w)
+	}
+	if stdin != nil {
+		c.Stdin = bytes.NewReader(stdin)
+	}
+	return e.git.Line(context.Background(), c)
+}
+
+// commitAll commits everything in dir and returns the commit.
+func (e *env) commitAll(dir, msg string) string {
+	e.t.Helper()
+	e.run(dir, "add", nil, "--all")
+	e.run(dir, "commit", nil, "--quiet", "--allow-empty", "-m"+msg)
+	return e.run(dir, "rev-parse", nil, "--", "HEAD")
+}
+
+// commitFile writes name=content in the work repo and commits it.
+func (e *env) commitFile(name, content string) string {
+	e.t.Helper()
+	p := filepath.Join(e.work, name)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	return e.commitAll(e.work, "change "+name)
+}
+
+// bundle makes a bundle in the work repo of revs and returns its bytes.
+func (e *env) bundle(revs ...string) []byte {
+	e.t.Helper()
+	out, err := e.bundleErr(revs...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func (e *env) bundleErr(revs ...string) ([]byte, error) {
+	var buf bytes.Buffer
+	err := e.git.Run(context.Background(), gitcmd.Cmd{Dir: e.work, Sub: "bundle",
+		Flags: []string{"create", "--quiet", "--version=2"}, Args: append([]string{"-"}, revs...), Stdout: &buf})
+	return buf.Bytes(), err
+}
+
+func (e *env) grant(task string) authz.Grant {
+	return authz.Grant{ID: "g-" + task, Business: testBusiness, Project: testProject, Task: task,
+		Role: "worker", Caps: []string{authz.CapPushWorking}}
+}
+
+func (e *env) push(task string, b []byte) (PushResult, error) {
+	return e.svc.Push(context.Background(), e.grant(task), authz.Peer{PID: 1}, 0, bytes.NewReader(b))
+}
+
+// snapshot hashes every file and lists every directory under the store, so
+// that a refused push can be shown to have changed nothing.
+func (e *env) snapshot() map[string]string {
+	e.t.Helper()
+	m := map[string]string{}
+	err := filepath.WalkDir(e.svc.o.ReposDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(e.svc.o.ReposDir, p)
+		if d.IsDir() {
+			m[rel+"/"] = "dir"
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		h := sha256.Sum256(b)
+		m[rel] = hex.EncodeToString(h[:])
+		return nil
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return m
+}
+
+func diffSnapshots(a, b map[string]string) string {
+	var out []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok {
+			out = append(out, "removed "+k)
+		} else if w != v {
+			out = append(out, "changed "+k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			out = append(out, "added "+k)
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, "\n")
+}
+
+// ref reads a ref of the server's repository, "" if absent.
+func (e *env) ref(name string) string {
+	e.t.Helper()
+	out, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: e.repo, Sub: "for-each-ref", Flags: []string{"--format=%(objectname)"}, Args: []string{name}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// fsck runs git fsck --strict on the server's repository.
+func (e *env) fsck() {
+	e.t.Helper()
+	if out, err := e.git.Output(context.Background(), gitcmd.Cmd{GitDir: e.repo, Sub: "fsck", Flags: []string{"--strict", "--no-progress"}}); err != nil {
+		e.t.Fatalf("git fsck: %v\n%s", err, out)
+	}
+}
+
+// rawObject writes an object of type typ with exactly body into the work
+// repository, with no checks (hash-object --literally).
+func (e *env) rawObject(typ string, body []byte) string {
+	e.t.Helper()
+	return e.run(e.work, "hash-object", body, "--literally", "-t"+typ, "-w", "--stdin")
+}
+
+type treeEntry struct {
+	mode, name, oid string
+}
+
+// rawTree builds tree bytes in the given order, modes as written.
+func rawTree(entries ...treeEntry) []byte {
+	var b bytes.Buffer
+	for _, en := range entries {
+		raw, err := hex.DecodeString(en.oid)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Fprintf(&b, "%s %s\x00", en.mode, en.name)
+		b.Write(raw)
+	}
+	return b.Bytes()
+}
+
+// rawCommit writes a commit of tree on main with the given author line.
+func (e *env) rawCommit(tree, author string) string {
+	e.t.Helper()
+	body := fmt.Sprintf("tree %s\nparent %s\nauthor %s\ncommitter Test <test@example.com> 1700000000 +0000\n\nbad\n", tree, e.main, author)
+	return e.rawObject("commit", []byte(body))
+}
+
+const goodAuthor = "Test <test@example.com> 1700000000 +0000"

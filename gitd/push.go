@@ -1,0 +1,219 @@
+package gitd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/go-git/go-git/v5/plumbing"
+
+	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/names"
+)
+
+// PushResult is an accepted push.
+type PushResult struct {
+	Commit   string // refs/work/<task> now
+	Previous string // before, "" if the ref is new
+	Ref      string // refs/work/<task>
+}
+
+// criticalTimeout bounds the steps after the pack entered the repository
+// (record, ref move), which run even if the client went away, so that a
+// push is never half done because a client hung up.
+const criticalTimeout = time.Minute
+
+// Push ingests one bundle (body, the whole bundle as sent) as the work of
+// g's task. size is the client's announced size, 0 if unknown.
+//
+// Order, for crash safety and nothing left behind: header checks; the pack
+// through index-pack --strict in quarantine (in parallel with other
+// pushes); connectivity and history checks; then under the repository's
+// lock: re-check the fast-forward, migrate the pack, have the Authority
+// record the push (removing the pack again if it refuses), and move the
+// ref against its old value. A crash between the record and the ref move is
+// repaired by Reconcile.
+func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size int64, body io.Reader) (PushResult, error) {
+	ref, err := names.WorkRef(g.Task)
+	if err != nil {
+		return PushResult{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	r, err := s.repo(g.Business, g.Project)
+	if err != nil {
+		return PushResult{}, err
+	}
+	if err := s.o.Authority.TaskOpen(ctx, g); err != nil {
+		return PushResult{}, err
+	}
+	if !r.exists() {
+		return PushResult{}, fmt.Errorf("%w: project %s/%s was never added", ErrNotFound, g.Business, g.Project)
+	}
+	if size > s.o.MaxBundleBytes {
+		return PushResult{}, s.tooLarge(size)
+	}
+	lr := &limitReader{r: body, left: s.o.MaxBundleBytes, max: s.o.MaxBundleBytes}
+	br := bufio.NewReaderSize(lr, 64<<10)
+	h, err := bundle.ReadHeader(br)
+	if err != nil {
+		return PushResult{}, lr.cause(err)
+	}
+	if len(h.Refs) != 1 {
+		return PushResult{}, fmt.Errorf("%w: bundle has %d refs; a push carries exactly one", ErrInvalid, len(h.Refs))
+	}
+	commit := h.Refs[0].Commit
+	gg, err := open(r)
+	if err != nil {
+		return PushResult{}, err
+	}
+	for _, p := range h.Prerequisites {
+		if gg.Storer.HasEncodedObject(plumbing.NewHash(p)) != nil {
+			return PushResult{}, fmt.Errorf("%w: the bundle needs commit %s, which the bus host does not have; bundle against a main fetched from it", ErrMissingPrerequisite, p)
+		}
+	}
+
+	q, err := bundle.NewQuarantine(r.objects())
+	if err != nil {
+		return PushResult{}, err
+	}
+	defer q.Remove()
+	if _, err := q.IndexPack(ctx, s.git, r.Path, br); err != nil || lr.err != nil {
+		return PushResult{}, lr.cause(err)
+	}
+	if err := s.checkObjects(ctx, r, q, commit); err != nil {
+		return PushResult{}, err
+	}
+	old, err := readRef(gg, ref)
+	if err != nil {
+		return PushResult{}, err
+	}
+	if old == commit {
+		return PushResult{Commit: commit, Previous: old, Ref: ref}, nil
+	}
+	if err := s.checkHistory(ctx, r, q, ref, old, commit); err != nil {
+		return PushResult{}, err
+	}
+
+	unlock, err := s.lock(ctx, r)
+	if err != nil {
+		return PushResult{}, err
+	}
+	defer unlock()
+	cur, err := readRef(gg, ref)
+	if err != nil {
+		return PushResult{}, err
+	}
+	if cur == commit {
+		return PushResult{Commit: commit, Previous: cur, Ref: ref}, nil
+	}
+	if cur != old {
+		if err := s.checkHistory(ctx, r, q, ref, cur, commit); err != nil {
+			return PushResult{}, err
+		}
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
+	defer cancel()
+	if err := q.Migrate(); err != nil {
+		return PushResult{}, err
+	}
+	p := authz.Push{Business: g.Business, Project: g.Project, Task: g.Task, Commit: commit, Previous: cur, Ref: ref}
+	if err := s.o.Authority.RecordPush(cctx, g, p, peer); err != nil {
+		if rerr := q.Rollback(); rerr != nil {
+			s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
+		}
+		return PushResult{}, err
+	}
+	oldArg := cur
+	if oldArg == "" {
+		oldArg = zeroOID
+	}
+	if err := s.git.Run(cctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{ref, commit, oldArg}}); err != nil {
+		s.log.Error("push recorded but ref not moved; Reconcile repairs it at next start", "repo", r.Path, "ref", ref, "commit", commit, "err", err)
+		return PushResult{}, fmt.Errorf("push recorded, but moving %s failed (repaired at the next start of bushostd): %w", ref, err)
+	}
+	return PushResult{Commit: commit, Previous: cur, Ref: ref}, nil
+}
+
+// checkObjects requires the bundle's ref to name a commit whose whole
+// history is present: the pack's own objects were checked by index-pack
+// --strict; this checks the links from them to what the repository holds.
+func (s *Service) checkObjects(ctx context.Context, r repo, q *bundle.Quarantine, commit string) error {
+	c := gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{commit}, Env: q.Env()}
+	typ, err := s.git.Line(ctx, c)
+	if err != nil {
+		return fmt.Errorf("%w: the bundle's ref names %s, which neither the bundle nor the repository holds", ErrInvalid, commit)
+	}
+	if typ != "commit" {
+		return fmt.Errorf("%w: the bundle's ref names a %s, not a commit", ErrInvalid, typ)
+	}
+	err = q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "rev-list",
+		Flags: []string{"--objects", "--quiet", "--not", "--all", "--not"}, Args: []string{commit}})
+	if err != nil {
+		return fmt.Errorf("%w: the history of %s is incomplete (connectivity check): %v", ErrInvalid, commit, err)
+	}
+	return nil
+}
+
+// checkHistory requires commit to fast-forward old (the task's ref), or,
+// for a new ref, to share history with main.
+func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine, ref, old, commit string) error {
+	if old != "" {
+		ok, err := s.isAncestor(ctx, r, q, old, commit)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: %s does not descend from %s at %s; fetch, rebase onto it and push again", ErrNonFastForward, commit, ref, old)
+		}
+		return nil
+	}
+	_, err := s.mergeBase(ctx, r, q, MainRef, commit)
+	if errors.Is(err, errNoMergeBase) {
+		return fmt.Errorf("%w: %s shares no history with main; start from a main fetched from the bus host", ErrUnrelated, commit)
+	}
+	return err
+}
+
+func (s *Service) tooLarge(n int64) error {
+	return fmt.Errorf("%w: %d bytes is over the limit of %d bytes (bushostd --max-bundle-bytes)", ErrTooLarge, n, s.o.MaxBundleBytes)
+}
+
+// limitReader counts a push's bytes and fails past the limit, remembering
+// why it failed so that the caller reports the cause rather than the short
+// pack git saw.
+type limitReader struct {
+	r         io.Reader
+	left, max int64
+	err       error
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.err != nil {
+		return 0, l.err
+	}
+	if int64(len(p)) > l.left+1 {
+		p = p[:l.left+1]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	if l.left < 0 {
+		l.err = fmt.Errorf("%w: the bundle is over the limit of %d bytes (bushostd --max-bundle-bytes)", ErrTooLarge, l.max)
+		return 0, l.err
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		l.err = err
+	}
+	return n, err
+}
+
+// cause prefers the reader's own failure over what it caused downstream.
+func (l *limitReader) cause(err error) error {
+	if l.err != nil {
+		return l.err
+	}
+	return err
+}

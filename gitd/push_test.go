@@ -1,0 +1,302 @@
+package gitd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/authz"
+)
+
+func TestPushGood(t *testing.T) {
+	e := newEnv(t)
+	c1 := e.commitFile("a.txt", "one\n")
+	res, err := e.push("t1", e.bundle("HEAD", "^main"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Commit != c1 || res.Previous != "" || res.Ref != "refs/work/t1" {
+		t.Fatalf("push = %+v, want commit %s, no previous", res, c1)
+	}
+	if got := e.ref("refs/work/t1"); got != c1 {
+		t.Fatalf("refs/work/t1 = %q, want %s", got, c1)
+	}
+	c2 := e.commitFile("a.txt", "two\n")
+	res, err = e.push("t1", e.bundle("HEAD", "^main"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Commit != c2 || res.Previous != c1 {
+		t.Fatalf("second push = %+v, want %s after %s", res, c2, c1)
+	}
+	e.fsck()
+	rec := e.auth.recorded()
+	if len(rec) != 2 || rec[0].Commit != c1 || rec[1].Previous != c1 || rec[1].Commit != c2 || rec[1].Ref != "refs/work/t1" {
+		t.Fatalf("recorded pushes = %+v", rec)
+	}
+	// The same commit again changes nothing and records nothing.
+	if res, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil || res.Commit != c2 {
+		t.Fatalf("repeat push = %+v, %v", res, err)
+	}
+	if n := len(e.auth.recorded()); n != 2 {
+		t.Fatalf("repeat push recorded: %d records", n)
+	}
+	assertNoQuarantine(t, e)
+}
+
+func TestPushFullBundle(t *testing.T) {
+	e := newEnv(t)
+	c := e.commitFile("b.txt", "x\n")
+	if _, err := e.push("t1", e.bundle("HEAD")); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.ref("refs/work/t1"); got != c {
+		t.Fatalf("ref = %s, want %s", got, c)
+	}
+	e.fsck()
+}
+
+func assertNoQuarantine(t *testing.T, e *env) {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(e.repo, "objects"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, en := range ents {
+		if strings.HasPrefix(en.Name(), bundle.QuarantinePrefix) {
+			t.Fatalf("quarantine left behind: %s", en.Name())
+		}
+	}
+}
+
+// refusal is one push that must be refused with code and a message naming
+// the cause, leaving the store exactly as it was.
+type refusal struct {
+	name string
+	// setup prepares the world (optional) and returns the bundle to push.
+	bundle func(e *env) []byte
+	size   int64
+	code   codes.Code
+	want   string
+	opts   []func(*Options)
+}
+
+func TestPushRefusals(t *testing.T) {
+	blob := func(e *env, s string) string { return e.rawObject("blob", []byte(s)) }
+	badTree := func(entries func(e *env) []treeEntry) func(e *env) []byte {
+		return func(e *env) []byte {
+			tree := e.rawObject("tree", rawTree(entries(e)...))
+			c := e.rawCommit(tree, goodAuthor)
+			e.run(e.work, "update-ref", nil, "--", "refs/heads/bad", c)
+			return e.bundle("refs/heads/bad", "^main")
+		}
+	}
+	withEntry := func(mode, name string) func(e *env) []byte {
+		return badTree(func(e *env) []treeEntry {
+			return []treeEntry{{mode, name, blob(e, "x\n")}}
+		})
+	}
+	gitmodules := func(content string) func(e *env) []byte {
+		return badTree(func(e *env) []treeEntry {
+			return []treeEntry{{"100644", ".gitmodules", blob(e, content)}}
+		})
+	}
+	header := func(e *env, b []byte, newHeader string) []byte {
+		i := bytes.Index(b, []byte("\n\n"))
+		return append([]byte(newHeader), b[i+2:]...)
+	}
+	cases := []refusal{
+		{name: "non-fast-forward", code: codes.FailedPrecondition, want: "non-fast-forward", bundle: func(e *env) []byte {
+			e.commitFile("a.txt", "one\n")
+			if _, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil {
+				e.t.Fatal(err)
+			}
+			e.run(e.work, "reset", nil, "--hard", "--quiet", "--", "main")
+			e.commitFile("a.txt", "other\n")
+			return e.bundle("HEAD", "^main")
+		}},
+		{name: "unrelated history", code: codes.FailedPrecondition, want: "shares no history with main", bundle: func(e *env) []byte {
+			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "orphan\n")}))
+			c := e.run(e.work, "commit-tree", nil, "-morphan", "--", tree)
+			e.run(e.work, "update-ref", nil, "--", "refs/heads/orphan", c)
+			return e.bundle("refs/heads/orphan")
+		}},
+		{name: "no ref", code: codes.InvalidArgument, want: "bundle has 0 refs", bundle: func(e *env) []byte {
+			e.commitFile("a.txt", "one\n")
+			b := e.bundle("HEAD", "^main")
+			return header(e, b, "# v2 git bundle\n-"+e.main+"\n\n")
+		}},
+		{name: "two refs", code: codes.InvalidArgument, want: "bundle has 2 refs", bundle: func(e *env) []byte {
+			e.commitFile("a.txt", "one\n")
+			e.run(e.work, "update-ref", nil, "--", "refs/heads/second", "HEAD")
+			return e.bundle("HEAD", "refs/heads/second", "^main")
+		}},
+		{name: "missing prerequisite", code: codes.FailedPrecondition, want: "which the bus host does not have", bundle: func(e *env) []byte {
+			e.commitFile("local.txt", "never pushed\n")
+			e.run(e.work, "update-ref", nil, "--", "refs/heads/base", "HEAD")
+			e.commitFile("a.txt", "one\n")
+			return e.bundle("HEAD", "^refs/heads/base")
+		}},
+		{name: "truncated pack", code: codes.InvalidArgument, want: "bad pack", bundle: func(e *env) []byte {
+			e.commitFile("a.txt", strings.Repeat("some content\n", 100))
+			b := e.bundle("HEAD", "^main")
+			return b[:len(b)-30]
+		}},
+		{name: "not a bundle", code: codes.InvalidArgument, want: "not a v2 or v3 git bundle", bundle: func(e *env) []byte {
+			return []byte("PACK garbage\n\n")
+		}},
+		{name: "header without end", code: codes.InvalidArgument, want: "truncated bundle", bundle: func(e *env) []byte {
+			return []byte("# v2 git bundle\n" + e.main + " HEAD\n")
+		}},
+		{name: "v3 with filter", code: codes.InvalidArgument, want: "@filter", bundle: func(e *env) []byte {
+			e.commitFile("a.txt", "one\n")
+			b := e.bundle("HEAD", "^main")
+			i := bytes.IndexByte(b, '\n')
+			return append([]byte("# v3 git bundle\n@object-format=sha1\n@filter=blob:none\n"), b[i+1:]...)
+		}},
+		{name: "v3 sha256", code: codes.InvalidArgument, want: "sha256", bundle: func(e *env) []byte {
+			e.commitFile("a.txt", "one\n")
+			b := e.bundle("HEAD", "^main")
+			i := bytes.IndexByte(b, '\n')
+			return append([]byte("# v3 git bundle\n@object-format=sha256\n"), b[i+1:]...)
+		}},
+		{name: "1 MiB header line", code: codes.InvalidArgument, want: "header line longer than", bundle: func(e *env) []byte {
+			return []byte("# v2 git bundle\n" + e.main + " refs/heads/" + strings.Repeat("x", 1<<20) + "\n\n")
+		}},
+		{name: "oversized", code: codes.ResourceExhausted, want: "over the limit", opts: []func(*Options){func(o *Options) { o.MaxBundleBytes = 4096 }}, bundle: func(e *env) []byte {
+			e.commitFile("big.txt", strings.Repeat("incompressible? no, but big enough ", 2000)+randomText(8192))
+			return e.bundle("HEAD", "^main")
+		}},
+		{name: "oversized announced", code: codes.ResourceExhausted, want: "over the limit", size: 1 << 40, bundle: func(e *env) []byte {
+			e.commitFile("a.txt", "one\n")
+			return e.bundle("HEAD", "^main")
+		}},
+		{name: "ref names a tree", code: codes.InvalidArgument, want: "not a commit", bundle: func(e *env) []byte {
+			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "t\n")}))
+			b := e.bundle("main")
+			i := bytes.Index(b, []byte("\n\n"))
+			pack := b[i+2:]
+			_ = pack
+			// A bundle whose ref is a tree: made by git from a ref to it.
+			e.run(e.work, "update-ref", nil, "--", "refs/tags/tree", tree)
+			return e.bundle("refs/tags/tree")
+		}},
+		{name: "fsck .git", code: codes.InvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".git")},
+		{name: "fsck .GIT", code: codes.InvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".GIT")},
+		{name: "fsck .git.", code: codes.InvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".git.")},
+		{name: "fsck ..", code: codes.InvalidArgument, want: "hasDotdot", bundle: withEntry("100644", "..")},
+		{name: "fsck zero-padded mode", code: codes.InvalidArgument, want: "zeroPaddedFilemode", bundle: withEntry("0100644", "f")},
+		{name: "fsck unsorted tree", code: codes.InvalidArgument, want: "treeNotSorted", bundle: badTree(func(e *env) []treeEntry {
+			return []treeEntry{{"100644", "b", blob(e, "b\n")}, {"100644", "a", blob(e, "a\n")}}
+		})},
+		{name: "fsck bad author", code: codes.InvalidArgument, want: "badEmail", bundle: func(e *env) []byte {
+			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "f\n")}))
+			c := e.rawCommit(tree, "Bad Author <bad@example.com 1700000000 +0000")
+			e.run(e.work, "update-ref", nil, "--", "refs/heads/bad", c)
+			return e.bundle("refs/heads/bad", "^main")
+		}},
+		{name: "fsck .gitmodules ../ name", code: codes.InvalidArgument, want: "gitmodulesName", bundle: gitmodules("[submodule \"../evil\"]\n\tpath = evil\n\turl = https://example.com/evil\n")},
+		{name: "fsck .gitmodules - url", code: codes.InvalidArgument, want: "gitmodulesUrl", bundle: gitmodules("[submodule \"x\"]\n\tpath = x\n\turl = --upload-pack=touch${IFS}/tmp/pwned\n")},
+		{name: "fsck .gitmodules symlink", code: codes.InvalidArgument, want: "gitmodulesSymlink", bundle: badTree(func(e *env) []treeEntry {
+			return []treeEntry{{"120000", ".gitmodules", blob(e, "/etc/passwd")}}
+		})},
+		{name: "closed task", code: codes.FailedPrecondition, want: "is closed", bundle: func(e *env) []byte {
+			e.auth.mu.Lock()
+			e.auth.closed["t1"] = true
+			e.auth.mu.Unlock()
+			e.commitFile("a.txt", "one\n")
+			return e.bundle("HEAD", "^main")
+		}},
+		{name: "record refused", code: codes.FailedPrecondition, want: "closed while pushing", bundle: func(e *env) []byte {
+			e.auth.mu.Lock()
+			e.auth.refuse = status.Error(codes.FailedPrecondition, "task t1 closed while pushing")
+			e.auth.mu.Unlock()
+			e.commitFile("a.txt", "one\n")
+			return e.bundle("HEAD", "^main")
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.opts...)
+			b := tc.bundle(e)
+			before := e.snapshot()
+			recs := len(e.auth.recorded())
+			_, err := e.svc.Push(context.Background(), e.grant("t1"), authz.Peer{}, tc.size, bytes.NewReader(b))
+			if err == nil {
+				t.Fatal("push accepted")
+			}
+			st := toStatus(err)
+			s, _ := status.FromError(st)
+			if s.Code() != tc.code || !strings.Contains(s.Message(), tc.want) {
+				t.Fatalf("refusal = %v %q, want %v containing %q", s.Code(), s.Message(), tc.code, tc.want)
+			}
+			if d := diffSnapshots(before, e.snapshot()); d != "" {
+				t.Fatalf("store changed by a refused push:\n%s", d)
+			}
+			if n := len(e.auth.recorded()); n != recs {
+				t.Fatalf("refused push was recorded")
+			}
+			e.fsck()
+		})
+	}
+}
+
+func randomText(n int) string {
+	b := make([]byte, n)
+	x := uint32(2463534242)
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b[i] = 'a' + byte(x%26)
+	}
+	return string(b)
+}
+
+func TestPushBadNames(t *testing.T) {
+	e := newEnv(t)
+	e.commitFile("a.txt", "one\n")
+	b := e.bundle("HEAD", "^main")
+	before := e.snapshot()
+	for _, bad := range []string{"../x", "a/b", "", strings.Repeat("a", 200), "ünï"} {
+		for _, which := range []string{"business", "project", "task"} {
+			g := e.grant("t1")
+			switch which {
+			case "business":
+				g.Business = bad
+			case "project":
+				g.Project = bad
+			case "task":
+				g.Task = bad
+			}
+			_, err := e.svc.Push(context.Background(), g, authz.Peer{}, 0, bytes.NewReader(b))
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "invalid "+which+" name") {
+				t.Errorf("%s %q: %v", which, bad, err)
+			}
+		}
+	}
+	if d := diffSnapshots(before, e.snapshot()); d != "" {
+		t.Fatalf("store changed:\n%s", d)
+	}
+	for _, bad := range []string{"../x", "a/b", "", strings.Repeat("a", 200), "ünï"} {
+		if _, _, err := e.svc.AddProject(context.Background(), bad, "p", e.root); !errors.Is(err, ErrInvalid) {
+			t.Errorf("AddProject business %q: %v", bad, err)
+		}
+		if _, _, err := e.svc.AddProject(context.Background(), "b", bad, e.root); !errors.Is(err, ErrInvalid) {
+			t.Errorf("AddProject project %q: %v", bad, err)
+		}
+	}
+	if d := diffSnapshots(before, e.snapshot()); d != "" {
+		t.Fatalf("store changed:\n%s", d)
+	}
+	_ = fmt.Sprint
+}

@@ -1,0 +1,104 @@
+package gitd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-git/go-git/v5/plumbing"
+
+	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/names"
+)
+
+// Reconcile makes every repository agree with the broker's log: for each
+// task with a recorded push, refs/work/<task> is set to that push's commit
+// (a crash between the record and the ref move leaves the ref behind). It
+// also removes git lock files a killed process left, which would block the
+// next ref move. Call it at start, before the service takes calls.
+func (s *Service) Reconcile(ctx context.Context) error {
+	rs, err := s.repos()
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	var errs []error
+	for _, r := range rs {
+		if err := s.reconcile(ctx, r); err != nil {
+			errs = append(errs, fmt.Errorf("reconcile %s/%s: %w", r.Business, r.Project, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Service) reconcile(ctx context.Context, r repo) error {
+	last, err := s.o.Authority.LastPushes(ctx, r.Business, r.Project)
+	if err != nil {
+		return err
+	}
+	unlock, err := s.lock(ctx, r)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := removeStaleLocks(r.Path); err != nil {
+		return err
+	}
+	gg, err := open(r)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for task, commit := range last {
+		ref, err := names.WorkRef(task)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		cur, err := readRef(gg, ref)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if cur == commit {
+			continue
+		}
+		if gg.Storer.HasEncodedObject(plumbing.NewHash(commit)) != nil {
+			errs = append(errs, fmt.Errorf("%s: recorded push %s is not in the repository", ref, commit))
+			continue
+		}
+		old := cur
+		if old == "" {
+			old = zeroOID
+		}
+		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{ref, commit, old}}); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.log.Info("reconciled ref with the last recorded push", "repo", r.Path, "ref", ref, "from", cur, "to", commit)
+	}
+	return errors.Join(errs...)
+}
+
+// removeStaleLocks deletes the *.lock files git leaves when killed while
+// moving a ref (refs/**, packed-refs, HEAD, config). The caller holds the
+// repository's lock, so no ref move of ours is in flight.
+func removeStaleLocks(gitDir string) error {
+	for _, name := range []string{"packed-refs.lock", "HEAD.lock", "config.lock"} {
+		if err := os.Remove(filepath.Join(gitDir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return filepath.WalkDir(filepath.Join(gitDir, "refs"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".lock") {
+			return os.Remove(p)
+		}
+		return nil
+	})
+}

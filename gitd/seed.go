@@ -1,0 +1,274 @@
+package gitd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/gitcmd"
+)
+
+// rootKey is the repository config entry that remembers the project's root
+// for SyncProject.
+const rootKey = "bushost.root"
+
+const zeroOID = "0000000000000000000000000000000000000000"
+
+// AddProject makes business/project's repository and seeds main from root:
+// a git repository's HEAD, or a plain directory's files as one commit. It
+// is idempotent: a project that exists keeps its main and created is false.
+// The repository appears whole or not at all: it is built beside its final
+// path and renamed into place under the repository's lock.
+func (s *Service) AddProject(ctx context.Context, business, project, root string) (commit string, created bool, err error) {
+	r, err := s.repo(business, project)
+	if err != nil {
+		return "", false, err
+	}
+	root, err = checkRoot(root)
+	if err != nil {
+		return "", false, err
+	}
+	unlock, err := s.lock(ctx, r)
+	if err != nil {
+		return "", false, err
+	}
+	defer unlock()
+	if r.exists() {
+		g, err := open(r)
+		if err != nil {
+			return "", false, err
+		}
+		commit, err := readRef(g, MainRef)
+		if err != nil {
+			return "", false, err
+		}
+		if commit == "" {
+			return "", false, fmt.Errorf("repository %s has no main", r.Path)
+		}
+		return commit, false, nil
+	}
+	dir := filepath.Dir(r.Path)
+	tmp, err := os.MkdirTemp(dir, seedPrefix+project+"-")
+	if err != nil {
+		return "", false, err
+	}
+	defer os.RemoveAll(tmp)
+	if err := s.git.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{tmp}}); err != nil {
+		return "", false, err
+	}
+	if isGitRepo(root) {
+		err = s.git.Run(ctx, gitcmd.Cmd{GitDir: tmp, Sub: "fetch",
+			Flags: []string{"--quiet", "--no-tags", "--no-write-fetch-head"},
+			Args:  []string{root, "+HEAD:" + MainRef}})
+		if err != nil {
+			return "", false, fmt.Errorf("%w: fetch HEAD of %s: %v", ErrInvalid, root, err)
+		}
+	} else {
+		c, _, err := s.commitDir(ctx, dir, root, "", []string{"GIT_OBJECT_DIRECTORY=" + filepath.Join(tmp, "objects")}, "Seed main from "+root)
+		if err != nil {
+			return "", false, err
+		}
+		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: tmp, Sub: "update-ref", Args: []string{MainRef, c, zeroOID}}); err != nil {
+			return "", false, err
+		}
+	}
+	if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: tmp, Sub: "config", Args: []string{rootKey, root}}); err != nil {
+		return "", false, err
+	}
+	commit, err = s.git.Line(ctx, gitcmd.Cmd{GitDir: tmp, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{MainRef + "^{commit}"}})
+	if err != nil {
+		return "", false, fmt.Errorf("%w: %s has no commit at HEAD: %v", ErrInvalid, root, err)
+	}
+	if err := os.Rename(tmp, r.Path); err != nil {
+		return "", false, err
+	}
+	if err := bundle.SyncDir(dir); err != nil {
+		return "", false, err
+	}
+	return commit, true, nil
+}
+
+// SyncProject fast-forwards main from the project's root and refuses
+// anything else. A plain-directory root becomes a new commit on top of main
+// when its files changed.
+func (s *Service) SyncProject(ctx context.Context, business, project string) (commit, previous string, err error) {
+	r, err := s.repo(business, project)
+	if err != nil {
+		return "", "", err
+	}
+	if !r.exists() {
+		return "", "", fmt.Errorf("%w: project %s/%s was never added", ErrNotFound, business, project)
+	}
+	unlock, err := s.lock(ctx, r)
+	if err != nil {
+		return "", "", err
+	}
+	defer unlock()
+	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}})
+	if err != nil {
+		return "", "", fmt.Errorf("repository %s does not know its root: %w", r.Path, err)
+	}
+	if root, err = checkRoot(root); err != nil {
+		return "", "", err
+	}
+	g, err := open(r)
+	if err != nil {
+		return "", "", err
+	}
+	old, err := readRef(g, MainRef)
+	if err != nil {
+		return "", "", err
+	}
+	q, err := bundle.NewQuarantine(r.objects())
+	if err != nil {
+		return "", "", err
+	}
+	defer q.Remove()
+	var next string
+	if isGitRepo(root) {
+		next, err = s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}})
+		if err != nil {
+			return "", "", fmt.Errorf("%w: %s has no commit at HEAD: %v", ErrInvalid, root, err)
+		}
+		if next == old {
+			return old, old, nil
+		}
+		err = q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "fetch",
+			Flags: []string{"--quiet", "--no-tags", "--no-write-fetch-head"}, Args: []string{root, "HEAD"}})
+		if err != nil {
+			return "", "", fmt.Errorf("fetch HEAD of %s: %w", root, err)
+		}
+		if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{next}}); err != nil {
+			return "", "", fmt.Errorf("%w: HEAD of %s moved during the sync; run it again", ErrChanged, root)
+		}
+		ok, err := s.isAncestor(ctx, r, q, old, next)
+		if err != nil {
+			return "", "", err
+		}
+		if !ok {
+			return "", "", fmt.Errorf("%w: HEAD of %s (%s) does not descend from main (%s); main only moves forward", ErrNonFastForward, root, next, old)
+		}
+	} else {
+		var same bool
+		next, same, err = s.commitDir(ctx, filepath.Dir(r.Path), root, old, q.Env(), "Sync main from "+root)
+		if err != nil {
+			return "", "", err
+		}
+		if same {
+			return old, old, nil
+		}
+	}
+	if err := q.Migrate(); err != nil {
+		return "", "", err
+	}
+	if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{MainRef, next, old}}); err != nil {
+		q.Rollback()
+		return "", "", err
+	}
+	return next, old, nil
+}
+
+// commitDir commits the files of root (a plain directory) with parent (or
+// none) through a scratch git directory made beside the repositories, with
+// env saying where the objects go. same is true when root's tree equals the
+// parent's, and then no commit is made.
+func (s *Service) commitDir(ctx context.Context, dir, root, parent string, env []string, msg string) (commit string, same bool, err error) {
+	scratch, err := os.MkdirTemp(dir, seedPrefix+"scratch-")
+	if err != nil {
+		return "", false, err
+	}
+	defer os.RemoveAll(scratch)
+	if err := s.git.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{scratch}}); err != nil {
+		return "", false, err
+	}
+	// A git dir whose config says it is not bare, given explicitly, takes
+	// the working directory (root) as its work tree; root gets no .git.
+	if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "config", Args: []string{"core.bare", "false"}}); err != nil {
+		return "", false, err
+	}
+	env = append(env, "GIT_INDEX_FILE="+filepath.Join(scratch, "seed-index"))
+	if err := s.git.Run(ctx, gitcmd.Cmd{Dir: root, GitDir: scratch, Sub: "add", Flags: []string{"--all", "--force"}, Env: env}); err != nil {
+		return "", false, fmt.Errorf("add files of %s: %w", root, err)
+	}
+	tree, err := s.git.Line(ctx, gitcmd.Cmd{Dir: root, GitDir: scratch, Sub: "write-tree", Env: env})
+	if err != nil {
+		return "", false, err
+	}
+	flags := []string{"-m" + msg}
+	if parent != "" {
+		ptree, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{parent + "^{tree}"}, Env: env})
+		if err != nil {
+			return "", false, err
+		}
+		if ptree == tree {
+			return parent, true, nil
+		}
+		flags = append(flags, "-p"+parent)
+	}
+	env = append(env, "GIT_AUTHOR_NAME=bushost", "GIT_AUTHOR_EMAIL=bushost@localhost",
+		"GIT_COMMITTER_NAME=bushost", "GIT_COMMITTER_EMAIL=bushost@localhost")
+	commit, err = s.git.Line(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "commit-tree", Flags: flags, Args: []string{tree}, Env: env})
+	if err != nil {
+		return "", false, err
+	}
+	return commit, false, nil
+}
+
+// checkRoot requires an absolute path to an existing directory.
+func checkRoot(root string) (string, error) {
+	if root == "" || !filepath.IsAbs(root) {
+		return "", fmt.Errorf("%w: root %q must be an absolute path", ErrInvalid, root)
+	}
+	root = filepath.Clean(root)
+	fi, err := os.Stat(root)
+	if err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("%w: root %s is not a directory", ErrInvalid, root)
+	}
+	if strings.ContainsAny(root, "\n") {
+		return "", fmt.Errorf("%w: root %q has a newline", ErrInvalid, root)
+	}
+	return root, nil
+}
+
+// isGitRepo reports whether root is a git work tree (has .git) or a bare
+// repository.
+func isGitRepo(root string) bool {
+	if _, err := os.Lstat(filepath.Join(root, ".git")); err == nil {
+		return true
+	}
+	h, err1 := os.Stat(filepath.Join(root, "HEAD"))
+	o, err2 := os.Stat(filepath.Join(root, "objects"))
+	return err1 == nil && err2 == nil && !h.IsDir() && o.IsDir()
+}
+
+// isAncestor reports whether a is an ancestor of b (objects read through q).
+func (s *Service) isAncestor(ctx context.Context, r repo, q *bundle.Quarantine, a, b string) (bool, error) {
+	err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}})
+	if err == nil {
+		return true, nil
+	}
+	if gitcmd.ExitCode(err) == 1 {
+		return false, nil
+	}
+	return false, err
+}
+
+var errNoMergeBase = errors.New("no merge base")
+
+// mergeBase returns a merge base of a and b, or errNoMergeBase.
+func (s *Service) mergeBase(ctx context.Context, r repo, q *bundle.Quarantine, a, b string) (string, error) {
+	c := gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Args: []string{a, b}}
+	c.Env = q.Env()
+	out, err := s.git.Line(ctx, c)
+	if err == nil {
+		return out, nil
+	}
+	if gitcmd.ExitCode(err) == 1 {
+		return "", errNoMergeBase
+	}
+	return "", err
+}

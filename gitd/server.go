@@ -1,0 +1,228 @@
+package gitd
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc"
+
+	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/sock"
+)
+
+// server is the GitService on git.sock. The caller's grant, never the
+// request, decides business, project and task; every error leaves through
+// toStatus.
+type server struct {
+	gitv1.UnimplementedGitServiceServer
+	s *Service
+}
+
+// NewServer returns the gRPC GitService backed by s.
+func NewServer(s *Service) gitv1.GitServiceServer { return &server{s: s} }
+
+func (sv *server) authorize(ctx context.Context, caps ...string) (authz.Grant, error) {
+	g, err := sv.s.o.Authority.Authorize(ctx, authz.TokenFromContext(ctx), caps...)
+	if err != nil {
+		return g, err
+	}
+	if len(caps) > 0 {
+		if err := names.CheckScope(names.Scope{Business: g.Business, Project: g.Project, Task: g.Task}); err != nil {
+			return g, fmt.Errorf("%w: grant scope: %v", ErrInvalid, err)
+		}
+	}
+	return g, nil
+}
+
+func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkingRequest, gitv1.PushWorkingResponse]) error {
+	ctx := stream.Context()
+	g, err := sv.authorize(ctx, authz.CapPushWorking)
+	if err != nil {
+		return toStatus(err)
+	}
+	rr := newRecvReader(stream, sv.s.o.IdleTimeout)
+	defer rr.stop()
+	first, err := rr.next()
+	if err != nil {
+		return toStatus(err)
+	}
+	hdr := first.GetHeader()
+	if hdr == nil {
+		return toStatus(fmt.Errorf("%w: the first message of a push must be its header", ErrInvalid))
+	}
+	peer, _ := sock.PeerFromContext(ctx)
+	res, err := sv.s.Push(ctx, g, peer, hdr.GetSize(), rr)
+	if err != nil {
+		return toStatus(err)
+	}
+	return toStatus(stream.SendAndClose(&gitv1.PushWorkingResponse{Commit: res.Commit, Previous: res.Previous, Ref: res.Ref}))
+}
+
+func (sv *server) FetchMain(_ *gitv1.FetchMainRequest, stream grpc.ServerStreamingServer[gitv1.FetchMainResponse]) error {
+	ctx := stream.Context()
+	g, err := sv.authorize(ctx, authz.CapPushWorking, authz.CapReviewVerdict)
+	if err != nil {
+		return toStatus(err)
+	}
+	w := newChunkWriter(func(b []byte) error {
+		return stream.Send(&gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Chunk{Chunk: b}})
+	})
+	begin := func(c string) error {
+		return stream.Send(&gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Commit{Commit: c}})
+	}
+	if err := sv.s.WriteMainBundle(ctx, g.Business, g.Project, begin, w); err != nil {
+		return toStatus(err)
+	}
+	return toStatus(w.Flush())
+}
+
+func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerStreamingServer[gitv1.FetchReviewResponse]) error {
+	ctx := stream.Context()
+	g, err := sv.authorize(ctx, authz.CapReviewVerdict)
+	if err != nil {
+		return toStatus(err)
+	}
+	w := newChunkWriter(func(b []byte) error {
+		return stream.Send(&gitv1.FetchReviewResponse{Msg: &gitv1.FetchReviewResponse_Chunk{Chunk: b}})
+	})
+	begin := func(c string) error {
+		return stream.Send(&gitv1.FetchReviewResponse{Msg: &gitv1.FetchReviewResponse_Commit{Commit: c}})
+	}
+	if err := sv.s.WriteReviewBundle(ctx, g.Business, g.Project, g.Task, req.GetHave(), begin, w); err != nil {
+		return toStatus(err)
+	}
+	return toStatus(w.Flush())
+}
+
+func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) (*gitv1.AddProjectResponse, error) {
+	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
+		return nil, toStatus(fmt.Errorf("%w: %v", ErrInvalid, err))
+	}
+	if _, err := sv.authorize(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	commit, created, err := sv.s.AddProject(ctx, req.GetBusiness(), req.GetProject(), req.GetRoot())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	// The broker learns of the project once its repository exists; both
+	// steps are idempotent, so a retry after a failure here completes it.
+	if err := sv.s.o.Authority.EnsureProject(ctx, req.GetBusiness(), req.GetProject()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &gitv1.AddProjectResponse{Commit: commit, Created: created}, nil
+}
+
+func (sv *server) SyncProject(ctx context.Context, req *gitv1.SyncProjectRequest) (*gitv1.SyncProjectResponse, error) {
+	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
+		return nil, toStatus(fmt.Errorf("%w: %v", ErrInvalid, err))
+	}
+	if _, err := sv.authorize(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	commit, previous, err := sv.s.SyncProject(ctx, req.GetBusiness(), req.GetProject())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &gitv1.SyncProjectResponse{Commit: commit, Previous: previous}, nil
+}
+
+// recvReader turns a push stream's chunks into an io.Reader, cutting the
+// stream when the client sends nothing for idle. Recv runs in its own
+// goroutine, since a blocked Recv cannot be interrupted except by the
+// handler returning.
+type recvReader struct {
+	msgs chan recvResult
+	done chan struct{}
+	idle time.Duration
+	buf  []byte
+	err  error
+}
+
+type recvResult struct {
+	m   *gitv1.PushWorkingRequest
+	err error
+}
+
+func newRecvReader(stream grpc.ClientStreamingServer[gitv1.PushWorkingRequest, gitv1.PushWorkingResponse], idle time.Duration) *recvReader {
+	r := &recvReader{msgs: make(chan recvResult), done: make(chan struct{}), idle: idle}
+	go func() {
+		for {
+			m, err := stream.Recv()
+			select {
+			case r.msgs <- recvResult{m, err}:
+			case <-r.done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return r
+}
+
+func (r *recvReader) stop() { close(r.done) }
+
+func (r *recvReader) next() (*gitv1.PushWorkingRequest, error) {
+	t := time.NewTimer(r.idle)
+	defer t.Stop()
+	select {
+	case res := <-r.msgs:
+		return res.m, res.err
+	case <-t.C:
+		return nil, fmt.Errorf("%w: the client sent nothing for %s; push cut", ErrIdle, r.idle)
+	}
+}
+
+func (r *recvReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		m, err := r.next()
+		if err != nil {
+			r.err = err
+			continue
+		}
+		if m.GetHeader() != nil {
+			r.err = fmt.Errorf("%w: a second push header in one stream", ErrInvalid)
+			continue
+		}
+		r.buf = m.GetChunk()
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+// chunkWriter sends what git writes in messages of at most MaxChunk bytes,
+// batching git's small writes.
+type chunkWriter struct {
+	*bufio.Writer
+}
+
+type sendFunc func([]byte) error
+
+func (f sendFunc) Write(p []byte) (int, error) {
+	for off := 0; off < len(p); off += MaxChunk {
+		end := min(off+MaxChunk, len(p))
+		// grpc may hold the message after Send returns (stats handlers):
+		// give it its own copy, since the buffer behind p is reused.
+		if err := f(append([]byte(nil), p[off:end]...)); err != nil {
+			return off, err
+		}
+	}
+	return len(p), nil
+}
+
+func newChunkWriter(send func([]byte) error) chunkWriter {
+	return chunkWriter{bufio.NewWriterSize(sendFunc(send), MaxChunk)}
+}
+
+var _ io.Writer = chunkWriter{}
