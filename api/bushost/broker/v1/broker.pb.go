@@ -84,8 +84,11 @@ type Event struct {
 	// RFC 3339 with nanoseconds, UTC.
 	Time string `protobuf:"bytes,8,opt,name=time,proto3" json:"time,omitempty"`
 	// Hex SHA-256 of the previous event ("" for the first) and of this one.
-	PrevHash      string `protobuf:"bytes,9,opt,name=prev_hash,json=prevHash,proto3" json:"prev_hash,omitempty"`
-	Hash          string `protobuf:"bytes,10,opt,name=hash,proto3" json:"hash,omitempty"`
+	PrevHash string `protobuf:"bytes,9,opt,name=prev_hash,json=prevHash,proto3" json:"prev_hash,omitempty"`
+	Hash     string `protobuf:"bytes,10,opt,name=hash,proto3" json:"hash,omitempty"`
+	// The process that caused the event as the socket saw it (SO_PEERCRED),
+	// "pid=N,uid=N,gid=N"; "" when the caller was in-process.
+	Peer          string `protobuf:"bytes,11,opt,name=peer,proto3" json:"peer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -186,6 +189,13 @@ func (x *Event) GetPrevHash() string {
 func (x *Event) GetHash() string {
 	if x != nil {
 		return x.Hash
+	}
+	return ""
+}
+
+func (x *Event) GetPeer() string {
+	if x != nil {
+		return x.Peer
 	}
 	return ""
 }
@@ -1142,7 +1152,7 @@ var File_bushost_broker_v1_broker_proto protoreflect.FileDescriptor
 
 const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\n" +
-	"\x1ebushost/broker/v1/broker.proto\x12\x11bushost.broker.v1\"\xe6\x01\n" +
+	"\x1ebushost/broker/v1/broker.proto\x12\x11bushost.broker.v1\"\xfa\x01\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x1a\n" +
 	"\bbusiness\x18\x02 \x01(\tR\bbusiness\x12\x18\n" +
@@ -1154,7 +1164,8 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x04time\x18\b \x01(\tR\x04time\x12\x1b\n" +
 	"\tprev_hash\x18\t \x01(\tR\bprevHash\x12\x12\n" +
 	"\x04hash\x18\n" +
-	" \x01(\tR\x04hash\"Z\n" +
+	" \x01(\tR\x04hash\x12\x12\n" +
+	"\x04peer\x18\v \x01(\tR\x04peer\"Z\n" +
 	"\x0eAddTaskRequest\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +

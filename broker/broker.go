@@ -1,0 +1,440 @@
+package broker
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/names"
+)
+
+// Options configure Open.
+type Options struct {
+	// DSN chooses the store: a file path or "sqlite:PATH" for SQLite,
+	// "postgres://..." or "postgresql://..." for PostgreSQL.
+	DSN string
+	// AdminToken is the host's token: calls bearing it act as the host
+	// (actor "host"). Empty means no call can act as the host.
+	AdminToken string
+	// DefaultTTL is a grant's lifetime when none is asked for; 0 means 24h.
+	DefaultTTL time.Duration
+}
+
+// Broker is the broker. It implements authz.Authority; NewServer serves it
+// as BrokerService. Its methods are safe for concurrent use.
+type Broker struct {
+	st         store
+	admin      string
+	defaultTTL time.Duration
+
+	// ops feeds the committer; see write.
+	ops       chan *op
+	closeMu   sync.RWMutex
+	closed    bool
+	committed chan struct{} // closed when the committer has exited
+
+	changeMu sync.Mutex
+	changed  chan struct{} // closed and replaced at each commit that appended
+}
+
+var _ authz.Authority = (*Broker)(nil)
+
+var errClosedBroker = errors.New("broker is shutting down")
+
+// Open opens (creating and migrating as needed) the store named by o.DSN.
+func Open(ctx context.Context, o Options) (*Broker, error) {
+	var st *sqlStore
+	var err error
+	switch {
+	case o.DSN == "":
+		return nil, errors.New("broker: no DSN: give a SQLite file path or a postgres:// URL")
+	case strings.HasPrefix(o.DSN, "postgres://"), strings.HasPrefix(o.DSN, "postgresql://"):
+		st, err = openPostgres(ctx, o.DSN)
+	default:
+		st, err = openSQLite(ctx, strings.TrimPrefix(o.DSN, "sqlite:"))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	ttl := o.DefaultTTL
+	if ttl == 0 {
+		ttl = 24 * time.Hour
+	}
+	b := &Broker{
+		st:         st,
+		admin:      o.AdminToken,
+		defaultTTL: ttl,
+		ops:        make(chan *op, 1024),
+		committed:  make(chan struct{}),
+		changed:    make(chan struct{}),
+	}
+	go b.commitLoop()
+	return b, nil
+}
+
+// Close stops taking writes, finishes those queued, and closes the store.
+func (b *Broker) Close() error {
+	b.closeMu.Lock()
+	if b.closed {
+		b.closeMu.Unlock()
+		return nil
+	}
+	b.closed = true
+	close(b.ops)
+	b.closeMu.Unlock()
+	<-b.committed
+	return b.st.close()
+}
+
+// op is one write waiting for the committer.
+type op struct {
+	ctx      context.Context
+	fn       func(ctx context.Context, q *writeTx) error
+	done     chan error
+	appended bool
+}
+
+// write runs fn in a write transaction and returns once that transaction is
+// durably committed (or fn's refusal, with nothing of fn's left behind).
+//
+// One goroutine commits: it takes every write waiting, runs each in its own
+// savepoint inside one transaction, and commits them together, so that
+// concurrent writers share one fsync (group commit). A refused fn rolls
+// back to its savepoint and does not touch the others.
+func (b *Broker) write(ctx context.Context, fn func(ctx context.Context, q *writeTx) error) error {
+	o := &op{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	b.closeMu.RLock()
+	if b.closed {
+		b.closeMu.RUnlock()
+		return errClosedBroker
+	}
+	b.ops <- o
+	b.closeMu.RUnlock()
+	return <-o.done
+}
+
+const maxBatch = 256
+
+func (b *Broker) commitLoop() {
+	defer close(b.committed)
+	for o := range b.ops {
+		batch := []*op{o}
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case o2, ok := <-b.ops:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, o2)
+			default:
+				break drain
+			}
+		}
+		b.runBatch(batch)
+	}
+}
+
+func (b *Broker) runBatch(batch []*op) {
+	errs := make([]error, len(batch))
+	// The batch outlives any one caller's context: a caller that gives up
+	// does not roll back the others.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	finish := func() {
+		for i, o := range batch {
+			o.done <- errs[i]
+		}
+	}
+	tx, err := b.st.begin(ctx)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		finish()
+		return
+	}
+	ran := false
+	for i, o := range batch {
+		if err := o.ctx.Err(); err != nil {
+			errs[i] = err
+			continue
+		}
+		if err := tx.savepoint(ctx); err != nil {
+			errs[i] = err
+			continue
+		}
+		if err := o.fn(ctx, tx); err != nil {
+			errs[i] = err
+			if rerr := tx.rollbackTo(ctx); rerr != nil {
+				errs[i] = fmt.Errorf("%w (and rolling it back: %v)", err, rerr)
+			}
+			continue
+		}
+		if err := tx.release(ctx); err != nil {
+			errs[i] = err
+			continue
+		}
+		ran = true
+	}
+	if !ran {
+		tx.rollback()
+		finish()
+		return
+	}
+	if err := tx.commit(); err != nil {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = fmt.Errorf("commit: %w", err)
+			}
+		}
+		finish()
+		return
+	}
+	b.changeMu.Lock()
+	close(b.changed)
+	b.changed = make(chan struct{})
+	b.changeMu.Unlock()
+	finish()
+}
+
+// changes returns a channel closed at the next commit.
+func (b *Broker) changes() <-chan struct{} {
+	b.changeMu.Lock()
+	defer b.changeMu.Unlock()
+	return b.changed
+}
+
+// appendEvent chains e to the log's head and appends it. Only the broker's
+// own code calls it, inside a write transaction.
+func appendEvent(ctx context.Context, q *writeTx, e *Event) error {
+	seq, prev, err := q.head(ctx)
+	if err != nil {
+		return fmt.Errorf("read log head: %w", err)
+	}
+	e.Seq = seq + 1
+	e.PrevHash = prev
+	e.Time = now()
+	if e.Data == "" {
+		e.Data = "{}"
+	}
+	e.Hash = HashEvent(*e)
+	if err := q.insertEvent(ctx, *e); err != nil {
+		return fmt.Errorf("append event: %w", err)
+	}
+	return nil
+}
+
+func now() string { return time.Now().UTC().Format(time.RFC3339Nano) }
+
+// PeerString is how a peer is written into the log.
+func PeerString(p authz.Peer, ok bool) string {
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("pid=%d,uid=%d,gid=%d", p.PID, p.UID, p.GID)
+}
+
+func randomID(prefix string, n int) string {
+	buf := make([]byte, n)
+	if _, err := rand.Read(buf); err != nil {
+		panic(fmt.Sprintf("broker: crypto/rand: %v", err))
+	}
+	return prefix + hex.EncodeToString(buf)
+}
+
+func tokenHash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+func scopeString(business, project, task string) string {
+	return business + "/" + project + "/" + task
+}
+
+// authorize resolves token. With no caps it requires the admin token;
+// otherwise the grant must hold at least one of caps.
+func (b *Broker) authorize(ctx context.Context, token string, caps ...string) (authz.Grant, error) {
+	if token == "" {
+		return authz.Grant{}, refuse(ErrUnauthenticated, "no token: send 'authorization: Bearer <token>' (bushost: --token-file FILE or $BUS_TOKEN)")
+	}
+	if b.admin != "" && subtle.ConstantTimeCompare([]byte(token), []byte(b.admin)) == 1 {
+		if len(caps) > 0 {
+			return authz.Grant{}, refuse(ErrPermission, "the admin token acts as the host, which holds no task capability (%s): issue a grant with 'bushost grant'", strings.Join(caps, " or "))
+		}
+		return authz.Grant{ID: authz.HostID, Host: true}, nil
+	}
+	g, ok, err := b.st.read().grantByHash(ctx, tokenHash(token))
+	if err != nil {
+		return authz.Grant{}, fmt.Errorf("look up token: %w", err)
+	}
+	if !ok {
+		return authz.Grant{}, refuse(ErrUnauthenticated, "unknown token")
+	}
+	if err := usable(g); err != nil {
+		return authz.Grant{}, err
+	}
+	ag := authz.Grant{ID: g.ID, Business: g.Business, Project: g.Project, Task: g.Task, Role: g.Role, Caps: g.Caps}
+	if len(caps) == 0 {
+		return authz.Grant{}, refuse(ErrPermission, "only the host (admin.token) may do this; grant %s is a task's grant", g.ID)
+	}
+	for _, c := range caps {
+		if ag.Has(c) {
+			return ag, nil
+		}
+	}
+	return authz.Grant{}, refuse(ErrPermission, "grant %s (role %s) lacks capability %s", g.ID, g.Role, strings.Join(caps, " or "))
+}
+
+// usable refuses a revoked or expired grant.
+func usable(g grantRow) error {
+	if g.RevokedSeq != 0 {
+		return refuse(ErrUnauthenticated, "grant %s was revoked", g.ID)
+	}
+	if time.Now().UnixNano() >= g.ExpiresAt {
+		return refuse(ErrUnauthenticated, "grant %s expired at %s", g.ID, time.Unix(0, g.ExpiresAt).UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// recheck reads g again inside the write transaction, so that a revocation
+// committed before this transaction is honoured even if Authorize ran
+// before it.
+func recheck(ctx context.Context, q *writeTx, g authz.Grant) error {
+	if g.Host {
+		return refuse(ErrPermission, "the admin token acts as the host, not as a task's grant")
+	}
+	row, ok, err := q.grantByID(ctx, g.ID)
+	if err != nil {
+		return fmt.Errorf("look up grant: %w", err)
+	}
+	if !ok {
+		return refuse(ErrUnauthenticated, "unknown grant %s", g.ID)
+	}
+	if row.Business != g.Business || row.Project != g.Project || row.Task != g.Task {
+		return refuse(ErrPermission, "grant %s is for task %s", g.ID, scopeString(row.Business, row.Project, row.Task))
+	}
+	return usable(row)
+}
+
+// openTask returns g's task, refusing if it is unknown or closed.
+func openTask(ctx context.Context, q *queries, business, project, task string, what string) (taskRow, error) {
+	t, ok, err := q.task(ctx, business, project, task)
+	if err != nil {
+		return t, fmt.Errorf("look up task: %w", err)
+	}
+	if !ok {
+		return t, refuse(ErrNotFound, "no task %s", scopeString(business, project, task))
+	}
+	if t.ClosedSeq != 0 {
+		return t, refuse(ErrClosed, "task %s is closed (event %d): it takes no more %s", scopeString(business, project, task), t.ClosedSeq, what)
+	}
+	return t, nil
+}
+
+// Authorize implements authz.Authority.
+func (b *Broker) Authorize(ctx context.Context, token string, caps ...string) (authz.Grant, error) {
+	g, err := b.authorize(ctx, token, caps...)
+	return g, toStatus(err)
+}
+
+// EnsureProject implements authz.Authority: it registers business/project.
+func (b *Broker) EnsureProject(ctx context.Context, business, project string) error {
+	return toStatus(b.ensureProject(ctx, business, project))
+}
+
+func (b *Broker) ensureProject(ctx context.Context, business, project string) error {
+	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
+		return refuse(ErrInvalid, "%v", err)
+	}
+	return b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		_, err := q.insertProject(ctx, business, project)
+		return err
+	})
+}
+
+// TaskOpen implements authz.Authority.
+func (b *Broker) TaskOpen(ctx context.Context, g authz.Grant) error {
+	_, err := openTask(ctx, b.st.read(), g.Business, g.Project, g.Task, "pushes or verdicts")
+	return toStatus(err)
+}
+
+// RecordPush implements authz.Authority.
+func (b *Broker) RecordPush(ctx context.Context, g authz.Grant, p authz.Push, peer authz.Peer) error {
+	_, err := b.recordPush(ctx, g, p, PeerString(peer, peer != authz.Peer{}))
+	return toStatus(err)
+}
+
+func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, peer string) (Event, error) {
+	if g.Host || !g.Has(authz.CapPushWorking) {
+		return Event{}, refuse(ErrPermission, "grant %s lacks capability %s", g.ID, authz.CapPushWorking)
+	}
+	if p.Business != g.Business || p.Project != g.Project || p.Task != g.Task {
+		return Event{}, refuse(ErrPermission, "grant %s is for task %s, not %s", g.ID, scopeString(g.Business, g.Project, g.Task), scopeString(p.Business, p.Project, p.Task))
+	}
+	ref, err := names.WorkRef(g.Task)
+	if err != nil {
+		return Event{}, refuse(ErrInvalid, "%v", err)
+	}
+	if p.Ref == "" {
+		p.Ref = ref
+	}
+	if p.Ref != ref {
+		return Event{}, refuse(ErrInvalid, "a push of task %s moves %s, not %q", g.Task, ref, p.Ref)
+	}
+	if !isObjectID(p.Commit) {
+		return Event{}, refuse(ErrInvalid, "commit %q is not a full hex object id", clip(p.Commit))
+	}
+	if p.Previous != "" && !isObjectID(p.Previous) {
+		return Event{}, refuse(ErrInvalid, "previous commit %q is not a full hex object id", clip(p.Previous))
+	}
+	var e Event
+	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		if err := recheck(ctx, q, g); err != nil {
+			return err
+		}
+		t, err := openTask(ctx, &q.queries, g.Business, g.Project, g.Task, "pushes")
+		if err != nil {
+			return err
+		}
+		e = Event{Business: g.Business, Project: g.Project, Task: g.Task, Type: TypeActionAllowed, Actor: g.ID, Peer: peer,
+			Data: mustData(map[string]any{"capability": authz.CapPushWorking, "commit": p.Commit, "previous": p.Previous, "ref": p.Ref})}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		return q.setLastPush(ctx, t, e.Seq, p.Commit, g.ID)
+	})
+	return e, err
+}
+
+func isObjectID(s string) bool {
+	if len(s) != 40 && len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// LastPushes implements authz.Authority.
+func (b *Broker) LastPushes(ctx context.Context, business, project string) (map[string]string, error) {
+	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
+		return nil, toStatus(refuse(ErrInvalid, "%v", err))
+	}
+	m, err := b.st.read().lastPushes(ctx, business, project)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("last pushes of %s/%s: %w", business, project, err))
+	}
+	return m, nil
+}

@@ -1,0 +1,189 @@
+package broker
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Event is one entry of the log. Events are appended, never changed.
+type Event struct {
+	Seq                     int64
+	Business, Project, Task string
+	Type                    string
+	// Actor is a grant id, or authz.HostID.
+	Actor string
+	// Data is a JSON object in canonical form (see canonicalData).
+	Data string
+	// Time is RFC 3339 with nanoseconds, UTC, as stored.
+	Time string
+	// Peer is the calling process (SO_PEERCRED) as "pid=N,uid=N,gid=N", or
+	// "" for a caller in-process.
+	Peer string
+	// PrevHash is the previous event's Hash ("" for the first); Hash is the
+	// hex SHA-256 of this event's canonical encoding, which includes PrevHash.
+	PrevHash, Hash string
+}
+
+// Event types the broker appends itself. Nobody else may append a type
+// under a reserved prefix.
+const (
+	TypeActionAllowed = "action.allowed"
+	TypeTaskAdded     = "task.added"
+	TypeTaskClosed    = "task.closed"
+	TypeGrantCreated  = "grant.created"
+	TypeGrantRevoked  = "grant.revoked"
+	TypeReviewRequest = "review.request"
+	TypeReviewVerdict = "review.verdict"
+)
+
+var reservedPrefixes = []string{"action.", "review.", "task.", "grant."}
+
+// eventTypeRE is the whole grammar of a free-form type: ASCII lower case,
+// digits and underscores in dot-separated words. Anything else (upper case,
+// spaces, Unicode look-alikes, empty words) is refused.
+var eventTypeRE = regexp.MustCompile(`^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$`)
+
+// maxTypeLen bounds a type; the grammar alone would allow any length.
+const maxTypeLen = 128
+
+// MaxDataBytes bounds an event's data.
+const MaxDataBytes = 64 << 10
+
+// CheckRecordType returns nil if typ may be appended through RecordEvent:
+// it matches the grammar exactly and is not reserved.
+func CheckRecordType(typ string) error {
+	if len(typ) > maxTypeLen {
+		return refuse(ErrInvalid, "event type is %d bytes long; at most %d", len(typ), maxTypeLen)
+	}
+	if !eventTypeRE.MatchString(typ) {
+		return refuse(ErrInvalid, "event type %q must match ^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$", clip(typ))
+	}
+	if reserved(typ) {
+		return refuse(ErrPermission, "event type %q is reserved: action.*, review.*, task.* and grant.* come only from the broker's own calls", typ)
+	}
+	return nil
+}
+
+func reserved(typ string) bool {
+	for _, p := range reservedPrefixes {
+		if strings.HasPrefix(typ, p) || typ+"." == p {
+			return true
+		}
+	}
+	return false
+}
+
+// canonicalData parses s as one JSON object ("" means {}) and returns it
+// re-encoded compactly with sorted keys and numbers as written, so that the
+// same object always hashes and compares the same.
+func canonicalData(s string) (string, error) {
+	if len(s) > MaxDataBytes {
+		return "", refuse(ErrTooLarge, "event data is %d bytes; at most %d", len(s), MaxDataBytes)
+	}
+	if strings.TrimSpace(s) == "" {
+		return "{}", nil
+	}
+	if !utf8.ValidString(s) {
+		return "", refuse(ErrInvalid, "event data is not valid UTF-8")
+	}
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return "", refuse(ErrInvalid, "event data is not JSON: %v", err)
+	}
+	if _, err := dec.Token(); err == nil {
+		return "", refuse(ErrInvalid, "event data has more than one JSON value")
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return "", refuse(ErrInvalid, "event data must be a JSON object, not %s", jsonKind(v))
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(obj); err != nil {
+		return "", refuse(ErrInvalid, "event data: %v", err)
+	}
+	out := strings.TrimSuffix(buf.String(), "\n")
+	if len(out) > MaxDataBytes {
+		return "", refuse(ErrTooLarge, "event data is %d bytes once canonical; at most %d", len(out), MaxDataBytes)
+	}
+	return out, nil
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case []any:
+		return "an array"
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	default:
+		return "a number"
+	}
+}
+
+// mustData encodes an object the broker builds itself.
+func mustData(v map[string]any) string {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		panic(fmt.Sprintf("broker: encode own event data: %v", err))
+	}
+	return strings.TrimSuffix(buf.String(), "\n")
+}
+
+// canonicalVersion names the encoding; changing the encoding means a new
+// version, and VerifyLog must keep reading the old one.
+const canonicalVersion = "bushost-event-v1"
+
+// Canonical is the byte string an event's hash covers: every field but Hash,
+// each as its decimal length, ':', its bytes and ','. Lengths make the
+// encoding injective: no two different events share an encoding, whatever
+// bytes their fields hold.
+func Canonical(e Event) []byte {
+	fields := []string{
+		canonicalVersion,
+		strconv.FormatInt(e.Seq, 10),
+		e.Business, e.Project, e.Task,
+		e.Type, e.Actor, e.Data, e.Time, e.Peer,
+		e.PrevHash,
+	}
+	n := 0
+	for _, f := range fields {
+		n += len(f) + 22
+	}
+	b := make([]byte, 0, n)
+	for _, f := range fields {
+		b = strconv.AppendInt(b, int64(len(f)), 10)
+		b = append(b, ':')
+		b = append(b, f...)
+		b = append(b, ',')
+	}
+	return b
+}
+
+// HashEvent returns the hex SHA-256 of e's canonical encoding.
+func HashEvent(e Event) string {
+	sum := sha256.Sum256(Canonical(e))
+	return hex.EncodeToString(sum[:])
+}
+
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}

@@ -1,0 +1,427 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/names"
+)
+
+// AddTask (host) registers a task of a known project; created is false if
+// it already existed.
+func (b *Broker) AddTask(ctx context.Context, peer, business, project, task string) (created bool, err error) {
+	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil {
+		return false, refuse(ErrInvalid, "%v", err)
+	}
+	if task == "" {
+		return false, refuse(ErrInvalid, "no task name")
+	}
+	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		ok, err := q.projectExists(ctx, business, project)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return refuse(ErrNotFound, "unknown project %s/%s: the host adds it first with 'bushost project add'", business, project)
+		}
+		created, err = q.insertTask(ctx, business, project, task)
+		if err != nil || !created {
+			return err
+		}
+		return appendEvent(ctx, q, &Event{Business: business, Project: project, Task: task, Type: TypeTaskAdded, Actor: authz.HostID, Peer: peer})
+	})
+	return created, err
+}
+
+// GrantRequest is what the host asks for in CreateGrant.
+type GrantRequest struct {
+	Business, Project, Task string
+	Role                    string
+	Caps                    []string
+	// TTL is the grant's lifetime; 0 means the broker's default.
+	TTL time.Duration
+}
+
+// IssuedGrant is a new grant. Token is shown once and never stored.
+type IssuedGrant struct {
+	ID        string
+	Token     string
+	ExpiresAt time.Time
+}
+
+// CreateGrant (host) issues a token for one task, role and set of
+// capabilities from the vocabulary.
+func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (IssuedGrant, error) {
+	if err := names.CheckScope(names.Scope{Business: r.Business, Project: r.Project, Task: r.Task}); err != nil {
+		return IssuedGrant{}, refuse(ErrInvalid, "%v", err)
+	}
+	if r.Task == "" {
+		return IssuedGrant{}, refuse(ErrInvalid, "a grant is for one task: give its name")
+	}
+	if err := names.Check("role", r.Role); err != nil {
+		return IssuedGrant{}, refuse(ErrInvalid, "%v", err)
+	}
+	if len(r.Caps) == 0 {
+		return IssuedGrant{}, refuse(ErrInvalid, "a grant needs at least one capability of %v", authz.Capabilities)
+	}
+	var caps []string
+	for _, c := range r.Caps {
+		if !slices.Contains(authz.Capabilities, c) {
+			return IssuedGrant{}, refuse(ErrInvalid, "unknown capability %q: the vocabulary is %v", clip(c), authz.Capabilities)
+		}
+		if !slices.Contains(caps, c) {
+			caps = append(caps, c)
+		}
+	}
+	slices.Sort(caps)
+	if r.TTL < 0 {
+		return IssuedGrant{}, refuse(ErrInvalid, "negative lifetime %s", r.TTL)
+	}
+	ttl := r.TTL
+	if ttl == 0 {
+		ttl = b.defaultTTL
+	}
+	ig := IssuedGrant{ID: randomID("g-", 8), Token: randomID("bht_", 32), ExpiresAt: time.Now().Add(ttl).UTC()}
+	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		if _, err := openTask(ctx, &q.queries, r.Business, r.Project, r.Task, "grants"); err != nil {
+			return err
+		}
+		g := grantRow{ID: ig.ID, TokenHash: tokenHash(ig.Token), Business: r.Business, Project: r.Project, Task: r.Task,
+			Role: r.Role, Caps: caps, ExpiresAt: ig.ExpiresAt.UnixNano()}
+		if err := q.insertGrant(ctx, g); err != nil {
+			return fmt.Errorf("store grant: %w", err)
+		}
+		return appendEvent(ctx, q, &Event{Business: r.Business, Project: r.Project, Task: r.Task, Type: TypeGrantCreated, Actor: authz.HostID, Peer: peer,
+			Data: mustData(map[string]any{"grant_id": ig.ID, "role": r.Role, "capabilities": caps, "expires_at": ig.ExpiresAt.Format(time.RFC3339)})})
+	})
+	if err != nil {
+		return IssuedGrant{}, err
+	}
+	return ig, nil
+}
+
+// RevokeGrant (host) makes a grant's token useless from now on. Revoking
+// a revoked grant changes nothing.
+func (b *Broker) RevokeGrant(ctx context.Context, peer, id string) error {
+	return b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		g, ok, err := q.grantByID(ctx, id)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return refuse(ErrNotFound, "no grant %q", clip(id))
+		}
+		if g.RevokedSeq != 0 {
+			return nil
+		}
+		e := Event{Business: g.Business, Project: g.Project, Task: g.Task, Type: TypeGrantRevoked, Actor: authz.HostID, Peer: peer,
+			Data: mustData(map[string]any{"grant_id": g.ID})}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		return q.revokeGrant(ctx, g.ID, e.Seq)
+	})
+}
+
+// Review is a review request of one push.
+type Review struct {
+	RequestID string
+	Commit    string
+	Created   bool
+}
+
+// RequestReview asks for a review of the task's latest push; asking again
+// for the same push returns the same request and appends nothing.
+func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) (Review, error) {
+	if !g.Has(authz.CapReviewRequest) && !g.Has(authz.CapPushWorking) {
+		return Review{}, refuse(ErrPermission, "grant %s lacks capability %s (or %s)", g.ID, authz.CapReviewRequest, authz.CapPushWorking)
+	}
+	var rv Review
+	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		if err := recheck(ctx, q, g); err != nil {
+			return err
+		}
+		t, err := openTask(ctx, &q.queries, g.Business, g.Project, g.Task, "reviews")
+		if err != nil {
+			return err
+		}
+		if t.LastPushSeq == 0 {
+			return refuse(ErrPrecondition, "task %s has no push to review: push first", scopeString(t.Business, t.Project, t.Task))
+		}
+		r, ok, err := q.requestForPush(ctx, t, t.LastPushSeq)
+		if err != nil {
+			return err
+		}
+		if ok {
+			rv = Review{RequestID: r.ID, Commit: r.Commit}
+			return nil
+		}
+		r = requestRow{ID: randomID("r-", 8), Business: t.Business, Project: t.Project, Task: t.Task,
+			PushSeq: t.LastPushSeq, Commit: t.LastPushCommit, PushActor: t.LastPushActor}
+		e := Event{Business: t.Business, Project: t.Project, Task: t.Task, Type: TypeReviewRequest, Actor: g.ID, Peer: peer,
+			Data: mustData(map[string]any{"request_id": r.ID, "commit": r.Commit, "push_seq": r.PushSeq})}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		r.RequestSeq = e.Seq
+		rv = Review{RequestID: r.ID, Commit: r.Commit, Created: true}
+		return q.insertRequest(ctx, r)
+	})
+	return rv, err
+}
+
+// Verdicts.
+const (
+	Approve = "approve"
+	Reject  = "reject"
+)
+
+// maxCommentBytes bounds a verdict's comment.
+const maxCommentBytes = 16 << 10
+
+// SubmitVerdict gives the one verdict of a request: refused for a request
+// of another task, a second verdict, a request whose push is no longer the
+// latest (stale), a reviewer who is the pusher, and a closed task.
+func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, requestID, verdict, comment string) (int64, error) {
+	if !g.Has(authz.CapReviewVerdict) {
+		return 0, refuse(ErrPermission, "grant %s lacks capability %s", g.ID, authz.CapReviewVerdict)
+	}
+	if verdict != Approve && verdict != Reject {
+		return 0, refuse(ErrInvalid, "verdict must be %s or %s", Approve, Reject)
+	}
+	if len(comment) > maxCommentBytes {
+		return 0, refuse(ErrTooLarge, "comment is %d bytes; at most %d", len(comment), maxCommentBytes)
+	}
+	var seq int64
+	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		if err := recheck(ctx, q, g); err != nil {
+			return err
+		}
+		r, ok, err := q.request(ctx, requestID)
+		if err != nil {
+			return err
+		}
+		// A request of another task is reported as absent: a grant learns
+		// nothing about tasks other than its own.
+		if !ok || r.Business != g.Business || r.Project != g.Project || r.Task != g.Task {
+			return refuse(ErrNotFound, "no review request %q for task %s", clip(requestID), scopeString(g.Business, g.Project, g.Task))
+		}
+		t, err := openTask(ctx, &q.queries, g.Business, g.Project, g.Task, "verdicts")
+		if err != nil {
+			return err
+		}
+		if r.Verdict != "" {
+			return refuse(ErrPrecondition, "review request %s already has its verdict (%s, event %d): one verdict per request", r.ID, r.Verdict, r.VerdictSeq)
+		}
+		if r.PushSeq != t.LastPushSeq {
+			return refuse(ErrStale, "review request %s is for commit %s, but the task's latest push is %s: stale, ask for a new review", r.ID, r.Commit, t.LastPushCommit)
+		}
+		if r.PushActor == g.ID {
+			return refuse(ErrPermission, "grant %s pushed commit %s and may not review it", g.ID, r.Commit)
+		}
+		e := Event{Business: t.Business, Project: t.Project, Task: t.Task, Type: TypeReviewVerdict, Actor: g.ID, Peer: peer,
+			Data: mustData(map[string]any{"request_id": r.ID, "verdict": verdict, "commit": r.Commit, "push_seq": r.PushSeq, "comment": comment})}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		seq = e.Seq
+		return q.setVerdict(ctx, r.ID, verdict, e.Seq, g.ID)
+	})
+	return seq, err
+}
+
+// CloseTask closes g's task. The gate: a task with any push closes only
+// when its latest push has an approve verdict. The check and the append
+// are one transaction, so a push landing in between cannot slip through,
+// and a closed task takes no more pushes.
+func (b *Broker) CloseTask(ctx context.Context, g authz.Grant, peer string) (int64, error) {
+	if !g.Has(authz.CapTaskClose) {
+		return 0, refuse(ErrPermission, "grant %s lacks capability %s", g.ID, authz.CapTaskClose)
+	}
+	var seq int64
+	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		if err := recheck(ctx, q, g); err != nil {
+			return err
+		}
+		t, err := openTask(ctx, &q.queries, g.Business, g.Project, g.Task, "closing")
+		if err != nil {
+			return err
+		}
+		data := map[string]any{}
+		if t.LastPushSeq != 0 {
+			if err := gate(ctx, &q.queries, t); err != nil {
+				return err
+			}
+			data["commit"] = t.LastPushCommit
+		}
+		e := Event{Business: t.Business, Project: t.Project, Task: t.Task, Type: TypeTaskClosed, Actor: g.ID, Peer: peer, Data: mustData(data)}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		seq = e.Seq
+		return q.setClosed(ctx, t, e.Seq)
+	})
+	return seq, err
+}
+
+// gate decides the close of a task with a push from the task's row and the
+// review request of its latest push: two indexed reads, whatever the log's
+// length.
+func gate(ctx context.Context, q *queries, t taskRow) error {
+	r, ok, err := q.requestForPush(ctx, t, t.LastPushSeq)
+	if err != nil {
+		return err
+	}
+	scope := scopeString(t.Business, t.Project, t.Task)
+	switch {
+	case !ok:
+		return refuse(ErrGate, "task %s cannot close: its latest push %s has no review; request one and get an approve verdict", scope, t.LastPushCommit)
+	case r.Verdict == "":
+		return refuse(ErrGate, "task %s cannot close: review request %s of its latest push %s has no verdict yet", scope, r.ID, t.LastPushCommit)
+	case r.Verdict != Approve:
+		return refuse(ErrGate, "task %s cannot close: its latest push %s was rejected (request %s)", scope, t.LastPushCommit, r.ID)
+	}
+	return nil
+}
+
+// maxKeyBytes bounds an idempotency key.
+const maxKeyBytes = 256
+
+// RecordEvent appends a free-form event to g's task: the type must match
+// the grammar and not be reserved, the data must be a JSON object of at
+// most MaxDataBytes. With key, the same key and body return the first event
+// and the same key with another body is refused.
+func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data, key string) (Event, error) {
+	if !g.Has(authz.CapEventRecord) {
+		return Event{}, refuse(ErrPermission, "grant %s lacks capability %s", g.ID, authz.CapEventRecord)
+	}
+	if err := CheckRecordType(typ); err != nil {
+		return Event{}, err
+	}
+	data, err := canonicalData(data)
+	if err != nil {
+		return Event{}, err
+	}
+	if len(key) > maxKeyBytes {
+		return Event{}, refuse(ErrInvalid, "idempotency key is %d bytes; at most %d", len(key), maxKeyBytes)
+	}
+	body := tokenHash(typ + "\x00" + data)
+	var e Event
+	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		if err := recheck(ctx, q, g); err != nil {
+			return err
+		}
+		if _, ok, err := q.task(ctx, g.Business, g.Project, g.Task); err != nil || !ok {
+			if err == nil {
+				err = refuse(ErrNotFound, "no task %s", scopeString(g.Business, g.Project, g.Task))
+			}
+			return err
+		}
+		if key != "" {
+			h, seq, ok, err := q.idempotent(ctx, g.ID, key)
+			if err != nil {
+				return err
+			}
+			if ok {
+				if h != body {
+					return refuse(ErrConflict, "idempotency key %q was first used with another body (event %d)", clip(key), seq)
+				}
+				var found bool
+				e, found, err = q.event(ctx, seq)
+				if err == nil && !found {
+					err = fmt.Errorf("idempotency key %q names missing event %d", clip(key), seq)
+				}
+				return err
+			}
+		}
+		e = Event{Business: g.Business, Project: g.Project, Task: g.Task, Type: typ, Actor: g.ID, Peer: peer, Data: data}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		if key != "" {
+			return q.insertIdempotent(ctx, g.ID, key, body, e.Seq)
+		}
+		return nil
+	})
+	return e, err
+}
+
+// Events calls send for each event after seq that f selects, in order; with
+// follow it then waits for new ones until ctx ends. A grant's filter is its
+// own task, whatever it asks.
+func (b *Broker) Events(ctx context.Context, f Filter, after int64, follow bool, send func(Event) error) error {
+	const page = 500
+	// Other processes sharing a PostgreSQL store append without telling
+	// this one: poll as well as wait for local commits.
+	poll := time.NewTicker(500 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		changed := b.changes()
+		evs, err := b.st.read().events(ctx, f, after, page)
+		if err != nil {
+			return fmt.Errorf("read events: %w", err)
+		}
+		for _, e := range evs {
+			if err := send(e); err != nil {
+				return err
+			}
+			after = e.Seq
+		}
+		if len(evs) == page {
+			continue
+		}
+		if !follow {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		case <-poll.C:
+		}
+	}
+}
+
+// Verification is what VerifyLog found.
+type Verification struct {
+	OK          bool
+	Events      int64
+	FirstBadSeq int64
+	Reason      string
+}
+
+// VerifyLog recomputes the hash chain from the first event: each seq one
+// more than the last, each prev_hash the last event's hash, each hash the
+// hash of its own canonical encoding. It names the first event that fails.
+func (b *Broker) VerifyLog(ctx context.Context) (Verification, error) {
+	var v Verification
+	var prevSeq int64
+	prevHash := ""
+	stop := fmt.Errorf("stop")
+	err := b.st.read().eachEvent(ctx, func(e Event) error {
+		v.Events++
+		bad := func(format string, a ...any) error {
+			v.FirstBadSeq = e.Seq
+			v.Reason = fmt.Sprintf(format, a...)
+			return stop
+		}
+		switch {
+		case e.Seq != prevSeq+1:
+			return bad("event %d follows event %d: a gap or reordering", e.Seq, prevSeq)
+		case e.PrevHash != prevHash:
+			return bad("event %d's prev_hash %.12s does not match event %d's hash %.12s", e.Seq, e.PrevHash, prevSeq, prevHash)
+		case HashEvent(e) != e.Hash:
+			return bad("event %d's content does not match its hash %.12s: it was changed after it was appended", e.Seq, e.Hash)
+		}
+		prevSeq, prevHash = e.Seq, e.Hash
+		return nil
+	})
+	if err != nil && err != stop {
+		return Verification{}, fmt.Errorf("read log: %w", err)
+	}
+	v.OK = v.FirstBadSeq == 0
+	return v, nil
+}

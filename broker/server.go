@@ -1,0 +1,177 @@
+package broker
+
+import (
+	"context"
+	"time"
+
+	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/sock"
+)
+
+// NewServer serves b as BrokerService. Every call resolves its token first;
+// a grant's business, project and task come from the grant, never from the
+// request. Errors become status codes in toStatus, nowhere else.
+func NewServer(b *Broker) brokerv1.BrokerServiceServer {
+	return &server{b: b}
+}
+
+type server struct {
+	brokerv1.UnimplementedBrokerServiceServer
+	b *Broker
+}
+
+// caller resolves the call's token (see Broker.authorize) and the calling
+// process.
+func (s *server) caller(ctx context.Context, caps ...string) (authz.Grant, string, error) {
+	g, err := s.b.authorize(ctx, authz.TokenFromContext(ctx), caps...)
+	p, ok := sock.PeerFromContext(ctx)
+	return g, PeerString(p, ok), err
+}
+
+func (s *server) AddTask(ctx context.Context, r *brokerv1.AddTaskRequest) (*brokerv1.AddTaskResponse, error) {
+	_, peer, err := s.caller(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	created, err := s.b.AddTask(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &brokerv1.AddTaskResponse{Created: created}, nil
+}
+
+func (s *server) CreateGrant(ctx context.Context, r *brokerv1.CreateGrantRequest) (*brokerv1.CreateGrantResponse, error) {
+	_, peer, err := s.caller(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if r.GetTtlSeconds() < 0 || r.GetTtlSeconds() > int64(100*365*24*time.Hour/time.Second) {
+		return nil, toStatus(refuse(ErrInvalid, "ttl_seconds %d out of range", r.GetTtlSeconds()))
+	}
+	ig, err := s.b.CreateGrant(ctx, peer, GrantRequest{
+		Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask(),
+		Role: r.GetRole(), Caps: r.GetCapabilities(), TTL: time.Duration(r.GetTtlSeconds()) * time.Second,
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &brokerv1.CreateGrantResponse{GrantId: ig.ID, Token: ig.Token, ExpiresAt: ig.ExpiresAt.Format(time.RFC3339)}, nil
+}
+
+func (s *server) RevokeGrant(ctx context.Context, r *brokerv1.RevokeGrantRequest) (*brokerv1.RevokeGrantResponse, error) {
+	_, peer, err := s.caller(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := s.b.RevokeGrant(ctx, peer, r.GetGrantId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &brokerv1.RevokeGrantResponse{}, nil
+}
+
+func (s *server) RequestReview(ctx context.Context, _ *brokerv1.RequestReviewRequest) (*brokerv1.RequestReviewResponse, error) {
+	g, peer, err := s.caller(ctx, authz.CapReviewRequest, authz.CapPushWorking)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	rv, err := s.b.RequestReview(ctx, g, peer)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &brokerv1.RequestReviewResponse{RequestId: rv.RequestID, Commit: rv.Commit, Created: rv.Created}, nil
+}
+
+func (s *server) SubmitVerdict(ctx context.Context, r *brokerv1.SubmitVerdictRequest) (*brokerv1.SubmitVerdictResponse, error) {
+	g, peer, err := s.caller(ctx, authz.CapReviewVerdict)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	var verdict string
+	switch r.GetVerdict() {
+	case brokerv1.Verdict_VERDICT_APPROVE:
+		verdict = Approve
+	case brokerv1.Verdict_VERDICT_REJECT:
+		verdict = Reject
+	default:
+		return nil, toStatus(refuse(ErrInvalid, "verdict must be approve or reject"))
+	}
+	seq, err := s.b.SubmitVerdict(ctx, g, peer, r.GetRequestId(), verdict, r.GetComment())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &brokerv1.SubmitVerdictResponse{Seq: seq}, nil
+}
+
+func (s *server) CloseTask(ctx context.Context, _ *brokerv1.CloseTaskRequest) (*brokerv1.CloseTaskResponse, error) {
+	g, peer, err := s.caller(ctx, authz.CapTaskClose)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	seq, err := s.b.CloseTask(ctx, g, peer)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &brokerv1.CloseTaskResponse{Seq: seq}, nil
+}
+
+func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest) (*brokerv1.RecordEventResponse, error) {
+	g, peer, err := s.caller(ctx, authz.CapEventRecord)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	e, err := s.b.RecordEvent(ctx, g, peer, r.GetType(), r.GetData(), r.GetIdempotencyKey())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &brokerv1.RecordEventResponse{Event: eventProto(e)}, nil
+}
+
+func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.BrokerService_ListEventsServer) error {
+	ctx := stream.Context()
+	tok := authz.TokenFromContext(ctx)
+	g, err := s.b.authorize(ctx, tok)
+	if err != nil {
+		// Not the host: any valid grant may read its own task's events.
+		g, err = s.b.authorize(ctx, tok, authz.Capabilities...)
+		if err != nil {
+			return toStatus(err)
+		}
+	}
+	f := Filter{Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask()}
+	if !g.Host {
+		own := Filter{Business: g.Business, Project: g.Project, Task: g.Task}
+		for _, c := range [][2]string{{f.Business, own.Business}, {f.Project, own.Project}, {f.Task, own.Task}} {
+			if c[0] != "" && c[0] != c[1] {
+				return toStatus(refuse(ErrPermission, "grant %s sees only task %s", g.ID, scopeString(own.Business, own.Project, own.Task)))
+			}
+		}
+		f = own
+	}
+	err = s.b.Events(ctx, f, r.GetAfterSeq(), r.GetFollow(), func(e Event) error {
+		return stream.Send(&brokerv1.ListEventsResponse{Event: eventProto(e)})
+	})
+	if err != nil && ctx.Err() != nil && r.GetFollow() {
+		// The follower hung up: that is how a follow ends.
+		return nil
+	}
+	return toStatus(err)
+}
+
+func (s *server) VerifyLog(ctx context.Context, _ *brokerv1.VerifyLogRequest) (*brokerv1.VerifyLogResponse, error) {
+	if _, _, err := s.caller(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	v, err := s.b.VerifyLog(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &brokerv1.VerifyLogResponse{Ok: v.OK, Events: v.Events, FirstBadSeq: v.FirstBadSeq, Reason: v.Reason}, nil
+}
+
+func eventProto(e Event) *brokerv1.Event {
+	return &brokerv1.Event{
+		Seq: e.Seq, Business: e.Business, Project: e.Project, Task: e.Task, Type: e.Type,
+		Actor: e.Actor, Data: e.Data, Time: e.Time, PrevHash: e.PrevHash, Hash: e.Hash, Peer: e.Peer,
+	}
+}

@@ -1,0 +1,372 @@
+package broker
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// store is where the broker keeps its state: the event log and the tables
+// derived from it (tasks, grants, review requests, idempotency keys), which
+// let every rule decide with a few indexed reads, whatever the log's length.
+//
+// A write transaction holds the store's write lock, which is exclusive
+// across every process sharing the database: every rule is checked and its
+// event appended inside one, so nothing can interleave between the check and
+// the append. The rules live in the broker and only speak to queries; the
+// two stores differ only in how they open, lock and migrate (dialect).
+type store interface {
+	// begin starts a write transaction holding the write lock.
+	begin(ctx context.Context) (*writeTx, error)
+	// read returns queries outside any transaction, for reads that need no
+	// lock (each statement sees one consistent snapshot).
+	read() *queries
+	close() error
+}
+
+// dialect is what differs between SQLite and PostgreSQL.
+type dialect struct {
+	name string
+	// migrations are applied in order, each once; version = index+1.
+	migrations [][]string
+	// lock takes the write lock inside tx (a no-op where BEGIN already did).
+	lock func(ctx context.Context, tx *sql.Tx) error
+}
+
+type sqlStore struct {
+	db *sql.DB
+	d  dialect
+}
+
+func (s *sqlStore) read() *queries { return &queries{db: s.db} }
+
+func (s *sqlStore) close() error { return s.db.Close() }
+
+func (s *sqlStore) begin(ctx context.Context) (*writeTx, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: begin: %w", s.d.name, err)
+	}
+	if err := s.d.lock(ctx, tx); err != nil {
+		tx.Rollback()
+		return nil, fmt.Errorf("%s: take write lock: %w", s.d.name, err)
+	}
+	return &writeTx{queries: queries{db: tx}, tx: tx}, nil
+}
+
+// migrate applies the dialect's migrations not yet applied, under the write
+// lock, so that several processes starting at once migrate exactly once.
+func (s *sqlStore) migrate(ctx context.Context) error {
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.tx.Rollback()
+	if _, err := tx.tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)`); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	var cur int
+	if err := tx.tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&cur); err != nil {
+		return fmt.Errorf("migrate: read version: %w", err)
+	}
+	if cur > len(s.d.migrations) {
+		return fmt.Errorf("migrate: the database is at schema version %d, newer than this broker knows (%d)", cur, len(s.d.migrations))
+	}
+	for v := cur + 1; v <= len(s.d.migrations); v++ {
+		for _, stmt := range s.d.migrations[v-1] {
+			if _, err := tx.tx.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("migrate to version %d: %w", v, err)
+			}
+		}
+		if _, err := tx.tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)`, v, now()); err != nil {
+			return fmt.Errorf("migrate to version %d: %w", v, err)
+		}
+	}
+	return tx.commit()
+}
+
+// writeTx is a write transaction. Savepoints let one batch of independent
+// operations share a commit (and its fsync) while each still stands or
+// falls alone.
+type writeTx struct {
+	queries
+	tx *sql.Tx
+}
+
+func (w *writeTx) savepoint(ctx context.Context) error {
+	_, err := w.tx.ExecContext(ctx, `SAVEPOINT op`)
+	return err
+}
+
+func (w *writeTx) rollbackTo(ctx context.Context) error {
+	_, err := w.tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT op`)
+	return err
+}
+
+func (w *writeTx) release(ctx context.Context) error {
+	_, err := w.tx.ExecContext(ctx, `RELEASE SAVEPOINT op`)
+	return err
+}
+
+func (w *writeTx) commit() error { return w.tx.Commit() }
+
+func (w *writeTx) rollback() error { return w.tx.Rollback() }
+
+// dbtx is what a *sql.DB and a *sql.Tx have in common.
+type dbtx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// queries is the whole SQL of the broker, written in the subset SQLite and
+// PostgreSQL share ($N placeholders, ON CONFLICT DO NOTHING).
+type queries struct {
+	db dbtx
+}
+
+type taskRow struct {
+	Business, Project, Task string
+	ClosedSeq               int64
+	LastPushSeq             int64
+	LastPushCommit          string
+	LastPushActor           string
+}
+
+type grantRow struct {
+	ID                      string
+	TokenHash               string
+	Business, Project, Task string
+	Role                    string
+	Caps                    []string
+	ExpiresAt               int64 // unix nanoseconds
+	RevokedSeq              int64
+}
+
+type requestRow struct {
+	ID                      string
+	Business, Project, Task string
+	PushSeq                 int64
+	Commit                  string
+	PushActor               string
+	RequestSeq              int64
+	Verdict                 string
+	VerdictSeq              int64
+	Reviewer                string
+}
+
+func found(err error) (bool, error) {
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (q *queries) projectExists(ctx context.Context, business, project string) (bool, error) {
+	var one int
+	return found(q.db.QueryRowContext(ctx, `SELECT 1 FROM projects WHERE business = $1 AND project = $2`, business, project).Scan(&one))
+}
+
+func (q *queries) insertProject(ctx context.Context, business, project string) (bool, error) {
+	r, err := q.db.ExecContext(ctx, `INSERT INTO projects (business, project) VALUES ($1, $2) ON CONFLICT DO NOTHING`, business, project)
+	return affected(r, err)
+}
+
+func affected(r sql.Result, err error) (bool, error) {
+	if err != nil {
+		return false, err
+	}
+	n, err := r.RowsAffected()
+	return n > 0, err
+}
+
+func (q *queries) task(ctx context.Context, business, project, task string) (taskRow, bool, error) {
+	t := taskRow{Business: business, Project: project, Task: task}
+	ok, err := found(q.db.QueryRowContext(ctx, `SELECT closed_seq, last_push_seq, last_push_commit, last_push_actor FROM tasks WHERE business = $1 AND project = $2 AND task = $3`,
+		business, project, task).Scan(&t.ClosedSeq, &t.LastPushSeq, &t.LastPushCommit, &t.LastPushActor))
+	return t, ok, err
+}
+
+func (q *queries) insertTask(ctx context.Context, business, project, task string) (bool, error) {
+	r, err := q.db.ExecContext(ctx, `INSERT INTO tasks (business, project, task) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, business, project, task)
+	return affected(r, err)
+}
+
+func (q *queries) setLastPush(ctx context.Context, t taskRow, seq int64, commit, actor string) error {
+	_, err := q.db.ExecContext(ctx, `UPDATE tasks SET last_push_seq = $1, last_push_commit = $2, last_push_actor = $3 WHERE business = $4 AND project = $5 AND task = $6`,
+		seq, commit, actor, t.Business, t.Project, t.Task)
+	return err
+}
+
+func (q *queries) setClosed(ctx context.Context, t taskRow, seq int64) error {
+	_, err := q.db.ExecContext(ctx, `UPDATE tasks SET closed_seq = $1 WHERE business = $2 AND project = $3 AND task = $4`, seq, t.Business, t.Project, t.Task)
+	return err
+}
+
+func (q *queries) lastPushes(ctx context.Context, business, project string) (map[string]string, error) {
+	rows, err := q.db.QueryContext(ctx, `SELECT task, last_push_commit FROM tasks WHERE business = $1 AND project = $2 AND last_push_seq > 0`, business, project)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	m := map[string]string{}
+	for rows.Next() {
+		var t, c string
+		if err := rows.Scan(&t, &c); err != nil {
+			return nil, err
+		}
+		m[t] = c
+	}
+	return m, rows.Err()
+}
+
+const grantCols = `id, token_hash, business, project, task, role, caps, expires_at, revoked_seq`
+
+func scanGrant(row *sql.Row) (grantRow, bool, error) {
+	var g grantRow
+	var caps string
+	ok, err := found(row.Scan(&g.ID, &g.TokenHash, &g.Business, &g.Project, &g.Task, &g.Role, &caps, &g.ExpiresAt, &g.RevokedSeq))
+	if caps != "" {
+		g.Caps = strings.Split(caps, ",")
+	}
+	return g, ok, err
+}
+
+func (q *queries) grantByHash(ctx context.Context, hash string) (grantRow, bool, error) {
+	return scanGrant(q.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE token_hash = $1`, hash))
+}
+
+func (q *queries) grantByID(ctx context.Context, id string) (grantRow, bool, error) {
+	return scanGrant(q.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE id = $1`, id))
+}
+
+func (q *queries) insertGrant(ctx context.Context, g grantRow) error {
+	_, err := q.db.ExecContext(ctx, `INSERT INTO grants (`+grantCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0)`,
+		g.ID, g.TokenHash, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Caps, ","), g.ExpiresAt)
+	return err
+}
+
+func (q *queries) revokeGrant(ctx context.Context, id string, seq int64) error {
+	_, err := q.db.ExecContext(ctx, `UPDATE grants SET revoked_seq = $1 WHERE id = $2`, seq, id)
+	return err
+}
+
+// head returns the last event's seq and hash (0, "" for an empty log).
+func (q *queries) head(ctx context.Context) (int64, string, error) {
+	var seq int64
+	var hash string
+	_, err := found(q.db.QueryRowContext(ctx, `SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1`).Scan(&seq, &hash))
+	return seq, hash, err
+}
+
+func (q *queries) insertEvent(ctx context.Context, e Event) error {
+	_, err := q.db.ExecContext(ctx, `INSERT INTO events (seq, business, project, task, type, actor, data, time, peer, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		e.Seq, e.Business, e.Project, e.Task, e.Type, e.Actor, e.Data, e.Time, e.Peer, e.PrevHash, e.Hash)
+	return err
+}
+
+const eventCols = `seq, business, project, task, type, actor, data, time, peer, prev_hash, hash`
+
+func scanEvent(s interface{ Scan(...any) error }) (Event, error) {
+	var e Event
+	err := s.Scan(&e.Seq, &e.Business, &e.Project, &e.Task, &e.Type, &e.Actor, &e.Data, &e.Time, &e.Peer, &e.PrevHash, &e.Hash)
+	return e, err
+}
+
+func (q *queries) event(ctx context.Context, seq int64) (Event, bool, error) {
+	e, err := scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE seq = $1`, seq))
+	ok, err := found(err)
+	return e, ok, err
+}
+
+// Filter selects events of one business, project or task ("" matches all).
+type Filter struct {
+	Business, Project, Task string
+}
+
+// events returns up to limit events after seq that match f, in order.
+func (q *queries) events(ctx context.Context, f Filter, after int64, limit int) ([]Event, error) {
+	where := []string{`seq > $1`}
+	args := []any{after}
+	for _, c := range []struct{ col, val string }{{"business", f.Business}, {"project", f.Project}, {"task", f.Task}} {
+		if c.val != "" {
+			args = append(args, c.val)
+			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
+		}
+	}
+	args = append(args, limit)
+	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE `+strings.Join(where, " AND ")+fmt.Sprintf(` ORDER BY seq LIMIT $%d`, len(args)), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		e, err := scanEvent(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// eachEvent calls fn for every event in seq order, in one statement (one
+// snapshot).
+func (q *queries) eachEvent(ctx context.Context, fn func(Event) error) error {
+	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events ORDER BY seq`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		e, err := scanEvent(rows)
+		if err != nil {
+			return err
+		}
+		if err := fn(e); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+const requestCols = `id, business, project, task, push_seq, commit_id, push_actor, request_seq, verdict, verdict_seq, reviewer`
+
+func scanRequest(row *sql.Row) (requestRow, bool, error) {
+	var r requestRow
+	ok, err := found(row.Scan(&r.ID, &r.Business, &r.Project, &r.Task, &r.PushSeq, &r.Commit, &r.PushActor, &r.RequestSeq, &r.Verdict, &r.VerdictSeq, &r.Reviewer))
+	return r, ok, err
+}
+
+func (q *queries) request(ctx context.Context, id string) (requestRow, bool, error) {
+	return scanRequest(q.db.QueryRowContext(ctx, `SELECT `+requestCols+` FROM review_requests WHERE id = $1`, id))
+}
+
+func (q *queries) requestForPush(ctx context.Context, t taskRow, pushSeq int64) (requestRow, bool, error) {
+	return scanRequest(q.db.QueryRowContext(ctx, `SELECT `+requestCols+` FROM review_requests WHERE business = $1 AND project = $2 AND task = $3 AND push_seq = $4`,
+		t.Business, t.Project, t.Task, pushSeq))
+}
+
+func (q *queries) insertRequest(ctx context.Context, r requestRow) error {
+	_, err := q.db.ExecContext(ctx, `INSERT INTO review_requests (`+requestCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, '', 0, '')`,
+		r.ID, r.Business, r.Project, r.Task, r.PushSeq, r.Commit, r.PushActor, r.RequestSeq)
+	return err
+}
+
+func (q *queries) setVerdict(ctx context.Context, id, verdict string, seq int64, reviewer string) error {
+	_, err := q.db.ExecContext(ctx, `UPDATE review_requests SET verdict = $1, verdict_seq = $2, reviewer = $3 WHERE id = $4`, verdict, seq, reviewer, id)
+	return err
+}
+
+func (q *queries) idempotent(ctx context.Context, actor, key string) (bodyHash string, seq int64, ok bool, err error) {
+	ok, err = found(q.db.QueryRowContext(ctx, `SELECT body_hash, seq FROM idempotency WHERE actor = $1 AND key = $2`, actor, key).Scan(&bodyHash, &seq))
+	return bodyHash, seq, ok, err
+}
+
+func (q *queries) insertIdempotent(ctx context.Context, actor, key, bodyHash string, seq int64) error {
+	_, err := q.db.ExecContext(ctx, `INSERT INTO idempotency (actor, key, body_hash, seq) VALUES ($1, $2, $3, $4)`, actor, key, bodyHash, seq)
+	return err
+}

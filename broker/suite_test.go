@@ -1,0 +1,215 @@
+package broker
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	"github.com/bushost/bushost/internal/authz"
+)
+
+// The rules are tested once, against both stores: each test calls eachStore
+// and gets a fresh broker on SQLite and on PostgreSQL.
+
+const pgEnv = "BUSHOST_TEST_PG_DSN"
+
+var pgWarn sync.Once
+
+type storeKind struct {
+	name string
+	dsn  func(t testing.TB) string
+}
+
+var storeKinds = []storeKind{
+	{"sqlite", func(t testing.TB) string { return filepath.Join(t.TempDir(), "broker.db") }},
+	{"postgres", pgSchemaDSN},
+}
+
+// pgSchemaDSN makes a schema of its own for the test, so that tests run in
+// parallel, and drops it at cleanup.
+func pgSchemaDSN(t testing.TB) string {
+	t.Helper()
+	base := os.Getenv(pgEnv)
+	if base == "" {
+		pgWarn.Do(func() {
+			fmt.Fprintf(os.Stderr, "\n*** %s is not set: THE POSTGRESQL HALF OF THE BROKER SUITE IS SKIPPED ***\n\n", pgEnv)
+		})
+		t.Skipf("*** %s not set: PostgreSQL store NOT TESTED ***", pgEnv)
+	}
+	buf := make([]byte, 6)
+	rand.Read(buf)
+	schema := "t_" + hex.EncodeToString(buf)
+	db, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`CREATE SCHEMA ` + schema); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		db, err := sql.Open("pgx", base)
+		if err != nil {
+			return
+		}
+		defer db.Close()
+		db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// env is one broker under test with its server and admin token.
+type env struct {
+	t     *testing.T
+	b     *Broker
+	srv   brokerv1.BrokerServiceServer
+	admin string
+	dsn   string
+}
+
+const adminToken = "admin-token-for-tests"
+
+func eachStore(t *testing.T, fn func(t *testing.T, e *env)) {
+	for _, k := range storeKinds {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, newEnv(t, k.dsn(t)))
+		})
+	}
+}
+
+func newEnv(t *testing.T, dsn string) *env {
+	t.Helper()
+	b, err := Open(context.Background(), Options{DSN: dsn, AdminToken: adminToken})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return &env{t: t, b: b, srv: NewServer(b), admin: adminToken, dsn: dsn}
+}
+
+func withToken(tok string) context.Context {
+	return metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tok))
+}
+
+func (e *env) host() context.Context { return withToken(e.admin) }
+
+// project registers business/project as gitd does when the host adds it.
+func (e *env) project(business, project string) {
+	e.t.Helper()
+	if err := e.b.EnsureProject(context.Background(), business, project); err != nil {
+		e.t.Fatalf("EnsureProject: %v", err)
+	}
+}
+
+func (e *env) task(business, project, task string) {
+	e.t.Helper()
+	if _, err := e.srv.AddTask(e.host(), &brokerv1.AddTaskRequest{Business: business, Project: project, Task: task}); err != nil {
+		e.t.Fatalf("AddTask: %v", err)
+	}
+}
+
+// actor is a grant holder as the tests use it.
+type actor struct {
+	ID    string
+	Token string
+	G     authz.Grant
+}
+
+func (a actor) ctx() context.Context { return withToken(a.Token) }
+
+func (e *env) grant(business, project, task, role string, caps ...string) actor {
+	e.t.Helper()
+	r, err := e.srv.CreateGrant(e.host(), &brokerv1.CreateGrantRequest{Business: business, Project: project, Task: task, Role: role, Capabilities: caps})
+	if err != nil {
+		e.t.Fatalf("CreateGrant: %v", err)
+	}
+	g, err := e.b.Authorize(context.Background(), r.Token, caps[0])
+	if err != nil {
+		e.t.Fatalf("Authorize new grant: %v", err)
+	}
+	return actor{ID: r.GrantId, Token: r.Token, G: g}
+}
+
+// push records a push of commit (made of c) by a, as gitd does.
+func (e *env) push(a actor, c byte) error {
+	return e.b.RecordPush(context.Background(), a.G, authz.Push{
+		Business: a.G.Business, Project: a.G.Project, Task: a.G.Task,
+		Commit: commit(c), Ref: "refs/work/" + a.G.Task,
+	}, authz.Peer{PID: 42, UID: 1000, GID: 1000})
+}
+
+func commit(c byte) string { return strings.Repeat(string("0123456789abcdef"[c%16]), 40) }
+
+// head is the log's last seq.
+func (e *env) head() int64 {
+	e.t.Helper()
+	seq, _, err := e.b.st.read().head(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return seq
+}
+
+// refused checks that err has code want and that the log did not grow
+// from before.
+func (e *env) refused(err error, want codes.Code, before int64, what string) {
+	e.t.Helper()
+	if err == nil {
+		e.t.Fatalf("%s: accepted, want %s", what, want)
+	}
+	if got := status.Code(err); got != want {
+		e.t.Fatalf("%s: got %s (%v), want %s", what, got, err, want)
+	}
+	if h := e.head(); h != before {
+		e.t.Fatalf("%s: refused but the log grew from %d to %d", what, before, h)
+	}
+}
+
+func (e *env) events(f Filter) []Event {
+	e.t.Helper()
+	var out []Event
+	if err := e.b.Events(context.Background(), f, 0, false, func(ev Event) error { out = append(out, ev); return nil }); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func (e *env) verify() {
+	e.t.Helper()
+	v, err := e.b.VerifyLog(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if !v.OK {
+		e.t.Fatalf("log does not verify: %+v", v)
+	}
+}
+
+func must[T any](t *testing.T, v T, err error) T {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
