@@ -193,7 +193,7 @@ var (
 // escapeHelper builds the helper once per run, static so it needs nothing
 // from the session's /usr. It builds as its own module in the binaries
 // directory, requiring the x/sys this module pins, from the module cache.
-func escapeHelper(t *testing.T) string {
+func escapeHelper(t testing.TB) string {
 	t.Helper()
 	escapeOnce.Do(func() { escapeErr = buildEscapeHelper() })
 	if escapeErr != nil {

@@ -42,7 +42,7 @@ type sandboxEnv struct {
 	listeners []net.Listener
 }
 
-func newSandboxEnv(t *testing.T) *sandboxEnv {
+func newSandboxEnv(t testing.TB) *sandboxEnv {
 	t.Helper()
 	sb := bin(t, "sandbox")
 	helper := escapeHelper(t)
@@ -96,7 +96,7 @@ func newSandboxEnv(t *testing.T) *sandboxEnv {
 }
 
 // listen makes a real listening socket as a stand-in for bushostd's.
-func (e *sandboxEnv) listen(t *testing.T, path string) string {
+func (e *sandboxEnv) listen(t testing.TB, path string) string {
 	t.Helper()
 	l, err := net.Listen("unix", path)
 	if err != nil {
@@ -117,7 +117,7 @@ func (e *sandboxEnv) flags(caps string) []string {
 
 // runIn runs COMMAND in the session as an agent would, with the role
 // holding git.push.working unless flags say otherwise.
-func (e *sandboxEnv) runIn(t *testing.T, extra []string, command ...string) (string, string, int) {
+func (e *sandboxEnv) runIn(t testing.TB, extra []string, command ...string) (string, string, int) {
 	t.Helper()
 	args := append([]string{"run"}, e.flags("git.push.working,review.request")...)
 	args = append(args, extra...)
@@ -125,7 +125,7 @@ func (e *sandboxEnv) runIn(t *testing.T, extra []string, command ...string) (str
 	return runSandbox(t, e.sandbox, args...)
 }
 
-func runSandbox(t *testing.T, sandbox string, args ...string) (string, string, int) {
+func runSandbox(t testing.TB, sandbox string, args ...string) (string, string, int) {
 	t.Helper()
 	cmd := exec.Command(sandbox, args...)
 	var stdout, stderr bytes.Buffer
@@ -145,7 +145,7 @@ func runSandbox(t *testing.T, sandbox string, args ...string) (string, string, i
 
 // snapshot lists every path under the base directory with its type, size
 // and mode: a mount-point directory or a file an escape left behind shows.
-func (e *sandboxEnv) snapshot(t *testing.T) map[string]string {
+func (e *sandboxEnv) snapshot(t testing.TB) map[string]string {
 	t.Helper()
 	snap := map[string]string{}
 	err := filepath.WalkDir(e.base, func(p string, d fs.DirEntry, err error) error {
@@ -353,7 +353,7 @@ func TestSandboxEscape(t *testing.T) {
 	})
 }
 
-func randomHex(t *testing.T) string {
+func randomHex(t testing.TB) string {
 	t.Helper()
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
