@@ -145,7 +145,11 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 		if errors.As(err, &pe) {
 			return nil, &ConfigError{File: path, Key: pe.LastKey, Msg: fmt.Sprintf("line %d: %s", pe.Position.Line, pe.Message)}
 		}
-		return nil, &ConfigError{File: path, Msg: err.Error()}
+		key := ""
+		if m := lastKeyRE.FindStringSubmatch(err.Error()); m != nil {
+			key = m[1]
+		}
+		return nil, &ConfigError{File: path, Key: key, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		keys := make([]string, len(und))
@@ -188,6 +192,9 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 	}
 	return &cfg, nil
 }
+
+// lastKeyRE finds the key in the toml package's type errors.
+var lastKeyRE = regexp.MustCompile(`\(last key "([^"]+)"\)`)
 
 var serviceNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 

@@ -206,9 +206,6 @@ func (r *Repo) SetGood(ctx context.Context, commit, old string) error {
 // stage adds every change under the watched trees to the index and returns
 // the paths that differ from HEAD (head "" for an unborn branch).
 func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
-	if err := r.sanitizeConfig(ctx); err != nil {
-		return nil, err
-	}
 	for _, w := range r.watch {
 		err := r.git.Run(ctx, r.cmd("add", []string{"-A"}, w))
 		// An empty tree that was never committed matches nothing: no change.
@@ -252,6 +249,9 @@ func (r *Repo) commit(ctx context.Context, who Identity, msg string, allowEmpty 
 // InitialCommit makes the first commit of the watched trees, authored by
 // who, if the branch has none yet. It returns HEAD.
 func (r *Repo) InitialCommit(ctx context.Context, who Identity) (string, error) {
+	if err := r.sanitizeConfig(ctx); err != nil {
+		return "", err
+	}
 	head, err := r.Head(ctx)
 	if err != nil || head != "" {
 		return head, err
@@ -266,6 +266,10 @@ func (r *Repo) InitialCommit(ctx context.Context, who Identity) (string, error) 
 // returns "" and no paths when the trees match HEAD, which is how the
 // supervisor's own resets end up never committed or restarted on.
 func (r *Repo) CommitPending(ctx context.Context, who Identity) (string, []string, error) {
+	// First of all: a hostile config must not act even on rev-parse.
+	if err := r.sanitizeConfig(ctx); err != nil {
+		return "", nil, err
+	}
 	head, err := r.Head(ctx)
 	if err != nil {
 		return "", nil, err
@@ -303,6 +307,9 @@ func editMessage(paths []string) string {
 // good and commits that as sup, even if nothing changed. It returns the
 // revert commit and checks that its tree is good's.
 func (r *Repo) Revert(ctx context.Context, good string, agent, sup Identity, reason string) (string, error) {
+	if good == "" {
+		return "", errors.New("revert: no good commit")
+	}
 	if _, _, err := r.CommitPending(ctx, agent); err != nil {
 		return "", fmt.Errorf("revert: record pending edits: %w", err)
 	}
