@@ -1,0 +1,484 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/names"
+)
+
+// The git commands: a worker's push and fetch of main, a reviewer's fetch
+// of the latest push, and the host's project add and sync. Every git
+// process runs through gitcmd; bundles received from the bus host are
+// checked the same way the server checks pushes (header parsed here,
+// index-pack --strict in quarantine, connectivity) before any ref moves.
+
+// gitBaseRef is where fetch-main records the server's main in a worker's
+// repository; push-working bundles against it.
+const gitBaseRef = "refs/remotes/bushost/main"
+
+// gitChunk is the largest piece of a bundle sent in one message.
+const gitChunk = 1 << 20
+
+func init() {
+	register(&command{
+		words: "push-working",
+		usage: "push-working [--repo DIR] [--bundle FILE]",
+		help:  "Push the work at DIR's HEAD (a bundle against the main fetched with fetch-main) to the task's refs/work/<task>, or send FILE as is; prints the commit pushed.",
+		run:   runPushWorking,
+	})
+	register(&command{
+		words: "fetch-main",
+		usage: "fetch-main --repo DIR",
+		help:  "Make DIR's branch main the bus host's main (a new repository with main checked out if DIR is absent).",
+		run:   runFetchMain,
+	})
+	register(&command{
+		words: "fetch-review",
+		usage: "fetch-review --repo DIR",
+		help:  "Fetch the task's latest push into DIR's refs/review/<task>, checked as the server checks pushes; prints the commit.",
+		run:   runFetchReview,
+	})
+	register(&command{
+		words: "project add",
+		usage: "project add --business B --project P --root DIR",
+		help:  "Host: make the project's repository and seed main from DIR (a git repository's HEAD, or its files as one commit). Idempotent.",
+		run:   runProjectAdd,
+	})
+	register(&command{
+		words: "project sync",
+		usage: "project sync --business B --project P",
+		help:  "Host: fast-forward main from the project's root; anything but a fast-forward is refused.",
+		run:   runProjectSync,
+	})
+}
+
+// gitRunner returns a gitcmd runner with a private HOME that is removed by
+// the returned func.
+func gitRunner() (*gitcmd.Runner, func(), error) {
+	home, err := os.MkdirTemp("", "bushost-git-")
+	if err != nil {
+		return nil, nil, err
+	}
+	g, err := gitcmd.New(home)
+	if err != nil {
+		os.RemoveAll(home)
+		return nil, nil, err
+	}
+	return g, func() { os.RemoveAll(home) }, nil
+}
+
+func runPushWorking(ctx context.Context, e *Env, args []string) error {
+	fs := newFlags("push-working")
+	repo := fs.String("repo", ".", "the worker's repository")
+	file := fs.String("bundle", "", "send this bundle file as is instead of bundling HEAD")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	var body io.Reader
+	var size int64
+	var wait func() error
+	if *file != "" {
+		f, err := os.Open(*file)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		body, size = f, fi.Size()
+	} else {
+		g, done, err := gitRunner()
+		if err != nil {
+			return err
+		}
+		defer done()
+		head, err := g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}})
+		if err != nil {
+			return fmt.Errorf("%s has no commit at HEAD: %w", *repo, err)
+		}
+		base := ""
+		for _, ref := range []string{gitBaseRef, "refs/heads/main"} {
+			if c, err := g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{ref + "^{commit}"}}); err == nil && c != "" {
+				base = c
+				break
+			}
+		}
+		if base == "" {
+			return fmt.Errorf("%s has no main to push against: run bushost fetch-main --repo %s first", *repo, *repo)
+		}
+		if base == head {
+			return fmt.Errorf("HEAD is main's commit %s: commit your work, then push", head)
+		}
+		pr, pw := io.Pipe()
+		errc := make(chan error, 1)
+		go func() {
+			err := g.Run(ctx, gitcmd.Cmd{Dir: *repo, Sub: "bundle", Flags: []string{"create", "--quiet", "--version=2"},
+				Args: []string{"-", "HEAD", "^" + base}, Stdout: pw})
+			pw.CloseWithError(err)
+			errc <- err
+		}()
+		defer pr.Close()
+		body, wait = pr, func() error { return <-errc }
+	}
+	c, ctx, closeConn, err := e.gitClient(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	stream, err := c.PushWorking(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Header{Header: &gitv1.PushHeader{Size: size}}}); err != nil {
+		_, rerr := stream.CloseAndRecv()
+		return gitFirst(rerr, err)
+	}
+	buf := make([]byte, gitChunk)
+	for {
+		n, rerr := io.ReadFull(body, buf)
+		if n > 0 {
+			if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Chunk{Chunk: buf[:n]}}); err != nil {
+				// The server ended the call; its status says why.
+				_, serr := stream.CloseAndRecv()
+				return gitFirst(serr, err)
+			}
+		}
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			break
+		}
+		if rerr != nil {
+			stream.CloseSend()
+			return fmt.Errorf("read bundle: %w", rerr)
+		}
+	}
+	if wait != nil {
+		if err := wait(); err != nil {
+			stream.CloseSend()
+			return fmt.Errorf("bundle HEAD: %w", err)
+		}
+	}
+	res, err := stream.CloseAndRecv()
+	if err != nil {
+		return err
+	}
+	return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
+}
+
+func gitFirst(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gitPrint prints text, or obj as JSON with --json.
+func gitPrint(e *Env, text string, obj map[string]any) error {
+	if e.JSON {
+		return json.NewEncoder(e.Stdout).Encode(obj)
+	}
+	_, err := fmt.Fprintln(e.Stdout, text)
+	return err
+}
+
+// gitRepo is a local repository the client writes fetched objects into.
+type gitRepo struct {
+	dir, gitDir, objects string
+	created              bool
+}
+
+// openOrInit opens the repository at dir, or makes a new one there when dir
+// does not exist.
+func openOrInit(ctx context.Context, g *gitcmd.Runner, dir string) (*gitRepo, error) {
+	r := &gitRepo{dir: dir}
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return nil, err
+		}
+		if err := g.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--quiet"}, Args: []string{abs}}); err != nil {
+			return nil, err
+		}
+		r.created = true
+	}
+	gitDir, err := g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--absolute-git-dir"}})
+	if err != nil {
+		return nil, fmt.Errorf("%s is not a git repository: %w", dir, err)
+	}
+	common, err := g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--path-format=absolute", "--git-common-dir"}})
+	if err != nil {
+		return nil, err
+	}
+	r.gitDir, r.objects = gitDir, filepath.Join(common, "objects")
+	return r, nil
+}
+
+// receive reads a bundle from body and brings its objects into r the
+// checked way. It returns the bundle's one ref; the caller moves refs.
+func (r *gitRepo) receive(ctx context.Context, g *gitcmd.Runner, body io.Reader) (bundle.Ref, error) {
+	br := bufio.NewReaderSize(body, 64<<10)
+	h, err := bundle.ReadHeader(br)
+	if err != nil {
+		return bundle.Ref{}, err
+	}
+	if len(h.Refs) != 1 {
+		return bundle.Ref{}, fmt.Errorf("the bus host sent a bundle with %d refs, not one", len(h.Refs))
+	}
+	for _, p := range h.Prerequisites {
+		if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{p + "^{commit}"}}); err != nil {
+			return bundle.Ref{}, fmt.Errorf("the bundle needs commit %s, which %s lacks", p, r.dir)
+		}
+	}
+	q, err := bundle.NewQuarantine(r.objects)
+	if err != nil {
+		return bundle.Ref{}, err
+	}
+	defer q.Remove()
+	if _, err := q.IndexPack(ctx, g, r.gitDir, br); err != nil {
+		return bundle.Ref{}, err
+	}
+	ref := h.Refs[0]
+	typ, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{ref.Commit}, Env: q.Env()})
+	if err != nil || typ != "commit" {
+		return bundle.Ref{}, fmt.Errorf("the bundle's ref %s does not name a commit it carries", ref.Name)
+	}
+	if err := q.Run(ctx, g, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-list", Flags: []string{"--objects", "--quiet", "--not", "--all", "--not"}, Args: []string{ref.Commit}}); err != nil {
+		return bundle.Ref{}, fmt.Errorf("the bundle's history is incomplete: %w", err)
+	}
+	if err := q.Migrate(); err != nil {
+		return bundle.Ref{}, err
+	}
+	return ref, nil
+}
+
+// chunkReader reads a server stream's chunks after its first message.
+type chunkReader struct {
+	next func() ([]byte, error)
+	buf  []byte
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	for len(c.buf) == 0 {
+		b, err := c.next()
+		if err != nil {
+			return 0, err
+		}
+		c.buf = b
+	}
+	n := copy(p, c.buf)
+	c.buf = c.buf[n:]
+	return n, nil
+}
+
+func runFetchMain(ctx context.Context, e *Env, args []string) error {
+	fs := newFlags("fetch-main")
+	dir := fs.String("repo", "", "the repository to update (made if absent)")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return usagef("--repo is required")
+	}
+	c, ctx, closeConn, err := e.gitClient(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	stream, err := c.FetchMain(ctx, &gitv1.FetchMainRequest{})
+	if err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	commit := first.GetCommit()
+	g, done, err := gitRunner()
+	if err != nil {
+		return err
+	}
+	defer done()
+	r, err := openOrInit(ctx, g, *dir)
+	if err != nil {
+		return err
+	}
+	ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
+		m, err := stream.Recv()
+		return m.GetChunk(), err
+	}})
+	if err != nil {
+		if r.created {
+			os.RemoveAll(*dir)
+		}
+		return fmt.Errorf("fetch main: %w", err)
+	}
+	if ref.Commit != commit {
+		return fmt.Errorf("main moved while it was fetched (%s, then %s); run fetch-main again", commit, ref.Commit)
+	}
+	if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{gitBaseRef, commit}}); err != nil {
+		return err
+	}
+	if err := r.setMain(ctx, g, commit); err != nil {
+		return err
+	}
+	return gitPrint(e, commit, map[string]any{"commit": commit, "repo": *dir})
+}
+
+// setMain makes refs/heads/main commit. A checked-out main moves only by a
+// fast-forward that keeps local changes (reset --keep); a main that is not
+// checked out is simply set.
+func (r *gitRepo) setMain(ctx context.Context, g *gitcmd.Runner, commit string) error {
+	head, _ := g.Line(ctx, gitcmd.Cmd{Dir: r.dir, Sub: "symbolic-ref", Flags: []string{"--quiet"}, Args: []string{"HEAD"}})
+	if head != "refs/heads/main" {
+		return g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{"refs/heads/main", commit}})
+	}
+	old, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{"refs/heads/main"}})
+	if err != nil || old == "" {
+		// An unborn main (a new repository): set it and check it out.
+		if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{"refs/heads/main", commit}}); err != nil {
+			return err
+		}
+		return g.Run(ctx, gitcmd.Cmd{Dir: r.dir, Sub: "reset", Flags: []string{"--hard", "--quiet"}})
+	}
+	if old == commit {
+		return nil
+	}
+	if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{old, commit}}); err != nil {
+		return fmt.Errorf("%s's main (checked out) has commits the bus host's main %s lacks; move them to a branch, then fetch again", r.dir, commit)
+	}
+	return g.Run(ctx, gitcmd.Cmd{Dir: r.dir, Sub: "reset", Flags: []string{"--keep", "--quiet"}, Args: []string{commit}})
+}
+
+func runFetchReview(ctx context.Context, e *Env, args []string) error {
+	fs := newFlags("fetch-review")
+	dir := fs.String("repo", "", "the reviewer's repository (made if absent)")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return usagef("--repo is required")
+	}
+	g, done, err := gitRunner()
+	if err != nil {
+		return err
+	}
+	defer done()
+	r, err := openOrInit(ctx, g, *dir)
+	if err != nil {
+		return err
+	}
+	have := ""
+	for _, ref := range []string{gitBaseRef, "refs/heads/main"} {
+		if c, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{ref + "^{commit}"}}); err == nil && c != "" {
+			have = c
+			break
+		}
+	}
+	c, ctx, closeConn, err := e.gitClient(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	stream, err := c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have})
+	if err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	commit := first.GetCommit()
+	ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
+		m, err := stream.Recv()
+		return m.GetChunk(), err
+	}})
+	if err != nil {
+		return fmt.Errorf("fetch review: %w", err)
+	}
+	if ref.Commit != commit {
+		return fmt.Errorf("the push moved while it was fetched (%s, then %s); run fetch-review again", commit, ref.Commit)
+	}
+	task, ok := strings.CutPrefix(ref.Name, "refs/work/")
+	if !ok {
+		return fmt.Errorf("the bus host sent %s, not a task's refs/work/<task>", ref.Name)
+	}
+	reviewRef, err := names.ReviewRef(task)
+	if err != nil {
+		return err
+	}
+	if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{reviewRef, commit}}); err != nil {
+		return err
+	}
+	return gitPrint(e, commit, map[string]any{"commit": commit, "ref": reviewRef, "task": task})
+}
+
+func runProjectAdd(ctx context.Context, e *Env, args []string) error {
+	fs := newFlags("project add")
+	business := fs.String("business", "", "business name")
+	project := fs.String("project", "", "project name")
+	root := fs.String("root", "", "directory on the bus host that seeds main")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	if *business == "" || *project == "" || *root == "" {
+		return usagef("--business, --project and --root are required")
+	}
+	abs, err := filepath.Abs(*root)
+	if err != nil {
+		return err
+	}
+	c, ctx, closeConn, err := e.gitClient(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	res, err := c.AddProject(ctx, &gitv1.AddProjectRequest{Business: *business, Project: *project, Root: abs})
+	if err != nil {
+		return err
+	}
+	text := res.GetCommit()
+	if !res.GetCreated() {
+		text += " (project existed; main unchanged)"
+	}
+	return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "created": res.GetCreated()})
+}
+
+func runProjectSync(ctx context.Context, e *Env, args []string) error {
+	fs := newFlags("project sync")
+	business := fs.String("business", "", "business name")
+	project := fs.String("project", "", "project name")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	if *business == "" || *project == "" {
+		return usagef("--business and --project are required")
+	}
+	c, ctx, closeConn, err := e.gitClient(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	res, err := c.SyncProject(ctx, &gitv1.SyncProjectRequest{Business: *business, Project: *project})
+	if err != nil {
+		return err
+	}
+	return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious()})
+}
