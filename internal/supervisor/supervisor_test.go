@@ -283,11 +283,11 @@ func TestShimKillsLeftovers(t *testing.T) {
 	r := startSupervisor(t, `
 [[service]]
 name = "leaky"
-command = ["bash", "-c", "sleep 300 & echo $! > leak.pid; sleep 0.2; exit 0"]
+command = ["bash", "-c", "sleep 300 & echo $! > leak.log; sleep 0.2; exit 0"]
 dir = "src/web"
 `)
 	waitFor(t, "first exit", 5*time.Second, func() bool { return len(r.service("leaky").RecentExits) > 0 })
-	b, err := os.ReadFile(filepath.Join(r.ws, "src", "web", "leak.pid"))
+	b, err := os.ReadFile(filepath.Join(r.ws, "src", "web", "leak.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
