@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -307,8 +308,10 @@ func usable(g grantRow) error {
 
 // recheck reads g again inside the write transaction, so that a revocation
 // committed before this transaction is honoured even if Authorize ran
-// before it.
-func recheck(ctx context.Context, q *writeTx, g authz.Grant) error {
+// before it, and so that a Grant value built by hand (in-process callers)
+// is worth only what the stored grant says: its task and at least one of
+// caps.
+func recheck(ctx context.Context, q *writeTx, g authz.Grant, caps ...string) error {
 	if g.Host {
 		return refuse(ErrPermission, "the admin token acts as the host, not as a task's grant")
 	}
@@ -322,7 +325,15 @@ func recheck(ctx context.Context, q *writeTx, g authz.Grant) error {
 	if row.Business != g.Business || row.Project != g.Project || row.Task != g.Task {
 		return refuse(ErrPermission, "grant %s is for task %s", g.ID, scopeString(row.Business, row.Project, row.Task))
 	}
-	return usable(row)
+	if err := usable(row); err != nil {
+		return err
+	}
+	for _, c := range caps {
+		if slices.Contains(row.Caps, c) {
+			return nil
+		}
+	}
+	return refuse(ErrPermission, "grant %s (role %s) lacks capability %s", g.ID, row.Role, strings.Join(caps, " or "))
 }
 
 // openTask returns g's task, refusing if it is unknown or closed.
@@ -398,7 +409,7 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 	}
 	var e Event
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		if err := recheck(ctx, q, g); err != nil {
+		if err := recheck(ctx, q, g, authz.CapPushWorking); err != nil {
 			return err
 		}
 		t, err := openTask(ctx, &q.queries, g.Business, g.Project, g.Task, "pushes")

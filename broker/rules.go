@@ -141,7 +141,7 @@ func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) 
 	}
 	var rv Review
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		if err := recheck(ctx, q, g); err != nil {
+		if err := recheck(ctx, q, g, authz.CapReviewRequest, authz.CapPushWorking); err != nil {
 			return err
 		}
 		t, err := openTask(ctx, &q.queries, g.Business, g.Project, g.Task, "reviews")
@@ -197,7 +197,7 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		if err := recheck(ctx, q, g); err != nil {
+		if err := recheck(ctx, q, g, authz.CapReviewVerdict); err != nil {
 			return err
 		}
 		r, ok, err := q.request(ctx, requestID)
@@ -243,7 +243,7 @@ func (b *Broker) CloseTask(ctx context.Context, g authz.Grant, peer string) (int
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		if err := recheck(ctx, q, g); err != nil {
+		if err := recheck(ctx, q, g, authz.CapTaskClose); err != nil {
 			return err
 		}
 		t, err := openTask(ctx, &q.queries, g.Business, g.Project, g.Task, "closing")
@@ -311,7 +311,7 @@ func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data
 	body := tokenHash(typ + "\x00" + data)
 	var e Event
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		if err := recheck(ctx, q, g); err != nil {
+		if err := recheck(ctx, q, g, authz.CapEventRecord); err != nil {
 			return err
 		}
 		if _, ok, err := q.task(ctx, g.Business, g.Project, g.Task); err != nil || !ok {

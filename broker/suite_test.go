@@ -213,3 +213,5 @@ func must[T any](t *testing.T, v T, err error) T {
 	}
 	return v
 }
+
+func codesOf(err error) codes.Code { return status.Code(err) }
