@@ -44,7 +44,7 @@ func TestReadHeader(t *testing.T) {
 		{"# v3 git bundle\n@object-format=sha256\n\n", "sha256"},
 		{"# v2 git bundle\n-xyz\n\n", "bad prerequisite"},
 		{"# v2 git bundle\n" + oid1 + "\n\n", "bad ref line"},
-		{"# v2 git bundle\n" + "ABCDEF"+oid1[6:] + " HEAD\n\n", "bad ref line"},
+		{"# v2 git bundle\n" + "ABCDEF" + oid1[6:] + " HEAD\n\n", "bad ref line"},
 		{"# v2 git bundle\n" + oid1 + " HEAD\n-" + oid2 + "\n\n", "prerequisite after a ref"},
 		{"# v2 git bundle\n" + oid1 + " refs/heads/" + strings.Repeat("x", 1<<20) + "\n\n", "header line longer"},
 		{"# v2 git bundle\n" + strings.Repeat("-"+oid1+"\n", 30000) + "\n", "header longer"},
