@@ -86,6 +86,9 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.
 	if err := setOwnership(ws, cfg.Watch, agent, log); err != nil {
 		return Account{}, err
 	}
+	if err := trustWorkspaceForAgent(agent, ws); err != nil {
+		log.Warn("the agent's own git will refuse the workspace (dubious ownership)", "err", err)
+	}
 	if err := protectFile(configPath); err != nil {
 		return Account{}, fmt.Errorf("config %s: %w", configPath, err)
 	}
@@ -332,6 +335,43 @@ func setDefaultACL(dir string) error {
 		buf = binary.LittleEndian.AppendUint32(buf, undefinedID)
 	}
 	return unix.Setxattr(dir, "system.posix_acl_default", buf, 0)
+}
+
+// trustWorkspaceForAgent adds ws to safe.directory in the agent's
+// ~/.gitconfig: the workspace root is root's, so without it the agent's own
+// git refuses the repository as of dubious ownership. The file is the
+// agent's, so root opens it without following links and only if it is a
+// single-link regular file owned by the agent (or absent).
+func trustWorkspaceForAgent(agent Account, ws string) error {
+	if agent.Home == "" {
+		return errors.New("agent has no home directory")
+	}
+	path := filepath.Join(agent.Home, ".gitconfig")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Nlink != 1 || (int(st.Uid) != agent.UID && st.Size > 0) {
+		return fmt.Errorf("%s is not the agent's own regular file", path)
+	}
+	if err := f.Chown(agent.UID, agent.GID); err != nil {
+		return err
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxAgentsBytes))
+	if err != nil {
+		return err
+	}
+	entry := "\tdirectory = \"" + escapeConfig(ws, true) + "\"\n"
+	if strings.Contains(string(b), entry) {
+		return nil
+	}
+	_, err = f.WriteString("# Added by the bushost supervisor: the workspace root belongs to root.\n[safe]\n" + entry)
+	return err
 }
 
 // protectFile makes path root-owned and writable by root only.
