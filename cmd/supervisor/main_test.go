@@ -1,0 +1,39 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCommandLine(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	if err := os.WriteFile(bad, []byte("debounce = \"soon\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		out  string // expected in stdout+stderr
+	}{
+		{"help", []string{"--help"}, 0, "supervisor init --config FILE --seed DIR"},
+		{"no command", nil, 2, "usage:"},
+		{"unknown command", []string{"serve"}, 2, `unknown command "serve"`},
+		{"run without config", []string{"run"}, 2, "--config FILE is required"},
+		{"init without seed", []string{"init", "--config", bad}, 2, "--seed DIR are required"},
+		{"config error names the key", []string{"run", "--config", bad}, 2, "debounce"},
+		{"missing config", []string{"run", "--config", filepath.Join(t.TempDir(), "none.toml")}, 2, "no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(tc.args, &stdout, &stderr)
+			all := stdout.String() + stderr.String()
+			if code != tc.code || !strings.Contains(all, tc.out) {
+				t.Errorf("exit %d, want %d; output %q lacks %q", code, tc.code, all, tc.out)
+			}
+		})
+	}
+}
