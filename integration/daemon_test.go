@@ -142,7 +142,7 @@ func TestSigtermDrains(t *testing.T) {
 	testGit(t, work, "add", "a.txt")
 	testGit(t, work, "commit", "-q", "-m", "a")
 	bundle := filepath.Join(filepath.Dir(work), "b.bundle")
-	testGit(t, work, "bundle", "create", "-q", bundle, "main..HEAD")
+	testGit(t, work, "bundle", "create", "-q", bundle, "refs/remotes/bushost/main..HEAD")
 	data, err := os.ReadFile(bundle)
 	if err != nil {
 		t.Fatal(err)
