@@ -1,0 +1,255 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The "Speed and memory" figures: bushost push-working --bundle
+// end to end against the raw git pipeline doing the same checks (bundle
+// verify + index-pack --strict --fix-thin + update-ref) on the same bundle,
+// in the same run; and bushostd's own peak RSS ingesting a 256 MiB bundle.
+
+const benchReps = 5
+
+// BenchmarkGitPushIncremental: 10 commits onto a 2,000-commit, 5,000-file
+// history. Target: within 1.25x of the raw pipeline.
+func BenchmarkGitPushIncremental(b *testing.B) {
+	dir := baseDir(b)
+	root := filepath.Join(dir, "root")
+	fastImportHistory(b, root, 2000, 5000)
+	work := filepath.Join(dir, "work")
+	testGit(b, dir, "clone", "-q", root, work)
+	for i := 0; i < 10; i++ {
+		os.WriteFile(filepath.Join(work, fmt.Sprintf("d%d/f%d.txt", i%50, i)), []byte(fmt.Sprintf("incremental %d\n", i)), 0o644)
+		testGit(b, work, "commit", "-q", "-am", fmt.Sprintf("incremental %d", i))
+	}
+	bundle := bundleFile(b, work, dir, "incr", "HEAD", "^origin/main")
+	benchPush(b, dir, root, bundle, 1.25)
+}
+
+// BenchmarkGitPushFull: a ~7 MB full-history push. Target: within 1.15x.
+func BenchmarkGitPushFull(b *testing.B) {
+	dir := baseDir(b)
+	root := filepath.Join(dir, "root")
+	os.MkdirAll(root, 0o755)
+	testGit(b, root, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(root, "README"), []byte("seed\n"), 0o644)
+	testGit(b, root, "add", "README")
+	testGit(b, root, "commit", "-q", "-m", "seed")
+	work := filepath.Join(dir, "work")
+	testGit(b, dir, "clone", "-q", root, work)
+	rng := rand.New(rand.NewSource(1))
+	for i := 0; i < 200; i++ {
+		buf := make([]byte, 35000)
+		rng.Read(buf)
+		os.WriteFile(filepath.Join(work, fmt.Sprintf("blob%03d.bin", i)), buf, 0o644)
+		testGit(b, work, "add", "-A")
+		testGit(b, work, "commit", "-q", "-m", fmt.Sprint(i))
+	}
+	bundle := bundleFile(b, work, dir, "full", "HEAD")
+	benchPush(b, dir, root, bundle, 1.15)
+}
+
+// benchPush times bushost push-working --bundle (a fresh task each time)
+// and the raw pipeline (into a fresh bare clone of root each time), and
+// reports the ratio of their medians.
+func benchPush(b *testing.B, dir, root, bundle string, target float64) {
+	h := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home")})
+	h.Must(b, "project", "add", "--business", "bench", "--project", "p", "--root", root)
+	fi, _ := os.Stat(bundle)
+	commit := bundleRef(b, bundle)
+	for n := 0; n < b.N; n++ {
+		var ours, raw []time.Duration
+		for r := 0; r < benchReps; r++ {
+			b.StopTimer()
+			tok := h.Grant(b, "bench", "p", fmt.Sprintf("t%d-%d", n, r), "worker", "git.push.working")
+			b.StartTimer()
+			start := time.Now()
+			out, errs, code := h.Run(b, nil, "--token-file", tok, "push-working", "--bundle", bundle)
+			ours = append(ours, time.Since(start))
+			if code != 0 || strings.TrimSpace(out) != commit {
+				b.Fatalf("push: exit %d: %s%s", code, out, errs)
+			}
+			b.StopTimer()
+			bare := filepath.Join(dir, fmt.Sprintf("raw-%d-%d.git", n, r))
+			testGit(b, dir, "clone", "-q", "--bare", root, bare)
+			b.StartTimer()
+			start = time.Now()
+			rawPipeline(b, bare, bundle, commit)
+			raw = append(raw, time.Since(start))
+			b.StopTimer()
+			os.RemoveAll(bare)
+			b.StartTimer()
+		}
+		mo, mr := median(ours), median(raw)
+		ratio := float64(mo) / float64(mr)
+		b.ReportMetric(ratio, "x-raw")
+		b.ReportMetric(float64(mo.Microseconds())/1000, "ms-bushost")
+		b.ReportMetric(float64(mr.Microseconds())/1000, "ms-raw")
+		b.Logf("bundle %d bytes: bushost %v, raw pipeline %v, ratio %.2fx (target %.2fx)", fi.Size(), mo, mr, ratio, target)
+		if ratio > target {
+			b.Errorf("push-working is %.2fx the raw pipeline, over the %.2fx target", ratio, target)
+		}
+	}
+}
+
+// rawPipeline is what a person would run by hand for the same checks.
+func rawPipeline(b testing.TB, bare, bundle, commit string) {
+	testGit(b, bare, "bundle", "verify", "-q", bundle)
+	f, err := os.Open(bundle)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			b.Fatal(err)
+		}
+		if line == "\n" {
+			break
+		}
+	}
+	cmd := exec.Command("git", "index-pack", "--strict", "--fix-thin", "--stdin")
+	cmd.Dir = bare
+	cmd.Env = append(cleanEnv(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+	cmd.Stdin = br
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("index-pack: %v\n%s", err, out)
+	}
+	testGit(b, bare, "update-ref", "refs/work/raw", commit)
+}
+
+func bundleRef(b testing.TB, bundle string) string {
+	f, err := os.Open(bundle)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(line) > 41 && line[0] != '#' && line[0] != '-' {
+			return line[:40]
+		}
+	}
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// fastImportHistory makes a git repository at dir with commits commits over
+// files files: the first adds them all, each later one changes three.
+func fastImportHistory(b testing.TB, dir string, commits, files int) {
+	b.Helper()
+	os.MkdirAll(dir, 0o755)
+	testGit(b, dir, "init", "-q", "-b", "main")
+	var s bytes.Buffer
+	mark := 0
+	for c := 0; c < commits; c++ {
+		fmt.Fprintf(&s, "commit refs/heads/main\ncommitter T <t@localhost> %d +0000\ndata 3\nc%d\n", 1700000000+c, c%10)
+		if c == 0 {
+			for f := 0; f < files; f++ {
+				data := fmt.Sprintf("file %d\n%s\n", f, strings.Repeat("content ", 10+f%20))
+				fmt.Fprintf(&s, "M 100644 inline d%d/f%d.txt\ndata %d\n%s", f%50, f, len(data), data)
+			}
+		} else {
+			for k := 0; k < 3; k++ {
+				f := (c*7 + k*1237) % files
+				data := fmt.Sprintf("file %d changed in %d\n", f, c)
+				fmt.Fprintf(&s, "M 100644 inline d%d/f%d.txt\ndata %d\n%s", f%50, f, len(data), data)
+			}
+		}
+		mark++
+	}
+	cmd := exec.Command("git", "fast-import", "--quiet")
+	cmd.Dir = dir
+	cmd.Env = append(cleanEnv(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+	cmd.Stdin = &s
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("fast-import: %v\n%s", err, out)
+	}
+	testGit(b, dir, "reset", "-q", "--hard", "main")
+}
+
+// BenchmarkGitPushMemory: bushostd's own peak RSS (VmHWM) while ingesting a
+// 256 MiB bundle stays under 100 MiB: the bundle is streamed to git, never
+// held in memory.
+func BenchmarkGitPushMemory(b *testing.B) {
+	dir := baseDir(b)
+	root := filepath.Join(dir, "root")
+	os.MkdirAll(root, 0o755)
+	testGit(b, root, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(root, "README"), []byte("seed\n"), 0o644)
+	testGit(b, root, "add", "README")
+	testGit(b, root, "commit", "-q", "-m", "seed")
+	work := filepath.Join(dir, "work")
+	testGit(b, dir, "clone", "-q", root, work)
+	f, err := os.Create(filepath.Join(work, "big.bin"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewSource(2))
+	buf := make([]byte, 1<<20)
+	for i := 0; i < 250; i++ {
+		rng.Read(buf)
+		f.Write(buf)
+	}
+	f.Close()
+	testGit(b, work, "add", "big.bin")
+	testGit(b, work, "commit", "-q", "-m", "big")
+	bundle := bundleFile(b, work, dir, "big", "HEAD", "^origin/main")
+	fi, _ := os.Stat(bundle)
+
+	h := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home")})
+	h.Must(b, "project", "add", "--business", "bench", "--project", "p", "--root", root)
+	for n := 0; n < b.N; n++ {
+		tok := h.Grant(b, "bench", "p", fmt.Sprintf("m%d", n), "worker", "git.push.working")
+		if _, errs, code := h.Run(b, nil, "--token-file", tok, "push-working", "--bundle", bundle); code != 0 {
+			b.Fatalf("push: %s", errs)
+		}
+		hwm := vmHWM(b, h.PID())
+		b.ReportMetric(float64(hwm)/(1<<20), "MiB-peak-rss")
+		b.Logf("bundle %d MiB: bushostd peak RSS %d MiB (limit 100 MiB)", fi.Size()>>20, hwm>>20)
+		if hwm >= 100<<20 {
+			b.Errorf("bushostd peak RSS %d MiB, over 100 MiB", hwm>>20)
+		}
+	}
+}
+
+// vmHWM reads a process's peak resident set size in bytes.
+func vmHWM(b testing.TB, pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	b.Fatal("no VmHWM")
+	return 0
+}
