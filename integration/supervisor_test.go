@@ -190,7 +190,7 @@ workspace = "ws"
 watch = ["src"]
 health_addr = %q
 debounce = "100ms"
-good_after = "1s"
+good_after = "2s"
 crash_window = "5s"
 crash_threshold = 3
 max_failed_reverts = %d
@@ -395,7 +395,9 @@ func TestSupervisorEditGoodRevert(t *testing.T) {
 
 	// An edit by the agent: one commit authored by agent, one restart.
 	serve := filepath.Join(e.ws, "src", "website", "serve.sh")
-	if out, err := asAgent(t, "sed 's/v1/v2/' "+serve+" > "+serve+".new && cat "+serve+".new > "+serve+" && rm "+serve+".new"); err != nil {
+	v2 := filepath.Join(e.base, "serve-v2.sh")
+	mustWrite(t, v2, strings.Replace(serveV1, "v1", "v2", 1), 0o644)
+	if out, err := asAgent(t, "cp "+v2+" "+serve); err != nil {
 		t.Fatalf("agent edit: %v: %s", err, out)
 	}
 	var edit string

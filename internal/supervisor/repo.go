@@ -305,41 +305,40 @@ func editMessage(paths []string) string {
 
 // Revert records any pending agent edits, then puts the watched trees back to
 // good and commits that as sup, even if nothing changed. It returns the
-// revert commit and checks that its tree is good's.
-func (r *Repo) Revert(ctx context.Context, good string, agent, sup Identity, reason string) (string, error) {
+// commit reverted from (pending edits included) and the revert commit, and
+// checks that the revert's tree is good's.
+func (r *Repo) Revert(ctx context.Context, good string, agent, sup Identity, reason string) (from, commit string, err error) {
 	if good == "" {
-		return "", errors.New("revert: no good commit")
+		return "", "", errors.New("revert: no good commit")
 	}
 	if _, _, err := r.CommitPending(ctx, agent); err != nil {
-		return "", fmt.Errorf("revert: record pending edits: %w", err)
+		return "", "", fmt.Errorf("revert: record pending edits: %w", err)
 	}
-	from, err := r.Head(ctx)
-	if err != nil {
-		return "", fmt.Errorf("revert: %w", err)
+	if from, err = r.Head(ctx); err != nil {
+		return "", "", fmt.Errorf("revert: %w", err)
 	}
 	if err := r.sanitizeConfig(ctx); err != nil {
-		return "", fmt.Errorf("revert: %w", err)
+		return from, "", fmt.Errorf("revert: %w", err)
 	}
 	if err := r.git.Run(ctx, r.cmd("read-tree", []string{"-u", "--reset"}, good)); err != nil {
-		return "", fmt.Errorf("revert: reset to %s: %w", short(good), err)
+		return from, "", fmt.Errorf("revert: reset to %s: %w", short(good), err)
 	}
 	msg := fmt.Sprintf("supervisor: revert to %s\n\n%s\n\nReverted-from: %s\nGood: %s\n", short(good), reason, from, good)
-	commit, err := r.commit(ctx, sup, msg, true)
-	if err != nil {
-		return "", fmt.Errorf("revert: %w", err)
+	if commit, err = r.commit(ctx, sup, msg, true); err != nil {
+		return from, "", fmt.Errorf("revert: %w", err)
 	}
 	got, err := r.Tree(ctx, commit)
 	if err != nil {
-		return commit, fmt.Errorf("revert: %w", err)
+		return from, commit, fmt.Errorf("revert: %w", err)
 	}
 	want, err := r.Tree(ctx, good)
 	if err != nil {
-		return commit, fmt.Errorf("revert: %w", err)
+		return from, commit, fmt.Errorf("revert: %w", err)
 	}
 	if got != want {
-		return commit, fmt.Errorf("revert: commit %s has tree %s, good %s has %s", short(commit), got, short(good), want)
+		return from, commit, fmt.Errorf("revert: commit %s has tree %s, good %s has %s", short(commit), got, short(good), want)
 	}
-	return commit, nil
+	return from, commit, nil
 }
 
 func short(id string) string {

@@ -120,7 +120,7 @@ func TestRepoRevert(t *testing.T) {
 	writeFile(t, filepath.Join(ws, "src", "late.txt"), "late\n")
 	writeFile(t, filepath.Join(ws, "AGENTS.md"), "untracked, must survive\n")
 
-	rev, err := r.Revert(ctx, good, testAgent, testSup, "a crash loop")
+	from, rev, err := r.Revert(ctx, good, testAgent, testSup, "a crash loop")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,14 +147,14 @@ func TestRepoRevert(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if parent == bad {
-		t.Error("late edit was not committed before the revert")
+	if parent == bad || parent != from {
+		t.Errorf("revert's parent %s, reverted from %s: the late edit was not committed first", parent, from)
 	}
 	if a, _ := authorOf(t, r, parent); a != "agent <agent@localhost>" {
 		t.Errorf("late edit author %q", a)
 	}
 	// A revert when the tree already matches is still recorded.
-	again, err := r.Revert(ctx, good, testAgent, testSup, "again")
+	_, again, err := r.Revert(ctx, good, testAgent, testSup, "again")
 	if err != nil || again == rev {
 		t.Errorf("empty revert: %s %v", again, err)
 	}
@@ -200,7 +200,7 @@ func TestRepoHostileGitConfig(t *testing.T) {
 	if err != nil || c == "" {
 		t.Fatalf("commit refused: %v", err)
 	}
-	if _, err := r.Revert(ctx, good, testAgent, testSup, "test"); err != nil {
+	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "test"); err != nil {
 		t.Fatal(err)
 	}
 	matches, _ := filepath.Glob(marker + "*")

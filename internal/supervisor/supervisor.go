@@ -459,9 +459,15 @@ func (s *Supervisor) recover(svc *service, reason string) {
 	ctx, cancel := s.gitCtx()
 	defer cancel()
 	rec := RevertRecord{At: time.Now(), Service: svc.cfg.Name, Reason: reason, From: s.head, To: s.good}
-	commit, err := s.repo.Revert(ctx, s.good, s.cfg.Agent, s.cfg.Supervisor, reason)
+	from, commit, err := s.repo.Revert(ctx, s.good, s.cfg.Agent, s.cfg.Supervisor, reason)
 	s.revertPending = true
+	if from != "" {
+		rec.From = from
+	}
 	rec.Commit = commit
+	if commit != "" {
+		s.head, s.headChangedAt = commit, time.Now()
+	}
 	if err != nil {
 		rec.Error = err.Error()
 		s.reverts = append(s.reverts, rec)
@@ -475,7 +481,6 @@ func (s *Supervisor) recover(svc *service, reason string) {
 		return
 	}
 	s.reverts = append(s.reverts, rec)
-	s.head, s.headChangedAt = commit, time.Now()
 	s.log.Warn("reverted to the good commit", "commit", short(commit), "good", short(s.good), "reason", reason)
 	for _, other := range s.services {
 		other.crashes = nil

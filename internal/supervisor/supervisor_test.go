@@ -63,8 +63,8 @@ func startSupervisor(t *testing.T, extra string) *running {
 workspace = %q
 watch = ["src"]
 health_addr = "127.0.0.1:0"
-debounce = "50ms"
-good_after = "400ms"
+debounce = "150ms"
+good_after = "1500ms"
 crash_window = "3s"
 crash_threshold = 3
 max_failed_reverts = 2
