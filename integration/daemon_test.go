@@ -109,7 +109,7 @@ func TestDaemonUsage(t *testing.T) {
 	}
 }
 
-func dialHome(t *testing.T, home, socket, token string) (*grpc.ClientConn, context.Context) {
+func dialHome(t testing.TB, home, socket, token string) (*grpc.ClientConn, context.Context) {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+filepath.Join(home, socket), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -149,7 +149,7 @@ func TestStalledPushStreamsAreCut(t *testing.T) {
 	h.Must(t, "--token-file", worker, "push-working", "--repo", work)
 }
 
-func readText(t *testing.T, path string) string {
+func readText(t testing.TB, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
