@@ -163,26 +163,47 @@ func (b *Broker) runBatch(batch []*op) {
 		finish()
 		return
 	}
+	// A batch of one needs no savepoint: its refusal rolls back the whole
+	// transaction. If a savepoint itself fails, the transaction's state is
+	// unknown: the whole batch fails and nothing of it is committed.
+	alone := len(batch) == 1
+	abort := func(err error) {
+		tx.rollback()
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+		finish()
+	}
 	ran := false
 	for i, o := range batch {
 		if err := o.ctx.Err(); err != nil {
 			errs[i] = err
 			continue
 		}
-		if err := tx.savepoint(ctx); err != nil {
-			errs[i] = err
-			continue
+		if !alone {
+			if err := tx.savepoint(ctx); err != nil {
+				abort(fmt.Errorf("savepoint: %w", err))
+				return
+			}
 		}
 		if err := o.fn(ctx, tx); err != nil {
 			errs[i] = err
+			if alone {
+				continue
+			}
 			if rerr := tx.rollbackTo(ctx); rerr != nil {
-				errs[i] = fmt.Errorf("%w (and rolling it back: %v)", err, rerr)
+				abort(fmt.Errorf("roll back to savepoint: %w", rerr))
+				return
 			}
 			continue
 		}
-		if err := tx.release(ctx); err != nil {
-			errs[i] = err
-			continue
+		if !alone {
+			if err := tx.release(ctx); err != nil {
+				abort(fmt.Errorf("release savepoint: %w", err))
+				return
+			}
 		}
 		ran = true
 	}

@@ -93,6 +93,33 @@ func (s *sqlStore) migrate(ctx context.Context) error {
 type writeTx struct {
 	queries
 	tx *sql.Tx
+	// The log's head as this transaction last appended it: it holds the
+	// write lock, so nobody else can move it. Forgotten at a rollback.
+	headSeq   int64
+	headHash  string
+	headKnown bool
+}
+
+// head is queries.head, remembered across appends of one transaction.
+func (w *writeTx) head(ctx context.Context) (int64, string, error) {
+	if !w.headKnown {
+		seq, hash, err := w.queries.head(ctx)
+		if err != nil {
+			return 0, "", err
+		}
+		w.headSeq, w.headHash, w.headKnown = seq, hash, true
+	}
+	return w.headSeq, w.headHash, nil
+}
+
+// insertEvent appends e, which must follow the head.
+func (w *writeTx) insertEvent(ctx context.Context, e Event) error {
+	w.headKnown = false
+	if err := w.queries.insertEvent(ctx, e); err != nil {
+		return err
+	}
+	w.headSeq, w.headHash, w.headKnown = e.Seq, e.Hash, true
+	return nil
 }
 
 func (w *writeTx) savepoint(ctx context.Context) error {
@@ -101,6 +128,7 @@ func (w *writeTx) savepoint(ctx context.Context) error {
 }
 
 func (w *writeTx) rollbackTo(ctx context.Context) error {
+	w.headKnown = false
 	_, err := w.tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT op`)
 	return err
 }

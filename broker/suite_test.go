@@ -80,7 +80,7 @@ func pgSchemaDSN(t testing.TB) string {
 
 // env is one broker under test with its server and admin token.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	b     *Broker
 	srv   brokerv1.BrokerServiceServer
 	admin string
@@ -98,7 +98,7 @@ func eachStore(t *testing.T, fn func(t *testing.T, e *env)) {
 	}
 }
 
-func newEnv(t *testing.T, dsn string) *env {
+func newEnv(t testing.TB, dsn string) *env {
 	t.Helper()
 	b, err := Open(context.Background(), Options{DSN: dsn, AdminToken: adminToken})
 	if err != nil {
@@ -204,14 +204,6 @@ func (e *env) verify() {
 	if !v.OK {
 		e.t.Fatalf("log does not verify: %+v", v)
 	}
-}
-
-func must[T any](t *testing.T, v T, err error) T {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
 }
 
 func codesOf(err error) codes.Code { return status.Code(err) }
