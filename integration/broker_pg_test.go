@@ -1,0 +1,111 @@
+package integration
+
+import (
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // to make the test's own schema
+)
+
+// pgTestDSN returns a DSN for a schema of the test's own on the server
+// named by $BUSHOST_TEST_PG_DSN (dropped at cleanup), or skips loudly.
+func pgTestDSN(t *testing.T) string {
+	t.Helper()
+	base := os.Getenv("BUSHOST_TEST_PG_DSN")
+	if base == "" {
+		t.Skip("*** BUSHOST_TEST_PG_DSN not set: two bushostd sharing PostgreSQL NOT TESTED ***")
+	}
+	buf := make([]byte, 6)
+	rand.Read(buf)
+	schema := "it_" + hex.EncodeToString(buf)
+	db, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`CREATE SCHEMA ` + schema); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		if db, err := sql.Open("pgx", base); err == nil {
+			db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
+			db.Close()
+		}
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// Two bushostd with their own homes and repositories share one PostgreSQL
+// broker: a grant issued through one works on the other, both see one log,
+// and the close gate decided through one holds for pushes through the
+// other.
+func TestBrokerTwoHostsSharePostgres(t *testing.T) {
+	dsn := pgTestDSN(t)
+	a := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
+	b := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
+	if _, err := os.Stat(filepath.Join(a.Home, "broker.db")); err == nil {
+		t.Fatal("bushostd made broker.db although --broker-dsn names PostgreSQL")
+	}
+	// The project lives on both hosts (repositories shard by host; the
+	// broker is shared).
+	a.AddProject(t, "acme", "web")
+	b.AddProject(t, "acme", "web")
+	worker := a.Grant(t, "acme", "web", "t1", "worker", "git.push.working", "review.request")
+	reviewer := a.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict")
+	lead := a.Grant(t, "acme", "web", "t1", "lead", "task.close")
+
+	// Push through A, ask for review and get the verdict through B.
+	work := filepath.Join(filepath.Dir(a.Home), "work")
+	runAs(t, a, worker, 0, "fetch-main", "--repo", work)
+	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "work")
+	head := testGit(t, work, "rev-parse", "HEAD")
+	runAs(t, a, worker, 0, "push-working", "--repo", work)
+	id, _ := runAs(t, b, worker, 0, "review", "request")
+	if _, errs := runAs(t, b, lead, 1, "task", "close"); !strings.Contains(errs, "no verdict yet") {
+		t.Fatalf("close through B before the verdict: %s", errs)
+	}
+	runAs(t, b, reviewer, 0, "review", "verdict", "--request", id, "--approve")
+	runAs(t, a, lead, 0, "task", "close")
+
+	// Closed for both.
+	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "late")
+	if _, errs := runAs(t, a, worker, 1, "push-working", "--repo", work); !strings.Contains(errs, "closed") {
+		t.Fatalf("push through A after close: %s", errs)
+	}
+
+	// One log, seen the same from both, verified by both.
+	ea, eb := brokerEvents(t, a), brokerEvents(t, b)
+	if len(ea) == 0 || len(ea) != len(eb) || ea[len(ea)-1].Hash != eb[len(eb)-1].Hash {
+		t.Fatalf("the hosts disagree on the log: %d vs %d events", len(ea), len(eb))
+	}
+	var pushes int
+	for _, e := range ea {
+		if e.Type == "action.allowed" {
+			pushes++
+			if !strings.Contains(string(e.Data), head) {
+				t.Fatalf("push event: %s", e.Data)
+			}
+		}
+	}
+	if pushes != 1 {
+		t.Fatalf("%d push events, want 1", pushes)
+	}
+	for _, h := range []*Host{a, b} {
+		if out := h.Must(t, "log", "verify"); !strings.HasPrefix(out, "ok:") {
+			t.Fatalf("log verify: %s", out)
+		}
+	}
+}
