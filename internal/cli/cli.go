@@ -69,7 +69,11 @@ func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(forma
 // the exit status: 0 on success, 1 when the bus host refused or failed, 2
 // for a malformed command line.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	e := &Env{Home: "./bus-host", Stdin: stdin, Stdout: stdout, Stderr: stderr, Getenv: os.Getenv}
+	return mainWith(args, stdin, stdout, stderr, os.Getenv)
+}
+
+func mainWith(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	e := &Env{Home: "./bus-host", Stdin: stdin, Stdout: stdout, Stderr: stderr, Getenv: getenv}
 	rest, err := e.globalFlags(args)
 	if err != nil {
 		fmt.Fprintf(stderr, "bushost: %v\n\n", err)
