@@ -238,7 +238,7 @@ func checkCrashInvariants(t *testing.T, h *Host, projects []string, tasks []*cra
 				lastPush[key] = c
 				recorded[c] = true
 			}
-		case "review.requested":
+		case "review.request":
 			id, _ := f["request_id"].(string)
 			c, _ := f["commit"].(string)
 			requestCommit[id] = c
