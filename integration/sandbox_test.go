@@ -286,10 +286,43 @@ func TestSandboxEscape(t *testing.T) {
 	})
 
 	t.Run("open /proc/1/root to reach the host root", func(t *testing.T) {
-		e.attempt(t, nil, "ls", "/proc/1/root/")
 		e.attempt(t, nil, "cat", "/proc/1/root"+filepath.Join(e.otherWS, "notes.txt"))
 		e.attempt(t, nil, "sh", "-c", "cat /proc/*/root"+filepath.Join(e.hostHome, ".ssh", "id_ed25519"))
-		e.attempt(t, nil, "ls", "/proc/1/fd/")
+		e.attempt(t, nil, "sh", "-c", "cat /proc/*/cwd"+filepath.Join(e.otherWS, "notes.txt"))
+		// pid 1 is bwrap's own reaper, forked inside the session after
+		// pivot_root: its root is the session's root, and it holds only
+		// stdio and bwrap's event descriptor, nothing of the host.
+		before := e.snapshot(t)
+		out, errOut, code := e.runIn(t, nil, "sh", "-c",
+			`[ "$(ls -a /proc/1/root/)" = "$(ls -a /)" ] && echo same-root; for fd in /proc/1/fd/*; do echo "${fd##*/} $(readlink "$fd")"; done`)
+		e.assertUnchanged(t, before)
+		if code != 0 || !strings.HasPrefix(out, "same-root\n") {
+			t.Fatalf("pid 1's root is not the session's root: exit %d %q %s", code, out, errOut)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+			fd, target, _ := strings.Cut(line, " ")
+			if fd != "0" && fd != "1" && fd != "2" && target != "anon_inode:[eventfd]" {
+				t.Errorf("pid 1 holds descriptor %s -> %s beyond stdio and bwrap's event descriptor", fd, target)
+			}
+		}
+	})
+
+	t.Run("a descriptor the caller left open", func(t *testing.T) {
+		secret, err := os.Open(filepath.Join(e.hostHome, ".ssh", "id_ed25519"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer secret.Close()
+		args := append([]string{"run"}, e.flags("event.record")...)
+		cmd := exec.Command(e.sandbox, append(args, "--", "sh", "-c", `ls /proc/$$/fd; cat <&6`)...)
+		// fds 3 to 6 without close-on-exec: run puts its own at 3 and 4.
+		cmd.ExtraFiles = []*os.File{secret, secret, secret, secret}
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err = cmd.Run()
+		if strings.Contains(out.String(), e.secret) || strings.Join(strings.Fields(out.String()), " ") != "0 1 2" {
+			t.Errorf("the session sees descriptors %q (%v, %s), want only 0 1 2", out.String(), err, errOut.String())
+		}
 	})
 
 	t.Run("ptrace", func(t *testing.T) { e.helperRefused(t, nil, "ptrace") })

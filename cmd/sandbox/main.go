@@ -32,8 +32,6 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
-	case "init":
-		return sandbox.Init(args[1:], stderr)
 	case "probe":
 		fs := flag.NewFlagSet("sandbox probe", flag.ContinueOnError)
 		fs.SetOutput(stderr)
@@ -75,7 +73,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			}
 			return 0
 		}
-		status, err := sandbox.Run(plan, stdin, stdout, stderr)
+		// The session gets the caller's descriptors themselves (bwrap is
+		// started directly, with no copying in between); a test's buffer
+		// stands for /dev/null.
+		status, err := sandbox.Run(plan, asFile(stdin), asFile(stdout), asFile(stderr))
 		if err != nil {
 			fmt.Fprintf(stderr, "sandbox run: %v\n", err)
 			return sandbox.ExitSandbox
@@ -85,4 +86,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
+}
+
+func asFile(v any) *os.File {
+	f, _ := v.(*os.File)
+	return f
 }

@@ -8,15 +8,14 @@ type UnavailableError struct{ Reason string }
 
 func (e *UnavailableError) Error() string { return "sandbox-unavailable: " + e.Reason }
 
-// The descriptors run hands to bwrap (exec.Cmd.ExtraFiles start at 3).
+// The descriptors run hands to bwrap after stdin, stdout and stderr.
 const (
 	fdSeccomp = 3
-	fdReady   = 4
-	fdInfo    = 5
+	fdStatus  = 4
 )
 
 // bwrapArgs is the bwrap command line for the plan, up to and including
-// the "--" before the session's pid 1 and its command.
+// the "--" before the command.
 func (p *Plan) bwrapArgs() []string {
 	args := []string{
 		"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -25,10 +24,10 @@ func (p *Plan) bwrapArgs() []string {
 		args = append(args, "--unshare-net")
 	}
 	args = append(args,
-		"--disable-userns", "--new-session", "--cap-drop", "ALL", "--as-pid-1",
+		"--disable-userns", "--new-session", "--cap-drop", "ALL",
 		"--hostname", "sandbox",
 		"--seccomp", fmt.Sprint(fdSeccomp),
-		"--info-fd", fmt.Sprint(fdInfo),
+		"--json-status-fd", fmt.Sprint(fdStatus),
 	)
 	args = append(args, bindArgs(p.Binds)...)
 	return append(args, "--chdir", p.Workspace, "--")

@@ -15,7 +15,6 @@ import (
 const (
 	sessionDir    = "/run/sandbox"
 	sessionBinDir = sessionDir + "/bin"
-	initPath      = sessionDir + "/init"
 )
 
 // Bind kinds, named after the bwrap option each becomes.
@@ -63,7 +62,6 @@ type Plan struct {
 	Env       []string `json:"-"` // values may be secrets: explain shows names
 
 	Command []string `json:"command,omitempty"`
-	initExe string
 }
 
 // reserved are session paths the sandbox builds itself; a caller path on
@@ -155,14 +153,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	} else {
 		p.Notes = append(p.Notes, note)
 	}
-	if p.initExe, err = os.Executable(); err != nil {
-		return nil, fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
-	}
-	if p.initExe, err = filepath.EvalSymlinks(p.initExe); err != nil {
-		return nil, fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
-	}
 	p.Binds = append(p.Binds,
-		Bind{KindROBind, p.initExe, initPath, "this sandbox binary, run as the session's pid 1: it reaps orphans, forwards SIGTERM and SIGINT to the command and dies with bwrap"},
 		Bind{KindRemountRO, "", "/", "the root bwrap built is made read-only: nothing but the workspace, the run directory and /tmp is writable"},
 	)
 
@@ -177,7 +168,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		{Flag: "--disable-userns", Why: "no nested user namespace, whose capabilities could undo a read-only bind"},
 		{Flag: "--cap-drop ALL", Why: "no capability inside the session's user namespace either"},
 		{Flag: "--seccomp", Why: "refuses TIOCSTI/TIOCLINUX, keyctl, ptrace, mount and the new mount API, io_uring, unshare/setns and namespace clones, bpf, userfaultfd, perf_event_open, module and kexec calls"},
-		{Flag: "--as-pid-1", Why: "the sandbox's own init is pid 1 (bwrap's would not forward signals), with SIGKILL as its parent-death signal so the session dies with bwrap"},
+		{Flag: "--json-status-fd", Why: "bwrap's own reaper is pid 1 and reports the command's status; sandbox run, told pid 1 here, forwards SIGTERM, SIGINT and the like to the command and kills pid 1, and so the whole session, once bwrap has exited"},
 	}
 	if u.Drop {
 		p.Hardening = append(p.Hardening, Flag{Flag: "--user " + u.Name, Why: fmt.Sprintf("started as root: bwrap and the session run as uid %d gid %d, never as host root", u.UID, u.GID)})

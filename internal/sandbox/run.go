@@ -1,16 +1,16 @@
 package sandbox
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -20,21 +20,53 @@ import (
 // stay "found but not runnable" and "not found").
 const ExitSandbox = 125
 
-// forwarded are the signals run passes on to the session's pid 1, which
-// passes them to the command. The job-control and fatal ones stay with run.
+// forwarded are the signals run passes on to the command. The job-control
+// and fatal ones stay with run.
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
 	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH}
 
 // Run starts the plan's command in its sandbox, waits for it, and returns
 // the status run exits with: the command's, or 128+n if a signal ended it.
 // An error means the session never started; an *UnavailableError then
-// carries the probe's reason.
-func Run(p *Plan, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+// carries the probe's reason. A nil file stands for /dev/null.
+//
+// The session's pid 1 is bwrap's own reaper (no --as-pid-1): it reaps every
+// orphan and reports the command's status, which bwrap passes on. Run does
+// the rest from outside, so that a session costs one process start of this
+// binary and no more: it forwards signals to the command and, once bwrap
+// has exited, kills pid 1 and with it whatever the command left running.
+func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
 	if err := p.prepareRunDir(); err != nil {
 		return 0, err
+	}
+	if status, msg := p.lookCommand(); status != 0 {
+		// bwrap would only say "execvp: ..." and exit 1; the shell's
+		// statuses tell a caller what went wrong.
+		if stderr != nil {
+			fmt.Fprintf(stderr, "sandbox: %s: %s\n", p.Command[0], msg)
+		}
+		return status, nil
+	}
+	// Whatever the caller left open beyond stdio must not reach bwrap and
+	// the session: every descriptor from 3 up closes on exec, and those
+	// handed to bwrap below are put in place by ForkExec.
+	if err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return 0, fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
+	}
+	var stdio [3]uintptr
+	for i, f := range []*os.File{stdin, stdout, stderr} {
+		if f == nil {
+			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+			if err != nil {
+				return 0, err
+			}
+			defer null.Close()
+			f = null
+		}
+		stdio[i] = f.Fd()
 	}
 	filter, err := Filter()
 	if err != nil {
@@ -45,124 +77,338 @@ func Run(p *Plan, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 		return 0, err
 	}
 	defer seccompR.Close()
-	readyR, readyW, err := os.Pipe()
+	statusR, statusW, err := os.Pipe()
 	if err != nil {
 		return 0, err
 	}
-	defer readyR.Close()
-	infoR, infoW, err := os.Pipe()
-	if err != nil {
-		readyW.Close()
-		return 0, err
-	}
-	defer infoR.Close()
+	defer statusR.Close()
 
-	args := p.bwrapArgs()
-	args = append(args, initPath, "init", fmt.Sprintf("--ready-fd=%d", fdReady), "--")
-	args = append(args, p.Command...)
-	cmd := exec.Command(p.Bwrap, args...)
-	cmd.Env = p.Env
-	cmd.Dir = "/"
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
-	cmd.ExtraFiles = []*os.File{seccompR, readyW, infoW}
-	// Its own process group: a ^C on the caller's terminal reaches run,
-	// which forwards it, instead of killing bwrap and with it the session.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	argv := append([]string{p.Bwrap}, p.bwrapArgs()...)
+	argv = append(argv, p.Command...)
+	attr := &syscall.ProcAttr{
+		Dir:   "/",
+		Env:   p.Env,
+		Files: []uintptr{stdio[0], stdio[1], stdio[2], seccompR.Fd(), statusW.Fd()},
+		// Its own process group: a ^C on the caller's terminal reaches run,
+		// which forwards it, instead of killing bwrap and with it the session.
+		Sys: &syscall.SysProcAttr{Setpgid: true},
+	}
 	if p.User.Drop {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: p.User.UID, Gid: p.User.GID, Groups: p.User.Groups}
+		attr.Sys.Credential = &syscall.Credential{Uid: p.User.UID, Gid: p.User.GID, Groups: p.User.Groups}
 	}
 
 	sigc := make(chan os.Signal, 8)
 	signal.Notify(sigc, forwarded...)
 	defer signal.Stop(sigc)
 
-	startErr := cmd.Start()
-	readyW.Close()
-	infoW.Close()
+	// syscall.ForkExec rather than os/exec: os.StartProcess probes pidfd
+	// support by starting a throwaway child, one more process per session.
+	bwrapPid, startErr := syscall.ForkExec(p.Bwrap, argv, attr)
+	statusW.Close()
 	seccompR.Close()
 	if startErr != nil {
 		return 0, &UnavailableError{Reason: fmt.Sprintf("start %s: %v", p.Bwrap, startErr)}
 	}
 
-	// pid 1 writes one byte once bwrap has built the session and exec'd
-	// it; end of file without it means bwrap failed during setup.
-	ready := make(chan bool, 1)
-	go func() {
-		var b [1]byte
-		n, _ := readyR.Read(b[:])
-		ready <- n == 1
-	}()
-	// bwrap reports pid 1's host pid on --info-fd, right after the clone.
-	childPid := make(chan int, 1)
-	go func() {
-		var info struct {
-			ChildPid int `json:"child-pid"`
+	// The status pipe reaches end of file when bwrap exits: only bwrap
+	// holds its write end (it closes it in the session before the setup).
+	events := make(chan bwrapStatus, 2)
+	go readStatus(statusR, events)
+
+	s := &session{pid1FD: -1, commandFD: -1}
+	defer s.close()
+	var pending []syscall.Signal
+	var retry <-chan time.Time
+	exitCode := -1
+	for events != nil {
+		select {
+		case ev, ok := <-events:
+			switch {
+			case !ok:
+				events = nil
+			case ev.childPid > 0:
+				s.started(ev.childPid, ev.pidNS)
+			case ev.exitCode >= 0:
+				exitCode = ev.exitCode
+			}
+		case sig := <-sigc:
+			pending = append(pending, sig.(syscall.Signal))
+		case <-retry:
+			retry = nil
 		}
-		if err := json.NewDecoder(infoR).Decode(&info); err != nil {
-			childPid <- 0
+		if len(pending) > 0 && s.forward(pending) {
+			pending = nil
+		}
+		if len(pending) > 0 && retry == nil {
+			// The command is not forked yet: try again shortly.
+			retry = time.After(5 * time.Millisecond)
+		}
+	}
+	var ws syscall.WaitStatus
+	for {
+		if _, err := syscall.Wait4(bwrapPid, &ws, 0, nil); err != syscall.EINTR {
+			break
+		}
+	}
+	// bwrap is gone: so is the session, whatever the command left behind.
+	s.end()
+
+	switch {
+	case exitCode >= 0:
+		return exitCode, nil
+	case ws.Signaled() && s.pid1FD >= 0:
+		// bwrap itself was killed after building the session.
+		return 128 + int(ws.Signal()), nil
+	}
+	if _, perr := Probe(p.Config.User, p.Bwrap); perr != nil {
+		return 0, perr
+	}
+	return 0, fmt.Errorf("bwrap could not build the session or start %s (exit %d): its message is above", p.Command[0], ws.ExitStatus())
+}
+
+// bwrapStatus is one thing bwrap reported on --json-status-fd.
+type bwrapStatus struct {
+	childPid int    // pid 1 of the session, as the host numbers it
+	pidNS    string // the session's pid namespace, as /proc/PID/ns/pid reads
+	exitCode int    // the command's status; -1 if this is not the exit report
+}
+
+// readStatus parses what bwrap writes on --json-status-fd: first
+// {"child-pid": N, ..., "pid-namespace": N, ...} right after the clone, then
+// {"exit-code": N} only if the command was started (bwrap 0.8 reports no
+// exit code when the setup or the exec failed). Both are flat objects of
+// numbers, read here without a JSON decoder.
+func readStatus(r io.Reader, out chan<- bwrapStatus) {
+	defer close(out)
+	var buf []byte
+	chunk := make([]byte, 512)
+	for {
+		n, err := r.Read(chunk)
+		buf = append(buf, chunk[:n]...)
+		for {
+			i := strings.IndexByte(string(buf), '}')
+			if i < 0 {
+				break
+			}
+			doc := string(buf[:i])
+			buf = buf[i+1:]
+			if pid, ok := jsonNumber(doc, "child-pid"); ok {
+				ns, _ := jsonNumber(doc, "pid-namespace")
+				out <- bwrapStatus{childPid: pid, pidNS: fmt.Sprintf("pid:[%d]", ns), exitCode: -1}
+			}
+			if code, ok := jsonNumber(doc, "exit-code"); ok {
+				out <- bwrapStatus{exitCode: code}
+			}
+		}
+		if err != nil {
 			return
 		}
-		childPid <- info.ChildPid
-	}()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-
-	var pending []os.Signal
-	pid1, started := 0, false
-	readyc := ready
-	var waitErr error
-loop:
-	for {
-		select {
-		case ok := <-readyc:
-			readyc = nil
-			if !ok {
-				continue
-			}
-			started = true
-			pid1 = <-childPid
-			for _, s := range pending {
-				forward(pid1, s)
-			}
-			pending = nil
-		case s := <-sigc:
-			if started {
-				forward(pid1, s)
-			} else {
-				pending = append(pending, s)
-			}
-		case waitErr = <-done:
-			break loop
-		}
-	}
-	if !started && readyc != nil {
-		started = <-readyc
-	}
-	status := exitStatus(cmd.ProcessState, waitErr)
-	if !started {
-		if _, perr := Probe(p.Config.User, p.Bwrap); perr != nil {
-			return 0, perr
-		}
-		return 0, fmt.Errorf("bwrap could not build the session (exit %d): its message is above", status)
-	}
-	return status, nil
-}
-
-func forward(pid int, s os.Signal) {
-	if pid > 0 {
-		// pid 1 of a namespace only gets signals it handles; init does.
-		_ = syscall.Kill(pid, s.(syscall.Signal))
 	}
 }
 
-func exitStatus(ps *os.ProcessState, err error) int {
-	if ps == nil {
-		return ExitSandbox
+// jsonNumber finds "key": N in a flat JSON object of numbers.
+func jsonNumber(doc, key string) (int, bool) {
+	i := strings.Index(doc, `"`+key+`"`)
+	if i < 0 {
+		return 0, false
 	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 128 + int(ws.Signal())
+	rest := strings.TrimLeft(doc[i+len(key)+2:], " \t\n:")
+	n, digits := 0, 0
+	for ; digits < len(rest) && rest[digits] >= '0' && rest[digits] <= '9'; digits++ {
+		n = n*10 + int(rest[digits]-'0')
 	}
-	return ps.ExitCode()
+	return n, digits > 0
+}
+
+// session follows a running session from outside through pidfds, which
+// cannot be fooled by a recycled pid once opened and checked.
+type session struct {
+	pid1      int
+	pidNS     string
+	pid1FD    int
+	commandFD int
+}
+
+// started records the session's pid 1 once bwrap has reported it, after
+// checking the pid still names a process in the session's pid namespace
+// (bwrap may already have reaped it if the command was quick).
+func (s *session) started(pid int, pidNS string) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || ns != pidNS {
+		unix.Close(fd)
+		return
+	}
+	s.pid1, s.pidNS, s.pid1FD = pid, pidNS, fd
+}
+
+// forward sends sigs to the command, pid 2 of the session (bwrap's reaper
+// forks it first, so it is pid 1's first child), and reports whether it
+// could: false while the command is not yet forked.
+func (s *session) forward(sigs []syscall.Signal) bool {
+	if s.commandFD < 0 {
+		if s.pid1FD < 0 {
+			return false
+		}
+		s.commandFD = s.findCommand()
+		if s.commandFD < 0 {
+			return false
+		}
+	}
+	for _, sig := range sigs {
+		// ESRCH once the command has exited: nothing left to tell.
+		_ = unix.PidfdSendSignal(s.commandFD, sig, nil, 0)
+	}
+	return true
+}
+
+func (s *session) findCommand() int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", s.pid1, s.pid1))
+	if err != nil {
+		return -1
+	}
+	for _, f := range strings.Fields(string(data)) {
+		var pid int
+		if _, err := fmt.Sscan(f, &pid); err != nil {
+			continue
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue
+		}
+		if s.isCommand(pid) {
+			return fd
+		}
+		unix.Close(fd)
+	}
+	return -1
+}
+
+// isCommand reports whether pid is pid 2 of the session's pid namespace.
+func (s *session) isCommand(pid int) bool {
+	if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || ns != s.pidNS {
+		return false
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "NSpid:" {
+			return f[len(f)-1] == "2"
+		}
+	}
+	return false
+}
+
+// end kills the session's pid 1, which takes every process of the pid
+// namespace with it, and waits until they are gone. bwrap has exited by
+// now: either the command exited, or bwrap was killed.
+func (s *session) end() {
+	if s.pid1FD < 0 {
+		return
+	}
+	if err := unix.PidfdSendSignal(s.pid1FD, unix.SIGKILL, nil, 0); err != nil {
+		return
+	}
+	// A pidfd polls readable once the process has exited, which for a
+	// namespace's pid 1 is after every other process in it was reaped.
+	fds := []unix.PollFd{{Fd: int32(s.pid1FD), Events: unix.POLLIN}}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		n, err := unix.Poll(fds, int(time.Until(deadline)/time.Millisecond)+1)
+		if n > 0 || (err != nil && err != unix.EINTR) {
+			return
+		}
+	}
+}
+
+func (s *session) close() {
+	for _, fd := range []int{s.pid1FD, s.commandFD} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// lookCommand finds the command as the session will: a path with a slash
+// relative to the workspace, else on the session's PATH, each seen through
+// the bind table. It returns 0, or 127 (not found) or 126 (not executable)
+// and why. A file found here may still fail to run inside if a symlink on
+// its way leads outside the binds; bwrap then says so.
+func (p *Plan) lookCommand() (int, string) {
+	name := p.Command[0]
+	if strings.Contains(name, "/") {
+		if !filepath.IsAbs(name) {
+			name = filepath.Join(p.Workspace, name)
+		}
+		return executable(p.hostPath(name, 0))
+	}
+	path := ""
+	for _, e := range p.Env {
+		if v, ok := strings.CutPrefix(e, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if !filepath.IsAbs(dir) {
+			continue
+		}
+		if status, _ := executable(p.hostPath(filepath.Join(dir, name), 0)); status == 0 {
+			return 0, ""
+		}
+	}
+	return 127, "command not found"
+}
+
+func executable(hostPath string) (int, string) {
+	if hostPath == "" {
+		return 127, "command not found"
+	}
+	st, err := os.Stat(hostPath)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return 127, "command not found"
+	case err != nil:
+		return 126, err.Error()
+	case st.IsDir():
+		return 126, "is a directory"
+	case st.Mode()&0o111 == 0:
+		return 126, "permission denied"
+	}
+	return 0, ""
+}
+
+// hostPath maps a path inside the session to the host path bound there,
+// or "" when the session has nothing at that path.
+func (p *Plan) hostPath(inside string, depth int) string {
+	if depth > 8 {
+		return ""
+	}
+	var best *Bind
+	for i := range p.Binds {
+		b := &p.Binds[i]
+		if within(inside, b.Target) && (best == nil || len(b.Target) > len(best.Target)) {
+			best = b
+		}
+	}
+	if best == nil {
+		return ""
+	}
+	rest := strings.TrimPrefix(inside, best.Target)
+	switch best.Kind {
+	case KindBind, KindROBind:
+		return best.Source + rest
+	case KindSymlink:
+		to := best.Source
+		if !filepath.IsAbs(to) {
+			to = filepath.Join(filepath.Dir(best.Target), to)
+		}
+		return p.hostPath(to+rest, depth+1)
+	}
+	return ""
 }
 
 // prepareRunDir makes the run's home/ and tmp/ (0700, the session user's)

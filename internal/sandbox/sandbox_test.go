@@ -107,7 +107,7 @@ func TestPlanBindTable(t *testing.T) {
 		seen[b.Target] = i
 	}
 	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
-	for _, want := range []string{"/usr", "/etc", "/proc", "/dev", "/tmp", ws, run, filepath.Join(base, "bus", "git.sock"), sessionBinDir + "/bushost", initPath, "/"} {
+	for _, want := range []string{"/usr", "/etc", "/proc", "/dev", "/tmp", ws, run, filepath.Join(base, "bus", "git.sock"), sessionBinDir + "/bushost", "/"} {
 		if _, ok := seen[want]; !ok {
 			t.Errorf("no bind for %s", want)
 		}
@@ -121,13 +121,16 @@ func TestPlanBindTable(t *testing.T) {
 	}
 	args := strings.Join(p.bwrapArgs(), " ")
 	for _, want := range []string{"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net", "--disable-userns",
-		"--new-session", "--cap-drop ALL", "--as-pid-1", "--seccomp 3"} {
+		"--new-session", "--cap-drop ALL", "--seccomp 3", "--json-status-fd 4"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("bwrap args lack %s: %s", want, args)
 		}
 	}
 	if strings.Contains(args, "--die-with-parent") {
 		t.Errorf("bwrap args use --die-with-parent: a session must outlive a host that died hard")
+	}
+	if strings.Contains(args, "--as-pid-1") {
+		t.Errorf("bwrap args use --as-pid-1: bwrap's own reaper must be pid 1")
 	}
 }
 
@@ -203,7 +206,7 @@ func TestPlanAccessProblems(t *testing.T) {
 			t.Errorf("problems do not name %s:\n%s", want, all)
 		}
 	}
-	if _, err := Run(p, nil, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "refusing") {
+	if _, err := Run(p, nil, nil, nil); err == nil || !strings.Contains(err.Error(), "refusing") {
 		t.Errorf("Run with problems: %v, want a refusal", err)
 	}
 }
@@ -278,4 +281,95 @@ func seccompChild() {
 		os.Stdout.WriteString("fork ok\n")
 	}
 	os.Exit(0)
+}
+
+func TestValidRole(t *testing.T) {
+	for role, want := range map[string]bool{
+		"coder": true, "r": true, "0-reviewer_2.b": true, strings.Repeat("a", 63): true,
+		"": false, strings.Repeat("a", 64): false, "Coder": false, "-x": false, ".x": false,
+		"a..b": false, "a/b": false, "a b": false, "é": false,
+	} {
+		if got := validRole(role); got != want {
+			t.Errorf("validRole(%q) = %v, want %v", role, got, want)
+		}
+	}
+}
+
+// TestReadStatus feeds what bwrap 0.8 writes on --json-status-fd, split at
+// awkward places, for a session that ran and one whose setup failed.
+func TestReadStatus(t *testing.T) {
+	started := `{ "child-pid": 1199, "cgroup-namespace": 4026532181, "ipc-namespace": 4026532179, "mnt-namespace": 4026532177, "net-namespace": 4026532182, "pid-namespace": 4026532180, "uts-namespace": 4026532178 }` + "\n"
+	for _, tc := range []struct {
+		name string
+		in   string
+		want []bwrapStatus
+	}{
+		{"ran", started + `{ "exit-code": 3 }` + "\n", []bwrapStatus{{1199, "pid:[4026532180]", -1}, {0, "", 3}}},
+		{"exit 0", started + `{ "exit-code": 0 }` + "\n", []bwrapStatus{{1199, "pid:[4026532180]", -1}, {0, "", 0}}},
+		{"setup failed", started, []bwrapStatus{{1199, "pid:[4026532180]", -1}}},
+		{"nothing", "", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, w := io.Pipe()
+			go func() {
+				for i := 0; i < len(tc.in); i += 7 {
+					w.Write([]byte(tc.in[i:min(i+7, len(tc.in))]))
+				}
+				w.Close()
+			}()
+			out := make(chan bwrapStatus, 4)
+			readStatus(r, out)
+			var got []bwrapStatus
+			for ev := range out {
+				got = append(got, ev)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestLookCommand finds commands as the session will see them, through the
+// bind table, before bwrap is started.
+func TestLookCommand(t *testing.T) {
+	base, flags := layout(t)
+	ws := filepath.Join(base, "ws")
+	if err := os.WriteFile(filepath.Join(ws, "only-here"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "notes"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := plan(t, flags...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		command string
+		status  int
+	}{
+		{"sh", 0},
+		{"/bin/sh", 0},
+		{"./only-here", 0},
+		{ws + "/only-here", 0},
+		{"no-such-command", 127},
+		{"./no-such", 127},
+		{"/opt/not-bound", 127},
+		{"./notes", 126},
+		{"/etc/passwd", 126},
+		{"/usr", 126},
+		{"only-here", 127}, // not on PATH: the workspace is not
+	} {
+		p.Command = []string{tc.command}
+		if status, msg := p.lookCommand(); status != tc.status {
+			t.Errorf("%s: status %d (%s), want %d", tc.command, status, msg, tc.status)
+		}
+	}
+	if got := p.hostPath("/tmp/x", 0); got != filepath.Join(base, "run", "tmp", "x") {
+		t.Errorf("/tmp/x maps to %q, want the run's tmp/", got)
+	}
+	if got := p.hostPath("/proc/1/root", 0); got != "" {
+		t.Errorf("/proc/1/root maps to %q, want nothing", got)
+	}
 }
