@@ -15,6 +15,7 @@ import (
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/gitcmd"
 )
 
 func TestPushGood(t *testing.T) {
@@ -209,6 +210,30 @@ func TestPushRefusals(t *testing.T) {
 		{name: "fsck .gitmodules symlink", code: codes.InvalidArgument, want: "gitmodulesSymlink", bundle: badTree(func(e *env) []treeEntry {
 			return []treeEntry{{"120000", ".gitmodules", blob(e, "/etc/passwd")}}
 		})},
+		// No separate connectivity walk runs after index-pack: these show
+		// that index-pack --strict alone refuses a pack whose objects link
+		// to objects that are neither in it nor in the repository.
+		{name: "tree names a missing blob", code: codes.InvalidArgument, want: "did not receive expected object", bundle: func(e *env) []byte {
+			missing := e.run(e.work, "hash-object", []byte("never written\n"), "--stdin")
+			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", missing}))
+			c := e.rawCommit(tree, goodAuthor)
+			return e.handBundle(c, c, tree)
+		}},
+		{name: "commit names a missing tree", code: codes.InvalidArgument, want: "did not receive expected object", bundle: func(e *env) []byte {
+			c := e.rawCommit(strings.Repeat("2", 40), goodAuthor)
+			return e.handBundle(c, c)
+		}},
+		{name: "commit names a missing parent", code: codes.InvalidArgument, want: "did not receive expected object", bundle: func(e *env) []byte {
+			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "p\n")}))
+			body := fmt.Sprintf("tree %s\nparent %s\nparent %s\nauthor %s\ncommitter %s\n\nx\n", tree, e.main, strings.Repeat("1", 40), goodAuthor, goodAuthor)
+			c := e.rawObject("commit", []byte(body))
+			return e.handBundle(c, c, tree, blob(e, "p\n"))
+		}},
+		{name: "ref names an object the bundle lacks", code: codes.InvalidArgument, want: "neither the bundle nor the repository holds", bundle: func(e *env) []byte {
+			c := e.commitFile("a.txt", "one\n")
+			tree := e.run(e.work, "rev-parse", nil, "--", "HEAD^{tree}")
+			return e.handBundle(strings.Repeat("3", 40), c, tree, e.run(e.work, "rev-parse", nil, "--", "HEAD:a.txt"))
+		}},
 		{name: "closed task", code: codes.FailedPrecondition, want: "is closed", bundle: func(e *env) []byte {
 			e.auth.mu.Lock()
 			e.auth.closed["t1"] = true
@@ -248,6 +273,20 @@ func TestPushRefusals(t *testing.T) {
 			e.fsck()
 		})
 	}
+}
+
+// handBundle writes a v2 bundle by hand: main as prerequisite, ref naming
+// commit, and a pack of exactly objects, so that the pack can lack what
+// git bundle create would refuse to leave out.
+func (e *env) handBundle(commit string, objects ...string) []byte {
+	e.t.Helper()
+	var pack bytes.Buffer
+	err := e.git.Run(context.Background(), gitcmd.Cmd{Dir: e.work, Sub: "pack-objects", Flags: []string{"--stdout", "-q"},
+		Stdin: strings.NewReader(strings.Join(objects, "\n") + "\n"), Stdout: &pack})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return append([]byte("# v2 git bundle\n-"+e.main+" initial\n"+commit+" refs/heads/hand\n\n"), pack.Bytes()...)
 }
 
 func randomText(n int) string {

@@ -1,0 +1,155 @@
+package gitd
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/go-git/go-billy/v5/osfs"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
+	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/storer"
+)
+
+// The checks after index-pack (the ref names a commit; the commit
+// fast-forwards the task's ref or shares history with main) read a few
+// commits. A git process for each costs more than the reads themselves, so
+// they read in process with go-git: the quarantine's new pack first, then
+// the repository. Any read that fails or that the walk does not settle
+// within its bounds is answered by git itself (the callers fall back), so
+// go-git only ever speeds up an answer, never decides a doubtful one.
+
+// walkLimit bounds the commits an in-process ancestry walk reads before it
+// hands the question to git, which has the commit-graph. A variable only
+// so that a test can make git answer.
+var walkLimit = 1000
+
+const (
+	// maxCommitBytes bounds a commit read into memory; a larger one (a
+	// hostile message) is left to git.
+	maxCommitBytes = 1 << 20
+)
+
+// errUndecided is a question the in-process reads could not settle.
+var errUndecided = errors.New("undecided in process")
+
+// objectReader reads objects from a quarantine's pack, then from the
+// repository. It is one request's, like the go-git handle it wraps.
+type objectReader struct {
+	pack *packfile.Packfile // nil: nothing in quarantine
+	repo storer.EncodedObjectStorer
+	// limit bounds the commits isAncestor reads (walkLimit).
+	limit int
+}
+
+// openObjects opens the pack index-pack wrote into dir (a quarantine's
+// object directory) as pack-<name>, in front of repo.
+func openObjects(dir, name string, repo storer.EncodedObjectStorer) (*objectReader, error) {
+	o := &objectReader{repo: repo, limit: walkLimit}
+	packDir := filepath.Join(dir, "pack")
+	idxf, err := os.Open(filepath.Join(packDir, "pack-"+name+".idx"))
+	if err != nil {
+		return nil, err
+	}
+	defer idxf.Close()
+	idx := idxfile.NewMemoryIndex()
+	if err := idxfile.NewDecoder(idxf).Decode(idx); err != nil {
+		return nil, fmt.Errorf("read %s: %w", idxf.Name(), err)
+	}
+	fs := osfs.New(packDir)
+	pf, err := fs.Open("pack-" + name + ".pack")
+	if err != nil {
+		return nil, err
+	}
+	// With a filesystem, objects past go-git's small-object size are read
+	// lazily: a type or a size costs no more than a header.
+	o.pack = packfile.NewPackfile(idx, fs, pf, maxCommitBytes)
+	return o, nil
+}
+
+func (o *objectReader) Close() error {
+	if o.pack != nil {
+		return o.pack.Close()
+	}
+	return nil
+}
+
+// object returns the object named h without reading a large one's content.
+func (o *objectReader) object(h plumbing.Hash) (plumbing.EncodedObject, error) {
+	if o.pack != nil {
+		obj, err := o.pack.Get(h)
+		if err == nil {
+			return obj, nil
+		}
+		if !errors.Is(err, plumbing.ErrObjectNotFound) {
+			return nil, err
+		}
+	}
+	size, err := o.repo.EncodedObjectSize(h)
+	if err != nil {
+		return nil, err
+	}
+	if size > maxCommitBytes {
+		return nil, errUndecided
+	}
+	return o.repo.EncodedObject(plumbing.AnyObject, h)
+}
+
+// objectType returns the type of the object named by id.
+func (o *objectReader) objectType(id string) (plumbing.ObjectType, error) {
+	obj, err := o.object(plumbing.NewHash(id))
+	if err != nil {
+		return plumbing.InvalidObject, err
+	}
+	return obj.Type(), nil
+}
+
+// parents returns a commit's parents.
+func (o *objectReader) parents(h plumbing.Hash) ([]plumbing.Hash, error) {
+	obj, err := o.object(h)
+	if err != nil {
+		return nil, err
+	}
+	if obj.Type() != plumbing.CommitObject || obj.Size() > maxCommitBytes {
+		return nil, errUndecided
+	}
+	c, err := object.DecodeCommit(nil, obj)
+	if err != nil {
+		return nil, err
+	}
+	return c.ParentHashes, nil
+}
+
+// isAncestor reports whether a is b or one of b's ancestors, walking b's
+// history up to o.limit commits. It returns errUndecided (or a read
+// error) when it could not tell; then git must.
+func (o *objectReader) isAncestor(a, b string) (bool, error) {
+	target := plumbing.NewHash(a)
+	queue := []plumbing.Hash{plumbing.NewHash(b)}
+	seen := map[plumbing.Hash]bool{queue[0]: true}
+	for len(queue) > 0 {
+		h := queue[0]
+		queue = queue[1:]
+		if h == target {
+			return true, nil
+		}
+		if len(seen) > o.limit {
+			return false, errUndecided
+		}
+		ps, err := o.parents(h)
+		if err != nil {
+			return false, err
+		}
+		for _, p := range ps {
+			if !seen[p] {
+				seen[p] = true
+				queue = append(queue, p)
+			}
+		}
+	}
+	// b's whole history was read and a is not in it.
+	return false, nil
+}

@@ -1,0 +1,100 @@
+package gitd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/go-git/go-git/v5/plumbing"
+
+	"github.com/bushost/bushost/gitd/bundle"
+)
+
+// TestObjectReaderWalk: the in-process ancestry walk answers yes, a
+// definite no (the whole history read), or hands the question to git past
+// its bound; it reads the quarantine's pack and the repository alike.
+func TestObjectReaderWalk(t *testing.T) {
+	e := newEnv(t)
+	var chain []string
+	for _, s := range []string{"1", "2", "3", "4"} {
+		chain = append(chain, e.commitFile("a.txt", s+"\n"))
+	}
+	br := bufio.NewReader(bytes.NewReader(e.bundle("HEAD", "^main")))
+	if _, err := bundle.ReadHeader(br); err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.svc.repo(testBusiness, testProject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := bundle.NewQuarantine(r.objects())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Remove()
+	name, err := q.IndexPack(context.Background(), e.svc.git, r.Path, br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gg, err := open(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := openObjects(q.Dir, name, gg.Storer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer objs.Close()
+	head := chain[3]
+	if typ, err := objs.objectType(head); err != nil || typ != plumbing.CommitObject {
+		t.Fatalf("type of %s (quarantine) = %v, %v", head, typ, err)
+	}
+	if typ, err := objs.objectType(e.main); err != nil || typ != plumbing.CommitObject {
+		t.Fatalf("type of main (repository) = %v, %v", typ, err)
+	}
+	if _, err := objs.objectType(zeroOID); err == nil {
+		t.Fatal("an absent object has a type")
+	}
+	for _, a := range append([]string{e.main}, chain...) {
+		if ok, err := objs.isAncestor(a, head); !ok || err != nil {
+			t.Errorf("isAncestor(%s, head) = %v, %v; want true", a, ok, err)
+		}
+	}
+	if ok, err := objs.isAncestor(head, chain[1]); ok || err != nil {
+		t.Errorf("isAncestor(head, an ancestor) = %v, %v; want a definite false", ok, err)
+	}
+	objs.limit = 2
+	if ok, err := objs.isAncestor(e.main, head); ok || !errors.Is(err, errUndecided) {
+		t.Errorf("past the bound: %v, %v; want errUndecided", ok, err)
+	}
+}
+
+// TestPushHistoryPastWalk: when the in-process walk cannot settle a
+// question, git does, with the same answers.
+func TestPushHistoryPastWalk(t *testing.T) {
+	defer func(n int) { walkLimit = n }(walkLimit)
+	walkLimit = 1
+	e := newEnv(t)
+	e.commitFile("a.txt", "1\n")
+	e.commitFile("a.txt", "2\n")
+	c1 := e.commitFile("a.txt", "3\n")
+	if _, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil {
+		t.Fatalf("new ref sharing history with main: %v", err)
+	}
+	e.commitFile("a.txt", "4\n")
+	c2 := e.commitFile("a.txt", "5\n")
+	if res, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil || res.Previous != c1 || res.Commit != c2 {
+		t.Fatalf("fast-forward: %+v, %v", res, err)
+	}
+	e.run(e.work, "reset", nil, "--hard", "--quiet", "--", "main")
+	e.commitFile("b.txt", "1\n")
+	e.commitFile("b.txt", "2\n")
+	if _, err := e.push("t1", e.bundle("HEAD", "^main")); !errors.Is(err, ErrNonFastForward) {
+		t.Fatalf("non-fast-forward past the walk: %v", err)
+	}
+	if got := e.ref("refs/work/t1"); got != c2 {
+		t.Fatalf("refs/work/t1 = %s, want %s", got, c2)
+	}
+}
