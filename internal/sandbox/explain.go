@@ -31,7 +31,14 @@ func Explain(w io.Writer, p *Plan, asJSON bool) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nuser: %s (uid %d, gid %d)\n", p.User.Name, p.User.UID, p.User.GID)
+	fmt.Fprintf(w, "\nuser: %s (uid %d, gid %d, groups %s)\n", p.User.Name, p.User.UID, p.User.GID, joinGIDs(p.User.Groups))
+	for _, g := range p.SocketGroups {
+		name := g.Name
+		if name == "" {
+			name = "-"
+		}
+		fmt.Fprintf(w, "group: %d (%s) for %s: %s\n", g.GID, name, strings.Join(g.Sockets, " "), g.Why)
+	}
 	fmt.Fprintf(w, "namespaces: %s\n", strings.Join(p.Namespaces, " "))
 	fmt.Fprintf(w, "env: %s\n", strings.Join(envNames(p.Env), " "))
 	fmt.Fprintln(w, "hardening:")
@@ -54,4 +61,15 @@ func envNames(env []string) []string {
 		names[i], _, _ = strings.Cut(e, "=")
 	}
 	return names
+}
+
+func joinGIDs(gids []uint32) string {
+	if len(gids) == 0 {
+		return "none"
+	}
+	s := make([]string, len(gids))
+	for i, g := range gids {
+		s[i] = fmt.Sprint(g)
+	}
+	return strings.Join(s, " ")
 }

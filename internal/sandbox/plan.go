@@ -5,8 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+	"syscall"
 )
 
 // Where the sandbox puts its own files inside the session. They live in the
@@ -49,7 +51,10 @@ type Plan struct {
 	Binds      []Bind   `json:"binds"`
 	Namespaces []string `json:"namespaces"`
 	Hardening  []Flag   `json:"hardening"`
-	Notes      []string `json:"notes,omitempty"`
+	// SocketGroups are the groups added to the session user for the bound
+	// sockets, each with why.
+	SocketGroups []SocketGroup `json:"socket_groups,omitempty"`
+	Notes        []string      `json:"notes,omitempty"`
 	// Problems would make the launch fail or the session unusable; explain
 	// shows them, run refuses.
 	Problems []string `json:"problems,omitempty"`
@@ -173,9 +178,55 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if u.Drop {
 		p.Hardening = append(p.Hardening, Flag{Flag: "--user " + u.Name, Why: fmt.Sprintf("started as root: bwrap and the session run as uid %d gid %d, never as host root", u.UID, u.GID)})
 	}
+	p.addSocketGroups()
 	p.Env = cfg.sessionEnv(p)
 	p.checkAccess()
 	return p, nil
+}
+
+// SocketGroup is a supplementary group the session user gets because a
+// bound socket belongs to it.
+type SocketGroup struct {
+	GID     uint32   `json:"gid"`
+	Name    string   `json:"name,omitempty"`
+	Sockets []string `json:"sockets"`
+	Why     string   `json:"why"`
+}
+
+// addSocketGroups gives the session user, when run switches to it, the
+// group of each socket bound into the session (bushostd serve
+// --socket-group makes its home 0710 and the sockets 0660 with that group),
+// so that it can traverse the home and connect, and nothing more: exactly
+// those groups, never group 0.
+func (p *Plan) addSocketGroups() {
+	if !p.User.Drop {
+		return
+	}
+	for _, b := range p.Binds {
+		if b.Kind != KindROBind {
+			continue
+		}
+		st, err := os.Stat(b.Source)
+		if err != nil || st.Mode()&os.ModeSocket == 0 {
+			continue
+		}
+		gid := st.Sys().(*syscall.Stat_t).Gid
+		if gid == 0 {
+			continue // group root is never a session's, whatever the socket says
+		}
+		if i := slices.IndexFunc(p.SocketGroups, func(g SocketGroup) bool { return g.GID == gid }); i >= 0 {
+			p.SocketGroups[i].Sockets = append(p.SocketGroups[i].Sockets, b.Source)
+			continue
+		}
+		g := SocketGroup{GID: gid, Name: groupName(gid), Sockets: []string{b.Source}}
+		if p.User.inGroup(gid) {
+			g.Why = fmt.Sprintf("the sockets' group; %s is already a member", p.User.Name)
+		} else {
+			g.Why = "the sockets' group (bushostd serve --socket-group): lets the session traverse the bus host home and connect, nothing else"
+			p.User.Groups = append(p.User.Groups, gid)
+		}
+		p.SocketGroups = append(p.SocketGroups, g)
+	}
 }
 
 // checkAccess records what the session user could not reach.
@@ -195,7 +246,11 @@ func (p *Plan) checkAccess() {
 			continue // made by run before the launch
 		}
 		if err := checkAccess(p.User, b.Source, w); err != nil {
-			p.Problems = append(p.Problems, fmt.Sprintf("session user %s cannot use %s: %v", p.User.Name, b.Source, err))
+			msg := fmt.Sprintf("session user %s cannot use %s: %v", p.User.Name, b.Source, err)
+			if w == accW {
+				msg += "; start bushostd serve with --socket-group GROUP (home 0710, sockets 0660 of GROUP, a group other than root) and the session gets GROUP"
+			}
+			p.Problems = append(p.Problems, msg)
 		}
 	}
 	if ents, err := os.ReadDir(p.Home); err == nil && len(ents) > 0 {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -372,4 +373,120 @@ func TestLookCommand(t *testing.T) {
 	if got := p.hostPath("/proc/1/root", 0); got != "" {
 		t.Errorf("/proc/1/root maps to %q, want nothing", got)
 	}
+}
+
+// freeGID returns a gid /etc/group does not name, so that no user is in it.
+func freeGID(t *testing.T) uint32 {
+	t.Helper()
+	for gid := uint32(54321); gid < 54421; gid++ {
+		if groupName(gid) == "" {
+			return gid
+		}
+	}
+	t.Fatal("no free gid")
+	return 0
+}
+
+// socketHome makes base reachable by nobody and the bus home and its
+// sockets what bushostd serve --socket-group makes them: home 0710, sockets
+// 0660, both of group gid.
+func socketHome(t *testing.T, base string, gid uint32) {
+	t.Helper()
+	nobody, err := lookupPasswd(DefaultUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Chmod(base, 0o755))
+	for _, d := range []string{"ws", "run"} {
+		must(os.Chown(filepath.Join(base, d), int(nobody.uid), int(nobody.gid)))
+	}
+	bus := filepath.Join(base, "bus")
+	must(os.Chown(bus, 0, int(gid)))
+	must(os.Chmod(bus, 0o710))
+	for _, s := range []string{"broker.sock", "git.sock"} {
+		must(os.Chown(filepath.Join(bus, s), 0, int(gid)))
+		must(os.Chmod(filepath.Join(bus, s), 0o660))
+	}
+}
+
+func TestPlanSocketGroups(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only a session started by root is given groups")
+	}
+	t.Run("the sockets' group is added, once", func(t *testing.T) {
+		base, flags := layout(t)
+		gid := freeGID(t)
+		socketHome(t, base, gid)
+		p, err := plan(t, append(flags, "--caps", "git.push.working")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Problems) > 0 {
+			t.Errorf("problems with the sockets' group given: %q", p.Problems)
+		}
+		if n := slices.Index(p.User.Groups, gid); n < 0 || slices.Index(p.User.Groups[n+1:], gid) >= 0 || slices.Contains(p.User.Groups, 0) {
+			t.Errorf("groups %v, want %d exactly once and never 0", p.User.Groups, gid)
+		}
+		if len(p.SocketGroups) != 1 || p.SocketGroups[0].GID != gid || len(p.SocketGroups[0].Sockets) != 2 {
+			t.Fatalf("socket groups %+v, want %d for both sockets", p.SocketGroups, gid)
+		}
+		var text, js strings.Builder
+		if err := Explain(&text, p, false); err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("group: %d (-) for %s %s:", gid, filepath.Join(base, "bus", "broker.sock"), filepath.Join(base, "bus", "git.sock")); !strings.Contains(text.String(), want) {
+			t.Errorf("explain does not say %q:\n%s", want, text.String())
+		}
+		if err := Explain(&js, p, true); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(js.String(), `"socket_groups"`) || !strings.Contains(js.String(), fmt.Sprintf(`"gid": %d`, gid)) {
+			t.Errorf("explain --json lacks socket_groups:\n%s", js.String())
+		}
+	})
+	t.Run("an unbound socket's group is not added", func(t *testing.T) {
+		base, flags := layout(t)
+		gid := freeGID(t)
+		socketHome(t, base, gid)
+		if err := os.Chown(filepath.Join(base, "bus", "git.sock"), 0, int(gid+1)); err != nil {
+			t.Fatal(err)
+		}
+		p, err := plan(t, append(flags, "--caps", "event.record")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(p.User.Groups, gid+1) || len(p.SocketGroups) != 1 || len(p.SocketGroups[0].Sockets) != 1 {
+			t.Errorf("groups %v, socket groups %+v: want only the broker socket's %d", p.User.Groups, p.SocketGroups, gid)
+		}
+	})
+	t.Run("group root is never given", func(t *testing.T) {
+		base, flags := layout(t)
+		socketHome(t, base, 0)
+		p, err := plan(t, append(flags, "--caps", "git.push.working")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(p.User.Groups, 0) || len(p.SocketGroups) != 0 {
+			t.Errorf("groups %v, socket groups %+v: group 0 given", p.User.Groups, p.SocketGroups)
+		}
+		all := strings.Join(p.Problems, "\n")
+		for _, want := range []string{filepath.Join(base, "bus"), "--socket-group"} {
+			if !strings.Contains(all, want) {
+				t.Errorf("problems do not name %s:\n%s", want, all)
+			}
+		}
+		before, _ := os.ReadDir(filepath.Join(base, "run"))
+		if _, err := Run(p, nil, nil, nil); err == nil || !strings.Contains(err.Error(), "--socket-group") {
+			t.Errorf("Run: %v, want a refusal naming --socket-group", err)
+		}
+		if after, _ := os.ReadDir(filepath.Join(base, "run")); len(after) != len(before) {
+			t.Errorf("the refused run left %d entries in the run directory, had %d", len(after), len(before))
+		}
+	})
 }

@@ -119,6 +119,20 @@ func memberOf(user string) ([]uint32, error) {
 	return gids, err
 }
 
+// groupName is the name /etc/group gives gid, or "" if none.
+func groupName(gid uint32) string {
+	name := ""
+	want := strconv.FormatUint(uint64(gid), 10)
+	_ = eachLine("/etc/group", func(f []string) bool {
+		if len(f) >= 3 && f[2] == want {
+			name = f[0]
+			return false
+		}
+		return true
+	})
+	return name
+}
+
 func eachLine(path string, fn func(fields []string) bool) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
