@@ -730,9 +730,132 @@ func TestSandboxExplain(t *testing.T) {
 	}
 }
 
+// TestSandboxPushWorking runs the whole way out of a session: a real
+// bushostd serving with --socket-group, a session as nobody that gets that
+// group from sandbox run, fetches main, commits and pushes through the
+// bound git socket; the host then finds the commit at refs/work/<task>. The
+// session reaches the sockets and nothing else of the home: admin.token
+// stays unreadable.
 func TestSandboxPushWorking(t *testing.T) {
-	if _, err := os.Stat(filepath.Join(repoRoot, "cmd", "bushost")); err != nil {
-		t.Skip("cmd/bushost does not exist yet: push-working through the bound socket is checked once it does")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as nobody, who must not read the host's admin.token")
 	}
-	t.Skip("needs bushostd and bushost wired together: left to the coordinator (issue 4)")
+	const group = "bushost-test"
+	if out, err := exec.Command("groupadd", "-f", group).CombinedOutput(); err != nil {
+		t.Fatalf("groupadd: %v\n%s", err, out)
+	}
+	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
+	h.AddProject(t, "acme", "web")
+	token := h.Grant(t, "acme", "web", "t1", "coder", "git.push.working")
+
+	base := filepath.Dir(h.Home)
+	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
+	for _, d := range []string{ws, run} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(d, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The session's own token, in its run directory, readable by it alone.
+	tok, err := os.ReadFile(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sessionToken := filepath.Join(run, "token")
+	if err := os.WriteFile(sessionToken, tok, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(sessionToken, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	sb := bin(t, "sandbox")
+	flags := []string{"--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "git.push.working",
+		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--git-socket", filepath.Join(h.Home, "git.sock")}
+
+	gr, err := os.Stat(filepath.Join(h.Home, "git.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gid := gr.Sys().(*syscall.Stat_t).Gid
+	explained, errOut, code := runSandbox(t, sb, append([]string{"explain"}, flags...)...)
+	if code != 0 || !strings.Contains(explained, fmt.Sprintf("group: %d (%s) for ", gid, group)) {
+		t.Fatalf("explain: exit %d, want a group line for %s (%d)\n%s%s", code, group, gid, explained, errOut)
+	}
+
+	admin, err := os.ReadFile(filepath.Join(h.Home, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	homeBefore := listDir(t, h.Home)
+	out, errOut, code := runSandbox(t, sb, append(append([]string{"run"}, flags...), "--", "cat", filepath.Join(h.Home, "admin.token"))...)
+	if code == 0 || strings.Contains(out+errOut, strings.TrimSpace(string(admin))) {
+		t.Errorf("the session read admin.token: exit %d\n%s%s", code, out, errOut)
+	}
+	// Not bound, so not there; and the group the session got does not open
+	// it on the host either: the same credentials, outside, are refused.
+	if !strings.Contains(errOut, "No such file") {
+		t.Errorf("reading admin.token inside: %q, want No such file", errOut)
+	}
+	cat := exec.Command("cat", filepath.Join(h.Home, "admin.token"))
+	cat.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{65534, gid}}}
+	if b, err := cat.CombinedOutput(); err == nil || !strings.Contains(string(b), "Permission denied") {
+		t.Errorf("nobody with group %s read admin.token on the host: %v %q", group, err, b)
+	}
+	if after := listDir(t, h.Home); after != homeBefore {
+		t.Errorf("the bus host home changed under the refused read:\nbefore %s\nafter  %s", homeBefore, after)
+	}
+
+	repo := filepath.Join(ws, "repo")
+	bushost := "bushost --home " + h.Home + " --token-file " + sessionToken
+	script := `set -e
+` + bushost + ` fetch-main --repo ` + repo + `
+cd ` + repo + `
+echo "made inside" > work.txt
+git add work.txt
+git -c user.name=agent -c user.email=agent@example.com commit -q -m "work from inside the sandbox"
+echo "head $(git rev-parse HEAD)"
+echo "pushed $(` + bushost + ` push-working --repo ` + repo + `)"`
+	out, errOut, code = runSandbox(t, sb, append(append([]string{"run"}, flags...), "--", "sh", "-c", script)...)
+	if code != 0 {
+		t.Fatalf("fetch, commit and push inside: exit %d\n%s%s", code, out, errOut)
+	}
+	var head, pushed string
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "head "); ok {
+			head = v
+		}
+		if v, ok := strings.CutPrefix(line, "pushed "); ok {
+			pushed = v
+		}
+	}
+	if len(head) != 40 || pushed != head {
+		t.Fatalf("inside: HEAD %q, push-working printed %q; want the same commit\n%s%s", head, pushed, out, errOut)
+	}
+	work := testGit(t, filepath.Join(h.Home, "repos", "acme", "web.git"), "rev-parse", "refs/work/t1")
+	if work != head {
+		t.Errorf("host refs/work/t1 = %s, want the commit made inside, %s", work, head)
+	}
+}
+
+// listDir names dir's entries with their modes, one line.
+func listDir(t *testing.T, dir string) string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s []string
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s = append(s, fmt.Sprintf("%s:%v", e.Name(), info.Mode()))
+	}
+	return strings.Join(s, " ")
 }
