@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,7 +11,16 @@ import (
 
 // Explain writes the plan: the bind table in mount order (kind, source,
 // target, why), then namespaces, hardening, notes and problems.
-func Explain(w io.Writer, p *Plan, asJSON bool) error {
+func Explain(out io.Writer, p *Plan, asJSON bool) error {
+	// tabwriter writes cell by cell: one write(2) per cell without this.
+	w := bufio.NewWriter(out)
+	if err := explain(w, p, asJSON); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+func explain(w io.Writer, p *Plan, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
