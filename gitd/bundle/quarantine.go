@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/bushost/bushost/internal/gitcmd"
 )
@@ -80,13 +81,35 @@ var fsckLineRE = regexp.MustCompile(`(?m)^error: object ([0-9a-f]{40}): ([A-Za-z
 // quarantine. It returns the pack's name hash. The caller checks its own
 // reader's error first: a reader that failed shows here as a short pack.
 func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir string, pack io.Reader) (string, error) {
+	// index-pack reads its input 4 KiB at a time: through a default 64 KiB
+	// pipe, the sender and git take turns waiting for each other. A larger
+	// pipe lets the stream run ahead while git works. Its read end goes to
+	// git as is, so no copying goroutine of exec's sits in between.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return "", fmt.Errorf("index-pack: %w", err)
+	}
+	growPipe(pw)
+	copied := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(pw, pack)
+		pw.Close()
+		copied <- err
+	}()
 	out, err := git.Output(ctx, gitcmd.Cmd{
 		GitDir: gitDir,
 		Sub:    "index-pack",
 		Flags:  []string{"--stdin", "--strict", "--fix-thin"},
 		Env:    q.Env(),
-		Stdin:  pack,
+		Stdin:  pr,
 	})
+	// With git gone, a copy still running fails its next write (EPIPE);
+	// wait for it, so that pack is no longer read when this returns.
+	pr.Close()
+	cerr := <-copied
+	if err == nil && cerr != nil && !errors.Is(cerr, syscall.EPIPE) {
+		err = cerr
+	}
 	if err != nil {
 		return "", classify(err)
 	}
@@ -115,6 +138,18 @@ func classify(err error) error {
 		return &PackError{Msg: msg}
 	}
 	return err
+}
+
+// pipeBytes is the pipe buffer asked for IndexPack's input.
+const pipeBytes = 1 << 20
+
+// growPipe asks the kernel for a pipeBytes buffer behind w; if it refuses
+// (a lower /proc/sys/fs/pipe-max-size), the default pipe still works.
+func growPipe(w *os.File) {
+	const fSetPipeSz = 1031 // F_SETPIPE_SZ, Linux
+	if rc, err := w.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { syscall.Syscall(syscall.SYS_FCNTL, fd, fSetPipeSz, pipeBytes) })
+	}
 }
 
 // Run runs a git command that reads objects through the quarantine.
