@@ -82,8 +82,10 @@ func TestBrokerTwoHostsSharePostgres(t *testing.T) {
 
 	// Closed for both.
 	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "late")
-	if _, errs := runAs(t, a, worker, 1, "push-working", "--repo", work); !strings.Contains(errs, "closed") {
-		t.Fatalf("push through A after close: %s", errs)
+	for _, h := range []*Host{a, b} {
+		if _, errs := runAs(t, h, worker, 1, "push-working", "--repo", work); !strings.Contains(errs, "closed") {
+			t.Fatalf("push through %s after close: %s", h.Home, errs)
+		}
 	}
 
 	// One log, seen the same from both, verified by both.
