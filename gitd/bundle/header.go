@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strings"
 )
 
@@ -50,10 +49,18 @@ func formatErr(format string, a ...any) error {
 	return &FormatError{Msg: fmt.Sprintf(format, a...)}
 }
 
-var oidRE = regexp.MustCompile(`^[0-9a-f]{40}$`)
-
 // ValidOID reports whether s is a full lowercase sha1 object id.
-func ValidOID(s string) bool { return oidRE.MatchString(s) }
+func ValidOID(s string) bool {
+	if len(s) != 40 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // ReadHeader reads a bundle header from r up to and including the blank
 // line that ends it, leaving r at the first byte of the pack. It accepts a

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/bushost/bushost/internal/gitcmd"
@@ -74,7 +75,11 @@ func (e *PackError) Error() string { return "bad pack: " + e.Msg }
 // ErrNoSpace is a disk that filled up while the pack was written.
 var ErrNoSpace = errors.New("no space left on device")
 
-var fsckLineRE = regexp.MustCompile(`(?m)^error: object ([0-9a-f]{40}): ([A-Za-z]+): (.*)$`)
+// fsckLineRE is compiled on first use: the client imports this package and
+// should not pay for it at every start.
+var fsckLineRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`(?m)^error: object ([0-9a-f]{40}): ([A-Za-z]+): (.*)$`)
+})
 
 // IndexPack runs `git index-pack --stdin --strict --fix-thin` on pack (the
 // bytes after a bundle header) with gitDir's repository, writing into the
@@ -125,7 +130,7 @@ func classify(err error) error {
 	if !errors.As(err, &ge) {
 		return err
 	}
-	if m := fsckLineRE.FindStringSubmatch(ge.Stderr); m != nil {
+	if m := fsckLineRE().FindStringSubmatch(ge.Stderr); m != nil {
 		return &FsckError{Object: m[1], ID: m[2], Detail: strings.TrimSpace(m[3])}
 	}
 	if strings.Contains(ge.Stderr, "No space left on device") {

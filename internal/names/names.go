@@ -6,15 +6,31 @@ package names
 import (
 	"fmt"
 	"path/filepath"
-	"regexp"
 )
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+// validName reports whether s matches ^[a-z0-9][a-z0-9._-]{0,62}$. It is
+// written out rather than a regexp so that no binary pays to compile one
+// at start (every client and session start imports this package).
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case i > 0 && (c == '.' || c == '_' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // Check returns an error naming kind ("business", "project", "task") and the
 // rule when s is not a valid name.
 func Check(kind, s string) error {
-	if !nameRE.MatchString(s) {
+	if !validName(s) {
 		return fmt.Errorf("invalid %s name %q: must match ^[a-z0-9][a-z0-9._-]{0,62}$", kind, clip(s))
 	}
 	if containsDotDot(s) {
