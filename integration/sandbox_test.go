@@ -12,12 +12,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // sandboxEnv is one agent's world on the host: a base directory outside
@@ -289,21 +292,44 @@ func TestSandboxEscape(t *testing.T) {
 		e.attempt(t, nil, "cat", "/proc/1/root"+filepath.Join(e.otherWS, "notes.txt"))
 		e.attempt(t, nil, "sh", "-c", "cat /proc/*/root"+filepath.Join(e.hostHome, ".ssh", "id_ed25519"))
 		e.attempt(t, nil, "sh", "-c", "cat /proc/*/cwd"+filepath.Join(e.otherWS, "notes.txt"))
-		// pid 1 is bwrap's own reaper, forked inside the session after
-		// pivot_root: its root is the session's root, and it holds only
-		// stdio and bwrap's event descriptor, nothing of the host.
+		e.attempt(t, nil, "sh", "-c", "cat /proc/1/fd/*")
+		e.attempt(t, nil, "ls", "/proc/1/root/")
+		e.attempt(t, nil, "ls", "/proc/1/fd/")
+		// pid 1 is the sandbox's init, running as the session user inside
+		// the session's namespaces: non-dumpable, so its root, cwd and
+		// descriptors are closed to the session, and without a capability.
 		before := e.snapshot(t)
-		out, errOut, code := e.runIn(t, nil, "sh", "-c",
-			`[ "$(ls -a /proc/1/root/)" = "$(ls -a /)" ] && echo same-root; for fd in /proc/1/fd/*; do echo "${fd##*/} $(readlink "$fd")"; done`)
+		out, errOut, code := e.runIn(t, nil, "sh", "-c", `
+tr '\0' ' ' < /proc/1/cmdline; echo
+for f in root cwd fd/0 fd/3; do readlink /proc/1/$f > /dev/null 2>&1 && echo "$f reachable"; done
+grep -E '^(Uid|Gid|Cap[A-Za-z]+):' /proc/1/status`)
 		e.assertUnchanged(t, before)
-		if code != 0 || !strings.HasPrefix(out, "same-root\n") {
-			t.Fatalf("pid 1's root is not the session's root: exit %d %q %s", code, out, errOut)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if code != 0 || len(lines) < 8 || !strings.HasPrefix(lines[0], "/run/sandbox/init init ") {
+			t.Fatalf("pid 1 is not the sandbox's init: exit %d %q %s", code, out, errOut)
 		}
-		for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
-			fd, target, _ := strings.Cut(line, " ")
-			if fd != "0" && fd != "1" && fd != "2" && target != "anon_inode:[eventfd]" {
-				t.Errorf("pid 1 holds descriptor %s -> %s beyond stdio and bwrap's event descriptor", fd, target)
+		for _, line := range lines[1:] {
+			f := strings.Fields(line)
+			switch {
+			case strings.HasSuffix(line, "reachable"):
+				t.Errorf("the session can follow pid 1's %s", f[0])
+			case f[0] == "Uid:" || f[0] == "Gid:":
+				want := strconv.Itoa(e.uid)
+				if f[0] == "Gid:" {
+					want = strconv.Itoa(e.gid)
+				}
+				for _, id := range f[1:] {
+					if id != want {
+						t.Errorf("pid 1 %s, want %s throughout (the session user)", line, want)
+						break
+					}
+				}
+			case strings.HasPrefix(f[0], "Cap") && f[0] != "CapBnd:" && f[1] != "0000000000000000":
+				t.Errorf("pid 1 holds a capability: %s", line)
 			}
+		}
+		if !strings.Contains(out, "CapEff:\t0000000000000000") {
+			t.Errorf("pid 1's CapEff is not 0: %q", out)
 		}
 	})
 
@@ -512,45 +538,160 @@ git log --format=%s`
 	})
 
 	t.Run("orphans reaped", func(t *testing.T) {
-		out, errOut, code := e.runIn(t, nil, "sh", "-c",
-			`sh -c 'sleep 0.2 & exit 0'; sleep 1; grep -l '^State:.*Z' /proc/[0-9]*/status; echo done`)
-		if code != 0 || out != "done\n" {
-			t.Errorf("a zombie was left unreaped: exit %d %q %s", code, out, errOut)
+		// Five double-forked orphans: their parent exits at once, so they
+		// are pid 1's children, and once they exit only pid 1 can reap
+		// them, while the command is still running.
+		out, errOut, code := e.runIn(t, nil, "sh", "-c", `
+sh -c 'for i in 1 2 3 4 5; do sleep 0.6 & done; exit 0'
+sleep 0.3
+for p in /proc/[0-9]*; do
+	[ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep 0.6 " ] && grep '^PPid:' $p/status
+done
+sleep 1.5
+grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null
+echo done`)
+		want := strings.Repeat("PPid:\t1\n", 5) + "done\n"
+		if code != 0 || out != want {
+			t.Errorf("orphans not adopted and reaped by pid 1: exit %d %q %s; want %q", code, out, errOut, want)
 		}
 	})
 }
 
-// TestSandboxSignals checks the session's pid 1: SIGTERM to sandbox run
-// reaches the command, and killing bwrap outside kills the whole session.
+// TestSandboxSignals checks the session's pid 1: the signals sandbox run
+// forwards reach the command, whose status becomes run's, and killing bwrap
+// outside kills the whole session even when sandbox run is gone first.
 func TestSandboxSignals(t *testing.T) {
 	e := newSandboxEnv(t)
-	start := func(t *testing.T, script string) (*exec.Cmd, *bytes.Buffer) {
+	// start runs script in a session until it touches "started". Its
+	// output goes to a file, not a pipe: a session outliving sandbox run
+	// would hold a pipe open and keep exec's Wait waiting.
+	start := func(t *testing.T, script string) (*exec.Cmd, func() string) {
+		os.Remove(filepath.Join(e.ws, "started"))
 		args := append([]string{"run"}, e.flags("event.record")...)
 		cmd := exec.Command(e.sandbox, append(args, "--", "sh", "-c", script)...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
+		out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, filepath.Join(e.ws, "started"))
-		return cmd, &out
+		return cmd, func() string {
+			data, _ := os.ReadFile(out.Name())
+			return string(data)
+		}
 	}
 
-	t.Run("SIGTERM reaches the command", func(t *testing.T) {
-		os.Remove(filepath.Join(e.ws, "started"))
-		cmd, out := start(t, `trap 'echo got TERM; exit 7' TERM; touch started; while :; do sleep 0.05; done`)
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1} {
+		name := strings.TrimPrefix(unix.SignalName(sig), "SIG")
+		t.Run(name+" reaches the command", func(t *testing.T) {
+			got := filepath.Join(e.ws, "got")
+			os.Remove(got)
+			cmd, out := start(t, `trap 'echo `+name+` > got; exit 7' `+name+`; touch started; while :; do sleep 0.05; done`)
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			err := cmd.Wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+				t.Errorf("after %s: %v, output %q; want exit 7, the command's", name, err, out())
+			}
+			if data, err := os.ReadFile(got); err != nil || string(data) != name+"\n" {
+				t.Errorf("the command's trap did not run: %q %v", data, err)
+			}
+		})
+	}
+
+	t.Run("SIGTERM at once is not lost", func(t *testing.T) {
+		// Sent before pid 1 catches signals (a namespace's pid 1 drops the
+		// others): run holds it until pid 1 is ready. The command either
+		// has its trap by then (7) or dies of it (143); a lost signal
+		// leaves it looping.
+		args := append([]string{"run"}, e.flags("event.record")...)
+		cmd := exec.Command(e.sandbox, append(args, "--", "sh", "-c", `trap 'exit 7' TERM; while :; do sleep 0.05; done`)...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// sandbox run catches SIGTERM before it starts bwrap: send it as
+		// soon as bwrap shows, while the session is still being built.
+		for deadline := time.Now().Add(10 * time.Second); len(childrenOf(t, cmd.Process.Pid)) == 0; time.Sleep(200 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatal("sandbox run started no bwrap")
+			}
+		}
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		err := cmd.Wait()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 7 || !strings.Contains(out.String(), "got TERM") {
-			t.Errorf("after SIGTERM: %v, output %q; want exit 7 and the trap's message", err, out)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || (ee.ExitCode() != 7 && ee.ExitCode() != 128+15) {
+				t.Errorf("after an early SIGTERM: %v; want exit 7 or 143", err)
+			}
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Fatal("an early SIGTERM was lost: the command still runs")
+		}
+	})
+
+	t.Run("session dies with bwrap after sandbox run", func(t *testing.T) {
+		// A host that dies hard leaves bwrap and the session running; when
+		// bwrap dies too, pid 1's parent-death signal ends the session,
+		// with no sandbox run left to clean up.
+		// sleep takes fractions: the digits make its arguments unique.
+		mark := strconv.Itoa(os.Getpid()) + strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
+		cmdMark, orphanMark := "300."+mark, "301."+mark
+		cmd, _ := start(t, `sh -c 'sleep `+orphanMark+` & exit 0'; touch started; exec sleep `+cmdMark)
+		defer cmd.Process.Kill()
+		bwrap := childrenOf(t, cmd.Process.Pid)
+		if len(bwrap) != 1 {
+			t.Fatalf("sandbox run has children %v, want bwrap alone", bwrap)
+		}
+		bwrapFD, err := unix.PidfdOpen(bwrap[0], 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(bwrapFD)
+		// The orphan may not have exec'd sleep yet.
+		session := withArg(t, cmdMark, orphanMark)
+		for deadline := time.Now().Add(5 * time.Second); len(session) != 2 && time.Now().Before(deadline); session = withArg(t, cmdMark, orphanMark) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if len(session) != 2 {
+			t.Fatalf("session processes %v, want the command and its orphan", session)
+		}
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Wait()
+		time.Sleep(300 * time.Millisecond)
+		if left := withArg(t, cmdMark, orphanMark); len(left) != 2 {
+			t.Fatalf("the session did not outlive sandbox run (%v left of %v): it must survive a host that died hard", left, session)
+		}
+		if err := unix.PidfdSendSignal(bwrapFD, unix.SIGKILL, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		for left := withArg(t, cmdMark, orphanMark); len(left) > 0; left = withArg(t, cmdMark, orphanMark) {
+			if time.Now().After(deadline) {
+				for _, pid := range left {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+				t.Fatalf("session processes %v outlived bwrap by 2s", left)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	})
 
 	t.Run("session dies with bwrap", func(t *testing.T) {
-		os.Remove(filepath.Join(e.ws, "started"))
 		cmd, _ := start(t, `touch started; exec sleep 3600`)
 		defer cmd.Process.Kill()
 		bwrap := childrenOf(t, cmd.Process.Pid)
@@ -564,17 +705,42 @@ func TestSandboxSignals(t *testing.T) {
 		if err := syscall.Kill(bwrap[0], syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		cmd.Wait()
-		deadline := time.Now().Add(5 * time.Second)
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 128+9 {
+			t.Errorf("sandbox run after bwrap was killed: %v, want exit 137", err)
+		}
 		for _, pid := range session {
-			for alive(pid) {
-				if time.Now().After(deadline) {
-					t.Fatalf("session process %d outlived bwrap", pid)
-				}
-				time.Sleep(20 * time.Millisecond)
+			if alive(pid) {
+				t.Errorf("session process %d outlived bwrap and sandbox run", pid)
 			}
 		}
 	})
+}
+
+// withArg lists the live processes on the host with any of args on their
+// command line.
+func withArg(t *testing.T, args ...string) []int {
+	t.Helper()
+	dirs, err := filepath.Glob("/proc/[0-9]*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, dir := range dirs {
+		data, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		pid, _ := strconv.Atoi(filepath.Base(dir))
+		for _, a := range strings.Split(string(data), "\x00") {
+			if slices.Contains(args, a) && alive(pid) {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
 }
 
 func waitFor(t *testing.T, path string) {

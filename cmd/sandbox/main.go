@@ -4,6 +4,8 @@
 //	sandbox probe [--user U] [--bwrap PATH]
 //	sandbox explain [--json] RUN-FLAGS
 //	sandbox run RUN-FLAGS -- COMMAND...
+//
+// and, started by bwrap inside a session only, `sandbox init` as its pid 1.
 package main
 
 import (
@@ -23,6 +25,11 @@ const usage = `usage:
 `
 
 func main() {
+	// The session's pid 1 is this binary too: it goes first, before any
+	// other setup, since every session's start waits for it.
+	if len(os.Args) > 1 && os.Args[1] == sandbox.InitVerb {
+		os.Exit(sandbox.Init(os.Args[2:], os.Stderr))
+	}
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
@@ -32,6 +39,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case sandbox.InitVerb:
+		return sandbox.Init(args[1:], stderr)
 	case "probe":
 		fs := flag.NewFlagSet("sandbox probe", flag.ContinueOnError)
 		fs.SetOutput(stderr)

@@ -17,7 +17,7 @@ func TestExitCodes(t *testing.T) {
 		{"unknown verb", []string{"escape"}, 2, "usage:"},
 		{"bad flag", []string{"run", "--no-such-flag"}, 2, "no-such-flag"},
 		{"missing flags", []string{"explain"}, 2, "--run-dir is required"},
-		{"no init verb any more", []string{"init", "--", "true"}, 2, "usage:"},
+		{"init outside a session", []string{"init", "/bin/true", "true"}, 125, "only as a session's pid 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer

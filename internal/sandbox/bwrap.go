@@ -8,14 +8,17 @@ type UnavailableError struct{ Reason string }
 
 func (e *UnavailableError) Error() string { return "sandbox-unavailable: " + e.Reason }
 
-// The descriptors run hands to bwrap after stdin, stdout and stderr.
+// The descriptors run hands to bwrap after stdin, stdout and stderr. bwrap
+// takes the first two; the session's pid 1 inherits the others.
 const (
 	fdSeccomp = 3
-	fdStatus  = 4
+	fdStatus  = 4 // bwrap's --json-status-fd: pid 1's host pid, the command's status
+	fdMonitor = 5 // the status pipe's read end: it hangs up when bwrap's outer process dies
+	fdReady   = 6 // pid 1 writes a byte here once it forwards signals
 )
 
 // bwrapArgs is the bwrap command line for the plan, up to and including
-// the "--" before the command.
+// the "--" before the session's pid 1 and its command.
 func (p *Plan) bwrapArgs() []string {
 	args := []string{
 		"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -24,7 +27,7 @@ func (p *Plan) bwrapArgs() []string {
 		args = append(args, "--unshare-net")
 	}
 	args = append(args,
-		"--disable-userns", "--new-session", "--cap-drop", "ALL",
+		"--disable-userns", "--new-session", "--cap-drop", "ALL", "--as-pid-1",
 		"--hostname", "sandbox",
 		"--seccomp", fmt.Sprint(fdSeccomp),
 		"--json-status-fd", fmt.Sprint(fdStatus),

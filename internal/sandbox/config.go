@@ -63,8 +63,11 @@ type Config struct {
 	User         string   // session user when started as root; "" means the default
 	Bushost      string   // "" means: next to the sandbox executable, else on PATH
 	Bwrap        string   // "" means /usr/bin/bwrap, else bwrap on PATH
-	JSON         bool
-	Command      []string
+	// Init is the executable bound as the session's pid 1 and run with
+	// InitVerb; "" means this one (cmd/sandbox hands InitVerb to Init).
+	Init    string
+	JSON    bool
+	Command []string
 }
 
 // HasCap reports whether the role holds capability c.

@@ -67,6 +67,7 @@ type Plan struct {
 	Env       []string `json:"-"` // values may be secrets: explain shows names
 
 	Command []string `json:"command,omitempty"`
+	initExe string
 }
 
 // reserved are session paths the sandbox builds itself; a caller path on
@@ -158,7 +159,11 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	} else {
 		p.Notes = append(p.Notes, note)
 	}
+	if p.initExe, err = initExecutable(cfg.Init); err != nil {
+		return nil, err
+	}
 	p.Binds = append(p.Binds,
+		Bind{KindROBind, p.initExe, initPath, "this sandbox binary, run as the session's pid 1: it dies with the bwrap process outside, reaps orphans, forwards SIGTERM, SIGINT and the like to the command and exits with its status"},
 		Bind{KindRemountRO, "", "/", "the root bwrap built is made read-only: nothing but the workspace, the run directory and /tmp is writable"},
 	)
 
@@ -173,7 +178,8 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		{Flag: "--disable-userns", Why: "no nested user namespace, whose capabilities could undo a read-only bind"},
 		{Flag: "--cap-drop ALL", Why: "no capability inside the session's user namespace either"},
 		{Flag: "--seccomp", Why: "refuses TIOCSTI/TIOCLINUX, keyctl, ptrace, mount and the new mount API, io_uring, unshare/setns and namespace clones, bpf, userfaultfd, perf_event_open, module and kexec calls"},
-		{Flag: "--json-status-fd", Why: "bwrap's own reaper is pid 1 and reports the command's status; sandbox run, told pid 1 here, forwards SIGTERM, SIGINT and the like to the command and kills pid 1, and so the whole session, once bwrap has exited"},
+		{Flag: "--as-pid-1", Why: "the sandbox's own init is pid 1, with SIGKILL as its parent-death signal, so the session dies with the bwrap process outside even when sandbox run is gone too; bwrap's own reaper would outlive it"},
+		{Flag: "--json-status-fd", Why: "bwrap reports pid 1, which sandbox run passes its signals to and makes sure is gone once bwrap has exited, and the command's status"},
 	}
 	if u.Drop {
 		p.Hardening = append(p.Hardening, Flag{Flag: "--user " + u.Name, Why: fmt.Sprintf("started as root: bwrap and the session run as uid %d gid %d, never as host root", u.UID, u.GID)})
@@ -231,7 +237,7 @@ func (p *Plan) addSocketGroups() {
 
 // checkAccess records what the session user could not reach.
 func (p *Plan) checkAccess() {
-	want := map[string]uint32{p.Workspace: accR | accW | accX, p.RunDir: accR | accW | accX}
+	want := map[string]uint32{p.Workspace: accR | accW | accX, p.RunDir: accR | accW | accX, p.initExe: accX}
 	for _, b := range p.Binds {
 		if b.Source == "" || b.Kind == KindSymlink {
 			continue
@@ -356,6 +362,22 @@ func findBwrap(flagPath string) (string, error) {
 		return "", &UnavailableError{Reason: "bwrap not found (install bubblewrap)"}
 	}
 	return p, nil
+}
+
+// initExecutable is the session's pid 1: the given path, or this executable.
+func initExecutable(flagPath string) (string, error) {
+	exe := flagPath
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return "", fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
+		}
+	}
+	real, err := filepath.EvalSymlinks(exe)
+	if err != nil {
+		return "", fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
+	}
+	return filepath.Abs(real)
 }
 
 // findBushost returns the client to bind, or "" and why it is not bound.

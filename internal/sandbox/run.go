@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -20,8 +21,8 @@ import (
 // stay "found but not runnable" and "not found").
 const ExitSandbox = 125
 
-// forwarded are the signals run passes on to the command. The job-control
-// and fatal ones stay with run.
+// forwarded are the signals run passes on to the command, through the
+// session's pid 1. The job-control and fatal ones stay with run.
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
 	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH}
 
@@ -30,11 +31,12 @@ var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, sys
 // An error means the session never started; an *UnavailableError then
 // carries the probe's reason. A nil file stands for /dev/null.
 //
-// The session's pid 1 is bwrap's own reaper (no --as-pid-1): it reaps every
-// orphan and reports the command's status, which bwrap passes on. Run does
-// the rest from outside, so that a session costs one process start of this
-// binary and no more: it forwards signals to the command and, once bwrap
-// has exited, kills pid 1 and with it whatever the command left running.
+// The session's pid 1 is this executable again, started by bwrap with
+// --as-pid-1 and the verb InitVerb (see Init): it dies with the bwrap
+// process outside, reaps orphans, forwards the signals run passes on and
+// exits with the command's status, which bwrap reports. Run forwards its
+// signals to pid 1 and, once bwrap has exited, makes sure pid 1 and so the
+// whole session is gone before it returns.
 func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
@@ -42,7 +44,8 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if err := p.prepareRunDir(); err != nil {
 		return 0, err
 	}
-	if status, msg := p.lookCommand(); status != 0 {
+	exe, status, msg := p.lookCommand()
+	if status != 0 {
 		// bwrap would only say "execvp: ..." and exit 1; the shell's
 		// statuses tell a caller what went wrong.
 		if stderr != nil {
@@ -82,13 +85,22 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		return 0, err
 	}
 	defer statusR.Close()
+	var ready [2]int
+	if err := unix.Pipe2(ready[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return 0, err
+	}
+	s := &session{pid1FD: -1, readyFD: ready[0]}
+	defer s.close()
 
 	argv := append([]string{p.Bwrap}, p.bwrapArgs()...)
+	argv = append(argv, initPath, InitVerb, exe)
 	argv = append(argv, p.Command...)
 	attr := &syscall.ProcAttr{
-		Dir:   "/",
-		Env:   p.Env,
-		Files: []uintptr{stdio[0], stdio[1], stdio[2], seccompR.Fd(), statusW.Fd()},
+		Dir: "/",
+		Env: p.Env,
+		// pid 1 inherits the status pipe's read end (fdMonitor) only to see
+		// whether bwrap's outer process is still there, and closes it.
+		Files: []uintptr{stdio[0], stdio[1], stdio[2], seccompR.Fd(), statusW.Fd(), rawFD(statusR), uintptr(ready[1])},
 		// Its own process group: a ^C on the caller's terminal reaches run,
 		// which forwards it, instead of killing bwrap and with it the session.
 		Sys: &syscall.SysProcAttr{Setpgid: true},
@@ -106,6 +118,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	bwrapPid, startErr := syscall.ForkExec(p.Bwrap, argv, attr)
 	statusW.Close()
 	seccompR.Close()
+	unix.Close(ready[1])
 	if startErr != nil {
 		return 0, &UnavailableError{Reason: fmt.Sprintf("start %s: %v", p.Bwrap, startErr)}
 	}
@@ -115,8 +128,6 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	events := make(chan bwrapStatus, 2)
 	go readStatus(statusR, events)
 
-	s := &session{pid1FD: -1, commandFD: -1}
-	defer s.close()
 	var pending []syscall.Signal
 	var retry <-chan time.Time
 	exitCode := -1
@@ -140,7 +151,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 			pending = nil
 		}
 		if len(pending) > 0 && retry == nil {
-			// The command is not forked yet: try again shortly.
+			// pid 1 does not catch signals yet: try again shortly.
 			retry = time.After(5 * time.Millisecond)
 		}
 	}
@@ -220,13 +231,13 @@ func jsonNumber(doc, key string) (int, bool) {
 	return n, digits > 0
 }
 
-// session follows a running session from outside through pidfds, which
-// cannot be fooled by a recycled pid once opened and checked.
+// session follows a running session from outside through a pidfd of its
+// pid 1, which cannot be fooled by a recycled pid once opened and checked.
 type session struct {
-	pid1      int
-	pidNS     string
-	pid1FD    int
-	commandFD int
+	pid1FD  int
+	readyFD int  // pid 1 writes one byte here once it catches signals
+	ready   bool // the byte was read
+	gone    bool // pid 1 ended without it: there is no one to tell
 }
 
 // started records the session's pid 1 once bwrap has reported it, after
@@ -237,75 +248,44 @@ func (s *session) started(pid int, pidNS string) {
 	if err != nil {
 		return
 	}
-	if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || ns != pidNS {
+	if ns, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/pid"); err != nil || ns != pidNS {
 		unix.Close(fd)
 		return
 	}
-	s.pid1, s.pidNS, s.pid1FD = pid, pidNS, fd
+	s.pid1FD = fd
 }
 
-// forward sends sigs to the command, pid 2 of the session (bwrap's reaper
-// forks it first, so it is pid 1's first child), and reports whether it
-// could: false while the command is not yet forked.
+// forward sends sigs to pid 1, which passes them on to the command, and
+// reports whether they are dealt with: false while pid 1 is not yet
+// catching them (pid 1 of a namespace would drop them).
 func (s *session) forward(sigs []syscall.Signal) bool {
-	if s.commandFD < 0 {
-		if s.pid1FD < 0 {
-			return false
-		}
-		s.commandFD = s.findCommand()
-		if s.commandFD < 0 {
-			return false
+	if !s.ready && !s.gone {
+		var b [1]byte
+		n, err := unix.Read(s.readyFD, b[:])
+		switch {
+		case n == 1:
+			s.ready = true
+		case n == 0 && err == nil:
+			s.gone = true
 		}
 	}
+	if s.gone {
+		return true
+	}
+	if !s.ready || s.pid1FD < 0 {
+		return false
+	}
 	for _, sig := range sigs {
-		// ESRCH once the command has exited: nothing left to tell.
-		_ = unix.PidfdSendSignal(s.commandFD, sig, nil, 0)
+		// ESRCH once pid 1 has exited: nothing left to tell.
+		_ = unix.PidfdSendSignal(s.pid1FD, sig, nil, 0)
 	}
 	return true
 }
 
-func (s *session) findCommand() int {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", s.pid1, s.pid1))
-	if err != nil {
-		return -1
-	}
-	for _, f := range strings.Fields(string(data)) {
-		var pid int
-		if _, err := fmt.Sscan(f, &pid); err != nil {
-			continue
-		}
-		fd, err := unix.PidfdOpen(pid, 0)
-		if err != nil {
-			continue
-		}
-		if s.isCommand(pid) {
-			return fd
-		}
-		unix.Close(fd)
-	}
-	return -1
-}
-
-// isCommand reports whether pid is pid 2 of the session's pid namespace.
-func (s *session) isCommand(pid int) bool {
-	if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || ns != s.pidNS {
-		return false
-	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if f := strings.Fields(line); len(f) > 0 && f[0] == "NSpid:" {
-			return f[len(f)-1] == "2"
-		}
-	}
-	return false
-}
-
-// end kills the session's pid 1, which takes every process of the pid
-// namespace with it, and waits until they are gone. bwrap has exited by
-// now: either the command exited, or bwrap was killed.
+// end makes sure the session's pid 1, and with it every process of the pid
+// namespace, is gone. bwrap has exited by now: either pid 1 exited and bwrap
+// reaped it, or bwrap was killed, and pid 1's parent-death signal is on
+// its way; this covers the case where bwrap died before pid 1 had set it.
 func (s *session) end() {
 	if s.pid1FD < 0 {
 		return
@@ -326,25 +306,37 @@ func (s *session) end() {
 }
 
 func (s *session) close() {
-	for _, fd := range []int{s.pid1FD, s.commandFD} {
+	for _, fd := range []int{s.pid1FD, s.readyFD} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
 	}
 }
 
+// rawFD is f's descriptor, without File.Fd's switch to blocking mode (which
+// would cost readStatus a thread of its own).
+func rawFD(f *os.File) uintptr {
+	var fd uintptr
+	if c, err := f.SyscallConn(); err == nil {
+		_ = c.Control(func(d uintptr) { fd = d })
+	}
+	return fd
+}
+
 // lookCommand finds the command as the session will: a path with a slash
 // relative to the workspace, else on the session's PATH, each seen through
-// the bind table. It returns 0, or 127 (not found) or 126 (not executable)
-// and why. A file found here may still fail to run inside if a symlink on
-// its way leads outside the binds; bwrap then says so.
-func (p *Plan) lookCommand() (int, string) {
+// the bind table. It returns the path inside the session that pid 1 runs
+// and 0, or 127 (not found) or 126 (not executable) and why. A file found
+// here may still fail to run inside if a symlink on its way leads outside
+// the binds; pid 1 then says so and exits 127 or 126.
+func (p *Plan) lookCommand() (string, int, string) {
 	name := p.Command[0]
 	if strings.Contains(name, "/") {
 		if !filepath.IsAbs(name) {
 			name = filepath.Join(p.Workspace, name)
 		}
-		return executable(p.hostPath(name, 0))
+		status, msg := executable(p.hostPath(name, 0))
+		return name, status, msg
 	}
 	path := ""
 	for _, e := range p.Env {
@@ -356,11 +348,12 @@ func (p *Plan) lookCommand() (int, string) {
 		if !filepath.IsAbs(dir) {
 			continue
 		}
-		if status, _ := executable(p.hostPath(filepath.Join(dir, name), 0)); status == 0 {
-			return 0, ""
+		inside := filepath.Join(dir, name)
+		if status, _ := executable(p.hostPath(inside, 0)); status == 0 {
+			return inside, 0, ""
 		}
 	}
-	return 127, "command not found"
+	return "", 127, "command not found"
 }
 
 func executable(hostPath string) (int, string) {

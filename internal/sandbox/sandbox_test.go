@@ -91,6 +91,9 @@ func plan(t *testing.T, args ...string) (*Plan, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The test binary sits in a build directory the session user may not
+	// traverse; any executable stands for the session's pid 1 here.
+	c.Init = "/usr/bin/true"
 	return BuildPlan(c)
 }
 
@@ -108,7 +111,7 @@ func TestPlanBindTable(t *testing.T) {
 		seen[b.Target] = i
 	}
 	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
-	for _, want := range []string{"/usr", "/etc", "/proc", "/dev", "/tmp", ws, run, filepath.Join(base, "bus", "git.sock"), sessionBinDir + "/bushost", "/"} {
+	for _, want := range []string{"/usr", "/etc", "/proc", "/dev", "/tmp", ws, run, filepath.Join(base, "bus", "git.sock"), sessionBinDir + "/bushost", initPath, "/"} {
 		if _, ok := seen[want]; !ok {
 			t.Errorf("no bind for %s", want)
 		}
@@ -122,7 +125,7 @@ func TestPlanBindTable(t *testing.T) {
 	}
 	args := strings.Join(p.bwrapArgs(), " ")
 	for _, want := range []string{"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net", "--disable-userns",
-		"--new-session", "--cap-drop ALL", "--seccomp 3", "--json-status-fd 4"} {
+		"--new-session", "--cap-drop ALL", "--seccomp 3", "--json-status-fd 4", "--as-pid-1"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("bwrap args lack %s: %s", want, args)
 		}
@@ -130,8 +133,12 @@ func TestPlanBindTable(t *testing.T) {
 	if strings.Contains(args, "--die-with-parent") {
 		t.Errorf("bwrap args use --die-with-parent: a session must outlive a host that died hard")
 	}
-	if strings.Contains(args, "--as-pid-1") {
-		t.Errorf("bwrap args use --as-pid-1: bwrap's own reaper must be pid 1")
+	if b := p.Binds[seen[initPath]]; b.Kind != KindROBind || b.Source != "/usr/bin/true" {
+		t.Errorf("pid 1 bound as %+v, want a read-only bind of Config.Init", b)
+	}
+	exe, err := initExecutable("")
+	if self, _ := os.Executable(); err != nil || exe != self {
+		t.Errorf("pid 1 by default is %q (%v), want this executable %q", exe, err, self)
 	}
 }
 
@@ -348,23 +355,24 @@ func TestLookCommand(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		command string
+		path    string // what pid 1 runs
 		status  int
 	}{
-		{"sh", 0},
-		{"/bin/sh", 0},
-		{"./only-here", 0},
-		{ws + "/only-here", 0},
-		{"no-such-command", 127},
-		{"./no-such", 127},
-		{"/opt/not-bound", 127},
-		{"./notes", 126},
-		{"/etc/passwd", 126},
-		{"/usr", 126},
-		{"only-here", 127}, // not on PATH: the workspace is not
+		{"sh", "/usr/bin/sh", 0},
+		{"/bin/sh", "/bin/sh", 0},
+		{"./only-here", ws + "/only-here", 0},
+		{ws + "/only-here", ws + "/only-here", 0},
+		{"no-such-command", "", 127},
+		{"./no-such", ws + "/no-such", 127},
+		{"/opt/not-bound", "/opt/not-bound", 127},
+		{"./notes", ws + "/notes", 126},
+		{"/etc/passwd", "/etc/passwd", 126},
+		{"/usr", "/usr", 126},
+		{"only-here", "", 127}, // not on PATH: the workspace is not
 	} {
 		p.Command = []string{tc.command}
-		if status, msg := p.lookCommand(); status != tc.status {
-			t.Errorf("%s: status %d (%s), want %d", tc.command, status, msg, tc.status)
+		if path, status, msg := p.lookCommand(); status != tc.status || path != tc.path {
+			t.Errorf("%s: %q status %d (%s), want %q %d", tc.command, path, status, msg, tc.path, tc.status)
 		}
 	}
 	if got := p.hostPath("/tmp/x", 0); got != filepath.Join(base, "run", "tmp", "x") {

@@ -1,0 +1,142 @@
+package sandbox
+
+import (
+	"io"
+	"math"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// initPath is where the sandbox binary is bound in the session, to be run
+// by bwrap (--as-pid-1) as the session's pid 1: `init EXE ARGV...`.
+const initPath = sessionDir + "/init"
+
+// InitVerb is the first argument that makes the sandbox binary the
+// session's pid 1. A main that calls Run must hand this verb to Init
+// before anything else it does: Run binds its own executable as pid 1.
+const InitVerb = "init"
+
+// Init is the session's pid 1. It dies with the bwrap process outside
+// (SIGKILL as its parent-death signal), tells run it is ready for signals,
+// starts the command, forwards run's signals to it, reaps every orphan, and
+// returns the command's status (128+n if signal n ended it). Whatever is
+// left when the command exits dies with pid 1 and the pid namespace.
+//
+// args are the command's path inside the session (run looked it up, so pid
+// 1 does not search PATH) and its argv. It is the only work a session's
+// start adds to bwrap's, so it does no more than this, allocates little,
+// and writes only when something fails.
+func Init(args []string, stderr io.Writer) int {
+	if os.Getpid() != 1 || len(args) < 2 {
+		initFailed(stderr, "runs only as a session's pid 1 (sandbox run starts it)", nil)
+		return ExitSandbox
+	}
+	// The parent-death signal belongs to the thread that sets it (the
+	// kernel looks at each thread of a child whose parent died): keep this
+	// goroutine, and so that thread, until pid 1 exits.
+	runtime.LockOSThread()
+	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
+		initFailed(stderr, "set the parent-death signal", err)
+		return ExitSandbox
+	}
+	// bwrap may have died before the prctl, and then no signal comes. Its
+	// outer process alone holds the status pipe's write end: a hang-up on
+	// the read end run handed down means it is gone.
+	if !monitorAlive() {
+		return ExitSandbox
+	}
+	sigc := make(chan os.Signal, 8)
+	signal.Notify(sigc, forwarded...)
+	// A channel of its own, so a burst of forwarded signals cannot crowd
+	// out the one that says a child exited.
+	chld := make(chan os.Signal, 1)
+	signal.Notify(chld, syscall.SIGCHLD)
+	// From here on run's signals are caught; before, pid 1 of a namespace
+	// would have dropped them, so run holds them until it reads this byte.
+	if _, err := unix.Write(fdReady, []byte{1}); err != nil {
+		initFailed(stderr, "tell sandbox run the session is up", err)
+		return ExitSandbox
+	}
+	// Nothing run or bwrap handed down reaches the command, and a
+	// non-dumpable pid 1 keeps its /proc/1 entries (fd, root, mem, environ)
+	// closed to the session's own processes.
+	if err := unix.CloseRange(3, math.MaxUint32, 0); err != nil {
+		initFailed(stderr, "close inherited descriptors", err)
+		return ExitSandbox
+	}
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		initFailed(stderr, "make pid 1 non-dumpable", err)
+		return ExitSandbox
+	}
+
+	// The command gets no parent-death signal of its own: when pid 1 dies,
+	// the kernel kills every process of its pid namespace.
+	command, err := syscall.ForkExec(args[0], args[1:], &syscall.ProcAttr{
+		Env:   syscall.Environ(),
+		Files: []uintptr{0, 1, 2},
+	})
+	if err != nil {
+		io.WriteString(stderr, "sandbox: "+args[1]+": "+err.Error()+"\n")
+		if err == syscall.ENOENT {
+			return 127
+		}
+		return 126
+	}
+	for {
+		select {
+		case sig := <-sigc:
+			// ESRCH only once the command is gone; then nothing to tell.
+			_ = syscall.Kill(command, sig.(syscall.Signal))
+		case <-chld:
+			if status, done := reap(command); done {
+				return status
+			}
+		}
+	}
+}
+
+// monitorAlive reports whether bwrap's outer process still holds the write
+// end of the status pipe whose read end is fdMonitor, and closes it.
+func monitorAlive() bool {
+	fds := []unix.PollFd{{Fd: fdMonitor, Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, 0)
+		if err != unix.EINTR {
+			unix.Close(fdMonitor)
+			return err == nil && fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) == 0
+		}
+	}
+}
+
+// reap waits for every child that has exited, without blocking, and
+// reports the command's status once the command is among them.
+func reap(command int) (int, bool) {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil || pid <= 0:
+			return 0, false
+		case pid != command:
+			continue
+		case ws.Signaled():
+			return 128 + int(ws.Signal()), true
+		default:
+			return ws.ExitStatus(), true
+		}
+	}
+}
+
+func initFailed(stderr io.Writer, what string, err error) {
+	msg := "sandbox init: " + what
+	if err != nil {
+		msg += ": " + err.Error()
+	}
+	io.WriteString(stderr, msg+"\n")
+}
