@@ -861,7 +861,10 @@ func TestSandboxRefusals(t *testing.T) {
 
 func TestSandboxExplain(t *testing.T) {
 	e := newSandboxEnv(t)
-	out, errOut, code := runSandbox(t, e.sandbox, append([]string{"explain", "--json"}, e.flags("review.request")...)...)
+	// A bushost that is not there (other tests build one next to the
+	// sandbox binary, which explain would otherwise find and bind).
+	missing := filepath.Join(filepath.Dir(e.ws), "no-such-bushost")
+	out, errOut, code := runSandbox(t, e.sandbox, append([]string{"explain", "--json", "--bushost", missing}, e.flags("review.request")...)...)
 	if code != 0 {
 		t.Fatalf("explain: exit %d %s", code, errOut)
 	}
