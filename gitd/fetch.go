@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	git "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/object"
 
@@ -16,27 +17,37 @@ import (
 // MaxChunk is the largest bundle chunk a stream message carries.
 const MaxChunk = 1 << 20
 
+// refToSend opens business/project for a fetch and resolves ref, which
+// must exist (else NotFound, saying missing).
+func (s *Service) refToSend(business, project, ref, missing string) (repo, *git.Repository, string, error) {
+	r, err := s.repo(business, project)
+	if err != nil {
+		return repo{}, nil, "", err
+	}
+	if !r.exists() {
+		return repo{}, nil, "", fmt.Errorf("%w: project %s/%s was never added", ErrNotFound, business, project)
+	}
+	gg, err := open(r)
+	if err != nil {
+		return repo{}, nil, "", err
+	}
+	commit, err := readRef(gg, ref)
+	if err != nil {
+		return repo{}, nil, "", err
+	}
+	if commit == "" {
+		return repo{}, nil, "", fmt.Errorf("%w: %s/%s %s", ErrNotFound, business, project, missing)
+	}
+	return r, gg, commit, nil
+}
+
 // WriteMainBundle writes a bundle of business/project's main (one ref,
 // refs/heads/main, full history) to w, calling begin with main's commit
 // before the first byte.
 func (s *Service) WriteMainBundle(ctx context.Context, business, project string, begin func(commit string) error, w io.Writer) error {
-	r, err := s.repo(business, project)
+	r, _, commit, err := s.refToSend(business, project, MainRef, "has no main")
 	if err != nil {
 		return err
-	}
-	if !r.exists() {
-		return fmt.Errorf("%w: project %s/%s was never added", ErrNotFound, business, project)
-	}
-	gg, err := open(r)
-	if err != nil {
-		return err
-	}
-	commit, err := readRef(gg, MainRef)
-	if err != nil {
-		return err
-	}
-	if commit == "" {
-		return fmt.Errorf("%w: %s/%s has no main", ErrNotFound, business, project)
 	}
 	if err := begin(commit); err != nil {
 		return err
@@ -52,23 +63,9 @@ func (s *Service) WriteReviewBundle(ctx context.Context, business, project, task
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	r, err := s.repo(business, project)
+	r, gg, commit, err := s.refToSend(business, project, ref, "task "+task+" has no push yet")
 	if err != nil {
 		return err
-	}
-	if !r.exists() {
-		return fmt.Errorf("%w: project %s/%s was never added", ErrNotFound, business, project)
-	}
-	gg, err := open(r)
-	if err != nil {
-		return err
-	}
-	commit, err := readRef(gg, ref)
-	if err != nil {
-		return err
-	}
-	if commit == "" {
-		return fmt.Errorf("%w: task %s has no push yet", ErrNotFound, task)
 	}
 	args := []string{ref}
 	if have != "" {
