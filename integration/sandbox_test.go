@@ -585,6 +585,19 @@ func TestSandboxSignals(t *testing.T) {
 		}
 	}
 
+	// A session process signalling pid 1 with what would crash a Go
+	// program cannot end the session with a status not its command's.
+	t.Run("crash signals to pid 1 are dropped", func(t *testing.T) {
+		_, errOut, code := e.runIn(t, nil, "sh", "-c",
+			`for s in ABRT ILL TRAP SYS SEGV BUS FPE PIPE; do kill -$s 1 || exit 3; done; sleep 0.3; exit 7`)
+		if code != 7 {
+			t.Fatalf("exit %d, want 7 (the command's); stderr %q", code, errOut)
+		}
+		if strings.Contains(errOut, "goroutine") || strings.Contains(errOut, "SIGABRT") {
+			t.Fatalf("pid 1 crashed: %q", errOut)
+		}
+	})
+
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1} {
 		name := strings.TrimPrefix(unix.SignalName(sig), "SIG")
 		t.Run(name+" reaches the command", func(t *testing.T) {

@@ -55,6 +55,12 @@ func Init(args []string, stderr io.Writer) int {
 	// out the one that says a child exited.
 	chld := make(chan os.Signal, 1)
 	signal.Notify(chld, syscall.SIGCHLD)
+	// Signals the Go runtime would turn into a crash with a stack dump
+	// when a session process sends them with kill(2): caught and dropped,
+	// so that no process of the session can end pid 1 (and so the session)
+	// with a status that is not its command's.
+	dropped := make(chan os.Signal, 4)
+	signal.Notify(dropped, crashSignals...)
 	// From here on run's signals are caught; before, pid 1 of a namespace
 	// would have dropped them, so run holds them until it reads this byte.
 	if _, err := unix.Write(fdReady, []byte{1}); err != nil {
@@ -95,9 +101,15 @@ func Init(args []string, stderr io.Writer) int {
 			if status, done := reap(command); done {
 				return status
 			}
+		case <-dropped:
 		}
 	}
 }
+
+// crashSignals are those whose default in a Go program is to exit, with a
+// stack dump, and that run does not forward.
+var crashSignals = []os.Signal{syscall.SIGABRT, syscall.SIGILL, syscall.SIGTRAP, syscall.SIGSTKFLT,
+	syscall.SIGSYS, syscall.SIGSEGV, syscall.SIGBUS, syscall.SIGFPE, syscall.SIGPIPE}
 
 // monitorAlive reports whether bwrap's outer process still holds the write
 // end of the status pipe whose read end is fdMonitor, and closes it.
