@@ -41,17 +41,24 @@ func BenchmarkGitPushIncremental(b *testing.B) {
 	benchPush(b, "incremental push", dir, root, bundle, 1.25)
 }
 
-// BenchmarkGitPushFull: a ~7 MB full-history push. Target: within 1.15x.
-func BenchmarkGitPushFull(b *testing.B) {
-	dir := baseDir(b)
-	root := filepath.Join(dir, "root")
+// seededClone makes a project root with one seed commit on main and a
+// worker's clone of it, in a new directory.
+func seededClone(b *testing.B) (dir, root, work string) {
+	dir = baseDir(b)
+	root = filepath.Join(dir, "root")
 	os.MkdirAll(root, 0o755)
 	testGit(b, root, "init", "-q", "-b", "main")
 	os.WriteFile(filepath.Join(root, "README"), []byte("seed\n"), 0o644)
 	testGit(b, root, "add", "README")
 	testGit(b, root, "commit", "-q", "-m", "seed")
-	work := filepath.Join(dir, "work")
+	work = filepath.Join(dir, "work")
 	testGit(b, dir, "clone", "-q", root, work)
+	return dir, root, work
+}
+
+// BenchmarkGitPushFull: a ~7 MB full-history push. Target: within 1.15x.
+func BenchmarkGitPushFull(b *testing.B) {
+	dir, root, work := seededClone(b)
 	rng := rand.New(rand.NewSource(1))
 	for i := 0; i < 200; i++ {
 		buf := make([]byte, 35000)
@@ -243,15 +250,7 @@ func fastImportHistory(b testing.TB, dir string, commits, files int) {
 // 256 MiB bundle stays under 100 MiB: the bundle is streamed to git, never
 // held in memory.
 func BenchmarkGitPushMemory(b *testing.B) {
-	dir := baseDir(b)
-	root := filepath.Join(dir, "root")
-	os.MkdirAll(root, 0o755)
-	testGit(b, root, "init", "-q", "-b", "main")
-	os.WriteFile(filepath.Join(root, "README"), []byte("seed\n"), 0o644)
-	testGit(b, root, "add", "README")
-	testGit(b, root, "commit", "-q", "-m", "seed")
-	work := filepath.Join(dir, "work")
-	testGit(b, dir, "clone", "-q", root, work)
+	dir, root, work := seededClone(b)
 	f, err := os.Create(filepath.Join(work, "big.bin"))
 	if err != nil {
 		b.Fatal(err)
