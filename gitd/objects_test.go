@@ -5,6 +5,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/go-git/go-git/v5/plumbing"
@@ -96,5 +100,55 @@ func TestPushHistoryPastWalk(t *testing.T) {
 	}
 	if got := e.ref("refs/work/t1"); got != c2 {
 		t.Fatalf("refs/work/t1 = %s, want %s", got, c2)
+	}
+}
+
+// TestHasObject: the index lookup that checks a push's prerequisites agrees
+// with git on every object of the repository's packs and on absent names
+// next to each of them, sees loose objects, and leaves an index it cannot
+// read to go-git (errUndecided) instead of answering no.
+func TestHasObject(t *testing.T) {
+	e := newEnv(t)
+	for i := 0; i < 300; i++ {
+		os.WriteFile(filepath.Join(e.work, fmt.Sprintf("f%03d", i)), []byte(fmt.Sprintf("blob %d\n", i)), 0o644)
+	}
+	e.commitAll(e.work, "many blobs")
+	if _, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil {
+		t.Fatal(err)
+	}
+	objects := filepath.Join(e.repo, "objects")
+	all := strings.Fields(e.run(e.repo, "cat-file", nil, "--batch-all-objects", "--batch-check=%(objectname)"))
+	if len(all) < 300 {
+		t.Fatalf("repository holds %d objects, want over 300", len(all))
+	}
+	for _, id := range all {
+		h := plumbing.NewHash(id)
+		if ok, err := hasObject(objects, h); err != nil || !ok {
+			t.Fatalf("hasObject(%s) = %v, %v; git has it", id, ok, err)
+		}
+		// The same name with its last byte changed: absent, unless git
+		// happens to hold that one too.
+		h[len(h)-1] ^= 0xff
+		_, gerr := e.runErr(e.repo, "cat-file", nil, "-e", "--", h.String())
+		if ok, err := hasObject(objects, h); err != nil || ok != (gerr == nil) {
+			t.Fatalf("hasObject(%s) = %v, %v; git: %v", h, ok, err, gerr)
+		}
+	}
+	loose := e.run(e.repo, "hash-object", []byte("only loose\n"), "-w", "--stdin")
+	if ok, err := hasObject(objects, plumbing.NewHash(loose)); err != nil || !ok {
+		t.Fatalf("loose object %s: %v, %v", loose, ok, err)
+	}
+	if ok, err := hasObject(objects, plumbing.NewHash(zeroOID)); err != nil || ok {
+		t.Fatalf("zero id: %v, %v", ok, err)
+	}
+
+	// An index that is not version 2, or is cut short: undecided.
+	bad := filepath.Join(t.TempDir(), "objects")
+	os.MkdirAll(filepath.Join(bad, "pack"), 0o755)
+	for _, body := range [][]byte{[]byte("\xfftOc\x00\x00\x00\x01"), bytes.Repeat([]byte{0}, 1024), []byte("\xfftOc\x00\x00\x00\x02short")} {
+		os.WriteFile(filepath.Join(bad, "pack", "pack-x.idx"), body, 0o644)
+		if ok, err := hasObject(bad, plumbing.NewHash(e.main)); !errors.Is(err, errUndecided) || ok {
+			t.Fatalf("index %q: %v, %v; want errUndecided", body[:8], ok, err)
+		}
 	}
 }

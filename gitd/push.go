@@ -72,7 +72,11 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 	for _, p := range h.Prerequisites {
-		if gg.Storer.HasEncodedObject(plumbing.NewHash(p)) != nil {
+		ok, err := hasObject(r.objects(), plumbing.NewHash(p))
+		if err != nil {
+			ok = gg.Storer.HasEncodedObject(plumbing.NewHash(p)) == nil
+		}
+		if !ok {
 			return PushResult{}, fmt.Errorf("%w: the bundle needs commit %s, which the bus host does not have; bundle against a main fetched from it", ErrMissingPrerequisite, p)
 		}
 	}
