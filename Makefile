@@ -12,13 +12,19 @@ PROTOC_GEN_GO_GRPC   := v1.6.2
 
 CMDS := bushostd bushost sandbox supervisor
 
+# grpcnotrace leaves golang.org/x/net/trace (and html/template with it) out
+# of the binaries: nothing here uses gRPC's request tracing, and every
+# `bushost` call would pay for its package initialisation (about 2 ms of
+# the client's start on the 2-core VM; docs/git-service.md).
+BUILD_TAGS := grpcnotrace
+
 .PHONY: all deps build run test bench soak fuzz generate clean tools
 
 all: build
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	$(GO) build -tags $(BUILD_TAGS) -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
 deps:
 	scripts/deps.sh

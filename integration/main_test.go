@@ -43,7 +43,8 @@ func bin(t testing.TB, name string) string {
 	out := filepath.Join(binDir, name)
 	err, done := built[name]
 	if !done {
-		cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
+		// The tags of `make build`, so tests and benchmarks run what users run.
+		cmd := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", out, "./cmd/"+name)
 		cmd.Dir = repoRoot
 		b, berr := cmd.CombinedOutput()
 		if berr != nil {
