@@ -923,9 +923,18 @@ func TestSandboxPushWorking(t *testing.T) {
 		t.Skip("needs root: makes a group and runs the session as nobody, who must not read the host's admin.token")
 	}
 	const group = "bushost-test"
-	if out, err := exec.Command("groupadd", "-f", group).CombinedOutput(); err != nil {
-		t.Fatalf("groupadd: %v\n%s", err, out)
+	// The group is the test's: made here unless a killed run left it, and
+	// removed at the end, so the machine keeps no trace of the test.
+	if err := exec.Command("getent", "group", group).Run(); err != nil {
+		if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
+			t.Fatalf("groupadd: %v\n%s", err, out)
+		}
 	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("groupdel", group).CombinedOutput(); err != nil {
+			t.Errorf("groupdel %s: %v\n%s", group, err, out)
+		}
+	})
 	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
 	h.AddProject(t, "acme", "web")
 	token := h.Grant(t, "acme", "web", "t1", "coder", "git.push.working")
