@@ -2,11 +2,7 @@ package broker
 
 import (
 	"context"
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,12 +15,11 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/pgtest"
 )
 
 // The rules are tested once, against both stores: each test calls eachStore
 // and gets a fresh broker on SQLite and on PostgreSQL.
-
-const pgEnv = "BUSHOST_TEST_PG_DSN"
 
 var pgWarn sync.Once
 
@@ -42,40 +37,12 @@ var storeKinds = []storeKind{
 // parallel, and drops it at cleanup.
 func pgSchemaDSN(t testing.TB) string {
 	t.Helper()
-	base := os.Getenv(pgEnv)
-	if base == "" {
+	if !pgtest.Configured() {
 		pgWarn.Do(func() {
-			fmt.Fprintf(os.Stderr, "\n*** %s is not set: THE POSTGRESQL HALF OF THE BROKER SUITE IS SKIPPED ***\n\n", pgEnv)
+			fmt.Fprintf(os.Stderr, "\n*** %s is not set: THE POSTGRESQL HALF OF THE BROKER SUITE IS SKIPPED ***\n\n", pgtest.Env)
 		})
-		t.Skipf("*** %s not set: PostgreSQL store NOT TESTED ***", pgEnv)
 	}
-	buf := make([]byte, 6)
-	rand.Read(buf)
-	schema := "t_" + hex.EncodeToString(buf)
-	db, err := sql.Open("pgx", base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Exec(`CREATE SCHEMA ` + schema); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		db, err := sql.Open("pgx", base)
-		if err != nil {
-			return
-		}
-		defer db.Close()
-		db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
-	})
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return pgtest.SchemaDSN(t, "t", "PostgreSQL store")
 }
 
 // env is one broker under test with its server and admin token.

@@ -1,59 +1,20 @@
 package integration
 
 import (
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // to make the test's own schema
+	"github.com/bushost/bushost/internal/pgtest"
 )
-
-// pgTestDSN returns a DSN for a schema of the test's own on the server
-// named by $BUSHOST_TEST_PG_DSN (dropped at cleanup), or skips loudly.
-func pgTestDSN(t *testing.T) string {
-	t.Helper()
-	base := os.Getenv("BUSHOST_TEST_PG_DSN")
-	if base == "" {
-		t.Skip("*** BUSHOST_TEST_PG_DSN not set: two bushostd sharing PostgreSQL NOT TESTED ***")
-	}
-	buf := make([]byte, 6)
-	rand.Read(buf)
-	schema := "it_" + hex.EncodeToString(buf)
-	db, err := sql.Open("pgx", base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Exec(`CREATE SCHEMA ` + schema); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		if db, err := sql.Open("pgx", base); err == nil {
-			db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
-			db.Close()
-		}
-	})
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
 
 // Two bushostd with their own homes and repositories share one PostgreSQL
 // broker: a grant issued through one works on the other, both see one log,
 // and the close gate decided through one holds for pushes through the
 // other.
 func TestBrokerTwoHostsSharePostgres(t *testing.T) {
-	dsn := pgTestDSN(t)
+	dsn := pgtest.SchemaDSN(t, "it", "two bushostd sharing PostgreSQL")
 	a := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
 	b := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
 	if _, err := os.Stat(filepath.Join(a.Home, "broker.db")); err == nil {
