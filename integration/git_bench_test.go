@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -81,7 +80,7 @@ func BenchmarkGitPushFull(b *testing.B) {
 // failed: the numbers are what matter.
 func benchPush(b *testing.B, name, dir, root, bundle string, target float64) {
 	h := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home")})
-	client := grpcFloor(b)
+	client := testdataBin(b, "grpcfloor")
 	fi, _ := os.Stat(bundle)
 	commit := bundleRef(b, bundle)
 	// Each push goes to a project of its own, seeded like the raw side's
@@ -167,29 +166,6 @@ func benchPush(b *testing.B, name, dir, root, bundle string, target float64) {
 		}
 	}
 }
-
-// grpcFloor builds testdata/grpcfloor once per run, with bushost's tags.
-func grpcFloor(t testing.TB) string {
-	t.Helper()
-	grpcFloorOnce.Do(func() {
-		grpcFloorPath = filepath.Join(binDir, "grpcfloor")
-		cmd := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", grpcFloorPath, "./integration/testdata/grpcfloor")
-		cmd.Dir = repoRoot
-		if out, err := cmd.CombinedOutput(); err != nil {
-			grpcFloorErr = fmt.Errorf("%v\n%s", err, out)
-		}
-	})
-	if grpcFloorErr != nil {
-		t.Fatalf("build the gRPC floor client: %v", grpcFloorErr)
-	}
-	return grpcFloorPath
-}
-
-var (
-	grpcFloorOnce sync.Once
-	grpcFloorPath string
-	grpcFloorErr  error
-)
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 

@@ -38,24 +38,38 @@ func TestMain(m *testing.M) {
 // bin builds ./cmd/<name> once per test run and returns the binary's path.
 func bin(t testing.TB, name string) string {
 	t.Helper()
+	return build(t, "./cmd/"+name, name)
+}
+
+// testdataBin builds ./integration/testdata/<name>, a program the tests
+// need beside the project's own, once per test run.
+func testdataBin(t testing.TB, name string) string {
+	t.Helper()
+	return build(t, "./integration/testdata/"+name, name)
+}
+
+// build builds the package pkg (a path from the repository root) into the
+// binaries directory as out, once per test run.
+func build(t testing.TB, pkg, out string) string {
+	t.Helper()
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	out := filepath.Join(binDir, name)
-	err, done := built[name]
+	path := filepath.Join(binDir, out)
+	err, done := built[pkg]
 	if !done {
 		// The tags of `make build`, so tests and benchmarks run what users run.
-		cmd := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", out, "./cmd/"+name)
+		cmd := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", path, pkg)
 		cmd.Dir = repoRoot
 		b, berr := cmd.CombinedOutput()
 		if berr != nil {
-			err = &buildError{name: name, out: string(b), err: berr}
+			err = &buildError{name: out, out: string(b), err: berr}
 		}
-		built[name] = err
+		built[pkg] = err
 	}
 	if err != nil {
-		t.Fatalf("build %s: %v", name, err)
+		t.Fatalf("build %s: %v", pkg, err)
 	}
-	return out
+	return path
 }
 
 type buildError struct {

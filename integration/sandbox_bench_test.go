@@ -64,7 +64,7 @@ func BenchmarkSandboxVsBwrap(b *testing.B) {
 	}
 	raw = append(raw, "--chdir", e.ws, "--", "/bin/true")
 	sandboxArgs := append(append([]string{"run"}, flags...), "--", "/bin/true")
-	floor := floorLauncher(b)
+	floor := testdataBin(b, "bwrapfloor")
 
 	runSandboxOnce := func() time.Duration {
 		cmd := exec.Command(e.sandbox, sandboxArgs...)
