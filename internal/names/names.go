@@ -8,10 +8,15 @@ import (
 	"path/filepath"
 )
 
-// validName reports whether s matches ^[a-z0-9][a-z0-9._-]{0,62}$. It is
-// written out rather than a regexp so that no binary pays to compile one
-// at start (every client and session start imports this package).
-func validName(s string) bool {
+// Pattern is the rule for every name of the project: business, project,
+// task, and the roles and services that sit beside them.
+const Pattern = `^[a-z0-9][a-z0-9._-]{0,62}$`
+
+// Matches reports whether s matches Pattern. It is written out rather than
+// a regexp so that no binary pays to compile one at start (every client and
+// session start imports this package; the regexp's {0,62} unrolls into 62
+// states, several milliseconds each time).
+func Matches(s string) bool {
 	if len(s) == 0 || len(s) > 63 {
 		return false
 	}
@@ -30,8 +35,8 @@ func validName(s string) bool {
 // Check returns an error naming kind ("business", "project", "task") and the
 // rule when s is not a valid name.
 func Check(kind, s string) error {
-	if !validName(s) {
-		return fmt.Errorf("invalid %s name %q: must match ^[a-z0-9][a-z0-9._-]{0,62}$", kind, clip(s))
+	if !Matches(s) {
+		return fmt.Errorf("invalid %s name %q: must match %s", kind, clip(s), Pattern)
 	}
 	if containsDotDot(s) {
 		return fmt.Errorf("invalid %s name %q: must not contain '..'", kind, s)

@@ -50,10 +50,10 @@ func FuzzCheck(f *testing.F) {
 	for _, s := range []string{"a", "../x", "a..b", "a.lock", strings.Repeat("z", 70)} {
 		f.Add(s)
 	}
-	re := regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	re := regexp.MustCompile(Pattern)
 	f.Fuzz(func(t *testing.T, s string) {
-		if validName(s) != re.MatchString(s) {
-			t.Fatalf("validName(%q) = %v, the rule's regexp says %v", s, validName(s), re.MatchString(s))
+		if Matches(s) != re.MatchString(s) {
+			t.Fatalf("Matches(%q) = %v, the rule's regexp says %v", s, Matches(s), re.MatchString(s))
 		}
 		if Check("task", s) != nil {
 			return

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/bushost/bushost/internal/names"
 )
 
 // The capabilities a grant may hold (DESIGN.md, "Identity and capabilities").
@@ -23,26 +25,10 @@ var knownCaps = map[string]bool{
 	CapTaskClose: true, CapEventRecord: true,
 }
 
-// rolePattern is the rule for role names, the same as for business, project
-// and task names. validRole checks it by hand: compiling the regular
-// expression (its {0,62} unrolls into 62 states) cost every start of the
-// sandbox binary, the session's pid 1 included, several milliseconds.
-const rolePattern = `^[a-z0-9][a-z0-9._-]{0,62}$`
-
+// validRole checks a role name: the rule of business, project and task
+// names, and no "..".
 func validRole(s string) bool {
-	if len(s) == 0 || len(s) > 63 || strings.Contains(s, "..") {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case i > 0 && (c == '.' || c == '_' || c == '-'):
-		default:
-			return false
-		}
-	}
-	return true
+	return names.Matches(s) && !strings.Contains(s, "..")
 }
 
 // ErrUsage marks a command line that cannot be understood; the caller prints
@@ -133,7 +119,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 		}
 	}
 	if !validRole(c.Role) {
-		return nil, fmt.Errorf("%w: role %q: want %s and no '..'", ErrUsage, c.Role, rolePattern)
+		return nil, fmt.Errorf("%w: role %q: want %s and no '..'", ErrUsage, c.Role, names.Pattern)
 	}
 	if caps != "" {
 		for _, cp := range strings.Split(caps, ",") {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/bushost/bushost/internal/names"
 )
 
 // Duration is a time.Duration written in TOML as a string ("500ms", "30s").
@@ -196,8 +198,6 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 // lastKeyRE finds the key in the toml package's type errors.
 var lastKeyRE = regexp.MustCompile(`\(last key "([^"]+)"\)`)
 
-var serviceNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-
 // reservedTops are workspace entries the agent must never own, so no watch
 // entry may lie in or over them.
 var reservedTops = []string{".git", "infra", "AGENTS.md"}
@@ -269,17 +269,17 @@ func (c *Config) check() error {
 			return bad(id.key+".email", "%q: %v", id.v.Email, err)
 		}
 	}
-	names := map[string]bool{}
+	services := map[string]bool{}
 	for i := range c.Services {
 		s := &c.Services[i]
 		key := fmt.Sprintf("service[%d]", i)
-		if !serviceNameRE.MatchString(s.Name) {
-			return bad(key+".name", "%q must match %s", s.Name, serviceNameRE)
+		if !names.Matches(s.Name) {
+			return bad(key+".name", "%q must match %s", s.Name, names.Pattern)
 		}
-		if names[s.Name] {
+		if services[s.Name] {
 			return bad(key+".name", "%q is used by another service", s.Name)
 		}
-		names[s.Name] = true
+		services[s.Name] = true
 		if len(s.Command) == 0 || s.Command[0] == "" {
 			return bad(key+".command", "must be a non-empty list such as [\"bash\", \"-c\", \"exec ./serve.sh\"]")
 		}
