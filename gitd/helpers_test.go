@@ -3,14 +3,10 @@ package gitd
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
-	"strings"
 	"sync"
 	"testing"
 
@@ -19,6 +15,7 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/treesnap"
 )
 
 // fakeAuth is a test double of the broker: tokens map to grants, closed
@@ -243,50 +240,11 @@ func (e *env) push(task string, b []byte) (PushResult, error) {
 	return e.svc.Push(context.Background(), e.grant(task), authz.Peer{PID: 1}, 0, bytes.NewReader(b))
 }
 
-// snapshot hashes every file and lists every directory under the store, so
-// that a refused push can be shown to have changed nothing.
+// snapshot records every file and directory under the store, so that a
+// refused push can be shown to have changed nothing.
 func (e *env) snapshot() map[string]string {
 	e.t.Helper()
-	m := map[string]string{}
-	err := filepath.WalkDir(e.svc.o.ReposDir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(e.svc.o.ReposDir, p)
-		if d.IsDir() {
-			m[rel+"/"] = "dir"
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		h := sha256.Sum256(b)
-		m[rel] = hex.EncodeToString(h[:])
-		return nil
-	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return m
-}
-
-func diffSnapshots(a, b map[string]string) string {
-	var out []string
-	for k, v := range a {
-		if w, ok := b[k]; !ok {
-			out = append(out, "removed "+k)
-		} else if w != v {
-			out = append(out, "changed "+k)
-		}
-	}
-	for k := range b {
-		if _, ok := a[k]; !ok {
-			out = append(out, "added "+k)
-		}
-	}
-	sort.Strings(out)
-	return strings.Join(out, "\n")
+	return treesnap.Take(e.t, e.svc.o.ReposDir)
 }
 
 // ref reads a ref of the server's repository, "" if absent.

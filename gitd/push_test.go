@@ -16,6 +16,7 @@ import (
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/treesnap"
 )
 
 func TestPushGood(t *testing.T) {
@@ -264,7 +265,7 @@ func TestPushRefusals(t *testing.T) {
 			if s.Code() != tc.code || !strings.Contains(s.Message(), tc.want) {
 				t.Fatalf("refusal = %v %q, want %v containing %q", s.Code(), s.Message(), tc.code, tc.want)
 			}
-			if d := diffSnapshots(before, e.snapshot()); d != "" {
+			if d := treesnap.Diff(before, e.snapshot()); d != "" {
 				t.Fatalf("store changed by a refused push:\n%s", d)
 			}
 			if n := len(e.auth.recorded()); n != recs {
@@ -323,7 +324,7 @@ func TestPushBadNames(t *testing.T) {
 			}
 		}
 	}
-	if d := diffSnapshots(before, e.snapshot()); d != "" {
+	if d := treesnap.Diff(before, e.snapshot()); d != "" {
 		t.Fatalf("store changed:\n%s", d)
 	}
 	for _, bad := range []string{"../x", "a/b", "", strings.Repeat("a", 200), "ünï"} {
@@ -334,7 +335,7 @@ func TestPushBadNames(t *testing.T) {
 			t.Errorf("AddProject project %q: %v", bad, err)
 		}
 	}
-	if d := diffSnapshots(before, e.snapshot()); d != "" {
+	if d := treesnap.Diff(before, e.snapshot()); d != "" {
 		t.Fatalf("store changed:\n%s", d)
 	}
 	_ = fmt.Sprint

@@ -20,6 +20,7 @@ import (
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/treesnap"
 )
 
 // serve starts the GitService of e on a Unix socket and returns a client.
@@ -239,7 +240,7 @@ func TestServerIdleTimeout(t *testing.T) {
 			t.Fatalf("cut after %v", d)
 		}
 		// The handler's deferred cleanup runs as it returns; give it a moment.
-		waitFor(t, func() bool { return diffSnapshots(before, e.snapshot()) == "" })
+		waitFor(t, func() bool { return treesnap.Diff(before, e.snapshot()) == "" })
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/treesnap"
 )
 
 func TestAddProjectPlainDirectory(t *testing.T) {
@@ -107,7 +108,7 @@ func TestSyncProjectGitRoot(t *testing.T) {
 	if !errors.Is(err, ErrNonFastForward) {
 		t.Fatalf("non-fast-forward sync: %v", err)
 	}
-	if d := diffSnapshots(before, e.snapshot()); d != "" {
+	if d := treesnap.Diff(before, e.snapshot()); d != "" {
 		t.Fatalf("refused sync changed the store:\n%s", d)
 	}
 	if got := e.ref(MainRef); got != next {

@@ -2,17 +2,15 @@ package integration
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/bushost/bushost/internal/treesnap"
 )
 
 // gitWorld is a host with one project, a worker's and a reviewer's grant
@@ -66,45 +64,11 @@ func (w *gitWorld) ref(t *testing.T, name string) string {
 	return testGit(t, w.repo, "for-each-ref", "--format=%(objectname)", name)
 }
 
-// storeSnapshot hashes every file under the host's repositories.
+// storeSnapshot records every file and directory under the host's
+// repositories.
 func storeSnapshot(t *testing.T, h *Host) map[string]string {
 	t.Helper()
-	m := map[string]string{}
-	root := filepath.Join(h.Home, "repos")
-	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		if d.IsDir() {
-			m[rel+"/"] = "dir"
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		s := sha256.Sum256(b)
-		m[rel] = hex.EncodeToString(s[:])
-		return nil
-	})
-	return m
-}
-
-func snapshotDiff(a, b map[string]string) string {
-	var out []string
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			out = append(out, "changed or removed "+k)
-		}
-	}
-	for k := range b {
-		if _, ok := a[k]; !ok {
-			out = append(out, "added "+k)
-		}
-	}
-	sort.Strings(out)
-	return strings.Join(out, "\n")
+	return treesnap.Take(t, filepath.Join(h.Home, "repos"))
 }
 
 // A good push is accepted, the ref moves, fsck is clean, and the reviewer
@@ -206,7 +170,7 @@ func TestGitPushRefusals(t *testing.T) {
 			if code != 1 || !strings.Contains(errs, tc.want) {
 				t.Fatalf("exit %d, stderr %q; want 1 and %q", code, errs, tc.want)
 			}
-			if d := snapshotDiff(before, storeSnapshot(t, w.h)); d != "" {
+			if d := treesnap.Diff(before, storeSnapshot(t, w.h)); d != "" {
 				t.Fatalf("store changed:\n%s", d)
 			}
 		})
@@ -230,7 +194,7 @@ func TestGitHostileNames(t *testing.T) {
 			}
 		}
 	}
-	if d := snapshotDiff(before, storeSnapshot(t, h)); d != "" {
+	if d := treesnap.Diff(before, storeSnapshot(t, h)); d != "" {
 		t.Fatalf("store changed:\n%s", d)
 	}
 }
