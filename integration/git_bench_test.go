@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	gitbundle "github.com/bushost/bushost/gitd/bundle"
 )
 
 // The "Speed and memory" figures: bushost push-working --bundle
@@ -190,21 +192,8 @@ type rawTimes struct{ total, indexPack, updateRef time.Duration }
 func rawPipeline(b testing.TB, bare, bundle, commit string) rawTimes {
 	start := time.Now()
 	testGit(b, bare, "bundle", "verify", "-q", bundle)
-	f, err := os.Open(bundle)
-	if err != nil {
-		b.Fatal(err)
-	}
+	f, br, _ := readBundle(b, bundle)
 	defer f.Close()
-	br := bufio.NewReader(f)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			b.Fatal(err)
-		}
-		if line == "\n" {
-			break
-		}
-	}
 	cmd := exec.Command("git", "index-pack", "--strict", "--fix-thin", "--stdin")
 	cmd.Dir = bare
 	cmd.Env = append(cleanEnv(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
@@ -219,22 +208,27 @@ func rawPipeline(b testing.TB, bare, bundle, commit string) rawTimes {
 	return rawTimes{total: end.Sub(start), indexPack: updateStart.Sub(indexStart), updateRef: end.Sub(updateStart)}
 }
 
-func bundleRef(b testing.TB, bundle string) string {
-	f, err := os.Open(bundle)
+// readBundle opens a bundle file and reads its header with the server's
+// own parser, leaving the reader at the pack.
+func readBundle(b testing.TB, path string) (*os.File, *bufio.Reader, *gitbundle.Header) {
+	f, err := os.Open(path)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer f.Close()
 	br := bufio.NewReader(f)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			b.Fatal(err)
-		}
-		if len(line) > 41 && line[0] != '#' && line[0] != '-' {
-			return line[:40]
-		}
+	h, err := gitbundle.ReadHeader(br)
+	if err != nil {
+		f.Close()
+		b.Fatal(err)
 	}
+	return f, br, h
+}
+
+// bundleRef is the commit of the bundle's one ref.
+func bundleRef(b testing.TB, path string) string {
+	f, _, h := readBundle(b, path)
+	f.Close()
+	return h.Refs[0].Commit
 }
 
 func median(d []time.Duration) time.Duration {
