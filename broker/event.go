@@ -106,6 +106,9 @@ func canonicalData(s string) (string, error) {
 	if !ok {
 		return "", refuse(ErrInvalid, "event data must be a JSON object, not %s", jsonKind(v))
 	}
+	if n, ok := outOfRange(obj); ok {
+		return "", refuse(ErrInvalid, "event data has the number %.40s, beyond what a 64-bit float holds; send it as a string", n)
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -117,6 +120,32 @@ func canonicalData(s string) (string, error) {
 		return "", refuse(ErrTooLarge, "event data is %d bytes once canonical; at most %d", len(out), MaxDataBytes)
 	}
 	return out, nil
+}
+
+// outOfRange returns the first number in v whose magnitude overflows a 64-bit
+// float. Such a number is valid JSON, but most readers of the log (jq,
+// JavaScript, Go's float64) cannot decode it, so the event would be
+// unreadable to them.
+func outOfRange(v any) (json.Number, bool) {
+	switch v := v.(type) {
+	case json.Number:
+		if _, err := strconv.ParseFloat(string(v), 64); err != nil {
+			return v, true
+		}
+	case map[string]any:
+		for _, e := range v {
+			if n, bad := outOfRange(e); bad {
+				return n, true
+			}
+		}
+	case []any:
+		for _, e := range v {
+			if n, bad := outOfRange(e); bad {
+				return n, true
+			}
+		}
+	}
+	return "", false
 }
 
 func jsonKind(v any) string {

@@ -51,6 +51,8 @@ func TestRecordEventRules(t *testing.T) {
 			{"note", "{", codes.InvalidArgument},
 			{"note", "{} {}", codes.InvalidArgument},
 			{"note", "{\"a\":\"\xff\"}", codes.InvalidArgument},
+			{"note", `{"":10e700}`, codes.InvalidArgument},
+			{"note", `{"a":[{"b":-1e309}]}`, codes.InvalidArgument},
 			{"note", `{"a":"` + strings.Repeat("x", MaxDataBytes) + `"}`, codes.ResourceExhausted},
 		} {
 			_, err := e.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: c.typ, Data: c.data})
@@ -64,6 +66,11 @@ func TestRecordEventRules(t *testing.T) {
 		ev := r.Event
 		if ev.Type != "agent.note_1" || ev.Actor != a.ID || ev.Task != "t1" || ev.Data != `{"a":[true,null],"b":1.50,"c":"<&>"}` || ev.Seq != before+1 {
 			t.Fatalf("recorded: %+v", ev)
+		}
+		// A number too small for a float reads as 0 everywhere: kept as written.
+		r, err = e.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: "tiny", Data: `{"n":1e-400,"m":1.7976931348623157e308}`})
+		if err != nil || r.Event.Data != `{"m":1.7976931348623157e308,"n":1e-400}` {
+			t.Fatalf("tiny and largest numbers: %v %v", r, err)
 		}
 		r, err = e.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: "empty"})
 		if err != nil || r.Event.Data != "{}" {
