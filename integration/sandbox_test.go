@@ -874,18 +874,32 @@ func TestSandboxRefusals(t *testing.T) {
 
 func TestSandboxExplain(t *testing.T) {
 	e := newSandboxEnv(t)
-	// A bushost that is not there (other tests build one next to the
-	// sandbox binary, which explain would otherwise find and bind).
-	missing := filepath.Join(filepath.Dir(e.ws), "no-such-bushost")
-	out, errOut, code := runSandbox(t, e.sandbox, append([]string{"explain", "--json", "--bushost", missing}, e.flags("review.request")...)...)
-	if code != 0 {
-		t.Fatalf("explain: exit %d %s", code, errOut)
+	// A sandbox with no bushost beside it nor on PATH (the build directory
+	// has one next to the sandbox binary, which explain would find and bind).
+	lone := filepath.Join(e.base, "lone")
+	if err := os.Mkdir(lone, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.ReadFile(e.sandbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(lone, "sandbox"), exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(lone, "sandbox"), append([]string{"explain", "--json"}, e.flags("review.request")...)...)
+	cmd.Env = append(os.Environ(), "PATH=/usr/bin:/bin")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("explain: %v %s", err, stderr.String())
 	}
 	var plan struct {
 		Binds []struct{ Kind, Source, Target, Why string }
 		Notes []string
 	}
-	if err := json.Unmarshal([]byte(out), &plan); err != nil {
+	if err := json.Unmarshal(out, &plan); err != nil {
 		t.Fatalf("explain --json: %v\n%s", err, out)
 	}
 	targets := map[string]bool{}
@@ -910,6 +924,15 @@ func TestSandboxExplain(t *testing.T) {
 	if code != 0 || !strings.Contains(text, e.gitSock) || !strings.HasPrefix(text, "KIND") {
 		t.Errorf("explain text: exit %d\n%s", code, text)
 	}
+	// A --bushost that is not there is the caller's mistake: refused, not
+	// a session that cannot push.
+	missing := filepath.Join(e.base, "no-such-bushost")
+	before := e.snapshot(t)
+	text, errOut, code := runSandbox(t, e.sandbox, append([]string{"run", "--bushost", missing}, append(e.flags("git.push.working"), "--", "true")...)...)
+	if code == 0 || !strings.Contains(errOut, "--bushost "+missing) || text != "" {
+		t.Errorf("missing --bushost: exit %d stdout %q stderr %q", code, text, errOut)
+	}
+	e.assertUnchanged(t, before)
 }
 
 // TestSandboxPushWorking runs the whole way out of a session: a real

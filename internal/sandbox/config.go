@@ -90,7 +90,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.Var(&ro, "ro", "bind PATH read-only at the same path (repeatable)")
 	fs.Var(&env, "env", "set NAME=VALUE in the session, or pass NAME through (repeatable)")
 	fs.StringVar(&c.User, "user", "", "run the session as this user when started as root (default nobody)")
-	fs.StringVar(&c.Bushost, "bushost", "", "the bushost client to bind (default: next to sandbox, else on PATH)")
+	fs.StringVar(&c.Bushost, "bushost", "", "the bushost client to bind; must exist (default: next to sandbox, else on PATH, else none, with a note)")
 	fs.StringVar(&c.Bwrap, "bwrap", "", "the bwrap binary (default /usr/bin/bwrap, else on PATH)")
 	if verb == "explain" {
 		fs.BoolVar(&c.JSON, "json", false, "print the plan as JSON")

@@ -153,7 +153,10 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	sort.SliceStable(caller, func(i, j int) bool { return depth(caller[i].Target) < depth(caller[j].Target) })
 	p.Binds = append(p.Binds, caller...)
 
-	bushost, note := findBushost(cfg.Bushost)
+	bushost, note, err := findBushost(cfg.Bushost)
+	if err != nil {
+		return nil, err
+	}
 	if bushost != "" {
 		p.Binds = append(p.Binds, Bind{KindROBind, bushost, sessionBinDir + "/bushost", "the bushost client, the session's only way to push, fetch and talk to the broker; first on PATH"})
 	} else {
@@ -380,32 +383,37 @@ func initExecutable(flagPath string) (string, error) {
 	return filepath.Abs(real)
 }
 
-// findBushost returns the client to bind, or "" and why it is not bound.
-func findBushost(flagPath string) (string, string) {
+// findBushost returns the client to bind, or "" and why it is not bound. A
+// client named with --bushost must be there: the caller asked for it, and a
+// session without it could not push, so a wrong path is an error, not a note.
+func findBushost(flagPath string) (path, note string, err error) {
 	if flagPath != "" {
 		real, err := filepath.EvalSymlinks(flagPath)
+		if err == nil {
+			real, err = filepath.Abs(real)
+		}
 		if err != nil {
-			return "", fmt.Sprintf("bushost not bound: --bushost %s: %v", flagPath, err)
+			return "", "", fmt.Errorf("--bushost %s: %w", flagPath, err)
 		}
-		if abs, err := filepath.Abs(real); err == nil {
-			return abs, ""
+		if st, err := os.Stat(real); err != nil || !st.Mode().IsRegular() {
+			return "", "", fmt.Errorf("--bushost %s is not a regular file", flagPath)
 		}
-		return real, ""
+		return real, "", nil
 	}
 	if exe, err := os.Executable(); err == nil {
 		next := filepath.Join(filepath.Dir(exe), "bushost")
 		if st, err := os.Stat(next); err == nil && st.Mode().IsRegular() {
 			if real, err := filepath.EvalSymlinks(next); err == nil {
-				return real, ""
+				return real, "", nil
 			}
 		}
 	}
 	if p, err := exec.LookPath("bushost"); err == nil {
 		if real, err := filepath.EvalSymlinks(p); err == nil {
 			if abs, err := filepath.Abs(real); err == nil {
-				return abs, ""
+				return abs, "", nil
 			}
 		}
 	}
-	return "", "bushost not bound: none next to the sandbox executable nor on PATH (give --bushost PATH)"
+	return "", "bushost not bound: none next to the sandbox executable nor on PATH (give --bushost PATH)", nil
 }

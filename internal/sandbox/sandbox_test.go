@@ -188,6 +188,8 @@ func TestPlanRefusals(t *testing.T) {
 		{"no session.json", set("--run-dir", filepath.Join(base, "bus")), "session.json"},
 		{"broker not a socket", set("--broker-socket", filepath.Join(base, "run", "session.json")), "not a socket"},
 		{"missing workspace", set("--workspace", filepath.Join(base, "nope")), "no such file"},
+		{"missing bushost", set("--bushost", filepath.Join(base, "nope")), "--bushost " + filepath.Join(base, "nope") + ": lstat"},
+		{"bushost a directory", set("--bushost", filepath.Join(base, "ws")), "is not a regular file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := plan(t, tc.args...)
@@ -195,6 +197,27 @@ func TestPlanRefusals(t *testing.T) {
 				t.Errorf("err %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestPlanBushostNote: with no --bushost, a client neither next to the
+// executable nor on PATH leaves the session without one, and explain says so.
+func TestPlanBushostNote(t *testing.T) {
+	base, flags := layout(t)
+	i := slices.Index(flags, "--bushost")
+	flags = slices.Delete(slices.Clone(flags), i, i+2)
+	t.Setenv("PATH", base)
+	p, err := plan(t, flags...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range p.Binds {
+		if b.Target == sessionBinDir+"/bushost" {
+			t.Fatalf("bound a bushost from %s", b.Source)
+		}
+	}
+	if !slices.ContainsFunc(p.Notes, func(n string) bool { return strings.HasPrefix(n, "bushost not bound") }) {
+		t.Errorf("notes: %q", p.Notes)
 	}
 }
 
