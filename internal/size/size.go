@@ -1,0 +1,79 @@
+// Package size parses and prints byte sizes for every size flag of the
+// command-line tools: plain bytes, or a number with a suffix K, M, G or T
+// (powers of 1024), as in 64M or 1G. One parser, so every flag reads the
+// same.
+package size
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// Parse reads s as a size in bytes: "1048576", "64M", "1G", "512k".
+// Negative sizes, fractions and values past int64 are refused.
+func Parse(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	if t == "" {
+		return 0, fmt.Errorf("size %q: empty", s)
+	}
+	mult := int64(1)
+	switch t[len(t)-1] {
+	case 'k', 'K':
+		mult = 1 << 10
+	case 'm', 'M':
+		mult = 1 << 20
+	case 'g', 'G':
+		mult = 1 << 30
+	case 't', 'T':
+		mult = 1 << 40
+	}
+	if mult != 1 {
+		t = t[:len(t)-1]
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("size %q: want plain bytes or a number with K, M, G or T (e.g. 64M)", s)
+	}
+	if n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q: too large", s)
+	}
+	return n * mult, nil
+}
+
+// Format prints n the shortest exact way Parse reads back: 64M, 1G, 1000.
+func Format(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+		if n != 0 && n%u.mult == 0 {
+			return strconv.FormatInt(n/u.mult, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// Value is a size flag (it implements pflag.Value and flag.Value) that
+// writes into the int64 it points to.
+type Value struct{ P *int64 }
+
+func (v Value) String() string {
+	if v.P == nil {
+		return "0"
+	}
+	return Format(*v.P)
+}
+
+func (v Value) Set(s string) error {
+	n, err := Parse(s)
+	if err != nil {
+		return err
+	}
+	*v.P = n
+	return nil
+}
+
+// Type names the value in cobra's help.
+func (v Value) Type() string { return "size" }
