@@ -10,6 +10,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/object"
 
 	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -18,14 +19,14 @@ import (
 const MaxChunk = 1 << 20
 
 // refToSend opens business/project for a fetch and resolves ref, which
-// must exist (else NotFound, saying missing).
-func (s *Service) refToSend(business, project, ref, missing string) (repo, *git.Repository, string, error) {
+// must exist (else NotFound with reason, saying missing).
+func (s *Service) refToSend(business, project, ref string, reason errdefs.Reason, missing string) (repo, *git.Repository, string, error) {
 	r, err := s.repo(business, project)
 	if err != nil {
 		return repo{}, nil, "", err
 	}
 	if !r.exists() {
-		return repo{}, nil, "", fmt.Errorf("%w: project %s/%s was never added", ErrNotFound, business, project)
+		return repo{}, nil, "", projectNotFound(business, project)
 	}
 	gg, err := open(r)
 	if err != nil {
@@ -36,7 +37,7 @@ func (s *Service) refToSend(business, project, ref, missing string) (repo, *git.
 		return repo{}, nil, "", err
 	}
 	if commit == "" {
-		return repo{}, nil, "", fmt.Errorf("%w: %s/%s %s", ErrNotFound, business, project, missing)
+		return repo{}, nil, "", errdefs.NotFound(reason, "%s/%s %s", business, project, missing)
 	}
 	return r, gg, commit, nil
 }
@@ -45,7 +46,7 @@ func (s *Service) refToSend(business, project, ref, missing string) (repo, *git.
 // refs/heads/main, full history) to w, calling begin with main's commit
 // before the first byte.
 func (s *Service) WriteMainBundle(ctx context.Context, business, project string, begin func(commit string) error, w io.Writer) error {
-	r, _, commit, err := s.refToSend(business, project, MainRef, "has no main")
+	r, _, commit, err := s.refToSend(business, project, MainRef, errdefs.MainNotFound, "has no main")
 	if err != nil {
 		return err
 	}
@@ -61,20 +62,20 @@ func (s *Service) WriteMainBundle(ctx context.Context, business, project string,
 func (s *Service) WriteReviewBundle(ctx context.Context, business, project, task, have string, begin func(commit string) error, w io.Writer) error {
 	ref, err := names.WorkRef(task)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalid, err)
+		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
-	r, gg, commit, err := s.refToSend(business, project, ref, "task "+task+" has no push yet")
+	r, gg, commit, err := s.refToSend(business, project, ref, errdefs.PushNotFound, "task "+task+" has no push yet")
 	if err != nil {
 		return err
 	}
 	args := []string{ref}
 	if have != "" {
 		if !bundle.ValidOID(have) {
-			return fmt.Errorf("%w: have %q is not a full object id", ErrInvalid, have)
+			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %q is not a full object id", have)
 		}
 		hc, err := object.GetCommit(gg.Storer, plumbing.NewHash(have))
 		if err != nil {
-			return fmt.Errorf("%w: have %s is not a commit of %s/%s", ErrInvalid, have, business, project)
+			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %s is not a commit of %s/%s", have, business, project).With("have", have)
 		}
 		wc, err := object.GetCommit(gg.Storer, plumbing.NewHash(commit))
 		if err != nil {

@@ -3,7 +3,6 @@ package gitd
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/sock"
 )
@@ -33,7 +33,7 @@ func (sv *server) authorize(ctx context.Context, caps ...string) (authz.Grant, e
 	}
 	if len(caps) > 0 {
 		if err := names.CheckScope(names.Scope{Business: g.Business, Project: g.Project, Task: g.Task}); err != nil {
-			return g, fmt.Errorf("%w: grant scope: %v", ErrInvalid, err)
+			return g, errdefs.InvalidArgument(errdefs.NameInvalid, "grant scope: %v", err).Wrap(err)
 		}
 	}
 	return g, nil
@@ -53,7 +53,7 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	}
 	hdr := first.GetHeader()
 	if hdr == nil {
-		return toStatus(fmt.Errorf("%w: the first message of a push must be its header", ErrInvalid))
+		return toStatus(errdefs.InvalidArgument(errdefs.PushProtocol, "the first message of a push must be its header"))
 	}
 	peer, _ := sock.PeerFromContext(ctx)
 	res, err := sv.s.Push(ctx, g, peer, hdr.GetSize(), rr)
@@ -101,7 +101,7 @@ func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerS
 
 func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) (*gitv1.AddProjectResponse, error) {
 	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, toStatus(fmt.Errorf("%w: %v", ErrInvalid, err))
+		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
 	}
 	if _, err := sv.authorize(ctx); err != nil {
 		return nil, toStatus(err)
@@ -120,7 +120,7 @@ func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) 
 
 func (sv *server) SyncProject(ctx context.Context, req *gitv1.SyncProjectRequest) (*gitv1.SyncProjectResponse, error) {
 	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, toStatus(fmt.Errorf("%w: %v", ErrInvalid, err))
+		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
 	}
 	if _, err := sv.authorize(ctx); err != nil {
 		return nil, toStatus(err)
@@ -176,7 +176,7 @@ func (r *recvReader) next() (*gitv1.PushWorkingRequest, error) {
 	case res := <-r.msgs:
 		return res.m, res.err
 	case <-t.C:
-		return nil, fmt.Errorf("%w: the client sent nothing for %s; push cut", ErrIdle, r.idle)
+		return nil, errdefs.DeadlineExceeded(errdefs.PushIdle, "the client sent nothing for %s; push cut", r.idle).With("idle", r.idle)
 	}
 }
 
@@ -191,7 +191,7 @@ func (r *recvReader) Read(p []byte) (int, error) {
 			continue
 		}
 		if m.GetHeader() != nil {
-			r.err = fmt.Errorf("%w: a second push header in one stream", ErrInvalid)
+			r.err = errdefs.InvalidArgument(errdefs.PushProtocol, "a second push header in one stream")
 			continue
 		}
 		r.buf = m.GetChunk()

@@ -28,6 +28,7 @@ import (
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -110,7 +111,7 @@ const seedPrefix = ".seeding-"
 func (s *Service) repo(business, project string) (repo, error) {
 	p, err := names.RepoPath(s.o.ReposDir, business, project)
 	if err != nil {
-		return repo{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return repo{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
 	return repo{
 		Business: business, Project: project, Path: p,

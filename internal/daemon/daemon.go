@@ -27,6 +27,7 @@ import (
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/broker"
 	"github.com/bushost/bushost/gitd"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -307,7 +308,8 @@ func lockHome(home string) (*flock.Flock, error) {
 				holder = fmt.Sprintf("bushostd pid %d", pid)
 			}
 		}
-		return nil, fmt.Errorf("%w: %s is served by %s (lock %s)", ErrHomeBusy, home, holder, path)
+		return nil, errdefs.FailedPrecondition(errdefs.HomeInUse, "%v: %s is served by %s (lock %s)", ErrHomeBusy, home, holder, path).
+			With("home", home).With("holder", holder).Wrap(ErrHomeBusy)
 	}
 	if err := os.WriteFile(path, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
 		l.Unlock()

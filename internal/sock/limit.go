@@ -8,8 +8,8 @@ import (
 	"syscall"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // Limiter bounds the calls in flight on one server. A call beyond the bound
@@ -26,13 +26,13 @@ func NewLimiter(n int) *Limiter {
 
 func (l *Limiter) acquire(ctx context.Context) error {
 	if overConn(ctx) {
-		return status.Errorf(codes.ResourceExhausted, "too many connections to this socket; close some and retry")
+		return errdefs.ToGRPC(errdefs.ResourceExhausted(errdefs.TooManyConns, "too many connections to this socket; close some and retry"))
 	}
 	select {
 	case l.slots <- struct{}{}:
 		return nil
 	default:
-		return status.Errorf(codes.ResourceExhausted, "too many calls in flight on this socket (limit %d); retry later", cap(l.slots))
+		return errdefs.ToGRPC(errdefs.ResourceExhausted(errdefs.TooManyCalls, "too many calls in flight on this socket (limit %d); retry later", cap(l.slots)).With("limit", cap(l.slots)))
 	}
 }
 
