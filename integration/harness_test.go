@@ -66,6 +66,9 @@ func startHostWith(t testing.TB, o hostOpts) *Host {
 	h.start(t)
 	t.Cleanup(func() {
 		h.Stop(t)
+		if b, err := os.ReadFile(h.Log); err == nil && strings.Contains(string(b), raceReport) {
+			t.Errorf("bushostd (built with -race) reported a data race")
+		}
 		if t.Failed() {
 			if b, err := os.ReadFile(h.Log); err == nil {
 				t.Logf("bushostd log:\n%s", tail(string(b), 8000))
@@ -207,8 +210,14 @@ func (h *Host) RunIn(t testing.TB, dir string, env []string, args ...string) (st
 		}
 		code = ee.ExitCode()
 	}
+	if strings.Contains(errb.String(), raceReport) {
+		t.Errorf("bushost %v (built with -race) reported a data race:\n%s", args, errb.String())
+	}
 	return out.String(), errb.String(), code
 }
+
+// raceReport starts what a binary built with -race prints on a data race.
+const raceReport = "WARNING: DATA RACE"
 
 // Must runs bushost and fails the test unless it exits 0; it returns stdout
 // trimmed.
