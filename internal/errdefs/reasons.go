@@ -51,4 +51,9 @@ const (
 	PushIdle       Reason = "PUSH_IDLE"
 	TooManyConns   Reason = "TOO_MANY_CONNECTIONS"
 	TooManyCalls   Reason = "TOO_MANY_CALLS"
+
+	// The supervisor.
+	GitDirUnsafe        Reason = "GIT_DIR_UNSAFE"
+	AgentProcessRunning Reason = "AGENT_PROCESS_RUNNING"
+	WorkspaceUnsafe     Reason = "WORKSPACE_UNSAFE"
 )

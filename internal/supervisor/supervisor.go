@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/bushost/bushost/internal/gitcmd"
 )
 
@@ -163,6 +165,12 @@ func (s *Supervisor) gitCtx() (context.Context, context.CancelFunc) {
 // and supervises until ctx ends; then it stops every service.
 func (s *Supervisor) Run(ctx context.Context) error {
 	cfg := s.cfg
+	// A process of the same uid (a service, when services share it) must
+	// not read this one's memory or attach to it: PR_SET_DUMPABLE 0 makes
+	// /proc/PID/mem and ptrace need CAP_SYS_PTRACE.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("make the supervisor non-dumpable: %w", err)
+	}
 	// Files the supervisor and its services create stay writable by the
 	// agent's group.
 	syscall.Umask(0o002)
@@ -175,7 +183,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.repo = NewRepo(git.WithTimeout(gitTimeout), cfg.Workspace, cfg.Watch, s.log)
+	s.repo = NewRepo(git.WithTimeout(gitTimeout), cfg.Workspace, cfg.GitDir, cfg.Watch, cfg.Ignore, s.log)
 	if err := s.repo.Ensure(ctx); err != nil {
 		return err
 	}
@@ -193,7 +201,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w, err := newWatcher(cfg.Workspace, cfg.Watch, s.log)
+	w, err := newWatcher(cfg.Workspace, cfg.Watch, cfg.Ignore, s.log)
 	if err != nil {
 		return fmt.Errorf("watch: %w", err)
 	}
@@ -615,10 +623,10 @@ func (s *Supervisor) evaluateGood() {
 	ctx, cancel := s.gitCtx()
 	defer cancel()
 	if err := s.repo.SetGood(ctx, s.head, s.good); err != nil {
+		// The good commit in memory stays what it was: the revert target
+		// comes from the supervisor's own state, never from what the ref
+		// happens to hold after a failed update.
 		s.fail("advance good commit", err)
-		if g, gerr := s.repo.Good(ctx); gerr == nil {
-			s.good = g
-		}
 		return
 	}
 	s.log.Info("commit is good", "commit", short(s.head), "healthy_for", s.cfg.GoodAfter.Duration)
