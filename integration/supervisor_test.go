@@ -411,7 +411,7 @@ func TestSupervisorEditGoodRevert(t *testing.T) {
 	serve := filepath.Join(e.ws, "src", "website", "serve.sh")
 	v2 := filepath.Join(e.base, "serve-v2.sh")
 	mustWrite(t, v2, strings.Replace(serveV1, "v1", "v2", 1), 0o644)
-	if out, err := e.asAgent("cp "+v2+" "+serve); err != nil {
+	if out, err := e.asAgent("cp " + v2 + " " + serve); err != nil {
 		t.Fatalf("agent edit: %v: %s", err, out)
 	}
 	var edit string
@@ -432,7 +432,7 @@ func TestSupervisorEditGoodRevert(t *testing.T) {
 	e.waitFor("edit becomes good", 10*time.Second, func() bool { return e.status().Good == edit })
 
 	// An edit that exits 1 at start: bricked, reverted by the supervisor.
-	if out, err := e.asAgent("printf '#!/bin/bash\\necho broken\\nexit 1\\n' > "+serve); err != nil {
+	if out, err := e.asAgent("printf '#!/bin/bash\\necho broken\\nexit 1\\n' > " + serve); err != nil {
 		t.Fatalf("agent edit: %v: %s", err, out)
 	}
 	var st supervisor.Status
@@ -514,7 +514,7 @@ func TestSupervisorUsersAndOwnership(t *testing.T) {
 		{"write the supervisor's git dir", "touch " + e.gitDir + "/x", false},
 		{"read the supervisor's git dir", "ls " + e.gitDir, false},
 	} {
-		out, err := e.asAgent("cd "+e.ws+" && "+tc.script)
+		out, err := e.asAgent("cd " + e.ws + " && " + tc.script)
 		if (err == nil) != tc.allowed {
 			t.Errorf("agent %s: allowed=%v, want %v (%s)", tc.name, err == nil, tc.allowed, out)
 		}
@@ -546,7 +546,7 @@ func TestSupervisorUsersAndOwnership(t *testing.T) {
 func TestSupervisorRebootKeepsAgentNotes(t *testing.T) {
 	e := newSupEnv(t)
 	e.boot()
-	if out, err := e.asAgent("echo '- remember the cache' >> "+filepath.Join(e.ws, "AGENTS.md")); err != nil {
+	if out, err := e.asAgent("echo '- remember the cache' >> " + filepath.Join(e.ws, "AGENTS.md")); err != nil {
 		t.Fatal(err, out)
 	}
 	e.shutdown()
@@ -561,7 +561,7 @@ func TestSupervisorRebootKeepsAgentNotes(t *testing.T) {
 		t.Error("an existing workspace was seeded again")
 	}
 	e.shutdown()
-	if out, err := e.asAgent("echo 'notes without a sentinel' > "+filepath.Join(e.ws, "AGENTS.md")); err != nil {
+	if out, err := e.asAgent("echo 'notes without a sentinel' > " + filepath.Join(e.ws, "AGENTS.md")); err != nil {
 		t.Fatal(err, out)
 	}
 	e.boot()
