@@ -492,9 +492,20 @@ func TestSupervisorUsersAndOwnership(t *testing.T) {
 	if ps["NoNewPrivs"] != "1" {
 		t.Errorf("NoNewPrivs = %q", ps["NoNewPrivs"])
 	}
+	// The service runs as the services' user, in no group of app's.
+	svcUser, err := user.Lookup(e.svc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	svc := e.status().Services[0]
-	if sps := procStatus(t, svc.PID); strings.Fields(sps["Uid"])[0] != app.Uid {
-		t.Errorf("service runs as uid %s", sps["Uid"])
+	sps := procStatus(t, svc.PID)
+	if uids := strings.Fields(sps["Uid"]); len(uids) != 4 || uids[0] != svcUser.Uid || uids[1] != svcUser.Uid || uids[2] != svcUser.Uid || uids[3] != svcUser.Uid {
+		t.Errorf("service Uid = %q, want all %s (%s)", sps["Uid"], svcUser.Uid, e.svc)
+	}
+	for _, g := range strings.Fields(sps["Groups"]) {
+		if strings.Contains(" "+ps["Groups"]+" ", " "+g+" ") || g == strings.Fields(ps["Gid"])[0] {
+			t.Errorf("service group %s is also the supervisor's (%s)", g, ps["Groups"])
+		}
 	}
 
 	// What the agent may and may not write.

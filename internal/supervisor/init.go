@@ -593,14 +593,16 @@ func protectFile(path string) error {
 // DropAndExec becomes app for good and executes this program with args:
 // supplementary groups, gid and uid of app; no capability left in any set,
 // the bounding set included; no_new_privs, so nothing it runs can gain
-// privileges back. It returns only on failure.
+// privileges back. If Prepare named a services user, the services' launcher
+// is started as that user first, from the thread that execs (its
+// parent-death signal follows that thread). It returns only on failure.
 func DropAndExec(app Account, args []string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
 	// The bounding set and no_new_privs are per thread: set them on the
-	// thread that calls execve.
+	// thread that starts the launcher and calls execve.
 	runtime.LockOSThread()
 	for c := 0; c <= 63; c++ {
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
@@ -613,6 +615,16 @@ func DropAndExec(app Account, args []string) error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("clear ambient capabilities: %w", err)
 	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	if svc := app.services; svc != nil {
+		fd, err := startLauncher(exe, *svc, userEnv(*svc))
+		if err != nil {
+			return err
+		}
+		os.Setenv(launcherEnv, strconv.Itoa(fd))
+	}
 	if err := syscall.Setgroups(app.Groups); err != nil {
 		return fmt.Errorf("setgroups: %w", err)
 	}
@@ -622,12 +634,14 @@ func DropAndExec(app Account, args []string) error {
 	if err := syscall.Setuid(app.UID); err != nil {
 		return fmt.Errorf("setuid: %w", err)
 	}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("no_new_privs: %w", err)
-	}
 	if os.Getuid() != app.UID || os.Geteuid() != app.UID {
 		return errors.New("still privileged after setuid")
 	}
+	return syscall.Exec(exe, append([]string{exe}, args...), userEnv(app))
+}
+
+// userEnv is this process's environment with HOME, USER and LOGNAME of a.
+func userEnv(a Account) []string {
 	env := []string{}
 	for _, kv := range os.Environ() {
 		switch name, _, _ := strings.Cut(kv, "="); name {
@@ -636,8 +650,7 @@ func DropAndExec(app Account, args []string) error {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, "HOME="+app.Home, "USER="+app.Name, "LOGNAME="+app.Name)
-	return syscall.Exec(exe, append([]string{exe}, args...), env)
+	return append(env, "HOME="+a.Home, "USER="+a.Name, "LOGNAME="+a.Name)
 }
 
 // escapeConfig quotes s for a git config file, as a value or a subsection.

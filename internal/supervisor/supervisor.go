@@ -8,9 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -94,6 +92,9 @@ type service struct {
 type Supervisor struct {
 	cfg  *Config
 	opts Options
+	// run starts the services: as the services' user through the launcher
+	// init started, or as this process's user.
+	run  procRunner
 	log  *slog.Logger
 	sink *logSink
 	repo *Repo
@@ -129,8 +130,14 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 		opts.Shim = []string{exe}
 	}
 	sink := &logSink{w: opts.Log}
+	var run procRunner = localRunner{shim: opts.Shim}
+	if l, err := launcherFromEnv(); err != nil {
+		return nil, err
+	} else if l != nil {
+		run = l
+	}
 	s := &Supervisor{
-		cfg: cfg, opts: opts, sink: sink,
+		cfg: cfg, opts: opts, sink: sink, run: run,
 		log:    slog.New(slog.NewTextHandler(sinkWriter{sink}, nil)),
 		events: make(chan func(), 64),
 		closed: make(chan struct{}),
@@ -314,20 +321,14 @@ func (s *Supervisor) start(svc *service) {
 		fail(err)
 		return
 	}
-	args := append(append(append([]string{}, s.opts.Shim[1:]...), ShimArg, strconv.Itoa(os.Getpid()), "--"), svc.cfg.Command...)
-	cmd := exec.Command(s.opts.Shim[0], args...)
-	cmd.Dir = svc.dir
-	cmd.Env = svc.env
-	cmd.Stdout, cmd.Stderr = w, w
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	done, err := startLocked(cmd)
+	pid, done, err := s.run.start(true, svc.cfg.Command, svc.dir, svc.env, w)
 	w.Close()
 	if err != nil {
 		r.Close()
 		fail(err)
 		return
 	}
-	svc.pid = cmd.Process.Pid
+	svc.pid = pid
 	svc.state = StateRunning
 	svc.healthErr = ""
 	svc.healthySince = time.Time{}
@@ -340,8 +341,7 @@ func (s *Supervisor) start(svc *service) {
 		r.Close()
 	}()
 	go func() {
-		<-done
-		code := exitStatus(cmd.ProcessState)
+		code := <-done
 		s.post(func() { s.exited(svc, gen, code, time.Now()) })
 	}()
 	s.log.Info("service started", "service", svc.cfg.Name, "pid", svc.pid, "restarts", svc.restarts)
@@ -369,11 +369,11 @@ func (s *Supervisor) stop(svc *service, then func()) {
 	}
 	svc.state = StateStopping
 	pid, gen := svc.pid, svc.gen
-	syscall.Kill(-pid, syscall.SIGTERM)
+	s.run.signal(pid, syscall.SIGTERM)
 	svc.timer = s.after(s.cfg.StopGrace.Duration, func() {
 		if svc.gen == gen && svc.pid == pid {
 			s.log.Warn("service ignored SIGTERM; killing its process group", "service", svc.cfg.Name, "pid", pid)
-			syscall.Kill(-pid, syscall.SIGKILL)
+			s.run.signal(pid, syscall.SIGKILL)
 		}
 	})
 }
@@ -576,7 +576,7 @@ func (s *Supervisor) checkHealth() {
 		svc.checking, svc.lastCheck = true, now
 		gen := svc.gen
 		go func() {
-			err := probe(context.Background(), h, svc.dir, svc.env)
+			err := probe(context.Background(), h, svc.dir, svc.env, s.run)
 			s.post(func() {
 				svc.checking = false
 				if gen != svc.gen || svc.state != StateRunning {
@@ -671,7 +671,7 @@ func (s *Supervisor) shutdown() {
 			s.mu.Lock()
 			for _, svc := range s.services {
 				if svc.pid != 0 {
-					syscall.Kill(-svc.pid, syscall.SIGKILL)
+					s.run.signal(svc.pid, syscall.SIGKILL)
 				}
 			}
 			s.mu.Unlock()
