@@ -199,7 +199,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fmt.Errorf("initial commit: %w", err)
 	}
 	if c, paths, err := s.repo.CommitPending(ctx, cfg.Agent); err != nil {
-		return fmt.Errorf("commit edits made while stopped: %w", err)
+		// Files changing under git (the agent at work) must not keep the
+		// supervisor from starting: the next edit's commit takes them.
+		s.fail("commit edits made while stopped", err)
 	} else if c != "" {
 		s.log.Info("committed agent edits made while the supervisor was stopped", "commit", short(c), "files", len(paths))
 		head = c

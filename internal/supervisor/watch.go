@@ -56,8 +56,14 @@ func (w *watcher) close() {
 func (w *watcher) addTree(dir string) error {
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
-			// A directory that vanished while we walked is no error.
+			// A directory that vanished, or that the agent swapped for
+			// something the supervisor cannot read, while we walked is no
+			// reason to stop watching the rest.
 			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			if p != dir {
+				w.log.Warn("watch: skipping a directory", "dir", p, "err", err)
 				return nil
 			}
 			return err
@@ -69,6 +75,10 @@ func (w *watcher) addTree(dir string) error {
 			return filepath.SkipDir
 		}
 		if err := w.w.Add(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if p != dir {
+				w.log.Warn("watch: skipping a directory", "dir", p, "err", err)
+				return nil
+			}
 			return err
 		}
 		return nil
