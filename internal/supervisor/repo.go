@@ -268,15 +268,24 @@ func (r *Repo) SetGood(ctx context.Context, commit, old string) error {
 // stage adds every change under the watched trees to the index and returns
 // the paths that differ from HEAD (head "" for an unborn branch).
 func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
+	nested, err := r.untrackedRepos(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for _, w := range r.watch {
-		err := r.git.Run(ctx, r.cmd("add", []string{"-A", "--force"}, r.pathspecs(w)...))
+		specs := r.pathspecs(w)
+		for _, d := range nested {
+			if d == w || strings.HasPrefix(d, w+"/") {
+				specs = append(specs, ":(top,exclude,literal)"+d)
+			}
+		}
+		err = r.git.Run(ctx, r.cmd("add", []string{"-A", "--force"}, specs...))
 		// An empty tree that was never committed matches nothing: no change.
 		if err != nil && !strings.Contains(err.Error(), "did not match any files") {
 			return nil, fmt.Errorf("stage %s: %w", w, err)
 		}
 	}
 	var out []byte
-	var err error
 	if head == "" {
 		out, err = r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}))
 	} else {
@@ -529,4 +538,60 @@ func removeUntrackedIn(root *os.Root, w, dir string, files, dirs map[string]bool
 		}
 	}
 	return failed
+}
+
+// untrackedRepos lists the directories of the watched trees that hold a
+// .git and that git does not track yet. git would refuse to add them (a
+// repository with no commit fails the whole add) or record them as a
+// gitlink; so they are left out of the commit, said loudly, and a revert
+// removes them with everything else the good commit does not hold.
+func (r *Repo) untrackedRepos(ctx context.Context) ([]string, error) {
+	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}))
+	if err != nil {
+		return nil, fmt.Errorf("list tracked files: %w", err)
+	}
+	tracked := map[string]bool{}
+	for _, p := range bytes.Split(out, []byte{0}) {
+		for d := path.Dir(string(p)); d != "." && d != "/" && !tracked[d]; d = path.Dir(d) {
+			tracked[d] = true
+		}
+	}
+	var found []string
+	for _, w := range r.watch {
+		root, err := os.OpenRoot(filepath.Join(r.dir, w))
+		if err != nil {
+			continue
+		}
+		found = append(found, findRepos(root, w, ".", tracked, r.ignore)...)
+		root.Close()
+	}
+	for _, d := range found {
+		r.log.Warn("a nested repository in a watched tree is not recorded; a revert removes it", "dir", QuotePath(d))
+	}
+	return found, nil
+}
+
+func findRepos(root *os.Root, w, dir string, tracked map[string]bool, ignore []string) []string {
+	f, err := root.Open(dir)
+	if err != nil {
+		return nil
+	}
+	entries, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return nil
+	}
+	full := path.Join(w, dir)
+	for _, e := range entries {
+		if e.Name() == ".git" && !tracked[full] {
+			return []string{full}
+		}
+	}
+	var found []string
+	for _, e := range entries {
+		if e.Type().IsDir() && !ignoredName(e.Name(), ignore) {
+			found = append(found, findRepos(root, w, path.Join(dir, e.Name()), tracked, ignore)...)
+		}
+	}
+	return found
 }

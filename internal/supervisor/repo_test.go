@@ -309,3 +309,37 @@ func TestRepoRefusesASharedGitDir(t *testing.T) {
 		t.Fatalf("Ensure on a linked git dir: %v", err)
 	}
 }
+
+// A repository the agent makes in a watched tree neither blocks commits nor
+// survives a revert.
+func TestRepoNestedRepository(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "one\n")
+	good, err := r.InitialCommit(ctx, testSup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An empty repository (git add would fail on it) and a file beside it.
+	writeFile(t, filepath.Join(ws, "src", "evil", ".git", "HEAD"), "ref: refs/heads/main\n")
+	for _, d := range []string{"objects", "refs"} {
+		if err := os.MkdirAll(filepath.Join(ws, "src", "evil", ".git", d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, filepath.Join(ws, "src", "evil", "implant"), "x\n")
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "two\n")
+	c, paths, err := r.CommitPending(ctx, testAgent)
+	if err != nil || c == "" {
+		t.Fatalf("commit blocked by a nested repository: %v", err)
+	}
+	if strings.Join(paths, ",") != "src/a.txt" {
+		t.Errorf("committed %v", paths)
+	}
+	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(ws, "src", "evil")); !os.IsNotExist(err) {
+		t.Errorf("the nested repository survived the revert: %v", err)
+	}
+}
