@@ -76,4 +76,8 @@ const (
 	TooManyCalls      Reason = "TOO_MANY_CALLS"
 	CommentTooLarge   Reason = "COMMENT_TOO_LARGE"
 	EventDataTooLarge Reason = "EVENT_DATA_TOO_LARGE"
+
+	GitDirUnsafe        Reason = "GIT_DIR_UNSAFE"
+	AgentProcessRunning Reason = "AGENT_PROCESS_RUNNING"
+	WorkspaceUnsafe     Reason = "WORKSPACE_UNSAFE"
 )
