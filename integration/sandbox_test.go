@@ -397,6 +397,17 @@ grep -E '^(Uid|Gid|Cap[A-Za-z]+):' /proc/1/status`)
 		}
 	})
 
+	t.Run("socket families beyond unix, inet and netlink route", func(t *testing.T) {
+		out := e.helperRefused(t, nil, "families")
+		if !strings.Contains(out, "refused socket AF_VSOCK") {
+			t.Errorf("without --net: %s", out)
+		}
+		out = e.helperRefused(t, []string{"--net"}, "families")
+		if !strings.Contains(out, "refused socketpair AF_ALG") {
+			t.Errorf("with --net: %s", out)
+		}
+	})
+
 	t.Run("network without --net", func(t *testing.T) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
