@@ -1084,3 +1084,80 @@ func listDir(t *testing.T, dir string) string {
 	}
 	return strings.Join(s, " ")
 }
+
+// TestSandboxGroups reads, from the host, the groups a session's process
+// holds: the broker socket's group, never that of a socket bound with --ro
+// (a docker.sock would hand the session the docker group, which is root).
+func TestSandboxGroups(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only a session started by root is given groups")
+	}
+	e := newSandboxEnv(t)
+	busGID, otherGID := unusedGID(t, 0), unusedGID(t, 1)
+	other := e.listen(t, filepath.Join(e.base, "other.sock"))
+	for sock, gid := range map[string]uint32{e.broker: busGID, other: otherGID} {
+		if err := os.Chown(sock, 0, int(gid)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(sock, 0o660); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mark := "3600." + strconv.Itoa(os.Getpid())
+	started := filepath.Join(e.ws, "started")
+	os.Remove(started)
+	args := append([]string{"run"}, e.flags("event.record")...)
+	cmd := exec.Command(e.sandbox, append(args, "--ro", other, "--", "sh", "-c", "touch started; exec sleep "+mark)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
+	waitFor(t, started)
+	var pids []int
+	for deadline := time.Now().Add(5 * time.Second); len(pids) == 0 && time.Now().Before(deadline); pids = withArg(t, mark) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(pids) != 1 {
+		t.Fatalf("session processes %v, want one sleep", pids)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pids[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var groups []string
+	for _, line := range strings.Split(string(status), "\n") {
+		if g, ok := strings.CutPrefix(line, "Groups:"); ok {
+			groups = strings.Fields(g)
+		}
+	}
+	t.Logf("session groups from the host: %v", groups)
+	if !slices.Contains(groups, strconv.Itoa(int(busGID))) {
+		t.Errorf("groups %v lack the broker socket's %d", groups, busGID)
+	}
+	if slices.Contains(groups, strconv.Itoa(int(otherGID))) {
+		t.Errorf("groups %v hold %d, the group of a socket bound with --ro", groups, otherGID)
+	}
+	if slices.Contains(groups, "0") {
+		t.Errorf("groups %v hold root's", groups)
+	}
+}
+
+// unusedGID returns the n-th gid from 54321 up that /etc/group does not
+// name, so that no user is in it.
+func unusedGID(t *testing.T, n int) uint32 {
+	t.Helper()
+	data, err := os.ReadFile("/etc/group")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for gid := 54321; gid < 54421; gid++ {
+		if !strings.Contains(string(data), ":"+strconv.Itoa(gid)+":") {
+			if n == 0 {
+				return uint32(gid)
+			}
+			n--
+		}
+	}
+	t.Fatal("no unused gid")
+	return 0
+}

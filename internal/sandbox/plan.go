@@ -68,6 +68,9 @@ type Plan struct {
 
 	Command []string `json:"command,omitempty"`
 	initExe string
+	// busSockets are the bound broker and git sockets: the only binds
+	// whose group the session user is given.
+	busSockets []string
 }
 
 // reserved are session paths the sandbox builds itself; a caller path on
@@ -125,6 +128,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		{KindROBind, sessionJSON, sessionJSON, "the host's description of the session; read-only so the session cannot rewrite what the host will trust"},
 		{KindROBind, broker, broker, "the broker socket: events, reviews and task.close, each checked against the role's grant"},
 	}
+	p.busSockets = []string{broker}
 	switch {
 	case !cfg.HasCap(CapPushWorking) && !cfg.HasCap(CapReviewVerdict):
 		if cfg.GitSocket != "" {
@@ -140,6 +144,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		if err := mustBeSocket("git socket", gs); err != nil {
 			return nil, err
 		}
+		p.busSockets = append(p.busSockets, gs)
 		caller = append(caller, Bind{KindROBind, gs, gs, fmt.Sprintf("the git socket, because role %s holds %s: pushes and fetches as bundles, checked by the host", cfg.Role, gitCapsOf(cfg))})
 	}
 	for _, r := range cfg.RO {
@@ -206,16 +211,15 @@ type SocketGroup struct {
 // group of each socket bound into the session (bushostd serve
 // --socket-group makes its home 0710 and the sockets 0660 with that group),
 // so that it can traverse the home and connect, and nothing more: exactly
-// those groups, never group 0.
+// those groups, never group 0. Only the bus sockets count: a socket bound
+// with --ro gives no group, or `--ro /var/run/docker.sock` would hand the
+// session the docker group, which is root.
 func (p *Plan) addSocketGroups() {
 	if !p.User.Drop {
 		return
 	}
-	for _, b := range p.Binds {
-		if b.Kind != KindROBind {
-			continue
-		}
-		st, err := os.Stat(b.Source)
+	for _, sock := range p.busSockets {
+		st, err := os.Stat(sock)
 		if err != nil || st.Mode()&os.ModeSocket == 0 {
 			continue
 		}
@@ -224,10 +228,10 @@ func (p *Plan) addSocketGroups() {
 			continue // group root is never a session's, whatever the socket says
 		}
 		if i := slices.IndexFunc(p.SocketGroups, func(g SocketGroup) bool { return g.GID == gid }); i >= 0 {
-			p.SocketGroups[i].Sockets = append(p.SocketGroups[i].Sockets, b.Source)
+			p.SocketGroups[i].Sockets = append(p.SocketGroups[i].Sockets, sock)
 			continue
 		}
-		g := SocketGroup{GID: gid, Name: groupName(gid), Sockets: []string{b.Source}}
+		g := SocketGroup{GID: gid, Name: groupName(gid), Sockets: []string{sock}}
 		if p.User.inGroup(gid) {
 			g.Why = fmt.Sprintf("the sockets' group; %s is already a member", p.User.Name)
 		} else {
@@ -246,10 +250,8 @@ func (p *Plan) checkAccess() {
 			continue
 		}
 		w, ok := want[b.Source]
-		if !ok {
-			if st, err := os.Stat(b.Source); err == nil && st.Mode()&os.ModeSocket != 0 {
-				w = accW // connect(2) needs write permission on the socket
-			}
+		if !ok && slices.Contains(p.busSockets, b.Source) {
+			w = accW // connect(2) needs write permission on the socket
 		}
 		if _, err := os.Lstat(b.Source); err != nil && filepath.Dir(b.Source) == p.RunDir {
 			continue // made by run before the launch
