@@ -1161,3 +1161,95 @@ func unusedGID(t *testing.T, n int) uint32 {
 	t.Fatal("no unused gid")
 	return 0
 }
+
+// TestSandboxPrepare makes a run directory with sandbox prepare and runs a
+// session in it: bushost's home and token and git's identity come from it,
+// a second session refuses the first one's HOME unless --fresh-home.
+func TestSandboxPrepare(t *testing.T) {
+	e := newSandboxEnv(t)
+	grant := filepath.Join(e.base, "grant.token")
+	token := "tok-" + e.secret
+	if err := os.WriteFile(grant, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := filepath.Join(e.base, "prepared")
+	prepare := func(extra ...string) []string {
+		args := []string{"prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
+			"--role", "coder", "--caps", "git.push.working,review.request", "--token-file", grant}
+		return append(args, extra...)
+	}
+	t.Run("refusals leave nothing", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			args []string
+			code int
+			want string
+		}{
+			{"newline in the git name", prepare("--git-name", "a\nb", "--git-email", "a@example.com"), 2, "no control characters"},
+			{"name without email", prepare("--git-name", "a"), 2, "go together"},
+			{"bad task", append(prepare(), "--task", "../x"), 2, "task"},
+			{"unknown capability", append(prepare(), "--caps", "root"), 2, "unknown capability"},
+			{"token with a space", append(prepare(), "--token-file", e.helper), 6, "printable ASCII"},
+			{"under /tmp", append(prepare(), "--run-dir", filepath.Join(t.TempDir(), "run")), 6, "under /tmp"},
+		} {
+			before := e.snapshot(t)
+			out, errOut, code := runSandbox(t, e.sandbox, tc.args...)
+			if code != tc.code || !strings.Contains(errOut, tc.want) {
+				t.Errorf("%s: exit %d %q %q; want exit %d and %q", tc.name, code, out, errOut, tc.code, tc.want)
+			}
+			e.assertUnchanged(t, before)
+		}
+	})
+
+	out, errOut, code := runSandbox(t, e.sandbox, prepare("--git-name", "Agent Smith", "--git-email", "agent@example.com")...)
+	if code != 0 || out != filepath.Join(run, "session.json")+"\n" {
+		t.Fatalf("prepare: exit %d %q %s", code, out, errOut)
+	}
+	var session map[string]any
+	data, err := os.ReadFile(filepath.Join(run, "session.json"))
+	if err != nil || json.Unmarshal(data, &session) != nil {
+		t.Fatalf("session.json: %v\n%s", err, data)
+	}
+	want := map[string]any{"version": 1.0, "business": "acme", "project": "web", "task": "t1", "role": "coder",
+		"caps": []any{"git.push.working", "review.request"}, "token_file": "token",
+		"git": map[string]any{"name": "Agent Smith", "email": "agent@example.com"}}
+	if fmt.Sprint(session) != fmt.Sprint(want) {
+		t.Errorf("session.json = %v, want %v", session, want)
+	}
+	for name, mode := range map[string]fs.FileMode{"": fs.ModeDir | 0o755, "session.json": 0o644, "token": 0o400,
+		"bundle": fs.ModeDir | 0o755, "home": fs.ModeDir | 0o700, "tmp": fs.ModeDir | 0o700} {
+		st, err := os.Lstat(filepath.Join(run, name))
+		if err != nil || st.Mode() != mode || st.Sys().(*syscall.Stat_t).Uid != uint32(os.Getuid()) {
+			t.Errorf("%s: %v %v, want mode %v owned by the caller", filepath.Join(run, name), st.Mode(), err, mode)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(run, "token")); string(b) != token+"\n" {
+		t.Errorf("token file holds %q", b)
+	}
+	before := e.snapshot(t)
+	if _, errOut, code := runSandbox(t, e.sandbox, prepare()...); code != 5 || !strings.Contains(errOut, "not empty") {
+		t.Errorf("prepare over a prepared run directory: exit %d %q, want 5 and not empty", code, errOut)
+	}
+	e.assertUnchanged(t, before)
+
+	flags := []string{"run", "--run-dir", run, "--workspace", e.ws, "--role", "coder", "--caps", "review.request,git.push.working",
+		"--broker-socket", e.broker, "--git-socket", e.gitSock}
+	script := `echo "home=$BUSHOST_HOME"; cat "$BUS_TOKEN_FILE"; git var GIT_AUTHOR_IDENT | cut -d'>' -f1; git var GIT_COMMITTER_IDENT | cut -d'>' -f1; touch "$HOME/.history"`
+	out, errOut, code = runSandbox(t, e.sandbox, append(flags, "--", "sh", "-c", script)...)
+	wantOut := fmt.Sprintf("home=%s\n%s\nAgent Smith <agent@example.com\nAgent Smith <agent@example.com\n", e.busHost, token)
+	if code != 0 || out != wantOut {
+		t.Fatalf("inside: exit %d %q %s; want %q", code, out, errOut, wantOut)
+	}
+	if _, errOut, code := runSandbox(t, e.sandbox, append(flags, "--", "true")...); code != 125 || !strings.Contains(errOut, "--fresh-home") {
+		t.Errorf("second session on a full HOME: exit %d %q, want 125 naming --fresh-home", code, errOut)
+	}
+	out, errOut, code = runSandbox(t, e.sandbox, append(flags, "--fresh-home", "--", "ls", "-A", filepath.Join(run, "home"))...)
+	if code != 0 || out != "" {
+		t.Errorf("--fresh-home: exit %d, HOME holds %q %s", code, out, errOut)
+	}
+	wrongCaps := []string{"run", "--run-dir", run, "--workspace", e.ws, "--role", "coder", "--caps", "task.close",
+		"--broker-socket", e.broker, "--", "true"}
+	if _, errOut, code := runSandbox(t, e.sandbox, wrongCaps...); code != 125 || !strings.Contains(errOut, "session.json says") {
+		t.Errorf("--caps unlike session.json's: exit %d %q, want 125", code, errOut)
+	}
+}

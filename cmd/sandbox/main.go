@@ -2,6 +2,7 @@
 // internal/sandbox.
 //
 //	sandbox probe [--user U] [--bwrap PATH]
+//	sandbox prepare --run-dir D ... --token-file F
 //	sandbox explain [--json] RUN-FLAGS
 //	sandbox run RUN-FLAGS -- COMMAND...
 //
@@ -20,6 +21,7 @@ import (
 
 const usage = `usage:
   sandbox probe [--user U] [--bwrap PATH]
+  sandbox prepare --run-dir D --business B --project P --task T --role R --caps C,... --token-file F [--git-name N --git-email E]
   sandbox explain [--json] --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--net] [--ro PATH]...
   sandbox run --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--net] [--ro PATH]... -- COMMAND...
 `
@@ -56,6 +58,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintln(stdout, msg)
 		return 0
+	case "prepare":
+		return sandbox.Prepare(args[1:], stdout, stderr)
 	case "explain", "run":
 		cfg, err := sandbox.ParseFlags(args[0], args[1:], stderr)
 		if err != nil {

@@ -74,6 +74,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 func mainWith(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
 	e := &Env{Home: "./bus-host", Stdin: stdin, Stdout: stdout, Stderr: stderr, Getenv: getenv}
+	if h := getenv("BUSHOST_HOME"); h != "" {
+		e.Home = h // set by sandbox run; --home still wins
+	}
 	rest, err := e.globalFlags(args)
 	if err != nil {
 		fmt.Fprintf(stderr, "bushost: %v\n\n", err)
@@ -249,6 +252,13 @@ func (e *Env) token() (string, error) {
 		b, err := os.ReadFile(e.TokenFile)
 		if err != nil {
 			return "", fmt.Errorf("read token: %w", err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	if f := e.Getenv("BUS_TOKEN_FILE"); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", fmt.Errorf("read token ($BUS_TOKEN_FILE): %w", err)
 		}
 		return strings.TrimSpace(string(b)), nil
 	}

@@ -51,4 +51,10 @@ const (
 	PushIdle       Reason = "PUSH_IDLE"
 	TooManyConns   Reason = "TOO_MANY_CONNECTIONS"
 	TooManyCalls   Reason = "TOO_MANY_CALLS"
+
+	// The sandbox's own refusals (sandbox prepare and run).
+	RunDirNotEmpty       Reason = "RUN_DIR_NOT_EMPTY"
+	LimitUnavailable     Reason = "LIMIT_UNAVAILABLE"
+	AbstractScopeMissing Reason = "ABSTRACT_SCOPE_MISSING"
+	SessionUIDsExhausted Reason = "SESSION_UIDS_EXHAUSTED"
 )

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/bushost/bushost/internal/names"
@@ -53,7 +55,10 @@ type Config struct {
 	// InitVerb; "" means this one (cmd/sandbox hands InitVerb to Init).
 	Init    string
 	JSON    bool
-	Command []string
+	// FreshHome empties RUN/home before the launch, for a run directory
+	// whose previous session left it full.
+	FreshHome bool
+	Command   []string
 }
 
 // HasCap reports whether the role holds capability c.
@@ -92,6 +97,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&c.User, "user", "", "run the session as this user when started as root (default nobody)")
 	fs.StringVar(&c.Bushost, "bushost", "", "the bushost client to bind; must exist (default: next to sandbox, else on PATH, else none, with a note)")
 	fs.StringVar(&c.Bwrap, "bwrap", "", "the bwrap binary (default /usr/bin/bwrap, else on PATH)")
+	fs.BoolVar(&c.FreshHome, "fresh-home", false, "empty the run directory's home/ before the launch (default: refuse a HOME that is not empty)")
 	if verb == "explain" {
 		fs.BoolVar(&c.JSON, "json", false, "print the plan as JSON")
 	}
@@ -156,6 +162,19 @@ func (c *Config) sessionEnv(p *Plan) []string {
 	if t, ok := os.LookupEnv("TERM"); ok {
 		env = append(env, "TERM="+t)
 	}
+	// bushost inside needs neither --home nor --token-file: the broker
+	// socket's directory is the home it sees (the sockets keep their host
+	// paths inside), and the token is the run directory's.
+	env = append(env, "BUSHOST_HOME="+filepath.Dir(p.brokerSocket()))
+	if s := p.Session; s != nil {
+		if s.TokenFile != "" {
+			env = append(env, "BUS_TOKEN_FILE="+filepath.Join(p.RunDir, s.TokenFile))
+		}
+		if s.Git != nil {
+			env = append(env, "GIT_AUTHOR_NAME="+s.Git.Name, "GIT_AUTHOR_EMAIL="+s.Git.Email,
+				"GIT_COMMITTER_NAME="+s.Git.Name, "GIT_COMMITTER_EMAIL="+s.Git.Email)
+		}
+	}
 	for _, e := range c.Env {
 		if strings.Contains(e, "=") {
 			env = append(env, e)
@@ -164,4 +183,73 @@ func (c *Config) sessionEnv(p *Plan) []string {
 		}
 	}
 	return env
+}
+
+// PrepareConfig is what `sandbox prepare` was asked for.
+type PrepareConfig struct {
+	RunDir    string
+	Session   SessionFile
+	TokenFile string // the token to copy in; read once, never bound
+}
+
+// ParsePrepareFlags reads the flags of `sandbox prepare`.
+func ParsePrepareFlags(args []string, stderr io.Writer) (*PrepareConfig, error) {
+	c := &PrepareConfig{Session: SessionFile{Version: SessionVersion}}
+	s := &c.Session
+	fs := flag.NewFlagSet("sandbox prepare", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var caps, gitName, gitEmail string
+	fs.StringVar(&c.RunDir, "run-dir", "", "the run directory to make (must not exist, or be empty)")
+	fs.StringVar(&s.Business, "business", "", "the task's business")
+	fs.StringVar(&s.Project, "project", "", "the task's project")
+	fs.StringVar(&s.Task, "task", "", "the task the session works on")
+	fs.StringVar(&s.Role, "role", "", "the session's role name")
+	fs.StringVar(&caps, "caps", "", "the role's capabilities, comma-separated")
+	fs.StringVar(&c.TokenFile, "token-file", "", "the grant's token (bushost grant --out FILE), copied in read-only")
+	fs.StringVar(&gitName, "git-name", "", "the author and committer name of the session's commits")
+	fs.StringVar(&gitEmail, "git-email", "", "the author and committer email of the session's commits")
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() != 0 {
+		return nil, fmt.Errorf("%w: sandbox prepare takes no arguments, got %q", ErrUsage, fs.Args())
+	}
+	for _, req := range []struct{ name, v string }{
+		{"--run-dir", c.RunDir}, {"--business", s.Business}, {"--project", s.Project}, {"--task", s.Task},
+		{"--role", s.Role}, {"--token-file", c.TokenFile},
+	} {
+		if req.v == "" {
+			return nil, fmt.Errorf("%w: %s is required", ErrUsage, req.name)
+		}
+	}
+	for _, n := range []struct{ kind, v string }{{"business", s.Business}, {"project", s.Project}, {"task", s.Task}, {"role", s.Role}} {
+		if !validRole(n.v) {
+			return nil, fmt.Errorf("%w: %s %q: want %s and no '..'", ErrUsage, n.kind, n.v, names.Pattern)
+		}
+	}
+	s.Caps = []string{}
+	for _, cp := range strings.Split(caps, ",") {
+		cp = strings.TrimSpace(cp)
+		if cp == "" {
+			continue
+		}
+		if !knownCaps[cp] {
+			return nil, fmt.Errorf("%w: unknown capability %q (known: %s, %s, %s, %s, %s)", ErrUsage, cp,
+				CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord)
+		}
+		if !slices.Contains(s.Caps, cp) {
+			s.Caps = append(s.Caps, cp)
+		}
+	}
+	if (gitName == "") != (gitEmail == "") {
+		return nil, fmt.Errorf("%w: --git-name and --git-email go together", ErrUsage)
+	}
+	if gitName != "" {
+		s.Git = &GitIdentity{Name: gitName, Email: gitEmail}
+		if err := s.Git.check(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+	}
+	s.TokenFile = sessionTokenName
+	return c, nil
 }

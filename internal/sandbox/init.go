@@ -69,8 +69,13 @@ func Init(args []string, stderr io.Writer) int {
 	}
 	// Nothing run or bwrap handed down reaches the command, and a
 	// non-dumpable pid 1 keeps its /proc/1 entries (fd, root, mem, environ)
-	// closed to the session's own processes.
-	if err := unix.CloseRange(3, math.MaxUint32, 0); err != nil {
+	// closed to the session's own processes. The inherited descriptors are
+	// marked close-on-exec rather than closed: the Go runtime may already
+	// hold its own among them (the netpoller's, made at the first timer of
+	// a package's init, takes the lowest free number), and closing it
+	// under the runtime crashes pid 1.
+	unix.Close(fdReady)
+	if err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		initFailed(stderr, "close inherited descriptors", err)
 		return ExitSandbox
 	}

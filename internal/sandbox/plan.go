@@ -67,6 +67,8 @@ type Plan struct {
 	Env       []string `json:"-"` // values may be secrets: explain shows names
 
 	Command []string `json:"command,omitempty"`
+	// Session is the run directory's session.json.
+	Session *SessionFile `json:"session"`
 	initExe string
 	// busSockets are the bound broker and git sockets: the only binds
 	// whose group the session user is given.
@@ -99,8 +101,8 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	p.Home = filepath.Join(p.RunDir, "home")
 	p.Tmp = filepath.Join(p.RunDir, "tmp")
 	sessionJSON := filepath.Join(p.RunDir, "session.json")
-	if st, err := os.Lstat(sessionJSON); err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("run directory %s has no regular file session.json: the host writes it before the launch and the session may only read it", p.RunDir)
+	if p.Session, err = readSessionFile(p.RunDir); err != nil {
+		return nil, err
 	}
 	broker, err := callerPath("broker socket", cfg.BrokerSocket, false)
 	if err != nil {
@@ -193,6 +195,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		p.Hardening = append(p.Hardening, Flag{Flag: "--user " + u.Name, Why: fmt.Sprintf("started as root: bwrap and the session run as uid %d gid %d, never as host root", u.UID, u.GID)})
 	}
 	p.addSocketGroups()
+	p.checkSession()
 	p.Env = cfg.sessionEnv(p)
 	p.checkAccess()
 	return p, nil
@@ -242,9 +245,30 @@ func (p *Plan) addSocketGroups() {
 	}
 }
 
+// checkSession records where session.json and the command line disagree
+// on the role, and a token file it names that is not a regular file.
+func (p *Plan) checkSession() {
+	s := p.Session
+	if s.Role != "" && s.Role != p.Config.Role {
+		p.Problems = append(p.Problems, fmt.Sprintf("--role %s, but session.json says role %s", p.Config.Role, s.Role))
+	}
+	if s.Caps != nil && !sameCaps(s.Caps, p.Config.Caps) {
+		p.Problems = append(p.Problems, fmt.Sprintf("--caps %s, but session.json says %s", strings.Join(p.Config.Caps, ","), strings.Join(s.Caps, ",")))
+	}
+	if s.TokenFile != "" {
+		tok := filepath.Join(p.RunDir, s.TokenFile)
+		if st, err := os.Lstat(tok); err != nil || !st.Mode().IsRegular() {
+			p.Problems = append(p.Problems, fmt.Sprintf("session.json names token file %s, which is not a regular file", tok))
+		}
+	}
+}
+
 // checkAccess records what the session user could not reach.
 func (p *Plan) checkAccess() {
-	want := map[string]uint32{p.Workspace: accR | accW | accX, p.RunDir: accR | accW | accX, p.initExe: accX}
+	// The run directory itself is the host's (sandbox prepare makes it):
+	// the session only passes through it to home/ and tmp/, which run
+	// hands to the session user.
+	want := map[string]uint32{p.Workspace: accR | accW | accX, p.RunDir: accR | accX, p.initExe: accX}
 	for _, b := range p.Binds {
 		if b.Source == "" || b.Kind == KindSymlink {
 			continue
@@ -264,8 +288,8 @@ func (p *Plan) checkAccess() {
 			p.Problems = append(p.Problems, msg)
 		}
 	}
-	if ents, err := os.ReadDir(p.Home); err == nil && len(ents) > 0 {
-		p.Problems = append(p.Problems, fmt.Sprintf("%s is not empty: a session starts with an empty HOME", p.Home))
+	if ents, err := os.ReadDir(p.Home); err == nil && len(ents) > 0 && !p.Config.FreshHome {
+		p.Problems = append(p.Problems, fmt.Sprintf("%s is not empty: a session starts with an empty HOME (--fresh-home empties it)", p.Home))
 	}
 }
 
@@ -419,3 +443,6 @@ func findBushost(flagPath string) (path, note string, err error) {
 	}
 	return "", "bushost not bound: none next to the sandbox executable nor on PATH (give --bushost PATH)", nil
 }
+
+// brokerSocket is the bound broker socket's path, the same inside and out.
+func (p *Plan) brokerSocket() string { return p.busSockets[0] }

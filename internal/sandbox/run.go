@@ -431,11 +431,60 @@ func (p *Plan) prepareRunDir() error {
 			return fmt.Errorf("open %s (a directory, not a symlink): %w", filepath.Join(p.RunDir, d.name), err)
 		}
 		f := os.NewFile(uintptr(fd), filepath.Join(p.RunDir, d.name))
+		if d.empty && p.Config.FreshHome {
+			if err := emptyDir(f); err != nil {
+				f.Close()
+				return err
+			}
+		}
 		err = prepareDir(f, p.User, d.mode, d.owned, d.empty)
 		f.Close()
 		if err != nil {
 			return err
 		}
+	}
+	if name := p.Session.TokenFile; name != "" {
+		// The token is the session user's to read, and no one else's.
+		fd, err := unix.Openat(runFD, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return fmt.Errorf("open the token %s (a file, not a symlink): %w", filepath.Join(p.RunDir, name), err)
+		}
+		defer unix.Close(fd)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("the token %s is not a regular file", filepath.Join(p.RunDir, name))
+		}
+		if p.User.Drop {
+			if err := unix.Fchown(fd, int(p.User.UID), int(p.User.GID)); err != nil {
+				return fmt.Errorf("chown the token to %s: %w", p.User.Name, err)
+			}
+		}
+		if err := unix.Fchmod(fd, 0o400); err != nil {
+			return fmt.Errorf("chmod the token: %w", err)
+		}
+	}
+	return nil
+}
+
+// emptyDir removes everything in the directory f, through an os.Root on
+// it: a link the previous session left leads nowhere outside.
+func emptyDir(f *os.File) error {
+	root, err := os.OpenRoot("/proc/self/fd/" + strconv.Itoa(int(f.Fd())))
+	if err != nil {
+		return fmt.Errorf("--fresh-home: open %s: %w", f.Name(), err)
+	}
+	defer root.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("--fresh-home: read %s: %w", f.Name(), err)
+	}
+	for _, n := range names {
+		if err := root.RemoveAll(n); err != nil {
+			return fmt.Errorf("--fresh-home: empty %s: %w", f.Name(), err)
+		}
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
 	}
 	return nil
 }
@@ -447,7 +496,7 @@ func prepareDir(f *os.File, u User, mode uint32, owned, empty bool) error {
 			return fmt.Errorf("read %s: %w", f.Name(), err)
 		}
 		if len(names) > 0 {
-			return fmt.Errorf("%s is not empty: a session starts with an empty HOME", f.Name())
+			return fmt.Errorf("%s is not empty: a session starts with an empty HOME (--fresh-home empties it)", f.Name())
 		}
 	}
 	if owned && u.Drop {
