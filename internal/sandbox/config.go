@@ -53,8 +53,8 @@ type Config struct {
 	Bwrap        string   // "" means /usr/bin/bwrap, else bwrap on PATH
 	// Init is the executable bound as the session's pid 1 and run with
 	// InitVerb; "" means this one (cmd/sandbox hands InitVerb to Init).
-	Init    string
-	JSON    bool
+	Init string
+	JSON bool
 	// FreshHome empties RUN/home before the launch, for a run directory
 	// whose previous session left it full.
 	FreshHome bool
