@@ -1253,3 +1253,98 @@ func TestSandboxPrepare(t *testing.T) {
 		t.Errorf("--caps unlike session.json's: exit %d %q, want 125", code, errOut)
 	}
 }
+
+// TestSandboxLimits checks the resource limits from outside: a session
+// over its memory is killed, a fork bomb stops at --pids, --timeout ends a
+// session with 124, the rlimits hold, and no cgroup is left behind.
+func TestSandboxLimits(t *testing.T) {
+	e := newSandboxEnv(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: cgroups are made by root")
+	}
+	run := func(t *testing.T, limits []string, command ...string) (string, string, int) {
+		t.Helper()
+		before := e.snapshot(t)
+		out, errOut, code := e.runIn(t, limits, command...)
+		e.assertUnchanged(t, before)
+		if left := sessionCgroups(t); len(left) > 0 {
+			t.Errorf("cgroups left behind: %v", left)
+		}
+		return out, errOut, code
+	}
+	t.Run("memory", func(t *testing.T) {
+		out, errOut, code := run(t, []string{"--memory", "64M"}, e.helper, "alloc", "200")
+		if code != 128+9 || strings.Contains(out, "ALLOCATED") {
+			t.Errorf("200 MiB under --memory 64M: exit %d %q %s; want killed (137)", code, out, errOut)
+		}
+		out, errOut, code = run(t, []string{"--memory", "64M"}, e.helper, "alloc", "16")
+		if code != 0 || !strings.Contains(out, "ALLOCATED 16 MiB") {
+			t.Errorf("control: 16 MiB under --memory 64M: exit %d %q %s", code, out, errOut)
+		}
+	})
+	t.Run("pids", func(t *testing.T) {
+		out, errOut, code := run(t, []string{"--pids", "32"}, e.helper, "forks", "200")
+		if code != 3 || !strings.Contains(out, "REFUSED: forks") {
+			t.Errorf("200 processes under --pids 32: exit %d %q %s; want refused", code, out, errOut)
+		}
+		out, errOut, code = run(t, []string{"--pids", "32"}, e.helper, "forks", "4")
+		if code != 0 || !strings.Contains(out, "started 4 processes") {
+			t.Errorf("control: 4 processes under --pids 32: exit %d %q %s", code, out, errOut)
+		}
+	})
+	t.Run("timeout", func(t *testing.T) {
+		start := time.Now()
+		_, errOut, code := run(t, []string{"--timeout", "2s"}, "sleep", "60")
+		if took := time.Since(start); code != 124 || took > 20*time.Second || !strings.Contains(errOut, "timed out after 2s") {
+			t.Errorf("sleep 60 under --timeout 2s: exit %d after %s, %q; want 124 at about 2s", code, took, errOut)
+		}
+		// A command that ignores SIGTERM is killed after the grace.
+		start = time.Now()
+		_, _, code = run(t, []string{"--timeout", "1s"}, "sh", "-c", "trap '' TERM; sleep 60")
+		if took := time.Since(start); code != 124 || took > 20*time.Second {
+			t.Errorf("a session ignoring SIGTERM under --timeout 1s: exit %d after %s; want 124", code, took)
+		}
+	})
+	t.Run("rlimits and cpu", func(t *testing.T) {
+		out, errOut, code := run(t, []string{"--nofile", "64", "--fsize", "1M", "--cpu", "0.5"}, "grep", "-E", "^Max (open files|file size|core file size) ", "/proc/self/limits")
+		want := []string{"Max file size 1048576 1048576 bytes", "Max core file size 0 0 bytes", "Max open files 64 64 files"}
+		var got []string
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			got = append(got, strings.Join(strings.Fields(line), " "))
+		}
+		if code != 0 || !slices.Equal(got, want) {
+			t.Errorf("limits inside: exit %d %q %s; want %q", code, got, errOut, want)
+		}
+	})
+	t.Run("usage", func(t *testing.T) {
+		for _, bad := range [][]string{{"--memory", "1K"}, {"--pids", "-1"}, {"--memory", "lots"}, {"--timeout", "soon"}} {
+			if _, errOut, code := run(t, bad, "true"); code != 2 {
+				t.Errorf("%q: exit %d %s, want 2", bad, code, errOut)
+			}
+		}
+	})
+}
+
+// sessionCgroups lists the cgroups sandbox run made that are still there,
+// under this process's own cgroup of each hierarchy.
+func sessionCgroups(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		mount := "/sys/fs/cgroup/unified"
+		if parts[1] != "" {
+			mount = filepath.Join("/sys/fs/cgroup", strings.TrimPrefix(parts[1], "name="))
+		}
+		found, _ := filepath.Glob(filepath.Join(mount, parts[2], "bushost-sandbox-*"))
+		left = append(left, found...)
+	}
+	return left
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/size"
 )
 
 // The capabilities a grant may hold (DESIGN.md, "Identity and capabilities").
@@ -58,6 +59,7 @@ type Config struct {
 	// FreshHome empties RUN/home before the launch, for a run directory
 	// whose previous session left it full.
 	FreshHome bool
+	Limits    Limits
 	Command   []string
 }
 
@@ -97,6 +99,12 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&c.User, "user", "", "run the session as this user when started as root (default nobody)")
 	fs.StringVar(&c.Bushost, "bushost", "", "the bushost client to bind; must exist (default: next to sandbox, else on PATH, else none, with a note)")
 	fs.StringVar(&c.Bwrap, "bwrap", "", "the bwrap binary (default /usr/bin/bwrap, else on PATH)")
+	fs.Var(size.Value{P: &c.Limits.Memory}, "memory", "the session's memory limit (64M, 1G), through a cgroup; refused where none can be made")
+	fs.IntVar(&c.Limits.Pids, "pids", 0, "the most tasks (processes and threads) the session may hold, through a cgroup and RLIMIT_NPROC")
+	fs.Float64Var(&c.Limits.CPU, "cpu", 0, "the CPU time the session may use, in CPUs (0.5 = half of one), through a cgroup")
+	fs.Uint64Var(&c.Limits.NoFile, "nofile", 0, "RLIMIT_NOFILE: the most open files per session process")
+	fs.Var(size.Value{P: &c.Limits.FSize}, "fsize", "RLIMIT_FSIZE: the largest file a session process may write (64M, 1G)")
+	fs.DurationVar(&c.Limits.Timeout, "timeout", 0, "end the session after this long (SIGTERM, SIGKILL 5s later); run exits 124")
 	fs.BoolVar(&c.FreshHome, "fresh-home", false, "empty the run directory's home/ before the launch (default: refuse a HOME that is not empty)")
 	if verb == "explain" {
 		fs.BoolVar(&c.JSON, "json", false, "print the plan as JSON")
@@ -123,6 +131,9 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 		if req.v == "" {
 			return nil, fmt.Errorf("%w: %s is required", ErrUsage, req.name)
 		}
+	}
+	if l := c.Limits; l.Memory < 0 || l.Pids < 0 || l.CPU < 0 || l.FSize < 0 || l.Timeout < 0 || (l.Memory > 0 && l.Memory < 4<<20) || (l.Pids > 0 && l.Pids < 4) || l.CPU > 1024 {
+		return nil, fmt.Errorf("%w: limits must be positive; --memory at least 4M, --pids at least 4, --cpu at most 1024", ErrUsage)
 	}
 	if !validRole(c.Role) {
 		return nil, fmt.Errorf("%w: role %q: want %s and no '..'", ErrUsage, c.Role, names.Pattern)

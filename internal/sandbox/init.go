@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,10 @@ const initPath = sessionDir + "/init"
 // before anything else it does: Run binds its own executable as pid 1.
 const InitVerb = "init"
 
+// initGate is the option that makes pid 1 wait, before it starts the
+// command, for run's byte on fdGate.
+const initGate = "--gate"
+
 // Init is the session's pid 1. It dies with the bwrap process outside
 // (SIGKILL as its parent-death signal), tells run it is ready for signals,
 // starts the command, forwards run's signals to it, reaps every orphan, and
@@ -31,6 +36,17 @@ const InitVerb = "init"
 // start adds to bwrap's, so it does no more than this, allocates little,
 // and writes only when something fails.
 func Init(args []string, stderr io.Writer) int {
+	var gate bool
+	for len(args) > 0 && strings.HasPrefix(args[0], "--") {
+		switch args[0] {
+		case initGate:
+			gate = true
+		default:
+			initFailed(stderr, "unknown option "+args[0], nil)
+			return ExitSandbox
+		}
+		args = args[1:]
+	}
 	if os.Getpid() != 1 || len(args) < 2 {
 		initFailed(stderr, "runs only as a session's pid 1 (sandbox run starts it)", nil)
 		return ExitSandbox
@@ -75,6 +91,20 @@ func Init(args []string, stderr io.Writer) int {
 	// a package's init, takes the lowest free number), and closing it
 	// under the runtime crashes pid 1.
 	unix.Close(fdReady)
+	if gate {
+		// run puts the session into its cgroup, then says go: the command
+		// never runs outside its limits. End of file means run is gone.
+		var b [1]byte
+		n, err := unix.Read(fdGate, b[:])
+		for err == unix.EINTR {
+			n, err = unix.Read(fdGate, b[:])
+		}
+		if n != 1 {
+			initFailed(stderr, "wait for sandbox run to apply the limits", err)
+			return ExitSandbox
+		}
+		unix.Close(fdGate)
+	}
 	if err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		initFailed(stderr, "close inherited descriptors", err)
 		return ExitSandbox
