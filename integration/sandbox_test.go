@@ -408,6 +408,45 @@ grep -E '^(Uid|Gid|Cap[A-Za-z]+):' /proc/1/status`)
 		}
 	})
 
+	t.Run("the host's abstract Unix sockets", func(t *testing.T) {
+		name := "bushost-test-" + e.secret[:12]
+		l, err := net.Listen("unix", "@"+name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		accepted := make(chan string, 8)
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					close(accepted)
+					return
+				}
+				b := make([]byte, 64)
+				n, _ := c.Read(b)
+				c.Close()
+				accepted <- string(b[:n])
+			}
+		}()
+		// The control: from the host, the helper connects.
+		if out, err := exec.Command(e.helper, "abstract", name).CombinedOutput(); err != nil || !strings.Contains(string(out), "ESCAPED") {
+			t.Fatalf("control: the helper could not reach @%s from the host: %v %s", name, err, out)
+		}
+		if got := <-accepted; got != "from the session\n" {
+			t.Fatalf("control: the listener read %q", got)
+		}
+		e.helperRefused(t, nil, "abstract", name)
+		out := e.helperRefused(t, []string{"--net"}, "abstract", name)
+		if !strings.Contains(out, "operation not permitted") {
+			t.Errorf("with --net: %s; want EPERM from Landlock's scope", out)
+		}
+		l.Close()
+		for got := range accepted {
+			t.Errorf("the host's listener on @%s accepted a connection from a session: %q", name, got)
+		}
+	})
+
 	t.Run("network without --net", func(t *testing.T) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

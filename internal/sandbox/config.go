@@ -60,7 +60,11 @@ type Config struct {
 	// whose previous session left it full.
 	FreshHome bool
 	Limits    Limits
-	Command   []string
+	// AllowAbstractSockets lets a --net session start on a kernel without
+	// Landlock's abstract-socket scope, reaching the host's abstract
+	// Unix sockets.
+	AllowAbstractSockets bool
+	Command              []string
 }
 
 // HasCap reports whether the role holds capability c.
@@ -93,7 +97,8 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&caps, "caps", "", "the role's capabilities, comma-separated")
 	fs.StringVar(&c.BrokerSocket, "broker-socket", "", "the bus host's broker.sock")
 	fs.StringVar(&c.GitSocket, "git-socket", "", "the bus host's git.sock (bound only for git.push.working or review.verdict)")
-	fs.BoolVar(&c.Net, "net", false, "share the host's network (default: no network)")
+	fs.BoolVar(&c.Net, "net", false, "share the host's network (default: no network); needs Landlock ABI 6 to keep off the host's abstract Unix sockets")
+	fs.BoolVar(&c.AllowAbstractSockets, "allow-abstract-sockets", false, "with --net on a kernel without Landlock ABI 6: start anyway, reaching the host's abstract Unix sockets")
 	fs.Var(&ro, "ro", "bind PATH read-only at the same path (repeatable)")
 	fs.Var(&env, "env", "set NAME=VALUE in the session, or pass NAME through (repeatable)")
 	fs.StringVar(&c.User, "user", "", "run the session as this user when started as root (default nobody)")

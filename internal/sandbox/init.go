@@ -21,6 +21,10 @@ const initPath = sessionDir + "/init"
 // before anything else it does: Run binds its own executable as pid 1.
 const InitVerb = "init"
 
+// initScopeAbstract is the option that makes pid 1 start the command in a
+// Landlock domain scoped off abstract Unix sockets (see scopeAbstractUnix).
+const initScopeAbstract = "--scope-abstract-unix"
+
 // initGate is the option that makes pid 1 wait, before it starts the
 // command, for run's byte on fdGate.
 const initGate = "--gate"
@@ -36,11 +40,13 @@ const initGate = "--gate"
 // start adds to bwrap's, so it does no more than this, allocates little,
 // and writes only when something fails.
 func Init(args []string, stderr io.Writer) int {
-	var gate bool
+	var gate, scope bool
 	for len(args) > 0 && strings.HasPrefix(args[0], "--") {
 		switch args[0] {
 		case initGate:
 			gate = true
+		case initScopeAbstract:
+			scope = true
 		default:
 			initFailed(stderr, "unknown option "+args[0], nil)
 			return ExitSandbox
@@ -114,6 +120,14 @@ func Init(args []string, stderr io.Writer) int {
 		return ExitSandbox
 	}
 
+	// Landlock binds the thread that asks, and this goroutine's thread is
+	// locked: the command, forked from it below, starts in the domain.
+	if scope {
+		if err := scopeAbstractUnix(); err != nil {
+			initFailed(stderr, "scope the session off abstract Unix sockets (Landlock)", err)
+			return ExitSandbox
+		}
+	}
 	// The command gets no parent-death signal of its own: when pid 1 dies,
 	// the kernel kills every process of its pid namespace.
 	command, err := syscall.ForkExec(args[0], args[1:], &syscall.ProcAttr{

@@ -67,6 +67,8 @@ type Plan struct {
 	Env       []string `json:"-"` // values may be secrets: explain shows names
 
 	Command []string `json:"command,omitempty"`
+	// ScopeAbstract: pid 1 scopes the command off abstract Unix sockets.
+	ScopeAbstract bool `json:"scope_abstract_unix,omitempty"`
 	// Session is the run directory's session.json.
 	Session *SessionFile `json:"session"`
 	initExe string
@@ -180,6 +182,14 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	p.Namespaces = []string{"user", "pid", "ipc", "uts", "cgroup"}
 	if cfg.Net {
 		p.Notes = append(p.Notes, "--net: the session shares the host's network namespace")
+		switch abi := landlockABI(); {
+		case abi >= landlockScopeABI:
+			p.ScopeAbstract = true
+		case cfg.AllowAbstractSockets:
+			p.Notes = append(p.Notes, fmt.Sprintf("--allow-abstract-sockets: this kernel's Landlock ABI is %d, scopes need %d: the session reaches the host's abstract Unix sockets (containerd-shim, X11, D-Bus)", abi, landlockScopeABI))
+		default:
+			p.Problems = append(p.Problems, fmt.Sprintf("%s: --net would let the session reach the host's abstract Unix sockets (containerd-shim, X11, D-Bus), and this kernel's Landlock ABI is %d, scopes need %d (Linux 6.12); give --allow-abstract-sockets to start anyway", ReasonAbstractScopeMissing, abi, landlockScopeABI))
+		}
 	} else {
 		p.Namespaces = append(p.Namespaces, "net")
 	}
@@ -190,6 +200,9 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		{Flag: "--seccomp", Why: "refuses TIOCSTI/TIOCLINUX/TIOCSETD, socket families other than unix, inet, inet6 and netlink route (EAFNOSUPPORT), keyctl, ptrace, mount and the new mount API, listmount/statmount, io_uring, unshare/setns and namespace clones, bpf, userfaultfd, perf_event_open, module and kexec calls"},
 		{Flag: "--as-pid-1", Why: "the sandbox's own init is pid 1, with SIGKILL as its parent-death signal, so the session dies with the bwrap process outside even when sandbox run is gone too; bwrap's own reaper would outlive it"},
 		{Flag: "--json-status-fd", Why: "bwrap reports pid 1, which sandbox run passes its signals to and makes sure is gone once bwrap has exited, and the command's status"},
+	}
+	if p.ScopeAbstract {
+		p.Hardening = append(p.Hardening, Flag{Flag: "landlock " + initScopeAbstract, Why: "--net shares the host's network namespace, where abstract Unix socket names live: pid 1 starts the command in a Landlock domain (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET) that cannot connect to one made outside the session"})
 	}
 	if u.Drop {
 		p.Hardening = append(p.Hardening, Flag{Flag: "--user " + u.Name, Why: fmt.Sprintf("started as root: bwrap and the session run as uid %d gid %d, never as host root", u.UID, u.GID)})

@@ -117,6 +117,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		files = append(files, gateR.Fd())
 		argv = append(argv, initGate)
 	}
+	if p.ScopeAbstract {
+		argv = append(argv, initScopeAbstract)
+	}
 	argv = append(argv, exe)
 	argv = append(argv, p.Command...)
 	attr := &syscall.ProcAttr{

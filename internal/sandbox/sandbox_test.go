@@ -556,3 +556,44 @@ func TestPlanSocketGroups(t *testing.T) {
 		}
 	})
 }
+
+// TestPlanAbstractScope: with --net, the plan scopes the session off
+// abstract sockets where the kernel can, and refuses where it cannot
+// unless --allow-abstract-sockets says so.
+func TestPlanAbstractScope(t *testing.T) {
+	_, flags := layout(t)
+	real := landlockABI
+	t.Cleanup(func() { landlockABI = real })
+	for _, tc := range []struct {
+		abi     int
+		extra   []string
+		scope   bool
+		problem bool
+	}{
+		{6, []string{"--net"}, true, false},
+		{7, []string{"--net"}, true, false},
+		{5, []string{"--net"}, false, true},
+		{0, []string{"--net", "--allow-abstract-sockets"}, false, false},
+		{0, nil, false, false},
+	} {
+		landlockABI = func() int { return tc.abi }
+		p, err := plan(t, append(flags, tc.extra...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		problems := strings.Join(p.Problems, "\n")
+		if p.ScopeAbstract != tc.scope || strings.Contains(problems, ReasonAbstractScopeMissing) != tc.problem {
+			t.Errorf("ABI %d %q: scope %v, problems %q", tc.abi, tc.extra, p.ScopeAbstract, problems)
+		}
+		var text strings.Builder
+		if err := Explain(&text, p, false); err != nil {
+			t.Fatal(err)
+		}
+		if tc.problem && !strings.Contains(text.String(), "--allow-abstract-sockets") {
+			t.Errorf("explain on ABI %d does not name --allow-abstract-sockets:\n%s", tc.abi, text.String())
+		}
+		if tc.scope && !strings.Contains(text.String(), "LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET") {
+			t.Errorf("explain on ABI %d does not list the scope:\n%s", tc.abi, text.String())
+		}
+	}
+}
