@@ -302,9 +302,17 @@ func TestSandboxEscape(t *testing.T) {
 		out, errOut, code := e.runIn(t, nil, "sh", "-c", `
 tr '\0' ' ' < /proc/1/cmdline; echo
 for f in root cwd fd/0 fd/3; do readlink /proc/1/$f > /dev/null 2>&1 && echo "$f reachable"; done
-grep -E '^(Uid|Gid|Cap[A-Za-z]+):' /proc/1/status`)
+grep -E '^(Uid|Gid|Cap[A-Za-z]+):' /proc/1/status
+echo "me $(id -u) $(id -g)"`)
 		e.assertUnchanged(t, before)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
+		// The session user: the caller, or as root a uid (and gid) of the
+		// session's own, never 0.
+		me := strings.Fields(lines[len(lines)-1])
+		lines = lines[:len(lines)-1]
+		if len(me) != 3 || me[0] != "me" || me[1] == "0" || me[2] != me[1] && os.Geteuid() == 0 {
+			t.Fatalf("session user %q", me)
+		}
 		if code != 0 || len(lines) < 8 || !strings.HasPrefix(lines[0], "/run/sandbox/init init ") {
 			t.Fatalf("pid 1 is not the sandbox's init: exit %d %q %s", code, out, errOut)
 		}
@@ -314,9 +322,9 @@ grep -E '^(Uid|Gid|Cap[A-Za-z]+):' /proc/1/status`)
 			case strings.HasSuffix(line, "reachable"):
 				t.Errorf("the session can follow pid 1's %s", f[0])
 			case f[0] == "Uid:" || f[0] == "Gid:":
-				want := strconv.Itoa(e.uid)
+				want := me[1]
 				if f[0] == "Gid:" {
-					want = strconv.Itoa(e.gid)
+					want = me[2]
 				}
 				for _, id := range f[1:] {
 					if id != want {
@@ -628,7 +636,16 @@ func TestSandboxSignals(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, filepath.Join(e.ws, "started"))
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			if _, err := os.Stat(filepath.Join(e.ws, "started")); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				data, _ := os.ReadFile(out.Name())
+				t.Fatalf("the session never touched started: %s", data)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 		return cmd, func() string {
 			data, _ := os.ReadFile(out.Name())
 			return string(data)
@@ -1022,7 +1039,8 @@ func TestSandboxPushWorking(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1"}`), 0o644); err != nil {
+	// session.json names the token: run hands it to the session's uid.
+	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1","token_file":"token"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// The session's own token, in its run directory, readable by it alone.
@@ -1386,4 +1404,198 @@ func sessionCgroups(t *testing.T) []string {
 		left = append(left, found...)
 	}
 	return left
+}
+
+// sessionProc is one running session, seen from the host.
+type sessionProc struct {
+	cmd  *exec.Cmd
+	pid  int    // the command's host pid
+	uid  string // its uid on the host
+	mark string
+}
+
+// startSession starts `sleep MARK` as env e's session, with extra flags,
+// and finds its process on the host.
+func startSession(t *testing.T, e *sandboxEnv, extra ...string) *sessionProc {
+	t.Helper()
+	mark := "3600." + strconv.Itoa(os.Getpid()) + strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
+	args := append(append([]string{"run"}, e.flags("event.record")...), extra...)
+	cmd := exec.Command(e.sandbox, append(args, "--", "sh", "-c", "echo secret-"+e.secret+" > mine.txt; echo home > $HOME/mine; exec sleep "+mark)...)
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &sessionProc{cmd: cmd, mark: mark}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if pids := withArg(t, mark); len(pids) == 1 {
+			s.pid = pids[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			data, _ := os.ReadFile(out.Name())
+			t.Fatalf("the session never started: %s", data)
+		}
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			s.uid = strings.Fields(rest)[0]
+		}
+	}
+	return s
+}
+
+// asUID runs argv on the host as uid (and gid) and returns its output and
+// whether it succeeded.
+func asUID(t *testing.T, uid string, argv ...string) (string, bool) {
+	t.Helper()
+	n, err := strconv.Atoi(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(n), Gid: uint32(n)}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err == nil
+}
+
+// ownedBy lists the paths under dir owned (user or group) by any of ids.
+func ownedBy(t *testing.T, dir string, ids ...string) []string {
+	t.Helper()
+	var found []string
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		st := info.Sys().(*syscall.Stat_t)
+		if slices.Contains(ids, strconv.Itoa(int(st.Uid))) || slices.Contains(ids, strconv.Itoa(int(st.Gid))) {
+			found = append(found, p)
+		}
+		return nil
+	})
+	return found
+}
+
+// TestSandboxSessionUIDs runs two sessions at once, as root: each runs as
+// a uid of its own, neither can read or write the other's workspace or run
+// directory nor signal its processes, and once both end no file on the
+// host is owned by either uid.
+func TestSandboxSessionUIDs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only root gives a session a uid of its own")
+	}
+	a, b := newSandboxEnv(t), newSandboxEnv(t)
+	sa, sb := startSession(t, a), startSession(t, b)
+	t.Logf("session A uid %s pid %d, session B uid %s pid %d", sa.uid, sa.pid, sb.uid, sb.pid)
+	for _, s := range []*sessionProc{sa, sb} {
+		if n, _ := strconv.Atoi(s.uid); n < 61184 || n > 65519 {
+			t.Errorf("session uid %s is outside 61184-65519", s.uid)
+		}
+	}
+	if sa.uid == sb.uid {
+		t.Fatalf("both sessions run as uid %s", sa.uid)
+	}
+	for _, x := range []struct {
+		me, other *sessionProc
+		env       *sandboxEnv
+	}{{sa, sb, b}, {sb, sa, a}} {
+		for _, argv := range [][]string{
+			{"ls", x.env.ws},
+			{"cat", filepath.Join(x.env.ws, "mine.txt")},
+			{"touch", filepath.Join(x.env.ws, "from-the-other")},
+			{"ls", x.env.run},
+			{"ls", filepath.Join(x.env.run, "home")},
+			{"cat", filepath.Join(x.env.run, "home", "mine")},
+			{"kill", "-0", strconv.Itoa(x.other.pid)},
+		} {
+			if out, ok := asUID(t, x.me.uid, argv...); ok || strings.Contains(out, "secret-") {
+				t.Errorf("as uid %s, %q worked: %s", x.me.uid, argv, out)
+			}
+		}
+		// The control: the session's own uid may.
+		if out, ok := asUID(t, x.other.uid, "cat", filepath.Join(x.env.ws, "mine.txt")); !ok {
+			t.Errorf("control: uid %s cannot read its own workspace: %s", x.other.uid, out)
+		}
+		if out, ok := asUID(t, x.other.uid, "kill", "-0", strconv.Itoa(x.other.pid)); !ok {
+			t.Errorf("control: uid %s cannot signal its own process: %s", x.other.uid, out)
+		}
+	}
+	for _, s := range []*sessionProc{sa, sb} {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		s.cmd.Wait()
+	}
+	for _, e := range []*sandboxEnv{a, b} {
+		if left := ownedBy(t, e.base, sa.uid, sb.uid); len(left) > 0 {
+			t.Errorf("files left owned by a session uid: %v", left)
+		}
+		if st, err := os.Stat(filepath.Join(e.ws, "mine.txt")); err != nil || st.Sys().(*syscall.Stat_t).Uid != uint32(e.uid) {
+			t.Errorf("mine.txt was not handed back to the workspace's owner %d: %v", e.uid, err)
+		}
+	}
+}
+
+// TestSandboxUIDReclaimed: a launcher that dies leaves its session
+// running under its uid, which no other launcher takes; once the session
+// is gone, the next launcher given that uid hands its files back first.
+func TestSandboxUIDReclaimed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only root gives a session a uid of its own")
+	}
+	e := newSandboxEnv(t)
+	const rng = "65500-65519"
+	s := startSession(t, e, "--uid-range", rng)
+	if err := s.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	s.cmd.Wait()
+	if !alive(s.pid) {
+		t.Fatalf("the session died with its launcher")
+	}
+	// A second launcher while the session runs: another uid, and the
+	// workspace, still the first session's, is not taken from it.
+	_, errOut, code := e.runIn(t, []string{"--uid-range", rng, "--fresh-home"}, "true")
+	if code != 125 || !strings.Contains(errOut, "belongs to uid "+s.uid) {
+		t.Errorf("a launch on a workspace a running session holds: exit %d %q; want a refusal naming uid %s", code, errOut, s.uid)
+	}
+	if len(ownedBy(t, e.ws, s.uid)) == 0 {
+		t.Fatalf("the running session's workspace is no longer its own")
+	}
+	// End the orphaned session: kill its pid 1, and with it the pid
+	// namespace.
+	pid1 := 0
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid))
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			pid1, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	if pid1 <= 1 {
+		t.Fatalf("no pid 1 above the session's command %d", s.pid)
+	}
+	syscall.Kill(pid1, syscall.SIGKILL)
+	for deadline := time.Now().Add(10 * time.Second); alive(s.pid) || alive(pid1); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphaned session did not end")
+		}
+	}
+	out, errOut, code := e.runIn(t, []string{"--uid-range", s.uid + "-" + s.uid, "--fresh-home"}, "id", "-u")
+	if code != 0 || strings.TrimSpace(out) != s.uid {
+		t.Fatalf("launch on the reclaimed uid: exit %d %q %s", code, out, errOut)
+	}
+	if left := ownedBy(t, e.base, s.uid); len(left) > 0 {
+		t.Errorf("files left owned by the reclaimed uid %s: %v", s.uid, left)
+	}
 }

@@ -64,7 +64,11 @@ type Config struct {
 	// Landlock's abstract-socket scope, reaching the host's abstract
 	// Unix sockets.
 	AllowAbstractSockets bool
-	Command              []string
+	// UIDLow-UIDHigh is the range a session's own uid comes from, and
+	// StateDir holds its lock files (started as root without --user).
+	UIDLow, UIDHigh uint32
+	StateDir        string
+	Command         []string
 }
 
 // HasCap reports whether the role holds capability c.
@@ -101,7 +105,10 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.BoolVar(&c.AllowAbstractSockets, "allow-abstract-sockets", false, "with --net on a kernel without Landlock ABI 6: start anyway, reaching the host's abstract Unix sockets")
 	fs.Var(&ro, "ro", "bind PATH read-only at the same path (repeatable)")
 	fs.Var(&env, "env", "set NAME=VALUE in the session, or pass NAME through (repeatable)")
-	fs.StringVar(&c.User, "user", "", "run the session as this user when started as root (default nobody)")
+	fs.StringVar(&c.User, "user", "", "run the session as this fixed user when started as root (default: a uid of its own from --uid-range)")
+	uidRange := fmt.Sprintf("%d-%d", DefaultUIDLow, DefaultUIDHigh)
+	fs.StringVar(&uidRange, "uid-range", uidRange, "started as root without --user: the range LOW-HIGH a session's own uid comes from")
+	fs.StringVar(&c.StateDir, "state-dir", DefaultStateDir, "where the lock file of each session uid in use lives (root's)")
 	fs.StringVar(&c.Bushost, "bushost", "", "the bushost client to bind; must exist (default: next to sandbox, else on PATH, else none, with a note)")
 	fs.StringVar(&c.Bwrap, "bwrap", "", "the bwrap binary (default /usr/bin/bwrap, else on PATH)")
 	fs.Var(size.Value{P: &c.Limits.Memory}, "memory", "the session's memory limit (64M, 1G), through a cgroup; refused where none can be made")
@@ -118,6 +125,10 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	c.RO, c.Env = ro, env
+	var rerr error
+	if c.UIDLow, c.UIDHigh, rerr = parseUIDRange(uidRange); rerr != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUsage, rerr)
+	}
 	rest := fs.Args()
 	switch verb {
 	case "run":

@@ -204,7 +204,9 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if p.ScopeAbstract {
 		p.Hardening = append(p.Hardening, Flag{Flag: "landlock " + initScopeAbstract, Why: "--net shares the host's network namespace, where abstract Unix socket names live: pid 1 starts the command in a Landlock domain (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET) that cannot connect to one made outside the session"})
 	}
-	if u.Drop {
+	if u.Dynamic {
+		p.Hardening = append(p.Hardening, Flag{Flag: fmt.Sprintf("uid %d-%d", cfg.UIDLow, cfg.UIDHigh), Why: fmt.Sprintf("started as root: bwrap and the session run as a uid (and gid) of their own, free in /etc/passwd, /etc/group and among running processes, locked in %s; the workspace and run directory are handed to it for the session and back after, so no other session can read, write or signal this one", cfg.StateDir)})
+	} else if u.Drop {
 		p.Hardening = append(p.Hardening, Flag{Flag: "--user " + u.Name, Why: fmt.Sprintf("started as root: bwrap and the session run as uid %d gid %d, never as host root", u.UID, u.GID)})
 	}
 	p.addSocketGroups()
@@ -282,8 +284,19 @@ func (p *Plan) checkAccess() {
 	// the session only passes through it to home/ and tmp/, which run
 	// hands to the session user.
 	want := map[string]uint32{p.Workspace: accR | accW | accX, p.RunDir: accR | accX, p.initExe: accX}
+	if p.User.Dynamic {
+		// Handed to the session's own uid at launch: only the way there
+		// must be open to it.
+		want[p.Workspace], want[p.RunDir] = 0, 0
+	}
 	for _, b := range p.Binds {
 		if b.Source == "" || b.Kind == KindSymlink {
+			continue
+		}
+		if p.User.Dynamic && (within(b.Source, p.RunDir) || within(b.Source, p.Workspace)) {
+			// Handed to the session's uid at launch (a launcher that
+			// died may have left them with another session uid, which
+			// run reclaims first).
 			continue
 		}
 		w, ok := want[b.Source]

@@ -41,7 +41,38 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
-	if err := p.prepareRunDir(); err != nil {
+	if p.User.Dynamic {
+		l, err := acquireUID(p.Config.StateDir, p.Config.UIDLow, p.Config.UIDHigh)
+		if err != nil {
+			return 0, err
+		}
+		// Last of all: the session is gone by the time this runs.
+		defer func() {
+			if err := l.release(); err != nil && stderr != nil {
+				fmt.Fprintf(stderr, "sandbox: hand the session's files back from uid %d: %v\n", l.uid, err)
+			}
+		}()
+		p.User.UID, p.User.GID, p.User.Name = l.uid, l.uid, fmt.Sprintf("%s-%d", dynamicName, l.uid)
+		p.Env = p.Config.sessionEnv(p)
+		if err := l.handOver(p.Workspace, true); err != nil {
+			return 0, err
+		}
+		if err := l.handOver(p.RunDir, false); err != nil {
+			return 0, err
+		}
+		if err := p.prepareRunDir(); err != nil {
+			return 0, err
+		}
+		mine := []string{p.Home, p.Tmp}
+		if p.Session.TokenFile != "" {
+			mine = append(mine, filepath.Join(p.RunDir, p.Session.TokenFile))
+		}
+		for _, path := range mine {
+			if err := l.handOver(path, true); err != nil {
+				return 0, err
+			}
+		}
+	} else if err := p.prepareRunDir(); err != nil {
 		return 0, err
 	}
 	exe, status, msg := p.lookCommand()
@@ -534,7 +565,7 @@ func (p *Plan) prepareRunDir() error {
 		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 			return fmt.Errorf("the token %s is not a regular file", filepath.Join(p.RunDir, name))
 		}
-		if p.User.Drop {
+		if p.User.Drop && !p.User.Dynamic {
 			if err := unix.Fchown(fd, int(p.User.UID), int(p.User.GID)); err != nil {
 				return fmt.Errorf("chown the token to %s: %w", p.User.Name, err)
 			}
@@ -579,7 +610,7 @@ func prepareDir(f *os.File, u User, mode uint32, owned, empty bool) error {
 			return fmt.Errorf("%s is not empty: a session starts with an empty HOME (--fresh-home empties it)", f.Name())
 		}
 	}
-	if owned && u.Drop {
+	if owned && u.Drop && !u.Dynamic {
 		if err := unix.Fchown(int(f.Fd()), int(u.UID), int(u.GID)); err != nil {
 			return fmt.Errorf("chown %s to %s: %w", f.Name(), u.Name, err)
 		}

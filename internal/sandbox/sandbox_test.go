@@ -227,7 +227,8 @@ func TestPlanAccessProblems(t *testing.T) {
 	}
 	base, flags := layout(t)
 	// Owned by root, 0755: nobody cannot write the workspace or connect.
-	p, err := plan(t, append(flags, "--caps", "git.push.working")...)
+	// (A session of its own uid is handed its workspace instead.)
+	p, err := plan(t, append(flags, "--caps", "git.push.working", "--user", "nobody")...)
 	if err != nil {
 		t.Fatal(err)
 	}
