@@ -2,6 +2,7 @@
 // internal/sandbox.
 //
 //	sandbox probe [--user U] [--bwrap PATH]
+//	sandbox prepare --run-dir D ... --token-file F
 //	sandbox explain [--json] RUN-FLAGS
 //	sandbox run RUN-FLAGS -- COMMAND...
 //
@@ -21,6 +22,7 @@ import (
 const usage = `usage:
   sandbox --version | --help | help COMMAND
   sandbox probe [--user U] [--bwrap PATH]
+  sandbox prepare --run-dir D --business B --project P --task T --role R --caps C,... --token-file F [--git-name N --git-email E]
   sandbox explain [--json] --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--net] [--ro PATH]...
   sandbox run --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--net] [--ro PATH]... -- COMMAND...
 `
@@ -41,6 +43,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			"usage: sandbox probe [--user U] [--bwrap PATH]\n\nexit 0, or 1 with why bwrap cannot run here.",
 			func(w io.Writer) { probeFlags(w).PrintDefaults() },
 			func(args []string) int { return probe(args, stdout, stderr) }),
+		cmdline.Passthrough("prepare", "make a session's run directory: session.json, bundle/, home/, tmp/, token",
+			"usage: sandbox prepare --run-dir D --business B --project P --task T --role R --caps C,... --token-file F [--git-name N --git-email E]\n\nmake a session's run directory (docs/sandbox.md).",
+			func(w io.Writer) { sandbox.ParsePrepareFlags([]string{"-h"}, w) },
+			func(args []string) int { return sandbox.Prepare(args, stdout, stderr) }),
 		cmdline.Passthrough("explain", "print the bind table: kind, source, target, why",
 			"usage: sandbox explain [--json] RUN-FLAGS\n\nprint the bind table of a session: kind, source, target, why.",
 			func(w io.Writer) { sandbox.ParseFlags("explain", []string{"-h"}, w) },

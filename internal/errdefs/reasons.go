@@ -80,4 +80,9 @@ const (
 	GitDirUnsafe        Reason = "GIT_DIR_UNSAFE"
 	AgentProcessRunning Reason = "AGENT_PROCESS_RUNNING"
 	WorkspaceUnsafe     Reason = "WORKSPACE_UNSAFE"
+
+	RunDirNotEmpty       Reason = "RUN_DIR_NOT_EMPTY"
+	LimitUnavailable     Reason = "LIMIT_UNAVAILABLE"
+	AbstractScopeMissing Reason = "ABSTRACT_SCOPE_MISSING"
+	SessionUIDsExhausted Reason = "SESSION_UIDS_EXHAUSTED"
 )
