@@ -51,4 +51,11 @@ const (
 	PushIdle       Reason = "PUSH_IDLE"
 	TooManyConns   Reason = "TOO_MANY_CONNECTIONS"
 	TooManyCalls   Reason = "TOO_MANY_CALLS"
+
+	// Objects and quotas.
+	ObjectTooLarge    Reason = "OBJECT_TOO_LARGE"
+	EventRateExceeded Reason = "EVENT_RATE_EXCEEDED"
+	EventBytesRate    Reason = "EVENT_BYTES_RATE_EXCEEDED"
+	TaskQuota         Reason = "TASK_QUOTA_EXCEEDED"
+	ProjectQuota      Reason = "PROJECT_QUOTA_EXCEEDED"
 )
