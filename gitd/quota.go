@@ -13,12 +13,13 @@ import (
 	"github.com/bushost/bushost/internal/errdefs"
 )
 
-// indexPackConfig is index-pack's memory, bounded by the object limits
-// (docs/git-service.md, "Objects and quotas"): the cache of delta bases it
-// keeps while resolving deltas, on top of gitcmd's fixed
-// core.bigFileThreshold (blobs over it are streamed, never held whole) and
-// pack.threads (each thread holds one base and one result).
-var indexPackConfig = []string{"core.deltaBaseCacheLimit=32m"}
+// indexPackConfig bounds index-pack's memory by the object limits (docs/
+// git-service.md, "Objects and quotas", has the measurements). A whole blob
+// over gitcmd's core.bigFileThreshold (16m) is streamed, never held; a
+// delta is resolved with its base and its result in memory, once per
+// thread, so one thread keeps the peak near twice --max-object-bytes; the
+// cache of delta bases adds at most its limit.
+var indexPackConfig = []string{"pack.threads=1", "core.deltaBaseCacheLimit=32m"}
 
 // Quotas on what a push may store. Both are checked under the
 // repository's lock, after index-pack and before Migrate, so a refused push
