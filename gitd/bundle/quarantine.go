@@ -96,9 +96,11 @@ var fsckLineRE = sync.OnceValue(func() *regexp.Regexp {
 // shows here as a short pack.
 //
 // IndexPack ends when git does (ctx cancelled, git's timeout, git failed):
-// it then closes pack if pack is an io.Closer, so that a read blocked on it
-// returns, and waits for that read. A pack that is no io.Closer and blocks
-// forever is left to its reader goroutine, which ends at the read's return.
+// if the copy into git is still running then, it closes pack when pack is
+// an io.Closer, so that a read blocked on it returns, and waits for the
+// copy, so that pack is no longer read when IndexPack returns. A pack that
+// is no io.Closer must not block forever (a push stream's reads end at its
+// idle timeout).
 func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir string, pack io.Reader) (string, error) {
 	// index-pack reads its input 4 KiB at a time: through a default 64 KiB
 	// pipe, the sender and git take turns waiting for each other. A larger
@@ -141,11 +143,8 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 	default:
 		if c, ok := pack.(io.Closer); ok {
 			c.Close()
-			cerr = <-copied
-		} else if err == nil {
-			// git read a whole pack without the copy returning: wait.
-			cerr = <-copied
 		}
+		cerr = <-copied
 	}
 	var pe *PackError
 	if _, refused := errdefs.As(cerr); refused || errors.As(cerr, &pe) {
