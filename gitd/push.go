@@ -87,7 +87,8 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	}
 	defer q.Remove()
 	if !s.o.NoObjectChecks {
-		q.Limits = bundle.Limits{BlobBytes: s.o.MaxObjectBytes, CommitBytes: s.o.MaxCommitBytes, TreeBytes: s.o.MaxTreeBytes}
+		q.Limits = bundle.Limits{BlobBytes: s.o.MaxObjectBytes, CommitBytes: s.o.MaxCommitBytes,
+			TreeBytes: s.o.MaxTreeBytes, Objects: s.o.MaxPackObjects}
 	}
 	q.IndexConfig = indexPackConfig
 	name, err := q.IndexPack(ctx, s.git, r.Path, br)

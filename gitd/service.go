@@ -39,6 +39,7 @@ const (
 	DefaultMaxObjectBytes  = 100 << 20
 	DefaultMaxCommitBytes  = 1 << 20
 	DefaultMaxTreeBytes    = 16 << 20
+	DefaultMaxPackObjects  = 1 << 20
 	DefaultMaxTaskBytes    = 1 << 30
 	DefaultMaxProjectBytes = 10 << 30
 )
@@ -59,6 +60,7 @@ type Options struct {
 	MaxObjectBytes int64 // a blob; 100 MiB
 	MaxCommitBytes int64 // a commit or a tag; 1 MiB
 	MaxTreeBytes   int64 // a tree; 16 MiB
+	MaxPackObjects int64 // the objects of one pushed pack; 1,048,576
 	// NoObjectChecks turns the streaming object checks off: for the
 	// benchmark that measures their cost, never in service.
 	NoObjectChecks bool
@@ -106,6 +108,7 @@ func New(o Options) (*Service, error) {
 	}{
 		{&o.MaxObjectBytes, DefaultMaxObjectBytes}, {&o.MaxCommitBytes, DefaultMaxCommitBytes},
 		{&o.MaxTreeBytes, DefaultMaxTreeBytes}, {&o.MaxTaskBytes, DefaultMaxTaskBytes},
+		{&o.MaxPackObjects, DefaultMaxPackObjects},
 		{&o.MaxProjectBytes, DefaultMaxProjectBytes},
 	} {
 		if *f.p <= 0 {

@@ -23,10 +23,16 @@ type Limits struct {
 	BlobBytes   int64 // --max-object-bytes
 	CommitBytes int64 // --max-commit-bytes, for commits and tags
 	TreeBytes   int64 // --max-tree-bytes
+	// Objects bounds the entries of one pack (--max-pack-objects): git's
+	// index-pack keeps some hundred bytes per object, and this scanner 32,
+	// so a pack of tiny objects would otherwise cost memory by its count.
+	Objects int64
 }
 
 // Enabled reports whether any bound is set.
-func (l Limits) Enabled() bool { return l.BlobBytes > 0 || l.CommitBytes > 0 || l.TreeBytes > 0 }
+func (l Limits) Enabled() bool {
+	return l.BlobBytes > 0 || l.CommitBytes > 0 || l.TreeBytes > 0 || l.Objects > 0
+}
 
 // forType returns the bound of an object type and the flag that sets it.
 func (l Limits) forType(t objType) (int64, string) {
@@ -211,6 +217,11 @@ func (s *scanner) scan() error {
 		return &PackError{Msg: fmt.Sprintf("pack version %d (want 2 or 3)", v)}
 	}
 	count := binary.BigEndian.Uint32(hdr[8:12])
+	if s.lim.Objects > 0 && int64(count) > s.lim.Objects {
+		return errdefs.ResourceExhausted(errdefs.PackTooManyObjects,
+			"the pack holds %d objects, over the limit of %d (bushostd --max-pack-objects)", count, s.lim.Objects).
+			With("limit", s.lim.Objects).With("size", count)
+	}
 	s.rec.safe = s.consumed()
 	for i := 0; i < int(count); i++ {
 		if err := s.entry(i); err != nil {
@@ -292,7 +303,7 @@ func (s *scanner) entry(i int) error {
 				}
 				s.refBase[i] = baseID
 			}
-			if result > s.lim.smallest() {
+			if small := s.lim.smallest(); small >= 0 && result > small {
 				s.pending = append(s.pending, i)
 			}
 		}

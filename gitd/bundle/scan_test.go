@@ -307,3 +307,17 @@ func TestScanDeltas(t *testing.T) {
 		})
 	}
 }
+
+func TestScanObjectCount(t *testing.T) {
+	p := newPackRepo(t)
+	pack := p.pack(p.object("blob", []byte("a\n")), p.object("blob", []byte("b\n")), p.object("blob", []byte("c\n")))
+	var out bytes.Buffer
+	err := scanPack(bytes.NewReader(pack), &out, Limits{Objects: 2}, nil)
+	if e, ok := errdefs.As(err); !ok || e.Reason != errdefs.PackTooManyObjects || e.Metadata["limit"] != "2" || out.Len() != 0 {
+		t.Fatalf("got %v, %d bytes passed", err, out.Len())
+	}
+	out.Reset()
+	if err := scanPack(bytes.NewReader(pack), &out, Limits{Objects: 3}, nil); err != nil || !bytes.Equal(out.Bytes(), pack) {
+		t.Fatalf("3 of 3: %v", err)
+	}
+}

@@ -58,6 +58,7 @@ type Options struct {
 	MaxObjectBytes  int64
 	MaxCommitBytes  int64
 	MaxTreeBytes    int64
+	MaxPackObjects  int64
 	MaxTaskBytes    int64
 	MaxProjectBytes int64
 	EventRate       int
@@ -124,7 +125,7 @@ func Serve(ctx context.Context, o Options) error {
 	o.fill()
 	log := o.Logger
 	if o.MaxBundleBytes < 0 || o.IdleTimeout < 0 || o.DrainTimeout < 0 || o.MaxConns < 0 || o.MaxInFlight < 0 ||
-		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
+		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxPackObjects < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
 		o.EventRate < 0 || o.EventBytesRate < 0 {
 		return errors.New("limits must not be negative")
 	}
@@ -173,6 +174,7 @@ func Serve(ctx context.Context, o Options) error {
 		MaxObjectBytes:  o.MaxObjectBytes,
 		MaxCommitBytes:  o.MaxCommitBytes,
 		MaxTreeBytes:    o.MaxTreeBytes,
+		MaxPackObjects:  o.MaxPackObjects,
 		NoObjectChecks:  o.NoObjectChecks,
 		MaxTaskBytes:    o.MaxTaskBytes,
 		MaxProjectBytes: o.MaxProjectBytes,

@@ -33,6 +33,7 @@ func (o *Options) addBoundFlags(fs *pflag.FlagSet) {
 	fs.Var(size.Value{P: &o.MaxObjectBytes}, "max-object-bytes", "largest blob a push may carry, inflated")
 	fs.Var(size.Value{P: &o.MaxCommitBytes}, "max-commit-bytes", "largest commit or tag a push may carry, inflated")
 	fs.Var(size.Value{P: &o.MaxTreeBytes}, "max-tree-bytes", "largest tree a push may carry, inflated")
+	fs.Int64Var(&o.MaxPackObjects, "max-pack-objects", gitd.DefaultMaxPackObjects, "most objects one pushed pack may hold")
 	fs.Var(size.Value{P: &o.MaxTaskBytes}, "max-task-bytes", "total size of a task's accepted packs")
 	fs.Var(size.Value{P: &o.MaxProjectBytes}, "max-project-bytes", "size of a project's repository that pushes may reach")
 	fs.IntVar(&o.EventRate, "event-rate", broker.DefaultEventRate, "events one grant may record per minute")

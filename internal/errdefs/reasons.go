@@ -53,9 +53,10 @@ const (
 	TooManyCalls   Reason = "TOO_MANY_CALLS"
 
 	// Objects and quotas.
-	ObjectTooLarge    Reason = "OBJECT_TOO_LARGE"
-	EventRateExceeded Reason = "EVENT_RATE_EXCEEDED"
-	EventBytesRate    Reason = "EVENT_BYTES_RATE_EXCEEDED"
-	TaskQuota         Reason = "TASK_QUOTA_EXCEEDED"
-	ProjectQuota      Reason = "PROJECT_QUOTA_EXCEEDED"
+	ObjectTooLarge     Reason = "OBJECT_TOO_LARGE"
+	PackTooManyObjects Reason = "PACK_TOO_MANY_OBJECTS"
+	EventRateExceeded  Reason = "EVENT_RATE_EXCEEDED"
+	EventBytesRate     Reason = "EVENT_BYTES_RATE_EXCEEDED"
+	TaskQuota          Reason = "TASK_QUOTA_EXCEEDED"
+	ProjectQuota       Reason = "PROJECT_QUOTA_EXCEEDED"
 )
