@@ -28,6 +28,11 @@ type Options struct {
 	AdminToken string
 	// DefaultTTL is a grant's lifetime when none is asked for; 0 means 24h.
 	DefaultTTL time.Duration
+	// EventRate and EventBytesRate bound what one grant appends through
+	// RecordEvent, per minute (events; bytes of type and data); 0 means
+	// the defaults, 600 and 1 MiB.
+	EventRate      int
+	EventBytesRate int64
 }
 
 // Broker is the broker. It implements authz.Authority; NewServer serves it
@@ -36,6 +41,7 @@ type Broker struct {
 	st         store
 	admin      string
 	defaultTTL time.Duration
+	quota      *eventQuota
 
 	// ops feeds the committer; see write.
 	ops       chan *op
@@ -74,6 +80,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		st:         st,
 		admin:      o.AdminToken,
 		defaultTTL: ttl,
+		quota:      newEventQuota(o.EventRate, o.EventBytesRate),
 		ops:        make(chan *op, 1024),
 		committed:  make(chan struct{}),
 		changed:    make(chan struct{}),

@@ -313,6 +313,11 @@ func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data
 	if len(key) > maxKeyBytes {
 		return Event{}, errdefs.InvalidArgument(errdefs.IdempotencyKeyInvalid, "idempotency key is %d bytes; at most %d", len(key), maxKeyBytes)
 	}
+	if !g.Host {
+		if err := b.quota.take(g.ID, len(typ)+len(data)); err != nil {
+			return Event{}, err
+		}
+	}
 	body := tokenHash(typ + "\x00" + data)
 	var e Event
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {

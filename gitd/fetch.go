@@ -7,7 +7,6 @@ import (
 
 	git "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
-	"github.com/go-git/go-git/v5/plumbing/object"
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/errdefs"
@@ -73,22 +72,20 @@ func (s *Service) WriteReviewBundle(ctx context.Context, business, project, task
 		if !bundle.ValidOID(have) {
 			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %q is not a full object id", have)
 		}
-		hc, err := object.GetCommit(gg.Storer, plumbing.NewHash(have))
-		if err != nil {
-			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %s is not a commit of %s/%s", have, business, project).With("have", have)
-		}
-		wc, err := object.GetCommit(gg.Storer, plumbing.NewHash(commit))
+		use, err := s.haveFits(ctx, r, gg, have)
 		if err != nil {
 			return err
 		}
-		// A push that have already contains would make an empty bundle,
-		// which git refuses: send it whole instead.
-		contained, err := wc.IsAncestor(hc)
-		if err != nil {
-			return err
-		}
-		if !contained {
-			args = append(args, "^"+have)
+		if use {
+			// A push that have already contains would make an empty
+			// bundle, which git refuses: send it whole instead.
+			contained, err := s.contains(ctx, r, gg, have, commit)
+			if err != nil {
+				return err
+			}
+			if !contained {
+				args = append(args, "^"+have)
+			}
 		}
 	}
 	if err := begin(commit); err != nil {
@@ -104,4 +101,51 @@ func (s *Service) bundle(ctx context.Context, r repo, w io.Writer, revs ...strin
 		return fmt.Errorf("bundle %s: %w", r.Path, err)
 	}
 	return nil
+}
+
+// haveFits checks a reviewer's have, whatever it names, without reading an
+// object whole: its size first, from the object's header. A commit within
+// --max-commit-bytes is used; a larger one (only the host's seeding can put
+// one there: pushes are bounded) is ignored, and the bundle is sent whole,
+// so a have costs the daemon no more than any other; anything else is
+// refused.
+func (s *Service) haveFits(ctx context.Context, r repo, gg *git.Repository, have string) (bool, error) {
+	notCommit := errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %s is not a commit of %s/%s", have, r.Business, r.Project).With("have", have)
+	h := plumbing.NewHash(have)
+	size, err := gg.Storer.EncodedObjectSize(h)
+	if err != nil {
+		return false, notCommit
+	}
+	if size > s.o.MaxCommitBytes || size > maxCommitBytes {
+		typ, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{have}})
+		if err != nil || typ != "commit" {
+			return false, notCommit
+		}
+		s.log.Info("have is a commit over --max-commit-bytes; sending the bundle whole", "repo", r.Path, "have", have, "size", size)
+		return false, nil
+	}
+	obj, err := gg.Storer.EncodedObject(plumbing.AnyObject, h)
+	if err != nil || obj.Type() != plumbing.CommitObject {
+		return false, notCommit
+	}
+	return true, nil
+}
+
+// contains reports whether commit is have or one of its ancestors: a
+// bounded walk in process (objectReader reads no commit over its bound),
+// else git.
+func (s *Service) contains(ctx context.Context, r repo, gg *git.Repository, have, commit string) (bool, error) {
+	o := &objectReader{repo: gg.Storer, limit: walkLimit}
+	ok, err := o.isAncestor(commit, have)
+	if err == nil {
+		return ok, nil
+	}
+	err = s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{commit, have}})
+	if err == nil {
+		return true, nil
+	}
+	if gitcmd.ExitCode(err) == 1 {
+		return false, nil
+	}
+	return false, err
 }

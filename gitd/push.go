@@ -87,6 +87,11 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 	defer q.Remove()
+	if !s.o.NoObjectChecks {
+		q.Limits = bundle.Limits{BlobBytes: s.o.MaxObjectBytes, CommitBytes: s.o.MaxCommitBytes,
+			TreeBytes: s.o.MaxTreeBytes, Objects: s.o.MaxPackObjects}
+	}
+	q.IndexConfig = indexPackConfig
 	name, err := q.IndexPack(ctx, s.git, r.Path, br)
 	if err != nil || lr.err != nil {
 		return PushResult{}, lr.cause(err)
@@ -127,6 +132,10 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 			return PushResult{}, err
 		}
 	}
+	packBytes, err := s.checkQuotas(r, g.Task, q)
+	if err != nil {
+		return PushResult{}, err
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
 	if err := q.Migrate(); err != nil {
@@ -139,6 +148,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		}
 		return PushResult{}, err
 	}
+	s.account(r, g.Task, packBytes, q)
 	oldArg := cur
 	if oldArg == "" {
 		oldArg = zeroOID

@@ -164,6 +164,7 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 			return old, old, nil
 		}
 	}
+	defer s.forgetUsage(r)
 	if err := q.Migrate(); err != nil {
 		return "", "", err
 	}

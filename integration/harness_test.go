@@ -19,6 +19,7 @@ type Host struct {
 	Home   string
 	Args   []string // extra bushostd serve flags
 	Log    string   // the daemon's stderr, appended across restarts
+	Env    []string // extra environment of the daemon
 	daemon string
 	client string
 	cmd    *exec.Cmd
@@ -31,6 +32,8 @@ type hostOpts struct {
 	Home string
 	// Args are extra flags for bushostd serve.
 	Args []string
+	// Env adds to (and overrides) the daemon's inherited environment.
+	Env []string
 }
 
 // baseDir returns a new directory outside /tmp (a sandboxed session's /tmp
@@ -58,7 +61,7 @@ func startHost(t testing.TB) *Host {
 
 func startHostWith(t testing.TB, o hostOpts) *Host {
 	t.Helper()
-	h := &Host{Home: o.Home, Args: o.Args, daemon: bin(t, "bushostd"), client: bin(t, "bushost")}
+	h := &Host{Home: o.Home, Args: o.Args, Env: o.Env, daemon: bin(t, "bushostd"), client: bin(t, "bushost")}
 	if h.Home == "" {
 		h.Home = filepath.Join(baseDir(t), "home")
 	}
@@ -86,6 +89,9 @@ func (h *Host) start(t testing.TB) {
 	}
 	args := append([]string{"serve", "--home", h.Home}, h.Args...)
 	cmd := exec.Command(h.daemon, args...)
+	if len(h.Env) > 0 {
+		cmd.Env = append(os.Environ(), h.Env...)
+	}
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	if err := cmd.Start(); err != nil {

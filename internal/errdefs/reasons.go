@@ -85,4 +85,11 @@ const (
 	LimitUnavailable     Reason = "LIMIT_UNAVAILABLE"
 	AbstractScopeMissing Reason = "ABSTRACT_SCOPE_MISSING"
 	SessionUIDsExhausted Reason = "SESSION_UIDS_EXHAUSTED"
+
+	ObjectTooLarge     Reason = "OBJECT_TOO_LARGE"
+	PackTooManyObjects Reason = "PACK_TOO_MANY_OBJECTS"
+	EventRateExceeded  Reason = "EVENT_RATE_EXCEEDED"
+	EventBytesRate     Reason = "EVENT_BYTES_RATE_EXCEEDED"
+	TaskQuota          Reason = "TASK_QUOTA_EXCEEDED"
+	ProjectQuota       Reason = "PROJECT_QUOTA_EXCEEDED"
 )
