@@ -14,6 +14,7 @@ import (
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/metrics"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -86,7 +87,9 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 	defer q.Remove()
+	indexStart := time.Now()
 	name, err := q.IndexPack(ctx, s.git, r.Path, br)
+	metrics.IndexPack(time.Since(indexStart))
 	if err != nil || lr.err != nil {
 		return PushResult{}, lr.cause(err)
 	}

@@ -19,4 +19,5 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxConns, "max-conns", DefaultMaxConns, "connections per socket")
 	fs.IntVar(&o.MaxInFlight, "max-in-flight", DefaultMaxInFlight, "calls in flight per socket")
 	fs.StringVar(&o.SocketGroup, "socket-group", "", "group (name or gid) given the sockets; the home becomes 0710 so that members (sandboxed sessions) reach the sockets and nothing else")
+	o.Observe.addFlags(fs)
 }
