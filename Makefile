@@ -18,13 +18,32 @@ CMDS := bushostd bushost sandbox supervisor
 # the client's start on the 2-core VM; docs/git-service.md).
 BUILD_TAGS := grpcnotrace
 
-.PHONY: all deps build run test bench soak fuzz generate clean tools
+# make install [PREFIX=/usr/local] [DESTDIR=]: binaries, systemd units
+# (with the binaries' path written in), the sysusers entry for the bushost
+# user and group, and the docs (docs/operations.md).
+PREFIX      ?= /usr/local
+BINDIR      ?= $(PREFIX)/bin
+DOCDIR      ?= $(PREFIX)/share/doc/bushost
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+
+.PHONY: all deps build install run test bench soak fuzz generate clean tools
 
 all: build
 
 build:
 	@mkdir -p $(BIN)
 	$(GO) build -tags $(BUILD_TAGS) -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)
+	install -m 0755 $(addprefix $(BIN)/,$(CMDS)) $(DESTDIR)$(BINDIR)/
+	for u in bushostd.service bushostd.socket supervisor.service; do \
+		sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' deploy/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
+	done
+	install -m 0644 deploy/systemd/bushost.sysusers $(DESTDIR)$(SYSUSERSDIR)/bushost.conf
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
 
 deps:
 	scripts/deps.sh

@@ -252,7 +252,7 @@ func grantIDOf(t *testing.T, h *Host, role string) string {
 	return ""
 }
 
-func scrapeUnix(t *testing.T, path string) string {
+func scrapeUnix(t testing.TB, path string) string {
 	t.Helper()
 	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", path)
