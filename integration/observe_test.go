@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +25,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/pgtest"
 )
 
 // dialPlain connects to a socket of h without any token: health and
@@ -104,6 +106,18 @@ func TestHealthReflectionAndDrainGrace(t *testing.T) {
 		}
 	}
 
+	// A probe watching health sees the drain and does not hold the stop
+	// until --drain-timeout (30s).
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	watch, err := healthpb.NewHealthClient(conns["git.sock"]).Watch(wctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := watch.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health watch: %v %v, want SERVING", r, err)
+	}
+
 	start := time.Now()
 	var stopErr error
 	var wg sync.WaitGroup
@@ -122,16 +136,19 @@ func TestHealthReflectionAndDrainGrace(t *testing.T) {
 		}
 	}
 	bconn, bctx := dialHome(t, h.Home, "broker.sock", adminTokenOf(t, h))
-	_, err := brokerv1.NewBrokerServiceClient(bconn).VerifyLog(bctx, &brokerv1.VerifyLogRequest{})
+	_, err = brokerv1.NewBrokerServiceClient(bconn).VerifyLog(bctx, &brokerv1.VerifyLogRequest{})
 	if e := errdefs.FromGRPC(err); status.Code(err) != codes.Unavailable || e.Reason != errdefs.ShuttingDown {
 		t.Fatalf("call during the drain grace: %v (reason %q), want Unavailable SHUTTING_DOWN", err, e.Reason)
+	}
+	if r, err := watch.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health watch during the drain: %v %v, want NOT_SERVING", r, err)
 	}
 	wg.Wait()
 	if stopErr != nil {
 		t.Fatalf("bushostd did not exit 0 after SIGTERM: %v", stopErr)
 	}
-	if d := time.Since(start); d < grace {
-		t.Fatalf("bushostd stopped %v after SIGTERM, before its %v grace", d, grace)
+	if d := time.Since(start); d < grace || d > grace+15*time.Second {
+		t.Fatalf("bushostd stopped %v after SIGTERM, want its %v grace and not the 30s drain timeout", d, grace)
 	}
 }
 
@@ -267,4 +284,107 @@ func scrapeUnix(t testing.TB, path string) string {
 		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
 	}
 	return string(b)
+}
+
+// Health follows the broker's store: NOT_SERVING on both sockets while
+// PostgreSQL cannot be reached, SERVING again once it can. The store is
+// reached through a Unix socket proxy that the test cuts and restores.
+func TestHealthFollowsBrokerStore(t *testing.T) {
+	dsn := pgtest.SchemaDSN(t, "health", "health NOT_SERVING while the broker store is unreachable")
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	pgDir := q.Get("host")
+	if !strings.HasPrefix(pgDir, "/") {
+		t.Skipf("*** %s names no Unix socket directory: health following the store NOT TESTED ***", pgtest.Env)
+	}
+	port := q.Get("port")
+	if port == "" {
+		port = "5432"
+	}
+	proxyDir := baseDir(t)
+	p := &pgProxy{from: filepath.Join(proxyDir, ".s.PGSQL."+port), to: filepath.Join(pgDir, ".s.PGSQL."+port)}
+	p.up(t)
+	t.Cleanup(p.down)
+	q.Set("host", proxyDir)
+	u.RawQuery = q.Encode()
+	h := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", u.String()}})
+	conns := []*grpc.ClientConn{dialPlain(t, h.Home, "git.sock"), dialPlain(t, h.Home, "broker.sock")}
+	waitHealth := func(want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for _, c := range conns {
+			for healthOf(t, c, "") != want {
+				if time.Now().After(deadline) {
+					t.Fatalf("health is not %v after 30s", want)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+	waitHealth(healthpb.HealthCheckResponse_SERVING)
+	p.down()
+	waitHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	p.up(t)
+	waitHealth(healthpb.HealthCheckResponse_SERVING)
+	h.Must(t, "log", "verify")
+}
+
+// pgProxy forwards connections from one Unix socket to another until down.
+type pgProxy struct {
+	from, to string
+	mu       sync.Mutex
+	l        net.Listener
+	conns    []net.Conn
+	wg       sync.WaitGroup
+}
+
+func (p *pgProxy) up(t *testing.T) {
+	t.Helper()
+	l, err := net.Listen("unix", p.from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.l = l
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("unix", p.to)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			p.wg.Add(2)
+			go func() { defer p.wg.Done(); io.Copy(s, c); s.Close() }()
+			go func() { defer p.wg.Done(); io.Copy(c, s); c.Close() }()
+		}
+	}()
+}
+
+// down stops accepting and cuts every connection, and waits for the
+// copying goroutines to end.
+func (p *pgProxy) down() {
+	p.mu.Lock()
+	if p.l != nil {
+		p.l.Close()
+		p.l = nil
+	}
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
 }

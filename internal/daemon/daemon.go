@@ -18,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gofrs/flock"
@@ -172,10 +171,10 @@ func Serve(ctx context.Context, o Options) error {
 		return fmt.Errorf("reconcile refs with the broker's log: %w", err)
 	}
 
-	var draining atomic.Bool
-	gitSrv := newServer(o, newObserver("git", log, &draining))
+	ds := newDrainState()
+	gitSrv := newServer(o, newObserver("git", log, ds))
 	gitv1.RegisterGitServiceServer(gitSrv, gitd.NewServer(svc))
-	brokerSrv := newServer(o, newObserver("broker", log, &draining))
+	brokerSrv := newServer(o, newObserver("broker", log, ds))
 	brokerv1.RegisterBrokerServiceServer(brokerSrv, broker.NewServer(b))
 	healths := []healthOf{healthFor(gitSrv, gitv1.GitService_ServiceDesc.ServiceName), healthFor(brokerSrv, brokerv1.BrokerService_ServiceDesc.ServiceName)}
 	wctx, stopWatch := context.WithCancel(ctx)
@@ -218,14 +217,12 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	// Probes see NOT_SERVING for the grace, new calls get Unavailable;
 	// then the sockets close and calls in flight get DrainTimeout.
-	draining.Store(true)
-	for _, hs := range healths {
-		hs.Shutdown()
-	}
+	ds.begin(healths)
 	log.Info("draining", "grace", o.Observe.DrainGrace, "timeout", o.DrainTimeout)
 	if serveErr == nil {
 		time.Sleep(o.Observe.DrainGrace)
 	}
+	ds.end()
 	drain(o.DrainTimeout, gitSrv, brokerSrv)
 	log.Info("stopped")
 	return serveErr

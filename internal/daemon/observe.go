@@ -86,12 +86,35 @@ func (ob *Observe) logger() (*slog.Logger, error) {
 type observer struct {
 	socket   string
 	log      *slog.Logger
-	draining *atomic.Bool
+	drain    *drainState
 	inFlight prometheus.Gauge
 }
 
-func newObserver(socket string, log *slog.Logger, draining *atomic.Bool) *observer {
-	return &observer{socket: socket, log: log, draining: draining, inFlight: metrics.InFlight.WithLabelValues(socket)}
+func newObserver(socket string, log *slog.Logger, drain *drainState) *observer {
+	return &observer{socket: socket, log: log, drain: drain, inFlight: metrics.InFlight.WithLabelValues(socket)}
+}
+
+// drainState is the stop's two steps, shared by both sockets: from begin,
+// health is NOT_SERVING and new calls are refused; at end (after the
+// grace), health watches and reflection streams are ended, which would
+// otherwise hold the graceful stop until --drain-timeout.
+type drainState struct {
+	draining atomic.Bool
+	closing  context.Context
+	end      context.CancelFunc
+}
+
+func newDrainState() *drainState {
+	d := &drainState{}
+	d.closing, d.end = context.WithCancel(context.Background())
+	return d
+}
+
+func (d *drainState) begin(hs []healthOf) {
+	d.draining.Store(true)
+	for _, h := range hs {
+		h.Shutdown()
+	}
 }
 
 func passThrough(method string) bool {
@@ -102,7 +125,7 @@ func (ob *observer) unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 	if passThrough(info.FullMethod) {
 		return h(ctx, req)
 	}
-	if ob.draining.Load() {
+	if ob.drain.draining.Load() {
 		return nil, shuttingDown()
 	}
 	c, start := &metrics.Call{}, time.Now()
@@ -116,9 +139,13 @@ func (ob *observer) unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 
 func (ob *observer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	if passThrough(info.FullMethod) {
-		return h(srv, ss)
+		ctx, cancel := context.WithCancel(ss.Context())
+		defer cancel()
+		stop := context.AfterFunc(ob.drain.closing, cancel)
+		defer stop()
+		return h(srv, &countedStream{ServerStream: ss, ctx: ctx, c: &metrics.Call{}})
 	}
-	if ob.draining.Load() {
+	if ob.drain.draining.Load() {
 		return shuttingDown()
 	}
 	c, start := &metrics.Call{}, time.Now()
