@@ -88,3 +88,22 @@ func BenchmarkObserveCall(b *testing.B) {
 		push(b, func(ss grpc.ServerStream) error { return ob.stream(nil, ss, info, handler) })
 	})
 }
+
+func TestLoggerFlags(t *testing.T) {
+	for _, tc := range []struct {
+		format, level string
+		ok            bool
+	}{
+		{"text", "info", true},
+		{"json", "debug", true},
+		{"", "", true},
+		{"json", "WARN", true},
+		{"xml", "info", false},
+		{"json", "loud", false},
+	} {
+		_, err := (&Observe{LogFormat: tc.format, LogLevel: tc.level}).logger()
+		if (err == nil) != tc.ok {
+			t.Errorf("--log-format %q --log-level %q: %v, want ok=%v", tc.format, tc.level, err, tc.ok)
+		}
+	}
+}
