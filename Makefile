@@ -27,7 +27,13 @@ DOCDIR      ?= $(PREFIX)/share/doc/bushost
 UNITDIR     ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 
-.PHONY: all deps build install run test bench soak fuzz generate clean tools
+# make container: the seed's container (deploy/container), built with
+# podman from a Debian base that scripts/container-base.sh makes.
+PODMAN        ?= podman --runtime runc --cgroup-manager=cgroupfs
+IMAGE         ?= localhost/bushost-supervisor:latest
+CONTAINER_CTX ?= build/container
+
+.PHONY: all deps build install container run test bench soak fuzz generate clean tools
 
 all: build
 
@@ -44,6 +50,14 @@ install: build
 	done
 	install -m 0644 deploy/systemd/bushost.sysusers $(DESTDIR)$(SYSUSERSDIR)/bushost.conf
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+
+container: build
+	scripts/container-base.sh
+	rm -rf $(CONTAINER_CTX) && mkdir -p $(CONTAINER_CTX)/bin
+	cp -r deploy/container/Dockerfile deploy/container/supervisor.toml deploy/container/seed $(CONTAINER_CTX)/
+	cp $(BIN)/supervisor $(CONTAINER_CTX)/bin/
+	$(GO) build -o $(CONTAINER_CTX)/bin/hello ./deploy/container/hello
+	$(PODMAN) build -q --format docker -t $(IMAGE) $(CONTAINER_CTX)
 
 deps:
 	scripts/deps.sh
