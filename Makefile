@@ -18,13 +18,46 @@ CMDS := bushostd bushost sandbox supervisor
 # the client's start on the 2-core VM; docs/git-service.md).
 BUILD_TAGS := grpcnotrace
 
-.PHONY: all deps build run test bench soak fuzz generate clean tools
+# make install [PREFIX=/usr/local] [DESTDIR=]: binaries, systemd units
+# (with the binaries' path written in), the sysusers entry for the bushost
+# user and group, and the docs (docs/operations.md).
+PREFIX      ?= /usr/local
+BINDIR      ?= $(PREFIX)/bin
+DOCDIR      ?= $(PREFIX)/share/doc/bushost
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+
+# make container: the seed's container (deploy/container), built with
+# podman from a Debian base that scripts/container-base.sh makes.
+PODMAN        ?= podman --runtime runc --cgroup-manager=cgroupfs
+IMAGE         ?= localhost/bushost-supervisor:latest
+CONTAINER_CTX ?= build/container
+
+.PHONY: all deps build install container run test bench soak fuzz generate clean tools
 
 all: build
 
 build:
 	@mkdir -p $(BIN)
 	$(GO) build -tags $(BUILD_TAGS) -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)
+	install -m 0755 $(addprefix $(BIN)/,$(CMDS)) $(DESTDIR)$(BINDIR)/
+	for u in bushostd.service bushostd.socket supervisor.service; do \
+		sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' deploy/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
+	done
+	install -m 0644 deploy/systemd/bushost.sysusers $(DESTDIR)$(SYSUSERSDIR)/bushost.conf
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+
+container: build
+	scripts/container-base.sh
+	rm -rf $(CONTAINER_CTX) && mkdir -p $(CONTAINER_CTX)/bin
+	cp -r deploy/container/Dockerfile deploy/container/supervisor.toml deploy/container/seed $(CONTAINER_CTX)/
+	cp $(BIN)/supervisor $(CONTAINER_CTX)/bin/
+	$(GO) build -o $(CONTAINER_CTX)/bin/hello ./deploy/container/hello
+	$(PODMAN) build -q --format docker -t $(IMAGE) $(CONTAINER_CTX)
 
 deps:
 	scripts/deps.sh

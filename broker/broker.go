@@ -15,6 +15,7 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/metrics"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -125,9 +126,12 @@ func (b *Broker) write(ctx context.Context, fn func(ctx context.Context, q *writ
 		b.closeMu.RUnlock()
 		return errClosedBroker
 	}
+	start := time.Now()
 	b.ops <- o
 	b.closeMu.RUnlock()
-	return <-o.done
+	err := <-o.done
+	metrics.Write(err, time.Since(start))
+	return err
 }
 
 const maxBatch = 256
@@ -292,11 +296,14 @@ func scopeString(business, project, task string) string {
 
 // authorize resolves token. With no caps it requires the admin token;
 // otherwise the grant must hold at least one of caps.
+// Whose token it is goes to the call's log line (metrics.NoteGrant), even
+// when the grant is then refused.
 func (b *Broker) authorize(ctx context.Context, token string, caps ...string) (authz.Grant, error) {
 	if token == "" {
 		return authz.Grant{}, errdefs.Unauthenticated(errdefs.TokenMissing, "no token: send 'authorization: Bearer <token>' (bushost: --token-file FILE or $BUS_TOKEN)")
 	}
 	if b.admin != "" && subtle.ConstantTimeCompare([]byte(token), []byte(b.admin)) == 1 {
+		metrics.NoteGrant(ctx, authz.HostID, "")
 		if len(caps) > 0 {
 			return authz.Grant{}, errdefs.PermissionDenied(errdefs.HostNotAGrant, "the admin token acts as the host, which holds no task capability (%s): issue a grant with 'bushost grant'", strings.Join(caps, " or "))
 		}
@@ -309,6 +316,7 @@ func (b *Broker) authorize(ctx context.Context, token string, caps ...string) (a
 	if !ok {
 		return authz.Grant{}, errdefs.Unauthenticated(errdefs.TokenUnknown, "unknown token")
 	}
+	metrics.NoteGrant(ctx, g.ID, g.Task)
 	if err := usable(g); err != nil {
 		return authz.Grant{}, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/metrics"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -92,7 +93,9 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 			TreeBytes: s.o.MaxTreeBytes, Objects: s.o.MaxPackObjects}
 	}
 	q.IndexConfig = indexPackConfig
+	indexStart := time.Now()
 	name, err := q.IndexPack(ctx, s.git, r.Path, br)
+	metrics.IndexPack(time.Since(indexStart))
 	if err != nil || lr.err != nil {
 		return PushResult{}, lr.cause(err)
 	}

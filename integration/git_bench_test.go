@@ -49,6 +49,66 @@ func incrementalPush(b *testing.B) (dir, root, bundle string) {
 	return dir, root, bundleFile(b, work, dir, "incr", "HEAD", "^origin/main")
 }
 
+// BenchmarkGitPushObserved: what the per-call log line and the metrics
+// cost on the incremental push. Two daemons, one with neither
+// (--log-level warn, no --metrics-addr), one with both (--log-format json,
+// --metrics-addr); pushes alternate between them. Target: within 1.03x.
+func BenchmarkGitPushObserved(b *testing.B) {
+	dir, root, bundle := incrementalPush(b)
+	metricsSock := filepath.Join(dir, "metrics.sock")
+	off := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home-off"), Args: []string{"--log-level", "warn"}})
+	on := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home-on"), Args: []string{"--log-format", "json", "--metrics-addr", "unix:" + metricsSock}})
+	commit := bundleRef(b, bundle)
+	push := func(h *Host, task string) time.Duration {
+		b.StopTimer()
+		h.Must(b, "project", "add", "--business", "bench", "--project", task, "--root", root)
+		tok := h.Grant(b, "bench", task, "t", "worker", "git.push.working")
+		syscall.Sync()
+		b.StartTimer()
+		start := time.Now()
+		out, errs, code := h.Run(b, nil, "--token-file", tok, "push-working", "--bundle", bundle)
+		d := time.Since(start)
+		if code != 0 || strings.TrimSpace(out) != commit {
+			b.Fatalf("push: exit %d: %s%s", code, out, errs)
+		}
+		return d
+	}
+	const reps = 2 * benchReps
+	const target = 1.03
+	for n := 0; n < b.N; n++ {
+		var onD, offD []time.Duration
+		var ratios []float64
+		for r := 0; r < reps; r++ {
+			task := fmt.Sprintf("t%d-%d", n, r)
+			var dOn, dOff time.Duration
+			if r%2 == 0 {
+				dOn, dOff = push(on, task), push(off, task)
+			} else {
+				dOff, dOn = push(off, task), push(on, task)
+			}
+			onD, offD = append(onD, dOn), append(offD, dOff)
+			ratios = append(ratios, float64(dOn)/float64(dOff))
+		}
+		ratio := medianFloat(ratios)
+		b.ReportMetric(ratio, "x-unobserved")
+		verdict := "met"
+		if ratio > target {
+			verdict = "MISSED"
+		}
+		line := fmt.Sprintf("incremental push observed: metrics+json log %.1f ms, neither %.1f ms, ratio %.3f (target %.2f) %s [median of %d alternating pairs; ratios %s]",
+			ms(median(onD)), ms(median(offD)), ratio, target, verdict, reps, fmtRatios(ratios))
+		fmt.Println(line)
+		b.Log(line)
+		if ratio > target {
+			fmt.Printf("*** TARGET MISSED: metrics and per-call logs cost %.1f%% on the incremental push, over 3%% ***\n", 100*(ratio-1))
+		}
+	}
+	// The observed daemon did observe: its pushes are counted.
+	if body := scrapeUnix(b, metricsSock); !strings.Contains(body, `bushost_pushes_total{outcome="OK"}`) {
+		b.Fatalf("the observed daemon counted no push:\n%s", body)
+	}
+}
+
 // seededClone makes a project root with one seed commit on main and a
 // worker's clone of it, in a new directory.
 func seededClone(b *testing.B) (dir, root, work string) {

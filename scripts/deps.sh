@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in git bubblewrap postgresql ca-certificates make gcc passwd util-linux; do
+for pkg in git bubblewrap postgresql ca-certificates make gcc passwd util-linux systemd podman runc debootstrap; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

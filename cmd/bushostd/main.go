@@ -23,8 +23,15 @@ serves there:
   repos/<business>/<project>.git
 
 One bushostd per home: a second refuses to start and names the first.
-SIGTERM or SIGINT drains: calls in flight finish, new calls get
-Unavailable, and bushostd exits 0.`
+Sockets passed by a service manager (LISTEN_FDS, bound to HOME/git.sock
+and HOME/broker.sock) are served instead of new ones.
+
+Both sockets answer gRPC health checking and reflection without a token.
+One log line per call (--log-format, --log-level); Prometheus metrics
+with --metrics-addr. SIGTERM or SIGINT drains: health turns NOT_SERVING
+and new calls get Unavailable for --drain-grace, then the sockets close,
+calls in flight finish (up to --drain-timeout), and bushostd exits 0.
+See docs/operations.md.`
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))

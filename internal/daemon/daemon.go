@@ -67,8 +67,11 @@ type Options struct {
 	// NoObjectChecks turns the streaming object checks off, for the
 	// benchmark that measures what they cost; never in service.
 	NoObjectChecks bool
-	// Logger receives the daemon's log (default: text on stderr).
+	// Logger receives the daemon's log (default: Observe's format and
+	// level on stderr).
 	Logger *slog.Logger
+	// Observe: logs, metrics, drain grace (observe.go).
+	Observe Observe
 }
 
 // Defaults for Options.
@@ -111,8 +114,8 @@ func (o *Options) fill() {
 	if o.MaxInFlight == 0 {
 		o.MaxInFlight = DefaultMaxInFlight
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if o.Observe.DrainGrace == 0 {
+		o.Observe.DrainGrace = DefaultDrainGrace
 	}
 }
 
@@ -124,10 +127,17 @@ var ErrHomeBusy = errors.New("home is in use")
 // nil after a clean drain.
 func Serve(ctx context.Context, o Options) error {
 	o.fill()
+	if o.Logger == nil {
+		l, err := o.Observe.logger()
+		if err != nil {
+			return err
+		}
+		o.Logger = l
+	}
 	log := o.Logger
 	if o.MaxBundleBytes < 0 || o.IdleTimeout < 0 || o.DrainTimeout < 0 || o.MaxConns < 0 || o.MaxInFlight < 0 ||
 		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxPackObjects < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
-		o.EventRate < 0 || o.EventBytesRate < 0 {
+		o.EventRate < 0 || o.EventBytesRate < 0 || o.Observe.DrainGrace < 0 {
 		return errors.New("limits must not be negative")
 	}
 	gid := -1
@@ -187,19 +197,37 @@ func Serve(ctx context.Context, o Options) error {
 		return fmt.Errorf("reconcile refs with the broker's log: %w", err)
 	}
 
-	gitSrv := newServer(o)
+	ds := newDrainState()
+	gitSrv := newServer(o, newObserver("git", log, ds))
 	gitv1.RegisterGitServiceServer(gitSrv, gitd.NewServer(svc))
-	brokerSrv := newServer(o)
+	brokerSrv := newServer(o, newObserver("broker", log, ds))
 	brokerv1.RegisterBrokerServiceServer(brokerSrv, broker.NewServer(b))
+	healths := []healthOf{healthFor(gitSrv, gitv1.GitService_ServiceDesc.ServiceName), healthFor(brokerSrv, brokerv1.BrokerService_ServiceDesc.ServiceName)}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go watchStore(wctx, log, b.Ping, healths)
 
-	gitL, err := listen(o, GitSocket, gid)
+	inherited, err := inheritedSockets(o.Home)
 	if err != nil {
 		return err
 	}
-	brokerL, err := listen(o, BrokerSocket, gid)
+	gitL, err := listen(o, GitSocket, gid, inherited)
+	if err != nil {
+		return err
+	}
+	brokerL, err := listen(o, BrokerSocket, gid, inherited)
 	if err != nil {
 		gitL.Close()
 		return err
+	}
+	if o.Observe.MetricsAddr != "" {
+		closeMetrics, err := serveMetrics(o.Observe.MetricsAddr, log)
+		if err != nil {
+			gitL.Close()
+			brokerL.Close()
+			return err
+		}
+		defer closeMetrics()
 	}
 
 	errc := make(chan error, 2)
@@ -213,7 +241,14 @@ func Serve(ctx context.Context, o Options) error {
 	case serveErr = <-errc:
 		log.Error("a server stopped", "err", serveErr)
 	}
-	log.Info("draining", "timeout", o.DrainTimeout)
+	// Probes see NOT_SERVING for the grace, new calls get Unavailable;
+	// then the sockets close and calls in flight get DrainTimeout.
+	ds.begin(healths)
+	log.Info("draining", "grace", o.Observe.DrainGrace, "timeout", o.DrainTimeout)
+	if serveErr == nil {
+		time.Sleep(o.Observe.DrainGrace)
+	}
+	ds.end()
 	drain(o.DrainTimeout, gitSrv, brokerSrv)
 	log.Info("stopped")
 	return serveErr
@@ -239,24 +274,30 @@ func drain(timeout time.Duration, srvs ...*grpc.Server) {
 	wg.Wait()
 }
 
-func newServer(o Options) *grpc.Server {
+func newServer(o Options, ob *observer) *grpc.Server {
 	lim := sock.NewLimiter(o.MaxInFlight)
 	return grpc.NewServer(
 		grpc.Creds(sock.PeerCred{}),
 		// Bundles come in chunks of at most 1 MiB; nothing legitimate is
 		// bigger than that plus framing.
 		grpc.MaxRecvMsgSize(2<<20),
-		grpc.UnaryInterceptor(lim.Unary),
-		grpc.StreamInterceptor(lim.Stream),
+		grpc.ChainUnaryInterceptor(ob.unary, lim.Unary),
+		grpc.ChainStreamInterceptor(ob.stream, lim.Stream),
 	)
 }
 
-func listen(o Options, name string, gid int) (net.Listener, error) {
+// listen makes the socket name in the home, or takes the one the service
+// manager passed (its unit sets the mode and group).
+func listen(o Options, name string, gid int, inherited map[string]net.Listener) (net.Listener, error) {
+	if l, ok := inherited[name]; ok {
+		return sock.LimitConns(countConns(l, strings.TrimSuffix(name, ".sock")), o.MaxConns), nil
+	}
 	path := filepath.Join(o.Home, name)
 	l, err := sock.Listen(path, 0o660)
 	if err != nil {
 		return nil, err
 	}
+	l = countConns(l, strings.TrimSuffix(name, ".sock"))
 	if gid >= 0 {
 		if err := os.Lchown(path, -1, gid); err != nil {
 			l.Close()

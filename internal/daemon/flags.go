@@ -22,6 +22,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxInFlight, "max-in-flight", DefaultMaxInFlight, "calls in flight per socket")
 	o.addBoundFlags(fs)
 	fs.StringVar(&o.SocketGroup, "socket-group", "", "group (name or gid) given the sockets; the home becomes 0710 so that members (sandboxed sessions) reach the sockets and nothing else")
+	o.Observe.addFlags(fs)
 }
 
 // addBoundFlags registers the object bounds and the quotas

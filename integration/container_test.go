@@ -1,0 +1,115 @@
+package integration
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bushost/bushost/internal/supervisor"
+)
+
+// podman as this machine runs it: runc (crun refuses hybrid cgroups),
+// cgroupfs (no systemd as pid 1).
+var podmanArgs = []string{"--runtime", "runc", "--cgroup-manager=cgroupfs"}
+
+func podman(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	out, err := exec.Command("podman", append(append([]string{}, podmanArgs...), args...)...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// The seed's container (deploy/container): built with podman from a Debian
+// base made with debootstrap, it turns healthy, commits an agent's edit,
+// and reverts an edit that makes the website crash in a loop.
+func TestSeedContainer(t *testing.T) {
+	requireRoot(t)
+	for _, tool := range []string{"podman", "runc", "debootstrap", "make"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is missing: scripts/deps.sh installs it", tool)
+			}
+			t.Skipf("*** %s is missing (scripts/deps.sh installs it): the seed's container NOT TESTED ***", tool)
+		}
+	}
+	const base = "localhost/bushost-debian:12"
+	_, err := podman(t, "image", "exists", base)
+	baseExisted := err == nil
+	suffix := make([]byte, 4)
+	rand.Read(suffix)
+	name := "bushost-test-" + hex.EncodeToString(suffix)
+	image := "localhost/" + name + ":latest"
+	tmp := baseDir(t)
+	cmd := exec.Command("make", "-s", "container", "BIN="+tmp+"/bin", "CONTAINER_CTX="+tmp+"/ctx", "IMAGE="+image)
+	cmd.Dir = repoRoot
+	out, err := cmd.CombinedOutput()
+	t.Cleanup(func() {
+		podman(t, "rm", "-f", "-t", "5", name)
+		podman(t, "rmi", "-f", image)
+		if !baseExisted {
+			podman(t, "rmi", "-f", base)
+		}
+	})
+	if err != nil {
+		t.Fatalf("make container: %v\n%s", err, out)
+	}
+	if got, err := podman(t, "image", "inspect", "--format", "{{.HealthCheck.Test}}", image); err != nil || !strings.Contains(got, "/healthz") {
+		t.Fatalf("the image keeps no HEALTHCHECK on /healthz: %q %v", got, err)
+	}
+
+	if out, err := podman(t, "run", "-d", "--name", name, "--network", "none",
+		"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", image); err != nil {
+		t.Fatalf("podman run: %v\n%s", err, out)
+	}
+	logs := func() string { l, _ := podman(t, "logs", name); return l }
+	waitFor := func(what string, d time.Duration, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v; container log:\n%s", what, d, tail(logs(), 4000))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	status := func() supervisor.Status {
+		t.Helper()
+		var st supervisor.Status
+		out, err := podman(t, "exec", name, "curl", "-fsS", "http://127.0.0.1:3002/status")
+		if err == nil {
+			json.Unmarshal([]byte(out), &st)
+		}
+		return st
+	}
+	healthy := func() bool { _, err := podman(t, "healthcheck", "run", name); return err == nil }
+	asAgent := func(script string) {
+		t.Helper()
+		if out, err := podman(t, "exec", "--user", "agent", name, "bash", "-c", script); err != nil {
+			t.Fatalf("agent: %s: %v\n%s", script, err, out)
+		}
+	}
+
+	waitFor("healthy", 60*time.Second, healthy)
+	var first string
+	waitFor("first good commit", 30*time.Second, func() bool { st := status(); first = st.Head; return st.Good != "" && st.Good == st.Head })
+
+	asAgent(`sed -i 's/website starting/website v2 starting/' /workspace/src/website/serve.sh`)
+	var edit string
+	waitFor("the agent's edit committed", 30*time.Second, func() bool { edit = status().Head; return edit != "" && edit != first })
+	waitFor("the edit good", 30*time.Second, func() bool { return status().Good == edit })
+
+	asAgent(`printf '#!/bin/bash\necho broken\nexit 1\n' > /workspace/src/website/serve.sh`)
+	var st supervisor.Status
+	waitFor("the crash loop reverted", 60*time.Second, func() bool { st = status(); return len(st.Reverts) > 0 })
+	if rev := st.Reverts[0]; rev.Error != "" || rev.To != edit || rev.Service != "website" {
+		t.Fatalf("revert %+v, want one to %s", rev, edit)
+	}
+	waitFor("healthy after the revert", 60*time.Second, healthy)
+	if out, err := podman(t, "exec", name, "cat", "/workspace/src/website/serve.sh"); err != nil || !strings.Contains(out, "website v2 starting") {
+		t.Fatalf("serve.sh after the revert: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,148 @@
+// Package metrics is what bushostd tells an operator about itself: the
+// Prometheus collectors (served only on the opt-in --metrics-addr), and the
+// per-call record that the daemon's interceptor logs. gitd and the broker
+// feed it through a few hooks (NoteGrant, IndexPack, Write) that cost a
+// map-free atomic add or two; everything else is observed from the gRPC
+// interceptor. It never sees a token.
+package metrics
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/bushost/bushost/internal/version"
+)
+
+// Namespace prefixes every metric of bushost's own.
+const Namespace = "bushost"
+
+// Registry holds bushostd's collectors. It is process-wide: one daemon per
+// process, and the hooks in gitd and the broker need no handle to reach it.
+var Registry = prometheus.NewRegistry()
+
+// Durations from a millisecond to a few minutes: a push of a small change
+// takes milliseconds, one of a 256 MiB bundle tens of seconds.
+var durationBuckets = prometheus.ExponentialBuckets(0.001, 2.5, 14)
+
+var (
+	// Calls counts every finished call by socket, method and outcome (the
+	// errdefs reason, "OK" on success).
+	Calls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "calls_total",
+		Help: "gRPC calls finished, by socket, method and outcome (errdefs reason, OK on success).",
+	}, []string{"socket", "method", "outcome"})
+	// Pushes counts PushWorking calls by outcome: "OK" or the reason.
+	Pushes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "pushes_total",
+		Help: "Pushes (PushWorking) accepted (outcome OK) or refused (outcome = errdefs reason).",
+	}, []string{"outcome"})
+	PushSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "push_duration_seconds",
+		Help:    "Duration of a PushWorking call, from its first message to its answer.",
+		Buckets: durationBuckets,
+	})
+	PushBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "push_bundle_bytes_total",
+		Help: "Bundle bytes received by PushWorking calls (accepted or not).",
+	})
+	indexPackSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "index_pack_duration_seconds",
+		Help:    "Duration of git index-pack --strict on a pushed bundle's pack, in quarantine.",
+		Buckets: durationBuckets,
+	})
+	writes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "broker_writes_total",
+		Help: "Broker log writes, by result: committed (it appended its events) or refused (it appended nothing).",
+	}, []string{"result"})
+	writeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "broker_append_duration_seconds",
+		Help:    "Append latency: from a broker write's call to its durable commit (group commit included).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
+	})
+	// Gate counts task.close decisions: "closed" or the refusal's reason.
+	Gate = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "gate_decisions_total",
+		Help: "task.close gate decisions: closed, or the refusal's errdefs reason.",
+	}, []string{"decision"})
+	// LimitRefusals counts calls refused with ResourceExhausted, by socket
+	// and reason.
+	LimitRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "limit_refusals_total",
+		Help: "Calls refused for a limit (ResourceExhausted), by socket and reason.",
+	}, []string{"socket", "reason"})
+	// InFlight and Conns are per socket gauges.
+	InFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "calls_in_flight",
+		Help: "Calls being served, by socket.",
+	}, []string{"socket"})
+	Conns = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "connections_open",
+		Help: "Connections open, by socket.",
+	}, []string{"socket"})
+	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help: "Always 1; the labels say which build of bushost is running.",
+	}, []string{"version", "revision", "goversion"})
+)
+
+func init() {
+	in := version.Read()
+	buildInfo.WithLabelValues(in.Module, in.Revision, in.Go).Set(1)
+	Registry.MustRegister(Calls, Pushes, PushSeconds, PushBytes, indexPackSeconds,
+		writes, writeSeconds, Gate, LimitRefusals, InFlight, Conns, buildInfo,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+}
+
+// IndexPack records one index-pack run (gitd's hook).
+func IndexPack(d time.Duration) { indexPackSeconds.Observe(d.Seconds()) }
+
+// Write records one broker write, from its call to its commit or refusal
+// (the broker's hook).
+func Write(err error, d time.Duration) {
+	if err != nil {
+		writes.WithLabelValues("refused").Inc()
+		return
+	}
+	writes.WithLabelValues("committed").Inc()
+	writeSeconds.Observe(d.Seconds())
+}
+
+// Call is what the daemon knows about one call as it runs; the interceptor
+// logs it when the call ends. Handlers add the grant through NoteGrant.
+type Call struct {
+	grant atomic.Pointer[grantNote]
+	// Bytes counts the messages' payload both ways.
+	Bytes atomic.Int64
+}
+
+type grantNote struct{ id, task string }
+
+// Grant returns the grant id and task a handler noted, or "".
+func (c *Call) Grant() (id, task string) {
+	if g := c.grant.Load(); g != nil {
+		return g.id, g.task
+	}
+	return "", ""
+}
+
+type callKey struct{}
+
+// WithCall returns ctx carrying c.
+func WithCall(ctx context.Context, c *Call) context.Context {
+	return context.WithValue(ctx, callKey{}, c)
+}
+
+// NoteGrant records, for the call in ctx, which grant it acts under and
+// for which task (the broker's hook, once a token is resolved). Only ids
+// are kept: never the token.
+func NoteGrant(ctx context.Context, id, task string) {
+	if c, ok := ctx.Value(callKey{}).(*Call); ok {
+		c.grant.Store(&grantNote{id: id, task: task})
+	}
+}
