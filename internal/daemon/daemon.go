@@ -22,11 +22,13 @@ import (
 
 	"github.com/gofrs/flock"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/broker"
 	"github.com/bushost/bushost/gitd"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -39,14 +41,11 @@ type Options struct {
 	BrokerDSN string
 	// MaxBundleBytes bounds one pushed bundle (default 256 MiB).
 	MaxBundleBytes int64
-	// IdleTimeout cuts a push stream that sends nothing this long.
-	IdleTimeout time.Duration
 	// DrainTimeout bounds how long a stop waits for calls in flight.
 	DrainTimeout time.Duration
-	// MaxConns and MaxInFlight bound each socket's connections and calls;
-	// beyond them a caller gets ResourceExhausted.
-	MaxConns    int
-	MaxInFlight int
+	// Limits bound connections, calls, bytes and time per socket, uid,
+	// connection and grant (limits.go, docs/limits.md).
+	Limits
 	// SocketGroup, when set, is the group (name or number) given to both
 	// sockets and to the home, which becomes 0710: members may reach the
 	// sockets (a sandboxed session's user gets it) and nothing else there.
@@ -59,10 +58,7 @@ type Options struct {
 const (
 	DefaultHome         = "./bus-host"
 	DefaultMaxBundle    = 256 << 20
-	DefaultIdleTimeout  = 30 * time.Second
 	DefaultDrainTimeout = 30 * time.Second
-	DefaultMaxConns     = 256
-	DefaultMaxInFlight  = 64
 )
 
 // File names inside the home (DESIGN.md, "The bus host home").
@@ -83,18 +79,10 @@ func (o *Options) fill() {
 	if o.MaxBundleBytes == 0 {
 		o.MaxBundleBytes = DefaultMaxBundle
 	}
-	if o.IdleTimeout == 0 {
-		o.IdleTimeout = DefaultIdleTimeout
-	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
-	if o.MaxConns == 0 {
-		o.MaxConns = DefaultMaxConns
-	}
-	if o.MaxInFlight == 0 {
-		o.MaxInFlight = DefaultMaxInFlight
-	}
+	o.Limits.fill()
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
@@ -109,8 +97,11 @@ var ErrHomeBusy = errors.New("home is in use")
 func Serve(ctx context.Context, o Options) error {
 	o.fill()
 	log := o.Logger
-	if o.MaxBundleBytes < 0 || o.IdleTimeout < 0 || o.DrainTimeout < 0 || o.MaxConns < 0 || o.MaxInFlight < 0 {
+	if o.MaxBundleBytes < 0 || o.DrainTimeout < 0 {
 		return errors.New("limits must not be negative")
+	}
+	if err := o.Limits.check(); err != nil {
+		return err
 	}
 	gid := -1
 	if o.SocketGroup != "" {
@@ -152,6 +143,9 @@ func Serve(ctx context.Context, o Options) error {
 		GitHome:        filepath.Join(o.Home, gitHomeDir),
 		MaxBundleBytes: o.MaxBundleBytes,
 		IdleTimeout:    o.IdleTimeout,
+		PushTimeout:    o.PushTimeout,
+		MinPushRate:    o.MinPushRate,
+		PushRateGrace:  o.PushRateGrace,
 		Authority:      b,
 	})
 	if err != nil {
@@ -161,16 +155,17 @@ func Serve(ctx context.Context, o Options) error {
 		return fmt.Errorf("reconcile refs with the broker's log: %w", err)
 	}
 
-	gitSrv := newServer(o)
+	grants := newGrantLimiter(o.Limits, token)
+	gitSrv, gitAdm := newServer(o, grants)
 	gitv1.RegisterGitServiceServer(gitSrv, gitd.NewServer(svc))
-	brokerSrv := newServer(o)
+	brokerSrv, brokerAdm := newServer(o, grants)
 	brokerv1.RegisterBrokerServiceServer(brokerSrv, broker.NewServer(b))
 
-	gitL, err := listen(o, GitSocket, gid)
+	gitL, err := listen(o, GitSocket, gid, gitAdm)
 	if err != nil {
 		return err
 	}
-	brokerL, err := listen(o, BrokerSocket, gid)
+	brokerL, err := listen(o, BrokerSocket, gid, brokerAdm)
 	if err != nil {
 		gitL.Close()
 		return err
@@ -213,19 +208,50 @@ func drain(timeout time.Duration, srvs ...*grpc.Server) {
 	wg.Wait()
 }
 
-func newServer(o Options) *grpc.Server {
-	lim := sock.NewLimiter(o.MaxInFlight)
-	return grpc.NewServer(
+// newServer is the one place where the transport's bounds are set
+// (docs/limits.md gives the memory they add up to): the HTTP/2 settings
+// and windows, the admission of connections and calls per socket and uid
+// (before a request is read), the request, send and idle deadlines, and
+// the per-grant counters. It returns the server and the admission its
+// listener must be wrapped in.
+func newServer(o Options, grants *grantLimiter) (*grpc.Server, *sock.Admission) {
+	l := o.Limits
+	adm := sock.NewAdmission(sock.AdmitLimits{
+		MaxConns: l.MaxConns, MaxCalls: l.MaxInFlight,
+		MaxConnsPerUID: l.MaxConnsPerUID, MaxCallsPerUID: l.MaxCallsPerUID,
+		ReservedConns: l.ReservedConns, ReservedCalls: l.ReservedCalls,
+		OwnUID:         os.Getuid(),
+		RequestTimeout: l.RequestTimeout,
+		SendTimeout:    l.SendTimeout,
+	})
+	log := o.Logger
+	adm.OnRefused(func(r errdefs.Reason) { log.Debug("refused", "reason", r) })
+	srv := grpc.NewServer(
 		grpc.Creds(sock.PeerCred{}),
-		// Bundles come in chunks of at most 1 MiB; nothing legitimate is
-		// bigger than that plus framing.
-		grpc.MaxRecvMsgSize(2<<20),
-		grpc.UnaryInterceptor(lim.Unary),
-		grpc.StreamInterceptor(lim.Stream),
+		grpc.MaxRecvMsgSize(maxRecvMsg),
+		grpc.MaxConcurrentStreams(uint32(l.MaxStreamsPerConn)),
+		grpc.MaxHeaderListSize(uint32(l.MaxHeaderBytes)),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
+		grpc.ReadBufferSize(ioBuffer),
+		grpc.WriteBufferSize(ioBuffer),
+		// A peer must finish its handshake (SO_PEERCRED, HTTP/2 preface)
+		// promptly.
+		grpc.ConnectionTimeout(l.RequestTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: l.IdleTimeout,
+			Time:              l.IdleTimeout,
+			Timeout:           l.RequestTimeout,
+		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
+		grpc.InTapHandle(adm.Tap),
+		grpc.ChainUnaryInterceptor(adm.Unary, grants.unary),
+		grpc.ChainStreamInterceptor(adm.Stream, grants.stream),
 	)
+	return srv, adm
 }
 
-func listen(o Options, name string, gid int) (net.Listener, error) {
+func listen(o Options, name string, gid int, adm *sock.Admission) (net.Listener, error) {
 	path := filepath.Join(o.Home, name)
 	l, err := sock.Listen(path, 0o660)
 	if err != nil {
@@ -237,7 +263,7 @@ func listen(o Options, name string, gid int) (net.Listener, error) {
 			return nil, fmt.Errorf("give %s to group %d: %w", path, gid, err)
 		}
 	}
-	return sock.LimitConns(l, o.MaxConns), nil
+	return adm.Listener(l), nil
 }
 
 // lookupGroup resolves a group name or number from /etc/group.

@@ -14,9 +14,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Home, "home", DefaultHome, "the bus host's home")
 	fs.StringVar(&o.BrokerDSN, "broker-dsn", "", "broker store: empty for SQLite in HOME/broker.db, or postgres://...")
 	fs.Var(size.Value{P: &o.MaxBundleBytes}, "max-bundle-bytes", "largest bundle a push may send (bytes, or 64M, 1G)")
-	fs.DurationVar(&o.IdleTimeout, "idle-timeout", DefaultIdleTimeout, "cut a push stream that sends nothing this long")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, how long calls in flight may take to finish")
-	fs.IntVar(&o.MaxConns, "max-conns", DefaultMaxConns, "connections per socket")
-	fs.IntVar(&o.MaxInFlight, "max-in-flight", DefaultMaxInFlight, "calls in flight per socket")
+	o.Limits.addFlags(fs)
 	fs.StringVar(&o.SocketGroup, "socket-group", "", "group (name or gid) given the sockets; the home becomes 0710 so that members (sandboxed sessions) reach the sockets and nothing else")
 }

@@ -51,4 +51,15 @@ const (
 	PushIdle       Reason = "PUSH_IDLE"
 	TooManyConns   Reason = "TOO_MANY_CONNECTIONS"
 	TooManyCalls   Reason = "TOO_MANY_CALLS"
+
+	// Transport and fairness limits (docs/limits.md).
+	TooManyConnsPerUID   Reason = "TOO_MANY_CONNECTIONS_PER_UID"
+	TooManyCallsPerUID   Reason = "TOO_MANY_CALLS_PER_UID"
+	TooManyCallsPerGrant Reason = "TOO_MANY_CALLS_PER_GRANT"
+	TooManyFollows       Reason = "TOO_MANY_FOLLOW_STREAMS"
+	RequestTooSlow       Reason = "REQUEST_TOO_SLOW"
+	SendStalled          Reason = "SEND_STALLED"
+	ListTooLong          Reason = "LIST_TOO_LONG"
+	PushTooLong          Reason = "PUSH_TOO_LONG"
+	PushTooSlow          Reason = "PUSH_TOO_SLOW"
 )
