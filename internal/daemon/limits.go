@@ -69,7 +69,7 @@ const (
 const (
 	// maxRecvMsg bounds one message: bundles come in chunks of at most
 	// 1 MiB; nothing legitimate is bigger than that plus framing.
-	maxRecvMsg = 2 << 20
+	maxRecvMsg = 1<<20 + 16<<10
 	// streamWindow and connWindow are the HTTP/2 flow-control windows:
 	// what a peer may send before the daemon reads it. Setting them turns
 	// off grpc's window growth (BDP estimation), which would let a peer
