@@ -15,10 +15,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // hostileEnv is a bushostd serving with a socket group of the test's own,
@@ -97,7 +99,7 @@ func newHostileEnv(t *testing.T, args ...string) *hostileEnv {
 // attack starts the hostile peer as uid with mode and args, waits until it
 // says it is under way (or ended, for a mode that ends), and kills it when
 // the test ends. It returns the process and its output so far.
-func (e *hostileEnv) attack(t *testing.T, uid uint32, mode string, args ...string) *exec.Cmd {
+func (e *hostileEnv) attack(t *testing.T, uid uint32, mode string, args ...string) <-chan string {
 	t.Helper()
 	cmd := exec.Command(e.hostile, append([]string{mode}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: e.gid, Groups: []uint32{e.gid}}}
@@ -131,7 +133,7 @@ func (e *hostileEnv) attack(t *testing.T, uid uint32, mode string, args ...strin
 	case <-time.After(3 * time.Minute):
 		t.Fatalf("hostile %s never got under way: %s", mode, errb.String())
 	}
-	return cmd
+	return lines
 }
 
 // probe is the host at work while an attack runs: every 100 ms a new
@@ -147,6 +149,12 @@ type probe struct {
 }
 
 func (e *hostileEnv) probeHost(t *testing.T) *probe {
+	return e.probeHostWithin(t, time.Second)
+}
+
+// probeHostWithin is probeHost with another bound than 1 s (a log verify
+// of a big log takes its time whatever the attack).
+func (e *hostileEnv) probeHostWithin(t *testing.T, within time.Duration) *probe {
 	t.Helper()
 	p := &probe{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
@@ -158,7 +166,7 @@ func (e *hostileEnv) probeHost(t *testing.T) *probe {
 				return
 			}
 			ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+e.admin)
-			ctx, cancel := context.WithTimeout(ctx, 1*time.Second)
+			ctx, cancel := context.WithTimeout(ctx, within)
 			start := time.Now()
 			_, err = brokerv1.NewBrokerServiceClient(conn).VerifyLog(ctx, &brokerv1.VerifyLogRequest{})
 			d := time.Since(start)
@@ -224,7 +232,8 @@ func budget(connsPerUID, callsPerUID, streamsPerConn int) int64 {
 		perStreamRx = 64 << 10
 	)
 	sockets := int64(2)
-	return baseline + sockets*(int64(connsPerUID)*(perConn+int64(streamsPerConn)*perStreamRx)+int64(callsPerUID)*perCall)
+	// Go's collector lets the heap grow to twice what is live (GOGC=100).
+	return baseline + 2*sockets*(int64(connsPerUID)*(perConn+int64(streamsPerConn)*perStreamRx)+int64(callsPerUID)*perCall)
 }
 
 // TestHostilePeerMemoryBounded: a socket-group member with no token opens
@@ -261,5 +270,205 @@ func TestHostilePeerMemoryBounded(t *testing.T) {
 			}
 			e.h.Must(t, "log", "verify")
 		})
+	}
+}
+
+// asUser runs bushost as uid in the socket group, with a token file of its
+// own, and returns what it printed and its exit status.
+func (e *hostileEnv) asUser(t *testing.T, uid uint32, tokenFile string, args ...string) (string, string, int) {
+	t.Helper()
+	own := filepath.Join(filepath.Dir(e.h.Home), fmt.Sprintf("token-uid%d-%s", uid, randSuffix()))
+	b, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(own, b, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(own, int(uid), int(e.gid)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.h.client, append([]string{"--home", e.h.Home, "--token-file", own}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: e.gid, Groups: []uint32{e.gid}}}
+	cmd.Env = cleanEnv()
+	cmd.Dir = "/"
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// One worker uid holding 300 connections on each socket leaves room for
+// the host (its own uid's reserve) and for a worker of another uid
+// (--max-conns-per-uid).
+func TestFairnessConnectionsPerUID(t *testing.T) {
+	e := newHostileEnv(t)
+	e.h.AddProject(t, "acme", "web")
+	tokB := e.h.Grant(t, "acme", "web", "t2", "worker", "event.record")
+	_, uidB := makeUser(t, e.group)
+	for _, sock := range []string{"broker.sock", "git.sock"} {
+		e.attack(t, e.uid, "conns", filepath.Join(e.h.Home, sock), "300")
+	}
+	p := e.probeHost(t)
+	p.served(t, 5)
+	if out, errs, code := e.asUser(t, uidB, tokB, "event", "record", "--type", "note", "--data", `{"a":1}`); code != 0 {
+		t.Fatalf("worker of another uid refused: exit %d\n%s%s", code, out, errs)
+	}
+	if out, errs, code := e.asUser(t, uidB, tokB, "events", "--json"); code != 0 || !strings.Contains(out, `"note"`) {
+		t.Fatalf("worker of another uid: exit %d\n%s%s", code, out, errs)
+	}
+	p.end(t)
+}
+
+// 70 `events --follow` streams on one worker's token take its grant's
+// follow slots, not everybody's: a follow past --max-streams-per-grant is
+// refused with its reason, and another task's calls are served.
+func TestFairnessFollowStreamsPerGrant(t *testing.T) {
+	e := newHostileEnv(t)
+	e.h.AddProject(t, "acme", "web")
+	tokA := e.h.Grant(t, "acme", "web", "t1", "worker", "event.record")
+	tokB := e.h.Grant(t, "acme", "web", "t2", "worker", "event.record")
+	e.attack(t, e.uid, "follow", filepath.Join(e.h.Home, "broker.sock"), strings.TrimSpace(readText(t, tokA)), "70")
+	// The attacker's streams come in as fast as it can open them: a
+	// follow of the same grant is refused once they hold their slots.
+	conn, ctx := dialHome(t, e.h.Home, "broker.sock", strings.TrimSpace(readText(t, tokA)))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		s, err := brokerv1.NewBrokerServiceClient(conn).ListEvents(cctx, &brokerv1.ListEventsRequest{Follow: true})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		cancel()
+		r := errdefs.FromGRPC(err)
+		if r.Reason == errdefs.TooManyFollows || r.Reason == errdefs.TooManyCallsPerGrant {
+			if r.Code != codes.ResourceExhausted || r.Metadata["limit"] == "" {
+				t.Fatalf("refusal %+v: want ResourceExhausted with the limit", r)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a follow past the grant's limit was not refused: %v", err)
+		}
+	}
+	if out, errs, code := e.h.Run(t, nil, "--token-file", tokB, "event", "record", "--type", "note", "--data", `{"b":2}`); code != 0 {
+		t.Fatalf("another task's call refused: exit %d\n%s%s", code, out, errs)
+	}
+	if out, errs, code := e.asUser(t, e.uid, tokB, "events", "--json"); code != 0 || !strings.Contains(out, `"note"`) {
+		t.Fatalf("another task's listing from the attacker's uid: exit %d\n%s%s", code, out, errs)
+	}
+	p := e.probeHost(t)
+	p.served(t, 3)
+	p.end(t)
+}
+
+// A push that trickles one byte a second is cut once --push-rate-grace
+// passed, with PUSH_TOO_SLOW naming the limit, and leaves nothing.
+func TestPushTrickleIsCut(t *testing.T) {
+	const grace = 2 * time.Second
+	e := newHostileEnv(t, "--push-rate-grace", grace.String(), "--min-push-rate", "1K", "--idle-timeout", "30s")
+	e.h.AddProject(t, "acme", "web")
+	tok := e.h.Grant(t, "acme", "web", "t1", "worker", "git.push.working")
+	repos := filepath.Join(e.h.Home, "repos")
+	before := treeState(t, repos)
+	lines := e.attack(t, e.uid, "trickle", filepath.Join(e.h.Home, "git.sock"), strings.TrimSpace(readText(t, tok)))
+	select {
+	case l := <-lines:
+		// "cut after 2.5s: rpc error: code = ResourceExhausted desc = ..."
+		f := strings.Fields(l)
+		if len(f) < 3 || f[0] != "cut" {
+			t.Fatalf("trickle: %q", l)
+		}
+		d, err := time.ParseDuration(strings.TrimSuffix(f[2], ":"))
+		if err != nil || d > grace+3*time.Second || !strings.Contains(l, "ResourceExhausted") || !strings.Contains(l, "min-push-rate") {
+			t.Fatalf("trickle %q: want cut with ResourceExhausted naming --min-push-rate within %s", l, grace+3*time.Second)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the trickling push was never cut")
+	}
+	waitUntil(t, 10*time.Second, func() bool { return treeState(t, repos) == before }, "the cut push left files behind")
+}
+
+// 64 ListEvents streams whose reader takes nothing (a zero window) on a
+// log of 60 KiB events: each holds at most a page of 1 MiB, and all are
+// cut after --send-timeout; the host is served meanwhile. The cut is seen
+// from the attacker's uid: while its 64 streams hold its 64 call slots
+// (--max-calls-per-uid) its other calls are refused; once they are cut,
+// they are served. (A peer with a zero window never sees its streams'
+// trailers, which wait behind the data it does not take.)
+func TestNonReadingListStreamsAreCut(t *testing.T) {
+	const sendTimeout = 3 * time.Second
+	e := newHostileEnv(t, "--send-timeout", sendTimeout.String(),
+		"--max-calls-per-grant", "64", "--max-calls-per-uid", "64", "--max-streams-per-conn", "64")
+	e.h.AddProject(t, "acme", "web")
+	tokFile := e.h.Grant(t, "acme", "web", "t1", "worker", "event.record")
+	tokB := e.h.Grant(t, "acme", "web", "t2", "worker", "event.record")
+	tok := strings.TrimSpace(readText(t, tokFile))
+	conn, ctx := dialHome(t, e.h.Home, "broker.sock", tok)
+	big := `{"x":"` + strings.Repeat("a", 60<<10) + `"}`
+	n := 300
+	if os.Getenv("BUSHOST_SOAK") != "" {
+		n = 6500
+	}
+	for i := 0; i < n; i++ {
+		if _, err := brokerv1.NewBrokerServiceClient(conn).RecordEvent(ctx, &brokerv1.RecordEventRequest{Type: "note", Data: big}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// VerifyLog reads and hashes the whole 18 MB log: allow it 5 s.
+	p := e.probeHostWithin(t, 5*time.Second)
+	base := vmHWM(t, e.h.PID())
+	e.attack(t, e.uid, "noread", filepath.Join(e.h.Home, "broker.sock"), tok, "64")
+	held := time.Now()
+	sawRefusal := false
+	for {
+		out, errs, code := e.asUser(t, e.uid, tokB, "events", "--json")
+		if code == 0 {
+			break
+		}
+		if !strings.Contains(errs, "ResourceExhausted") && code != errdefs.ExitLimit {
+			t.Fatalf("the attacker's uid: exit %d, want a limit or success\n%s%s", code, out, errs)
+		}
+		if !sawRefusal {
+			sawRefusal, held = true, time.Now()
+		}
+		if time.Since(held) > sendTimeout+30*time.Second {
+			t.Fatal("the non-reading streams were never cut")
+		}
+	}
+	if !sawRefusal {
+		t.Fatal("the 64 non-reading streams never held their uid's call slots: the test proves nothing")
+	}
+	t.Logf("slots freed %s after the first refusal", time.Since(held).Round(time.Millisecond))
+	p.end(t)
+	peak := vmHWM(t, e.h.PID())
+	// docs/limits.md: a listing stream holds at most a page (1 MiB) and
+	// one event being sent (twice 64 KiB) beside grpc's 64 KiB of write
+	// quota, on top of what the daemon held before the attack; Go's
+	// collector lets the heap grow to twice what is live (GOGC=100).
+	b := base + 2*64*(1<<20+3*64<<10)
+	t.Logf("bushostd VmHWM %d MiB before the attack, %d MiB after, budget %d MiB", base>>20, peak>>20, b>>20)
+	if peak > 512<<20 || peak > b {
+		t.Fatalf("bushostd peaked at %d MiB: over 512 MiB or the budget of %d MiB", peak>>20, b>>20)
+	}
+}
+
+// waitUntil polls cond until it holds or d passes.
+func waitUntil(t *testing.T, d time.Duration, cond func() bool, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

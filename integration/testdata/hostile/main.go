@@ -98,6 +98,9 @@ type conn struct {
 	win     map[uint32]int64
 	dead    map[uint32]bool
 	closed  bool
+	// onEnd, when set, is told the grpc-status of each stream the server
+	// ends.
+	onEnd func(id uint32, status string)
 }
 
 func dial(sock string, settings ...http2.Setting) (*conn, error) {
@@ -110,6 +113,7 @@ func dial(sock string, settings ...http2.Setting) (*conn, error) {
 	}
 	fr := http2.NewFramer(c, c)
 	fr.SetMaxReadFrameSize(1 << 20)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	if err := fr.WriteSettings(settings...); err != nil {
 		return nil, err
 	}
@@ -166,9 +170,12 @@ func (c *conn) drain(done chan<- struct{}) {
 			}
 		case *http2.RSTStreamFrame:
 			c.dead[f.StreamID] = true
-		case *http2.HeadersFrame:
+		case *http2.MetaHeadersFrame:
 			if f.StreamEnded() {
 				c.dead[f.StreamID] = true
+				if c.onEnd != nil {
+					c.onEnd(f.StreamID, f.PseudoValue("status")+" grpc-status="+grpcStatus(f))
+				}
 			}
 		case *http2.GoAwayFrame:
 			c.closed = true
@@ -210,6 +217,15 @@ func (c *conn) data(id uint32, p []byte) bool {
 		p = p[n:]
 	}
 	return true
+}
+
+func grpcStatus(f *http2.MetaHeadersFrame) string {
+	for _, h := range f.Fields {
+		if h.Name == "grpc-status" {
+			return h.Value
+		}
+	}
+	return ""
 }
 
 func (c *conn) gone() bool {
@@ -365,13 +381,15 @@ func empty(sock string, streams int) error {
 }
 
 func conns(sock string, n int) error {
-	var held []net.Conn
+	var held []*conn
 	for i := 0; i < n; i++ {
+		// Past the limits the daemon closes the connection: keep trying
+		// anyway, as an attacker would.
 		c, err := dial(sock)
 		if err != nil {
-			return err
+			continue
 		}
-		held = append(held, c.c)
+		held = append(held, c)
 		go c.drain(nil)
 	}
 	ready()
@@ -415,6 +433,15 @@ func noread(sock, token string, n int) error {
 	c, err := dial(sock, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
 	if err != nil {
 		return err
+	}
+	ended := map[string]int{}
+	total := 0
+	start := time.Now()
+	c.onEnd = func(_ uint32, status string) {
+		ended[status]++
+		if total++; total == n {
+			fmt.Printf("ended %d after %s: %v\n", n, time.Since(start).Round(time.Millisecond), ended)
+		}
 	}
 	go c.drain(nil)
 	req, _ := proto.Marshal(&brokerv1.ListEventsRequest{})
