@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -26,6 +27,8 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/textsafe"
 )
 
 // Env is what a command runs with: the global flags, its streams and the
@@ -34,7 +37,11 @@ type Env struct {
 	Home      string
 	TokenFile string
 	JSON      bool
-	Stdin     io.Reader
+	// Timeout, when set, bounds each unary call and each transfer's wait
+	// for progress (--timeout; timeout.go).
+	Timeout time.Duration
+	stalled atomic.Pointer[errdefs.Error] // a stream of the command made no progress
+	Stdin   io.Reader
 	Stdout    io.Writer
 	Stderr    io.Writer
 	// Getenv reads the environment (os.Getenv outside tests).
@@ -73,6 +80,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 func mainWith(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	// Nothing from the bus host reaches a terminal raw (internal/textsafe).
+	safeOut, safeErr := textsafe.NewWriter(stdout), textsafe.NewWriter(stderr)
+	defer safeOut.Flush()
+	defer safeErr.Flush()
+	stdout, stderr = safeOut, safeErr
 	e := &Env{Home: "./bus-host", Stdin: stdin, Stdout: stdout, Stderr: stderr, Getenv: getenv}
 	rest, err := e.globalFlags(args)
 	if err != nil {
@@ -113,8 +125,9 @@ func mainWith(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv f
 			fmt.Fprintf(stderr, "bushost %s: %s\nusage: bushost %s\n", c.words, ue.msg, c.usage)
 			return 2
 		}
+		err = e.failure(err)
 		fmt.Fprintf(stderr, "bushost %s: %s\n", c.words, describe(err))
-		return 1
+		return exitFor(err)
 	}
 	return 0
 }
@@ -138,7 +151,7 @@ func (e *Env) globalFlags(args []string) ([]string, error) {
 		switch name {
 		case "json":
 			e.JSON = true
-		case "home", "token-file":
+		case "home", "token-file", "timeout":
 			if !hasVal {
 				if i+1 >= len(args) {
 					return nil, fmt.Errorf("--%s needs a value", name)
@@ -146,9 +159,16 @@ func (e *Env) globalFlags(args []string) ([]string, error) {
 				i++
 				val = args[i]
 			}
-			if name == "home" {
+			switch name {
+			case "timeout":
+				d, err := time.ParseDuration(val)
+				if err != nil || d <= 0 {
+					return nil, fmt.Errorf("--timeout %q: want a positive duration such as 30s or 5m", val)
+				}
+				e.Timeout = d
+			case "home":
 				e.Home = val
-			} else {
+			default:
 				e.TokenFile = val
 			}
 		default:
@@ -171,7 +191,7 @@ func lookup(args []string) (*command, []string) {
 func printUsage(w io.Writer) {
 	fmt.Fprint(w, `bushost: the client of the bus host (bushostd).
 
-usage: bushost [--home DIR] [--token-file FILE] [--json] COMMAND [FLAGS]
+usage: bushost [--home DIR] [--token-file FILE] [--json] [--timeout D] COMMAND [FLAGS]
 
 Global flags may stand before or after the command words:
   --home DIR         the bus host's home with git.sock, broker.sock and
@@ -179,6 +199,9 @@ Global flags may stand before or after the command words:
   --token-file FILE  the session's grant token (else $BUS_TOKEN, else the
                      host's <home>/admin.token)
   --json             machine-readable output where a command prints data
+  --timeout D        give up on a call with no answer, or a transfer with no
+                     progress, after D (default: 2m for a call, 60s without
+                     progress for a transfer); exits 3, leaves nothing
 
 Commands:
 `)
@@ -277,10 +300,10 @@ func (e *Env) dial(ctx context.Context, socket string) (*grpc.ClientConn, contex
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := grpc.NewClient("unix://"+abs,
+	conn, err := grpc.NewClient("unix://"+abs, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20)),
-	)
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4 << 20)),
+	}, e.timeouts()...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect %s: %w", path, err)
 	}

@@ -62,4 +62,8 @@ const (
 	ListTooLong          Reason = "LIST_TOO_LONG"
 	PushTooLong          Reason = "PUSH_TOO_LONG"
 	PushTooSlow          Reason = "PUSH_TOO_SLOW"
+
+	// The client's own bounds on waiting (bushost --timeout).
+	NoAnswer        Reason = "NO_ANSWER"
+	TransferStalled Reason = "TRANSFER_STALLED"
 )
