@@ -42,8 +42,8 @@ type Env struct {
 	Timeout time.Duration
 	stalled atomic.Pointer[errdefs.Error] // a stream of the command made no progress
 	Stdin   io.Reader
-	Stdout    io.Writer
-	Stderr    io.Writer
+	Stdout  io.Writer
+	Stderr  io.Writer
 	// Getenv reads the environment (os.Getenv outside tests).
 	Getenv func(string) string
 }
