@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,6 +103,11 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	if err := o.Limits.check(); err != nil {
 		return err
+	}
+	// Go's collector would let the heap grow to twice what is live; keep
+	// it near the budget instead (unless the operator set GOMEMLIMIT).
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(o.Limits.Budget() + o.Limits.Budget()/4)
 	}
 	gid := -1
 	if o.SocketGroup != "" {

@@ -25,6 +25,7 @@ type Limits struct {
 	MaxCallsPerUID int
 	// Room in MaxConns and MaxInFlight only the daemon's own uid may use
 	// (at most half of each), so that the host's tools always get in.
+	// Unlike the other fields, zero here means none, not the default.
 	ReservedConns int
 	ReservedCalls int
 	// Per connection.
@@ -94,7 +95,7 @@ func DefaultLimits() Limits {
 	}
 }
 
-// fill puts the default in every zero field.
+// fill puts the default in every zero field but the reserves.
 func (l *Limits) fill() {
 	d := DefaultLimits()
 	setInt := func(p *int, v int) {
@@ -177,4 +178,30 @@ func (l *Limits) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&l.PushTimeout, "push-timeout", d.PushTimeout, "a whole push, from its first byte to its answer")
 	fs.Var(size.Value{P: &l.MinPushRate}, "min-push-rate", "bytes per second a push must average after --push-rate-grace (64K)")
 	fs.DurationVar(&l.PushRateGrace, "push-rate-grace", d.PushRateGrace, "how long a push may run before --min-push-rate applies")
+}
+
+// Memory budget (docs/limits.md). What a peer can make the daemon hold
+// live is bounded by the limits: per connection a fixed cost (its buffers,
+// one header list, its goroutines; a stream refused at its headers holds
+// nothing), per call in flight at most one message buffered and decoded
+// (or, for a listing, one page and the event being sent).
+const (
+	budgetBaseline = 32 << 20
+	budgetPerConn  = 2*ioBuffer + 32<<10 // + the header list, below
+	budgetPerCall  = 2*maxRecvMsg + streamWindow
+)
+
+// ConnBudget is what one connection may hold.
+func (l Limits) ConnBudget() int64 { return budgetPerConn + l.MaxHeaderBytes }
+
+// UIDBudget is what one peer uid may make the daemon hold, both sockets.
+func (l Limits) UIDBudget() int64 {
+	return 2 * (int64(l.MaxConnsPerUID)*l.ConnBudget() + int64(l.MaxCallsPerUID)*budgetPerCall)
+}
+
+// Budget is the bound on the daemon's live memory: the baseline plus, on
+// each of the two sockets, every connection and every call in flight at
+// their cost. Serve sets Go's soft memory limit a quarter above it.
+func (l Limits) Budget() int64 {
+	return budgetBaseline + 2*(int64(l.MaxConns)*l.ConnBudget()+int64(l.MaxInFlight)*budgetPerCall)
 }
