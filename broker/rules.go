@@ -363,14 +363,17 @@ func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data
 // follow it then waits for new ones until ctx ends. A grant's filter is its
 // own task, whatever it asks.
 func (b *Broker) Events(ctx context.Context, f Filter, after int64, follow bool, send func(Event) error) error {
-	const page = 500
+	// A page is bounded by count and by bytes, so that a stream whose
+	// reader is slow holds at most one page: 500 events of 60 KiB would
+	// be 30 MB.
+	const page, pageBytes = 500, 1 << 20
 	// Other processes sharing a PostgreSQL store append without telling
 	// this one: poll as well as wait for local commits.
 	poll := time.NewTicker(500 * time.Millisecond)
 	defer poll.Stop()
 	for {
 		changed := b.changes()
-		evs, err := b.st.read().events(ctx, f, after, page)
+		evs, full, err := b.st.read().events(ctx, f, after, page, pageBytes)
 		if err != nil {
 			return fmt.Errorf("read events: %w", err)
 		}
@@ -380,7 +383,7 @@ func (b *Broker) Events(ctx context.Context, f Filter, after int64, follow bool,
 			}
 			after = e.Seq
 		}
-		if len(evs) == page {
+		if full {
 			continue
 		}
 		if !follow {

@@ -315,7 +315,10 @@ type Filter struct {
 }
 
 // events returns up to limit events after seq that match f, in order.
-func (q *queries) events(ctx context.Context, f Filter, after int64, limit int) ([]Event, error) {
+// events reads at most limit events after seq after that f selects, and
+// stops early once their data passed maxBytes (at least one is read);
+// full reports a page cut by either bound, so more may follow.
+func (q *queries) events(ctx context.Context, f Filter, after int64, limit int, maxBytes int) (out []Event, full bool, err error) {
 	where := []string{`seq > $1`}
 	args := []any{after}
 	for _, c := range []struct{ col, val string }{{"business", f.Business}, {"project", f.Project}, {"task", f.Task}} {
@@ -327,18 +330,21 @@ func (q *queries) events(ctx context.Context, f Filter, after int64, limit int) 
 	args = append(args, limit)
 	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE `+strings.Join(where, " AND ")+fmt.Sprintf(` ORDER BY seq LIMIT $%d`, len(args)), args...)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer rows.Close()
-	var out []Event
+	bytes := 0
 	for rows.Next() {
 		e, err := scanEvent(rows)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		out = append(out, e)
+		if bytes += len(e.Data); bytes >= maxBytes {
+			return out, true, nil
+		}
 	}
-	return out, rows.Err()
+	return out, len(out) == limit, rows.Err()
 }
 
 // eachEvent calls fn for every event in seq order, in one statement (one

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -47,9 +48,11 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	}
 	rr := newRecvReader(stream, sv.s.o.IdleTimeout)
 	defer rr.stop()
+	ctx, cancel := sv.s.pushBounds(ctx, rr)
+	defer cancel()
 	first, err := rr.next()
 	if err != nil {
-		return toStatus(err)
+		return pushStatus(err)
 	}
 	hdr := first.GetHeader()
 	if hdr == nil {
@@ -58,7 +61,7 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	peer, _ := sock.PeerFromContext(ctx)
 	res, err := sv.s.Push(ctx, g, peer, hdr.GetSize(), rr)
 	if err != nil {
-		return toStatus(err)
+		return pushStatus(rr.why(err))
 	}
 	return toStatus(stream.SendAndClose(&gitv1.PushWorkingResponse{Commit: res.Commit, Previous: res.Previous, Ref: res.Ref}))
 }
@@ -142,6 +145,14 @@ type recvReader struct {
 	idle time.Duration
 	buf  []byte
 	err  error
+	// cut, when set, ends a wait early with its error (pushBounds: the
+	// push's deadline or its minimum rate); got counts chunk bytes.
+	cut <-chan struct{}
+	// cutErr is set before cut is closed.
+	cutErr  error
+	got     atomic.Int64
+	ended   atomic.Bool  // the client half-closed: the whole body is in
+	tooLong func() error // the push-timeout error once it passed, else nil
 }
 
 type recvResult struct {
@@ -174,9 +185,14 @@ func (r *recvReader) next() (*gitv1.PushWorkingRequest, error) {
 	defer t.Stop()
 	select {
 	case res := <-r.msgs:
+		if res.err == io.EOF {
+			r.ended.Store(true)
+		}
 		return res.m, res.err
 	case <-t.C:
 		return nil, errdefs.DeadlineExceeded(errdefs.PushIdle, "the client sent nothing for %s; push cut", r.idle).With("idle", r.idle)
+	case <-r.cut:
+		return nil, r.cutErr
 	}
 }
 
@@ -195,6 +211,7 @@ func (r *recvReader) Read(p []byte) (int, error) {
 			continue
 		}
 		r.buf = m.GetChunk()
+		r.got.Add(int64(len(r.buf)))
 	}
 	n := copy(p, r.buf)
 	r.buf = r.buf[n:]

@@ -54,6 +54,9 @@ type Options struct {
 	GitHome        string        // private HOME for git processes (gitcmd.New(GitHome))
 	MaxBundleBytes int64         // 0 -> 256 MiB
 	IdleTimeout    time.Duration // a push stream that sends nothing this long is cut; 0 -> 30s
+	PushTimeout    time.Duration // a whole push ends within it; 0 -> none
+	MinPushRate    int64         // bytes/s a push must average once PushRateGrace old; 0 -> none
+	PushRateGrace  time.Duration
 	Authority      authz.Authority
 
 	// Object bounds, checked on every pushed pack as it streams in, before

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/textsafe"
 	"github.com/bushost/bushost/internal/version"
 )
 
@@ -40,9 +42,13 @@ type Env struct {
 	Home      string
 	TokenFile string
 	JSON      bool
-	Stdin     io.Reader
-	Stdout    io.Writer
-	Stderr    io.Writer
+	// Timeout, when set, bounds each unary call and each transfer's wait
+	// for progress (--timeout; timeout.go).
+	Timeout time.Duration
+	stalled atomic.Pointer[errdefs.Error] // a stream of the command made no progress
+	Stdin   io.Reader
+	Stdout  io.Writer
+	Stderr  io.Writer
 	// Getenv reads the environment (os.Getenv outside tests).
 	Getenv func(string) string
 
@@ -89,6 +95,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 func mainWith(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	// Nothing from the bus host reaches a terminal raw (internal/textsafe).
+	safeOut, safeErr := textsafe.NewWriter(stdout), textsafe.NewWriter(stderr)
+	defer safeOut.Flush()
+	defer safeErr.Flush()
+	stdout, stderr = safeOut, safeErr
 	e := &Env{Stdin: stdin, Stdout: stdout, Stderr: stderr, Getenv: getenv}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -108,6 +119,9 @@ func mainWith(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv f
 		if !e.JSON && hasFlag(args, "json") {
 			e.JSON = true
 		}
+	}
+	if *ran {
+		err = e.failure(err)
 	}
 	return e.report(cmd, err)
 }
@@ -138,6 +152,13 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 	pf.StringVar(&e.Home, "home", home, "the bus host's home with git.sock, broker.sock and admin.token ($BUSHOST_HOME)")
 	pf.StringVar(&e.TokenFile, "token-file", "", "the session's grant token (else $BUS_TOKEN_FILE, $BUS_TOKEN, or the host's <home>/admin.token)")
 	pf.BoolVar(&e.JSON, "json", false, "machine-readable output, and errors as one JSON object on stderr")
+	pf.DurationVar(&e.Timeout, "timeout", 0, "give up on a call with no answer, or a transfer with no progress, after this long (default 2m a call, 60s without progress)")
+	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		if e.Timeout < 0 {
+			return usagef("--timeout %s: want a positive duration such as 30s or 5m", e.Timeout)
+		}
+		return nil
+	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return usageError{flagHint(cmd, err)}
 	})
@@ -195,12 +216,15 @@ func rootLong() string {
 	var b strings.Builder
 	b.WriteString(`bushost: the client of the bus host (bushostd).
 
-usage: bushost [--home DIR] [--token-file FILE] [--json] COMMAND [FLAGS]
+usage: bushost [--home DIR] [--token-file FILE] [--json] [--timeout D] COMMAND [FLAGS]
 
 The global flags may stand before or after the command words. The token is
 read from --token-file, else $BUS_TOKEN_FILE (a path), else $BUS_TOKEN (the
 token itself), else the host's <home>/admin.token; $BUSHOST_HOME stands for
 --home (default ./bus-host).
+--timeout D gives up on a call with no answer, or a transfer with no
+progress, after D (default: 2m for a call, 60s without progress for a
+transfer); it exits 3 and leaves nothing behind.
 
 Commands:
 `)
@@ -418,10 +442,10 @@ func (e *Env) dial(ctx context.Context, socket string) (*grpc.ClientConn, contex
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := grpc.NewClient("unix://"+abs,
+	conn, err := grpc.NewClient("unix://"+abs, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20)),
-	)
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4 << 20)),
+	}, e.timeouts()...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect %s: %w", path, err)
 	}

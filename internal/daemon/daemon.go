@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/gofrs/flock"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
@@ -40,14 +42,11 @@ type Options struct {
 	BrokerDSN string
 	// MaxBundleBytes bounds one pushed bundle (default 256 MiB).
 	MaxBundleBytes int64
-	// IdleTimeout cuts a push stream that sends nothing this long.
-	IdleTimeout time.Duration
 	// DrainTimeout bounds how long a stop waits for calls in flight.
 	DrainTimeout time.Duration
-	// MaxConns and MaxInFlight bound each socket's connections and calls;
-	// beyond them a caller gets ResourceExhausted.
-	MaxConns    int
-	MaxInFlight int
+	// Limits bound connections, calls, bytes and time per socket, uid,
+	// connection and grant (limits.go, docs/limits.md).
+	Limits
 	// SocketGroup, when set, is the group (name or number) given to both
 	// sockets and to the home, which becomes 0710: members may reach the
 	// sockets (a sandboxed session's user gets it) and nothing else there.
@@ -78,10 +77,7 @@ type Options struct {
 const (
 	DefaultHome         = "./bus-host"
 	DefaultMaxBundle    = 256 << 20
-	DefaultIdleTimeout  = 30 * time.Second
 	DefaultDrainTimeout = 30 * time.Second
-	DefaultMaxConns     = 256
-	DefaultMaxInFlight  = 64
 )
 
 // File names inside the home (DESIGN.md, "The bus host home").
@@ -102,18 +98,10 @@ func (o *Options) fill() {
 	if o.MaxBundleBytes == 0 {
 		o.MaxBundleBytes = DefaultMaxBundle
 	}
-	if o.IdleTimeout == 0 {
-		o.IdleTimeout = DefaultIdleTimeout
-	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
-	if o.MaxConns == 0 {
-		o.MaxConns = DefaultMaxConns
-	}
-	if o.MaxInFlight == 0 {
-		o.MaxInFlight = DefaultMaxInFlight
-	}
+	o.Limits.fill()
 	if o.Observe.DrainGrace == 0 {
 		o.Observe.DrainGrace = DefaultDrainGrace
 	}
@@ -135,10 +123,18 @@ func Serve(ctx context.Context, o Options) error {
 		o.Logger = l
 	}
 	log := o.Logger
-	if o.MaxBundleBytes < 0 || o.IdleTimeout < 0 || o.DrainTimeout < 0 || o.MaxConns < 0 || o.MaxInFlight < 0 ||
+	if o.MaxBundleBytes < 0 || o.DrainTimeout < 0 ||
 		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxPackObjects < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
 		o.EventRate < 0 || o.EventBytesRate < 0 || o.Observe.DrainGrace < 0 {
 		return errors.New("limits must not be negative")
+	}
+	if err := o.Limits.check(); err != nil {
+		return err
+	}
+	// Go's collector would let the heap grow to twice what is live; keep
+	// it near the budget instead (unless the operator set GOMEMLIMIT).
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(o.Limits.Budget() + o.Limits.Budget()/4)
 	}
 	gid := -1
 	if o.SocketGroup != "" {
@@ -180,6 +176,9 @@ func Serve(ctx context.Context, o Options) error {
 		GitHome:        filepath.Join(o.Home, gitHomeDir),
 		MaxBundleBytes: o.MaxBundleBytes,
 		IdleTimeout:    o.IdleTimeout,
+		PushTimeout:    o.PushTimeout,
+		MinPushRate:    o.MinPushRate,
+		PushRateGrace:  o.PushRateGrace,
 		Authority:      b,
 
 		MaxObjectBytes:  o.MaxObjectBytes,
@@ -198,9 +197,10 @@ func Serve(ctx context.Context, o Options) error {
 	}
 
 	ds := newDrainState()
-	gitSrv := newServer(o, newObserver("git", log, ds))
+	grants := newGrantLimiter(o.Limits, token)
+	gitSrv, gitAdm := newServer(o, grants, newObserver("git", log, ds))
 	gitv1.RegisterGitServiceServer(gitSrv, gitd.NewServer(svc))
-	brokerSrv := newServer(o, newObserver("broker", log, ds))
+	brokerSrv, brokerAdm := newServer(o, grants, newObserver("broker", log, ds))
 	brokerv1.RegisterBrokerServiceServer(brokerSrv, broker.NewServer(b))
 	healths := []healthOf{healthFor(gitSrv, gitv1.GitService_ServiceDesc.ServiceName), healthFor(brokerSrv, brokerv1.BrokerService_ServiceDesc.ServiceName)}
 	wctx, stopWatch := context.WithCancel(ctx)
@@ -211,11 +211,11 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	gitL, err := listen(o, GitSocket, gid, inherited)
+	gitL, err := listen(o, GitSocket, gid, inherited, gitAdm)
 	if err != nil {
 		return err
 	}
-	brokerL, err := listen(o, BrokerSocket, gid, inherited)
+	brokerL, err := listen(o, BrokerSocket, gid, inherited, brokerAdm)
 	if err != nil {
 		gitL.Close()
 		return err
@@ -274,23 +274,55 @@ func drain(timeout time.Duration, srvs ...*grpc.Server) {
 	wg.Wait()
 }
 
-func newServer(o Options, ob *observer) *grpc.Server {
-	lim := sock.NewLimiter(o.MaxInFlight)
-	return grpc.NewServer(
+// newServer is the one place where the transport's bounds are set
+// (docs/limits.md gives the memory they add up to): the HTTP/2 settings
+// and windows, the admission of connections and calls per socket and uid
+// (before a request is read), the request, send and idle deadlines, and
+// the per-grant counters; ob logs and counts every call (observe.go). It returns the server and the admission its
+// listener must be wrapped in.
+func newServer(o Options, grants *grantLimiter, ob *observer) (*grpc.Server, *sock.Admission) {
+	l := o.Limits
+	adm := sock.NewAdmission(sock.AdmitLimits{
+		MaxConns: l.MaxConns, MaxCalls: l.MaxInFlight,
+		MaxConnsPerUID: l.MaxConnsPerUID, MaxCallsPerUID: l.MaxCallsPerUID,
+		ReservedConns: l.ReservedConns, ReservedCalls: l.ReservedCalls,
+		OwnUID:         os.Getuid(),
+		RequestTimeout: l.RequestTimeout,
+		SendTimeout:    l.SendTimeout,
+	})
+	log := o.Logger
+	adm.OnRefused(func(r errdefs.Reason) { log.Debug("refused", "reason", r) })
+	srv := grpc.NewServer(
 		grpc.Creds(sock.PeerCred{}),
-		// Bundles come in chunks of at most 1 MiB; nothing legitimate is
-		// bigger than that plus framing.
-		grpc.MaxRecvMsgSize(2<<20),
-		grpc.ChainUnaryInterceptor(ob.unary, lim.Unary),
-		grpc.ChainStreamInterceptor(ob.stream, lim.Stream),
+		grpc.MaxRecvMsgSize(maxRecvMsg),
+		grpc.MaxConcurrentStreams(uint32(l.MaxStreamsPerConn)),
+		grpc.MaxHeaderListSize(uint32(l.MaxHeaderBytes)),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
+		grpc.ReadBufferSize(ioBuffer),
+		grpc.WriteBufferSize(ioBuffer),
+		// A peer must finish its handshake (SO_PEERCRED, HTTP/2 preface)
+		// promptly.
+		grpc.ConnectionTimeout(l.RequestTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: l.IdleTimeout,
+			Time:              l.IdleTimeout,
+			Timeout:           l.RequestTimeout,
+		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
+		grpc.InTapHandle(adm.Tap),
+		grpc.ChainUnaryInterceptor(ob.unary, adm.Unary, grants.unary),
+		grpc.ChainStreamInterceptor(ob.stream, adm.Stream, grants.stream),
 	)
+	return srv, adm
 }
 
 // listen makes the socket name in the home, or takes the one the service
-// manager passed (its unit sets the mode and group).
-func listen(o Options, name string, gid int, inherited map[string]net.Listener) (net.Listener, error) {
+// manager passed (its unit sets the mode and group); adm admits its
+// connections.
+func listen(o Options, name string, gid int, inherited map[string]net.Listener, adm *sock.Admission) (net.Listener, error) {
 	if l, ok := inherited[name]; ok {
-		return sock.LimitConns(countConns(l, strings.TrimSuffix(name, ".sock")), o.MaxConns), nil
+		return adm.Listener(countConns(l, strings.TrimSuffix(name, ".sock"))), nil
 	}
 	path := filepath.Join(o.Home, name)
 	l, err := sock.Listen(path, 0o660)
@@ -304,7 +336,7 @@ func listen(o Options, name string, gid int, inherited map[string]net.Listener) 
 			return nil, fmt.Errorf("give %s to group %d: %w", path, gid, err)
 		}
 	}
-	return sock.LimitConns(l, o.MaxConns), nil
+	return adm.Listener(l), nil
 }
 
 // lookupGroup resolves a group name or number from /etc/group.

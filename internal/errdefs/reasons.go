@@ -92,4 +92,16 @@ const (
 	EventBytesRate     Reason = "EVENT_BYTES_RATE_EXCEEDED"
 	TaskQuota          Reason = "TASK_QUOTA_EXCEEDED"
 	ProjectQuota       Reason = "PROJECT_QUOTA_EXCEEDED"
+
+	TooManyConnsPerUID   Reason = "TOO_MANY_CONNECTIONS_PER_UID"
+	TooManyCallsPerUID   Reason = "TOO_MANY_CALLS_PER_UID"
+	TooManyCallsPerGrant Reason = "TOO_MANY_CALLS_PER_GRANT"
+	TooManyFollows       Reason = "TOO_MANY_FOLLOW_STREAMS"
+	RequestTooSlow       Reason = "REQUEST_TOO_SLOW"
+	SendStalled          Reason = "SEND_STALLED"
+	ListTooLong          Reason = "LIST_TOO_LONG"
+	PushTooLong          Reason = "PUSH_TOO_LONG"
+	PushTooSlow          Reason = "PUSH_TOO_SLOW"
+	NoAnswer             Reason = "NO_ANSWER"
+	TransferStalled      Reason = "TRANSFER_STALLED"
 )

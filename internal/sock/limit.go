@@ -2,99 +2,197 @@ package sock
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
+	"time"
 
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/tap"
 
 	"github.com/bushost/bushost/internal/errdefs"
 )
 
-// Limiter bounds the calls in flight on one server. A call beyond the bound
-// is refused at once with ResourceExhausted rather than queued, so a flood
-// from one client cannot make everyone else wait.
-type Limiter struct {
-	slots chan struct{}
+// AdmitLimits bound one socket. Connections are counted at accept, calls
+// at stream creation (before any message byte is read), both per peer uid
+// (SO_PEERCRED) and in total. The daemon's own uid (the host's tools) is
+// not held to the per-uid limits and has room in the totals that the
+// others cannot take.
+type AdmitLimits struct {
+	MaxConns       int // connections on the socket
+	MaxCalls       int // calls (streams) in flight on the socket
+	MaxConnsPerUID int
+	MaxCallsPerUID int
+	// ReservedConns and ReservedCalls are kept for OwnUID: other uids
+	// share MaxConns-ReservedConns and MaxCalls-ReservedCalls. A reserve
+	// is capped at half its total, so that others always get in.
+	ReservedConns int
+	ReservedCalls int
+	OwnUID        int
+	// RequestTimeout bounds how long a call's request may take to arrive
+	// whole: a unary request, or a stream's first message.
+	RequestTimeout time.Duration
+	// SendTimeout cuts a stream whose reader takes none of a message for
+	// this long.
+	SendTimeout time.Duration
 }
 
-// NewLimiter allows n calls at a time.
-func NewLimiter(n int) *Limiter {
-	return &Limiter{slots: make(chan struct{}, n)}
+// Admission applies AdmitLimits to one socket: Listener closes
+// connections over the limits at accept, Tap refuses streams over the
+// limits before they are read, and Unary/Stream enforce the request and
+// send deadlines.
+type Admission struct {
+	lim AdmitLimits
+
+	mu        sync.Mutex
+	conns     int
+	connsBy   map[uint32]int
+	calls     int
+	callsBy   map[uint32]int
+	onRefused func(reason errdefs.Reason) // tests and logs; may be nil
 }
 
-func (l *Limiter) acquire(ctx context.Context) error {
-	if overConn(ctx) {
-		return errdefs.ToGRPC(errdefs.ResourceExhausted(errdefs.TooManyConns, "too many connections to this socket; close some and retry"))
+// NewAdmission returns the admission of one socket.
+func NewAdmission(l AdmitLimits) *Admission {
+	l.ReservedConns = min(l.ReservedConns, l.MaxConns/2)
+	l.ReservedCalls = min(l.ReservedCalls, l.MaxCalls/2)
+	return &Admission{lim: l, connsBy: map[uint32]int{}, callsBy: map[uint32]int{}}
+}
+
+// OnRefused sets a function told of every refusal (for the daemon's log).
+func (a *Admission) OnRefused(f func(errdefs.Reason)) { a.onRefused = f }
+
+func (a *Admission) refused(r errdefs.Reason) {
+	if a.onRefused != nil {
+		a.onRefused(r)
 	}
-	select {
-	case l.slots <- struct{}{}:
-		return nil
-	default:
-		return errdefs.ToGRPC(errdefs.ResourceExhausted(errdefs.TooManyCalls, "too many calls in flight on this socket (limit %d); retry later", cap(l.slots)).With("limit", cap(l.slots)))
+}
+
+// admitConn counts one connection of uid, or says why not.
+func (a *Admission) admitConn(uid uint32) (*errdefs.Error, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	own := int(uid) == a.lim.OwnUID
+	total := a.lim.MaxConns
+	if !own {
+		total -= a.lim.ReservedConns
+	}
+	if a.conns >= total {
+		return errdefs.ResourceExhausted(errdefs.TooManyConns, "too many connections to this socket (limit %d); close some and retry", total).
+			With("limit", total).Retry(time.Second), false
+	}
+	if !own && a.connsBy[uid] >= a.lim.MaxConnsPerUID {
+		return errdefs.ResourceExhausted(errdefs.TooManyConnsPerUID, "too many connections from uid %d (limit %d, --max-conns-per-uid); close some and retry", uid, a.lim.MaxConnsPerUID).
+			With("limit", a.lim.MaxConnsPerUID).With("uid", uid).Retry(time.Second), false
+	}
+	a.conns++
+	a.connsBy[uid]++
+	return nil, true
+}
+
+func (a *Admission) releaseConn(uid uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.conns--
+	if a.connsBy[uid]--; a.connsBy[uid] <= 0 {
+		delete(a.connsBy, uid)
 	}
 }
 
-func (l *Limiter) release() { <-l.slots }
-
-// Unary is a grpc.UnaryServerInterceptor applying the limit.
-func (l *Limiter) Unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if err := l.acquire(ctx); err != nil {
-		return nil, err
+// admitCall counts one call of uid, or says why not.
+func (a *Admission) admitCall(uid uint32) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	own := int(uid) == a.lim.OwnUID
+	total := a.lim.MaxCalls
+	if !own {
+		total -= a.lim.ReservedCalls
 	}
-	defer l.release()
-	return h(ctx, req)
-}
-
-// Stream is a grpc.StreamServerInterceptor applying the limit.
-func (l *Limiter) Stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if err := l.acquire(ss.Context()); err != nil {
-		return err
+	if a.calls >= total {
+		return errdefs.ResourceExhausted(errdefs.TooManyCalls, "too many calls in flight on this socket (limit %d); retry later", total).
+			With("limit", total).Retry(time.Second)
 	}
-	defer l.release()
-	return h(srv, ss)
+	if !own && a.callsBy[uid] >= a.lim.MaxCallsPerUID {
+		return errdefs.ResourceExhausted(errdefs.TooManyCallsPerUID, "too many calls in flight from uid %d (limit %d, --max-calls-per-uid); retry later", uid, a.lim.MaxCallsPerUID).
+			With("limit", a.lim.MaxCallsPerUID).With("uid", uid).Retry(time.Second)
+	}
+	a.calls++
+	a.callsBy[uid]++
+	return nil
 }
 
-// LimitConns wraps l so that connections beyond max are marked: every call
-// on them is refused with ResourceExhausted (a clear answer rather than a
-// silent close). Beyond twice max, connections are closed at once, so that
-// a flood cannot exhaust the daemon's file descriptors.
-func LimitConns(l net.Listener, max int) net.Listener {
-	return &limitListener{Listener: l, max: int64(max)}
+func (a *Admission) releaseCall(uid uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.calls--
+	if a.callsBy[uid]--; a.callsBy[uid] <= 0 {
+		delete(a.callsBy, uid)
+	}
 }
 
-type limitListener struct {
+// Counts reports the connections and calls now admitted (for tests).
+func (a *Admission) Counts() (conns, calls int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conns, a.calls
+}
+
+// Listener wraps l: a connection over the limits is told why (an HTTP/2
+// GOAWAY carrying the reason) and closed at accept, before the daemon
+// gives it a transport.
+func (a *Admission) Listener(l net.Listener) net.Listener {
+	return &admitListener{Listener: l, a: a}
+}
+
+type admitListener struct {
 	net.Listener
-	max  int64
-	open atomic.Int64
+	a *Admission
 }
 
-func (l *limitListener) Accept() (net.Conn, error) {
+func (l *admitListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		n := l.open.Add(1)
-		if n > 2*l.max {
-			l.open.Add(-1)
+		cred, err := peerCred(c)
+		if err != nil {
 			c.Close()
 			continue
 		}
-		return &countedConn{Conn: c, l: l, over: n > l.max}, nil
+		if e, ok := l.a.admitConn(cred.Uid); !ok {
+			l.a.refused(e.Reason)
+			go refuseConn(c, e)
+			continue
+		}
+		return &countedConn{Conn: c, a: l.a, cred: cred}, nil
 	}
+}
+
+// refuseConn says why in a GOAWAY (ENHANCE_YOUR_CALM, the message as its
+// debug data) and closes c; a peer that does not read gets cut after a
+// short write deadline.
+func refuseConn(c net.Conn, e *errdefs.Error) {
+	defer c.Close()
+	c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+	fr := http2.NewFramer(c, nil)
+	if fr.WriteSettings() != nil {
+		return
+	}
+	fr.WriteGoAway(0, http2.ErrCodeEnhanceYourCalm, []byte(string(e.Reason)+": "+e.Message))
 }
 
 type countedConn struct {
 	net.Conn
-	l    *limitListener
-	over bool
+	a    *Admission
+	cred *syscall.Ucred
 	once sync.Once
 }
 
 func (c *countedConn) Close() error {
-	c.once.Do(func() { c.l.open.Add(-1) })
+	c.once.Do(func() { c.a.releaseConn(c.cred.Uid) })
 	return c.Conn.Close()
 }
 
@@ -106,7 +204,164 @@ func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
 	return nil, syscall.EINVAL
 }
 
-func overConn(ctx context.Context) bool {
+// guard is what Tap attaches to an admitted stream: its cancel (with a
+// cause), and the timer that ends it if its request does not arrive.
+type guard struct {
+	cancel  context.CancelCauseFunc
+	request *time.Timer
+	once    sync.Once
+}
+
+type guardKey struct{}
+
+// Tap is a grpc.InTapHandle: it admits a stream when its headers arrive,
+// before any of its messages is read, or refuses it with
+// ResourceExhausted. The slot is freed when the stream ends, whatever
+// ends it.
+func (a *Admission) Tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
 	ai, ok := authInfo(ctx)
-	return ok && ai.Over
+	if !ok {
+		return ctx, errdefs.ToGRPC(errdefs.PermissionDenied(errdefs.InternalError, "no peer credentials on this connection"))
+	}
+	uid := uint32(ai.Peer.UID)
+	if err := a.admitCall(uid); err != nil {
+		a.refused(errdefs.ReasonOf(err))
+		return ctx, errdefs.ToGRPC(err)
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	ctx = cutCtx{cctx}
+	g := &guard{cancel: cancel}
+	if a.lim.RequestTimeout > 0 {
+		d := a.lim.RequestTimeout
+		g.request = time.AfterFunc(d, func() {
+			cancel(errdefs.DeadlineExceeded(errdefs.RequestTooSlow, "the request did not arrive whole within %s (--request-timeout)", d).With("limit", d))
+		})
+	}
+	context.AfterFunc(ctx, func() {
+		g.requestArrived()
+		a.releaseCall(uid)
+	})
+	return context.WithValue(ctx, guardKey{}, g), nil
+}
+
+func (g *guard) requestArrived() {
+	g.once.Do(func() {
+		if g.request != nil {
+			g.request.Stop()
+		}
+	})
+}
+
+// cutCtx reports a guard's cut as DeadlineExceeded rather than Canceled:
+// grpc turns the context's error into the status of a call whose handler
+// never ran (a unary request that never arrived), and a cut is a deadline.
+type cutCtx struct{ context.Context }
+
+func (c cutCtx) Err() error {
+	err := c.Context.Err()
+	if err == context.Canceled {
+		if _, ok := context.Cause(c.Context).(*errdefs.Error); ok {
+			return context.DeadlineExceeded
+		}
+	}
+	return err
+}
+
+func guardOf(ctx context.Context) *guard {
+	g, _ := ctx.Value(guardKey{}).(*guard)
+	return g
+}
+
+// Unary is a grpc.UnaryServerInterceptor: it runs once the request
+// arrived whole, so it stops the request timer.
+func (a *Admission) Unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	g := guardOf(ctx)
+	if g == nil {
+		return h(ctx, req)
+	}
+	g.requestArrived()
+	resp, err := h(ctx, req)
+	return resp, a.why(ctx, err)
+}
+
+// Stream is a grpc.StreamServerInterceptor: the request timer stops at
+// the stream's first message, and every send must progress within
+// SendTimeout.
+func (a *Admission) Stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	g := guardOf(ss.Context())
+	if g == nil {
+		return h(srv, ss)
+	}
+	err := h(srv, &guardedStream{ServerStream: ss, g: g, send: a.lim.SendTimeout})
+	return a.why(ss.Context(), err)
+}
+
+// why turns the cut of a guarded stream (a timer of its guard, or Cut)
+// into the cause's status; any other error passes unchanged.
+func (a *Admission) why(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if e, ok := context.Cause(ctx).(*errdefs.Error); ok {
+		a.refused(e.Reason)
+		return errdefs.ToGRPC(e)
+	}
+	return err
+}
+
+type guardedStream struct {
+	grpc.ServerStream
+	g    *guard
+	send time.Duration
+}
+
+func (s *guardedStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if err == nil {
+		s.g.requestArrived()
+	}
+	return err
+}
+
+func (s *guardedStream) SendMsg(m any) error {
+	if s.send <= 0 {
+		return s.ServerStream.SendMsg(m)
+	}
+	d := s.send
+	t := time.AfterFunc(d, func() {
+		s.g.cancel(errdefs.DeadlineExceeded(errdefs.SendStalled, "the reader took nothing for %s (--send-timeout); stream cut", d).With("limit", d))
+	})
+	defer t.Stop()
+	return s.ServerStream.SendMsg(m)
+}
+
+// Cut ends the stream of ctx with cause, as a guard's timers do: a
+// blocked read or send on it returns, and the call ends with cause's
+// status. It reports false for a context no Tap admitted.
+func Cut(ctx context.Context, cause *errdefs.Error) bool {
+	g := guardOf(ctx)
+	if g == nil {
+		return false
+	}
+	g.cancel(cause)
+	return true
+}
+
+func peerCred(c net.Conn) (*syscall.Ucred, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("peercred: not a unix connection")
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
 }

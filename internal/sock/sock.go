@@ -6,7 +6,6 @@ package sock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -53,8 +52,6 @@ func Listen(path string, mode os.FileMode) (net.Listener, error) {
 type AuthInfo struct {
 	credentials.CommonAuthInfo
 	Peer authz.Peer
-	// Over marks a connection beyond the socket's connection limit.
-	Over bool
 }
 
 // AuthType implements credentials.AuthInfo.
@@ -66,32 +63,16 @@ type PeerCred struct{}
 
 // ServerHandshake implements credentials.TransportCredentials.
 func (PeerCred) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return nil, nil, errors.New("peercred: not a unix connection")
-	}
-	over := false
+	cred, err := peerCred(c)
 	if cc, ok := c.(*countedConn); ok {
-		over = cc.over
+		cred, err = cc.cred, nil // read at accept
 	}
-	raw, err := sc.SyscallConn()
 	if err != nil {
-		return nil, nil, err
-	}
-	var cred *syscall.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
-	}); err != nil {
-		return nil, nil, err
-	}
-	if cerr != nil {
-		return nil, nil, fmt.Errorf("peercred: %w", cerr)
+		return nil, nil, fmt.Errorf("peercred: %w", err)
 	}
 	return c, AuthInfo{
 		CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity},
 		Peer:           authz.Peer{PID: cred.Pid, UID: int32(cred.Uid), GID: int32(cred.Gid)},
-		Over:           over,
 	}, nil
 }
 
