@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // Kinds of refusal. Callers decide on them with errors.Is; the message of
@@ -43,6 +45,9 @@ func refuse(kind error, format string, a ...any) error {
 func toStatus(err error) error {
 	if err == nil {
 		return nil
+	}
+	if _, ok := errdefs.As(err); ok {
+		return errdefs.ToGRPC(err)
 	}
 	if _, ok := status.FromError(err); ok {
 		return err

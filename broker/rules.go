@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -182,10 +183,12 @@ const (
 // maxCommentBytes bounds a verdict's comment.
 const maxCommentBytes = 16 << 10
 
-// SubmitVerdict gives the one verdict of a request: refused for a request
+// SubmitVerdict gives the one verdict of a request on commit, the commit
+// the reviewer saw: refused without a commit, for a commit that is not the
+// request's (the reviewer never had what it would approve), for a request
 // of another task, a second verdict, a request whose push is no longer the
 // latest (stale), a reviewer who is the pusher, and a closed task.
-func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, requestID, verdict, comment string) (int64, error) {
+func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, requestID, commit, verdict, comment string) (int64, error) {
 	if !g.Has(authz.CapReviewVerdict) {
 		return 0, refuse(ErrPermission, "grant %s lacks capability %s", g.ID, authz.CapReviewVerdict)
 	}
@@ -194,6 +197,10 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 	}
 	if len(comment) > maxCommentBytes {
 		return 0, refuse(ErrTooLarge, "comment is %d bytes; at most %d", len(comment), maxCommentBytes)
+	}
+	if !isObjectID(commit) {
+		return 0, errdefs.InvalidArgument(errdefs.VerdictCommitMissing,
+			"a verdict names the commit the reviewer saw (full hex id), got %q: fetch-review, then give --commit or --repo", clip(commit)).With("commit", clip(commit))
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
@@ -221,6 +228,11 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 		}
 		if r.PushActor == g.ID {
 			return refuse(ErrPermission, "grant %s pushed commit %s and may not review it", g.ID, r.Commit)
+		}
+		if commit != r.Commit {
+			return errdefs.FailedPrecondition(errdefs.VerdictCommitMismatch,
+				"review request %s is for commit %s, but the verdict is on commit %s: the reviewer did not see what it would judge; fetch-review and look again",
+				r.ID, r.Commit, commit).With("request_commit", r.Commit).With("verdict_commit", commit)
 		}
 		e := Event{Business: t.Business, Project: t.Project, Task: t.Task, Type: TypeReviewVerdict, Actor: g.ID, Peer: peer,
 			Data: mustData(map[string]any{"request_id": r.ID, "verdict": verdict, "commit": r.Commit, "push_seq": r.PushSeq, "comment": comment})}

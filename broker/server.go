@@ -96,7 +96,7 @@ func (s *server) SubmitVerdict(ctx context.Context, r *brokerv1.SubmitVerdictReq
 	default:
 		return nil, toStatus(refuse(ErrInvalid, "verdict must be approve or reject"))
 	}
-	seq, err := s.b.SubmitVerdict(ctx, g, peer, r.GetRequestId(), verdict, r.GetComment())
+	seq, err := s.b.SubmitVerdict(ctx, g, peer, r.GetRequestId(), r.GetCommit(), verdict, r.GetComment())
 	if err != nil {
 		return nil, toStatus(err)
 	}

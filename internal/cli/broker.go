@@ -45,8 +45,8 @@ func init() {
 	})
 	register(&command{
 		words: "review verdict",
-		usage: "review verdict --request ID (--approve | --reject) [--comment TEXT]",
-		help:  "Give the one verdict of a review request of the task's latest push.",
+		usage: "review verdict --request ID (--approve | --reject) [--commit SHA] [--repo DIR] [--comment TEXT]",
+		help:  "Give the one verdict of a review request of the task's latest push, on the commit the reviewer saw: --commit, else DIR's refs/review/<task> (DIR default .).",
 		run:   runReviewVerdict,
 	})
 	register(&command{
@@ -240,6 +240,8 @@ func runReviewVerdict(ctx context.Context, e *Env, args []string) error {
 	approve := fs.Bool("approve", false, "approve the push")
 	reject := fs.Bool("reject", false, "reject the push")
 	comment := fs.String("comment", "", "a comment kept with the verdict")
+	commitFlag := fs.String("commit", "", "the commit the reviewer saw (full id); default DIR's refs/review/<task>")
+	repo := fs.String("repo", ".", "the reviewer's repository, where fetch-review left refs/review/<task>")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -253,12 +255,16 @@ func runReviewVerdict(ctx context.Context, e *Env, args []string) error {
 	if *reject {
 		v, word = brokerv1.Verdict_VERDICT_REJECT, "reject"
 	}
+	seen, err := verdictCommit(ctx, *commitFlag, *repo)
+	if err != nil {
+		return err
+	}
 	return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-		r, err := c.SubmitVerdict(ctx, &brokerv1.SubmitVerdictRequest{RequestId: *id, Verdict: v, Comment: *comment})
+		r, err := c.SubmitVerdict(ctx, &brokerv1.SubmitVerdictRequest{RequestId: *id, Verdict: v, Comment: *comment, Commit: seen})
 		if err != nil {
 			return err
 		}
-		return brokerPrint(e, fmt.Sprintf("%s recorded (event %d)", word, r.Seq), map[string]any{"request_id": *id, "verdict": word, "seq": r.Seq})
+		return brokerPrint(e, fmt.Sprintf("%s recorded (event %d)", word, r.Seq), map[string]any{"request_id": *id, "verdict": word, "seq": r.Seq, "commit": seen})
 	})
 }
 

@@ -45,6 +45,10 @@ const (
 	ProjectOnOtherHost  Reason = "PROJECT_ON_OTHER_HOST"
 	RefChanged          Reason = "REF_CHANGED"
 
+	// A verdict names the commit its reviewer saw (issue 13).
+	VerdictCommitMissing  Reason = "VERDICT_COMMIT_MISSING"
+	VerdictCommitMismatch Reason = "VERDICT_COMMIT_MISMATCH"
+
 	// Limits.
 	BundleTooLarge Reason = "BUNDLE_TOO_LARGE"
 	DiskFull       Reason = "DISK_FULL"

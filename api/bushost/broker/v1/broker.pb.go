@@ -629,10 +629,13 @@ func (x *RequestReviewResponse) GetCreated() bool {
 }
 
 type SubmitVerdictRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Verdict       Verdict                `protobuf:"varint,2,opt,name=verdict,proto3,enum=bushost.broker.v1.Verdict" json:"verdict,omitempty"`
-	Comment       string                 `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Verdict   Verdict                `protobuf:"varint,2,opt,name=verdict,proto3,enum=bushost.broker.v1.Verdict" json:"verdict,omitempty"`
+	Comment   string                 `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	// The commit the reviewer saw (full hex id). It must be the request's
+	// commit: a verdict never approves a push its reviewer did not have.
+	Commit        string `protobuf:"bytes,4,opt,name=commit,proto3" json:"commit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -684,6 +687,13 @@ func (x *SubmitVerdictRequest) GetVerdict() Verdict {
 func (x *SubmitVerdictRequest) GetComment() string {
 	if x != nil {
 		return x.Comment
+	}
+	return ""
+}
+
+func (x *SubmitVerdictRequest) GetCommit() string {
+	if x != nil {
+		return x.Commit
 	}
 	return ""
 }
@@ -1193,12 +1203,13 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x18\n" +
-	"\acreated\x18\x03 \x01(\bR\acreated\"\x85\x01\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\"\x9d\x01\n" +
 	"\x14SubmitVerdictRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x124\n" +
 	"\averdict\x18\x02 \x01(\x0e2\x1a.bushost.broker.v1.VerdictR\averdict\x12\x18\n" +
-	"\acomment\x18\x03 \x01(\tR\acomment\")\n" +
+	"\acomment\x18\x03 \x01(\tR\acomment\x12\x16\n" +
+	"\x06commit\x18\x04 \x01(\tR\x06commit\")\n" +
 	"\x15SubmitVerdictResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\x12\n" +
 	"\x10CloseTaskRequest\"%\n" +

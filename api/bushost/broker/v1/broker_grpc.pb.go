@@ -50,7 +50,8 @@ type BrokerServiceClient interface {
 	// of the task's latest push. Asking again for the same push returns the
 	// same request.
 	RequestReview(ctx context.Context, in *RequestReviewRequest, opts ...grpc.CallOption) (*RequestReviewResponse, error)
-	// SubmitVerdict (review.verdict) gives the one verdict of a request.
+	// SubmitVerdict (review.verdict) gives the one verdict of a request, on
+	// the commit the reviewer saw.
 	SubmitVerdict(ctx context.Context, in *SubmitVerdictRequest, opts ...grpc.CallOption) (*SubmitVerdictResponse, error)
 	// CloseTask (task.close) closes the grant's task, subject to the gate.
 	CloseTask(ctx context.Context, in *CloseTaskRequest, opts ...grpc.CallOption) (*CloseTaskResponse, error)
@@ -190,7 +191,8 @@ type BrokerServiceServer interface {
 	// of the task's latest push. Asking again for the same push returns the
 	// same request.
 	RequestReview(context.Context, *RequestReviewRequest) (*RequestReviewResponse, error)
-	// SubmitVerdict (review.verdict) gives the one verdict of a request.
+	// SubmitVerdict (review.verdict) gives the one verdict of a request, on
+	// the commit the reviewer saw.
 	SubmitVerdict(context.Context, *SubmitVerdictRequest) (*SubmitVerdictResponse, error)
 	// CloseTask (task.close) closes the grant's task, subject to the gate.
 	CloseTask(context.Context, *CloseTaskRequest) (*CloseTaskResponse, error)
