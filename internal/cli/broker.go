@@ -69,8 +69,8 @@ func init() {
 	})
 	register(&command{
 		words: "log verify",
-		usage: "log verify",
-		help:  "Host: recompute the log's hash chain; exits 1 naming the first bad event if it does not verify.",
+		usage: "log verify [--head SEQ:HASH] [--checkpoint-file PATH]",
+		help:  "Host: recompute the log's hash chain, check each recorded head (--head, every line of a checkpoint file) is still in the log, and compare the derived tables with the log; exits 1 naming the first bad event and every differing row.",
 		run:   runLogVerify,
 	})
 }
@@ -357,23 +357,36 @@ func runEvents(ctx context.Context, e *Env, args []string) error {
 
 func runLogVerify(ctx context.Context, e *Env, args []string) error {
 	fs := newFlags("log verify")
+	head := fs.String("head", "", "a head recorded earlier (SEQ:HASH, from 'log head'): event SEQ must still have HASH")
+	checkpoint := fs.String("checkpoint-file", "", "check every head in this file (bushostd serve --checkpoint-file)")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
+	heads, err := recordedHeads(*head, *checkpoint)
+	if err != nil {
+		return err
+	}
 	return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-		r, err := c.VerifyLog(ctx, &brokerv1.VerifyLogRequest{})
+		r, err := c.VerifyLog(ctx, &brokerv1.VerifyLogRequest{Heads: heads})
 		if err != nil {
 			return err
 		}
-		obj := map[string]any{"ok": r.Ok, "events": r.Events, "first_bad_seq": r.FirstBadSeq, "reason": r.Reason}
+		obj := map[string]any{"ok": r.Ok, "events": r.Events, "first_bad_seq": r.FirstBadSeq, "reason": r.Reason,
+			"differences": r.Differences, "head_seq": r.HeadSeq, "head_hash": r.HeadHash}
 		if !r.Ok {
 			if e.JSON {
 				if err := brokerPrint(e, "", obj); err != nil {
 					return err
 				}
 			}
-			return fmt.Errorf("the hash chain breaks at event %d: %s", r.FirstBadSeq, r.Reason)
+			for _, d := range r.Differences {
+				fmt.Fprintf(e.Stderr, "derived table differs from the log: %s\n", d)
+			}
+			if r.FirstBadSeq != 0 {
+				return fmt.Errorf("the log breaks at event %d: %s", r.FirstBadSeq, r.Reason)
+			}
+			return fmt.Errorf("the derived tables differ from the log in %d rows (above); the gate decides from the log", len(r.Differences))
 		}
-		return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact", r.Events), obj)
+		return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, %d recorded heads match, derived tables agree", r.Events, len(heads)), obj)
 	})
 }

@@ -51,6 +51,10 @@ type Options struct {
 	// sockets and to the home, which becomes 0710: members may reach the
 	// sockets (a sandboxed session's user gets it) and nothing else there.
 	SocketGroup string
+	// CheckpointFile, when set, is where the broker appends each new head
+	// of its log ("SEQ HASH" lines, fsynced) and what it checks the log
+	// against at start (broker.Options.CheckpointFile).
+	CheckpointFile string
 	// Logger receives the daemon's log (default: text on stderr).
 	Logger *slog.Logger
 }
@@ -141,11 +145,15 @@ func Serve(ctx context.Context, o Options) error {
 	if dsn == "" {
 		dsn = filepath.Join(o.Home, BrokerDB)
 	}
-	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token})
+	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, CheckpointFile: o.CheckpointFile})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
 	}
 	defer b.Close()
+	halted := b.Halted()
+	if halted != nil {
+		log.Error("the broker refuses to serve; the git service serves fetches only (docs/broker.md, \"When the log does not match\")", "err", halted)
+	}
 
 	svc, err := gitd.New(gitd.Options{
 		ReposDir:       filepath.Join(o.Home, ReposDir),
@@ -157,8 +165,11 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("git service: %w", err)
 	}
-	if err := svc.Reconcile(ctx); err != nil {
-		return fmt.Errorf("reconcile refs with the broker's log: %w", err)
+	// A log that does not match its checkpoint must not move refs.
+	if halted == nil {
+		if err := svc.Reconcile(ctx); err != nil {
+			return fmt.Errorf("reconcile refs with the broker's log: %w", err)
+		}
 	}
 
 	gitSrv := newServer(o)

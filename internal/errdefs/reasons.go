@@ -49,6 +49,10 @@ const (
 	VerdictCommitMissing  Reason = "VERDICT_COMMIT_MISSING"
 	VerdictCommitMismatch Reason = "VERDICT_COMMIT_MISMATCH"
 
+	// The log and its checkpoint file (issue 13).
+	LogCheckpointMismatch Reason = "LOG_CHECKPOINT_MISMATCH"
+	LogCheckpointAppend   Reason = "LOG_CHECKPOINT_APPEND_FAILED"
+
 	// Limits.
 	BundleTooLarge Reason = "BUNDLE_TOO_LARGE"
 	DiskFull       Reason = "DISK_FULL"
