@@ -88,13 +88,16 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	defer q.Remove()
 	name, err := q.IndexPack(ctx, s.git, r.Path, br)
 	if err != nil || lr.err != nil {
-		return PushResult{}, lr.cause(err)
+		return PushResult{}, packJunk(lr.cause(err))
 	}
 	objs, err := openObjects(q.Dir, name, gg.Storer)
 	if err != nil {
 		return PushResult{}, err
 	}
 	defer objs.Close()
+	if err := s.walkBeyondGit(r, objs, gg); err != nil {
+		return PushResult{}, err
+	}
 	if err := s.checkCommit(ctx, r, q, objs, commit); err != nil {
 		return PushResult{}, err
 	}
@@ -166,7 +169,7 @@ func (s *Service) checkCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 		}
 	}
 	if typ != "commit" {
-		return fmt.Errorf("%w: the bundle's ref names a %s, not a commit", ErrInvalid, typ)
+		return refNotCommit(commit, typ)
 	}
 	return nil
 }

@@ -48,6 +48,9 @@ type Options struct {
 	MaxBundleBytes int64         // 0 -> 256 MiB
 	IdleTimeout    time.Duration // a push stream that sends nothing this long is cut; 0 -> 30s
 	Authority      authz.Authority
+	// SkipBeyondGit turns off the beyond-git walk (beyondgit.go). Only the
+	// benchmark sets it, to measure what the walk costs.
+	SkipBeyondGit bool
 }
 
 // Service owns the repositories under Options.ReposDir.

@@ -104,7 +104,7 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 	out, err := git.Output(ctx, gitcmd.Cmd{
 		GitDir: gitDir,
 		Sub:    "index-pack",
-		Flags:  []string{"--stdin", "--strict", "--fix-thin"},
+		Flags:  []string{"--stdin", StrictFlag, "--fix-thin"},
 		Env:    q.Env(),
 		Stdin:  pr,
 	})
@@ -117,6 +117,9 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 	}
 	if err != nil {
 		return "", classify(err)
+	}
+	if err := trailingBytes(out); err != nil {
+		return "", err
 	}
 	kind, name, ok := strings.Cut(strings.TrimSpace(string(out)), "\t")
 	if !ok || kind != "pack" || len(name) != 40 {

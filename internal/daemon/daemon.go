@@ -55,6 +55,9 @@ type Options struct {
 	// of its log ("SEQ HASH" lines, fsynced) and what it checks the log
 	// against at start (broker.Options.CheckpointFile).
 	CheckpointFile string
+	// SkipBeyondGit turns off gitd's beyond-git walk: for the benchmark
+	// only (a hidden flag), never for a bus host in use.
+	SkipBeyondGit bool
 	// Logger receives the daemon's log (default: text on stderr).
 	Logger *slog.Logger
 }
@@ -161,6 +164,7 @@ func Serve(ctx context.Context, o Options) error {
 		MaxBundleBytes: o.MaxBundleBytes,
 		IdleTimeout:    o.IdleTimeout,
 		Authority:      b,
+		SkipBeyondGit:  o.SkipBeyondGit,
 	})
 	if err != nil {
 		return fmt.Errorf("git service: %w", err)
