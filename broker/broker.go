@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bushost/bushost/internal/authz"
@@ -34,6 +35,10 @@ type Options struct {
 	// the defaults, 600 and 1 MiB.
 	EventRate      int
 	EventBytesRate int64
+	// CheckpointFile, when set, is where each new head of the log is
+	// appended (checkpoint.go); at Open the log is compared with every
+	// head in it, and a mismatch halts the broker (see Halted).
+	CheckpointFile string
 }
 
 // Broker is the broker. It implements authz.Authority; NewServer serves it
@@ -52,6 +57,9 @@ type Broker struct {
 
 	changeMu sync.Mutex
 	changed  chan struct{} // closed and replaced at each commit that appended
+
+	cp     *checkpoint                   // nil without Options.CheckpointFile
+	halted atomic.Pointer[errdefs.Error] // set when the log does not match cp
 }
 
 var _ authz.Authority = (*Broker)(nil)
@@ -86,6 +94,19 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		committed:  make(chan struct{}),
 		changed:    make(chan struct{}),
 	}
+	if o.CheckpointFile != "" {
+		cp, heads, err := openCheckpoint(o.CheckpointFile)
+		if err != nil {
+			st.close()
+			return nil, fmt.Errorf("broker: %w", err)
+		}
+		b.cp = cp
+		if err := b.checkCheckpoint(ctx, heads); err != nil {
+			cp.close()
+			st.close()
+			return nil, fmt.Errorf("broker: checkpoint file %s: %w", o.CheckpointFile, err)
+		}
+	}
 	go b.commitLoop()
 	return b, nil
 }
@@ -101,6 +122,9 @@ func (b *Broker) Close() error {
 	close(b.ops)
 	b.closeMu.Unlock()
 	<-b.committed
+	if b.cp != nil {
+		b.cp.close()
+	}
 	return b.st.close()
 }
 
@@ -120,6 +144,14 @@ type op struct {
 // concurrent writers share one fsync (group commit). A refused fn rolls
 // back to its savepoint and does not touch the others.
 func (b *Broker) write(ctx context.Context, fn func(ctx context.Context, q *writeTx) error) error {
+	if err := b.Halted(); err != nil {
+		return err
+	}
+	if b.cp != nil {
+		if err := b.catchUp(ctx); err != nil {
+			return err
+		}
+	}
 	o := &op{ctx: ctx, fn: fn, done: make(chan error, 1)}
 	b.closeMu.RLock()
 	if b.closed {
@@ -232,6 +264,17 @@ func (b *Broker) runBatch(batch []*op) {
 		}
 		finish()
 		return
+	}
+	// No caller hears of its event before the head that holds it is in
+	// the checkpoint file: the log never runs ahead of its anchor.
+	if b.cp != nil {
+		if err := b.recordHead(ctx); err != nil {
+			for i := range errs {
+				if errs[i] == nil {
+					errs[i] = err
+				}
+			}
+		}
 	}
 	b.changeMu.Lock()
 	close(b.changed)
@@ -410,6 +453,9 @@ func (b *Broker) ensureProject(ctx context.Context, business, project string) er
 
 // TaskOpen implements authz.Authority.
 func (b *Broker) TaskOpen(ctx context.Context, g authz.Grant) error {
+	if err := b.Halted(); err != nil {
+		return err
+	}
 	_, err := openTask(ctx, b.st.read(), g.Business, g.Project, g.Task, "pushes or verdicts")
 	return err
 }

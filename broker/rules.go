@@ -183,10 +183,12 @@ const (
 // maxCommentBytes bounds a verdict's comment.
 const maxCommentBytes = 16 << 10
 
-// SubmitVerdict gives the one verdict of a request: refused for a request
+// SubmitVerdict gives the one verdict of a request on commit, the commit
+// the reviewer saw: refused without a commit, for a commit that is not the
+// request's (the reviewer never had what it would approve), for a request
 // of another task, a second verdict, a request whose push is no longer the
 // latest (stale), a reviewer who is the pusher, and a closed task.
-func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, requestID, verdict, comment string) (int64, error) {
+func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, requestID, commit, verdict, comment string) (int64, error) {
 	if !g.Has(authz.CapReviewVerdict) {
 		return 0, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s", g.ID, authz.CapReviewVerdict)
 	}
@@ -195,6 +197,10 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 	}
 	if len(comment) > maxCommentBytes {
 		return 0, errdefs.ResourceExhausted(errdefs.CommentTooLarge, "comment is %d bytes; at most %d", len(comment), maxCommentBytes)
+	}
+	if !isObjectID(commit) {
+		return 0, errdefs.InvalidArgument(errdefs.VerdictCommitMissing,
+			"a verdict names the commit the reviewer saw (full hex id), got %q: fetch-review, then give --commit or --repo", clip(commit)).With("commit", clip(commit))
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
@@ -224,6 +230,11 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 		if r.PushActor == g.ID {
 			return errdefs.FailedPrecondition(errdefs.SelfReview, "grant %s pushed commit %s and may not review it", g.ID, r.Commit)
 		}
+		if commit != r.Commit {
+			return errdefs.FailedPrecondition(errdefs.VerdictCommitMismatch,
+				"review request %s is for commit %s, but the verdict is on commit %s: the reviewer did not see what it would judge; fetch-review and look again",
+				r.ID, r.Commit, commit).With("request_commit", r.Commit).With("verdict_commit", commit)
+		}
 		e := Event{Business: t.Business, Project: t.Project, Task: t.Task, Type: TypeReviewVerdict, Actor: g.ID, Peer: peer,
 			Data: mustData(map[string]any{"request_id": r.ID, "verdict": verdict, "commit": r.Commit, "push_seq": r.PushSeq, "comment": comment})}
 		if err := appendEvent(ctx, q, &e); err != nil {
@@ -235,8 +246,8 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 	return seq, err
 }
 
-// CloseTask closes g's task. The gate: a task with any push closes only
-// when its latest push has an approve verdict. The check and the append
+// CloseTask closes g's task. The gate (gate.go, read from the log): a task
+// with any push closes only when its latest push has an approve verdict. The check and the append
 // are one transaction, so a push landing in between cannot slip through,
 // and a closed task takes no more pushes.
 func (b *Broker) CloseTask(ctx context.Context, g authz.Grant, peer string) (int64, error) {
@@ -253,11 +264,12 @@ func (b *Broker) CloseTask(ctx context.Context, g authz.Grant, peer string) (int
 			return err
 		}
 		data := map[string]any{}
-		if t.LastPushSeq != 0 {
-			if err := gate(ctx, &q.queries, t); err != nil {
-				return err
-			}
-			data["commit"] = t.LastPushCommit
+		closing, err := gate(ctx, &q.queries, t)
+		if err != nil {
+			return err
+		}
+		if closing != "" {
+			data["commit"] = closing
 		}
 		e := Event{Business: t.Business, Project: t.Project, Task: t.Task, Type: TypeTaskClosed, Actor: g.ID, Peer: peer, Data: mustData(data)}
 		if err := appendEvent(ctx, q, &e); err != nil {
@@ -267,29 +279,6 @@ func (b *Broker) CloseTask(ctx context.Context, g authz.Grant, peer string) (int
 		return q.setClosed(ctx, t, e.Seq)
 	})
 	return seq, err
-}
-
-// gate decides the close of a task with a push from the task's row and the
-// review request of its latest push: two indexed reads, whatever the log's
-// length.
-func gate(ctx context.Context, q *queries, t taskRow) error {
-	r, ok, err := q.requestForPush(ctx, t, t.LastPushSeq)
-	if err != nil {
-		return err
-	}
-	scope := scopeString(t.Business, t.Project, t.Task)
-	switch {
-	case !ok:
-		return errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: its latest push %s has no review; request one and get an approve verdict", scope, t.LastPushCommit).
-			With("commit", t.LastPushCommit).With("review", "none")
-	case r.Verdict == "":
-		return errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: review request %s of its latest push %s has no verdict yet", scope, r.ID, t.LastPushCommit).
-			With("commit", t.LastPushCommit).With("request", r.ID).With("review", "pending")
-	case r.Verdict != Approve:
-		return errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: its latest push %s was rejected (request %s)", scope, t.LastPushCommit, r.ID).
-			With("commit", t.LastPushCommit).With("request", r.ID).With("review", "rejected")
-	}
-	return nil
 }
 
 // maxKeyBytes bounds an idempotency key.
@@ -396,45 +385,4 @@ func (b *Broker) Events(ctx context.Context, f Filter, after int64, follow bool,
 		case <-poll.C:
 		}
 	}
-}
-
-// Verification is what VerifyLog found.
-type Verification struct {
-	OK          bool
-	Events      int64
-	FirstBadSeq int64
-	Reason      string
-}
-
-// VerifyLog recomputes the hash chain from the first event: each seq one
-// more than the last, each prev_hash the last event's hash, each hash the
-// hash of its own canonical encoding. It names the first event that fails.
-func (b *Broker) VerifyLog(ctx context.Context) (Verification, error) {
-	var v Verification
-	var prevSeq int64
-	prevHash := ""
-	stop := fmt.Errorf("stop")
-	err := b.st.read().eachEvent(ctx, func(e Event) error {
-		v.Events++
-		bad := func(format string, a ...any) error {
-			v.FirstBadSeq = e.Seq
-			v.Reason = fmt.Sprintf(format, a...)
-			return stop
-		}
-		switch {
-		case e.Seq != prevSeq+1:
-			return bad("event %d follows event %d: a gap or reordering", e.Seq, prevSeq)
-		case e.PrevHash != prevHash:
-			return bad("event %d's prev_hash %.12s does not match event %d's hash %.12s", e.Seq, e.PrevHash, prevSeq, prevHash)
-		case HashEvent(e) != e.Hash:
-			return bad("event %d's content does not match its hash %.12s: it was changed after it was appended", e.Seq, e.Hash)
-		}
-		prevSeq, prevHash = e.Seq, e.Hash
-		return nil
-	})
-	if err != nil && err != stop {
-		return Verification{}, fmt.Errorf("read log: %w", err)
-	}
-	v.OK = v.FirstBadSeq == 0
-	return v, nil
 }

@@ -36,8 +36,18 @@ func (e *env) request(a actor) *brokerv1.RequestReviewResponse {
 	return r
 }
 
+// verdict gives v on request id, naming the request's own commit as the
+// one the reviewer saw (verdict_test.go tries the others), or some commit
+// for a request that does not exist.
 func (e *env) verdict(a actor, id string, v brokerv1.Verdict) error {
-	_, err := e.srv.SubmitVerdict(a.ctx(), &brokerv1.SubmitVerdictRequest{RequestId: id, Verdict: v})
+	r, ok, err := e.b.st.read().request(context.Background(), id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if !ok {
+		r.Commit = commit(0)
+	}
+	_, err = e.srv.SubmitVerdict(a.ctx(), &brokerv1.SubmitVerdictRequest{RequestId: id, Verdict: v, Commit: r.Commit})
 	return err
 }
 

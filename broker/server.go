@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
@@ -12,7 +13,7 @@ import (
 
 // NewServer serves b as BrokerService. Every call resolves its token first;
 // a grant's business, project and task come from the grant, never from the
-// request. Errors become status codes in toStatus, nowhere else.
+// request. Errors become status codes in errdefs.ToGRPC, nowhere else.
 func NewServer(b *Broker) brokerv1.BrokerServiceServer {
 	return &server{b: b}
 }
@@ -23,8 +24,17 @@ type server struct {
 }
 
 // caller resolves the call's token (see Broker.authorize) and the calling
-// process.
+// process. A halted broker (a log that does not match its checkpoint)
+// serves nothing but the host's VerifyLog and LogHead, which go through
+// hostCaller.
 func (s *server) caller(ctx context.Context, caps ...string) (authz.Grant, string, error) {
+	if err := s.b.Halted(); err != nil {
+		return authz.Grant{}, "", err
+	}
+	return s.hostCaller(ctx, caps...)
+}
+
+func (s *server) hostCaller(ctx context.Context, caps ...string) (authz.Grant, string, error) {
 	g, err := s.b.authorize(ctx, authz.TokenFromContext(ctx), caps...)
 	p, ok := sock.PeerFromContext(ctx)
 	return g, PeerString(p, ok), err
@@ -97,7 +107,7 @@ func (s *server) SubmitVerdict(ctx context.Context, r *brokerv1.SubmitVerdictReq
 	default:
 		return nil, errdefs.ToGRPC(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "verdict must be approve or reject"))
 	}
-	seq, err := s.b.SubmitVerdict(ctx, g, peer, r.GetRequestId(), verdict, r.GetComment())
+	seq, err := s.b.SubmitVerdict(ctx, g, peer, r.GetRequestId(), r.GetCommit(), verdict, r.GetComment())
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
@@ -130,6 +140,9 @@ func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest
 
 func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.BrokerService_ListEventsServer) error {
 	ctx := stream.Context()
+	if err := s.b.Halted(); err != nil {
+		return errdefs.ToGRPC(err)
+	}
 	tok := authz.TokenFromContext(ctx)
 	g, err := s.b.authorize(ctx, tok)
 	if err != nil {
@@ -159,15 +172,41 @@ func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.Broke
 	return errdefs.ToGRPC(err)
 }
 
-func (s *server) VerifyLog(ctx context.Context, _ *brokerv1.VerifyLogRequest) (*brokerv1.VerifyLogResponse, error) {
-	if _, _, err := s.caller(ctx); err != nil {
+// maxHeads bounds the recorded heads one VerifyLog checks.
+const maxHeads = 1 << 20
+
+func (s *server) VerifyLog(ctx context.Context, r *brokerv1.VerifyLogRequest) (*brokerv1.VerifyLogResponse, error) {
+	if _, _, err := s.hostCaller(ctx); err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	v, err := s.b.VerifyLog(ctx)
+	if len(r.GetHeads()) > maxHeads {
+		return nil, errdefs.ToGRPC(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "%d recorded heads; at most %d", len(r.GetHeads()), maxHeads))
+	}
+	heads := make([]Head, 0, len(r.GetHeads()))
+	for _, h := range r.GetHeads() {
+		hd, err := ParseHead(fmt.Sprintf("%d %s", h.GetSeq(), h.GetHash()))
+		if err != nil {
+			return nil, errdefs.ToGRPC(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "%v", err))
+		}
+		heads = append(heads, hd)
+	}
+	v, err := s.b.VerifyLog(ctx, heads...)
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	return &brokerv1.VerifyLogResponse{Ok: v.OK, Events: v.Events, FirstBadSeq: v.FirstBadSeq, Reason: v.Reason}, nil
+	return &brokerv1.VerifyLogResponse{Ok: v.OK, Events: v.Events, FirstBadSeq: v.FirstBadSeq, Reason: v.Reason,
+		Differences: v.Differences, HeadSeq: v.HeadSeq, HeadHash: v.HeadHash}, nil
+}
+
+func (s *server) LogHead(ctx context.Context, _ *brokerv1.LogHeadRequest) (*brokerv1.LogHeadResponse, error) {
+	if _, _, err := s.hostCaller(ctx); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	seq, hash, err := s.b.LogHead(ctx)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	return &brokerv1.LogHeadResponse{Seq: seq, Hash: hash}, nil
 }
 
 func eventProto(e Event) *brokerv1.Event {

@@ -97,13 +97,16 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	name, err := q.IndexPack(ctx, s.git, r.Path, br)
 	metrics.IndexPack(time.Since(indexStart))
 	if err != nil || lr.err != nil {
-		return PushResult{}, lr.cause(err)
+		return PushResult{}, packJunk(lr.cause(err))
 	}
 	objs, err := openObjects(q.Dir, name, gg.Storer)
 	if err != nil {
 		return PushResult{}, err
 	}
 	defer objs.Close()
+	if err := s.walkBeyondGit(r, objs, gg); err != nil {
+		return PushResult{}, err
+	}
 	if err := s.checkCommit(ctx, r, q, objs, commit); err != nil {
 		return PushResult{}, err
 	}
@@ -180,7 +183,7 @@ func (s *Service) checkCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 		}
 	}
 	if typ != "commit" {
-		return errdefs.InvalidArgument(errdefs.BundleInvalid, "the bundle's ref names a %s, not a commit", typ).With("type", typ)
+		return refNotCommit(commit, typ)
 	}
 	return nil
 }

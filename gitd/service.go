@@ -74,6 +74,9 @@ type Options struct {
 	// objects leave quarantine. 0 -> the defaults.
 	MaxTaskBytes    int64
 	MaxProjectBytes int64
+	// SkipBeyondGit turns off the beyond-git walk (beyondgit.go). Only the
+	// benchmark sets it, to measure what the walk costs.
+	SkipBeyondGit bool
 }
 
 // Service owns the repositories under Options.ReposDir.

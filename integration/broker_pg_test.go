@@ -38,7 +38,7 @@ func TestBrokerTwoHostsSharePostgres(t *testing.T) {
 	if _, errs := runAs(t, b, lead, 1, "task", "close"); !strings.Contains(errs, "no verdict yet") {
 		t.Fatalf("close through B before the verdict: %s", errs)
 	}
-	runAs(t, b, reviewer, 0, "review", "verdict", "--request", id, "--approve")
+	runAs(t, b, reviewer, 0, "review", "verdict", "--request", id, "--approve", "--commit", head)
 	runAs(t, a, lead, 0, "task", "close")
 
 	// Closed for both.

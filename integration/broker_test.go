@@ -96,12 +96,12 @@ func TestBrokerWholeTask(t *testing.T) {
 		t.Fatalf("close with a pending review: %s", errs)
 	}
 	// The worker may not approve its own push (it lacks review.verdict).
-	_, errs = runAs(t, h, worker, 4, "review", "verdict", "--request", id, "--approve")
+	_, errs = runAs(t, h, worker, 4, "review", "verdict", "--request", id, "--approve", "--commit", head)
 	if !strings.Contains(errs, "PermissionDenied") {
 		t.Fatalf("worker's verdict: %s", errs)
 	}
-	runAs(t, h, reviewer, 0, "review", "verdict", "--request", id, "--approve", "--comment", "looks right")
-	_, errs = runAs(t, h, reviewer, 1, "review", "verdict", "--request", id, "--approve")
+	runAs(t, h, reviewer, 0, "review", "verdict", "--request", id, "--approve", "--comment", "looks right", "--repo", review)
+	_, errs = runAs(t, h, reviewer, 1, "review", "verdict", "--request", id, "--approve", "--repo", review)
 	if !strings.Contains(errs, "one verdict per request") {
 		t.Fatalf("second verdict: %s", errs)
 	}
@@ -170,7 +170,7 @@ func TestBrokerRefusals(t *testing.T) {
 		{[]string{"event", "record", "--type", "note", "--data", "[1]"}, 6, "JSON object"},
 		{[]string{"event", "record"}, 2, "--type is required"},
 		{[]string{"events", "--task", "t2"}, 4, "PermissionDenied"},
-		{[]string{"review", "verdict", "--request", "r-0011223344556677", "--approve"}, 6, "NotFound"},
+		{[]string{"review", "verdict", "--request", "r-0011223344556677", "--approve", "--commit", strings.Repeat("0", 40)}, 6, "NotFound"},
 		{[]string{"review", "verdict", "--request", "x", "--approve", "--reject"}, 2, "exactly one"},
 		{[]string{"review", "request"}, 1, "no push"},
 		{[]string{"grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "x", "--cap", "task.close"}, 4, "PermissionDenied"},

@@ -157,6 +157,7 @@ func TestCrashKillsKeepPromises(t *testing.T) {
 			os.WriteFile(filepath.Join(lwork, "life.txt"), []byte(life+"\n"), 0o644)
 			testGit(t, lwork, "add", "life.txt")
 			testGit(t, lwork, "commit", "-q", "-m", life)
+			lhead := testGit(t, lwork, "rev-parse", "HEAD")
 			steps := [][]string{
 				{"--token-file", lw, "push-working", "--repo", lwork},
 				{"--token-file", lw, "review", "request"},
@@ -171,7 +172,7 @@ func TestCrashKillsKeepPromises(t *testing.T) {
 					req = strings.Fields(out)[0]
 				}
 			}
-			if _, _, code := h.Run(t, nil, "--token-file", lr, "review", "verdict", "--request", req, "--approve"); code != 0 {
+			if _, _, code := h.Run(t, nil, "--token-file", lr, "review", "verdict", "--request", req, "--approve", "--commit", lhead); code != 0 {
 				return
 			}
 			h.Run(t, nil, "--token-file", lc, "task", "close")

@@ -129,7 +129,7 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 	out, err := git.Output(ctx, gitcmd.Cmd{
 		GitDir: gitDir,
 		Sub:    "index-pack",
-		Flags:  []string{"--stdin", "--strict", "--fix-thin"},
+		Flags:  []string{"--stdin", StrictFlag, "--fix-thin"},
 		Config: q.IndexConfig,
 		Env:    q.Env(),
 		Stdin:  pr,
@@ -157,6 +157,9 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 	var we *writeError
 	if cerr != nil && !errors.Is(cerr, syscall.EPIPE) && !errors.As(cerr, &we) {
 		return "", cerr
+	}
+	if err := trailingBytes(out); err != nil {
+		return "", err
 	}
 	kind, name, ok := strings.Cut(strings.TrimSpace(string(out)), "\t")
 	if !ok || kind != "pack" || len(name) != 40 {

@@ -49,8 +49,8 @@ func init() {
 	})
 	register(&command{
 		words: "review verdict",
-		usage: "review verdict --request ID (--approve | --reject) [--comment TEXT]",
-		help:  "Give the one verdict of a review request of the task's latest push.",
+		usage: "review verdict --request ID (--approve | --reject) [--commit SHA] [--repo DIR] [--comment TEXT]",
+		help:  "Give the one verdict of a review request of the task's latest push, on the commit the reviewer saw: --commit, else DIR's refs/review/<task> (DIR default .).",
 		setup: runReviewVerdict,
 	})
 	register(&command{
@@ -73,8 +73,8 @@ func init() {
 	})
 	register(&command{
 		words: "log verify",
-		usage: "log verify",
-		help:  "Host: recompute the log's hash chain; exits 1 naming the first bad event if it does not verify.",
+		usage: "log verify [--head SEQ:HASH] [--checkpoint-file PATH]",
+		help:  "Host: recompute the log's hash chain, check each recorded head (--head, every line of a checkpoint file) is still in the log, and compare the derived tables with the log; exits 1 naming the first bad event and every differing row.",
 		setup: runLogVerify,
 	})
 }
@@ -236,6 +236,8 @@ func runReviewVerdict(fs *pflag.FlagSet) runFunc {
 	approve := fs.Bool("approve", false, "approve the push")
 	reject := fs.Bool("reject", false, "reject the push")
 	comment := fs.String("comment", "", "a comment kept with the verdict")
+	commitFlag := fs.String("commit", "", "the commit the reviewer saw (full id); default DIR's refs/review/<task>")
+	repo := fs.String("repo", ".", "the reviewer's repository, where fetch-review left refs/review/<task>")
 	return func(ctx context.Context, e *Env, args []string) error {
 		if err := required("request", *id); err != nil {
 			return err
@@ -247,12 +249,16 @@ func runReviewVerdict(fs *pflag.FlagSet) runFunc {
 		if *reject {
 			v, word = brokerv1.Verdict_VERDICT_REJECT, "reject"
 		}
+		seen, err := verdictCommit(ctx, *commitFlag, *repo)
+		if err != nil {
+			return err
+		}
 		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-			r, err := c.SubmitVerdict(ctx, &brokerv1.SubmitVerdictRequest{RequestId: *id, Verdict: v, Comment: *comment})
+			r, err := c.SubmitVerdict(ctx, &brokerv1.SubmitVerdictRequest{RequestId: *id, Verdict: v, Comment: *comment, Commit: seen})
 			if err != nil {
 				return err
 			}
-			return brokerPrint(e, fmt.Sprintf("%s recorded (event %d)", word, r.Seq), map[string]any{"request_id": *id, "verdict": word, "seq": r.Seq})
+			return brokerPrint(e, fmt.Sprintf("%s recorded (event %d)", word, r.Seq), map[string]any{"request_id": *id, "verdict": word, "seq": r.Seq, "commit": seen})
 		})
 	}
 }
@@ -358,22 +364,35 @@ func filterNames(business, project, task string) error {
 }
 
 func runLogVerify(fs *pflag.FlagSet) runFunc {
+	head := fs.String("head", "", "a head recorded earlier (SEQ:HASH, from 'log head'): event SEQ must still have HASH")
+	checkpoint := fs.String("checkpoint-file", "", "check every head in this file (bushostd serve --checkpoint-file)")
 	return func(ctx context.Context, e *Env, args []string) error {
+		heads, err := recordedHeads(*head, *checkpoint)
+		if err != nil {
+			return err
+		}
 		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-			r, err := c.VerifyLog(ctx, &brokerv1.VerifyLogRequest{})
+			r, err := c.VerifyLog(ctx, &brokerv1.VerifyLogRequest{Heads: heads})
 			if err != nil {
 				return err
 			}
-			obj := map[string]any{"ok": r.Ok, "events": r.Events, "first_bad_seq": r.FirstBadSeq, "reason": r.Reason}
+			obj := map[string]any{"ok": r.Ok, "events": r.Events, "first_bad_seq": r.FirstBadSeq, "reason": r.Reason,
+				"differences": r.Differences, "head_seq": r.HeadSeq, "head_hash": r.HeadHash}
 			if !r.Ok {
 				if e.JSON {
 					if err := brokerPrint(e, "", obj); err != nil {
 						return err
 					}
 				}
-				return fmt.Errorf("the hash chain breaks at event %d: %s", r.FirstBadSeq, r.Reason)
+				for _, d := range r.Differences {
+					fmt.Fprintf(e.Stderr, "derived table differs from the log: %s\n", d)
+				}
+				if r.FirstBadSeq != 0 {
+					return fmt.Errorf("the log breaks at event %d: %s", r.FirstBadSeq, r.Reason)
+				}
+				return fmt.Errorf("the derived tables differ from the log in %d rows (above); the gate decides from the log", len(r.Differences))
 			}
-			return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact", r.Events), obj)
+			return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, %d recorded heads match, derived tables agree", r.Events, len(heads)), obj)
 		})
 	}
 }

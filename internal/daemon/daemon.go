@@ -66,6 +66,13 @@ type Options struct {
 	// NoObjectChecks turns the streaming object checks off, for the
 	// benchmark that measures what they cost; never in service.
 	NoObjectChecks bool
+	// CheckpointFile, when set, is where the broker appends each new head
+	// of its log ("SEQ HASH" lines, fsynced) and what it checks the log
+	// against at start (broker.Options.CheckpointFile).
+	CheckpointFile string
+	// SkipBeyondGit turns off gitd's beyond-git walk: for the benchmark
+	// only (a hidden flag), never for a bus host in use.
+	SkipBeyondGit bool
 	// Logger receives the daemon's log (default: Observe's format and
 	// level on stderr).
 	Logger *slog.Logger
@@ -165,11 +172,15 @@ func Serve(ctx context.Context, o Options) error {
 	if dsn == "" {
 		dsn = filepath.Join(o.Home, BrokerDB)
 	}
-	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate})
+	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate, CheckpointFile: o.CheckpointFile})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
 	}
 	defer b.Close()
+	halted := b.Halted()
+	if halted != nil {
+		log.Error("the broker refuses to serve; the git service serves fetches only (docs/broker.md, \"When the log does not match\")", "err", halted)
+	}
 
 	svc, err := gitd.New(gitd.Options{
 		ReposDir:       filepath.Join(o.Home, ReposDir),
@@ -188,12 +199,16 @@ func Serve(ctx context.Context, o Options) error {
 		NoObjectChecks:  o.NoObjectChecks,
 		MaxTaskBytes:    o.MaxTaskBytes,
 		MaxProjectBytes: o.MaxProjectBytes,
+		SkipBeyondGit:   o.SkipBeyondGit,
 	})
 	if err != nil {
 		return fmt.Errorf("git service: %w", err)
 	}
-	if err := svc.Reconcile(ctx); err != nil {
-		return fmt.Errorf("reconcile refs with the broker's log: %w", err)
+	// A log that does not match its checkpoint must not move refs.
+	if halted == nil {
+		if err := svc.Reconcile(ctx); err != nil {
+			return fmt.Errorf("reconcile refs with the broker's log: %w", err)
+		}
 	}
 
 	ds := newDrainState()

@@ -68,6 +68,29 @@ const (
 	RefChanged           Reason = "REF_CHANGED"
 	IdempotencyKeyReused Reason = "IDEMPOTENCY_KEY_REUSED"
 
+	// A verdict names the commit its reviewer saw (issue 13).
+	VerdictCommitMissing  Reason = "VERDICT_COMMIT_MISSING"
+	VerdictCommitMismatch Reason = "VERDICT_COMMIT_MISMATCH"
+
+	// The log and its checkpoint file (issue 13).
+	LogCheckpointMismatch Reason = "LOG_CHECKPOINT_MISMATCH"
+	LogCheckpointAppend   Reason = "LOG_CHECKPOINT_APPEND_FAILED"
+
+	// What git 2.39 lets through but newer git, or a checkout, fears
+	// (issue 13; the rules and their sources are in gitd/beyondgit.go).
+	GitmodulesControlChar Reason = "GITMODULES_CONTROL_CHAR"
+	DotfileSymlink        Reason = "DOTFILE_SYMLINK"
+	SubmoduleNameNested   Reason = "SUBMODULE_NAME_NESTED"
+	SubmodulePathEscapes  Reason = "SUBMODULE_PATH_ESCAPES"
+	SubmodulePathTrailing Reason = "SUBMODULE_PATH_TRAILING"
+	TreeEntryNameTooLong  Reason = "TREE_ENTRY_NAME_TOO_LONG"
+	TreeEntryMode         Reason = "TREE_ENTRY_MODE"
+	GitmodulesParse       Reason = "GITMODULES_PARSE"
+	GitmodulesURL         Reason = "GITMODULES_URL"
+	GitmodulesGitlink     Reason = "GITMODULES_GITLINK"
+	PackTrailingBytes     Reason = "PACK_TRAILING_BYTES"
+	BundleRefNotCommit    Reason = "BUNDLE_REF_NOT_COMMIT"
+
 	// Limits.
 	BundleTooLarge    Reason = "BUNDLE_TOO_LARGE"
 	DiskFull          Reason = "DISK_FULL"

@@ -629,10 +629,13 @@ func (x *RequestReviewResponse) GetCreated() bool {
 }
 
 type SubmitVerdictRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Verdict       Verdict                `protobuf:"varint,2,opt,name=verdict,proto3,enum=bushost.broker.v1.Verdict" json:"verdict,omitempty"`
-	Comment       string                 `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Verdict   Verdict                `protobuf:"varint,2,opt,name=verdict,proto3,enum=bushost.broker.v1.Verdict" json:"verdict,omitempty"`
+	Comment   string                 `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	// The commit the reviewer saw (full hex id). It must be the request's
+	// commit: a verdict never approves a push its reviewer did not have.
+	Commit        string `protobuf:"bytes,4,opt,name=commit,proto3" json:"commit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -684,6 +687,13 @@ func (x *SubmitVerdictRequest) GetVerdict() Verdict {
 func (x *SubmitVerdictRequest) GetComment() string {
 	if x != nil {
 		return x.Comment
+	}
+	return ""
+}
+
+func (x *SubmitVerdictRequest) GetCommit() string {
+	if x != nil {
+		return x.Commit
 	}
 	return ""
 }
@@ -1043,15 +1053,72 @@ func (x *ListEventsResponse) GetEvent() *Event {
 	return nil
 }
 
+// A head of the log as recorded earlier (LogHead, a checkpoint file).
+type RecordedHead struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Hex SHA-256 of event seq.
+	Hash          string `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordedHead) Reset() {
+	*x = RecordedHead{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordedHead) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordedHead) ProtoMessage() {}
+
+func (x *RecordedHead) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordedHead.ProtoReflect.Descriptor instead.
+func (*RecordedHead) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RecordedHead) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RecordedHead) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
 type VerifyLogRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Each must still be in the log with the same hash: a rewrite at or
+	// before seq, or a truncation below it, fails naming the first bad seq.
+	Heads         []*RecordedHead `protobuf:"bytes,1,rep,name=heads,proto3" json:"heads,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VerifyLogRequest) Reset() {
 	*x = VerifyLogRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1130,7 @@ func (x *VerifyLogRequest) String() string {
 func (*VerifyLogRequest) ProtoMessage() {}
 
 func (x *VerifyLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,23 +1143,37 @@ func (x *VerifyLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLogRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLogRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{17}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *VerifyLogRequest) GetHeads() []*RecordedHead {
+	if x != nil {
+		return x.Heads
+	}
+	return nil
 }
 
 type VerifyLogResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Ok     bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
 	Events int64                  `protobuf:"varint,2,opt,name=events,proto3" json:"events,omitempty"`
-	// The first sequence number whose hash does not verify (0 if ok), and why.
-	FirstBadSeq   int64  `protobuf:"varint,3,opt,name=first_bad_seq,json=firstBadSeq,proto3" json:"first_bad_seq,omitempty"`
-	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The first sequence number that fails the hash chain or a recorded
+	// head (0 if none), and why.
+	FirstBadSeq int64  `protobuf:"varint,3,opt,name=first_bad_seq,json=firstBadSeq,proto3" json:"first_bad_seq,omitempty"`
+	Reason      string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Each row of the derived tables that differs from the log rebuilt from
+	// its events, naming its table and row.
+	Differences []string `protobuf:"bytes,5,rep,name=differences,proto3" json:"differences,omitempty"`
+	// The log's last event as read.
+	HeadSeq       int64  `protobuf:"varint,6,opt,name=head_seq,json=headSeq,proto3" json:"head_seq,omitempty"`
+	HeadHash      string `protobuf:"bytes,7,opt,name=head_hash,json=headHash,proto3" json:"head_hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VerifyLogResponse) Reset() {
 	*x = VerifyLogResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1185,7 @@ func (x *VerifyLogResponse) String() string {
 func (*VerifyLogResponse) ProtoMessage() {}
 
 func (x *VerifyLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1198,7 @@ func (x *VerifyLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLogResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLogResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{18}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *VerifyLogResponse) GetOk() bool {
@@ -1144,6 +1225,115 @@ func (x *VerifyLogResponse) GetFirstBadSeq() int64 {
 func (x *VerifyLogResponse) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *VerifyLogResponse) GetDifferences() []string {
+	if x != nil {
+		return x.Differences
+	}
+	return nil
+}
+
+func (x *VerifyLogResponse) GetHeadSeq() int64 {
+	if x != nil {
+		return x.HeadSeq
+	}
+	return 0
+}
+
+func (x *VerifyLogResponse) GetHeadHash() string {
+	if x != nil {
+		return x.HeadHash
+	}
+	return ""
+}
+
+type LogHeadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogHeadRequest) Reset() {
+	*x = LogHeadRequest{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogHeadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogHeadRequest) ProtoMessage() {}
+
+func (x *LogHeadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogHeadRequest.ProtoReflect.Descriptor instead.
+func (*LogHeadRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{20}
+}
+
+type LogHeadResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Hash          string                 `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogHeadResponse) Reset() {
+	*x = LogHeadResponse{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogHeadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogHeadResponse) ProtoMessage() {}
+
+func (x *LogHeadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogHeadResponse.ProtoReflect.Descriptor instead.
+func (*LogHeadResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *LogHeadResponse) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *LogHeadResponse) GetHash() string {
+	if x != nil {
+		return x.Hash
 	}
 	return ""
 }
@@ -1193,12 +1383,13 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x18\n" +
-	"\acreated\x18\x03 \x01(\bR\acreated\"\x85\x01\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\"\x9d\x01\n" +
 	"\x14SubmitVerdictRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x124\n" +
 	"\averdict\x18\x02 \x01(\x0e2\x1a.bushost.broker.v1.VerdictR\averdict\x12\x18\n" +
-	"\acomment\x18\x03 \x01(\tR\acomment\")\n" +
+	"\acomment\x18\x03 \x01(\tR\acomment\x12\x16\n" +
+	"\x06commit\x18\x04 \x01(\tR\x06commit\")\n" +
 	"\x15SubmitVerdictResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\x12\n" +
 	"\x10CloseTaskRequest\"%\n" +
@@ -1217,17 +1408,28 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\tafter_seq\x18\x04 \x01(\x03R\bafterSeq\x12\x16\n" +
 	"\x06follow\x18\x05 \x01(\bR\x06follow\"D\n" +
 	"\x12ListEventsResponse\x12.\n" +
-	"\x05event\x18\x01 \x01(\v2\x18.bushost.broker.v1.EventR\x05event\"\x12\n" +
-	"\x10VerifyLogRequest\"w\n" +
+	"\x05event\x18\x01 \x01(\v2\x18.bushost.broker.v1.EventR\x05event\"4\n" +
+	"\fRecordedHead\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x12\n" +
+	"\x04hash\x18\x02 \x01(\tR\x04hash\"I\n" +
+	"\x10VerifyLogRequest\x125\n" +
+	"\x05heads\x18\x01 \x03(\v2\x1f.bushost.broker.v1.RecordedHeadR\x05heads\"\xd1\x01\n" +
 	"\x11VerifyLogResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x16\n" +
 	"\x06events\x18\x02 \x01(\x03R\x06events\x12\"\n" +
 	"\rfirst_bad_seq\x18\x03 \x01(\x03R\vfirstBadSeq\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason*K\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12 \n" +
+	"\vdifferences\x18\x05 \x03(\tR\vdifferences\x12\x19\n" +
+	"\bhead_seq\x18\x06 \x01(\x03R\aheadSeq\x12\x1b\n" +
+	"\thead_hash\x18\a \x01(\tR\bheadHash\"\x10\n" +
+	"\x0eLogHeadRequest\"7\n" +
+	"\x0fLogHeadResponse\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x12\n" +
+	"\x04hash\x18\x02 \x01(\tR\x04hash*K\n" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_APPROVE\x10\x01\x12\x12\n" +
-	"\x0eVERDICT_REJECT\x10\x022\xd0\x06\n" +
+	"\x0eVERDICT_REJECT\x10\x022\xa2\a\n" +
 	"\rBrokerService\x12P\n" +
 	"\aAddTask\x12!.bushost.broker.v1.AddTaskRequest\x1a\".bushost.broker.v1.AddTaskResponse\x12\\\n" +
 	"\vCreateGrant\x12%.bushost.broker.v1.CreateGrantRequest\x1a&.bushost.broker.v1.CreateGrantResponse\x12\\\n" +
@@ -1238,7 +1440,8 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\vRecordEvent\x12%.bushost.broker.v1.RecordEventRequest\x1a&.bushost.broker.v1.RecordEventResponse\x12[\n" +
 	"\n" +
 	"ListEvents\x12$.bushost.broker.v1.ListEventsRequest\x1a%.bushost.broker.v1.ListEventsResponse0\x01\x12V\n" +
-	"\tVerifyLog\x12#.bushost.broker.v1.VerifyLogRequest\x1a$.bushost.broker.v1.VerifyLogResponseB;Z9github.com/bushost/bushost/api/bushost/broker/v1;brokerv1b\x06proto3"
+	"\tVerifyLog\x12#.bushost.broker.v1.VerifyLogRequest\x1a$.bushost.broker.v1.VerifyLogResponse\x12P\n" +
+	"\aLogHead\x12!.bushost.broker.v1.LogHeadRequest\x1a\".bushost.broker.v1.LogHeadResponseB;Z9github.com/bushost/bushost/api/bushost/broker/v1;brokerv1b\x06proto3"
 
 var (
 	file_bushost_broker_v1_broker_proto_rawDescOnce sync.Once
@@ -1253,7 +1456,7 @@ func file_bushost_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_bushost_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: bushost.broker.v1.Verdict
 	(*Event)(nil),                 // 1: bushost.broker.v1.Event
@@ -1273,36 +1476,42 @@ var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(*RecordEventResponse)(nil),   // 15: bushost.broker.v1.RecordEventResponse
 	(*ListEventsRequest)(nil),     // 16: bushost.broker.v1.ListEventsRequest
 	(*ListEventsResponse)(nil),    // 17: bushost.broker.v1.ListEventsResponse
-	(*VerifyLogRequest)(nil),      // 18: bushost.broker.v1.VerifyLogRequest
-	(*VerifyLogResponse)(nil),     // 19: bushost.broker.v1.VerifyLogResponse
+	(*RecordedHead)(nil),          // 18: bushost.broker.v1.RecordedHead
+	(*VerifyLogRequest)(nil),      // 19: bushost.broker.v1.VerifyLogRequest
+	(*VerifyLogResponse)(nil),     // 20: bushost.broker.v1.VerifyLogResponse
+	(*LogHeadRequest)(nil),        // 21: bushost.broker.v1.LogHeadRequest
+	(*LogHeadResponse)(nil),       // 22: bushost.broker.v1.LogHeadResponse
 }
 var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
 	1,  // 1: bushost.broker.v1.RecordEventResponse.event:type_name -> bushost.broker.v1.Event
 	1,  // 2: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
-	2,  // 3: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
-	4,  // 4: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
-	6,  // 5: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
-	8,  // 6: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
-	10, // 7: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
-	12, // 8: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
-	14, // 9: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
-	16, // 10: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
-	18, // 11: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
-	3,  // 12: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
-	5,  // 13: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
-	7,  // 14: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
-	9,  // 15: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
-	11, // 16: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
-	13, // 17: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
-	15, // 18: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
-	17, // 19: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
-	19, // 20: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
-	12, // [12:21] is the sub-list for method output_type
-	3,  // [3:12] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	18, // 3: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
+	2,  // 4: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
+	4,  // 5: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
+	6,  // 6: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
+	8,  // 7: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
+	10, // 8: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
+	12, // 9: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
+	14, // 10: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
+	16, // 11: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
+	19, // 12: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
+	21, // 13: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
+	3,  // 14: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
+	5,  // 15: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
+	7,  // 16: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
+	9,  // 17: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
+	11, // 18: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
+	13, // 19: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
+	15, // 20: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
+	17, // 21: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
+	20, // 22: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
+	22, // 23: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
+	14, // [14:24] is the sub-list for method output_type
+	4,  // [4:14] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_bushost_broker_v1_broker_proto_init() }
@@ -1316,7 +1525,7 @@ func file_bushost_broker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_broker_v1_broker_proto_rawDesc), len(file_bushost_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

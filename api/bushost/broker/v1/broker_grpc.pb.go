@@ -28,6 +28,7 @@ const (
 	BrokerService_RecordEvent_FullMethodName   = "/bushost.broker.v1.BrokerService/RecordEvent"
 	BrokerService_ListEvents_FullMethodName    = "/bushost.broker.v1.BrokerService/ListEvents"
 	BrokerService_VerifyLog_FullMethodName     = "/bushost.broker.v1.BrokerService/VerifyLog"
+	BrokerService_LogHead_FullMethodName       = "/bushost.broker.v1.BrokerService/LogHead"
 )
 
 // BrokerServiceClient is the client API for BrokerService service.
@@ -50,7 +51,8 @@ type BrokerServiceClient interface {
 	// of the task's latest push. Asking again for the same push returns the
 	// same request.
 	RequestReview(ctx context.Context, in *RequestReviewRequest, opts ...grpc.CallOption) (*RequestReviewResponse, error)
-	// SubmitVerdict (review.verdict) gives the one verdict of a request.
+	// SubmitVerdict (review.verdict) gives the one verdict of a request, on
+	// the commit the reviewer saw.
 	SubmitVerdict(ctx context.Context, in *SubmitVerdictRequest, opts ...grpc.CallOption) (*SubmitVerdictResponse, error)
 	// CloseTask (task.close) closes the grant's task, subject to the gate.
 	CloseTask(ctx context.Context, in *CloseTaskRequest, opts ...grpc.CallOption) (*CloseTaskResponse, error)
@@ -59,8 +61,11 @@ type BrokerServiceClient interface {
 	// ListEvents streams events in order; with follow it keeps streaming new
 	// ones as they are appended. A grant sees its own task's events only.
 	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListEventsResponse], error)
-	// VerifyLog (host) recomputes the hash chain.
+	// VerifyLog (host) recomputes the hash chain, checks the recorded heads
+	// it is given, and compares the derived tables with the log.
 	VerifyLog(ctx context.Context, in *VerifyLogRequest, opts ...grpc.CallOption) (*VerifyLogResponse, error)
+	// LogHead (host) returns the log's last event: its seq and hash.
+	LogHead(ctx context.Context, in *LogHeadRequest, opts ...grpc.CallOption) (*LogHeadResponse, error)
 }
 
 type brokerServiceClient struct {
@@ -170,6 +175,16 @@ func (c *brokerServiceClient) VerifyLog(ctx context.Context, in *VerifyLogReques
 	return out, nil
 }
 
+func (c *brokerServiceClient) LogHead(ctx context.Context, in *LogHeadRequest, opts ...grpc.CallOption) (*LogHeadResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LogHeadResponse)
+	err := c.cc.Invoke(ctx, BrokerService_LogHead_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BrokerServiceServer is the server API for BrokerService service.
 // All implementations must embed UnimplementedBrokerServiceServer
 // for forward compatibility.
@@ -190,7 +205,8 @@ type BrokerServiceServer interface {
 	// of the task's latest push. Asking again for the same push returns the
 	// same request.
 	RequestReview(context.Context, *RequestReviewRequest) (*RequestReviewResponse, error)
-	// SubmitVerdict (review.verdict) gives the one verdict of a request.
+	// SubmitVerdict (review.verdict) gives the one verdict of a request, on
+	// the commit the reviewer saw.
 	SubmitVerdict(context.Context, *SubmitVerdictRequest) (*SubmitVerdictResponse, error)
 	// CloseTask (task.close) closes the grant's task, subject to the gate.
 	CloseTask(context.Context, *CloseTaskRequest) (*CloseTaskResponse, error)
@@ -199,8 +215,11 @@ type BrokerServiceServer interface {
 	// ListEvents streams events in order; with follow it keeps streaming new
 	// ones as they are appended. A grant sees its own task's events only.
 	ListEvents(*ListEventsRequest, grpc.ServerStreamingServer[ListEventsResponse]) error
-	// VerifyLog (host) recomputes the hash chain.
+	// VerifyLog (host) recomputes the hash chain, checks the recorded heads
+	// it is given, and compares the derived tables with the log.
 	VerifyLog(context.Context, *VerifyLogRequest) (*VerifyLogResponse, error)
+	// LogHead (host) returns the log's last event: its seq and hash.
+	LogHead(context.Context, *LogHeadRequest) (*LogHeadResponse, error)
 	mustEmbedUnimplementedBrokerServiceServer()
 }
 
@@ -237,6 +256,9 @@ func (UnimplementedBrokerServiceServer) ListEvents(*ListEventsRequest, grpc.Serv
 }
 func (UnimplementedBrokerServiceServer) VerifyLog(context.Context, *VerifyLogRequest) (*VerifyLogResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method VerifyLog not implemented")
+}
+func (UnimplementedBrokerServiceServer) LogHead(context.Context, *LogHeadRequest) (*LogHeadResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LogHead not implemented")
 }
 func (UnimplementedBrokerServiceServer) mustEmbedUnimplementedBrokerServiceServer() {}
 func (UnimplementedBrokerServiceServer) testEmbeddedByValue()                       {}
@@ -414,6 +436,24 @@ func _BrokerService_VerifyLog_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BrokerService_LogHead_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LogHeadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BrokerServiceServer).LogHead(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BrokerService_LogHead_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BrokerServiceServer).LogHead(ctx, req.(*LogHeadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BrokerService_ServiceDesc is the grpc.ServiceDesc for BrokerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -452,6 +492,10 @@ var BrokerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "VerifyLog",
 			Handler:    _BrokerService_VerifyLog_Handler,
+		},
+		{
+			MethodName: "LogHead",
+			Handler:    _BrokerService_LogHead_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,207 @@
+package broker
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bushost/bushost/internal/errdefs"
+)
+
+// A checkpoint file anchors the log outside the database (issue 13): the
+// broker appends the log's head to it, one "SEQ HASH" line per commit,
+// fsynced before the commit's callers hear back, so that no acknowledged
+// event is missing from it. Whoever can rewrite the database (and rehash
+// the whole chain, or delete its last events) cannot make the log agree
+// with heads already shipped off the machine. docs/broker.md says how an
+// operator ships the file and acts on a mismatch.
+
+// Head is one recorded head of the log: event Seq had hash Hash.
+type Head struct {
+	Seq  int64
+	Hash string
+}
+
+func (h Head) String() string { return fmt.Sprintf("%d %s", h.Seq, h.Hash) }
+
+// maxHeadLine bounds one line of a checkpoint file ("SEQ HASH").
+const maxHeadLine = 128
+
+// ParseHead reads "SEQ HASH" or "SEQ:HASH".
+func ParseHead(s string) (Head, error) {
+	s = strings.TrimSpace(s)
+	seq, hash, ok := strings.Cut(s, " ")
+	if !ok {
+		seq, hash, ok = strings.Cut(s, ":")
+	}
+	n, err := strconv.ParseInt(seq, 10, 64)
+	if !ok || err != nil || n < 1 || len(hash) != 64 || !isObjectID(hash) {
+		return Head{}, fmt.Errorf("%q is not a head: want SEQ HASH (a positive number and a hex SHA-256)", clip(s))
+	}
+	return Head{Seq: n, Hash: hash}, nil
+}
+
+// ReadHeads reads a checkpoint file's lines in order. A last line without
+// its newline is a write torn by a crash and is left out.
+func ReadHeads(r io.Reader) ([]Head, error) {
+	var heads []Head
+	br := bufio.NewReaderSize(r, 4096)
+	for n := 1; ; n++ {
+		line, err := br.ReadSlice('\n')
+		if err == io.EOF {
+			return heads, nil
+		}
+		if err == bufio.ErrBufferFull || len(line) > maxHeadLine {
+			return nil, fmt.Errorf("line %d is longer than a head", n)
+		}
+		if err != nil {
+			return nil, err
+		}
+		h, err := ParseHead(string(bytes.TrimSuffix(line, []byte("\n"))))
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
+		heads = append(heads, h)
+	}
+}
+
+// checkpoint is the open checkpoint file.
+type checkpoint struct {
+	path string
+	mu   sync.Mutex
+	f    *os.File
+	last Head
+	// failed is set when an append failed: the broker takes no new events
+	// until an append of the current head succeeds.
+	failed error
+}
+
+// openCheckpoint opens (creating, 0600) the file at path for appending and
+// returns it with the heads it already holds.
+func openCheckpoint(path string) (*checkpoint, []Head, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("checkpoint file: %w", err)
+	}
+	heads, err := ReadHeads(f)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("checkpoint file %s: %w", path, err)
+	}
+	// A torn last line: end it, so that the next head starts a line.
+	if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
+		var last [1]byte
+		if _, err := f.ReadAt(last[:], fi.Size()-1); err == nil && last[0] != '\n' {
+			if _, err := f.Write([]byte("\n")); err != nil {
+				f.Close()
+				return nil, nil, fmt.Errorf("checkpoint file %s: %w", path, err)
+			}
+		}
+	}
+	c := &checkpoint{path: path, f: f}
+	if len(heads) > 0 {
+		c.last = heads[len(heads)-1]
+	}
+	return c, heads, nil
+}
+
+// record appends h (unless it is the last head recorded) and syncs it to
+// disk. A failure latches until a later record succeeds.
+func (c *checkpoint) record(h Head) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h == c.last || h.Seq == 0 {
+		c.failed = nil
+		return nil
+	}
+	if _, err := c.f.WriteString(h.String() + "\n"); err != nil {
+		c.failed = err
+		return err
+	}
+	if err := c.f.Sync(); err != nil {
+		c.failed = err
+		return err
+	}
+	c.last, c.failed = h, nil
+	return nil
+}
+
+func (c *checkpoint) close() error { return c.f.Close() }
+
+// appendRefusal is what the callers of a write hear while the checkpoint
+// cannot be appended to. committed says their events are in the log
+// already (the append after their commit failed): they are told so.
+func (c *checkpoint) appendRefusal(err error, committed bool) error {
+	also := ""
+	if committed {
+		also = "; this call's event is in the log, but unacknowledged until its head is recorded"
+	}
+	return errdefs.Unavailable(errdefs.LogCheckpointAppend,
+		"cannot append the log's head to the checkpoint file %s (%v): the broker takes no new events until it can%s", c.path, err, also).
+		With("path", c.path).Retry(5 * time.Second).Wrap(err)
+}
+
+// catchUp records the log's current head if an earlier append failed; it
+// returns the refusal while the file still cannot be written.
+func (b *Broker) catchUp(ctx context.Context) error {
+	c := b.cp
+	c.mu.Lock()
+	failed := c.failed
+	c.mu.Unlock()
+	if failed == nil {
+		return nil
+	}
+	seq, hash, err := b.st.read().head(ctx)
+	if err != nil {
+		return fmt.Errorf("read log head: %w", err)
+	}
+	if err := c.record(Head{seq, hash}); err != nil {
+		return c.appendRefusal(err, false)
+	}
+	return nil
+}
+
+// recordHead appends the log's head after a commit, before the commit's
+// callers hear back. It returns the refusal to give them if it cannot.
+func (b *Broker) recordHead(ctx context.Context) error {
+	seq, hash, err := b.st.read().head(ctx)
+	if err == nil {
+		err = b.cp.record(Head{seq, hash})
+	}
+	if err != nil {
+		return b.cp.appendRefusal(err, true)
+	}
+	return nil
+}
+
+// checkCheckpoint compares the log with every head of the checkpoint file
+// at start; a mismatch halts the broker.
+func (b *Broker) checkCheckpoint(ctx context.Context, heads []Head) error {
+	v, err := b.verify(ctx, heads, false)
+	if err != nil {
+		return err
+	}
+	if !v.OK {
+		b.halted.Store(errdefs.Unavailable(errdefs.LogCheckpointMismatch,
+			"the broker does not serve: the log does not match its checkpoint file %s at event %d (%s); see docs/broker.md, \"When the log does not match\"",
+			b.cp.path, v.FirstBadSeq, v.Reason).With("first_bad_seq", v.FirstBadSeq).With("path", b.cp.path))
+		return nil
+	}
+	return b.cp.record(Head{v.HeadSeq, v.HeadHash})
+}
+
+// Halted returns why the broker refuses to serve (a log that does not match
+// its checkpoint), or nil.
+func (b *Broker) Halted() error {
+	if e := b.halted.Load(); e != nil {
+		return e
+	}
+	return nil
+}

@@ -1,0 +1,141 @@
+package broker
+
+import (
+	"github.com/bushost/bushost/internal/errdefs"
+
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/bushost/bushost/internal/authz"
+)
+
+// The close gate decides from the log itself, never from the derived
+// tables: those are a cache for listing, and one edited row (a verdict set
+// to approve, a last push set to zero) must not open the gate (issue 13).
+// Both reads go through the events_by_task index: the task's latest push,
+// then the task's review events after it, whatever the log's length.
+
+// eventFields are the fields of the broker's own events that the gate and
+// the rebuild of the derived tables (verify.go) read.
+type eventFields struct {
+	Capability string   `json:"capability"`
+	Commit     string   `json:"commit"`
+	RequestID  string   `json:"request_id"`
+	PushSeq    int64    `json:"push_seq"`
+	Verdict    string   `json:"verdict"`
+	GrantID    string   `json:"grant_id"`
+	Role       string   `json:"role"`
+	Caps       []string `json:"capabilities"`
+	ExpiresAt  string   `json:"expires_at"`
+}
+
+func fieldsOf(e Event) (eventFields, error) {
+	var f eventFields
+	if err := json.Unmarshal([]byte(e.Data), &f); err != nil {
+		return f, fmt.Errorf("event %d (%s): data: %w", e.Seq, e.Type, err)
+	}
+	return f, nil
+}
+
+// isPush says whether e is a push of a task's work (action.allowed of
+// git.push.working).
+func isPush(e Event, f eventFields) bool {
+	return e.Type == TypeActionAllowed && f.Capability == authz.CapPushWorking
+}
+
+// latestPush returns the task's latest push event from the log.
+func (q *queries) latestPush(ctx context.Context, business, project, task string) (Event, eventFields, bool, error) {
+	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 ORDER BY seq DESC`,
+		business, project, task, TypeActionAllowed)
+	if err != nil {
+		return Event{}, eventFields{}, false, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		e, err := scanEvent(rows)
+		if err != nil {
+			return Event{}, eventFields{}, false, err
+		}
+		f, err := fieldsOf(e)
+		if err != nil {
+			return Event{}, eventFields{}, false, err
+		}
+		if isPush(e, f) {
+			return e, f, true, nil
+		}
+	}
+	return Event{}, eventFields{}, false, rows.Err()
+}
+
+// reviewEventsAfter returns the task's review.request and review.verdict
+// events after seq, in order.
+func (q *queries) reviewEventsAfter(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
+	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND seq > $4 AND type IN ($5, $6) ORDER BY seq`,
+		business, project, task, seq, TypeReviewRequest, TypeReviewVerdict)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		e, err := scanEvent(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// gate decides the close of task t from the log: a task with no push
+// closes; a task with a push closes only when a verdict recorded for its
+// latest push (same push event, same commit) approves it. It returns the
+// commit that closes with the task ("" with no push).
+func gate(ctx context.Context, q *queries, t taskRow) (string, error) {
+	push, pf, ok, err := q.latestPush(ctx, t.Business, t.Project, t.Task)
+	if err != nil || !ok {
+		return "", err
+	}
+	evs, err := q.reviewEventsAfter(ctx, t.Business, t.Project, t.Task, push.Seq)
+	if err != nil {
+		return "", err
+	}
+	forPush := func(f eventFields) bool { return f.PushSeq == push.Seq && f.Commit == pf.Commit }
+	requests := map[string]bool{}
+	var requestID, verdict string
+scan:
+	for _, e := range evs {
+		f, err := fieldsOf(e)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case !forPush(f):
+		case e.Type == TypeReviewRequest:
+			requests[f.RequestID] = true
+			if requestID == "" {
+				requestID = f.RequestID
+			}
+		case e.Type == TypeReviewVerdict && requests[f.RequestID]:
+			requestID, verdict = f.RequestID, f.Verdict
+			if verdict != Approve {
+				// One verdict per request: a reject stands.
+				break scan
+			}
+		}
+	}
+	scope := scopeString(t.Business, t.Project, t.Task)
+	switch {
+	case requestID == "":
+		return "", errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: its latest push %s has no review; request one and get an approve verdict", scope, pf.Commit).
+			With("commit", pf.Commit).With("review", "none")
+	case verdict == "":
+		return "", errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: review request %s of its latest push %s has no verdict yet", scope, requestID, pf.Commit).
+			With("commit", pf.Commit).With("request", requestID).With("review", "pending")
+	case verdict != Approve:
+		return "", errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: its latest push %s was rejected (request %s)", scope, pf.Commit, requestID).
+			With("commit", pf.Commit).With("request", requestID).With("review", "rejected")
+	}
+	return pf.Commit, nil
+}

@@ -1,0 +1,325 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Verification is what VerifyLog found.
+type Verification struct {
+	OK     bool
+	Events int64
+	// HeadSeq and HeadHash are the log's last event as read.
+	HeadSeq  int64
+	HeadHash string
+	// FirstBadSeq is the first event that fails the chain or a recorded
+	// head (0 if none), and Reason says how.
+	FirstBadSeq int64
+	Reason      string
+	// Differences are the rows of the derived tables that disagree with
+	// the log rebuilt from its events, each naming its table and row.
+	Differences []string
+}
+
+// maxDifferences bounds the differences reported; the rest are counted.
+const maxDifferences = 100
+
+// VerifyLog checks the log: the hash chain from the first event (each seq
+// one more than the last, each prev_hash the last event's hash, each hash
+// the hash of its own canonical encoding); each recorded head (event SEQ
+// still has that hash: a rewrite before it or a truncation below it
+// fails); and the derived tables against the state rebuilt from the
+// events. It names the first bad event and every differing row. It reads
+// under the write lock, so that tables and log are one consistent state.
+func (b *Broker) VerifyLog(ctx context.Context, heads ...Head) (Verification, error) {
+	return b.verify(ctx, heads, true)
+}
+
+func (b *Broker) verify(ctx context.Context, heads []Head, derived bool) (Verification, error) {
+	tx, err := b.st.begin(ctx)
+	if err != nil {
+		return Verification{}, err
+	}
+	defer tx.rollback()
+	q := &tx.queries
+
+	var v Verification
+	heads = slices.Clone(heads)
+	sort.SliceStable(heads, func(i, j int) bool { return heads[i].Seq < heads[j].Seq })
+	bad := func(seq int64, format string, a ...any) {
+		if v.FirstBadSeq == 0 || seq < v.FirstBadSeq {
+			v.FirstBadSeq, v.Reason = seq, fmt.Sprintf(format, a...)
+		}
+	}
+	var prevSeq int64
+	prevHash := ""
+	chainOK := true
+	rb := newRebuild()
+	err = q.eachEvent(ctx, func(e Event) error {
+		v.Events++
+		if chainOK {
+			switch {
+			case e.Seq != prevSeq+1:
+				bad(e.Seq, "event %d follows event %d: a gap or reordering", e.Seq, prevSeq)
+				chainOK = false
+			case e.PrevHash != prevHash:
+				bad(e.Seq, "event %d's prev_hash %.12s does not match event %d's hash %.12s", e.Seq, e.PrevHash, prevSeq, prevHash)
+				chainOK = false
+			case HashEvent(e) != e.Hash:
+				bad(e.Seq, "event %d's content does not match its hash %.12s: it was changed after it was appended", e.Seq, e.Hash)
+				chainOK = false
+			}
+		}
+		for len(heads) > 0 && heads[0].Seq < e.Seq {
+			bad(heads[0].Seq, "recorded head %d is missing from the log", heads[0].Seq)
+			heads = heads[1:]
+		}
+		for len(heads) > 0 && heads[0].Seq == e.Seq {
+			if heads[0].Hash != e.Hash {
+				bad(e.Seq, "event %d has hash %.12s, but the recorded head says %.12s: the log was rewritten at or before event %d", e.Seq, e.Hash, heads[0].Hash, e.Seq)
+			}
+			heads = heads[1:]
+		}
+		prevSeq, prevHash = e.Seq, e.Hash
+		v.HeadSeq, v.HeadHash = e.Seq, e.Hash
+		if derived {
+			rb.apply(e)
+		}
+		return nil
+	})
+	if err != nil {
+		return Verification{}, fmt.Errorf("read log: %w", err)
+	}
+	if len(heads) > 0 {
+		last := heads[len(heads)-1]
+		bad(v.HeadSeq+1, "the log ends at event %d, but a recorded head is event %d: events %d to %d were deleted", v.HeadSeq, last.Seq, v.HeadSeq+1, last.Seq)
+	}
+	if derived {
+		if v.Differences, err = rb.compare(ctx, q); err != nil {
+			return Verification{}, fmt.Errorf("compare derived tables: %w", err)
+		}
+	}
+	v.OK = v.FirstBadSeq == 0 && len(v.Differences) == 0
+	return v, nil
+}
+
+// LogHead returns the log's last event's seq and hash (0, "" when empty).
+func (b *Broker) LogHead(ctx context.Context) (int64, string, error) {
+	seq, hash, err := b.st.read().head(ctx)
+	if err != nil {
+		return 0, "", fmt.Errorf("read log head: %w", err)
+	}
+	return seq, hash, nil
+}
+
+// rebuild is the derived state replayed from the events alone.
+type rebuild struct {
+	tasks      map[string]taskRow
+	grants     map[string]grantRow
+	requests   map[string]requestRow
+	pushActors map[int64]string
+	problems   []string
+}
+
+func newRebuild() *rebuild {
+	return &rebuild{tasks: map[string]taskRow{}, grants: map[string]grantRow{}, requests: map[string]requestRow{}, pushActors: map[int64]string{}}
+}
+
+func (r *rebuild) apply(e Event) {
+	key := scopeString(e.Business, e.Project, e.Task)
+	if e.Type != TypeTaskAdded && !strings.HasPrefix(e.Type, "action.") && !strings.HasPrefix(e.Type, "task.") &&
+		!strings.HasPrefix(e.Type, "grant.") && !strings.HasPrefix(e.Type, "review.") {
+		return
+	}
+	f, err := fieldsOf(e)
+	if err != nil {
+		r.problems = append(r.problems, err.Error())
+		return
+	}
+	switch {
+	case e.Type == TypeTaskAdded:
+		r.tasks[key] = taskRow{Business: e.Business, Project: e.Project, Task: e.Task}
+	case isPush(e, f):
+		t := r.tasks[key]
+		t.LastPushSeq, t.LastPushCommit, t.LastPushActor = e.Seq, f.Commit, e.Actor
+		r.tasks[key] = t
+		r.pushActors[e.Seq] = e.Actor
+	case e.Type == TypeTaskClosed:
+		t := r.tasks[key]
+		t.ClosedSeq = e.Seq
+		r.tasks[key] = t
+	case e.Type == TypeGrantCreated:
+		exp, err := time.Parse(time.RFC3339, f.ExpiresAt)
+		if err != nil {
+			r.problems = append(r.problems, fmt.Sprintf("event %d: expires_at %q: %v", e.Seq, f.ExpiresAt, err))
+		}
+		r.grants[f.GrantID] = grantRow{ID: f.GrantID, Business: e.Business, Project: e.Project, Task: e.Task, Role: f.Role, Caps: f.Caps, ExpiresAt: exp.Unix()}
+	case e.Type == TypeGrantRevoked:
+		g := r.grants[f.GrantID]
+		g.RevokedSeq = e.Seq
+		r.grants[f.GrantID] = g
+	case e.Type == TypeReviewRequest:
+		r.requests[f.RequestID] = requestRow{ID: f.RequestID, Business: e.Business, Project: e.Project, Task: e.Task,
+			PushSeq: f.PushSeq, Commit: f.Commit, PushActor: r.pushActors[f.PushSeq], RequestSeq: e.Seq}
+	case e.Type == TypeReviewVerdict:
+		q := r.requests[f.RequestID]
+		q.Verdict, q.VerdictSeq, q.Reviewer = f.Verdict, e.Seq, e.Actor
+		r.requests[f.RequestID] = q
+	}
+}
+
+// compare reads the derived tables and lists every row that differs from
+// the rebuilt state: missing, extra, or a column with another value.
+func (r *rebuild) compare(ctx context.Context, q *queries) ([]string, error) {
+	diffs := slices.Clone(r.problems)
+	add := func(format string, a ...any) { diffs = append(diffs, fmt.Sprintf(format, a...)) }
+
+	tasks, err := q.allTasks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for k, want := range r.tasks {
+		got, ok := tasks[k]
+		if !ok {
+			add("tasks %s: the log has it (task.added), the table does not", k)
+			continue
+		}
+		cols(add, "tasks "+k, [][3]any{
+			{"closed_seq", got.ClosedSeq, want.ClosedSeq},
+			{"last_push_seq", got.LastPushSeq, want.LastPushSeq},
+			{"last_push_commit", got.LastPushCommit, want.LastPushCommit},
+			{"last_push_actor", got.LastPushActor, want.LastPushActor},
+		})
+	}
+	for k := range tasks {
+		if _, ok := r.tasks[k]; !ok {
+			add("tasks %s: in the table, but no task.added in the log", k)
+		}
+	}
+
+	grants, err := q.allGrants(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for id, want := range r.grants {
+		got, ok := grants[id]
+		if !ok {
+			add("grants %s: the log has it (grant.created), the table does not", id)
+			continue
+		}
+		cols(add, "grants "+id, [][3]any{
+			{"scope", scopeString(got.Business, got.Project, got.Task), scopeString(want.Business, want.Project, want.Task)},
+			{"role", got.Role, want.Role},
+			{"caps", strings.Join(got.Caps, ","), strings.Join(want.Caps, ",")},
+			// The log keeps the expiry to the second.
+			{"expires_at", time.Unix(0, got.ExpiresAt).Unix(), want.ExpiresAt},
+			{"revoked_seq", got.RevokedSeq, want.RevokedSeq},
+		})
+	}
+	for id := range grants {
+		if _, ok := r.grants[id]; !ok {
+			add("grants %s: in the table, but no grant.created in the log", id)
+		}
+	}
+
+	reqs, err := q.allRequests(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for id, want := range r.requests {
+		got, ok := reqs[id]
+		if !ok {
+			add("review_requests %s: the log has it (review.request), the table does not", id)
+			continue
+		}
+		cols(add, "review_requests "+id, [][3]any{
+			{"scope", scopeString(got.Business, got.Project, got.Task), scopeString(want.Business, want.Project, want.Task)},
+			{"push_seq", got.PushSeq, want.PushSeq},
+			{"commit_id", got.Commit, want.Commit},
+			{"push_actor", got.PushActor, want.PushActor},
+			{"request_seq", got.RequestSeq, want.RequestSeq},
+			{"verdict", got.Verdict, want.Verdict},
+			{"verdict_seq", got.VerdictSeq, want.VerdictSeq},
+			{"reviewer", got.Reviewer, want.Reviewer},
+		})
+	}
+	for id := range reqs {
+		if _, ok := r.requests[id]; !ok {
+			add("review_requests %s: in the table, but no review.request in the log", id)
+		}
+	}
+	sort.Strings(diffs)
+	if len(diffs) > maxDifferences {
+		n := len(diffs) - maxDifferences
+		diffs = append(diffs[:maxDifferences], fmt.Sprintf("... and %d more", n))
+	}
+	return diffs, nil
+}
+
+// cols reports each column whose table value (1) is not the log's (2).
+func cols(add func(string, ...any), row string, cs [][3]any) {
+	for _, c := range cs {
+		if c[1] != c[2] {
+			add("%s: %s is %q in the table, %q in the log", row, c[0], fmt.Sprint(c[1]), fmt.Sprint(c[2]))
+		}
+	}
+}
+
+func (q *queries) allTasks(ctx context.Context) (map[string]taskRow, error) {
+	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit, last_push_actor FROM tasks`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	m := map[string]taskRow{}
+	for rows.Next() {
+		var t taskRow
+		if err := rows.Scan(&t.Business, &t.Project, &t.Task, &t.ClosedSeq, &t.LastPushSeq, &t.LastPushCommit, &t.LastPushActor); err != nil {
+			return nil, err
+		}
+		m[scopeString(t.Business, t.Project, t.Task)] = t
+	}
+	return m, rows.Err()
+}
+
+func (q *queries) allGrants(ctx context.Context) (map[string]grantRow, error) {
+	rows, err := q.db.QueryContext(ctx, `SELECT `+grantCols+` FROM grants`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	m := map[string]grantRow{}
+	for rows.Next() {
+		var g grantRow
+		var caps string
+		if err := rows.Scan(&g.ID, &g.TokenHash, &g.Business, &g.Project, &g.Task, &g.Role, &caps, &g.ExpiresAt, &g.RevokedSeq); err != nil {
+			return nil, err
+		}
+		if caps != "" {
+			g.Caps = strings.Split(caps, ",")
+		}
+		m[g.ID] = g
+	}
+	return m, rows.Err()
+}
+
+func (q *queries) allRequests(ctx context.Context) (map[string]requestRow, error) {
+	rows, err := q.db.QueryContext(ctx, `SELECT `+requestCols+` FROM review_requests`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	m := map[string]requestRow{}
+	for rows.Next() {
+		var r requestRow
+		if err := rows.Scan(&r.ID, &r.Business, &r.Project, &r.Task, &r.PushSeq, &r.Commit, &r.PushActor, &r.RequestSeq, &r.Verdict, &r.VerdictSeq, &r.Reviewer); err != nil {
+			return nil, err
+		}
+		m[r.ID] = r
+	}
+	return m, rows.Err()
+}

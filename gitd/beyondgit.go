@@ -1,0 +1,433 @@
+package gitd
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+
+	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/errdefs"
+)
+
+// The beyond-git walk (issue 13). index-pack --strict in git 2.39 refuses
+// what git 2.39's fsck knows (bundle.StrictFlag raises the ids it has but
+// reports as info). Later git releases refuse more, and some objects that
+// every git accepts attack whoever checks the commit out. After index-pack,
+// the push's new trees and new .gitmodules blobs (objects of the
+// quarantine's pack that the repository does not already hold) are read
+// here, in Go, against the rules below; the first broken rule refuses the
+// push, naming the object and a stable reason.
+//
+// Every rule cites where it comes from. Rules git 2.39 also enforces under
+// bundle.StrictFlag stay here too: the walk must not depend on which git
+// the host runs.
+
+// beyondRule is one row of the table.
+type beyondRule struct {
+	Reason errdefs.Reason
+	// Source is the advisory or git commit the rule comes from.
+	Source string
+	// What the rule refuses, as the refusal says it.
+	What string
+}
+
+// The rules, by reason. A tree rule is checked on every entry of a new
+// tree (checkEntry), a .gitmodules rule on every new .gitmodules blob
+// (checkGitmodules); the last two are checked on the pack and the bundle
+// header (packJunk, refNotCommit).
+var beyondRules = map[errdefs.Reason]beyondRule{
+	errdefs.GitmodulesControlChar: {errdefs.GitmodulesControlChar,
+		"CVE-2025-48384 (GHSA-vwqx-4fm8-6qc9, fixed in git 2.50.1): a trailing carriage return in a submodule path is lost when git writes and re-reads its config, so a checkout writes through a symlink of the same name",
+		"a .gitmodules submodule name or path with a carriage return or other control character"},
+	errdefs.DotfileSymlink: {errdefs.DotfileSymlink,
+		"git 2.32.0, fsck gitattributesSymlink/gitignoreSymlink/mailmapSymlink (git reads these files with O_NOFOLLOW in the worktree; a symlink reads a file outside it), with the NTFS and HFS+ spellings of CVE-2014-9390",
+		".gitattributes, .gitignore or .mailmap as a symlink, under any name NTFS or HFS+ treats as the same"},
+	errdefs.SubmoduleNameNested: {errdefs.SubmoduleNameNested,
+		"CVE-2019-1387, git commit a8dee3ca610f5a1d403634492136c887f83b59d2 (\"Disallow dubiously-nested submodule git directories\"): the git directory of submodule a/hooks would be a's hooks directory",
+		"a submodule name that is a path prefix of another (a and a/hooks)"},
+	errdefs.SubmodulePathEscapes: {errdefs.SubmodulePathEscapes,
+		"CVE-2018-11235, git commit ed8b10f631c9a71df3351d46187bf7f3fa4f9b7e (\"fsck: check .gitmodules content\"), extended to paths",
+		"a submodule name or path with a .. component"},
+	errdefs.SubmodulePathTrailing: {errdefs.SubmodulePathTrailing,
+		"CVE-2019-1352/CVE-2019-1353 (git 2.24.1): Windows drops a trailing space or dot, so \"sub.\" checks out as \"sub\"",
+		"a submodule path with a component that ends in a space or a dot"},
+	errdefs.TreeEntryNameTooLong: {errdefs.TreeEntryNameTooLong,
+		"newer git's fsck largePathname (\"contains excessively large pathname\", 4096 bytes)",
+		"a tree entry name over 4096 bytes"},
+	errdefs.TreeEntryMode: {errdefs.TreeEntryMode,
+		"git fsck badFilemode (info in git 2.39, raised by bundle.StrictFlag): git writes only 100644, 100755, 120000, 40000 and 160000",
+		"a tree entry mode other than the five git writes"},
+	errdefs.GitmodulesParse: {errdefs.GitmodulesParse,
+		"git fsck gitmodulesParse (info in git 2.39, raised by bundle.StrictFlag) and gitmodulesLarge",
+		"a .gitmodules git cannot parse"},
+	errdefs.GitmodulesURL: {errdefs.GitmodulesURL,
+		"CVE-2020-5260 (git 2.26.1, a newline in a URL given to a credential helper) and CVE-2024-52006 (git 2.48.1, credential URLs newer git refuses, a port that is not a number)",
+		"a submodule URL with a newline or carriage return, or a port that is not a number"},
+	errdefs.GitmodulesGitlink: {errdefs.GitmodulesGitlink,
+		"git fsck gitmodulesBlob/gitmodulesMissing (CVE-2018-11235): .gitmodules must be a file; a gitlink by that name hides a submodule configuration from fsck",
+		"a gitlink (mode 160000) named .gitmodules, under any spelling"},
+	errdefs.PackTrailingBytes: {errdefs.PackTrailingBytes,
+		"git index-pack (\"pack has junk at the end\"): bytes after the pack's checksum are no part of any object",
+		"bytes after the end of the bundle's pack"},
+	errdefs.BundleRefNotCommit: {errdefs.BundleRefNotCommit,
+		"bushost's own rule (DESIGN.md, \"A push, end to end\"): a push moves refs/work/<task> to a commit",
+		"a bundle ref that names a tree, blob or tag"},
+}
+
+// refuseBeyond is the refusal of rule r for object id.
+func refuseBeyond(r errdefs.Reason, id plumbing.Hash, format string, a ...any) error {
+	rule := beyondRules[r]
+	return errdefs.InvalidArgument(r, "object %s: %s: %s", id, rule.What, fmt.Sprintf(format, a...)).
+		With("object", id.String()).With("source", rule.Source)
+}
+
+// maxGitmodulesBytes bounds a .gitmodules read into memory.
+const maxGitmodulesBytes = 1 << 20
+
+// maxEntryName is the longest tree entry name accepted.
+const maxEntryName = 4096
+
+// walkBeyondGit runs the walk on a push's quarantined pack, unless the
+// benchmark turned it off (Options.SkipBeyondGit).
+func (s *Service) walkBeyondGit(r repo, objs *objectReader, gg *git.Repository) error {
+	if s.o.SkipBeyondGit {
+		return nil
+	}
+	has := func(h plumbing.Hash) bool {
+		if ok, err := hasObject(r.objects(), h); err == nil && ok {
+			return true
+		}
+		return gg.Storer.HasEncodedObject(h) == nil
+	}
+	return walkBeyondGit(objs.pack, has)
+}
+
+// walkBeyondGit checks the new trees of pack, and the new .gitmodules blobs
+// they name, against the table. has reports whether the repository (or
+// its pool) already holds an object: those entered before and are not the
+// push's.
+func walkBeyondGit(pack *packfile.Packfile, has func(plumbing.Hash) bool) error {
+	if pack == nil {
+		return nil
+	}
+	trees, err := pack.GetByType(plumbing.TreeObject)
+	if err != nil {
+		return fmt.Errorf("beyond-git walk: %w", err)
+	}
+	defer trees.Close()
+	gitmodules := map[plumbing.Hash]plumbing.Hash{} // blob -> tree naming it
+	err = trees.ForEach(func(obj plumbing.EncodedObject) error {
+		err := checkTree(obj, gitmodules)
+		if err != nil && has(obj.Hash()) {
+			return nil // not the push's: it entered the repository before
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for blob := range gitmodules {
+		obj, err := pack.Get(blob)
+		if errors.Is(err, plumbing.ErrObjectNotFound) {
+			continue // not new: it entered the repository before
+		}
+		if err != nil {
+			return fmt.Errorf("beyond-git walk: read .gitmodules %s: %w", blob, err)
+		}
+		if has(blob) {
+			continue
+		}
+		if err := checkGitmodulesBlob(obj); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The five modes git writes, as a tree spells them.
+var gitModes = map[string]bool{"100644": true, "100755": true, "120000": true, "40000": true, "160000": true}
+
+// checkTree reads one tree's raw entries ("MODE NAME\0" and a 20-byte id
+// each) and checks them; it adds the .gitmodules blobs it names.
+func checkTree(obj plumbing.EncodedObject, gitmodules map[plumbing.Hash]plumbing.Hash) error {
+	rc, err := obj.Reader()
+	if err != nil {
+		return fmt.Errorf("beyond-git walk: read tree %s: %w", obj.Hash(), err)
+	}
+	defer rc.Close()
+	br := bufio.NewReaderSize(rc, 64<<10)
+	for {
+		mode, err := br.ReadSlice(' ')
+		if err == io.EOF && len(mode) == 0 {
+			return nil
+		}
+		if err != nil {
+			// index-pack --strict parsed this tree; a tree it accepted
+			// and this cannot read is a bug here, not the push's.
+			return fmt.Errorf("beyond-git walk: tree %s: bad entry mode: %w", obj.Hash(), err)
+		}
+		m := string(mode[:len(mode)-1])
+		name, err := br.ReadBytes(0)
+		if err != nil {
+			return fmt.Errorf("beyond-git walk: tree %s: bad entry name: %w", obj.Hash(), err)
+		}
+		name = name[:len(name)-1]
+		var id plumbing.Hash
+		if _, err := io.ReadFull(br, id[:]); err != nil {
+			return fmt.Errorf("beyond-git walk: tree %s: short entry id: %w", obj.Hash(), err)
+		}
+		if err := checkEntry(obj.Hash(), m, name, id, gitmodules); err != nil {
+			return err
+		}
+	}
+}
+
+// checkEntry applies the tree rules to one entry.
+func checkEntry(tree plumbing.Hash, mode string, name []byte, id plumbing.Hash, gitmodules map[plumbing.Hash]plumbing.Hash) error {
+	if len(name) > maxEntryName {
+		return refuseBeyond(errdefs.TreeEntryNameTooLong, tree, "an entry name is %d bytes", len(name))
+	}
+	if !gitModes[mode] {
+		return refuseBeyond(errdefs.TreeEntryMode, tree, "entry %s has mode %s", quote(name), quote([]byte(mode)))
+	}
+	n := string(name)
+	if mode == "120000" {
+		for _, dot := range symlinkDotfiles {
+			if isDotfile(n, dot.name, dot.short) {
+				return refuseBeyond(errdefs.DotfileSymlink, tree, "entry %s is a symlink spelling .%s", quote(name), dot.name)
+			}
+		}
+	}
+	if isDotfile(n, "gitmodules", "gi7eba") {
+		switch mode {
+		case "160000":
+			return refuseBeyond(errdefs.GitmodulesGitlink, tree, "entry %s is a gitlink", quote(name))
+		case "100644", "100755":
+			gitmodules[id] = tree
+		}
+	}
+	return nil
+}
+
+// symlinkDotfiles are the files git opens with O_NOFOLLOW in a worktree,
+// with the prefix of their NTFS 8.3 short names (git's own choices).
+var symlinkDotfiles = []struct{ name, short string }{
+	{"gitattributes", "gi7d29"},
+	{"gitignore", "gi250a"},
+	{"mailmap", "maba30"},
+}
+
+// isDotfile reports whether name is "."+dot as NTFS or HFS+ would open it.
+func isDotfile(name, dot, short string) bool {
+	return isNTFSDot(name, dot, short) || isHFSDot(name, dot)
+}
+
+// isNTFSDot: NTFS ignores case and trailing spaces and dots, reads
+// "NAME:stream" as NAME, and has 8.3 short names: the first six letters
+// and ~1 to ~4, or git's fall-back prefix and ~N.
+func isNTFSDot(name, dot, short string) bool {
+	rest := func(s string) bool {
+		if i := strings.IndexByte(s, ':'); i >= 0 {
+			s = s[:i]
+		}
+		return strings.Trim(s, " .") == ""
+	}
+	if len(name) > len(dot) && name[0] == '.' && strings.EqualFold(name[1:1+len(dot)], dot) {
+		return rest(name[1+len(dot):])
+	}
+	if len(name) >= 8 && strings.EqualFold(name[:6], dot[:6]) && name[6] == '~' && name[7] >= '1' && name[7] <= '4' {
+		return rest(name[8:])
+	}
+	// The fall-back short name: up to six letters of the prefix, then ~
+	// and a digit 1-9, then digits, eight characters in all.
+	if len(name) < 8 {
+		return false
+	}
+	tilde := false
+	for i := 0; i < 8; i++ {
+		c := name[i]
+		switch {
+		case tilde:
+			if c < '0' || c > '9' {
+				return false
+			}
+		case c == '~':
+			i++
+			if i >= 8 || name[i] < '1' || name[i] > '9' {
+				return false
+			}
+			tilde = true
+		case i >= 6 || c >= 0x80:
+			return false
+		case c|0x20 != short[i] && c != short[i]:
+			return false
+		}
+	}
+	return tilde && rest(name[8:])
+}
+
+// isHFSDot: HFS+ ignores case and a set of invisible code points anywhere
+// in a name (CVE-2014-9390).
+func isHFSDot(name, dot string) bool {
+	var b strings.Builder
+	for _, r := range name {
+		if r == utf8.RuneError {
+			return false
+		}
+		if hfsIgnorable(r) {
+			continue
+		}
+		if r >= 0x80 {
+			return false
+		}
+		b.WriteRune(r)
+	}
+	s := b.String()
+	return len(s) == len(dot)+1 && s[0] == '.' && strings.EqualFold(s[1:], dot)
+}
+
+func hfsIgnorable(r rune) bool {
+	return r >= 0x200c && r <= 0x200f || r >= 0x202a && r <= 0x202e || r >= 0x206a && r <= 0x206f || r == 0xfeff
+}
+
+// quote shows a name from a push safely: control bytes, quotes and
+// invalid UTF-8 escaped, at most 80 bytes of it.
+func quote(b []byte) string {
+	if len(b) > 80 {
+		return fmt.Sprintf("%q...", b[:80])
+	}
+	return fmt.Sprintf("%q", b)
+}
+
+// checkGitmodulesBlob parses one new .gitmodules and checks its submodules.
+func checkGitmodulesBlob(obj plumbing.EncodedObject) error {
+	id := obj.Hash()
+	if obj.Size() > maxGitmodulesBytes {
+		return refuseBeyond(errdefs.GitmodulesParse, id, "it is %d bytes, over %d", obj.Size(), maxGitmodulesBytes)
+	}
+	rc, err := obj.Reader()
+	if err != nil {
+		return fmt.Errorf("beyond-git walk: read .gitmodules %s: %w", id, err)
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, maxGitmodulesBytes+1))
+	if err != nil {
+		return fmt.Errorf("beyond-git walk: read .gitmodules %s: %w", id, err)
+	}
+	subs, err := parseGitmodules(data)
+	if err != nil {
+		return refuseBeyond(errdefs.GitmodulesParse, id, "%v", err)
+	}
+	return checkSubmodules(id, subs)
+}
+
+// submodule is one [submodule "NAME"] section.
+type submodule struct {
+	name      string
+	path, url []string // every value given, in order
+}
+
+// checkSubmodules applies the .gitmodules rules.
+func checkSubmodules(id plumbing.Hash, subs []*submodule) error {
+	for _, s := range subs {
+		for _, v := range append([]string{s.name}, s.path...) {
+			if i := strings.IndexFunc(v, isControl); i >= 0 {
+				return refuseBeyond(errdefs.GitmodulesControlChar, id, "submodule %s has %s (byte %#02x)", quote([]byte(s.name)), quote([]byte(v)), v[i])
+			}
+			for _, c := range strings.FieldsFunc(v, func(r rune) bool { return r == '/' || r == '\\' }) {
+				if c == ".." {
+					return refuseBeyond(errdefs.SubmodulePathEscapes, id, "submodule %s has %s", quote([]byte(s.name)), quote([]byte(v)))
+				}
+			}
+		}
+		for _, p := range s.path {
+			for _, c := range strings.FieldsFunc(p, func(r rune) bool { return r == '/' || r == '\\' }) {
+				if strings.HasSuffix(c, " ") || strings.HasSuffix(c, ".") {
+					return refuseBeyond(errdefs.SubmodulePathTrailing, id, "submodule %s has path %s", quote([]byte(s.name)), quote([]byte(p)))
+				}
+			}
+		}
+		for _, u := range s.url {
+			if why := badURL(u); why != "" {
+				return refuseBeyond(errdefs.GitmodulesURL, id, "submodule %s has url %s: %s", quote([]byte(s.name)), quote([]byte(u)), why)
+			}
+		}
+	}
+	for _, a := range subs {
+		for _, b := range subs {
+			if a != b && strings.HasPrefix(strings.ToLower(b.name), strings.ToLower(a.name)+"/") {
+				return refuseBeyond(errdefs.SubmoduleNameNested, id, "submodule %s is inside submodule %s", quote([]byte(b.name)), quote([]byte(a.name)))
+			}
+		}
+	}
+	return nil
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// badURL says why newer git refuses u, or "".
+func badURL(u string) string {
+	if strings.ContainsAny(u, "\n\r") {
+		return "a newline or carriage return"
+	}
+	if d, err := url.PathUnescape(u); err == nil && strings.ContainsAny(d, "\n\r") {
+		return "a newline or carriage return, percent-encoded"
+	}
+	_, rest, ok := strings.Cut(u, "://")
+	if !ok {
+		return ""
+	}
+	host, _, _ := strings.Cut(rest, "/")
+	if i := strings.LastIndexByte(host, '@'); i >= 0 {
+		host = host[i+1:]
+	}
+	if strings.HasPrefix(host, "[") {
+		end := strings.IndexByte(host, ']')
+		if end < 0 {
+			return "an unterminated [IPv6] host"
+		}
+		host = host[end+1:]
+		if host == "" {
+			return ""
+		}
+		if host[0] != ':' {
+			return "bytes after the [IPv6] host"
+		}
+		host = "x" + host
+	}
+	_, port, ok := strings.Cut(host, ":")
+	if !ok {
+		return ""
+	}
+	for _, c := range port {
+		if c < '0' || c > '9' {
+			return fmt.Sprintf("port %s is not a number", quote([]byte(port)))
+		}
+	}
+	return ""
+}
+
+// packJunk gives "pack has junk at the end" from index-pack its own
+// reason; any other error passes through.
+func packJunk(err error) error {
+	var pe *bundle.PackError
+	if errors.As(err, &pe) && strings.Contains(pe.Msg, "pack has junk at the end") {
+		return errdefs.InvalidArgument(errdefs.PackTrailingBytes, "%s: %s", beyondRules[errdefs.PackTrailingBytes].What, pe.Msg).
+			With("source", beyondRules[errdefs.PackTrailingBytes].Source).Wrap(err)
+	}
+	return err
+}
+
+// refNotCommit is the refusal of a bundle ref that names typ, not a commit.
+func refNotCommit(commit, typ string) error {
+	return errdefs.InvalidArgument(errdefs.BundleRefNotCommit, "the bundle's ref names %s, a %s, not a commit", commit, typ).
+		With("object", commit).With("type", typ)
+}
