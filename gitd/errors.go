@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // Sentinel errors a caller decides on. Errors from gitd wrap one of them
@@ -38,6 +39,9 @@ var (
 func toStatus(err error) error {
 	if err == nil {
 		return nil
+	}
+	if _, ok := errdefs.As(err); ok {
+		return errdefs.ToGRPC(err)
 	}
 	var fe *bundle.FormatError
 	var fsck *bundle.FsckError

@@ -44,6 +44,14 @@ const (
 	SelfReview          Reason = "SELF_REVIEW"
 	ProjectOnOtherHost  Reason = "PROJECT_ON_OTHER_HOST"
 	RefChanged          Reason = "REF_CHANGED"
+	TaskNeedsRepair     Reason = "TASK_NEEDS_REPAIR"
+	RepoNotTopLevel     Reason = "REPO_NOT_TOP_LEVEL"
+
+	// The host's own files (internal/safepath).
+	PathUnsafe Reason = "PATH_UNSAFE"
+
+	// Outcomes the server could not learn.
+	CommitUnknown Reason = "COMMIT_UNKNOWN"
 
 	// Limits.
 	BundleTooLarge Reason = "BUNDLE_TOO_LARGE"
