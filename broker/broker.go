@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -391,6 +392,34 @@ func (b *Broker) ensureProject(ctx context.Context, business, project string) er
 		_, err := q.insertProject(ctx, business, project)
 		return err
 	})
+}
+
+// GrantValid implements authz.Authority: a stream in flight ends when its
+// grant is revoked or expires.
+func (b *Broker) GrantValid(ctx context.Context, g authz.Grant) error {
+	return toStatus(b.grantValid(ctx, g))
+}
+
+func (b *Broker) grantValid(ctx context.Context, g authz.Grant) error {
+	if g.Host {
+		return nil
+	}
+	row, ok, err := b.st.read().grantByID(ctx, g.ID)
+	if err != nil {
+		return fmt.Errorf("look up grant: %w", err)
+	}
+	switch {
+	case !ok:
+		return errdefs.PermissionDenied(errdefs.GrantRevoked, "grant %s is gone; the stream ends", g.ID).With("grant_id", g.ID)
+	case row.RevokedSeq != 0:
+		return errdefs.PermissionDenied(errdefs.GrantRevoked, "grant %s was revoked (event %d); the stream ends", g.ID, row.RevokedSeq).
+			With("grant_id", g.ID).With("revoked_seq", row.RevokedSeq)
+	case time.Now().UnixNano() >= row.ExpiresAt:
+		at := time.Unix(0, row.ExpiresAt).UTC().Format(time.RFC3339)
+		return errdefs.PermissionDenied(errdefs.TokenExpired, "grant %s expired at %s; the stream ends", g.ID, at).
+			With("grant_id", g.ID).With("expires_at", at)
+	}
+	return nil
 }
 
 // TaskOpen implements authz.Authority.

@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // Kinds of refusal. Callers decide on them with errors.Is; the message of
@@ -46,6 +48,9 @@ func toStatus(err error) error {
 	}
 	if _, ok := status.FromError(err); ok {
 		return err
+	}
+	if _, ok := errdefs.As(err); ok {
+		return errdefs.ToGRPC(err)
 	}
 	code := codes.Internal
 	switch {

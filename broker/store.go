@@ -312,6 +312,9 @@ func (q *queries) event(ctx context.Context, seq int64) (Event, bool, error) {
 // Filter selects events of one business, project or task ("" matches all).
 type Filter struct {
 	Business, Project, Task string
+	// Still, when set, is asked before every page and every wake-up of
+	// Events; its error ends the stream (a grant revoked or expired).
+	Still func(ctx context.Context) error
 }
 
 // events returns up to limit events after seq that match f, in order.

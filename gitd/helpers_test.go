@@ -94,6 +94,8 @@ func (f *fakeAuth) RecordPush(_ context.Context, g authz.Grant, p authz.Push, _ 
 	return nil
 }
 
+func (f *fakeAuth) GrantValid(context.Context, authz.Grant) error { return nil }
+
 func (f *fakeAuth) LastPushes(_ context.Context, b, p string) (map[string]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

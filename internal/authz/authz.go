@@ -77,6 +77,10 @@ type Authority interface {
 	// commit, previous, ref} for g's task, refusing if the task is closed.
 	// It is durable when it returns nil.
 	RecordPush(ctx context.Context, g Grant, p Push, peer Peer) error
+	// GrantValid re-reads g and returns nil while it is neither revoked nor
+	// expired; else PermissionDenied naming which (reason GRANT_REVOKED or
+	// TOKEN_EXPIRED). Long calls ask it before each chunk they send.
+	GrantValid(ctx context.Context, g Grant) error
 	// LastPushes returns, for each task of business/project with a recorded
 	// push, the commit of its latest push (used to reconcile refs at start).
 	LastPushes(ctx context.Context, business, project string) (map[string]string, error)
