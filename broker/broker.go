@@ -213,10 +213,26 @@ func (b *Broker) runBatch(batch []*op) {
 		finish()
 		return
 	}
-	if err := tx.commit(); err != nil {
+	if err := failBeforeCommit(ctx, b.st, tx, batch); err != nil {
+		tx.rollback()
 		for i := range errs {
 			if errs[i] == nil {
-				errs[i] = fmt.Errorf("commit: %w", err)
+				errs[i] = errdefs.Unavailable(errdefs.CommitUnknown, "commit: %v: whether this write committed is unknown", err).Wrap(err).Retry(time.Second)
+			}
+		}
+		finish()
+		return
+	}
+	err = tx.commit()
+	if err == nil {
+		err = failAfterCommit(ctx, b.st, batch)
+	}
+	if err != nil {
+		// The commit may have reached the store before the failure: what
+		// it wrote is unknown until the log is read again.
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = errdefs.Unavailable(errdefs.CommitUnknown, "commit: %v: whether this write committed is unknown", err).Wrap(err).Retry(time.Second)
 			}
 		}
 		finish()
@@ -367,6 +383,9 @@ func openTask(ctx context.Context, q *queries, business, project, task string, w
 	if !ok {
 		return t, refuse(ErrNotFound, "no task %s", scopeString(business, project, task))
 	}
+	if t.NeedsRepair != "" {
+		return t, needsRepair(t)
+	}
 	if t.ClosedSeq != 0 {
 		return t, refuse(ErrClosed, "task %s is closed (event %d): it takes no more %s", scopeString(business, project, task), t.ClosedSeq, what)
 	}
@@ -458,6 +477,7 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 		return Event{}, refuse(ErrInvalid, "previous commit %q is not a full hex object id", clip(p.Previous))
 	}
 	var e Event
+	ctx = context.WithValue(ctx, recordPushKey{}, true)
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if err := recheck(ctx, q, g, authz.CapPushWorking); err != nil {
 			return err

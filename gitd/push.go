@@ -13,6 +13,7 @@ import (
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -133,10 +134,15 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	}
 	p := authz.Push{Business: g.Business, Project: g.Project, Task: g.Task, Commit: commit, Previous: cur, Ref: ref}
 	if err := s.o.Authority.RecordPush(cctx, g, p, peer); err != nil {
-		if rerr := q.Rollback(); rerr != nil {
-			s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
+		if errdefs.FromGRPC(err).Reason != errdefs.CommitUnknown {
+			if rerr := q.Rollback(); rerr != nil {
+				s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
+			}
+			return PushResult{}, err
 		}
-		return PushResult{}, err
+		if err := s.settleUnclear(cctx, r, q, g, commit, err); err != nil {
+			return PushResult{}, err
+		}
 	}
 	oldArg := cur
 	if oldArg == "" {

@@ -3,6 +3,7 @@ package gitd
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -138,6 +139,23 @@ func (sv *server) SyncProject(ctx context.Context, req *gitv1.SyncProjectRequest
 		return nil, toStatus(err)
 	}
 	return &gitv1.SyncProjectResponse{Commit: commit, Previous: previous}, nil
+}
+
+func (sv *server) RepairTask(ctx context.Context, req *gitv1.RepairTaskRequest) (*gitv1.RepairTaskResponse, error) {
+	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject(), Task: req.GetTask()}); err != nil || req.GetTask() == "" {
+		if err == nil {
+			err = errors.New("no task name")
+		}
+		return nil, toStatus(fmt.Errorf("%w: %v", ErrInvalid, err))
+	}
+	if _, err := sv.authorize(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	res, err := sv.s.RepairTask(ctx, req.GetBusiness(), req.GetProject(), req.GetTask())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &gitv1.RepairTaskResponse{Outcome: res.Outcome, Commit: res.Commit, RefCommit: res.RefCommit, Seq: res.Seq}, nil
 }
 
 // grantCheck re-reads a stream's grant before each chunk it sends, and

@@ -1,0 +1,50 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+
+	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+)
+
+func init() {
+	register(&command{
+		words: "task repair",
+		usage: "task repair --business B --project P --task T",
+		help:  "Host: resolve a task marked TASK_NEEDS_REPAIR by the log: restore its ref from the pack kept, or record that its push is lost.",
+		run:   runTaskRepair,
+	})
+}
+
+func runTaskRepair(ctx context.Context, e *Env, args []string) error {
+	fs := newFlags("task repair")
+	business := fs.String("business", "", "business name")
+	project := fs.String("project", "", "project name")
+	task := fs.String("task", "", "task name")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	if *business == "" || *project == "" || *task == "" {
+		return usagef("--business, --project and --task are required")
+	}
+	c, ctx, closeConn, err := e.gitClient(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	res, err := c.RepairTask(ctx, &gitv1.RepairTaskRequest{Business: *business, Project: *project, Task: *task})
+	if err != nil {
+		return err
+	}
+	text := fmt.Sprintf("restored: refs/work/%s is %s again (event %d)", *task, res.GetCommit(), res.GetSeq())
+	if res.GetOutcome() != "restored" {
+		at := res.GetRefCommit()
+		if at == "" {
+			at = "nothing (no push)"
+		}
+		text = fmt.Sprintf("push %s is lost: its objects are gone; the task's latest push is now %s (event %d)", res.GetCommit(), at, res.GetSeq())
+	}
+	return gitPrint(e, text, map[string]any{"outcome": res.GetOutcome(), "commit": res.GetCommit(), "ref_commit": res.GetRefCommit(), "seq": res.GetSeq()})
+}
