@@ -43,6 +43,18 @@ func (s *Service) settleUnclear(ctx context.Context, r repo, q *bundle.Quarantin
 	return nil
 }
 
+// notMarked refuses a task marked for repair: its ref disagrees with the
+// log, so there is nothing trustworthy to fetch for review.
+func (s *Service) notMarked(ctx context.Context, g authz.Grant) error {
+	_, why, err := s.o.Authority.LastPush(ctx, g.Business, g.Project, g.Task)
+	if err != nil || why == "" {
+		return err
+	}
+	return errdefs.FailedPrecondition(errdefs.TaskNeedsRepair,
+		"task %s/%s/%s needs repair by the host (%s): the host runs 'bushost task repair --business %s --project %s --task %s'",
+		g.Business, g.Project, g.Task, why, g.Business, g.Project, g.Task).With("task", g.Business+"/"+g.Project+"/"+g.Task)
+}
+
 // RepairResult is what RepairTask did.
 type RepairResult struct {
 	Outcome   string // "restored" or "push_lost"

@@ -92,6 +92,9 @@ func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerS
 	if err != nil {
 		return toStatus(err)
 	}
+	if err := sv.s.notMarked(ctx, g); err != nil {
+		return toStatus(err)
+	}
 	still := sv.stillValid(ctx, g)
 	w := newChunkWriter(func(b []byte) error {
 		if err := still.check(); err != nil {

@@ -217,6 +217,7 @@ func TestTaskNeedsRepair(t *testing.T) {
 			envs[task] = p
 		}
 		other := h.Grant(t, "acme", "web", "t3", "coder", "git.push.working")
+		reviewer := h.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict")
 		h.Stop(t)
 
 		// The objects of both pushes are lost, and their refs.
@@ -253,6 +254,14 @@ func TestTaskNeedsRepair(t *testing.T) {
 			if !marked {
 				t.Fatalf("no task.needs_repair event for %s", task)
 			}
+			show := h.Must(t, "task", "show", "--business", "acme", "--project", "web", "--task", task)
+			if !strings.Contains(show, "needs repair") || !strings.Contains(show, "not in the repository") {
+				t.Fatalf("task show %s does not say why it needs repair: %s", task, show)
+			}
+		}
+		rev := filepath.Join(filepath.Dir(h.Home), "review-t1")
+		if _, errs, code := h.Run(t, nil, "--token-file", reviewer, "fetch-review", "--repo", rev); code == 0 || !strings.Contains(errs, "needs repair") {
+			t.Fatalf("fetch-review of a task that needs repair: exit %d %s", code, errs)
 		}
 
 		// t2's pack is found again (a backup): the repair restores the ref.
@@ -273,6 +282,9 @@ func TestTaskNeedsRepair(t *testing.T) {
 		// Both take pushes again; t1 sends its work anew.
 		if out, errs, code := envs["t1"].push(t); code != 0 || strings.TrimSpace(out) != envs["t1"].commit {
 			t.Fatalf("push on t1 after repair: exit %d %s %s", code, out, errs)
+		}
+		if show := h.Must(t, "task", "show", "--business", "acme", "--project", "web", "--task", "t1"); strings.Contains(show, "needs repair") || !strings.Contains(show, envs["t1"].commit) {
+			t.Fatalf("task show t1 after repair and push: %s", show)
 		}
 		// A second repair of a repaired task is refused.
 		if _, errs, code := h.Run(t, nil, "task", "repair", "--business", "acme", "--project", "web", "--task", "t2"); code == 0 || !strings.Contains(errs, "does not need repair") {
