@@ -256,10 +256,26 @@ func (b *Broker) runBatch(batch []*op) {
 		finish()
 		return
 	}
-	if err := tx.commit(); err != nil {
+	if err := failBeforeCommit(ctx, b.st, tx, batch); err != nil {
+		tx.rollback()
 		for i := range errs {
 			if errs[i] == nil {
-				errs[i] = fmt.Errorf("commit: %w", err)
+				errs[i] = errdefs.Unavailable(errdefs.CommitUnknown, "commit: %v: whether this write committed is unknown", err).Wrap(err).Retry(time.Second)
+			}
+		}
+		finish()
+		return
+	}
+	err = tx.commit()
+	if err == nil {
+		err = failAfterCommit(ctx, b.st, batch)
+	}
+	if err != nil {
+		// The commit may have reached the store before the failure: what
+		// it wrote is unknown until the log is read again.
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = errdefs.Unavailable(errdefs.CommitUnknown, "commit: %v: whether this write committed is unknown", err).Wrap(err).Retry(time.Second)
 			}
 		}
 		finish()
@@ -425,6 +441,9 @@ func openTask(ctx context.Context, q *queries, business, project, task string, w
 	if !ok {
 		return t, errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
 	}
+	if t.NeedsRepair != "" {
+		return t, needsRepair(t)
+	}
 	if t.ClosedSeq != 0 {
 		return t, errdefs.FailedPrecondition(errdefs.TaskClosed, "task %s is closed (event %d): it takes no more %s", scopeString(business, project, task), t.ClosedSeq, what)
 	}
@@ -449,6 +468,34 @@ func (b *Broker) ensureProject(ctx context.Context, business, project string) er
 		_, err := q.insertProject(ctx, business, project)
 		return err
 	})
+}
+
+// GrantValid implements authz.Authority: a stream in flight ends when its
+// grant is revoked or expires.
+func (b *Broker) GrantValid(ctx context.Context, g authz.Grant) error {
+	return b.grantValid(ctx, g)
+}
+
+func (b *Broker) grantValid(ctx context.Context, g authz.Grant) error {
+	if g.Host {
+		return nil
+	}
+	row, ok, err := b.st.read().grantByID(ctx, g.ID)
+	if err != nil {
+		return fmt.Errorf("look up grant: %w", err)
+	}
+	switch {
+	case !ok:
+		return errdefs.PermissionDenied(errdefs.GrantRevoked, "grant %s is gone; the stream ends", g.ID).With("grant_id", g.ID)
+	case row.RevokedSeq != 0:
+		return errdefs.PermissionDenied(errdefs.GrantRevoked, "grant %s was revoked (event %d); the stream ends", g.ID, row.RevokedSeq).
+			With("grant_id", g.ID).With("revoked_seq", row.RevokedSeq)
+	case time.Now().UnixNano() >= row.ExpiresAt:
+		at := time.Unix(0, row.ExpiresAt).UTC().Format(time.RFC3339)
+		return errdefs.PermissionDenied(errdefs.TokenExpired, "grant %s expired at %s; the stream ends", g.ID, at).
+			With("grant_id", g.ID).With("expires_at", at)
+	}
+	return nil
 }
 
 // TaskOpen implements authz.Authority.
@@ -490,6 +537,7 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 		return Event{}, errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "previous commit %q is not a full hex object id", clip(p.Previous))
 	}
 	var e Event
+	ctx = context.WithValue(ctx, recordPushKey{}, true)
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if err := recheck(ctx, q, g, authz.CapPushWorking); err != nil {
 			return err

@@ -42,6 +42,9 @@ const (
 	TypeGrantRevoked  = "grant.revoked"
 	TypeReviewRequest = "review.request"
 	TypeReviewVerdict = "review.verdict"
+	// A task whose ref disagrees with the log (repair.go).
+	TypeTaskNeedsRepair = "task.needs_repair"
+	TypeTaskRepaired    = "task.repaired"
 )
 
 var reservedPrefixes = []string{"action.", "review.", "task.", "grant."}

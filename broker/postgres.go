@@ -28,6 +28,10 @@ var postgresSchema = [][]string{{
 		verdict TEXT NOT NULL, verdict_seq BIGINT NOT NULL, reviewer TEXT NOT NULL,
 		UNIQUE (business, project, task, push_seq))`,
 	`CREATE TABLE idempotency (actor TEXT NOT NULL, key TEXT NOT NULL, body_hash TEXT NOT NULL, seq BIGINT NOT NULL, PRIMARY KEY (actor, key))`,
+}, {
+	// A task whose ref the host must repair (repair.go): why, and the event.
+	`ALTER TABLE tasks ADD COLUMN needs_repair TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE tasks ADD COLUMN repair_seq BIGINT NOT NULL DEFAULT 0`,
 }}
 
 // writeLockKey, with the schema's name, is the advisory lock every write

@@ -361,6 +361,11 @@ func (b *Broker) Events(ctx context.Context, f Filter, after int64, follow bool,
 	poll := time.NewTicker(500 * time.Millisecond)
 	defer poll.Stop()
 	for {
+		if f.Still != nil {
+			if err := f.Still(ctx); err != nil {
+				return err
+			}
+		}
 		changed := b.changes()
 		evs, full, err := b.st.read().events(ctx, f, after, page, pageBytes)
 		if err != nil {

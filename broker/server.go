@@ -161,6 +161,7 @@ func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.Broke
 			}
 		}
 		f = own
+		f.Still = func(ctx context.Context) error { return s.b.grantValid(ctx, g) }
 	}
 	err = s.b.Events(ctx, f, r.GetAfterSeq(), r.GetFollow(), func(e Event) error {
 		return stream.Send(&brokerv1.ListEventsResponse{Event: eventProto(e)})

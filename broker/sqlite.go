@@ -32,6 +32,10 @@ var sqliteSchema = [][]string{{
 		verdict TEXT NOT NULL, verdict_seq INTEGER NOT NULL, reviewer TEXT NOT NULL,
 		UNIQUE (business, project, task, push_seq))`,
 	`CREATE TABLE idempotency (actor TEXT NOT NULL, key TEXT NOT NULL, body_hash TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (actor, key))`,
+}, {
+	// A task whose ref the host must repair (repair.go): why, and the event.
+	`ALTER TABLE tasks ADD COLUMN needs_repair TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE tasks ADD COLUMN repair_seq INTEGER NOT NULL DEFAULT 0`,
 }}
 
 // sqliteDSN is the driver's DSN for the database file at path: WAL so

@@ -161,6 +161,8 @@ type taskRow struct {
 	LastPushSeq             int64
 	LastPushCommit          string
 	LastPushActor           string
+	NeedsRepair             string // why the host must repair the task's ref; "" if not
+	RepairSeq               int64
 }
 
 type grantRow struct {
@@ -212,8 +214,8 @@ func affected(r sql.Result, err error) (bool, error) {
 
 func (q *queries) task(ctx context.Context, business, project, task string) (taskRow, bool, error) {
 	t := taskRow{Business: business, Project: project, Task: task}
-	ok, err := found(q.db.QueryRowContext(ctx, `SELECT closed_seq, last_push_seq, last_push_commit, last_push_actor FROM tasks WHERE business = $1 AND project = $2 AND task = $3`,
-		business, project, task).Scan(&t.ClosedSeq, &t.LastPushSeq, &t.LastPushCommit, &t.LastPushActor))
+	ok, err := found(q.db.QueryRowContext(ctx, `SELECT closed_seq, last_push_seq, last_push_commit, last_push_actor, needs_repair, repair_seq FROM tasks WHERE business = $1 AND project = $2 AND task = $3`,
+		business, project, task).Scan(&t.ClosedSeq, &t.LastPushSeq, &t.LastPushCommit, &t.LastPushActor, &t.NeedsRepair, &t.RepairSeq))
 	return t, ok, err
 }
 
@@ -312,6 +314,9 @@ func (q *queries) event(ctx context.Context, seq int64) (Event, bool, error) {
 // Filter selects events of one business, project or task ("" matches all).
 type Filter struct {
 	Business, Project, Task string
+	// Still, when set, is asked before every page and every wake-up of
+	// Events; its error ends the stream (a grant revoked or expired).
+	Still func(ctx context.Context) error
 }
 
 // events returns up to limit events after seq that match f, in order.

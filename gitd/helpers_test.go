@@ -26,6 +26,7 @@ type fakeAuth struct {
 	pushes    []authz.Push
 	projects  map[string]bool
 	lastExtra map[string]string // task -> commit, recorded without a ref move
+	repair    map[string]string // task -> why it needs repair
 }
 
 func newFakeAuth() *fakeAuth {
@@ -90,6 +91,43 @@ func (f *fakeAuth) RecordPush(_ context.Context, g authz.Grant, p authz.Push, _ 
 	}
 	f.pushes = append(f.pushes, p)
 	return nil
+}
+
+func (f *fakeAuth) GrantValid(context.Context, authz.Grant) error { return nil }
+
+func (f *fakeAuth) PushRecorded(_ context.Context, b, p, task, commit string) (bool, error) {
+	last, _ := f.LastPushes(context.Background(), b, p)
+	return last[task] == commit, nil
+}
+
+func (f *fakeAuth) LastPush(_ context.Context, b, p, task string) (string, string, error) {
+	last, _ := f.LastPushes(context.Background(), b, p)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return last[task], f.repair[task], nil
+}
+
+func (f *fakeAuth) MarkNeedsRepair(_ context.Context, b, p, task, why, commit string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.repair == nil {
+		f.repair = map[string]string{}
+	}
+	f.repair[task] = why
+	return nil
+}
+
+func (f *fakeAuth) Repaired(_ context.Context, b, p, task string, restored bool, commit, refCommit string) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.repair, task)
+	if !restored {
+		if f.lastExtra == nil {
+			f.lastExtra = map[string]string{}
+		}
+		f.lastExtra[task] = refCommit
+	}
+	return 1, nil
 }
 
 func (f *fakeAuth) LastPushes(_ context.Context, b, p string) (map[string]string, error) {

@@ -149,10 +149,15 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	}
 	p := authz.Push{Business: g.Business, Project: g.Project, Task: g.Task, Commit: commit, Previous: cur, Ref: ref}
 	if err := s.o.Authority.RecordPush(cctx, g, p, peer); err != nil {
-		if rerr := q.Rollback(); rerr != nil {
-			s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
+		if errdefs.FromGRPC(err).Reason != errdefs.CommitUnknown {
+			if rerr := q.Rollback(); rerr != nil {
+				s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
+			}
+			return PushResult{}, err
 		}
-		return PushResult{}, err
+		if err := s.settleUnclear(cctx, r, q, g, commit, err); err != nil {
+			return PushResult{}, err
+		}
 	}
 	s.account(r, g.Task, packBytes, q)
 	oldArg := cur

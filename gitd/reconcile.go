@@ -20,18 +20,23 @@ import (
 // (a crash between the record and the ref move leaves the ref behind). It
 // also removes git lock files a killed process left, which would block the
 // next ref move. Call it at start, before the service takes calls.
+//
+// One repository never takes the host down: a recorded push whose commit
+// is not in the repository marks its task (Authority.MarkNeedsRepair; the
+// host resolves it with 'bushost task repair'), and a repository that
+// cannot be reconciled is reported in the log; the rest are served. Only a
+// store that cannot be listed is an error.
 func (s *Service) Reconcile(ctx context.Context) error {
 	rs, err := s.repos()
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
-	var errs []error
 	for _, r := range rs {
 		if err := s.reconcile(ctx, r); err != nil {
-			errs = append(errs, fmt.Errorf("reconcile %s/%s: %w", r.Business, r.Project, err))
+			s.log.Error("reconcile: this repository disagrees with the log; the others are served", "repo", r.Path, "business", r.Business, "project", r.Project, "err", err)
 		}
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 func (s *Service) reconcile(ctx context.Context, r repo) error {
@@ -67,7 +72,12 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 			continue
 		}
 		if gg.Storer.HasEncodedObject(plumbing.NewHash(commit)) != nil {
-			errs = append(errs, fmt.Errorf("%s: recorded push %s is not in the repository", ref, commit))
+			why := fmt.Sprintf("the log's latest push %s is not in the repository (%s is at %q)", commit, ref, cur)
+			if err := s.o.Authority.MarkNeedsRepair(ctx, r.Business, r.Project, task, why, commit); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %s, and marking the task failed: %w", ref, why, err))
+				continue
+			}
+			s.log.Error("task needs repair: calls on it are refused until the host runs 'bushost task repair'", "repo", r.Path, "task", task, "why", why)
 			continue
 		}
 		old := cur

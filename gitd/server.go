@@ -3,6 +3,7 @@ package gitd
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"sync/atomic"
 	"time"
@@ -72,16 +73,20 @@ func (sv *server) FetchMain(_ *gitv1.FetchMainRequest, stream grpc.ServerStreami
 	if err != nil {
 		return toStatus(err)
 	}
+	still := sv.stillValid(ctx, g)
 	w := newChunkWriter(func(b []byte) error {
+		if err := still.check(); err != nil {
+			return err
+		}
 		return stream.Send(&gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Chunk{Chunk: b}})
 	})
 	begin := func(c string) error {
 		return stream.Send(&gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Commit{Commit: c}})
 	}
 	if err := sv.s.WriteMainBundle(ctx, g.Business, g.Project, begin, w); err != nil {
-		return toStatus(err)
+		return toStatus(still.first(err))
 	}
-	return toStatus(w.Flush())
+	return toStatus(still.first(w.Flush()))
 }
 
 func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerStreamingServer[gitv1.FetchReviewResponse]) error {
@@ -90,16 +95,23 @@ func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerS
 	if err != nil {
 		return toStatus(err)
 	}
+	if err := sv.s.notMarked(ctx, g); err != nil {
+		return toStatus(err)
+	}
+	still := sv.stillValid(ctx, g)
 	w := newChunkWriter(func(b []byte) error {
+		if err := still.check(); err != nil {
+			return err
+		}
 		return stream.Send(&gitv1.FetchReviewResponse{Msg: &gitv1.FetchReviewResponse_Chunk{Chunk: b}})
 	})
 	begin := func(c string) error {
 		return stream.Send(&gitv1.FetchReviewResponse{Msg: &gitv1.FetchReviewResponse_Commit{Commit: c}})
 	}
 	if err := sv.s.WriteReviewBundle(ctx, g.Business, g.Project, g.Task, req.GetHave(), begin, w); err != nil {
-		return toStatus(err)
+		return toStatus(still.first(err))
 	}
-	return toStatus(w.Flush())
+	return toStatus(still.first(w.Flush()))
 }
 
 func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) (*gitv1.AddProjectResponse, error) {
@@ -133,6 +145,52 @@ func (sv *server) SyncProject(ctx context.Context, req *gitv1.SyncProjectRequest
 		return nil, toStatus(err)
 	}
 	return &gitv1.SyncProjectResponse{Commit: commit, Previous: previous}, nil
+}
+
+func (sv *server) RepairTask(ctx context.Context, req *gitv1.RepairTaskRequest) (*gitv1.RepairTaskResponse, error) {
+	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject(), Task: req.GetTask()}); err != nil || req.GetTask() == "" {
+		if err == nil {
+			err = errors.New("no task name")
+		}
+		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
+	}
+	if _, err := sv.authorize(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	res, err := sv.s.RepairTask(ctx, req.GetBusiness(), req.GetProject(), req.GetTask())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &gitv1.RepairTaskResponse{Outcome: res.Outcome, Commit: res.Commit, RefCommit: res.RefCommit, Seq: res.Seq}, nil
+}
+
+// grantCheck re-reads a stream's grant before each chunk it sends, and
+// remembers the refusal so that the stream ends with it, not with the
+// broken pipe git saw when the send stopped.
+type grantCheck struct {
+	ctx    context.Context
+	a      authz.Authority
+	g      authz.Grant
+	denied error
+}
+
+func (sv *server) stillValid(ctx context.Context, g authz.Grant) *grantCheck {
+	return &grantCheck{ctx: ctx, a: sv.s.o.Authority, g: g}
+}
+
+func (c *grantCheck) check() error {
+	if c.denied == nil {
+		c.denied = c.a.GrantValid(c.ctx, c.g)
+	}
+	return c.denied
+}
+
+// first returns the grant's refusal if there was one, else err.
+func (c *grantCheck) first(err error) error {
+	if c.denied != nil {
+		return c.denied
+	}
+	return err
 }
 
 // recvReader turns a push stream's chunks into an io.Reader, cutting the

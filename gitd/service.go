@@ -31,6 +31,7 @@ import (
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // Defaults for zero Options fields.
@@ -156,6 +157,13 @@ func (s *Service) repo(business, project string) (repo, error) {
 	p, err := names.RepoPath(s.o.ReposDir, business, project)
 	if err != nil {
 		return repo{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
+	}
+	// The business and project directories, as they are opened, must be
+	// the daemon's (not links, writable by nobody else).
+	for _, d := range []string{filepath.Dir(p), p} {
+		if err := safepath.IfExists(d, os.Geteuid(), safepath.Dir); err != nil {
+			return repo{}, err
+		}
 	}
 	return repo{
 		Business: business, Project: project, Path: p,

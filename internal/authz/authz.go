@@ -77,6 +77,24 @@ type Authority interface {
 	// commit, previous, ref} for g's task, refusing if the task is closed.
 	// It is durable when it returns nil.
 	RecordPush(ctx context.Context, g Grant, p Push, peer Peer) error
+	// GrantValid re-reads g and returns nil while it is neither revoked nor
+	// expired; else PermissionDenied naming which (reason GRANT_REVOKED or
+	// TOKEN_EXPIRED). Long calls ask it before each chunk they send.
+	GrantValid(ctx context.Context, g Grant) error
+	// PushRecorded reads the log afresh to learn whether the task's latest
+	// recorded push is commit; an error means it could not be learned.
+	PushRecorded(ctx context.Context, business, project, task, commit string) (bool, error)
+	// LastPush returns the commit of the task's latest recorded push ("" for
+	// none) and why the task needs repair ("" if it does not).
+	LastPush(ctx context.Context, business, project, task string) (commit, needsRepair string, err error)
+	// MarkNeedsRepair logs why the task's ref disagrees with the log (commit
+	// is the push the log has) and marks the task: calls on it are refused
+	// with reason TASK_NEEDS_REPAIR until Repaired.
+	MarkNeedsRepair(ctx context.Context, business, project, task, why, commit string) error
+	// Repaired logs how a marked task was resolved: restored (its ref now
+	// holds commit) or its push lost (the ref holds refCommit, "" for
+	// none), and returns the event's seq.
+	Repaired(ctx context.Context, business, project, task string, restored bool, commit, refCommit string) (int64, error)
 	// LastPushes returns, for each task of business/project with a recorded
 	// push, the commit of its latest push (used to reconcile refs at start).
 	LastPushes(ctx context.Context, business, project string) (map[string]string, error)

@@ -44,7 +44,7 @@ func init() {
 	register(&command{
 		words: "fetch-main",
 		usage: "fetch-main --repo DIR",
-		help:  "Make DIR's branch main the bus host's main (a new repository with main checked out if DIR is absent).",
+		help:  "Set DIR's refs/remotes/bushost/main to the bus host's main, and fast-forward main to it (a diverged main is left, with a message); DIR is made if absent or empty, else must be a repository's top.",
 		setup: runFetchMain,
 	})
 	register(&command{
@@ -262,32 +262,6 @@ type gitRepo struct {
 	created              bool
 }
 
-// openOrInit opens the repository at dir, or makes a new one there when dir
-// does not exist.
-func openOrInit(ctx context.Context, g *gitcmd.Runner, dir string) (*gitRepo, error) {
-	r := &gitRepo{dir: dir}
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		abs, err := filepath.Abs(dir)
-		if err != nil {
-			return nil, err
-		}
-		if err := g.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--quiet"}, Args: []string{abs}}); err != nil {
-			return nil, err
-		}
-		r.created = true
-	}
-	gitDir, err := g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--absolute-git-dir"}})
-	if err != nil {
-		return nil, fmt.Errorf("%s is not a git repository: %w", dir, err)
-	}
-	common, err := g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--path-format=absolute", "--git-common-dir"}})
-	if err != nil {
-		return nil, err
-	}
-	r.gitDir, r.objects = gitDir, filepath.Join(common, "objects")
-	return r, nil
-}
-
 // receive reads a bundle from body and brings its objects into r the
 // checked way. It returns the bundle's one ref; the caller moves refs.
 func (r *gitRepo) receive(ctx context.Context, g *gitcmd.Runner, body io.Reader) (bundle.Ref, error) {
@@ -390,36 +364,11 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 		if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{gitBaseRef, commit}}); err != nil {
 			return err
 		}
-		if err := r.setMain(ctx, g, commit); err != nil {
+		if err := r.setMain(ctx, g, commit, e.Stderr); err != nil {
 			return err
 		}
 		return gitPrint(e, commit, map[string]any{"commit": commit, "repo": *dir})
 	}
-}
-
-// setMain makes refs/heads/main commit. A checked-out main moves only by a
-// fast-forward that keeps local changes (reset --keep); a main that is not
-// checked out is simply set.
-func (r *gitRepo) setMain(ctx context.Context, g *gitcmd.Runner, commit string) error {
-	head, _ := g.Line(ctx, gitcmd.Cmd{Dir: r.dir, Sub: "symbolic-ref", Flags: []string{"--quiet"}, Args: []string{"HEAD"}})
-	if head != "refs/heads/main" {
-		return g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{"refs/heads/main", commit}})
-	}
-	old, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{"refs/heads/main"}})
-	if err != nil || old == "" {
-		// An unborn main (a new repository): set it and check it out.
-		if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{"refs/heads/main", commit}}); err != nil {
-			return err
-		}
-		return g.Run(ctx, gitcmd.Cmd{Dir: r.dir, Sub: "reset", Flags: []string{"--hard", "--quiet"}})
-	}
-	if old == commit {
-		return nil
-	}
-	if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{old, commit}}); err != nil {
-		return fmt.Errorf("%s's main (checked out) has commits the bus host's main %s lacks; move them to a branch, then fetch again", r.dir, commit)
-	}
-	return g.Run(ctx, gitcmd.Cmd{Dir: r.dir, Sub: "reset", Flags: []string{"--keep", "--quiet"}, Args: []string{commit}})
 }
 
 func runFetchReview(fs *pflag.FlagSet) runFunc {

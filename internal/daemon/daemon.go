@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -19,9 +20,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
-	"github.com/gofrs/flock"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
@@ -30,6 +31,7 @@ import (
 	"github.com/bushost/bushost/broker"
 	"github.com/bushost/bushost/gitd"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/safepath"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -374,49 +376,116 @@ func lookupGroup(name string) (int, error) {
 	return 0, fmt.Errorf("socket group %q: no such group in /etc/group", name)
 }
 
-// prepareHome makes the home 0700 (0710 with the socket group, so that the
-// group can reach the sockets but list nothing), and repos/ inside it 0700.
+// prepareHome checks the home as sshd's StrictModes checks a user's
+// files (internal/safepath): every directory above it is root's or ours and
+// writable by nobody else (a root-owned sticky directory like /tmp
+// excepted), and the home itself, never followed if it is a link, is ours
+// and writable by nobody else. Then it makes the home 0700 (0710 with the
+// socket group, so that the group can reach the sockets but list nothing),
+// and repos/ inside it 0700, after the same checks on what is there.
 func prepareHome(home string, gid int) error {
-	if err := os.MkdirAll(home, 0o700); err != nil {
+	uid := os.Geteuid()
+	if err := safepath.Parents(home, uid); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(filepath.Clean(home)), 0o755); err != nil {
 		return fmt.Errorf("home %s: %w", home, err)
 	}
-	fi, err := os.Stat(home)
+	if err := os.Mkdir(home, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("home %s: %w", home, err)
+	}
+	fi, err := os.Lstat(home)
 	if err != nil {
 		return fmt.Errorf("home %s: %w", home, err)
 	}
-	if !fi.IsDir() {
+	if fi.Mode().IsRegular() {
 		return fmt.Errorf("home %s is not a directory", home)
+	}
+	if err := safepath.Dir(home, fi, uid); err != nil {
+		return err
+	}
+	// From here on, work on the directory opened without following a
+	// link, so that what was checked is what is changed.
+	d, err := os.OpenFile(home, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return safepath.Linked(home, err)
+	}
+	defer d.Close()
+	if fi, err = d.Stat(); err != nil {
+		return err
+	}
+	if err := safepath.Dir(home, fi, uid); err != nil {
+		return err
+	}
+	// What the daemon opens at the top of the home, checked before
+	// anything is written there.
+	for _, name := range []string{LockFile, AdminToken, BrokerDB, BrokerDB + "-wal", BrokerDB + "-shm"} {
+		if err := safepath.IfExists(filepath.Join(home, name), uid, safepath.File); err != nil {
+			return err
+		}
+	}
+	if err := safepath.IfExists(filepath.Join(home, ReposDir), uid, safepath.Dir); err != nil {
+		return err
 	}
 	mode := os.FileMode(0o700)
 	if gid >= 0 {
-		if err := os.Lchown(home, -1, gid); err != nil {
+		if err := d.Chown(-1, gid); err != nil {
 			return fmt.Errorf("home %s: give it to group %d: %w", home, gid, err)
 		}
 		mode = 0o710
 	}
 	if fi.Mode().Perm() != mode {
-		if err := os.Chmod(home, mode); err != nil {
+		if err := d.Chmod(mode); err != nil {
 			return fmt.Errorf("home %s: make it %04o: %w", home, mode, err)
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(home, ReposDir), 0o700); err != nil {
+	repos := filepath.Join(home, ReposDir)
+	if err := os.Mkdir(repos, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
-	return os.Chmod(filepath.Join(home, ReposDir), 0o700)
+	if err := safepath.IfExists(repos, uid, safepath.Dir); err != nil {
+		return err
+	}
+	r, err := os.OpenFile(repos, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return safepath.Linked(repos, err)
+	}
+	defer r.Close()
+	return r.Chmod(0o700)
+}
+
+// homeLock is the home's lock, held for the daemon's lifetime.
+type homeLock struct{ f *os.File }
+
+func (l *homeLock) Unlock() {
+	syscall.Flock(int(l.f.Fd()), syscall.LOCK_UN)
+	l.f.Close()
 }
 
 // lockHome takes the home's lock for the daemon's lifetime and writes our
-// pid into it, so that a second daemon can say who holds it.
-func lockHome(home string) (*flock.Flock, error) {
+// pid into it, so that a second daemon can say who holds it. The lock file
+// is opened without following a link and must be ours.
+func lockHome(home string) (*homeLock, error) {
 	path := filepath.Join(home, LockFile)
-	l := flock.New(path, flock.SetFlag(os.O_CREATE|os.O_RDWR), flock.SetPermissions(0o600))
-	ok, err := l.TryLock()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		return nil, fmt.Errorf("lock %s: %w", path, safepath.Linked(path, err))
 	}
-	if !ok {
+	fi, err := f.Stat()
+	if err == nil {
+		err = safepath.File(path, fi, os.Geteuid())
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		defer f.Close()
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
 		holder := "another process"
-		if b, err := os.ReadFile(path); err == nil {
+		if b, err := io.ReadAll(io.LimitReader(f, 64)); err == nil {
 			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
 				holder = fmt.Sprintf("bushostd pid %d", pid)
 			}
@@ -424,7 +493,11 @@ func lockHome(home string) (*flock.Flock, error) {
 		return nil, errdefs.FailedPrecondition(errdefs.HomeInUse, "%v: %s is served by %s (lock %s)", ErrHomeBusy, home, holder, path).
 			With("home", home).With("holder", holder).Wrap(ErrHomeBusy)
 	}
-	if err := os.WriteFile(path, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+	l := &homeLock{f: f}
+	if err := f.Truncate(0); err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
 		l.Unlock()
 		return nil, fmt.Errorf("lock %s: write pid: %w", path, err)
 	}
@@ -432,9 +505,10 @@ func lockHome(home string) (*flock.Flock, error) {
 }
 
 // adminToken reads the host's token, making it (0600, 32 random bytes) at
-// first start. A token file readable by others is refused: it is the host.
+// first start. A token file that is a link, another user's, or readable by
+// others is refused: it is the host.
 func adminToken(path string) (token string, created bool, err error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err == nil {
 		var raw [32]byte
 		if _, err := rand.Read(raw[:]); err != nil {
@@ -455,16 +529,24 @@ func adminToken(path string) (token string, created bool, err error) {
 		return tok, true, f.Close()
 	}
 	if !errors.Is(err, fs.ErrExist) {
-		return "", false, fmt.Errorf("admin token %s: %w", path, err)
+		return "", false, fmt.Errorf("admin token %s: %w", path, safepath.Linked(path, err))
 	}
-	fi, err := os.Stat(path)
+	f, err = os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
+		return "", false, fmt.Errorf("admin token %s: %w", path, safepath.Linked(path, err))
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", false, err
+	}
+	if err := safepath.File(path, fi, os.Geteuid()); err != nil {
 		return "", false, err
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
 		return "", false, fmt.Errorf("admin token %s is readable by others (mode %v): chmod 600 it", path, fi.Mode().Perm())
 	}
-	b, err := os.ReadFile(path)
+	b, err := io.ReadAll(io.LimitReader(f, 4096))
 	if err != nil {
 		return "", false, err
 	}

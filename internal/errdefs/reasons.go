@@ -127,4 +127,11 @@ const (
 	PushTooSlow          Reason = "PUSH_TOO_SLOW"
 	NoAnswer             Reason = "NO_ANSWER"
 	TransferStalled      Reason = "TRANSFER_STALLED"
+
+	TaskNeedsRepair   Reason = "TASK_NEEDS_REPAIR"
+	TaskNeedsNoRepair Reason = "TASK_NEEDS_NO_REPAIR"
+	RepairStale       Reason = "REPAIR_STALE"
+	RepoNotTopLevel   Reason = "REPO_NOT_TOP_LEVEL"
+	PathUnsafe        Reason = "PATH_UNSAFE"
+	CommitUnknown     Reason = "COMMIT_UNKNOWN"
 )

@@ -685,6 +685,139 @@ func (x *SyncProjectResponse) GetPrevious() string {
 	return ""
 }
 
+type RepairTaskRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Business      string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Task          string                 `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepairTaskRequest) Reset() {
+	*x = RepairTaskRequest{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepairTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepairTaskRequest) ProtoMessage() {}
+
+func (x *RepairTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepairTaskRequest.ProtoReflect.Descriptor instead.
+func (*RepairTaskRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RepairTaskRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *RepairTaskRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *RepairTaskRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+type RepairTaskResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "restored": refs/work/<task> now holds the logged push's commit;
+	// "push_lost": the push's objects are gone and the log says so.
+	Outcome string `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// The commit of the push the log had.
+	Commit string `protobuf:"bytes,2,opt,name=commit,proto3" json:"commit,omitempty"`
+	// What refs/work/<task> holds now ("" if it does not exist).
+	RefCommit string `protobuf:"bytes,3,opt,name=ref_commit,json=refCommit,proto3" json:"ref_commit,omitempty"`
+	// The task.repaired event.
+	Seq           int64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepairTaskResponse) Reset() {
+	*x = RepairTaskResponse{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepairTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepairTaskResponse) ProtoMessage() {}
+
+func (x *RepairTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepairTaskResponse.ProtoReflect.Descriptor instead.
+func (*RepairTaskResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RepairTaskResponse) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *RepairTaskResponse) GetCommit() string {
+	if x != nil {
+		return x.Commit
+	}
+	return ""
+}
+
+func (x *RepairTaskResponse) GetRefCommit() string {
+	if x != nil {
+		return x.RefCommit
+	}
+	return ""
+}
+
+func (x *RepairTaskResponse) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 var File_bushost_git_v1_git_proto protoreflect.FileDescriptor
 
 const file_bushost_git_v1_git_proto_rawDesc = "" +
@@ -724,7 +857,17 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\aproject\x18\x02 \x01(\tR\aproject\"I\n" +
 	"\x13SyncProjectResponse\x12\x16\n" +
 	"\x06commit\x18\x01 \x01(\tR\x06commit\x12\x1a\n" +
-	"\bprevious\x18\x02 \x01(\tR\bprevious2\xc1\x03\n" +
+	"\bprevious\x18\x02 \x01(\tR\bprevious\"]\n" +
+	"\x11RepairTaskRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\"w\n" +
+	"\x12RepairTaskResponse\x12\x18\n" +
+	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x12\x16\n" +
+	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1d\n" +
+	"\n" +
+	"ref_commit\x18\x03 \x01(\tR\trefCommit\x12\x10\n" +
+	"\x03seq\x18\x04 \x01(\x03R\x03seq2\x96\x04\n" +
 	"\n" +
 	"GitService\x12X\n" +
 	"\vPushWorking\x12\".bushost.git.v1.PushWorkingRequest\x1a#.bushost.git.v1.PushWorkingResponse(\x01\x12R\n" +
@@ -732,7 +875,9 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\vFetchReview\x12\".bushost.git.v1.FetchReviewRequest\x1a#.bushost.git.v1.FetchReviewResponse0\x01\x12S\n" +
 	"\n" +
 	"AddProject\x12!.bushost.git.v1.AddProjectRequest\x1a\".bushost.git.v1.AddProjectResponse\x12V\n" +
-	"\vSyncProject\x12\".bushost.git.v1.SyncProjectRequest\x1a#.bushost.git.v1.SyncProjectResponseB5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
+	"\vSyncProject\x12\".bushost.git.v1.SyncProjectRequest\x1a#.bushost.git.v1.SyncProjectResponse\x12S\n" +
+	"\n" +
+	"RepairTask\x12!.bushost.git.v1.RepairTaskRequest\x1a\".bushost.git.v1.RepairTaskResponseB5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
 
 var (
 	file_bushost_git_v1_git_proto_rawDescOnce sync.Once
@@ -746,7 +891,7 @@ func file_bushost_git_v1_git_proto_rawDescGZIP() []byte {
 	return file_bushost_git_v1_git_proto_rawDescData
 }
 
-var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_bushost_git_v1_git_proto_goTypes = []any{
 	(*PushWorkingRequest)(nil),  // 0: bushost.git.v1.PushWorkingRequest
 	(*PushHeader)(nil),          // 1: bushost.git.v1.PushHeader
@@ -759,6 +904,8 @@ var file_bushost_git_v1_git_proto_goTypes = []any{
 	(*AddProjectResponse)(nil),  // 8: bushost.git.v1.AddProjectResponse
 	(*SyncProjectRequest)(nil),  // 9: bushost.git.v1.SyncProjectRequest
 	(*SyncProjectResponse)(nil), // 10: bushost.git.v1.SyncProjectResponse
+	(*RepairTaskRequest)(nil),   // 11: bushost.git.v1.RepairTaskRequest
+	(*RepairTaskResponse)(nil),  // 12: bushost.git.v1.RepairTaskResponse
 }
 var file_bushost_git_v1_git_proto_depIdxs = []int32{
 	1,  // 0: bushost.git.v1.PushWorkingRequest.header:type_name -> bushost.git.v1.PushHeader
@@ -767,13 +914,15 @@ var file_bushost_git_v1_git_proto_depIdxs = []int32{
 	5,  // 3: bushost.git.v1.GitService.FetchReview:input_type -> bushost.git.v1.FetchReviewRequest
 	7,  // 4: bushost.git.v1.GitService.AddProject:input_type -> bushost.git.v1.AddProjectRequest
 	9,  // 5: bushost.git.v1.GitService.SyncProject:input_type -> bushost.git.v1.SyncProjectRequest
-	2,  // 6: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
-	4,  // 7: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
-	6,  // 8: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
-	8,  // 9: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
-	10, // 10: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
-	6,  // [6:11] is the sub-list for method output_type
-	1,  // [1:6] is the sub-list for method input_type
+	11, // 6: bushost.git.v1.GitService.RepairTask:input_type -> bushost.git.v1.RepairTaskRequest
+	2,  // 7: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
+	4,  // 8: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
+	6,  // 9: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
+	8,  // 10: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
+	10, // 11: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
+	12, // 12: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
+	7,  // [7:13] is the sub-list for method output_type
+	1,  // [1:7] is the sub-list for method input_type
 	1,  // [1:1] is the sub-list for extension type_name
 	1,  // [1:1] is the sub-list for extension extendee
 	0,  // [0:1] is the sub-list for field type_name
@@ -802,7 +951,7 @@ func file_bushost_git_v1_git_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_git_v1_git_proto_rawDesc), len(file_bushost_git_v1_git_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	GitService_FetchReview_FullMethodName = "/bushost.git.v1.GitService/FetchReview"
 	GitService_AddProject_FullMethodName  = "/bushost.git.v1.GitService/AddProject"
 	GitService_SyncProject_FullMethodName = "/bushost.git.v1.GitService/SyncProject"
+	GitService_RepairTask_FullMethodName  = "/bushost.git.v1.GitService/RepairTask"
 )
 
 // GitServiceClient is the client API for GitService service.
@@ -48,6 +49,10 @@ type GitServiceClient interface {
 	AddProject(ctx context.Context, in *AddProjectRequest, opts ...grpc.CallOption) (*AddProjectResponse, error)
 	// SyncProject (host only) fast-forwards main from the project's root.
 	SyncProject(ctx context.Context, in *SyncProjectRequest, opts ...grpc.CallOption) (*SyncProjectResponse, error)
+	// RepairTask (host only) resolves a task marked TASK_NEEDS_REPAIR by the
+	// log: the ref is restored when the logged push's commit is in the
+	// repository (a pack kept), else the push is recorded as lost.
+	RepairTask(ctx context.Context, in *RepairTaskRequest, opts ...grpc.CallOption) (*RepairTaskResponse, error)
 }
 
 type gitServiceClient struct {
@@ -129,6 +134,16 @@ func (c *gitServiceClient) SyncProject(ctx context.Context, in *SyncProjectReque
 	return out, nil
 }
 
+func (c *gitServiceClient) RepairTask(ctx context.Context, in *RepairTaskRequest, opts ...grpc.CallOption) (*RepairTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RepairTaskResponse)
+	err := c.cc.Invoke(ctx, GitService_RepairTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GitServiceServer is the server API for GitService service.
 // All implementations must embed UnimplementedGitServiceServer
 // for forward compatibility.
@@ -151,6 +166,10 @@ type GitServiceServer interface {
 	AddProject(context.Context, *AddProjectRequest) (*AddProjectResponse, error)
 	// SyncProject (host only) fast-forwards main from the project's root.
 	SyncProject(context.Context, *SyncProjectRequest) (*SyncProjectResponse, error)
+	// RepairTask (host only) resolves a task marked TASK_NEEDS_REPAIR by the
+	// log: the ref is restored when the logged push's commit is in the
+	// repository (a pack kept), else the push is recorded as lost.
+	RepairTask(context.Context, *RepairTaskRequest) (*RepairTaskResponse, error)
 	mustEmbedUnimplementedGitServiceServer()
 }
 
@@ -175,6 +194,9 @@ func (UnimplementedGitServiceServer) AddProject(context.Context, *AddProjectRequ
 }
 func (UnimplementedGitServiceServer) SyncProject(context.Context, *SyncProjectRequest) (*SyncProjectResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SyncProject not implemented")
+}
+func (UnimplementedGitServiceServer) RepairTask(context.Context, *RepairTaskRequest) (*RepairTaskResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RepairTask not implemented")
 }
 func (UnimplementedGitServiceServer) mustEmbedUnimplementedGitServiceServer() {}
 func (UnimplementedGitServiceServer) testEmbeddedByValue()                    {}
@@ -262,6 +284,24 @@ func _GitService_SyncProject_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GitService_RepairTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RepairTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitServiceServer).RepairTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitService_RepairTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitServiceServer).RepairTask(ctx, req.(*RepairTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // GitService_ServiceDesc is the grpc.ServiceDesc for GitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -276,6 +316,10 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SyncProject",
 			Handler:    _GitService_SyncProject_Handler,
+		},
+		{
+			MethodName: "RepairTask",
+			Handler:    _GitService_RepairTask_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

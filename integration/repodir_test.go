@@ -1,0 +1,99 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// repoState is what a repository holds that a client must not touch: its
+// refs and its objects.
+func repoState(t *testing.T, dir string) string {
+	t.Helper()
+	return testGit(t, dir, "for-each-ref") + "\n" + testGit(t, dir, "count-objects", "-v")
+}
+
+// fetch-main --repo P/sub, where P is another repository, is refused naming
+// P, and P is left as it was; an empty P/empty becomes a repository of its
+// own without touching P.
+func TestFetchMainWritesOnlyWhereTold(t *testing.T) {
+	h := startHost(t)
+	h.AddProject(t, "acme", "web")
+	tok := h.Grant(t, "acme", "web", "t1", "coder", "git.push.working")
+	p := filepath.Join(filepath.Dir(h.Home), "P")
+	os.MkdirAll(filepath.Join(p, "sub"), 0o755)
+	testGit(t, p, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(p, "sub", "f.txt"), []byte("mine\n"), 0o644)
+	testGit(t, p, "add", ".")
+	testGit(t, p, "commit", "-q", "-m", "P's own")
+	before := repoState(t, p)
+
+	_, errs, code := h.Run(t, nil, "--token-file", tok, "fetch-main", "--repo", filepath.Join(p, "sub"))
+	if code == 0 {
+		t.Fatal("fetch-main into a subdirectory of another repository succeeded")
+	}
+	if !strings.Contains(errs, "REPO_NOT_TOP_LEVEL") && !strings.Contains(errs, "not the top of a repository") || !strings.Contains(errs, p) {
+		t.Fatalf("refusal does not name the repository git would have used (%s): %s", p, errs)
+	}
+	if after := repoState(t, p); after != before {
+		t.Fatalf("P changed:\n%s\n->\n%s", before, after)
+	}
+
+	empty := filepath.Join(p, "empty")
+	os.Mkdir(empty, 0o755)
+	main := runAs1(t, h, tok, "fetch-main", "--repo", empty)
+	if got := testGit(t, empty, "rev-parse", "refs/heads/main"); got != main {
+		t.Fatalf("the empty directory's main is %s, want %s", got, main)
+	}
+	if top := testGit(t, empty, "rev-parse", "--show-toplevel"); top != empty {
+		t.Fatalf("fetch-main into an empty directory made no repository of its own (top %s)", top)
+	}
+	if after := repoState(t, p); after != before {
+		t.Fatalf("P changed by a fetch into P/empty:\n%s\n->\n%s", before, after)
+	}
+}
+
+// A worker's main that has diverged from the bus host's is left as it is,
+// with a message saying how to rebase; refs/remotes/bushost/main always
+// follows the bus host.
+func TestFetchMainLeavesDivergedMain(t *testing.T) {
+	h := startHost(t)
+	root := h.AddProject(t, "acme", "web")
+	tok := h.Grant(t, "acme", "web", "t1", "coder", "git.push.working")
+	work := filepath.Join(filepath.Dir(h.Home), "work")
+	runAs1(t, h, tok, "fetch-main", "--repo", work)
+	os.WriteFile(filepath.Join(work, "mine.txt"), []byte("local\n"), 0o644)
+	testGit(t, work, "add", "mine.txt")
+	testGit(t, work, "commit", "-q", "-m", "local work on main")
+	local := testGit(t, work, "rev-parse", "HEAD")
+
+	os.WriteFile(filepath.Join(root, "host.txt"), []byte("host\n"), 0o644)
+	testGit(t, root, "add", "host.txt")
+	testGit(t, root, "commit", "-q", "-m", "host moves main")
+	h.Must(t, "project", "sync", "--business", "acme", "--project", "web")
+	hostMain := testGit(t, root, "rev-parse", "HEAD")
+
+	out, errs := runAs(t, h, tok, 0, "fetch-main", "--repo", work)
+	if strings.TrimSpace(out) != hostMain {
+		t.Fatalf("fetch-main printed %q, want %s", out, hostMain)
+	}
+	if got := testGit(t, work, "rev-parse", "refs/heads/main"); got != local {
+		t.Fatalf("a diverged main was moved: %s, want %s", got, local)
+	}
+	if got := testGit(t, work, "rev-parse", "refs/remotes/bushost/main"); got != hostMain {
+		t.Fatalf("refs/remotes/bushost/main = %s, want %s", got, hostMain)
+	}
+	if !strings.Contains(errs, "diverged") || !strings.Contains(errs, "git rebase bushost/main") {
+		t.Fatalf("no message saying how to rebase: %q", errs)
+	}
+	if st := testGit(t, work, "status", "--porcelain"); st != "" {
+		t.Fatalf("work tree changed: %s", st)
+	}
+}
+
+func runAs1(t *testing.T, h *Host, tok string, args ...string) string {
+	t.Helper()
+	out, _ := runAs(t, h, tok, 0, args...)
+	return strings.TrimSpace(out)
+}
