@@ -183,7 +183,7 @@ func TestPushRefusals(t *testing.T) {
 			e.commitFile("a.txt", "one\n")
 			return e.bundle("HEAD", "^main")
 		}},
-		{name: "ref names a tree", reason: errdefs.BundleInvalid, code: codes.InvalidArgument, want: "not a commit", bundle: func(e *env) []byte {
+		{name: "ref names a tree", reason: errdefs.BundleRefNotCommit, code: codes.InvalidArgument, want: "not a commit", bundle: func(e *env) []byte {
 			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "t\n")}))
 			b := e.bundle("main")
 			i := bytes.Index(b, []byte("\n\n"))
