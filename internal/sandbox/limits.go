@@ -98,8 +98,9 @@ type cgroup struct {
 	where string
 }
 
-// cgroupRoot is where control groups are mounted; a test may not change it.
-const cgroupRoot = "/sys/fs/cgroup"
+// cgroupRoot is where control groups are mounted; a variable so that a
+// test can stand for a host without them.
+var cgroupRoot = "/sys/fs/cgroup"
 
 // newCgroup makes the session's cgroup and writes its limits: in cgroup v2
 // where the launcher's own cgroup has delegated the controllers needed

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -596,5 +597,26 @@ func TestPlanAbstractScope(t *testing.T) {
 		if tc.scope && !strings.Contains(text.String(), "LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET") {
 			t.Errorf("explain on ABI %d does not list the scope:\n%s", tc.abi, text.String())
 		}
+	}
+}
+
+// TestLimitUnavailable: where no cgroup can carry a limit, the launch is
+// refused with the reason and what was tried, and nothing is made.
+func TestLimitUnavailable(t *testing.T) {
+	real := cgroupRoot
+	t.Cleanup(func() { cgroupRoot = real })
+	cgroupRoot = t.TempDir()
+	for _, l := range []Limits{{Memory: 64 << 20}, {Pids: 32}, {CPU: 0.5}} {
+		c, err := newCgroup(l)
+		var r *Refusal
+		if c != nil || !errors.As(err, &r) || r.Reason != ReasonLimitUnavailable || !strings.Contains(r.Message, "cgroup v1: no ") || !strings.Contains(r.Message, "cgroup v2: ") {
+			t.Errorf("%+v: %v %v, want a LIMIT_UNAVAILABLE refusal saying what was tried", l, c, err)
+		}
+	}
+	if ents, _ := os.ReadDir(cgroupRoot); len(ents) != 0 {
+		t.Errorf("the refusal left %d entries", len(ents))
+	}
+	if c, err := newCgroup(Limits{NoFile: 64, Timeout: time.Second}); c != nil || err != nil {
+		t.Errorf("rlimits and a timeout need no cgroup: %v %v", c, err)
 	}
 }

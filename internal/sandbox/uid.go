@@ -29,7 +29,8 @@ const dynamicName = "session"
 // as long as the launcher lives, and records what was handed to the uid,
 // so that when the launcher dies the next one hands it back.
 type lease struct {
-	uid uint32
+	uid  uint32
+	path string // the lock file
 	// lo-hi is the range uid came from: a tree already owned by a uid
 	// in it belongs to another session, and is not taken from it.
 	lo, hi uint32
@@ -101,7 +102,15 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 		}
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
-	l := &lease{uid: uid, lo: lo, hi: hi, lock: f, rec: leaseRecord{UID: uid}}
+	// A launcher that released the uid unlinks the file while it holds the
+	// lock: one that opened it before then holds a lock on a file no
+	// longer there, and must not use it.
+	var held, named unix.Stat_t
+	if unix.Fstat(fd, &held) != nil || unix.Lstat(path, &named) != nil || held.Ino != named.Ino || held.Dev != named.Dev {
+		f.Close()
+		return nil, nil
+	}
+	l := &lease{path: path, uid: uid, lo: lo, hi: hi, lock: f, rec: leaseRecord{UID: uid}}
 	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
 	if err != nil {
 		f.Close()
@@ -242,11 +251,15 @@ func (l *lease) handBackOne(h handed) error {
 	return unix.Fchmod(fd, h.Mode)
 }
 
-// release hands everything back and unlocks the uid. The lock file stays
-// (empty): removing it could let two launchers lock two different files
-// of the same name.
+// release hands everything back and frees the uid: the lock file is
+// removed while still locked (tryLease checks that the file it locked is
+// still the one at the path), unless something could not be handed back,
+// when its record stays for the next launcher to retry.
 func (l *lease) release() error {
 	err := l.handBack()
+	if err == nil {
+		err = unix.Unlink(l.path)
+	}
 	l.lock.Close()
 	return err
 }
