@@ -54,10 +54,10 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		}()
 		p.User.UID, p.User.GID, p.User.Name = l.uid, l.uid, fmt.Sprintf("%s-%d", dynamicName, l.uid)
 		p.Env = p.Config.sessionEnv(p)
-		if err := l.handOver(p.Workspace, true); err != nil {
+		if err := l.handOver(p.Workspace, true, true); err != nil {
 			return 0, err
 		}
-		if err := l.handOver(p.RunDir, false); err != nil {
+		if err := l.handOver(p.RunDir, false, true); err != nil {
 			return 0, err
 		}
 		if err := p.prepareRunDir(); err != nil {
@@ -68,7 +68,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 			mine = append(mine, filepath.Join(p.RunDir, p.Session.TokenFile))
 		}
 		for _, path := range mine {
-			if err := l.handOver(path, true); err != nil {
+			if err := l.handOver(path, true, true); err != nil {
 				return 0, err
 			}
 		}

@@ -126,8 +126,10 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 		}
 		l.rec = old
 		if err := l.handBack(); err != nil {
+			// Left as it is, record and all, for a person to look at:
+			// this launch takes another uid.
 			f.Close()
-			return nil, fmt.Errorf("reclaim uid %d from a launcher that died: %w", uid, err)
+			return nil, nil
 		}
 	}
 	return l, nil
@@ -152,10 +154,12 @@ func (l *lease) save() error {
 // handOver gives path to the lease's uid: the root itself (whatever owns
 // it, mode 0700 for a directory so no other session may look in) and, with
 // recurse, every directory, regular file and symlink under it owned by the
-// root's owner. It never follows a link, leaves device nodes, fifos and
+// root's owner. handBack walks the whole tree when recurse or back is
+// set: a directory whose root alone is handed over may still gain the
+// session's files. It never follows a link, leaves device nodes, fifos and
 // sockets alone, and skips files with more than one link (a hard link
 // would hand over a file outside the tree).
-func (l *lease) handOver(path string, recurse bool) error {
+func (l *lease) handOver(path string, recurse, back bool) error {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return fmt.Errorf("open %s (never a symlink): %w", path, err)
@@ -172,7 +176,7 @@ func (l *lease) handOver(path string, recurse bool) error {
 	if !isDir && st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return fmt.Errorf("%s is neither a directory nor a regular file", path)
 	}
-	l.rec.Handed = append(l.rec.Handed, handed{Path: path, UID: st.Uid, GID: st.Gid, Mode: st.Mode & 0o7777, Recurse: recurse && isDir})
+	l.rec.Handed = append(l.rec.Handed, handed{Path: path, UID: st.Uid, GID: st.Gid, Mode: st.Mode & 0o7777, Recurse: (recurse || back) && isDir})
 	if err := l.save(); err != nil {
 		return fmt.Errorf("record the hand-over of %s: %w", path, err)
 	}
@@ -185,7 +189,16 @@ func (l *lease) handOver(path string, recurse bool) error {
 		}
 		if recurse {
 			return walkAt(fd, path, func(dirfd int, name string, st *unix.Stat_t) error {
-				if st.Uid != l.rec.Handed[len(l.rec.Handed)-1].UID || (st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1) {
+				switch st.Mode & unix.S_IFMT {
+				case unix.S_IFDIR, unix.S_IFLNK:
+				case unix.S_IFREG:
+					if st.Nlink > 1 {
+						return nil
+					}
+				default:
+					return nil // devices, fifos, sockets: never handed over
+				}
+				if st.Uid != l.rec.Handed[len(l.rec.Handed)-1].UID {
 					return nil
 				}
 				return unix.Fchownat(dirfd, name, int(l.uid), -1, unix.AT_SYMLINK_NOFOLLOW)
@@ -203,7 +216,9 @@ func (l *lease) handBack() error {
 	var errs []error
 	for i := len(l.rec.Handed) - 1; i >= 0; i-- {
 		h := l.rec.Handed[i]
-		if err := l.handBackOne(h); err != nil && !errors.Is(err, unix.ENOENT) {
+		// A root the session moved away (and maybe put a link in its
+		// place) is found again by the walk of the directory it is in.
+		if err := l.handBackOne(h); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENOTDIR) {
 			errs = append(errs, fmt.Errorf("hand %s back: %w", h.Path, err))
 		}
 	}
@@ -264,10 +279,21 @@ func (l *lease) release() error {
 	return err
 }
 
-// walkAt calls fn for every entry under the directory dirfd (depth first,
+// maxDepth bounds walkAt: each level holds a descriptor, and a session
+// may nest directories as deep as it likes.
+const maxDepth = 4096
+
+// walkAt calls fn for every entry of any type under the directory dirfd (depth first,
 // a directory's entries before it), opening each subdirectory through its
 // parent's descriptor without following a link.
 func walkAt(dirfd int, path string, fn func(dirfd int, name string, st *unix.Stat_t) error) error {
+	return walkDepth(dirfd, path, fn, 0)
+}
+
+func walkDepth(dirfd int, path string, fn func(dirfd int, name string, st *unix.Stat_t) error, depth int) error {
+	if depth > maxDepth {
+		return fmt.Errorf("%s: more than %d directories deep", path, maxDepth)
+	}
 	dup, err := unix.Dup(dirfd)
 	if err != nil {
 		return err
@@ -295,14 +321,11 @@ func walkAt(dirfd int, path string, fn func(dirfd int, name string, st *unix.Sta
 			if err != nil {
 				return fmt.Errorf("open %s: %w", filepath.Join(path, name), err)
 			}
-			err = walkAt(sub, filepath.Join(path, name), fn)
+			err = walkDepth(sub, filepath.Join(path, name), fn, depth+1)
 			unix.Close(sub)
 			if err != nil {
 				return err
 			}
-		case unix.S_IFREG, unix.S_IFLNK:
-		default:
-			continue // devices, fifos, sockets: never handed over
 		}
 		if err := fn(dirfd, name, &st); err != nil {
 			return fmt.Errorf("%s: %w", filepath.Join(path, name), err)
