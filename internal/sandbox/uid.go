@@ -363,13 +363,22 @@ func namedIDs() (map[uint32]bool, error) {
 // until whoever inherited it reaps it.
 func runningUIDs() map[uint32]bool {
 	uids := map[uint32]bool{}
-	dirs, _ := filepath.Glob("/proc/[0-9]*/status")
-	for _, d := range dirs {
-		data, err := os.ReadFile(d)
-		if err != nil {
+	procs, _ := os.ReadDir("/proc")
+	buf := make([]byte, 2048) // State and Uid are in the first lines
+	for _, p := range procs {
+		if c := p.Name()[0]; c < '0' || c > '9' {
 			continue
 		}
-		for _, line := range strings.Split(string(data), "\n") {
+		fd, err := unix.Open("/proc/"+p.Name()+"/status", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		n, _ := unix.Read(fd, buf)
+		unix.Close(fd)
+		if n <= 0 {
+			continue
+		}
+		for _, line := range strings.Split(string(buf[:n]), "\n") {
 			if state, ok := strings.CutPrefix(line, "State:"); ok {
 				if s := strings.TrimSpace(state); s != "" && (s[0] == 'Z' || s[0] == 'X') {
 					break
