@@ -159,53 +159,84 @@ func (l *lease) save() error {
 // session's files. It never follows a link, leaves device nodes, fifos and
 // sockets alone, and skips files with more than one link (a hard link
 // would hand over a file outside the tree).
-func (l *lease) handOver(path string, recurse, back bool) error {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return fmt.Errorf("open %s (never a symlink): %w", path, err)
+func (l *lease) handOver(trees ...tree) error {
+	type opened struct {
+		tree
+		fd    int
+		owner uint32
+		isDir bool
 	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return err
-	}
-	if st.Uid >= l.lo && st.Uid <= l.hi {
-		return fmt.Errorf("%s belongs to uid %d, another session's (still running, or its launcher died while it runs): it cannot be handed to this one", path, st.Uid)
-	}
-	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
-	if !isDir && st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("%s is neither a directory nor a regular file", path)
-	}
-	l.rec.Handed = append(l.rec.Handed, handed{Path: path, UID: st.Uid, GID: st.Gid, Mode: st.Mode & 0o7777, Recurse: (recurse || back) && isDir})
-	if err := l.save(); err != nil {
-		return fmt.Errorf("record the hand-over of %s: %w", path, err)
-	}
-	if err := unix.Fchown(fd, int(l.uid), -1); err != nil {
-		return fmt.Errorf("give %s to uid %d: %w", path, l.uid, err)
-	}
-	if isDir {
-		if err := unix.Fchmod(fd, 0o700); err != nil {
+	var open []opened
+	defer func() {
+		for _, o := range open {
+			unix.Close(o.fd)
+		}
+	}()
+	// Every root is opened and checked, and the record written once,
+	// before anything changes hands.
+	for _, t := range trees {
+		fd, err := unix.Open(t.path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return fmt.Errorf("open %s (never a symlink): %w", t.path, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
 			return err
 		}
-		if recurse {
-			return walkAt(fd, path, func(dirfd int, name string, st *unix.Stat_t) error {
-				switch st.Mode & unix.S_IFMT {
-				case unix.S_IFDIR, unix.S_IFLNK:
-				case unix.S_IFREG:
-					if st.Nlink > 1 {
-						return nil
-					}
-				default:
-					return nil // devices, fifos, sockets: never handed over
-				}
-				if st.Uid != l.rec.Handed[len(l.rec.Handed)-1].UID {
+		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+		open = append(open, opened{t, fd, st.Uid, isDir})
+		if st.Uid >= l.lo && st.Uid <= l.hi {
+			return fmt.Errorf("%s belongs to uid %d, another session's (still running, or its launcher died while it runs): it cannot be handed to this one", t.path, st.Uid)
+		}
+		if !isDir && st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("%s is neither a directory nor a regular file", t.path)
+		}
+		l.rec.Handed = append(l.rec.Handed, handed{Path: t.path, UID: st.Uid, GID: st.Gid, Mode: st.Mode & 0o7777, Recurse: (t.recurse || t.back) && isDir})
+	}
+	if err := l.save(); err != nil {
+		return fmt.Errorf("record the hand-over: %w", err)
+	}
+	for _, o := range open {
+		if err := unix.Fchown(o.fd, int(l.uid), -1); err != nil {
+			return fmt.Errorf("give %s to uid %d: %w", o.path, l.uid, err)
+		}
+		if !o.isDir {
+			continue
+		}
+		if err := unix.Fchmod(o.fd, 0o700); err != nil {
+			return err
+		}
+		if !o.recurse {
+			continue
+		}
+		err := walkAt(o.fd, o.path, func(dirfd int, name string, st *unix.Stat_t) error {
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFDIR, unix.S_IFLNK:
+			case unix.S_IFREG:
+				if st.Nlink > 1 {
 					return nil
 				}
-				return unix.Fchownat(dirfd, name, int(l.uid), -1, unix.AT_SYMLINK_NOFOLLOW)
-			})
+			default:
+				return nil // devices, fifos, sockets: never handed over
+			}
+			if st.Uid != o.owner {
+				return nil
+			}
+			return unix.Fchownat(dirfd, name, int(l.uid), -1, unix.AT_SYMLINK_NOFOLLOW)
+		})
+		if err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// tree is one root to hand over: recurse hands over what is under it too;
+// back makes handBack walk it even when only the root was handed over.
+type tree struct {
+	path          string
+	recurse, back bool
 }
 
 // handBack gives every handed tree back: whatever the uid (or its group,
