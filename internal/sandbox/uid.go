@@ -135,8 +135,11 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 	return l, nil
 }
 
-// save writes the record before anything is handed over, so that a crash
-// at any later point leaves enough for the next launcher to undo it.
+// save writes the record before anything is handed over, so that a
+// launcher that dies at any later point leaves enough for the next one to
+// undo it. It is not synced: the default state directory is under /run,
+// which a reboot empties anyway, and a tree a lost record leaves with a
+// session uid is refused, naming the uid, rather than taken over.
 func (l *lease) save() error {
 	data, err := json.Marshal(l.rec)
 	if err != nil {
@@ -145,10 +148,8 @@ func (l *lease) save() error {
 	if err := l.lock.Truncate(0); err != nil {
 		return err
 	}
-	if _, err := l.lock.WriteAt(data, 0); err != nil {
-		return err
-	}
-	return l.lock.Sync()
+	_, err = l.lock.WriteAt(data, 0)
+	return err
 }
 
 // handOver gives path to the lease's uid: the root itself (whatever owns
