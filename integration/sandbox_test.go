@@ -1599,3 +1599,29 @@ func TestSandboxUIDReclaimed(t *testing.T) {
 		t.Errorf("files left owned by the reclaimed uid %s: %v", s.uid, left)
 	}
 }
+
+// TestSandboxHandBackHostile: whatever a session does to the trees it was
+// handed (moves its HOME away and leaves a link to /etc in its place,
+// makes files beside session.json, links and fifos in the workspace),
+// nothing stays owned by its uid once it ends, and the uid is free again.
+func TestSandboxHandBackHostile(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only root gives a session a uid of its own")
+	}
+	e := newSandboxEnv(t)
+	state := filepath.Join(e.base, "state")
+	script := `id -u; mv "$HOME" ` + e.run + `/moved && ln -s /etc "$HOME" &&
+mkdir -p ` + e.run + `/top/deep && touch ` + e.run + `/top/deep/f &&
+ln -s /etc/shadow link && mkfifo fifo && mkdir -p a/b/c && touch a/b/c/d`
+	out, errOut, code := e.runIn(t, []string{"--state-dir", state}, "sh", "-c", script)
+	uid := strings.TrimSpace(out)
+	if code != 0 || uid == "" {
+		t.Fatalf("the session: exit %d %q %s", code, out, errOut)
+	}
+	if left := ownedBy(t, e.base, uid); len(left) > 0 {
+		t.Errorf("files left owned by the session's uid %s: %v", uid, left)
+	}
+	if ents, err := os.ReadDir(state); err != nil || len(ents) != 0 {
+		t.Errorf("state directory after the session: %v %v, want no lock file", ents, err)
+	}
+}

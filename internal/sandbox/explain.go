@@ -53,6 +53,9 @@ func explain(w io.Writer, p *Plan, asJSON bool) error {
 		}
 		fmt.Fprintf(w, "group: %d (%s) for %s: %s\n", g.GID, name, strings.Join(g.Sockets, " "), g.Why)
 	}
+	if l := p.Limits; l != (Limits{}) {
+		fmt.Fprintf(w, "limits: %s (core dumps off; the cgroup is made at launch, or the launch refused)\n", l)
+	}
 	fmt.Fprintf(w, "namespaces: %s\n", strings.Join(p.Namespaces, " "))
 	fmt.Fprintf(w, "env: %s\n", strings.Join(envNames(p.Env), " "))
 	fmt.Fprintln(w, "hardening:")

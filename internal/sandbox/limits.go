@@ -35,7 +35,29 @@ const ExitTimeout = 124
 // timeoutGrace is how long the command has between SIGTERM and SIGKILL.
 const timeoutGrace = 5 * time.Second
 
-func (l Limits) needCgroup() bool { return l.Memory > 0 || l.Pids > 0 || l.CPU > 0 }
+// String lists the limits set, as their flags.
+func (l Limits) String() string {
+	var s []string
+	if l.Memory > 0 {
+		s = append(s, "--memory "+strconv.FormatInt(l.Memory, 10))
+	}
+	if l.Pids > 0 {
+		s = append(s, "--pids "+strconv.Itoa(l.Pids))
+	}
+	if l.CPU > 0 {
+		s = append(s, "--cpu "+strconv.FormatFloat(l.CPU, 'g', -1, 64))
+	}
+	if l.NoFile > 0 {
+		s = append(s, "--nofile "+strconv.FormatUint(l.NoFile, 10))
+	}
+	if l.FSize > 0 {
+		s = append(s, "--fsize "+strconv.FormatInt(l.FSize, 10))
+	}
+	if l.Timeout > 0 {
+		s = append(s, "--timeout "+l.Timeout.String())
+	}
+	return strings.Join(s, " ")
+}
 
 // rlimitMu serialises the launcher's borrowing of its own limits: the
 // session's are set on the launcher just around the fork, which the child
@@ -98,8 +120,9 @@ type cgroup struct {
 	where string
 }
 
-// cgroupRoot is where control groups are mounted; a test may not change it.
-const cgroupRoot = "/sys/fs/cgroup"
+// cgroupRoot is where control groups are mounted; a variable so that a
+// test can stand for a host without them.
+var cgroupRoot = "/sys/fs/cgroup"
 
 // newCgroup makes the session's cgroup and writes its limits: in cgroup v2
 // where the launcher's own cgroup has delegated the controllers needed

@@ -67,6 +67,8 @@ type Plan struct {
 	Env       []string `json:"-"` // values may be secrets: explain shows names
 
 	Command []string `json:"command,omitempty"`
+	// Limits are the session's resource bounds (zero: none).
+	Limits Limits `json:"limits"`
 	// ScopeAbstract: pid 1 scopes the command off abstract Unix sockets.
 	ScopeAbstract bool `json:"scope_abstract_unix,omitempty"`
 	// Session is the run directory's session.json.
@@ -87,7 +89,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Plan{Config: cfg, User: u, Command: cfg.Command}
+	p := &Plan{Config: cfg, User: u, Command: cfg.Command, Limits: cfg.Limits}
 	if p.Bwrap, err = findBwrap(cfg.Bwrap); err != nil {
 		return nil, err
 	}

@@ -54,23 +54,17 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		}()
 		p.User.UID, p.User.GID, p.User.Name = l.uid, l.uid, fmt.Sprintf("%s-%d", dynamicName, l.uid)
 		p.Env = p.Config.sessionEnv(p)
-		if err := l.handOver(p.Workspace, true); err != nil {
-			return 0, err
-		}
-		if err := l.handOver(p.RunDir, false); err != nil {
-			return 0, err
-		}
+		// The run directory's home/ and tmp/ are made (the host's) first,
+		// then every tree is handed over under one record.
 		if err := p.prepareRunDir(); err != nil {
 			return 0, err
 		}
-		mine := []string{p.Home, p.Tmp}
+		trees := []tree{{p.Workspace, true, true}, {p.RunDir, false, true}, {p.Home, true, true}, {p.Tmp, true, true}}
 		if p.Session.TokenFile != "" {
-			mine = append(mine, filepath.Join(p.RunDir, p.Session.TokenFile))
+			trees = append(trees, tree{filepath.Join(p.RunDir, p.Session.TokenFile), false, false})
 		}
-		for _, path := range mine {
-			if err := l.handOver(path, true); err != nil {
-				return 0, err
-			}
+		if err := l.handOver(trees...); err != nil {
+			return 0, err
 		}
 	} else if err := p.prepareRunDir(); err != nil {
 		return 0, err

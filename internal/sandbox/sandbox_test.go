@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -593,8 +594,47 @@ func TestPlanAbstractScope(t *testing.T) {
 		if tc.problem && !strings.Contains(text.String(), "--allow-abstract-sockets") {
 			t.Errorf("explain on ABI %d does not name --allow-abstract-sockets:\n%s", tc.abi, text.String())
 		}
+		if !strings.Contains(text.String(), "user: a uid of its own from 61184-65519") && os.Geteuid() == 0 {
+			t.Errorf("explain as root does not say the session gets a uid of its own:\n%s", text.String())
+		}
 		if tc.scope && !strings.Contains(text.String(), "LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET") {
 			t.Errorf("explain on ABI %d does not list the scope:\n%s", tc.abi, text.String())
 		}
+	}
+}
+
+// TestLimitUnavailable: where no cgroup can carry a limit, the launch is
+// refused with the reason and what was tried, and nothing is made.
+func TestLimitUnavailable(t *testing.T) {
+	real := cgroupRoot
+	t.Cleanup(func() { cgroupRoot = real })
+	cgroupRoot = t.TempDir()
+	for _, l := range []Limits{{Memory: 64 << 20}, {Pids: 32}, {CPU: 0.5}} {
+		c, err := newCgroup(l)
+		var r *Refusal
+		if c != nil || !errors.As(err, &r) || r.Reason != ReasonLimitUnavailable || !strings.Contains(r.Message, "cgroup v1: no ") || !strings.Contains(r.Message, "cgroup v2: ") {
+			t.Errorf("%+v: %v %v, want a LIMIT_UNAVAILABLE refusal saying what was tried", l, c, err)
+		}
+	}
+	if ents, _ := os.ReadDir(cgroupRoot); len(ents) != 0 {
+		t.Errorf("the refusal left %d entries", len(ents))
+	}
+	if c, err := newCgroup(Limits{NoFile: 64, Timeout: time.Second}); c != nil || err != nil {
+		t.Errorf("rlimits and a timeout need no cgroup: %v %v", c, err)
+	}
+}
+
+func TestExplainLimits(t *testing.T) {
+	_, flags := layout(t)
+	p, err := plan(t, append(flags, "--memory", "64M", "--pids", "32", "--timeout", "2s", "--nofile", "64")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text strings.Builder
+	if err := Explain(&text, p, false); err != nil {
+		t.Fatal(err)
+	}
+	if want := "limits: --memory 67108864 --pids 32 --nofile 64 --timeout 2s"; !strings.Contains(text.String(), want) {
+		t.Errorf("explain does not say %q:\n%s", want, text.String())
 	}
 }

@@ -29,7 +29,8 @@ const dynamicName = "session"
 // as long as the launcher lives, and records what was handed to the uid,
 // so that when the launcher dies the next one hands it back.
 type lease struct {
-	uid uint32
+	uid  uint32
+	path string // the lock file
 	// lo-hi is the range uid came from: a tree already owned by a uid
 	// in it belongs to another session, and is not taken from it.
 	lo, hi uint32
@@ -101,7 +102,15 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 		}
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
-	l := &lease{uid: uid, lo: lo, hi: hi, lock: f, rec: leaseRecord{UID: uid}}
+	// A launcher that released the uid unlinks the file while it holds the
+	// lock: one that opened it before then holds a lock on a file no
+	// longer there, and must not use it.
+	var held, named unix.Stat_t
+	if unix.Fstat(fd, &held) != nil || unix.Lstat(path, &named) != nil || held.Ino != named.Ino || held.Dev != named.Dev {
+		f.Close()
+		return nil, nil
+	}
+	l := &lease{path: path, uid: uid, lo: lo, hi: hi, lock: f, rec: leaseRecord{UID: uid}}
 	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
 	if err != nil {
 		f.Close()
@@ -117,15 +126,20 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 		}
 		l.rec = old
 		if err := l.handBack(); err != nil {
+			// Left as it is, record and all, for a person to look at:
+			// this launch takes another uid.
 			f.Close()
-			return nil, fmt.Errorf("reclaim uid %d from a launcher that died: %w", uid, err)
+			return nil, nil
 		}
 	}
 	return l, nil
 }
 
-// save writes the record before anything is handed over, so that a crash
-// at any later point leaves enough for the next launcher to undo it.
+// save writes the record before anything is handed over, so that a
+// launcher that dies at any later point leaves enough for the next one to
+// undo it. It is not synced: the default state directory is under /run,
+// which a reboot empties anyway, and a tree a lost record leaves with a
+// session uid is refused, naming the uid, rather than taken over.
 func (l *lease) save() error {
 	data, err := json.Marshal(l.rec)
 	if err != nil {
@@ -134,56 +148,96 @@ func (l *lease) save() error {
 	if err := l.lock.Truncate(0); err != nil {
 		return err
 	}
-	if _, err := l.lock.WriteAt(data, 0); err != nil {
-		return err
-	}
-	return l.lock.Sync()
+	_, err = l.lock.WriteAt(data, 0)
+	return err
 }
 
 // handOver gives path to the lease's uid: the root itself (whatever owns
 // it, mode 0700 for a directory so no other session may look in) and, with
 // recurse, every directory, regular file and symlink under it owned by the
-// root's owner. It never follows a link, leaves device nodes, fifos and
+// root's owner. handBack walks the whole tree when recurse or back is
+// set: a directory whose root alone is handed over may still gain the
+// session's files. It never follows a link, leaves device nodes, fifos and
 // sockets alone, and skips files with more than one link (a hard link
 // would hand over a file outside the tree).
-func (l *lease) handOver(path string, recurse bool) error {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return fmt.Errorf("open %s (never a symlink): %w", path, err)
+func (l *lease) handOver(trees ...tree) error {
+	type opened struct {
+		tree
+		fd    int
+		owner uint32
+		isDir bool
 	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return err
-	}
-	if st.Uid >= l.lo && st.Uid <= l.hi {
-		return fmt.Errorf("%s belongs to uid %d, another session's (still running, or its launcher died while it runs): it cannot be handed to this one", path, st.Uid)
-	}
-	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
-	if !isDir && st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("%s is neither a directory nor a regular file", path)
-	}
-	l.rec.Handed = append(l.rec.Handed, handed{Path: path, UID: st.Uid, GID: st.Gid, Mode: st.Mode & 0o7777, Recurse: recurse && isDir})
-	if err := l.save(); err != nil {
-		return fmt.Errorf("record the hand-over of %s: %w", path, err)
-	}
-	if err := unix.Fchown(fd, int(l.uid), -1); err != nil {
-		return fmt.Errorf("give %s to uid %d: %w", path, l.uid, err)
-	}
-	if isDir {
-		if err := unix.Fchmod(fd, 0o700); err != nil {
+	var open []opened
+	defer func() {
+		for _, o := range open {
+			unix.Close(o.fd)
+		}
+	}()
+	// Every root is opened and checked, and the record written once,
+	// before anything changes hands.
+	for _, t := range trees {
+		fd, err := unix.Open(t.path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return fmt.Errorf("open %s (never a symlink): %w", t.path, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
 			return err
 		}
-		if recurse {
-			return walkAt(fd, path, func(dirfd int, name string, st *unix.Stat_t) error {
-				if st.Uid != l.rec.Handed[len(l.rec.Handed)-1].UID || (st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1) {
+		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+		open = append(open, opened{t, fd, st.Uid, isDir})
+		if st.Uid >= l.lo && st.Uid <= l.hi {
+			return fmt.Errorf("%s belongs to uid %d, another session's (still running, or its launcher died while it runs): it cannot be handed to this one", t.path, st.Uid)
+		}
+		if !isDir && st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("%s is neither a directory nor a regular file", t.path)
+		}
+		l.rec.Handed = append(l.rec.Handed, handed{Path: t.path, UID: st.Uid, GID: st.Gid, Mode: st.Mode & 0o7777, Recurse: (t.recurse || t.back) && isDir})
+	}
+	if err := l.save(); err != nil {
+		return fmt.Errorf("record the hand-over: %w", err)
+	}
+	for _, o := range open {
+		if err := unix.Fchown(o.fd, int(l.uid), -1); err != nil {
+			return fmt.Errorf("give %s to uid %d: %w", o.path, l.uid, err)
+		}
+		if !o.isDir {
+			continue
+		}
+		if err := unix.Fchmod(o.fd, 0o700); err != nil {
+			return err
+		}
+		if !o.recurse {
+			continue
+		}
+		err := walkAt(o.fd, o.path, func(dirfd int, name string, st *unix.Stat_t) error {
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFDIR, unix.S_IFLNK:
+			case unix.S_IFREG:
+				if st.Nlink > 1 {
 					return nil
 				}
-				return unix.Fchownat(dirfd, name, int(l.uid), -1, unix.AT_SYMLINK_NOFOLLOW)
-			})
+			default:
+				return nil // devices, fifos, sockets: never handed over
+			}
+			if st.Uid != o.owner {
+				return nil
+			}
+			return unix.Fchownat(dirfd, name, int(l.uid), -1, unix.AT_SYMLINK_NOFOLLOW)
+		})
+		if err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// tree is one root to hand over: recurse hands over what is under it too;
+// back makes handBack walk it even when only the root was handed over.
+type tree struct {
+	path          string
+	recurse, back bool
 }
 
 // handBack gives every handed tree back: whatever the uid (or its group,
@@ -194,7 +248,9 @@ func (l *lease) handBack() error {
 	var errs []error
 	for i := len(l.rec.Handed) - 1; i >= 0; i-- {
 		h := l.rec.Handed[i]
-		if err := l.handBackOne(h); err != nil && !errors.Is(err, unix.ENOENT) {
+		// A root the session moved away (and maybe put a link in its
+		// place) is found again by the walk of the directory it is in.
+		if err := l.handBackOne(h); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENOTDIR) {
 			errs = append(errs, fmt.Errorf("hand %s back: %w", h.Path, err))
 		}
 	}
@@ -242,19 +298,34 @@ func (l *lease) handBackOne(h handed) error {
 	return unix.Fchmod(fd, h.Mode)
 }
 
-// release hands everything back and unlocks the uid. The lock file stays
-// (empty): removing it could let two launchers lock two different files
-// of the same name.
+// release hands everything back and frees the uid: the lock file is
+// removed while still locked (tryLease checks that the file it locked is
+// still the one at the path), unless something could not be handed back,
+// when its record stays for the next launcher to retry.
 func (l *lease) release() error {
 	err := l.handBack()
+	if err == nil {
+		err = unix.Unlink(l.path)
+	}
 	l.lock.Close()
 	return err
 }
 
-// walkAt calls fn for every entry under the directory dirfd (depth first,
+// maxDepth bounds walkAt: each level holds a descriptor, and a session
+// may nest directories as deep as it likes.
+const maxDepth = 4096
+
+// walkAt calls fn for every entry of any type under the directory dirfd (depth first,
 // a directory's entries before it), opening each subdirectory through its
 // parent's descriptor without following a link.
 func walkAt(dirfd int, path string, fn func(dirfd int, name string, st *unix.Stat_t) error) error {
+	return walkDepth(dirfd, path, fn, 0)
+}
+
+func walkDepth(dirfd int, path string, fn func(dirfd int, name string, st *unix.Stat_t) error, depth int) error {
+	if depth > maxDepth {
+		return fmt.Errorf("%s: more than %d directories deep", path, maxDepth)
+	}
 	dup, err := unix.Dup(dirfd)
 	if err != nil {
 		return err
@@ -282,14 +353,11 @@ func walkAt(dirfd int, path string, fn func(dirfd int, name string, st *unix.Sta
 			if err != nil {
 				return fmt.Errorf("open %s: %w", filepath.Join(path, name), err)
 			}
-			err = walkAt(sub, filepath.Join(path, name), fn)
+			err = walkDepth(sub, filepath.Join(path, name), fn, depth+1)
 			unix.Close(sub)
 			if err != nil {
 				return err
 			}
-		case unix.S_IFREG, unix.S_IFLNK:
-		default:
-			continue // devices, fifos, sockets: never handed over
 		}
 		if err := fn(dirfd, name, &st); err != nil {
 			return fmt.Errorf("%s: %w", filepath.Join(path, name), err)
@@ -327,13 +395,22 @@ func namedIDs() (map[uint32]bool, error) {
 // until whoever inherited it reaps it.
 func runningUIDs() map[uint32]bool {
 	uids := map[uint32]bool{}
-	dirs, _ := filepath.Glob("/proc/[0-9]*/status")
-	for _, d := range dirs {
-		data, err := os.ReadFile(d)
-		if err != nil {
+	procs, _ := os.ReadDir("/proc")
+	buf := make([]byte, 2048) // State and Uid are in the first lines
+	for _, p := range procs {
+		if c := p.Name()[0]; c < '0' || c > '9' {
 			continue
 		}
-		for _, line := range strings.Split(string(data), "\n") {
+		fd, err := unix.Open("/proc/"+p.Name()+"/status", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		n, _ := unix.Read(fd, buf)
+		unix.Close(fd)
+		if n <= 0 {
+			continue
+		}
+		for _, line := range strings.Split(string(buf[:n]), "\n") {
 			if state, ok := strings.CutPrefix(line, "State:"); ok {
 				if s := strings.TrimSpace(state); s != "" && (s[0] == 'Z' || s[0] == 'X') {
 					break

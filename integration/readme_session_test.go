@@ -1,0 +1,77 @@
+package integration
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestREADMESession runs the README's whole session (section "A whole
+// session, from prepare to push") exactly as written, with the built
+// binaries in ./bin, and checks what it says happened.
+func TestREADMESession(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the README's session is run as root")
+	}
+	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "### A whole session, from prepare to push\n")
+	if !ok {
+		t.Fatal("README has no section \"A whole session, from prepare to push\"")
+	}
+	_, block, ok := strings.Cut(section, "\n```sh\n")
+	script, _, ok2 := strings.Cut(block, "\n```\n")
+	if !ok || !ok2 {
+		t.Fatal("the README's session section has no ```sh block")
+	}
+	// The group is the README's: removed at the end unless it was there.
+	hadGroup := exec.Command("getent", "group", "bushost").Run() == nil
+	if !hadGroup {
+		t.Cleanup(func() {
+			if out, err := exec.Command("groupdel", "bushost").CombinedOutput(); err != nil {
+				t.Errorf("groupdel bushost: %v %s", err, out)
+			}
+		})
+	}
+	dir := t.TempDir()
+	for _, name := range []string{"bushostd", "bushost", "sandbox"} {
+		bin(t, name)
+	}
+	if err := os.Symlink(binDir, filepath.Join(dir, "bin")); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir = dir
+	cmd.Env = append(cleanEnv(), "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	text := out.String()
+	for _, line := range strings.Split(text, "\n") {
+		if base, ok := strings.CutPrefix(line, "demo in "); ok && strings.HasPrefix(base, "/var/tmp/bushost-demo-") {
+			t.Cleanup(func() { os.RemoveAll(base) })
+		}
+	}
+	if err != nil {
+		t.Fatalf("the README's session: %v\nstdout:\n%s\nstderr:\n%s", err, text, errOut.String())
+	}
+	var pushed string
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, "pushed "); ok {
+			pushed = v
+		}
+	}
+	_, events, ok := strings.Cut(text, "\nreview ")
+	if len(pushed) != 40 || !ok {
+		t.Fatalf("the session did not print a pushed commit and a review request:\n%s\n%s", text, errOut.String())
+	}
+	if !strings.Contains(events, "action.allowed") || !strings.Contains(events, pushed) {
+		t.Errorf("the host's events do not show the push of %s:\n%s", pushed, events)
+	}
+	t.Logf("the README's session:\n%s", text)
+}
