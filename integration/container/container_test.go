@@ -1,4 +1,7 @@
-package integration
+// Package container tests the seed's container (deploy/container) on its
+// own, so that `go test ./...` runs it beside the integration package: its
+// debootstrap base takes minutes of mostly waiting.
+package container
 
 import (
 	"crypto/rand"
@@ -6,6 +9,8 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +32,12 @@ func podman(t *testing.T, args ...string) (string, error) {
 // base made with debootstrap, it turns healthy, commits an agent's edit,
 // and reverts an edit that makes the website crash in a loop.
 func TestSeedContainer(t *testing.T) {
-	requireRoot(t)
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the seed's container needs root (podman, users)")
+		}
+		t.Skip("*** the seed's container needs root: NOT TESTED ***")
+	}
 	for _, tool := range []string{"podman", "runc", "debootstrap", "make"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("CI") == "true" {
@@ -43,9 +53,13 @@ func TestSeedContainer(t *testing.T) {
 	rand.Read(suffix)
 	name := "bushost-test-" + hex.EncodeToString(suffix)
 	image := "localhost/" + name + ":latest"
-	tmp := baseDir(t)
+	tmp, err := os.MkdirTemp("/var/tmp", "bh-container-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
 	cmd := exec.Command("make", "-s", "container", "BIN="+tmp+"/bin", "CONTAINER_CTX="+tmp+"/ctx", "IMAGE="+image)
-	cmd.Dir = repoRoot
+	cmd.Dir = repoRoot()
 	out, err := cmd.CombinedOutput()
 	t.Cleanup(func() {
 		podman(t, "rm", "-f", "-t", "5", name)
@@ -112,4 +126,17 @@ func TestSeedContainer(t *testing.T) {
 	if out, err := podman(t, "exec", name, "cat", "/workspace/src/website/serve.sh"); err != nil || !strings.Contains(out, "website v2 starting") {
 		t.Fatalf("serve.sh after the revert: %v\n%s", err, out)
 	}
+}
+
+// repoRoot is the repository's top, two levels above this file.
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "...\n" + s[len(s)-n:]
 }
