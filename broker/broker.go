@@ -359,7 +359,7 @@ func scopeString(business, project, task string) string {
 // when the grant is then refused.
 func (b *Broker) authorize(ctx context.Context, token string, caps ...string) (authz.Grant, error) {
 	if token == "" {
-		return authz.Grant{}, errdefs.Unauthenticated(errdefs.TokenMissing, "no token: send 'authorization: Bearer <token>' (bushost: --token-file FILE or $BUS_TOKEN)")
+		return authz.Grant{}, errdefs.Unauthenticated(errdefs.TokenMissing, "no token: send 'authorization: Bearer <token>' (bushost: --token-file FILE, $BUS_TOKEN_FILE or $BUS_TOKEN)")
 	}
 	if b.admin != "" && subtle.ConstantTimeCompare([]byte(token), []byte(b.admin)) == 1 {
 		metrics.NoteGrant(ctx, authz.HostID, "")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -27,5 +28,21 @@ func TestExitCodes(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", code, errOut.String(), tc.code, tc.want)
 			}
 		})
+	}
+}
+
+// TestNoProtobufInPid1: the session's pid 1 is this binary, and protobuf's
+// package init opens the executable (starting the runtime's poller)
+// before pid 1 closes what it inherited, which kills it. Nothing this
+// binary links may bring protobuf in (internal/errdefs does).
+func TestNoProtobufInPid1(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-tags", "grpcnotrace", ".").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, "google.golang.org/protobuf") || strings.HasPrefix(p, "google.golang.org/grpc") {
+			t.Fatalf("cmd/sandbox links %s", p)
+		}
 	}
 }

@@ -139,10 +139,9 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 			*ran = true
 			return usagef("give a command; 'bushost --help' lists them")
 		},
-		Version:           version.Read().String(),
-		SilenceUsage:      true,
-		SilenceErrors:     true,
-		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
+		Version:       version.Read().String(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
 	}
 	home := e.Getenv("BUSHOST_HOME")
 	if home == "" {

@@ -4,6 +4,12 @@
 // hint and exit 2. It also wraps commands whose flags an older parser
 // reads (sandbox, supervisor): cobra routes and answers --help, the
 // command's own parser does the rest.
+//
+// It must not import gRPC or protobuf (internal/errdefs): the sandbox's
+// pid 1 is the sandbox binary, and protobuf's package init opens the
+// executable, which starts the runtime's poller before pid 1 has closed
+// what it inherited. An error says its exit status by an ExitStatus
+// method instead (errdefs.Error has one).
 package cmdline
 
 import (
@@ -15,7 +21,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/version"
 )
 
@@ -103,8 +108,9 @@ func DoubleDash(defaults string) string {
 }
 
 // Failed marks err as a command's own failure (not a mistake in the
-// command line): Execute prints it and exits by errdefs' table when err
-// carries an *errdefs.Error, else 1.
+// command line): Execute prints it and exits with the status of the first
+// error in its chain that has an ExitStatus method (an *errdefs.Error:
+// errdefs' table), else 1.
 func Failed(err error) error {
 	if err == nil {
 		return nil
@@ -128,7 +134,7 @@ func Execute(root *cobra.Command, args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	cmd, err := root.ExecuteC()
 	if err == nil {
-		return errdefs.ExitOK
+		return exitOK
 	}
 	var st exitStatus
 	if errors.As(err, &st) {
@@ -141,11 +147,19 @@ func Execute(root *cobra.Command, args []string, stdout, stderr io.Writer) int {
 	var f failure
 	if errors.As(err, &f) {
 		fmt.Fprintf(stderr, "%s: %v\n", path, f.err)
-		if _, ok := errdefs.As(f.err); ok {
-			return errdefs.ExitCode(f.err)
+		var es interface{ ExitStatus() int }
+		if errors.As(f.err, &es) {
+			return es.ExitStatus()
 		}
-		return errdefs.ExitRefused
+		return exitRefused
 	}
 	fmt.Fprintf(stderr, "%s: %v\nRun '%s --help' for usage.\n", path, err, path)
-	return errdefs.ExitUsage
+	return exitUsage
 }
+
+// The exit statuses of errdefs' table that this package gives itself.
+const (
+	exitOK      = 0 // errdefs.ExitOK
+	exitRefused = 1 // errdefs.ExitRefused
+	exitUsage   = 2 // errdefs.ExitUsage
+)

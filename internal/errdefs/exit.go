@@ -64,3 +64,7 @@ func ExitCode(err error) int {
 	}
 	return ExitHostFailed
 }
+
+// ExitStatus is e's exit status by ExitCode's table; packages that may not
+// import this one (internal/cmdline) find it through this method.
+func (e *Error) ExitStatus() int { return ExitCode(e) }
