@@ -163,19 +163,32 @@ func TestIndexPackBlockedReaderReturns(t *testing.T) {
 			t.Fatal(err)
 		}
 		q.Limits = lim
-		src := &blockedReader{closed: make(chan struct{})}
-		start := time.Now()
-		_, err = q.IndexPack(context.Background(), p.git.WithTimeout(500*time.Millisecond), p.dir, src)
-		if err == nil {
-			t.Fatal("index-pack of nothing succeeded")
-		}
-		if d := time.Since(start); d > 10*time.Second {
-			t.Fatalf("returned after %s", d)
-		}
-		select {
-		case <-src.closed:
-		default:
-			t.Fatal("the source was not closed")
+		// Ended by the runner's timeout, then by the caller's context.
+		for _, run := range []func(*blockedReader) error{
+			func(src *blockedReader) error {
+				_, err := q.IndexPack(context.Background(), p.git.WithTimeout(500*time.Millisecond), p.dir, src)
+				return err
+			},
+			func(src *blockedReader) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				defer cancel()
+				_, err := q.IndexPack(ctx, p.git, p.dir, src)
+				return err
+			},
+		} {
+			src := &blockedReader{closed: make(chan struct{})}
+			start := time.Now()
+			if err := run(src); err == nil {
+				t.Fatal("index-pack of nothing succeeded")
+			}
+			if d := time.Since(start); d > 10*time.Second {
+				t.Fatalf("returned after %s", d)
+			}
+			select {
+			case <-src.closed:
+			default:
+				t.Fatal("the source was not closed")
+			}
 		}
 		q.Remove()
 	}
