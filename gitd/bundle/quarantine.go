@@ -116,7 +116,7 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 		var err error
 		if q.Limits.Enabled() {
 			err = scanPack(pack, pw, q.Limits, func(ids []string) (map[string]string, error) {
-				return objectTypes(context.WithoutCancel(ctx), git, gitDir, ids)
+				return objectTypes(ctx, git, gitDir, ids)
 			})
 		} else {
 			_, err = io.Copy(pw, pack)
@@ -147,8 +147,9 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 		cerr = <-copied
 	}
 	var pe *PackError
-	if _, refused := errdefs.As(cerr); refused || errors.As(cerr, &pe) {
-		// The scanner's refusal says more than the short pack git saw.
+	if _, refused := errdefs.As(cerr); (refused || errors.As(cerr, &pe)) && ctx.Err() == nil {
+		// The scanner's refusal says more than the short pack git saw
+		// (unless the call ended, and the pack with it).
 		return "", cerr
 	}
 	if err != nil {

@@ -163,19 +163,32 @@ func TestIndexPackBlockedReaderReturns(t *testing.T) {
 			t.Fatal(err)
 		}
 		q.Limits = lim
-		src := &blockedReader{closed: make(chan struct{})}
-		start := time.Now()
-		_, err = q.IndexPack(context.Background(), p.git.WithTimeout(500*time.Millisecond), p.dir, src)
-		if err == nil {
-			t.Fatal("index-pack of nothing succeeded")
-		}
-		if d := time.Since(start); d > 10*time.Second {
-			t.Fatalf("returned after %s", d)
-		}
-		select {
-		case <-src.closed:
-		default:
-			t.Fatal("the source was not closed")
+		// Ended by the runner's timeout, then by the caller's context.
+		for _, run := range []func(*blockedReader) error{
+			func(src *blockedReader) error {
+				_, err := q.IndexPack(context.Background(), p.git.WithTimeout(500*time.Millisecond), p.dir, src)
+				return err
+			},
+			func(src *blockedReader) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				defer cancel()
+				_, err := q.IndexPack(ctx, p.git, p.dir, src)
+				return err
+			},
+		} {
+			src := &blockedReader{closed: make(chan struct{})}
+			start := time.Now()
+			if err := run(src); err == nil {
+				t.Fatal("index-pack of nothing succeeded")
+			}
+			if d := time.Since(start); d > 10*time.Second {
+				t.Fatalf("returned after %s", d)
+			}
+			select {
+			case <-src.closed:
+			default:
+				t.Fatal("the source was not closed")
+			}
 		}
 		q.Remove()
 	}
@@ -320,4 +333,46 @@ func TestScanObjectCount(t *testing.T) {
 	if err := scanPack(bytes.NewReader(pack), &out, Limits{Objects: 3}, nil); err != nil || !bytes.Equal(out.Bytes(), pack) {
 		t.Fatalf("3 of 3: %v", err)
 	}
+}
+
+// BenchmarkScanPack is the scanner's own cost on a pack like the full push
+// of `make bench` (200 random 35,000-byte blobs), against a plain copy.
+func BenchmarkScanPack(b *testing.B) {
+	g, err := gitcmd.New(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := &packRepo{git: g, dir: b.TempDir()}
+	if err := g.Run(context.Background(), gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{p.dir}}); err != nil {
+		b.Fatal(err)
+	}
+	var ids []string
+	for i := 0; i < 200; i++ {
+		id, err := g.Line(context.Background(), gitcmd.Cmd{GitDir: p.dir, Sub: "hash-object",
+			Flags: []string{"-w", "--stdin", "-tblob"}, Stdin: bytes.NewReader(randomBytes(35000))})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	var pack bytes.Buffer
+	if err := g.Run(context.Background(), gitcmd.Cmd{GitDir: p.dir, Sub: "pack-objects", Flags: []string{"--stdout", "-q"},
+		Stdin: strings.NewReader(strings.Join(ids, "\n") + "\n"), Stdout: &pack}); err != nil {
+		b.Fatal(err)
+	}
+	lim := Limits{BlobBytes: 100 << 20, CommitBytes: 1 << 20, TreeBytes: 16 << 20, Objects: 1 << 20}
+	b.Run("scan", func(b *testing.B) {
+		b.SetBytes(int64(pack.Len()))
+		for b.Loop() {
+			if err := scanPack(bytes.NewReader(pack.Bytes()), io.Discard, lim, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("copy", func(b *testing.B) {
+		b.SetBytes(int64(pack.Len()))
+		for b.Loop() {
+			io.Copy(io.Discard, bytes.NewReader(pack.Bytes()))
+		}
+	})
 }
