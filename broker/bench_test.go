@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"github.com/bushost/bushost/internal/errdefs"
 	"path/filepath"
 	"testing"
 	"time"
@@ -68,7 +69,7 @@ func BenchmarkCloseDecision(b *testing.B) {
 		const decisions = 2000
 		start := time.Now()
 		for i := 0; i < decisions*b.N; i++ {
-			if _, err := e.b.CloseTask(context.Background(), pending.closer.G, ""); codesOf(toStatus(err)) != codes.FailedPrecondition {
+			if _, err := e.b.CloseTask(context.Background(), pending.closer.G, ""); codesOf(errdefs.ToGRPC(err)) != codes.FailedPrecondition {
 				b.Fatalf("close of a task pending review: %v", err)
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -27,6 +28,11 @@ type Options struct {
 	AdminToken string
 	// DefaultTTL is a grant's lifetime when none is asked for; 0 means 24h.
 	DefaultTTL time.Duration
+	// EventRate and EventBytesRate bound what one grant appends through
+	// RecordEvent, per minute (events; bytes of type and data); 0 means
+	// the defaults, 600 and 1 MiB.
+	EventRate      int
+	EventBytesRate int64
 }
 
 // Broker is the broker. It implements authz.Authority; NewServer serves it
@@ -35,6 +41,7 @@ type Broker struct {
 	st         store
 	admin      string
 	defaultTTL time.Duration
+	quota      *eventQuota
 
 	// ops feeds the committer; see write.
 	ops       chan *op
@@ -48,7 +55,7 @@ type Broker struct {
 
 var _ authz.Authority = (*Broker)(nil)
 
-var errClosedBroker = errors.New("broker is shutting down")
+var errClosedBroker = errdefs.Unavailable(errdefs.ShuttingDown, "broker is shutting down")
 
 // Open opens (creating and migrating as needed) the store named by o.DSN.
 func Open(ctx context.Context, o Options) (*Broker, error) {
@@ -73,6 +80,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		st:         st,
 		admin:      o.AdminToken,
 		defaultTTL: ttl,
+		quota:      newEventQuota(o.EventRate, o.EventBytesRate),
 		ops:        make(chan *op, 1024),
 		committed:  make(chan struct{}),
 		changed:    make(chan struct{}),
@@ -286,11 +294,11 @@ func scopeString(business, project, task string) string {
 // otherwise the grant must hold at least one of caps.
 func (b *Broker) authorize(ctx context.Context, token string, caps ...string) (authz.Grant, error) {
 	if token == "" {
-		return authz.Grant{}, refuse(ErrUnauthenticated, "no token: send 'authorization: Bearer <token>' (bushost: --token-file FILE or $BUS_TOKEN)")
+		return authz.Grant{}, errdefs.Unauthenticated(errdefs.TokenMissing, "no token: send 'authorization: Bearer <token>' (bushost: --token-file FILE or $BUS_TOKEN)")
 	}
 	if b.admin != "" && subtle.ConstantTimeCompare([]byte(token), []byte(b.admin)) == 1 {
 		if len(caps) > 0 {
-			return authz.Grant{}, refuse(ErrPermission, "the admin token acts as the host, which holds no task capability (%s): issue a grant with 'bushost grant'", strings.Join(caps, " or "))
+			return authz.Grant{}, errdefs.PermissionDenied(errdefs.HostNotAGrant, "the admin token acts as the host, which holds no task capability (%s): issue a grant with 'bushost grant'", strings.Join(caps, " or "))
 		}
 		return authz.Grant{ID: authz.HostID, Host: true}, nil
 	}
@@ -299,30 +307,30 @@ func (b *Broker) authorize(ctx context.Context, token string, caps ...string) (a
 		return authz.Grant{}, fmt.Errorf("look up token: %w", err)
 	}
 	if !ok {
-		return authz.Grant{}, refuse(ErrUnauthenticated, "unknown token")
+		return authz.Grant{}, errdefs.Unauthenticated(errdefs.TokenUnknown, "unknown token")
 	}
 	if err := usable(g); err != nil {
 		return authz.Grant{}, err
 	}
 	ag := authz.Grant{ID: g.ID, Business: g.Business, Project: g.Project, Task: g.Task, Role: g.Role, Caps: g.Caps}
 	if len(caps) == 0 {
-		return authz.Grant{}, refuse(ErrPermission, "only the host (admin.token) may do this; grant %s is a task's grant", g.ID)
+		return authz.Grant{}, errdefs.PermissionDenied(errdefs.HostOnly, "only the host (admin.token) may do this; grant %s is a task's grant", g.ID)
 	}
 	for _, c := range caps {
 		if ag.Has(c) {
 			return ag, nil
 		}
 	}
-	return authz.Grant{}, refuse(ErrPermission, "grant %s (role %s) lacks capability %s", g.ID, g.Role, strings.Join(caps, " or "))
+	return authz.Grant{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s (role %s) lacks capability %s", g.ID, g.Role, strings.Join(caps, " or "))
 }
 
 // usable refuses a revoked or expired grant.
 func usable(g grantRow) error {
 	if g.RevokedSeq != 0 {
-		return refuse(ErrUnauthenticated, "grant %s was revoked", g.ID)
+		return errdefs.Unauthenticated(errdefs.GrantRevoked, "grant %s was revoked", g.ID)
 	}
 	if time.Now().UnixNano() >= g.ExpiresAt {
-		return refuse(ErrUnauthenticated, "grant %s expired at %s", g.ID, time.Unix(0, g.ExpiresAt).UTC().Format(time.RFC3339))
+		return errdefs.Unauthenticated(errdefs.TokenExpired, "grant %s expired at %s", g.ID, time.Unix(0, g.ExpiresAt).UTC().Format(time.RFC3339))
 	}
 	return nil
 }
@@ -334,17 +342,17 @@ func usable(g grantRow) error {
 // caps.
 func recheck(ctx context.Context, q *writeTx, g authz.Grant, caps ...string) error {
 	if g.Host {
-		return refuse(ErrPermission, "the admin token acts as the host, not as a task's grant")
+		return errdefs.PermissionDenied(errdefs.HostNotAGrant, "the admin token acts as the host, not as a task's grant")
 	}
 	row, ok, err := q.grantByID(ctx, g.ID)
 	if err != nil {
 		return fmt.Errorf("look up grant: %w", err)
 	}
 	if !ok {
-		return refuse(ErrUnauthenticated, "unknown grant %s", g.ID)
+		return errdefs.Unauthenticated(errdefs.TokenUnknown, "unknown grant %s", g.ID)
 	}
 	if row.Business != g.Business || row.Project != g.Project || row.Task != g.Task {
-		return refuse(ErrPermission, "grant %s is for task %s", g.ID, scopeString(row.Business, row.Project, row.Task))
+		return errdefs.PermissionDenied(errdefs.OtherTask, "grant %s is for task %s", g.ID, scopeString(row.Business, row.Project, row.Task))
 	}
 	if err := usable(row); err != nil {
 		return err
@@ -354,7 +362,7 @@ func recheck(ctx context.Context, q *writeTx, g authz.Grant, caps ...string) err
 			return nil
 		}
 	}
-	return refuse(ErrPermission, "grant %s (role %s) lacks capability %s", g.ID, row.Role, strings.Join(caps, " or "))
+	return errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s (role %s) lacks capability %s", g.ID, row.Role, strings.Join(caps, " or "))
 }
 
 // openTask returns g's task, refusing if it is unknown or closed.
@@ -364,28 +372,27 @@ func openTask(ctx context.Context, q *queries, business, project, task string, w
 		return t, fmt.Errorf("look up task: %w", err)
 	}
 	if !ok {
-		return t, refuse(ErrNotFound, "no task %s", scopeString(business, project, task))
+		return t, errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
 	}
 	if t.ClosedSeq != 0 {
-		return t, refuse(ErrClosed, "task %s is closed (event %d): it takes no more %s", scopeString(business, project, task), t.ClosedSeq, what)
+		return t, errdefs.FailedPrecondition(errdefs.TaskClosed, "task %s is closed (event %d): it takes no more %s", scopeString(business, project, task), t.ClosedSeq, what)
 	}
 	return t, nil
 }
 
 // Authorize implements authz.Authority.
 func (b *Broker) Authorize(ctx context.Context, token string, caps ...string) (authz.Grant, error) {
-	g, err := b.authorize(ctx, token, caps...)
-	return g, toStatus(err)
+	return b.authorize(ctx, token, caps...)
 }
 
 // EnsureProject implements authz.Authority: it registers business/project.
 func (b *Broker) EnsureProject(ctx context.Context, business, project string) error {
-	return toStatus(b.ensureProject(ctx, business, project))
+	return b.ensureProject(ctx, business, project)
 }
 
 func (b *Broker) ensureProject(ctx context.Context, business, project string) error {
 	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
-		return refuse(ErrInvalid, "%v", err)
+		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
 	return b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		_, err := q.insertProject(ctx, business, project)
@@ -396,37 +403,37 @@ func (b *Broker) ensureProject(ctx context.Context, business, project string) er
 // TaskOpen implements authz.Authority.
 func (b *Broker) TaskOpen(ctx context.Context, g authz.Grant) error {
 	_, err := openTask(ctx, b.st.read(), g.Business, g.Project, g.Task, "pushes or verdicts")
-	return toStatus(err)
+	return err
 }
 
 // RecordPush implements authz.Authority.
 func (b *Broker) RecordPush(ctx context.Context, g authz.Grant, p authz.Push, peer authz.Peer) error {
 	_, err := b.recordPush(ctx, g, p, PeerString(peer, peer != authz.Peer{}))
-	return toStatus(err)
+	return err
 }
 
 func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, peer string) (Event, error) {
 	if g.Host || !g.Has(authz.CapPushWorking) {
-		return Event{}, refuse(ErrPermission, "grant %s lacks capability %s", g.ID, authz.CapPushWorking)
+		return Event{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s", g.ID, authz.CapPushWorking)
 	}
 	if p.Business != g.Business || p.Project != g.Project || p.Task != g.Task {
-		return Event{}, refuse(ErrPermission, "grant %s is for task %s, not %s", g.ID, scopeString(g.Business, g.Project, g.Task), scopeString(p.Business, p.Project, p.Task))
+		return Event{}, errdefs.PermissionDenied(errdefs.OtherTask, "grant %s is for task %s, not %s", g.ID, scopeString(g.Business, g.Project, g.Task), scopeString(p.Business, p.Project, p.Task))
 	}
 	ref, err := names.WorkRef(g.Task)
 	if err != nil {
-		return Event{}, refuse(ErrInvalid, "%v", err)
+		return Event{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
 	if p.Ref == "" {
 		p.Ref = ref
 	}
 	if p.Ref != ref {
-		return Event{}, refuse(ErrInvalid, "a push of task %s moves %s, not %q", g.Task, ref, p.Ref)
+		return Event{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "a push of task %s moves %s, not %q", g.Task, ref, p.Ref)
 	}
 	if !isObjectID(p.Commit) {
-		return Event{}, refuse(ErrInvalid, "commit %q is not a full hex object id", clip(p.Commit))
+		return Event{}, errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(p.Commit))
 	}
 	if p.Previous != "" && !isObjectID(p.Previous) {
-		return Event{}, refuse(ErrInvalid, "previous commit %q is not a full hex object id", clip(p.Previous))
+		return Event{}, errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "previous commit %q is not a full hex object id", clip(p.Previous))
 	}
 	var e Event
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
@@ -462,11 +469,11 @@ func isObjectID(s string) bool {
 // LastPushes implements authz.Authority.
 func (b *Broker) LastPushes(ctx context.Context, business, project string) (map[string]string, error) {
 	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
-		return nil, toStatus(refuse(ErrInvalid, "%v", err))
+		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
 	m, err := b.st.read().lastPushes(ctx, business, project)
 	if err != nil {
-		return nil, toStatus(fmt.Errorf("last pushes of %s/%s: %w", business, project, err))
+		return nil, fmt.Errorf("last pushes of %s/%s: %w", business, project, err)
 	}
 	return m, nil
 }

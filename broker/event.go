@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/bushost/bushost/internal/errdefs"
 	"regexp"
 	"strconv"
 	"strings"
@@ -60,13 +61,13 @@ const MaxDataBytes = 64 << 10
 // it matches the grammar exactly and is not reserved.
 func CheckRecordType(typ string) error {
 	if len(typ) > maxTypeLen {
-		return refuse(ErrInvalid, "event type is %d bytes long; at most %d", len(typ), maxTypeLen)
+		return errdefs.InvalidArgument(errdefs.EventTypeInvalid, "event type is %d bytes long; at most %d", len(typ), maxTypeLen)
 	}
 	if !eventTypeRE.MatchString(typ) {
-		return refuse(ErrInvalid, "event type %q must match ^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$", clip(typ))
+		return errdefs.InvalidArgument(errdefs.EventTypeInvalid, "event type %q must match ^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$", clip(typ))
 	}
 	if reserved(typ) {
-		return refuse(ErrPermission, "event type %q is reserved: action.*, review.*, task.* and grant.* come only from the broker's own calls", typ)
+		return errdefs.PermissionDenied(errdefs.EventTypeReserved, "event type %q is reserved: action.*, review.*, task.* and grant.* come only from the broker's own calls", typ)
 	}
 	return nil
 }
@@ -85,39 +86,39 @@ func reserved(typ string) bool {
 // same object always hashes and compares the same.
 func canonicalData(s string) (string, error) {
 	if len(s) > MaxDataBytes {
-		return "", refuse(ErrTooLarge, "event data is %d bytes; at most %d", len(s), MaxDataBytes)
+		return "", errdefs.ResourceExhausted(errdefs.EventDataTooLarge, "event data is %d bytes; at most %d", len(s), MaxDataBytes)
 	}
 	if strings.TrimSpace(s) == "" {
 		return "{}", nil
 	}
 	if !utf8.ValidString(s) {
-		return "", refuse(ErrInvalid, "event data is not valid UTF-8")
+		return "", errdefs.InvalidArgument(errdefs.EventDataInvalid, "event data is not valid UTF-8")
 	}
 	dec := json.NewDecoder(strings.NewReader(s))
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {
-		return "", refuse(ErrInvalid, "event data is not JSON: %v", err)
+		return "", errdefs.InvalidArgument(errdefs.EventDataInvalid, "event data is not JSON: %v", err)
 	}
 	if _, err := dec.Token(); err == nil {
-		return "", refuse(ErrInvalid, "event data has more than one JSON value")
+		return "", errdefs.InvalidArgument(errdefs.EventDataInvalid, "event data has more than one JSON value")
 	}
 	obj, ok := v.(map[string]any)
 	if !ok {
-		return "", refuse(ErrInvalid, "event data must be a JSON object, not %s", jsonKind(v))
+		return "", errdefs.InvalidArgument(errdefs.EventDataInvalid, "event data must be a JSON object, not %s", jsonKind(v))
 	}
 	if n, ok := outOfRange(obj); ok {
-		return "", refuse(ErrInvalid, "event data has the number %.40s, beyond what a 64-bit float holds; send it as a string", n)
+		return "", errdefs.InvalidArgument(errdefs.EventDataInvalid, "event data has the number %.40s, beyond what a 64-bit float holds; send it as a string", n)
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(obj); err != nil {
-		return "", refuse(ErrInvalid, "event data: %v", err)
+		return "", errdefs.InvalidArgument(errdefs.EventDataInvalid, "event data: %v", err)
 	}
 	out := strings.TrimSuffix(buf.String(), "\n")
 	if len(out) > MaxDataBytes {
-		return "", refuse(ErrTooLarge, "event data is %d bytes once canonical; at most %d", len(out), MaxDataBytes)
+		return "", errdefs.ResourceExhausted(errdefs.EventDataTooLarge, "event data is %d bytes once canonical; at most %d", len(out), MaxDataBytes)
 	}
 	return out, nil
 }

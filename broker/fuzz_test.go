@@ -3,10 +3,11 @@ package broker
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // typeOK is the event type rule written out by hand, byte by byte, to check
@@ -43,7 +44,7 @@ func FuzzCheckRecordType(f *testing.F) {
 		if (err == nil) != typeOK(s) {
 			t.Fatalf("CheckRecordType(%q) = %v, hand-written rule says %v", s, err, typeOK(s))
 		}
-		if err != nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrPermission) {
+		if r := errdefs.ReasonOf(err); err != nil && r != errdefs.EventTypeInvalid && r != errdefs.EventTypeReserved {
 			t.Fatalf("CheckRecordType(%q): refusal of unknown kind: %v", s, err)
 		}
 	})
@@ -120,7 +121,7 @@ func FuzzCanonicalData(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		c, err := canonicalData(s)
 		if err != nil {
-			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooLarge) {
+			if r := errdefs.ReasonOf(err); r != errdefs.EventDataInvalid && r != errdefs.EventDataTooLarge {
 				t.Fatalf("canonicalData(%q): refusal of unknown kind: %v", s, err)
 			}
 			return

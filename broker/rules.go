@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -14,10 +15,10 @@ import (
 // it already existed.
 func (b *Broker) AddTask(ctx context.Context, peer, business, project, task string) (created bool, err error) {
 	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil {
-		return false, refuse(ErrInvalid, "%v", err)
+		return false, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
 	if task == "" {
-		return false, refuse(ErrInvalid, "no task name")
+		return false, errdefs.InvalidArgument(errdefs.NameInvalid, "no task name")
 	}
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		ok, err := q.projectExists(ctx, business, project)
@@ -25,7 +26,7 @@ func (b *Broker) AddTask(ctx context.Context, peer, business, project, task stri
 			return err
 		}
 		if !ok {
-			return refuse(ErrNotFound, "unknown project %s/%s: the host adds it first with 'bushost project add'", business, project)
+			return errdefs.NotFound(errdefs.ProjectNotFound, "unknown project %s/%s: the host adds it first with 'bushost project add'", business, project)
 		}
 		created, err = q.insertTask(ctx, business, project, task)
 		if err != nil || !created {
@@ -56,21 +57,21 @@ type IssuedGrant struct {
 // capabilities from the vocabulary.
 func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (IssuedGrant, error) {
 	if err := names.CheckScope(names.Scope{Business: r.Business, Project: r.Project, Task: r.Task}); err != nil {
-		return IssuedGrant{}, refuse(ErrInvalid, "%v", err)
+		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
 	if r.Task == "" {
-		return IssuedGrant{}, refuse(ErrInvalid, "a grant is for one task: give its name")
+		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.NameInvalid, "a grant is for one task: give its name")
 	}
 	if err := names.Check("role", r.Role); err != nil {
-		return IssuedGrant{}, refuse(ErrInvalid, "%v", err)
+		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
 	if len(r.Caps) == 0 {
-		return IssuedGrant{}, refuse(ErrInvalid, "a grant needs at least one capability of %v", authz.Capabilities)
+		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.CapabilityInvalid, "a grant needs at least one capability of %v", authz.Capabilities)
 	}
 	var caps []string
 	for _, c := range r.Caps {
 		if !slices.Contains(authz.Capabilities, c) {
-			return IssuedGrant{}, refuse(ErrInvalid, "unknown capability %q: the vocabulary is %v", clip(c), authz.Capabilities)
+			return IssuedGrant{}, errdefs.InvalidArgument(errdefs.CapabilityInvalid, "unknown capability %q: the vocabulary is %v", clip(c), authz.Capabilities)
 		}
 		if !slices.Contains(caps, c) {
 			caps = append(caps, c)
@@ -78,7 +79,7 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 	}
 	slices.Sort(caps)
 	if r.TTL < 0 {
-		return IssuedGrant{}, refuse(ErrInvalid, "negative lifetime %s", r.TTL)
+		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "negative lifetime %s", r.TTL)
 	}
 	ttl := r.TTL
 	if ttl == 0 {
@@ -112,7 +113,7 @@ func (b *Broker) RevokeGrant(ctx context.Context, peer, id string) error {
 			return err
 		}
 		if !ok {
-			return refuse(ErrNotFound, "no grant %q", clip(id))
+			return errdefs.NotFound(errdefs.GrantNotFound, "no grant %q", clip(id))
 		}
 		if g.RevokedSeq != 0 {
 			return nil
@@ -137,7 +138,7 @@ type Review struct {
 // for the same push returns the same request and appends nothing.
 func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) (Review, error) {
 	if !g.Has(authz.CapReviewRequest) && !g.Has(authz.CapPushWorking) {
-		return Review{}, refuse(ErrPermission, "grant %s lacks capability %s (or %s)", g.ID, authz.CapReviewRequest, authz.CapPushWorking)
+		return Review{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s (or %s)", g.ID, authz.CapReviewRequest, authz.CapPushWorking)
 	}
 	var rv Review
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
@@ -149,7 +150,7 @@ func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) 
 			return err
 		}
 		if t.LastPushSeq == 0 {
-			return refuse(ErrPrecondition, "task %s has no push to review: push first", scopeString(t.Business, t.Project, t.Task))
+			return errdefs.FailedPrecondition(errdefs.NoPushToReview, "task %s has no push to review: push first", scopeString(t.Business, t.Project, t.Task))
 		}
 		r, ok, err := q.requestForPush(ctx, t, t.LastPushSeq)
 		if err != nil {
@@ -187,13 +188,13 @@ const maxCommentBytes = 16 << 10
 // latest (stale), a reviewer who is the pusher, and a closed task.
 func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, requestID, verdict, comment string) (int64, error) {
 	if !g.Has(authz.CapReviewVerdict) {
-		return 0, refuse(ErrPermission, "grant %s lacks capability %s", g.ID, authz.CapReviewVerdict)
+		return 0, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s", g.ID, authz.CapReviewVerdict)
 	}
 	if verdict != Approve && verdict != Reject {
-		return 0, refuse(ErrInvalid, "verdict must be %s or %s", Approve, Reject)
+		return 0, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "verdict must be %s or %s", Approve, Reject)
 	}
 	if len(comment) > maxCommentBytes {
-		return 0, refuse(ErrTooLarge, "comment is %d bytes; at most %d", len(comment), maxCommentBytes)
+		return 0, errdefs.ResourceExhausted(errdefs.CommentTooLarge, "comment is %d bytes; at most %d", len(comment), maxCommentBytes)
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
@@ -207,20 +208,21 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 		// A request of another task is reported as absent: a grant learns
 		// nothing about tasks other than its own.
 		if !ok || r.Business != g.Business || r.Project != g.Project || r.Task != g.Task {
-			return refuse(ErrNotFound, "no review request %q for task %s", clip(requestID), scopeString(g.Business, g.Project, g.Task))
+			return errdefs.NotFound(errdefs.ReviewNotFound, "no review request %q for task %s", clip(requestID), scopeString(g.Business, g.Project, g.Task))
 		}
 		t, err := openTask(ctx, &q.queries, g.Business, g.Project, g.Task, "verdicts")
 		if err != nil {
 			return err
 		}
 		if r.Verdict != "" {
-			return refuse(ErrPrecondition, "review request %s already has its verdict (%s, event %d): one verdict per request", r.ID, r.Verdict, r.VerdictSeq)
+			return errdefs.FailedPrecondition(errdefs.VerdictGiven, "review request %s already has its verdict (%s, event %d): one verdict per request", r.ID, r.Verdict, r.VerdictSeq)
 		}
 		if r.PushSeq != t.LastPushSeq {
-			return refuse(ErrStale, "review request %s is for commit %s, but the task's latest push is %s: stale, ask for a new review", r.ID, r.Commit, t.LastPushCommit)
+			return errdefs.FailedPrecondition(errdefs.ReviewStale, "review request %s is for commit %s, but the task's latest push is %s: stale, ask for a new review", r.ID, r.Commit, t.LastPushCommit).
+				With("commit", r.Commit).With("latest", t.LastPushCommit)
 		}
 		if r.PushActor == g.ID {
-			return refuse(ErrPermission, "grant %s pushed commit %s and may not review it", g.ID, r.Commit)
+			return errdefs.FailedPrecondition(errdefs.SelfReview, "grant %s pushed commit %s and may not review it", g.ID, r.Commit)
 		}
 		e := Event{Business: t.Business, Project: t.Project, Task: t.Task, Type: TypeReviewVerdict, Actor: g.ID, Peer: peer,
 			Data: mustData(map[string]any{"request_id": r.ID, "verdict": verdict, "commit": r.Commit, "push_seq": r.PushSeq, "comment": comment})}
@@ -239,7 +241,7 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 // and a closed task takes no more pushes.
 func (b *Broker) CloseTask(ctx context.Context, g authz.Grant, peer string) (int64, error) {
 	if !g.Has(authz.CapTaskClose) {
-		return 0, refuse(ErrPermission, "grant %s lacks capability %s", g.ID, authz.CapTaskClose)
+		return 0, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s", g.ID, authz.CapTaskClose)
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
@@ -278,11 +280,14 @@ func gate(ctx context.Context, q *queries, t taskRow) error {
 	scope := scopeString(t.Business, t.Project, t.Task)
 	switch {
 	case !ok:
-		return refuse(ErrGate, "task %s cannot close: its latest push %s has no review; request one and get an approve verdict", scope, t.LastPushCommit)
+		return errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: its latest push %s has no review; request one and get an approve verdict", scope, t.LastPushCommit).
+			With("commit", t.LastPushCommit).With("review", "none")
 	case r.Verdict == "":
-		return refuse(ErrGate, "task %s cannot close: review request %s of its latest push %s has no verdict yet", scope, r.ID, t.LastPushCommit)
+		return errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: review request %s of its latest push %s has no verdict yet", scope, r.ID, t.LastPushCommit).
+			With("commit", t.LastPushCommit).With("request", r.ID).With("review", "pending")
 	case r.Verdict != Approve:
-		return refuse(ErrGate, "task %s cannot close: its latest push %s was rejected (request %s)", scope, t.LastPushCommit, r.ID)
+		return errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: its latest push %s was rejected (request %s)", scope, t.LastPushCommit, r.ID).
+			With("commit", t.LastPushCommit).With("request", r.ID).With("review", "rejected")
 	}
 	return nil
 }
@@ -296,7 +301,7 @@ const maxKeyBytes = 256
 // and the same key with another body is refused.
 func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data, key string) (Event, error) {
 	if !g.Has(authz.CapEventRecord) {
-		return Event{}, refuse(ErrPermission, "grant %s lacks capability %s", g.ID, authz.CapEventRecord)
+		return Event{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s", g.ID, authz.CapEventRecord)
 	}
 	if err := CheckRecordType(typ); err != nil {
 		return Event{}, err
@@ -306,7 +311,12 @@ func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data
 		return Event{}, err
 	}
 	if len(key) > maxKeyBytes {
-		return Event{}, refuse(ErrInvalid, "idempotency key is %d bytes; at most %d", len(key), maxKeyBytes)
+		return Event{}, errdefs.InvalidArgument(errdefs.IdempotencyKeyInvalid, "idempotency key is %d bytes; at most %d", len(key), maxKeyBytes)
+	}
+	if !g.Host {
+		if err := b.quota.take(g.ID, len(typ)+len(data)); err != nil {
+			return Event{}, err
+		}
 	}
 	body := tokenHash(typ + "\x00" + data)
 	var e Event
@@ -316,7 +326,7 @@ func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data
 		}
 		if _, ok, err := q.task(ctx, g.Business, g.Project, g.Task); err != nil || !ok {
 			if err == nil {
-				err = refuse(ErrNotFound, "no task %s", scopeString(g.Business, g.Project, g.Task))
+				err = errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(g.Business, g.Project, g.Task))
 			}
 			return err
 		}
@@ -327,7 +337,7 @@ func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data
 			}
 			if ok {
 				if h != body {
-					return refuse(ErrConflict, "idempotency key %q was first used with another body (event %d)", clip(key), seq)
+					return errdefs.AlreadyExists(errdefs.IdempotencyKeyReused, "idempotency key %q was first used with another body (event %d)", clip(key), seq)
 				}
 				var found bool
 				e, found, err = q.event(ctx, seq)

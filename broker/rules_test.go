@@ -227,7 +227,7 @@ func TestCannotForgeApproval(t *testing.T) {
 		e.refused(e.close(agent), codes.FailedPrecondition, before, "close after forged events")
 
 		// Its own approval.
-		e.refused(e.verdict(agent, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.PermissionDenied, before, "self-review")
+		e.refused(e.verdict(agent, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.FailedPrecondition, before, "self-review")
 
 		// An approval of another task, and a request id of another task.
 		if err := e.push(other.worker, 9); err != nil {

@@ -6,6 +6,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -32,11 +33,11 @@ func (s *server) caller(ctx context.Context, caps ...string) (authz.Grant, strin
 func (s *server) AddTask(ctx context.Context, r *brokerv1.AddTaskRequest) (*brokerv1.AddTaskResponse, error) {
 	_, peer, err := s.caller(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	created, err := s.b.AddTask(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &brokerv1.AddTaskResponse{Created: created}, nil
 }
@@ -44,17 +45,17 @@ func (s *server) AddTask(ctx context.Context, r *brokerv1.AddTaskRequest) (*brok
 func (s *server) CreateGrant(ctx context.Context, r *brokerv1.CreateGrantRequest) (*brokerv1.CreateGrantResponse, error) {
 	_, peer, err := s.caller(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	if r.GetTtlSeconds() < 0 || r.GetTtlSeconds() > int64(100*365*24*time.Hour/time.Second) {
-		return nil, toStatus(refuse(ErrInvalid, "ttl_seconds %d out of range", r.GetTtlSeconds()))
+		return nil, errdefs.ToGRPC(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "ttl_seconds %d out of range", r.GetTtlSeconds()))
 	}
 	ig, err := s.b.CreateGrant(ctx, peer, GrantRequest{
 		Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask(),
 		Role: r.GetRole(), Caps: r.GetCapabilities(), TTL: time.Duration(r.GetTtlSeconds()) * time.Second,
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &brokerv1.CreateGrantResponse{GrantId: ig.ID, Token: ig.Token, ExpiresAt: ig.ExpiresAt.Format(time.RFC3339)}, nil
 }
@@ -62,10 +63,10 @@ func (s *server) CreateGrant(ctx context.Context, r *brokerv1.CreateGrantRequest
 func (s *server) RevokeGrant(ctx context.Context, r *brokerv1.RevokeGrantRequest) (*brokerv1.RevokeGrantResponse, error) {
 	_, peer, err := s.caller(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	if err := s.b.RevokeGrant(ctx, peer, r.GetGrantId()); err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &brokerv1.RevokeGrantResponse{}, nil
 }
@@ -73,11 +74,11 @@ func (s *server) RevokeGrant(ctx context.Context, r *brokerv1.RevokeGrantRequest
 func (s *server) RequestReview(ctx context.Context, _ *brokerv1.RequestReviewRequest) (*brokerv1.RequestReviewResponse, error) {
 	g, peer, err := s.caller(ctx, authz.CapReviewRequest, authz.CapPushWorking)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	rv, err := s.b.RequestReview(ctx, g, peer)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &brokerv1.RequestReviewResponse{RequestId: rv.RequestID, Commit: rv.Commit, Created: rv.Created}, nil
 }
@@ -85,7 +86,7 @@ func (s *server) RequestReview(ctx context.Context, _ *brokerv1.RequestReviewReq
 func (s *server) SubmitVerdict(ctx context.Context, r *brokerv1.SubmitVerdictRequest) (*brokerv1.SubmitVerdictResponse, error) {
 	g, peer, err := s.caller(ctx, authz.CapReviewVerdict)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	var verdict string
 	switch r.GetVerdict() {
@@ -94,11 +95,11 @@ func (s *server) SubmitVerdict(ctx context.Context, r *brokerv1.SubmitVerdictReq
 	case brokerv1.Verdict_VERDICT_REJECT:
 		verdict = Reject
 	default:
-		return nil, toStatus(refuse(ErrInvalid, "verdict must be approve or reject"))
+		return nil, errdefs.ToGRPC(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "verdict must be approve or reject"))
 	}
 	seq, err := s.b.SubmitVerdict(ctx, g, peer, r.GetRequestId(), verdict, r.GetComment())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &brokerv1.SubmitVerdictResponse{Seq: seq}, nil
 }
@@ -106,11 +107,11 @@ func (s *server) SubmitVerdict(ctx context.Context, r *brokerv1.SubmitVerdictReq
 func (s *server) CloseTask(ctx context.Context, _ *brokerv1.CloseTaskRequest) (*brokerv1.CloseTaskResponse, error) {
 	g, peer, err := s.caller(ctx, authz.CapTaskClose)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	seq, err := s.b.CloseTask(ctx, g, peer)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &brokerv1.CloseTaskResponse{Seq: seq}, nil
 }
@@ -118,11 +119,11 @@ func (s *server) CloseTask(ctx context.Context, _ *brokerv1.CloseTaskRequest) (*
 func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest) (*brokerv1.RecordEventResponse, error) {
 	g, peer, err := s.caller(ctx, authz.CapEventRecord)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	e, err := s.b.RecordEvent(ctx, g, peer, r.GetType(), r.GetData(), r.GetIdempotencyKey())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &brokerv1.RecordEventResponse{Event: eventProto(e)}, nil
 }
@@ -135,7 +136,7 @@ func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.Broke
 		// Not the host: any valid grant may read its own task's events.
 		g, err = s.b.authorize(ctx, tok, authz.Capabilities...)
 		if err != nil {
-			return toStatus(err)
+			return errdefs.ToGRPC(err)
 		}
 	}
 	f := Filter{Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask()}
@@ -143,7 +144,7 @@ func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.Broke
 		own := Filter{Business: g.Business, Project: g.Project, Task: g.Task}
 		for _, c := range [][2]string{{f.Business, own.Business}, {f.Project, own.Project}, {f.Task, own.Task}} {
 			if c[0] != "" && c[0] != c[1] {
-				return toStatus(refuse(ErrPermission, "grant %s sees only task %s", g.ID, scopeString(own.Business, own.Project, own.Task)))
+				return errdefs.ToGRPC(errdefs.PermissionDenied(errdefs.OtherTask, "grant %s sees only task %s", g.ID, scopeString(own.Business, own.Project, own.Task)))
 			}
 		}
 		f = own
@@ -155,16 +156,16 @@ func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.Broke
 		// The follower hung up: that is how a follow ends.
 		return nil
 	}
-	return toStatus(err)
+	return errdefs.ToGRPC(err)
 }
 
 func (s *server) VerifyLog(ctx context.Context, _ *brokerv1.VerifyLogRequest) (*brokerv1.VerifyLogResponse, error) {
 	if _, _, err := s.caller(ctx); err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	v, err := s.b.VerifyLog(ctx)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &brokerv1.VerifyLogResponse{Ok: v.OK, Events: v.Events, FirstBadSeq: v.FirstBadSeq, Reason: v.Reason}, nil
 }

@@ -11,10 +11,10 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/pgtest"
 )
 
@@ -145,7 +145,7 @@ func (e *env) refused(err error, want codes.Code, before int64, what string) {
 	if err == nil {
 		e.t.Fatalf("%s: accepted, want %s", what, want)
 	}
-	if got := status.Code(err); got != want {
+	if got := codesOf(err); got != want {
 		e.t.Fatalf("%s: got %s (%v), want %s", what, got, err, want)
 	}
 	if h := e.head(); h != before {
@@ -173,4 +173,6 @@ func (e *env) verify() {
 	}
 }
 
-func codesOf(err error) codes.Code { return status.Code(err) }
+// codesOf is the code err has, or would have once sent: a domain error of
+// the Broker's own methods or a status from the service alike.
+func codesOf(err error) codes.Code { return errdefs.FromGRPC(errdefs.ToGRPC(err)).Code }

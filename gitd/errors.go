@@ -1,67 +1,53 @@
 package gitd
 
 import (
-	"context"
 	"errors"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
-// Sentinel errors a caller decides on. Errors from gitd wrap one of them
-// with the cause in words ("non-fast-forward: ...").
-var (
-	// ErrInvalid is a malformed request: a bad name, object id or bundle.
-	ErrInvalid = errors.New("invalid")
-	// ErrNotFound is a project that was never added, or a task with no push.
-	ErrNotFound = errors.New("not found")
-	// ErrNonFastForward is a push whose commit does not descend from the
-	// task's current refs/work/<task>, or a sync that would rewrite main.
-	ErrNonFastForward = errors.New("non-fast-forward")
-	// ErrUnrelated is a commit that shares no history with main.
-	ErrUnrelated = errors.New("unrelated history")
-	// ErrMissingPrerequisite is a bundle built against a commit the
-	// repository does not have.
-	ErrMissingPrerequisite = errors.New("missing prerequisite")
-	// ErrTooLarge is a bundle past Options.MaxBundleBytes.
-	ErrTooLarge = errors.New("bundle too large")
-	// ErrIdle is a push stream that sent nothing for Options.IdleTimeout.
-	ErrIdle = errors.New("push stream idle")
-	// ErrChanged is a ref that moved under a request that read it.
-	ErrChanged = errors.New("ref changed concurrently")
-)
+// gitd's refusals are *errdefs.Error values made where the cause is known
+// (NON_FAST_FORWARD, UNRELATED_HISTORY, BUNDLE_TOO_LARGE, ...). The bundle
+// package, which the client shares, keeps its own typed errors; toStatus
+// names them here, then hands every error to errdefs.ToGRPC, the one
+// mapping to a gRPC status.
 
-// toStatus is the one place that turns gitd's errors into gRPC status
-// codes. Errors that already carry a status (the Authority's) pass through.
+// toStatus is the one place where the GitService's errors become statuses.
 func toStatus(err error) error {
+	return errdefs.ToGRPC(bundleError(err))
+}
+
+// bundleError gives the bundle package's typed errors their reasons: a
+// malformed header, an object git's fsck refused (its message id in
+// metadata "fsck_id"), an unreadable pack, a full disk. Anything else is
+// returned as it is.
+func bundleError(err error) error {
 	if err == nil {
 		return nil
+	}
+	if _, ok := errdefs.As(err); ok {
+		return err
 	}
 	var fe *bundle.FormatError
 	var fsck *bundle.FsckError
 	var pe *bundle.PackError
-	code := codes.Internal
 	switch {
-	case errors.Is(err, ErrInvalid), errors.As(err, &fe), errors.As(err, &fsck), errors.As(err, &pe):
-		code = codes.InvalidArgument
-	case errors.Is(err, ErrTooLarge), errors.Is(err, bundle.ErrNoSpace):
-		code = codes.ResourceExhausted
-	case errors.Is(err, ErrNonFastForward), errors.Is(err, ErrUnrelated), errors.Is(err, ErrMissingPrerequisite):
-		code = codes.FailedPrecondition
-	case errors.Is(err, ErrChanged):
-		code = codes.Aborted
-	case errors.Is(err, ErrNotFound):
-		code = codes.NotFound
-	case errors.Is(err, ErrIdle), errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	default:
-		if s, ok := status.FromError(err); ok {
-			return s.Err()
-		}
+	case errors.As(err, &fsck):
+		return errdefs.InvalidArgument(errdefs.FsckFailed, "%s", err.Error()).
+			With("fsck_id", fsck.ID).With("object", fsck.Object).Wrap(err)
+	case errors.As(err, &fe):
+		return errdefs.InvalidArgument(errdefs.BundleInvalid, "%s", err.Error()).Wrap(err)
+	case errors.As(err, &pe):
+		return errdefs.InvalidArgument(errdefs.PackInvalid, "%s", err.Error()).Wrap(err)
+	case errors.Is(err, bundle.ErrNoSpace):
+		return errdefs.ResourceExhausted(errdefs.DiskFull, "%s", err.Error()).Wrap(err)
 	}
-	return status.Error(code, err.Error())
+	return err
+}
+
+// projectNotFound is a business/project whose repository was never added.
+func projectNotFound(business, project string) *errdefs.Error {
+	return errdefs.NotFound(errdefs.ProjectNotFound, "project %s/%s was never added", business, project).
+		With("business", business).With("project", project)
 }

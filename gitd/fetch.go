@@ -7,9 +7,9 @@ import (
 
 	git "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
-	"github.com/go-git/go-git/v5/plumbing/object"
 
 	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -18,14 +18,14 @@ import (
 const MaxChunk = 1 << 20
 
 // refToSend opens business/project for a fetch and resolves ref, which
-// must exist (else NotFound, saying missing).
-func (s *Service) refToSend(business, project, ref, missing string) (repo, *git.Repository, string, error) {
+// must exist (else NotFound with reason, saying missing).
+func (s *Service) refToSend(business, project, ref string, reason errdefs.Reason, missing string) (repo, *git.Repository, string, error) {
 	r, err := s.repo(business, project)
 	if err != nil {
 		return repo{}, nil, "", err
 	}
 	if !r.exists() {
-		return repo{}, nil, "", fmt.Errorf("%w: project %s/%s was never added", ErrNotFound, business, project)
+		return repo{}, nil, "", projectNotFound(business, project)
 	}
 	gg, err := open(r)
 	if err != nil {
@@ -36,7 +36,7 @@ func (s *Service) refToSend(business, project, ref, missing string) (repo, *git.
 		return repo{}, nil, "", err
 	}
 	if commit == "" {
-		return repo{}, nil, "", fmt.Errorf("%w: %s/%s %s", ErrNotFound, business, project, missing)
+		return repo{}, nil, "", errdefs.NotFound(reason, "%s/%s %s", business, project, missing)
 	}
 	return r, gg, commit, nil
 }
@@ -45,7 +45,7 @@ func (s *Service) refToSend(business, project, ref, missing string) (repo, *git.
 // refs/heads/main, full history) to w, calling begin with main's commit
 // before the first byte.
 func (s *Service) WriteMainBundle(ctx context.Context, business, project string, begin func(commit string) error, w io.Writer) error {
-	r, _, commit, err := s.refToSend(business, project, MainRef, "has no main")
+	r, _, commit, err := s.refToSend(business, project, MainRef, errdefs.MainNotFound, "has no main")
 	if err != nil {
 		return err
 	}
@@ -61,33 +61,31 @@ func (s *Service) WriteMainBundle(ctx context.Context, business, project string,
 func (s *Service) WriteReviewBundle(ctx context.Context, business, project, task, have string, begin func(commit string) error, w io.Writer) error {
 	ref, err := names.WorkRef(task)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalid, err)
+		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
-	r, gg, commit, err := s.refToSend(business, project, ref, "task "+task+" has no push yet")
+	r, gg, commit, err := s.refToSend(business, project, ref, errdefs.PushNotFound, "task "+task+" has no push yet")
 	if err != nil {
 		return err
 	}
 	args := []string{ref}
 	if have != "" {
 		if !bundle.ValidOID(have) {
-			return fmt.Errorf("%w: have %q is not a full object id", ErrInvalid, have)
+			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %q is not a full object id", have)
 		}
-		hc, err := object.GetCommit(gg.Storer, plumbing.NewHash(have))
-		if err != nil {
-			return fmt.Errorf("%w: have %s is not a commit of %s/%s", ErrInvalid, have, business, project)
-		}
-		wc, err := object.GetCommit(gg.Storer, plumbing.NewHash(commit))
+		use, err := s.haveFits(ctx, r, gg, have)
 		if err != nil {
 			return err
 		}
-		// A push that have already contains would make an empty bundle,
-		// which git refuses: send it whole instead.
-		contained, err := wc.IsAncestor(hc)
-		if err != nil {
-			return err
-		}
-		if !contained {
-			args = append(args, "^"+have)
+		if use {
+			// A push that have already contains would make an empty
+			// bundle, which git refuses: send it whole instead.
+			contained, err := s.contains(ctx, r, gg, have, commit)
+			if err != nil {
+				return err
+			}
+			if !contained {
+				args = append(args, "^"+have)
+			}
 		}
 	}
 	if err := begin(commit); err != nil {
@@ -103,4 +101,51 @@ func (s *Service) bundle(ctx context.Context, r repo, w io.Writer, revs ...strin
 		return fmt.Errorf("bundle %s: %w", r.Path, err)
 	}
 	return nil
+}
+
+// haveFits checks a reviewer's have, whatever it names, without reading an
+// object whole: its size first, from the object's header. A commit within
+// --max-commit-bytes is used; a larger one (only the host's seeding can put
+// one there: pushes are bounded) is ignored, and the bundle is sent whole,
+// so a have costs the daemon no more than any other; anything else is
+// refused.
+func (s *Service) haveFits(ctx context.Context, r repo, gg *git.Repository, have string) (bool, error) {
+	notCommit := errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %s is not a commit of %s/%s", have, r.Business, r.Project).With("have", have)
+	h := plumbing.NewHash(have)
+	size, err := gg.Storer.EncodedObjectSize(h)
+	if err != nil {
+		return false, notCommit
+	}
+	if size > s.o.MaxCommitBytes || size > maxCommitBytes {
+		typ, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{have}})
+		if err != nil || typ != "commit" {
+			return false, notCommit
+		}
+		s.log.Info("have is a commit over --max-commit-bytes; sending the bundle whole", "repo", r.Path, "have", have, "size", size)
+		return false, nil
+	}
+	obj, err := gg.Storer.EncodedObject(plumbing.AnyObject, h)
+	if err != nil || obj.Type() != plumbing.CommitObject {
+		return false, notCommit
+	}
+	return true, nil
+}
+
+// contains reports whether commit is have or one of its ancestors: a
+// bounded walk in process (objectReader reads no commit over its bound),
+// else git.
+func (s *Service) contains(ctx context.Context, r repo, gg *git.Repository, have, commit string) (bool, error) {
+	o := &objectReader{repo: gg.Storer, limit: walkLimit}
+	ok, err := o.isAncestor(commit, have)
+	if err == nil {
+		return ok, nil
+	}
+	err = s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{commit, have}})
+	if err == nil {
+		return true, nil
+	}
+	if gitcmd.ExitCode(err) == 1 {
+		return false, nil
+	}
+	return false, err
 }

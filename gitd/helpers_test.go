@@ -10,10 +10,8 @@ import (
 	"sync"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/treesnap"
 )
@@ -49,11 +47,11 @@ func (f *fakeAuth) Authorize(_ context.Context, token string, caps ...string) (a
 	defer f.mu.Unlock()
 	g, ok := f.grants[token]
 	if !ok {
-		return authz.Grant{}, status.Error(codes.Unauthenticated, "unknown token")
+		return authz.Grant{}, errdefs.Unauthenticated(errdefs.TokenUnknown, "unknown token")
 	}
 	if len(caps) == 0 {
 		if !g.Host {
-			return authz.Grant{}, status.Error(codes.PermissionDenied, "host token required")
+			return authz.Grant{}, errdefs.PermissionDenied(errdefs.HostOnly, "host token required")
 		}
 		return g, nil
 	}
@@ -62,7 +60,7 @@ func (f *fakeAuth) Authorize(_ context.Context, token string, caps ...string) (a
 			return g, nil
 		}
 	}
-	return authz.Grant{}, status.Errorf(codes.PermissionDenied, "grant lacks %v", caps)
+	return authz.Grant{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant lacks %v", caps)
 }
 
 func (f *fakeAuth) EnsureProject(_ context.Context, b, p string) error {
@@ -76,7 +74,7 @@ func (f *fakeAuth) TaskOpen(_ context.Context, g authz.Grant) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed[g.Task] {
-		return status.Errorf(codes.FailedPrecondition, "task %s is closed", g.Task)
+		return errdefs.FailedPrecondition(errdefs.TaskClosed, "task %s is closed", g.Task)
 	}
 	return nil
 }
@@ -88,7 +86,7 @@ func (f *fakeAuth) RecordPush(_ context.Context, g authz.Grant, p authz.Push, _ 
 		return f.refuse
 	}
 	if f.closed[g.Task] {
-		return status.Errorf(codes.FailedPrecondition, "task %s is closed", g.Task)
+		return errdefs.FailedPrecondition(errdefs.TaskClosed, "task %s is closed", g.Task)
 	}
 	f.pushes = append(f.pushes, p)
 	return nil

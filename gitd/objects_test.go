@@ -14,6 +14,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 
 	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // TestObjectReaderWalk: the in-process ancestry walk answers yes, a
@@ -95,7 +96,7 @@ func TestPushHistoryPastWalk(t *testing.T) {
 	e.run(e.work, "reset", nil, "--hard", "--quiet", "--", "main")
 	e.commitFile("b.txt", "1\n")
 	e.commitFile("b.txt", "2\n")
-	if _, err := e.push("t1", e.bundle("HEAD", "^main")); !errors.Is(err, ErrNonFastForward) {
+	if _, err := e.push("t1", e.bundle("HEAD", "^main")); errdefs.ReasonOf(err) != errdefs.NonFastForward {
 		t.Fatalf("non-fast-forward past the walk: %v", err)
 	}
 	if got := e.ref("refs/work/t1"); got != c2 {

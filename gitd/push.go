@@ -13,6 +13,7 @@ import (
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -42,7 +43,7 @@ const criticalTimeout = time.Minute
 func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size int64, body io.Reader) (PushResult, error) {
 	ref, err := names.WorkRef(g.Task)
 	if err != nil {
-		return PushResult{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return PushResult{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
 	r, err := s.repo(g.Business, g.Project)
 	if err != nil {
@@ -52,7 +53,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 	if !r.exists() {
-		return PushResult{}, fmt.Errorf("%w: project %s/%s was never added", ErrNotFound, g.Business, g.Project)
+		return PushResult{}, projectNotFound(g.Business, g.Project)
 	}
 	if size > s.o.MaxBundleBytes {
 		return PushResult{}, s.tooLarge(size)
@@ -64,7 +65,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, lr.cause(err)
 	}
 	if len(h.Refs) != 1 {
-		return PushResult{}, fmt.Errorf("%w: bundle has %d refs; a push carries exactly one", ErrInvalid, len(h.Refs))
+		return PushResult{}, errdefs.InvalidArgument(errdefs.BundleInvalid, "bundle has %d refs; a push carries exactly one", len(h.Refs)).With("refs", len(h.Refs))
 	}
 	commit := h.Refs[0].Commit
 	gg, err := open(r)
@@ -77,7 +78,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 			ok = gg.Storer.HasEncodedObject(plumbing.NewHash(p)) == nil
 		}
 		if !ok {
-			return PushResult{}, fmt.Errorf("%w: the bundle needs commit %s, which the bus host does not have; bundle against a main fetched from it", ErrMissingPrerequisite, p)
+			return PushResult{}, errdefs.FailedPrecondition(errdefs.PrerequisiteMissing, "missing prerequisite: the bundle needs commit %s, which the bus host does not have; bundle against a main fetched from it", p).With("commit", p)
 		}
 	}
 
@@ -86,6 +87,11 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 	defer q.Remove()
+	if !s.o.NoObjectChecks {
+		q.Limits = bundle.Limits{BlobBytes: s.o.MaxObjectBytes, CommitBytes: s.o.MaxCommitBytes,
+			TreeBytes: s.o.MaxTreeBytes, Objects: s.o.MaxPackObjects}
+	}
+	q.IndexConfig = indexPackConfig
 	name, err := q.IndexPack(ctx, s.git, r.Path, br)
 	if err != nil || lr.err != nil {
 		return PushResult{}, lr.cause(err)
@@ -126,6 +132,10 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 			return PushResult{}, err
 		}
 	}
+	packBytes, err := s.checkQuotas(r, g.Task, q)
+	if err != nil {
+		return PushResult{}, err
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
 	if err := q.Migrate(); err != nil {
@@ -138,6 +148,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		}
 		return PushResult{}, err
 	}
+	s.account(r, g.Task, packBytes, q)
 	oldArg := cur
 	if oldArg == "" {
 		oldArg = zeroOID
@@ -162,11 +173,11 @@ func (s *Service) checkCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 	} else {
 		c := gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{commit}, Env: q.Env()}
 		if typ, err = s.git.Line(ctx, c); err != nil {
-			return fmt.Errorf("%w: the bundle's ref names %s, which neither the bundle nor the repository holds", ErrInvalid, commit)
+			return errdefs.InvalidArgument(errdefs.BundleInvalid, "the bundle's ref names %s, which neither the bundle nor the repository holds", commit).With("commit", commit)
 		}
 	}
 	if typ != "commit" {
-		return fmt.Errorf("%w: the bundle's ref names a %s, not a commit", ErrInvalid, typ)
+		return errdefs.InvalidArgument(errdefs.BundleInvalid, "the bundle's ref names a %s, not a commit", typ).With("type", typ)
 	}
 	return nil
 }
@@ -185,7 +196,8 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 			return err
 		}
 		if !ok {
-			return fmt.Errorf("%w: %s does not descend from %s at %s; fetch, rebase onto it and push again", ErrNonFastForward, commit, ref, old)
+			return errdefs.FailedPrecondition(errdefs.NonFastForward, "non-fast-forward: %s does not descend from %s at %s; fetch, rebase onto it and push again", commit, ref, old).
+				With("commit", commit).With("ref", ref).With("current", old)
 		}
 		return nil
 	}
@@ -196,13 +208,14 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 	}
 	_, err := s.mergeBase(ctx, r, q, MainRef, commit)
 	if errors.Is(err, errNoMergeBase) {
-		return fmt.Errorf("%w: %s shares no history with main; start from a main fetched from the bus host", ErrUnrelated, commit)
+		return errdefs.FailedPrecondition(errdefs.UnrelatedHistory, "%s shares no history with main; start from a main fetched from the bus host", commit).With("commit", commit)
 	}
 	return err
 }
 
 func (s *Service) tooLarge(n int64) error {
-	return fmt.Errorf("%w: %d bytes is over the limit of %d bytes (bushostd --max-bundle-bytes)", ErrTooLarge, n, s.o.MaxBundleBytes)
+	return errdefs.ResourceExhausted(errdefs.BundleTooLarge, "bundle too large: %d bytes is over the limit of %d bytes (bushostd --max-bundle-bytes)", n, s.o.MaxBundleBytes).
+		With("limit", s.o.MaxBundleBytes).With("size", n)
 }
 
 // limitReader counts a push's bytes and fails past the limit, remembering
@@ -224,7 +237,7 @@ func (l *limitReader) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	l.left -= int64(n)
 	if l.left < 0 {
-		l.err = fmt.Errorf("%w: the bundle is over the limit of %d bytes (bushostd --max-bundle-bytes)", ErrTooLarge, l.max)
+		l.err = errdefs.ResourceExhausted(errdefs.BundleTooLarge, "bundle too large: the bundle is over the limit of %d bytes (bushostd --max-bundle-bytes)", l.max).With("limit", l.max)
 		return 0, l.err
 	}
 	if err != nil && !errors.Is(err, io.EOF) {

@@ -3,7 +3,6 @@ package gitd
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/treesnap"
 )
@@ -88,6 +88,7 @@ type refusal struct {
 	bundle func(e *env) []byte
 	size   int64
 	code   codes.Code
+	reason errdefs.Reason
 	want   string
 	opts   []func(*Options)
 }
@@ -117,7 +118,7 @@ func TestPushRefusals(t *testing.T) {
 		return append([]byte(newHeader), b[i+2:]...)
 	}
 	cases := []refusal{
-		{name: "non-fast-forward", code: codes.FailedPrecondition, want: "non-fast-forward", bundle: func(e *env) []byte {
+		{name: "non-fast-forward", reason: errdefs.NonFastForward, code: codes.FailedPrecondition, want: "non-fast-forward", bundle: func(e *env) []byte {
 			e.commitFile("a.txt", "one\n")
 			if _, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil {
 				e.t.Fatal(err)
@@ -126,13 +127,13 @@ func TestPushRefusals(t *testing.T) {
 			e.commitFile("a.txt", "other\n")
 			return e.bundle("HEAD", "^main")
 		}},
-		{name: "unrelated history", code: codes.FailedPrecondition, want: "shares no history with main", bundle: func(e *env) []byte {
+		{name: "unrelated history", reason: errdefs.UnrelatedHistory, code: codes.FailedPrecondition, want: "shares no history with main", bundle: func(e *env) []byte {
 			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "orphan\n")}))
 			c := e.run(e.work, "commit-tree", nil, "-morphan", "--", tree)
 			e.run(e.work, "update-ref", nil, "--", "refs/heads/orphan", c)
 			return e.bundle("refs/heads/orphan")
 		}},
-		{name: "no ref", code: codes.InvalidArgument, want: "bundle has 0 refs", bundle: func(e *env) []byte {
+		{name: "no ref", reason: errdefs.BundleInvalid, code: codes.InvalidArgument, want: "bundle has 0 refs", bundle: func(e *env) []byte {
 			e.commitFile("a.txt", "one\n")
 			b := e.bundle("HEAD", "^main")
 			return header(e, b, "# v2 git bundle\n-"+e.main+"\n\n")
@@ -142,18 +143,18 @@ func TestPushRefusals(t *testing.T) {
 			e.run(e.work, "update-ref", nil, "--", "refs/heads/second", "HEAD")
 			return e.bundle("HEAD", "refs/heads/second", "^main")
 		}},
-		{name: "missing prerequisite", code: codes.FailedPrecondition, want: "which the bus host does not have", bundle: func(e *env) []byte {
+		{name: "missing prerequisite", reason: errdefs.PrerequisiteMissing, code: codes.FailedPrecondition, want: "which the bus host does not have", bundle: func(e *env) []byte {
 			e.commitFile("local.txt", "never pushed\n")
 			e.run(e.work, "update-ref", nil, "--", "refs/heads/base", "HEAD")
 			e.commitFile("a.txt", "one\n")
 			return e.bundle("HEAD", "^refs/heads/base")
 		}},
-		{name: "truncated pack", code: codes.InvalidArgument, want: "bad pack", bundle: func(e *env) []byte {
+		{name: "truncated pack", reason: errdefs.PackInvalid, code: codes.InvalidArgument, want: "bad pack", bundle: func(e *env) []byte {
 			e.commitFile("a.txt", strings.Repeat("some content\n", 100))
 			b := e.bundle("HEAD", "^main")
 			return b[:len(b)-30]
 		}},
-		{name: "not a bundle", code: codes.InvalidArgument, want: "not a v2 or v3 git bundle", bundle: func(e *env) []byte {
+		{name: "not a bundle", reason: errdefs.BundleInvalid, code: codes.InvalidArgument, want: "not a v2 or v3 git bundle", bundle: func(e *env) []byte {
 			return []byte("PACK garbage\n\n")
 		}},
 		{name: "header without end", code: codes.InvalidArgument, want: "truncated bundle", bundle: func(e *env) []byte {
@@ -174,15 +175,15 @@ func TestPushRefusals(t *testing.T) {
 		{name: "1 MiB header line", code: codes.InvalidArgument, want: "header line longer than", bundle: func(e *env) []byte {
 			return []byte("# v2 git bundle\n" + e.main + " refs/heads/" + strings.Repeat("x", 1<<20) + "\n\n")
 		}},
-		{name: "oversized", code: codes.ResourceExhausted, want: "over the limit", opts: []func(*Options){func(o *Options) { o.MaxBundleBytes = 4096 }}, bundle: func(e *env) []byte {
+		{name: "oversized", reason: errdefs.BundleTooLarge, code: codes.ResourceExhausted, want: "over the limit", opts: []func(*Options){func(o *Options) { o.MaxBundleBytes = 4096 }}, bundle: func(e *env) []byte {
 			e.commitFile("big.txt", strings.Repeat("incompressible? no, but big enough ", 2000)+randomText(8192))
 			return e.bundle("HEAD", "^main")
 		}},
-		{name: "oversized announced", code: codes.ResourceExhausted, want: "over the limit", size: 1 << 40, bundle: func(e *env) []byte {
+		{name: "oversized announced", reason: errdefs.BundleTooLarge, code: codes.ResourceExhausted, want: "over the limit", size: 1 << 40, bundle: func(e *env) []byte {
 			e.commitFile("a.txt", "one\n")
 			return e.bundle("HEAD", "^main")
 		}},
-		{name: "ref names a tree", code: codes.InvalidArgument, want: "not a commit", bundle: func(e *env) []byte {
+		{name: "ref names a tree", reason: errdefs.BundleInvalid, code: codes.InvalidArgument, want: "not a commit", bundle: func(e *env) []byte {
 			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "t\n")}))
 			b := e.bundle("main")
 			i := bytes.Index(b, []byte("\n\n"))
@@ -192,7 +193,7 @@ func TestPushRefusals(t *testing.T) {
 			e.run(e.work, "update-ref", nil, "--", "refs/tags/tree", tree)
 			return e.bundle("refs/tags/tree")
 		}},
-		{name: "fsck .git", code: codes.InvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".git")},
+		{name: "fsck .git", reason: errdefs.FsckFailed, code: codes.InvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".git")},
 		{name: "fsck .GIT", code: codes.InvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".GIT")},
 		{name: "fsck .git.", code: codes.InvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".git.")},
 		{name: "fsck ..", code: codes.InvalidArgument, want: "hasDotdot", bundle: withEntry("100644", "..")},
@@ -235,7 +236,7 @@ func TestPushRefusals(t *testing.T) {
 			tree := e.run(e.work, "rev-parse", nil, "--", "HEAD^{tree}")
 			return e.handBundle(strings.Repeat("3", 40), c, tree, e.run(e.work, "rev-parse", nil, "--", "HEAD:a.txt"))
 		}},
-		{name: "closed task", code: codes.FailedPrecondition, want: "is closed", bundle: func(e *env) []byte {
+		{name: "closed task", reason: errdefs.TaskClosed, code: codes.FailedPrecondition, want: "is closed", bundle: func(e *env) []byte {
 			e.auth.mu.Lock()
 			e.auth.closed["t1"] = true
 			e.auth.mu.Unlock()
@@ -244,7 +245,7 @@ func TestPushRefusals(t *testing.T) {
 		}},
 		{name: "record refused", code: codes.FailedPrecondition, want: "closed while pushing", bundle: func(e *env) []byte {
 			e.auth.mu.Lock()
-			e.auth.refuse = status.Error(codes.FailedPrecondition, "task t1 closed while pushing")
+			e.auth.refuse = errdefs.FailedPrecondition(errdefs.TaskClosed, "task t1 closed while pushing")
 			e.auth.mu.Unlock()
 			e.commitFile("a.txt", "one\n")
 			return e.bundle("HEAD", "^main")
@@ -264,6 +265,12 @@ func TestPushRefusals(t *testing.T) {
 			s, _ := status.FromError(st)
 			if s.Code() != tc.code || !strings.Contains(s.Message(), tc.want) {
 				t.Fatalf("refusal = %v %q, want %v containing %q", s.Code(), s.Message(), tc.code, tc.want)
+			}
+			if back := errdefs.FromGRPC(st); tc.reason != "" && back.Reason != tc.reason {
+				t.Fatalf("reason %s, want %s", back.Reason, tc.reason)
+			}
+			if tc.reason == errdefs.FsckFailed && errdefs.FromGRPC(st).Metadata["fsck_id"] != "hasDotgit" {
+				t.Fatalf("fsck_id = %q", errdefs.FromGRPC(st).Metadata["fsck_id"])
 			}
 			if d := treesnap.Diff(before, e.snapshot()); d != "" {
 				t.Fatalf("store changed by a refused push:\n%s", d)
@@ -319,7 +326,7 @@ func TestPushBadNames(t *testing.T) {
 				g.Task = bad
 			}
 			_, err := e.svc.Push(context.Background(), g, authz.Peer{}, 0, bytes.NewReader(b))
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "invalid "+which+" name") {
+			if errdefs.ReasonOf(err) != errdefs.NameInvalid || !strings.Contains(err.Error(), "invalid "+which+" name") {
 				t.Errorf("%s %q: %v", which, bad, err)
 			}
 		}
@@ -328,10 +335,10 @@ func TestPushBadNames(t *testing.T) {
 		t.Fatalf("store changed:\n%s", d)
 	}
 	for _, bad := range []string{"../x", "a/b", "", strings.Repeat("a", 200), "ünï"} {
-		if _, _, err := e.svc.AddProject(context.Background(), bad, "p", e.root); !errors.Is(err, ErrInvalid) {
+		if _, _, err := e.svc.AddProject(context.Background(), bad, "p", e.root); errdefs.ReasonOf(err) != errdefs.NameInvalid {
 			t.Errorf("AddProject business %q: %v", bad, err)
 		}
-		if _, _, err := e.svc.AddProject(context.Background(), "b", bad, e.root); !errors.Is(err, ErrInvalid) {
+		if _, _, err := e.svc.AddProject(context.Background(), "b", bad, e.root); errdefs.ReasonOf(err) != errdefs.NameInvalid {
 			t.Errorf("AddProject project %q: %v", bad, err)
 		}
 	}

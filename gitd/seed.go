@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 )
 
@@ -65,7 +66,7 @@ func (s *Service) AddProject(ctx context.Context, business, project, root string
 			Flags: []string{"--quiet", "--no-tags", "--no-write-fetch-head"},
 			Args:  []string{root, "+HEAD:" + MainRef}})
 		if err != nil {
-			return "", false, fmt.Errorf("%w: fetch HEAD of %s: %v", ErrInvalid, root, err)
+			return "", false, errdefs.InvalidArgument(errdefs.RootInvalid, "fetch HEAD of %s: %v", root, err).With("root", root)
 		}
 	} else {
 		c, _, err := s.commitDir(ctx, dir, root, "", []string{"GIT_OBJECT_DIRECTORY=" + filepath.Join(tmp, "objects")}, "Seed main from "+root)
@@ -81,7 +82,7 @@ func (s *Service) AddProject(ctx context.Context, business, project, root string
 	}
 	commit, err = s.git.Line(ctx, gitcmd.Cmd{GitDir: tmp, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{MainRef + "^{commit}"}})
 	if err != nil {
-		return "", false, fmt.Errorf("%w: %s has no commit at HEAD: %v", ErrInvalid, root, err)
+		return "", false, errdefs.InvalidArgument(errdefs.RootInvalid, "%s has no commit at HEAD: %v", root, err).With("root", root)
 	}
 	if err := os.Rename(tmp, r.Path); err != nil {
 		return "", false, err
@@ -101,7 +102,7 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 		return "", "", err
 	}
 	if !r.exists() {
-		return "", "", fmt.Errorf("%w: project %s/%s was never added", ErrNotFound, business, project)
+		return "", "", projectNotFound(business, project)
 	}
 	unlock, err := s.lock(ctx, r)
 	if err != nil {
@@ -132,7 +133,7 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 	if isGitRepo(root) {
 		next, err = s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}})
 		if err != nil {
-			return "", "", fmt.Errorf("%w: %s has no commit at HEAD: %v", ErrInvalid, root, err)
+			return "", "", errdefs.InvalidArgument(errdefs.RootInvalid, "%s has no commit at HEAD: %v", root, err).With("root", root)
 		}
 		if next == old {
 			return old, old, nil
@@ -143,14 +144,15 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 			return "", "", fmt.Errorf("fetch HEAD of %s: %w", root, err)
 		}
 		if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{next}}); err != nil {
-			return "", "", fmt.Errorf("%w: HEAD of %s moved during the sync; run it again", ErrChanged, root)
+			return "", "", errdefs.Aborted(errdefs.RefChanged, "HEAD of %s moved during the sync; run it again", root).With("root", root)
 		}
 		ok, err := s.isAncestor(ctx, r, q, old, next)
 		if err != nil {
 			return "", "", err
 		}
 		if !ok {
-			return "", "", fmt.Errorf("%w: HEAD of %s (%s) does not descend from main (%s); main only moves forward", ErrNonFastForward, root, next, old)
+			return "", "", errdefs.FailedPrecondition(errdefs.NonFastForward, "non-fast-forward: HEAD of %s (%s) does not descend from main (%s); main only moves forward", root, next, old).
+				With("commit", next).With("ref", MainRef).With("current", old)
 		}
 	} else {
 		var same bool
@@ -162,6 +164,7 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 			return old, old, nil
 		}
 	}
+	defer s.forgetUsage(r)
 	if err := q.Migrate(); err != nil {
 		return "", "", err
 	}
@@ -221,15 +224,15 @@ func (s *Service) commitDir(ctx context.Context, dir, root, parent string, env [
 // checkRoot requires an absolute path to an existing directory.
 func checkRoot(root string) (string, error) {
 	if root == "" || !filepath.IsAbs(root) {
-		return "", fmt.Errorf("%w: root %q must be an absolute path", ErrInvalid, root)
+		return "", errdefs.InvalidArgument(errdefs.RootInvalid, "root %q must be an absolute path", root)
 	}
 	root = filepath.Clean(root)
 	fi, err := os.Stat(root)
 	if err != nil || !fi.IsDir() {
-		return "", fmt.Errorf("%w: root %s is not a directory", ErrInvalid, root)
+		return "", errdefs.InvalidArgument(errdefs.RootInvalid, "root %s is not a directory", root).With("root", root)
 	}
 	if strings.ContainsAny(root, "\n") {
-		return "", fmt.Errorf("%w: root %q has a newline", ErrInvalid, root)
+		return "", errdefs.InvalidArgument(errdefs.RootInvalid, "root %q has a newline", root)
 	}
 	return root, nil
 }

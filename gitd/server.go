@@ -3,7 +3,6 @@ package gitd
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"sync/atomic"
 	"time"
@@ -12,6 +11,7 @@ import (
 
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/sock"
 )
@@ -34,7 +34,7 @@ func (sv *server) authorize(ctx context.Context, caps ...string) (authz.Grant, e
 	}
 	if len(caps) > 0 {
 		if err := names.CheckScope(names.Scope{Business: g.Business, Project: g.Project, Task: g.Task}); err != nil {
-			return g, fmt.Errorf("%w: grant scope: %v", ErrInvalid, err)
+			return g, errdefs.InvalidArgument(errdefs.NameInvalid, "grant scope: %v", err).Wrap(err)
 		}
 	}
 	return g, nil
@@ -52,16 +52,16 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	defer cancel()
 	first, err := rr.next()
 	if err != nil {
-		return pushStatus(err)
+		return toStatus(err)
 	}
 	hdr := first.GetHeader()
 	if hdr == nil {
-		return toStatus(fmt.Errorf("%w: the first message of a push must be its header", ErrInvalid))
+		return toStatus(errdefs.InvalidArgument(errdefs.PushProtocol, "the first message of a push must be its header"))
 	}
 	peer, _ := sock.PeerFromContext(ctx)
 	res, err := sv.s.Push(ctx, g, peer, hdr.GetSize(), rr)
 	if err != nil {
-		return pushStatus(rr.why(err))
+		return toStatus(rr.why(err))
 	}
 	return toStatus(stream.SendAndClose(&gitv1.PushWorkingResponse{Commit: res.Commit, Previous: res.Previous, Ref: res.Ref}))
 }
@@ -104,7 +104,7 @@ func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerS
 
 func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) (*gitv1.AddProjectResponse, error) {
 	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, toStatus(fmt.Errorf("%w: %v", ErrInvalid, err))
+		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
 	}
 	if _, err := sv.authorize(ctx); err != nil {
 		return nil, toStatus(err)
@@ -123,7 +123,7 @@ func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) 
 
 func (sv *server) SyncProject(ctx context.Context, req *gitv1.SyncProjectRequest) (*gitv1.SyncProjectResponse, error) {
 	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, toStatus(fmt.Errorf("%w: %v", ErrInvalid, err))
+		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
 	}
 	if _, err := sv.authorize(ctx); err != nil {
 		return nil, toStatus(err)
@@ -190,7 +190,7 @@ func (r *recvReader) next() (*gitv1.PushWorkingRequest, error) {
 		}
 		return res.m, res.err
 	case <-t.C:
-		return nil, fmt.Errorf("%w: the client sent nothing for %s; push cut", ErrIdle, r.idle)
+		return nil, errdefs.DeadlineExceeded(errdefs.PushIdle, "the client sent nothing for %s; push cut", r.idle).With("idle", r.idle)
 	case <-r.cut:
 		return nil, r.cutErr
 	}
@@ -207,7 +207,7 @@ func (r *recvReader) Read(p []byte) (int, error) {
 			continue
 		}
 		if m.GetHeader() != nil {
-			r.err = fmt.Errorf("%w: a second push header in one stream", ErrInvalid)
+			r.err = errdefs.InvalidArgument(errdefs.PushProtocol, "a second push header in one stream")
 			continue
 		}
 		r.buf = m.GetChunk()

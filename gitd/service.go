@@ -28,14 +28,21 @@ import (
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
 )
 
 // Defaults for zero Options fields.
 const (
-	DefaultMaxBundleBytes = 256 << 20
-	DefaultIdleTimeout    = 30 * time.Second
+	DefaultMaxBundleBytes  = 256 << 20
+	DefaultIdleTimeout     = 30 * time.Second
+	DefaultMaxObjectBytes  = 100 << 20
+	DefaultMaxCommitBytes  = 1 << 20
+	DefaultMaxTreeBytes    = 16 << 20
+	DefaultMaxPackObjects  = 1 << 20
+	DefaultMaxTaskBytes    = 1 << 30
+	DefaultMaxProjectBytes = 10 << 30
 )
 
 // MainRef is the branch every project's work starts from.
@@ -51,6 +58,22 @@ type Options struct {
 	MinPushRate    int64         // bytes/s a push must average once PushRateGrace old; 0 -> none
 	PushRateGrace  time.Duration
 	Authority      authz.Authority
+
+	// Object bounds, checked on every pushed pack as it streams in, before
+	// git reads the object (see bundle.Limits). 0 -> the defaults.
+	MaxObjectBytes int64 // a blob; 100 MiB
+	MaxCommitBytes int64 // a commit or a tag; 1 MiB
+	MaxTreeBytes   int64 // a tree; 16 MiB
+	MaxPackObjects int64 // the objects of one pushed pack; 1,048,576
+	// NoObjectChecks turns the streaming object checks off: for the
+	// benchmark that measures their cost, never in service.
+	NoObjectChecks bool
+
+	// Quotas on what pushes may store: a task's accepted packs (1 GiB), a
+	// project's repository (10 GiB). A push past one is refused before its
+	// objects leave quarantine. 0 -> the defaults.
+	MaxTaskBytes    int64
+	MaxProjectBytes int64
 }
 
 // Service owns the repositories under Options.ReposDir.
@@ -61,6 +84,9 @@ type Service struct {
 
 	mu    sync.Mutex
 	locks map[string]chan struct{} // per repository, in this process
+	// usage caches each repository's object bytes (under its lock), so
+	// that a push's project quota check does not walk the objects.
+	usage map[string]int64
 }
 
 // New checks o and prepares ReposDir. It removes what a killed process may
@@ -80,6 +106,19 @@ func New(o Options) (*Service, error) {
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = DefaultIdleTimeout
 	}
+	for _, f := range []struct {
+		p   *int64
+		def int64
+	}{
+		{&o.MaxObjectBytes, DefaultMaxObjectBytes}, {&o.MaxCommitBytes, DefaultMaxCommitBytes},
+		{&o.MaxTreeBytes, DefaultMaxTreeBytes}, {&o.MaxTaskBytes, DefaultMaxTaskBytes},
+		{&o.MaxPackObjects, DefaultMaxPackObjects},
+		{&o.MaxProjectBytes, DefaultMaxProjectBytes},
+	} {
+		if *f.p <= 0 {
+			*f.p = f.def
+		}
+	}
 	dir, err := filepath.Abs(o.ReposDir)
 	if err != nil {
 		return nil, fmt.Errorf("gitd: %w", err)
@@ -92,7 +131,7 @@ func New(o Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gitd: %w", err)
 	}
-	s := &Service{o: o, git: g, log: slog.Default().With("service", "gitd"), locks: map[string]chan struct{}{}}
+	s := &Service{o: o, git: g, log: slog.Default().With("service", "gitd"), locks: map[string]chan struct{}{}, usage: map[string]int64{}}
 	if err := s.cleanStale(); err != nil {
 		return nil, fmt.Errorf("gitd: clean stale files: %w", err)
 	}
@@ -113,7 +152,7 @@ const seedPrefix = ".seeding-"
 func (s *Service) repo(business, project string) (repo, error) {
 	p, err := names.RepoPath(s.o.ReposDir, business, project)
 	if err != nil {
-		return repo{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return repo{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
 	return repo{
 		Business: business, Project: project, Path: p,

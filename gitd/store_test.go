@@ -2,7 +2,6 @@ package gitd
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"sort"
@@ -11,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/treesnap"
 )
@@ -105,7 +105,7 @@ func TestSyncProjectGitRoot(t *testing.T) {
 	e.commitAll(e.root, "rewrite")
 	before := e.snapshot()
 	_, _, err = e.svc.SyncProject(ctx, testBusiness, testProject)
-	if !errors.Is(err, ErrNonFastForward) {
+	if errdefs.ReasonOf(err) != errdefs.NonFastForward {
 		t.Fatalf("non-fast-forward sync: %v", err)
 	}
 	if d := treesnap.Diff(before, e.snapshot()); d != "" {
@@ -206,7 +206,7 @@ func TestConcurrentPushesOneTask(t *testing.T) {
 	}
 	wg.Wait()
 	for i, err := range errs {
-		if err != nil && !errors.Is(err, ErrNonFastForward) {
+		if err != nil && errdefs.ReasonOf(err) != errdefs.NonFastForward {
 			t.Fatalf("push %d: %v", i, err)
 		}
 	}

@@ -96,7 +96,7 @@ func TestBrokerWholeTask(t *testing.T) {
 		t.Fatalf("close with a pending review: %s", errs)
 	}
 	// The worker may not approve its own push (it lacks review.verdict).
-	_, errs = runAs(t, h, worker, 1, "review", "verdict", "--request", id, "--approve")
+	_, errs = runAs(t, h, worker, 4, "review", "verdict", "--request", id, "--approve")
 	if !strings.Contains(errs, "PermissionDenied") {
 		t.Fatalf("worker's verdict: %s", errs)
 	}
@@ -164,17 +164,17 @@ func TestBrokerRefusals(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"event", "record", "--type", "review.verdict", "--data", `{"verdict":"approve"}`}, 1, "reserved"},
-		{[]string{"event", "record", "--type", "action.allowed"}, 1, "reserved"},
-		{[]string{"event", "record", "--type", "Agent.Step"}, 1, "InvalidArgument"},
-		{[]string{"event", "record", "--type", "note", "--data", "[1]"}, 1, "JSON object"},
+		{[]string{"event", "record", "--type", "review.verdict", "--data", `{"verdict":"approve"}`}, 4, "EVENT_TYPE_RESERVED"},
+		{[]string{"event", "record", "--type", "action.allowed"}, 4, "reserved"},
+		{[]string{"event", "record", "--type", "Agent.Step"}, 6, "InvalidArgument"},
+		{[]string{"event", "record", "--type", "note", "--data", "[1]"}, 6, "JSON object"},
 		{[]string{"event", "record"}, 2, "--type is required"},
-		{[]string{"events", "--task", "t2"}, 1, "PermissionDenied"},
-		{[]string{"review", "verdict", "--request", "r-0011223344556677", "--approve"}, 1, "NotFound"},
+		{[]string{"events", "--task", "t2"}, 4, "PermissionDenied"},
+		{[]string{"review", "verdict", "--request", "r-0011223344556677", "--approve"}, 6, "NotFound"},
 		{[]string{"review", "verdict", "--request", "x", "--approve", "--reject"}, 2, "exactly one"},
 		{[]string{"review", "request"}, 1, "no push"},
-		{[]string{"grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "x", "--cap", "task.close"}, 1, "PermissionDenied"},
-		{[]string{"log", "verify"}, 1, "PermissionDenied"},
+		{[]string{"grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "x", "--cap", "task.close"}, 4, "PermissionDenied"},
+		{[]string{"log", "verify"}, 4, "PermissionDenied"},
 	} {
 		out, errs, code := h.Run(t, nil, append([]string{"--token-file", agent}, c.args...)...)
 		if code != c.code || !strings.Contains(errs, c.want) {
@@ -186,12 +186,12 @@ func TestBrokerRefusals(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "x", "--cap", "git.push.everything"}, 1, "unknown capability"},
-		{[]string{"grant", "--business", "acme", "--project", "web", "--task", "nope", "--role", "x", "--cap", "task.close"}, 1, "NotFound"},
+		{[]string{"grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "x", "--cap", "git.push.everything"}, 6, "unknown capability"},
+		{[]string{"grant", "--business", "acme", "--project", "web", "--task", "nope", "--role", "x", "--cap", "task.close"}, 6, "NotFound"},
 		{[]string{"grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "x"}, 2, "--cap is required"},
-		{[]string{"task", "add", "--business", "acme", "--project", "nope", "--task", "t1"}, 1, "unknown project"},
-		{[]string{"task", "add", "--business", "acme", "--project", "web", "--task", "../t1"}, 1, "InvalidArgument"},
-		{[]string{"revoke", "g-0000000000000000"}, 1, "NotFound"},
+		{[]string{"task", "add", "--business", "acme", "--project", "nope", "--task", "t1"}, 6, "unknown project"},
+		{[]string{"task", "add", "--business", "acme", "--project", "web", "--task", "../t1"}, 6, "InvalidArgument"},
+		{[]string{"revoke", "g-0000000000000000"}, 6, "NotFound"},
 		{[]string{"revoke"}, 2, "GRANT_ID"},
 	} {
 		out, errs, code := h.Run(t, nil, c.args...)
@@ -235,7 +235,7 @@ func TestBrokerRefusals(t *testing.T) {
 		t.Fatalf("BUS_TOKEN: %s", errs)
 	}
 	h.Must(t, "revoke", g.GrantID)
-	if _, errs, code := h.Run(t, env, "event", "record", "--type", "note"); code != 1 || !strings.Contains(errs, "Unauthenticated") || !strings.Contains(errs, "revoked") {
+	if _, errs, code := h.Run(t, env, "event", "record", "--type", "note"); code != 4 || !strings.Contains(errs, "Unauthenticated") || !strings.Contains(errs, "revoked") {
 		t.Fatalf("revoked token: exit %d %s", code, errs)
 	}
 }

@@ -31,8 +31,14 @@ const benchReps = 9
 // BenchmarkGitPushIncremental: 10 commits onto a 2,000-commit, 5,000-file
 // history. Target: within 1.25x of the raw pipeline.
 func BenchmarkGitPushIncremental(b *testing.B) {
-	dir := baseDir(b)
-	root := filepath.Join(dir, "root")
+	dir, root, bundle := incrementalPush(b)
+	benchPush(b, "incremental push", dir, root, bundle, 1.25)
+}
+
+// incrementalPush makes the incremental push's project root and bundle.
+func incrementalPush(b *testing.B) (dir, root, bundle string) {
+	dir = baseDir(b)
+	root = filepath.Join(dir, "root")
 	fastImportHistory(b, root, 2000, 5000)
 	work := filepath.Join(dir, "work")
 	testGit(b, dir, "clone", "-q", root, work)
@@ -40,8 +46,7 @@ func BenchmarkGitPushIncremental(b *testing.B) {
 		os.WriteFile(filepath.Join(work, fmt.Sprintf("d%d/f%d.txt", i%50, i)), []byte(fmt.Sprintf("incremental %d\n", i)), 0o644)
 		testGit(b, work, "commit", "-q", "-am", fmt.Sprintf("incremental %d", i))
 	}
-	bundle := bundleFile(b, work, dir, "incr", "HEAD", "^origin/main")
-	benchPush(b, "incremental push", dir, root, bundle, 1.25)
+	return dir, root, bundleFile(b, work, dir, "incr", "HEAD", "^origin/main")
 }
 
 // seededClone makes a project root with one seed commit on main and a
@@ -61,6 +66,12 @@ func seededClone(b *testing.B) (dir, root, work string) {
 
 // BenchmarkGitPushFull: a ~7 MB full-history push. Target: within 1.15x.
 func BenchmarkGitPushFull(b *testing.B) {
+	dir, root, bundle := fullPush(b)
+	benchPush(b, "full push", dir, root, bundle, 1.15)
+}
+
+// fullPush makes the ~7 MB full push's project root and bundle.
+func fullPush(b *testing.B) (dir, root, bundle string) {
 	dir, root, work := seededClone(b)
 	rng := rand.New(rand.NewSource(1))
 	for i := 0; i < 200; i++ {
@@ -70,8 +81,64 @@ func BenchmarkGitPushFull(b *testing.B) {
 		testGit(b, work, "add", "-A")
 		testGit(b, work, "commit", "-q", "-m", fmt.Sprint(i))
 	}
-	bundle := bundleFile(b, work, dir, "full", "HEAD")
-	benchPush(b, "full push", dir, root, bundle, 1.15)
+	return dir, root, bundleFile(b, work, dir, "full", "HEAD")
+}
+
+// BenchmarkGitPushObjectChecks: what the streaming object size checks
+// (issue 11) cost a push: the full and the incremental push, each through
+// two daemons in one run, one with the checks and one with
+// --bench-no-object-checks, alternating. Target: within 1.05x.
+func BenchmarkGitPushObjectChecks(b *testing.B) {
+	for _, sc := range []struct {
+		name string
+		make func(*testing.B) (string, string, string)
+	}{{"full push", fullPush}, {"incremental push", incrementalPush}} {
+		dir, root, bundle := sc.make(b)
+		on := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home-on")})
+		off := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home-off"), Args: []string{"--bench-no-object-checks"}})
+		commit := bundleRef(b, bundle)
+		push := func(h *Host, task string) time.Duration {
+			b.StopTimer()
+			h.Must(b, "project", "add", "--business", "bench", "--project", task, "--root", root)
+			tok := h.Grant(b, "bench", task, "t", "worker", "git.push.working")
+			syscall.Sync()
+			b.StartTimer()
+			start := time.Now()
+			out, errs, code := h.Run(b, nil, "--token-file", tok, "push-working", "--bundle", bundle)
+			d := time.Since(start)
+			if code != 0 || strings.TrimSpace(out) != commit {
+				b.Fatalf("push: exit %d: %s%s", code, out, errs)
+			}
+			return d
+		}
+		for n := 0; n < b.N; n++ {
+			var onD, offD []time.Duration
+			var ratios []float64
+			for r := 0; r < 2*benchReps; r++ {
+				task := fmt.Sprintf("c%d-%d", n, r)
+				var a, z time.Duration
+				if r%2 == 0 {
+					a = push(on, task)
+					z = push(off, task)
+				} else {
+					z = push(off, task)
+					a = push(on, task)
+				}
+				onD, offD = append(onD, a), append(offD, z)
+				ratios = append(ratios, float64(a)/float64(z))
+			}
+			ratio := medianFloat(ratios)
+			verdict := "met"
+			if ratio > 1.05 {
+				verdict = "MISSED"
+			}
+			b.ReportMetric(ratio, sc.name[:4]+"-on-x-off")
+			line := fmt.Sprintf("%s, object checks: on %.1f ms, off %.1f ms, ratio %.3f (target 1.05) %s [median of %d alternating pairs; ratios %s]",
+				sc.name, ms(median(onD)), ms(median(offD)), ratio, verdict, len(ratios), fmtRatios(ratios))
+			fmt.Println(line)
+			b.Log(line)
+		}
+	}
 }
 
 // benchPush times bushost push-working --bundle (a fresh task each time)
@@ -292,7 +359,9 @@ func BenchmarkGitPushMemory(b *testing.B) {
 	bundle := bundleFile(b, work, dir, "big", "HEAD", "^origin/main")
 	fi, _ := os.Stat(bundle)
 
-	h := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home")})
+	// The blob is over the default --max-object-bytes: this measures
+	// streaming, not the bound.
+	h := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home"), Args: []string{"--max-object-bytes", "512M"}})
 	h.Must(b, "project", "add", "--business", "bench", "--project", "p", "--root", root)
 	for n := 0; n < b.N; n++ {
 		tok := h.Grant(b, "bench", "p", fmt.Sprintf("m%d", n), "worker", "git.push.working")

@@ -123,7 +123,7 @@ func TestGitPushAndReview(t *testing.T) {
 }
 
 // Refusals through the real client and socket: the message names the
-// cause, the client exits 1, and the store is byte-for-byte unchanged.
+// cause, the client exits with the refusal's class, and the store is byte-for-byte unchanged.
 func TestGitPushRefusals(t *testing.T) {
 	w := newGitWorld(t, hostOpts{Args: []string{"--max-bundle-bytes", "200000"}})
 	w.commit(t, "a.txt", "one\n")
@@ -133,31 +133,32 @@ func TestGitPushRefusals(t *testing.T) {
 	// Each case returns a bundle file.
 	cases := []struct {
 		name, want string
+		exit       int // the class: docs/errors.md
 		make       func(t *testing.T) string
 	}{
-		{"tree entry .git (git 2.39's fetch would take it)", "hasDotgit", func(t *testing.T) string {
+		{"tree entry .git (git 2.39's fetch would take it)", "hasDotgit", 6, func(t *testing.T) string {
 			blob := testGitIn(t, w.work, "x\n", "hash-object", "-w", "--stdin")
 			tree := testGitIn(t, w.work, fmt.Sprintf("100644 blob %s\t.git\n", blob), "mktree")
 			c := testGit(t, w.work, "commit-tree", "-p", "HEAD", "-m", "evil", tree)
 			testGit(t, w.work, "update-ref", "refs/heads/evil", c)
 			return bundleFile(t, w.work, dir, "evil", "refs/heads/evil", "^main")
 		}},
-		{"non-fast-forward", "non-fast-forward", func(t *testing.T) string {
+		{"non-fast-forward", "non-fast-forward", 5, func(t *testing.T) string {
 			testGit(t, w.work, "checkout", "-q", "-b", "other", "main")
 			w.commit(t, "a.txt", "different\n")
 			return bundleFile(t, w.work, dir, "nonff", "HEAD", "^main")
 		}},
-		{"two refs", "bundle has 2 refs", func(t *testing.T) string {
+		{"two refs", "bundle has 2 refs", 6, func(t *testing.T) string {
 			return bundleFile(t, w.work, dir, "two", "feature", "other", "^main")
 		}},
-		{"missing prerequisite", "does not have", func(t *testing.T) string {
+		{"missing prerequisite", "does not have", 1, func(t *testing.T) string {
 			testGit(t, w.work, "checkout", "-q", "feature")
 			w.commit(t, "local.txt", "local\n")
 			base := testGit(t, w.work, "rev-parse", "HEAD")
 			w.commit(t, "a.txt", "three\n")
 			return bundleFile(t, w.work, dir, "prereq", "HEAD", "^"+base)
 		}},
-		{"oversized", "over the limit", func(t *testing.T) string {
+		{"oversized", "over the limit", 7, func(t *testing.T) string {
 			w.commit(t, "big.bin", randomString(400000))
 			return bundleFile(t, w.work, dir, "big", "HEAD", "^main")
 		}},
@@ -167,8 +168,8 @@ func TestGitPushRefusals(t *testing.T) {
 			f := tc.make(t)
 			before := storeSnapshot(t, w.h)
 			_, errs, code := w.h.Run(t, nil, "--token-file", w.worker, "push-working", "--bundle", f)
-			if code != 1 || !strings.Contains(errs, tc.want) {
-				t.Fatalf("exit %d, stderr %q; want 1 and %q", code, errs, tc.want)
+			if code != tc.exit || !strings.Contains(errs, tc.want) {
+				t.Fatalf("exit %d, stderr %q; want %d and %q", code, errs, tc.exit, tc.want)
 			}
 			if d := treesnap.Diff(before, storeSnapshot(t, w.h)); d != "" {
 				t.Fatalf("store changed:\n%s", d)

@@ -19,6 +19,7 @@ type Host struct {
 	Home   string
 	Args   []string // extra bushostd serve flags
 	Log    string   // the daemon's stderr, appended across restarts
+	Env    []string // extra environment of the daemon
 	daemon string
 	client string
 	cmd    *exec.Cmd
@@ -31,6 +32,8 @@ type hostOpts struct {
 	Home string
 	// Args are extra flags for bushostd serve.
 	Args []string
+	// Env adds to (and overrides) the daemon's inherited environment.
+	Env []string
 }
 
 // baseDir returns a new directory outside /tmp (a sandboxed session's /tmp
@@ -58,7 +61,7 @@ func startHost(t testing.TB) *Host {
 
 func startHostWith(t testing.TB, o hostOpts) *Host {
 	t.Helper()
-	h := &Host{Home: o.Home, Args: o.Args, daemon: bin(t, "bushostd"), client: bin(t, "bushost")}
+	h := &Host{Home: o.Home, Args: o.Args, Env: o.Env, daemon: bin(t, "bushostd"), client: bin(t, "bushost")}
 	if h.Home == "" {
 		h.Home = filepath.Join(baseDir(t), "home")
 	}
@@ -66,6 +69,9 @@ func startHostWith(t testing.TB, o hostOpts) *Host {
 	h.start(t)
 	t.Cleanup(func() {
 		h.Stop(t)
+		if b, err := os.ReadFile(h.Log); err == nil && strings.Contains(string(b), raceReport) {
+			t.Errorf("bushostd (built with -race) reported a data race")
+		}
 		if t.Failed() {
 			if b, err := os.ReadFile(h.Log); err == nil {
 				t.Logf("bushostd log:\n%s", tail(string(b), 8000))
@@ -83,6 +89,9 @@ func (h *Host) start(t testing.TB) {
 	}
 	args := append([]string{"serve", "--home", h.Home}, h.Args...)
 	cmd := exec.Command(h.daemon, args...)
+	if len(h.Env) > 0 {
+		cmd.Env = append(os.Environ(), h.Env...)
+	}
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	if err := cmd.Start(); err != nil {
@@ -207,8 +216,14 @@ func (h *Host) RunIn(t testing.TB, dir string, env []string, args ...string) (st
 		}
 		code = ee.ExitCode()
 	}
+	if strings.Contains(errb.String(), raceReport) {
+		t.Errorf("bushost %v (built with -race) reported a data race:\n%s", args, errb.String())
+	}
 	return out.String(), errb.String(), code
 }
+
+// raceReport starts what a binary built with -race prints on a data race.
+const raceReport = "WARNING: DATA RACE"
 
 // Must runs bushost and fails the test unless it exits 0; it returns stdout
 // trimmed.

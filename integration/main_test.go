@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +17,15 @@ var (
 	buildMu  sync.Mutex
 	built    = map[string]error{}
 	repoRoot string
+	// benchmarking is set when -test.bench was given.
+	benchmarking bool
 )
+
+// raceBuilt are the binaries the tests build with -race: the client and
+// the daemon. The sandbox and the supervisor run as a session's pid 1 and
+// under other users, where the race runtime's memory would change what is
+// tested.
+var raceBuilt = map[string]bool{"./cmd/bushost": true, "./cmd/bushostd": true}
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "bushost-integration-bin-")
@@ -28,6 +37,11 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binDir = dir
+	flag.Parse()
+	// Benchmarks time what users run; tests run the client and the daemon
+	// built with -race, so a data race in either fails the test that
+	// drives it (a race report makes the binary exit 66).
+	benchmarking = flag.Lookup("test.bench").Value.String() != ""
 	_, file, _, _ := runtime.Caller(0)
 	repoRoot = filepath.Dir(filepath.Dir(file))
 	code := m.Run()
@@ -58,7 +72,11 @@ func build(t testing.TB, pkg, out string) string {
 	err, done := built[pkg]
 	if !done {
 		// The tags of `make build`, so tests and benchmarks run what users run.
-		cmd := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", path, pkg)
+		args := []string{"build", "-tags", "grpcnotrace", "-o", path}
+		if raceBuilt[pkg] && !benchmarking {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, pkg)...)
 		cmd.Dir = repoRoot
 		b, berr := cmd.CombinedOutput()
 		if berr != nil {

@@ -22,6 +22,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"time"
 	"unsafe"
@@ -152,6 +153,94 @@ func main() {
 		}
 		fmt.Println("REFUSED: every call")
 		os.Exit(3)
+	case "families":
+		// Each must be refused as a family this kernel lacks; one that is
+		// not is an escape (a network namespace covers none of them).
+		for _, c := range []struct {
+			name             string
+			family, typ, pro int
+		}{
+			{"AF_VSOCK", unix.AF_VSOCK, unix.SOCK_STREAM, 0},
+			{"AF_PACKET", unix.AF_PACKET, unix.SOCK_RAW, 0x0300},
+			{"AF_ALG", unix.AF_ALG, unix.SOCK_SEQPACKET, 0},
+			{"AF_KEY", unix.AF_KEY, unix.SOCK_RAW, 2},
+			{"AF_NETLINK audit", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_AUDIT},
+		} {
+			fd, e := unix.Socket(c.family, c.typ, c.pro)
+			if e == nil {
+				unix.Close(fd)
+				fmt.Println("ESCAPED: socket", c.name)
+				os.Exit(0)
+			}
+			if e != unix.EAFNOSUPPORT {
+				fmt.Printf("ESCAPED: socket %s returned %v, not EAFNOSUPPORT\n", c.name, e)
+				os.Exit(0)
+			}
+			refused("socket "+c.name, e)
+			if _, e = unix.Socketpair(c.family, c.typ, c.pro); e != unix.EAFNOSUPPORT {
+				fmt.Printf("ESCAPED: socketpair %s returned %v, not EAFNOSUPPORT\n", c.name, e)
+				os.Exit(0)
+			}
+			refused("socketpair "+c.name, e)
+		}
+		fmt.Println("REFUSED: every family")
+		os.Exit(3)
+	case "abstract":
+		// A connection to an abstract name the host listens on.
+		var c net.Conn
+		c, err = net.DialTimeout("unix", "@"+arg(2), 2*time.Second)
+		if err == nil {
+			c.Write([]byte("from the session\n"))
+			c.Close()
+		}
+	case "tiocsetd":
+		ldisc := 27 // N_NULL: the terminal would read and write nothing
+		if e := unix.IoctlSetPointerInt(0, unix.TIOCSETD, ldisc); e != nil {
+			err = e
+		}
+	case "alloc":
+		// Allocates and touches N MiB, then says so.
+		n, e := strconv.Atoi(arg(2))
+		if e != nil {
+			fmt.Println("alloc: bad size")
+			os.Exit(2)
+		}
+		mem := make([][]byte, n)
+		for i := range mem {
+			mem[i] = make([]byte, 1<<20)
+			for j := 0; j < len(mem[i]); j += 4096 {
+				mem[i][j] = 1
+			}
+		}
+		fmt.Println("ALLOCATED", n, "MiB")
+		os.Exit(0)
+	case "forks":
+		// Starts up to N processes that wait, as a fork bomb would, and
+		// reports how many it got; they all end with it.
+		n, e := strconv.Atoi(arg(2))
+		if e != nil {
+			fmt.Println("forks: bad count")
+			os.Exit(2)
+		}
+		var kids []*exec.Cmd
+		for i := 0; i < n; i++ {
+			k := exec.Command("/bin/sleep", "60")
+			if e := k.Start(); e != nil {
+				fmt.Printf("REFUSED: forks: process %d: %v\n", i+1, e)
+				for _, k := range kids {
+					k.Process.Kill()
+					k.Wait()
+				}
+				os.Exit(3)
+			}
+			kids = append(kids, k)
+		}
+		fmt.Println("ESCAPED: started", n, "processes")
+		for _, k := range kids {
+			k.Process.Kill()
+			k.Wait()
+		}
+		os.Exit(0)
 	case "fork":
 		out, e := exec.Command("/bin/sh", "-c", "echo forked").Output()
 		if e != nil {

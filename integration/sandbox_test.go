@@ -302,9 +302,17 @@ func TestSandboxEscape(t *testing.T) {
 		out, errOut, code := e.runIn(t, nil, "sh", "-c", `
 tr '\0' ' ' < /proc/1/cmdline; echo
 for f in root cwd fd/0 fd/3; do readlink /proc/1/$f > /dev/null 2>&1 && echo "$f reachable"; done
-grep -E '^(Uid|Gid|Cap[A-Za-z]+):' /proc/1/status`)
+grep -E '^(Uid|Gid|Cap[A-Za-z]+):' /proc/1/status
+echo "me $(id -u) $(id -g)"`)
 		e.assertUnchanged(t, before)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
+		// The session user: the caller, or as root a uid (and gid) of the
+		// session's own, never 0.
+		me := strings.Fields(lines[len(lines)-1])
+		lines = lines[:len(lines)-1]
+		if len(me) != 3 || me[0] != "me" || me[1] == "0" || me[2] != me[1] && os.Geteuid() == 0 {
+			t.Fatalf("session user %q", me)
+		}
 		if code != 0 || len(lines) < 8 || !strings.HasPrefix(lines[0], "/run/sandbox/init init ") {
 			t.Fatalf("pid 1 is not the sandbox's init: exit %d %q %s", code, out, errOut)
 		}
@@ -314,9 +322,9 @@ grep -E '^(Uid|Gid|Cap[A-Za-z]+):' /proc/1/status`)
 			case strings.HasSuffix(line, "reachable"):
 				t.Errorf("the session can follow pid 1's %s", f[0])
 			case f[0] == "Uid:" || f[0] == "Gid:":
-				want := strconv.Itoa(e.uid)
+				want := me[1]
 				if f[0] == "Gid:" {
-					want = strconv.Itoa(e.gid)
+					want = me[2]
 				}
 				for _, id := range f[1:] {
 					if id != want {
@@ -394,6 +402,56 @@ grep -E '^(Uid|Gid|Cap[A-Za-z]+):' /proc/1/status`)
 			if f := strings.Fields(line); len(f) != 2 || f[1] != "0000000000000000" {
 				t.Errorf("capability held in the session: %q", line)
 			}
+		}
+	})
+
+	t.Run("socket families beyond unix, inet and netlink route", func(t *testing.T) {
+		out := e.helperRefused(t, nil, "families")
+		if !strings.Contains(out, "refused socket AF_VSOCK") {
+			t.Errorf("without --net: %s", out)
+		}
+		out = e.helperRefused(t, []string{"--net"}, "families")
+		if !strings.Contains(out, "refused socketpair AF_ALG") {
+			t.Errorf("with --net: %s", out)
+		}
+	})
+
+	t.Run("the host's abstract Unix sockets", func(t *testing.T) {
+		name := "bushost-test-" + e.secret[:12]
+		l, err := net.Listen("unix", "@"+name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		accepted := make(chan string, 8)
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					close(accepted)
+					return
+				}
+				b := make([]byte, 64)
+				n, _ := c.Read(b)
+				c.Close()
+				accepted <- string(b[:n])
+			}
+		}()
+		// The control: from the host, the helper connects.
+		if out, err := exec.Command(e.helper, "abstract", name).CombinedOutput(); err != nil || !strings.Contains(string(out), "ESCAPED") {
+			t.Fatalf("control: the helper could not reach @%s from the host: %v %s", name, err, out)
+		}
+		if got := <-accepted; got != "from the session\n" {
+			t.Fatalf("control: the listener read %q", got)
+		}
+		e.helperRefused(t, nil, "abstract", name)
+		out := e.helperRefused(t, []string{"--net"}, "abstract", name)
+		if !strings.Contains(out, "operation not permitted") {
+			t.Errorf("with --net: %s; want EPERM from Landlock's scope", out)
+		}
+		l.Close()
+		for got := range accepted {
+			t.Errorf("the host's listener on @%s accepted a connection from a session: %q", name, got)
 		}
 	})
 
@@ -578,7 +636,16 @@ func TestSandboxSignals(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, filepath.Join(e.ws, "started"))
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			if _, err := os.Stat(filepath.Join(e.ws, "started")); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				data, _ := os.ReadFile(out.Name())
+				t.Fatalf("the session never touched started: %s", data)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 		return cmd, func() string {
 			data, _ := os.ReadFile(out.Name())
 			return string(data)
@@ -972,7 +1039,8 @@ func TestSandboxPushWorking(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1"}`), 0o644); err != nil {
+	// session.json names the token: run hands it to the session's uid.
+	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1","token_file":"token"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// The session's own token, in its run directory, readable by it alone.
@@ -1072,4 +1140,462 @@ func listDir(t *testing.T, dir string) string {
 		s = append(s, fmt.Sprintf("%s:%v", e.Name(), info.Mode()))
 	}
 	return strings.Join(s, " ")
+}
+
+// TestSandboxGroups reads, from the host, the groups a session's process
+// holds: the broker socket's group, never that of a socket bound with --ro
+// (a docker.sock would hand the session the docker group, which is root).
+func TestSandboxGroups(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only a session started by root is given groups")
+	}
+	e := newSandboxEnv(t)
+	busGID, otherGID := unusedGID(t, 0), unusedGID(t, 1)
+	other := e.listen(t, filepath.Join(e.base, "other.sock"))
+	for sock, gid := range map[string]uint32{e.broker: busGID, other: otherGID} {
+		if err := os.Chown(sock, 0, int(gid)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(sock, 0o660); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mark := "3600." + strconv.Itoa(os.Getpid())
+	started := filepath.Join(e.ws, "started")
+	os.Remove(started)
+	args := append([]string{"run"}, e.flags("event.record")...)
+	cmd := exec.Command(e.sandbox, append(args, "--ro", other, "--", "sh", "-c", "touch started; exec sleep "+mark)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
+	waitFor(t, started)
+	var pids []int
+	for deadline := time.Now().Add(5 * time.Second); len(pids) == 0 && time.Now().Before(deadline); pids = withArg(t, mark) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(pids) != 1 {
+		t.Fatalf("session processes %v, want one sleep", pids)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pids[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var groups []string
+	for _, line := range strings.Split(string(status), "\n") {
+		if g, ok := strings.CutPrefix(line, "Groups:"); ok {
+			groups = strings.Fields(g)
+		}
+	}
+	t.Logf("session groups from the host: %v", groups)
+	if !slices.Contains(groups, strconv.Itoa(int(busGID))) {
+		t.Errorf("groups %v lack the broker socket's %d", groups, busGID)
+	}
+	if slices.Contains(groups, strconv.Itoa(int(otherGID))) {
+		t.Errorf("groups %v hold %d, the group of a socket bound with --ro", groups, otherGID)
+	}
+	if slices.Contains(groups, "0") {
+		t.Errorf("groups %v hold root's", groups)
+	}
+}
+
+// unusedGID returns the n-th gid from 54321 up that /etc/group does not
+// name, so that no user is in it.
+func unusedGID(t *testing.T, n int) uint32 {
+	t.Helper()
+	data, err := os.ReadFile("/etc/group")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for gid := 54321; gid < 54421; gid++ {
+		if !strings.Contains(string(data), ":"+strconv.Itoa(gid)+":") {
+			if n == 0 {
+				return uint32(gid)
+			}
+			n--
+		}
+	}
+	t.Fatal("no unused gid")
+	return 0
+}
+
+// TestSandboxPrepare makes a run directory with sandbox prepare and runs a
+// session in it: bushost's home and token and git's identity come from it,
+// a second session refuses the first one's HOME unless --fresh-home.
+func TestSandboxPrepare(t *testing.T) {
+	e := newSandboxEnv(t)
+	grant := filepath.Join(e.base, "grant.token")
+	token := "tok-" + e.secret
+	if err := os.WriteFile(grant, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := filepath.Join(e.base, "prepared")
+	prepare := func(extra ...string) []string {
+		args := []string{"prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
+			"--role", "coder", "--caps", "git.push.working,review.request", "--token-file", grant}
+		return append(args, extra...)
+	}
+	t.Run("refusals leave nothing", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			args []string
+			code int
+			want string
+		}{
+			{"newline in the git name", prepare("--git-name", "a\nb", "--git-email", "a@example.com"), 2, "no control characters"},
+			{"name without email", prepare("--git-name", "a"), 2, "go together"},
+			{"bad task", append(prepare(), "--task", "../x"), 2, "task"},
+			{"unknown capability", append(prepare(), "--caps", "root"), 2, "unknown capability"},
+			{"token with a space", append(prepare(), "--token-file", e.helper), 6, "printable ASCII"},
+			{"under /tmp", append(prepare(), "--run-dir", filepath.Join(t.TempDir(), "run")), 6, "under /tmp"},
+		} {
+			before := e.snapshot(t)
+			out, errOut, code := runSandbox(t, e.sandbox, tc.args...)
+			if code != tc.code || !strings.Contains(errOut, tc.want) {
+				t.Errorf("%s: exit %d %q %q; want exit %d and %q", tc.name, code, out, errOut, tc.code, tc.want)
+			}
+			e.assertUnchanged(t, before)
+		}
+	})
+
+	out, errOut, code := runSandbox(t, e.sandbox, prepare("--git-name", "Agent Smith", "--git-email", "agent@example.com")...)
+	if code != 0 || out != filepath.Join(run, "session.json")+"\n" {
+		t.Fatalf("prepare: exit %d %q %s", code, out, errOut)
+	}
+	var session map[string]any
+	data, err := os.ReadFile(filepath.Join(run, "session.json"))
+	if err != nil || json.Unmarshal(data, &session) != nil {
+		t.Fatalf("session.json: %v\n%s", err, data)
+	}
+	want := map[string]any{"version": 1.0, "business": "acme", "project": "web", "task": "t1", "role": "coder",
+		"caps": []any{"git.push.working", "review.request"}, "token_file": "token",
+		"git": map[string]any{"name": "Agent Smith", "email": "agent@example.com"}}
+	if fmt.Sprint(session) != fmt.Sprint(want) {
+		t.Errorf("session.json = %v, want %v", session, want)
+	}
+	for name, mode := range map[string]fs.FileMode{"": fs.ModeDir | 0o755, "session.json": 0o644, "token": 0o400,
+		"bundle": fs.ModeDir | 0o755, "home": fs.ModeDir | 0o700, "tmp": fs.ModeDir | 0o700} {
+		st, err := os.Lstat(filepath.Join(run, name))
+		if err != nil || st.Mode() != mode || st.Sys().(*syscall.Stat_t).Uid != uint32(os.Getuid()) {
+			t.Errorf("%s: %v %v, want mode %v owned by the caller", filepath.Join(run, name), st.Mode(), err, mode)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(run, "token")); string(b) != token+"\n" {
+		t.Errorf("token file holds %q", b)
+	}
+	before := e.snapshot(t)
+	if _, errOut, code := runSandbox(t, e.sandbox, prepare()...); code != 5 || !strings.Contains(errOut, "not empty") {
+		t.Errorf("prepare over a prepared run directory: exit %d %q, want 5 and not empty", code, errOut)
+	}
+	e.assertUnchanged(t, before)
+
+	flags := []string{"run", "--run-dir", run, "--workspace", e.ws, "--role", "coder", "--caps", "review.request,git.push.working",
+		"--broker-socket", e.broker, "--git-socket", e.gitSock}
+	script := `echo "home=$BUSHOST_HOME"; cat "$BUS_TOKEN_FILE"; git var GIT_AUTHOR_IDENT | cut -d'>' -f1; git var GIT_COMMITTER_IDENT | cut -d'>' -f1; touch "$HOME/.history"`
+	out, errOut, code = runSandbox(t, e.sandbox, append(flags, "--", "sh", "-c", script)...)
+	wantOut := fmt.Sprintf("home=%s\n%s\nAgent Smith <agent@example.com\nAgent Smith <agent@example.com\n", e.busHost, token)
+	if code != 0 || out != wantOut {
+		t.Fatalf("inside: exit %d %q %s; want %q", code, out, errOut, wantOut)
+	}
+	if _, errOut, code := runSandbox(t, e.sandbox, append(flags, "--", "true")...); code != 125 || !strings.Contains(errOut, "--fresh-home") {
+		t.Errorf("second session on a full HOME: exit %d %q, want 125 naming --fresh-home", code, errOut)
+	}
+	out, errOut, code = runSandbox(t, e.sandbox, append(flags, "--fresh-home", "--", "ls", "-A", filepath.Join(run, "home"))...)
+	if code != 0 || out != "" {
+		t.Errorf("--fresh-home: exit %d, HOME holds %q %s", code, out, errOut)
+	}
+	wrongCaps := []string{"run", "--run-dir", run, "--workspace", e.ws, "--role", "coder", "--caps", "task.close",
+		"--broker-socket", e.broker, "--", "true"}
+	if _, errOut, code := runSandbox(t, e.sandbox, wrongCaps...); code != 125 || !strings.Contains(errOut, "session.json says") {
+		t.Errorf("--caps unlike session.json's: exit %d %q, want 125", code, errOut)
+	}
+}
+
+// TestSandboxLimits checks the resource limits from outside: a session
+// over its memory is killed, a fork bomb stops at --pids, --timeout ends a
+// session with 124, the rlimits hold, and no cgroup is left behind.
+func TestSandboxLimits(t *testing.T) {
+	e := newSandboxEnv(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: cgroups are made by root")
+	}
+	run := func(t *testing.T, limits []string, command ...string) (string, string, int) {
+		t.Helper()
+		before := e.snapshot(t)
+		out, errOut, code := e.runIn(t, limits, command...)
+		e.assertUnchanged(t, before)
+		if left := sessionCgroups(t); len(left) > 0 {
+			t.Errorf("cgroups left behind: %v", left)
+		}
+		return out, errOut, code
+	}
+	t.Run("memory", func(t *testing.T) {
+		out, errOut, code := run(t, []string{"--memory", "64M"}, e.helper, "alloc", "200")
+		if code != 128+9 || strings.Contains(out, "ALLOCATED") {
+			t.Errorf("200 MiB under --memory 64M: exit %d %q %s; want killed (137)", code, out, errOut)
+		}
+		out, errOut, code = run(t, []string{"--memory", "64M"}, e.helper, "alloc", "16")
+		if code != 0 || !strings.Contains(out, "ALLOCATED 16 MiB") {
+			t.Errorf("control: 16 MiB under --memory 64M: exit %d %q %s", code, out, errOut)
+		}
+	})
+	t.Run("pids", func(t *testing.T) {
+		out, errOut, code := run(t, []string{"--pids", "32"}, e.helper, "forks", "200")
+		if code != 3 || !strings.Contains(out, "REFUSED: forks") {
+			t.Errorf("200 processes under --pids 32: exit %d %q %s; want refused", code, out, errOut)
+		}
+		out, errOut, code = run(t, []string{"--pids", "32"}, e.helper, "forks", "4")
+		if code != 0 || !strings.Contains(out, "started 4 processes") {
+			t.Errorf("control: 4 processes under --pids 32: exit %d %q %s", code, out, errOut)
+		}
+	})
+	t.Run("timeout", func(t *testing.T) {
+		start := time.Now()
+		_, errOut, code := run(t, []string{"--timeout", "2s"}, "sleep", "60")
+		if took := time.Since(start); code != 124 || took > 20*time.Second || !strings.Contains(errOut, "timed out after 2s") {
+			t.Errorf("sleep 60 under --timeout 2s: exit %d after %s, %q; want 124 at about 2s", code, took, errOut)
+		}
+		// A command that ignores SIGTERM is killed after the grace.
+		start = time.Now()
+		_, _, code = run(t, []string{"--timeout", "1s"}, "sh", "-c", "trap '' TERM; sleep 60")
+		if took := time.Since(start); code != 124 || took > 20*time.Second {
+			t.Errorf("a session ignoring SIGTERM under --timeout 1s: exit %d after %s; want 124", code, took)
+		}
+	})
+	t.Run("rlimits and cpu", func(t *testing.T) {
+		out, errOut, code := run(t, []string{"--nofile", "64", "--fsize", "1M", "--cpu", "0.5"}, "grep", "-E", "^Max (open files|file size|core file size) ", "/proc/self/limits")
+		want := []string{"Max file size 1048576 1048576 bytes", "Max core file size 0 0 bytes", "Max open files 64 64 files"}
+		var got []string
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			got = append(got, strings.Join(strings.Fields(line), " "))
+		}
+		if code != 0 || !slices.Equal(got, want) {
+			t.Errorf("limits inside: exit %d %q %s; want %q", code, got, errOut, want)
+		}
+	})
+	t.Run("usage", func(t *testing.T) {
+		for _, bad := range [][]string{{"--memory", "1K"}, {"--pids", "-1"}, {"--memory", "lots"}, {"--timeout", "soon"}} {
+			if _, errOut, code := run(t, bad, "true"); code != 2 {
+				t.Errorf("%q: exit %d %s, want 2", bad, code, errOut)
+			}
+		}
+	})
+}
+
+// sessionCgroups lists the cgroups sandbox run made that are still there,
+// under this process's own cgroup of each hierarchy.
+func sessionCgroups(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		mount := "/sys/fs/cgroup/unified"
+		if parts[1] != "" {
+			mount = filepath.Join("/sys/fs/cgroup", strings.TrimPrefix(parts[1], "name="))
+		}
+		found, _ := filepath.Glob(filepath.Join(mount, parts[2], "bushost-sandbox-*"))
+		left = append(left, found...)
+	}
+	return left
+}
+
+// sessionProc is one running session, seen from the host.
+type sessionProc struct {
+	cmd  *exec.Cmd
+	pid  int    // the command's host pid
+	uid  string // its uid on the host
+	mark string
+}
+
+// startSession starts `sleep MARK` as env e's session, with extra flags,
+// and finds its process on the host.
+func startSession(t *testing.T, e *sandboxEnv, extra ...string) *sessionProc {
+	t.Helper()
+	mark := "3600." + strconv.Itoa(os.Getpid()) + strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
+	args := append(append([]string{"run"}, e.flags("event.record")...), extra...)
+	cmd := exec.Command(e.sandbox, append(args, "--", "sh", "-c", "echo secret-"+e.secret+" > mine.txt; echo home > $HOME/mine; exec sleep "+mark)...)
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &sessionProc{cmd: cmd, mark: mark}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if pids := withArg(t, mark); len(pids) == 1 {
+			s.pid = pids[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			data, _ := os.ReadFile(out.Name())
+			t.Fatalf("the session never started: %s", data)
+		}
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			s.uid = strings.Fields(rest)[0]
+		}
+	}
+	return s
+}
+
+// asUID runs argv on the host as uid (and gid) and returns its output and
+// whether it succeeded.
+func asUID(t *testing.T, uid string, argv ...string) (string, bool) {
+	t.Helper()
+	n, err := strconv.Atoi(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(n), Gid: uint32(n)}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err == nil
+}
+
+// ownedBy lists the paths under dir owned (user or group) by any of ids.
+func ownedBy(t *testing.T, dir string, ids ...string) []string {
+	t.Helper()
+	var found []string
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		st := info.Sys().(*syscall.Stat_t)
+		if slices.Contains(ids, strconv.Itoa(int(st.Uid))) || slices.Contains(ids, strconv.Itoa(int(st.Gid))) {
+			found = append(found, p)
+		}
+		return nil
+	})
+	return found
+}
+
+// TestSandboxSessionUIDs runs two sessions at once, as root: each runs as
+// a uid of its own, neither can read or write the other's workspace or run
+// directory nor signal its processes, and once both end no file on the
+// host is owned by either uid.
+func TestSandboxSessionUIDs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only root gives a session a uid of its own")
+	}
+	a, b := newSandboxEnv(t), newSandboxEnv(t)
+	sa, sb := startSession(t, a), startSession(t, b)
+	t.Logf("session A uid %s pid %d, session B uid %s pid %d", sa.uid, sa.pid, sb.uid, sb.pid)
+	for _, s := range []*sessionProc{sa, sb} {
+		if n, _ := strconv.Atoi(s.uid); n < 61184 || n > 65519 {
+			t.Errorf("session uid %s is outside 61184-65519", s.uid)
+		}
+	}
+	if sa.uid == sb.uid {
+		t.Fatalf("both sessions run as uid %s", sa.uid)
+	}
+	for _, x := range []struct {
+		me, other *sessionProc
+		env       *sandboxEnv
+	}{{sa, sb, b}, {sb, sa, a}} {
+		for _, argv := range [][]string{
+			{"ls", x.env.ws},
+			{"cat", filepath.Join(x.env.ws, "mine.txt")},
+			{"touch", filepath.Join(x.env.ws, "from-the-other")},
+			{"ls", x.env.run},
+			{"ls", filepath.Join(x.env.run, "home")},
+			{"cat", filepath.Join(x.env.run, "home", "mine")},
+			{"kill", "-0", strconv.Itoa(x.other.pid)},
+		} {
+			if out, ok := asUID(t, x.me.uid, argv...); ok || strings.Contains(out, "secret-") {
+				t.Errorf("as uid %s, %q worked: %s", x.me.uid, argv, out)
+			}
+		}
+		// The control: the session's own uid may.
+		if out, ok := asUID(t, x.other.uid, "cat", filepath.Join(x.env.ws, "mine.txt")); !ok {
+			t.Errorf("control: uid %s cannot read its own workspace: %s", x.other.uid, out)
+		}
+		if out, ok := asUID(t, x.other.uid, "kill", "-0", strconv.Itoa(x.other.pid)); !ok {
+			t.Errorf("control: uid %s cannot signal its own process: %s", x.other.uid, out)
+		}
+	}
+	for _, s := range []*sessionProc{sa, sb} {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		s.cmd.Wait()
+	}
+	for _, e := range []*sandboxEnv{a, b} {
+		if left := ownedBy(t, e.base, sa.uid, sb.uid); len(left) > 0 {
+			t.Errorf("files left owned by a session uid: %v", left)
+		}
+		if st, err := os.Stat(filepath.Join(e.ws, "mine.txt")); err != nil || st.Sys().(*syscall.Stat_t).Uid != uint32(e.uid) {
+			t.Errorf("mine.txt was not handed back to the workspace's owner %d: %v", e.uid, err)
+		}
+	}
+}
+
+// TestSandboxUIDReclaimed: a launcher that dies leaves its session
+// running under its uid, which no other launcher takes; once the session
+// is gone, the next launcher given that uid hands its files back first.
+func TestSandboxUIDReclaimed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only root gives a session a uid of its own")
+	}
+	e := newSandboxEnv(t)
+	const rng = "65500-65519"
+	s := startSession(t, e, "--uid-range", rng)
+	if err := s.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	s.cmd.Wait()
+	if !alive(s.pid) {
+		t.Fatalf("the session died with its launcher")
+	}
+	// A second launcher while the session runs: another uid, and the
+	// workspace, still the first session's, is not taken from it.
+	_, errOut, code := e.runIn(t, []string{"--uid-range", rng, "--fresh-home"}, "true")
+	if code != 125 || !strings.Contains(errOut, "belongs to uid "+s.uid) {
+		t.Errorf("a launch on a workspace a running session holds: exit %d %q; want a refusal naming uid %s", code, errOut, s.uid)
+	}
+	if len(ownedBy(t, e.ws, s.uid)) == 0 {
+		t.Fatalf("the running session's workspace is no longer its own")
+	}
+	// End the orphaned session: kill its pid 1, and with it the pid
+	// namespace.
+	pid1 := 0
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid))
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			pid1, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	if pid1 <= 1 {
+		t.Fatalf("no pid 1 above the session's command %d", s.pid)
+	}
+	syscall.Kill(pid1, syscall.SIGKILL)
+	for deadline := time.Now().Add(10 * time.Second); alive(s.pid) || alive(pid1); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphaned session did not end")
+		}
+	}
+	out, errOut, code := e.runIn(t, []string{"--uid-range", s.uid + "-" + s.uid, "--fresh-home"}, "id", "-u")
+	if code != 0 || strings.TrimSpace(out) != s.uid {
+		t.Fatalf("launch on the reclaimed uid: exit %d %q %s", code, out, errOut)
+	}
+	if left := ownedBy(t, e.base, s.uid); len(left) > 0 {
+		t.Errorf("files left owned by the reclaimed uid %s: %v", s.uid, left)
+	}
 }

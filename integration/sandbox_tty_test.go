@@ -93,3 +93,48 @@ func TestSandboxTIOCSTI(t *testing.T) {
 	}
 	e.assertUnchanged(t, before)
 }
+
+// TestSandboxTIOCSETD: a session given the caller's terminal as stdin
+// cannot change its line discipline, which would outlive the session; the
+// caller's line discipline and termios are as they were.
+func TestSandboxTIOCSETD(t *testing.T) {
+	e := newSandboxEnv(t)
+	state := func(slave *os.File) (int, unix.Termios) {
+		t.Helper()
+		ldisc, err := unix.IoctlGetInt(int(slave.Fd()), unix.TIOCGETD)
+		if err != nil {
+			t.Fatalf("TIOCGETD: %v", err)
+		}
+		tio, err := unix.IoctlGetTermios(int(slave.Fd()), unix.TCGETS)
+		if err != nil {
+			t.Fatalf("TCGETS: %v", err)
+		}
+		return ldisc, *tio
+	}
+	// The control: outside the sandbox the helper changes the discipline
+	// (unless this kernel lacks N_NULL).
+	_, slave := openPty(t)
+	before, _ := state(slave)
+	out, code := runOnTty(t, slave, e.helper, "tiocsetd")
+	after, err := unix.IoctlGetInt(int(slave.Fd()), unix.TIOCGETD)
+	if err != nil {
+		t.Fatalf("TIOCGETD: %v", err)
+	}
+	t.Logf("control outside the sandbox: exit %d, line discipline %d -> %d: %s", code, before, after, out)
+	if code == 0 && after == before {
+		t.Fatalf("control: the helper claims success but the line discipline is unchanged")
+	}
+
+	_, slave = openPty(t)
+	ldisc, tio := state(slave)
+	snap := e.snapshot(t)
+	args := append([]string{e.sandbox, "run"}, e.flags("git.push.working")...)
+	out, code = runOnTty(t, slave, append(args, "--", e.helper, "tiocsetd")...)
+	if code != 3 || !strings.Contains(out, "REFUSED") {
+		t.Errorf("TIOCSETD inside the sandbox: exit %d: %s; want REFUSED", code, out)
+	}
+	if l, tio2 := state(slave); l != ldisc || tio2 != tio {
+		t.Errorf("the caller's terminal changed: line discipline %d -> %d, termios %+v -> %+v", ldisc, l, tio, tio2)
+	}
+	e.assertUnchanged(t, snap)
+}

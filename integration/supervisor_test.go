@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -124,6 +125,9 @@ type supEnv struct {
 	exited   chan struct{}
 	webPort  int
 	maxFails int
+	// The three users, named for this test only and removed after it.
+	app, agent, svc string
+	gitDir          string
 }
 
 func requireRoot(t *testing.T) {
@@ -161,7 +165,6 @@ func newSupEnv(t *testing.T) *supEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
-	restoreAgentGitconfig(t)
 	if err := os.Chmod(base, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +180,9 @@ func newSupEnv(t *testing.T) *supEnv {
 		t: t, base: base, ws: filepath.Join(base, "ws"), config: filepath.Join(base, "supervisor.toml"),
 		seed: filepath.Join(base, "seed"), flag: filepath.Join(base, "broken"),
 		webPort: freePort(t), maxFails: 2,
+		gitDir: filepath.Join(base, "state", "git"),
 	}
+	e.app, e.agent, e.svc = uniqueUsers(t)
 	e.addr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	mustWrite(t, filepath.Join(e.seed, "src", "website", "serve.sh"), serveV1, 0o755)
 	mustWrite(t, filepath.Join(e.seed, "src", "website", "node_modules", "dep.js"), "dependency\n", 0o644)
@@ -187,6 +192,10 @@ func newSupEnv(t *testing.T) *supEnv {
 	mustWrite(t, filepath.Join(e.seed, "infra", "deploy.sh"), "#!/bin/sh\n", 0o755)
 	mustWrite(t, e.config, fmt.Sprintf(`
 workspace = "ws"
+git_dir = %q
+app_user = %q
+agent_user = %q
+services_user = %q
 watch = ["src"]
 health_addr = %q
 debounce = "100ms"
@@ -207,7 +216,7 @@ env = ["HELLO=%s", "ADDR=127.0.0.1:%d", "BROKEN_FLAG=%s"]
 http = "http://127.0.0.1:%d/"
 interval = "50ms"
 timeout = "500ms"
-`, e.addr, e.maxFails, helloPath, e.webPort, e.flag, e.webPort), 0o644)
+`, e.gitDir, e.app, e.agent, e.svc, e.addr, e.maxFails, helloPath, e.webPort, e.flag, e.webPort), 0o644)
 	return e
 }
 
@@ -300,8 +309,8 @@ func (e *supEnv) healthz() int {
 	return resp.StatusCode
 }
 
-// git runs git on the workspace through gitcmd, as root on a repository
-// owned by agent.
+// git runs git on the supervisor's own repository through gitcmd, as root
+// on a git dir owned by app.
 func (e *supEnv) git(sub string, flags []string, args ...string) string {
 	e.t.Helper()
 	r, err := gitcmd.New(filepath.Join(e.t.TempDir(), "githome"))
@@ -309,7 +318,7 @@ func (e *supEnv) git(sub string, flags []string, args ...string) string {
 		e.t.Fatal(err)
 	}
 	out, err := r.Line(context.Background(), gitcmd.Cmd{
-		Dir: e.ws, GitDir: filepath.Join(e.ws, ".git"), Sub: sub, Flags: flags, Args: args,
+		Dir: e.ws, GitDir: e.gitDir, Sub: sub, Flags: flags, Args: args,
 		Config: []string{"safe.directory=" + e.ws},
 	})
 	if err != nil {
@@ -318,36 +327,41 @@ func (e *supEnv) git(sub string, flags []string, args ...string) string {
 	return out
 }
 
-// restoreAgentGitconfig puts the agent's ~/.gitconfig back as it was once
-// the test ends: init adds each test workspace to its safe.directory list.
-func restoreAgentGitconfig(t *testing.T) {
+// uniqueUsers returns names for the supervisor's three users that no other
+// test uses, and removes the users (homes and groups too) when the test
+// ends; init makes them.
+func uniqueUsers(t *testing.T) (app, agent, svc string) {
 	t.Helper()
-	var before []byte
-	existed := false
-	if u, err := user.Lookup(supervisor.AgentUser); err == nil {
-		before, err = os.ReadFile(filepath.Join(u.HomeDir, ".gitconfig"))
-		existed = err == nil
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
 	}
+	prefix := fmt.Sprintf("bh%x", b)
+	app, agent, svc = prefix+"-app", prefix+"-agent", prefix+"-svc"
 	t.Cleanup(func() {
-		u, err := user.Lookup(supervisor.AgentUser)
-		if err != nil {
-			return
+		for _, u := range []string{app, svc, agent} {
+			if _, err := user.Lookup(u); err != nil {
+				continue
+			}
+			if out, err := exec.Command("userdel", "--remove", u).CombinedOutput(); err != nil {
+				t.Errorf("userdel %s: %v: %s", u, err, out)
+			}
 		}
-		path := filepath.Join(u.HomeDir, ".gitconfig")
-		if !existed {
-			os.Remove(path)
-			return
-		}
-		if err := os.WriteFile(path, before, 0o644); err != nil {
-			t.Error(err)
+		for _, g := range []string{app, svc, agent} {
+			if _, err := user.LookupGroup(g); err == nil {
+				if out, err := exec.Command("groupdel", g).CombinedOutput(); err != nil {
+					t.Errorf("groupdel %s: %v: %s", g, err, out)
+				}
+			}
 		}
 	})
+	return app, agent, svc
 }
 
 // asAgent runs a shell command as the agent user.
-func asAgent(t *testing.T, script string) (string, error) {
-	t.Helper()
-	out, err := exec.Command("su", "-s", "/bin/sh", supervisor.AgentUser, "-c", script).CombinedOutput()
+func (e *supEnv) asAgent(script string) (string, error) {
+	e.t.Helper()
+	out, err := exec.Command("su", "-s", "/bin/sh", e.agent, "-c", script).CombinedOutput()
 	return string(out), err
 }
 
@@ -397,7 +411,7 @@ func TestSupervisorEditGoodRevert(t *testing.T) {
 	serve := filepath.Join(e.ws, "src", "website", "serve.sh")
 	v2 := filepath.Join(e.base, "serve-v2.sh")
 	mustWrite(t, v2, strings.Replace(serveV1, "v1", "v2", 1), 0o644)
-	if out, err := asAgent(t, "cp "+v2+" "+serve); err != nil {
+	if out, err := e.asAgent("cp " + v2 + " " + serve); err != nil {
 		t.Fatalf("agent edit: %v: %s", err, out)
 	}
 	var edit string
@@ -418,7 +432,7 @@ func TestSupervisorEditGoodRevert(t *testing.T) {
 	e.waitFor("edit becomes good", 10*time.Second, func() bool { return e.status().Good == edit })
 
 	// An edit that exits 1 at start: bricked, reverted by the supervisor.
-	if out, err := asAgent(t, "printf '#!/bin/bash\\necho broken\\nexit 1\\n' > "+serve); err != nil {
+	if out, err := e.asAgent("printf '#!/bin/bash\\necho broken\\nexit 1\\n' > " + serve); err != nil {
 		t.Fatalf("agent edit: %v: %s", err, out)
 	}
 	var st supervisor.Status
@@ -454,11 +468,11 @@ func TestSupervisorUsersAndOwnership(t *testing.T) {
 	e.boot()
 	e.waitFor("/healthz 200", 10*time.Second, func() bool { return e.healthz() == 200 })
 
-	app, err := user.Lookup(supervisor.AppUser)
+	app, err := user.Lookup(e.app)
 	if err != nil {
 		t.Fatal(err)
 	}
-	agentGroup, err := user.LookupGroup(supervisor.AgentUser)
+	agentGroup, err := user.LookupGroup(e.agent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,9 +492,20 @@ func TestSupervisorUsersAndOwnership(t *testing.T) {
 	if ps["NoNewPrivs"] != "1" {
 		t.Errorf("NoNewPrivs = %q", ps["NoNewPrivs"])
 	}
+	// The service runs as the services' user, in no group of app's.
+	svcUser, err := user.Lookup(e.svc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	svc := e.status().Services[0]
-	if sps := procStatus(t, svc.PID); strings.Fields(sps["Uid"])[0] != app.Uid {
-		t.Errorf("service runs as uid %s", sps["Uid"])
+	sps := procStatus(t, svc.PID)
+	if uids := strings.Fields(sps["Uid"]); len(uids) != 4 || uids[0] != svcUser.Uid || uids[1] != svcUser.Uid || uids[2] != svcUser.Uid || uids[3] != svcUser.Uid {
+		t.Errorf("service Uid = %q, want all %s (%s)", sps["Uid"], svcUser.Uid, e.svc)
+	}
+	for _, g := range strings.Fields(sps["Groups"]) {
+		if strings.Contains(" "+ps["Groups"]+" ", " "+g+" ") || g == strings.Fields(ps["Gid"])[0] {
+			t.Errorf("service group %s is also the supervisor's (%s)", g, ps["Groups"])
+		}
 	}
 
 	// What the agent may and may not write.
@@ -496,9 +521,11 @@ func TestSupervisorUsersAndOwnership(t *testing.T) {
 		{"write the config", "echo x >> " + e.config, false},
 		{"write src", "echo hi > src/website/page.html && mkdir -p src/website/new/deep && echo x > src/website/new/deep/f", true},
 		{"write AGENTS.md", "echo '- a note' >> AGENTS.md", true},
-		{"write .git", "touch .git/agent-was-here && git --no-pager -C . log --oneline -1 >/dev/null", true},
+		{"keep a git of its own in .git", "touch .git/agent-was-here && git init -q . && git status --short >/dev/null", true},
+		{"write the supervisor's git dir", "touch " + e.gitDir + "/x", false},
+		{"read the supervisor's git dir", "ls " + e.gitDir, false},
 	} {
-		out, err := asAgent(t, "cd "+e.ws+" && "+tc.script)
+		out, err := e.asAgent("cd " + e.ws + " && " + tc.script)
 		if (err == nil) != tc.allowed {
 			t.Errorf("agent %s: allowed=%v, want %v (%s)", tc.name, err == nil, tc.allowed, out)
 		}
@@ -530,7 +557,7 @@ func TestSupervisorUsersAndOwnership(t *testing.T) {
 func TestSupervisorRebootKeepsAgentNotes(t *testing.T) {
 	e := newSupEnv(t)
 	e.boot()
-	if out, err := asAgent(t, "echo '- remember the cache' >> "+filepath.Join(e.ws, "AGENTS.md")); err != nil {
+	if out, err := e.asAgent("echo '- remember the cache' >> " + filepath.Join(e.ws, "AGENTS.md")); err != nil {
 		t.Fatal(err, out)
 	}
 	e.shutdown()
@@ -545,7 +572,7 @@ func TestSupervisorRebootKeepsAgentNotes(t *testing.T) {
 		t.Error("an existing workspace was seeded again")
 	}
 	e.shutdown()
-	if out, err := asAgent(t, "echo 'notes without a sentinel' > "+filepath.Join(e.ws, "AGENTS.md")); err != nil {
+	if out, err := e.asAgent("echo 'notes without a sentinel' > " + filepath.Join(e.ws, "AGENTS.md")); err != nil {
 		t.Fatal(err, out)
 	}
 	e.boot()

@@ -3,7 +3,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -11,9 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/daemon"
-	"github.com/bushost/bushost/internal/errdefs"
-	"github.com/bushost/bushost/internal/version"
 )
 
 const serveLong = `serve makes the home (0700; 0710 with --socket-group) if missing and
@@ -33,14 +31,8 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	root := &cobra.Command{
-		Use:           "bushostd",
-		Short:         "bushostd: the bus host daemon",
-		Long:          "bushostd: the bus host daemon.\n\nusage: bushostd serve [--home DIR] [--broker-dsn DSN] [--max-bundle-bytes SIZE] [limits...]\n\n" + serveLong,
-		Version:       version.Read().String(),
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
+	root := cmdline.Root("bushostd", "bushostd: the bus host daemon",
+		"bushostd: the bus host daemon.\n\nusage: bushostd serve [--home DIR] [--broker-dsn DSN] [--max-bundle-bytes SIZE] [limits...]\n\n"+serveLong)
 	var o daemon.Options
 	serve := &cobra.Command{
 		Use:   "serve",
@@ -50,31 +42,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
-			if err := daemon.Serve(ctx, o); err != nil {
-				return serveError{err}
-			}
-			return nil
+			return cmdline.Failed(daemon.Serve(ctx, o))
 		},
 	}
 	o.AddFlags(serve.Flags())
 	root.AddCommand(serve)
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	cmd, err := root.ExecuteC()
-	if err == nil {
-		return 0
-	}
-	if se, ok := err.(serveError); ok {
-		fmt.Fprintf(stderr, "bushostd: %v\n", se.err)
-		return errdefs.ExitRefused
-	}
-	fmt.Fprintf(stderr, "bushostd: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
-	return errdefs.ExitUsage
+	return cmdline.Execute(root, args, stdout, stderr)
 }
-
-// serveError is the daemon's own failure, as opposed to a mistake in the
-// command line.
-type serveError struct{ err error }
-
-func (e serveError) Error() string { return e.err.Error() }

@@ -2,6 +2,7 @@
 // internal/sandbox.
 //
 //	sandbox probe [--user U] [--bwrap PATH]
+//	sandbox prepare --run-dir D ... --token-file F
 //	sandbox explain [--json] RUN-FLAGS
 //	sandbox run RUN-FLAGS -- COMMAND...
 //
@@ -9,17 +10,19 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/sandbox"
 )
 
 const usage = `usage:
+  sandbox --version | --help | help COMMAND
   sandbox probe [--user U] [--bwrap PATH]
+  sandbox prepare --run-dir D --business B --project P --task T --role R --caps C,... --token-file F [--git-name N --git-email E]
   sandbox explain [--json] --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--net] [--ro PATH]...
   sandbox run --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--net] [--ro PATH]... -- COMMAND...
 `
@@ -34,67 +37,92 @@ func main() {
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+	root := cmdline.Root("sandbox", "sandbox: confine an agent session with bubblewrap", "sandbox: confine an agent session with bubblewrap.\n\n"+usage)
+	root.AddCommand(
+		cmdline.Passthrough("probe", "exit 0, or 1 with why bwrap cannot run here",
+			"usage: sandbox probe [--user U] [--bwrap PATH]\n\nexit 0, or 1 with why bwrap cannot run here.",
+			func(w io.Writer) { probeFlags(w).PrintDefaults() },
+			func(args []string) int { return probe(args, stdout, stderr) }),
+		cmdline.Passthrough("prepare", "make a session's run directory: session.json, bundle/, home/, tmp/, token",
+			"usage: sandbox prepare --run-dir D --business B --project P --task T --role R --caps C,... --token-file F [--git-name N --git-email E]\n\nmake a session's run directory (docs/sandbox.md).",
+			func(w io.Writer) { sandbox.ParsePrepareFlags([]string{"-h"}, w) },
+			func(args []string) int { return sandbox.Prepare(args, stdout, stderr) }),
+		cmdline.Passthrough("explain", "print the bind table: kind, source, target, why",
+			"usage: sandbox explain [--json] RUN-FLAGS\n\nprint the bind table of a session: kind, source, target, why.",
+			func(w io.Writer) { sandbox.ParseFlags("explain", []string{"-h"}, w) },
+			func(args []string) int { return runOrExplain("explain", args, stdin, stdout, stderr) }),
+		cmdline.Passthrough("run", "run COMMAND in a session",
+			"usage: sandbox run RUN-FLAGS -- COMMAND...\n\nrun COMMAND confined, as a uid of its own when started as root.",
+			func(w io.Writer) { sandbox.ParseFlags("run", []string{"-h"}, w) },
+			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr) }),
+	)
+	pid1 := cmdline.Passthrough(sandbox.InitVerb, "a session's pid 1 (started by bwrap only)", "", nil,
+		func(args []string) int { return sandbox.Init(args, stderr) })
+	pid1.Hidden = true
+	root.AddCommand(pid1)
+	return cmdline.Execute(root, args, stdout, stderr)
+}
+
+func probeFlags(w io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("sandbox probe", flag.ContinueOnError)
+	fs.SetOutput(w)
+	fs.String("user", "", "the session user to probe as when root (default nobody)")
+	fs.String("bwrap", "", "the bwrap binary (default /usr/bin/bwrap, else on PATH)")
+	return fs
+}
+
+func probe(args []string, stdout, stderr io.Writer) int {
+	fs := probeFlags(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		fmt.Fprintf(stderr, "sandbox probe: %v\nRun 'sandbox probe --help' for usage.\n", err)
 		return 2
 	}
-	switch args[0] {
-	case sandbox.InitVerb:
-		return sandbox.Init(args[1:], stderr)
-	case "probe":
-		fs := flag.NewFlagSet("sandbox probe", flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		user := fs.String("user", "", "the session user to probe as when root (default nobody)")
-		bwrap := fs.String("bwrap", "", "the bwrap binary (default /usr/bin/bwrap, else on PATH)")
-		if err := fs.Parse(args[1:]); err != nil {
-			return 2
-		}
-		msg, err := sandbox.Probe(*user, *bwrap)
-		if err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-		fmt.Fprintln(stdout, msg)
-		return 0
-	case "explain", "run":
-		cfg, err := sandbox.ParseFlags(args[0], args[1:], stderr)
-		if err != nil {
-			if !errors.Is(err, flag.ErrHelp) {
-				fmt.Fprintf(stderr, "sandbox %s: %v\n", args[0], err)
-			}
-			return 2
-		}
-		plan, err := sandbox.BuildPlan(cfg)
-		if err != nil {
-			fmt.Fprintf(stderr, "sandbox %s: %v\n", args[0], err)
-			if args[0] == "run" {
-				return sandbox.ExitSandbox
-			}
-			return 1
-		}
-		if args[0] == "explain" {
-			if err := sandbox.Explain(stdout, plan, cfg.JSON); err != nil {
-				fmt.Fprintf(stderr, "sandbox explain: %v\n", err)
-				return 1
-			}
-			if len(plan.Problems) > 0 {
-				return 1
-			}
-			return 0
-		}
-		// The session gets the caller's descriptors themselves (bwrap is
-		// started directly, with no copying in between); a test's buffer
-		// stands for /dev/null.
-		status, err := sandbox.Run(plan, asFile(stdin), asFile(stdout), asFile(stderr))
-		if err != nil {
-			fmt.Fprintf(stderr, "sandbox run: %v\n", err)
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sandbox probe: unexpected argument %q\nRun 'sandbox probe --help' for usage.\n", fs.Arg(0))
+		return 2
+	}
+	msg, err := sandbox.Probe(fs.Lookup("user").Value.String(), fs.Lookup("bwrap").Value.String())
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintln(stdout, msg)
+	return 0
+}
+
+func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	cfg, err := sandbox.ParseFlags(verb, args, io.Discard)
+	if err != nil {
+		fmt.Fprintf(stderr, "sandbox %s: %v\nRun 'sandbox %s --help' for usage.\n", verb, err, verb)
+		return 2
+	}
+	plan, err := sandbox.BuildPlan(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "sandbox %s: %v\n", verb, err)
+		if verb == "run" {
 			return sandbox.ExitSandbox
 		}
-		return status
-	default:
-		fmt.Fprint(stderr, usage)
-		return 2
+		return 1
 	}
+	if verb == "explain" {
+		if err := sandbox.Explain(stdout, plan, cfg.JSON); err != nil {
+			fmt.Fprintf(stderr, "sandbox explain: %v\n", err)
+			return 1
+		}
+		if len(plan.Problems) > 0 {
+			return 1
+		}
+		return 0
+	}
+	// The session gets the caller's descriptors themselves (bwrap is
+	// started directly, with no copying in between); a test's buffer
+	// stands for /dev/null.
+	status, err := sandbox.Run(plan, asFile(stdin), asFile(stdout), asFile(stderr))
+	if err != nil {
+		fmt.Fprintf(stderr, "sandbox run: %v\n", err)
+		return sandbox.ExitSandbox
+	}
+	return status
 }
 
 func asFile(v any) *os.File {

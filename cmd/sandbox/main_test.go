@@ -13,8 +13,9 @@ func TestExitCodes(t *testing.T) {
 		code int
 		want string
 	}{
-		{"no verb", nil, 2, "usage:"},
-		{"unknown verb", []string{"escape"}, 2, "usage:"},
+		{"no verb", nil, 2, "Run 'sandbox --help' for usage."},
+		{"unknown verb", []string{"escape"}, 2, `unknown command "escape"`},
+		{"near verb", []string{"rn"}, 2, "Did you mean this?\n\trun"},
 		{"bad flag", []string{"run", "--no-such-flag"}, 2, "no-such-flag"},
 		{"missing flags", []string{"explain"}, 2, "--run-dir is required"},
 		{"init outside a session", []string{"init", "/bin/true", "true"}, 125, "only as a session's pid 1"},

@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/supervisor"
 )
 
@@ -21,7 +21,7 @@ const usage = `usage:
   supervisor run  --config FILE              supervise the services of FILE's workspace
   supervisor init --config FILE --seed DIR   as root: users, seed, ownership, AGENTS.md,
                                              then drop to user app and run
-  supervisor --help
+  supervisor --version | --help | help COMMAND
 
 The configuration file is described in internal/supervisor/README.md.
 `
@@ -31,45 +31,51 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
-	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	case supervisor.ShimArg:
+	// The shim a service runs under is this binary too: it goes first.
+	if len(args) > 0 && args[0] == supervisor.ShimArg {
 		return supervisor.RunShim(args[1:])
-	case "run":
-		fs, config := flags("run", stderr)
-		if err := fs.Parse(args[1:]); err != nil {
-			return exitParse(err)
-		}
-		return runSupervisor(*config, stderr)
-	case "init":
-		fs, config := flags("init", stderr)
-		seed := fs.String("seed", "", "directory that seeds the workspace on first boot")
-		if err := fs.Parse(args[1:]); err != nil {
-			return exitParse(err)
-		}
-		return initWorkspace(*config, *seed, stderr)
 	}
-	fmt.Fprintf(stderr, "supervisor: unknown command %q\n\n%s", args[0], usage)
-	return 2
+	root := cmdline.Root("supervisor", "supervisor: run the services an agent may edit", "supervisor: run the services an agent may edit.\n\n"+usage)
+	root.AddCommand(
+		cmdline.Passthrough("run", "supervise the services of a workspace",
+			"usage: supervisor run --config FILE\n\nsupervise the services of FILE's workspace (internal/supervisor/README.md).",
+			func(w io.Writer) { fs, _ := flags("run", w); fs.PrintDefaults() },
+			func(args []string) int {
+				fs, config := flags("run", io.Discard)
+				if err := fs.Parse(args); err != nil {
+					return exitParse("run", err, stderr)
+				}
+				return runSupervisor(*config, stderr)
+			}),
+		cmdline.Passthrough("init", "as root: users, seed, ownership, then run as app",
+			"usage: supervisor init --config FILE --seed DIR\n\nas root: make the users, seed the workspace, hand it over, write AGENTS.md,\nthen drop to user app and run.",
+			func(w io.Writer) { fs, _, _ := initFlags(w); fs.PrintDefaults() },
+			func(args []string) int {
+				fs, config, seed := initFlags(io.Discard)
+				if err := fs.Parse(args); err != nil {
+					return exitParse("init", err, stderr)
+				}
+				return initWorkspace(*config, *seed, stderr)
+			}),
+	)
+	return cmdline.Execute(root, args, stdout, stderr)
 }
 
-func flags(name string, stderr io.Writer) (*flag.FlagSet, *string) {
+func flags(name string, out io.Writer) (*flag.FlagSet, *string) {
 	fs := flag.NewFlagSet("supervisor "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(out)
 	config := fs.String("config", "", "TOML configuration file (required)")
 	return fs, config
 }
 
-func exitParse(err error) int {
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
+func initFlags(out io.Writer) (*flag.FlagSet, *string, *string) {
+	fs, config := flags("init", out)
+	seed := fs.String("seed", "", "directory that seeds the workspace on first boot")
+	return fs, config, seed
+}
+
+func exitParse(verb string, err error, stderr io.Writer) int {
+	fmt.Fprintf(stderr, "supervisor %s: %v\nRun 'supervisor %s --help' for usage.\n", verb, err, verb)
 	return 2
 }
 

@@ -20,7 +20,11 @@ func TestCommandLine(t *testing.T) {
 		out  string // expected in stdout+stderr
 	}{
 		{"help", []string{"--help"}, 0, "supervisor init --config FILE --seed DIR"},
-		{"no command", nil, 2, "usage:"},
+		{"no command", nil, 2, "Run 'supervisor --help' for usage."},
+		{"near command", []string{"rnu"}, 2, "Did you mean this?\n\trun"},
+		{"help run", []string{"help", "run"}, 0, "--config"},
+		{"run --help", []string{"run", "--help"}, 0, "--config"},
+		{"bad flag", []string{"run", "--bogus"}, 2, "Run 'supervisor run --help' for usage."},
 		{"unknown command", []string{"serve"}, 2, `unknown command "serve"`},
 		{"run without config", []string{"run"}, 2, "--config FILE is required"},
 		{"init without seed", []string{"init", "--config", bad}, 2, "--seed DIR are required"},

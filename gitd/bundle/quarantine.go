@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 )
 
@@ -26,10 +27,15 @@ const QuarantinePrefix = "bushost-incoming-"
 // been checked.
 type Quarantine struct {
 	// Dir is the quarantine object directory.
-	Dir     string
-	objects string
-	added   []string // files Migrate linked into objects, in order
-	dirs    []string // directories Migrate created
+	Dir string
+	// Limits bound the inflated size of each object IndexPack takes in;
+	// zero: none.
+	Limits Limits
+	// IndexConfig adds -c entries to index-pack (its memory settings).
+	IndexConfig []string
+	objects     string
+	added       []string // files Migrate linked into objects, in order
+	dirs        []string // directories Migrate created
 }
 
 // NewQuarantine makes a quarantine under objects (a repository's objects
@@ -83,8 +89,18 @@ var fsckLineRE = sync.OnceValue(func() *regexp.Regexp {
 
 // IndexPack runs `git index-pack --stdin --strict --fix-thin` on pack (the
 // bytes after a bundle header) with gitDir's repository, writing into the
-// quarantine. It returns the pack's name hash. The caller checks its own
-// reader's error first: a reader that failed shows here as a short pack.
+// quarantine. It returns the pack's name hash. With q.Limits set, every
+// entry's inflated size is checked before git reads it (see Limits), and a
+// refusal is returned as an *errdefs.Error with reason OBJECT_TOO_LARGE.
+// The caller checks its own reader's error first: a reader that failed
+// shows here as a short pack.
+//
+// IndexPack ends when git does (ctx cancelled, git's timeout, git failed):
+// if the copy into git is still running then, it closes pack when pack is
+// an io.Closer, so that a read blocked on it returns, and waits for the
+// copy, so that pack is no longer read when IndexPack returns. A pack that
+// is no io.Closer must not block forever (a push stream's reads end at its
+// idle timeout).
 func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir string, pack io.Reader) (string, error) {
 	// index-pack reads its input 4 KiB at a time: through a default 64 KiB
 	// pipe, the sender and git take turns waiting for each other. A larger
@@ -97,7 +113,16 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 	growPipe(pw)
 	copied := make(chan error, 1)
 	go func() {
-		_, err := io.Copy(pw, pack)
+		var err error
+		if q.Limits.Enabled() {
+			err = scanPack(pack, pw, q.Limits, func(ids []string) (map[string]string, error) {
+				return objectTypes(context.WithoutCancel(ctx), git, gitDir, ids)
+			})
+		} else {
+			_, err = io.Copy(pw, pack)
+		}
+		// git sees the end of its input: all of a good pack, or the part
+		// before a refused entry, which it reports as truncated.
 		pw.Close()
 		copied <- err
 	}()
@@ -105,24 +130,64 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 		GitDir: gitDir,
 		Sub:    "index-pack",
 		Flags:  []string{"--stdin", "--strict", "--fix-thin"},
+		Config: q.IndexConfig,
 		Env:    q.Env(),
 		Stdin:  pr,
 	})
-	// With git gone, a copy still running fails its next write (EPIPE);
-	// wait for it, so that pack is no longer read when this returns.
+	// With git gone, a copy still running fails its next write (EPIPE); one
+	// blocked reading pack is released by closing pack.
 	pr.Close()
-	cerr := <-copied
-	if err == nil && cerr != nil && !errors.Is(cerr, syscall.EPIPE) {
-		err = cerr
+	var cerr error
+	select {
+	case cerr = <-copied:
+	default:
+		if c, ok := pack.(io.Closer); ok {
+			c.Close()
+		}
+		cerr = <-copied
+	}
+	var pe *PackError
+	if _, refused := errdefs.As(cerr); refused || errors.As(cerr, &pe) {
+		// The scanner's refusal says more than the short pack git saw.
+		return "", cerr
 	}
 	if err != nil {
 		return "", classify(err)
+	}
+	var we *writeError
+	if cerr != nil && !errors.Is(cerr, syscall.EPIPE) && !errors.As(cerr, &we) {
+		return "", cerr
 	}
 	kind, name, ok := strings.Cut(strings.TrimSpace(string(out)), "\t")
 	if !ok || kind != "pack" || len(name) != 40 {
 		return "", fmt.Errorf("index-pack: unexpected output %q", out)
 	}
 	return name, nil
+}
+
+// objectTypes asks git for the types of ids in gitDir's repository (without
+// the quarantine): cat-file --batch-check, one process for all of them.
+func objectTypes(ctx context.Context, git *gitcmd.Runner, gitDir string, ids []string) (map[string]string, error) {
+	var in strings.Builder
+	for _, id := range ids {
+		if !ValidOID(id) {
+			return nil, fmt.Errorf("object id %q", id)
+		}
+		in.WriteString(id + "\n")
+	}
+	out, err := git.Output(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "cat-file",
+		Flags: []string{"--batch-check=%(objectname) %(objecttype)"}, Stdin: strings.NewReader(in.String())})
+	if err != nil {
+		return nil, err
+	}
+	types := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		id, typ, ok := strings.Cut(line, " ")
+		if ok && typ != "missing" {
+			types[id] = typ
+		}
+	}
+	return types, nil
 }
 
 func classify(err error) error {

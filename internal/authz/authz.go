@@ -60,10 +60,10 @@ type Push struct {
 	Commit, Previous, Ref   string
 }
 
-// Authority is what gitd asks of the broker. Errors carry a gRPC status
-// (google.golang.org/grpc/status) that the caller passes through unchanged:
-// Unauthenticated for a bad, revoked or expired token, PermissionDenied for
-// a missing capability, FailedPrecondition for a closed task.
+// Authority is what gitd asks of the broker. Its refusals are domain errors
+// (*errdefs.Error: TOKEN_UNKNOWN, TOKEN_EXPIRED, GRANT_REVOKED,
+// CAPABILITY_MISSING, TASK_CLOSED, ...), not gRPC statuses; the service
+// that asked maps them with errdefs.ToGRPC, like its own.
 type Authority interface {
 	// Authorize resolves token and requires that its grant hold at least one
 	// of caps. With no caps it requires the admin token.

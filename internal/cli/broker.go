@@ -4,14 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	"github.com/bushost/bushost/internal/names"
 )
 
 // The broker commands: the host's tasks and grants, a session's reviews,
@@ -23,55 +26,56 @@ func init() {
 		words: "task add",
 		usage: "task add --business B --project P --task T",
 		help:  "Host: register task T of a project added with 'project add'. Idempotent.",
-		run:   runTaskAdd,
+		setup: runTaskAdd,
 	})
 	register(&command{
 		words: "grant",
 		usage: "grant --business B --project P --task T --role R --cap C[,C...] [--ttl D] [--out FILE]",
 		help:  "Host: issue a token for one task, role and capabilities; prints the token, or writes it to FILE (mode 0600, never overwritten) and prints the grant id.",
-		run:   runGrant,
+		setup: runGrant,
 	})
 	register(&command{
 		words: "revoke",
 		usage: "revoke GRANT_ID",
 		help:  "Host: make a grant's token useless from now on.",
-		run:   runRevoke,
+		args:  cobra.ArbitraryArgs,
+		setup: runRevoke,
 	})
 	register(&command{
 		words: "review request",
 		usage: "review request",
 		help:  "Ask for a review of the task's latest push; prints the request id (the same one when asked again for the same push).",
-		run:   runReviewRequest,
+		setup: runReviewRequest,
 	})
 	register(&command{
 		words: "review verdict",
 		usage: "review verdict --request ID (--approve | --reject) [--comment TEXT]",
 		help:  "Give the one verdict of a review request of the task's latest push.",
-		run:   runReviewVerdict,
+		setup: runReviewVerdict,
 	})
 	register(&command{
 		words: "task close",
 		usage: "task close",
 		help:  "Close the task; with a push, only once its latest push is approved.",
-		run:   runTaskClose,
+		setup: runTaskClose,
 	})
 	register(&command{
 		words: "event record",
 		usage: "event record --type TYPE [--data JSON] [--key KEY]",
 		help:  "Record a free-form event (type like agent.step_done, data a JSON object); prints its sequence number. With --key, retrying with the same body returns the first event.",
-		run:   runEventRecord,
+		setup: runEventRecord,
 	})
 	register(&command{
 		words: "events",
 		usage: "events [--task T] [--follow] [--json]",
 		help:  "List the log's events in order (a grant sees its own task's only); --follow keeps streaming new ones. --json prints one JSON object per line.",
-		run:   runEvents,
+		setup: runEvents,
 	})
 	register(&command{
 		words: "log verify",
 		usage: "log verify",
 		help:  "Host: recompute the log's hash chain; exits 1 naming the first bad event if it does not verify.",
-		run:   runLogVerify,
+		setup: runLogVerify,
 	})
 }
 
@@ -85,7 +89,7 @@ func brokerPrint(e *Env, text string, obj any) error {
 }
 
 // scopeFlags adds --business, --project and --task to fs.
-func scopeFlags(fs *flag.FlagSet) (b, p, t *string) {
+func scopeFlags(fs *pflag.FlagSet) (b, p, t *string) {
 	return fs.String("business", "", "business name"), fs.String("project", "", "project name"), fs.String("task", "", "task name")
 }
 
@@ -110,32 +114,31 @@ func unary(ctx context.Context, e *Env, call func(ctx context.Context, c brokerv
 	return call(ctx, c)
 }
 
-func runTaskAdd(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("task add")
+func runTaskAdd(fs *pflag.FlagSet) runFunc {
 	b, p, t := scopeFlags(fs)
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
-	}
-	if err := required("business", *b, "project", *p, "task", *t); err != nil {
-		return err
-	}
-	return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-		r, err := c.AddTask(ctx, &brokerv1.AddTaskRequest{Business: *b, Project: *p, Task: *t})
-		if err != nil {
+	return func(ctx context.Context, e *Env, args []string) error {
+		if err := required("business", *b, "project", *p, "task", *t); err != nil {
 			return err
 		}
-		text := fmt.Sprintf("task %s/%s/%s added", *b, *p, *t)
-		if !r.Created {
-			text = fmt.Sprintf("task %s/%s/%s already exists", *b, *p, *t)
-		}
-		return brokerPrint(e, text, map[string]any{"business": *b, "project": *p, "task": *t, "created": r.Created})
-	})
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			r, err := c.AddTask(ctx, &brokerv1.AddTaskRequest{Business: *b, Project: *p, Task: *t})
+			if err != nil {
+				return err
+			}
+			text := fmt.Sprintf("task %s/%s/%s added", *b, *p, *t)
+			if !r.Created {
+				text = fmt.Sprintf("task %s/%s/%s already exists", *b, *p, *t)
+			}
+			return brokerPrint(e, text, map[string]any{"business": *b, "project": *p, "task": *t, "created": r.Created})
+		})
+	}
 }
 
 // capsFlag gathers --cap values, each a comma-separated list.
 type capsFlag []string
 
 func (c *capsFlag) String() string { return strings.Join(*c, ",") }
+func (c *capsFlag) Type() string   { return "C[,C...]" }
 func (c *capsFlag) Set(v string) error {
 	for _, x := range strings.Split(v, ",") {
 		if x = strings.TrimSpace(x); x != "" {
@@ -145,155 +148,143 @@ func (c *capsFlag) Set(v string) error {
 	return nil
 }
 
-func runGrant(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("grant")
+func runGrant(fs *pflag.FlagSet) runFunc {
 	b, p, t := scopeFlags(fs)
 	role := fs.String("role", "", "the role name (e.g. worker, reviewer)")
 	var caps capsFlag
 	fs.Var(&caps, "cap", "capabilities, comma-separated or repeated: git.push.working, review.request, review.verdict, task.close, event.record")
 	ttl := fs.Duration("ttl", 0, "lifetime (e.g. 8h); default the server's (24h)")
 	out := fs.String("out", "", "write the token to this new file (0600) instead of printing it")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
-	}
-	if err := required("business", *b, "project", *p, "task", *t, "role", *role); err != nil {
-		return err
-	}
-	if len(caps) == 0 {
-		return usagef("--cap is required")
-	}
-	if *ttl < 0 || *ttl%time.Second != 0 {
-		return usagef("--ttl must be a positive whole number of seconds, like 90s or 8h")
-	}
-	// Made before the call, so that a token is never issued with nowhere
-	// to go; O_EXCL never follows or replaces someone else's file.
-	var f *os.File
-	if *out != "" {
-		var err error
-		f, err = os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return fmt.Errorf("token file: %w", err)
+	return func(ctx context.Context, e *Env, args []string) error {
+		if err := required("business", *b, "project", *p, "task", *t, "role", *role); err != nil {
+			return err
 		}
-		defer f.Close()
-	}
-	return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-		r, err := c.CreateGrant(ctx, &brokerv1.CreateGrantRequest{Business: *b, Project: *p, Task: *t, Role: *role,
-			Capabilities: caps, TtlSeconds: int64(*ttl / time.Second)})
-		if err != nil {
-			if f != nil {
-				f.Close()
-				os.Remove(*out)
+		if len(caps) == 0 {
+			return usagef("--cap is required")
+		}
+		if *ttl < 0 || *ttl%time.Second != 0 {
+			return usagef("--ttl must be a positive whole number of seconds, like 90s or 8h")
+		}
+		// Made before the call, so that a token is never issued with nowhere
+		// to go; O_EXCL never follows or replaces someone else's file.
+		var f *os.File
+		if *out != "" {
+			var err error
+			f, err = os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				return fmt.Errorf("token file: %w", err)
 			}
-			return err
+			defer f.Close()
 		}
-		obj := map[string]any{"grant_id": r.GrantId, "expires_at": r.ExpiresAt}
-		if f == nil {
-			obj["token"] = r.Token
-			fmt.Fprintf(e.Stderr, "grant %s for %s/%s/%s expires at %s\n", r.GrantId, *b, *p, *t, r.ExpiresAt)
-			return brokerPrint(e, r.Token, obj)
-		}
-		if _, err := io.WriteString(f, r.Token+"\n"); err != nil {
-			return fmt.Errorf("write token file: %w", err)
-		}
-		if err := f.Close(); err != nil {
-			return fmt.Errorf("write token file: %w", err)
-		}
-		obj["token_file"] = *out
-		return brokerPrint(e, r.GrantId, obj)
-	})
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			r, err := c.CreateGrant(ctx, &brokerv1.CreateGrantRequest{Business: *b, Project: *p, Task: *t, Role: *role,
+				Capabilities: caps, TtlSeconds: int64(*ttl / time.Second)})
+			if err != nil {
+				if f != nil {
+					f.Close()
+					os.Remove(*out)
+				}
+				return err
+			}
+			obj := map[string]any{"grant_id": r.GrantId, "expires_at": r.ExpiresAt}
+			if f == nil {
+				obj["token"] = r.Token
+				fmt.Fprintf(e.Stderr, "grant %s for %s/%s/%s expires at %s\n", r.GrantId, *b, *p, *t, r.ExpiresAt)
+				return brokerPrint(e, r.Token, obj)
+			}
+			if _, err := io.WriteString(f, r.Token+"\n"); err != nil {
+				return fmt.Errorf("write token file: %w", err)
+			}
+			if err := f.Close(); err != nil {
+				return fmt.Errorf("write token file: %w", err)
+			}
+			obj["token_file"] = *out
+			return brokerPrint(e, r.GrantId, obj)
+		})
+	}
 }
 
-func runRevoke(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("revoke")
-	if err := parseFlags(fs, args, true); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return usagef("give exactly one GRANT_ID")
-	}
-	id := fs.Arg(0)
-	return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-		if _, err := c.RevokeGrant(ctx, &brokerv1.RevokeGrantRequest{GrantId: id}); err != nil {
-			return err
+func runRevoke(fs *pflag.FlagSet) runFunc {
+	return func(ctx context.Context, e *Env, args []string) error {
+		if len(args) != 1 {
+			return usagef("give exactly one GRANT_ID")
 		}
-		return brokerPrint(e, "revoked "+id, map[string]any{"grant_id": id, "revoked": true})
-	})
+		id := args[0]
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			if _, err := c.RevokeGrant(ctx, &brokerv1.RevokeGrantRequest{GrantId: id}); err != nil {
+				return err
+			}
+			return brokerPrint(e, "revoked "+id, map[string]any{"grant_id": id, "revoked": true})
+		})
+	}
 }
 
-func runReviewRequest(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("review request")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
+func runReviewRequest(fs *pflag.FlagSet) runFunc {
+	return func(ctx context.Context, e *Env, args []string) error {
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			r, err := c.RequestReview(ctx, &brokerv1.RequestReviewRequest{})
+			if err != nil {
+				return err
+			}
+			return brokerPrint(e, r.RequestId, map[string]any{"request_id": r.RequestId, "commit": r.Commit, "created": r.Created})
+		})
 	}
-	return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-		r, err := c.RequestReview(ctx, &brokerv1.RequestReviewRequest{})
-		if err != nil {
-			return err
-		}
-		return brokerPrint(e, r.RequestId, map[string]any{"request_id": r.RequestId, "commit": r.Commit, "created": r.Created})
-	})
 }
 
-func runReviewVerdict(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("review verdict")
+func runReviewVerdict(fs *pflag.FlagSet) runFunc {
 	id := fs.String("request", "", "the review request id (from 'review request')")
 	approve := fs.Bool("approve", false, "approve the push")
 	reject := fs.Bool("reject", false, "reject the push")
 	comment := fs.String("comment", "", "a comment kept with the verdict")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
-	}
-	if err := required("request", *id); err != nil {
-		return err
-	}
-	if *approve == *reject {
-		return usagef("give exactly one of --approve and --reject")
-	}
-	v, word := brokerv1.Verdict_VERDICT_APPROVE, "approve"
-	if *reject {
-		v, word = brokerv1.Verdict_VERDICT_REJECT, "reject"
-	}
-	return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-		r, err := c.SubmitVerdict(ctx, &brokerv1.SubmitVerdictRequest{RequestId: *id, Verdict: v, Comment: *comment})
-		if err != nil {
+	return func(ctx context.Context, e *Env, args []string) error {
+		if err := required("request", *id); err != nil {
 			return err
 		}
-		return brokerPrint(e, fmt.Sprintf("%s recorded (event %d)", word, r.Seq), map[string]any{"request_id": *id, "verdict": word, "seq": r.Seq})
-	})
-}
-
-func runTaskClose(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("task close")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
-	}
-	return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-		r, err := c.CloseTask(ctx, &brokerv1.CloseTaskRequest{})
-		if err != nil {
-			return err
+		if *approve == *reject {
+			return usagef("give exactly one of --approve and --reject")
 		}
-		return brokerPrint(e, fmt.Sprintf("closed (event %d)", r.Seq), map[string]any{"closed": true, "seq": r.Seq})
-	})
+		v, word := brokerv1.Verdict_VERDICT_APPROVE, "approve"
+		if *reject {
+			v, word = brokerv1.Verdict_VERDICT_REJECT, "reject"
+		}
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			r, err := c.SubmitVerdict(ctx, &brokerv1.SubmitVerdictRequest{RequestId: *id, Verdict: v, Comment: *comment})
+			if err != nil {
+				return err
+			}
+			return brokerPrint(e, fmt.Sprintf("%s recorded (event %d)", word, r.Seq), map[string]any{"request_id": *id, "verdict": word, "seq": r.Seq})
+		})
+	}
 }
 
-func runEventRecord(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("event record")
+func runTaskClose(fs *pflag.FlagSet) runFunc {
+	return func(ctx context.Context, e *Env, args []string) error {
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			r, err := c.CloseTask(ctx, &brokerv1.CloseTaskRequest{})
+			if err != nil {
+				return err
+			}
+			return brokerPrint(e, fmt.Sprintf("closed (event %d)", r.Seq), map[string]any{"closed": true, "seq": r.Seq})
+		})
+	}
+}
+
+func runEventRecord(fs *pflag.FlagSet) runFunc {
 	typ := fs.String("type", "", "the event type, e.g. agent.step_done (action.*, review.*, task.*, grant.* are the broker's own)")
 	data := fs.String("data", "", "a JSON object, at most 64 KiB (default {})")
 	key := fs.String("key", "", "an idempotency key: a retry with the same key and body returns the first event")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
-	}
-	if err := required("type", *typ); err != nil {
-		return err
-	}
-	return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-		r, err := c.RecordEvent(ctx, &brokerv1.RecordEventRequest{Type: *typ, Data: *data, IdempotencyKey: *key})
-		if err != nil {
+	return func(ctx context.Context, e *Env, args []string) error {
+		if err := required("type", *typ); err != nil {
 			return err
 		}
-		return brokerPrint(e, fmt.Sprint(r.Event.GetSeq()), eventJSON(r.Event))
-	})
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			r, err := c.RecordEvent(ctx, &brokerv1.RecordEventRequest{Type: *typ, Data: *data, IdempotencyKey: *key})
+			if err != nil {
+				return err
+			}
+			return brokerPrint(e, fmt.Sprint(r.Event.GetSeq()), eventJSON(r.Event))
+		})
+	}
 }
 
 // eventJSON is an event as --json prints it; data is embedded as the JSON
@@ -306,68 +297,83 @@ func eventJSON(ev *brokerv1.Event) map[string]any {
 	}
 }
 
-func runEvents(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("events")
+func runEvents(fs *pflag.FlagSet) runFunc {
 	business := fs.String("business", "", "host: only this business")
 	project := fs.String("project", "", "host: only this project")
-	task := fs.String("task", "", "only this task")
+	task := fs.String("task", "", "only this task: its own name, like t3 (with --business and --project for the host)")
 	follow := fs.Bool("follow", false, "keep streaming new events until interrupted")
 	after := fs.Int64("after", 0, "only events with a sequence number above this")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
-	}
-	c, ctx, done, err := e.brokerClient(ctx)
-	if err != nil {
-		return err
-	}
-	defer done()
-	if !*follow {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-	}
-	stream, err := c.ListEvents(ctx, &brokerv1.ListEventsRequest{Business: *business, Project: *project, Task: *task, AfterSeq: *after, Follow: *follow})
-	if err != nil {
-		return err
-	}
-	for {
-		r, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
+	return func(ctx context.Context, e *Env, args []string) error {
+		if err := filterNames(*business, *project, *task); err != nil {
+			return err
 		}
+		c, ctx, done, err := e.brokerClient(ctx)
 		if err != nil {
-			if *follow && ctx.Err() != nil {
-				return nil // interrupted: how a follow ends
-			}
 			return err
 		}
-		ev := r.GetEvent()
-		text := fmt.Sprintf("%d\t%s\t%s/%s/%s\t%s\t%s\t%s", ev.GetSeq(), ev.GetTime(), ev.GetBusiness(), ev.GetProject(), ev.GetTask(), ev.GetType(), ev.GetActor(), ev.GetData())
-		if err := brokerPrint(e, text, eventJSON(ev)); err != nil {
+		defer done()
+		if !*follow {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+		}
+		stream, err := c.ListEvents(ctx, &brokerv1.ListEventsRequest{Business: *business, Project: *project, Task: *task, AfterSeq: *after, Follow: *follow})
+		if err != nil {
 			return err
+		}
+		for {
+			r, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				if *follow && ctx.Err() != nil {
+					return nil // interrupted: how a follow ends
+				}
+				return err
+			}
+			ev := r.GetEvent()
+			text := fmt.Sprintf("%d\t%s\t%s/%s/%s\t%s\t%s\t%s", ev.GetSeq(), ev.GetTime(), ev.GetBusiness(), ev.GetProject(), ev.GetTask(), ev.GetType(), ev.GetActor(), ev.GetData())
+			if err := brokerPrint(e, text, eventJSON(ev)); err != nil {
+				return err
+			}
 		}
 	}
 }
 
-func runLogVerify(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("log verify")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
+// filterNames refuses a filter that no event can match, rather than list
+// nothing: "acme/web/t3" is three flags, not a task's name.
+func filterNames(business, project, task string) error {
+	for _, f := range []struct{ flag, v string }{{"business", business}, {"project", project}, {"task", task}} {
+		if f.v == "" || names.Matches(f.v) {
+			continue
+		}
+		if parts := strings.Split(f.v, "/"); f.flag == "task" && len(parts) == 3 {
+			return usagef("--task takes a task's own name, like t3 (%s); for %s give --business %s --project %s --task %s",
+				names.Pattern, f.v, parts[0], parts[1], parts[2])
+		}
+		return usagef("--%s %q is not a name: names match %s, like acme, web or t3", f.flag, f.v, names.Pattern)
 	}
-	return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-		r, err := c.VerifyLog(ctx, &brokerv1.VerifyLogRequest{})
-		if err != nil {
-			return err
-		}
-		obj := map[string]any{"ok": r.Ok, "events": r.Events, "first_bad_seq": r.FirstBadSeq, "reason": r.Reason}
-		if !r.Ok {
-			if e.JSON {
-				if err := brokerPrint(e, "", obj); err != nil {
-					return err
-				}
+	return nil
+}
+
+func runLogVerify(fs *pflag.FlagSet) runFunc {
+	return func(ctx context.Context, e *Env, args []string) error {
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			r, err := c.VerifyLog(ctx, &brokerv1.VerifyLogRequest{})
+			if err != nil {
+				return err
 			}
-			return fmt.Errorf("the hash chain breaks at event %d: %s", r.FirstBadSeq, r.Reason)
-		}
-		return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact", r.Events), obj)
-	})
+			obj := map[string]any{"ok": r.Ok, "events": r.Events, "first_bad_seq": r.FirstBadSeq, "reason": r.Reason}
+			if !r.Ok {
+				if e.JSON {
+					if err := brokerPrint(e, "", obj); err != nil {
+						return err
+					}
+				}
+				return fmt.Errorf("the hash chain breaks at event %d: %s", r.FirstBadSeq, r.Reason)
+			}
+			return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact", r.Events), obj)
+		})
+	}
 }

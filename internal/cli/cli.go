@@ -1,14 +1,15 @@
 // Package cli is the bushost client: the command line that hosts, agents and
 // scripts use (DESIGN.md, "Command line"). Each command is registered by the
-// file of its domain (git.go, broker.go); this file owns the global flags,
-// the token, the sockets and how errors are printed. The client never
-// decides anything the server must decide: it only asks and reports.
+// file of its domain (git.go, broker.go); this file owns the command tree
+// (spf13/cobra), the global flags, the token, the sockets and how errors
+// are printed and turned into exit statuses. The client never decides
+// anything the server must decide: it only asks and reports, and it
+// branches on an error's reason, never on its message.
 package cli
 
 import (
 	"context"
-	"errors"
-	"flag"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -20,7 +21,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -29,6 +33,7 @@ import (
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/textsafe"
+	"github.com/bushost/bushost/internal/version"
 )
 
 // Env is what a command runs with: the global flags, its streams and the
@@ -46,14 +51,25 @@ type Env struct {
 	Stderr  io.Writer
 	// Getenv reads the environment (os.Getenv outside tests).
 	Getenv func(string) string
+
+	// tokenFrom says where the token came from, for the hint on an
+	// unknown token.
+	tokenFrom string
 }
+
+// runFunc runs a command once its flags are parsed; args are its
+// positional arguments.
+type runFunc func(ctx context.Context, e *Env, args []string) error
 
 // command is one command line form, e.g. words "review verdict".
 type command struct {
 	words string
 	usage string
 	help  string
-	run   func(ctx context.Context, e *Env, args []string) error
+	// args checks the positional arguments (default: none allowed).
+	args cobra.PositionalArgs
+	// setup declares the command's flags on fs and returns its run.
+	setup func(fs *pflag.FlagSet) runFunc
 }
 
 var commands = map[string]*command{}
@@ -65,7 +81,7 @@ func register(c *command) {
 	commands[c.words] = c
 }
 
-// usageError is a mistake in the command line; it prints the usage.
+// usageError is a mistake in the command line: exit 2 and a one-line hint.
 type usageError struct{ msg string }
 
 func (u usageError) Error() string { return u.msg }
@@ -73,8 +89,7 @@ func (u usageError) Error() string { return u.msg }
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
 // Main runs the client with args (without the program name) and returns
-// the exit status: 0 on success, 1 when the bus host refused or failed, 2
-// for a malformed command line.
+// the exit status, by class from errdefs' table (README, "Exit status").
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return mainWith(args, stdin, stdout, stderr, os.Getenv)
 }
@@ -85,123 +100,119 @@ func mainWith(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv f
 	defer safeOut.Flush()
 	defer safeErr.Flush()
 	stdout, stderr = safeOut, safeErr
-	e := &Env{Home: "./bus-host", Stdin: stdin, Stdout: stdout, Stderr: stderr, Getenv: getenv}
-	rest, err := e.globalFlags(args)
-	if err != nil {
-		fmt.Fprintf(stderr, "bushost: %v\n\n", err)
-		printUsage(stderr)
-		return 2
-	}
-	if len(rest) == 0 || rest[0] == "help" || rest[0] == "--help" || rest[0] == "-h" {
-		if len(rest) > 1 {
-			if c, _ := lookup(rest[1:]); c != nil {
-				printCommandHelp(stdout, c)
-				return 0
-			}
-		}
-		printUsage(stdout)
-		if len(rest) == 0 {
-			return 2
-		}
-		return 0
-	}
-	c, cargs := lookup(rest)
-	if c == nil {
-		fmt.Fprintf(stderr, "bushost: unknown command %q\n\n", strings.Join(rest, " "))
-		printUsage(stderr)
-		return 2
-	}
-	for _, a := range cargs {
-		if a == "--help" || a == "-h" {
-			printCommandHelp(stdout, c)
-			return 0
-		}
-	}
+	e := &Env{Stdin: stdin, Stdout: stdout, Stderr: stderr, Getenv: getenv}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := c.run(ctx, e, cargs); err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
-			fmt.Fprintf(stderr, "bushost %s: %s\nusage: bushost %s\n", c.words, ue.msg, c.usage)
-			return 2
-		}
-		err = e.failure(err)
-		fmt.Fprintf(stderr, "bushost %s: %s\n", c.words, describe(err))
-		return exitFor(err)
+	root, ran := newRoot(ctx, e)
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteC()
+	if err == nil {
+		return errdefs.ExitOK
 	}
-	return 0
-}
-
-// globalFlags takes --home, --token-file and --json from anywhere in args
-// (before or after the command words) and returns the rest in order.
-func (e *Env) globalFlags(args []string) ([]string, error) {
-	var rest []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			rest = append(rest, args[i:]...)
-			break
-		}
-		name, val, hasVal := strings.Cut(strings.TrimPrefix(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") {
-			rest = append(rest, a)
-			continue
-		}
-		name = strings.TrimPrefix(name, "-")
-		switch name {
-		case "json":
+	if !*ran {
+		// cobra refused the command line before any command ran: an
+		// unknown command or flag, or a wrong number of arguments.
+		err = usageError{err.Error()}
+		if !e.JSON && hasFlag(args, "json") {
 			e.JSON = true
-		case "home", "token-file", "timeout":
-			if !hasVal {
-				if i+1 >= len(args) {
-					return nil, fmt.Errorf("--%s needs a value", name)
-				}
-				i++
-				val = args[i]
-			}
-			switch name {
-			case "timeout":
-				d, err := time.ParseDuration(val)
-				if err != nil || d <= 0 {
-					return nil, fmt.Errorf("--timeout %q: want a positive duration such as 30s or 5m", val)
-				}
-				e.Timeout = d
-			case "home":
-				e.Home = val
-			default:
-				e.TokenFile = val
-			}
-		default:
-			rest = append(rest, a)
 		}
 	}
-	return rest, nil
+	return e.report(cmd, err)
 }
 
-// lookup finds the longest registered command made of the leading words.
-func lookup(args []string) (*command, []string) {
-	for n := min(3, len(args)); n > 0; n-- {
-		if c, ok := commands[strings.Join(args[:n], " ")]; ok {
-			return c, args[n:]
-		}
+// newRoot builds the command tree. ran is set once a command's own code
+// starts, which tells cobra's usage errors from the command's.
+func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
+	ran := new(bool)
+	root := &cobra.Command{
+		Use:   "bushost",
+		Short: "bushost: the client of the bus host (bushostd)",
+		Long:  rootLong(),
+		// With no command, the usage is an answer to a mistake: exit 2.
+		RunE: func(cmd *cobra.Command, args []string) error {
+			*ran = true
+			return usagef("give a command; 'bushost --help' lists them")
+		},
+		Version:           version.Read().String(),
+		SilenceUsage:      true,
+		SilenceErrors:     true,
+		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
 	}
-	return nil, nil
+	home := e.Getenv("BUSHOST_HOME")
+	if home == "" {
+		home = "./bus-host"
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&e.Home, "home", home, "the bus host's home with git.sock, broker.sock and admin.token ($BUSHOST_HOME)")
+	pf.StringVar(&e.TokenFile, "token-file", "", "the session's grant token (else $BUS_TOKEN_FILE, $BUS_TOKEN, or the host's <home>/admin.token)")
+	pf.BoolVar(&e.JSON, "json", false, "machine-readable output, and errors as one JSON object on stderr")
+	pf.DurationVar(&e.Timeout, "timeout", 0, "give up on a call with no answer, or a transfer with no progress, after this (default 2m for a call, 60s without progress for a transfer); exits 3, leaves nothing")
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return usageError{flagHint(cmd, err)}
+	})
+
+	groups := map[string]*cobra.Command{"": root}
+	var group func(words []string) *cobra.Command
+	group = func(words []string) *cobra.Command {
+		key := strings.Join(words, " ")
+		if g, ok := groups[key]; ok {
+			return g
+		}
+		parent := group(words[:len(words)-1])
+		g := &cobra.Command{
+			Use:                        words[len(words)-1],
+			Short:                      words[len(words)-1] + " commands",
+			SuggestionsMinimumDistance: 2,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				*ran = true
+				return unknownSub(cmd, args)
+			},
+		}
+		parent.AddCommand(g)
+		groups[key] = g
+		return g
+	}
+	names := make([]string, 0, len(commands))
+	for k := range commands {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		c := commands[k]
+		words := strings.Fields(c.words)
+		parentWords := words[:len(words)-1]
+		use := strings.TrimSpace(strings.TrimPrefix(c.usage, strings.Join(parentWords, " ")))
+		args := c.args
+		if args == nil {
+			args = cobra.NoArgs
+		}
+		cc := &cobra.Command{Use: use, Short: c.help, Long: c.help, Args: args}
+		run := c.setup(cc.Flags())
+		cc.RunE = func(cmd *cobra.Command, args []string) error {
+			*ran = true
+			return run(cmd.Context(), e, args)
+		}
+		group(parentWords).AddCommand(cc)
+	}
+	root.SetContext(ctx)
+	return root, ran
 }
 
-func printUsage(w io.Writer) {
-	fmt.Fprint(w, `bushost: the client of the bus host (bushostd).
+// rootLong is the root's help: every command's usage line, as scripts and
+// the README name them.
+func rootLong() string {
+	var b strings.Builder
+	b.WriteString(`bushost: the client of the bus host (bushostd).
 
-usage: bushost [--home DIR] [--token-file FILE] [--json] [--timeout D] COMMAND [FLAGS]
+usage: bushost [--home DIR] [--token-file FILE] [--json] COMMAND [FLAGS]
 
-Global flags may stand before or after the command words:
-  --home DIR         the bus host's home with git.sock, broker.sock and
-                     admin.token (default ./bus-host)
-  --token-file FILE  the session's grant token (else $BUS_TOKEN, else the
-                     host's <home>/admin.token)
-  --json             machine-readable output where a command prints data
-  --timeout D        give up on a call with no answer, or a transfer with no
-                     progress, after D (default: 2m for a call, 60s without
-                     progress for a transfer); exits 3, leaves nothing
+The global flags may stand before or after the command words. The token is
+read from --token-file, else $BUS_TOKEN_FILE (a path), else $BUS_TOKEN (the
+token itself), else the host's <home>/admin.token; $BUSHOST_HOME stands for
+--home (default ./bus-host).
 
 Commands:
 `)
@@ -211,77 +222,194 @@ Commands:
 	}
 	sort.Strings(names)
 	for _, k := range names {
-		fmt.Fprintf(w, "  bushost %s\n      %s\n", commands[k].usage, commands[k].help)
+		fmt.Fprintf(&b, "  bushost %s\n      %s\n", commands[k].usage, commands[k].help)
 	}
-	fmt.Fprint(w, "\n'bushost COMMAND --help' shows a command's flags. A refused call exits 1\nwith the reason on stderr; a malformed command line exits 2.\n")
+	b.WriteString(`
+'bushost help COMMAND' or 'bushost COMMAND --help' shows a command's flags.
+Exit status: 0 ok, 1 refused by a rule, 2 usage, 3 bus host unreachable,
+4 not authenticated or not permitted, 5 conflict or stale, 6 invalid input,
+7 a limit was hit, 8 the bus host failed (docs/errors.md).`)
+	return b.String()
 }
 
-func printCommandHelp(w io.Writer, c *command) {
-	fmt.Fprintf(w, "usage: bushost %s\n\n%s\n", c.usage, c.help)
-	fs := c.flags()
-	if fs != nil {
-		fmt.Fprintln(w, "\nflags:")
-		fs.SetOutput(w)
-		fs.PrintDefaults()
-	}
-}
-
-// flags returns the command's flag set by running its parser on --help
-// without side effects; commands build their FlagSet with newFlags.
-func (c *command) flags() *flag.FlagSet {
-	var got *flag.FlagSet
-	flagProbe = func(fs *flag.FlagSet) { got = fs }
-	defer func() { flagProbe = nil }()
-	_ = c.run(context.Background(), &Env{Stdout: io.Discard, Stderr: io.Discard, Getenv: func(string) string { return "" }}, []string{"--help"})
-	return got
-}
-
-var flagProbe func(*flag.FlagSet)
-
-// newFlags makes a command's flag set; parse it with parseFlags.
-func newFlags(words string) *flag.FlagSet {
-	fs := flag.NewFlagSet("bushost "+words, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	return fs
-}
-
-// errHelp stops a command after its flags were shown.
-var errHelp = errors.New("help shown")
-
-// parseFlags parses args into fs and refuses stray positional arguments
-// unless allowArgs. With --help it hands fs to the help printer and returns
-// errHelp (which the command returns unchanged).
-func parseFlags(fs *flag.FlagSet, args []string, allowArgs bool) error {
-	if flagProbe != nil {
-		flagProbe(fs)
-		return errHelp
-	}
-	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
-	}
-	if !allowArgs && fs.NArg() > 0 {
-		return usagef("unexpected argument %q", fs.Arg(0))
-	}
-	return nil
-}
-
-// token returns the bearer token: --token-file, else $BUS_TOKEN, else the
-// host's admin.token in home.
-func (e *Env) token() (string, error) {
-	if e.TokenFile != "" {
-		b, err := os.ReadFile(e.TokenFile)
-		if err != nil {
-			return "", fmt.Errorf("read token: %w", err)
+// unknownSub answers a group's word given alone or with an unknown
+// subcommand.
+func unknownSub(cmd *cobra.Command, args []string) error {
+	var subs []string
+	for _, c := range cmd.Commands() {
+		if c.IsAvailableCommand() {
+			subs = append(subs, c.Name())
 		}
+	}
+	if len(args) == 0 {
+		return usagef("%q needs a subcommand: %s", cmd.CommandPath(), strings.Join(subs, ", "))
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
+	}
+	return usageError{msg}
+}
+
+// flagHint adds "did you mean" to pflag's unknown-flag error when a flag of
+// cmd is close to the one given.
+func flagHint(cmd *cobra.Command, err error) string {
+	msg := err.Error()
+	name, ok := strings.CutPrefix(msg, "unknown flag: --")
+	if !ok {
+		return msg
+	}
+	var best []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if d := distance(name, f.Name); d <= 2 || strings.HasPrefix(f.Name, name) {
+			best = append(best, "--"+f.Name)
+		}
+	})
+	cmd.InheritedFlags().VisitAll(func(f *pflag.Flag) {
+		if d := distance(name, f.Name); d <= 2 {
+			best = append(best, "--"+f.Name)
+		}
+	})
+	if len(best) > 0 {
+		msg += "\n\nDid you mean this?\n\t" + strings.Join(best, "\n\t")
+	}
+	return msg
+}
+
+// distance is the Levenshtein distance of a and b.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+// hasFlag reports whether args carry --name (or -name) before any "--".
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if a == "--"+name || a == "-"+name || strings.HasPrefix(a, "--"+name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// report prints err for cmd and returns the exit status. A usage error
+// gets a one-line hint; any other error is classified (errdefs.FromGRPC
+// for the bus host's, LOCAL_FAILED for the client's own) and printed as
+// "bushost WORDS: message", or with --json as one JSON object.
+func (e *Env) report(cmd *cobra.Command, err error) int {
+	path := "bushost"
+	if cmd != nil {
+		path = cmd.CommandPath()
+	}
+	var ue usageError
+	if asUsage(err, &ue) {
+		x := errdefs.InvalidArgument(errdefs.Usage, "%s", ue.msg)
+		if e.JSON {
+			writeJSONError(e.Stderr, x)
+		} else {
+			fmt.Fprintf(e.Stderr, "%s: %s\nRun '%s --help' for usage.\n", path, ue.msg, path)
+		}
+		return errdefs.ExitUsage
+	}
+	x := e.classify(e.failure(err))
+	switch {
+	case e.JSON:
+		writeJSONError(e.Stderr, x)
+	case x.Reason == errdefs.LocalFailed:
+		fmt.Fprintf(e.Stderr, "%s: %s\n", path, x.Message)
+	case x.Reason == "":
+		fmt.Fprintf(e.Stderr, "%s: %s: %s\n", path, x.Code, x.Message)
+	default:
+		// "Code (REASON): message": the words for people, the reason
+		// for scripts (--json gives it as a field).
+		fmt.Fprintf(e.Stderr, "%s: %s (%s): %s\n", path, x.Code, x.Reason, x.Message)
+	}
+	return errdefs.ExitCode(x)
+}
+
+func asUsage(err error, ue *usageError) bool {
+	u, ok := err.(usageError)
+	if ok {
+		*ue = u
+	}
+	return ok
+}
+
+// classify turns any error a command returned into an *errdefs.Error: the
+// bus host's status as it sent it, with the words a user needs added for an
+// unreachable daemon and an unknown token; the client's own failures as
+// LOCAL_FAILED.
+func (e *Env) classify(err error) *errdefs.Error {
+	if x, ok := errdefs.As(err); ok {
+		return x
+	}
+	if _, isStatus := status.FromError(err); !isStatus {
+		return errdefs.New(codes.Unknown, errdefs.LocalFailed, "%s", err.Error()).Wrap(err)
+	}
+	x := errdefs.FromGRPC(err)
+	switch {
+	case x.Code == codes.Unavailable && x.Reason == "":
+		// The transport failed: nothing answers on the socket.
+		x = errdefs.Unavailable(errdefs.Unreachable,
+			"no bushostd serves on home %s (a stale socket, or a stopped daemon: %s); start one with 'bushostd serve --home %s'",
+			e.Home, x.Message, e.Home).With("home", e.Home).Wrap(err)
+	case x.Reason == errdefs.TokenUnknown && e.tokenFrom == "BUS_TOKEN":
+		if t := strings.TrimSpace(e.Getenv("BUS_TOKEN")); strings.ContainsRune(t, '/') {
+			x.Message += fmt.Sprintf("; $BUS_TOKEN holds %q, which looks like a file's path: $BUS_TOKEN is the token itself, give a path as $BUS_TOKEN_FILE or --token-file", t)
+		}
+	}
+	return x
+}
+
+// token returns the bearer token: --token-file, else $BUS_TOKEN_FILE (a
+// path), else $BUS_TOKEN (the token), else the host's admin.token in home.
+func (e *Env) token() (string, error) {
+	file, from := e.TokenFile, "--token-file"
+	if file == "" {
+		file, from = strings.TrimSpace(e.Getenv("BUS_TOKEN_FILE")), "$BUS_TOKEN_FILE"
+	}
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", errdefs.Unauthenticated(errdefs.TokenMissing, "read token (%s): %v", from, err).Wrap(err)
+		}
+		e.tokenFrom = strings.Trim(from, "-$")
 		return strings.TrimSpace(string(b)), nil
 	}
 	if t := strings.TrimSpace(e.Getenv("BUS_TOKEN")); t != "" {
+		e.tokenFrom = "BUS_TOKEN"
 		return t, nil
 	}
-	b, err := os.ReadFile(filepath.Join(e.Home, "admin.token"))
+	path := filepath.Join(e.Home, "admin.token")
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("no token: give --token-file FILE or $BUS_TOKEN (or run as the host, with %s readable): %w", filepath.Join(e.Home, "admin.token"), err)
+		if _, serr := os.Stat(e.Home); serr != nil {
+			return "", errdefs.Unavailable(errdefs.Unreachable,
+				"no bushostd serves on home %s (%v); start one with 'bushostd serve --home %s', or give --home or $BUSHOST_HOME", e.Home, serr, e.Home).
+				With("home", e.Home).Wrap(serr)
+		}
+		return "", errdefs.Unauthenticated(errdefs.TokenMissing,
+			"no token: give --token-file FILE, $BUS_TOKEN_FILE or $BUS_TOKEN (or run as the host, with %s readable): %v", path, err).Wrap(err)
 	}
+	e.tokenFrom = "admin.token"
 	return strings.TrimSpace(string(b)), nil
 }
 
@@ -294,7 +422,9 @@ func (e *Env) dial(ctx context.Context, socket string) (*grpc.ClientConn, contex
 	}
 	path := filepath.Join(e.Home, socket)
 	if _, err := os.Stat(path); err != nil {
-		return nil, nil, fmt.Errorf("bus host socket %s: %w (is bushostd serving --home %s?)", path, err, e.Home)
+		return nil, nil, errdefs.Unavailable(errdefs.Unreachable,
+			"no bushostd serves on home %s (%v: a stopped daemon, or the wrong --home); start one with 'bushostd serve --home %s'", e.Home, err, e.Home).
+			With("home", e.Home).With("socket", path).Wrap(err)
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -329,13 +459,23 @@ func (e *Env) brokerClient(ctx context.Context) (brokerv1.BrokerServiceClient, c
 	return brokerv1.NewBrokerServiceClient(conn), ctx, func() { conn.Close() }, nil
 }
 
-// describe turns an error into the line printed on stderr: a gRPC status
-// becomes "Code: message", so scripts and people see the cause.
-func describe(err error) string {
-	if s, ok := status.FromError(err); ok {
-		return fmt.Sprintf("%s: %s", s.Code(), s.Message())
+// writeJSONError writes x as the one JSON object an error is with --json:
+// {"error":{"code":...,"reason":...,"message":...,"metadata":{...}}}.
+func writeJSONError(w io.Writer, x *errdefs.Error) {
+	md := x.Metadata
+	if md == nil {
+		md = map[string]string{}
 	}
-	return err.Error()
+	if x.RetryAfter > 0 {
+		md["retry_after"] = x.RetryAfter.String()
+	}
+	b, err := json.Marshal(map[string]any{"error": map[string]any{
+		"code": x.Code.String(), "reason": string(x.Reason), "message": x.Message, "metadata": md,
+	}})
+	if err != nil {
+		b = []byte(`{"error":{"code":"Internal","reason":"INTERNAL","message":"cannot print the error as JSON","metadata":{}}}`)
+	}
+	fmt.Fprintf(w, "%s\n", b)
 }
 
 // callTimeout bounds unary calls that should answer at once.

@@ -2,50 +2,14 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/bushost/bushost/internal/errdefs"
 )
-
-func TestGlobalFlagsAnywhere(t *testing.T) {
-	cases := []struct {
-		args      []string
-		home, tok string
-		json      bool
-		rest      string
-	}{
-		{[]string{"--home", "/h", "events", "--json"}, "/h", "", true, "events"},
-		{[]string{"events", "--task", "t1", "--home=/x", "--token-file", "/t"}, "/x", "/t", false, "events --task t1"},
-		{[]string{"-json", "review", "verdict", "--request", "r1", "--approve"}, "./bus-host", "", true, "review verdict --request r1 --approve"},
-		{[]string{"event", "record", "--", "--home", "kept"}, "./bus-host", "", false, "event record -- --home kept"},
-	}
-	for _, c := range cases {
-		e := &Env{Home: "./bus-host"}
-		rest, err := e.globalFlags(c.args)
-		if err != nil {
-			t.Fatalf("%v: %v", c.args, err)
-		}
-		if e.Home != c.home || e.TokenFile != c.tok || e.JSON != c.json || strings.Join(rest, " ") != c.rest {
-			t.Errorf("%v: home %q token %q json %v rest %q", c.args, e.Home, e.TokenFile, e.JSON, rest)
-		}
-	}
-	if _, err := (&Env{}).globalFlags([]string{"events", "--home"}); err == nil {
-		t.Error("--home without a value accepted")
-	}
-}
-
-func TestLookupLongestCommand(t *testing.T) {
-	for _, words := range []string{"review request", "review verdict", "task close", "task add", "push-working", "project add", "log verify"} {
-		c, rest := lookup(append(strings.Fields(words), "--x"))
-		if c == nil || c.words != words || len(rest) != 1 {
-			t.Errorf("lookup(%q) = %v, %v", words, c, rest)
-		}
-	}
-	if c, _ := lookup([]string{"review"}); c != nil {
-		t.Errorf("'review' alone matched %q", c.words)
-	}
-}
 
 func run(t *testing.T, env map[string]string, args ...string) (string, string, int) {
 	t.Helper()
@@ -54,20 +18,88 @@ func run(t *testing.T, env map[string]string, args ...string) (string, string, i
 	return out.String(), errb.String(), code
 }
 
-func TestExitCodesAndHelp(t *testing.T) {
-	out, _, code := run(t, nil, "--help")
-	if code != 0 || !strings.Contains(out, "bushost push-working") || !strings.Contains(out, "bushost review verdict") {
-		t.Fatalf("--help: exit %d\n%s", code, out)
+// TestGlobalFlagsAnywhere: --home, --token-file and --json work before and
+// after the command words, and $BUSHOST_HOME stands for --home. Each case
+// points at a home with no daemon, so the message names the home used.
+func TestGlobalFlagsAnywhere(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		home string
+		json bool
+	}{
+		{[]string{"--home", dir + "/a", "events", "--json"}, nil, dir + "/a", true},
+		{[]string{"events", "--task", "t1", "--home=" + dir + "/b"}, nil, dir + "/b", false},
+		{[]string{"--json", "review", "request", "--home", dir + "/c"}, nil, dir + "/c", true},
+		{[]string{"review", "request"}, map[string]string{"BUSHOST_HOME": dir + "/d"}, dir + "/d", false},
+		{[]string{"--home", dir + "/e", "review", "request"}, map[string]string{"BUSHOST_HOME": dir + "/d"}, dir + "/e", false},
+	} {
+		_, errs, code := run(t, tc.env, tc.args...)
+		if code != errdefs.ExitUnreachable || !strings.Contains(errs, tc.home) {
+			t.Errorf("%v: exit %d, stderr %q; want 3 naming %s", tc.args, code, errs, tc.home)
+		}
+		if tc.json != strings.HasPrefix(errs, `{"error":`) {
+			t.Errorf("%v: json %v, stderr %q", tc.args, tc.json, errs)
+		}
 	}
-	if _, errs, code := run(t, nil, "frobnicate"); code != 2 || !strings.Contains(errs, `unknown command "frobnicate"`) {
-		t.Fatalf("unknown command: exit %d %s", code, errs)
+}
+
+func TestHelpAndUsage(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"-h"}, {"help", "review", "verdict"}, {"review", "verdict", "--help"}, {"review", "--help"}, {"completion", "--help"}} {
+		out, errs, code := run(t, nil, args...)
+		if code != 0 || errs != "" {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errs)
+		}
+		if len(args) > 1 && args[1] == "review" && !strings.Contains(out, "--request") {
+			t.Errorf("%v: no --request in\n%s", args, out)
+		}
 	}
-	out, _, code = run(t, nil, "review", "verdict", "--help")
-	if code != 0 || !strings.Contains(out, "-request") {
-		t.Fatalf("review verdict --help: exit %d\n%s", code, out)
+	out, _, _ := run(t, nil, "--help")
+	if !strings.Contains(out, "bushost push-working") || !strings.Contains(out, "bushost review verdict") {
+		t.Fatalf("--help lists no commands:\n%s", out)
 	}
-	if _, errs, code := run(t, nil, "review", "verdict", "--bogus"); code != 2 || !strings.Contains(errs, "usage: bushost review verdict") {
-		t.Fatalf("bad flag: exit %d %s", code, errs)
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"reviw", "request"}, []string{`unknown command "reviw"`, "Did you mean this?", "review", "Run 'bushost --help' for usage."}},
+		{[]string{"review", "requets"}, []string{`unknown command "requets"`, "request"}},
+		{[]string{"review"}, []string{"needs a subcommand", "request", "verdict"}},
+		{[]string{"review", "verdict", "--bogus"}, []string{"unknown flag: --bogus", "Run 'bushost review verdict --help'"}},
+		{[]string{"review", "verdict", "--aprove"}, []string{"Did you mean this?", "--approve"}},
+		{[]string{"task", "add", "stray"}, []string{"unknown command \"stray\""}},
+		{[]string{"events", "--task", "acme/web/t3"}, []string{"like t3", "--business acme --project web --task t3"}},
+		{[]string{"review", "verdict", "--request", "r1"}, []string{"exactly one of --approve and --reject"}},
+		{nil, []string{"give a command"}},
+	} {
+		out, errs, code := run(t, nil, tc.args...)
+		if code != errdefs.ExitUsage || out != "" {
+			t.Errorf("%v: exit %d, stdout %q", tc.args, code, out)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errs, w) {
+				t.Errorf("%v: stderr %q lacks %q", tc.args, errs, w)
+			}
+		}
+		if strings.Count(errs, "\n") > 6 {
+			t.Errorf("%v: a usage error prints a hint, not the whole help:\n%s", tc.args, errs)
+		}
+	}
+	// With --json a usage error is one JSON object too.
+	_, errs, code := run(t, nil, "--json", "reviw")
+	var obj struct {
+		Error struct{ Code, Reason, Message string }
+	}
+	if code != 2 || json.Unmarshal([]byte(errs), &obj) != nil || obj.Error.Reason != "USAGE" || obj.Error.Code != "InvalidArgument" {
+		t.Fatalf("--json usage error: exit %d %q", code, errs)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, _, code := run(t, nil, "--version")
+	if code != 0 || !strings.Contains(out, "rev ") {
+		t.Fatalf("--version: exit %d %q", code, out)
 	}
 }
 
@@ -76,6 +108,8 @@ func TestTokenSources(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "admin.token"), []byte("admin\n"), 0o600)
 	f := filepath.Join(dir, "grant")
 	os.WriteFile(f, []byte(" granted \n"), 0o600)
+	f2 := filepath.Join(dir, "grant2")
+	os.WriteFile(f2, []byte("fromfileenv\n"), 0o600)
 	env := map[string]string{}
 	e := &Env{Home: dir, Getenv: func(k string) string { return env[k] }}
 	if tok, err := e.token(); err != nil || tok != "admin" {
@@ -85,26 +119,43 @@ func TestTokenSources(t *testing.T) {
 	if tok, _ := e.token(); tok != "fromenv" {
 		t.Fatalf("BUS_TOKEN: %q", tok)
 	}
+	env["BUS_TOKEN_FILE"] = f2
+	if tok, _ := e.token(); tok != "fromfileenv" {
+		t.Fatalf("BUS_TOKEN_FILE before BUS_TOKEN: %q", tok)
+	}
 	e.TokenFile = f
 	if tok, _ := e.token(); tok != "granted" {
 		t.Fatalf("--token-file: %q", tok)
 	}
 	e.TokenFile = filepath.Join(dir, "missing")
-	if _, err := e.token(); err == nil {
-		t.Fatal("missing token file accepted")
+	if _, err := e.token(); errdefs.ReasonOf(err) != errdefs.TokenMissing {
+		t.Fatalf("missing token file: %v", err)
 	}
 	// No token anywhere: the message says where to put one.
-	e2 := &Env{Home: filepath.Join(dir, "nohome"), Getenv: func(string) string { return "" }}
-	if _, err := e2.token(); err == nil || !strings.Contains(err.Error(), "--token-file") {
+	e2 := &Env{Home: dir, Getenv: func(string) string { return "" }}
+	os.Remove(filepath.Join(dir, "admin.token"))
+	if _, err := e2.token(); err == nil || !strings.Contains(err.Error(), "--token-file") || errdefs.ExitCode(err) != errdefs.ExitDenied {
 		t.Fatalf("no token: %v", err)
 	}
 }
 
+// TestNoDaemonIsAClearError: a home with no daemon, or a socket nobody
+// listens on (a daemon that died), exits 3 and says how to start one.
 func TestNoDaemonIsAClearError(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "admin.token"), []byte("admin\n"), 0o600)
 	_, errs, code := run(t, nil, "--home", dir, "task", "add", "--business", "a", "--project", "b", "--task", "c")
-	if code != 1 || !strings.Contains(errs, "is bushostd serving") {
+	if code != errdefs.ExitUnreachable || !strings.Contains(errs, "no bushostd serves on home "+dir) || !strings.Contains(errs, "bushostd serve --home "+dir) {
 		t.Fatalf("exit %d: %s", code, errs)
+	}
+	_, errs, code = run(t, nil, "--home", dir, "--json", "push-working", "--repo", dir)
+	var obj struct {
+		Error struct {
+			Code, Reason, Message string
+			Metadata              map[string]string
+		}
+	}
+	if code != errdefs.ExitUnreachable || json.Unmarshal([]byte(errs), &obj) != nil || obj.Error.Reason != "UNREACHABLE" || obj.Error.Metadata["home"] != dir {
+		t.Fatalf("--json: exit %d: %s", code, errs)
 	}
 }

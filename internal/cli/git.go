@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,8 +12,11 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -35,31 +39,31 @@ func init() {
 		words: "push-working",
 		usage: "push-working [--repo DIR] [--bundle FILE]",
 		help:  "Push the work at DIR's HEAD (a bundle against the main fetched with fetch-main) to the task's refs/work/<task>, or send FILE as is; prints the commit pushed.",
-		run:   runPushWorking,
+		setup: runPushWorking,
 	})
 	register(&command{
 		words: "fetch-main",
 		usage: "fetch-main --repo DIR",
 		help:  "Make DIR's branch main the bus host's main (a new repository with main checked out if DIR is absent).",
-		run:   runFetchMain,
+		setup: runFetchMain,
 	})
 	register(&command{
 		words: "fetch-review",
 		usage: "fetch-review --repo DIR",
 		help:  "Fetch the task's latest push into DIR's refs/review/<task>, checked as the server checks pushes; prints the commit.",
-		run:   runFetchReview,
+		setup: runFetchReview,
 	})
 	register(&command{
 		words: "project add",
 		usage: "project add --business B --project P --root DIR",
 		help:  "Host: make the project's repository and seed main from DIR (a git repository's HEAD, or its files as one commit). Idempotent.",
-		run:   runProjectAdd,
+		setup: runProjectAdd,
 	})
 	register(&command{
 		words: "project sync",
 		usage: "project sync --business B --project P",
 		help:  "Host: fast-forward main from the project's root; anything but a fast-forward is refused.",
-		run:   runProjectSync,
+		setup: runProjectSync,
 	})
 }
 
@@ -78,103 +82,160 @@ func gitRunner() (*gitcmd.Runner, func(), error) {
 	return g, func() { os.RemoveAll(home) }, nil
 }
 
-func runPushWorking(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("push-working")
+func runPushWorking(fs *pflag.FlagSet) runFunc {
 	repo := fs.String("repo", ".", "the worker's repository")
 	file := fs.String("bundle", "", "send this bundle file as is instead of bundling HEAD")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
-	}
-	var body io.Reader
-	var size int64
-	var wait func() error
-	if *file != "" {
-		f, err := os.Open(*file)
+	return func(ctx context.Context, e *Env, args []string) error {
+		// The connection comes first: its context (cctx, carrying the
+		// token) is for the calls only, and nothing local is started for a
+		// bus host that is not there.
+		c, cctx, closeConn, err := e.gitClient(ctx)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		fi, err := f.Stat()
+		defer closeConn()
+		var body io.Reader
+		var size int64
+		var wait func() error
+		if *file != "" {
+			f, err := os.Open(*file)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			fi, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			body, size = f, fi.Size()
+		} else {
+			g, done, err := gitRunner()
+			if err != nil {
+				return err
+			}
+			defer done()
+			head, err := g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}})
+			if err != nil {
+				return fmt.Errorf("%s has no commit at HEAD: %w", *repo, err)
+			}
+			base, err := pushBase(ctx, cctx, g, c, *repo)
+			if err != nil {
+				return err
+			}
+			if base == head {
+				return errdefs.FailedPrecondition(errdefs.NothingToPush, "HEAD is main's commit %s: commit your work, then push", head).With("commit", head)
+			}
+			warnUncommitted(ctx, g, e, *repo)
+			// The bundle is written by git as the stream sends it; the
+			// goroutine has its own context and is joined before return.
+			bctx, cancel := context.WithCancel(ctx)
+			pr, pw := io.Pipe()
+			errc := make(chan error, 1)
+			go func() {
+				err := g.Run(bctx, gitcmd.Cmd{Dir: *repo, Sub: "bundle", Flags: []string{"create", "--quiet", "--version=2"},
+					Args: []string{"-", "HEAD", "^" + base}, Stdout: pw})
+				pw.CloseWithError(err)
+				errc <- err
+			}()
+			var bundled error
+			joined := false
+			wait = func() error {
+				if !joined {
+					bundled, joined = <-errc, true
+				}
+				return bundled
+			}
+			defer func() {
+				cancel()
+				pr.Close()
+				wait()
+			}()
+			body = pr
+		}
+		stream, err := c.PushWorking(cctx)
 		if err != nil {
 			return err
 		}
-		body, size = f, fi.Size()
-	} else {
-		g, done, err := gitRunner()
-		if err != nil {
-			return err
+		if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Header{Header: &gitv1.PushHeader{Size: size}}}); err != nil {
+			_, rerr := stream.CloseAndRecv()
+			return gitFirst(rerr, err)
 		}
-		defer done()
-		head, err := g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}})
-		if err != nil {
-			return fmt.Errorf("%s has no commit at HEAD: %w", *repo, err)
-		}
-		base := ""
-		for _, ref := range []string{gitBaseRef, "refs/heads/main"} {
-			if c, err := g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{ref + "^{commit}"}}); err == nil && c != "" {
-				base = c
+		buf := make([]byte, gitChunk)
+		for {
+			n, rerr := io.ReadFull(body, buf)
+			if n > 0 {
+				if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Chunk{Chunk: buf[:n]}}); err != nil {
+					// The server ended the call; its status says why.
+					_, serr := stream.CloseAndRecv()
+					return gitFirst(serr, err)
+				}
+			}
+			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
 				break
 			}
-		}
-		if base == "" {
-			return fmt.Errorf("%s has no main to push against: run bushost fetch-main --repo %s first", *repo, *repo)
-		}
-		if base == head {
-			return fmt.Errorf("HEAD is main's commit %s: commit your work, then push", head)
-		}
-		pr, pw := io.Pipe()
-		errc := make(chan error, 1)
-		go func() {
-			err := g.Run(ctx, gitcmd.Cmd{Dir: *repo, Sub: "bundle", Flags: []string{"create", "--quiet", "--version=2"},
-				Args: []string{"-", "HEAD", "^" + base}, Stdout: pw})
-			pw.CloseWithError(err)
-			errc <- err
-		}()
-		defer pr.Close()
-		body, wait = pr, func() error { return <-errc }
-	}
-	c, ctx, closeConn, err := e.gitClient(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	stream, err := c.PushWorking(ctx)
-	if err != nil {
-		return err
-	}
-	if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Header{Header: &gitv1.PushHeader{Size: size}}}); err != nil {
-		_, rerr := stream.CloseAndRecv()
-		return gitFirst(rerr, err)
-	}
-	buf := make([]byte, gitChunk)
-	for {
-		n, rerr := io.ReadFull(body, buf)
-		if n > 0 {
-			if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Chunk{Chunk: buf[:n]}}); err != nil {
-				// The server ended the call; its status says why.
-				_, serr := stream.CloseAndRecv()
-				return gitFirst(serr, err)
+			if rerr != nil {
+				stream.CloseSend()
+				return fmt.Errorf("read bundle: %w", rerr)
 			}
 		}
-		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
-			break
+		if wait != nil {
+			if err := wait(); err != nil {
+				stream.CloseSend()
+				return fmt.Errorf("bundle HEAD: %w", err)
+			}
 		}
-		if rerr != nil {
-			stream.CloseSend()
-			return fmt.Errorf("read bundle: %w", rerr)
+		res, err := stream.CloseAndRecv()
+		if err != nil {
+			return err
 		}
+		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
 	}
-	if wait != nil {
-		if err := wait(); err != nil {
-			stream.CloseSend()
-			return fmt.Errorf("bundle HEAD: %w", err)
-		}
+}
+
+// pushBase returns the commit DIR's HEAD is bundled against: the main
+// fetch-main recorded (refs/remotes/bushost/main), else, in a repository
+// fetch-main did not make, the bus host's main itself when DIR has it.
+func pushBase(ctx, cctx context.Context, g *gitcmd.Runner, c gitv1.GitServiceClient, repo string) (string, error) {
+	if b, err := g.Line(ctx, gitcmd.Cmd{Dir: repo, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{gitBaseRef + "^{commit}"}}); err == nil && b != "" {
+		return b, nil
 	}
-	res, err := stream.CloseAndRecv()
+	main, err := serverMain(cctx, c)
 	if err != nil {
-		return err
+		return "", err
 	}
-	return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
+	if err := g.Run(ctx, gitcmd.Cmd{Dir: repo, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{main + "^{commit}"}}); err != nil {
+		return "", errdefs.FailedPrecondition(errdefs.NoBase,
+			"%s lacks the bus host's main %s, which a push is bundled against: run 'bushost fetch-main --repo %s', then rebase your work onto its main", repo, main, repo).
+			With("main", main)
+	}
+	return main, nil
+}
+
+// serverMain asks the bus host for main's commit: the first message of a
+// FetchMain stream, which is then dropped.
+func serverMain(ctx context.Context, c gitv1.GitServiceClient) (string, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.FetchMain(ctx, &gitv1.FetchMainRequest{})
+	if err != nil {
+		return "", err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return "", err
+	}
+	return first.GetCommit(), nil
+}
+
+// warnUncommitted says on stderr when the working tree has changes that a
+// push of HEAD leaves out.
+func warnUncommitted(ctx context.Context, g *gitcmd.Runner, e *Env, repo string) {
+	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "status", Flags: []string{"--porcelain", "--no-renames"}})
+	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		return
+	}
+	n := bytes.Count(bytes.TrimRight(out, "\n"), []byte("\n")) + 1
+	fmt.Fprintf(e.Stderr, "bushost push-working: warning: %s has %d uncommitted change(s), not in this push (commit them to push them; 'git status' lists them)\n", repo, n)
 }
 
 func gitFirst(errs ...error) error {
@@ -284,58 +345,56 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func runFetchMain(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("fetch-main")
+func runFetchMain(fs *pflag.FlagSet) runFunc {
 	dir := fs.String("repo", "", "the repository to update (made if absent)")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
-	}
-	if *dir == "" {
-		return usagef("--repo is required")
-	}
-	c, ctx, closeConn, err := e.gitClient(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	stream, err := c.FetchMain(ctx, &gitv1.FetchMainRequest{})
-	if err != nil {
-		return err
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		return err
-	}
-	commit := first.GetCommit()
-	g, done, err := gitRunner()
-	if err != nil {
-		return err
-	}
-	defer done()
-	r, err := openOrInit(ctx, g, *dir)
-	if err != nil {
-		return err
-	}
-	ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
-		m, err := stream.Recv()
-		return m.GetChunk(), err
-	}})
-	if err != nil {
-		if r.created {
-			os.RemoveAll(*dir)
+	return func(ctx context.Context, e *Env, args []string) error {
+		if *dir == "" {
+			return usagef("--repo is required")
 		}
-		return fmt.Errorf("fetch main: %w", err)
+		c, ctx, closeConn, err := e.gitClient(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeConn()
+		stream, err := c.FetchMain(ctx, &gitv1.FetchMainRequest{})
+		if err != nil {
+			return err
+		}
+		first, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		commit := first.GetCommit()
+		g, done, err := gitRunner()
+		if err != nil {
+			return err
+		}
+		defer done()
+		r, err := openOrInit(ctx, g, *dir)
+		if err != nil {
+			return err
+		}
+		ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
+			m, err := stream.Recv()
+			return m.GetChunk(), err
+		}})
+		if err != nil {
+			if r.created {
+				os.RemoveAll(*dir)
+			}
+			return fmt.Errorf("fetch main: %w", err)
+		}
+		if ref.Commit != commit {
+			return fmt.Errorf("main moved while it was fetched (%s, then %s); run fetch-main again", commit, ref.Commit)
+		}
+		if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{gitBaseRef, commit}}); err != nil {
+			return err
+		}
+		if err := r.setMain(ctx, g, commit); err != nil {
+			return err
+		}
+		return gitPrint(e, commit, map[string]any{"commit": commit, "repo": *dir})
 	}
-	if ref.Commit != commit {
-		return fmt.Errorf("main moved while it was fetched (%s, then %s); run fetch-main again", commit, ref.Commit)
-	}
-	if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{gitBaseRef, commit}}); err != nil {
-		return err
-	}
-	if err := r.setMain(ctx, g, commit); err != nil {
-		return err
-	}
-	return gitPrint(e, commit, map[string]any{"commit": commit, "repo": *dir})
 }
 
 // setMain makes refs/heads/main commit. A checked-out main moves only by a
@@ -363,122 +422,116 @@ func (r *gitRepo) setMain(ctx context.Context, g *gitcmd.Runner, commit string) 
 	return g.Run(ctx, gitcmd.Cmd{Dir: r.dir, Sub: "reset", Flags: []string{"--keep", "--quiet"}, Args: []string{commit}})
 }
 
-func runFetchReview(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("fetch-review")
+func runFetchReview(fs *pflag.FlagSet) runFunc {
 	dir := fs.String("repo", "", "the reviewer's repository (made if absent)")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
-	}
-	if *dir == "" {
-		return usagef("--repo is required")
-	}
-	g, done, err := gitRunner()
-	if err != nil {
-		return err
-	}
-	defer done()
-	r, err := openOrInit(ctx, g, *dir)
-	if err != nil {
-		return err
-	}
-	have := ""
-	for _, ref := range []string{gitBaseRef, "refs/heads/main"} {
-		if c, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{ref + "^{commit}"}}); err == nil && c != "" {
-			have = c
-			break
+	return func(ctx context.Context, e *Env, args []string) error {
+		if *dir == "" {
+			return usagef("--repo is required")
 		}
+		g, done, err := gitRunner()
+		if err != nil {
+			return err
+		}
+		defer done()
+		r, err := openOrInit(ctx, g, *dir)
+		if err != nil {
+			return err
+		}
+		have := ""
+		for _, ref := range []string{gitBaseRef, "refs/heads/main"} {
+			if c, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{ref + "^{commit}"}}); err == nil && c != "" {
+				have = c
+				break
+			}
+		}
+		c, ctx, closeConn, err := e.gitClient(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeConn()
+		stream, err := c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have})
+		if err != nil {
+			return err
+		}
+		first, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		commit := first.GetCommit()
+		ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
+			m, err := stream.Recv()
+			return m.GetChunk(), err
+		}})
+		if err != nil {
+			return fmt.Errorf("fetch review: %w", err)
+		}
+		if ref.Commit != commit {
+			return fmt.Errorf("the push moved while it was fetched (%s, then %s); run fetch-review again", commit, ref.Commit)
+		}
+		task, ok := strings.CutPrefix(ref.Name, "refs/work/")
+		if !ok {
+			return fmt.Errorf("the bus host sent %s, not a task's refs/work/<task>", ref.Name)
+		}
+		reviewRef, err := names.ReviewRef(task)
+		if err != nil {
+			return err
+		}
+		if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{reviewRef, commit}}); err != nil {
+			return err
+		}
+		return gitPrint(e, commit, map[string]any{"commit": commit, "ref": reviewRef, "task": task})
 	}
-	c, ctx, closeConn, err := e.gitClient(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	stream, err := c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have})
-	if err != nil {
-		return err
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		return err
-	}
-	commit := first.GetCommit()
-	ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
-		m, err := stream.Recv()
-		return m.GetChunk(), err
-	}})
-	if err != nil {
-		return fmt.Errorf("fetch review: %w", err)
-	}
-	if ref.Commit != commit {
-		return fmt.Errorf("the push moved while it was fetched (%s, then %s); run fetch-review again", commit, ref.Commit)
-	}
-	task, ok := strings.CutPrefix(ref.Name, "refs/work/")
-	if !ok {
-		return fmt.Errorf("the bus host sent %s, not a task's refs/work/<task>", ref.Name)
-	}
-	reviewRef, err := names.ReviewRef(task)
-	if err != nil {
-		return err
-	}
-	if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{reviewRef, commit}}); err != nil {
-		return err
-	}
-	return gitPrint(e, commit, map[string]any{"commit": commit, "ref": reviewRef, "task": task})
 }
 
-func runProjectAdd(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("project add")
+func runProjectAdd(fs *pflag.FlagSet) runFunc {
 	business := fs.String("business", "", "business name")
 	project := fs.String("project", "", "project name")
 	root := fs.String("root", "", "directory on the bus host that seeds main")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
+	return func(ctx context.Context, e *Env, args []string) error {
+		if *business == "" || *project == "" || *root == "" {
+			return usagef("--business, --project and --root are required")
+		}
+		abs, err := filepath.Abs(*root)
+		if err != nil {
+			return err
+		}
+		c, ctx, closeConn, err := e.gitClient(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeConn()
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		res, err := c.AddProject(ctx, &gitv1.AddProjectRequest{Business: *business, Project: *project, Root: abs})
+		if err != nil {
+			return err
+		}
+		text := res.GetCommit()
+		if !res.GetCreated() {
+			text += " (project existed; main unchanged)"
+		}
+		return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "created": res.GetCreated()})
 	}
-	if *business == "" || *project == "" || *root == "" {
-		return usagef("--business, --project and --root are required")
-	}
-	abs, err := filepath.Abs(*root)
-	if err != nil {
-		return err
-	}
-	c, ctx, closeConn, err := e.gitClient(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
-	res, err := c.AddProject(ctx, &gitv1.AddProjectRequest{Business: *business, Project: *project, Root: abs})
-	if err != nil {
-		return err
-	}
-	text := res.GetCommit()
-	if !res.GetCreated() {
-		text += " (project existed; main unchanged)"
-	}
-	return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "created": res.GetCreated()})
 }
 
-func runProjectSync(ctx context.Context, e *Env, args []string) error {
-	fs := newFlags("project sync")
+func runProjectSync(fs *pflag.FlagSet) runFunc {
 	business := fs.String("business", "", "business name")
 	project := fs.String("project", "", "project name")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
+	return func(ctx context.Context, e *Env, args []string) error {
+		if *business == "" || *project == "" {
+			return usagef("--business and --project are required")
+		}
+		c, ctx, closeConn, err := e.gitClient(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeConn()
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		res, err := c.SyncProject(ctx, &gitv1.SyncProjectRequest{Business: *business, Project: *project})
+		if err != nil {
+			return err
+		}
+		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious()})
 	}
-	if *business == "" || *project == "" {
-		return usagef("--business and --project are required")
-	}
-	c, ctx, closeConn, err := e.gitClient(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
-	res, err := c.SyncProject(ctx, &gitv1.SyncProjectRequest{Business: *business, Project: *project})
-	if err != nil {
-		return err
-	}
-	return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious()})
 }

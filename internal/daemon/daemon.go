@@ -51,6 +51,21 @@ type Options struct {
 	// sockets and to the home, which becomes 0710: members may reach the
 	// sockets (a sandboxed session's user gets it) and nothing else there.
 	SocketGroup string
+	// Objects and quotas (docs/limits.md): the inflated size of one pushed
+	// blob, commit or tag, and tree; what a task's accepted packs and a
+	// project's repository may hold; what one grant may append through
+	// RecordEvent per minute. Zero: the defaults.
+	MaxObjectBytes  int64
+	MaxCommitBytes  int64
+	MaxTreeBytes    int64
+	MaxPackObjects  int64
+	MaxTaskBytes    int64
+	MaxProjectBytes int64
+	EventRate       int
+	EventBytesRate  int64
+	// NoObjectChecks turns the streaming object checks off, for the
+	// benchmark that measures what they cost; never in service.
+	NoObjectChecks bool
 	// Logger receives the daemon's log (default: text on stderr).
 	Logger *slog.Logger
 }
@@ -98,7 +113,9 @@ var ErrHomeBusy = errors.New("home is in use")
 func Serve(ctx context.Context, o Options) error {
 	o.fill()
 	log := o.Logger
-	if o.MaxBundleBytes < 0 || o.DrainTimeout < 0 {
+	if o.MaxBundleBytes < 0 || o.DrainTimeout < 0 ||
+		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxPackObjects < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
+		o.EventRate < 0 || o.EventBytesRate < 0 {
 		return errors.New("limits must not be negative")
 	}
 	if err := o.Limits.check(); err != nil {
@@ -138,7 +155,7 @@ func Serve(ctx context.Context, o Options) error {
 	if dsn == "" {
 		dsn = filepath.Join(o.Home, BrokerDB)
 	}
-	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token})
+	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
 	}
@@ -153,6 +170,14 @@ func Serve(ctx context.Context, o Options) error {
 		MinPushRate:    o.MinPushRate,
 		PushRateGrace:  o.PushRateGrace,
 		Authority:      b,
+
+		MaxObjectBytes:  o.MaxObjectBytes,
+		MaxCommitBytes:  o.MaxCommitBytes,
+		MaxTreeBytes:    o.MaxTreeBytes,
+		MaxPackObjects:  o.MaxPackObjects,
+		NoObjectChecks:  o.NoObjectChecks,
+		MaxTaskBytes:    o.MaxTaskBytes,
+		MaxProjectBytes: o.MaxProjectBytes,
 	})
 	if err != nil {
 		return fmt.Errorf("git service: %w", err)
@@ -339,7 +364,8 @@ func lockHome(home string) (*flock.Flock, error) {
 				holder = fmt.Sprintf("bushostd pid %d", pid)
 			}
 		}
-		return nil, fmt.Errorf("%w: %s is served by %s (lock %s)", ErrHomeBusy, home, holder, path)
+		return nil, errdefs.FailedPrecondition(errdefs.HomeInUse, "%v: %s is served by %s (lock %s)", ErrHomeBusy, home, holder, path).
+			With("home", home).With("holder", holder).Wrap(ErrHomeBusy)
 	}
 	if err := os.WriteFile(path, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
 		l.Unlock()

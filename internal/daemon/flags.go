@@ -3,6 +3,8 @@ package daemon
 import (
 	"github.com/spf13/pflag"
 
+	"github.com/bushost/bushost/broker"
+	"github.com/bushost/bushost/gitd"
 	"github.com/bushost/bushost/internal/size"
 )
 
@@ -16,5 +18,24 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Var(size.Value{P: &o.MaxBundleBytes}, "max-bundle-bytes", "largest bundle a push may send (bytes, or 64M, 1G)")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, how long calls in flight may take to finish")
 	o.Limits.addFlags(fs)
+	o.addBoundFlags(fs)
 	fs.StringVar(&o.SocketGroup, "socket-group", "", "group (name or gid) given the sockets; the home becomes 0710 so that members (sandboxed sessions) reach the sockets and nothing else")
+}
+
+// addBoundFlags registers the object bounds and the quotas
+// (docs/limits.md, "Objects and quotas").
+func (o *Options) addBoundFlags(fs *pflag.FlagSet) {
+	o.MaxObjectBytes, o.MaxCommitBytes, o.MaxTreeBytes = gitd.DefaultMaxObjectBytes, gitd.DefaultMaxCommitBytes, gitd.DefaultMaxTreeBytes
+	o.MaxTaskBytes, o.MaxProjectBytes = gitd.DefaultMaxTaskBytes, gitd.DefaultMaxProjectBytes
+	o.EventBytesRate = broker.DefaultEventBytesRate
+	fs.Var(size.Value{P: &o.MaxObjectBytes}, "max-object-bytes", "largest blob a push may carry, inflated")
+	fs.Var(size.Value{P: &o.MaxCommitBytes}, "max-commit-bytes", "largest commit or tag a push may carry, inflated")
+	fs.Var(size.Value{P: &o.MaxTreeBytes}, "max-tree-bytes", "largest tree a push may carry, inflated")
+	fs.Int64Var(&o.MaxPackObjects, "max-pack-objects", gitd.DefaultMaxPackObjects, "most objects one pushed pack may hold")
+	fs.Var(size.Value{P: &o.MaxTaskBytes}, "max-task-bytes", "total size of a task's accepted packs")
+	fs.Var(size.Value{P: &o.MaxProjectBytes}, "max-project-bytes", "size of a project's repository that pushes may reach")
+	fs.IntVar(&o.EventRate, "event-rate", broker.DefaultEventRate, "events one grant may record per minute")
+	fs.Var(size.Value{P: &o.EventBytesRate}, "event-bytes-rate", "bytes (type and data) one grant may record per minute")
+	fs.BoolVar(&o.NoObjectChecks, "bench-no-object-checks", false, "benchmark only: skip the streaming object size checks")
+	fs.MarkHidden("bench-no-object-checks")
 }

@@ -37,11 +37,15 @@ var exitByCode = map[codes.Code]int{
 }
 
 // exitByReason overrides the code's class for the reasons that say a
-// conflict or a stale view although their code is FailedPrecondition.
+// conflict or a stale view although their code is FailedPrecondition, and
+// for the client's own outcomes (a malformed command line; a local step
+// that failed), which no server code describes.
 var exitByReason = map[Reason]int{
 	NonFastForward:     ExitConflict,
 	ReviewStale:        ExitConflict,
 	ProjectOnOtherHost: ExitConflict,
+	Usage:              ExitUsage,
+	LocalFailed:        ExitRefused,
 }
 
 // ExitCode returns the exit status for err: 0 for nil, else by reason where

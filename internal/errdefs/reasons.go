@@ -12,6 +12,15 @@ const (
 	Unreachable     Reason = "UNREACHABLE"
 	ShuttingDown    Reason = "SHUTTING_DOWN"
 
+	// The client's own outcomes, decided before or without a call.
+	Usage         Reason = "USAGE"
+	LocalFailed   Reason = "LOCAL_FAILED"
+	NothingToPush Reason = "NOTHING_TO_PUSH"
+	NoBase        Reason = "NO_BASE"
+
+	// The daemon's start.
+	HomeInUse Reason = "HOME_IN_USE"
+
 	// Identity and capabilities.
 	TokenMissing      Reason = "TOKEN_MISSING"
 	TokenUnknown      Reason = "TOKEN_UNKNOWN"
@@ -19,38 +28,70 @@ const (
 	GrantRevoked      Reason = "GRANT_REVOKED"
 	CapabilityMissing Reason = "CAPABILITY_MISSING"
 	HostOnly          Reason = "HOST_ONLY"
+	HostNotAGrant     Reason = "HOST_NOT_A_GRANT"
 	OtherTask         Reason = "OTHER_TASK"
+	EventTypeReserved Reason = "EVENT_TYPE_RESERVED"
 
 	// Input.
-	NameInvalid     Reason = "NAME_INVALID"
-	ObjectIDInvalid Reason = "OBJECT_ID_INVALID"
-	ArgumentInvalid Reason = "ARGUMENT_INVALID"
-	BundleInvalid   Reason = "BUNDLE_INVALID"
-	PackInvalid     Reason = "PACK_INVALID"
-	FsckFailed      Reason = "FSCK_FAILED"
+	NameInvalid           Reason = "NAME_INVALID"
+	ObjectIDInvalid       Reason = "OBJECT_ID_INVALID"
+	ArgumentInvalid       Reason = "ARGUMENT_INVALID"
+	CapabilityInvalid     Reason = "CAPABILITY_INVALID"
+	RootInvalid           Reason = "ROOT_INVALID"
+	BundleInvalid         Reason = "BUNDLE_INVALID"
+	PackInvalid           Reason = "PACK_INVALID"
+	FsckFailed            Reason = "FSCK_FAILED"
+	PushProtocol          Reason = "PUSH_PROTOCOL"
+	EventTypeInvalid      Reason = "EVENT_TYPE_INVALID"
+	EventDataInvalid      Reason = "EVENT_DATA_INVALID"
+	IdempotencyKeyInvalid Reason = "IDEMPOTENCY_KEY_INVALID"
 
 	// Things that are not there.
 	ProjectNotFound Reason = "PROJECT_NOT_FOUND"
 	TaskNotFound    Reason = "TASK_NOT_FOUND"
 	PushNotFound    Reason = "PUSH_NOT_FOUND"
+	MainNotFound    Reason = "MAIN_NOT_FOUND"
+	GrantNotFound   Reason = "GRANT_NOT_FOUND"
+	ReviewNotFound  Reason = "REVIEW_NOT_FOUND"
 
 	// Rules.
-	NonFastForward      Reason = "NON_FAST_FORWARD"
-	UnrelatedHistory    Reason = "UNRELATED_HISTORY"
-	PrerequisiteMissing Reason = "PREREQUISITE_MISSING"
-	TaskClosed          Reason = "TASK_CLOSED"
-	ReviewStale         Reason = "REVIEW_STALE"
-	GateNoApproval      Reason = "GATE_NO_APPROVAL"
-	SelfReview          Reason = "SELF_REVIEW"
-	ProjectOnOtherHost  Reason = "PROJECT_ON_OTHER_HOST"
-	RefChanged          Reason = "REF_CHANGED"
+	NonFastForward       Reason = "NON_FAST_FORWARD"
+	UnrelatedHistory     Reason = "UNRELATED_HISTORY"
+	PrerequisiteMissing  Reason = "PREREQUISITE_MISSING"
+	TaskClosed           Reason = "TASK_CLOSED"
+	NoPushToReview       Reason = "NO_PUSH_TO_REVIEW"
+	VerdictGiven         Reason = "VERDICT_GIVEN"
+	ReviewStale          Reason = "REVIEW_STALE"
+	GateNoApproval       Reason = "GATE_NO_APPROVAL"
+	SelfReview           Reason = "SELF_REVIEW"
+	ProjectOnOtherHost   Reason = "PROJECT_ON_OTHER_HOST"
+	RefChanged           Reason = "REF_CHANGED"
+	IdempotencyKeyReused Reason = "IDEMPOTENCY_KEY_REUSED"
 
 	// Limits.
-	BundleTooLarge Reason = "BUNDLE_TOO_LARGE"
-	DiskFull       Reason = "DISK_FULL"
-	PushIdle       Reason = "PUSH_IDLE"
-	TooManyConns   Reason = "TOO_MANY_CONNECTIONS"
-	TooManyCalls   Reason = "TOO_MANY_CALLS"
+	BundleTooLarge    Reason = "BUNDLE_TOO_LARGE"
+	DiskFull          Reason = "DISK_FULL"
+	PushIdle          Reason = "PUSH_IDLE"
+	TooManyConns      Reason = "TOO_MANY_CONNECTIONS"
+	TooManyCalls      Reason = "TOO_MANY_CALLS"
+	CommentTooLarge   Reason = "COMMENT_TOO_LARGE"
+	EventDataTooLarge Reason = "EVENT_DATA_TOO_LARGE"
+
+	GitDirUnsafe        Reason = "GIT_DIR_UNSAFE"
+	AgentProcessRunning Reason = "AGENT_PROCESS_RUNNING"
+	WorkspaceUnsafe     Reason = "WORKSPACE_UNSAFE"
+
+	RunDirNotEmpty       Reason = "RUN_DIR_NOT_EMPTY"
+	LimitUnavailable     Reason = "LIMIT_UNAVAILABLE"
+	AbstractScopeMissing Reason = "ABSTRACT_SCOPE_MISSING"
+	SessionUIDsExhausted Reason = "SESSION_UIDS_EXHAUSTED"
+
+	ObjectTooLarge     Reason = "OBJECT_TOO_LARGE"
+	PackTooManyObjects Reason = "PACK_TOO_MANY_OBJECTS"
+	EventRateExceeded  Reason = "EVENT_RATE_EXCEEDED"
+	EventBytesRate     Reason = "EVENT_BYTES_RATE_EXCEEDED"
+	TaskQuota          Reason = "TASK_QUOTA_EXCEEDED"
+	ProjectQuota       Reason = "PROJECT_QUOTA_EXCEEDED"
 
 	// Transport and fairness limits (docs/limits.md).
 	TooManyConnsPerUID   Reason = "TOO_MANY_CONNECTIONS_PER_UID"

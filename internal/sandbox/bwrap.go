@@ -15,6 +15,7 @@ const (
 	fdStatus  = 4 // bwrap's --json-status-fd: pid 1's host pid, the command's status
 	fdMonitor = 5 // the status pipe's read end: it hangs up when bwrap's outer process dies
 	fdReady   = 6 // pid 1 writes a byte here once it forwards signals
+	fdGate    = 7 // with limits: run writes a byte here once the session is in its cgroup
 )
 
 // bwrapArgs is the bwrap command line for the plan, up to and including

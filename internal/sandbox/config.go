@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/size"
 )
 
 // The capabilities a grant may hold (DESIGN.md, "Identity and capabilities").
@@ -51,9 +54,21 @@ type Config struct {
 	Bwrap        string   // "" means /usr/bin/bwrap, else bwrap on PATH
 	// Init is the executable bound as the session's pid 1 and run with
 	// InitVerb; "" means this one (cmd/sandbox hands InitVerb to Init).
-	Init    string
-	JSON    bool
-	Command []string
+	Init string
+	JSON bool
+	// FreshHome empties RUN/home before the launch, for a run directory
+	// whose previous session left it full.
+	FreshHome bool
+	Limits    Limits
+	// AllowAbstractSockets lets a --net session start on a kernel without
+	// Landlock's abstract-socket scope, reaching the host's abstract
+	// Unix sockets.
+	AllowAbstractSockets bool
+	// UIDLow-UIDHigh is the range a session's own uid comes from, and
+	// StateDir holds its lock files (started as root without --user).
+	UIDLow, UIDHigh uint32
+	StateDir        string
+	Command         []string
 }
 
 // HasCap reports whether the role holds capability c.
@@ -86,12 +101,23 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&caps, "caps", "", "the role's capabilities, comma-separated")
 	fs.StringVar(&c.BrokerSocket, "broker-socket", "", "the bus host's broker.sock")
 	fs.StringVar(&c.GitSocket, "git-socket", "", "the bus host's git.sock (bound only for git.push.working or review.verdict)")
-	fs.BoolVar(&c.Net, "net", false, "share the host's network (default: no network)")
+	fs.BoolVar(&c.Net, "net", false, "share the host's network (default: no network); needs Landlock ABI 6 to keep off the host's abstract Unix sockets")
+	fs.BoolVar(&c.AllowAbstractSockets, "allow-abstract-sockets", false, "with --net on a kernel without Landlock ABI 6: start anyway, reaching the host's abstract Unix sockets")
 	fs.Var(&ro, "ro", "bind PATH read-only at the same path (repeatable)")
 	fs.Var(&env, "env", "set NAME=VALUE in the session, or pass NAME through (repeatable)")
-	fs.StringVar(&c.User, "user", "", "run the session as this user when started as root (default nobody)")
+	fs.StringVar(&c.User, "user", "", "run the session as this fixed user when started as root (default: a uid of its own from --uid-range)")
+	uidRange := fmt.Sprintf("%d-%d", DefaultUIDLow, DefaultUIDHigh)
+	fs.StringVar(&uidRange, "uid-range", uidRange, "started as root without --user: the range LOW-HIGH a session's own uid comes from")
+	fs.StringVar(&c.StateDir, "state-dir", DefaultStateDir, "where the lock file of each session uid in use lives (root's)")
 	fs.StringVar(&c.Bushost, "bushost", "", "the bushost client to bind; must exist (default: next to sandbox, else on PATH, else none, with a note)")
 	fs.StringVar(&c.Bwrap, "bwrap", "", "the bwrap binary (default /usr/bin/bwrap, else on PATH)")
+	fs.Var(size.Value{P: &c.Limits.Memory}, "memory", "the session's memory limit (64M, 1G), through a cgroup; refused where none can be made")
+	fs.IntVar(&c.Limits.Pids, "pids", 0, "the most tasks (processes and threads) the session may hold, through a cgroup and RLIMIT_NPROC")
+	fs.Float64Var(&c.Limits.CPU, "cpu", 0, "the CPU time the session may use, in CPUs (0.5 = half of one), through a cgroup")
+	fs.Uint64Var(&c.Limits.NoFile, "nofile", 0, "RLIMIT_NOFILE: the most open files per session process")
+	fs.Var(size.Value{P: &c.Limits.FSize}, "fsize", "RLIMIT_FSIZE: the largest file a session process may write (64M, 1G)")
+	fs.DurationVar(&c.Limits.Timeout, "timeout", 0, "end the session after this long (SIGTERM, SIGKILL 5s later); run exits 124")
+	fs.BoolVar(&c.FreshHome, "fresh-home", false, "empty the run directory's home/ before the launch (default: refuse a HOME that is not empty)")
 	if verb == "explain" {
 		fs.BoolVar(&c.JSON, "json", false, "print the plan as JSON")
 	}
@@ -99,6 +125,10 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	c.RO, c.Env = ro, env
+	var rerr error
+	if c.UIDLow, c.UIDHigh, rerr = parseUIDRange(uidRange); rerr != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUsage, rerr)
+	}
 	rest := fs.Args()
 	switch verb {
 	case "run":
@@ -117,6 +147,9 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 		if req.v == "" {
 			return nil, fmt.Errorf("%w: %s is required", ErrUsage, req.name)
 		}
+	}
+	if l := c.Limits; l.Memory < 0 || l.Pids < 0 || l.CPU < 0 || l.FSize < 0 || l.Timeout < 0 || (l.Memory > 0 && l.Memory < 4<<20) || (l.Pids > 0 && l.Pids < 4) || l.CPU > 1024 {
+		return nil, fmt.Errorf("%w: limits must be positive; --memory at least 4M, --pids at least 4, --cpu at most 1024", ErrUsage)
 	}
 	if !validRole(c.Role) {
 		return nil, fmt.Errorf("%w: role %q: want %s and no '..'", ErrUsage, c.Role, names.Pattern)
@@ -156,6 +189,19 @@ func (c *Config) sessionEnv(p *Plan) []string {
 	if t, ok := os.LookupEnv("TERM"); ok {
 		env = append(env, "TERM="+t)
 	}
+	// bushost inside needs neither --home nor --token-file: the broker
+	// socket's directory is the home it sees (the sockets keep their host
+	// paths inside), and the token is the run directory's.
+	env = append(env, "BUSHOST_HOME="+filepath.Dir(p.brokerSocket()))
+	if s := p.Session; s != nil {
+		if s.TokenFile != "" {
+			env = append(env, "BUS_TOKEN_FILE="+filepath.Join(p.RunDir, s.TokenFile))
+		}
+		if s.Git != nil {
+			env = append(env, "GIT_AUTHOR_NAME="+s.Git.Name, "GIT_AUTHOR_EMAIL="+s.Git.Email,
+				"GIT_COMMITTER_NAME="+s.Git.Name, "GIT_COMMITTER_EMAIL="+s.Git.Email)
+		}
+	}
 	for _, e := range c.Env {
 		if strings.Contains(e, "=") {
 			env = append(env, e)
@@ -164,4 +210,73 @@ func (c *Config) sessionEnv(p *Plan) []string {
 		}
 	}
 	return env
+}
+
+// PrepareConfig is what `sandbox prepare` was asked for.
+type PrepareConfig struct {
+	RunDir    string
+	Session   SessionFile
+	TokenFile string // the token to copy in; read once, never bound
+}
+
+// ParsePrepareFlags reads the flags of `sandbox prepare`.
+func ParsePrepareFlags(args []string, stderr io.Writer) (*PrepareConfig, error) {
+	c := &PrepareConfig{Session: SessionFile{Version: SessionVersion}}
+	s := &c.Session
+	fs := flag.NewFlagSet("sandbox prepare", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var caps, gitName, gitEmail string
+	fs.StringVar(&c.RunDir, "run-dir", "", "the run directory to make (must not exist, or be empty)")
+	fs.StringVar(&s.Business, "business", "", "the task's business")
+	fs.StringVar(&s.Project, "project", "", "the task's project")
+	fs.StringVar(&s.Task, "task", "", "the task the session works on")
+	fs.StringVar(&s.Role, "role", "", "the session's role name")
+	fs.StringVar(&caps, "caps", "", "the role's capabilities, comma-separated")
+	fs.StringVar(&c.TokenFile, "token-file", "", "the grant's token (bushost grant --out FILE), copied in read-only")
+	fs.StringVar(&gitName, "git-name", "", "the author and committer name of the session's commits")
+	fs.StringVar(&gitEmail, "git-email", "", "the author and committer email of the session's commits")
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() != 0 {
+		return nil, fmt.Errorf("%w: sandbox prepare takes no arguments, got %q", ErrUsage, fs.Args())
+	}
+	for _, req := range []struct{ name, v string }{
+		{"--run-dir", c.RunDir}, {"--business", s.Business}, {"--project", s.Project}, {"--task", s.Task},
+		{"--role", s.Role}, {"--token-file", c.TokenFile},
+	} {
+		if req.v == "" {
+			return nil, fmt.Errorf("%w: %s is required", ErrUsage, req.name)
+		}
+	}
+	for _, n := range []struct{ kind, v string }{{"business", s.Business}, {"project", s.Project}, {"task", s.Task}, {"role", s.Role}} {
+		if !validRole(n.v) {
+			return nil, fmt.Errorf("%w: %s %q: want %s and no '..'", ErrUsage, n.kind, n.v, names.Pattern)
+		}
+	}
+	s.Caps = []string{}
+	for _, cp := range strings.Split(caps, ",") {
+		cp = strings.TrimSpace(cp)
+		if cp == "" {
+			continue
+		}
+		if !knownCaps[cp] {
+			return nil, fmt.Errorf("%w: unknown capability %q (known: %s, %s, %s, %s, %s)", ErrUsage, cp,
+				CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord)
+		}
+		if !slices.Contains(s.Caps, cp) {
+			s.Caps = append(s.Caps, cp)
+		}
+	}
+	if (gitName == "") != (gitEmail == "") {
+		return nil, fmt.Errorf("%w: --git-name and --git-email go together", ErrUsage)
+	}
+	if gitName != "" {
+		s.Git = &GitIdentity{Name: gitName, Email: gitEmail}
+		if err := s.Git.check(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+	}
+	s.TokenFile = sessionTokenName
+	return c, nil
 }

@@ -41,7 +41,11 @@ func explain(w io.Writer, p *Plan, asJSON bool) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nuser: %s (uid %d, gid %d, groups %s)\n", p.User.Name, p.User.UID, p.User.GID, joinGIDs(p.User.Groups))
+	if p.User.Dynamic {
+		fmt.Fprintf(w, "\nuser: a uid of its own from %d-%d, picked at launch (groups %s)\n", p.Config.UIDLow, p.Config.UIDHigh, joinGIDs(p.User.Groups))
+	} else {
+		fmt.Fprintf(w, "\nuser: %s (uid %d, gid %d, groups %s)\n", p.User.Name, p.User.UID, p.User.GID, joinGIDs(p.User.Groups))
+	}
 	for _, g := range p.SocketGroups {
 		name := g.Name
 		if name == "" {

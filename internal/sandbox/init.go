@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,14 @@ const initPath = sessionDir + "/init"
 // before anything else it does: Run binds its own executable as pid 1.
 const InitVerb = "init"
 
+// initScopeAbstract is the option that makes pid 1 start the command in a
+// Landlock domain scoped off abstract Unix sockets (see scopeAbstractUnix).
+const initScopeAbstract = "--scope-abstract-unix"
+
+// initGate is the option that makes pid 1 wait, before it starts the
+// command, for run's byte on fdGate.
+const initGate = "--gate"
+
 // Init is the session's pid 1. It dies with the bwrap process outside
 // (SIGKILL as its parent-death signal), tells run it is ready for signals,
 // starts the command, forwards run's signals to it, reaps every orphan, and
@@ -31,6 +40,19 @@ const InitVerb = "init"
 // start adds to bwrap's, so it does no more than this, allocates little,
 // and writes only when something fails.
 func Init(args []string, stderr io.Writer) int {
+	var gate, scope bool
+	for len(args) > 0 && strings.HasPrefix(args[0], "--") {
+		switch args[0] {
+		case initGate:
+			gate = true
+		case initScopeAbstract:
+			scope = true
+		default:
+			initFailed(stderr, "unknown option "+args[0], nil)
+			return ExitSandbox
+		}
+		args = args[1:]
+	}
 	if os.Getpid() != 1 || len(args) < 2 {
 		initFailed(stderr, "runs only as a session's pid 1 (sandbox run starts it)", nil)
 		return ExitSandbox
@@ -69,8 +91,27 @@ func Init(args []string, stderr io.Writer) int {
 	}
 	// Nothing run or bwrap handed down reaches the command, and a
 	// non-dumpable pid 1 keeps its /proc/1 entries (fd, root, mem, environ)
-	// closed to the session's own processes.
-	if err := unix.CloseRange(3, math.MaxUint32, 0); err != nil {
+	// closed to the session's own processes. The inherited descriptors are
+	// marked close-on-exec rather than closed: the Go runtime may already
+	// hold its own among them (the netpoller's, made at the first timer of
+	// a package's init, takes the lowest free number), and closing it
+	// under the runtime crashes pid 1.
+	unix.Close(fdReady)
+	if gate {
+		// run puts the session into its cgroup, then says go: the command
+		// never runs outside its limits. End of file means run is gone.
+		var b [1]byte
+		n, err := unix.Read(fdGate, b[:])
+		for err == unix.EINTR {
+			n, err = unix.Read(fdGate, b[:])
+		}
+		if n != 1 {
+			initFailed(stderr, "wait for sandbox run to apply the limits", err)
+			return ExitSandbox
+		}
+		unix.Close(fdGate)
+	}
+	if err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		initFailed(stderr, "close inherited descriptors", err)
 		return ExitSandbox
 	}
@@ -79,6 +120,14 @@ func Init(args []string, stderr io.Writer) int {
 		return ExitSandbox
 	}
 
+	// Landlock binds the thread that asks, and this goroutine's thread is
+	// locked: the command, forked from it below, starts in the domain.
+	if scope {
+		if err := scopeAbstractUnix(); err != nil {
+			initFailed(stderr, "scope the session off abstract Unix sockets (Landlock)", err)
+			return ExitSandbox
+		}
+	}
 	// The command gets no parent-death signal of its own: when pid 1 dies,
 	// the kernel kills every process of its pid namespace.
 	command, err := syscall.ForkExec(args[0], args[1:], &syscall.ProcAttr{

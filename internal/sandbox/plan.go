@@ -67,7 +67,14 @@ type Plan struct {
 	Env       []string `json:"-"` // values may be secrets: explain shows names
 
 	Command []string `json:"command,omitempty"`
+	// ScopeAbstract: pid 1 scopes the command off abstract Unix sockets.
+	ScopeAbstract bool `json:"scope_abstract_unix,omitempty"`
+	// Session is the run directory's session.json.
+	Session *SessionFile `json:"session"`
 	initExe string
+	// busSockets are the bound broker and git sockets: the only binds
+	// whose group the session user is given.
+	busSockets []string
 }
 
 // reserved are session paths the sandbox builds itself; a caller path on
@@ -96,8 +103,8 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	p.Home = filepath.Join(p.RunDir, "home")
 	p.Tmp = filepath.Join(p.RunDir, "tmp")
 	sessionJSON := filepath.Join(p.RunDir, "session.json")
-	if st, err := os.Lstat(sessionJSON); err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("run directory %s has no regular file session.json: the host writes it before the launch and the session may only read it", p.RunDir)
+	if p.Session, err = readSessionFile(p.RunDir); err != nil {
+		return nil, err
 	}
 	broker, err := callerPath("broker socket", cfg.BrokerSocket, false)
 	if err != nil {
@@ -125,6 +132,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		{KindROBind, sessionJSON, sessionJSON, "the host's description of the session; read-only so the session cannot rewrite what the host will trust"},
 		{KindROBind, broker, broker, "the broker socket: events, reviews and task.close, each checked against the role's grant"},
 	}
+	p.busSockets = []string{broker}
 	switch {
 	case !cfg.HasCap(CapPushWorking) && !cfg.HasCap(CapReviewVerdict):
 		if cfg.GitSocket != "" {
@@ -140,6 +148,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		if err := mustBeSocket("git socket", gs); err != nil {
 			return nil, err
 		}
+		p.busSockets = append(p.busSockets, gs)
 		caller = append(caller, Bind{KindROBind, gs, gs, fmt.Sprintf("the git socket, because role %s holds %s: pushes and fetches as bundles, checked by the host", cfg.Role, gitCapsOf(cfg))})
 	}
 	for _, r := range cfg.RO {
@@ -173,6 +182,14 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	p.Namespaces = []string{"user", "pid", "ipc", "uts", "cgroup"}
 	if cfg.Net {
 		p.Notes = append(p.Notes, "--net: the session shares the host's network namespace")
+		switch abi := landlockABI(); {
+		case abi >= landlockScopeABI:
+			p.ScopeAbstract = true
+		case cfg.AllowAbstractSockets:
+			p.Notes = append(p.Notes, fmt.Sprintf("--allow-abstract-sockets: this kernel's Landlock ABI is %d, scopes need %d: the session reaches the host's abstract Unix sockets (containerd-shim, X11, D-Bus)", abi, landlockScopeABI))
+		default:
+			p.Problems = append(p.Problems, fmt.Sprintf("%s: --net would let the session reach the host's abstract Unix sockets (containerd-shim, X11, D-Bus), and this kernel's Landlock ABI is %d, scopes need %d (Linux 6.12); give --allow-abstract-sockets to start anyway", ReasonAbstractScopeMissing, abi, landlockScopeABI))
+		}
 	} else {
 		p.Namespaces = append(p.Namespaces, "net")
 	}
@@ -180,14 +197,20 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		{Flag: "--new-session", Why: "the session has no controlling terminal, so TIOCSTI cannot push keystrokes into the caller's terminal"},
 		{Flag: "--disable-userns", Why: "no nested user namespace, whose capabilities could undo a read-only bind"},
 		{Flag: "--cap-drop ALL", Why: "no capability inside the session's user namespace either"},
-		{Flag: "--seccomp", Why: "refuses TIOCSTI/TIOCLINUX, keyctl, ptrace, mount and the new mount API, io_uring, unshare/setns and namespace clones, bpf, userfaultfd, perf_event_open, module and kexec calls"},
+		{Flag: "--seccomp", Why: "refuses TIOCSTI/TIOCLINUX/TIOCSETD, socket families other than unix, inet, inet6 and netlink route (EAFNOSUPPORT), keyctl, ptrace, mount and the new mount API, listmount/statmount, io_uring, unshare/setns and namespace clones, bpf, userfaultfd, perf_event_open, module and kexec calls"},
 		{Flag: "--as-pid-1", Why: "the sandbox's own init is pid 1, with SIGKILL as its parent-death signal, so the session dies with the bwrap process outside even when sandbox run is gone too; bwrap's own reaper would outlive it"},
 		{Flag: "--json-status-fd", Why: "bwrap reports pid 1, which sandbox run passes its signals to and makes sure is gone once bwrap has exited, and the command's status"},
 	}
-	if u.Drop {
+	if p.ScopeAbstract {
+		p.Hardening = append(p.Hardening, Flag{Flag: "landlock " + initScopeAbstract, Why: "--net shares the host's network namespace, where abstract Unix socket names live: pid 1 starts the command in a Landlock domain (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET) that cannot connect to one made outside the session"})
+	}
+	if u.Dynamic {
+		p.Hardening = append(p.Hardening, Flag{Flag: fmt.Sprintf("uid %d-%d", cfg.UIDLow, cfg.UIDHigh), Why: fmt.Sprintf("started as root: bwrap and the session run as a uid (and gid) of their own, free in /etc/passwd, /etc/group and among running processes, locked in %s; the workspace and run directory are handed to it for the session and back after, so no other session can read, write or signal this one", cfg.StateDir)})
+	} else if u.Drop {
 		p.Hardening = append(p.Hardening, Flag{Flag: "--user " + u.Name, Why: fmt.Sprintf("started as root: bwrap and the session run as uid %d gid %d, never as host root", u.UID, u.GID)})
 	}
 	p.addSocketGroups()
+	p.checkSession()
 	p.Env = cfg.sessionEnv(p)
 	p.checkAccess()
 	return p, nil
@@ -206,16 +229,15 @@ type SocketGroup struct {
 // group of each socket bound into the session (bushostd serve
 // --socket-group makes its home 0710 and the sockets 0660 with that group),
 // so that it can traverse the home and connect, and nothing more: exactly
-// those groups, never group 0.
+// those groups, never group 0. Only the bus sockets count: a socket bound
+// with --ro gives no group, or `--ro /var/run/docker.sock` would hand the
+// session the docker group, which is root.
 func (p *Plan) addSocketGroups() {
 	if !p.User.Drop {
 		return
 	}
-	for _, b := range p.Binds {
-		if b.Kind != KindROBind {
-			continue
-		}
-		st, err := os.Stat(b.Source)
+	for _, sock := range p.busSockets {
+		st, err := os.Stat(sock)
 		if err != nil || st.Mode()&os.ModeSocket == 0 {
 			continue
 		}
@@ -224,10 +246,10 @@ func (p *Plan) addSocketGroups() {
 			continue // group root is never a session's, whatever the socket says
 		}
 		if i := slices.IndexFunc(p.SocketGroups, func(g SocketGroup) bool { return g.GID == gid }); i >= 0 {
-			p.SocketGroups[i].Sockets = append(p.SocketGroups[i].Sockets, b.Source)
+			p.SocketGroups[i].Sockets = append(p.SocketGroups[i].Sockets, sock)
 			continue
 		}
-		g := SocketGroup{GID: gid, Name: groupName(gid), Sockets: []string{b.Source}}
+		g := SocketGroup{GID: gid, Name: groupName(gid), Sockets: []string{sock}}
 		if p.User.inGroup(gid) {
 			g.Why = fmt.Sprintf("the sockets' group; %s is already a member", p.User.Name)
 		} else {
@@ -238,18 +260,48 @@ func (p *Plan) addSocketGroups() {
 	}
 }
 
+// checkSession records where session.json and the command line disagree
+// on the role, and a token file it names that is not a regular file.
+func (p *Plan) checkSession() {
+	s := p.Session
+	if s.Role != "" && s.Role != p.Config.Role {
+		p.Problems = append(p.Problems, fmt.Sprintf("--role %s, but session.json says role %s", p.Config.Role, s.Role))
+	}
+	if s.Caps != nil && !sameCaps(s.Caps, p.Config.Caps) {
+		p.Problems = append(p.Problems, fmt.Sprintf("--caps %s, but session.json says %s", strings.Join(p.Config.Caps, ","), strings.Join(s.Caps, ",")))
+	}
+	if s.TokenFile != "" {
+		tok := filepath.Join(p.RunDir, s.TokenFile)
+		if st, err := os.Lstat(tok); err != nil || !st.Mode().IsRegular() {
+			p.Problems = append(p.Problems, fmt.Sprintf("session.json names token file %s, which is not a regular file", tok))
+		}
+	}
+}
+
 // checkAccess records what the session user could not reach.
 func (p *Plan) checkAccess() {
-	want := map[string]uint32{p.Workspace: accR | accW | accX, p.RunDir: accR | accW | accX, p.initExe: accX}
+	// The run directory itself is the host's (sandbox prepare makes it):
+	// the session only passes through it to home/ and tmp/, which run
+	// hands to the session user.
+	want := map[string]uint32{p.Workspace: accR | accW | accX, p.RunDir: accR | accX, p.initExe: accX}
+	if p.User.Dynamic {
+		// Handed to the session's own uid at launch: only the way there
+		// must be open to it.
+		want[p.Workspace], want[p.RunDir] = 0, 0
+	}
 	for _, b := range p.Binds {
 		if b.Source == "" || b.Kind == KindSymlink {
 			continue
 		}
+		if p.User.Dynamic && (within(b.Source, p.RunDir) || within(b.Source, p.Workspace)) {
+			// Handed to the session's uid at launch (a launcher that
+			// died may have left them with another session uid, which
+			// run reclaims first).
+			continue
+		}
 		w, ok := want[b.Source]
-		if !ok {
-			if st, err := os.Stat(b.Source); err == nil && st.Mode()&os.ModeSocket != 0 {
-				w = accW // connect(2) needs write permission on the socket
-			}
+		if !ok && slices.Contains(p.busSockets, b.Source) {
+			w = accW // connect(2) needs write permission on the socket
 		}
 		if _, err := os.Lstat(b.Source); err != nil && filepath.Dir(b.Source) == p.RunDir {
 			continue // made by run before the launch
@@ -262,8 +314,8 @@ func (p *Plan) checkAccess() {
 			p.Problems = append(p.Problems, msg)
 		}
 	}
-	if ents, err := os.ReadDir(p.Home); err == nil && len(ents) > 0 {
-		p.Problems = append(p.Problems, fmt.Sprintf("%s is not empty: a session starts with an empty HOME", p.Home))
+	if ents, err := os.ReadDir(p.Home); err == nil && len(ents) > 0 && !p.Config.FreshHome {
+		p.Problems = append(p.Problems, fmt.Sprintf("%s is not empty: a session starts with an empty HOME (--fresh-home empties it)", p.Home))
 	}
 }
 
@@ -417,3 +469,6 @@ func findBushost(flagPath string) (path, note string, err error) {
 	}
 	return "", "bushost not bound: none next to the sandbox executable nor on PATH (give --bushost PATH)", nil
 }
+
+// brokerSocket is the bound broker socket's path, the same inside and out.
+func (p *Plan) brokerSocket() string { return p.busSockets[0] }

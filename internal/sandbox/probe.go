@@ -13,6 +13,11 @@ import (
 // seccomp filter, the system binds) with /usr/bin/true as the command. A nil
 // error means sessions can start; otherwise an *UnavailableError says why.
 func Probe(userName, bwrapPath string) (string, error) {
+	if userName == "" && os.Geteuid() == 0 {
+		// A session's own uid is only picked at launch; nobody stands
+		// for it, an unprivileged user as good as any.
+		userName = DefaultUser
+	}
 	u, err := sessionUser(userName)
 	if err != nil {
 		return "", err

@@ -41,7 +41,38 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
-	if err := p.prepareRunDir(); err != nil {
+	if p.User.Dynamic {
+		l, err := acquireUID(p.Config.StateDir, p.Config.UIDLow, p.Config.UIDHigh)
+		if err != nil {
+			return 0, err
+		}
+		// Last of all: the session is gone by the time this runs.
+		defer func() {
+			if err := l.release(); err != nil && stderr != nil {
+				fmt.Fprintf(stderr, "sandbox: hand the session's files back from uid %d: %v\n", l.uid, err)
+			}
+		}()
+		p.User.UID, p.User.GID, p.User.Name = l.uid, l.uid, fmt.Sprintf("%s-%d", dynamicName, l.uid)
+		p.Env = p.Config.sessionEnv(p)
+		if err := l.handOver(p.Workspace, true); err != nil {
+			return 0, err
+		}
+		if err := l.handOver(p.RunDir, false); err != nil {
+			return 0, err
+		}
+		if err := p.prepareRunDir(); err != nil {
+			return 0, err
+		}
+		mine := []string{p.Home, p.Tmp}
+		if p.Session.TokenFile != "" {
+			mine = append(mine, filepath.Join(p.RunDir, p.Session.TokenFile))
+		}
+		for _, path := range mine {
+			if err := l.handOver(path, true); err != nil {
+				return 0, err
+			}
+		}
+	} else if err := p.prepareRunDir(); err != nil {
 		return 0, err
 	}
 	exe, status, msg := p.lookCommand()
@@ -92,15 +123,42 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	s := &session{pid1FD: -1, readyFD: ready[0]}
 	defer s.close()
 
+	limits := p.Config.Limits
+	// The cgroup is made, with its limits, before anything starts; a limit
+	// that cannot be applied refuses the launch.
+	cg, err := newCgroup(limits)
+	if err != nil {
+		return 0, err
+	}
+	if cg != nil {
+		defer cg.remove()
+	}
 	argv := append([]string{p.Bwrap}, p.bwrapArgs()...)
-	argv = append(argv, initPath, InitVerb, exe)
+	argv = append(argv, initPath, InitVerb)
+	files := []uintptr{stdio[0], stdio[1], stdio[2], seccompR.Fd(), statusW.Fd(), rawFD(statusR), uintptr(ready[1])}
+	var gateW *os.File
+	if cg != nil {
+		gateR, w, err := os.Pipe()
+		if err != nil {
+			return 0, err
+		}
+		defer gateR.Close()
+		defer w.Close()
+		gateW = w
+		files = append(files, gateR.Fd())
+		argv = append(argv, initGate)
+	}
+	if p.ScopeAbstract {
+		argv = append(argv, initScopeAbstract)
+	}
+	argv = append(argv, exe)
 	argv = append(argv, p.Command...)
 	attr := &syscall.ProcAttr{
 		Dir: "/",
 		Env: p.Env,
 		// pid 1 inherits the status pipe's read end (fdMonitor) only to see
 		// whether bwrap's outer process is still there, and closes it.
-		Files: []uintptr{stdio[0], stdio[1], stdio[2], seccompR.Fd(), statusW.Fd(), rawFD(statusR), uintptr(ready[1])},
+		Files: files,
 		// Its own process group: a ^C on the caller's terminal reaches run,
 		// which forwards it, instead of killing bwrap and with it the session.
 		Sys: &syscall.SysProcAttr{Setpgid: true},
@@ -115,7 +173,11 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 
 	// syscall.ForkExec rather than os/exec: os.StartProcess probes pidfd
 	// support by starting a throwaway child, one more process per session.
-	bwrapPid, startErr := syscall.ForkExec(p.Bwrap, argv, attr)
+	var bwrapPid int
+	startErr := limits.withRlimits(func() (err error) {
+		bwrapPid, err = syscall.ForkExec(p.Bwrap, argv, attr)
+		return err
+	})
 	statusW.Close()
 	seccompR.Close()
 	unix.Close(ready[1])
@@ -129,8 +191,12 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	go readStatus(statusR, events)
 
 	var pending []syscall.Signal
-	var retry <-chan time.Time
-	exitCode := -1
+	var retry, timeout, kill <-chan time.Time
+	if limits.Timeout > 0 {
+		timeout = time.After(limits.Timeout)
+	}
+	exitCode, timedOut, gated := -1, false, gateW == nil
+	var gateErr error
 	for events != nil {
 		select {
 		case ev, ok := <-events:
@@ -146,11 +212,32 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 			pending = append(pending, sig.(syscall.Signal))
 		case <-retry:
 			retry = nil
+		case <-timeout:
+			// As timeout(1): SIGTERM to the command, SIGKILL to the
+			// whole session if it is still there after the grace.
+			timedOut, timeout = true, nil
+			pending = append(pending, syscall.SIGTERM)
+			kill = time.After(timeoutGrace)
+		case <-kill:
+			kill = nil
+			s.kill(bwrapPid)
+		}
+		if !gated && s.checkReady() && s.pid1 > 0 {
+			// pid 1 is up and waits: put bwrap and it into the cgroup
+			// (their children follow), then let it start the command.
+			gated = true
+			if gateErr = cg.enter(bwrapPid, s.pid1); gateErr == nil {
+				_, gateErr = gateW.Write([]byte{1})
+			}
+			gateW.Close()
+			if gateErr != nil {
+				s.kill(bwrapPid)
+			}
 		}
 		if len(pending) > 0 && s.forward(pending) {
 			pending = nil
 		}
-		if len(pending) > 0 && retry == nil {
+		if (len(pending) > 0 || !gated) && retry == nil {
 			// pid 1 does not catch signals yet: try again shortly.
 			retry = time.After(5 * time.Millisecond)
 		}
@@ -165,6 +252,13 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	s.end()
 
 	switch {
+	case gateErr != nil:
+		return 0, refuse(ReasonLimitUnavailable, exitRefused, "put the session into its cgroup: %v", gateErr)
+	case timedOut:
+		if stderr != nil {
+			fmt.Fprintf(stderr, "sandbox: %s: timed out after %s\n", p.Command[0], limits.Timeout)
+		}
+		return ExitTimeout, nil
 	case exitCode >= 0:
 		return exitCode, nil
 	case ws.Signaled() && s.pid1FD >= 0:
@@ -234,6 +328,7 @@ func jsonNumber(doc, key string) (int, bool) {
 // session follows a running session from outside through a pidfd of its
 // pid 1, which cannot be fooled by a recycled pid once opened and checked.
 type session struct {
+	pid1    int // pid 1's host pid, once checked
 	pid1FD  int
 	readyFD int  // pid 1 writes one byte here once it catches signals
 	ready   bool // the byte was read
@@ -252,13 +347,11 @@ func (s *session) started(pid int, pidNS string) {
 		unix.Close(fd)
 		return
 	}
-	s.pid1FD = fd
+	s.pid1FD, s.pid1 = fd, pid
 }
 
-// forward sends sigs to pid 1, which passes them on to the command, and
-// reports whether they are dealt with: false while pid 1 is not yet
-// catching them (pid 1 of a namespace would drop them).
-func (s *session) forward(sigs []syscall.Signal) bool {
+// checkReady reads, without blocking, whether pid 1 has said it is up.
+func (s *session) checkReady() bool {
 	if !s.ready && !s.gone {
 		var b [1]byte
 		n, err := unix.Read(s.readyFD, b[:])
@@ -269,6 +362,24 @@ func (s *session) forward(sigs []syscall.Signal) bool {
 			s.gone = true
 		}
 	}
+	return s.ready
+}
+
+// kill ends the session at once: through pid 1 when it is known, else
+// through bwrap, whose death pid 1's parent-death signal follows.
+func (s *session) kill(bwrapPid int) {
+	if s.pid1FD >= 0 {
+		_ = unix.PidfdSendSignal(s.pid1FD, unix.SIGKILL, nil, 0)
+		return
+	}
+	_ = syscall.Kill(bwrapPid, syscall.SIGKILL)
+}
+
+// forward sends sigs to pid 1, which passes them on to the command, and
+// reports whether they are dealt with: false while pid 1 is not yet
+// catching them (pid 1 of a namespace would drop them).
+func (s *session) forward(sigs []syscall.Signal) bool {
+	s.checkReady()
 	if s.gone {
 		return true
 	}
@@ -431,11 +542,60 @@ func (p *Plan) prepareRunDir() error {
 			return fmt.Errorf("open %s (a directory, not a symlink): %w", filepath.Join(p.RunDir, d.name), err)
 		}
 		f := os.NewFile(uintptr(fd), filepath.Join(p.RunDir, d.name))
+		if d.empty && p.Config.FreshHome {
+			if err := emptyDir(f); err != nil {
+				f.Close()
+				return err
+			}
+		}
 		err = prepareDir(f, p.User, d.mode, d.owned, d.empty)
 		f.Close()
 		if err != nil {
 			return err
 		}
+	}
+	if name := p.Session.TokenFile; name != "" {
+		// The token is the session user's to read, and no one else's.
+		fd, err := unix.Openat(runFD, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return fmt.Errorf("open the token %s (a file, not a symlink): %w", filepath.Join(p.RunDir, name), err)
+		}
+		defer unix.Close(fd)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("the token %s is not a regular file", filepath.Join(p.RunDir, name))
+		}
+		if p.User.Drop && !p.User.Dynamic {
+			if err := unix.Fchown(fd, int(p.User.UID), int(p.User.GID)); err != nil {
+				return fmt.Errorf("chown the token to %s: %w", p.User.Name, err)
+			}
+		}
+		if err := unix.Fchmod(fd, 0o400); err != nil {
+			return fmt.Errorf("chmod the token: %w", err)
+		}
+	}
+	return nil
+}
+
+// emptyDir removes everything in the directory f, through an os.Root on
+// it: a link the previous session left leads nowhere outside.
+func emptyDir(f *os.File) error {
+	root, err := os.OpenRoot("/proc/self/fd/" + strconv.Itoa(int(f.Fd())))
+	if err != nil {
+		return fmt.Errorf("--fresh-home: open %s: %w", f.Name(), err)
+	}
+	defer root.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("--fresh-home: read %s: %w", f.Name(), err)
+	}
+	for _, n := range names {
+		if err := root.RemoveAll(n); err != nil {
+			return fmt.Errorf("--fresh-home: empty %s: %w", f.Name(), err)
+		}
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
 	}
 	return nil
 }
@@ -447,10 +607,10 @@ func prepareDir(f *os.File, u User, mode uint32, owned, empty bool) error {
 			return fmt.Errorf("read %s: %w", f.Name(), err)
 		}
 		if len(names) > 0 {
-			return fmt.Errorf("%s is not empty: a session starts with an empty HOME", f.Name())
+			return fmt.Errorf("%s is not empty: a session starts with an empty HOME (--fresh-home empties it)", f.Name())
 		}
 	}
-	if owned && u.Drop {
+	if owned && u.Drop && !u.Dynamic {
 		if err := unix.Fchown(int(f.Fd()), int(u.UID), int(u.GID)); err != nil {
 			return fmt.Errorf("chown %s to %s: %w", f.Name(), u.Name, err)
 		}

@@ -227,7 +227,8 @@ func TestPlanAccessProblems(t *testing.T) {
 	}
 	base, flags := layout(t)
 	// Owned by root, 0755: nobody cannot write the workspace or connect.
-	p, err := plan(t, append(flags, "--caps", "git.push.working")...)
+	// (A session of its own uid is handed its workspace instead.)
+	p, err := plan(t, append(flags, "--caps", "git.push.working", "--user", "nobody")...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +258,13 @@ func TestSeccompFilter(t *testing.T) {
 	}
 	for _, want := range []string{"ptrace EPERM", "keyctl EPERM", "unshare EPERM", "mount EPERM", "fsopen EPERM",
 		"io_uring_setup EPERM", "bpf EPERM", "ioctl TIOCSTI EPERM", "ioctl TIOCSTI high bits EPERM", "clone3 ENOSYS",
-		"clone newuser EPERM", "getpid ok", "fork ok"} {
+		"clone newuser EPERM", "getpid ok", "fork ok",
+		"ioctl TIOCSETD EPERM", "listmount EPERM", "statmount EPERM", "open_tree_attr EPERM",
+		"socket AF_UNIX ok", "socket AF_INET ok", "socket AF_INET6 ok", "socket AF_NETLINK route ok",
+		"socket AF_NETLINK audit " + unix.EAFNOSUPPORT.Error(), "socket AF_VSOCK " + unix.EAFNOSUPPORT.Error(),
+		"socket AF_PACKET " + unix.EAFNOSUPPORT.Error(), "socket AF_ALG " + unix.EAFNOSUPPORT.Error(),
+		"socket AF_KEY " + unix.EAFNOSUPPORT.Error(), "socket AF_VSOCK high bits " + unix.EAFNOSUPPORT.Error(),
+		"socketpair AF_UNIX ok", "socketpair AF_VSOCK " + unix.EAFNOSUPPORT.Error()} {
 		if !strings.Contains(string(out), want+"\n") {
 			t.Errorf("child did not report %q:\n%s", want, out)
 		}
@@ -306,6 +313,35 @@ func seccompChild() {
 	call("ioctl TIOCSTI high bits", unix.SYS_IOCTL, 0, 1<<32|unix.TIOCSTI)
 	call("clone newuser", unix.SYS_CLONE, unix.CLONE_NEWUSER)
 	call("getpid", unix.SYS_GETPID)
+	call("ioctl TIOCSETD", unix.SYS_IOCTL, 0, unix.TIOCSETD)
+	call("listmount", unix.SYS_LISTMOUNT)
+	call("statmount", unix.SYS_STATMOUNT)
+	call("open_tree_attr", unix.SYS_OPEN_TREE_ATTR)
+	sock := func(name string, nr, family, typ, proto uintptr) {
+		var fds [2]int32
+		r, _, e := unix.Syscall6(nr, family, typ, proto, uintptr(unsafe.Pointer(&fds)), 0, 0)
+		if e == 0 {
+			if nr == unix.SYS_SOCKET {
+				unix.Close(int(r))
+			} else {
+				unix.Close(int(fds[0]))
+				unix.Close(int(fds[1]))
+			}
+		}
+		report(name, e)
+	}
+	sock("socket AF_UNIX", unix.SYS_SOCKET, unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	sock("socket AF_INET", unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_DGRAM, 0)
+	sock("socket AF_INET6", unix.SYS_SOCKET, unix.AF_INET6, unix.SOCK_DGRAM, 0)
+	sock("socket AF_NETLINK route", unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE)
+	sock("socket AF_NETLINK audit", unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_AUDIT)
+	sock("socket AF_VSOCK", unix.SYS_SOCKET, unix.AF_VSOCK, unix.SOCK_STREAM, 0)
+	sock("socket AF_PACKET", unix.SYS_SOCKET, unix.AF_PACKET, unix.SOCK_RAW, 0)
+	sock("socket AF_ALG", unix.SYS_SOCKET, unix.AF_ALG, unix.SOCK_SEQPACKET, 0)
+	sock("socket AF_KEY", unix.SYS_SOCKET, unix.AF_KEY, unix.SOCK_RAW, 2)
+	sock("socket AF_VSOCK high bits", unix.SYS_SOCKET, 1<<32|unix.AF_VSOCK, unix.SOCK_STREAM, 0)
+	sock("socketpair AF_UNIX", unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	sock("socketpair AF_VSOCK", unix.SYS_SOCKETPAIR, unix.AF_VSOCK, unix.SOCK_STREAM, 0)
 	if err := exec.Command("/bin/true").Run(); err != nil {
 		os.Stdout.WriteString("fork " + err.Error() + "\n")
 	} else {
@@ -520,4 +556,45 @@ func TestPlanSocketGroups(t *testing.T) {
 			t.Errorf("the refused run left %d entries in the run directory, had %d", len(after), len(before))
 		}
 	})
+}
+
+// TestPlanAbstractScope: with --net, the plan scopes the session off
+// abstract sockets where the kernel can, and refuses where it cannot
+// unless --allow-abstract-sockets says so.
+func TestPlanAbstractScope(t *testing.T) {
+	_, flags := layout(t)
+	real := landlockABI
+	t.Cleanup(func() { landlockABI = real })
+	for _, tc := range []struct {
+		abi     int
+		extra   []string
+		scope   bool
+		problem bool
+	}{
+		{6, []string{"--net"}, true, false},
+		{7, []string{"--net"}, true, false},
+		{5, []string{"--net"}, false, true},
+		{0, []string{"--net", "--allow-abstract-sockets"}, false, false},
+		{0, nil, false, false},
+	} {
+		landlockABI = func() int { return tc.abi }
+		p, err := plan(t, append(flags, tc.extra...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		problems := strings.Join(p.Problems, "\n")
+		if p.ScopeAbstract != tc.scope || strings.Contains(problems, ReasonAbstractScopeMissing) != tc.problem {
+			t.Errorf("ABI %d %q: scope %v, problems %q", tc.abi, tc.extra, p.ScopeAbstract, problems)
+		}
+		var text strings.Builder
+		if err := Explain(&text, p, false); err != nil {
+			t.Fatal(err)
+		}
+		if tc.problem && !strings.Contains(text.String(), "--allow-abstract-sockets") {
+			t.Errorf("explain on ABI %d does not name --allow-abstract-sockets:\n%s", tc.abi, text.String())
+		}
+		if tc.scope && !strings.Contains(text.String(), "LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET") {
+			t.Errorf("explain on ABI %d does not list the scope:\n%s", tc.abi, text.String())
+		}
+	}
 }

@@ -16,6 +16,7 @@ const (
 	offArch = 4
 	offArg0 = 16
 	offArg1 = 24
+	offArg2 = 32
 )
 
 // nsCloneFlags are the clone(2) flags that would make a new namespace.
@@ -44,6 +45,9 @@ var deniedSyscalls = []struct {
 	{unix.SYS_FSMOUNT, "new mount API"},
 	{unix.SYS_FSPICK, "new mount API"},
 	{unix.SYS_MOUNT_SETATTR, "new mount API: could clear a read-only flag"},
+	{unix.SYS_OPEN_TREE_ATTR, "new mount API: clones a mount with new attributes"},
+	{unix.SYS_LISTMOUNT, "lists the host's mounts, beyond the bind table"},
+	{unix.SYS_STATMOUNT, "describes the host's mounts, beyond the bind table"},
 	{unix.SYS_IO_URING_SETUP, "io_uring runs calls this filter never sees"},
 	{unix.SYS_IO_URING_ENTER, "io_uring runs calls this filter never sees"},
 	{unix.SYS_IO_URING_REGISTER, "io_uring runs calls this filter never sees"},
@@ -64,8 +68,17 @@ var deniedSyscalls = []struct {
 	{unix.SYS_REBOOT, "host power"},
 }
 
-// deniedIoctls are refused on any file descriptor.
-var deniedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX}
+// deniedIoctls are refused on any file descriptor: TIOCSTI and TIOCLINUX
+// push input into a terminal, TIOCSETD changes the line discipline of the
+// caller's terminal, which would outlive the session.
+var deniedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX, unix.TIOCSETD}
+
+// allowedFamilies are the socket families socket(2) and socketpair(2) may
+// make; every other (AF_VSOCK, AF_PACKET, AF_ALG, AF_KEY, bluetooth...)
+// gets EAFNOSUPPORT. A network namespace covers the first three, not vsock
+// or the kernel's crypto and key interfaces. AF_NETLINK is allowed with
+// NETLINK_ROUTE alone (what getaddrinfo and ip(8) read), checked apart.
+var allowedFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6}
 
 type asm struct{ prog []unix.SockFilter }
 
@@ -92,6 +105,9 @@ var (
 	// glibc and Go fall back to clone, whose flags it can.
 	retENOSYS = uint32(unix.SECCOMP_RET_ERRNO) | uint32(unix.ENOSYS)
 	retKill   = uint32(unix.SECCOMP_RET_KILL_PROCESS)
+	// A family the session may not use reads as one this kernel lacks,
+	// which programs already handle.
+	retEAFNOSUPPORT = uint32(unix.SECCOMP_RET_ERRNO) | uint32(unix.EAFNOSUPPORT)
 )
 
 // Filter returns the seccomp program as bwrap's --seccomp reads it: the
@@ -135,6 +151,22 @@ func filterProgram() ([]unix.SockFilter, error) {
 	a.stmt(ldW, offArg0)
 	a.jump(jsK, nsCloneFlags, 0, 1)
 	a.stmt(retK, retEPERM)
+	a.stmt(retK, retAllow)
+
+	// socket and socketpair: the family (arg 0) and, for netlink, the
+	// protocol (arg 2) are ints, so their low 32 bits are all the kernel
+	// reads. The accumulator still holds nr on the way past.
+	n := len(allowedFamilies)
+	a.jump(jeqK, unix.SYS_SOCKET, 1, 0)
+	a.jump(jeqK, unix.SYS_SOCKETPAIR, 0, uint8(n+6))
+	a.stmt(ldW, offArg0)
+	for i, f := range allowedFamilies {
+		a.jump(jeqK, f, uint8(n-i+3), 0)
+	}
+	a.jump(jeqK, unix.AF_NETLINK, 0, 2)
+	a.stmt(ldW, offArg2)
+	a.jump(jeqK, unix.NETLINK_ROUTE, 1, 0)
+	a.stmt(retK, retEAFNOSUPPORT)
 	a.stmt(retK, retAllow)
 
 	// ioctl: the request is an unsigned int, so its low 32 bits are all

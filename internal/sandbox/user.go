@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// DefaultUser runs sessions started by root.
+// DefaultUser is the user sandbox probe runs bwrap as when root.
 const DefaultUser = "nobody"
 
 // User is the host identity the session (and bwrap itself) runs as.
@@ -19,10 +19,17 @@ type User struct {
 	// Drop is true when sandbox runs as root and must switch to this user
 	// before starting bwrap.
 	Drop bool `json:"drop"`
+	// Dynamic: run picks the uid at launch from its range (a uid of the
+	// session's own, also its gid); until then UID and GID are unknownID.
+	Dynamic bool `json:"dynamic,omitempty"`
 }
 
-// sessionUser picks the session's user. As root it is name (default
-// nobody), never uid 0: bwrap maps the session's uid to the uid that starts
+// unknownID stands for the session's uid and gid before run picks them:
+// (uid_t)-2, which owns no file, so access checks see "others".
+const unknownID = 1<<32 - 2
+
+// sessionUser picks the session's user. As root it is name, never uid 0
+// (without a name, a uid of its own picked at launch: see acquireUID): bwrap maps the session's uid to the uid that starts
 // it, so a root launcher would make the session host root. As anyone else
 // it is the caller, since only root can switch users.
 func sessionUser(name string) (User, error) {
@@ -44,7 +51,7 @@ func sessionUser(name string) (User, error) {
 		return u, nil
 	}
 	if name == "" {
-		name = DefaultUser
+		return User{Name: dynamicName, UID: unknownID, GID: unknownID, Drop: true, Dynamic: true}, nil
 	}
 	pw, err := lookupPasswd(name)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -70,7 +71,12 @@ func (s *ServiceConfig) IsRevertable() bool { return s.Revertable == nil || *s.R
 // (see Default and README.md).
 type Config struct {
 	Workspace        string          `toml:"workspace"`
+	GitDir           string          `toml:"git_dir"`
 	Watch            []string        `toml:"watch"`
+	Ignore           []string        `toml:"ignore"`
+	AppUser          string          `toml:"app_user"`
+	AgentUser        string          `toml:"agent_user"`
+	ServicesUser     string          `toml:"services_user"`
 	HealthAddr       string          `toml:"health_addr"`
 	Debounce         Duration        `toml:"debounce"`
 	GoodAfter        Duration        `toml:"good_after"`
@@ -91,11 +97,29 @@ const (
 	defaultHealthTimeout  = 2 * time.Second
 )
 
+// DefaultGitDir is where the supervisor keeps its own repository unless the
+// file says otherwise: beside its other state, outside any workspace.
+const DefaultGitDir = "/var/lib/bushost-supervisor/git"
+
+// defaultIgnore names what never belongs in a commit: dependencies, build
+// output, secrets and editor litter. Each entry matches one path component
+// (a file or a directory, at any depth of the watched trees); '*' and '?'
+// match within a component.
+var defaultIgnore = []string{
+	"node_modules", "dist", "build", ".cache", "__pycache__", "*.pyc", ".venv",
+	"*.log", ".env", ".DS_Store", "*.swp", "*~",
+}
+
 // Default returns the configuration an empty file gives.
 func Default() Config {
 	return Config{
 		Workspace:        "/workspace",
+		GitDir:           DefaultGitDir,
 		Watch:            []string{"src"},
+		Ignore:           append([]string(nil), defaultIgnore...),
+		AppUser:          "app",
+		AgentUser:        "agent",
+		ServicesUser:     "svc",
 		HealthAddr:       "127.0.0.1:3002",
 		Debounce:         Duration{500 * time.Millisecond},
 		GoodAfter:        Duration{30 * time.Second},
@@ -141,6 +165,7 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 	// Decode into a copy whose lists are empty, so that a key present in the
 	// file replaces the default list instead of appending to it.
 	cfg.Watch = nil
+	cfg.Ignore = nil
 	md, err := toml.Decode(string(data), &cfg)
 	if err != nil {
 		var pe toml.ParseError
@@ -164,12 +189,20 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 	if !md.IsDefined("watch") {
 		cfg.Watch = Default().Watch
 	}
-	if cfg.Workspace != "" && !filepath.IsAbs(cfg.Workspace) {
-		abs, err := filepath.Abs(filepath.Join(filepath.Dir(path), cfg.Workspace))
-		if err != nil {
-			return nil, &ConfigError{File: path, Key: "workspace", Msg: err.Error()}
+	if !md.IsDefined("ignore") {
+		cfg.Ignore = Default().Ignore
+	}
+	for _, k := range []struct {
+		key string
+		p   *string
+	}{{"workspace", &cfg.Workspace}, {"git_dir", &cfg.GitDir}} {
+		if *k.p != "" && !filepath.IsAbs(*k.p) {
+			abs, err := filepath.Abs(filepath.Join(filepath.Dir(path), *k.p))
+			if err != nil {
+				return nil, &ConfigError{File: path, Key: k.key, Msg: err.Error()}
+			}
+			*k.p = abs
 		}
-		cfg.Workspace = abs
 	}
 	for i := range cfg.Services {
 		s := &cfg.Services[i]
@@ -210,6 +243,28 @@ func (c *Config) check() error {
 		return bad("workspace", "must be a directory other than /")
 	}
 	c.Workspace = filepath.Clean(c.Workspace)
+	if c.GitDir == "" || filepath.Clean(c.GitDir) == "/" {
+		return bad("git_dir", "must be a directory other than /")
+	}
+	c.GitDir = filepath.Clean(c.GitDir)
+	if within(c.GitDir, c.Workspace) || within(c.Workspace, c.GitDir) {
+		return bad("git_dir", "%q must lie outside the workspace %q (the agent must not reach it), and hold no workspace", c.GitDir, c.Workspace)
+	}
+	for i, pat := range c.Ignore {
+		if err := checkIgnorePattern(pat); err != nil {
+			return bad(fmt.Sprintf("ignore[%d]", i), "%q: %v", pat, err)
+		}
+	}
+	users := map[string]string{}
+	for _, u := range []struct{ key, name string }{{"app_user", c.AppUser}, {"agent_user", c.AgentUser}, {"services_user", c.ServicesUser}} {
+		if !userNameRE.MatchString(u.name) {
+			return bad(u.key, "%q must match %s", u.name, userNameRE)
+		}
+		if other, ok := users[u.name]; ok {
+			return bad(u.key, "%q is also %s: the three users must differ", u.name, other)
+		}
+		users[u.name] = u.key
+	}
 	if len(c.Watch) == 0 {
 		return bad("watch", "must name at least one tree")
 	}
@@ -325,6 +380,30 @@ func (c *Config) check() error {
 				return bad(hk+".timeout", "must be positive")
 			}
 		}
+	}
+	return nil
+}
+
+// userNameRE is what useradd accepts by default, within 32 bytes.
+var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+
+// within reports whether p is dir or lies below it (both clean and absolute).
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// checkIgnorePattern accepts one path component, with '*' and '?' wildcards.
+func checkIgnorePattern(p string) error {
+	switch {
+	case p == "" || p == "." || p == "..":
+		return errors.New("must name a file or directory")
+	case strings.ContainsAny(p, "/\\[]\x00\n"):
+		return errors.New("must be one path component, without '/', '\\', '[' or ']'")
+	case p == "*":
+		return errors.New("would ignore every file")
+	}
+	if _, err := path.Match(p, ""); err != nil {
+		return err
 	}
 	return nil
 }

@@ -72,6 +72,15 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"two checks", svc + "[service.health]\nhttp = \"http://x/\"\ntcp = \"x:1\"", "service[0].health"},
 		{"bad url", svc + "[service.health]\nhttp = \"ftp://x/\"", "service[0].health.http"},
 		{"bad tcp", svc + "[service.health]\ntcp = \"x\"", "service[0].health.tcp"},
+		{"git dir in workspace", "workspace = \"/w\"\ngit_dir = \"/w/.sup\"", "git_dir"},
+		{"git dir is workspace", "workspace = \"/w\"\ngit_dir = \"/w\"", "git_dir"},
+		{"git dir holds workspace", "workspace = \"/srv/w\"\ngit_dir = \"/srv\"", "git_dir"},
+		{"git dir root", `git_dir = "/"`, "git_dir"},
+		{"ignore slash", `ignore = ["a/b"]`, "ignore[0]"},
+		{"ignore everything", `ignore = ["node_modules", "*"]`, "ignore[1]"},
+		{"ignore dotdot", `ignore = [".."]`, "ignore[0]"},
+		{"user name", `app_user = "Root User"`, "app_user"},
+		{"users differ", `services_user = "app"`, "services_user"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseConfig("sup.toml", []byte(tc.toml))

@@ -8,14 +8,15 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 )
 
 // probe runs one health check of a service whose working directory is dir.
 // A nil error means healthy.
-func probe(ctx context.Context, h *HealthCheck, dir string, env []string) error {
+func probe(ctx context.Context, h *HealthCheck, dir string, env []string, run procRunner) error {
 	ctx, cancel := context.WithTimeout(ctx, h.Timeout.Duration)
 	defer cancel()
 	switch {
@@ -42,29 +43,57 @@ func probe(ctx context.Context, h *HealthCheck, dir string, env []string) error 
 		}
 		return c.Close()
 	default:
-		cmd := exec.Command(h.Exec[0], h.Exec[1:]...)
-		cmd.Dir = dir
-		cmd.Env = env
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		done, err := startLocked(cmd)
+		// Through the runner: as the services' user, never the
+		// supervisor's, since the agent can edit the program.
+		r, w, err := os.Pipe()
 		if err != nil {
 			return err
 		}
+		pid, done, err := run.start(false, h.Exec, dir, env, w)
+		w.Close()
+		if err != nil {
+			r.Close()
+			return err
+		}
+		var mu sync.Mutex
+		var out bytes.Buffer
+		readerDone := make(chan struct{})
+		go func() {
+			defer close(readerDone)
+			buf := make([]byte, 4096)
+			for {
+				n, err := r.Read(buf)
+				mu.Lock()
+				if out.Len() < 4096 {
+					out.Write(buf[:n])
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+		var code int
 		select {
-		case err = <-done:
+		case code = <-done:
 		case <-ctx.Done():
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			run.signal(pid, syscall.SIGKILL)
 			<-done
+			r.Close()
 			return fmt.Errorf("%s: timed out after %v", h.Exec[0], h.Timeout.Duration)
 		}
-		if err != nil {
+		// Let the reader take what the check wrote before it exited.
+		r.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		<-readerDone
+		mu.Lock()
+		defer mu.Unlock()
+		defer r.Close()
+		if code != 0 {
 			msg := strings.TrimSpace(out.String())
 			if len(msg) > 512 {
 				msg = msg[:512]
 			}
-			return fmt.Errorf("%s: %v: %s", h.Exec[0], err, msg)
+			return fmt.Errorf("%s: exit status %d: %s", h.Exec[0], code, msg)
 		}
 		return nil
 	}

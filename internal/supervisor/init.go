@@ -20,13 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bushost/bushost/internal/gitcmd"
-)
-
-// The two users of a supervised workspace.
-const (
-	AppUser   = "app"   // runs the supervisor and the services
-	AgentUser = "agent" // runs the agent; app is in its group
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // seedSkip are names never copied from the seed, at any depth.
@@ -39,51 +33,79 @@ type Account struct {
 	GID    int
 	Groups []int
 	Home   string
+	// services is set by Prepare on the app account: the user the
+	// services run as.
+	services *Account
 }
 
-// Prepare is init's work as root: the users, the seeded workspace, its
-// repository, AGENTS.md and ownership. It returns the account to drop to.
-// configPath is made root-owned and not writable by others.
+// Prepare is init's work as root: the users, the seeded workspace, the
+// supervisor's git dir, AGENTS.md and ownership. It returns the account to
+// drop to (DropAndExec). configPath is made root-owned and not writable by
+// others. It refuses to start while a process of the agent's user runs, and
+// changes nothing in the workspace through a path (see safefs.go).
 func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.Writer) (Account, error) {
 	log := slog.New(slog.NewTextHandler(logw, nil))
 	if os.Geteuid() != 0 {
 		return Account{}, errors.New("init must run as root: it creates users and sets ownership (use `supervisor run` otherwise)")
 	}
-	agent, err := ensureUser(AgentUser, []string{"--create-home", "--shell", "/bin/bash"})
+	agent, err := ensureUser(cfg.AgentUser, []string{"--create-home", "--shell", "/bin/bash"})
 	if err != nil {
 		return Account{}, err
 	}
-	app, err := ensureUser(AppUser, []string{"--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin"})
+	app, err := ensureUser(cfg.AppUser, []string{"--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin"})
 	if err != nil {
 		return Account{}, err
 	}
-	if app, err = ensureInGroup(app, AgentUser, agent.GID); err != nil {
+	if app, err = ensureInGroup(app, cfg.AgentUser, agent.GID); err != nil {
+		return Account{}, err
+	}
+	svc, err := ensureUser(cfg.ServicesUser, []string{"--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin"})
+	if err != nil {
+		return Account{}, err
+	}
+	for _, g := range svc.Groups {
+		for _, h := range app.Groups {
+			if g == h {
+				return Account{}, errdefs.FailedPrecondition(errdefs.WorkspaceUnsafe,
+					"services user %s shares group %d with %s: a service could then reach the supervisor's files", svc.Name, g, app.Name)
+			}
+		}
+	}
+	if err := refuseAgentProcesses(agent); err != nil {
 		return Account{}, err
 	}
 
 	ws := cfg.Workspace
-	if _, err := os.Lstat(filepath.Join(ws, ".git")); errors.Is(err, fs.ErrNotExist) && seed != "" {
+	wsfd, fresh, err := openWorkspace(ws)
+	if err != nil {
+		return Account{}, err
+	}
+	defer unix.Close(wsfd)
+	if fresh && seed != "" {
 		log.Info("first boot: seeding the workspace", "seed", seed, "workspace", ws)
 		if err := seedWorkspace(seed, ws); err != nil {
 			return Account{}, fmt.Errorf("seed %s: %w", seed, err)
 		}
 	}
-	gitHome, err := os.MkdirTemp("", "bushost-supervisor-init-git-")
-	if err != nil {
+	for _, w := range cfg.Watch {
+		fd, err := mkdirAllBeneath(wsfd, ws, w, 0o775)
+		if err != nil {
+			return Account{}, fmt.Errorf("watch %s: %w", w, err)
+		}
+		unix.Close(fd)
+	}
+	// A place for the agent's own git, if it wants one: the workspace root
+	// is root's, so the agent could not make it.
+	if err := unix.Mkdirat(wsfd, ".git", 0o770); err != nil && !errors.Is(err, unix.EEXIST) {
+		return Account{}, fmt.Errorf("workspace .git: %w", err)
+	}
+	if err := prepareGitDir(cfg.GitDir, app); err != nil {
 		return Account{}, err
 	}
-	defer os.RemoveAll(gitHome)
-	git, err := gitcmd.New(gitHome)
-	if err != nil {
+	if err := writeAgentsFile(wsfd, log); err != nil {
 		return Account{}, err
 	}
-	if err := NewRepo(git, ws, cfg.Watch, log).Ensure(ctx); err != nil {
-		return Account{}, err
-	}
-	if err := writeAgentsFile(ws, log); err != nil {
-		return Account{}, err
-	}
-	if err := setOwnership(ws, cfg.Watch, agent, log); err != nil {
+	if err := setOwnership(wsfd, ws, cfg.Watch, agent, log); err != nil {
 		return Account{}, err
 	}
 	if err := trustWorkspaceForAgent(agent, ws); err != nil {
@@ -92,7 +114,133 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.
 	if err := protectFile(configPath); err != nil {
 		return Account{}, fmt.Errorf("config %s: %w", configPath, err)
 	}
+	app.services = &svc
 	return app, nil
+}
+
+// openWorkspace opens (making it if missing) the workspace directory, no
+// component of whose path may be a link, and makes it root's and writable by
+// root only before anything else happens in it. fresh reports a workspace
+// that was missing or empty.
+func openWorkspace(ws string) (fd int, fresh bool, err error) {
+	parent, err := openDirNoFollow(filepath.Dir(ws))
+	if errors.Is(err, unix.ENOENT) {
+		if err := os.MkdirAll(filepath.Dir(ws), 0o755); err != nil {
+			return -1, false, fmt.Errorf("workspace: %w", err)
+		}
+		parent, err = openDirNoFollow(filepath.Dir(ws))
+	}
+	if err != nil {
+		return -1, false, unsafePath(filepath.Dir(ws), err)
+	}
+	defer unix.Close(parent)
+	if err := unix.Mkdirat(parent, filepath.Base(ws), 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+		return -1, false, fmt.Errorf("workspace: %w", err)
+	}
+	fd, err = openBeneath(parent, filepath.Base(ws), unix.O_DIRECTORY|unix.O_RDONLY)
+	if err != nil {
+		return -1, false, unsafePath(ws, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, false, err
+	}
+	if err := unix.Fchown(fd, 0, 0); err != nil {
+		unix.Close(fd)
+		return -1, false, err
+	}
+	if err := unix.Fchmod(fd, st.Mode&0o7777&^0o022); err != nil {
+		unix.Close(fd)
+		return -1, false, err
+	}
+	d, err := unix.Openat(fd, ".", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(fd)
+		return -1, false, err
+	}
+	f := os.NewFile(uintptr(d), ws)
+	names, _ := f.Readdirnames(1)
+	f.Close()
+	return fd, len(names) == 0, nil
+}
+
+// prepareGitDir makes the supervisor's git dir (its parents root's, no link
+// on the way) and gives it to app, mode 0700. An existing one must be app's
+// or root's.
+func prepareGitDir(dir string, app Account) error {
+	parentPath := filepath.Dir(dir)
+	if err := os.MkdirAll(parentPath, 0o755); err != nil {
+		return fmt.Errorf("git_dir: %w", err)
+	}
+	parent, err := openDirNoFollow(parentPath)
+	if err != nil {
+		return unsafePath(parentPath, err)
+	}
+	defer unix.Close(parent)
+	var pst unix.Stat_t
+	if err := unix.Fstat(parent, &pst); err != nil {
+		return err
+	}
+	if pst.Uid != 0 || pst.Mode&0o022 != 0 && pst.Mode&unix.S_ISVTX == 0 {
+		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "the parent of git_dir, %s, must be root's and writable by root only", parentPath).With("path", parentPath)
+	}
+	if err := unix.Mkdirat(parent, filepath.Base(dir), 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("git_dir: %w", err)
+	}
+	fd, err := openBeneath(parent, filepath.Base(dir), unix.O_DIRECTORY|unix.O_RDONLY)
+	if err != nil {
+		return unsafePath(dir, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Uid != 0 && int(st.Uid) != app.UID {
+		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "git_dir %s belongs to uid %d, neither root nor %s", dir, st.Uid, app.Name).With("path", dir)
+	}
+	if err := unix.Fchown(fd, app.UID, app.GID); err != nil {
+		return err
+	}
+	return unix.Fchmod(fd, 0o700)
+}
+
+// refuseAgentProcesses fails, naming one, if any process runs with the
+// agent's uid (real, effective, saved or filesystem): such a process could
+// swap a path for a link while init works.
+func refuseAgentProcesses(agent Account) error {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	want := strconv.Itoa(agent.UID)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		name := ""
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Name:"); ok {
+				name = strings.TrimSpace(v)
+			}
+			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+				for _, id := range strings.Fields(v) {
+					if id == want {
+						return errdefs.FailedPrecondition(errdefs.AgentProcessRunning,
+							"process %d (%s) of user %s is running: init must not run while the agent can change the workspace",
+							pid, name, agent.Name).With("pid", pid)
+					}
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func lookup(name string) (Account, error) {
@@ -209,55 +357,34 @@ func copyFile(src, dst string, mode fs.FileMode) error {
 }
 
 // writeAgentsFile regenerates AGENTS.md from infra/AGENTS.md and the agent's
-// notes. The old file is opened without following links and must be a
-// single-link regular file: root must not copy another file's content into
-// one the agent can read.
-func writeAgentsFile(ws string, log *slog.Logger) error {
-	rules, err := os.ReadFile(filepath.Join(ws, "infra", "AGENTS.md"))
-	if errors.Is(err, fs.ErrNotExist) {
-		rules = []byte(defaultRules)
-	} else if err != nil {
+// notes. Both are read through no link and only if they are single-link
+// regular files: root must not copy another file's content into one the
+// agent can read. The new file replaces the old one by a rename in the
+// workspace root, which only root can write.
+func writeAgentsFile(wsfd int, log *slog.Logger) error {
+	rules, exists, err := readFileBeneath(wsfd, "infra/AGENTS.md", maxAgentsBytes)
+	if err != nil {
 		return fmt.Errorf("infra/AGENTS.md: %w", err)
 	}
-	path := filepath.Join(ws, "AGENTS.md")
-	old, exists, err := readOwnFile(path, maxAgentsBytes)
+	if !exists {
+		rules = []byte(defaultRules)
+	}
+	old, exists, err := readFileBeneath(wsfd, "AGENTS.md", maxAgentsBytes)
 	if err != nil {
 		log.Warn("AGENTS.md could not be read safely; starting the notes afresh", "err", err)
 		old, exists = nil, false
 	}
-	return writeFileAtomic(path, RegenerateAgents(rules, old, exists, time.Now()), 0o664)
-}
-
-func readOwnFile(path string, limit int64) ([]byte, bool, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, true, err
-	}
-	defer f.Close()
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, true, err
-	}
-	if st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Nlink != 1 {
-		return nil, true, fmt.Errorf("%s is not a single-link regular file", path)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err == nil && int64(len(b)) > limit {
-		err = fmt.Errorf("%s is larger than %d bytes", path, limit)
-	}
-	return b, true, err
+	return replaceFileAt(wsfd, "AGENTS.md", RegenerateAgents(rules, old, exists, time.Now()), 0o664)
 }
 
 // setOwnership gives the agent the watched trees, .git/ and AGENTS.md, and
 // root everything else: the workspace root itself (so the agent can neither
-// rename infra/ away nor replace its own files with links), infra/, the
-// ignore rules. Directories the agent owns are setgid and carry a default
-// ACL, so that files either user creates stay writable by the other through
-// the agent group whatever its umask.
-func setOwnership(ws string, watch []string, agent Account, log *slog.Logger) error {
+// rename infra/ away nor replace its own files with links), infra/.
+// Directories the agent owns are setgid and carry a default ACL, so that
+// files either user creates stay writable by the other through the agent
+// group whatever its umask. Every change goes through a descriptor opened
+// beneath the parent it walked from, following no link.
+func setOwnership(wsfd int, ws string, watch []string, agent Account, log *slog.Logger) error {
 	agentRoots := []string{".git", "AGENTS.md"}
 	agentRoots = append(agentRoots, watch...)
 	ownedByAgent := func(rel string) bool {
@@ -268,62 +395,133 @@ func setOwnership(ws string, watch []string, agent Account, log *slog.Logger) er
 		}
 		return false
 	}
-	aclWarned := false
-	return filepath.WalkDir(ws, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
+	o := &owner{agent: agent, log: log, ownedByAgent: ownedByAgent}
+	return o.walk(wsfd, ws, "")
+}
+
+type owner struct {
+	agent        Account
+	log          *slog.Logger
+	ownedByAgent func(rel string) bool
+	aclWarned    bool
+}
+
+// walk hands over every entry of the directory dirfd (at rel, path for
+// messages).
+func (o *owner) walk(dirfd int, path, rel string) error {
+	d, err := unix.Dup(dirfd)
+	if err != nil {
+		return err
+	}
+	// A duplicate shares the directory offset: read from the start.
+	if _, err := unix.Seek(d, 0, 0); err != nil {
+		unix.Close(d)
+		return err
+	}
+	f := os.NewFile(uintptr(d), path)
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	for _, name := range names {
+		if err := o.entry(dirfd, filepath.Join(path, name), strings.TrimPrefix(rel+"/"+name, "/"), name); err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(ws, p)
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		link := fi.Mode()&fs.ModeSymlink != 0
-		if !ownedByAgent(rel) {
-			if err := os.Lchown(p, 0, 0); err != nil {
-				return err
-			}
-			if !link && fi.Mode().Perm()&0o022 != 0 {
-				return os.Chmod(p, fi.Mode().Perm()&^0o022|fi.Mode()&(fs.ModeSetgid|fs.ModeSticky))
-			}
+	}
+	return nil
+}
+
+func (o *owner) entry(dirfd int, path, rel, name string) error {
+	var lst unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
 			return nil
 		}
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	agent := o.ownedByAgent(rel)
+	uid, gid := 0, 0
+	if agent {
+		uid, gid = o.agent.UID, o.agent.GID
+	}
+	if lst.Mode&unix.S_IFMT == unix.S_IFLNK {
+		// The link itself, never its target; a link has no mode.
+		if err := unix.Fchownat(dirfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		return nil
+	}
+	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY
+	switch lst.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		flags |= unix.O_DIRECTORY
+	case unix.S_IFREG:
+	default:
+		// A fifo, socket or device: ownership through an O_PATH handle,
+		// no mode change.
+		fd, err := openBeneath(dirfd, name, unix.O_PATH)
+		if err != nil {
+			o.log.Warn("init: skipped a path that changed under it", "path", path, "err", err)
+			return nil
+		}
+		defer unix.Close(fd)
+		return unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH)
+	}
+	fd, err := openBeneath(dirfd, name, flags)
+	if err != nil {
+		// Swapped for a link (ELOOP) or removed since the stat: never
+		// followed, nothing to hand over.
+		o.log.Warn("init: skipped a path that changed under it", "path", path, "err", err)
+		return nil
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+	perm := st.Mode & 0o777
+	if !agent {
+		if err := unix.Fchown(fd, 0, 0); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if perm&0o022 != 0 {
+			if err := unix.Fchmod(fd, st.Mode&0o7777&^0o022); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+		}
+	} else {
 		// A hard link the agent made to a file it does not own must not
 		// become its own by our chown.
-		if fi.Mode().IsRegular() && st.Nlink > 1 && int(st.Uid) != agent.UID {
-			log.Warn("not taking ownership of a hard-linked file for the agent", "path", p)
+		if !isDir && st.Nlink > 1 && int(st.Uid) != o.agent.UID {
+			o.log.Warn("not taking ownership of a hard-linked file for the agent", "path", path)
 			return nil
 		}
-		if err := os.Lchown(p, agent.UID, agent.GID); err != nil {
-			return err
+		if err := unix.Fchown(fd, uid, gid); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
 		}
-		switch {
-		case link:
-			return nil
-		case d.IsDir():
-			if err := os.Chmod(p, fi.Mode().Perm()|0o770|fs.ModeSetgid); err != nil {
-				return err
+		if isDir {
+			if err := unix.Fchmod(fd, perm|0o770|unix.S_ISGID); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
 			}
-			if err := setDefaultACL(p); err != nil && !aclWarned {
-				aclWarned = true
-				log.Warn("no default ACLs on this filesystem: files the agent creates follow its umask (use 002)", "err", err)
+			if err := setDefaultACL(fd); err != nil && !o.aclWarned {
+				o.aclWarned = true
+				o.log.Warn("no default ACLs on this filesystem: files the agent creates follow its umask (use 002)", "err", err)
 			}
-			return nil
-		default:
-			perm := fi.Mode().Perm()
-			perm |= (perm & 0o600) >> 3
-			return os.Chmod(p, perm)
+		} else if err := unix.Fchmod(fd, perm|(perm&0o600)>>3); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
 		}
-	})
+	}
+	if isDir {
+		return o.walk(fd, path, rel)
+	}
+	return nil
 }
 
 // setDefaultACL sets the default ACL u::rwx,g::rwx,o::r-x on dir, written as
 // the kernel's xattr so that no acl tools are needed.
-func setDefaultACL(dir string) error {
+func setDefaultACL(fd int) error {
 	const undefinedID = 0xffffffff
 	entries := []struct {
 		tag, perm uint16
@@ -334,7 +532,7 @@ func setDefaultACL(dir string) error {
 		buf = binary.LittleEndian.AppendUint16(buf, e.perm)
 		buf = binary.LittleEndian.AppendUint32(buf, undefinedID)
 	}
-	return unix.Setxattr(dir, "system.posix_acl_default", buf, 0)
+	return unix.Fsetxattr(fd, "system.posix_acl_default", buf, 0)
 }
 
 // trustWorkspaceForAgent adds ws to safe.directory in the agent's
@@ -374,29 +572,37 @@ func trustWorkspaceForAgent(agent Account, ws string) error {
 	return err
 }
 
-// protectFile makes path root-owned and writable by root only.
+// protectFile makes path root-owned and writable by root only, through a
+// descriptor opened without following a link at its last component.
 func protectFile(path string) error {
-	fi, err := os.Stat(path)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
-	if err := os.Chown(path, 0, 0); err != nil {
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
-	return os.Chmod(path, fi.Mode().Perm()&^0o022)
+	if err := unix.Fchown(fd, 0, 0); err != nil {
+		return err
+	}
+	return unix.Fchmod(fd, st.Mode&0o7777&^0o022)
 }
 
 // DropAndExec becomes app for good and executes this program with args:
 // supplementary groups, gid and uid of app; no capability left in any set,
 // the bounding set included; no_new_privs, so nothing it runs can gain
-// privileges back. It returns only on failure.
+// privileges back. If Prepare named a services user, the services' launcher
+// is started as that user first, from the thread that execs (its
+// parent-death signal follows that thread). It returns only on failure.
 func DropAndExec(app Account, args []string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
 	// The bounding set and no_new_privs are per thread: set them on the
-	// thread that calls execve.
+	// thread that starts the launcher and calls execve.
 	runtime.LockOSThread()
 	for c := 0; c <= 63; c++ {
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
@@ -409,6 +615,16 @@ func DropAndExec(app Account, args []string) error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("clear ambient capabilities: %w", err)
 	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	if svc := app.services; svc != nil {
+		fd, err := startLauncher(exe, *svc, userEnv(*svc))
+		if err != nil {
+			return err
+		}
+		os.Setenv(launcherEnv, strconv.Itoa(fd))
+	}
 	if err := syscall.Setgroups(app.Groups); err != nil {
 		return fmt.Errorf("setgroups: %w", err)
 	}
@@ -418,12 +634,14 @@ func DropAndExec(app Account, args []string) error {
 	if err := syscall.Setuid(app.UID); err != nil {
 		return fmt.Errorf("setuid: %w", err)
 	}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("no_new_privs: %w", err)
-	}
 	if os.Getuid() != app.UID || os.Geteuid() != app.UID {
 		return errors.New("still privileged after setuid")
 	}
+	return syscall.Exec(exe, append([]string{exe}, args...), userEnv(app))
+}
+
+// userEnv is this process's environment with HOME, USER and LOGNAME of a.
+func userEnv(a Account) []string {
 	env := []string{}
 	for _, kv := range os.Environ() {
 		switch name, _, _ := strings.Cut(kv, "="); name {
@@ -432,6 +650,24 @@ func DropAndExec(app Account, args []string) error {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, "HOME="+app.Home, "USER="+app.Name, "LOGNAME="+app.Name)
-	return syscall.Exec(exe, append([]string{exe}, args...), env)
+	return append(env, "HOME="+a.Home, "USER="+a.Name, "LOGNAME="+a.Name)
+}
+
+// escapeConfig quotes s for a git config file, as a value or a subsection.
+func escapeConfig(s string, value bool) string {
+	var b strings.Builder
+	for _, c := range s {
+		switch {
+		case c == '\\' || c == '"':
+			b.WriteByte('\\')
+			b.WriteRune(c)
+		case value && c == '\n':
+			b.WriteString(`\n`)
+		case value && c == '\t':
+			b.WriteString(`\t`)
+		default:
+			b.WriteRune(c)
+		}
+	}
+	return b.String()
 }

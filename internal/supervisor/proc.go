@@ -30,6 +30,9 @@ const ShimArg = "service-shim"
 // RunShim is the shim's main; it returns the exit status.
 func RunShim(args []string) int {
 	// Pdeathsig of the command is tied to the thread that starts it.
+	if len(args) == 1 && args[0] == launcherArg {
+		return runLauncher()
+	}
 	runtime.LockOSThread()
 	if len(args) < 3 || args[1] != "--" {
 		fmt.Fprintf(os.Stderr, "usage: supervisor %s PARENT_PID -- COMMAND [ARG...]\n", ShimArg)

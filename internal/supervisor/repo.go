@@ -8,10 +8,13 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 )
 
@@ -19,58 +22,48 @@ import (
 // healthy for good_after.
 const GoodRef = "refs/supervisor/good"
 
-// defaultIgnore keeps dependencies, build output and editor litter out of the
-// agent's commits. It is written as the workspace's root .gitignore, which
-// the agent cannot change.
-const defaultIgnore = `# Written by the bushost supervisor: what never belongs in a commit.
-node_modules/
-dist/
-build/
-.cache/
-__pycache__/
-*.pyc
-.venv/
-*.log
-.env
-.DS_Store
-*.swp
-*~
-`
+// attributes is the supervisor's own $GIT_DIR/info/attributes, which git
+// reads after (and so above) every in-tree .gitattributes: no attribute of
+// the agent's can convert content on the way in or out (text, eol, ident,
+// working-tree-encoding) or name a filter, diff or merge driver. The
+// supervisor's git config defines no driver either; this makes a committed
+// blob byte for byte the file on disk, and a checkout byte for byte the blob.
+const attributes = "# Written by the bushost supervisor: no conversion, no driver.\n" +
+	"* -text -eol -crlf -ident -filter -diff -merge -working-tree-encoding -export-subst\n"
 
-// skipDirs are directories the watcher never descends into: git's own and
-// the ignored ones, which can hold more files than inotify has watches.
-var skipDirs = map[string]bool{
-	".git": true, "node_modules": true, "dist": true, "build": true,
-	".cache": true, "__pycache__": true, ".venv": true,
-}
-
-// Repo is the workspace repository as the supervisor uses it. Only the
-// watched trees are ever staged, so a revert never has to touch a file
-// outside them (infra/, AGENTS.md, the root .gitignore stay untracked).
+// Repo is the supervisor's own repository: a git dir outside the workspace,
+// writable only by the supervisor's user, whose work tree is the workspace.
+// Only the watched trees are ever staged, so a revert never has to touch a
+// file outside them (infra/, AGENTS.md stay untracked). The agent may keep a
+// git of its own in the workspace; the supervisor never reads it.
 type Repo struct {
 	dir    string
 	gitDir string
 	git    *gitcmd.Runner
 	watch  []string
+	ignore []string
 	log    *slog.Logger
 	// safeDir is the work tree as git's safe.directory check sees it.
 	safeDir string
 }
 
-// NewRepo returns the repository of workspace dir with the given watched
-// trees (relative, cleaned).
-func NewRepo(git *gitcmd.Runner, dir string, watch []string, log *slog.Logger) *Repo {
+// NewRepo returns the repository whose git dir is gitDir and whose work tree
+// is the workspace dir, with the given watched trees (relative, cleaned) and
+// ignore patterns (one path component each, see Config.Ignore).
+func NewRepo(git *gitcmd.Runner, dir, gitDir string, watch, ignore []string, log *slog.Logger) *Repo {
 	safe := dir
 	if real, err := filepath.EvalSymlinks(dir); err == nil {
 		safe = real
 	}
-	return &Repo{dir: dir, gitDir: filepath.Join(dir, ".git"), git: git, watch: watch, log: log, safeDir: safe}
+	return &Repo{dir: dir, gitDir: gitDir, git: git, watch: watch, ignore: ignore, log: log, safeDir: safe}
 }
 
-// cmd builds a git command on the workspace. The -c entries win over the
-// agent-writable .git/config: the work tree is always the workspace, the
-// repository is never bare, and new files stay group-writable so that the
-// agent and the supervisor can both write them.
+// GitDir is the repository's git dir.
+func (r *Repo) GitDir() string { return r.gitDir }
+
+// cmd builds a git command on the workspace. The git dir is the
+// supervisor's, so its config is too; the -c entries pin what matters
+// anyway.
 func (r *Repo) cmd(sub string, flags []string, args ...string) gitcmd.Cmd {
 	return gitcmd.Cmd{
 		Dir: r.dir, GitDir: r.gitDir, Sub: sub, Flags: flags, Args: args,
@@ -79,8 +72,13 @@ func (r *Repo) cmd(sub string, flags []string, args ...string) gitcmd.Cmd {
 			"safe.directory=" + r.dir,
 			"core.worktree=" + r.dir,
 			"core.bare=false",
-			"core.sharedRepository=group",
 			"core.autocrlf=false",
+			"core.safecrlf=false",
+			"core.symlinks=true",
+			"core.untrackedCache=false",
+			"core.excludesFile=/dev/null",
+			"submodule.recurse=false",
+			"diff.renames=false",
 		},
 	}
 }
@@ -92,8 +90,9 @@ func identityEnv(id Identity) []string {
 	}
 }
 
-// Ensure makes the workspace, its watched trees and its repository if they
-// are missing, and writes the ignore rules. It is idempotent.
+// Ensure makes the workspace, its watched trees and the supervisor's git dir
+// if they are missing, refuses a git dir another user could write, and
+// writes the repository's attributes. It is idempotent.
 func (r *Repo) Ensure(ctx context.Context) error {
 	if err := os.MkdirAll(r.dir, 0o755); err != nil {
 		return fmt.Errorf("workspace: %w", err)
@@ -104,43 +103,57 @@ func (r *Repo) Ensure(ctx context.Context) error {
 		}
 	}
 	if _, err := os.Lstat(r.gitDir); errors.Is(err, fs.ErrNotExist) {
-		c := r.cmd("init", []string{"-q", "--shared=group"}, r.dir)
-		c.GitDir = ""
-		if err := r.git.Run(ctx, c); err != nil {
-			return fmt.Errorf("workspace: init repository: %w", err)
+		if err := os.MkdirAll(filepath.Dir(r.gitDir), 0o755); err != nil {
+			return fmt.Errorf("git_dir: %w", err)
+		}
+		if err := os.Mkdir(r.gitDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("git_dir: %w", err)
 		}
 	} else if err != nil {
-		return fmt.Errorf("workspace: %w", err)
+		return fmt.Errorf("git_dir: %w", err)
 	}
-	ignore := filepath.Join(r.dir, ".gitignore")
-	if _, err := os.Lstat(ignore); errors.Is(err, fs.ErrNotExist) {
-		if err := os.WriteFile(ignore, []byte(defaultIgnore), 0o644); err != nil {
-			r.log.Warn("cannot write the workspace .gitignore; ignore rules go to .git/info/exclude only", "err", err)
+	if err := checkOwnDir(r.gitDir); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(filepath.Join(r.gitDir, "HEAD")); errors.Is(err, fs.ErrNotExist) {
+		c := gitcmd.Cmd{Dir: r.gitDir, Sub: "init", Flags: []string{"-q", "--bare"}, Args: []string{r.gitDir}}
+		if err := r.git.Run(ctx, c); err != nil {
+			return fmt.Errorf("git_dir: init repository: %w", err)
 		}
 	}
-	return r.writeExclude()
+	// The repository's own config names the work tree: git takes it from
+	// there, not from -c, when the git dir is given explicitly.
+	for _, kv := range [][2]string{{"core.bare", "false"}, {"core.worktree", r.dir}, {"core.logAllRefUpdates", "true"}} {
+		c := gitcmd.Cmd{Dir: r.gitDir, GitDir: r.gitDir, Sub: "config", Args: []string{kv[0], kv[1]}}
+		if err := r.git.Run(ctx, c); err != nil {
+			return fmt.Errorf("git_dir: set %s: %w", kv[0], err)
+		}
+	}
+	info := filepath.Join(r.gitDir, "info")
+	if err := os.MkdirAll(info, 0o700); err != nil {
+		return fmt.Errorf("git_dir: %w", err)
+	}
+	return writeFileAtomic(filepath.Join(info, "attributes"), []byte(attributes), 0o600)
 }
 
-// writeExclude hides the untracked top-level entries (infra/, AGENTS.md, ...)
-// from the agent's own git status and repeats the ignore rules, in case the
-// root .gitignore could not be written.
-func (r *Repo) writeExclude() error {
-	var b strings.Builder
-	b.WriteString("# Written by the bushost supervisor: only the watched trees are tracked.\n/*\n")
-	tops := map[string]bool{}
-	for _, w := range r.watch {
-		top := strings.SplitN(w, "/", 2)[0]
-		if !tops[top] {
-			tops[top] = true
-			fmt.Fprintf(&b, "!/%s/\n", top)
-		}
+// checkOwnDir refuses a git dir that is a link, or that belongs to or can be
+// written by anyone but this process's user: whoever can write it can make
+// the supervisor's git run a program.
+func checkOwnDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("git_dir: %w", err)
 	}
-	b.WriteString(defaultIgnore)
-	info := filepath.Join(r.gitDir, "info")
-	if err := os.MkdirAll(info, 0o775); err != nil {
-		return fmt.Errorf("workspace: %w", err)
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "git_dir %s is not a directory (a link is refused)", dir).With("path", dir)
+	case st == nil || int(st.Uid) != os.Geteuid():
+		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "git_dir %s belongs to uid %d, not to the supervisor's uid %d", dir, st.Uid, os.Geteuid()).With("path", dir)
+	case fi.Mode().Perm()&0o022 != 0:
+		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "git_dir %s is writable by group or others (mode %v)", dir, fi.Mode().Perm()).With("path", dir)
 	}
-	return writeFileAtomic(filepath.Join(info, "exclude"), []byte(b.String()), 0o664)
+	return nil
 }
 
 // writeFileAtomic replaces path with data. The rename replaces a symlink at
@@ -166,6 +179,55 @@ func writeFileAtomic(path string, data []byte, mode fs.FileMode) error {
 		return werr
 	}
 	return nil
+}
+
+// ignored reports whether any component of the slash-separated rel matches
+// one of the ignore patterns. A nested ".git" is always ignored.
+func ignored(rel string, patterns []string) bool {
+	for _, part := range strings.Split(rel, "/") {
+		if ignoredName(part, patterns) {
+			return true
+		}
+	}
+	return false
+}
+
+func ignoredName(name string, patterns []string) bool {
+	if name == ".git" {
+		return true
+	}
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// pathspecs names tree w and excludes, in git's glob magic, every path one
+// of whose components matches an ignore pattern. Nothing else in the tree
+// can hide from the supervisor: it adds with --force, so no .gitignore,
+// exclude file or core.excludesFile counts.
+func (r *Repo) pathspecs(w string) []string {
+	base := globEscape(w)
+	specs := []string{":(top,literal)" + w}
+	for _, p := range append([]string{".git"}, r.ignore...) {
+		specs = append(specs,
+			":(top,exclude,glob)"+base+"/**/"+p,
+			":(top,exclude,glob)"+base+"/**/"+p+"/**")
+	}
+	return specs
+}
+
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if strings.ContainsRune(`*?[\`, c) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
 }
 
 // rev resolves rev to a commit id, or "" if it does not exist.
@@ -206,15 +268,24 @@ func (r *Repo) SetGood(ctx context.Context, commit, old string) error {
 // stage adds every change under the watched trees to the index and returns
 // the paths that differ from HEAD (head "" for an unborn branch).
 func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
+	nested, err := r.untrackedRepos(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for _, w := range r.watch {
-		err := r.git.Run(ctx, r.cmd("add", []string{"-A"}, w))
+		specs := r.pathspecs(w)
+		for _, d := range nested {
+			if d == w || strings.HasPrefix(d, w+"/") {
+				specs = append(specs, ":(top,exclude,literal)"+d)
+			}
+		}
+		err = r.git.Run(ctx, r.cmd("add", []string{"-A", "--force"}, specs...))
 		// An empty tree that was never committed matches nothing: no change.
 		if err != nil && !strings.Contains(err.Error(), "did not match any files") {
 			return nil, fmt.Errorf("stage %s: %w", w, err)
 		}
 	}
 	var out []byte
-	var err error
 	if head == "" {
 		out, err = r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}))
 	} else {
@@ -249,9 +320,6 @@ func (r *Repo) commit(ctx context.Context, who Identity, msg string, allowEmpty 
 // InitialCommit makes the first commit of the watched trees, authored by
 // who, if the branch has none yet. It returns HEAD.
 func (r *Repo) InitialCommit(ctx context.Context, who Identity) (string, error) {
-	if err := r.sanitizeConfig(ctx); err != nil {
-		return "", err
-	}
 	head, err := r.Head(ctx)
 	if err != nil || head != "" {
 		return head, err
@@ -266,10 +334,6 @@ func (r *Repo) InitialCommit(ctx context.Context, who Identity) (string, error) 
 // returns "" and no paths when the trees match HEAD, which is how the
 // supervisor's own resets end up never committed or restarted on.
 func (r *Repo) CommitPending(ctx context.Context, who Identity) (string, []string, error) {
-	// First of all: a hostile config must not act even on rev-parse.
-	if err := r.sanitizeConfig(ctx); err != nil {
-		return "", nil, err
-	}
 	head, err := r.Head(ctx)
 	if err != nil {
 		return "", nil, err
@@ -285,12 +349,20 @@ func (r *Repo) CommitPending(ctx context.Context, who Identity) (string, []strin
 	return commit, paths, err
 }
 
+// RecordedTrailer is the one trailer of an agent's edit commit. It ends the
+// message, so the paragraph of paths above it can never be read as trailers.
+const RecordedTrailer = "Recorded-by: bushost-supervisor"
+
+// editMessage lists the changed paths, each quoted the way git quotes a path
+// (C-style, in double quotes, when it holds a control character, a quote, a
+// backslash or a byte above 0x7f), one per line: no file name can add a
+// line, a trailer or an identity to the message.
 func editMessage(paths []string) string {
 	var b strings.Builder
 	if len(paths) == 1 {
-		fmt.Fprintf(&b, "agent: edit %s\n", paths[0])
+		fmt.Fprintf(&b, "agent: edit %s\n", QuotePath(paths[0]))
 	} else {
-		fmt.Fprintf(&b, "agent: edit %s and %d more\n", paths[0], len(paths)-1)
+		fmt.Fprintf(&b, "agent: edit %s and %d more\n", QuotePath(paths[0]), len(paths)-1)
 	}
 	b.WriteString("\nRecorded by the supervisor after the debounce.\n\n")
 	for i, p := range paths {
@@ -298,8 +370,59 @@ func editMessage(paths []string) string {
 			fmt.Fprintf(&b, "... and %d more\n", len(paths)-50)
 			break
 		}
-		fmt.Fprintf(&b, "  %s\n", p)
+		fmt.Fprintf(&b, "  %s\n", QuotePath(p))
 	}
+	b.WriteString("\n" + RecordedTrailer + "\n")
+	return b.String()
+}
+
+// QuotePath quotes p as git's quote_c_style does with core.quotePath on:
+// unchanged if it needs nothing, else in double quotes with \a \b \t \n
+// \v \f \r \" \\ and three-digit octal for other control bytes and every
+// byte above 0x7f.
+func QuotePath(p string) string {
+	need := false
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x7f {
+			need = true
+			break
+		}
+	}
+	if !need {
+		return p
+	}
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch c {
+		case '\a':
+			b.WriteString(`\a`)
+		case '\b':
+			b.WriteString(`\b`)
+		case '\t':
+			b.WriteString(`\t`)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\v':
+			b.WriteString(`\v`)
+		case '\f':
+			b.WriteString(`\f`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '"':
+			b.WriteString(`\"`)
+		case '\\':
+			b.WriteString(`\\`)
+		default:
+			if c < 0x20 || c >= 0x7f {
+				fmt.Fprintf(&b, "\\%03o", c)
+			} else {
+				b.WriteByte(c)
+			}
+		}
+	}
+	b.WriteByte('"')
 	return b.String()
 }
 
@@ -317,11 +440,11 @@ func (r *Repo) Revert(ctx context.Context, good string, agent, sup Identity, rea
 	if from, err = r.Head(ctx); err != nil {
 		return "", "", fmt.Errorf("revert: %w", err)
 	}
-	if err := r.sanitizeConfig(ctx); err != nil {
-		return from, "", fmt.Errorf("revert: %w", err)
-	}
 	if err := r.git.Run(ctx, r.cmd("read-tree", []string{"-u", "--reset"}, good)); err != nil {
 		return from, "", fmt.Errorf("revert: reset to %s: %w", short(good), err)
+	}
+	if err := r.removeUntracked(ctx, good); err != nil {
+		return from, "", fmt.Errorf("revert: %w", err)
 	}
 	msg := fmt.Sprintf("supervisor: revert to %s\n\n%s\n\nReverted-from: %s\nGood: %s\n", short(good), reason, from, good)
 	if commit, err = r.commit(ctx, sup, msg, true); err != nil {
@@ -346,4 +469,129 @@ func short(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// removeUntracked makes the watched trees hold exactly the files of commit:
+// after read-tree has put the tracked files back, whatever else is there
+// (ignored files, a nested repository, an implant) is removed. The walk goes
+// through an os.Root per tree, so a link the agent plants mid-walk is removed
+// as a link and never followed.
+func (r *Repo) removeUntracked(ctx context.Context, commit string) error {
+	args := append([]string{commit, "--"}, r.watch...)
+	out, err := r.git.Output(ctx, r.cmd("ls-tree", []string{"-r", "-z", "--name-only", "--full-tree"}, args...))
+	if err != nil {
+		return fmt.Errorf("list %s: %w", short(commit), err)
+	}
+	files, dirs := map[string]bool{}, map[string]bool{}
+	for _, p := range bytes.Split(out, []byte{0}) {
+		if len(p) == 0 {
+			continue
+		}
+		name := string(p)
+		files[name] = true
+		for d := path.Dir(name); d != "."; d = path.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	var failed []string
+	for _, w := range r.watch {
+		root, err := os.OpenRoot(filepath.Join(r.dir, w))
+		if err != nil {
+			return fmt.Errorf("open watched tree %s: %w", w, err)
+		}
+		failed = append(failed, removeUntrackedIn(root, w, ".", files, dirs, r.log)...)
+		root.Close()
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("could not remove %d untracked path(s) from the watched trees, first %s", len(failed), QuotePath(failed[0]))
+	}
+	return nil
+}
+
+// removeUntrackedIn walks dir (relative to root, whose tree is w) and removes
+// every entry that commit does not hold. It returns what it could not remove.
+func removeUntrackedIn(root *os.Root, w, dir string, files, dirs map[string]bool, log *slog.Logger) []string {
+	f, err := root.Open(dir)
+	if err != nil {
+		return []string{path.Join(w, dir)}
+	}
+	entries, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return []string{path.Join(w, dir)}
+	}
+	var failed []string
+	for _, e := range entries {
+		rel := path.Join(dir, e.Name())
+		full := path.Join(w, rel)
+		switch {
+		case e.Type().IsDir() && dirs[full]:
+			failed = append(failed, removeUntrackedIn(root, w, rel, files, dirs, log)...)
+		case files[full] && !e.Type().IsDir():
+		case files[full] && e.Type().IsDir():
+			// A submodule entry: git keeps it as a directory.
+		default:
+			if err := root.RemoveAll(rel); err != nil {
+				log.Warn("revert: cannot remove an untracked path", "path", full, "err", err)
+				failed = append(failed, full)
+			}
+		}
+	}
+	return failed
+}
+
+// untrackedRepos lists the directories of the watched trees that hold a
+// .git and that git does not track yet. git would refuse to add them (a
+// repository with no commit fails the whole add) or record them as a
+// gitlink; so they are left out of the commit, said loudly, and a revert
+// removes them with everything else the good commit does not hold.
+func (r *Repo) untrackedRepos(ctx context.Context) ([]string, error) {
+	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}))
+	if err != nil {
+		return nil, fmt.Errorf("list tracked files: %w", err)
+	}
+	tracked := map[string]bool{}
+	for _, p := range bytes.Split(out, []byte{0}) {
+		for d := path.Dir(string(p)); d != "." && d != "/" && !tracked[d]; d = path.Dir(d) {
+			tracked[d] = true
+		}
+	}
+	var found []string
+	for _, w := range r.watch {
+		root, err := os.OpenRoot(filepath.Join(r.dir, w))
+		if err != nil {
+			continue
+		}
+		found = append(found, findRepos(root, w, ".", tracked, r.ignore)...)
+		root.Close()
+	}
+	for _, d := range found {
+		r.log.Warn("a nested repository in a watched tree is not recorded; a revert removes it", "dir", QuotePath(d))
+	}
+	return found, nil
+}
+
+func findRepos(root *os.Root, w, dir string, tracked map[string]bool, ignore []string) []string {
+	f, err := root.Open(dir)
+	if err != nil {
+		return nil
+	}
+	entries, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return nil
+	}
+	full := path.Join(w, dir)
+	for _, e := range entries {
+		if e.Name() == ".git" && !tracked[full] {
+			return []string{full}
+		}
+	}
+	var found []string
+	for _, e := range entries {
+		if e.Type().IsDir() && !ignoredName(e.Name(), ignore) {
+			found = append(found, findRepos(root, w, path.Join(dir, e.Name()), tracked, ignore)...)
+		}
+	}
+	return found
 }

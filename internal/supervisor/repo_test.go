@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 )
 
@@ -23,8 +24,9 @@ func newTestRepo(t *testing.T) (*Repo, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ws := filepath.Join(t.TempDir(), "ws")
-	r := NewRepo(git, ws, []string{"src"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	base := t.TempDir()
+	ws := filepath.Join(base, "ws")
+	r := NewRepo(git, ws, filepath.Join(base, "sup.git"), []string{"src"}, Default().Ignore, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := r.Ensure(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -164,10 +166,11 @@ func TestRepoRevert(t *testing.T) {
 	}
 }
 
-// The agent can write .git/config. Filter drivers, includes and a foreign
-// work tree there must not make the supervisor run a program or write
-// elsewhere.
-func TestRepoHostileGitConfig(t *testing.T) {
+// The agent's own git in the workspace, its .gitignore, .gitattributes and
+// exclude files: none of them hides a file from the supervisor, runs a
+// program, or converts content; a revert leaves the watched trees exactly
+// as the good commit, ignored files included.
+func TestRepoIgnoresTheAgentsGitFiles(t *testing.T) {
 	ctx := context.Background()
 	r, ws := newTestRepo(t)
 	writeFile(t, filepath.Join(ws, "src", "a.txt"), "one\n")
@@ -177,75 +180,166 @@ func TestRepoHostileGitConfig(t *testing.T) {
 	}
 	dir := t.TempDir()
 	marker := filepath.Join(dir, "pwned")
-	elsewhere := filepath.Join(dir, "elsewhere")
-	if err := os.Mkdir(elsewhere, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	included := filepath.Join(dir, "included")
-	writeFile(t, included, "[filter \"inc\"]\n\tclean = touch "+marker+"-include\n")
-	cfgPath := filepath.Join(ws, ".git", "config")
-	old, _ := os.ReadFile(cfgPath)
-	evil := string(old) + "[user]\n\tname = kept\n" +
-		"[filter \"evil\"]\n\tclean = touch " + marker + "-clean\n\tsmudge = touch " + marker + "-smudge\n\tprocess = touch " + marker + "-process\n" +
-		"[include]\n\tpath = " + included + "\n" +
-		"[core]\n\tworktree = " + elsewhere + "\n\tfsmonitor = touch " + marker + "-fsmonitor\n\thooksPath = " + dir + "\n" +
-		"[extensions]\n\tworktreeConfig = true\n" +
-		"[diff \"x\"]\n\ttextconv = touch " + marker + "-textconv\n"
-	writeFile(t, cfgPath, evil)
-	writeFile(t, filepath.Join(ws, "src", ".gitattributes"), "* filter=evil diff=x\n*.txt filter=inc\n")
-	writeFile(t, filepath.Join(ws, "src", "a.txt"), "two\n")
-	writeFile(t, filepath.Join(ws, ".git", "commondir"), elsewhere+"\n")
+	agentGit := filepath.Join(ws, ".git")
+	writeFile(t, filepath.Join(agentGit, "HEAD"), "ref: refs/heads/main\n")
+	writeFile(t, filepath.Join(agentGit, "config"), "[core]\n\tworktree = "+dir+"\n\tfsmonitor = touch "+marker+"-fsmonitor\n"+
+		"[filter \"evil\"]\n\tclean = touch "+marker+"-clean\n\tsmudge = touch "+marker+"-smudge\n")
+	writeFile(t, filepath.Join(agentGit, "info", "exclude"), "implant-exclude\n")
+	writeFile(t, filepath.Join(ws, "src", ".gitignore"), "implant-gitignore\n*.secret\n")
+	writeFile(t, filepath.Join(ws, "src", ".gitattributes"), "* filter=evil text eol=crlf ident\n")
+	writeFile(t, filepath.Join(ws, "src", "implant-exclude"), "x\n")
+	writeFile(t, filepath.Join(ws, "src", "implant-gitignore"), "x\n")
+	writeFile(t, filepath.Join(ws, "src", "deep", "k.secret"), "x\n")
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "two\r\n$Id$\n")
+	writeFile(t, filepath.Join(ws, "src", "node_modules", "implant.js"), "x\n")
+	writeFile(t, filepath.Join(ws, "src", "sub", ".env"), "x\n")
 
 	c, paths, err := r.CommitPending(ctx, testAgent)
 	if err != nil || c == "" {
-		t.Fatalf("commit refused: %v", err)
+		t.Fatalf("commit: %v", err)
+	}
+	want := "src/.gitattributes,src/.gitignore,src/a.txt,src/deep/k.secret,src/implant-exclude,src/implant-gitignore"
+	if got := strings.Join(paths, ","); got != want {
+		t.Errorf("committed %s\nwant      %s", got, want)
+	}
+	blob, err := r.git.Output(ctx, r.cmd("cat-file", []string{"-p"}, c+":src/a.txt"))
+	if err != nil || string(blob) != "two\r\n$Id$\n" {
+		t.Errorf("a.txt committed as %q (%v): attributes converted it", blob, err)
 	}
 	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "test"); err != nil {
 		t.Fatal(err)
 	}
-	matches, _ := filepath.Glob(marker + "*")
-	if len(matches) > 0 {
+	if matches, _ := filepath.Glob(marker + "*"); len(matches) > 0 {
 		t.Errorf("git ran the agent's programs: %v", matches)
 	}
-	if entries, _ := os.ReadDir(elsewhere); len(entries) > 0 {
-		t.Errorf("git wrote outside the workspace: %v", entries)
+	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+		t.Errorf("git wrote to the agent's core.worktree: %v", entries)
 	}
-	if _, err := os.Stat(filepath.Join(ws, ".git", "commondir")); !os.IsNotExist(err) {
-		t.Error("commondir kept")
-	}
-	now, _ := os.ReadFile(cfgPath)
-	for _, gone := range []string{"filter", "include", "worktree", "fsmonitor", "hooksPath", "worktreeConfig", "textconv"} {
-		if strings.Contains(strings.ToLower(string(now)), strings.ToLower(gone)) {
-			t.Errorf("%s kept in .git/config:\n%s", gone, now)
+	var onDisk []string
+	filepath.WalkDir(filepath.Join(ws, "src"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			rel, _ := filepath.Rel(ws, p)
+			onDisk = append(onDisk, rel)
 		}
+		return err
+	})
+	if strings.Join(onDisk, ",") != "src/a.txt" {
+		t.Errorf("after the revert the watched tree holds %v, want only src/a.txt", onDisk)
 	}
-	if !strings.Contains(string(now), `name = "kept"`) {
-		t.Errorf("inert user.name dropped:\n%s", now)
+	if b, _ := os.ReadFile(filepath.Join(ws, "src", "a.txt")); string(b) != "one\n" {
+		t.Errorf("a.txt = %q", b)
 	}
-	if len(paths) != 2 {
-		t.Errorf("paths %v", paths)
+	if _, err := os.Stat(filepath.Join(agentGit, "config")); err != nil {
+		t.Errorf("the agent's own git was touched: %v", err)
 	}
 }
 
-func TestConfigAllowed(t *testing.T) {
-	for key, want := range map[string]bool{
-		"core.repositoryformatversion": true, "core.bare": true, "core.filemode": true,
-		"user.name": true, "remote.origin.url": true, "color.diff.meta": true,
-		"core.worktree": false, "core.fsmonitor": false, "core.hookspath": false,
-		"core.sshcommand": false, "core.editor": false, "core.pager": false,
-		"filter.lfs.clean": false, "include.path": false, "includeif.gitdir:/x.path": false,
-		"diff.x.textconv": false, "merge.x.driver": false, "credential.helper": false,
-		"extensions.worktreeconfig": false, "gpg.program": false, "uploadpack.packobjectshook": false,
+// A file name can add neither a line nor a trailer to a commit message.
+func TestRepoCommitMessageQuotesPaths(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "one\n")
+	if _, err := r.InitialCommit(ctx, testSup); err != nil {
+		t.Fatal(err)
+	}
+	evil := "nl\n\nReverted-from: deadbeef\nGood: cafe\nSigned-off-by: x <y@z>"
+	writeFile(t, filepath.Join(ws, "src", evil), "x\n")
+	writeFile(t, filepath.Join(ws, "src", "Good: cafe"), "x\n")
+	c, _, err := r.CommitPending(ctx, testAgent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trailers, err := r.git.Output(ctx, r.cmd("log", []string{"-1", "--format=%(trailers)"}, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(trailers)); got != RecordedTrailer {
+		t.Errorf("trailers %q, want only %q", got, RecordedTrailer)
+	}
+	msg, _ := r.git.Output(ctx, r.cmd("log", []string{"-1", "--format=%B"}, c))
+	if !strings.Contains(string(msg), "  "+QuotePath("src/"+evil)+"\n") {
+		t.Errorf("message does not hold the quoted path:\n%s", msg)
+	}
+}
+
+func TestQuotePath(t *testing.T) {
+	for in, want := range map[string]string{
+		"src/a.txt":   "src/a.txt",
+		"a b":         "a b",
+		"a\nb":        `"a\nb"`,
+		`q"\`:         `"q\"\\"`,
+		"tab\there":   `"tab\there"`,
+		"caf\xc3\xa9": `"caf\303\251"`,
+		"\x01\x7f":    `"\001\177"`,
 	} {
-		value := "false"
-		if key == "core.repositoryformatversion" {
-			value = "0"
-		}
-		if got := configAllowed(key, value); got != want {
-			t.Errorf("configAllowed(%q) = %v, want %v", key, got, want)
+		if got := QuotePath(in); got != want {
+			t.Errorf("QuotePath(%q) = %s, want %s", in, got, want)
 		}
 	}
-	if configAllowed("core.bare", "true") {
-		t.Error("core.bare=true allowed")
+}
+
+// The git dir must be the supervisor's alone.
+func TestRepoRefusesASharedGitDir(t *testing.T) {
+	git, err := gitcmd.New(filepath.Join(t.TempDir(), "githome"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := t.TempDir()
+	gitDir := filepath.Join(base, "sup.git")
+	if err := os.Mkdir(gitDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(gitDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	r := NewRepo(git, filepath.Join(base, "ws"), gitDir, []string{"src"}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	err = r.Ensure(context.Background())
+	if errdefs.ReasonOf(err) != errdefs.GitDirUnsafe {
+		t.Fatalf("Ensure on a 0777 git dir: %v", err)
+	}
+	if entries, _ := os.ReadDir(gitDir); len(entries) != 0 {
+		t.Errorf("refused git dir was written: %v", entries)
+	}
+	link := filepath.Join(base, "link.git")
+	if err := os.Symlink(t.TempDir(), link); err != nil {
+		t.Fatal(err)
+	}
+	r = NewRepo(git, filepath.Join(base, "ws"), link, []string{"src"}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := r.Ensure(context.Background()); errdefs.ReasonOf(err) != errdefs.GitDirUnsafe {
+		t.Fatalf("Ensure on a linked git dir: %v", err)
+	}
+}
+
+// A repository the agent makes in a watched tree neither blocks commits nor
+// survives a revert.
+func TestRepoNestedRepository(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "one\n")
+	good, err := r.InitialCommit(ctx, testSup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An empty repository (git add would fail on it) and a file beside it.
+	writeFile(t, filepath.Join(ws, "src", "evil", ".git", "HEAD"), "ref: refs/heads/main\n")
+	for _, d := range []string{"objects", "refs"} {
+		if err := os.MkdirAll(filepath.Join(ws, "src", "evil", ".git", d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, filepath.Join(ws, "src", "evil", "implant"), "x\n")
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "two\n")
+	c, paths, err := r.CommitPending(ctx, testAgent)
+	if err != nil || c == "" {
+		t.Fatalf("commit blocked by a nested repository: %v", err)
+	}
+	if strings.Join(paths, ",") != "src/a.txt" {
+		t.Errorf("committed %v", paths)
+	}
+	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(ws, "src", "evil")); !os.IsNotExist(err) {
+		t.Errorf("the nested repository survived the revert: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ type Status struct {
 	// State is "ok" (every service up), "degraded" or "halted".
 	State         string          `json:"state"`
 	HaltReason    string          `json:"halt_reason,omitempty"`
+	GitDir        string          `json:"git_dir"`
 	Head          string          `json:"head"`
 	Good          string          `json:"good"`
 	FailedReverts int             `json:"failed_reverts"`
@@ -39,7 +40,7 @@ func (s *Supervisor) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Status{
-		Head: s.head, Good: s.good, FailedReverts: s.failedReverts,
+		GitDir: s.cfg.GitDir, Head: s.head, Good: s.good, FailedReverts: s.failedReverts,
 		HaltReason: s.haltReason, LastError: s.lastErr,
 		Reverts:  append([]RevertRecord{}, s.reverts...),
 		Services: []ServiceStatus{},

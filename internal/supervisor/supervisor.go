@@ -8,13 +8,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/bushost/bushost/internal/gitcmd"
 )
@@ -92,6 +92,9 @@ type service struct {
 type Supervisor struct {
 	cfg  *Config
 	opts Options
+	// run starts the services: as the services' user through the launcher
+	// init started, or as this process's user.
+	run  procRunner
 	log  *slog.Logger
 	sink *logSink
 	repo *Repo
@@ -127,8 +130,14 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 		opts.Shim = []string{exe}
 	}
 	sink := &logSink{w: opts.Log}
+	var run procRunner = localRunner{shim: opts.Shim}
+	if l, err := launcherFromEnv(); err != nil {
+		return nil, err
+	} else if l != nil {
+		run = l
+	}
 	s := &Supervisor{
-		cfg: cfg, opts: opts, sink: sink,
+		cfg: cfg, opts: opts, sink: sink, run: run,
 		log:    slog.New(slog.NewTextHandler(sinkWriter{sink}, nil)),
 		events: make(chan func(), 64),
 		closed: make(chan struct{}),
@@ -163,6 +172,12 @@ func (s *Supervisor) gitCtx() (context.Context, context.CancelFunc) {
 // and supervises until ctx ends; then it stops every service.
 func (s *Supervisor) Run(ctx context.Context) error {
 	cfg := s.cfg
+	// A process of the same uid (a service, when services share it) must
+	// not read this one's memory or attach to it: PR_SET_DUMPABLE 0 makes
+	// /proc/PID/mem and ptrace need CAP_SYS_PTRACE.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("make the supervisor non-dumpable: %w", err)
+	}
 	// Files the supervisor and its services create stay writable by the
 	// agent's group.
 	syscall.Umask(0o002)
@@ -175,7 +190,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.repo = NewRepo(git.WithTimeout(gitTimeout), cfg.Workspace, cfg.Watch, s.log)
+	s.repo = NewRepo(git.WithTimeout(gitTimeout), cfg.Workspace, cfg.GitDir, cfg.Watch, cfg.Ignore, s.log)
 	if err := s.repo.Ensure(ctx); err != nil {
 		return err
 	}
@@ -184,7 +199,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fmt.Errorf("initial commit: %w", err)
 	}
 	if c, paths, err := s.repo.CommitPending(ctx, cfg.Agent); err != nil {
-		return fmt.Errorf("commit edits made while stopped: %w", err)
+		// Files changing under git (the agent at work) must not keep the
+		// supervisor from starting: the next edit's commit takes them.
+		s.fail("commit edits made while stopped", err)
 	} else if c != "" {
 		s.log.Info("committed agent edits made while the supervisor was stopped", "commit", short(c), "files", len(paths))
 		head = c
@@ -193,7 +210,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w, err := newWatcher(cfg.Workspace, cfg.Watch, s.log)
+	w, err := newWatcher(cfg.Workspace, cfg.Watch, cfg.Ignore, s.log)
 	if err != nil {
 		return fmt.Errorf("watch: %w", err)
 	}
@@ -306,20 +323,14 @@ func (s *Supervisor) start(svc *service) {
 		fail(err)
 		return
 	}
-	args := append(append(append([]string{}, s.opts.Shim[1:]...), ShimArg, strconv.Itoa(os.Getpid()), "--"), svc.cfg.Command...)
-	cmd := exec.Command(s.opts.Shim[0], args...)
-	cmd.Dir = svc.dir
-	cmd.Env = svc.env
-	cmd.Stdout, cmd.Stderr = w, w
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	done, err := startLocked(cmd)
+	pid, done, err := s.run.start(true, svc.cfg.Command, svc.dir, svc.env, w)
 	w.Close()
 	if err != nil {
 		r.Close()
 		fail(err)
 		return
 	}
-	svc.pid = cmd.Process.Pid
+	svc.pid = pid
 	svc.state = StateRunning
 	svc.healthErr = ""
 	svc.healthySince = time.Time{}
@@ -332,8 +343,7 @@ func (s *Supervisor) start(svc *service) {
 		r.Close()
 	}()
 	go func() {
-		<-done
-		code := exitStatus(cmd.ProcessState)
+		code := <-done
 		s.post(func() { s.exited(svc, gen, code, time.Now()) })
 	}()
 	s.log.Info("service started", "service", svc.cfg.Name, "pid", svc.pid, "restarts", svc.restarts)
@@ -361,11 +371,11 @@ func (s *Supervisor) stop(svc *service, then func()) {
 	}
 	svc.state = StateStopping
 	pid, gen := svc.pid, svc.gen
-	syscall.Kill(-pid, syscall.SIGTERM)
+	s.run.signal(pid, syscall.SIGTERM)
 	svc.timer = s.after(s.cfg.StopGrace.Duration, func() {
 		if svc.gen == gen && svc.pid == pid {
 			s.log.Warn("service ignored SIGTERM; killing its process group", "service", svc.cfg.Name, "pid", pid)
-			syscall.Kill(-pid, syscall.SIGKILL)
+			s.run.signal(pid, syscall.SIGKILL)
 		}
 	})
 }
@@ -568,7 +578,7 @@ func (s *Supervisor) checkHealth() {
 		svc.checking, svc.lastCheck = true, now
 		gen := svc.gen
 		go func() {
-			err := probe(context.Background(), h, svc.dir, svc.env)
+			err := probe(context.Background(), h, svc.dir, svc.env, s.run)
 			s.post(func() {
 				svc.checking = false
 				if gen != svc.gen || svc.state != StateRunning {
@@ -615,10 +625,10 @@ func (s *Supervisor) evaluateGood() {
 	ctx, cancel := s.gitCtx()
 	defer cancel()
 	if err := s.repo.SetGood(ctx, s.head, s.good); err != nil {
+		// The good commit in memory stays what it was: the revert target
+		// comes from the supervisor's own state, never from what the ref
+		// happens to hold after a failed update.
 		s.fail("advance good commit", err)
-		if g, gerr := s.repo.Good(ctx); gerr == nil {
-			s.good = g
-		}
 		return
 	}
 	s.log.Info("commit is good", "commit", short(s.head), "healthy_for", s.cfg.GoodAfter.Duration)
@@ -663,7 +673,7 @@ func (s *Supervisor) shutdown() {
 			s.mu.Lock()
 			for _, svc := range s.services {
 				if svc.pid != 0 {
-					syscall.Kill(-svc.pid, syscall.SIGKILL)
+					s.run.signal(svc.pid, syscall.SIGKILL)
 				}
 			}
 			s.mu.Unlock()

@@ -61,6 +61,7 @@ func startSupervisor(t *testing.T, extra string) *running {
 	writeFile(t, filepath.Join(ws, "src", "web", "serve.sh"), serveScript)
 	cfgText := fmt.Sprintf(`
 workspace = %q
+git_dir = %q
 watch = ["src"]
 health_addr = "127.0.0.1:0"
 debounce = "150ms"
@@ -71,7 +72,7 @@ max_failed_reverts = 2
 restart_backoff = "30ms"
 max_backoff = "200ms"
 stop_grace = "500ms"
-%s`, ws, extra)
+%s`, ws, filepath.Join(dir, "sup.git"), extra)
 	cfg, err := ParseConfig(filepath.Join(dir, "sup.toml"), []byte(cfgText))
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/fsnotify/fsnotify"
 )
@@ -16,22 +15,23 @@ import (
 // the supervisor's own resets (which leave the trees equal to HEAD) and from
 // ignored files end in no commit and no restart.
 type watcher struct {
-	root  string
-	trees []string
-	w     *fsnotify.Watcher
-	log   *slog.Logger
+	root   string
+	trees  []string
+	ignore []string
+	w      *fsnotify.Watcher
+	log    *slog.Logger
 	// dirty holds at most one pending signal; more events while it is full
 	// add nothing.
 	dirty chan struct{}
 	done  chan struct{}
 }
 
-func newWatcher(root string, trees []string, log *slog.Logger) (*watcher, error) {
+func newWatcher(root string, trees, ignore []string, log *slog.Logger) (*watcher, error) {
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, err
 	}
-	w := &watcher{root: root, w: fw, log: log, dirty: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &watcher{root: root, ignore: ignore, w: fw, log: log, dirty: make(chan struct{}, 1), done: make(chan struct{})}
 	for _, t := range trees {
 		w.trees = append(w.trees, filepath.Join(root, t))
 	}
@@ -50,13 +50,20 @@ func (w *watcher) close() {
 	<-w.done
 }
 
-// addTree watches dir and every directory below it, except skipDirs.
+// addTree watches dir and every directory below it, except ignored ones,
+// which can hold more files than inotify has watches.
 // fsnotify does not recurse on its own.
 func (w *watcher) addTree(dir string) error {
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
-			// A directory that vanished while we walked is no error.
+			// A directory that vanished, or that the agent swapped for
+			// something the supervisor cannot read, while we walked is no
+			// reason to stop watching the rest.
 			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			if p != dir {
+				w.log.Warn("watch: skipping a directory", "dir", p, "err", err)
 				return nil
 			}
 			return err
@@ -64,10 +71,14 @@ func (w *watcher) addTree(dir string) error {
 		if !d.IsDir() {
 			return nil
 		}
-		if p != dir && skipDirs[d.Name()] {
+		if p != dir && ignoredName(d.Name(), w.ignore) {
 			return filepath.SkipDir
 		}
 		if err := w.w.Add(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if p != dir {
+				w.log.Warn("watch: skipping a directory", "dir", p, "err", err)
+				return nil
+			}
 			return err
 		}
 		return nil
@@ -82,18 +93,13 @@ func (w *watcher) signal() {
 }
 
 // ignored reports whether p lies in a directory the agent's commits never
-// include (.git, node_modules, ...).
+// include (a nested .git, node_modules, ...).
 func (w *watcher) ignored(p string) bool {
 	rel, err := filepath.Rel(w.root, p)
 	if err != nil {
 		return true
 	}
-	for _, part := range strings.Split(rel, string(filepath.Separator)) {
-		if skipDirs[part] {
-			return true
-		}
-	}
-	return false
+	return ignored(filepath.ToSlash(rel), w.ignore)
 }
 
 func (w *watcher) run() {

@@ -16,7 +16,7 @@ func TestWatcherRecursesAndIgnoresGit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w, err := newWatcher(root, []string{"src"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w, err := newWatcher(root, []string{"src"}, Default().Ignore, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
