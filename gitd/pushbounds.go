@@ -84,12 +84,3 @@ func (r *recvReader) why(err error) error {
 	}
 	return err
 }
-
-// pushStatus sends an errdefs error (the push bounds') with its reason
-// and metadata; gitd's other errors go through toStatus.
-func pushStatus(err error) error {
-	if _, ok := errdefs.As(err); ok {
-		return errdefs.ToGRPC(err)
-	}
-	return toStatus(err)
-}

@@ -53,7 +53,7 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	defer cancel()
 	first, err := rr.next()
 	if err != nil {
-		return pushStatus(err)
+		return toStatus(err)
 	}
 	hdr := first.GetHeader()
 	if hdr == nil {
@@ -62,7 +62,7 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	peer, _ := sock.PeerFromContext(ctx)
 	res, err := sv.s.Push(ctx, g, peer, hdr.GetSize(), rr)
 	if err != nil {
-		return pushStatus(rr.why(err))
+		return toStatus(rr.why(err))
 	}
 	return toStatus(stream.SendAndClose(&gitv1.PushWorkingResponse{Commit: res.Commit, Previous: res.Previous, Ref: res.Ref}))
 }

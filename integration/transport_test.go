@@ -35,6 +35,8 @@ type hostileEnv struct {
 	hostile  string
 	admin    string
 	extraUID []uint32
+	// hostCall is the host's call the probe makes (default: VerifyLog).
+	hostCall func(ctx context.Context, c brokerv1.BrokerServiceClient) error
 }
 
 func needRoot(t *testing.T) {
@@ -168,7 +170,11 @@ func (e *hostileEnv) probeHostWithin(t *testing.T, within time.Duration) *probe 
 			ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+e.admin)
 			ctx, cancel := context.WithTimeout(ctx, within)
 			start := time.Now()
-			_, err = brokerv1.NewBrokerServiceClient(conn).VerifyLog(ctx, &brokerv1.VerifyLogRequest{})
+			if e.hostCall != nil {
+				err = e.hostCall(ctx, brokerv1.NewBrokerServiceClient(conn))
+			} else {
+				_, err = brokerv1.NewBrokerServiceClient(conn).VerifyLog(ctx, &brokerv1.VerifyLogRequest{})
+			}
 			d := time.Since(start)
 			cancel()
 			conn.Close()
@@ -176,7 +182,7 @@ func (e *hostileEnv) probeHostWithin(t *testing.T, within time.Duration) *probe 
 			p.calls++
 			p.slowest = max(p.slowest, d)
 			if err != nil && p.err == nil {
-				p.err = fmt.Errorf("log verify after %s: %w", d, err)
+				p.err = fmt.Errorf("host call after %s: %w", d, err)
 			}
 			p.mu.Unlock()
 			select {
@@ -217,7 +223,7 @@ func (p *probe) end(t *testing.T) {
 	if p.err != nil {
 		t.Fatalf("the host was not served in time (%d calls): %v", p.calls, p.err)
 	}
-	t.Logf("host: %d log verify calls, slowest %s", p.calls, p.slowest)
+	t.Logf("host: %d calls, slowest %s", p.calls, p.slowest)
 }
 
 // Costs of docs/limits.md's memory budget (internal/daemon/limits.go).
@@ -229,11 +235,10 @@ const (
 
 // budget is docs/limits.md's bound on bushostd's resident memory when one
 // uid attacks: the baseline and that uid's share on both sockets (its
-// connections and calls at their cost), with the quarter of slack the
-// daemon gives Go's collector.
+// connections and calls at their cost), the share doubled for Go's
+// collector (GOGC=100 lets the heap reach twice what is live).
 func budget(connsPerUID, callsPerUID int) int64 {
-	live := int64(budgetBaseline) + 2*(int64(connsPerUID)*budgetPerConn+int64(callsPerUID)*budgetPerCall)
-	return live + live/4
+	return budgetBaseline + 2*2*(int64(connsPerUID)*budgetPerConn+int64(callsPerUID)*budgetPerCall)
 }
 
 // TestHostilePeerMemoryBounded: a socket-group member with no token opens
@@ -407,14 +412,16 @@ func TestPushTrickleIsCut(t *testing.T) {
 func TestNonReadingListStreamsAreCut(t *testing.T) {
 	const sendTimeout = 3 * time.Second
 	e := newHostileEnv(t, "--send-timeout", sendTimeout.String(),
-		"--max-calls-per-grant", "64", "--max-calls-per-uid", "64", "--max-streams-per-conn", "64")
+		"--max-calls-per-grant", "64", "--max-calls-per-uid", "64", "--max-streams-per-conn", "64",
+		// The log is written fast by one grant here, past the event quotas.
+		"--event-rate", "100000", "--event-bytes-rate", "1G")
 	e.h.AddProject(t, "acme", "web")
 	tokFile := e.h.Grant(t, "acme", "web", "t1", "worker", "event.record")
 	tokB := e.h.Grant(t, "acme", "web", "t2", "worker", "event.record")
 	tok := strings.TrimSpace(readText(t, tokFile))
 	conn, ctx := dialHome(t, e.h.Home, "broker.sock", tok)
 	big := `{"x":"` + strings.Repeat("a", 60<<10) + `"}`
-	n := 300
+	n := 120
 	if os.Getenv("BUSHOST_SOAK") != "" {
 		n = 6500
 	}
@@ -423,8 +430,15 @@ func TestNonReadingListStreamsAreCut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// VerifyLog reads and hashes the whole 18 MB log: allow it 5 s.
-	p := e.probeHostWithin(t, 5*time.Second)
+	// The host's call here is a task add: a log verify would read and
+	// hash the whole log, whose cost is the host's own, not the attack's.
+	e.hostCall = func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+		_, err := c.AddTask(ctx, &brokerv1.AddTaskRequest{Business: "acme", Project: "web", Task: "t9"})
+		return err
+	}
+	// The 64 listings read their pages on the same 2 shared cores (the
+	// limits are raised fourfold here): the host is served within 10 s.
+	p := e.probeHostWithin(t, 10*time.Second)
 	base := vmHWM(t, e.h.PID())
 	e.attack(t, e.uid, "noread", filepath.Join(e.h.Home, "broker.sock"), tok, "64")
 	held := time.Now()
@@ -452,8 +466,8 @@ func TestNonReadingListStreamsAreCut(t *testing.T) {
 	peak := vmHWM(t, e.h.PID())
 	// docs/limits.md: a listing holds at most a page (1 MiB), the event
 	// being sent and grpc's write quota, within a call's cost; on top of
-	// what the daemon held before the attack, with the collector's slack.
-	b := base + 64*budgetPerCall*5/4
+	// what the daemon held before the attack, doubled for the collector.
+	b := base + 2*64*budgetPerCall
 	t.Logf("bushostd VmHWM %d MiB before the attack, %d MiB after, budget %d MiB", base>>20, peak>>20, b>>20)
 	if peak > 512<<20 || peak > b {
 		t.Fatalf("bushostd peaked at %d MiB: over 512 MiB or the budget of %d MiB", peak>>20, b>>20)

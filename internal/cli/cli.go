@@ -215,7 +215,7 @@ func rootLong() string {
 	var b strings.Builder
 	b.WriteString(`bushost: the client of the bus host (bushostd).
 
-usage: bushost [--home DIR] [--token-file FILE] [--json] [--timeout D] COMMAND [FLAGS]
+usage: bushost [--home DIR] [--token-file FILE] [--json] COMMAND [FLAGS]
 
 The global flags may stand before or after the command words. The token is
 read from --token-file, else $BUS_TOKEN_FILE (a path), else $BUS_TOKEN (the
@@ -340,7 +340,7 @@ func (e *Env) report(cmd *cobra.Command, err error) int {
 		}
 		return errdefs.ExitUsage
 	}
-	x := e.classify(err)
+	x := e.classify(e.failure(err))
 	switch {
 	case e.JSON:
 		writeJSONError(e.Stderr, x)

@@ -151,13 +151,3 @@ func (w *watchedStream) RecvMsg(m any) error {
 }
 
 func (w *watchedStream) CloseSend() error { return w.why(w.ClientStream.CloseSend()) }
-
-// exitFor is the exit status of a command that failed with err: the
-// class of the client's own errdefs errors (3 for a bus host that did not
-// answer in time), else 1.
-func exitFor(err error) int {
-	if e, ok := errdefs.As(err); ok {
-		return errdefs.ExitCode(e)
-	}
-	return 1
-}
