@@ -422,3 +422,39 @@ func TestSupervisorFileNameCannotForgeTrailers(t *testing.T) {
 		t.Errorf("subject %q does not quote the name", subj)
 	}
 }
+
+// A file the agent makes unreadable to the supervisor blocks the commit of
+// pending edits, but not the revert: the watched trees still end exactly as
+// the good commit.
+func TestSupervisorRevertDespiteUnreadableFile(t *testing.T) {
+	e := newSupEnv(t)
+	e.boot()
+	var good string
+	e.waitFor("first good commit", 10*time.Second, func() bool {
+		st := e.status()
+		good = st.Good
+		return st.Good != "" && st.Good == st.Head
+	})
+	web := filepath.Join(e.ws, "src", "website")
+	if out, err := e.asAgent(fmt.Sprintf(`printf '#!/bin/bash\necho broken soon\nsleep 1\nexit 1\n' > %s/serve.sh`, web)); err != nil {
+		t.Fatalf("agent: %v: %s", err, out)
+	}
+	e.waitFor("the breaking edit committed", 10*time.Second, func() bool { return e.status().Head != good })
+	if out, err := e.asAgent(fmt.Sprintf(`cd %s && echo secret > locked && chmod 000 locked && mkdir -p sealed && echo x > sealed/f && chmod 000 sealed/f`, web)); err != nil {
+		t.Fatalf("agent: %v: %s", err, out)
+	}
+	var st supervisor.Status
+	e.waitFor("revert", 30*time.Second, func() bool {
+		st = e.status()
+		return len(st.Reverts) > 0
+	})
+	if r := st.Reverts[0]; r.Error != "" || r.To != good {
+		t.Fatalf("revert %+v, good %s", r, good)
+	}
+	want := strings.Split(e.git("ls-tree", []string{"-r", "--name-only"}, good, "--", "src"), "\n")
+	sort.Strings(want)
+	if got := filesUnder(t, e.ws, "src"); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("after the revert the watched trees hold\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	e.waitFor("healthy after revert", 10*time.Second, func() bool { return e.healthz() == 200 })
+}
