@@ -133,9 +133,27 @@ func TestSupervisorInitRefusesWhileAgentRuns(t *testing.T) {
 		agent.Wait()
 	})
 	e.waitFor("the agent's sleep", 10*time.Second, func() bool { return len(processesOf(t, e.agent)) > 0 })
+	snapshot := func() string {
+		var b strings.Builder
+		filepath.WalkDir(e.base, func(p string, d os.DirEntry, err error) error {
+			if err != nil || strings.HasPrefix(p, filepath.Join(e.base, "tmp")) {
+				return nil
+			}
+			var st syscall.Stat_t
+			if syscall.Lstat(p, &st) == nil {
+				fmt.Fprintf(&b, "%s %d:%d %o %d %d\n", p, st.Uid, st.Gid, st.Mode, st.Size, st.Mtim.Nano())
+			}
+			return nil
+		})
+		return b.String()
+	}
+	before := snapshot()
 	out, err := exec.Command(bin(t, "supervisor"), "init", "--config", e.config, "--seed", e.seed).CombinedOutput()
 	if err == nil {
 		t.Fatalf("init ran while the agent did:\n%s", out)
+	}
+	if after := snapshot(); after != before {
+		t.Errorf("the refused init changed files:\nbefore\n%s\nafter\n%s", before, after)
 	}
 	if !strings.Contains(string(out), "of user "+e.agent+" is running") {
 		t.Errorf("refusal does not name the agent's process:\n%s", out)
