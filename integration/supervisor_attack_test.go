@@ -317,10 +317,11 @@ kill -STOP %d 2>/dev/null; stop=$?
 kill -KILL %d 2>/dev/null; kill=$?
 ( exec 3</proc/%d/mem ) 2>/dev/null; mem=$?
 ( exec 3</proc/%d/environ ) 2>/dev/null; environ=$?
-echo "stop=$stop kill=$kill mem=$mem environ=$environ" > %s.tmp && mv %s.tmp %s
+ls %s >/dev/null 2>&1; gitdir=$?
+echo "stop=$stop kill=$kill mem=$mem environ=$environ gitdir=$gitdir" > %s.tmp && mv %s.tmp %s
 echo "website v3 starting"
 exec "$HELLO" "$ADDR"
-`, sup, sup, sup, sup, results, results, results)
+`, sup, sup, sup, sup, e.gitDir, results, results, results)
 	v3 := filepath.Join(e.base, "serve-v3.sh")
 	mustWrite(t, v3, attack, 0o644)
 	if out, err := e.asAgent("cp " + v3 + " " + filepath.Join(e.ws, "src", "website", "serve.sh")); err != nil {

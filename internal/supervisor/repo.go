@@ -130,10 +130,10 @@ func (r *Repo) Ensure(ctx context.Context) error {
 		}
 	}
 	info := filepath.Join(r.gitDir, "info")
-	if err := os.MkdirAll(info, 0o700); err != nil {
+	if err := os.MkdirAll(info, 0o755); err != nil {
 		return fmt.Errorf("git_dir: %w", err)
 	}
-	return writeFileAtomic(filepath.Join(info, "attributes"), []byte(attributes), 0o600)
+	return writeFileAtomic(filepath.Join(info, "attributes"), []byte(attributes), 0o644)
 }
 
 // checkOwnDir refuses a git dir that is a link, or that belongs to or can be
