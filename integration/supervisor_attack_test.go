@@ -133,9 +133,27 @@ func TestSupervisorInitRefusesWhileAgentRuns(t *testing.T) {
 		agent.Wait()
 	})
 	e.waitFor("the agent's sleep", 10*time.Second, func() bool { return len(processesOf(t, e.agent)) > 0 })
+	snapshot := func() string {
+		var b strings.Builder
+		filepath.WalkDir(e.base, func(p string, d os.DirEntry, err error) error {
+			if err != nil || strings.HasPrefix(p, filepath.Join(e.base, "tmp")) {
+				return nil
+			}
+			var st syscall.Stat_t
+			if syscall.Lstat(p, &st) == nil {
+				fmt.Fprintf(&b, "%s %d:%d %o %d %d\n", p, st.Uid, st.Gid, st.Mode, st.Size, st.Mtim.Nano())
+			}
+			return nil
+		})
+		return b.String()
+	}
+	before := snapshot()
 	out, err := exec.Command(bin(t, "supervisor"), "init", "--config", e.config, "--seed", e.seed).CombinedOutput()
 	if err == nil {
 		t.Fatalf("init ran while the agent did:\n%s", out)
+	}
+	if after := snapshot(); after != before {
+		t.Errorf("the refused init changed files:\nbefore\n%s\nafter\n%s", before, after)
 	}
 	if !strings.Contains(string(out), "of user "+e.agent+" is running") {
 		t.Errorf("refusal does not name the agent's process:\n%s", out)
@@ -299,10 +317,11 @@ kill -STOP %d 2>/dev/null; stop=$?
 kill -KILL %d 2>/dev/null; kill=$?
 ( exec 3</proc/%d/mem ) 2>/dev/null; mem=$?
 ( exec 3</proc/%d/environ ) 2>/dev/null; environ=$?
-echo "stop=$stop kill=$kill mem=$mem environ=$environ" > %s.tmp && mv %s.tmp %s
+ls %s >/dev/null 2>&1; gitdir=$?
+echo "stop=$stop kill=$kill mem=$mem environ=$environ gitdir=$gitdir" > %s.tmp && mv %s.tmp %s
 echo "website v3 starting"
 exec "$HELLO" "$ADDR"
-`, sup, sup, sup, sup, results, results, results)
+`, sup, sup, sup, sup, e.gitDir, results, results, results)
 	v3 := filepath.Join(e.base, "serve-v3.sh")
 	mustWrite(t, v3, attack, 0o644)
 	if out, err := e.asAgent("cp " + v3 + " " + filepath.Join(e.ws, "src", "website", "serve.sh")); err != nil {
@@ -421,4 +440,40 @@ func TestSupervisorFileNameCannotForgeTrailers(t *testing.T) {
 	if subj := e.git("log", []string{"-1", "--format=%s"}, head); strings.Contains(subj, "\n") || !strings.Contains(subj, `\n`) {
 		t.Errorf("subject %q does not quote the name", subj)
 	}
+}
+
+// A file the agent makes unreadable to the supervisor blocks the commit of
+// pending edits, but not the revert: the watched trees still end exactly as
+// the good commit.
+func TestSupervisorRevertDespiteUnreadableFile(t *testing.T) {
+	e := newSupEnv(t)
+	e.boot()
+	var good string
+	e.waitFor("first good commit", 10*time.Second, func() bool {
+		st := e.status()
+		good = st.Good
+		return st.Good != "" && st.Good == st.Head
+	})
+	web := filepath.Join(e.ws, "src", "website")
+	if out, err := e.asAgent(fmt.Sprintf(`printf '#!/bin/bash\necho broken soon\nsleep 1\nexit 1\n' > %s/serve.sh`, web)); err != nil {
+		t.Fatalf("agent: %v: %s", err, out)
+	}
+	e.waitFor("the breaking edit committed", 10*time.Second, func() bool { return e.status().Head != good })
+	if out, err := e.asAgent(fmt.Sprintf(`cd %s && echo secret > locked && chmod 000 locked && mkdir -p sealed && echo x > sealed/f && chmod 000 sealed/f`, web)); err != nil {
+		t.Fatalf("agent: %v: %s", err, out)
+	}
+	var st supervisor.Status
+	e.waitFor("revert", 30*time.Second, func() bool {
+		st = e.status()
+		return len(st.Reverts) > 0
+	})
+	if r := st.Reverts[0]; r.Error != "" || r.To != good {
+		t.Fatalf("revert %+v, good %s", r, good)
+	}
+	want := strings.Split(e.git("ls-tree", []string{"-r", "--name-only"}, good, "--", "src"), "\n")
+	sort.Strings(want)
+	if got := filesUnder(t, e.ws, "src"); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("after the revert the watched trees hold\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	e.waitFor("healthy after revert", 10*time.Second, func() bool { return e.healthz() == 200 })
 }

@@ -523,7 +523,8 @@ func TestSupervisorUsersAndOwnership(t *testing.T) {
 		{"write AGENTS.md", "echo '- a note' >> AGENTS.md", true},
 		{"keep a git of its own in .git", "touch .git/agent-was-here && git init -q . && git status --short >/dev/null", true},
 		{"write the supervisor's git dir", "touch " + e.gitDir + "/x", false},
-		{"read the supervisor's git dir", "ls " + e.gitDir, false},
+		{"read the supervisor's history", "git --git-dir=" + e.gitDir + " log --oneline -1", true},
+		{"write the supervisor's refs", "git --git-dir=" + e.gitDir + " update-ref refs/supervisor/good HEAD~0", false},
 	} {
 		out, err := e.asAgent("cd " + e.ws + " && " + tc.script)
 		if (err == nil) != tc.allowed {

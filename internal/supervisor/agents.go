@@ -11,14 +11,16 @@ import (
 // infra/AGENTS.md, from the agent's own notes below it, which are kept.
 const AgentsSentinel = "<!-- bushost: everything above this line is rewritten from infra/AGENTS.md at every boot; keep your own notes below it -->"
 
-// defaultRules stand in for a missing infra/AGENTS.md.
+// defaultRules stand in for a missing infra/AGENTS.md; {{git_dir}} becomes
+// the supervisor's git dir.
 const defaultRules = `# Rules of this workspace
 
 - Edit only the watched source trees. Every edit you make there is committed
   in your name after a short pause, and the services that use it restart.
 - If an edit leaves a service crash-looping, the supervisor reverts the tree
   to the last commit that was healthy and records that as its own commit.
-  Read ` + "`git log`" + ` to see what happened; fix forward from there.
+  Read its history (yours to read, not to write) with
+  ` + "`git --git-dir={{git_dir}} log`" + `; fix forward from there.
 - infra/ and the supervisor's files are not yours to change.
 `
 

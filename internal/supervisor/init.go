@@ -99,10 +99,10 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.
 	if err := unix.Mkdirat(wsfd, ".git", 0o770); err != nil && !errors.Is(err, unix.EEXIST) {
 		return Account{}, fmt.Errorf("workspace .git: %w", err)
 	}
-	if err := prepareGitDir(cfg.GitDir, app); err != nil {
+	if err := prepareGitDir(cfg.GitDir, app, agent.GID); err != nil {
 		return Account{}, err
 	}
-	if err := writeAgentsFile(wsfd, log); err != nil {
+	if err := writeAgentsFile(wsfd, cfg.GitDir, log); err != nil {
 		return Account{}, err
 	}
 	if err := setOwnership(wsfd, ws, cfg.Watch, agent, log); err != nil {
@@ -166,9 +166,10 @@ func openWorkspace(ws string) (fd int, fresh bool, err error) {
 }
 
 // prepareGitDir makes the supervisor's git dir (its parents root's, no link
-// on the way) and gives it to app, mode 0700. An existing one must be app's
-// or root's.
-func prepareGitDir(dir string, app Account) error {
+// on the way) and gives it to app, group the agent's, mode 0750: the agent
+// may read the history, never write it; the services' user cannot enter.
+// An existing one must be app's or root's.
+func prepareGitDir(dir string, app Account, agentGID int) error {
 	parentPath := filepath.Dir(dir)
 	if err := os.MkdirAll(parentPath, 0o755); err != nil {
 		return fmt.Errorf("git_dir: %w", err)
@@ -200,10 +201,10 @@ func prepareGitDir(dir string, app Account) error {
 	if st.Uid != 0 && int(st.Uid) != app.UID {
 		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "git_dir %s belongs to uid %d, neither root nor %s", dir, st.Uid, app.Name).With("path", dir)
 	}
-	if err := unix.Fchown(fd, app.UID, app.GID); err != nil {
+	if err := unix.Fchown(fd, app.UID, agentGID); err != nil {
 		return err
 	}
-	return unix.Fchmod(fd, 0o700)
+	return unix.Fchmod(fd, 0o750)
 }
 
 // refuseAgentProcesses fails, naming one, if any process runs with the
@@ -361,13 +362,13 @@ func copyFile(src, dst string, mode fs.FileMode) error {
 // regular files: root must not copy another file's content into one the
 // agent can read. The new file replaces the old one by a rename in the
 // workspace root, which only root can write.
-func writeAgentsFile(wsfd int, log *slog.Logger) error {
+func writeAgentsFile(wsfd int, gitDir string, log *slog.Logger) error {
 	rules, exists, err := readFileBeneath(wsfd, "infra/AGENTS.md", maxAgentsBytes)
 	if err != nil {
 		return fmt.Errorf("infra/AGENTS.md: %w", err)
 	}
 	if !exists {
-		rules = []byte(defaultRules)
+		rules = []byte(strings.ReplaceAll(defaultRules, "{{git_dir}}", gitDir))
 	}
 	old, exists, err := readFileBeneath(wsfd, "AGENTS.md", maxAgentsBytes)
 	if err != nil {

@@ -234,6 +234,10 @@ func (r *remoteRunner) read() {
 			if c := r.started[rep.ID]; c != nil {
 				delete(r.started, rep.ID)
 				c <- rep
+			} else if rep.Err == "" {
+				// Started after the supervisor gave up waiting: nobody
+				// tracks it, so it must not run.
+				go r.send(launchRequest{Op: "signal", ID: rep.ID, Sig: int(syscall.SIGKILL)}, nil)
 			}
 		case "exited":
 			if c := r.exited[rep.ID]; c != nil {

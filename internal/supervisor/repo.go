@@ -130,10 +130,10 @@ func (r *Repo) Ensure(ctx context.Context) error {
 		}
 	}
 	info := filepath.Join(r.gitDir, "info")
-	if err := os.MkdirAll(info, 0o700); err != nil {
+	if err := os.MkdirAll(info, 0o755); err != nil {
 		return fmt.Errorf("git_dir: %w", err)
 	}
-	return writeFileAtomic(filepath.Join(info, "attributes"), []byte(attributes), 0o600)
+	return writeFileAtomic(filepath.Join(info, "attributes"), []byte(attributes), 0o644)
 }
 
 // checkOwnDir refuses a git dir that is a link, or that belongs to or can be
@@ -435,7 +435,10 @@ func (r *Repo) Revert(ctx context.Context, good string, agent, sup Identity, rea
 		return "", "", errors.New("revert: no good commit")
 	}
 	if _, _, err := r.CommitPending(ctx, agent); err != nil {
-		return "", "", fmt.Errorf("revert: record pending edits: %w", err)
+		// A file the agent made unreadable, or one changing under git,
+		// must not keep the trees from going back: the revert goes on,
+		// and the log says what history missed.
+		r.log.Warn("revert: pending edits could not be recorded; reverting anyway", "err", err)
 	}
 	if from, err = r.Head(ctx); err != nil {
 		return "", "", fmt.Errorf("revert: %w", err)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/fsnotify/fsnotify"
 )
@@ -95,11 +96,17 @@ func (w *watcher) signal() {
 // ignored reports whether p lies in a directory the agent's commits never
 // include (a nested .git, node_modules, ...).
 func (w *watcher) ignored(p string) bool {
-	rel, err := filepath.Rel(w.root, p)
-	if err != nil {
-		return true
+	for _, t := range w.trees {
+		if p == t {
+			return false
+		}
+		if rel, ok := strings.CutPrefix(p, t+string(filepath.Separator)); ok {
+			// Relative to its tree: a watched tree may itself be named
+			// like an ignored directory.
+			return ignored(filepath.ToSlash(rel), w.ignore)
+		}
 	}
-	return ignored(filepath.ToSlash(rel), w.ignore)
+	return true
 }
 
 func (w *watcher) run() {
