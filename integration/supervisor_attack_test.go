@@ -221,15 +221,27 @@ func TestSupervisorSoakInitSymlinkRace(t *testing.T) {
 		before[p] = stateOf(t, p)
 	}
 	var swaps atomic.Int64
+	var wg sync.WaitGroup
+	var stop chan struct{}
+	halt := func() {
+		if stop != nil {
+			close(stop)
+			stop = nil
+		}
+		wg.Wait()
+	}
+	// Registered after the workspace's removal, so run before it even when
+	// a round fails.
+	t.Cleanup(halt)
 	for round := range rounds {
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
+		stop = make(chan struct{})
+		quit := stop
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
 				select {
-				case <-stop:
+				case <-quit:
 					return
 				default:
 				}
@@ -242,8 +254,7 @@ func TestSupervisorSoakInitSymlinkRace(t *testing.T) {
 			}
 		}()
 		e.boot()
-		close(stop)
-		wg.Wait()
+		halt()
 		e.shutdown()
 		for _, p := range paths {
 			if got := stateOf(t, p); got != before[p] {
