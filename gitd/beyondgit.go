@@ -78,7 +78,7 @@ var beyondRules = map[errdefs.Reason]beyondRule{
 		"git index-pack (\"pack has junk at the end\"): bytes after the pack's checksum are no part of any object",
 		"bytes after the end of the bundle's pack"},
 	errdefs.BundleRefNotCommit: {errdefs.BundleRefNotCommit,
-		"bushost's own rule (DESIGN.md, \"A push, end to end\"): a push moves refs/work/<task> to a commit",
+		"bushost's own rule (docs/git-service.md): a push moves refs/work/<task> to a commit",
 		"a bundle ref that names a tree, blob or tag"},
 }
 

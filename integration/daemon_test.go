@@ -21,7 +21,7 @@ import (
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 )
 
-// The home's files have the modes DESIGN.md gives them.
+// The home's files have the modes docs/architecture.md gives them.
 func TestDaemonHomeModes(t *testing.T) {
 	h := startHost(t)
 	want := map[string]os.FileMode{

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
-// The capability vocabulary (DESIGN.md, "Identity and capabilities").
+// The capability vocabulary (docs/architecture.md).
 const (
 	CapPushWorking   = "git.push.working"
 	CapReviewRequest = "review.request"

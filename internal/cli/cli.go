@@ -1,5 +1,5 @@
 // Package cli is the bushost client: the command line that hosts, agents and
-// scripts use (DESIGN.md, "Command line"). Each command is registered by the
+// scripts use (docs/architecture.md, README.md). Each command is registered by the
 // file of its domain (git.go, broker.go); this file owns the command tree
 // (spf13/cobra), the global flags, the token, the sockets and how errors
 // are printed and turned into exit statuses. The client never decides

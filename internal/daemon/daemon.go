@@ -89,7 +89,7 @@ const (
 	DefaultDrainTimeout = 30 * time.Second
 )
 
-// File names inside the home (DESIGN.md, "The bus host home").
+// File names inside the home (docs/architecture.md).
 const (
 	GitSocket    = "git.sock"
 	BrokerSocket = "broker.sock"

@@ -14,7 +14,7 @@ import (
 	"github.com/bushost/bushost/internal/size"
 )
 
-// The capabilities a grant may hold (DESIGN.md, "Identity and capabilities").
+// The capabilities a grant may hold (docs/architecture.md).
 const (
 	CapPushWorking   = "git.push.working"
 	CapReviewRequest = "review.request"
