@@ -71,6 +71,8 @@ type Plan struct {
 	Limits Limits `json:"limits"`
 	// ScopeAbstract: pid 1 scopes the command off abstract Unix sockets.
 	ScopeAbstract bool `json:"scope_abstract_unix,omitempty"`
+	// Network is the session's network mode and egress policy.
+	Network Network `json:"network"`
 	// Session is the run directory's session.json.
 	Session *SessionFile `json:"session"`
 	initExe string
@@ -182,8 +184,27 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	)
 
 	p.Namespaces = []string{"user", "pid", "ipc", "uts", "cgroup"}
-	if cfg.Net {
-		p.Notes = append(p.Notes, "--net: the session shares the host's network namespace")
+	p.Network = Network{Mode: cfg.Net}
+	switch cfg.Net {
+	case NetNone:
+		p.Network.Why = "a network namespace of its own with only a loopback: no route anywhere"
+	case NetProxy:
+		p.Network.Why = "a network namespace of its own with only a loopback, where pid 1 relays " + relayAddr + " (HTTP with CONNECT, SOCKS5) to the egress proxy run keeps outside, which allows only what is listed here, resolves names itself and logs every decision to run's stderr"
+		p.Network.Relay = relayAddr
+		for _, d := range cfg.AllowDomains {
+			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "given on the command line: the name (or every name under *.), any port, when it resolves to public addresses only"})
+		}
+		for _, h := range cfg.AllowHosts {
+			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host " + h, "given on the command line: exactly this host and port, even a loopback or private address"})
+		}
+		if cfg.ResolveFile != "" {
+			p.Notes = append(p.Notes, "--resolve-file "+cfg.ResolveFile+": the proxy looks names up there first")
+		}
+		// Bound at launch: run makes the socket then.
+		p.Binds = slices.Insert(p.Binds, len(p.Binds)-1, Bind{KindROBind, "", egressSocket, "the egress proxy's socket (made at launch, outside the session): pid 1's relay forwards every connection here, and the proxy decides"})
+	case NetHost:
+		p.Network.Why = "the host's network namespace: every address the host reaches"
+		p.Notes = append(p.Notes, "--net=host: the session shares the host's network namespace")
 		switch abi := landlockABI(); {
 		case abi >= landlockScopeABI:
 			p.ScopeAbstract = true
@@ -192,7 +213,8 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		default:
 			p.Problems = append(p.Problems, fmt.Sprintf("%s: --net would let the session reach the host's abstract Unix sockets (containerd-shim, X11, D-Bus), and this kernel's Landlock ABI is %d, scopes need %d (Linux 6.12); give --allow-abstract-sockets to start anyway", ReasonAbstractScopeMissing, abi, landlockScopeABI))
 		}
-	} else {
+	}
+	if cfg.Net != NetHost {
 		p.Namespaces = append(p.Namespaces, "net")
 	}
 	p.Hardening = []Flag{
@@ -216,6 +238,20 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	p.Env = cfg.sessionEnv(p)
 	p.checkAccess()
 	return p, nil
+}
+
+// Network is what explain says of the session's network.
+type Network struct {
+	Mode    string    `json:"mode"`
+	Why     string    `json:"why"`
+	Relay   string    `json:"relay,omitempty"`
+	Allowed []Allowed `json:"allowed,omitempty"`
+}
+
+// Allowed is one rule of the egress policy, and where it comes from.
+type Allowed struct {
+	Rule string `json:"rule"`
+	Why  string `json:"why"`
 }
 
 // SocketGroup is a supplementary group the session user gets because a
