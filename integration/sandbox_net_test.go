@@ -1,0 +1,168 @@
+package integration
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// requireTools fails under CI and skips elsewhere when a program a session
+// runs is missing at its system path (the session sees /usr, not a user's
+// pyenv or ~/bin).
+func requireTools(t *testing.T, paths ...string) {
+	t.Helper()
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is missing: scripts/deps.sh installs it", p)
+			}
+			t.Skipf("*** %s is missing (scripts/deps.sh installs it): the session's network NOT TESTED ***", p)
+		}
+	}
+}
+
+// countingServer serves "hello from P" on the host's 127.0.0.1 and counts
+// the requests it answered.
+func countingServer(t *testing.T) (string, *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		fmt.Fprintf(w, "hello from %s\n", l.Addr())
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().String(), &n
+}
+
+func egressDirs(t *testing.T) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(os.TempDir(), "sandbox-egress-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestSandboxNetwork: --net=proxy enforces its allow-list through a relay
+// the session cannot go around; --net=none has no route and no relay.
+func TestSandboxNetwork(t *testing.T) {
+	requireTools(t, "/usr/bin/curl", "/usr/bin/python3")
+	e := newSandboxEnv(t)
+	allowed, allowedHits := countingServer(t)
+	other, otherHits := countingServer(t)
+	hosts := filepath.Join(e.base, "hosts")
+	// Names the proxy resolves to the host's loopback and a private and
+	// the metadata address: refused although their domain is allowed.
+	if err := os.WriteFile(hosts, []byte("127.0.0.1 loop.allowed.test\n10.1.2.3 private.allowed.test\n169.254.169.254 metadata.allowed.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := egressDirs(t)
+	proxy := []string{"--net=proxy", "--allow-host", allowed, "--allow-domain", "*.allowed.test", "--allow-domain", "localhost", "--resolve-file", hosts}
+
+	t.Run("proxy", func(t *testing.T) {
+		_, port, _ := net.SplitHostPort(allowed)
+		script := `
+curl -sS http://` + allowed + `/; echo "via-relay=$?"
+curl -sS -x socks5h://127.0.0.1:3128 http://` + allowed + `/; echo "via-socks=$?"
+curl -sS --noproxy '*' -m 5 http://` + allowed + `/; echo "noproxy=$?"
+/usr/bin/python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 5)' ` + port + ` 2>/dev/null; echo "raw=$?"
+curl -sS -w ' code=%{http_code}' http://` + other + `/; echo " other=$?"
+curl -sS -x socks5h://127.0.0.1:3128 http://` + other + `/ 2>/dev/null; echo "other-socks=$?"
+for name in loop private metadata; do curl -sS -w ' code=%{http_code}' http://$name.allowed.test:` + port + `/; echo " $name=$?"; done
+curl -sS -w ' code=%{http_code}' http://localhost:` + port + `/; echo " localhost=$?"
+`
+		out, errOut, code := e.runIn(t, proxy, "sh", "-c", script)
+		if code != 0 {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+		for _, want := range []string{
+			"hello from " + allowed + "\nvia-relay=0",
+			"hello from " + allowed + "\nvia-socks=0",
+			"noproxy=7", // curl: could not connect: no route, nothing listens
+			"raw=1",
+			"EGRESS_DENIED: " + other + " is not named by --allow-host\n code=403 other=0",
+			"other-socks=97", // SOCKS reply 2: not allowed by the ruleset
+			"EGRESS_DENIED: loop.allowed.test resolves to 127.0.0.1, in 127.0.0.0/8",
+			"EGRESS_DENIED: private.allowed.test resolves to 10.1.2.3, in 10.0.0.0/8",
+			"EGRESS_DENIED: metadata.allowed.test resolves to 169.254.169.254, in 169.254.0.0/16",
+			"EGRESS_DENIED: localhost resolves to",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("session output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
+			}
+		}
+		if n := allowedHits.Load(); n != 2 {
+			t.Errorf("the allowed server answered %d requests, want 2 (relay and SOCKS)", n)
+		}
+		if n := otherHits.Load(); n != 0 {
+			t.Errorf("the server not allowed answered %d requests", n)
+		}
+		// Without --audit-token-file the decisions go to run's stderr.
+		for _, want := range []string{
+			"network.egress allowed " + allowed,
+			"network.egress denied " + other + ": EGRESS_DENIED",
+			"network.egress closed " + allowed,
+		} {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("run's stderr lacks %q:\n%s", want, errOut)
+			}
+		}
+	})
+
+	t.Run("none", func(t *testing.T) {
+		out, errOut, code := e.runIn(t, nil, "sh", "-c", `
+env | grep -i _proxy; echo "env=$?"
+curl -sS -m 5 http://`+allowed+`/; echo "direct=$?"
+curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
+`)
+		if code != 0 {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+		for _, want := range []string{"env=1", "direct=7", "relay=7"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("--net=none: output lacks %q:\n%s%s", want, out, errOut)
+			}
+		}
+	})
+
+	t.Run("flags", func(t *testing.T) {
+		for _, bad := range [][]string{
+			{"--net=proxy", "--allow-domain", "*"},
+			{"--net=proxy", "--allow-host", "example.com"},
+			{"--net=none", "--allow-host", allowed},
+			{"--net=sideways"},
+		} {
+			if out, errOut, code := e.runIn(t, bad, "true"); code != 2 {
+				t.Errorf("%q: exit %d, want 2 (usage)\n%s%s", bad, code, out, errOut)
+			}
+		}
+		out, errOut, code := runSandbox(t, e.sandbox, append(append([]string{"explain"}, e.flags("git.push.working")...), proxy...)...)
+		if code != 0 {
+			t.Fatalf("explain: exit %d\n%s%s", code, out, errOut)
+		}
+		for _, want := range []string{"network: proxy:", "relay: 127.0.0.1:3128", "allowed: --allow-host " + allowed, "allowed: --allow-domain *.allowed.test", "/run/sandbox/egress.sock"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("explain lacks %q:\n%s", want, out)
+			}
+		}
+	})
+
+	// Nothing left behind: the proxy's socket directory goes with the
+	// session.
+	for _, d := range egressDirs(t) {
+		if !slices.Contains(before, d) {
+			t.Errorf("left behind: %s", d)
+		}
+	}
+}
