@@ -55,13 +55,16 @@ type Config struct {
 	AllowDomains []string
 	AllowHosts   []string
 	ResolveFile  string
-	EgressConns  int
-	EgressIdle   time.Duration
-	RO           []string
-	Env          []string // NAME=VALUE or NAME (taken from sandbox's own environment)
-	User         string   // session user when started as root; "" means the default
-	Bushost      string   // "" means: next to the sandbox executable, else on PATH
-	Bwrap        string   // "" means /usr/bin/bwrap, else bwrap on PATH
+	// AuditTokenFile is a grant with network.audit the launcher records
+	// the egress decisions with; "" logs them to stderr.
+	AuditTokenFile string
+	EgressConns    int
+	EgressIdle     time.Duration
+	RO             []string
+	Env            []string // NAME=VALUE or NAME (taken from sandbox's own environment)
+	User           string   // session user when started as root; "" means the default
+	Bushost        string   // "" means: next to the sandbox executable, else on PATH
+	Bwrap          string   // "" means /usr/bin/bwrap, else bwrap on PATH
 	// Init is the executable bound as the session's pid 1 and run with
 	// InitVerb; "" means this one (cmd/sandbox hands InitVerb to Init).
 	Init string
@@ -116,6 +119,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.Var(&domains, "allow-domain", "with --net=proxy: let the session reach NAME (api.example.com) or every name under it (*.example.com), on any port, if it resolves to public addresses only (repeatable)")
 	fs.Var(&hosts, "allow-host", "with --net=proxy: let the session reach exactly HOST:PORT, even a loopback or private address (repeatable)")
 	fs.StringVar(&c.ResolveFile, "resolve-file", "", "with --net=proxy: a hosts(5) file the proxy looks names up in before the host's resolver (tests, air-gapped sites)")
+	fs.StringVar(&c.AuditTokenFile, "audit-token-file", "", "with --net=proxy: a grant holding network.audit (bushost grant --cap network.audit --out F) that run records every egress decision with, as network.egress events on its task; the session cannot read it (default: decisions go to stderr)")
 	fs.IntVar(&c.EgressConns, "egress-conns", DefaultEgressConns, "with --net=proxy: the most connections the session may hold through the proxy at once")
 	fs.DurationVar(&c.EgressIdle, "egress-idle", DefaultEgressIdle, "with --net=proxy: close a proxied connection idle this long")
 	fs.BoolVar(&c.AllowAbstractSockets, "allow-abstract-sockets", false, "with --net on a kernel without Landlock ABI 6: start anyway, reaching the host's abstract Unix sockets")
@@ -141,8 +145,8 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	c.RO, c.Env, c.AllowDomains, c.AllowHosts = ro, env, domains, hosts
-	if c.Net != NetProxy && (len(domains) > 0 || len(hosts) > 0 || c.ResolveFile != "") {
-		return nil, fmt.Errorf("%w: --allow-domain, --allow-host and --resolve-file need --net=proxy", ErrUsage)
+	if c.Net != NetProxy && (len(domains) > 0 || len(hosts) > 0 || c.ResolveFile != "" || c.AuditTokenFile != "") {
+		return nil, fmt.Errorf("%w: --allow-domain, --allow-host, --resolve-file and --audit-token-file need --net=proxy", ErrUsage)
 	}
 	for _, d := range domains {
 		if err := checkDomainPattern(d); err != nil {

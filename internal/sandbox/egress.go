@@ -30,7 +30,8 @@ type egressProxy struct {
 	hosts        map[string][]net.IP // from --resolve-file, looked at first
 	maxConns     int
 	idle         time.Duration
-	log          io.Writer // one line per decision and per close
+	log          io.Writer // one line per decision and per close, without audit
+	audit        *auditor  // nil: decisions go to log only
 
 	dir   string
 	ln    *net.UnixListener
@@ -49,9 +50,9 @@ const maxRequestHead = 64 << 10
 
 // startEgress makes the proxy's socket, readable and connectable by the
 // session's uid, in a directory of its own, and starts serving.
-func startEgress(cfg *Config, log io.Writer) (*egressProxy, error) {
+func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, error) {
 	e := &egressProxy{allowDomains: cfg.AllowDomains, allowHosts: cfg.AllowHosts, maxConns: cfg.EgressConns,
-		idle: cfg.EgressIdle, log: log, conns: map[net.Conn]bool{}}
+		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}}
 	if e.maxConns <= 0 {
 		e.maxConns = DefaultEgressConns
 	}
@@ -113,6 +114,26 @@ func (e *egressProxy) logf(format string, a ...any) {
 	fmt.Fprintf(e.log, "sandbox: network.egress "+format+"\n", a...)
 }
 
+// record logs d: in the broker with --audit-token-file, else on stderr.
+func (e *egressProxy) record(d decision) {
+	d.Time = time.Now().UTC().Format(time.RFC3339Nano)
+	if e.audit != nil {
+		e.audit.add(d)
+		return
+	}
+	t := target{d.Host, d.Port}
+	switch d.Decision {
+	case "allowed":
+		e.logf("allowed %s via %s (%s)", t, d.Addr, d.Rule)
+	case "closed":
+		e.logf("closed %s: %d bytes out, %d bytes in", t, d.BytesOut, d.BytesIn)
+	case "unreachable":
+		e.logf("allowed %s (%s) but unreachable: %s", t, d.Rule, d.Why)
+	default:
+		e.logf("%s %s: %s", d.Decision, t, d.Why)
+	}
+}
+
 func (e *egressProxy) track(c net.Conn, on bool) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -138,7 +159,7 @@ func (e *egressProxy) serve() {
 		case e.slots <- struct{}{}:
 		default:
 			// Over the bound: the client gets the reason in its protocol.
-			e.logf("denied: %s: over --egress-conns %d", ReasonEgressConnections, e.maxConns)
+			e.record(decision{Decision: "denied", Why: fmt.Sprintf("%s: over --egress-conns %d", ReasonEgressConnections, e.maxConns)})
 			e.wg.Add(1)
 			go func() {
 				defer e.wg.Done()
@@ -290,6 +311,10 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader) {
 		writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: want HOST:PORT, got "+hostport)
 		return
 	}
+	if len(h) > 253 {
+		writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: a host name is at most 253 bytes")
+		return
+	}
 	t = target{host: h, port: port}
 	up, why := e.connect(t)
 	if up == nil {
@@ -337,7 +362,7 @@ func writeHTTPRefusal(c net.Conn, code int, msg string) {
 func (e *egressProxy) connect(t target) (net.Conn, string) {
 	ips, rule, why := e.decide(t)
 	if ips == nil {
-		e.logf("denied %s: %s", t, why)
+		e.record(decision{Host: t.host, Port: t.port, Decision: "denied", Why: why})
 		return nil, why
 	}
 	var lastErr error
@@ -345,12 +370,12 @@ func (e *egressProxy) connect(t target) (net.Conn, string) {
 		d := net.Dialer{Timeout: egressHandshake}
 		up, err := d.Dial("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(t.port)))
 		if err == nil {
-			e.logf("allowed %s via %s (%s)", t, ip, rule)
+			e.record(decision{Host: t.host, Port: t.port, Addr: ip.String(), Decision: "allowed", Rule: rule})
 			return up, ""
 		}
 		lastErr = err
 	}
-	e.logf("allowed %s (%s) but unreachable: %v", t, rule, lastErr)
+	e.record(decision{Host: t.host, Port: t.port, Decision: "unreachable", Rule: rule, Why: lastErr.Error()})
 	return nil, fmt.Sprintf("%s is allowed (%s) but could not be reached: %v", t, rule, lastErr)
 }
 
@@ -462,7 +487,7 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, t target, 
 	}()
 	copyDir(up, br, c, &out)
 	<-done
-	e.logf("closed %s: %d bytes out, %d bytes in", t, out.Load(), in.Load())
+	e.record(decision{Host: t.host, Port: t.port, Decision: "closed", BytesOut: out.Load(), BytesIn: in.Load()})
 }
 
 // readHostsFile reads a hosts(5) file: ADDRESS NAME... per line, # starts

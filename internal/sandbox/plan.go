@@ -76,6 +76,9 @@ type Plan struct {
 	// Session is the run directory's session.json.
 	Session *SessionFile `json:"session"`
 	initExe string
+	// bushostExe is the client bound into the session ("" if none), which
+	// run also records egress decisions with.
+	bushostExe string
 	// busSockets are the bound broker and git sockets: the only binds
 	// whose group the session user is given.
 	busSockets []string
@@ -170,6 +173,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.bushostExe = bushost
 	if bushost != "" {
 		p.Binds = append(p.Binds, Bind{KindROBind, bushost, sessionBinDir + "/bushost", "the bushost client, the session's only way to push, fetch and talk to the broker; first on PATH"})
 	} else {
@@ -196,6 +200,11 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		}
 		for _, h := range cfg.AllowHosts {
 			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host " + h, "given on the command line: exactly this host and port, even a loopback or private address"})
+		}
+		if cfg.AuditTokenFile != "" {
+			p.checkAuditToken()
+		} else {
+			p.Notes = append(p.Notes, "no --audit-token-file: the egress decisions go to sandbox run's stderr, not to the broker")
 		}
 		if cfg.ResolveFile != "" {
 			p.Notes = append(p.Notes, "--resolve-file "+cfg.ResolveFile+": the proxy looks names up there first")
@@ -314,6 +323,37 @@ func (p *Plan) checkSession() {
 			p.Problems = append(p.Problems, fmt.Sprintf("session.json names token file %s, which is not a regular file", tok))
 		}
 	}
+}
+
+// checkAuditToken records why --audit-token-file cannot be used: a token
+// the session could read through a bind would let it record
+// network.egress itself.
+func (p *Plan) checkAuditToken() {
+	f := p.Config.AuditTokenFile
+	real, err := filepath.EvalSymlinks(f)
+	if err == nil {
+		real, err = filepath.Abs(real)
+	}
+	if err != nil {
+		p.Problems = append(p.Problems, fmt.Sprintf("--audit-token-file %s: %v", f, err))
+		return
+	}
+	if st, err := os.Stat(real); err != nil || !st.Mode().IsRegular() {
+		p.Problems = append(p.Problems, fmt.Sprintf("--audit-token-file %s is not a regular file", f))
+		return
+	}
+	for _, b := range p.Binds {
+		if (b.Kind == KindBind || b.Kind == KindROBind) && b.Source != "" && within(real, b.Source) {
+			p.Problems = append(p.Problems, fmt.Sprintf("--audit-token-file %s is under %s, which the session sees: keep the audit grant out of every bind", f, b.Source))
+			return
+		}
+	}
+	if p.bushostExe == "" {
+		p.Problems = append(p.Problems, "--audit-token-file: no bushost client to record the decisions with (give --bushost PATH)")
+		return
+	}
+	p.Config.AuditTokenFile = real
+	p.Notes = append(p.Notes, "--audit-token-file: every egress decision is a network.egress event on the audit grant's task, recorded by sandbox run in batches (a second or 64 decisions)")
 }
 
 // checkAccess records what the session user could not reach.

@@ -132,7 +132,13 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		if stderr == nil {
 			log = io.Discard
 		}
-		eg, err := startEgress(p.Config, log)
+		var audit *auditor
+		if p.Config.AuditTokenFile != "" {
+			audit = startAuditor(p.bushostExe, p.brokerSocket(), p.Config.AuditTokenFile, log)
+			// After the proxy has stopped: its last decisions go too.
+			defer audit.stop()
+		}
+		eg, err := startEgress(p.Config, log, audit)
 		if err != nil {
 			return 0, fmt.Errorf("start the egress proxy: %w", err)
 		}
