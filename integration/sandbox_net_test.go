@@ -5,11 +5,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // requireTools fails under CI and skips elsewhere when a program a session
@@ -164,5 +166,108 @@ curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
 		if !slices.Contains(before, d) {
 			t.Errorf("left behind: %s", d)
 		}
+	}
+}
+
+// TestSandboxNetworkAudit: with --audit-token-file every egress decision
+// is in the broker as network.egress on the session's task, recorded by
+// the launcher; the session's own grant cannot record that type.
+func TestSandboxNetworkAudit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as a uid of its own")
+	}
+	requireTools(t, "/usr/bin/curl")
+	group := "bh-net-" + randSuffix()
+	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
+		t.Fatalf("groupadd: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("groupdel", group).CombinedOutput(); err != nil {
+			t.Errorf("groupdel %s: %v\n%s", group, err, out)
+		}
+	})
+	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
+	h.AddProject(t, "acme", "web")
+	sessionToken := h.Grant(t, "acme", "web", "t1", "coder", "event.record")
+	auditToken := filepath.Join(filepath.Dir(h.Home), "audit-"+randSuffix())
+	h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "launcher",
+		"--cap", "network.audit", "--out", auditToken)
+
+	base := filepath.Dir(h.Home)
+	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sb := bin(t, "sandbox")
+	if out, errOut, code := runSandbox(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web",
+		"--task", "t1", "--role", "coder", "--caps", "event.record", "--token-file", sessionToken); code != 0 {
+		t.Fatalf("prepare: exit %d\n%s%s", code, out, errOut)
+	}
+	allowed, _ := countingServer(t)
+	other, otherHits := countingServer(t)
+	flags := []string{"run", "--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "event.record",
+		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--bushost", bin(t, "bushost"),
+		"--net=proxy", "--allow-host", allowed, "--audit-token-file", auditToken, "--"}
+	started := time.Now()
+	out, errOut, code := runSandbox(t, sb, append(flags, "sh", "-c", `
+curl -sS http://`+allowed+`/; echo "allowed=$?"
+curl -sS -w ' code=%{http_code}' http://`+other+`/; echo " other=$?"
+bushost event record --type network.egress --data '{"decisions":[]}'; echo "forge=$?"
+bushost event record --type network.other; echo "reserved=$?"
+`)...)
+	t.Logf("the audited session took %s", time.Since(started))
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{"hello from " + allowed + "\nallowed=0", "EGRESS_DENIED", "code=403 other=0", "forge=4", "reserved=4"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("session output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
+		}
+	}
+	if !strings.Contains(errOut, "network.audit") || !strings.Contains(errOut, "EVENT_TYPE_RESERVED") {
+		t.Errorf("the session's network.* records were not refused by capability and by type:\n%s", errOut)
+	}
+	if otherHits.Load() != 0 {
+		t.Errorf("the server not allowed was reached")
+	}
+	// With audit the decisions are the broker's, not stderr's.
+	if strings.Contains(errOut, "network.egress allowed") {
+		t.Errorf("decisions on stderr although audited:\n%s", errOut)
+	}
+	events := h.Must(t, "events", "--task", "t1", "--json")
+	var egress []string
+	for _, line := range strings.Split(events, "\n") {
+		if strings.Contains(line, `"type":"network.egress"`) {
+			egress = append(egress, line)
+		}
+	}
+	all := strings.Join(egress, "\n")
+	_, allowedPort, _ := net.SplitHostPort(allowed)
+	_, otherPort, _ := net.SplitHostPort(other)
+	for _, want := range []string{
+		`"decision":"allowed","host":"127.0.0.1","port":` + allowedPort,
+		`"decision":"denied","host":"127.0.0.1","port":` + otherPort,
+		`"decision":"closed"`,
+		`EGRESS_DENIED: ` + other + ` is not named by --allow-host`,
+		`"bytes_in":`,
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("network.egress events lack %q:\n%s", want, events)
+		}
+	}
+	if strings.Contains(all, `"decisions":[]`) {
+		t.Errorf("the session's own network.egress was recorded:\n%s", all)
+	}
+
+	// An audit token the session could read is refused before the launch.
+	inside := filepath.Join(ws, "audit.token")
+	if err := copyFile(auditToken, inside); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(inside)
+	bad := slices.Clone(flags)
+	bad[slices.Index(bad, auditToken)] = inside
+	if out, errOut, code := runSandbox(t, sb, append(bad, "true")...); code != 125 || !strings.Contains(errOut, "which the session sees") {
+		t.Errorf("audit token in the workspace: exit %d, want 125\n%s%s", code, out, errOut)
 	}
 }
