@@ -200,7 +200,8 @@ func TestSandboxNetworkAudit(t *testing.T) {
 	}
 	sb := bin(t, "sandbox")
 	if out, errOut, code := runSandbox(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web",
-		"--task", "t1", "--role", "coder", "--caps", "event.record", "--token-file", sessionToken); code != 0 {
+		"--task", "t1", "--role", "coder", "--caps", "event.record", "--token-file", sessionToken,
+		"--allow-domain", "*.from-session.test"); code != 0 {
 		t.Fatalf("prepare: exit %d\n%s%s", code, out, errOut)
 	}
 	allowed, _ := countingServer(t)
@@ -208,6 +209,10 @@ func TestSandboxNetworkAudit(t *testing.T) {
 	flags := []string{"run", "--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "event.record",
 		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--bushost", bin(t, "bushost"),
 		"--net=proxy", "--allow-host", allowed, "--audit-token-file", auditToken, "--"}
+	explain := append([]string{"explain"}, flags[1:len(flags)-1]...)
+	if out, errOut, code := runSandbox(t, sb, explain...); code != 0 || !strings.Contains(out, "allowed: --allow-domain *.from-session.test: from session.json") {
+		t.Errorf("explain does not list session.json's allow-list: exit %d\n%s%s", code, out, errOut)
+	}
 	started := time.Now()
 	out, errOut, code := runSandbox(t, sb, append(flags, "sh", "-c", `
 curl -sS http://`+allowed+`/; echo "allowed=$?"

@@ -269,7 +269,10 @@ func ParsePrepareFlags(args []string, stderr io.Writer) (*PrepareConfig, error) 
 	fs := flag.NewFlagSet("sandbox prepare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var caps, gitName, gitEmail string
+	var domains, hosts listFlag
 	fs.StringVar(&c.RunDir, "run-dir", "", "the run directory to make (must not exist, or be empty)")
+	fs.Var(&domains, "allow-domain", "written to session.json: a --net=proxy session may reach this name or *.NAME (repeatable)")
+	fs.Var(&hosts, "allow-host", "written to session.json: a --net=proxy session may reach exactly HOST:PORT (repeatable)")
 	fs.StringVar(&s.Business, "business", "", "the task's business")
 	fs.StringVar(&s.Project, "project", "", "the task's project")
 	fs.StringVar(&s.Task, "task", "", "the task the session works on")
@@ -317,6 +320,12 @@ func ParsePrepareFlags(args []string, stderr io.Writer) (*PrepareConfig, error) 
 	if gitName != "" {
 		s.Git = &GitIdentity{Name: gitName, Email: gitEmail}
 		if err := s.Git.check(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+	}
+	if len(domains) > 0 || len(hosts) > 0 {
+		s.Network = &SessionNetwork{AllowDomains: domains, AllowHosts: hosts}
+		if err := s.Network.check(); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 		}
 	}

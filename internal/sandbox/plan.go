@@ -201,6 +201,16 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		for _, h := range cfg.AllowHosts {
 			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host " + h, "given on the command line: exactly this host and port, even a loopback or private address"})
 		}
+		if n := p.Session.Network; n != nil {
+			for _, d := range n.AllowDomains {
+				cfg.AllowDomains = append(cfg.AllowDomains, d)
+				p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "from session.json (sandbox prepare --allow-domain): the name (or every name under *.), any port, when it resolves to public addresses only"})
+			}
+			for _, h := range n.AllowHosts {
+				cfg.AllowHosts = append(cfg.AllowHosts, h)
+				p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host " + h, "from session.json (sandbox prepare --allow-host): exactly this host and port, even a loopback or private address"})
+			}
+		}
 		if cfg.AuditTokenFile != "" {
 			p.checkAuditToken()
 		} else {
@@ -213,6 +223,9 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		p.Binds = slices.Insert(p.Binds, len(p.Binds)-1, Bind{KindROBind, "", egressSocket, "the egress proxy's socket (made at launch, outside the session): pid 1's relay forwards every connection here, and the proxy decides"})
 	case NetHost:
 		p.Network.Why = "the host's network namespace: every address the host reaches"
+		if p.Session.Network != nil {
+			p.Notes = append(p.Notes, "session.json's network allow-list is not enforced: only --net=proxy enforces it")
+		}
 		p.Notes = append(p.Notes, "--net=host: the session shares the host's network namespace")
 		switch abi := landlockABI(); {
 		case abi >= landlockScopeABI:
