@@ -53,11 +53,11 @@ func relay(c net.Conn) {
 	defer up.Close()
 	done := make(chan struct{})
 	go func() {
-		io.Copy(up, c)
+		io.CopyBuffer(up, c, make([]byte, 256<<10))
 		up.(*net.UnixConn).CloseWrite()
 		close(done)
 	}()
-	io.Copy(c, up)
+	io.CopyBuffer(c, up, make([]byte, 256<<10))
 	c.(*net.TCPConn).CloseWrite()
 	<-done
 }
