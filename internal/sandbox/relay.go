@@ -3,6 +3,7 @@ package sandbox
 import (
 	"io"
 	"net"
+	"time"
 )
 
 // initRelay is the option that makes pid 1 serve the relay of a
@@ -27,7 +28,10 @@ func startRelay() error {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
-				continue // EMFILE and the like: the session's own doing
+				// EMFILE and the like, the session's own doing: wait
+				// a little rather than spin.
+				time.Sleep(10 * time.Millisecond)
+				continue
 			}
 			select {
 			case slots <- struct{}{}:
@@ -53,11 +57,11 @@ func relay(c net.Conn) {
 	defer up.Close()
 	done := make(chan struct{})
 	go func() {
-		io.CopyBuffer(up, c, make([]byte, 256<<10))
+		io.Copy(up, c) // splice(2): no buffer in pid 1
 		up.(*net.UnixConn).CloseWrite()
 		close(done)
 	}()
-	io.CopyBuffer(c, up, make([]byte, 256<<10))
+	io.Copy(c, up)
 	c.(*net.TCPConn).CloseWrite()
 	<-done
 }
