@@ -103,6 +103,8 @@ func (e *egressProxy) stop() {
 	for c := range e.conns {
 		c.Close()
 	}
+	// No connection is taken on from here: track refuses it.
+	e.conns = nil
 	e.mu.Unlock()
 	e.wg.Wait()
 	os.RemoveAll(e.dir)
@@ -169,7 +171,11 @@ func (e *egressProxy) serve() {
 			}()
 			continue
 		}
-		e.track(c, true)
+		if !e.track(c, true) {
+			c.Close()
+			<-e.slots
+			return
+		}
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
