@@ -47,7 +47,11 @@ const (
 	TypeTaskRepaired    = "task.repaired"
 )
 
-var reservedPrefixes = []string{"action.", "review.", "task.", "grant."}
+var reservedPrefixes = []string{"action.", "review.", "task.", "grant.", "network."}
+
+// TypeNetworkEgress is a session's egress decisions, recorded by its
+// launcher with a grant holding network.audit (RecordEvent).
+const TypeNetworkEgress = "network.egress"
 
 // eventTypeRE is the whole grammar of a free-form type: ASCII lower case,
 // digits and underscores in dot-separated words. Anything else (upper case,
@@ -70,7 +74,7 @@ func CheckRecordType(typ string) error {
 		return errdefs.InvalidArgument(errdefs.EventTypeInvalid, "event type %q must match ^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$", clip(typ))
 	}
 	if reserved(typ) {
-		return errdefs.PermissionDenied(errdefs.EventTypeReserved, "event type %q is reserved: action.*, review.*, task.* and grant.* come only from the broker's own calls", typ)
+		return errdefs.PermissionDenied(errdefs.EventTypeReserved, "event type %q is reserved: action.*, review.*, task.* and grant.* come only from the broker's own calls, network.* from a session's launcher", typ)
 	}
 	return nil
 }

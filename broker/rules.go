@@ -288,12 +288,22 @@ const maxKeyBytes = 256
 // the grammar and not be reserved, the data must be a JSON object of at
 // most MaxDataBytes. With key, the same key and body return the first event
 // and the same key with another body is refused.
+//
+// network.egress, reserved, takes a grant with network.audit instead of
+// event.record (a session's launcher holds it, never the session), and is
+// counted against that grant's own quota.
 func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data, key string) (Event, error) {
-	if !g.Has(authz.CapEventRecord) {
-		return Event{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s", g.ID, authz.CapEventRecord)
+	need := authz.CapEventRecord
+	if typ == TypeNetworkEgress {
+		need = authz.CapNetworkAudit
 	}
-	if err := CheckRecordType(typ); err != nil {
-		return Event{}, err
+	if !g.Has(need) {
+		return Event{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s", g.ID, need)
+	}
+	if need == authz.CapEventRecord {
+		if err := CheckRecordType(typ); err != nil {
+			return Event{}, err
+		}
 	}
 	data, err := canonicalData(data)
 	if err != nil {
@@ -310,7 +320,7 @@ func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data
 	body := tokenHash(typ + "\x00" + data)
 	var e Event
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		if err := recheck(ctx, q, g, authz.CapEventRecord); err != nil {
+		if err := recheck(ctx, q, g, need); err != nil {
 			return err
 		}
 		if _, ok, err := q.task(ctx, g.Business, g.Project, g.Task); err != nil || !ok {

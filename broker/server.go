@@ -127,7 +127,9 @@ func (s *server) CloseTask(ctx context.Context, _ *brokerv1.CloseTaskRequest) (*
 }
 
 func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest) (*brokerv1.RecordEventResponse, error) {
-	g, peer, err := s.caller(ctx, authz.CapEventRecord)
+	// Either capability lets the call in; RecordEvent decides which the
+	// type needs.
+	g, peer, err := s.caller(ctx, authz.CapEventRecord, authz.CapNetworkAudit)
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in git bubblewrap postgresql ca-certificates make gcc passwd util-linux systemd podman runc debootstrap; do
+# curl and python3 are run inside sessions by the --net=proxy tests.
+for pkg in git bubblewrap postgresql ca-certificates make gcc passwd util-linux systemd podman runc debootstrap curl python3; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

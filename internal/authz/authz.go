@@ -18,11 +18,15 @@ const (
 	CapReviewVerdict = "review.verdict"
 	CapTaskClose     = "task.close"
 	CapEventRecord   = "event.record"
+	// CapNetworkAudit lets a session's launcher (sandbox run
+	// --audit-token-file) record network.egress on the task, and nothing
+	// else; it never enters the session.
+	CapNetworkAudit = "network.audit"
 )
 
 // Capabilities is the whole vocabulary; a grant naming anything else is
 // refused.
-var Capabilities = []string{CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord}
+var Capabilities = []string{CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord, CapNetworkAudit}
 
 // HostID is the actor recorded for calls made with admin.token.
 const HostID = "host"

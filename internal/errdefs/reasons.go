@@ -108,6 +108,8 @@ const (
 	LimitUnavailable     Reason = "LIMIT_UNAVAILABLE"
 	AbstractScopeMissing Reason = "ABSTRACT_SCOPE_MISSING"
 	SessionUIDsExhausted Reason = "SESSION_UIDS_EXHAUSTED"
+	EgressDenied         Reason = "EGRESS_DENIED"
+	EgressConnections    Reason = "EGRESS_CONNECTIONS_EXHAUSTED"
 
 	ObjectTooLarge     Reason = "OBJECT_TOO_LARGE"
 	PackTooManyObjects Reason = "PACK_TOO_MANY_OBJECTS"

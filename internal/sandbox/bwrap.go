@@ -24,7 +24,7 @@ func (p *Plan) bwrapArgs() []string {
 	args := []string{
 		"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 	}
-	if !p.Config.Net {
+	if p.Config.Net != NetHost {
 		args = append(args, "--unshare-net")
 	}
 	args = append(args,

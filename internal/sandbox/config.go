@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/size"
@@ -46,12 +47,24 @@ type Config struct {
 	Caps         []string
 	BrokerSocket string
 	GitSocket    string
-	Net          bool
-	RO           []string
-	Env          []string // NAME=VALUE or NAME (taken from sandbox's own environment)
-	User         string   // session user when started as root; "" means the default
-	Bushost      string   // "" means: next to the sandbox executable, else on PATH
-	Bwrap        string   // "" means /usr/bin/bwrap, else bwrap on PATH
+	// Net is the session's network: NetNone (the default), NetProxy or
+	// NetHost.
+	Net string
+	// AllowDomains and AllowHosts are the egress policy of --net=proxy;
+	// ResolveFile a hosts file the proxy reads before the host's resolver.
+	AllowDomains []string
+	AllowHosts   []string
+	ResolveFile  string
+	// AuditTokenFile is a grant with network.audit the launcher records
+	// the egress decisions with; "" logs them to stderr.
+	AuditTokenFile string
+	EgressConns    int
+	EgressIdle     time.Duration
+	RO             []string
+	Env            []string // NAME=VALUE or NAME (taken from sandbox's own environment)
+	User           string   // session user when started as root; "" means the default
+	Bushost        string   // "" means: next to the sandbox executable, else on PATH
+	Bwrap          string   // "" means /usr/bin/bwrap, else bwrap on PATH
 	// Init is the executable bound as the session's pid 1 and run with
 	// InitVerb; "" means this one (cmd/sandbox hands InitVerb to Init).
 	Init string
@@ -94,14 +107,21 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs := flag.NewFlagSet("sandbox "+verb, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var caps string
-	var ro, env listFlag
+	var ro, env, domains, hosts listFlag
+	c.Net = NetNone
 	fs.StringVar(&c.RunDir, "run-dir", "", "the run directory (session.json, bundle/, home/, tmp/)")
 	fs.StringVar(&c.Workspace, "workspace", "", "the workspace the session works in (read-write)")
 	fs.StringVar(&c.Role, "role", "", "the session's role name")
 	fs.StringVar(&caps, "caps", "", "the role's capabilities, comma-separated")
 	fs.StringVar(&c.BrokerSocket, "broker-socket", "", "the bus host's broker.sock")
 	fs.StringVar(&c.GitSocket, "git-socket", "", "the bus host's git.sock (bound only for git.push.working or review.verdict)")
-	fs.BoolVar(&c.Net, "net", false, "share the host's network (default: no network); needs Landlock ABI 6 to keep off the host's abstract Unix sockets")
+	fs.Var(netFlag{&c.Net}, "net", "the session's network, always with '=': none (the default: loopback only), proxy (loopback and a relay to an egress proxy that allows only --allow-domain and --allow-host), host (the host's network; --net alone means host; needs Landlock ABI 6 to keep off the host's abstract Unix sockets)")
+	fs.Var(&domains, "allow-domain", "with --net=proxy: let the session reach NAME (api.example.com) or every name under it (*.example.com), on any port, if it resolves to public addresses only (repeatable)")
+	fs.Var(&hosts, "allow-host", "with --net=proxy: let the session reach exactly HOST:PORT, even a loopback or private address (repeatable)")
+	fs.StringVar(&c.ResolveFile, "resolve-file", "", "with --net=proxy: a hosts(5) file the proxy looks names up in before the host's resolver (tests, air-gapped sites)")
+	fs.StringVar(&c.AuditTokenFile, "audit-token-file", "", "with --net=proxy: a grant holding network.audit (bushost grant --cap network.audit --out F) that run records every egress decision with, as network.egress events on its task; the session cannot read it (default: decisions go to stderr)")
+	fs.IntVar(&c.EgressConns, "egress-conns", DefaultEgressConns, "with --net=proxy: the most connections the session may hold through the proxy at once")
+	fs.DurationVar(&c.EgressIdle, "egress-idle", DefaultEgressIdle, "with --net=proxy: close a proxied connection idle this long")
 	fs.BoolVar(&c.AllowAbstractSockets, "allow-abstract-sockets", false, "with --net on a kernel without Landlock ABI 6: start anyway, reaching the host's abstract Unix sockets")
 	fs.Var(&ro, "ro", "bind PATH read-only at the same path (repeatable)")
 	fs.Var(&env, "env", "set NAME=VALUE in the session, or pass NAME through (repeatable)")
@@ -124,7 +144,23 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	c.RO, c.Env = ro, env
+	c.RO, c.Env, c.AllowDomains, c.AllowHosts = ro, env, domains, hosts
+	if c.Net != NetProxy && (len(domains) > 0 || len(hosts) > 0 || c.ResolveFile != "" || c.AuditTokenFile != "") {
+		return nil, fmt.Errorf("%w: --allow-domain, --allow-host, --resolve-file and --audit-token-file need --net=proxy", ErrUsage)
+	}
+	for _, d := range domains {
+		if err := checkDomainPattern(d); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+	}
+	for _, h := range hosts {
+		if err := checkHostPort(h); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+	}
+	if c.EgressConns < 1 || c.EgressIdle <= 0 {
+		return nil, fmt.Errorf("%w: --egress-conns must be at least 1 and --egress-idle positive", ErrUsage)
+	}
 	var rerr error
 	if c.UIDLow, c.UIDHigh, rerr = parseUIDRange(uidRange); rerr != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUsage, rerr)
@@ -202,6 +238,13 @@ func (c *Config) sessionEnv(p *Plan) []string {
 				"GIT_COMMITTER_NAME="+s.Git.Name, "GIT_COMMITTER_EMAIL="+s.Git.Email)
 		}
 	}
+	if c.Net == NetProxy {
+		// curl reads only the lowercase http_proxy; others the upper.
+		for _, name := range []string{"http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"} {
+			env = append(env, name+"=http://"+relayAddr)
+		}
+		env = append(env, "all_proxy=socks5h://"+relayAddr, "ALL_PROXY=socks5h://"+relayAddr, "no_proxy=", "NO_PROXY=")
+	}
 	for _, e := range c.Env {
 		if strings.Contains(e, "=") {
 			env = append(env, e)
@@ -226,7 +269,10 @@ func ParsePrepareFlags(args []string, stderr io.Writer) (*PrepareConfig, error) 
 	fs := flag.NewFlagSet("sandbox prepare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var caps, gitName, gitEmail string
+	var domains, hosts listFlag
 	fs.StringVar(&c.RunDir, "run-dir", "", "the run directory to make (must not exist, or be empty)")
+	fs.Var(&domains, "allow-domain", "written to session.json: a --net=proxy session may reach this name or *.NAME (repeatable)")
+	fs.Var(&hosts, "allow-host", "written to session.json: a --net=proxy session may reach exactly HOST:PORT (repeatable)")
 	fs.StringVar(&s.Business, "business", "", "the task's business")
 	fs.StringVar(&s.Project, "project", "", "the task's project")
 	fs.StringVar(&s.Task, "task", "", "the task the session works on")
@@ -274,6 +320,12 @@ func ParsePrepareFlags(args []string, stderr io.Writer) (*PrepareConfig, error) 
 	if gitName != "" {
 		s.Git = &GitIdentity{Name: gitName, Email: gitEmail}
 		if err := s.Git.check(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+	}
+	if len(domains) > 0 || len(hosts) > 0 {
+		s.Network = &SessionNetwork{AllowDomains: domains, AllowHosts: hosts}
+		if err := s.Network.check(); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 		}
 	}

@@ -56,6 +56,16 @@ func explain(w io.Writer, p *Plan, asJSON bool) error {
 	if l := p.Limits; l != (Limits{}) {
 		fmt.Fprintf(w, "limits: %s (core dumps off; the cgroup is made at launch, or the launch refused)\n", l)
 	}
+	fmt.Fprintf(w, "network: %s: %s\n", p.Network.Mode, p.Network.Why)
+	if p.Network.Relay != "" {
+		fmt.Fprintf(w, "relay: %s (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY point here; NO_PROXY is empty)\n", p.Network.Relay)
+		if len(p.Network.Allowed) == 0 {
+			fmt.Fprintln(w, "allowed: nothing (no --allow-domain or --allow-host): every connection is refused")
+		}
+		for _, a := range p.Network.Allowed {
+			fmt.Fprintf(w, "allowed: %s: %s\n", a.Rule, a.Why)
+		}
+	}
 	fmt.Fprintf(w, "namespaces: %s\n", strings.Join(p.Namespaces, " "))
 	fmt.Fprintf(w, "env: %s\n", strings.Join(envNames(p.Env), " "))
 	fmt.Fprintln(w, "hardening:")

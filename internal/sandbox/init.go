@@ -40,13 +40,15 @@ const initGate = "--gate"
 // start adds to bwrap's, so it does no more than this, allocates little,
 // and writes only when something fails.
 func Init(args []string, stderr io.Writer) int {
-	var gate, scope bool
+	var gate, scope, relay bool
 	for len(args) > 0 && strings.HasPrefix(args[0], "--") {
 		switch args[0] {
 		case initGate:
 			gate = true
 		case initScopeAbstract:
 			scope = true
+		case initRelay:
+			relay = true
 		default:
 			initFailed(stderr, "unknown option "+args[0], nil)
 			return ExitSandbox
@@ -120,6 +122,14 @@ func Init(args []string, stderr io.Writer) int {
 		return ExitSandbox
 	}
 
+	// The relay listens before the command starts, so no session process
+	// can take its port first.
+	if relay {
+		if err := startRelay(); err != nil {
+			initFailed(stderr, "listen on "+relayAddr+" for the egress relay", err)
+			return ExitSandbox
+		}
+	}
 	// Landlock binds the thread that asks, and this goroutine's thread is
 	// locked: the command, forked from it below, starts in the domain.
 	if scope {

@@ -71,9 +71,14 @@ type Plan struct {
 	Limits Limits `json:"limits"`
 	// ScopeAbstract: pid 1 scopes the command off abstract Unix sockets.
 	ScopeAbstract bool `json:"scope_abstract_unix,omitempty"`
+	// Network is the session's network mode and egress policy.
+	Network Network `json:"network"`
 	// Session is the run directory's session.json.
 	Session *SessionFile `json:"session"`
 	initExe string
+	// bushostExe is the client bound into the session ("" if none), which
+	// run also records egress decisions with.
+	bushostExe string
 	// busSockets are the bound broker and git sockets: the only binds
 	// whose group the session user is given.
 	busSockets []string
@@ -168,6 +173,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.bushostExe = bushost
 	if bushost != "" {
 		p.Binds = append(p.Binds, Bind{KindROBind, bushost, sessionBinDir + "/bushost", "the bushost client, the session's only way to push, fetch and talk to the broker; first on PATH"})
 	} else {
@@ -182,8 +188,45 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	)
 
 	p.Namespaces = []string{"user", "pid", "ipc", "uts", "cgroup"}
-	if cfg.Net {
-		p.Notes = append(p.Notes, "--net: the session shares the host's network namespace")
+	p.Network = Network{Mode: cfg.Net}
+	switch cfg.Net {
+	case NetNone:
+		p.Network.Why = "a network namespace of its own with only a loopback: no route anywhere"
+	case NetProxy:
+		p.Network.Why = "a network namespace of its own with only a loopback, where pid 1 relays " + relayAddr + " (HTTP with CONNECT, SOCKS5) to the egress proxy run keeps outside, which allows only what is listed here, resolves names itself and logs every decision to run's stderr"
+		p.Network.Relay = relayAddr
+		for _, d := range cfg.AllowDomains {
+			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "given on the command line: the name (or every name under *.), any port, when it resolves to public addresses only"})
+		}
+		for _, h := range cfg.AllowHosts {
+			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host " + h, "given on the command line: exactly this host and port, even a loopback or private address"})
+		}
+		if n := p.Session.Network; n != nil {
+			for _, d := range n.AllowDomains {
+				cfg.AllowDomains = append(cfg.AllowDomains, d)
+				p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "from session.json (sandbox prepare --allow-domain): the name (or every name under *.), any port, when it resolves to public addresses only"})
+			}
+			for _, h := range n.AllowHosts {
+				cfg.AllowHosts = append(cfg.AllowHosts, h)
+				p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host " + h, "from session.json (sandbox prepare --allow-host): exactly this host and port, even a loopback or private address"})
+			}
+		}
+		if cfg.AuditTokenFile != "" {
+			p.checkAuditToken()
+		} else {
+			p.Notes = append(p.Notes, "no --audit-token-file: the egress decisions go to sandbox run's stderr, not to the broker")
+		}
+		if cfg.ResolveFile != "" {
+			p.Notes = append(p.Notes, "--resolve-file "+cfg.ResolveFile+": the proxy looks names up there first")
+		}
+		// Bound at launch: run makes the socket then.
+		p.Binds = slices.Insert(p.Binds, len(p.Binds)-1, Bind{KindROBind, "", egressSocket, "the egress proxy's socket (made at launch, outside the session): pid 1's relay forwards every connection here, and the proxy decides"})
+	case NetHost:
+		p.Network.Why = "the host's network namespace: every address the host reaches"
+		if p.Session.Network != nil {
+			p.Notes = append(p.Notes, "session.json's network allow-list is not enforced: only --net=proxy enforces it")
+		}
+		p.Notes = append(p.Notes, "--net=host: the session shares the host's network namespace")
 		switch abi := landlockABI(); {
 		case abi >= landlockScopeABI:
 			p.ScopeAbstract = true
@@ -192,7 +235,8 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		default:
 			p.Problems = append(p.Problems, fmt.Sprintf("%s: --net would let the session reach the host's abstract Unix sockets (containerd-shim, X11, D-Bus), and this kernel's Landlock ABI is %d, scopes need %d (Linux 6.12); give --allow-abstract-sockets to start anyway", ReasonAbstractScopeMissing, abi, landlockScopeABI))
 		}
-	} else {
+	}
+	if cfg.Net != NetHost {
 		p.Namespaces = append(p.Namespaces, "net")
 	}
 	p.Hardening = []Flag{
@@ -216,6 +260,20 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	p.Env = cfg.sessionEnv(p)
 	p.checkAccess()
 	return p, nil
+}
+
+// Network is what explain says of the session's network.
+type Network struct {
+	Mode    string    `json:"mode"`
+	Why     string    `json:"why"`
+	Relay   string    `json:"relay,omitempty"`
+	Allowed []Allowed `json:"allowed,omitempty"`
+}
+
+// Allowed is one rule of the egress policy, and where it comes from.
+type Allowed struct {
+	Rule string `json:"rule"`
+	Why  string `json:"why"`
 }
 
 // SocketGroup is a supplementary group the session user gets because a
@@ -278,6 +336,37 @@ func (p *Plan) checkSession() {
 			p.Problems = append(p.Problems, fmt.Sprintf("session.json names token file %s, which is not a regular file", tok))
 		}
 	}
+}
+
+// checkAuditToken records why --audit-token-file cannot be used: a token
+// the session could read through a bind would let it record
+// network.egress itself.
+func (p *Plan) checkAuditToken() {
+	f := p.Config.AuditTokenFile
+	real, err := filepath.EvalSymlinks(f)
+	if err == nil {
+		real, err = filepath.Abs(real)
+	}
+	if err != nil {
+		p.Problems = append(p.Problems, fmt.Sprintf("--audit-token-file %s: %v", f, err))
+		return
+	}
+	if st, err := os.Stat(real); err != nil || !st.Mode().IsRegular() {
+		p.Problems = append(p.Problems, fmt.Sprintf("--audit-token-file %s is not a regular file", f))
+		return
+	}
+	for _, b := range p.Binds {
+		if (b.Kind == KindBind || b.Kind == KindROBind) && b.Source != "" && within(real, b.Source) {
+			p.Problems = append(p.Problems, fmt.Sprintf("--audit-token-file %s is under %s, which the session sees: keep the audit grant out of every bind", f, b.Source))
+			return
+		}
+	}
+	if p.bushostExe == "" {
+		p.Problems = append(p.Problems, "--audit-token-file: no bushost client to record the decisions with (give --bushost PATH)")
+		return
+	}
+	p.Config.AuditTokenFile = real
+	p.Notes = append(p.Notes, "--audit-token-file: every egress decision is a network.egress event on the audit grant's task, recorded by sandbox run in batches (a second or 64 decisions)")
 }
 
 // checkAccess records what the session user could not reach.

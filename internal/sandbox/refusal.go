@@ -23,6 +23,8 @@ const (
 	ReasonLimitUnavailable     = "LIMIT_UNAVAILABLE"
 	ReasonAbstractScopeMissing = "ABSTRACT_SCOPE_MISSING"
 	ReasonSessionUIDsExhausted = "SESSION_UIDS_EXHAUSTED"
+	ReasonEgressDenied         = "EGRESS_DENIED"
+	ReasonEgressConnections    = "EGRESS_CONNECTIONS_EXHAUSTED"
 )
 
 // Exit statuses of the classes docs/errors.md lists.

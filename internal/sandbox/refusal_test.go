@@ -15,6 +15,8 @@ func TestReasonsAreErrdefs(t *testing.T) {
 		ReasonLimitUnavailable:     errdefs.LimitUnavailable,
 		ReasonAbstractScopeMissing: errdefs.AbstractScopeMissing,
 		ReasonSessionUIDsExhausted: errdefs.SessionUIDsExhausted,
+		ReasonEgressDenied:         errdefs.EgressDenied,
+		ReasonEgressConnections:    errdefs.EgressConnections,
 	} {
 		if got != string(want) {
 			t.Errorf("sandbox reason %q, errdefs says %q", got, want)

@@ -127,6 +127,28 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if cg != nil {
 		defer cg.remove()
 	}
+	if p.Config.Net == NetProxy {
+		log := io.Writer(stderr)
+		if stderr == nil {
+			log = io.Discard
+		}
+		var audit *auditor
+		if p.Config.AuditTokenFile != "" {
+			audit = startAuditor(p.bushostExe, p.brokerSocket(), p.Config.AuditTokenFile, log)
+			// After the proxy has stopped: its last decisions go too.
+			defer audit.stop()
+		}
+		eg, err := startEgress(p.Config, log, audit)
+		if err != nil {
+			return 0, fmt.Errorf("start the egress proxy: %w", err)
+		}
+		defer eg.stop()
+		for i := range p.Binds {
+			if p.Binds[i].Target == egressSocket {
+				p.Binds[i].Source = eg.socketPath()
+			}
+		}
+	}
 	argv := append([]string{p.Bwrap}, p.bwrapArgs()...)
 	argv = append(argv, initPath, InitVerb)
 	files := []uintptr{stdio[0], stdio[1], stdio[2], seccompR.Fd(), statusW.Fd(), rawFD(statusR), uintptr(ready[1])}
@@ -144,6 +166,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	}
 	if p.ScopeAbstract {
 		argv = append(argv, initScopeAbstract)
+	}
+	if p.Config.Net == NetProxy {
+		argv = append(argv, initRelay)
 	}
 	argv = append(argv, exe)
 	argv = append(argv, p.Command...)

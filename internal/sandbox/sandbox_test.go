@@ -37,7 +37,7 @@ func TestParseFlags(t *testing.T) {
 			if !slices.Equal(c.Caps, []string{CapPushWorking, CapReviewVerdict}) {
 				t.Errorf("caps %q", c.Caps)
 			}
-			if !c.Net || !slices.Equal(c.RO, []string{"/a", "/b"}) || !slices.Equal(c.Command, []string{"sh", "-c", "true"}) {
+			if c.Net != NetHost || !slices.Equal(c.RO, []string{"/a", "/b"}) || !slices.Equal(c.Command, []string{"sh", "-c", "true"}) {
 				t.Errorf("config %+v", c)
 			}
 		}},

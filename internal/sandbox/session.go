@@ -44,6 +44,35 @@ type SessionFile struct {
 	// $BUS_TOKEN_FILE at it.
 	TokenFile string       `json:"token_file,omitempty"`
 	Git       *GitIdentity `json:"git,omitempty"`
+	// Network is the egress allow-list of a --net=proxy session, added to
+	// the command line's --allow-domain and --allow-host.
+	Network *SessionNetwork `json:"network,omitempty"`
+}
+
+// SessionNetwork is session.json's egress allow-list.
+type SessionNetwork struct {
+	AllowDomains []string `json:"allow_domains,omitempty"`
+	AllowHosts   []string `json:"allow_hosts,omitempty"`
+}
+
+// maxAllowRules bounds each list of session.json's allow-list.
+const maxAllowRules = 256
+
+func (n *SessionNetwork) check() error {
+	if len(n.AllowDomains) > maxAllowRules || len(n.AllowHosts) > maxAllowRules {
+		return fmt.Errorf("network: at most %d allow_domains and %d allow_hosts", maxAllowRules, maxAllowRules)
+	}
+	for _, d := range n.AllowDomains {
+		if err := checkDomainPattern(d); err != nil {
+			return fmt.Errorf("network.allow_domains: %w", err)
+		}
+	}
+	for _, h := range n.AllowHosts {
+		if err := checkHostPort(h); err != nil {
+			return fmt.Errorf("network.allow_hosts: %w", err)
+		}
+	}
+	return nil
 }
 
 // GitIdentity is the author and committer of the session's commits.
@@ -101,6 +130,11 @@ func readSessionFile(runDir string) (*SessionFile, error) {
 	}
 	if s.Git != nil {
 		if err := s.Git.check(); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	if s.Network != nil {
+		if err := s.Network.check(); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 	}

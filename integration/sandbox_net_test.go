@@ -1,0 +1,278 @@
+package integration
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// requireTools fails under CI and skips elsewhere when a program a session
+// runs is missing at its system path (the session sees /usr, not a user's
+// pyenv or ~/bin).
+func requireTools(t *testing.T, paths ...string) {
+	t.Helper()
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is missing: scripts/deps.sh installs it", p)
+			}
+			t.Skipf("*** %s is missing (scripts/deps.sh installs it): the session's network NOT TESTED ***", p)
+		}
+	}
+}
+
+// countingServer serves "hello from P" on the host's 127.0.0.1 and counts
+// the requests it answered.
+func countingServer(t *testing.T) (string, *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		fmt.Fprintf(w, "hello from %s\n", l.Addr())
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().String(), &n
+}
+
+func egressDirs(t *testing.T) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(os.TempDir(), "sandbox-egress-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestSandboxNetwork: --net=proxy enforces its allow-list through a relay
+// the session cannot go around; --net=none has no route and no relay.
+func TestSandboxNetwork(t *testing.T) {
+	requireTools(t, "/usr/bin/curl", "/usr/bin/python3")
+	e := newSandboxEnv(t)
+	allowed, allowedHits := countingServer(t)
+	other, otherHits := countingServer(t)
+	hosts := filepath.Join(e.base, "hosts")
+	// Names the proxy resolves to the host's loopback and a private and
+	// the metadata address: refused although their domain is allowed.
+	if err := os.WriteFile(hosts, []byte("127.0.0.1 loop.allowed.test\n10.1.2.3 private.allowed.test\n169.254.169.254 metadata.allowed.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := egressDirs(t)
+	proxy := []string{"--net=proxy", "--allow-host", allowed, "--allow-domain", "*.allowed.test", "--allow-domain", "localhost", "--resolve-file", hosts}
+
+	t.Run("proxy", func(t *testing.T) {
+		_, port, _ := net.SplitHostPort(allowed)
+		script := `
+curl -sS http://` + allowed + `/; echo "via-relay=$?"
+curl -sS -x socks5h://127.0.0.1:3128 http://` + allowed + `/; echo "via-socks=$?"
+curl -sS --noproxy '*' -m 5 http://` + allowed + `/; echo "noproxy=$?"
+/usr/bin/python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 5)' ` + port + ` 2>/dev/null; echo "raw=$?"
+curl -sS -w ' code=%{http_code}' http://` + other + `/; echo " other=$?"
+curl -sS -x socks5h://127.0.0.1:3128 http://` + other + `/ 2>/dev/null; echo "other-socks=$?"
+for name in loop private metadata; do curl -sS -w ' code=%{http_code}' http://$name.allowed.test:` + port + `/; echo " $name=$?"; done
+curl -sS -w ' code=%{http_code}' http://localhost:` + port + `/; echo " localhost=$?"
+`
+		out, errOut, code := e.runIn(t, proxy, "sh", "-c", script)
+		if code != 0 {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+		for _, want := range []string{
+			"hello from " + allowed + "\nvia-relay=0",
+			"hello from " + allowed + "\nvia-socks=0",
+			"noproxy=7", // curl: could not connect: no route, nothing listens
+			"raw=1",
+			"EGRESS_DENIED: " + other + " is not named by --allow-host\n code=403 other=0",
+			"other-socks=97", // SOCKS reply 2: not allowed by the ruleset
+			"EGRESS_DENIED: loop.allowed.test resolves to 127.0.0.1, in 127.0.0.0/8",
+			"EGRESS_DENIED: private.allowed.test resolves to 10.1.2.3, in 10.0.0.0/8",
+			"EGRESS_DENIED: metadata.allowed.test resolves to 169.254.169.254, in 169.254.0.0/16",
+			"EGRESS_DENIED: localhost resolves to",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("session output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
+			}
+		}
+		if n := allowedHits.Load(); n != 2 {
+			t.Errorf("the allowed server answered %d requests, want 2 (relay and SOCKS)", n)
+		}
+		if n := otherHits.Load(); n != 0 {
+			t.Errorf("the server not allowed answered %d requests", n)
+		}
+		// Without --audit-token-file the decisions go to run's stderr.
+		for _, want := range []string{
+			"network.egress allowed " + allowed,
+			"network.egress denied " + other + ": EGRESS_DENIED",
+			"network.egress closed " + allowed,
+		} {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("run's stderr lacks %q:\n%s", want, errOut)
+			}
+		}
+	})
+
+	t.Run("none", func(t *testing.T) {
+		out, errOut, code := e.runIn(t, nil, "sh", "-c", `
+env | grep -i _proxy; echo "env=$?"
+curl -sS -m 5 http://`+allowed+`/; echo "direct=$?"
+curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
+`)
+		if code != 0 {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+		for _, want := range []string{"env=1", "direct=7", "relay=7"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("--net=none: output lacks %q:\n%s%s", want, out, errOut)
+			}
+		}
+	})
+
+	t.Run("flags", func(t *testing.T) {
+		for _, bad := range [][]string{
+			{"--net=proxy", "--allow-domain", "*"},
+			{"--net=proxy", "--allow-host", "example.com"},
+			{"--net=none", "--allow-host", allowed},
+			{"--net=sideways"},
+		} {
+			if out, errOut, code := e.runIn(t, bad, "true"); code != 2 {
+				t.Errorf("%q: exit %d, want 2 (usage)\n%s%s", bad, code, out, errOut)
+			}
+		}
+		out, errOut, code := runSandbox(t, e.sandbox, append(append([]string{"explain"}, e.flags("git.push.working")...), proxy...)...)
+		if code != 0 {
+			t.Fatalf("explain: exit %d\n%s%s", code, out, errOut)
+		}
+		for _, want := range []string{"network: proxy:", "relay: 127.0.0.1:3128", "allowed: --allow-host " + allowed, "allowed: --allow-domain *.allowed.test", "/run/sandbox/egress.sock"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("explain lacks %q:\n%s", want, out)
+			}
+		}
+	})
+
+	// Nothing left behind: the proxy's socket directory goes with the
+	// session.
+	for _, d := range egressDirs(t) {
+		if !slices.Contains(before, d) {
+			t.Errorf("left behind: %s", d)
+		}
+	}
+}
+
+// TestSandboxNetworkAudit: with --audit-token-file every egress decision
+// is in the broker as network.egress on the session's task, recorded by
+// the launcher; the session's own grant cannot record that type.
+func TestSandboxNetworkAudit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as a uid of its own")
+	}
+	requireTools(t, "/usr/bin/curl")
+	group := "bh-net-" + randSuffix()
+	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
+		t.Fatalf("groupadd: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("groupdel", group).CombinedOutput(); err != nil {
+			t.Errorf("groupdel %s: %v\n%s", group, err, out)
+		}
+	})
+	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
+	h.AddProject(t, "acme", "web")
+	sessionToken := h.Grant(t, "acme", "web", "t1", "coder", "event.record")
+	auditToken := filepath.Join(filepath.Dir(h.Home), "audit-"+randSuffix())
+	h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "launcher",
+		"--cap", "network.audit", "--out", auditToken)
+
+	base := filepath.Dir(h.Home)
+	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sb := bin(t, "sandbox")
+	if out, errOut, code := runSandbox(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web",
+		"--task", "t1", "--role", "coder", "--caps", "event.record", "--token-file", sessionToken,
+		"--allow-domain", "*.from-session.test"); code != 0 {
+		t.Fatalf("prepare: exit %d\n%s%s", code, out, errOut)
+	}
+	allowed, _ := countingServer(t)
+	other, otherHits := countingServer(t)
+	flags := []string{"run", "--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "event.record",
+		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--bushost", bin(t, "bushost"),
+		"--net=proxy", "--allow-host", allowed, "--audit-token-file", auditToken, "--"}
+	explain := append([]string{"explain"}, flags[1:len(flags)-1]...)
+	if out, errOut, code := runSandbox(t, sb, explain...); code != 0 || !strings.Contains(out, "allowed: --allow-domain *.from-session.test: from session.json") {
+		t.Errorf("explain does not list session.json's allow-list: exit %d\n%s%s", code, out, errOut)
+	}
+	started := time.Now()
+	out, errOut, code := runSandbox(t, sb, append(flags, "sh", "-c", `
+curl -sS http://`+allowed+`/; echo "allowed=$?"
+curl -sS -w ' code=%{http_code}' http://`+other+`/; echo " other=$?"
+bushost event record --type network.egress --data '{"decisions":[]}'; echo "forge=$?"
+bushost event record --type network.other; echo "reserved=$?"
+`)...)
+	t.Logf("the audited session took %s", time.Since(started))
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{"hello from " + allowed + "\nallowed=0", "EGRESS_DENIED", "code=403 other=0", "forge=4", "reserved=4"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("session output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
+		}
+	}
+	if !strings.Contains(errOut, "network.audit") || !strings.Contains(errOut, "EVENT_TYPE_RESERVED") {
+		t.Errorf("the session's network.* records were not refused by capability and by type:\n%s", errOut)
+	}
+	if otherHits.Load() != 0 {
+		t.Errorf("the server not allowed was reached")
+	}
+	// With audit the decisions are the broker's, not stderr's.
+	if strings.Contains(errOut, "network.egress allowed") {
+		t.Errorf("decisions on stderr although audited:\n%s", errOut)
+	}
+	events := h.Must(t, "events", "--task", "t1", "--json")
+	var egress []string
+	for _, line := range strings.Split(events, "\n") {
+		if strings.Contains(line, `"type":"network.egress"`) {
+			egress = append(egress, line)
+		}
+	}
+	all := strings.Join(egress, "\n")
+	_, allowedPort, _ := net.SplitHostPort(allowed)
+	_, otherPort, _ := net.SplitHostPort(other)
+	for _, want := range []string{
+		`"decision":"allowed","host":"127.0.0.1","port":` + allowedPort,
+		`"decision":"denied","host":"127.0.0.1","port":` + otherPort,
+		`"decision":"closed"`,
+		`EGRESS_DENIED: ` + other + ` is not named by --allow-host`,
+		`"bytes_in":`,
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("network.egress events lack %q:\n%s", want, events)
+		}
+	}
+	if strings.Contains(all, `"decisions":[]`) {
+		t.Errorf("the session's own network.egress was recorded:\n%s", all)
+	}
+
+	// An audit token the session could read is refused before the launch.
+	inside := filepath.Join(ws, "audit.token")
+	if err := copyFile(auditToken, inside); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(inside)
+	bad := slices.Clone(flags)
+	bad[slices.Index(bad, auditToken)] = inside
+	if out, errOut, code := runSandbox(t, sb, append(bad, "true")...); code != 125 || !strings.Contains(errOut, "which the session sees") {
+		t.Errorf("audit token in the workspace: exit %d, want 125\n%s%s", code, out, errOut)
+	}
+}

@@ -1,0 +1,115 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Egress audit bounds: a batch is flushed every auditEvery or at
+// auditBatch decisions, whichever comes first; at most auditQueue wait,
+// and what a session sends beyond that is counted as dropped in the next
+// batch rather than slowing its connections.
+const (
+	auditEvery = time.Second
+	auditBatch = 64
+	auditQueue = 1024
+	auditCall  = 10 * time.Second
+)
+
+// decision is one egress decision, or one connection's close.
+type decision struct {
+	Host     string `json:"host"`
+	Port     int    `json:"port"`
+	Addr     string `json:"addr,omitempty"`
+	Decision string `json:"decision"` // allowed, denied, unreachable, closed
+	Rule     string `json:"rule,omitempty"`
+	Why      string `json:"why,omitempty"`
+	BytesOut int64  `json:"bytes_out,omitempty"`
+	BytesIn  int64  `json:"bytes_in,omitempty"`
+	Time     string `json:"time"`
+}
+
+// auditor records a session's egress decisions in the broker as
+// network.egress events on the task of the audit grant, with the bushost
+// client and a token the session never sees. One event holds a batch of
+// decisions, so a chatty session costs the log one append a second.
+type auditor struct {
+	bushost, home, token string
+	log                  io.Writer
+	queue                chan decision
+	dropped              atomic.Int64
+	done                 sync.WaitGroup
+}
+
+func startAuditor(bushost, brokerSocket, tokenFile string, log io.Writer) *auditor {
+	a := &auditor{bushost: bushost, home: filepath.Dir(brokerSocket), token: tokenFile, log: log,
+		queue: make(chan decision, auditQueue)}
+	a.done.Add(1)
+	go a.run()
+	return a
+}
+
+func (a *auditor) add(d decision) {
+	select {
+	case a.queue <- d:
+	default:
+		a.dropped.Add(1)
+	}
+}
+
+// stop flushes what is queued and waits for it.
+func (a *auditor) stop() {
+	close(a.queue)
+	a.done.Wait()
+}
+
+func (a *auditor) run() {
+	defer a.done.Done()
+	tick := time.NewTicker(auditEvery)
+	defer tick.Stop()
+	var batch []decision
+	for {
+		select {
+		case d, ok := <-a.queue:
+			if !ok {
+				a.flush(batch)
+				return
+			}
+			if batch = append(batch, d); len(batch) >= auditBatch {
+				a.flush(batch)
+				batch = nil
+			}
+		case <-tick.C:
+			a.flush(batch)
+			batch = nil
+		}
+	}
+}
+
+func (a *auditor) flush(batch []decision) {
+	dropped := a.dropped.Swap(0)
+	if len(batch) == 0 && dropped == 0 {
+		return
+	}
+	data, err := json.Marshal(struct {
+		Decisions []decision `json:"decisions"`
+		Dropped   int64      `json:"dropped,omitempty"`
+	}{batch, dropped})
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), auditCall)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, a.bushost, "--home", a.home, "--token-file", a.token,
+		"event", "record", "--type", "network.egress", "--data", string(data))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(a.log, "sandbox: network.egress: record %d decisions in the broker: %v: %s", len(batch), err, out)
+	}
+}

@@ -1,0 +1,537 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// egressProxy is the one proxy of one session: a set of goroutines in the
+// `sandbox run` process that made the session, listening on a Unix socket
+// bound into the session only. It ends with Run (after the session), and a
+// launcher that dies takes it along. One per session rather than one per
+// host: the policy is the session's, there is nothing to tell apart, and
+// nothing outlives the session.
+type egressProxy struct {
+	allowDomains []string
+	allowHosts   []string
+	hosts        map[string][]net.IP // from --resolve-file, looked at first
+	maxConns     int
+	idle         time.Duration
+	log          io.Writer // one line per decision and per close, without audit
+	audit        *auditor  // nil: decisions go to log only
+
+	dir   string
+	ln    *net.UnixListener
+	slots chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]bool
+	logMu sync.Mutex
+}
+
+// egressHandshake bounds how long a client may take to say where it goes.
+const egressHandshake = 10 * time.Second
+
+// maxRequestHead bounds an HTTP request's line and headers.
+const maxRequestHead = 64 << 10
+
+// startEgress makes the proxy's socket, readable and connectable by the
+// session's uid, in a directory of its own, and starts serving.
+func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, error) {
+	e := &egressProxy{allowDomains: cfg.AllowDomains, allowHosts: cfg.AllowHosts, maxConns: cfg.EgressConns,
+		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}}
+	if e.maxConns <= 0 {
+		e.maxConns = DefaultEgressConns
+	}
+	if e.idle <= 0 {
+		e.idle = DefaultEgressIdle
+	}
+	if cfg.ResolveFile != "" {
+		h, err := readHostsFile(cfg.ResolveFile)
+		if err != nil {
+			return nil, err
+		}
+		e.hosts = h
+	}
+	dir, err := os.MkdirTemp("", "sandbox-egress-")
+	if err != nil {
+		return nil, err
+	}
+	e.dir = dir
+	// Traversable by the session's uid (bwrap binds the socket as that
+	// uid), listable by no one else.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	sock := filepath.Join(dir, "egress.sock")
+	e.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := os.Chmod(sock, 0o666); err != nil {
+		e.ln.Close()
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	e.slots = make(chan struct{}, e.maxConns)
+	e.wg.Add(1)
+	go e.serve()
+	return e, nil
+}
+
+func (e *egressProxy) socketPath() string { return filepath.Join(e.dir, "egress.sock") }
+
+// stop closes the socket and every connection, and waits for them.
+func (e *egressProxy) stop() {
+	e.ln.Close()
+	e.mu.Lock()
+	for c := range e.conns {
+		c.Close()
+	}
+	// No connection is taken on from here: track refuses it.
+	e.conns = nil
+	e.mu.Unlock()
+	e.wg.Wait()
+	os.RemoveAll(e.dir)
+}
+
+func (e *egressProxy) logf(format string, a ...any) {
+	e.logMu.Lock()
+	defer e.logMu.Unlock()
+	fmt.Fprintf(e.log, "sandbox: network.egress "+format+"\n", a...)
+}
+
+// record logs d: in the broker with --audit-token-file, else on stderr.
+func (e *egressProxy) record(d decision) {
+	d.Time = time.Now().UTC().Format(time.RFC3339Nano)
+	if e.audit != nil {
+		e.audit.add(d)
+		return
+	}
+	t := target{d.Host, d.Port}
+	switch d.Decision {
+	case "allowed":
+		e.logf("allowed %s via %s (%s)", t, d.Addr, d.Rule)
+	case "closed":
+		e.logf("closed %s: %d bytes out, %d bytes in", t, d.BytesOut, d.BytesIn)
+	case "unreachable":
+		e.logf("allowed %s (%s) but unreachable: %s", t, d.Rule, d.Why)
+	default:
+		e.logf("%s %s: %s", d.Decision, t, d.Why)
+	}
+}
+
+func (e *egressProxy) track(c net.Conn, on bool) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if on {
+		if e.conns == nil {
+			return false
+		}
+		e.conns[c] = true
+	} else {
+		delete(e.conns, c)
+	}
+	return true
+}
+
+func (e *egressProxy) serve() {
+	defer e.wg.Done()
+	for {
+		c, err := e.ln.Accept()
+		if err != nil {
+			return
+		}
+		select {
+		case e.slots <- struct{}{}:
+		default:
+			// Over the bound: the client gets the reason in its protocol.
+			e.record(decision{Decision: "denied", Why: fmt.Sprintf("%s: over --egress-conns %d", ReasonEgressConnections, e.maxConns)})
+			e.wg.Add(1)
+			go func() {
+				defer e.wg.Done()
+				c.SetDeadline(time.Now().Add(egressHandshake))
+				e.refuseEarly(c, fmt.Sprintf("%s: the session holds %d connections, the most --egress-conns allows", ReasonEgressConnections, e.maxConns))
+				c.Close()
+			}()
+			continue
+		}
+		if !e.track(c, true) {
+			c.Close()
+			<-e.slots
+			return
+		}
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			defer func() { <-e.slots }()
+			defer e.track(c, false)
+			defer c.Close()
+			e.handle(c)
+		}()
+	}
+}
+
+// refuseEarly answers a client the proxy will not serve at all, in its
+// protocol, without reading more than the first bytes.
+func (e *egressProxy) refuseEarly(c net.Conn, why string) {
+	var b [1]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return
+	}
+	if b[0] == 5 {
+		c.Write([]byte{5, 0xff})
+		return
+	}
+	writeHTTPRefusal(c, http.StatusServiceUnavailable, why)
+}
+
+// target is where a client asked to go.
+type target struct {
+	host string // a name or a literal address, as asked
+	port int
+}
+
+func (t target) String() string { return net.JoinHostPort(t.host, strconv.Itoa(t.port)) }
+
+func (e *egressProxy) handle(c net.Conn) {
+	c.SetDeadline(time.Now().Add(egressHandshake))
+	br := bufio.NewReaderSize(c, 4096)
+	first, err := br.Peek(1)
+	if err != nil {
+		return
+	}
+	if first[0] == 5 {
+		e.socks(c, br)
+		return
+	}
+	e.httpProxy(c, br)
+}
+
+// socks serves one SOCKS5 CONNECT (RFC 1928), without authentication.
+func (e *egressProxy) socks(c net.Conn, br *bufio.Reader) {
+	var hdr [2]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return
+	}
+	methods := make([]byte, hdr[1])
+	if _, err := io.ReadFull(br, methods); err != nil {
+		return
+	}
+	if !strings.ContainsRune(string(methods), 0) {
+		c.Write([]byte{5, 0xff})
+		return
+	}
+	c.Write([]byte{5, 0})
+	var req [4]byte
+	if _, err := io.ReadFull(br, req[:]); err != nil {
+		return
+	}
+	reply := func(code byte) { c.Write([]byte{5, code, 0, 1, 0, 0, 0, 0, 0, 0}) }
+	if req[0] != 5 || req[1] != 1 {
+		reply(7) // command not supported: CONNECT only
+		return
+	}
+	var t target
+	switch req[3] {
+	case 1, 4:
+		ip := make(net.IP, 4)
+		if req[3] == 4 {
+			ip = make(net.IP, 16)
+		}
+		if _, err := io.ReadFull(br, ip); err != nil {
+			return
+		}
+		t.host = ip.String()
+	case 3:
+		n, err := br.ReadByte()
+		if err != nil {
+			return
+		}
+		name := make([]byte, n)
+		if _, err := io.ReadFull(br, name); err != nil {
+			return
+		}
+		t.host = string(name)
+	default:
+		reply(8)
+		return
+	}
+	var port [2]byte
+	if _, err := io.ReadFull(br, port[:]); err != nil {
+		return
+	}
+	t.port = int(binary.BigEndian.Uint16(port[:]))
+	up, why := e.connect(t)
+	if up == nil {
+		if strings.HasPrefix(why, ReasonEgressDenied) {
+			reply(2) // connection not allowed by ruleset
+		} else {
+			reply(5)
+		}
+		return
+	}
+	reply(0)
+	e.pipe(c, br, up, t, 0)
+}
+
+// httpProxy serves one HTTP proxy request: CONNECT, or a plain request in
+// absolute form, sent on with "Connection: close" so every request on the
+// connection is decided anew.
+func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader) {
+	req, err := http.ReadRequest(bufio.NewReader(io.LimitReader(br, maxRequestHead)))
+	if err != nil {
+		writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: not an HTTP proxy request or a SOCKS5 greeting")
+		return
+	}
+	var t target
+	hostport := req.Host
+	if req.Method != http.MethodConnect {
+		if req.URL.Scheme != "http" || req.URL.Host == "" {
+			writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: want CONNECT HOST:PORT or a request to http://HOST/...")
+			return
+		}
+		hostport = req.URL.Host
+		if req.URL.Port() == "" {
+			hostport = net.JoinHostPort(req.URL.Hostname(), "80")
+		}
+	}
+	h, p, err := net.SplitHostPort(hostport)
+	port, perr := strconv.Atoi(p)
+	if err != nil || perr != nil || port < 1 || port > 65535 {
+		writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: want HOST:PORT, got "+hostport)
+		return
+	}
+	if len(h) > 253 {
+		writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: a host name is at most 253 bytes")
+		return
+	}
+	t = target{host: h, port: port}
+	up, why := e.connect(t)
+	if up == nil {
+		code := http.StatusBadGateway
+		if strings.HasPrefix(why, ReasonEgressDenied) {
+			code = http.StatusForbidden
+		}
+		writeHTTPRefusal(c, code, "sandbox: "+why)
+		return
+	}
+	if req.Method == http.MethodConnect {
+		if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+			up.Close()
+			return
+		}
+		e.pipe(c, br, up, t, 0)
+		return
+	}
+	req.Header.Del("Proxy-Connection")
+	req.Header.Del("Proxy-Authorization")
+	req.Close = true
+	req.RequestURI = ""
+	// The request was read from a bounded reader: its body is read on
+	// from the connection itself.
+	if req.ContentLength != 0 || len(req.TransferEncoding) > 0 {
+		req.Body = io.NopCloser(br)
+	}
+	up.SetDeadline(time.Now().Add(e.idle))
+	cw := &countWriter{w: up}
+	if err := req.Write(cw); err != nil {
+		up.Close()
+		return
+	}
+	e.pipe(c, br, up, t, cw.n)
+}
+
+func writeHTTPRefusal(c net.Conn, code int, msg string) {
+	body := msg + "\n"
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		code, http.StatusText(code), len(body), body)
+}
+
+// connect decides, resolves and dials. It returns the connection, or nil
+// and why not; a refusal by the policy starts with ReasonEgressDenied.
+func (e *egressProxy) connect(t target) (net.Conn, string) {
+	ips, rule, why := e.decide(t)
+	if ips == nil {
+		e.record(decision{Host: t.host, Port: t.port, Decision: "denied", Why: why})
+		return nil, why
+	}
+	var lastErr error
+	for _, ip := range ips {
+		d := net.Dialer{Timeout: egressHandshake}
+		up, err := d.Dial("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(t.port)))
+		if err == nil {
+			e.record(decision{Host: t.host, Port: t.port, Addr: ip.String(), Decision: "allowed", Rule: rule})
+			return up, ""
+		}
+		lastErr = err
+	}
+	e.record(decision{Host: t.host, Port: t.port, Decision: "unreachable", Rule: rule, Why: lastErr.Error()})
+	return nil, fmt.Sprintf("%s is allowed (%s) but could not be reached: %v", t, rule, lastErr)
+}
+
+// decide applies the policy: the addresses to dial and the rule that
+// allows them, or nil and why not.
+func (e *egressProxy) decide(t target) ([]net.IP, string, string) {
+	exact := ""
+	for _, h := range e.allowHosts {
+		hh, hp, _ := net.SplitHostPort(h)
+		if strings.EqualFold(hh, t.host) && hp == strconv.Itoa(t.port) {
+			exact = h
+		}
+	}
+	if ip := net.ParseIP(t.host); ip != nil {
+		if exact == "" {
+			return nil, "", fmt.Sprintf("%s: %s is not named by --allow-host", ReasonEgressDenied, t)
+		}
+		return []net.IP{ip}, "--allow-host " + exact, ""
+	}
+	rule := ""
+	if exact != "" {
+		rule = "--allow-host " + exact
+	} else if p := domainAllowed(e.allowDomains, t.host); p != "" {
+		rule = "--allow-domain " + p
+	} else {
+		return nil, "", fmt.Sprintf("%s: %s is not named by --allow-domain or --allow-host", ReasonEgressDenied, t)
+	}
+	ips, err := e.resolve(t.host)
+	if err != nil || len(ips) == 0 {
+		return nil, "", fmt.Sprintf("%s is allowed (%s) but does not resolve: %v", t.host, rule, err)
+	}
+	if exact == "" {
+		// Every address must be public: a name that resolves to the
+		// host's loopback, the metadata service or the local network
+		// is refused, whatever its domain.
+		for _, ip := range ips {
+			if r := blockedIP(ip); r != "" {
+				return nil, "", fmt.Sprintf("%s: %s resolves to %s, in %s, which only an --allow-host naming it exactly reaches", ReasonEgressDenied, t.host, ip, r)
+			}
+		}
+	}
+	return ips, rule, ""
+}
+
+// resolve looks a name up in --resolve-file first, then through the host's
+// resolver.
+func (e *egressProxy) resolve(name string) ([]net.IP, error) {
+	if ips, ok := e.hosts[strings.ToLower(strings.TrimSuffix(name, "."))]; ok {
+		return ips, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), egressHandshake)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	ips := make([]net.IP, len(addrs))
+	for i, a := range addrs {
+		ips[i] = a.IP
+	}
+	return ips, nil
+}
+
+// pipe copies both ways until either side closes or the connection has
+// been idle for e.idle, then logs the bytes each way.
+func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, t target, sent int64) {
+	if !e.track(up, true) {
+		up.Close()
+		return
+	}
+	defer e.track(up, false)
+	defer up.Close()
+	c.SetDeadline(time.Time{})
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	var out, in atomic.Int64
+	out.Store(sent)
+	copyDir := func(dst net.Conn, src io.Reader, srcConn net.Conn, n *atomic.Int64) {
+		// io.Copy lets the kernel move the bytes (splice(2) from the TCP
+		// connection to the session's Unix socket): the idle check runs
+		// in windows of half e.idle, each way noting when it last moved
+		// bytes, and a connection silent both ways for e.idle is closed
+		// at the end of the window it falls in (after at most 1.5x
+		// --egress-idle).
+		for {
+			srcConn.SetReadDeadline(time.Now().Add(e.idle / 2))
+			k, err := io.Copy(dst, src)
+			if k > 0 {
+				last.Store(time.Now().UnixNano())
+				n.Add(k)
+			}
+			var ne net.Error
+			if err != nil && errors.As(err, &ne) && ne.Timeout() && time.Since(time.Unix(0, last.Load())) < e.idle {
+				continue
+			}
+			break
+		}
+		// The other way may still carry a response: half-close.
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		} else {
+			dst.Close()
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		copyDir(c, up, up, &in)
+		close(done)
+	}()
+	copyDir(up, br, c, &out)
+	<-done
+	e.record(decision{Host: t.host, Port: t.port, Decision: "closed", BytesOut: out.Load(), BytesIn: in.Load()})
+}
+
+// readHostsFile reads a hosts(5) file: ADDRESS NAME... per line, # starts
+// a comment. Bounded: a file over 1 MiB is refused.
+func readHostsFile(path string) (map[string][]net.IP, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--resolve-file: %w", err)
+	}
+	if len(data) > 1<<20 {
+		return nil, fmt.Errorf("--resolve-file %s: over 1 MiB", path)
+	}
+	hosts := map[string][]net.IP{}
+	for i, line := range strings.Split(string(data), "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		ip := net.ParseIP(f[0])
+		if ip == nil || len(f) < 2 {
+			return nil, fmt.Errorf("--resolve-file %s:%d: want ADDRESS NAME...", path, i+1)
+		}
+		for _, n := range f[1:] {
+			n = strings.ToLower(strings.TrimSuffix(n, "."))
+			hosts[n] = append(hosts[n], ip)
+		}
+	}
+	return hosts, nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}

@@ -1,0 +1,210 @@
+package sandbox
+
+import (
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestNetFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+		ok   bool
+	}{
+		{nil, NetNone, true},
+		{[]string{"--net"}, NetHost, true},
+		{[]string{"--net=host"}, NetHost, true},
+		{[]string{"--net=proxy"}, NetProxy, true},
+		{[]string{"--net=none"}, NetNone, true},
+		{[]string{"--net=all"}, "", false},
+		{[]string{"--allow-host", "1.2.3.4:443"}, "", false},            // needs proxy
+		{[]string{"--net=proxy", "--allow-host", "1.2.3.4"}, "", false}, // no port
+		{[]string{"--net=proxy", "--allow-host", "1.2.3.4:0"}, "", false},
+		{[]string{"--net=proxy", "--allow-domain", "*"}, "", false},
+		{[]string{"--net=proxy", "--allow-domain", "a.*.com"}, "", false},
+		{[]string{"--net=proxy", "--allow-domain", "*.example.com", "--allow-host", "[::1]:8080"}, NetProxy, true},
+		{[]string{"--net=proxy", "--egress-conns", "0"}, "", false},
+	} {
+		args := append([]string{"--run-dir", "/r", "--workspace", "/w", "--role", "r", "--broker-socket", "/b"}, c.args...)
+		cfg, err := ParseFlags("explain", args, io.Discard)
+		if (err == nil) != c.ok {
+			t.Errorf("%q: err %v, want ok %v", c.args, err, c.ok)
+			continue
+		}
+		if err == nil && cfg.Net != c.want {
+			t.Errorf("%q: net %q, want %q", c.args, cfg.Net, c.want)
+		}
+	}
+}
+
+func TestEgressDecide(t *testing.T) {
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, []byte("# test\n93.184.215.14 api.example.com\n10.0.0.5 internal.example.com\n::ffff:127.0.0.1 mapped.example.com\nfd00::1 ula.example.com\n169.254.169.254 meta.example.com\n10.0.0.7 exact.example.com\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h, err := readHostsFile(hosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &egressProxy{allowDomains: []string{"*.example.com", "Plain.test"}, allowHosts: []string{"127.0.0.1:8080", "exact.example.com:443"}, hosts: h}
+	for _, c := range []struct {
+		host string
+		port int
+		want string // the rule, or the start of why
+	}{
+		{"127.0.0.1", 8080, "--allow-host 127.0.0.1:8080"},
+		{"127.0.0.1", 8081, "EGRESS_DENIED: 127.0.0.1:8081 is not named"},
+		{"93.184.215.14", 443, "EGRESS_DENIED"}, // a literal address needs --allow-host
+		{"api.example.com", 443, "--allow-domain *.example.com"},
+		{"API.Example.COM.", 8443, "--allow-domain *.example.com"},
+		{"example.com", 443, "EGRESS_DENIED"}, // *. is below the name only
+		{"internal.example.com", 443, "EGRESS_DENIED: internal.example.com resolves to 10.0.0.5, in 10.0.0.0/8"},
+		{"mapped.example.com", 443, "EGRESS_DENIED: mapped.example.com resolves to 127.0.0.1"},
+		{"ula.example.com", 443, "EGRESS_DENIED: ula.example.com resolves to fd00::1, in fc00::/7"},
+		{"meta.example.com", 80, "EGRESS_DENIED: meta.example.com resolves to 169.254.169.254"},
+		{"exact.example.com", 443, "--allow-host exact.example.com:443"}, // named exactly: private is fine
+		{"exact.example.com", 80, "EGRESS_DENIED: exact.example.com resolves to 10.0.0.7"},
+		{"evil.com", 443, "EGRESS_DENIED: evil.com:443 is not named"},
+		{"example.com.evil.com", 443, "EGRESS_DENIED"},
+	} {
+		ips, rule, why := e.decide(target{c.host, c.port})
+		got := rule
+		if ips == nil {
+			got = why
+		}
+		if !strings.HasPrefix(got, c.want) {
+			t.Errorf("%s:%d: got %q, want %q...", c.host, c.port, got, c.want)
+		}
+	}
+	for _, ip := range []string{"127.0.0.2", "10.1.1.1", "172.31.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "::1", "fe80::1", "fd00:ec2::254", "::ffff:10.0.0.1", "0.0.0.0"} {
+		if blockedIP(net.ParseIP(ip)) == "" {
+			t.Errorf("%s not blocked", ip)
+		}
+	}
+	for _, ip := range []string{"93.184.215.14", "2606:2800:220:1::1", "8.8.8.8"} {
+		if r := blockedIP(net.ParseIP(ip)); r != "" {
+			t.Errorf("%s blocked by %s", ip, r)
+		}
+	}
+	if _, err := readHostsFile(writeTemp(t, "not-an-address name\n")); err == nil {
+		t.Error("a hosts line without an address was accepted")
+	}
+}
+
+func writeTemp(t *testing.T, s string) string {
+	p := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestEgressProxy drives the proxy over its socket: CONNECT and SOCKS5 to
+// an allowed listener, a refusal with its reason, and the connection bound.
+func TestEgressProxy(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }() // echo
+		}
+	}()
+	var log strings.Builder
+	e, err := startEgress(&Config{AllowHosts: []string{l.Addr().String()}, EgressConns: 1}, &lockedWriter{w: &log}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func() net.Conn {
+		c, err := net.Dial("unix", e.socketPath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	read := func(c net.Conn, n int) string {
+		b := make([]byte, n)
+		if _, err := io.ReadFull(c, b); err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		return string(b)
+	}
+
+	c := dial()
+	io.WriteString(c, "CONNECT "+l.Addr().String()+" HTTP/1.1\r\nHost: x\r\n\r\n")
+	if got := read(c, len("HTTP/1.1 200 Connection established\r\n\r\n")); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("CONNECT: %q", got)
+	}
+	io.WriteString(c, "ping")
+	if got := read(c, 4); got != "ping" {
+		t.Fatalf("echo: %q", got)
+	}
+	// The one slot is taken: the next client is told so.
+	over := dial()
+	io.WriteString(over, "GET http://x/ HTTP/1.1\r\n\r\n")
+	if b, _ := io.ReadAll(over); !strings.Contains(string(b), "503") || !strings.Contains(string(b), ReasonEgressConnections) {
+		t.Errorf("over the bound: %q", b)
+	}
+	over.Close()
+	c.Close()
+
+	// SOCKS5 to a port not allowed: reply 2.
+	waitSlot(t, e)
+	s := dial()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	p := 0
+	for _, ch := range port {
+		p = p*10 + int(ch-'0')
+	}
+	p++
+	s.Write([]byte{5, 1, 0})
+	if got := read(s, 2); got != "\x05\x00" {
+		t.Fatalf("greeting: %q", got)
+	}
+	s.Write([]byte{5, 1, 0, 1, 127, 0, 0, 1, byte(p >> 8), byte(p)})
+	if got := read(s, 2); got != "\x05\x02" {
+		t.Errorf("SOCKS to a port not allowed: reply %q, want 5 2", got)
+	}
+	s.Close()
+	e.stop()
+	if _, err := os.Stat(e.dir); !os.IsNotExist(err) {
+		t.Errorf("the socket's directory outlives the proxy: %v", err)
+	}
+	if !strings.Contains(log.String(), "denied 127.0.0.1:") || !strings.Contains(log.String(), "closed "+l.Addr().String()) {
+		t.Errorf("log:\n%s", log.String())
+	}
+}
+
+func waitSlot(t *testing.T, e *egressProxy) {
+	for i := 0; len(e.slots) > 0; i++ {
+		if i > 5000 {
+			t.Fatal("the slot was not given back")
+		}
+		runtime.Gosched()
+		time.Sleep(time.Millisecond)
+	}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -1,0 +1,142 @@
+package sandbox
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The session's network, as --net names it.
+const (
+	// NetNone: a network namespace of its own with only a loopback.
+	NetNone = "none"
+	// NetProxy: NetNone, plus a relay on the loopback to the egress proxy
+	// outside, which enforces the allow-list.
+	NetProxy = "proxy"
+	// NetHost: the host's network namespace, all of it.
+	NetHost = "host"
+)
+
+// relayAddr is where pid 1 listens in a proxy session: HTTP (with CONNECT)
+// and SOCKS5 on one port, told apart by the egress proxy from the first
+// byte.
+const relayAddr = "127.0.0.1:3128"
+
+// egressSocket is where the egress proxy's Unix socket is bound in the
+// session; the relay forwards every connection to it.
+const egressSocket = sessionDir + "/egress.sock"
+
+// Default limits of the egress proxy.
+const (
+	DefaultEgressConns = 64
+	DefaultEgressIdle  = 5 * time.Minute
+)
+
+// netFlag is --net: "--net" alone means host (as before the modes), and
+// --net=none|proxy|host names the mode.
+type netFlag struct{ p *string }
+
+func (f netFlag) String() string {
+	if f.p == nil {
+		return NetNone
+	}
+	return *f.p
+}
+
+func (f netFlag) IsBoolFlag() bool { return true }
+
+func (f netFlag) Set(v string) error {
+	switch v {
+	case "true", NetHost:
+		*f.p = NetHost
+	case "false", NetNone:
+		*f.p = NetNone
+	case NetProxy:
+		*f.p = NetProxy
+	default:
+		return fmt.Errorf("want --net=none, --net=proxy or --net=host (--net alone is host), got %q", v)
+	}
+	return nil
+}
+
+// checkDomainPattern accepts "api.example.com" and "*.example.com".
+func checkDomainPattern(p string) error {
+	name := strings.TrimPrefix(p, "*.")
+	if name == "" || len(name) > 253 || strings.Contains(name, "*") || strings.HasPrefix(name, ".") || strings.HasSuffix(name, ".") {
+		return fmt.Errorf("--allow-domain %q: want a name (api.example.com) or *.NAME (*.example.com)", p)
+	}
+	for _, label := range strings.Split(name, ".") {
+		if label == "" || len(label) > 63 {
+			return fmt.Errorf("--allow-domain %q: empty or over-long label", p)
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+				return fmt.Errorf("--allow-domain %q: %q is not a letter, digit, '-' or '_'", p, r)
+			}
+		}
+	}
+	return nil
+}
+
+// checkHostPort accepts HOST:PORT with a port from 1 to 65535.
+func checkHostPort(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil || host == "" {
+		return fmt.Errorf("--allow-host %q: want HOST:PORT ([::1]:443 for IPv6)", s)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("--allow-host %q: port must be 1 to 65535", s)
+	}
+	return nil
+}
+
+// domainAllowed reports which pattern allows name, or "".
+func domainAllowed(patterns []string, name string) string {
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	for _, p := range patterns {
+		lp := strings.ToLower(p)
+		if rest, ok := strings.CutPrefix(lp, "*."); ok {
+			if strings.HasSuffix(name, "."+rest) {
+				return p
+			}
+		} else if name == lp {
+			return p
+		}
+	}
+	return ""
+}
+
+// blockedRanges are the addresses the proxy never connects to unless a
+// --allow-host names the address exactly: the host itself, link-local
+// (with the cloud metadata service at 169.254.169.254), private and
+// unique-local networks, and addresses that are not a single host.
+var blockedRanges = func() []*net.IPNet {
+	var nets []*net.IPNet
+	for _, c := range []string{
+		"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+		"192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
+		"::/128", "::1/128", "fc00::/7", "fe80::/10", "ff00::/8", "64:ff9b::/96",
+	} {
+		_, n, err := net.ParseCIDR(c)
+		if err != nil {
+			panic(err)
+		}
+		nets = append(nets, n)
+	}
+	return nets
+}()
+
+// blockedIP names the range ip is in, or "".
+func blockedIP(ip net.IP) string {
+	if v4 := ip.To4(); v4 != nil {
+		ip = v4
+	}
+	for _, n := range blockedRanges {
+		if n.Contains(ip) {
+			return n.String()
+		}
+	}
+	return ""
+}
