@@ -45,6 +45,7 @@ const (
 	// A task whose ref disagrees with the log (repair.go).
 	TypeTaskNeedsRepair = "task.needs_repair"
 	TypeTaskRepaired    = "task.repaired"
+	TypeTaskLanded      = "task.landed"
 )
 
 var reservedPrefixes = []string{"action.", "review.", "task.", "grant."}

@@ -54,6 +54,12 @@ func init() {
 		setup: runFetchReview,
 	})
 	register(&command{
+		words: "fetch-work",
+		usage: "fetch-work --repo DIR",
+		help:  "Fetch the task's latest push into DIR's refs/work/<task> (a worker that lost its clone gets its work back); prints the commit.",
+		setup: runFetchWork,
+	})
+	register(&command{
 		words: "project add",
 		usage: "project add --business B --project P --root DIR",
 		help:  "Host: make the project's repository and seed main from DIR (a git repository's HEAD, or its files as one commit). Idempotent.",
@@ -372,7 +378,18 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 }
 
 func runFetchReview(fs *pflag.FlagSet) runFunc {
-	dir := fs.String("repo", "", "the reviewer's repository (made if absent)")
+	return fetchTaskPush(fs, "review", "the reviewer's repository (made if absent)", names.ReviewRef)
+}
+
+func runFetchWork(fs *pflag.FlagSet) runFunc {
+	return fetchTaskPush(fs, "work", "the worker's repository (made if absent)", names.WorkRef)
+}
+
+// fetchTaskPush fetches the task's latest push, checked as the server
+// checks pushes, into DIR's ref that refOf names (refs/review/<task> for a
+// reviewer, refs/work/<task> for a worker that lost its clone).
+func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp string, refOf func(string) (string, error)) runFunc {
+	dir := fs.String("repo", "", repoHelp)
 	return func(ctx context.Context, e *Env, args []string) error {
 		if *dir == "" {
 			return usagef("--repo is required")
@@ -412,16 +429,16 @@ func runFetchReview(fs *pflag.FlagSet) runFunc {
 			return m.GetChunk(), err
 		}})
 		if err != nil {
-			return fmt.Errorf("fetch review: %w", err)
+			return fmt.Errorf("fetch %s: %w", what, err)
 		}
 		if ref.Commit != commit {
-			return fmt.Errorf("the push moved while it was fetched (%s, then %s); run fetch-review again", commit, ref.Commit)
+			return fmt.Errorf("the push moved while it was fetched (%s, then %s); run fetch-%s again", commit, ref.Commit, what)
 		}
 		task, ok := strings.CutPrefix(ref.Name, "refs/work/")
 		if !ok {
 			return fmt.Errorf("the bus host sent %s, not a task's refs/work/<task>", ref.Name)
 		}
-		reviewRef, err := names.ReviewRef(task)
+		reviewRef, err := refOf(task)
 		if err != nil {
 			return err
 		}

@@ -134,4 +134,8 @@ const (
 	RepoNotTopLevel   Reason = "REPO_NOT_TOP_LEVEL"
 	PathUnsafe        Reason = "PATH_UNSAFE"
 	CommitUnknown     Reason = "COMMIT_UNKNOWN"
+	TaskLanded        Reason = "TASK_LANDED"
+	MainMoved         Reason = "MAIN_MOVED"
+	MergeConflict     Reason = "MERGE_CONFLICT"
+	NothingToLand     Reason = "NOTHING_TO_LAND"
 )

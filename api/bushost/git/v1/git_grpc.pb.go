@@ -25,6 +25,7 @@ const (
 	GitService_AddProject_FullMethodName  = "/bushost.git.v1.GitService/AddProject"
 	GitService_SyncProject_FullMethodName = "/bushost.git.v1.GitService/SyncProject"
 	GitService_RepairTask_FullMethodName  = "/bushost.git.v1.GitService/RepairTask"
+	GitService_LandTask_FullMethodName    = "/bushost.git.v1.GitService/LandTask"
 )
 
 // GitServiceClient is the client API for GitService service.
@@ -53,6 +54,11 @@ type GitServiceClient interface {
 	// log: the ref is restored when the logged push's commit is in the
 	// repository (a pack kept), else the push is recorded as lost.
 	RepairTask(ctx context.Context, in *RepairTaskRequest, opts ...grpc.CallOption) (*RepairTaskResponse, error)
+	// LandTask puts a task's approved latest push on main, under the same
+	// gate as closing it, and closes the task: the host names the task, a
+	// grant with task.land lands its own. main fast-forwards, or with merge
+	// the server commits a merge of main and the approved commit.
+	LandTask(ctx context.Context, in *LandTaskRequest, opts ...grpc.CallOption) (*LandTaskResponse, error)
 }
 
 type gitServiceClient struct {
@@ -144,6 +150,16 @@ func (c *gitServiceClient) RepairTask(ctx context.Context, in *RepairTaskRequest
 	return out, nil
 }
 
+func (c *gitServiceClient) LandTask(ctx context.Context, in *LandTaskRequest, opts ...grpc.CallOption) (*LandTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LandTaskResponse)
+	err := c.cc.Invoke(ctx, GitService_LandTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GitServiceServer is the server API for GitService service.
 // All implementations must embed UnimplementedGitServiceServer
 // for forward compatibility.
@@ -170,6 +186,11 @@ type GitServiceServer interface {
 	// log: the ref is restored when the logged push's commit is in the
 	// repository (a pack kept), else the push is recorded as lost.
 	RepairTask(context.Context, *RepairTaskRequest) (*RepairTaskResponse, error)
+	// LandTask puts a task's approved latest push on main, under the same
+	// gate as closing it, and closes the task: the host names the task, a
+	// grant with task.land lands its own. main fast-forwards, or with merge
+	// the server commits a merge of main and the approved commit.
+	LandTask(context.Context, *LandTaskRequest) (*LandTaskResponse, error)
 	mustEmbedUnimplementedGitServiceServer()
 }
 
@@ -197,6 +218,9 @@ func (UnimplementedGitServiceServer) SyncProject(context.Context, *SyncProjectRe
 }
 func (UnimplementedGitServiceServer) RepairTask(context.Context, *RepairTaskRequest) (*RepairTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RepairTask not implemented")
+}
+func (UnimplementedGitServiceServer) LandTask(context.Context, *LandTaskRequest) (*LandTaskResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LandTask not implemented")
 }
 func (UnimplementedGitServiceServer) mustEmbedUnimplementedGitServiceServer() {}
 func (UnimplementedGitServiceServer) testEmbeddedByValue()                    {}
@@ -302,6 +326,24 @@ func _GitService_RepairTask_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GitService_LandTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LandTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitServiceServer).LandTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitService_LandTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitServiceServer).LandTask(ctx, req.(*LandTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // GitService_ServiceDesc is the grpc.ServiceDesc for GitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -320,6 +362,10 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RepairTask",
 			Handler:    _GitService_RepairTask_Handler,
+		},
+		{
+			MethodName: "LandTask",
+			Handler:    _GitService_LandTask_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

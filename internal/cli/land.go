@@ -1,0 +1,78 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+	"github.com/bushost/bushost/internal/errdefs"
+)
+
+func init() {
+	register(&command{
+		words: "task land",
+		usage: "task land [--business B --project P --task T] [--merge]",
+		help: "Put the task's approved latest push on main and close the task, under the same gate as 'task close'. " +
+			"The host names the task; a grant with task.land lands its own. main fast-forwards; if main moved, " +
+			"--merge has the server commit a merge (MERGE_CONFLICT lists the conflicting paths on stdout, one per line).",
+		setup: runTaskLand,
+	})
+}
+
+func runTaskLand(fs *pflag.FlagSet) runFunc {
+	business := fs.String("business", "", "business name (host)")
+	project := fs.String("project", "", "project name (host)")
+	task := fs.String("task", "", "task name (host)")
+	merge := fs.Bool("merge", false, "if main moved since the approved commit, merge it on the server instead of refusing with MAIN_MOVED")
+	return func(ctx context.Context, e *Env, args []string) error {
+		named := *business != "" || *project != "" || *task != ""
+		if named && (*business == "" || *project == "" || *task == "") {
+			return usagef("the host gives all of --business, --project and --task; a grant gives none")
+		}
+		c, ctx, closeConn, err := e.gitClient(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeConn()
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		res, err := c.LandTask(ctx, &gitv1.LandTaskRequest{Business: *business, Project: *project, Task: *task, Merge: *merge})
+		if err != nil {
+			if x := errdefs.FromGRPC(err); x.Reason == errdefs.MergeConflict {
+				printConflicts(e, x.Metadata["paths"])
+			}
+			return err
+		}
+		text := fmt.Sprintf("landed %s: main %s -> %s (event %d)", res.GetCommit(), res.GetMainOld(), res.GetMainNew(), res.GetSeq())
+		if res.GetMerge() != "" {
+			text = fmt.Sprintf("landed %s: main %s -> merge %s (event %d)", res.GetCommit(), res.GetMainOld(), res.GetMerge(), res.GetSeq())
+		}
+		return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "main_old": res.GetMainOld(),
+			"main_new": res.GetMainNew(), "merge": res.GetMerge(), "seq": res.GetSeq()})
+	}
+}
+
+// printConflicts lists a MERGE_CONFLICT's paths on stdout: one per line,
+// or with --json {"conflicts":[...]}; the error itself goes to stderr.
+func printConflicts(e *Env, paths string) {
+	var list []string
+	for _, p := range strings.Split(paths, "\n") {
+		if p != "" {
+			list = append(list, p)
+		}
+	}
+	if e.JSON {
+		if list == nil {
+			list = []string{}
+		}
+		json.NewEncoder(e.Stdout).Encode(map[string]any{"conflicts": list})
+		return
+	}
+	for _, p := range list {
+		fmt.Fprintln(e.Stdout, p)
+	}
+}
