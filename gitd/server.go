@@ -91,7 +91,7 @@ func (sv *server) FetchMain(_ *gitv1.FetchMainRequest, stream grpc.ServerStreami
 
 func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerStreamingServer[gitv1.FetchReviewResponse]) error {
 	ctx := stream.Context()
-	g, err := sv.authorize(ctx, authz.CapReviewVerdict, authz.CapPushWorking)
+	g, err := sv.authorize(ctx, authz.CapReviewVerdict)
 	if err != nil {
 		return toStatus(err)
 	}

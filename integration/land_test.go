@@ -259,3 +259,80 @@ func TestFetchWork(t *testing.T) {
 		t.Fatalf("non-fast-forward push: %s", errs)
 	}
 }
+
+// Landed work the root lacks: sync is refused; publish writes main to a
+// branch of the root, never its checked-out one, leaving the root's work
+// tree, index and checked-out branch as they were.
+func TestPublishLanded(t *testing.T) {
+	h := startHost(t)
+	f := newLandFixture(t, h, "web", "t1")
+	seed := f.main(t)
+	approved := f.commit(t, "feature.txt", "the work\n")
+	f.push(t)
+	f.approve(t)
+	runAs(t, h, f.lander, 0, "task", "land")
+
+	_, errs, code := h.Run(t, nil, "project", "sync", "--business", "acme", "--project", "web")
+	if code != 1 || !strings.Contains(errs, "MAIN_HAS_LANDED_WORK") || !strings.Contains(errs, "project publish") {
+		t.Fatalf("sync with landed work the root lacks: exit %d: %s", code, errs)
+	}
+	if got := f.main(t); got != approved {
+		t.Fatalf("a refused sync moved main to %s", got)
+	}
+
+	// A root with uncommitted and untracked changes.
+	if err := os.WriteFile(filepath.Join(f.root, "README.md"), []byte("being edited\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.root, "notes.txt"), []byte("untracked\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testGit(t, f.root, "add", "notes.txt")
+	status := testGit(t, f.root, "status", "--porcelain")
+	index := testGit(t, f.root, "ls-files", "--stage")
+	head := testGit(t, f.root, "symbolic-ref", "HEAD")
+
+	// Never the checked-out branch; never a name git would misread.
+	for _, c := range []struct {
+		branch, reason string
+		code           int
+	}{{"main", "BRANCH_CHECKED_OUT", 1}, {"../x", "BRANCH_INVALID", 6}, {"-f", "BRANCH_INVALID", 6}, {"a.lock", "BRANCH_INVALID", 6}} {
+		_, errs, code := h.Run(t, nil, "project", "publish", "--business", "acme", "--project", "web", "--branch", c.branch)
+		if code != c.code || !strings.Contains(errs, c.reason) {
+			t.Fatalf("publish --branch %s: exit %d: %s", c.branch, code, errs)
+		}
+	}
+	if got := testGit(t, f.root, "rev-parse", "main"); got != seed {
+		t.Fatalf("the root's main moved to %s", got)
+	}
+
+	out := h.Must(t, "project", "publish", "--business", "acme", "--project", "web")
+	if out != approved || testGit(t, f.root, "rev-parse", "refs/heads/bushost/main") != approved {
+		t.Fatalf("publish printed %q; bushost/main of the root should be %s", out, approved)
+	}
+	if testGit(t, f.root, "status", "--porcelain") != status || testGit(t, f.root, "ls-files", "--stage") != index ||
+		testGit(t, f.root, "symbolic-ref", "HEAD") != head || testGit(t, f.root, "rev-parse", "HEAD") != seed {
+		t.Fatal("publish touched the root's work tree, index or checked-out branch")
+	}
+	if b, _ := os.ReadFile(filepath.Join(f.root, "README.md")); string(b) != "being edited\n" {
+		t.Fatalf("README.md of the root is now %q", b)
+	}
+
+	// Not a fast-forward of the branch: refused unless --force.
+	side := testGit(t, f.root, "commit-tree", "-p", seed, "-m", "side", seed+"^{tree}")
+	testGit(t, f.root, "update-ref", "refs/heads/bushost/main", side)
+	_, errs, code = h.Run(t, nil, "project", "publish", "--business", "acme", "--project", "web")
+	if code != 5 || !strings.Contains(errs, "NON_FAST_FORWARD") || testGit(t, f.root, "rev-parse", "bushost/main") != side {
+		t.Fatalf("non-fast-forward publish: exit %d: %s", code, errs)
+	}
+	h.Must(t, "project", "publish", "--business", "acme", "--project", "web", "--force")
+	if testGit(t, f.root, "rev-parse", "bushost/main") != approved {
+		t.Fatal("publish --force did not move the branch")
+	}
+
+	// The root merges the landed work; sync goes through again.
+	testGit(t, f.root, "merge", "-q", "--ff-only", "bushost/main")
+	if got := h.Must(t, "project", "sync", "--business", "acme", "--project", "web"); got != approved {
+		t.Fatalf("sync after merging the published main: %q, want %s", got, approved)
+	}
+}

@@ -378,17 +378,42 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 }
 
 func runFetchReview(fs *pflag.FlagSet) runFunc {
-	return fetchTaskPush(fs, "review", "the reviewer's repository (made if absent)", names.ReviewRef)
+	open := func(ctx context.Context, c gitv1.GitServiceClient, have string) (taskPushRecv, error) {
+		st, err := c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have})
+		if err != nil {
+			return nil, err
+		}
+		return func() (string, []byte, error) {
+			m, err := st.Recv()
+			return m.GetCommit(), m.GetChunk(), err
+		}, nil
+	}
+	return fetchTaskPush(fs, "review", "the reviewer's repository (made if absent)", names.ReviewRef, open)
 }
 
 func runFetchWork(fs *pflag.FlagSet) runFunc {
-	return fetchTaskPush(fs, "work", "the worker's repository (made if absent)", names.WorkRef)
+	open := func(ctx context.Context, c gitv1.GitServiceClient, have string) (taskPushRecv, error) {
+		st, err := c.FetchWork(ctx, &gitv1.FetchWorkRequest{Have: have})
+		if err != nil {
+			return nil, err
+		}
+		return func() (string, []byte, error) {
+			m, err := st.Recv()
+			return m.GetCommit(), m.GetChunk(), err
+		}, nil
+	}
+	return fetchTaskPush(fs, "work", "the worker's repository (made if absent)", names.WorkRef, open)
 }
+
+// taskPushRecv returns the next message of a fetch of a task's push: the
+// commit (first message) or a chunk.
+type taskPushRecv func() (commit string, chunk []byte, err error)
 
 // fetchTaskPush fetches the task's latest push, checked as the server
 // checks pushes, into DIR's ref that refOf names (refs/review/<task> for a
 // reviewer, refs/work/<task> for a worker that lost its clone).
-func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp string, refOf func(string) (string, error)) runFunc {
+func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp string, refOf func(string) (string, error),
+	open func(context.Context, gitv1.GitServiceClient, string) (taskPushRecv, error)) runFunc {
 	dir := fs.String("repo", "", repoHelp)
 	return func(ctx context.Context, e *Env, args []string) error {
 		if *dir == "" {
@@ -415,18 +440,17 @@ func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp string, refOf func(string) 
 			return err
 		}
 		defer closeConn()
-		stream, err := c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have})
+		recv, err := open(ctx, c, have)
 		if err != nil {
 			return err
 		}
-		first, err := stream.Recv()
+		commit, _, err := recv()
 		if err != nil {
 			return err
 		}
-		commit := first.GetCommit()
 		ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
-			m, err := stream.Recv()
-			return m.GetChunk(), err
+			_, chunk, err := recv()
+			return chunk, err
 		}})
 		if err != nil {
 			return fmt.Errorf("fetch %s: %w", what, err)

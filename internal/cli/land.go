@@ -76,3 +76,37 @@ func printConflicts(e *Env, paths string) {
 		fmt.Fprintln(e.Stdout, p)
 	}
 }
+
+func init() {
+	register(&command{
+		words: "project publish",
+		usage: "project publish --business B --project P [--branch NAME] [--force]",
+		help: "Host: write main to a branch of the project's root (default bushost/main), never its checked-out branch; " +
+			"a fast-forward unless --force. The root's work tree and index are left alone: merge the branch there, then 'project sync'.",
+		setup: runProjectPublish,
+	})
+}
+
+func runProjectPublish(fs *pflag.FlagSet) runFunc {
+	business := fs.String("business", "", "business name")
+	project := fs.String("project", "", "project name")
+	branch := fs.String("branch", "bushost/main", "the root's branch to write main to")
+	force := fs.Bool("force", false, "move the branch even if main does not descend from it")
+	return func(ctx context.Context, e *Env, args []string) error {
+		if *business == "" || *project == "" {
+			return usagef("--business and --project are required")
+		}
+		c, ctx, closeConn, err := e.gitClient(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeConn()
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		res, err := c.PublishProject(ctx, &gitv1.PublishProjectRequest{Business: *business, Project: *project, Branch: *branch, Force: *force})
+		if err != nil {
+			return err
+		}
+		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "branch": res.GetBranch()})
+	}
+}

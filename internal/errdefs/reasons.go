@@ -138,4 +138,7 @@ const (
 	MainMoved         Reason = "MAIN_MOVED"
 	MergeConflict     Reason = "MERGE_CONFLICT"
 	NothingToLand     Reason = "NOTHING_TO_LAND"
+	MainHasLandedWork Reason = "MAIN_HAS_LANDED_WORK"
+	BranchCheckedOut  Reason = "BRANCH_CHECKED_OUT"
+	BranchInvalid     Reason = "BRANCH_INVALID"
 )

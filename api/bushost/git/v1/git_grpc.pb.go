@@ -19,13 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	GitService_PushWorking_FullMethodName = "/bushost.git.v1.GitService/PushWorking"
-	GitService_FetchMain_FullMethodName   = "/bushost.git.v1.GitService/FetchMain"
-	GitService_FetchReview_FullMethodName = "/bushost.git.v1.GitService/FetchReview"
-	GitService_AddProject_FullMethodName  = "/bushost.git.v1.GitService/AddProject"
-	GitService_SyncProject_FullMethodName = "/bushost.git.v1.GitService/SyncProject"
-	GitService_RepairTask_FullMethodName  = "/bushost.git.v1.GitService/RepairTask"
-	GitService_LandTask_FullMethodName    = "/bushost.git.v1.GitService/LandTask"
+	GitService_PushWorking_FullMethodName    = "/bushost.git.v1.GitService/PushWorking"
+	GitService_FetchMain_FullMethodName      = "/bushost.git.v1.GitService/FetchMain"
+	GitService_FetchReview_FullMethodName    = "/bushost.git.v1.GitService/FetchReview"
+	GitService_AddProject_FullMethodName     = "/bushost.git.v1.GitService/AddProject"
+	GitService_SyncProject_FullMethodName    = "/bushost.git.v1.GitService/SyncProject"
+	GitService_RepairTask_FullMethodName     = "/bushost.git.v1.GitService/RepairTask"
+	GitService_LandTask_FullMethodName       = "/bushost.git.v1.GitService/LandTask"
+	GitService_PublishProject_FullMethodName = "/bushost.git.v1.GitService/PublishProject"
+	GitService_FetchWork_FullMethodName      = "/bushost.git.v1.GitService/FetchWork"
 )
 
 // GitServiceClient is the client API for GitService service.
@@ -59,6 +61,13 @@ type GitServiceClient interface {
 	// grant with task.land lands its own. main fast-forwards, or with merge
 	// the server commits a merge of main and the approved commit.
 	LandTask(ctx context.Context, in *LandTaskRequest, opts ...grpc.CallOption) (*LandTaskResponse, error)
+	// PublishProject (host only) writes main to a branch of the project's
+	// root (a git repository), never its checked-out branch: a fast-forward
+	// unless force. The root's work tree and index are left alone.
+	PublishProject(ctx context.Context, in *PublishProjectRequest, opts ...grpc.CallOption) (*PublishProjectResponse, error)
+	// FetchWork streams a bundle of the task's latest push to its worker
+	// (git.push.working), as FetchReview does: the commit first, then chunks.
+	FetchWork(ctx context.Context, in *FetchWorkRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchWorkResponse], error)
 }
 
 type gitServiceClient struct {
@@ -160,6 +169,35 @@ func (c *gitServiceClient) LandTask(ctx context.Context, in *LandTaskRequest, op
 	return out, nil
 }
 
+func (c *gitServiceClient) PublishProject(ctx context.Context, in *PublishProjectRequest, opts ...grpc.CallOption) (*PublishProjectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PublishProjectResponse)
+	err := c.cc.Invoke(ctx, GitService_PublishProject_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gitServiceClient) FetchWork(ctx context.Context, in *FetchWorkRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchWorkResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &GitService_ServiceDesc.Streams[3], GitService_FetchWork_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchWorkRequest, FetchWorkResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GitService_FetchWorkClient = grpc.ServerStreamingClient[FetchWorkResponse]
+
 // GitServiceServer is the server API for GitService service.
 // All implementations must embed UnimplementedGitServiceServer
 // for forward compatibility.
@@ -191,6 +229,13 @@ type GitServiceServer interface {
 	// grant with task.land lands its own. main fast-forwards, or with merge
 	// the server commits a merge of main and the approved commit.
 	LandTask(context.Context, *LandTaskRequest) (*LandTaskResponse, error)
+	// PublishProject (host only) writes main to a branch of the project's
+	// root (a git repository), never its checked-out branch: a fast-forward
+	// unless force. The root's work tree and index are left alone.
+	PublishProject(context.Context, *PublishProjectRequest) (*PublishProjectResponse, error)
+	// FetchWork streams a bundle of the task's latest push to its worker
+	// (git.push.working), as FetchReview does: the commit first, then chunks.
+	FetchWork(*FetchWorkRequest, grpc.ServerStreamingServer[FetchWorkResponse]) error
 	mustEmbedUnimplementedGitServiceServer()
 }
 
@@ -221,6 +266,12 @@ func (UnimplementedGitServiceServer) RepairTask(context.Context, *RepairTaskRequ
 }
 func (UnimplementedGitServiceServer) LandTask(context.Context, *LandTaskRequest) (*LandTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method LandTask not implemented")
+}
+func (UnimplementedGitServiceServer) PublishProject(context.Context, *PublishProjectRequest) (*PublishProjectResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PublishProject not implemented")
+}
+func (UnimplementedGitServiceServer) FetchWork(*FetchWorkRequest, grpc.ServerStreamingServer[FetchWorkResponse]) error {
+	return status.Error(codes.Unimplemented, "method FetchWork not implemented")
 }
 func (UnimplementedGitServiceServer) mustEmbedUnimplementedGitServiceServer() {}
 func (UnimplementedGitServiceServer) testEmbeddedByValue()                    {}
@@ -344,6 +395,35 @@ func _GitService_LandTask_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GitService_PublishProject_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PublishProjectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitServiceServer).PublishProject(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitService_PublishProject_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitServiceServer).PublishProject(ctx, req.(*PublishProjectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GitService_FetchWork_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchWorkRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(GitServiceServer).FetchWork(m, &grpc.GenericServerStream[FetchWorkRequest, FetchWorkResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GitService_FetchWorkServer = grpc.ServerStreamingServer[FetchWorkResponse]
+
 // GitService_ServiceDesc is the grpc.ServiceDesc for GitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -367,6 +447,10 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "LandTask",
 			Handler:    _GitService_LandTask_Handler,
 		},
+		{
+			MethodName: "PublishProject",
+			Handler:    _GitService_PublishProject_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -382,6 +466,11 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "FetchReview",
 			Handler:       _GitService_FetchReview_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FetchWork",
+			Handler:       _GitService_FetchWork_Handler,
 			ServerStreams: true,
 		},
 	},
