@@ -46,6 +46,7 @@ const (
 	TypeTaskNeedsRepair = "task.needs_repair"
 	TypeTaskRepaired    = "task.repaired"
 	TypeTaskLanded      = "task.landed"
+	TypeTaskReopened    = "task.reopened"
 )
 
 var reservedPrefixes = []string{"action.", "review.", "task.", "grant."}

@@ -171,3 +171,42 @@ func (b *Broker) Landings(ctx context.Context, business, project string) ([]auth
 	}
 	return out, rows.Err()
 }
+
+// ReopenTask (host) reopens a closed task: task.reopened, and it takes
+// pushes, reviews and a close or a landing again. A landed task stays
+// closed (TASK_LANDED): its work is on main.
+func (b *Broker) ReopenTask(ctx context.Context, peer, business, project, task string) (int64, error) {
+	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil || task == "" {
+		if err == nil {
+			err = fmt.Errorf("no task name")
+		}
+		return 0, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	}
+	var seq int64
+	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		t, ok, err := q.task(ctx, business, project, task)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
+		}
+		if e, landed, err := q.landedEvent(ctx, business, project, task); err != nil {
+			return err
+		} else if landed {
+			return errdefs.FailedPrecondition(errdefs.TaskLanded, "task %s landed on main (event %d) and is not reopened: start a new task", scopeString(business, project, task), e.Seq).
+				With("seq", e.Seq)
+		}
+		if t.ClosedSeq == 0 {
+			return errdefs.FailedPrecondition(errdefs.TaskNotClosed, "task %s is open: nothing to reopen", scopeString(business, project, task))
+		}
+		e := Event{Business: business, Project: project, Task: task, Type: TypeTaskReopened, Actor: authz.HostID, Peer: peer,
+			Data: mustData(map[string]any{"closed_seq": t.ClosedSeq})}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		seq = e.Seq
+		return q.setClosed(ctx, t, 0)
+	})
+	return seq, err
+}

@@ -126,6 +126,18 @@ func (s *server) CloseTask(ctx context.Context, _ *brokerv1.CloseTaskRequest) (*
 	return &brokerv1.CloseTaskResponse{Seq: seq}, nil
 }
 
+func (s *server) ReopenTask(ctx context.Context, r *brokerv1.ReopenTaskRequest) (*brokerv1.ReopenTaskResponse, error) {
+	_, peer, err := s.caller(ctx)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	seq, err := s.b.ReopenTask(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask())
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	return &brokerv1.ReopenTaskResponse{Seq: seq}, nil
+}
+
 func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest) (*brokerv1.RecordEventResponse, error) {
 	g, peer, err := s.caller(ctx, authz.CapEventRecord)
 	if err != nil {

@@ -156,10 +156,24 @@ func TestLandGate(t *testing.T) {
 	// A landed task is closed: close and push are refused.
 	f.commit(t, "late.txt", "late\n")
 	_, errs := runAs(t, h, f.worker, 1, "push-working", "--repo", f.work)
-	if !strings.Contains(errs, "TASK_CLOSED") {
+	if !strings.Contains(errs, "closed") {
 		t.Fatalf("push after landing: %s", errs)
 	}
-	// The log still verifies with the landing in it.
+	// A landed task is not reopened.
+	_, errs, code := h.Run(t, nil, "task", "reopen", "--business", "acme", "--project", "web", "--task", "t1")
+	if code != 1 || !strings.Contains(errs, "TASK_LANDED") {
+		t.Fatalf("reopen of a landed task: exit %d: %s", code, errs)
+	}
+	// A closed task that did not land is, once; then it closes again.
+	closer := h.Grant(t, "acme", "web", "t3", "lead", "task.close")
+	runAs(t, h, closer, 0, "task", "close")
+	h.Must(t, "task", "reopen", "--business", "acme", "--project", "web", "--task", "t3")
+	_, errs, code = h.Run(t, nil, "task", "reopen", "--business", "acme", "--project", "web", "--task", "t3")
+	if code != 1 || !strings.Contains(errs, "TASK_NOT_CLOSED") {
+		t.Fatalf("reopen of an open task: exit %d: %s", code, errs)
+	}
+	runAs(t, h, closer, 0, "task", "close")
+	// The log still verifies with the landing and the reopening in it.
 	h.Must(t, "log", "verify")
 }
 

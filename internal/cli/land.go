@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/errdefs"
 )
@@ -108,5 +109,32 @@ func runProjectPublish(fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "branch": res.GetBranch()})
+	}
+}
+
+func init() {
+	register(&command{
+		words: "task reopen",
+		usage: "task reopen --business B --project P --task T",
+		help:  "Host: reopen a closed task (task.reopened) so that it takes pushes again; a landed task is refused TASK_LANDED.",
+		setup: runTaskReopen,
+	})
+}
+
+func runTaskReopen(fs *pflag.FlagSet) runFunc {
+	business := fs.String("business", "", "business name")
+	project := fs.String("project", "", "project name")
+	task := fs.String("task", "", "task name")
+	return func(ctx context.Context, e *Env, args []string) error {
+		if *business == "" || *project == "" || *task == "" {
+			return usagef("--business, --project and --task are required")
+		}
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			r, err := c.ReopenTask(ctx, &brokerv1.ReopenTaskRequest{Business: *business, Project: *project, Task: *task})
+			if err != nil {
+				return err
+			}
+			return brokerPrint(e, fmt.Sprintf("reopened (event %d)", r.GetSeq()), map[string]any{"reopened": true, "seq": r.GetSeq()})
+		})
 	}
 }

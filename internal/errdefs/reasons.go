@@ -141,4 +141,5 @@ const (
 	MainHasLandedWork Reason = "MAIN_HAS_LANDED_WORK"
 	BranchCheckedOut  Reason = "BRANCH_CHECKED_OUT"
 	BranchInvalid     Reason = "BRANCH_INVALID"
+	TaskNotClosed     Reason = "TASK_NOT_CLOSED"
 )

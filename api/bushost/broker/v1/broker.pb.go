@@ -1338,6 +1338,111 @@ func (x *LogHeadResponse) GetHash() string {
 	return ""
 }
 
+type ReopenTaskRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Business      string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Task          string                 `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReopenTaskRequest) Reset() {
+	*x = ReopenTaskRequest{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReopenTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReopenTaskRequest) ProtoMessage() {}
+
+func (x *ReopenTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReopenTaskRequest.ProtoReflect.Descriptor instead.
+func (*ReopenTaskRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReopenTaskRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *ReopenTaskRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *ReopenTaskRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+type ReopenTaskResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task.reopened event.
+	Seq           int64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReopenTaskResponse) Reset() {
+	*x = ReopenTaskResponse{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReopenTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReopenTaskResponse) ProtoMessage() {}
+
+func (x *ReopenTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReopenTaskResponse.ProtoReflect.Descriptor instead.
+func (*ReopenTaskResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReopenTaskResponse) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 var File_bushost_broker_v1_broker_proto protoreflect.FileDescriptor
 
 const file_bushost_broker_v1_broker_proto_rawDesc = "" +
@@ -1425,18 +1530,26 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x0eLogHeadRequest\"7\n" +
 	"\x0fLogHeadResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x12\n" +
-	"\x04hash\x18\x02 \x01(\tR\x04hash*K\n" +
+	"\x04hash\x18\x02 \x01(\tR\x04hash\"]\n" +
+	"\x11ReopenTaskRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\"&\n" +
+	"\x12ReopenTaskResponse\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq*K\n" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_APPROVE\x10\x01\x12\x12\n" +
-	"\x0eVERDICT_REJECT\x10\x022\xa2\a\n" +
+	"\x0eVERDICT_REJECT\x10\x022\xfd\a\n" +
 	"\rBrokerService\x12P\n" +
 	"\aAddTask\x12!.bushost.broker.v1.AddTaskRequest\x1a\".bushost.broker.v1.AddTaskResponse\x12\\\n" +
 	"\vCreateGrant\x12%.bushost.broker.v1.CreateGrantRequest\x1a&.bushost.broker.v1.CreateGrantResponse\x12\\\n" +
 	"\vRevokeGrant\x12%.bushost.broker.v1.RevokeGrantRequest\x1a&.bushost.broker.v1.RevokeGrantResponse\x12b\n" +
 	"\rRequestReview\x12'.bushost.broker.v1.RequestReviewRequest\x1a(.bushost.broker.v1.RequestReviewResponse\x12b\n" +
 	"\rSubmitVerdict\x12'.bushost.broker.v1.SubmitVerdictRequest\x1a(.bushost.broker.v1.SubmitVerdictResponse\x12V\n" +
-	"\tCloseTask\x12#.bushost.broker.v1.CloseTaskRequest\x1a$.bushost.broker.v1.CloseTaskResponse\x12\\\n" +
+	"\tCloseTask\x12#.bushost.broker.v1.CloseTaskRequest\x1a$.bushost.broker.v1.CloseTaskResponse\x12Y\n" +
+	"\n" +
+	"ReopenTask\x12$.bushost.broker.v1.ReopenTaskRequest\x1a%.bushost.broker.v1.ReopenTaskResponse\x12\\\n" +
 	"\vRecordEvent\x12%.bushost.broker.v1.RecordEventRequest\x1a&.bushost.broker.v1.RecordEventResponse\x12[\n" +
 	"\n" +
 	"ListEvents\x12$.bushost.broker.v1.ListEventsRequest\x1a%.bushost.broker.v1.ListEventsResponse0\x01\x12V\n" +
@@ -1456,7 +1569,7 @@ func file_bushost_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_bushost_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: bushost.broker.v1.Verdict
 	(*Event)(nil),                 // 1: bushost.broker.v1.Event
@@ -1481,6 +1594,8 @@ var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(*VerifyLogResponse)(nil),     // 20: bushost.broker.v1.VerifyLogResponse
 	(*LogHeadRequest)(nil),        // 21: bushost.broker.v1.LogHeadRequest
 	(*LogHeadResponse)(nil),       // 22: bushost.broker.v1.LogHeadResponse
+	(*ReopenTaskRequest)(nil),     // 23: bushost.broker.v1.ReopenTaskRequest
+	(*ReopenTaskResponse)(nil),    // 24: bushost.broker.v1.ReopenTaskResponse
 }
 var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
@@ -1493,22 +1608,24 @@ var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
 	8,  // 7: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
 	10, // 8: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
 	12, // 9: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
-	14, // 10: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
-	16, // 11: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
-	19, // 12: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
-	21, // 13: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
-	3,  // 14: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
-	5,  // 15: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
-	7,  // 16: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
-	9,  // 17: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
-	11, // 18: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
-	13, // 19: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
-	15, // 20: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
-	17, // 21: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
-	20, // 22: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
-	22, // 23: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
-	14, // [14:24] is the sub-list for method output_type
-	4,  // [4:14] is the sub-list for method input_type
+	23, // 10: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
+	14, // 11: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
+	16, // 12: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
+	19, // 13: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
+	21, // 14: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
+	3,  // 15: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
+	5,  // 16: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
+	7,  // 17: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
+	9,  // 18: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
+	11, // 19: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
+	13, // 20: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
+	24, // 21: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
+	15, // 22: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
+	17, // 23: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
+	20, // 24: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
+	22, // 25: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
+	15, // [15:26] is the sub-list for method output_type
+	4,  // [4:15] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -1525,7 +1642,7 @@ func file_bushost_broker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_broker_v1_broker_proto_rawDesc), len(file_bushost_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
