@@ -175,6 +175,40 @@ func TestLandGate(t *testing.T) {
 	runAs(t, h, closer, 0, "task", "close")
 	// The log still verifies with the landing and the reopening in it.
 	h.Must(t, "log", "verify")
+
+	// Lists: the host sees every task with its state; a grant its own.
+	var list struct {
+		Tasks []struct {
+			Task, State string
+			LastPush    string `json:"last_push"`
+			LandedSeq   int64  `json:"landed_seq"`
+		}
+	}
+	hostJSON := h.Must(t, "--json", "task", "list")
+	if err := json.Unmarshal([]byte(hostJSON), &list); err != nil || len(list.Tasks) != 2 ||
+		list.Tasks[0].Task != "t1" || list.Tasks[0].State != "landed" || list.Tasks[0].LastPush != second || list.Tasks[0].LandedSeq == 0 ||
+		list.Tasks[1].Task != "t3" || list.Tasks[1].State != "closed" {
+		t.Fatalf("task list --json: %s (%v)", hostJSON, err)
+	}
+	landedText := h.Must(t, "task", "list", "--state", "landed")
+	if lines := strings.Split(landedText, "\n"); len(lines) != 2 || !strings.HasPrefix(lines[0], "BUSINESS") || !strings.Contains(lines[1], "t1") || !strings.Contains(lines[1], "landed") {
+		t.Fatalf("task list --state landed:\n%s", landedText)
+	}
+	workerText, _ := runAs(t, h, f.worker, 0, "task", "list")
+	if strings.Contains(workerText, "t3") || !strings.Contains(workerText, "t1") {
+		t.Fatalf("a worker's task list shows another task:\n%s", workerText)
+	}
+	for _, file := range []string{f.worker, f.reviewer, f.lander, closer} {
+		tok, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, out := range []string{hostJSON, landedText, workerText} {
+			if strings.Contains(out, strings.TrimSpace(string(tok))) {
+				t.Fatalf("a listing shows a token:\n%s", out)
+			}
+		}
+	}
 }
 
 // main moved since the approved commit: refused without --merge; with

@@ -142,4 +142,5 @@ const (
 	BranchCheckedOut  Reason = "BRANCH_CHECKED_OUT"
 	BranchInvalid     Reason = "BRANCH_INVALID"
 	TaskNotClosed     Reason = "TASK_NOT_CLOSED"
+	TaskListTooLong   Reason = "TASK_LIST_TOO_LONG"
 )
