@@ -45,6 +45,8 @@ const (
 	// A task whose ref disagrees with the log (repair.go).
 	TypeTaskNeedsRepair = "task.needs_repair"
 	TypeTaskRepaired    = "task.repaired"
+	TypeTaskLanded      = "task.landed"
+	TypeTaskReopened    = "task.reopened"
 )
 
 var reservedPrefixes = []string{"action.", "review.", "task.", "grant.", "network."}

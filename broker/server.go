@@ -126,6 +126,42 @@ func (s *server) CloseTask(ctx context.Context, _ *brokerv1.CloseTaskRequest) (*
 	return &brokerv1.CloseTaskResponse{Seq: seq}, nil
 }
 
+func (s *server) ReopenTask(ctx context.Context, r *brokerv1.ReopenTaskRequest) (*brokerv1.ReopenTaskResponse, error) {
+	_, peer, err := s.caller(ctx)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	seq, err := s.b.ReopenTask(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask())
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	return &brokerv1.ReopenTaskResponse{Seq: seq}, nil
+}
+
+func (s *server) ListTasks(ctx context.Context, r *brokerv1.ListTasksRequest) (*brokerv1.ListTasksResponse, error) {
+	if err := s.b.Halted(); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	tok := authz.TokenFromContext(ctx)
+	g, err := s.b.authorize(ctx, tok)
+	if err != nil {
+		// Not the host: any valid grant lists its own task.
+		if g, err = s.b.authorize(ctx, tok, authz.Capabilities...); err != nil {
+			return nil, errdefs.ToGRPC(err)
+		}
+	}
+	ts, err := s.b.ListTasks(ctx, g, r.GetBusiness(), r.GetProject(), r.GetState())
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	out := &brokerv1.ListTasksResponse{}
+	for _, t := range ts {
+		out.Tasks = append(out.Tasks, &brokerv1.TaskInfo{Business: t.Business, Project: t.Project, Task: t.Task, State: t.State,
+			LastPushCommit: t.LastPushCommit, LastPushSeq: t.LastPushSeq, LandedSeq: t.LandedSeq})
+	}
+	return out, nil
+}
+
 func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest) (*brokerv1.RecordEventResponse, error) {
 	// Either capability lets the call in; RecordEvent decides which the
 	// type needs.

@@ -152,6 +152,10 @@ func (r *rebuild) apply(e Event) {
 		t := r.tasks[key]
 		t.ClosedSeq = e.Seq
 		r.tasks[key] = t
+	case e.Type == TypeTaskReopened:
+		t := r.tasks[key]
+		t.ClosedSeq = 0
+		r.tasks[key] = t
 	case e.Type == TypeGrantCreated:
 		exp, err := time.Parse(time.RFC3339, f.ExpiresAt)
 		if err != nil {

@@ -207,7 +207,7 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 			return err
 		}
 		if !ok {
-			return errdefs.FailedPrecondition(errdefs.NonFastForward, "non-fast-forward: %s does not descend from %s at %s; fetch, rebase onto it and push again", commit, ref, old).
+			return errdefs.FailedPrecondition(errdefs.NonFastForward, "non-fast-forward: %s does not descend from %s at %s; fetch it with 'bushost fetch-work --repo DIR', rebase onto it and push again", commit, ref, old).
 				With("commit", commit).With("ref", ref).With("current", old)
 		}
 		return nil

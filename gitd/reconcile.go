@@ -57,6 +57,9 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 		return err
 	}
 	var errs []error
+	if err := s.reconcileMain(ctx, r); err != nil {
+		errs = append(errs, fmt.Errorf("main: %w", err))
+	}
 	for task, commit := range last {
 		ref, err := names.WorkRef(task)
 		if err != nil {

@@ -151,6 +151,9 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 			return "", "", err
 		}
 		if !ok {
+			if err := s.landedWorkMissing(ctx, r, q, business, project, root, next); err != nil {
+				return "", "", err
+			}
 			return "", "", errdefs.FailedPrecondition(errdefs.NonFastForward, "non-fast-forward: HEAD of %s (%s) does not descend from main (%s); main only moves forward", root, next, old).
 				With("commit", next).With("ref", MainRef).With("current", old)
 		}

@@ -59,6 +59,9 @@ type Options struct {
 	MinPushRate    int64         // bytes/s a push must average once PushRateGrace old; 0 -> none
 	PushRateGrace  time.Duration
 	Authority      authz.Authority
+	// Committer is "NAME <EMAIL>" of the merge commits `task land --merge`
+	// makes; "" -> DefaultCommitter.
+	Committer string
 
 	// Object bounds, checked on every pushed pack as it streams in, before
 	// git reads the object (see bundle.Limits). 0 -> the defaults.

@@ -22,11 +22,12 @@ const (
 	// --audit-token-file) record network.egress on the task, and nothing
 	// else; it never enters the session.
 	CapNetworkAudit = "network.audit"
+	CapTaskLand     = "task.land"
 )
 
 // Capabilities is the whole vocabulary; a grant naming anything else is
 // refused.
-var Capabilities = []string{CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord, CapNetworkAudit}
+var Capabilities = []string{CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord, CapNetworkAudit, CapTaskLand}
 
 // HostID is the actor recorded for calls made with admin.token.
 const HostID = "host"
@@ -102,6 +103,32 @@ type Authority interface {
 	// LastPushes returns, for each task of business/project with a recorded
 	// push, the commit of its latest push (used to reconcile refs at start).
 	LastPushes(ctx context.Context, business, project string) (map[string]string, error)
+}
+
+// Landing is one landing of a task's approved work on main.
+type Landing struct {
+	Business, Project, Task string
+	// Approved is the task's approved latest push.
+	Approved string
+	// Old and New are main before and after; Merge is New when the server
+	// made a merge commit, else "".
+	Old, New, Merge string
+}
+
+// Lander is what gitd asks of the broker to land a task's work; the broker
+// implements it beside Authority (a separate interface, so that an
+// Authority without landings still serves pushes).
+type Lander interface {
+	// LandApproved returns the commit of the task's latest push if the
+	// close gate (an approve verdict of that push, read from the log)
+	// lets it land; else the gate's refusal, TASK_LANDED or TASK_CLOSED.
+	LandApproved(ctx context.Context, g Grant, business, project, task string) (string, error)
+	// RecordLanding checks the gate again and appends task.landed and
+	// task.closed in one transaction; it is durable when it returns nil.
+	RecordLanding(ctx context.Context, g Grant, l Landing, peer Peer) (int64, error)
+	// Landings returns the project's landings in log order (used to
+	// reconcile main at start).
+	Landings(ctx context.Context, business, project string) ([]Landing, error)
 }
 
 // TokenFromContext returns the bearer token of an incoming gRPC call, or "".

@@ -54,6 +54,12 @@ func init() {
 		setup: runFetchReview,
 	})
 	register(&command{
+		words: "fetch-work",
+		usage: "fetch-work --repo DIR",
+		help:  "Fetch the task's latest push into DIR's refs/work/<task> (a worker that lost its clone gets its work back); prints the commit.",
+		setup: runFetchWork,
+	})
+	register(&command{
 		words: "project add",
 		usage: "project add --business B --project P --root DIR",
 		help:  "Host: make the project's repository and seed main from DIR (a git repository's HEAD, or its files as one commit). Idempotent.",
@@ -372,7 +378,43 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 }
 
 func runFetchReview(fs *pflag.FlagSet) runFunc {
-	dir := fs.String("repo", "", "the reviewer's repository (made if absent)")
+	open := func(ctx context.Context, c gitv1.GitServiceClient, have string) (taskPushRecv, error) {
+		st, err := c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have})
+		if err != nil {
+			return nil, err
+		}
+		return func() (string, []byte, error) {
+			m, err := st.Recv()
+			return m.GetCommit(), m.GetChunk(), err
+		}, nil
+	}
+	return fetchTaskPush(fs, "review", "the reviewer's repository (made if absent)", names.ReviewRef, open)
+}
+
+func runFetchWork(fs *pflag.FlagSet) runFunc {
+	open := func(ctx context.Context, c gitv1.GitServiceClient, have string) (taskPushRecv, error) {
+		st, err := c.FetchWork(ctx, &gitv1.FetchWorkRequest{Have: have})
+		if err != nil {
+			return nil, err
+		}
+		return func() (string, []byte, error) {
+			m, err := st.Recv()
+			return m.GetCommit(), m.GetChunk(), err
+		}, nil
+	}
+	return fetchTaskPush(fs, "work", "the worker's repository (made if absent)", names.WorkRef, open)
+}
+
+// taskPushRecv returns the next message of a fetch of a task's push: the
+// commit (first message) or a chunk.
+type taskPushRecv func() (commit string, chunk []byte, err error)
+
+// fetchTaskPush fetches the task's latest push, checked as the server
+// checks pushes, into DIR's ref that refOf names (refs/review/<task> for a
+// reviewer, refs/work/<task> for a worker that lost its clone).
+func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp string, refOf func(string) (string, error),
+	open func(context.Context, gitv1.GitServiceClient, string) (taskPushRecv, error)) runFunc {
+	dir := fs.String("repo", "", repoHelp)
 	return func(ctx context.Context, e *Env, args []string) error {
 		if *dir == "" {
 			return usagef("--repo is required")
@@ -398,30 +440,29 @@ func runFetchReview(fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		defer closeConn()
-		stream, err := c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have})
+		recv, err := open(ctx, c, have)
 		if err != nil {
 			return err
 		}
-		first, err := stream.Recv()
+		commit, _, err := recv()
 		if err != nil {
 			return err
 		}
-		commit := first.GetCommit()
 		ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
-			m, err := stream.Recv()
-			return m.GetChunk(), err
+			_, chunk, err := recv()
+			return chunk, err
 		}})
 		if err != nil {
-			return fmt.Errorf("fetch review: %w", err)
+			return fmt.Errorf("fetch %s: %w", what, err)
 		}
 		if ref.Commit != commit {
-			return fmt.Errorf("the push moved while it was fetched (%s, then %s); run fetch-review again", commit, ref.Commit)
+			return fmt.Errorf("the push moved while it was fetched (%s, then %s); run fetch-%s again", commit, ref.Commit, what)
 		}
 		task, ok := strings.CutPrefix(ref.Name, "refs/work/")
 		if !ok {
 			return fmt.Errorf("the bus host sent %s, not a task's refs/work/<task>", ref.Name)
 		}
-		reviewRef, err := names.ReviewRef(task)
+		reviewRef, err := refOf(task)
 		if err != nil {
 			return err
 		}

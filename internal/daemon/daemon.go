@@ -72,6 +72,9 @@ type Options struct {
 	// of its log ("SEQ HASH" lines, fsynced) and what it checks the log
 	// against at start (broker.Options.CheckpointFile).
 	CheckpointFile string
+	// Committer is "NAME <EMAIL>" of the merge commits `task land --merge`
+	// makes (gitd.DefaultCommitter when empty).
+	Committer string
 	// SkipBeyondGit turns off gitd's beyond-git walk: for the benchmark
 	// only (a hidden flag), never for a bus host in use.
 	SkipBeyondGit bool
@@ -137,6 +140,11 @@ func Serve(ctx context.Context, o Options) error {
 		o.EventRate < 0 || o.EventBytesRate < 0 || o.Observe.DrainGrace < 0 {
 		return errors.New("limits must not be negative")
 	}
+	if o.Committer != "" {
+		if _, _, err := gitd.ParseCommitter(o.Committer); err != nil {
+			return fmt.Errorf("--committer: %w", err)
+		}
+	}
 	if err := o.Limits.check(); err != nil {
 		return err
 	}
@@ -193,6 +201,7 @@ func Serve(ctx context.Context, o Options) error {
 		MinPushRate:    o.MinPushRate,
 		PushRateGrace:  o.PushRateGrace,
 		Authority:      b,
+		Committer:      o.Committer,
 
 		MaxObjectBytes:  o.MaxObjectBytes,
 		MaxCommitBytes:  o.MaxCommitBytes,

@@ -20,6 +20,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Limits.addFlags(fs)
 	o.addBoundFlags(fs)
 	fs.StringVar(&o.CheckpointFile, "checkpoint-file", "", "append each new head of the broker's log to this file (SEQ HASH lines, fsynced) and check the log against it at start; ship it off the machine (docs/broker.md)")
+	fs.StringVar(&o.Committer, "committer", gitd.DefaultCommitter, "NAME <EMAIL> of the merge commits 'bushost task land --merge' makes")
 	fs.BoolVar(&o.SkipBeyondGit, "bench-skip-beyond-git", false, "benchmark only: skip the beyond-git walk of pushed trees")
 	fs.MarkHidden("bench-skip-beyond-git")
 	fs.StringVar(&o.SocketGroup, "socket-group", "", "group (name or gid) given the sockets; the home becomes 0710 so that members (sandboxed sessions) reach the sockets and nothing else")

@@ -136,4 +136,13 @@ const (
 	RepoNotTopLevel   Reason = "REPO_NOT_TOP_LEVEL"
 	PathUnsafe        Reason = "PATH_UNSAFE"
 	CommitUnknown     Reason = "COMMIT_UNKNOWN"
+	TaskLanded        Reason = "TASK_LANDED"
+	MainMoved         Reason = "MAIN_MOVED"
+	MergeConflict     Reason = "MERGE_CONFLICT"
+	NothingToLand     Reason = "NOTHING_TO_LAND"
+	MainHasLandedWork Reason = "MAIN_HAS_LANDED_WORK"
+	BranchCheckedOut  Reason = "BRANCH_CHECKED_OUT"
+	BranchInvalid     Reason = "BRANCH_INVALID"
+	TaskNotClosed     Reason = "TASK_NOT_CLOSED"
+	TaskListTooLong   Reason = "TASK_LIST_TOO_LONG"
 )

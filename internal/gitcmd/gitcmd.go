@@ -52,6 +52,7 @@ var subcommands = map[string]bool{
 	"ls-files":     true,
 	"ls-tree":      true,
 	"merge-base":   true,
+	"merge-tree":   true,
 	"mktree":       true,
 	"pack-objects": true,
 	"read-tree":    true,

@@ -1338,6 +1338,311 @@ func (x *LogHeadResponse) GetHash() string {
 	return ""
 }
 
+type ReopenTaskRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Business      string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Task          string                 `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReopenTaskRequest) Reset() {
+	*x = ReopenTaskRequest{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReopenTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReopenTaskRequest) ProtoMessage() {}
+
+func (x *ReopenTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReopenTaskRequest.ProtoReflect.Descriptor instead.
+func (*ReopenTaskRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReopenTaskRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *ReopenTaskRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *ReopenTaskRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+type ReopenTaskResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task.reopened event.
+	Seq           int64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReopenTaskResponse) Reset() {
+	*x = ReopenTaskResponse{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReopenTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReopenTaskResponse) ProtoMessage() {}
+
+func (x *ReopenTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReopenTaskResponse.ProtoReflect.Descriptor instead.
+func (*ReopenTaskResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReopenTaskResponse) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+type ListTasksRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Filters; "" for any. state is open, closed or landed.
+	Business      string `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	State         string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTasksRequest) Reset() {
+	*x = ListTasksRequest{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTasksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTasksRequest) ProtoMessage() {}
+
+func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
+func (*ListTasksRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListTasksRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *ListTasksRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *ListTasksRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+type TaskInfo struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Business string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project  string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Task     string                 `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	// open, closed or landed.
+	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	// The latest push ("" and 0 for none).
+	LastPushCommit string `protobuf:"bytes,5,opt,name=last_push_commit,json=lastPushCommit,proto3" json:"last_push_commit,omitempty"`
+	LastPushSeq    int64  `protobuf:"varint,6,opt,name=last_push_seq,json=lastPushSeq,proto3" json:"last_push_seq,omitempty"`
+	// The task.landed event, 0 if the task did not land.
+	LandedSeq     int64 `protobuf:"varint,7,opt,name=landed_seq,json=landedSeq,proto3" json:"landed_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskInfo) Reset() {
+	*x = TaskInfo{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskInfo) ProtoMessage() {}
+
+func (x *TaskInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskInfo.ProtoReflect.Descriptor instead.
+func (*TaskInfo) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *TaskInfo) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *TaskInfo) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *TaskInfo) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *TaskInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *TaskInfo) GetLastPushCommit() string {
+	if x != nil {
+		return x.LastPushCommit
+	}
+	return ""
+}
+
+func (x *TaskInfo) GetLastPushSeq() int64 {
+	if x != nil {
+		return x.LastPushSeq
+	}
+	return 0
+}
+
+func (x *TaskInfo) GetLandedSeq() int64 {
+	if x != nil {
+		return x.LandedSeq
+	}
+	return 0
+}
+
+type ListTasksResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tasks         []*TaskInfo            `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTasksResponse) Reset() {
+	*x = ListTasksResponse{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTasksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTasksResponse) ProtoMessage() {}
+
+func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
+func (*ListTasksResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ListTasksResponse) GetTasks() []*TaskInfo {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
 var File_bushost_broker_v1_broker_proto protoreflect.FileDescriptor
 
 const file_bushost_broker_v1_broker_proto_rawDesc = "" +
@@ -1425,18 +1730,42 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x0eLogHeadRequest\"7\n" +
 	"\x0fLogHeadResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x12\n" +
-	"\x04hash\x18\x02 \x01(\tR\x04hash*K\n" +
+	"\x04hash\x18\x02 \x01(\tR\x04hash\"]\n" +
+	"\x11ReopenTaskRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\"&\n" +
+	"\x12ReopenTaskResponse\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\"^\n" +
+	"\x10ListTasksRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\"\xd7\x01\n" +
+	"\bTaskInfo\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12(\n" +
+	"\x10last_push_commit\x18\x05 \x01(\tR\x0elastPushCommit\x12\"\n" +
+	"\rlast_push_seq\x18\x06 \x01(\x03R\vlastPushSeq\x12\x1d\n" +
+	"\n" +
+	"landed_seq\x18\a \x01(\x03R\tlandedSeq\"F\n" +
+	"\x11ListTasksResponse\x121\n" +
+	"\x05tasks\x18\x01 \x03(\v2\x1b.bushost.broker.v1.TaskInfoR\x05tasks*K\n" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_APPROVE\x10\x01\x12\x12\n" +
-	"\x0eVERDICT_REJECT\x10\x022\xa2\a\n" +
+	"\x0eVERDICT_REJECT\x10\x022\xd5\b\n" +
 	"\rBrokerService\x12P\n" +
 	"\aAddTask\x12!.bushost.broker.v1.AddTaskRequest\x1a\".bushost.broker.v1.AddTaskResponse\x12\\\n" +
 	"\vCreateGrant\x12%.bushost.broker.v1.CreateGrantRequest\x1a&.bushost.broker.v1.CreateGrantResponse\x12\\\n" +
 	"\vRevokeGrant\x12%.bushost.broker.v1.RevokeGrantRequest\x1a&.bushost.broker.v1.RevokeGrantResponse\x12b\n" +
 	"\rRequestReview\x12'.bushost.broker.v1.RequestReviewRequest\x1a(.bushost.broker.v1.RequestReviewResponse\x12b\n" +
 	"\rSubmitVerdict\x12'.bushost.broker.v1.SubmitVerdictRequest\x1a(.bushost.broker.v1.SubmitVerdictResponse\x12V\n" +
-	"\tCloseTask\x12#.bushost.broker.v1.CloseTaskRequest\x1a$.bushost.broker.v1.CloseTaskResponse\x12\\\n" +
+	"\tCloseTask\x12#.bushost.broker.v1.CloseTaskRequest\x1a$.bushost.broker.v1.CloseTaskResponse\x12Y\n" +
+	"\n" +
+	"ReopenTask\x12$.bushost.broker.v1.ReopenTaskRequest\x1a%.bushost.broker.v1.ReopenTaskResponse\x12V\n" +
+	"\tListTasks\x12#.bushost.broker.v1.ListTasksRequest\x1a$.bushost.broker.v1.ListTasksResponse\x12\\\n" +
 	"\vRecordEvent\x12%.bushost.broker.v1.RecordEventRequest\x1a&.bushost.broker.v1.RecordEventResponse\x12[\n" +
 	"\n" +
 	"ListEvents\x12$.bushost.broker.v1.ListEventsRequest\x1a%.bushost.broker.v1.ListEventsResponse0\x01\x12V\n" +
@@ -1456,7 +1785,7 @@ func file_bushost_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_bushost_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: bushost.broker.v1.Verdict
 	(*Event)(nil),                 // 1: bushost.broker.v1.Event
@@ -1481,37 +1810,47 @@ var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(*VerifyLogResponse)(nil),     // 20: bushost.broker.v1.VerifyLogResponse
 	(*LogHeadRequest)(nil),        // 21: bushost.broker.v1.LogHeadRequest
 	(*LogHeadResponse)(nil),       // 22: bushost.broker.v1.LogHeadResponse
+	(*ReopenTaskRequest)(nil),     // 23: bushost.broker.v1.ReopenTaskRequest
+	(*ReopenTaskResponse)(nil),    // 24: bushost.broker.v1.ReopenTaskResponse
+	(*ListTasksRequest)(nil),      // 25: bushost.broker.v1.ListTasksRequest
+	(*TaskInfo)(nil),              // 26: bushost.broker.v1.TaskInfo
+	(*ListTasksResponse)(nil),     // 27: bushost.broker.v1.ListTasksResponse
 }
 var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
 	1,  // 1: bushost.broker.v1.RecordEventResponse.event:type_name -> bushost.broker.v1.Event
 	1,  // 2: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
 	18, // 3: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
-	2,  // 4: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
-	4,  // 5: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
-	6,  // 6: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
-	8,  // 7: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
-	10, // 8: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
-	12, // 9: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
-	14, // 10: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
-	16, // 11: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
-	19, // 12: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
-	21, // 13: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
-	3,  // 14: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
-	5,  // 15: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
-	7,  // 16: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
-	9,  // 17: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
-	11, // 18: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
-	13, // 19: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
-	15, // 20: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
-	17, // 21: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
-	20, // 22: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
-	22, // 23: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
-	14, // [14:24] is the sub-list for method output_type
-	4,  // [4:14] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	26, // 4: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
+	2,  // 5: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
+	4,  // 6: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
+	6,  // 7: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
+	8,  // 8: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
+	10, // 9: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
+	12, // 10: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
+	23, // 11: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
+	25, // 12: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
+	14, // 13: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
+	16, // 14: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
+	19, // 15: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
+	21, // 16: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
+	3,  // 17: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
+	5,  // 18: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
+	7,  // 19: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
+	9,  // 20: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
+	11, // 21: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
+	13, // 22: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
+	24, // 23: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
+	27, // 24: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
+	15, // 25: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
+	17, // 26: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
+	20, // 27: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
+	22, // 28: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
+	17, // [17:29] is the sub-list for method output_type
+	5,  // [5:17] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_bushost_broker_v1_broker_proto_init() }
@@ -1525,7 +1864,7 @@ func file_bushost_broker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_broker_v1_broker_proto_rawDesc), len(file_bushost_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,8 @@ const (
 	BrokerService_RequestReview_FullMethodName = "/bushost.broker.v1.BrokerService/RequestReview"
 	BrokerService_SubmitVerdict_FullMethodName = "/bushost.broker.v1.BrokerService/SubmitVerdict"
 	BrokerService_CloseTask_FullMethodName     = "/bushost.broker.v1.BrokerService/CloseTask"
+	BrokerService_ReopenTask_FullMethodName    = "/bushost.broker.v1.BrokerService/ReopenTask"
+	BrokerService_ListTasks_FullMethodName     = "/bushost.broker.v1.BrokerService/ListTasks"
 	BrokerService_RecordEvent_FullMethodName   = "/bushost.broker.v1.BrokerService/RecordEvent"
 	BrokerService_ListEvents_FullMethodName    = "/bushost.broker.v1.BrokerService/ListEvents"
 	BrokerService_VerifyLog_FullMethodName     = "/bushost.broker.v1.BrokerService/VerifyLog"
@@ -56,6 +58,12 @@ type BrokerServiceClient interface {
 	SubmitVerdict(ctx context.Context, in *SubmitVerdictRequest, opts ...grpc.CallOption) (*SubmitVerdictResponse, error)
 	// CloseTask (task.close) closes the grant's task, subject to the gate.
 	CloseTask(ctx context.Context, in *CloseTaskRequest, opts ...grpc.CallOption) (*CloseTaskResponse, error)
+	// ReopenTask (host) reopens a closed task that has not landed
+	// (task.reopened); a landed task is refused TASK_LANDED.
+	ReopenTask(ctx context.Context, in *ReopenTaskRequest, opts ...grpc.CallOption) (*ReopenTaskResponse, error)
+	// ListTasks lists tasks with their state; the host sees every task, a
+	// grant its own only.
+	ListTasks(ctx context.Context, in *ListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error)
 	// RecordEvent (event.record) appends a free-form event.
 	RecordEvent(ctx context.Context, in *RecordEventRequest, opts ...grpc.CallOption) (*RecordEventResponse, error)
 	// ListEvents streams events in order; with follow it keeps streaming new
@@ -136,6 +144,26 @@ func (c *brokerServiceClient) CloseTask(ctx context.Context, in *CloseTaskReques
 	return out, nil
 }
 
+func (c *brokerServiceClient) ReopenTask(ctx context.Context, in *ReopenTaskRequest, opts ...grpc.CallOption) (*ReopenTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReopenTaskResponse)
+	err := c.cc.Invoke(ctx, BrokerService_ReopenTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *brokerServiceClient) ListTasks(ctx context.Context, in *ListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTasksResponse)
+	err := c.cc.Invoke(ctx, BrokerService_ListTasks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *brokerServiceClient) RecordEvent(ctx context.Context, in *RecordEventRequest, opts ...grpc.CallOption) (*RecordEventResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RecordEventResponse)
@@ -210,6 +238,12 @@ type BrokerServiceServer interface {
 	SubmitVerdict(context.Context, *SubmitVerdictRequest) (*SubmitVerdictResponse, error)
 	// CloseTask (task.close) closes the grant's task, subject to the gate.
 	CloseTask(context.Context, *CloseTaskRequest) (*CloseTaskResponse, error)
+	// ReopenTask (host) reopens a closed task that has not landed
+	// (task.reopened); a landed task is refused TASK_LANDED.
+	ReopenTask(context.Context, *ReopenTaskRequest) (*ReopenTaskResponse, error)
+	// ListTasks lists tasks with their state; the host sees every task, a
+	// grant its own only.
+	ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error)
 	// RecordEvent (event.record) appends a free-form event.
 	RecordEvent(context.Context, *RecordEventRequest) (*RecordEventResponse, error)
 	// ListEvents streams events in order; with follow it keeps streaming new
@@ -247,6 +281,12 @@ func (UnimplementedBrokerServiceServer) SubmitVerdict(context.Context, *SubmitVe
 }
 func (UnimplementedBrokerServiceServer) CloseTask(context.Context, *CloseTaskRequest) (*CloseTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CloseTask not implemented")
+}
+func (UnimplementedBrokerServiceServer) ReopenTask(context.Context, *ReopenTaskRequest) (*ReopenTaskResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReopenTask not implemented")
+}
+func (UnimplementedBrokerServiceServer) ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListTasks not implemented")
 }
 func (UnimplementedBrokerServiceServer) RecordEvent(context.Context, *RecordEventRequest) (*RecordEventResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RecordEvent not implemented")
@@ -389,6 +429,42 @@ func _BrokerService_CloseTask_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BrokerService_ReopenTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReopenTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BrokerServiceServer).ReopenTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BrokerService_ReopenTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BrokerServiceServer).ReopenTask(ctx, req.(*ReopenTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BrokerService_ListTasks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTasksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BrokerServiceServer).ListTasks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BrokerService_ListTasks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BrokerServiceServer).ListTasks(ctx, req.(*ListTasksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _BrokerService_RecordEvent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RecordEventRequest)
 	if err := dec(in); err != nil {
@@ -484,6 +560,14 @@ var BrokerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CloseTask",
 			Handler:    _BrokerService_CloseTask_Handler,
+		},
+		{
+			MethodName: "ReopenTask",
+			Handler:    _BrokerService_ReopenTask_Handler,
+		},
+		{
+			MethodName: "ListTasks",
+			Handler:    _BrokerService_ListTasks_Handler,
 		},
 		{
 			MethodName: "RecordEvent",

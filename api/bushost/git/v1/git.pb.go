@@ -818,6 +818,419 @@ func (x *RepairTaskResponse) GetSeq() int64 {
 	return 0
 }
 
+type LandTaskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The host names the task; a grant leaves these empty (its own task).
+	Business string `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project  string `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Task     string `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	// When main moved since the approved commit: merge instead of refusing
+	// with MAIN_MOVED.
+	Merge         bool `protobuf:"varint,4,opt,name=merge,proto3" json:"merge,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LandTaskRequest) Reset() {
+	*x = LandTaskRequest{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LandTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LandTaskRequest) ProtoMessage() {}
+
+func (x *LandTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LandTaskRequest.ProtoReflect.Descriptor instead.
+func (*LandTaskRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *LandTaskRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *LandTaskRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *LandTaskRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *LandTaskRequest) GetMerge() bool {
+	if x != nil {
+		return x.Merge
+	}
+	return false
+}
+
+type LandTaskResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The approved commit that landed.
+	Commit string `protobuf:"bytes,1,opt,name=commit,proto3" json:"commit,omitempty"`
+	// main before and after.
+	MainOld string `protobuf:"bytes,2,opt,name=main_old,json=mainOld,proto3" json:"main_old,omitempty"`
+	MainNew string `protobuf:"bytes,3,opt,name=main_new,json=mainNew,proto3" json:"main_new,omitempty"`
+	// The merge commit the server made, "" for a fast-forward.
+	Merge string `protobuf:"bytes,4,opt,name=merge,proto3" json:"merge,omitempty"`
+	// The task.landed event.
+	Seq           int64 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LandTaskResponse) Reset() {
+	*x = LandTaskResponse{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LandTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LandTaskResponse) ProtoMessage() {}
+
+func (x *LandTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LandTaskResponse.ProtoReflect.Descriptor instead.
+func (*LandTaskResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LandTaskResponse) GetCommit() string {
+	if x != nil {
+		return x.Commit
+	}
+	return ""
+}
+
+func (x *LandTaskResponse) GetMainOld() string {
+	if x != nil {
+		return x.MainOld
+	}
+	return ""
+}
+
+func (x *LandTaskResponse) GetMainNew() string {
+	if x != nil {
+		return x.MainNew
+	}
+	return ""
+}
+
+func (x *LandTaskResponse) GetMerge() string {
+	if x != nil {
+		return x.Merge
+	}
+	return ""
+}
+
+func (x *LandTaskResponse) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+type PublishProjectRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Business string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project  string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	// The root's branch, "" for bushost/main.
+	Branch string `protobuf:"bytes,3,opt,name=branch,proto3" json:"branch,omitempty"`
+	// Move the branch even if main does not descend from it.
+	Force         bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishProjectRequest) Reset() {
+	*x = PublishProjectRequest{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishProjectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishProjectRequest) ProtoMessage() {}
+
+func (x *PublishProjectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishProjectRequest.ProtoReflect.Descriptor instead.
+func (*PublishProjectRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PublishProjectRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *PublishProjectRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *PublishProjectRequest) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *PublishProjectRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type PublishProjectResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// main, now refs/heads/<branch> of the root.
+	Commit string `protobuf:"bytes,1,opt,name=commit,proto3" json:"commit,omitempty"`
+	// What the branch held before ("" if it was new).
+	Previous      string `protobuf:"bytes,2,opt,name=previous,proto3" json:"previous,omitempty"`
+	Branch        string `protobuf:"bytes,3,opt,name=branch,proto3" json:"branch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishProjectResponse) Reset() {
+	*x = PublishProjectResponse{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishProjectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishProjectResponse) ProtoMessage() {}
+
+func (x *PublishProjectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishProjectResponse.ProtoReflect.Descriptor instead.
+func (*PublishProjectResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PublishProjectResponse) GetCommit() string {
+	if x != nil {
+		return x.Commit
+	}
+	return ""
+}
+
+func (x *PublishProjectResponse) GetPrevious() string {
+	if x != nil {
+		return x.Previous
+	}
+	return ""
+}
+
+func (x *PublishProjectResponse) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+type FetchWorkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A commit of main the worker already has, making the bundle thin
+	// against it; "" for a bundle that carries everything.
+	Have          string `protobuf:"bytes,1,opt,name=have,proto3" json:"have,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchWorkRequest) Reset() {
+	*x = FetchWorkRequest{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchWorkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchWorkRequest) ProtoMessage() {}
+
+func (x *FetchWorkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchWorkRequest.ProtoReflect.Descriptor instead.
+func (*FetchWorkRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *FetchWorkRequest) GetHave() string {
+	if x != nil {
+		return x.Have
+	}
+	return ""
+}
+
+type FetchWorkResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*FetchWorkResponse_Commit
+	//	*FetchWorkResponse_Chunk
+	Msg           isFetchWorkResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchWorkResponse) Reset() {
+	*x = FetchWorkResponse{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchWorkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchWorkResponse) ProtoMessage() {}
+
+func (x *FetchWorkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchWorkResponse.ProtoReflect.Descriptor instead.
+func (*FetchWorkResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *FetchWorkResponse) GetMsg() isFetchWorkResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *FetchWorkResponse) GetCommit() string {
+	if x != nil {
+		if x, ok := x.Msg.(*FetchWorkResponse_Commit); ok {
+			return x.Commit
+		}
+	}
+	return ""
+}
+
+func (x *FetchWorkResponse) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*FetchWorkResponse_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isFetchWorkResponse_Msg interface {
+	isFetchWorkResponse_Msg()
+}
+
+type FetchWorkResponse_Commit struct {
+	// First message: the latest push's commit.
+	Commit string `protobuf:"bytes,1,opt,name=commit,proto3,oneof"`
+}
+
+type FetchWorkResponse_Chunk struct {
+	// Then the bundle, in chunks of at most 1 MiB.
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*FetchWorkResponse_Commit) isFetchWorkResponse_Msg() {}
+
+func (*FetchWorkResponse_Chunk) isFetchWorkResponse_Msg() {}
+
 var File_bushost_git_v1_git_proto protoreflect.FileDescriptor
 
 const file_bushost_git_v1_git_proto_rawDesc = "" +
@@ -867,7 +1280,33 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1d\n" +
 	"\n" +
 	"ref_commit\x18\x03 \x01(\tR\trefCommit\x12\x10\n" +
-	"\x03seq\x18\x04 \x01(\x03R\x03seq2\x96\x04\n" +
+	"\x03seq\x18\x04 \x01(\x03R\x03seq\"q\n" +
+	"\x0fLandTaskRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\x12\x14\n" +
+	"\x05merge\x18\x04 \x01(\bR\x05merge\"\x88\x01\n" +
+	"\x10LandTaskResponse\x12\x16\n" +
+	"\x06commit\x18\x01 \x01(\tR\x06commit\x12\x19\n" +
+	"\bmain_old\x18\x02 \x01(\tR\amainOld\x12\x19\n" +
+	"\bmain_new\x18\x03 \x01(\tR\amainNew\x12\x14\n" +
+	"\x05merge\x18\x04 \x01(\tR\x05merge\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x03R\x03seq\"{\n" +
+	"\x15PublishProjectRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x16\n" +
+	"\x06branch\x18\x03 \x01(\tR\x06branch\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\"d\n" +
+	"\x16PublishProjectResponse\x12\x16\n" +
+	"\x06commit\x18\x01 \x01(\tR\x06commit\x12\x1a\n" +
+	"\bprevious\x18\x02 \x01(\tR\bprevious\x12\x16\n" +
+	"\x06branch\x18\x03 \x01(\tR\x06branch\"&\n" +
+	"\x10FetchWorkRequest\x12\x12\n" +
+	"\x04have\x18\x01 \x01(\tR\x04have\"L\n" +
+	"\x11FetchWorkResponse\x12\x18\n" +
+	"\x06commit\x18\x01 \x01(\tH\x00R\x06commit\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
+	"\x03msg2\x9a\x06\n" +
 	"\n" +
 	"GitService\x12X\n" +
 	"\vPushWorking\x12\".bushost.git.v1.PushWorkingRequest\x1a#.bushost.git.v1.PushWorkingResponse(\x01\x12R\n" +
@@ -877,7 +1316,10 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"AddProject\x12!.bushost.git.v1.AddProjectRequest\x1a\".bushost.git.v1.AddProjectResponse\x12V\n" +
 	"\vSyncProject\x12\".bushost.git.v1.SyncProjectRequest\x1a#.bushost.git.v1.SyncProjectResponse\x12S\n" +
 	"\n" +
-	"RepairTask\x12!.bushost.git.v1.RepairTaskRequest\x1a\".bushost.git.v1.RepairTaskResponseB5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
+	"RepairTask\x12!.bushost.git.v1.RepairTaskRequest\x1a\".bushost.git.v1.RepairTaskResponse\x12M\n" +
+	"\bLandTask\x12\x1f.bushost.git.v1.LandTaskRequest\x1a .bushost.git.v1.LandTaskResponse\x12_\n" +
+	"\x0ePublishProject\x12%.bushost.git.v1.PublishProjectRequest\x1a&.bushost.git.v1.PublishProjectResponse\x12R\n" +
+	"\tFetchWork\x12 .bushost.git.v1.FetchWorkRequest\x1a!.bushost.git.v1.FetchWorkResponse0\x01B5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
 
 var (
 	file_bushost_git_v1_git_proto_rawDescOnce sync.Once
@@ -891,21 +1333,27 @@ func file_bushost_git_v1_git_proto_rawDescGZIP() []byte {
 	return file_bushost_git_v1_git_proto_rawDescData
 }
 
-var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_bushost_git_v1_git_proto_goTypes = []any{
-	(*PushWorkingRequest)(nil),  // 0: bushost.git.v1.PushWorkingRequest
-	(*PushHeader)(nil),          // 1: bushost.git.v1.PushHeader
-	(*PushWorkingResponse)(nil), // 2: bushost.git.v1.PushWorkingResponse
-	(*FetchMainRequest)(nil),    // 3: bushost.git.v1.FetchMainRequest
-	(*FetchMainResponse)(nil),   // 4: bushost.git.v1.FetchMainResponse
-	(*FetchReviewRequest)(nil),  // 5: bushost.git.v1.FetchReviewRequest
-	(*FetchReviewResponse)(nil), // 6: bushost.git.v1.FetchReviewResponse
-	(*AddProjectRequest)(nil),   // 7: bushost.git.v1.AddProjectRequest
-	(*AddProjectResponse)(nil),  // 8: bushost.git.v1.AddProjectResponse
-	(*SyncProjectRequest)(nil),  // 9: bushost.git.v1.SyncProjectRequest
-	(*SyncProjectResponse)(nil), // 10: bushost.git.v1.SyncProjectResponse
-	(*RepairTaskRequest)(nil),   // 11: bushost.git.v1.RepairTaskRequest
-	(*RepairTaskResponse)(nil),  // 12: bushost.git.v1.RepairTaskResponse
+	(*PushWorkingRequest)(nil),     // 0: bushost.git.v1.PushWorkingRequest
+	(*PushHeader)(nil),             // 1: bushost.git.v1.PushHeader
+	(*PushWorkingResponse)(nil),    // 2: bushost.git.v1.PushWorkingResponse
+	(*FetchMainRequest)(nil),       // 3: bushost.git.v1.FetchMainRequest
+	(*FetchMainResponse)(nil),      // 4: bushost.git.v1.FetchMainResponse
+	(*FetchReviewRequest)(nil),     // 5: bushost.git.v1.FetchReviewRequest
+	(*FetchReviewResponse)(nil),    // 6: bushost.git.v1.FetchReviewResponse
+	(*AddProjectRequest)(nil),      // 7: bushost.git.v1.AddProjectRequest
+	(*AddProjectResponse)(nil),     // 8: bushost.git.v1.AddProjectResponse
+	(*SyncProjectRequest)(nil),     // 9: bushost.git.v1.SyncProjectRequest
+	(*SyncProjectResponse)(nil),    // 10: bushost.git.v1.SyncProjectResponse
+	(*RepairTaskRequest)(nil),      // 11: bushost.git.v1.RepairTaskRequest
+	(*RepairTaskResponse)(nil),     // 12: bushost.git.v1.RepairTaskResponse
+	(*LandTaskRequest)(nil),        // 13: bushost.git.v1.LandTaskRequest
+	(*LandTaskResponse)(nil),       // 14: bushost.git.v1.LandTaskResponse
+	(*PublishProjectRequest)(nil),  // 15: bushost.git.v1.PublishProjectRequest
+	(*PublishProjectResponse)(nil), // 16: bushost.git.v1.PublishProjectResponse
+	(*FetchWorkRequest)(nil),       // 17: bushost.git.v1.FetchWorkRequest
+	(*FetchWorkResponse)(nil),      // 18: bushost.git.v1.FetchWorkResponse
 }
 var file_bushost_git_v1_git_proto_depIdxs = []int32{
 	1,  // 0: bushost.git.v1.PushWorkingRequest.header:type_name -> bushost.git.v1.PushHeader
@@ -915,14 +1363,20 @@ var file_bushost_git_v1_git_proto_depIdxs = []int32{
 	7,  // 4: bushost.git.v1.GitService.AddProject:input_type -> bushost.git.v1.AddProjectRequest
 	9,  // 5: bushost.git.v1.GitService.SyncProject:input_type -> bushost.git.v1.SyncProjectRequest
 	11, // 6: bushost.git.v1.GitService.RepairTask:input_type -> bushost.git.v1.RepairTaskRequest
-	2,  // 7: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
-	4,  // 8: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
-	6,  // 9: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
-	8,  // 10: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
-	10, // 11: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
-	12, // 12: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
-	7,  // [7:13] is the sub-list for method output_type
-	1,  // [1:7] is the sub-list for method input_type
+	13, // 7: bushost.git.v1.GitService.LandTask:input_type -> bushost.git.v1.LandTaskRequest
+	15, // 8: bushost.git.v1.GitService.PublishProject:input_type -> bushost.git.v1.PublishProjectRequest
+	17, // 9: bushost.git.v1.GitService.FetchWork:input_type -> bushost.git.v1.FetchWorkRequest
+	2,  // 10: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
+	4,  // 11: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
+	6,  // 12: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
+	8,  // 13: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
+	10, // 14: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
+	12, // 15: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
+	14, // 16: bushost.git.v1.GitService.LandTask:output_type -> bushost.git.v1.LandTaskResponse
+	16, // 17: bushost.git.v1.GitService.PublishProject:output_type -> bushost.git.v1.PublishProjectResponse
+	18, // 18: bushost.git.v1.GitService.FetchWork:output_type -> bushost.git.v1.FetchWorkResponse
+	10, // [10:19] is the sub-list for method output_type
+	1,  // [1:10] is the sub-list for method input_type
 	1,  // [1:1] is the sub-list for extension type_name
 	1,  // [1:1] is the sub-list for extension extendee
 	0,  // [0:1] is the sub-list for field type_name
@@ -945,13 +1399,17 @@ func file_bushost_git_v1_git_proto_init() {
 		(*FetchReviewResponse_Commit)(nil),
 		(*FetchReviewResponse_Chunk)(nil),
 	}
+	file_bushost_git_v1_git_proto_msgTypes[18].OneofWrappers = []any{
+		(*FetchWorkResponse_Commit)(nil),
+		(*FetchWorkResponse_Chunk)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_git_v1_git_proto_rawDesc), len(file_bushost_git_v1_git_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,12 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	GitService_PushWorking_FullMethodName = "/bushost.git.v1.GitService/PushWorking"
-	GitService_FetchMain_FullMethodName   = "/bushost.git.v1.GitService/FetchMain"
-	GitService_FetchReview_FullMethodName = "/bushost.git.v1.GitService/FetchReview"
-	GitService_AddProject_FullMethodName  = "/bushost.git.v1.GitService/AddProject"
-	GitService_SyncProject_FullMethodName = "/bushost.git.v1.GitService/SyncProject"
-	GitService_RepairTask_FullMethodName  = "/bushost.git.v1.GitService/RepairTask"
+	GitService_PushWorking_FullMethodName    = "/bushost.git.v1.GitService/PushWorking"
+	GitService_FetchMain_FullMethodName      = "/bushost.git.v1.GitService/FetchMain"
+	GitService_FetchReview_FullMethodName    = "/bushost.git.v1.GitService/FetchReview"
+	GitService_AddProject_FullMethodName     = "/bushost.git.v1.GitService/AddProject"
+	GitService_SyncProject_FullMethodName    = "/bushost.git.v1.GitService/SyncProject"
+	GitService_RepairTask_FullMethodName     = "/bushost.git.v1.GitService/RepairTask"
+	GitService_LandTask_FullMethodName       = "/bushost.git.v1.GitService/LandTask"
+	GitService_PublishProject_FullMethodName = "/bushost.git.v1.GitService/PublishProject"
+	GitService_FetchWork_FullMethodName      = "/bushost.git.v1.GitService/FetchWork"
 )
 
 // GitServiceClient is the client API for GitService service.
@@ -53,6 +56,18 @@ type GitServiceClient interface {
 	// log: the ref is restored when the logged push's commit is in the
 	// repository (a pack kept), else the push is recorded as lost.
 	RepairTask(ctx context.Context, in *RepairTaskRequest, opts ...grpc.CallOption) (*RepairTaskResponse, error)
+	// LandTask puts a task's approved latest push on main, under the same
+	// gate as closing it, and closes the task: the host names the task, a
+	// grant with task.land lands its own. main fast-forwards, or with merge
+	// the server commits a merge of main and the approved commit.
+	LandTask(ctx context.Context, in *LandTaskRequest, opts ...grpc.CallOption) (*LandTaskResponse, error)
+	// PublishProject (host only) writes main to a branch of the project's
+	// root (a git repository), never its checked-out branch: a fast-forward
+	// unless force. The root's work tree and index are left alone.
+	PublishProject(ctx context.Context, in *PublishProjectRequest, opts ...grpc.CallOption) (*PublishProjectResponse, error)
+	// FetchWork streams a bundle of the task's latest push to its worker
+	// (git.push.working), as FetchReview does: the commit first, then chunks.
+	FetchWork(ctx context.Context, in *FetchWorkRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchWorkResponse], error)
 }
 
 type gitServiceClient struct {
@@ -144,6 +159,45 @@ func (c *gitServiceClient) RepairTask(ctx context.Context, in *RepairTaskRequest
 	return out, nil
 }
 
+func (c *gitServiceClient) LandTask(ctx context.Context, in *LandTaskRequest, opts ...grpc.CallOption) (*LandTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LandTaskResponse)
+	err := c.cc.Invoke(ctx, GitService_LandTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gitServiceClient) PublishProject(ctx context.Context, in *PublishProjectRequest, opts ...grpc.CallOption) (*PublishProjectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PublishProjectResponse)
+	err := c.cc.Invoke(ctx, GitService_PublishProject_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gitServiceClient) FetchWork(ctx context.Context, in *FetchWorkRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchWorkResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &GitService_ServiceDesc.Streams[3], GitService_FetchWork_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchWorkRequest, FetchWorkResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GitService_FetchWorkClient = grpc.ServerStreamingClient[FetchWorkResponse]
+
 // GitServiceServer is the server API for GitService service.
 // All implementations must embed UnimplementedGitServiceServer
 // for forward compatibility.
@@ -170,6 +224,18 @@ type GitServiceServer interface {
 	// log: the ref is restored when the logged push's commit is in the
 	// repository (a pack kept), else the push is recorded as lost.
 	RepairTask(context.Context, *RepairTaskRequest) (*RepairTaskResponse, error)
+	// LandTask puts a task's approved latest push on main, under the same
+	// gate as closing it, and closes the task: the host names the task, a
+	// grant with task.land lands its own. main fast-forwards, or with merge
+	// the server commits a merge of main and the approved commit.
+	LandTask(context.Context, *LandTaskRequest) (*LandTaskResponse, error)
+	// PublishProject (host only) writes main to a branch of the project's
+	// root (a git repository), never its checked-out branch: a fast-forward
+	// unless force. The root's work tree and index are left alone.
+	PublishProject(context.Context, *PublishProjectRequest) (*PublishProjectResponse, error)
+	// FetchWork streams a bundle of the task's latest push to its worker
+	// (git.push.working), as FetchReview does: the commit first, then chunks.
+	FetchWork(*FetchWorkRequest, grpc.ServerStreamingServer[FetchWorkResponse]) error
 	mustEmbedUnimplementedGitServiceServer()
 }
 
@@ -197,6 +263,15 @@ func (UnimplementedGitServiceServer) SyncProject(context.Context, *SyncProjectRe
 }
 func (UnimplementedGitServiceServer) RepairTask(context.Context, *RepairTaskRequest) (*RepairTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RepairTask not implemented")
+}
+func (UnimplementedGitServiceServer) LandTask(context.Context, *LandTaskRequest) (*LandTaskResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LandTask not implemented")
+}
+func (UnimplementedGitServiceServer) PublishProject(context.Context, *PublishProjectRequest) (*PublishProjectResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PublishProject not implemented")
+}
+func (UnimplementedGitServiceServer) FetchWork(*FetchWorkRequest, grpc.ServerStreamingServer[FetchWorkResponse]) error {
+	return status.Error(codes.Unimplemented, "method FetchWork not implemented")
 }
 func (UnimplementedGitServiceServer) mustEmbedUnimplementedGitServiceServer() {}
 func (UnimplementedGitServiceServer) testEmbeddedByValue()                    {}
@@ -302,6 +377,53 @@ func _GitService_RepairTask_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GitService_LandTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LandTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitServiceServer).LandTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitService_LandTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitServiceServer).LandTask(ctx, req.(*LandTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GitService_PublishProject_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PublishProjectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitServiceServer).PublishProject(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitService_PublishProject_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitServiceServer).PublishProject(ctx, req.(*PublishProjectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GitService_FetchWork_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchWorkRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(GitServiceServer).FetchWork(m, &grpc.GenericServerStream[FetchWorkRequest, FetchWorkResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GitService_FetchWorkServer = grpc.ServerStreamingServer[FetchWorkResponse]
+
 // GitService_ServiceDesc is the grpc.ServiceDesc for GitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -321,6 +443,14 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "RepairTask",
 			Handler:    _GitService_RepairTask_Handler,
 		},
+		{
+			MethodName: "LandTask",
+			Handler:    _GitService_LandTask_Handler,
+		},
+		{
+			MethodName: "PublishProject",
+			Handler:    _GitService_PublishProject_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -336,6 +466,11 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "FetchReview",
 			Handler:       _GitService_FetchReview_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FetchWork",
+			Handler:       _GitService_FetchWork_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -1,0 +1,212 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/names"
+)
+
+// Landing a task puts its approved work on main (gitd/land.go moves the
+// ref). The broker's part: the same gate as close, decided from the log
+// (gate.go), and, in one transaction with a second look at the gate, the
+// events task.landed {commit, main_old, main_new, merge} and task.closed
+// {commit, landed_seq}. A landed task is closed; the landed event says why.
+
+var _ authz.Lander = (*Broker)(nil)
+
+// landingFields are the fields of a task.landed event.
+type landingFields struct {
+	Commit  string `json:"commit"`
+	MainOld string `json:"main_old"`
+	MainNew string `json:"main_new"`
+	Merge   string `json:"merge"`
+}
+
+// mayLand refuses a grant that is not the host's and lacks task.land for
+// its own task.
+func mayLand(g authz.Grant, business, project, task string) error {
+	if g.Host {
+		return nil
+	}
+	if !g.Has(authz.CapTaskLand) {
+		return errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s", g.ID, authz.CapTaskLand)
+	}
+	if business != g.Business || project != g.Project || task != g.Task {
+		return errdefs.PermissionDenied(errdefs.OtherTask, "grant %s is for task %s, not %s", g.ID, scopeString(g.Business, g.Project, g.Task), scopeString(business, project, task))
+	}
+	return nil
+}
+
+// landedEvent returns the task's task.landed event, if any, from the log.
+func (q *queries) landedEvent(ctx context.Context, business, project, task string) (Event, bool, error) {
+	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 ORDER BY seq DESC`,
+		business, project, task, TypeTaskLanded)
+	if err != nil {
+		return Event{}, false, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		e, err := scanEvent(rows)
+		return e, err == nil, err
+	}
+	return Event{}, false, rows.Err()
+}
+
+// landable returns the commit the task may land: its latest push, approved.
+func landable(ctx context.Context, q *queries, business, project, task string) (taskRow, string, error) {
+	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil || task == "" {
+		if err == nil {
+			err = fmt.Errorf("no task name")
+		}
+		return taskRow{}, "", errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	}
+	e, ok, err := q.landedEvent(ctx, business, project, task)
+	if err != nil {
+		return taskRow{}, "", err
+	}
+	if ok {
+		var f landingFields
+		_ = json.Unmarshal([]byte(e.Data), &f)
+		return taskRow{}, "", errdefs.FailedPrecondition(errdefs.TaskLanded, "task %s already landed %s on main (event %d)", scopeString(business, project, task), f.Commit, e.Seq).
+			With("seq", e.Seq).With("commit", f.Commit)
+	}
+	t, err := openTask(ctx, q, business, project, task, "landings")
+	if err != nil {
+		return t, "", err
+	}
+	commit, err := gate(ctx, q, t)
+	if err != nil {
+		return t, "", err
+	}
+	if commit == "" {
+		return t, "", errdefs.FailedPrecondition(errdefs.NothingToLand, "task %s has no push: nothing to land", scopeString(business, project, task))
+	}
+	return t, commit, nil
+}
+
+// LandApproved implements authz.Lander.
+func (b *Broker) LandApproved(ctx context.Context, g authz.Grant, business, project, task string) (string, error) {
+	if err := b.Halted(); err != nil {
+		return "", err
+	}
+	if err := mayLand(g, business, project, task); err != nil {
+		return "", err
+	}
+	_, commit, err := landable(ctx, b.st.read(), business, project, task)
+	return commit, err
+}
+
+// RecordLanding implements authz.Lander.
+func (b *Broker) RecordLanding(ctx context.Context, g authz.Grant, l authz.Landing, peer authz.Peer) (int64, error) {
+	if err := mayLand(g, l.Business, l.Project, l.Task); err != nil {
+		return 0, err
+	}
+	for _, c := range []string{l.Approved, l.Old, l.New} {
+		if !isObjectID(c) {
+			return 0, errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(c))
+		}
+	}
+	actor := authz.HostID
+	if !g.Host {
+		actor = g.ID
+	}
+	var seq int64
+	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		if !g.Host {
+			if err := recheck(ctx, q, g, authz.CapTaskLand); err != nil {
+				return err
+			}
+		}
+		t, commit, err := landable(ctx, &q.queries, l.Business, l.Project, l.Task)
+		if err != nil {
+			return err
+		}
+		if commit != l.Approved {
+			return errdefs.Aborted(errdefs.RefChanged, "task %s's approved push is now %s, not %s: land again", scopeString(l.Business, l.Project, l.Task), commit, l.Approved).
+				With("commit", commit)
+		}
+		ps := PeerString(peer, peer != authz.Peer{})
+		e := Event{Business: t.Business, Project: t.Project, Task: t.Task, Type: TypeTaskLanded, Actor: actor, Peer: ps,
+			Data: mustData(map[string]any{"commit": l.Approved, "main_old": l.Old, "main_new": l.New, "merge": l.Merge})}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		seq = e.Seq
+		c := Event{Business: t.Business, Project: t.Project, Task: t.Task, Type: TypeTaskClosed, Actor: actor, Peer: ps,
+			Data: mustData(map[string]any{"commit": l.Approved, "landed_seq": e.Seq})}
+		if err := appendEvent(ctx, q, &c); err != nil {
+			return err
+		}
+		return q.setClosed(ctx, t, c.Seq)
+	})
+	return seq, err
+}
+
+// Landings implements authz.Lander.
+func (b *Broker) Landings(ctx context.Context, business, project string) ([]authz.Landing, error) {
+	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
+		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	}
+	rows, err := b.st.read().db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND type = $3 ORDER BY seq`,
+		business, project, TypeTaskLanded)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []authz.Landing
+	for rows.Next() {
+		e, err := scanEvent(rows)
+		if err != nil {
+			return nil, err
+		}
+		var f landingFields
+		if err := json.Unmarshal([]byte(e.Data), &f); err != nil {
+			return nil, fmt.Errorf("event %d: %w", e.Seq, err)
+		}
+		out = append(out, authz.Landing{Business: e.Business, Project: e.Project, Task: e.Task, Approved: f.Commit, Old: f.MainOld, New: f.MainNew, Merge: f.Merge})
+	}
+	return out, rows.Err()
+}
+
+// ReopenTask (host) reopens a closed task: task.reopened, and it takes
+// pushes, reviews and a close or a landing again. A landed task stays
+// closed (TASK_LANDED): its work is on main.
+func (b *Broker) ReopenTask(ctx context.Context, peer, business, project, task string) (int64, error) {
+	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil || task == "" {
+		if err == nil {
+			err = fmt.Errorf("no task name")
+		}
+		return 0, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	}
+	var seq int64
+	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		t, ok, err := q.task(ctx, business, project, task)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
+		}
+		if e, landed, err := q.landedEvent(ctx, business, project, task); err != nil {
+			return err
+		} else if landed {
+			return errdefs.FailedPrecondition(errdefs.TaskLanded, "task %s landed on main (event %d) and is not reopened: start a new task", scopeString(business, project, task), e.Seq).
+				With("seq", e.Seq)
+		}
+		if t.ClosedSeq == 0 {
+			return errdefs.FailedPrecondition(errdefs.TaskNotClosed, "task %s is open: nothing to reopen", scopeString(business, project, task))
+		}
+		e := Event{Business: business, Project: project, Task: task, Type: TypeTaskReopened, Actor: authz.HostID, Peer: peer,
+			Data: mustData(map[string]any{"closed_seq": t.ClosedSeq})}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		seq = e.Seq
+		return q.setClosed(ctx, t, 0)
+	})
+	return seq, err
+}
