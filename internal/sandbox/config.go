@@ -22,11 +22,12 @@ const (
 	CapReviewVerdict = "review.verdict"
 	CapTaskClose     = "task.close"
 	CapEventRecord   = "event.record"
+	CapTaskLand      = "task.land"
 )
 
 var knownCaps = map[string]bool{
 	CapPushWorking: true, CapReviewRequest: true, CapReviewVerdict: true,
-	CapTaskClose: true, CapEventRecord: true,
+	CapTaskClose: true, CapEventRecord: true, CapTaskLand: true,
 }
 
 // validRole checks a role name: the rule of business, project and task
