@@ -204,7 +204,7 @@ func TestGitHostileNames(t *testing.T) {
 // push to 16 tasks. No update is lost, every accepted push fast-forwards
 // the one before, and fsck stays clean.
 func TestGitConcurrentPushes(t *testing.T) {
-	w := newGitWorld(t, hostOpts{})
+	w := newGitWorld(t, hostOpts{Args: []string{"--max-calls-per-grant", "32"}})
 	dir := filepath.Dir(w.h.Home)
 	const n = 16
 	files := make([]string, n)

@@ -144,12 +144,12 @@ func TestLogAnchors(t *testing.T) {
 // first bad event), the push is refused, and fetches still work.
 func refusesToServe(t *testing.T, h *Host, worker, work string, bad int64) {
 	t.Helper()
-	_, errs := runAs(t, h, worker, 1, "event", "record", "--type", "agent.note")
+	_, errs := runAs(t, h, worker, 3, "event", "record", "--type", "agent.note")
 	if !strings.Contains(errs, "Unavailable") || !strings.Contains(errs, fmt.Sprintf("at event %d", bad)) {
 		t.Fatalf("a broker whose log does not match its checkpoint: %s", errs)
 	}
 	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "more")
-	if _, errs := runAs(t, h, worker, 1, "push-working", "--repo", work); !strings.Contains(errs, "Unavailable") {
+	if _, errs := runAs(t, h, worker, 3, "push-working", "--repo", work); !strings.Contains(errs, "Unavailable") {
 		t.Fatalf("push to a halted broker: %s", errs)
 	}
 	fresh, err := os.MkdirTemp(filepath.Dir(h.Home), "fetch-")
