@@ -65,6 +65,10 @@ deps:
 run: deps build
 	./$(BIN)/bushostd serve --home $(HOME_DIR)
 
+# A -race binary sleeps a second at exit unless GORACE says
+# atexit_sleep_ms=0; the tests start thousands of them (every bushost call).
+export GORACE ?= atexit_sleep_ms=0
+
 # The broker's PostgreSQL half needs a server: BUSHOST_TEST_PG_DSN, or a
 # throwaway cluster that scripts/pg.sh starts under /var/tmp/bushost-pg.
 test: deps

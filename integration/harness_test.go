@@ -289,7 +289,7 @@ func testGit(t testing.TB, dir string, args ...string) string {
 // cleanEnv is the environment for processes a test starts: PATH and HOME of
 // a throwaway kind, nothing of the caller's git or bus host settings.
 func cleanEnv() []string {
-	env := []string{"PATH=" + os.Getenv("PATH"), "LC_ALL=C"}
+	env := []string{"PATH=" + os.Getenv("PATH"), "LC_ALL=C", "GORACE=" + os.Getenv("GORACE")}
 	if h := os.Getenv("HOME"); h != "" {
 		env = append(env, "HOME="+h)
 	}

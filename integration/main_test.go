@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -37,6 +38,13 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binDir = dir
+	// A binary built with -race sleeps a second at exit by default
+	// (atexit_sleep_ms=1000), which every bushost call and every daemon
+	// stop paid: the suite spent most of its time asleep. Its children
+	// inherit the setting through cleanEnv and os.Environ.
+	if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
+		os.Setenv("GORACE", strings.TrimSpace("atexit_sleep_ms=0 "+os.Getenv("GORACE")))
+	}
 	flag.Parse()
 	// Benchmarks time what users run; tests run the client and the daemon
 	// built with -race, so a data race in either fails the test that
