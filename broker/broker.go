@@ -39,11 +39,17 @@ type Options struct {
 	// appended (checkpoint.go); at Open the log is compared with every
 	// head in it, and a mismatch halts the broker (see Halted).
 	CheckpointFile string
+	// HostID names this bus host: a project added through this broker is
+	// placed on it, and calls for a project placed on another host are
+	// refused (placement.go). Empty means DefaultHostID.
+	HostID string
 }
 
 // Broker is the broker. It implements authz.Authority; NewServer serves it
 // as BrokerService. Its methods are safe for concurrent use.
 type Broker struct {
+	hostID     string
+	placedHere sync.Map // "business/project" -> true, once seen placed here
 	st         store
 	admin      string
 	defaultTTL time.Duration
@@ -85,7 +91,12 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	if ttl == 0 {
 		ttl = 24 * time.Hour
 	}
+	hostID := o.HostID
+	if hostID == "" {
+		hostID = DefaultHostID
+	}
 	b := &Broker{
+		hostID:     hostID,
 		st:         st,
 		admin:      o.AdminToken,
 		defaultTTL: ttl,
@@ -464,10 +475,7 @@ func (b *Broker) ensureProject(ctx context.Context, business, project string) er
 	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
 		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
-	return b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		_, err := q.insertProject(ctx, business, project)
-		return err
-	})
+	return b.place(ctx, business, project)
 }
 
 // GrantValid implements authz.Authority: a stream in flight ends when its

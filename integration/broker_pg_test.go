@@ -20,16 +20,27 @@ func TestBrokerTwoHostsSharePostgres(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(a.Home, "broker.db")); err == nil {
 		t.Fatal("bushostd made broker.db although --broker-dsn names PostgreSQL")
 	}
-	// The project lives on both hosts (repositories shard by host; the
-	// broker is shared).
+	// The project lives on A (repositories shard by host; the broker is
+	// shared): B refuses to add it, and serves none of its git calls.
 	a.AddProject(t, "acme", "web")
-	b.AddProject(t, "acme", "web")
+	aID := readHostID(t, a)
+	root := filepath.Join(filepath.Dir(a.Home), "root-acme-web")
+	out, errs, code := b.Run(t, nil, "--json", "project", "add", "--business", "acme", "--project", "web", "--root", root)
+	if code != 5 || !strings.Contains(errs, `"reason":"PROJECT_ON_OTHER_HOST"`) || !strings.Contains(errs, aID) {
+		t.Fatalf("project add on B: exit %d, want 5 PROJECT_ON_OTHER_HOST naming %q\nstdout: %s\nstderr: %s", code, aID, out, errs)
+	}
+	if _, err := os.Stat(filepath.Join(b.Home, "repos", "acme")); err == nil {
+		t.Fatalf("B made a repository for a project placed on A")
+	}
 	worker := a.Grant(t, "acme", "web", "t1", "worker", "git.push.working", "review.request")
 	reviewer := a.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict")
 	lead := a.Grant(t, "acme", "web", "t1", "lead", "task.close")
 
 	// Push through A, ask for review and get the verdict through B.
 	work := filepath.Join(filepath.Dir(a.Home), "work")
+	if _, errs := runAs(t, b, worker, 5, "fetch-main", "--repo", work); !strings.Contains(errs, aID) {
+		t.Fatalf("fetch-main through B does not name A: %s", errs)
+	}
 	runAs(t, a, worker, 0, "fetch-main", "--repo", work)
 	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "work")
 	head := testGit(t, work, "rev-parse", "HEAD")
@@ -43,10 +54,11 @@ func TestBrokerTwoHostsSharePostgres(t *testing.T) {
 
 	// Closed for both.
 	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "late")
-	for _, h := range []*Host{a, b} {
-		if _, errs := runAs(t, h, worker, 1, "push-working", "--repo", work); !strings.Contains(errs, "closed") {
-			t.Fatalf("push through %s after close: %s", h.Home, errs)
-		}
+	if _, errs := runAs(t, a, worker, 1, "push-working", "--repo", work); !strings.Contains(errs, "closed") {
+		t.Fatalf("push through A after close: %s", errs)
+	}
+	if _, errs := runAs(t, b, worker, 5, "push-working", "--repo", work); !strings.Contains(errs, aID) {
+		t.Fatalf("push through B: %s", errs)
 	}
 
 	// One log, seen the same from both, verified by both.
@@ -73,60 +85,16 @@ func TestBrokerTwoHostsSharePostgres(t *testing.T) {
 	}
 }
 
-// Two hosts sharing the store can never both extend the same commit of a
-// task: the log, not either repository, is the arbiter of the task's
-// history (issue 19). The push through B that forks the task is refused
-// with PUSH_CONFLICT, naming the recorded push, and leaves nothing behind.
-func TestTwoHostsCannotForkATask(t *testing.T) {
-	dsn := pgtest.SchemaDSN(t, "fork", "two bushostd forking one task")
-	a := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
-	b := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
-	a.AddProject(t, "acme", "web")
-	b.AddProject(t, "acme", "web")
-	worker := a.Grant(t, "acme", "web", "t1", "worker", "git.push.working")
-
-	base := filepath.Dir(a.Home)
-	w1, w2 := filepath.Join(base, "w1"), filepath.Join(base, "w2")
-	runAs(t, a, worker, 0, "fetch-main", "--repo", w1)
-	testGit(t, w1, "commit", "-q", "--allow-empty", "-m", "X")
-	x := testGit(t, w1, "rev-parse", "HEAD")
-	runAs(t, a, worker, 0, "push-working", "--repo", w1)
-
-	runAs(t, b, worker, 0, "fetch-main", "--repo", w2)
-	testGit(t, w2, "commit", "-q", "--allow-empty", "-m", "Y")
-	before := len(brokerEvents(t, b))
-	out, errs, code := b.Run(t, nil, "--json", "--token-file", worker, "push-working", "--repo", w2)
-	if code != 5 || !strings.Contains(errs, `"reason":"PUSH_CONFLICT"`) || !strings.Contains(errs, x) {
-		t.Fatalf("forking push through B: exit %d, want 5 PUSH_CONFLICT naming %s\nstdout: %s\nstderr: %s", code, x, out, errs)
+// readHostID is the id h made at its first start (HOME/host-id).
+func readHostID(t *testing.T, h *Host) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(h.Home, "host-id"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	evs := brokerEvents(t, b)
-	if len(evs) != before {
-		t.Fatalf("the refused push appended %d events", len(evs)-before)
+	id := strings.TrimSpace(string(raw))
+	if id == "" {
+		t.Fatal("empty host-id")
 	}
-	var chain []string
-	for _, e := range evs {
-		if e.Type == "action.allowed" && e.Task == "t1" {
-			chain = append(chain, string(e.Data))
-		}
-	}
-	if len(chain) != 1 || !strings.Contains(chain[0], x) {
-		t.Fatalf("pushes of t1 in the log: %v", chain)
-	}
-	// Nothing of the refused push is left on B: no work ref in any of its
-	// repositories, no quarantine.
-	repos, _ := filepath.Glob(filepath.Join(b.Home, "repos", "acme", "web*"))
-	more, _ := filepath.Glob(filepath.Join(b.Home, "repos", "acme", "web", "*", "*.git"))
-	for _, r := range append(repos, more...) {
-		if !strings.HasSuffix(r, ".git") {
-			continue
-		}
-		if refs := testGit(t, r, "for-each-ref", "refs/work/"); refs != "" {
-			t.Fatalf("B's %s holds a work ref after the refused push: %s", r, refs)
-		}
-	}
-	for _, h := range []*Host{a, b} {
-		if out := h.Must(t, "log", "verify"); !strings.HasPrefix(out, "ok:") {
-			t.Fatalf("log verify: %s", out)
-		}
-	}
+	return id
 }
