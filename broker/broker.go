@@ -39,11 +39,17 @@ type Options struct {
 	// appended (checkpoint.go); at Open the log is compared with every
 	// head in it, and a mismatch halts the broker (see Halted).
 	CheckpointFile string
+	// HostID names this bus host: a project added through this broker is
+	// placed on it, and calls for a project placed on another host are
+	// refused (placement.go). Empty means DefaultHostID.
+	HostID string
 }
 
 // Broker is the broker. It implements authz.Authority; NewServer serves it
 // as BrokerService. Its methods are safe for concurrent use.
 type Broker struct {
+	hostID     string
+	placedHere sync.Map // "business/project" -> true, once seen placed here
 	st         store
 	admin      string
 	defaultTTL time.Duration
@@ -85,7 +91,12 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	if ttl == 0 {
 		ttl = 24 * time.Hour
 	}
+	hostID := o.HostID
+	if hostID == "" {
+		hostID = DefaultHostID
+	}
 	b := &Broker{
+		hostID:     hostID,
 		st:         st,
 		admin:      o.AdminToken,
 		defaultTTL: ttl,
@@ -464,10 +475,7 @@ func (b *Broker) ensureProject(ctx context.Context, business, project string) er
 	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
 		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
-	return b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		_, err := q.insertProject(ctx, business, project)
-		return err
-	})
+	return b.place(ctx, business, project)
 }
 
 // GrantValid implements authz.Authority: a stream in flight ends when its
@@ -546,6 +554,21 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 		if err != nil {
 			return err
 		}
+		if p.Previous != t.LastPushCommit {
+			// The log, not a repository, is the arbiter of a task's
+			// history: a push extends the task's latest recorded push or
+			// nothing. A retry of a push whose record did commit (same
+			// commit, same previous) is answered with that record.
+			last, lf, ok, err := q.latestPush(ctx, g.Business, g.Project, g.Task)
+			if err != nil {
+				return err
+			}
+			if ok && p.Commit == t.LastPushCommit && last.Seq == t.LastPushSeq && lf.Commit == p.Commit && lf.Previous == p.Previous {
+				e = last
+				return nil
+			}
+			return pushConflict(g, p, t.LastPushCommit)
+		}
 		e = Event{Business: g.Business, Project: g.Project, Task: g.Task, Type: TypeActionAllowed, Actor: g.ID, Peer: peer,
 			Data: mustData(map[string]any{"capability": authz.CapPushWorking, "commit": p.Commit, "previous": p.Previous, "ref": p.Ref})}
 		if err := appendEvent(ctx, q, &e); err != nil {
@@ -554,6 +577,25 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 		return q.setLastPush(ctx, t, e.Seq, p.Commit, g.ID)
 	})
 	return e, err
+}
+
+// pushConflict refuses a push that does not extend the task's latest
+// recorded push: another push (through another host sharing the store, or
+// one whose ref move this host has not made yet) recorded first.
+func pushConflict(g authz.Grant, p authz.Push, latest string) error {
+	scope := scopeString(g.Business, g.Project, g.Task)
+	from := p.Previous
+	if from == "" {
+		from = "nothing (a first push)"
+	}
+	now := latest
+	if now == "" {
+		now = "none"
+	}
+	return errdefs.Aborted(errdefs.PushConflict,
+		"push %s of task %s extends %s, but the task's latest recorded push is %s: run 'bushost fetch-work', rebase onto it and push again",
+		p.Commit, scope, from, now).
+		With("commit", p.Commit).With("previous", p.Previous).With("latest", latest).With("task", scope)
 }
 
 func isObjectID(s string) bool {

@@ -21,6 +21,7 @@ import (
 type eventFields struct {
 	Capability string   `json:"capability"`
 	Commit     string   `json:"commit"`
+	Previous   string   `json:"previous"`
 	RequestID  string   `json:"request_id"`
 	PushSeq    int64    `json:"push_seq"`
 	Verdict    string   `json:"verdict"`

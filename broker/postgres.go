@@ -32,6 +32,10 @@ var postgresSchema = [][]string{{
 	// A task whose ref the host must repair (repair.go): why, and the event.
 	`ALTER TABLE tasks ADD COLUMN needs_repair TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE tasks ADD COLUMN repair_seq BIGINT NOT NULL DEFAULT 0`,
+}, {
+	// The host a project is placed on (placement.go); '' for a project
+	// added before placement, claimed by the first host that serves it.
+	`ALTER TABLE projects ADD COLUMN host TEXT NOT NULL DEFAULT ''`,
 }}
 
 // writeLockKey, with the schema's name, is the advisory lock every write

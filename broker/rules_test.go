@@ -95,7 +95,7 @@ func TestPushes(t *testing.T) {
 		evs := e.events(Filter{Task: "t1"})
 		p := evs[len(evs)-1]
 		if p.Type != TypeActionAllowed || p.Actor != tm.worker.ID || p.Peer != "pid=42,uid=1000,gid=1000" ||
-			p.Data != `{"capability":"git.push.working","commit":"`+commit(3)+`","previous":"","ref":"refs/work/t1"}` {
+			p.Data != `{"capability":"git.push.working","commit":"`+commit(3)+`","previous":"`+commit(1)+`","ref":"refs/work/t1"}` {
 			t.Fatalf("push event: %+v", p)
 		}
 	})

@@ -36,6 +36,10 @@ var sqliteSchema = [][]string{{
 	// A task whose ref the host must repair (repair.go): why, and the event.
 	`ALTER TABLE tasks ADD COLUMN needs_repair TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE tasks ADD COLUMN repair_seq INTEGER NOT NULL DEFAULT 0`,
+}, {
+	// The host a project is placed on (placement.go); '' for a project
+	// added before placement, claimed by the first host that serves it.
+	`ALTER TABLE projects ADD COLUMN host TEXT NOT NULL DEFAULT ''`,
 }}
 
 // sqliteDSN is the driver's DSN for the database file at path: WAL so

@@ -199,11 +199,6 @@ func (q *queries) projectExists(ctx context.Context, business, project string) (
 	return found(q.db.QueryRowContext(ctx, `SELECT 1 FROM projects WHERE business = $1 AND project = $2`, business, project).Scan(&one))
 }
 
-func (q *queries) insertProject(ctx context.Context, business, project string) (bool, error) {
-	r, err := q.db.ExecContext(ctx, `INSERT INTO projects (business, project) VALUES ($1, $2) ON CONFLICT DO NOTHING`, business, project)
-	return affected(r, err)
-}
-
 func affected(r sql.Result, err error) (bool, error) {
 	if err != nil {
 		return false, err

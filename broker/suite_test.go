@@ -118,11 +118,22 @@ func (e *env) grant(business, project, task, role string, caps ...string) actor 
 	return actor{ID: r.GrantId, Token: r.Token, G: g}
 }
 
-// push records a push of commit (made of c) by a, as gitd does.
+// push records a push of commit (made of c) by a, as gitd does: from the
+// task's latest recorded push.
 func (e *env) push(a actor, c byte) error {
+	prev, _, err := e.b.LastPush(context.Background(), a.G.Business, a.G.Project, a.G.Task)
+	if err != nil {
+		return err
+	}
+	return e.pushFrom(a, c, prev)
+}
+
+// pushFrom records a push of commit (made of c) by a that names previous
+// as the commit it fast-forwards.
+func (e *env) pushFrom(a actor, c byte, previous string) error {
 	return e.b.RecordPush(context.Background(), a.G, authz.Push{
 		Business: a.G.Business, Project: a.G.Project, Task: a.G.Task,
-		Commit: commit(c), Ref: "refs/work/" + a.G.Task,
+		Commit: commit(c), Previous: previous, Ref: "refs/work/" + a.G.Task,
 	}, authz.Peer{PID: 42, UID: 1000, GID: 1000})
 }
 

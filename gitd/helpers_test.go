@@ -64,6 +64,8 @@ func (f *fakeAuth) Authorize(_ context.Context, token string, caps ...string) (a
 	return authz.Grant{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant lacks %v", caps)
 }
 
+func (f *fakeAuth) CheckPlacement(context.Context, string, string) error { return nil }
+
 func (f *fakeAuth) EnsureProject(_ context.Context, b, p string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -32,6 +32,8 @@ func (sv *server) LandTask(ctx context.Context, req *gitv1.LandTaskRequest) (*gi
 			return nil, toStatus(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "the host names the task: --business, --project and --task"))
 		}
 		business, project, task = g.Business, g.Project, g.Task
+	} else if err := sv.s.o.Authority.CheckPlacement(ctx, business, project); err != nil {
+		return nil, toStatus(err)
 	}
 	peer, _ := sock.PeerFromContext(ctx)
 	res, err := sv.s.Land(ctx, g, peer, business, project, task, req.GetMerge())
@@ -45,7 +47,7 @@ func (sv *server) PublishProject(ctx context.Context, req *gitv1.PublishProjectR
 	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
 		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
 	}
-	if _, err := sv.authorize(ctx); err != nil {
+	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
 		return nil, toStatus(err)
 	}
 	branch := req.GetBranch()

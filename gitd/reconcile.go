@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -32,6 +33,12 @@ func (s *Service) Reconcile(ctx context.Context) error {
 		return fmt.Errorf("reconcile: %w", err)
 	}
 	for _, r := range rs {
+		// A project placed on another host sharing the store is that
+		// host's to reconcile; this one serves nothing of it.
+		if err := s.o.Authority.CheckPlacement(ctx, r.Business, r.Project); errdefs.ReasonOf(err) == errdefs.ProjectOnOtherHost {
+			s.log.Info("reconcile: skipped, the project is placed on another host", "business", r.Business, "project", r.Project, "err", err)
+			continue
+		}
 		if err := s.reconcile(ctx, r); err != nil {
 			s.log.Error("reconcile: this repository disagrees with the log; the others are served", "repo", r.Path, "business", r.Business, "project", r.Project, "err", err)
 		}

@@ -37,8 +37,20 @@ func (sv *server) authorize(ctx context.Context, caps ...string) (authz.Grant, e
 		if err := names.CheckScope(names.Scope{Business: g.Business, Project: g.Project, Task: g.Task}); err != nil {
 			return g, errdefs.InvalidArgument(errdefs.NameInvalid, "grant scope: %v", err).Wrap(err)
 		}
+		if err := sv.s.o.Authority.CheckPlacement(ctx, g.Business, g.Project); err != nil {
+			return g, err
+		}
 	}
 	return g, nil
+}
+
+// authorizeHost requires the admin token for a call naming
+// business/project, and that the project is not placed on another host.
+func (sv *server) authorizeHost(ctx context.Context, business, project string) error {
+	if _, err := sv.authorize(ctx); err != nil {
+		return err
+	}
+	return sv.s.o.Authority.CheckPlacement(ctx, business, project)
 }
 
 func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkingRequest, gitv1.PushWorkingResponse]) error {
@@ -121,13 +133,14 @@ func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) 
 	if _, err := sv.authorize(ctx); err != nil {
 		return nil, toStatus(err)
 	}
-	commit, created, err := sv.s.AddProject(ctx, req.GetBusiness(), req.GetProject(), req.GetRoot())
-	if err != nil {
+	// The project is placed on this host before its repository is made, so
+	// a project another host owns gets no repository here; both steps are
+	// idempotent, so a retry after a failure in between completes it.
+	if err := sv.s.o.Authority.EnsureProject(ctx, req.GetBusiness(), req.GetProject()); err != nil {
 		return nil, toStatus(err)
 	}
-	// The broker learns of the project once its repository exists; both
-	// steps are idempotent, so a retry after a failure here completes it.
-	if err := sv.s.o.Authority.EnsureProject(ctx, req.GetBusiness(), req.GetProject()); err != nil {
+	commit, created, err := sv.s.AddProject(ctx, req.GetBusiness(), req.GetProject(), req.GetRoot())
+	if err != nil {
 		return nil, toStatus(err)
 	}
 	return &gitv1.AddProjectResponse{Commit: commit, Created: created}, nil
@@ -137,7 +150,7 @@ func (sv *server) SyncProject(ctx context.Context, req *gitv1.SyncProjectRequest
 	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
 		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
 	}
-	if _, err := sv.authorize(ctx); err != nil {
+	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
 		return nil, toStatus(err)
 	}
 	commit, previous, err := sv.s.SyncProject(ctx, req.GetBusiness(), req.GetProject())
@@ -154,7 +167,7 @@ func (sv *server) RepairTask(ctx context.Context, req *gitv1.RepairTaskRequest) 
 		}
 		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
 	}
-	if _, err := sv.authorize(ctx); err != nil {
+	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
 		return nil, toStatus(err)
 	}
 	res, err := sv.s.RepairTask(ctx, req.GetBusiness(), req.GetProject(), req.GetTask())

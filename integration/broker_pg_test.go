@@ -20,16 +20,27 @@ func TestBrokerTwoHostsSharePostgres(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(a.Home, "broker.db")); err == nil {
 		t.Fatal("bushostd made broker.db although --broker-dsn names PostgreSQL")
 	}
-	// The project lives on both hosts (repositories shard by host; the
-	// broker is shared).
+	// The project lives on A (repositories shard by host; the broker is
+	// shared): B refuses to add it, and serves none of its git calls.
 	a.AddProject(t, "acme", "web")
-	b.AddProject(t, "acme", "web")
+	aID := readHostID(t, a)
+	root := filepath.Join(filepath.Dir(a.Home), "root-acme-web")
+	out, errs, code := b.Run(t, nil, "--json", "project", "add", "--business", "acme", "--project", "web", "--root", root)
+	if code != 5 || !strings.Contains(errs, `"reason":"PROJECT_ON_OTHER_HOST"`) || !strings.Contains(errs, aID) {
+		t.Fatalf("project add on B: exit %d, want 5 PROJECT_ON_OTHER_HOST naming %q\nstdout: %s\nstderr: %s", code, aID, out, errs)
+	}
+	if _, err := os.Stat(filepath.Join(b.Home, "repos", "acme")); err == nil {
+		t.Fatalf("B made a repository for a project placed on A")
+	}
 	worker := a.Grant(t, "acme", "web", "t1", "worker", "git.push.working", "review.request")
 	reviewer := a.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict")
 	lead := a.Grant(t, "acme", "web", "t1", "lead", "task.close")
 
 	// Push through A, ask for review and get the verdict through B.
 	work := filepath.Join(filepath.Dir(a.Home), "work")
+	if _, errs := runAs(t, b, worker, 5, "fetch-main", "--repo", work); !strings.Contains(errs, aID) {
+		t.Fatalf("fetch-main through B does not name A: %s", errs)
+	}
 	runAs(t, a, worker, 0, "fetch-main", "--repo", work)
 	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "work")
 	head := testGit(t, work, "rev-parse", "HEAD")
@@ -43,10 +54,11 @@ func TestBrokerTwoHostsSharePostgres(t *testing.T) {
 
 	// Closed for both.
 	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "late")
-	for _, h := range []*Host{a, b} {
-		if _, errs := runAs(t, h, worker, 1, "push-working", "--repo", work); !strings.Contains(errs, "closed") {
-			t.Fatalf("push through %s after close: %s", h.Home, errs)
-		}
+	if _, errs := runAs(t, a, worker, 1, "push-working", "--repo", work); !strings.Contains(errs, "closed") {
+		t.Fatalf("push through A after close: %s", errs)
+	}
+	if _, errs := runAs(t, b, worker, 5, "push-working", "--repo", work); !strings.Contains(errs, aID) {
+		t.Fatalf("push through B: %s", errs)
 	}
 
 	// One log, seen the same from both, verified by both.
@@ -71,4 +83,18 @@ func TestBrokerTwoHostsSharePostgres(t *testing.T) {
 			t.Fatalf("log verify: %s", out)
 		}
 	}
+}
+
+// readHostID is the id h made at its first start (HOME/host-id).
+func readHostID(t *testing.T, h *Host) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(h.Home, "host-id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(string(raw))
+	if id == "" {
+		t.Fatal("empty host-id")
+	}
+	return id
 }

@@ -76,6 +76,9 @@ type Authority interface {
 	// EnsureProject registers business/project with the broker (host only;
 	// idempotent).
 	EnsureProject(ctx context.Context, business, project string) error
+	// CheckPlacement refuses (PROJECT_ON_OTHER_HOST, naming the owner) a
+	// project placed on another bus host sharing the store.
+	CheckPlacement(ctx context.Context, business, project string) error
 	// TaskOpen returns nil if the grant's task exists and is not closed.
 	TaskOpen(ctx context.Context, g Grant) error
 	// RecordPush appends action.allowed {capability: git.push.working,

@@ -42,6 +42,9 @@ type Options struct {
 	// BrokerDSN selects the broker's store: "" for SQLite in
 	// <home>/broker.db, or postgres://... for a shared PostgreSQL.
 	BrokerDSN string
+	// HostID names this host for project placement ("" reads HOME/host-id,
+	// made at first start).
+	HostID string
 	// MaxBundleBytes bounds one pushed bundle (default 256 MiB).
 	MaxBundleBytes int64
 	// DrainTimeout bounds how long a stop waits for calls in flight.
@@ -178,11 +181,15 @@ func Serve(ctx context.Context, o Options) error {
 		log.Info("made the host's admin token", "path", filepath.Join(o.Home, AdminToken))
 	}
 
+	hostID, err := hostID(o.Home, o.HostID)
+	if err != nil {
+		return err
+	}
 	dsn := o.BrokerDSN
 	if dsn == "" {
 		dsn = filepath.Join(o.Home, BrokerDB)
 	}
-	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate, CheckpointFile: o.CheckpointFile})
+	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
 	}

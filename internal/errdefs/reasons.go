@@ -56,6 +56,7 @@ const (
 
 	// Rules.
 	NonFastForward       Reason = "NON_FAST_FORWARD"
+	PushConflict         Reason = "PUSH_CONFLICT"
 	UnrelatedHistory     Reason = "UNRELATED_HISTORY"
 	PrerequisiteMissing  Reason = "PREREQUISITE_MISSING"
 	TaskClosed           Reason = "TASK_CLOSED"

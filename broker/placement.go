@@ -1,0 +1,100 @@
+package broker
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/names"
+)
+
+// Placement: several bushostd may share one store (PostgreSQL), but a
+// project's repositories live on one host. A project is placed on the host
+// that adds it, in the same transaction that registers it; adding it on
+// another host is refused naming the owner, and so is every git call for
+// it there (gitd asks CheckPlacement), so a session is launched where its
+// project lives. Broker calls (reviews, events, close) are served by any
+// host: they only touch the shared log.
+//
+// A placement never changes today (moving a project is issue 19's export
+// and import), so a positive answer is cached for the broker's lifetime.
+
+// DefaultHostID is the host id of a broker opened without one (tests, and
+// tools that open the store directly).
+const DefaultHostID = "local"
+
+// HostID returns the id this broker places projects on.
+func (b *Broker) HostID() string { return b.hostID }
+
+// place registers business/project placed on this host, or claims it if
+// it was registered before placement existed; a project placed on another
+// host is refused with PROJECT_ON_OTHER_HOST.
+func (b *Broker) place(ctx context.Context, business, project string) error {
+	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		host, ok, err := q.projectHost(ctx, business, project)
+		if err != nil {
+			return err
+		}
+		switch {
+		case !ok:
+			_, err := q.db.ExecContext(ctx, `INSERT INTO projects (business, project, host) VALUES ($1, $2, $3)`, business, project, b.hostID)
+			return err
+		case host == "":
+			_, err := q.db.ExecContext(ctx, `UPDATE projects SET host = $1 WHERE business = $2 AND project = $3 AND host = ''`, b.hostID, business, project)
+			return err
+		case host != b.hostID:
+			return onOtherHost(business, project, host)
+		}
+		return nil
+	})
+	if err == nil {
+		b.placedHere.Store(business+"/"+project, true)
+	}
+	return err
+}
+
+// CheckPlacement implements authz.Authority: nil when business/project is
+// placed on this host, not placed yet (an unknown project is refused
+// later, by whatever needs it), or registered before placement existed;
+// PROJECT_ON_OTHER_HOST naming the owner when it lives elsewhere.
+func (b *Broker) CheckPlacement(ctx context.Context, business, project string) error {
+	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
+		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	}
+	if _, ok := b.placedHere.Load(business + "/" + project); ok {
+		return nil
+	}
+	host, ok, err := b.st.read().projectHost(ctx, business, project)
+	if err != nil {
+		return err
+	}
+	if ok && host != "" && host != b.hostID {
+		return onOtherHost(business, project, host)
+	}
+	if ok && host == b.hostID {
+		b.placedHere.Store(business+"/"+project, true)
+	}
+	return nil
+}
+
+// Placement returns the host business/project is placed on ("" when it was
+// registered before placement and no host has claimed it yet).
+func (b *Broker) Placement(ctx context.Context, business, project string) (string, bool, error) {
+	return b.st.read().projectHost(ctx, business, project)
+}
+
+func onOtherHost(business, project, host string) error {
+	return errdefs.FailedPrecondition(errdefs.ProjectOnOtherHost,
+		"project %s/%s is placed on bus host %q, not this one: use that host (launch the session where its project lives)", business, project, host).
+		With("host", host).With("project", business+"/"+project)
+}
+
+func (q *queries) projectHost(ctx context.Context, business, project string) (string, bool, error) {
+	var host string
+	err := q.db.QueryRowContext(ctx, `SELECT host FROM projects WHERE business = $1 AND project = $2`, business, project).Scan(&host)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	return host, err == nil, err
+}

@@ -1,0 +1,103 @@
+package daemon
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/safepath"
+)
+
+// HostIDFile, in the home, keeps the id made at first start.
+const HostIDFile = "host-id"
+
+// hostID returns the host's id for project placement: flag when given
+// (it must be a valid name), else the one kept in HOME/host-id, made at
+// first start from the machine's name and random bytes, so that a host
+// keeps its id across restarts and two hosts never share one by accident.
+func hostID(home, flag string) (string, error) {
+	if flag != "" {
+		if err := names.Check("host id", flag); err != nil {
+			return "", fmt.Errorf("--host-id: %w", err)
+		}
+		return flag, nil
+	}
+	path := filepath.Join(home, HostIDFile)
+	raw, err := readSmall(path)
+	if err == nil {
+		id := strings.TrimSpace(raw)
+		if err := names.Check("host id", id); err != nil {
+			return "", fmt.Errorf("%s: %w (remove it or give --host-id)", path, err)
+		}
+		return id, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("host id %s: %w", path, safepath.Linked(path, err))
+	}
+	var rnd [4]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return "", err
+	}
+	id := hostnamePart() + "-" + hex.EncodeToString(rnd[:])
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("host id %s: %w", path, safepath.Linked(path, err))
+	}
+	if _, err := f.WriteString(id + "\n"); err != nil {
+		f.Close()
+		os.Remove(path)
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(path)
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	return id, f.Close()
+}
+
+// hostnamePart is the machine's name reduced to the name grammar.
+func hostnamePart() string {
+	h, _ := os.Hostname()
+	var b strings.Builder
+	for _, c := range strings.ToLower(h) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+			b.WriteRune(c)
+		case c == '-' || c == '.' || c == '_':
+			if b.Len() > 0 {
+				b.WriteRune('-')
+			}
+		}
+		if b.Len() >= 32 {
+			break
+		}
+	}
+	s := strings.Trim(b.String(), "-")
+	if s == "" {
+		return "host"
+	}
+	return s
+}
+
+// readSmall reads a file of at most 4 KiB without following a link.
+func readSmall(path string) (string, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	n, err := f.Read(buf)
+	if err != nil && n == 0 {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
