@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/bushost/bushost/internal/pgtest"
@@ -97,4 +100,115 @@ func readHostID(t *testing.T, h *Host) string {
 		t.Fatal("empty host-id")
 	}
 	return id
+}
+
+// Eight workers push to one task in a loop, each alternating the two hosts
+// sharing the store: every push through B is refused (the project lives on
+// A), every accepted push extends the one before (the log's pushes of the
+// task form one chain, each previous the commit before it), nothing
+// accepted is lost, and A's ref agrees with the log after a restart of each
+// host (issue 19).
+func TestPushChainThroughTwoHosts(t *testing.T) {
+	dsn := pgtest.SchemaDSN(t, "chain", "eight workers through two hosts")
+	args := []string{"--broker-dsn", dsn, "--max-calls-per-grant", "32"}
+	a := startHostWith(t, hostOpts{Args: args})
+	b := startHostWith(t, hostOpts{Args: args})
+	a.AddProject(t, "acme", "web")
+	worker := a.Grant(t, "acme", "web", "t1", "worker", "git.push.working")
+
+	const workers, each = 8, 2
+	var mu sync.Mutex
+	accepted := map[string]bool{}
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dir := filepath.Join(filepath.Dir(a.Home), fmt.Sprintf("w%d", w))
+			if _, errs, code := a.Run(t, nil, "--token-file", worker, "fetch-main", "--repo", dir); code != 0 {
+				t.Errorf("worker %d fetch-main: exit %d: %s", w, code, errs)
+				return
+			}
+			done := 0
+			for attempt := 0; done < each && attempt < 60; attempt++ {
+				h := []*Host{a, b}[attempt%2]
+				start := "main"
+				if out, _, code := a.Run(t, nil, "--token-file", worker, "fetch-work", "--repo", dir); code == 0 {
+					start = strings.TrimSpace(out)
+				}
+				testGit(t, dir, "checkout", "-q", "-B", "work", start)
+				file := filepath.Join(dir, fmt.Sprintf("w%d-%d.txt", w, attempt))
+				if err := os.WriteFile(file, []byte("x\n"), 0o644); err != nil {
+					t.Error(err)
+					return
+				}
+				testGit(t, dir, "add", ".")
+				testGit(t, dir, "commit", "-q", "-m", filepath.Base(file))
+				out, errs, code := h.Run(t, nil, "--json", "--token-file", worker, "push-working", "--repo", dir)
+				switch {
+				case code == 0:
+					var r struct{ Commit string }
+					if err := json.Unmarshal([]byte(out), &r); err != nil || r.Commit == "" {
+						t.Errorf("push-working --json printed %q", out)
+						return
+					}
+					mu.Lock()
+					accepted[r.Commit] = true
+					mu.Unlock()
+					done++
+				case code == 5 && h == b && strings.Contains(errs, "PROJECT_ON_OTHER_HOST"):
+				case code == 5 && h == a && (strings.Contains(errs, "NON_FAST_FORWARD") || strings.Contains(errs, "PUSH_CONFLICT")):
+				case code == 7 && strings.Contains(errs, "retry_after"):
+				default:
+					t.Errorf("worker %d push through %s: exit %d\n%s\n%s", w, h.Home, code, out, errs)
+					return
+				}
+			}
+			if done < each {
+				t.Errorf("worker %d: %d pushes accepted in 60 attempts", w, done)
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+
+	chain := func() []string {
+		var commits []string
+		prev := ""
+		for _, e := range brokerEvents(t, a) {
+			var d struct{ Capability, Commit, Previous string }
+			if e.Type != "action.allowed" || e.Task != "t1" || json.Unmarshal(e.Data, &d) != nil || d.Capability != "git.push.working" {
+				continue
+			}
+			if d.Previous != prev {
+				t.Fatalf("push %d names previous %q, want %q: the task's history forked", e.Seq, d.Previous, prev)
+			}
+			prev = d.Commit
+			commits = append(commits, d.Commit)
+		}
+		return commits
+	}
+	commits := chain()
+	if len(commits) != len(accepted) || len(commits) != workers*each {
+		t.Fatalf("%d pushes in the log, %d accepted, want %d", len(commits), len(accepted), workers*each)
+	}
+	for _, c := range commits {
+		if !accepted[c] {
+			t.Fatalf("the log holds push %s no client saw accepted", c)
+		}
+	}
+	last := commits[len(commits)-1]
+	for _, h := range []*Host{a, b} {
+		h.Restart(t)
+		if out := h.Must(t, "log", "verify"); !strings.HasPrefix(out, "ok:") {
+			t.Fatalf("log verify: %s", out)
+		}
+	}
+	dir := filepath.Join(filepath.Dir(a.Home), "check")
+	runAs(t, a, worker, 0, "fetch-main", "--repo", dir)
+	if got, _ := runAs(t, a, worker, 0, "fetch-work", "--repo", dir); got != last {
+		t.Fatalf("after restarts A serves %s, the log's latest push is %s", got, last)
+	}
 }
