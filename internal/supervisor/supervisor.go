@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/gitcmd"
 )
 
@@ -42,6 +43,11 @@ type Options struct {
 	// Ready, if set, is called with the health server's address (or "")
 	// once the services have been started.
 	Ready func(addr string)
+	// LogFormat is "text" (default) or "json"; LogLevel is debug, info
+	// (default), warn or error (--log-format, --log-level). In JSON, the
+	// services' output lines are JSON records too, whatever the level.
+	LogFormat string
+	LogLevel  string
 }
 
 // ExitRecord is one exit of a service.
@@ -129,7 +135,11 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 		}
 		opts.Shim = []string{exe}
 	}
-	sink := &logSink{w: opts.Log}
+	sink := &logSink{w: opts.Log, json: opts.LogFormat == "json"}
+	log, err := cmdline.Logger(sinkWriter{sink}, opts.LogFormat, opts.LogLevel)
+	if err != nil {
+		return nil, err
+	}
 	var run procRunner = localRunner{shim: opts.Shim}
 	if l, err := launcherFromEnv(); err != nil {
 		return nil, err
@@ -138,7 +148,7 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 	}
 	s := &Supervisor{
 		cfg: cfg, opts: opts, sink: sink, run: run,
-		log:    slog.New(slog.NewTextHandler(sinkWriter{sink}, nil)),
+		log:    log,
 		events: make(chan func(), 64),
 		closed: make(chan struct{}),
 	}
