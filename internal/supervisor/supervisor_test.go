@@ -56,6 +56,13 @@ type running struct {
 // serve.sh, with windows short enough for a unit test.
 func startSupervisor(t *testing.T, extra string) *running {
 	t.Helper()
+	return startSupervisorWith(t, extra, Options{}, nil)
+}
+
+// startSupervisorWith is startSupervisor with log options, and tweak (if
+// not nil) applied between New and Run.
+func startSupervisorWith(t *testing.T, extra string, opts Options, tweak func(*Supervisor)) *running {
+	t.Helper()
 	dir := t.TempDir()
 	ws := filepath.Join(dir, "ws")
 	writeFile(t, filepath.Join(ws, "src", "web", "serve.sh"), serveScript)
@@ -79,9 +86,13 @@ stop_grace = "500ms"
 	}
 	log := &syncBuffer{}
 	ready := make(chan string, 1)
-	s, err := New(cfg, Options{Shim: []string{os.Args[0]}, Log: log, Ready: func(a string) { ready <- a }})
+	opts.Shim, opts.Log, opts.Ready = []string{os.Args[0]}, log, func(a string) { ready <- a }
+	s, err := New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tweak != nil {
+		tweak(s)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
