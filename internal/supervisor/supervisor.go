@@ -555,6 +555,11 @@ func (s *Supervisor) halt(svc *service, reason string) {
 	s.lastErr = "recovery halted: " + reason
 	banner := "RECOVERY HALTED: " + reason + ". No more reverts until a commit stays healthy for good_after; bricked services stay stopped until an agent edit."
 	s.log.Error(banner)
+	if s.sink.json {
+		// The record above says it all to a log reader; the banner is for
+		// a person reading text.
+		return
+	}
 	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
 	s.sink.line("supervisor", []byte(banner))
 	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))

@@ -224,7 +224,8 @@ func TestSupervisorCommitsEditsAndRevertsCrashLoop(t *testing.T) {
 
 func TestSupervisorHaltsAfterFailedReverts(t *testing.T) {
 	flag := filepath.Join(t.TempDir(), "broken")
-	r := startSupervisor(t, fmt.Sprintf(webService, flag))
+	rcv := newReceiver(t, 0)
+	r := startSupervisor(t, fmt.Sprintf("notify_url = %q\n", rcv.srv.URL)+fmt.Sprintf(webService, flag))
 	waitFor(t, "first good commit", 5*time.Second, func() bool { return r.s.Status().Good != "" })
 
 	// Broken from outside the tree: no revert can help.
@@ -252,6 +253,26 @@ func TestSupervisorHaltsAfterFailedReverts(t *testing.T) {
 	waitFor(t, "recovery resumed", 10*time.Second, func() bool { return r.s.Status().State == "ok" })
 	if st := r.s.Status(); st.Good != st.Head || len(st.Reverts) != 2 {
 		t.Errorf("after fix: %+v", st)
+	}
+
+	// The webhook heard it all, in order: two reverts, the halt, the
+	// recovery that ended it.
+	waitFor(t, "recovery notification", 5*time.Second, func() bool { _, ok := rcv.find(EventRecovery); return ok })
+	var events []string
+	for _, n := range rcv.events() {
+		events = append(events, n.Event)
+		if n.Service != "web" {
+			t.Errorf("%s notification names service %q", n.Event, n.Service)
+		}
+	}
+	if got := strings.Join(events, " "); got != "revert revert halt recovery" {
+		t.Errorf("notifications %q", got)
+	}
+	if halt, _ := rcv.find(EventHalt); !strings.Contains(halt.Reason, "max_failed_reverts = 2") {
+		t.Errorf("halt notification %+v", halt)
+	}
+	if rec, _ := rcv.find(EventRecovery); rec.Commit != r.s.Status().Good {
+		t.Errorf("recovery notification %+v, good %s", rec, r.s.Status().Good)
 	}
 }
 
