@@ -3,7 +3,9 @@
 // per-call record that the daemon's interceptor logs. gitd and the broker
 // feed it through a few hooks (NoteGrant, IndexPack, Write) that cost a
 // map-free atomic add or two; everything else is observed from the gRPC
-// interceptor. It never sees a token.
+// interceptor. It never sees a token. NewRegistry is the part every bushost
+// process shares (build info, Go and process collectors): the supervisor's
+// /metrics starts from it too.
 package metrics
 
 import (
