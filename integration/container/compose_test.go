@@ -40,6 +40,27 @@ type composeFile struct {
 	Volumes map[string]any `yaml:"volumes"`
 }
 
+// withDefaults expands each ${VAR:-default} of a compose file to its
+// default, as a compose tool does with VAR unset.
+func withDefaults(s string) string {
+	return os.Expand(s, func(v string) string {
+		_, def, _ := strings.Cut(v, ":-")
+		return def
+	})
+}
+
+// composeEnv is this process's environment without the variables the
+// compose file reads, plus set.
+func composeEnv(set ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "BUSHOST_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, set...)
+}
+
 func readFile(t *testing.T, rel string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot(), rel))
@@ -66,7 +87,7 @@ func match(t *testing.T, s, re, what string) []string {
 // built or started: the image takes a debootstrap (TestSeedContainer).
 func TestComposeFile(t *testing.T) {
 	var c composeFile
-	if err := yaml.Unmarshal([]byte(readFile(t, "deploy/container/compose.yaml")), &c); err != nil {
+	if err := yaml.Unmarshal([]byte(withDefaults(readFile(t, "deploy/container/compose.yaml"))), &c); err != nil {
 		t.Fatalf("compose.yaml: %v", err)
 	}
 	if len(c.Services) != 1 {
@@ -149,6 +170,7 @@ func TestComposeFile(t *testing.T) {
 	cmd := exec.Command("podman-compose", "--dry-run", "--podman-args=--runtime runc --cgroup-manager=cgroupfs",
 		"-p", project, "-f", "compose.yaml", "up", "-d", "--no-build")
 	cmd.Dir = filepath.Join(repoRoot(), "deploy/container")
+	cmd.Env = composeEnv()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("podman-compose: %v\n%s", err, out)
