@@ -2,13 +2,16 @@ package container
 
 import (
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -200,4 +203,89 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// compose.yaml runs: podman-compose starts the seed's image with its
+// ports published where BUSHOST_WEB_ADDR and BUSHOST_HEALTH_ADDR say; the
+// health check turns healthy, the website answers and the supervisor's
+// /metrics shows it running. Everything it made goes with `down`.
+func TestComposeUp(t *testing.T) {
+	image := seedImage(t, "compose up", "podman-compose")
+	project := strings.ReplaceAll(uniqueName(), "-", "")
+	web, health := freeAddr(t), freeAddr(t)
+	compose := func(args ...string) (string, error) {
+		cmd := exec.Command("podman-compose", append([]string{"--podman-args=" + strings.Join(podmanArgs, " "),
+			"-p", project, "-f", "compose.yaml"}, args...)...)
+		cmd.Dir = filepath.Join(repoRoot(), "deploy/container")
+		cmd.Env = composeEnv("BUSHOST_IMAGE="+image, "BUSHOST_WEB_ADDR="+web, "BUSHOST_HEALTH_ADDR="+health)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	container := project + "_workspace_1"
+	t.Cleanup(func() {
+		compose("down", "-v", "-t", "5")
+		podman(t, "rm", "-f", "-t", "5", container)
+		podman(t, "volume", "rm", "-f", project+"_workspace")
+		podman(t, "network", "rm", "-f", project+"_default")
+	})
+	if out, err := compose("up", "-d", "--no-build"); err != nil {
+		t.Fatalf("podman-compose up: %v\n%s", err, out)
+	}
+	get := func(addr, path string) (string, error) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			return string(b), fmt.Errorf("GET %s: %s", path, resp.Status)
+		}
+		return string(b), err
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		_, err := podman(t, "healthcheck", "run", container)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			logs, _ := podman(t, "logs", container)
+			t.Fatalf("not healthy within 90s: %v\n%s", err, tail(logs, 4000))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if body, err := get(web, "/"); err != nil || !strings.Contains(body, "hello") {
+		t.Errorf("the website on %s: %v %q", web, err, body)
+	}
+	body, err := get(health, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`bushost_supervisor_service_state{service="website",state="running"} 1`,
+		`bushost_supervisor_halted 0`,
+		`bushost_build_info{`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics on %s lacks %q", health, want)
+		}
+	}
+	if out, err := compose("down", "-v", "-t", "5"); err != nil {
+		t.Fatalf("podman-compose down: %v\n%s", err, out)
+	}
+	if _, err := podman(t, "container", "exists", container); err == nil {
+		t.Error("down left the container")
+	}
+}
+
+// freeAddr is a loopback address with a port nothing listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
