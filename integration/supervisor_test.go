@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"os/user"
@@ -125,6 +126,8 @@ type supEnv struct {
 	exited   chan struct{}
 	webPort  int
 	maxFails int
+	// initArgs are added to `supervisor init`'s command line.
+	initArgs []string
 	// The three users, named for this test only and removed after it.
 	app, agent, svc string
 	gitDir          string
@@ -226,7 +229,7 @@ func (e *supEnv) boot() {
 	t := e.t
 	t.Helper()
 	e.out = &syncBuf{}
-	e.cmd = exec.Command(bin(t, "supervisor"), "init", "--config", e.config, "--seed", e.seed)
+	e.cmd = exec.Command(bin(t, "supervisor"), append([]string{"init", "--config", e.config, "--seed", e.seed}, e.initArgs...)...)
 	e.cmd.Env = append(os.Environ(), "TMPDIR="+filepath.Join(e.base, "tmp"))
 	e.cmd.Stdout, e.cmd.Stderr = e.out, e.out
 	if err := e.cmd.Start(); err != nil {
@@ -460,6 +463,88 @@ func TestSupervisorEditGoodRevert(t *testing.T) {
 	}
 	if len(e.status().Reverts) != 1 {
 		t.Errorf("reverts: %+v", e.status().Reverts)
+	}
+}
+
+// Operated as a service: a revert reaches the webhook of notify_url with
+// its commits and is counted on /metrics; `init --log-format json` hands
+// the format to `run`, so the log is JSON lines.
+func TestSupervisorMetricsAndNotifications(t *testing.T) {
+	e := newSupEnv(t)
+	var mu sync.Mutex
+	var got []supervisor.Notification
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var n supervisor.Notification
+		if err := json.NewDecoder(r.Body).Decode(&n); err != nil {
+			t.Errorf("notification body: %v", err)
+		}
+		mu.Lock()
+		got = append(got, n)
+		mu.Unlock()
+	}))
+	defer hook.Close()
+	cfg, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, e.config, fmt.Sprintf("notify_url = %q\n", hook.URL)+string(cfg), 0o644)
+	e.initArgs = []string{"--log-format", "json"}
+	e.boot()
+	var good string
+	e.waitFor("first good commit", 10*time.Second, func() bool {
+		st := e.status()
+		good = st.Good
+		return good != "" && good == st.Head
+	})
+
+	serve := filepath.Join(e.ws, "src", "website", "serve.sh")
+	if out, err := e.asAgent("printf '#!/bin/bash\\nexit 1\\n' > " + serve); err != nil {
+		t.Fatalf("agent edit: %v: %s", err, out)
+	}
+	var rev supervisor.Notification
+	e.waitFor("revert notification", 20*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, n := range got {
+			if n.Event == supervisor.EventRevert {
+				rev = n
+				return true
+			}
+		}
+		return false
+	})
+	st := e.status()
+	if len(st.Reverts) != 1 {
+		t.Fatalf("reverts %+v", st.Reverts)
+	}
+	if rec := st.Reverts[0]; rev.Service != "website" || rev.To != good || rev.From != rec.From || rev.Commit != rec.Commit || rev.Commit == "" {
+		t.Errorf("notification %+v, revert %+v", rev, rec)
+	}
+	resp, err := http.Get("http://" + e.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`bushost_supervisor_reverts_total{result="reverted",service="website"} 1`,
+		`bushost_supervisor_service_exits_total{service="website",status="nonzero"} 3`,
+		`bushost_build_info{`,
+		`process_cpu_seconds_total `,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, body)
+		}
+	}
+	sawRevert := false
+	for _, line := range strings.Split(e.out.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "reverted to the good commit" {
+			sawRevert = true
+		}
+	}
+	if !sawRevert {
+		t.Errorf("no JSON log line for the revert:\n%s", e.out.String())
 	}
 }
 

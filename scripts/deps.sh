@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-# curl and python3 are run inside sessions by the --net=proxy tests.
-for pkg in git bubblewrap postgresql ca-certificates make gcc passwd util-linux systemd podman runc debootstrap curl python3; do
+# curl and python3 are run inside sessions by the --net=proxy tests;
+# podman-compose translates deploy/container/compose.yaml in its test.
+for pkg in git bubblewrap postgresql ca-certificates make gcc passwd util-linux systemd podman podman-compose runc debootstrap curl python3; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -21,6 +21,7 @@ const usage = `usage:
   supervisor run  --config FILE              supervise the services of FILE's workspace
   supervisor init --config FILE --seed DIR   as root: users, seed, ownership, AGENTS.md,
                                              then drop to user app and run
+  (both take --log-format text|json and --log-level debug|info|warn|error)
   supervisor --version | --help | help COMMAND
 
 The configuration file is described in internal/supervisor/README.md.
@@ -38,40 +39,51 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root := cmdline.Root("supervisor", "supervisor: run the services an agent may edit", "supervisor: run the services an agent may edit.\n\n"+usage)
 	root.AddCommand(
 		cmdline.Passthrough("run", "supervise the services of a workspace",
-			"usage: supervisor run --config FILE\n\nsupervise the services of FILE's workspace (internal/supervisor/README.md).",
-			func(w io.Writer) { fs, _ := flags("run", w); fs.PrintDefaults() },
+			"usage: supervisor run --config FILE [--log-format text|json] [--log-level LEVEL]\n\nsupervise the services of FILE's workspace (internal/supervisor/README.md).",
+			func(w io.Writer) { fs, _, _ := flags("run", w); fs.PrintDefaults() },
 			func(args []string) int {
-				fs, config := flags("run", io.Discard)
+				fs, config, lf := flags("run", io.Discard)
 				if err := fs.Parse(args); err != nil {
 					return exitParse("run", err, stderr)
 				}
-				return runSupervisor(*config, stderr)
+				return runSupervisor(*config, lf, stderr)
 			}),
 		cmdline.Passthrough("init", "as root: users, seed, ownership, then run as app",
-			"usage: supervisor init --config FILE --seed DIR\n\nas root: make the users, seed the workspace, hand it over, write AGENTS.md,\nthen drop to user app and run.",
-			func(w io.Writer) { fs, _, _ := initFlags(w); fs.PrintDefaults() },
+			"usage: supervisor init --config FILE --seed DIR [--log-format text|json] [--log-level LEVEL]\n\nas root: make the users, seed the workspace, hand it over, write AGENTS.md,\nthen drop to user app and run.",
+			func(w io.Writer) { fs, _, _, _ := initFlags(w); fs.PrintDefaults() },
 			func(args []string) int {
-				fs, config, seed := initFlags(io.Discard)
+				fs, config, seed, lf := initFlags(io.Discard)
 				if err := fs.Parse(args); err != nil {
 					return exitParse("init", err, stderr)
 				}
-				return initWorkspace(*config, *seed, stderr)
+				return initWorkspace(*config, *seed, lf, stderr)
 			}),
 	)
 	return cmdline.Execute(root, args, stdout, stderr)
 }
 
-func flags(name string, out io.Writer) (*flag.FlagSet, *string) {
+// logFlags are --log-format and --log-level, as bushostd has them.
+type logFlags struct{ format, level string }
+
+// args gives them back to `supervisor run`, which init executes.
+func (l *logFlags) args() []string {
+	return []string{"--log-format", l.format, "--log-level", l.level}
+}
+
+func flags(name string, out io.Writer) (*flag.FlagSet, *string, *logFlags) {
 	fs := flag.NewFlagSet("supervisor "+name, flag.ContinueOnError)
 	fs.SetOutput(out)
 	config := fs.String("config", "", "TOML configuration file (required)")
-	return fs, config
+	lf := &logFlags{}
+	fs.StringVar(&lf.format, "log-format", "text", "log format: text or json (in json, the services' output lines too)")
+	fs.StringVar(&lf.level, "log-level", "info", "least severe log level written: debug, info, warn or error")
+	return fs, config, lf
 }
 
-func initFlags(out io.Writer) (*flag.FlagSet, *string, *string) {
-	fs, config := flags("init", out)
+func initFlags(out io.Writer) (*flag.FlagSet, *string, *string, *logFlags) {
+	fs, config, lf := flags("init", out)
 	seed := fs.String("seed", "", "directory that seeds the workspace on first boot")
-	return fs, config, seed
+	return fs, config, seed, lf
 }
 
 func exitParse(verb string, err error, stderr io.Writer) int {
@@ -79,9 +91,13 @@ func exitParse(verb string, err error, stderr io.Writer) int {
 	return 2
 }
 
-func runSupervisor(config string, stderr io.Writer) int {
+func runSupervisor(config string, lf *logFlags, stderr io.Writer) int {
 	if config == "" {
 		fmt.Fprint(stderr, "supervisor run: --config FILE is required\n")
+		return 2
+	}
+	if _, err := cmdline.Logger(io.Discard, lf.format, lf.level); err != nil {
+		fmt.Fprintf(stderr, "supervisor run: %v\n", err)
 		return 2
 	}
 	cfg, err := supervisor.LoadConfig(config)
@@ -92,7 +108,7 @@ func runSupervisor(config string, stderr io.Writer) int {
 	if os.Geteuid() == 0 {
 		fmt.Fprint(stderr, "supervisor: warning: running as root; services run as root too (use `supervisor init` to drop to user app)\n")
 	}
-	s, err := supervisor.New(cfg, supervisor.Options{Log: stderr})
+	s, err := supervisor.New(cfg, supervisor.Options{Log: stderr, LogFormat: lf.format, LogLevel: lf.level})
 	if err != nil {
 		fmt.Fprintf(stderr, "supervisor: %v\n", err)
 		return 1
@@ -106,9 +122,13 @@ func runSupervisor(config string, stderr io.Writer) int {
 	return 0
 }
 
-func initWorkspace(config, seed string, stderr io.Writer) int {
+func initWorkspace(config, seed string, lf *logFlags, stderr io.Writer) int {
 	if config == "" || seed == "" {
 		fmt.Fprint(stderr, "supervisor init: --config FILE and --seed DIR are required\n")
+		return 2
+	}
+	if _, err := cmdline.Logger(io.Discard, lf.format, lf.level); err != nil {
+		fmt.Fprintf(stderr, "supervisor init: %v\n", err)
 		return 2
 	}
 	abs, err := filepath.Abs(config)
@@ -126,7 +146,7 @@ func initWorkspace(config, seed string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "supervisor init: %v\n", err)
 		return 1
 	}
-	err = supervisor.DropAndExec(app, []string{"run", "--config", abs})
+	err = supervisor.DropAndExec(app, append([]string{"run", "--config", abs}, lf.args()...))
 	fmt.Fprintf(stderr, "supervisor init: run as %s: %v\n", app.Name, err)
 	return 1
 }

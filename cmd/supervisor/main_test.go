@@ -29,6 +29,9 @@ func TestCommandLine(t *testing.T) {
 		{"run without config", []string{"run"}, 2, "--config FILE is required"},
 		{"init without seed", []string{"init", "--config", bad}, 2, "--seed DIR are required"},
 		{"config error names the key", []string{"run", "--config", bad}, 2, "debounce"},
+		{"bad log format", []string{"run", "--config", bad, "--log-format", "yaml"}, 2, `--log-format "yaml": want text or json`},
+		{"bad log level", []string{"init", "--config", bad, "--seed", bad, "--log-level", "loud"}, 2, `--log-level "loud"`},
+		{"run --help lists the log flags", []string{"run", "--help"}, 0, "-log-format"},
 		{"missing config", []string{"run", "--config", filepath.Join(t.TempDir(), "none.toml")}, 2, "no such file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

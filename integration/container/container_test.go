@@ -7,11 +7,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,48 +34,9 @@ func podman(t *testing.T, args ...string) (string, error) {
 // base made with debootstrap, it turns healthy, commits an agent's edit,
 // and reverts an edit that makes the website crash in a loop.
 func TestSeedContainer(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("the seed's container needs root (podman, users)")
-		}
-		t.Skip("*** the seed's container needs root: NOT TESTED ***")
-	}
-	for _, tool := range []string{"podman", "runc", "debootstrap", "make"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is missing: scripts/deps.sh installs it", tool)
-			}
-			t.Skipf("*** %s is missing (scripts/deps.sh installs it): the seed's container NOT TESTED ***", tool)
-		}
-	}
-	const base = "localhost/bushost-debian:12"
-	_, err := podman(t, "image", "exists", base)
-	baseExisted := err == nil
-	suffix := make([]byte, 4)
-	rand.Read(suffix)
-	name := "bushost-test-" + hex.EncodeToString(suffix)
-	image := "localhost/" + name + ":latest"
-	tmp, err := os.MkdirTemp("/var/tmp", "bh-container-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(tmp) })
-	cmd := exec.Command("make", "-s", "container", "BIN="+tmp+"/bin", "CONTAINER_CTX="+tmp+"/ctx", "IMAGE="+image)
-	cmd.Dir = repoRoot()
-	out, err := cmd.CombinedOutput()
-	t.Cleanup(func() {
-		podman(t, "rm", "-f", "-t", "5", name)
-		podman(t, "rmi", "-f", image)
-		if !baseExisted {
-			podman(t, "rmi", "-f", base)
-		}
-	})
-	if err != nil {
-		t.Fatalf("make container: %v\n%s", err, out)
-	}
-	if got, err := podman(t, "image", "inspect", "--format", "{{.HealthCheck.Test}}", image); err != nil || !strings.Contains(got, "/healthz") {
-		t.Fatalf("the image keeps no HEALTHCHECK on /healthz: %q %v", got, err)
-	}
+	image := seedImage(t, "the seed's container")
+	name := uniqueName()
+	t.Cleanup(func() { podman(t, "rm", "-f", "-t", "5", name) })
 
 	if out, err := podman(t, "run", "-d", "--name", name, "--network", "none",
 		"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", image); err != nil {
@@ -126,6 +89,86 @@ func TestSeedContainer(t *testing.T) {
 	if out, err := podman(t, "exec", name, "cat", "/workspace/src/website/serve.sh"); err != nil || !strings.Contains(out, "website v2 starting") {
 		t.Fatalf("serve.sh after the revert: %v\n%s", err, out)
 	}
+}
+
+// TestMain removes the image seedImage built, and the base if this run
+// made it.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.image != "" {
+		exec.Command("podman", append(append([]string{}, podmanArgs...), "rmi", "-f", built.image)...).Run()
+	}
+	if built.madeBase {
+		exec.Command("podman", append(append([]string{}, podmanArgs...), "rmi", "-f", baseImage)...).Run()
+	}
+	if built.tmp != "" {
+		os.RemoveAll(built.tmp)
+	}
+	os.Exit(code)
+}
+
+const baseImage = "localhost/bushost-debian:12"
+
+// built is the seed's image, made once per run of this package: its
+// Debian base takes minutes.
+var built struct {
+	once     sync.Once
+	image    string
+	madeBase bool
+	tmp      string
+	err      error
+}
+
+// seedImage returns the seed's image, built by `make container` under a
+// name of its own, or skips what (the test's subject) needs root and
+// podman, runc, debootstrap, make and the extra tools; under CI=true it
+// fails instead.
+func seedImage(t *testing.T, what string, tools ...string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s needs root (podman, users)", what)
+		}
+		t.Skipf("*** %s needs root: NOT TESTED ***", what)
+	}
+	for _, tool := range append([]string{"podman", "runc", "debootstrap", "make"}, tools...) {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is missing: scripts/deps.sh installs it", tool)
+			}
+			t.Skipf("*** %s is missing (scripts/deps.sh installs it): %s NOT TESTED ***", tool, what)
+		}
+	}
+	built.once.Do(func() {
+		_, err := podman(t, "image", "exists", baseImage)
+		built.madeBase = err != nil
+		image := "localhost/" + uniqueName() + ":latest"
+		if built.tmp, built.err = os.MkdirTemp("/var/tmp", "bh-container-"); built.err != nil {
+			return
+		}
+		cmd := exec.Command("make", "-s", "container", "BIN="+built.tmp+"/bin", "CONTAINER_CTX="+built.tmp+"/ctx", "IMAGE="+image)
+		cmd.Dir = repoRoot()
+		out, err := cmd.CombinedOutput()
+		built.image = image
+		if err != nil {
+			built.err = fmt.Errorf("make container: %v\n%s", err, out)
+			return
+		}
+		if got, err := podman(t, "image", "inspect", "--format", "{{.HealthCheck.Test}}", image); err != nil || !strings.Contains(got, "/healthz") {
+			built.err = fmt.Errorf("the image keeps no HEALTHCHECK on /healthz: %q %v", got, err)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.image
+}
+
+// uniqueName names a container, project or image of one test.
+func uniqueName() string {
+	suffix := make([]byte, 4)
+	rand.Read(suffix)
+	return "bushost-test-" + hex.EncodeToString(suffix)
 }
 
 // repoRoot is the repository's top, two levels above this file.

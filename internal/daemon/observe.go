@@ -30,6 +30,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/metrics"
 	"github.com/bushost/bushost/internal/sock"
@@ -66,18 +67,7 @@ func (ob *Observe) addFlags(fs *pflag.FlagSet) {
 
 // logger builds the daemon's logger from the flags.
 func (ob *Observe) logger() (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(ob.LogLevel)); err != nil && ob.LogLevel != "" {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", ob.LogLevel)
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch ob.LogFormat {
-	case "", "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", ob.LogFormat)
+	return cmdline.Logger(os.Stderr, ob.LogFormat, ob.LogLevel)
 }
 
 // observer is the interceptor of one socket: it refuses new calls during a

@@ -3,7 +3,9 @@
 // per-call record that the daemon's interceptor logs. gitd and the broker
 // feed it through a few hooks (NoteGrant, IndexPack, Write) that cost a
 // map-free atomic add or two; everything else is observed from the gRPC
-// interceptor. It never sees a token.
+// interceptor. It never sees a token. NewRegistry is the part every bushost
+// process shares (build info, Go and process collectors): the supervisor's
+// /metrics starts from it too.
 package metrics
 
 import (
@@ -22,7 +24,25 @@ const Namespace = "bushost"
 
 // Registry holds bushostd's collectors. It is process-wide: one daemon per
 // process, and the hooks in gitd and the broker need no handle to reach it.
-var Registry = prometheus.NewRegistry()
+var Registry = NewRegistry()
+
+// NewRegistry returns a registry holding what every bushost process
+// exposes: bushost_build_info and the standard Go and process collectors.
+// bushostd adds its own to Registry; the supervisor makes one per run.
+func NewRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help: "Always 1; the labels say which build of bushost is running.",
+	}, []string{"version", "revision", "goversion"})
+	in := version.Read()
+	buildInfo.WithLabelValues(in.Module, in.Revision, in.Go).Set(1)
+	r.MustRegister(buildInfo,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return r
+}
 
 // Durations from a millisecond to a few minutes: a push of a small change
 // takes milliseconds, one of a 256 MiB bundle tens of seconds.
@@ -83,20 +103,11 @@ var (
 		Namespace: Namespace, Name: "connections_open",
 		Help: "Connections open, by socket.",
 	}, []string{"socket"})
-	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "build_info",
-		Help: "Always 1; the labels say which build of bushost is running.",
-	}, []string{"version", "revision", "goversion"})
 )
 
 func init() {
-	in := version.Read()
-	buildInfo.WithLabelValues(in.Module, in.Revision, in.Go).Set(1)
 	Registry.MustRegister(Calls, Pushes, PushSeconds, PushBytes, indexPackSeconds,
-		writes, writeSeconds, Gate, LimitRefusals, InFlight, Conns, buildInfo,
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
+		writes, writeSeconds, Gate, LimitRefusals, InFlight, Conns)
 }
 
 // IndexPack records one index-pack run (gitd's hook).

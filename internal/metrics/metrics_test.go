@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -41,5 +42,24 @@ func TestRegistry(t *testing.T) {
 bushost_broker_writes_total{result="committed"} 1
 `), "bushost_broker_writes_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Each NewRegistry holds the collectors every bushost process shares, and
+// none of bushostd's own: two of them (two supervisors in one test binary)
+// never collide.
+func TestNewRegistry(t *testing.T) {
+	a, b := NewRegistry(), NewRegistry()
+	for _, r := range []*prometheus.Registry{a, b} {
+		n, err := testutil.GatherAndCount(r, "bushost_build_info", "go_goroutines", "process_start_time_seconds")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 3 {
+			t.Fatalf("gathered %d of the 3 series", n)
+		}
+		if n, _ := testutil.GatherAndCount(r, "bushost_pushes_total", "bushost_push_duration_seconds"); n != 0 {
+			t.Errorf("a fresh registry holds %d of bushostd's series", n)
+		}
 	}
 }

@@ -78,6 +78,7 @@ type Config struct {
 	AgentUser        string          `toml:"agent_user"`
 	ServicesUser     string          `toml:"services_user"`
 	HealthAddr       string          `toml:"health_addr"`
+	NotifyURL        string          `toml:"notify_url"`
 	Debounce         Duration        `toml:"debounce"`
 	GoodAfter        Duration        `toml:"good_after"`
 	CrashWindow      Duration        `toml:"crash_window"`
@@ -293,6 +294,12 @@ func (c *Config) check() error {
 	if c.HealthAddr != "" {
 		if _, _, err := net.SplitHostPort(c.HealthAddr); err != nil {
 			return bad("health_addr", "%q: %v", c.HealthAddr, err)
+		}
+	}
+	if c.NotifyURL != "" {
+		u, err := url.Parse(c.NotifyURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad("notify_url", "%q is not an http(s) URL", c.NotifyURL)
 		}
 	}
 	for key, d := range map[string]time.Duration{

@@ -62,6 +62,8 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"watch infra", `watch = ["src", "infra/x"]`, "watch[1]"},
 		{"watch git", `watch = [".git"]`, "watch[0]"},
 		{"health addr", `health_addr = "nope"`, "health_addr"},
+		{"notify url scheme", `notify_url = "ftp://hooks.example/x"`, "notify_url"},
+		{"notify url host", `notify_url = "https:///x"`, "notify_url"},
 		{"agent email", "[agent]\nemail = \"a\\nb\"", "agent.email"},
 		{"backoff order", `restart_backoff = "10s"` + "\n" + `max_backoff = "1s"`, "max_backoff"},
 		{"service name", "[[service]]\nname = \"Web Site\"\ncommand = [\"true\"]", "service[0].name"},

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -171,12 +172,28 @@ func startLocked(cmd *exec.Cmd) (<-chan error, error) {
 }
 
 // logSink serialises line-prefixed output of services and the supervisor.
+// With json set, each line is a JSON record instead (message "output",
+// the prefix as service), so that a JSON log stays JSON throughout.
 type logSink struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu   sync.Mutex
+	w    io.Writer
+	json bool
 }
 
 func (l *logSink) line(prefix string, b []byte) {
+	if l.json {
+		rec, _ := json.Marshal(struct {
+			Time    time.Time `json:"time"`
+			Level   string    `json:"level"`
+			Msg     string    `json:"msg"`
+			Service string    `json:"service"`
+			Line    string    `json:"line"`
+		}{time.Now(), "INFO", "output", prefix, string(b)})
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.w.Write(append(rec, '\n'))
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	fmt.Fprintf(l.w, "%s | %s\n", prefix, b)

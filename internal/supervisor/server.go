@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Status is what GET /status returns.
@@ -69,9 +71,10 @@ func (s *Supervisor) Status() Status {
 
 // Handler serves GET /healthz (200 when every service runs and passes its
 // check, 503 otherwise, in particular when one is bricked or recovery is
-// halted) and GET /status (JSON).
+// halted), GET /status (JSON) and GET /metrics (Prometheus).
 func (s *Supervisor) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		st := s.Status()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -14,9 +14,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/metrics"
 )
 
 // Service states, as /status reports them.
@@ -42,6 +45,11 @@ type Options struct {
 	// Ready, if set, is called with the health server's address (or "")
 	// once the services have been started.
 	Ready func(addr string)
+	// LogFormat is "text" (default) or "json"; LogLevel is debug, info
+	// (default), warn or error (--log-format, --log-level). In JSON, the
+	// services' output lines are JSON records too, whatever the level.
+	LogFormat string
+	LogLevel  string
 }
 
 // ExitRecord is one exit of a service.
@@ -73,7 +81,11 @@ type service struct {
 	// startedAt is when the current or last process started.
 	startedAt time.Time
 	restarts  int
-	exits     []ExitRecord
+	// Counted for the metrics: exits the supervisor did not ask for, and
+	// reverts this service's crash loops caused.
+	exitsZero, exitsNonZero int
+	reverted, revertsFailed int
+	exits                   []ExitRecord
 	// crashes are the times of non-zero exits inside crash_window.
 	crashes []time.Time
 	backoff time.Duration
@@ -98,6 +110,10 @@ type Supervisor struct {
 	log  *slog.Logger
 	sink *logSink
 	repo *Repo
+	// notify sends events to notify_url (nil without one); reg is what
+	// GET /metrics serves.
+	notify *notifier
+	reg    *prometheus.Registry
 
 	events chan func()
 	closed chan struct{}
@@ -111,10 +127,14 @@ type Supervisor struct {
 	failedReverts int
 	// revertPending: a revert happened and no commit has been good since.
 	revertPending bool
-	reverts       []RevertRecord
-	lastErr       string
-	dirtySince    time.Time
-	debounce      *time.Timer
+	// troubled is the service whose crash loop led to the last revert or
+	// halt, named again by the recovery that ends it.
+	troubled          string
+	halts, recoveries int
+	reverts           []RevertRecord
+	lastErr           string
+	dirtySince        time.Time
+	debounce          *time.Timer
 }
 
 // New checks the options; Run does the work.
@@ -129,7 +149,11 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 		}
 		opts.Shim = []string{exe}
 	}
-	sink := &logSink{w: opts.Log}
+	sink := &logSink{w: opts.Log, json: opts.LogFormat == "json"}
+	log, err := cmdline.Logger(sinkWriter{sink}, opts.LogFormat, opts.LogLevel)
+	if err != nil {
+		return nil, err
+	}
 	var run procRunner = localRunner{shim: opts.Shim}
 	if l, err := launcherFromEnv(); err != nil {
 		return nil, err
@@ -138,10 +162,15 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 	}
 	s := &Supervisor{
 		cfg: cfg, opts: opts, sink: sink, run: run,
-		log:    slog.New(slog.NewTextHandler(sinkWriter{sink}, nil)),
+		log:    log,
 		events: make(chan func(), 64),
 		closed: make(chan struct{}),
 	}
+	if cfg.NotifyURL != "" {
+		s.notify = newNotifier(cfg.NotifyURL, log)
+	}
+	s.reg = metrics.NewRegistry()
+	s.reg.MustRegister(collector{s})
 	for i := range cfg.Services {
 		sc := &cfg.Services[i]
 		s.services = append(s.services, &service{
@@ -215,6 +244,15 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fmt.Errorf("watch: %w", err)
 	}
 	defer w.close()
+	if s.notify != nil {
+		nctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.notify.run(nctx)
+		}()
+		defer func() { stop(); <-done }()
+	}
 
 	addr := ""
 	if cfg.HealthAddr != "" {
@@ -405,6 +443,11 @@ func (s *Supervisor) exited(svc *service, gen, code int, at time.Time) {
 		}
 		return
 	}
+	if code == 0 {
+		svc.exitsZero++
+	} else {
+		svc.exitsNonZero++
+	}
 	svc.exits = append(svc.exits, ExitRecord{At: at, Code: code, Ran: ran.Round(time.Millisecond).String()})
 	if len(svc.exits) > keptExits {
 		svc.exits = svc.exits[len(svc.exits)-keptExits:]
@@ -454,16 +497,17 @@ func (s *Supervisor) bricked(svc *service) {
 // recover reverts the tree to the good commit and restarts every service,
 // unless max_failed_reverts reverts in a row have not brought health back.
 func (s *Supervisor) recover(svc *service, reason string) {
+	s.troubled = svc.cfg.Name
 	if s.revertPending {
 		s.failedReverts++
 	}
 	if s.failedReverts >= s.cfg.MaxFailedReverts {
-		s.halt(fmt.Sprintf("%d consecutive reverts did not bring health back (max_failed_reverts = %d); last: %s",
+		s.halt(svc, fmt.Sprintf("%d consecutive reverts did not bring health back (max_failed_reverts = %d); last: %s",
 			s.failedReverts, s.cfg.MaxFailedReverts, reason))
 		return
 	}
 	if s.good == "" {
-		s.halt("no commit has been good yet, so there is nothing to revert to; last: " + reason)
+		s.halt(svc, "no commit has been good yet, so there is nothing to revert to; last: "+reason)
 		return
 	}
 	ctx, cancel := s.gitCtx()
@@ -481,7 +525,9 @@ func (s *Supervisor) recover(svc *service, reason string) {
 	if err != nil {
 		rec.Error = err.Error()
 		s.reverts = append(s.reverts, rec)
+		svc.revertsFailed++
 		s.fail("revert", err)
+		s.notify.send(s.notification(EventRevertFailed, svc.cfg.Name, rec))
 		// Try again later; each try counts toward max_failed_reverts.
 		svc.timer = s.after(s.cfg.RestartBackoff.Duration, func() {
 			if svc.state == StateBricked && !s.halted {
@@ -491,7 +537,9 @@ func (s *Supervisor) recover(svc *service, reason string) {
 		return
 	}
 	s.reverts = append(s.reverts, rec)
+	svc.reverted++
 	s.log.Warn("reverted to the good commit", "commit", short(commit), "good", short(s.good), "reason", reason)
+	s.notify.send(s.notification(EventRevert, svc.cfg.Name, rec))
 	for _, other := range s.services {
 		other.crashes = nil
 		other.backoff = s.cfg.RestartBackoff.Duration
@@ -499,15 +547,32 @@ func (s *Supervisor) recover(svc *service, reason string) {
 	}
 }
 
-// halt stops automatic recovery, loudly.
-func (s *Supervisor) halt(reason string) {
+// halt stops automatic recovery, loudly; svc's crash loop led to it.
+func (s *Supervisor) halt(svc *service, reason string) {
 	s.halted, s.haltReason = true, reason
+	s.halts++
+	s.notify.send(s.notification(EventHalt, svc.cfg.Name, RevertRecord{Reason: reason}))
 	s.lastErr = "recovery halted: " + reason
 	banner := "RECOVERY HALTED: " + reason + ". No more reverts until a commit stays healthy for good_after; bricked services stay stopped until an agent edit."
 	s.log.Error(banner)
+	if s.sink.json {
+		// The record above says it all to a log reader; the banner is for
+		// a person reading text.
+		return
+	}
 	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
 	s.sink.line("supervisor", []byte(banner))
 	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
+}
+
+// notification describes an event for notify_url, from the state after
+// it; rec carries the commits and the reason of a revert.
+func (s *Supervisor) notification(event, service string, rec RevertRecord) Notification {
+	return Notification{
+		Event: event, At: time.Now(), Workspace: s.cfg.Workspace, Service: service,
+		Reason: rec.Reason, Head: s.head, Good: s.good,
+		From: rec.From, To: rec.To, Commit: rec.Commit, Error: rec.Error,
+	}
 }
 
 // noteDirty (re)arms the debounce: commit once edits pause for debounce, or
@@ -633,6 +698,11 @@ func (s *Supervisor) evaluateGood() {
 	}
 	s.log.Info("commit is good", "commit", short(s.head), "healthy_for", s.cfg.GoodAfter.Duration)
 	s.good = s.head
+	if s.revertPending || s.halted {
+		s.recoveries++
+		s.log.Info("recovered: a commit stayed healthy after a revert or a halt", "commit", short(s.head), "service", s.troubled)
+		s.notify.send(s.notification(EventRecovery, s.troubled, RevertRecord{Commit: s.head}))
+	}
 	s.failedReverts, s.revertPending = 0, false
 	if s.halted {
 		s.halted, s.haltReason = false, ""

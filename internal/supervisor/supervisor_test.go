@@ -56,6 +56,13 @@ type running struct {
 // serve.sh, with windows short enough for a unit test.
 func startSupervisor(t *testing.T, extra string) *running {
 	t.Helper()
+	return startSupervisorWith(t, extra, Options{}, nil)
+}
+
+// startSupervisorWith is startSupervisor with log options, and tweak (if
+// not nil) applied between New and Run.
+func startSupervisorWith(t *testing.T, extra string, opts Options, tweak func(*Supervisor)) *running {
+	t.Helper()
 	dir := t.TempDir()
 	ws := filepath.Join(dir, "ws")
 	writeFile(t, filepath.Join(ws, "src", "web", "serve.sh"), serveScript)
@@ -79,9 +86,13 @@ stop_grace = "500ms"
 	}
 	log := &syncBuffer{}
 	ready := make(chan string, 1)
-	s, err := New(cfg, Options{Shim: []string{os.Args[0]}, Log: log, Ready: func(a string) { ready <- a }})
+	opts.Shim, opts.Log, opts.Ready = []string{os.Args[0]}, log, func(a string) { ready <- a }
+	s, err := New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tweak != nil {
+		tweak(s)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -213,7 +224,8 @@ func TestSupervisorCommitsEditsAndRevertsCrashLoop(t *testing.T) {
 
 func TestSupervisorHaltsAfterFailedReverts(t *testing.T) {
 	flag := filepath.Join(t.TempDir(), "broken")
-	r := startSupervisor(t, fmt.Sprintf(webService, flag))
+	rcv := newReceiver(t, 0)
+	r := startSupervisor(t, fmt.Sprintf("notify_url = %q\n", rcv.srv.URL)+fmt.Sprintf(webService, flag))
 	waitFor(t, "first good commit", 5*time.Second, func() bool { return r.s.Status().Good != "" })
 
 	// Broken from outside the tree: no revert can help.
@@ -241,6 +253,26 @@ func TestSupervisorHaltsAfterFailedReverts(t *testing.T) {
 	waitFor(t, "recovery resumed", 10*time.Second, func() bool { return r.s.Status().State == "ok" })
 	if st := r.s.Status(); st.Good != st.Head || len(st.Reverts) != 2 {
 		t.Errorf("after fix: %+v", st)
+	}
+
+	// The webhook heard it all, in order: two reverts, the halt, the
+	// recovery that ended it.
+	waitFor(t, "recovery notification", 5*time.Second, func() bool { _, ok := rcv.find(EventRecovery); return ok })
+	var events []string
+	for _, n := range rcv.events() {
+		events = append(events, n.Event)
+		if n.Service != "web" {
+			t.Errorf("%s notification names service %q", n.Event, n.Service)
+		}
+	}
+	if got := strings.Join(events, " "); got != "revert revert halt recovery" {
+		t.Errorf("notifications %q", got)
+	}
+	if halt, _ := rcv.find(EventHalt); !strings.Contains(halt.Reason, "max_failed_reverts = 2") {
+		t.Errorf("halt notification %+v", halt)
+	}
+	if rec, _ := rcv.find(EventRecovery); rec.Commit != r.s.Status().Good {
+		t.Errorf("recovery notification %+v, good %s", rec, r.s.Status().Good)
 	}
 }
 
