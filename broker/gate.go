@@ -89,10 +89,22 @@ func (q *queries) reviewEventsAfter(ctx context.Context, business, project, task
 	return out, rows.Err()
 }
 
+// latestReopened returns the seq of the task's latest task.reopened
+// event, 0 if it was never reopened.
+func (q *queries) latestReopened(ctx context.Context, business, project, task string) (int64, error) {
+	var seq int64
+	_, err := found(q.db.QueryRowContext(ctx, `SELECT seq FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 ORDER BY seq DESC LIMIT 1`,
+		business, project, task, TypeTaskReopened).Scan(&seq))
+	return seq, err
+}
+
 // gate decides the close of task t from the log: a task with no push
 // closes; a task with a push closes only when a verdict recorded for its
-// latest push (same push event, same commit) approves it. It returns the
-// commit that closes with the task ("" with no push).
+// latest push (same push event, same commit) approves it, and was recorded
+// after the task's latest task.reopened: a reopening withdraws the
+// approvals given before it, so the approve that closed the task once
+// cannot close (or land) it again. It returns the commit that closes with
+// the task ("" with no push).
 func gate(ctx context.Context, q *queries, t taskRow) (string, error) {
 	push, pf, ok, err := q.latestPush(ctx, t.Business, t.Project, t.Task)
 	if err != nil || !ok {
@@ -102,6 +114,11 @@ func gate(ctx context.Context, q *queries, t taskRow) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	reopened, err := q.latestReopened(ctx, t.Business, t.Project, t.Task)
+	if err != nil {
+		return "", err
+	}
+	withdrawn := false
 	forPush := func(f eventFields) bool { return f.PushSeq == push.Seq && f.Commit == pf.Commit }
 	requests := map[string]bool{}
 	var requestID, verdict string
@@ -118,6 +135,9 @@ scan:
 			if requestID == "" {
 				requestID = f.RequestID
 			}
+		case e.Type == TypeReviewVerdict && requests[f.RequestID] && e.Seq < reopened:
+			// Given before the task was reopened: it no longer counts.
+			requestID, withdrawn = f.RequestID, true
 		case e.Type == TypeReviewVerdict && requests[f.RequestID]:
 			requestID, verdict = f.RequestID, f.Verdict
 			if verdict != Approve {
@@ -131,6 +151,9 @@ scan:
 	case requestID == "":
 		return "", errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: its latest push %s has no review; request one and get an approve verdict", scope, pf.Commit).
 			With("commit", pf.Commit).With("review", "none")
+	case verdict == "" && withdrawn:
+		return "", errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: the verdict on its latest push %s (request %s) was given before the task was reopened (event %d); push again and get a new review", scope, pf.Commit, requestID, reopened).
+			With("commit", pf.Commit).With("request", requestID).With("review", "withdrawn").With("reopened_seq", reopened)
 	case verdict == "":
 		return "", errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: review request %s of its latest push %s has no verdict yet", scope, requestID, pf.Commit).
 			With("commit", pf.Commit).With("request", requestID).With("review", "pending")
