@@ -43,6 +43,10 @@ type Options struct {
 	// placed on it, and calls for a project placed on another host are
 	// refused (placement.go). Empty means DefaultHostID.
 	HostID string
+	// ReposDir is the git service's repository directory on this host
+	// (<home>/repos): `project list` sums the size of each project's
+	// repositories there. Empty: sizes are not known here.
+	ReposDir string
 }
 
 // Broker is the broker. It implements authz.Authority; NewServer serves it
@@ -53,6 +57,7 @@ type Broker struct {
 	st         store
 	admin      string
 	defaultTTL time.Duration
+	reposDir   string
 	quota      *eventQuota
 
 	// ops feeds the committer; see write.
@@ -100,6 +105,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		st:         st,
 		admin:      o.AdminToken,
 		defaultTTL: ttl,
+		reposDir:   o.ReposDir,
 		quota:      newEventQuota(o.EventRate, o.EventBytesRate),
 		ops:        make(chan *op, 1024),
 		committed:  make(chan struct{}),

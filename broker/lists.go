@@ -2,6 +2,13 @@ package broker
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
@@ -97,6 +104,241 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 			return nil, errdefs.ResourceExhausted(errdefs.TaskListTooLong, "more than %d tasks match: give --business, --project or --state", maxListTasks).With("limit", maxListTasks)
 		}
 		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// checkFilterNames refuses a filter that is not a valid name ("" passes).
+func checkFilterNames(kv ...string) error {
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] == "" {
+			continue
+		}
+		if err := names.Check(kv[i], kv[i+1]); err != nil {
+			return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+		}
+	}
+	return nil
+}
+
+// maxListProjects and maxListGrants bound one listing.
+const (
+	maxListProjects = 10000
+	maxListGrants   = 10000
+)
+
+// ProjectInfo is one project as `project list` shows it.
+type ProjectInfo struct {
+	Business, Project string
+	// Host is this host's name when its ReposDir holds the project's
+	// repositories, "" otherwise (another host's, or none yet).
+	Host      string
+	SizeBytes int64
+	Tasks     int64
+	// The project's latest push over all its tasks (zero values for none).
+	LastPushCommit, LastPushTask, LastPushTime string
+	LastPushSeq                                int64
+}
+
+// ListProjects lists the projects of business ("" for every business),
+// ordered by business and project, with the size of their repositories on
+// this host and their latest push. A grant sees its own project only.
+func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business string) ([]ProjectInfo, error) {
+	if err := checkFilterNames("business", business); err != nil {
+		return nil, err
+	}
+	q := b.st.read()
+	type pushOf struct {
+		tasks  int64
+		seq    int64
+		commit string
+		task   string
+	}
+	pushes := map[string]*pushOf{}
+	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var bb, p, t, c string
+		var seq int64
+		if err := rows.Scan(&bb, &p, &t, &seq, &c); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		k := bb + "/" + p
+		po := pushes[k]
+		if po == nil {
+			po = &pushOf{}
+			pushes[k] = po
+		}
+		po.tasks++
+		if seq > po.seq {
+			po.seq, po.commit, po.task = seq, c, t
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = q.db.QueryContext(ctx, `SELECT business, project FROM projects ORDER BY business, project`)
+	if err != nil {
+		return nil, err
+	}
+	var out []ProjectInfo
+	for rows.Next() {
+		var p ProjectInfo
+		if err := rows.Scan(&p.Business, &p.Project); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if !g.Host && (p.Business != g.Business || p.Project != g.Project) || business != "" && p.Business != business {
+			continue
+		}
+		if len(out) == maxListProjects {
+			rows.Close()
+			return nil, errdefs.ResourceExhausted(errdefs.ProjectListTooLong, "more than %d projects match: give --business", maxListProjects).With("limit", maxListProjects)
+		}
+		if po := pushes[p.Business+"/"+p.Project]; po != nil {
+			p.Tasks, p.LastPushSeq, p.LastPushCommit, p.LastPushTask = po.tasks, po.seq, po.commit, po.task
+		}
+		out = append(out, p)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	host, _ := os.Hostname()
+	for i := range out {
+		p := &out[i]
+		if p.LastPushSeq != 0 {
+			if _, err := found(q.db.QueryRowContext(ctx, `SELECT time FROM events WHERE seq = $1`, p.LastPushSeq).Scan(&p.LastPushTime)); err != nil {
+				return nil, err
+			}
+		}
+		size, here, err := projectSize(b.reposDir, p.Business, p.Project)
+		if err != nil {
+			return nil, fmt.Errorf("size of %s/%s: %w", p.Business, p.Project, err)
+		}
+		if here {
+			p.Host, p.SizeBytes = host, size
+		}
+	}
+	return out, nil
+}
+
+// projectSize sums the regular files under a project's repositories in
+// reposDir: the single repository <business>/<project>.git and the
+// directory <business>/<project>/ (its pool and task repositories), both
+// when both are there (a home between layouts). Links are not followed;
+// a file removed while it is read (a repack) counts as gone. here says
+// whether either exists.
+func projectSize(reposDir, business, project string) (size int64, here bool, err error) {
+	if reposDir == "" {
+		return 0, false, nil
+	}
+	for _, root := range []string{
+		filepath.Join(reposDir, business, project+".git"),
+		filepath.Join(reposDir, business, project),
+	} {
+		if fi, err := os.Lstat(root); err != nil || !fi.IsDir() {
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return 0, false, err
+			}
+			continue
+		}
+		here = true
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil
+				}
+				return err
+			}
+			if !d.Type().IsRegular() {
+				return nil
+			}
+			fi, err := d.Info()
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			size += fi.Size()
+			return nil
+		})
+		if err != nil {
+			return 0, false, err
+		}
+	}
+	return size, here, nil
+}
+
+// GrantInfo is one grant as `grant list` shows it: never its token or the
+// token's hash.
+type GrantInfo struct {
+	ID                      string
+	Business, Project, Task string
+	Role                    string
+	Caps                    []string
+	ExpiresAt               time.Time
+	Expired                 bool
+	RevokedSeq              int64
+}
+
+// ListGrants lists the grants matching the filters ("" for any), ordered
+// by business, project, task and id. A grant sees the grants of its own
+// task only: a filter naming another is refused (OTHER_TASK).
+func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, project, task string) ([]GrantInfo, error) {
+	if err := checkFilterNames("business", business, "project", project, "task", task); err != nil {
+		return nil, err
+	}
+	if !g.Host {
+		for _, c := range [][2]string{{business, g.Business}, {project, g.Project}, {task, g.Task}} {
+			if c[0] != "" && c[0] != c[1] {
+				return nil, errdefs.PermissionDenied(errdefs.OtherTask, "grant %s sees only the grants of task %s", g.ID, scopeString(g.Business, g.Project, g.Task))
+			}
+		}
+		business, project, task = g.Business, g.Project, g.Task
+	}
+	var where []string
+	var args []any
+	for _, c := range []struct{ col, val string }{{"business", business}, {"project", project}, {"task", task}} {
+		if c.val != "" {
+			args = append(args, c.val)
+			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
+		}
+	}
+	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq FROM grants`
+	if len(where) > 0 {
+		query += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	args = append(args, maxListGrants+1)
+	query += fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args))
+	rows, err := b.st.read().db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	now := time.Now()
+	var out []GrantInfo
+	for rows.Next() {
+		var gi GrantInfo
+		var caps string
+		var expires int64
+		if err := rows.Scan(&gi.ID, &gi.Business, &gi.Project, &gi.Task, &gi.Role, &caps, &expires, &gi.RevokedSeq); err != nil {
+			return nil, err
+		}
+		if len(out) == maxListGrants {
+			return nil, errdefs.ResourceExhausted(errdefs.GrantListTooLong, "more than %d grants match: give --business, --project or --task", maxListGrants).With("limit", maxListGrants)
+		}
+		if caps != "" {
+			gi.Caps = strings.Split(caps, ",")
+		}
+		gi.ExpiresAt = time.Unix(0, expires).UTC()
+		gi.Expired = now.UnixNano() >= expires
+		out = append(out, gi)
 	}
 	return out, rows.Err()
 }

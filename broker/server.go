@@ -139,16 +139,9 @@ func (s *server) ReopenTask(ctx context.Context, r *brokerv1.ReopenTaskRequest) 
 }
 
 func (s *server) ListTasks(ctx context.Context, r *brokerv1.ListTasksRequest) (*brokerv1.ListTasksResponse, error) {
-	if err := s.b.Halted(); err != nil {
-		return nil, errdefs.ToGRPC(err)
-	}
-	tok := authz.TokenFromContext(ctx)
-	g, err := s.b.authorize(ctx, tok)
+	g, err := s.listCaller(ctx)
 	if err != nil {
-		// Not the host: any valid grant lists its own task.
-		if g, err = s.b.authorize(ctx, tok, authz.Capabilities...); err != nil {
-			return nil, errdefs.ToGRPC(err)
-		}
+		return nil, errdefs.ToGRPC(err)
 	}
 	ts, err := s.b.ListTasks(ctx, g, r.GetBusiness(), r.GetProject(), r.GetState())
 	if err != nil {
@@ -158,6 +151,54 @@ func (s *server) ListTasks(ctx context.Context, r *brokerv1.ListTasksRequest) (*
 	for _, t := range ts {
 		out.Tasks = append(out.Tasks, &brokerv1.TaskInfo{Business: t.Business, Project: t.Project, Task: t.Task, State: t.State,
 			LastPushCommit: t.LastPushCommit, LastPushSeq: t.LastPushSeq, LandedSeq: t.LandedSeq})
+	}
+	return out, nil
+}
+
+// listCaller resolves a listing's caller: the host, or any valid grant
+// (which then sees its own task only).
+func (s *server) listCaller(ctx context.Context) (authz.Grant, error) {
+	if err := s.b.Halted(); err != nil {
+		return authz.Grant{}, err
+	}
+	tok := authz.TokenFromContext(ctx)
+	g, err := s.b.authorize(ctx, tok)
+	if err != nil {
+		g, err = s.b.authorize(ctx, tok, authz.Capabilities...)
+	}
+	return g, err
+}
+
+func (s *server) ListProjects(ctx context.Context, r *brokerv1.ListProjectsRequest) (*brokerv1.ListProjectsResponse, error) {
+	g, err := s.listCaller(ctx)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	ps, err := s.b.ListProjects(ctx, g, r.GetBusiness())
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	out := &brokerv1.ListProjectsResponse{}
+	for _, p := range ps {
+		out.Projects = append(out.Projects, &brokerv1.ProjectInfo{Business: p.Business, Project: p.Project, Host: p.Host, SizeBytes: p.SizeBytes,
+			LastPushCommit: p.LastPushCommit, LastPushSeq: p.LastPushSeq, LastPushTask: p.LastPushTask, LastPushTime: p.LastPushTime, Tasks: p.Tasks})
+	}
+	return out, nil
+}
+
+func (s *server) ListGrants(ctx context.Context, r *brokerv1.ListGrantsRequest) (*brokerv1.ListGrantsResponse, error) {
+	g, err := s.listCaller(ctx)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	gs, err := s.b.ListGrants(ctx, g, r.GetBusiness(), r.GetProject(), r.GetTask())
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	out := &brokerv1.ListGrantsResponse{}
+	for _, gi := range gs {
+		out.Grants = append(out.Grants, &brokerv1.GrantInfo{Id: gi.ID, Business: gi.Business, Project: gi.Project, Task: gi.Task, Role: gi.Role,
+			Capabilities: gi.Caps, ExpiresAt: gi.ExpiresAt.Format(time.RFC3339), Expired: gi.Expired, RevokedSeq: gi.RevokedSeq})
 	}
 	return out, nil
 }

@@ -189,7 +189,8 @@ func Serve(ctx context.Context, o Options) error {
 	if dsn == "" {
 		dsn = filepath.Join(o.Home, BrokerDB)
 	}
-	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID})
+	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID,
+		ReposDir: filepath.Join(o.Home, ReposDir)})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
 	}

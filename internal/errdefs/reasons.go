@@ -146,4 +146,7 @@ const (
 	BranchInvalid     Reason = "BRANCH_INVALID"
 	TaskNotClosed     Reason = "TASK_NOT_CLOSED"
 	TaskListTooLong   Reason = "TASK_LIST_TOO_LONG"
+	// project list and grant list matched more than their bound.
+	ProjectListTooLong Reason = "PROJECT_LIST_TOO_LONG"
+	GrantListTooLong   Reason = "GRANT_LIST_TOO_LONG"
 )

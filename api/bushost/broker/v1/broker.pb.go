@@ -1643,6 +1643,426 @@ func (x *ListTasksResponse) GetTasks() []*TaskInfo {
 	return nil
 }
 
+type ListProjectsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Filter; "" for any.
+	Business      string `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProjectsRequest) Reset() {
+	*x = ListProjectsRequest{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProjectsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProjectsRequest) ProtoMessage() {}
+
+func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProjectsRequest.ProtoReflect.Descriptor instead.
+func (*ListProjectsRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ListProjectsRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+type ProjectInfo struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Business string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project  string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	// The host name of the bushostd whose disk holds the project's
+	// repositories, "" when the answering bushostd has none of them.
+	Host string `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
+	// Bytes of the regular files under the project's repositories on that
+	// host.
+	SizeBytes int64 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// The project's latest push over all its tasks ("" and 0 for none), its
+	// task and its time (RFC 3339, UTC).
+	LastPushCommit string `protobuf:"bytes,5,opt,name=last_push_commit,json=lastPushCommit,proto3" json:"last_push_commit,omitempty"`
+	LastPushSeq    int64  `protobuf:"varint,6,opt,name=last_push_seq,json=lastPushSeq,proto3" json:"last_push_seq,omitempty"`
+	LastPushTask   string `protobuf:"bytes,7,opt,name=last_push_task,json=lastPushTask,proto3" json:"last_push_task,omitempty"`
+	LastPushTime   string `protobuf:"bytes,8,opt,name=last_push_time,json=lastPushTime,proto3" json:"last_push_time,omitempty"`
+	// How many tasks the project has.
+	Tasks         int64 `protobuf:"varint,9,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProjectInfo) Reset() {
+	*x = ProjectInfo{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProjectInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProjectInfo) ProtoMessage() {}
+
+func (x *ProjectInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProjectInfo.ProtoReflect.Descriptor instead.
+func (*ProjectInfo) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ProjectInfo) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *ProjectInfo) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *ProjectInfo) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *ProjectInfo) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *ProjectInfo) GetLastPushCommit() string {
+	if x != nil {
+		return x.LastPushCommit
+	}
+	return ""
+}
+
+func (x *ProjectInfo) GetLastPushSeq() int64 {
+	if x != nil {
+		return x.LastPushSeq
+	}
+	return 0
+}
+
+func (x *ProjectInfo) GetLastPushTask() string {
+	if x != nil {
+		return x.LastPushTask
+	}
+	return ""
+}
+
+func (x *ProjectInfo) GetLastPushTime() string {
+	if x != nil {
+		return x.LastPushTime
+	}
+	return ""
+}
+
+func (x *ProjectInfo) GetTasks() int64 {
+	if x != nil {
+		return x.Tasks
+	}
+	return 0
+}
+
+type ListProjectsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Projects      []*ProjectInfo         `protobuf:"bytes,1,rep,name=projects,proto3" json:"projects,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProjectsResponse) Reset() {
+	*x = ListProjectsResponse{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProjectsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProjectsResponse) ProtoMessage() {}
+
+func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProjectsResponse.ProtoReflect.Descriptor instead.
+func (*ListProjectsResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ListProjectsResponse) GetProjects() []*ProjectInfo {
+	if x != nil {
+		return x.Projects
+	}
+	return nil
+}
+
+type ListGrantsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Filters; "" for any.
+	Business      string `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Task          string `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListGrantsRequest) Reset() {
+	*x = ListGrantsRequest{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListGrantsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListGrantsRequest) ProtoMessage() {}
+
+func (x *ListGrantsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListGrantsRequest.ProtoReflect.Descriptor instead.
+func (*ListGrantsRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ListGrantsRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *ListGrantsRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *ListGrantsRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+type GrantInfo struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Id           string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Business     string                 `protobuf:"bytes,2,opt,name=business,proto3" json:"business,omitempty"`
+	Project      string                 `protobuf:"bytes,3,opt,name=project,proto3" json:"project,omitempty"`
+	Task         string                 `protobuf:"bytes,4,opt,name=task,proto3" json:"task,omitempty"`
+	Role         string                 `protobuf:"bytes,5,opt,name=role,proto3" json:"role,omitempty"`
+	Capabilities []string               `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// RFC 3339, UTC.
+	ExpiresAt string `protobuf:"bytes,7,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Expired as the server's clock reads at the listing.
+	Expired bool `protobuf:"varint,8,opt,name=expired,proto3" json:"expired,omitempty"`
+	// The grant.revoked event, 0 if the grant was not revoked.
+	RevokedSeq    int64 `protobuf:"varint,9,opt,name=revoked_seq,json=revokedSeq,proto3" json:"revoked_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrantInfo) Reset() {
+	*x = GrantInfo{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrantInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrantInfo) ProtoMessage() {}
+
+func (x *GrantInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrantInfo.ProtoReflect.Descriptor instead.
+func (*GrantInfo) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *GrantInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *GrantInfo) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *GrantInfo) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *GrantInfo) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *GrantInfo) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *GrantInfo) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *GrantInfo) GetExpiresAt() string {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return ""
+}
+
+func (x *GrantInfo) GetExpired() bool {
+	if x != nil {
+		return x.Expired
+	}
+	return false
+}
+
+func (x *GrantInfo) GetRevokedSeq() int64 {
+	if x != nil {
+		return x.RevokedSeq
+	}
+	return 0
+}
+
+type ListGrantsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Grants        []*GrantInfo           `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListGrantsResponse) Reset() {
+	*x = ListGrantsResponse{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListGrantsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListGrantsResponse) ProtoMessage() {}
+
+func (x *ListGrantsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListGrantsResponse.ProtoReflect.Descriptor instead.
+func (*ListGrantsResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListGrantsResponse) GetGrants() []*GrantInfo {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
 var File_bushost_broker_v1_broker_proto protoreflect.FileDescriptor
 
 const file_bushost_broker_v1_broker_proto_rawDesc = "" +
@@ -1751,11 +2171,45 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\n" +
 	"landed_seq\x18\a \x01(\x03R\tlandedSeq\"F\n" +
 	"\x11ListTasksResponse\x121\n" +
-	"\x05tasks\x18\x01 \x03(\v2\x1b.bushost.broker.v1.TaskInfoR\x05tasks*K\n" +
+	"\x05tasks\x18\x01 \x03(\v2\x1b.bushost.broker.v1.TaskInfoR\x05tasks\"1\n" +
+	"\x13ListProjectsRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\"\xa6\x02\n" +
+	"\vProjectInfo\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
+	"\x04host\x18\x03 \x01(\tR\x04host\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12(\n" +
+	"\x10last_push_commit\x18\x05 \x01(\tR\x0elastPushCommit\x12\"\n" +
+	"\rlast_push_seq\x18\x06 \x01(\x03R\vlastPushSeq\x12$\n" +
+	"\x0elast_push_task\x18\a \x01(\tR\flastPushTask\x12$\n" +
+	"\x0elast_push_time\x18\b \x01(\tR\flastPushTime\x12\x14\n" +
+	"\x05tasks\x18\t \x01(\x03R\x05tasks\"R\n" +
+	"\x14ListProjectsResponse\x12:\n" +
+	"\bprojects\x18\x01 \x03(\v2\x1e.bushost.broker.v1.ProjectInfoR\bprojects\"]\n" +
+	"\x11ListGrantsRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\"\xf7\x01\n" +
+	"\tGrantInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
+	"\bbusiness\x18\x02 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x03 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x04 \x01(\tR\x04task\x12\x12\n" +
+	"\x04role\x18\x05 \x01(\tR\x04role\x12\"\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\x12\x1d\n" +
+	"\n" +
+	"expires_at\x18\a \x01(\tR\texpiresAt\x12\x18\n" +
+	"\aexpired\x18\b \x01(\bR\aexpired\x12\x1f\n" +
+	"\vrevoked_seq\x18\t \x01(\x03R\n" +
+	"revokedSeq\"J\n" +
+	"\x12ListGrantsResponse\x124\n" +
+	"\x06grants\x18\x01 \x03(\v2\x1c.bushost.broker.v1.GrantInfoR\x06grants*K\n" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_APPROVE\x10\x01\x12\x12\n" +
-	"\x0eVERDICT_REJECT\x10\x022\xd5\b\n" +
+	"\x0eVERDICT_REJECT\x10\x022\x91\n" +
+	"\n" +
 	"\rBrokerService\x12P\n" +
 	"\aAddTask\x12!.bushost.broker.v1.AddTaskRequest\x1a\".bushost.broker.v1.AddTaskResponse\x12\\\n" +
 	"\vCreateGrant\x12%.bushost.broker.v1.CreateGrantRequest\x1a&.bushost.broker.v1.CreateGrantResponse\x12\\\n" +
@@ -1765,7 +2219,10 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\tCloseTask\x12#.bushost.broker.v1.CloseTaskRequest\x1a$.bushost.broker.v1.CloseTaskResponse\x12Y\n" +
 	"\n" +
 	"ReopenTask\x12$.bushost.broker.v1.ReopenTaskRequest\x1a%.bushost.broker.v1.ReopenTaskResponse\x12V\n" +
-	"\tListTasks\x12#.bushost.broker.v1.ListTasksRequest\x1a$.bushost.broker.v1.ListTasksResponse\x12\\\n" +
+	"\tListTasks\x12#.bushost.broker.v1.ListTasksRequest\x1a$.bushost.broker.v1.ListTasksResponse\x12_\n" +
+	"\fListProjects\x12&.bushost.broker.v1.ListProjectsRequest\x1a'.bushost.broker.v1.ListProjectsResponse\x12Y\n" +
+	"\n" +
+	"ListGrants\x12$.bushost.broker.v1.ListGrantsRequest\x1a%.bushost.broker.v1.ListGrantsResponse\x12\\\n" +
 	"\vRecordEvent\x12%.bushost.broker.v1.RecordEventRequest\x1a&.bushost.broker.v1.RecordEventResponse\x12[\n" +
 	"\n" +
 	"ListEvents\x12$.bushost.broker.v1.ListEventsRequest\x1a%.bushost.broker.v1.ListEventsResponse0\x01\x12V\n" +
@@ -1785,7 +2242,7 @@ func file_bushost_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_bushost_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: bushost.broker.v1.Verdict
 	(*Event)(nil),                 // 1: bushost.broker.v1.Event
@@ -1815,6 +2272,12 @@ var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(*ListTasksRequest)(nil),      // 25: bushost.broker.v1.ListTasksRequest
 	(*TaskInfo)(nil),              // 26: bushost.broker.v1.TaskInfo
 	(*ListTasksResponse)(nil),     // 27: bushost.broker.v1.ListTasksResponse
+	(*ListProjectsRequest)(nil),   // 28: bushost.broker.v1.ListProjectsRequest
+	(*ProjectInfo)(nil),           // 29: bushost.broker.v1.ProjectInfo
+	(*ListProjectsResponse)(nil),  // 30: bushost.broker.v1.ListProjectsResponse
+	(*ListGrantsRequest)(nil),     // 31: bushost.broker.v1.ListGrantsRequest
+	(*GrantInfo)(nil),             // 32: bushost.broker.v1.GrantInfo
+	(*ListGrantsResponse)(nil),    // 33: bushost.broker.v1.ListGrantsResponse
 }
 var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
@@ -1822,35 +2285,41 @@ var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
 	1,  // 2: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
 	18, // 3: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
 	26, // 4: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
-	2,  // 5: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
-	4,  // 6: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
-	6,  // 7: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
-	8,  // 8: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
-	10, // 9: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
-	12, // 10: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
-	23, // 11: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
-	25, // 12: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
-	14, // 13: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
-	16, // 14: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
-	19, // 15: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
-	21, // 16: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
-	3,  // 17: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
-	5,  // 18: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
-	7,  // 19: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
-	9,  // 20: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
-	11, // 21: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
-	13, // 22: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
-	24, // 23: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
-	27, // 24: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
-	15, // 25: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
-	17, // 26: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
-	20, // 27: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
-	22, // 28: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
-	17, // [17:29] is the sub-list for method output_type
-	5,  // [5:17] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	29, // 5: bushost.broker.v1.ListProjectsResponse.projects:type_name -> bushost.broker.v1.ProjectInfo
+	32, // 6: bushost.broker.v1.ListGrantsResponse.grants:type_name -> bushost.broker.v1.GrantInfo
+	2,  // 7: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
+	4,  // 8: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
+	6,  // 9: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
+	8,  // 10: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
+	10, // 11: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
+	12, // 12: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
+	23, // 13: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
+	25, // 14: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
+	28, // 15: bushost.broker.v1.BrokerService.ListProjects:input_type -> bushost.broker.v1.ListProjectsRequest
+	31, // 16: bushost.broker.v1.BrokerService.ListGrants:input_type -> bushost.broker.v1.ListGrantsRequest
+	14, // 17: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
+	16, // 18: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
+	19, // 19: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
+	21, // 20: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
+	3,  // 21: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
+	5,  // 22: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
+	7,  // 23: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
+	9,  // 24: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
+	11, // 25: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
+	13, // 26: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
+	24, // 27: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
+	27, // 28: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
+	30, // 29: bushost.broker.v1.BrokerService.ListProjects:output_type -> bushost.broker.v1.ListProjectsResponse
+	33, // 30: bushost.broker.v1.BrokerService.ListGrants:output_type -> bushost.broker.v1.ListGrantsResponse
+	15, // 31: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
+	17, // 32: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
+	20, // 33: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
+	22, // 34: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
+	21, // [21:35] is the sub-list for method output_type
+	7,  // [7:21] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_bushost_broker_v1_broker_proto_init() }
@@ -1864,7 +2333,7 @@ func file_bushost_broker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_broker_v1_broker_proto_rawDesc), len(file_bushost_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

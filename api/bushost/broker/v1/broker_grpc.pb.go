@@ -27,6 +27,8 @@ const (
 	BrokerService_CloseTask_FullMethodName     = "/bushost.broker.v1.BrokerService/CloseTask"
 	BrokerService_ReopenTask_FullMethodName    = "/bushost.broker.v1.BrokerService/ReopenTask"
 	BrokerService_ListTasks_FullMethodName     = "/bushost.broker.v1.BrokerService/ListTasks"
+	BrokerService_ListProjects_FullMethodName  = "/bushost.broker.v1.BrokerService/ListProjects"
+	BrokerService_ListGrants_FullMethodName    = "/bushost.broker.v1.BrokerService/ListGrants"
 	BrokerService_RecordEvent_FullMethodName   = "/bushost.broker.v1.BrokerService/RecordEvent"
 	BrokerService_ListEvents_FullMethodName    = "/bushost.broker.v1.BrokerService/ListEvents"
 	BrokerService_VerifyLog_FullMethodName     = "/bushost.broker.v1.BrokerService/VerifyLog"
@@ -64,6 +66,13 @@ type BrokerServiceClient interface {
 	// ListTasks lists tasks with their state; the host sees every task, a
 	// grant its own only.
 	ListTasks(ctx context.Context, in *ListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error)
+	// ListProjects lists projects with where they live, their size on disk
+	// and their latest push; the host sees every project, a grant its own
+	// task's project only.
+	ListProjects(ctx context.Context, in *ListProjectsRequest, opts ...grpc.CallOption) (*ListProjectsResponse, error)
+	// ListGrants lists grants (never a token or its hash); the host sees
+	// every grant, a grant those of its own task only.
+	ListGrants(ctx context.Context, in *ListGrantsRequest, opts ...grpc.CallOption) (*ListGrantsResponse, error)
 	// RecordEvent (event.record) appends a free-form event.
 	RecordEvent(ctx context.Context, in *RecordEventRequest, opts ...grpc.CallOption) (*RecordEventResponse, error)
 	// ListEvents streams events in order; with follow it keeps streaming new
@@ -164,6 +173,26 @@ func (c *brokerServiceClient) ListTasks(ctx context.Context, in *ListTasksReques
 	return out, nil
 }
 
+func (c *brokerServiceClient) ListProjects(ctx context.Context, in *ListProjectsRequest, opts ...grpc.CallOption) (*ListProjectsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListProjectsResponse)
+	err := c.cc.Invoke(ctx, BrokerService_ListProjects_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *brokerServiceClient) ListGrants(ctx context.Context, in *ListGrantsRequest, opts ...grpc.CallOption) (*ListGrantsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListGrantsResponse)
+	err := c.cc.Invoke(ctx, BrokerService_ListGrants_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *brokerServiceClient) RecordEvent(ctx context.Context, in *RecordEventRequest, opts ...grpc.CallOption) (*RecordEventResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RecordEventResponse)
@@ -244,6 +273,13 @@ type BrokerServiceServer interface {
 	// ListTasks lists tasks with their state; the host sees every task, a
 	// grant its own only.
 	ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error)
+	// ListProjects lists projects with where they live, their size on disk
+	// and their latest push; the host sees every project, a grant its own
+	// task's project only.
+	ListProjects(context.Context, *ListProjectsRequest) (*ListProjectsResponse, error)
+	// ListGrants lists grants (never a token or its hash); the host sees
+	// every grant, a grant those of its own task only.
+	ListGrants(context.Context, *ListGrantsRequest) (*ListGrantsResponse, error)
 	// RecordEvent (event.record) appends a free-form event.
 	RecordEvent(context.Context, *RecordEventRequest) (*RecordEventResponse, error)
 	// ListEvents streams events in order; with follow it keeps streaming new
@@ -287,6 +323,12 @@ func (UnimplementedBrokerServiceServer) ReopenTask(context.Context, *ReopenTaskR
 }
 func (UnimplementedBrokerServiceServer) ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListTasks not implemented")
+}
+func (UnimplementedBrokerServiceServer) ListProjects(context.Context, *ListProjectsRequest) (*ListProjectsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListProjects not implemented")
+}
+func (UnimplementedBrokerServiceServer) ListGrants(context.Context, *ListGrantsRequest) (*ListGrantsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListGrants not implemented")
 }
 func (UnimplementedBrokerServiceServer) RecordEvent(context.Context, *RecordEventRequest) (*RecordEventResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RecordEvent not implemented")
@@ -465,6 +507,42 @@ func _BrokerService_ListTasks_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BrokerService_ListProjects_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListProjectsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BrokerServiceServer).ListProjects(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BrokerService_ListProjects_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BrokerServiceServer).ListProjects(ctx, req.(*ListProjectsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BrokerService_ListGrants_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListGrantsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BrokerServiceServer).ListGrants(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BrokerService_ListGrants_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BrokerServiceServer).ListGrants(ctx, req.(*ListGrantsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _BrokerService_RecordEvent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RecordEventRequest)
 	if err := dec(in); err != nil {
@@ -568,6 +646,14 @@ var BrokerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListTasks",
 			Handler:    _BrokerService_ListTasks_Handler,
+		},
+		{
+			MethodName: "ListProjects",
+			Handler:    _BrokerService_ListProjects_Handler,
+		},
+		{
+			MethodName: "ListGrants",
+			Handler:    _BrokerService_ListGrants_Handler,
 		},
 		{
 			MethodName: "RecordEvent",

@@ -1,0 +1,124 @@
+package broker
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	"github.com/bushost/bushost/internal/authz"
+)
+
+// project list sums both repository layouts of a project; a grant sees its
+// own project and its own task's grants only; no listing carries a token
+// or its hash.
+func TestListProjectsAndGrants(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		repos := t.TempDir()
+		e.b.reposDir = repos
+		write := func(rel string, n int) {
+			p := filepath.Join(repos, rel)
+			if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, make([]byte, n), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write("acme/web.git/objects/pack/a.pack", 1000)
+		write("acme/web/pool.git/HEAD", 23)
+		write("acme/web/tasks/t1.git/objects/x", 7)
+		if err := os.Symlink("/etc", filepath.Join(repos, "acme/web/tasks/link")); err != nil {
+			t.Fatal(err)
+		}
+		e.project("acme", "web")
+		e.project("acme", "api")
+		e.project("other", "web")
+		tm := e.team("t1")
+		e.task("acme", "web", "t2")
+		e.task("other", "web", "t9")
+		stranger := e.grant("other", "web", "t9", "worker", authz.CapPushWorking)
+		if err := e.push(tm.worker, 3); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.srv.RevokeGrant(e.host(), &brokerv1.RevokeGrantRequest{GrantId: tm.closer.ID}); err != nil {
+			t.Fatal(err)
+		}
+
+		all, err := e.srv.ListProjects(e.host(), &brokerv1.ListProjectsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, p := range all.GetProjects() {
+			got = append(got, p.GetBusiness()+"/"+p.GetProject())
+		}
+		if strings.Join(got, " ") != "acme/api acme/web other/web" {
+			t.Fatalf("host's project list: %v", got)
+		}
+		web := all.GetProjects()[1]
+		host, _ := os.Hostname()
+		if web.GetSizeBytes() != 1030 || web.GetHost() != host || web.GetTasks() != 2 || web.GetLastPushCommit() != commit(3) || web.GetLastPushTask() != "t1" || web.GetLastPushTime() == "" {
+			t.Fatalf("acme/web: %+v", web)
+		}
+		if api := all.GetProjects()[0]; api.GetHost() != "" || api.GetSizeBytes() != 0 || api.GetLastPushSeq() != 0 {
+			t.Fatalf("acme/api, with no repository here: %+v", api)
+		}
+		own, err := e.srv.ListProjects(tm.reviewer.ctx(), &brokerv1.ListProjectsRequest{Business: "other"})
+		if err != nil || len(own.GetProjects()) != 0 {
+			t.Fatalf("a grant's project list of another business: %v %v", own, err)
+		}
+		own, err = e.srv.ListProjects(tm.reviewer.ctx(), &brokerv1.ListProjectsRequest{})
+		if err != nil || len(own.GetProjects()) != 1 || own.GetProjects()[0].GetProject() != "web" || own.GetProjects()[0].GetBusiness() != "acme" {
+			t.Fatalf("a grant's project list: %v %v", own, err)
+		}
+
+		gs, err := e.srv.ListGrants(e.host(), &brokerv1.ListGrantsRequest{})
+		if err != nil || len(gs.GetGrants()) != 4 {
+			t.Fatalf("host's grant list: %v %v", gs, err)
+		}
+		gs, err = e.srv.ListGrants(e.host(), &brokerv1.ListGrantsRequest{Task: "t1"})
+		if err != nil || len(gs.GetGrants()) != 3 {
+			t.Fatalf("host's grant list of t1: %v %v", gs, err)
+		}
+		for _, gi := range gs.GetGrants() {
+			if (gi.GetId() == tm.closer.ID) != (gi.GetRevokedSeq() != 0) || gi.GetExpired() || gi.GetExpiresAt() == "" || len(gi.GetCapabilities()) == 0 {
+				t.Fatalf("grant %+v", gi)
+			}
+		}
+		mine, err := e.srv.ListGrants(tm.worker.ctx(), &brokerv1.ListGrantsRequest{})
+		// Its task's three, the revoked closer's too.
+		if err != nil || len(mine.GetGrants()) != 3 {
+			t.Fatalf("a grant's grant list: %v %v", mine, err)
+		}
+		for _, gi := range mine.GetGrants() {
+			if gi.GetTask() != "t1" || gi.GetBusiness() != "acme" {
+				t.Fatalf("a grant sees grant %+v of another task", gi)
+			}
+		}
+		before := e.head()
+		_, err = e.srv.ListGrants(tm.worker.ctx(), &brokerv1.ListGrantsRequest{Task: "t9"})
+		e.refused(err, codes.PermissionDenied, before, "a grant's grant list of another task")
+		_, err = e.srv.ListGrants(e.host(), &brokerv1.ListGrantsRequest{Task: "../x"})
+		e.refused(err, codes.InvalidArgument, before, "a grant list with a bad name")
+
+		// No listing carries a token or a token's hash.
+		var seen []string
+		for _, m := range []interface{ String() string }{all, own, gs, mine} {
+			seen = append(seen, m.String())
+		}
+		text := strings.Join(seen, "\n")
+		for _, a := range []actor{tm.worker, tm.reviewer, tm.closer, stranger} {
+			if strings.Contains(text, a.Token) || strings.Contains(text, tokenHash(a.Token)) {
+				t.Fatalf("a listing shows the token of grant %s", a.ID)
+			}
+		}
+		if _, err := e.b.ListProjects(context.Background(), authz.Grant{ID: authz.HostID, Host: true}, "Bad Name"); codesOf(err) != codes.InvalidArgument {
+			t.Fatalf("project list with a bad business: %v", err)
+		}
+	})
+}
