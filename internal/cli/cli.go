@@ -204,6 +204,10 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 			return run(cmd.Context(), e, args)
 		}
 		group(parentWords).AddCommand(cc)
+		if _, ok := groups[k]; !ok {
+			// A command may have subcommands too ("grant", "grant list").
+			groups[k] = cc
+		}
 	}
 	root.SetContext(ctx)
 	return root, ran
