@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -84,11 +85,7 @@ func TestREADMEUsage(t *testing.T) {
 	ran := 0
 	for _, l := range lines {
 		if strings.HasPrefix(l.cmd, "(cd ") {
-			// The worker's edit and commit.
-			work := filepath.Join(dir, strings.Fields(l.cmd)[1])
-			os.WriteFile(filepath.Join(work, "edit.txt"), []byte("an edit\n"), 0o644)
-			testGit(t, work, "add", "edit.txt")
-			testGit(t, work, "commit", "-q", "-m", "edit")
+			readmeSubshell(t, dir, l.cmd)
 			continue
 		}
 		words := strings.Fields(l.cmd)
@@ -125,6 +122,39 @@ func TestREADMEUsage(t *testing.T) {
 		t.Fatalf("found %d bushost commands in the README's prose", len(prose))
 	}
 }
+
+// readmeSubshell runs a README line "(cd DIR && STEP && ...)": each step
+// is "edit" (the placeholder for the worker's change: a new edit.txt,
+// added) or a git command, run as written (double quotes grouping words).
+func readmeSubshell(t *testing.T, dir, line string) {
+	t.Helper()
+	inner := strings.TrimSuffix(strings.TrimPrefix(line, "("), ")")
+	steps := strings.Split(inner, " && ")
+	work := filepath.Join(dir, strings.TrimPrefix(steps[0], "cd "))
+	for _, step := range steps[1:] {
+		switch {
+		case step == "edit":
+			readmeEdits++
+			os.WriteFile(filepath.Join(work, "edit.txt"), []byte(fmt.Sprintf("edit %d\n", readmeEdits)), 0o644)
+			testGit(t, work, "add", "edit.txt")
+		case strings.HasPrefix(step, "git "):
+			var args []string
+			for i, part := range strings.Split(strings.TrimPrefix(step, "git "), `"`) {
+				if i%2 == 1 {
+					args = append(args, part)
+				} else {
+					args = append(args, strings.Fields(part)...)
+				}
+			}
+			testGit(t, work, args...)
+		default:
+			t.Fatalf("README: %s: step %q is neither edit nor git", line, step)
+		}
+	}
+}
+
+// readmeEdits numbers the README's edits, so each changes the file.
+var readmeEdits int
 
 // checkFlagsKnown requires every --flag of a README synopsis to appear in
 // its command's --help.

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // The inspection commands beside task list (lists.go): project list, grant
@@ -217,7 +218,7 @@ func runTaskShow(fs *pflag.FlagSet) runFunc {
 			}
 			switch len(match) {
 			case 0:
-				return usagef("no task matches: give --business, --project and --task")
+				return errdefs.NotFound(errdefs.TaskNotFound, "no task matches %s/%s/%s that this token may see", orDash(b), orDash(p), orDash(t))
 			case 1:
 				b, p, t = match[0].GetBusiness(), match[0].GetProject(), match[0].GetTask()
 			default:
@@ -300,7 +301,7 @@ func runTaskShow(fs *pflag.FlagSet) runFunc {
 			}
 		}
 		if !seen {
-			return fmt.Errorf("no task %s/%s/%s", b, p, t)
+			return errdefs.NotFound(errdefs.TaskNotFound, "no task %s/%s/%s", b, p, t)
 		}
 		for i := range st.Reviews {
 			if rv := &st.Reviews[i]; rv.VerdictSeq != 0 && rv.VerdictSeq < st.ReopenedSeq {
