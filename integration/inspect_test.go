@@ -275,3 +275,41 @@ func TestInspectLists(t *testing.T) {
 		t.Fatalf("host's task show with no flags: exit %d: %s", code, errs)
 	}
 }
+
+// After task reopen with no new push, the approve that closed the task
+// opens neither close nor land: both are refused and leave nothing behind,
+// task show marks the verdict withdrawn; a new push, approved, lands.
+func TestReopenWithdrawsApproval(t *testing.T) {
+	h := startHost(t)
+	f := newLandFixture(t, h, "web", "t1")
+	closer := h.Grant(t, "acme", "web", "t1", "closer", "task.close")
+	f.commit(t, "feature.txt", "one\n")
+	f.push(t)
+	f.approve(t)
+	runAs(t, h, closer, 0, "task", "close")
+	h.Must(t, "task", "reopen", "--business", "acme", "--project", "web", "--task", "t1")
+
+	refusedLand(t, h, f.lander, 1, "GATE_NO_APPROVAL")
+	n := len(brokerEvents(t, h))
+	if _, errs := runAs(t, h, closer, 1, "task", "close"); !strings.Contains(errs, "reopened") {
+		t.Fatalf("close after reopen: %s", errs)
+	}
+	if m := len(brokerEvents(t, h)); m != n {
+		t.Fatalf("a refused close appended to the log: %d -> %d events", n, m)
+	}
+	var show inspectTask
+	out, _ := runAs(t, h, f.worker, 0, "--json", "task", "show")
+	strictJSON(t, "task show", out, &show)
+	if show.State != "open" || show.ReopenedSeq == 0 || len(show.Reviews) != 1 || !show.Reviews[0].Withdrawn {
+		t.Fatalf("task show after reopen: %+v", show)
+	}
+
+	second := f.commit(t, "feature.txt", "two\n")
+	f.push(t)
+	f.approve(t)
+	runAs(t, h, f.lander, 0, "task", "land")
+	if got := f.main(t); got != second {
+		t.Fatalf("main is %s after landing the new approved push %s", got, second)
+	}
+	h.Must(t, "log", "verify")
+}
