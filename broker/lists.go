@@ -130,9 +130,12 @@ const (
 // ProjectInfo is one project as `project list` shows it.
 type ProjectInfo struct {
 	Business, Project string
-	// Host is this host's name when its ReposDir holds the project's
-	// repositories, "" otherwise (another host's, or none yet).
-	Host      string
+	// Host is the bus host the project is placed on (placement.go), ""
+	// for a project registered before placement that no host claimed yet.
+	Host string
+	// Here says whether the answering host's ReposDir holds the project's
+	// repositories; SizeBytes is their size there (0 when not Here).
+	Here      bool
 	SizeBytes int64
 	Tasks     int64
 	// The project's latest push over all its tasks (zero values for none).
@@ -141,8 +144,9 @@ type ProjectInfo struct {
 }
 
 // ListProjects lists the projects of business ("" for every business),
-// ordered by business and project, with the size of their repositories on
-// this host and their latest push. A grant sees its own project only.
+// ordered by business and project, with their placement, the size of
+// their repositories on this host and their latest push. A grant sees its
+// own project only.
 func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business string) ([]ProjectInfo, error) {
 	if err := checkFilterNames("business", business); err != nil {
 		return nil, err
@@ -181,14 +185,14 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	rows, err = q.db.QueryContext(ctx, `SELECT business, project FROM projects ORDER BY business, project`)
+	rows, err = q.db.QueryContext(ctx, `SELECT business, project, host FROM projects ORDER BY business, project`)
 	if err != nil {
 		return nil, err
 	}
 	var out []ProjectInfo
 	for rows.Next() {
 		var p ProjectInfo
-		if err := rows.Scan(&p.Business, &p.Project); err != nil {
+		if err := rows.Scan(&p.Business, &p.Project, &p.Host); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -208,7 +212,6 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	host, _ := os.Hostname()
 	for i := range out {
 		p := &out[i]
 		if p.LastPushSeq != 0 {
@@ -220,9 +223,7 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 		if err != nil {
 			return nil, fmt.Errorf("size of %s/%s: %w", p.Business, p.Project, err)
 		}
-		if here {
-			p.Host, p.SizeBytes = host, size
-		}
+		p.Here, p.SizeBytes = here, size
 	}
 	return out, nil
 }

@@ -61,11 +61,10 @@ func TestListProjectsAndGrants(t *testing.T) {
 			t.Fatalf("host's project list: %v", got)
 		}
 		web := all.GetProjects()[1]
-		host, _ := os.Hostname()
-		if web.GetSizeBytes() != 1030 || web.GetHost() != host || web.GetTasks() != 2 || web.GetLastPushCommit() != commit(3) || web.GetLastPushTask() != "t1" || web.GetLastPushTime() == "" {
+		if web.GetSizeBytes() != 1030 || !web.GetHere() || web.GetHost() != DefaultHostID || web.GetTasks() != 2 || web.GetLastPushCommit() != commit(3) || web.GetLastPushTask() != "t1" || web.GetLastPushTime() == "" {
 			t.Fatalf("acme/web: %+v", web)
 		}
-		if api := all.GetProjects()[0]; api.GetHost() != "" || api.GetSizeBytes() != 0 || api.GetLastPushSeq() != 0 {
+		if api := all.GetProjects()[0]; api.GetHere() || api.GetHost() != DefaultHostID || api.GetSizeBytes() != 0 || api.GetLastPushSeq() != 0 {
 			t.Fatalf("acme/api, with no repository here: %+v", api)
 		}
 		own, err := e.srv.ListProjects(tm.reviewer.ctx(), &brokerv1.ListProjectsRequest{Business: "other"})

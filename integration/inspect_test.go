@@ -16,6 +16,7 @@ type inspectProjects struct {
 		Business     string `json:"business"`
 		Project      string `json:"project"`
 		Host         string `json:"host"`
+		Here         bool   `json:"here"`
 		SizeBytes    int64  `json:"size_bytes"`
 		Tasks        int64  `json:"tasks"`
 		LastPush     string `json:"last_push"`
@@ -181,9 +182,13 @@ func TestInspectLists(t *testing.T) {
 	if len(ps.Projects) != 2 || ps.Projects[0].Project != "api" || ps.Projects[1].Project != "web" {
 		t.Fatalf("host's project list: %+v", ps)
 	}
+	hostID, err := os.ReadFile(filepath.Join(h.Home, "host-id"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range ps.Projects {
-		if p.Host == "" || p.SizeBytes <= 0 {
-			t.Fatalf("project %s: no host or size: %+v", p.Project, p)
+		if p.Host != strings.TrimSpace(string(hostID)) || !p.Here || p.SizeBytes <= 0 {
+			t.Fatalf("project %s: placement or size: %+v (this host is %s)", p.Project, p, hostID)
 		}
 	}
 	if web := ps.Projects[1]; web.LastPush != pushed || web.LastPushTask != "t1" || web.LastPushTime == "" || web.Tasks != 2 {

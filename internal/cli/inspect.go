@@ -24,7 +24,7 @@ func init() {
 	register(&command{
 		words: "project list",
 		usage: "project list [--business B]",
-		help: "List projects: the host holding their repositories, their size on disk, task count and latest push, as a table " +
+		help: "List projects: the bus host each is placed on, the size of its repositories on this host, task count and latest push, as a table " +
 			"(--json: {\"projects\":[...]}, docs/broker.md). The host sees every project; a grant its own task's project only.",
 		setup: runProjectList,
 	})
@@ -57,6 +57,7 @@ type projectJSON struct {
 	Business     string `json:"business"`
 	Project      string `json:"project"`
 	Host         string `json:"host"`
+	Here         bool   `json:"here"`
 	SizeBytes    int64  `json:"size_bytes"`
 	Tasks        int64  `json:"tasks"`
 	LastPush     string `json:"last_push"`
@@ -75,7 +76,7 @@ func runProjectList(fs *pflag.FlagSet) runFunc {
 			}
 			ps := []projectJSON{}
 			for _, p := range r.GetProjects() {
-				ps = append(ps, projectJSON{Business: p.GetBusiness(), Project: p.GetProject(), Host: p.GetHost(), SizeBytes: p.GetSizeBytes(),
+				ps = append(ps, projectJSON{Business: p.GetBusiness(), Project: p.GetProject(), Host: p.GetHost(), Here: p.GetHere(), SizeBytes: p.GetSizeBytes(),
 					Tasks: p.GetTasks(), LastPush: p.GetLastPushCommit(), LastPushSeq: p.GetLastPushSeq(), LastPushTask: p.GetLastPushTask(), LastPushTime: p.GetLastPushTime()})
 			}
 			if e.JSON {
@@ -85,7 +86,7 @@ func runProjectList(fs *pflag.FlagSet) runFunc {
 			fmt.Fprintln(w, "BUSINESS\tPROJECT\tHOST\tSIZE\tTASKS\tLAST PUSH\tPUSH TASK\tPUSHED AT")
 			for _, p := range ps {
 				size := fmt.Sprint(p.SizeBytes)
-				if p.Host == "" {
+				if !p.Here {
 					size = "-"
 				}
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Business, p.Project, orDash(p.Host), size, p.Tasks,

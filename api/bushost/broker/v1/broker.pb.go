@@ -1692,11 +1692,11 @@ type ProjectInfo struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Business string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
 	Project  string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
-	// The host name of the bushostd whose disk holds the project's
-	// repositories, "" when the answering bushostd has none of them.
+	// The bus host the project is placed on (its host id), "" for a project
+	// registered before placement that no host has claimed yet.
 	Host string `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
-	// Bytes of the regular files under the project's repositories on that
-	// host.
+	// Bytes of the regular files under the project's repositories on the
+	// answering host (0 when here is false).
 	SizeBytes int64 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// The project's latest push over all its tasks ("" and 0 for none), its
 	// task and its time (RFC 3339, UTC).
@@ -1705,7 +1705,9 @@ type ProjectInfo struct {
 	LastPushTask   string `protobuf:"bytes,7,opt,name=last_push_task,json=lastPushTask,proto3" json:"last_push_task,omitempty"`
 	LastPushTime   string `protobuf:"bytes,8,opt,name=last_push_time,json=lastPushTime,proto3" json:"last_push_time,omitempty"`
 	// How many tasks the project has.
-	Tasks         int64 `protobuf:"varint,9,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	Tasks int64 `protobuf:"varint,9,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	// Whether the answering host's home holds the project's repositories.
+	Here          bool `protobuf:"varint,10,opt,name=here,proto3" json:"here,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1801,6 +1803,13 @@ func (x *ProjectInfo) GetTasks() int64 {
 		return x.Tasks
 	}
 	return 0
+}
+
+func (x *ProjectInfo) GetHere() bool {
+	if x != nil {
+		return x.Here
+	}
+	return false
 }
 
 type ListProjectsResponse struct {
@@ -2173,7 +2182,7 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x11ListTasksResponse\x121\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x1b.bushost.broker.v1.TaskInfoR\x05tasks\"1\n" +
 	"\x13ListProjectsRequest\x12\x1a\n" +
-	"\bbusiness\x18\x01 \x01(\tR\bbusiness\"\xa6\x02\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\"\xba\x02\n" +
 	"\vProjectInfo\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -2184,7 +2193,9 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\rlast_push_seq\x18\x06 \x01(\x03R\vlastPushSeq\x12$\n" +
 	"\x0elast_push_task\x18\a \x01(\tR\flastPushTask\x12$\n" +
 	"\x0elast_push_time\x18\b \x01(\tR\flastPushTime\x12\x14\n" +
-	"\x05tasks\x18\t \x01(\x03R\x05tasks\"R\n" +
+	"\x05tasks\x18\t \x01(\x03R\x05tasks\x12\x12\n" +
+	"\x04here\x18\n" +
+	" \x01(\bR\x04here\"R\n" +
 	"\x14ListProjectsResponse\x12:\n" +
 	"\bprojects\x18\x01 \x03(\v2\x1e.bushost.broker.v1.ProjectInfoR\bprojects\"]\n" +
 	"\x11ListGrantsRequest\x12\x1a\n" +
