@@ -49,6 +49,14 @@ func TestListProjectsAndGrants(t *testing.T) {
 			t.Fatal(err)
 		}
 
+		// other/web is placed on another host sharing the store.
+		if err := e.b.write(context.Background(), func(ctx context.Context, q *writeTx) error {
+			_, err := q.db.ExecContext(ctx, `UPDATE projects SET host = $1 WHERE business = $2 AND project = $3`, "bus2", "other", "web")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+
 		all, err := e.srv.ListProjects(e.host(), &brokerv1.ListProjectsRequest{})
 		if err != nil {
 			t.Fatal(err)
@@ -66,6 +74,9 @@ func TestListProjectsAndGrants(t *testing.T) {
 		}
 		if api := all.GetProjects()[0]; api.GetHere() || api.GetHost() != DefaultHostID || api.GetSizeBytes() != 0 || api.GetLastPushSeq() != 0 {
 			t.Fatalf("acme/api, with no repository here: %+v", api)
+		}
+		if o := all.GetProjects()[2]; o.GetHost() != "bus2" || o.GetHere() || o.GetSizeBytes() != 0 || o.GetTasks() != 1 {
+			t.Fatalf("other/web, placed on another host: %+v", o)
 		}
 		own, err := e.srv.ListProjects(tm.reviewer.ctx(), &brokerv1.ListProjectsRequest{Business: "other"})
 		if err != nil || len(own.GetProjects()) != 0 {
