@@ -146,7 +146,7 @@ type ProjectInfo struct {
 // ListProjects lists the projects of business ("" for every business),
 // ordered by business and project, with their placement, the size of
 // their repositories on this host and their latest push. A grant sees its
-// own project only.
+// own project only, with its own task's count and latest push.
 func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business string) ([]ProjectInfo, error) {
 	if err := checkFilterNames("business", business); err != nil {
 		return nil, err
@@ -169,6 +169,10 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 		if err := rows.Scan(&bb, &p, &t, &seq, &c); err != nil {
 			rows.Close()
 			return nil, err
+		}
+		if !g.Host && (bb != g.Business || p != g.Project || t != g.Task) {
+			// A session learns nothing of its project's other tasks.
+			continue
 		}
 		k := bb + "/" + p
 		po := pushes[k]

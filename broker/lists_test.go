@@ -83,12 +83,19 @@ func TestListProjectsAndGrants(t *testing.T) {
 			t.Fatalf("a grant's project list of another business: %v %v", own, err)
 		}
 		own, err = e.srv.ListProjects(tm.reviewer.ctx(), &brokerv1.ListProjectsRequest{})
-		if err != nil || len(own.GetProjects()) != 1 || own.GetProjects()[0].GetProject() != "web" || own.GetProjects()[0].GetBusiness() != "acme" {
+		if err != nil || len(own.GetProjects()) != 1 || own.GetProjects()[0].GetProject() != "web" || own.GetProjects()[0].GetBusiness() != "acme" ||
+			own.GetProjects()[0].GetTasks() != 1 || own.GetProjects()[0].GetLastPushTask() != "t1" {
 			t.Fatalf("a grant's project list: %v %v", own, err)
+		}
+		// t2's grant sees nothing of t1's push.
+		t2 := e.grant("acme", "web", "t2", "worker", authz.CapPushWorking)
+		if o, err := e.srv.ListProjects(t2.ctx(), &brokerv1.ListProjectsRequest{}); err != nil || len(o.GetProjects()) != 1 ||
+			o.GetProjects()[0].GetTasks() != 1 || o.GetProjects()[0].GetLastPushSeq() != 0 || o.GetProjects()[0].GetLastPushCommit() != "" {
+			t.Fatalf("t2's project list shows another task's push: %v %v", o, err)
 		}
 
 		gs, err := e.srv.ListGrants(e.host(), &brokerv1.ListGrantsRequest{})
-		if err != nil || len(gs.GetGrants()) != 4 {
+		if err != nil || len(gs.GetGrants()) != 5 {
 			t.Fatalf("host's grant list: %v %v", gs, err)
 		}
 		gs, err = e.srv.ListGrants(e.host(), &brokerv1.ListGrantsRequest{Task: "t1"})
@@ -122,7 +129,7 @@ func TestListProjectsAndGrants(t *testing.T) {
 			seen = append(seen, m.String())
 		}
 		text := strings.Join(seen, "\n")
-		for _, a := range []actor{tm.worker, tm.reviewer, tm.closer, stranger} {
+		for _, a := range []actor{tm.worker, tm.reviewer, tm.closer, stranger, t2} {
 			if strings.Contains(text, a.Token) || strings.Contains(text, tokenHash(a.Token)) {
 				t.Fatalf("a listing shows the token of grant %s", a.ID)
 			}

@@ -237,7 +237,8 @@ func TestInspectLists(t *testing.T) {
 	} {
 		var ps inspectProjects
 		strictJSON(t, "project list", run(w.name, w.token, "BUSINESS  PROJECT  HOST", "project", "list"), &ps)
-		if len(ps.Projects) != 1 || ps.Projects[0].Business != w.business || ps.Projects[0].Project != w.project {
+		if len(ps.Projects) != 1 || ps.Projects[0].Business != w.business || ps.Projects[0].Project != w.project ||
+			ps.Projects[0].Tasks != 1 || (ps.Projects[0].LastPushTask != "" && ps.Projects[0].LastPushTask != w.task) {
 			t.Fatalf("%s's project list: %+v", w.name, ps)
 		}
 		var ts inspectTasks
