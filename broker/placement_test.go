@@ -9,7 +9,7 @@ import (
 
 // A project is placed on the host that adds it: another host sharing the
 // store cannot add it, and CheckPlacement there names the owner. A project
-// registered before placement existed (host ”) is claimed by the first
+// registered before placement existed (no host) is claimed by the first
 // host that adds it, and served meanwhile.
 func TestPlacement(t *testing.T) {
 	for _, k := range storeKinds {
