@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -239,29 +241,62 @@ bushost event record --type network.other; echo "reserved=$?"
 	if strings.Contains(errOut, "network.egress allowed") {
 		t.Errorf("decisions on stderr although audited:\n%s", errOut)
 	}
+	// One event per decision and one per close, each with the launcher
+	// as its actor; the close names the connection its decision did.
 	events := h.Must(t, "events", "--task", "t1", "--json")
-	var egress []string
-	for _, line := range strings.Split(events, "\n") {
-		if strings.Contains(line, `"type":"network.egress"`) {
-			egress = append(egress, line)
-		}
+	type egressData struct {
+		Conn      int64  `json:"conn"`
+		Host      string `json:"host"`
+		Port      int    `json:"port"`
+		Decision  string `json:"decision"`
+		Rule, Why string
+		BytesIn   *int64 `json:"bytes_in"`
+		BytesOut  *int64 `json:"bytes_out"`
+		Decisions any    `json:"decisions"`
 	}
-	all := strings.Join(egress, "\n")
-	_, allowedPort, _ := net.SplitHostPort(allowed)
-	_, otherPort, _ := net.SplitHostPort(other)
-	for _, want := range []string{
-		`"decision":"allowed","host":"127.0.0.1","port":` + allowedPort,
-		`"decision":"denied","host":"127.0.0.1","port":` + otherPort,
-		`"decision":"closed"`,
-		`EGRESS_DENIED: ` + other + ` is not named by --allow-host`,
-		`"bytes_in":`,
-	} {
-		if !strings.Contains(all, want) {
-			t.Errorf("network.egress events lack %q:\n%s", want, events)
+	var egress []egressData
+	for _, line := range strings.Split(strings.TrimSpace(events), "\n") {
+		var ev struct {
+			Type, Actor string
+			Data        egressData
 		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("events --json: %v: %s", err, line)
+		}
+		if ev.Type != "network.egress" {
+			continue
+		}
+		if ev.Data.Decisions != nil || ev.Data.Decision == "" {
+			t.Errorf("a network.egress event that is not one decision: %s", line)
+		}
+		if ev.Actor == "" || strings.Contains(line, `"decisions":[]`) {
+			t.Errorf("the session's own network.egress was recorded: %s", line)
+		}
+		egress = append(egress, ev.Data)
 	}
-	if strings.Contains(all, `"decisions":[]`) {
-		t.Errorf("the session's own network.egress was recorded:\n%s", all)
+	allowedPort, _ := strconv.Atoi(allowed[strings.LastIndex(allowed, ":")+1:])
+	otherPort, _ := strconv.Atoi(other[strings.LastIndex(other, ":")+1:])
+	find := func(decision string, port int) *egressData {
+		for i := range egress {
+			if egress[i].Decision == decision && egress[i].Port == port {
+				return &egress[i]
+			}
+		}
+		t.Errorf("no network.egress %s for port %d:\n%s", decision, port, events)
+		return nil
+	}
+	ok, denied, closed := find("allowed", allowedPort), find("denied", otherPort), find("closed", allowedPort)
+	if len(egress) != 3 {
+		t.Errorf("%d network.egress events, want 3 (allowed, denied, closed):\n%s", len(egress), events)
+	}
+	if ok != nil && (ok.Host != "127.0.0.1" || ok.Rule != "--allow-host "+allowed || ok.Conn == 0) {
+		t.Errorf("allowed: %+v", *ok)
+	}
+	if denied != nil && ok != nil && (!strings.Contains(denied.Why, "EGRESS_DENIED: "+other+" is not named by --allow-host") || denied.Conn == ok.Conn) {
+		t.Errorf("denied: %+v", *denied)
+	}
+	if closed != nil && ok != nil && (closed.Conn != ok.Conn || closed.BytesIn == nil || *closed.BytesIn == 0 || closed.BytesOut == nil || *closed.BytesOut == 0) {
+		t.Errorf("closed: %+v, want conn %d and bytes each way", *closed, ok.Conn)
 	}
 
 	// An audit token the session could read is refused before the launch.

@@ -28,6 +28,7 @@ const (
 	BrokerService_ReopenTask_FullMethodName    = "/bushost.broker.v1.BrokerService/ReopenTask"
 	BrokerService_ListTasks_FullMethodName     = "/bushost.broker.v1.BrokerService/ListTasks"
 	BrokerService_RecordEvent_FullMethodName   = "/bushost.broker.v1.BrokerService/RecordEvent"
+	BrokerService_RecordEvents_FullMethodName  = "/bushost.broker.v1.BrokerService/RecordEvents"
 	BrokerService_ListEvents_FullMethodName    = "/bushost.broker.v1.BrokerService/ListEvents"
 	BrokerService_VerifyLog_FullMethodName     = "/bushost.broker.v1.BrokerService/VerifyLog"
 	BrokerService_LogHead_FullMethodName       = "/bushost.broker.v1.BrokerService/LogHead"
@@ -66,6 +67,11 @@ type BrokerServiceClient interface {
 	ListTasks(ctx context.Context, in *ListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error)
 	// RecordEvent (event.record) appends a free-form event.
 	RecordEvent(ctx context.Context, in *RecordEventRequest, opts ...grpc.CallOption) (*RecordEventResponse, error)
+	// RecordEvents appends a batch of events in one transaction, all or
+	// none, each checked as RecordEvent checks it: a session's launcher
+	// (network.audit) records a session's egress decisions this way, one
+	// event each, so a chatty session costs the log one append per batch.
+	RecordEvents(ctx context.Context, in *RecordEventsRequest, opts ...grpc.CallOption) (*RecordEventsResponse, error)
 	// ListEvents streams events in order; with follow it keeps streaming new
 	// ones as they are appended. A grant sees its own task's events only.
 	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListEventsResponse], error)
@@ -174,6 +180,16 @@ func (c *brokerServiceClient) RecordEvent(ctx context.Context, in *RecordEventRe
 	return out, nil
 }
 
+func (c *brokerServiceClient) RecordEvents(ctx context.Context, in *RecordEventsRequest, opts ...grpc.CallOption) (*RecordEventsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecordEventsResponse)
+	err := c.cc.Invoke(ctx, BrokerService_RecordEvents_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *brokerServiceClient) ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListEventsResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &BrokerService_ServiceDesc.Streams[0], BrokerService_ListEvents_FullMethodName, cOpts...)
@@ -246,6 +262,11 @@ type BrokerServiceServer interface {
 	ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error)
 	// RecordEvent (event.record) appends a free-form event.
 	RecordEvent(context.Context, *RecordEventRequest) (*RecordEventResponse, error)
+	// RecordEvents appends a batch of events in one transaction, all or
+	// none, each checked as RecordEvent checks it: a session's launcher
+	// (network.audit) records a session's egress decisions this way, one
+	// event each, so a chatty session costs the log one append per batch.
+	RecordEvents(context.Context, *RecordEventsRequest) (*RecordEventsResponse, error)
 	// ListEvents streams events in order; with follow it keeps streaming new
 	// ones as they are appended. A grant sees its own task's events only.
 	ListEvents(*ListEventsRequest, grpc.ServerStreamingServer[ListEventsResponse]) error
@@ -290,6 +311,9 @@ func (UnimplementedBrokerServiceServer) ListTasks(context.Context, *ListTasksReq
 }
 func (UnimplementedBrokerServiceServer) RecordEvent(context.Context, *RecordEventRequest) (*RecordEventResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RecordEvent not implemented")
+}
+func (UnimplementedBrokerServiceServer) RecordEvents(context.Context, *RecordEventsRequest) (*RecordEventsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RecordEvents not implemented")
 }
 func (UnimplementedBrokerServiceServer) ListEvents(*ListEventsRequest, grpc.ServerStreamingServer[ListEventsResponse]) error {
 	return status.Error(codes.Unimplemented, "method ListEvents not implemented")
@@ -483,6 +507,24 @@ func _BrokerService_RecordEvent_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BrokerService_RecordEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecordEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BrokerServiceServer).RecordEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BrokerService_RecordEvents_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BrokerServiceServer).RecordEvents(ctx, req.(*RecordEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _BrokerService_ListEvents_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ListEventsRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -572,6 +614,10 @@ var BrokerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RecordEvent",
 			Handler:    _BrokerService_RecordEvent_Handler,
+		},
+		{
+			MethodName: "RecordEvents",
+			Handler:    _BrokerService_RecordEvents_Handler,
 		},
 		{
 			MethodName: "VerifyLog",
