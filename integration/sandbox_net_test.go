@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -309,5 +310,147 @@ bushost event record --type network.other; echo "reserved=$?"
 	bad[slices.Index(bad, auditToken)] = inside
 	if out, errOut, code := runSandbox(t, sb, append(bad, "true")...); code != 125 || !strings.Contains(errOut, "which the session sees") {
 		t.Errorf("audit token in the workspace: exit %d, want 125\n%s%s", code, out, errOut)
+	}
+}
+
+// holdServer listens on the host's 127.0.0.1 and holds each connection
+// open, saying nothing, until its client closes it; it sends on ended
+// each time one has ended.
+func holdServer(t *testing.T) (string, <-chan struct{}) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{}, 64)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(io.Discard, c)
+				ended <- struct{}{}
+			}()
+		}
+	}()
+	t.Cleanup(func() { l.Close() })
+	return l.Addr().String(), ended
+}
+
+// egressClient is run in a session: it opens connections through the
+// relay to the host:port in argv[1] with CONNECT and prints what the
+// proxy answered, then does what argv[2] says.
+const egressClient = `
+import socket, sys, time
+target, mode = sys.argv[1], sys.argv[2]
+def connect():
+    s = socket.create_connection(("127.0.0.1", 3128), 10)
+    s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
+    s.settimeout(30)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        b = s.recv(4096)
+        if not b:
+            break
+        head += b
+    return s, head.decode(errors="replace")
+if mode == "limit":
+    held = []
+    for i in range(2):
+        s, head = connect()
+        print("conn%d: %s" % (i, head.split("\r\n")[0]))
+        held.append(s)
+    s, head = connect()
+    print("over: " + head.replace("\r\n", " | "))
+    rest = s.recv(4096).decode(errors="replace")
+    print("over-body: " + rest.strip())
+    s.close()
+    # One closed, its slot is free again: the proxy releases it once
+    # both ends are done, so try until it is (bounded by the test).
+    held.pop().close()
+    for attempt in range(200):
+        s, head = connect()
+        if head.startswith("HTTP/1.1 200"):
+            print("after-close: 200")
+            break
+        s.close()
+        time.sleep(0.05)
+    else:
+        print("after-close: never")
+elif mode == "idle":
+    s, head = connect()
+    print("idle-conn: " + head.split("\r\n")[0])
+    # Silent both ways: the proxy closes it after --egress-idle (and at
+    # most 1.5x); the 30 s timeout is the test's bound, not its wait.
+    try:
+        print("idle-read: %r" % s.recv(1))
+    except socket.timeout:
+        print("idle-read: still open after 30s")
+`
+
+// TestSandboxNetworkLimits: the egress proxy refuses a connection over
+// --egress-conns with its reason, takes one again once a slot is free,
+// and cuts a connection idle for --egress-idle both ways.
+func TestSandboxNetworkLimits(t *testing.T) {
+	requireTools(t, "/usr/bin/python3")
+	e := newSandboxEnv(t)
+	target, ended := holdServer(t)
+	before := egressDirs(t)
+
+	t.Run("conns", func(t *testing.T) {
+		out, errOut, code := e.runIn(t, []string{"--net=proxy", "--allow-host", target, "--egress-conns", "2"},
+			"/usr/bin/python3", "-c", egressClient, target, "limit")
+		if code != 0 {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+		for _, want := range []string{
+			"conn0: HTTP/1.1 200 Connection established",
+			"conn1: HTTP/1.1 200 Connection established",
+			"over: HTTP/1.1 503 Service Unavailable",
+			"EGRESS_CONNECTIONS_EXHAUSTED: the session holds 2 connections, the most --egress-conns allows",
+			"after-close: 200",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("session output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
+			}
+		}
+		if !strings.Contains(errOut, "network.egress denied") || !strings.Contains(errOut, "EGRESS_CONNECTIONS_EXHAUSTED: over --egress-conns 2") {
+			t.Errorf("the refusal is not among run's decisions:\n%s", errOut)
+		}
+	})
+
+	t.Run("idle", func(t *testing.T) {
+		// Drain what the first subtest's connections left.
+		for len(ended) > 0 {
+			<-ended
+		}
+		out, errOut, code := e.runIn(t, []string{"--net=proxy", "--allow-host", target, "--egress-idle", "1s"},
+			"/usr/bin/python3", "-c", egressClient, target, "idle")
+		if code != 0 {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+		for _, want := range []string{"idle-conn: HTTP/1.1 200 Connection established", "idle-read: b''"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("session output lacks %q (the idle connection was not cut):\n%s\nstderr:\n%s", want, out, errOut)
+			}
+		}
+		// The host's end was closed too, not only the session's.
+		select {
+		case <-ended:
+		case <-time.After(30 * time.Second):
+			t.Errorf("the server's end of the idle connection is still open")
+		}
+		if !strings.Contains(errOut, "network.egress closed "+target+": 0 bytes out, 0 bytes in") {
+			t.Errorf("run's stderr lacks the idle connection's close:\n%s", errOut)
+		}
+	})
+
+	for _, d := range egressDirs(t) {
+		if !slices.Contains(before, d) {
+			t.Errorf("left behind: %s", d)
+		}
 	}
 }
