@@ -173,15 +173,11 @@ curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
 	}
 }
 
-// TestSandboxNetworkAudit: with --audit-token-file every egress decision
-// is in the broker as network.egress on the session's task, recorded by
-// the launcher; the session's own grant cannot record that type.
-func TestSandboxNetworkAudit(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes a group and runs the session as a uid of its own")
-	}
-	requireTools(t, "/usr/bin/curl")
-	group := "bh-net-" + randSuffix()
+// tempGroup makes a group (for bushostd's sockets, so that a session's
+// uid may connect) and removes it at the end of the test.
+func tempGroup(t *testing.T, prefix string) string {
+	t.Helper()
+	group := prefix + randSuffix()
 	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
 		t.Fatalf("groupadd: %v\n%s", err, out)
 	}
@@ -190,7 +186,18 @@ func TestSandboxNetworkAudit(t *testing.T) {
 			t.Errorf("groupdel %s: %v\n%s", group, err, out)
 		}
 	})
-	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
+	return group
+}
+
+// TestSandboxNetworkAudit: with --audit-token-file every egress decision
+// is in the broker as network.egress on the session's task, recorded by
+// the launcher; the session's own grant cannot record that type.
+func TestSandboxNetworkAudit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as a uid of its own")
+	}
+	requireTools(t, "/usr/bin/curl")
+	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", tempGroup(t, "bh-net-")}})
 	h.AddProject(t, "acme", "web")
 	sessionToken := h.Grant(t, "acme", "web", "t1", "coder", "event.record")
 	auditToken := filepath.Join(filepath.Dir(h.Home), "audit-"+randSuffix())
@@ -454,4 +461,85 @@ func TestSandboxNetworkLimits(t *testing.T) {
 			t.Errorf("left behind: %s", d)
 		}
 	}
+}
+
+// TestSandboxNetworkAuditBatched: a chatty session's decisions are each
+// an event of their own, written in batches (one bushost call, so one
+// peer, holds many), and counted against network.egress's own bound: the
+// session past its own event quota (--event-rate 1) loses none of them.
+func TestSandboxNetworkAuditBatched(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as a uid of its own")
+	}
+	requireTools(t, "/usr/bin/curl")
+	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", tempGroup(t, "bh-net-"), "--event-rate", "1"}})
+	h.AddProject(t, "acme", "web")
+	sessionToken := h.Grant(t, "acme", "web", "t1", "coder", "event.record")
+	base := filepath.Dir(h.Home)
+	auditToken := filepath.Join(base, "audit-"+randSuffix())
+	h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "launcher",
+		"--cap", "network.audit", "--out", auditToken)
+	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sb := bin(t, "sandbox")
+	if out, errOut, code := runSandbox(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web",
+		"--task", "t1", "--role", "coder", "--caps", "event.record", "--token-file", sessionToken); code != 0 {
+		t.Fatalf("prepare: exit %d\n%s%s", code, out, errOut)
+	}
+	allowed, _ := countingServer(t)
+	other, otherHits := countingServer(t)
+	const n = 40
+	out, errOut, code := runSandbox(t, sb, "run", "--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "event.record",
+		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--bushost", bin(t, "bushost"),
+		"--net=proxy", "--allow-host", allowed, "--audit-token-file", auditToken, "--", "sh", "-c", `
+bushost event record --type note >/dev/null; echo "note1=$?"
+bushost event record --type note >/dev/null 2>&1; echo "note2=$?"
+curl -sS http://`+allowed+`/ >/dev/null; echo "allowed=$?"
+i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do curl -s -o /dev/null -w '%{http_code}\n' http://`+other+`/; i=$((i+1)); done | sort | uniq -c
+`)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{"note1=0", "note2=7", "allowed=0", strconv.Itoa(n) + " 403"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("session output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
+		}
+	}
+	if otherHits.Load() != 0 {
+		t.Errorf("the server not allowed was reached")
+	}
+	if strings.Contains(errOut, "unrecorded") {
+		t.Errorf("decisions the broker refused:\n%s", errOut)
+	}
+	var denied, total int
+	pids := map[string]bool{}
+	for _, line := range strings.Split(h.Must(t, "events", "--task", "t1", "--json"), "\n") {
+		var ev struct {
+			Type, Peer string
+			Data       struct{ Decision string }
+		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("events --json: %v: %s", err, line)
+		}
+		if ev.Type != "network.egress" {
+			continue
+		}
+		total++
+		if ev.Data.Decision == "denied" {
+			denied++
+		}
+		pid, _, _ := strings.Cut(ev.Peer, ",")
+		pids[pid] = true
+	}
+	if denied != n || total != n+2 {
+		t.Errorf("%d network.egress events, %d of them denied; want %d, %d (each decision and close its own event)", total, denied, n+2, n)
+	}
+	// Each bushost call the launcher made is one peer: fewer calls than
+	// events means the writes were batched.
+	if len(pids) >= total {
+		t.Errorf("%d events in %d calls: not batched", total, len(pids))
+	}
+	t.Logf("%d network.egress events in %d RecordEvents calls", total, len(pids))
 }

@@ -50,17 +50,8 @@ func TestSandboxSessionConnsPerUID(t *testing.T) {
 		t.Skip("needs root: only root gives a session a uid of its own")
 	}
 	requireTools(t, "/usr/bin/python3")
-	group := "bh-uid-" + randSuffix()
-	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
-		t.Fatalf("groupadd: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("groupdel", group).CombinedOutput(); err != nil {
-			t.Errorf("groupdel %s: %v\n%s", group, err, out)
-		}
-	})
 	const limit = 2
-	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group, "--max-conns-per-uid", strconv.Itoa(limit)}})
+	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", tempGroup(t, "bh-uid-"), "--max-conns-per-uid", strconv.Itoa(limit)}})
 	h.AddProject(t, "acme", "web")
 	sb, broker := bin(t, "sandbox"), filepath.Join(h.Home, "broker.sock")
 	base := filepath.Dir(h.Home)
