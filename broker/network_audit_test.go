@@ -29,7 +29,7 @@ func TestNetworkAuditOnly(t *testing.T) {
 		e.refused(err, codes.PermissionDenied, before, "note from network.audit")
 		_, err = e.srv.RecordEvent(launcher.ctx(), &brokerv1.RecordEventRequest{Type: "network.other"})
 		e.refused(err, codes.PermissionDenied, before, "network.other from network.audit")
-		r, err := e.srv.RecordEvent(launcher.ctx(), &brokerv1.RecordEventRequest{Type: TypeNetworkEgress, Data: `{"decisions":[{"decision":"allowed"}]}`})
+		r, err := e.srv.RecordEvent(launcher.ctx(), &brokerv1.RecordEventRequest{Type: TypeNetworkEgress, Data: `{"conn":1,"decision":"allowed","host":"a.test","port":443}`})
 		if err != nil {
 			t.Fatal(err)
 		}
