@@ -204,6 +204,9 @@ func refuseConn(c net.Conn, e *errdefs.Error) {
 	}
 	c.SetDeadline(time.Now().Add(refuseLinger))
 	fr := http2.NewFramer(c, c)
+	// HTTP/2's smallest frame bound: a refused peer gets no more memory
+	// than that (the default would let it claim 16 MiB a frame).
+	fr.SetMaxReadFrameSize(16 << 10)
 	if fr.WriteSettings() != nil {
 		return
 	}
