@@ -463,16 +463,13 @@ func TestSandboxNetworkLimits(t *testing.T) {
 	}
 }
 
-// TestSandboxNetworkAuditBatched: a chatty session's decisions are each
-// an event of their own, written in batches (one bushost call, so one
-// peer, holds many), and counted against network.egress's own bound: the
-// session past its own event quota (--event-rate 1) loses none of them.
-func TestSandboxNetworkAuditBatched(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes a group and runs the session as a uid of its own")
-	}
-	requireTools(t, "/usr/bin/curl")
-	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", tempGroup(t, "bh-net-"), "--event-rate", "1"}})
+// auditedSession starts bushostd with args, prepares a session on task t1
+// with event.record, and returns the host and `sandbox run`'s flags up to
+// "--": --net=proxy allowing the returned server, decisions recorded with
+// a network.audit grant.
+func auditedSession(t *testing.T, args ...string) (*Host, []string, string) {
+	t.Helper()
+	h := startHostWith(t, hostOpts{Args: append([]string{"--socket-group", tempGroup(t, "bh-net-")}, args...)})
 	h.AddProject(t, "acme", "web")
 	sessionToken := h.Grant(t, "acme", "web", "t1", "coder", "event.record")
 	base := filepath.Dir(h.Home)
@@ -483,22 +480,57 @@ func TestSandboxNetworkAuditBatched(t *testing.T) {
 	if err := os.Mkdir(ws, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	sb := bin(t, "sandbox")
-	if out, errOut, code := runSandbox(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web",
+	if out, errOut, code := runSandbox(t, bin(t, "sandbox"), "prepare", "--run-dir", run, "--business", "acme", "--project", "web",
 		"--task", "t1", "--role", "coder", "--caps", "event.record", "--token-file", sessionToken); code != 0 {
 		t.Fatalf("prepare: exit %d\n%s%s", code, out, errOut)
 	}
 	allowed, _ := countingServer(t)
+	return h, []string{"run", "--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "event.record",
+		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--bushost", bin(t, "bushost"),
+		"--net=proxy", "--allow-host", allowed, "--audit-token-file", auditToken, "--"}, allowed
+}
+
+// egressEvents returns the data of task t1's network.egress events and
+// the peers that recorded them.
+func egressEvents(t *testing.T, h *Host) (decisions []map[string]any, peers map[string]bool) {
+	t.Helper()
+	peers = map[string]bool{}
+	for _, line := range strings.Split(h.Must(t, "events", "--task", "t1", "--json"), "\n") {
+		var ev struct {
+			Type, Peer string
+			Data       map[string]any
+		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("events --json: %v: %s", err, line)
+		}
+		if ev.Type != "network.egress" {
+			continue
+		}
+		decisions = append(decisions, ev.Data)
+		pid, _, _ := strings.Cut(ev.Peer, ",")
+		peers[pid] = true
+	}
+	return decisions, peers
+}
+
+// TestSandboxNetworkAuditBatched: a chatty session's decisions are each
+// an event of their own, written in batches (one bushost call, so one
+// peer, holds many), and counted against network.egress's own bound: the
+// session past its own event quota (--event-rate 1) loses none of them.
+func TestSandboxNetworkAuditBatched(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as a uid of its own")
+	}
+	requireTools(t, "/usr/bin/curl")
+	h, flags, allowed := auditedSession(t, "--event-rate", "1")
 	other, otherHits := countingServer(t)
 	const n = 40
-	out, errOut, code := runSandbox(t, sb, "run", "--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "event.record",
-		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--bushost", bin(t, "bushost"),
-		"--net=proxy", "--allow-host", allowed, "--audit-token-file", auditToken, "--", "sh", "-c", `
+	out, errOut, code := runSandbox(t, bin(t, "sandbox"), append(flags, "sh", "-c", `
 bushost event record --type note >/dev/null; echo "note1=$?"
 bushost event record --type note >/dev/null 2>&1; echo "note2=$?"
 curl -sS http://`+allowed+`/ >/dev/null; echo "allowed=$?"
 i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do curl -s -o /dev/null -w '%{http_code}\n' http://`+other+`/; i=$((i+1)); done | sort | uniq -c
-`)
+`)...)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
@@ -513,33 +545,59 @@ i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do curl -s -o /dev/null -w '%{http_co
 	if strings.Contains(errOut, "unrecorded") {
 		t.Errorf("decisions the broker refused:\n%s", errOut)
 	}
-	var denied, total int
-	pids := map[string]bool{}
-	for _, line := range strings.Split(h.Must(t, "events", "--task", "t1", "--json"), "\n") {
-		var ev struct {
-			Type, Peer string
-			Data       struct{ Decision string }
-		}
-		if err := json.Unmarshal([]byte(line), &ev); err != nil {
-			t.Fatalf("events --json: %v: %s", err, line)
-		}
-		if ev.Type != "network.egress" {
-			continue
-		}
-		total++
-		if ev.Data.Decision == "denied" {
+	decisions, peers := egressEvents(t, h)
+	denied := 0
+	for _, d := range decisions {
+		if d["decision"] == "denied" {
 			denied++
 		}
-		pid, _, _ := strings.Cut(ev.Peer, ",")
-		pids[pid] = true
 	}
-	if denied != n || total != n+2 {
-		t.Errorf("%d network.egress events, %d of them denied; want %d, %d (each decision and close its own event)", total, denied, n+2, n)
+	if denied != n || len(decisions) != n+2 {
+		t.Errorf("%d network.egress events, %d of them denied; want %d, %d (each decision and close its own event)", len(decisions), denied, n+2, n)
 	}
 	// Each bushost call the launcher made is one peer: fewer calls than
 	// events means the writes were batched.
-	if len(pids) >= total {
-		t.Errorf("%d events in %d calls: not batched", total, len(pids))
+	if len(peers) >= len(decisions) {
+		t.Errorf("%d events in %d calls: not batched", len(decisions), len(peers))
 	}
-	t.Logf("%d network.egress events in %d RecordEvents calls", total, len(pids))
+	t.Logf("%d network.egress events in %d RecordEvents calls", len(decisions), len(peers))
+}
+
+// TestSandboxNetworkAuditOverBound: past network.egress's own bound
+// (--egress-event-rate 4), a batch the broker refuses is not lost: each of
+// its decisions is a line on run's stderr, so every decision is in the
+// log or there, and the session's connections go on as before.
+func TestSandboxNetworkAuditOverBound(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as a uid of its own")
+	}
+	requireTools(t, "/usr/bin/curl")
+	h, flags, _ := auditedSession(t, "--egress-event-rate", "4")
+	other, _ := countingServer(t)
+	const n = 10
+	out, errOut, code := runSandbox(t, bin(t, "sandbox"), append(flags, "sh", "-c", `
+i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do curl -s -o /dev/null -w '%{http_code}\n' http://`+other+`/; i=$((i+1)); done | sort | uniq -c
+`)...)
+	if code != 0 || !strings.Contains(out, strconv.Itoa(n)+" 403") {
+		t.Fatalf("exit %d: want %d refusals\n%s%s", code, n, out, errOut)
+	}
+	decisions, _ := egressEvents(t, h)
+	inLog, told := 0, -1.0
+	for _, d := range decisions {
+		switch d["decision"] {
+		case "denied":
+			inLog++
+		case "unrecorded":
+			told, _ = d["dropped"].(float64)
+		}
+	}
+	onStderr := strings.Count(errOut, `network.egress unrecorded {"conn":`)
+	if inLog+onStderr != n || onStderr == 0 || !strings.Contains(errOut, "EVENT_RATE_EXCEEDED") {
+		t.Errorf("%d decisions in the log and %d on stderr, want %d in all, some refused EVENT_RATE_EXCEEDED:\n%s", inLog, onStderr, n, errOut)
+	}
+	// The log says how many it lacks, when the bound left room for that.
+	if told != -1 && int(told) != onStderr {
+		t.Errorf("the log says %v decisions were not recorded; stderr has %d", told, onStderr)
+	}
+	t.Logf("%d decisions in the log, %d on stderr; events: %v", inLog, onStderr, decisions)
 }

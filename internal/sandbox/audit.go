@@ -8,6 +8,7 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,9 +32,9 @@ const (
 type decision struct {
 	Conn     int64  `json:"conn,omitempty"`
 	Host     string `json:"host,omitempty"`
-	Port     int    `json:"port"`
+	Port     int    `json:"port,omitempty"`
 	Addr     string `json:"addr,omitempty"`
-	Decision string `json:"decision"` // allowed, denied, unreachable, closed, dropped
+	Decision string `json:"decision"` // allowed, denied, unreachable, closed, dropped, unrecorded
 	Rule     string `json:"rule,omitempty"`
 	Why      string `json:"why,omitempty"`
 	BytesOut int64  `json:"bytes_out,omitempty"`
@@ -52,7 +53,10 @@ type auditor struct {
 	log                  io.Writer
 	queue                chan decision
 	dropped              atomic.Int64
-	done                 sync.WaitGroup
+	// unrecorded counts the decisions of batches the broker did not take
+	// (run's goroutine only), told in an event of the next batch it does.
+	unrecorded int64
+	done       sync.WaitGroup
 }
 
 func startAuditor(bushost, brokerSocket, tokenFile string, log io.Writer) *auditor {
@@ -87,6 +91,11 @@ func (a *auditor) run() {
 		case d, ok := <-a.queue:
 			if !ok {
 				a.flush(batch)
+				if a.unrecorded > 0 {
+					// The last batch was refused whole (a batch past
+					// the bound never fits): say so in one event.
+					a.flush(nil)
+				}
 				return
 			}
 			if batch = append(batch, d); len(batch) >= auditBatch {
@@ -101,16 +110,24 @@ func (a *auditor) run() {
 }
 
 func (a *auditor) flush(batch []decision) {
-	if n := a.dropped.Swap(0); n > 0 {
-		batch = append(batch, decision{Decision: "dropped", Dropped: n,
-			Why: fmt.Sprintf("more than %d decisions waited for the broker", auditQueue), Time: time.Now().UTC().Format(time.RFC3339Nano)})
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	dropped, unrecorded := a.dropped.Swap(0), a.unrecorded
+	a.unrecorded = 0
+	events := slices.Clip(batch)
+	if dropped > 0 {
+		events = append(events, decision{Decision: "dropped", Dropped: dropped, Time: now,
+			Why: fmt.Sprintf("more than %d decisions waited for the broker", auditQueue)})
 	}
-	if len(batch) == 0 {
+	if unrecorded > 0 {
+		events = append(events, decision{Decision: "unrecorded", Dropped: unrecorded, Time: now,
+			Why: "the broker did not take an earlier batch: its decisions are on sandbox run's stderr"})
+	}
+	if len(events) == 0 {
 		return
 	}
 	var lines bytes.Buffer
 	enc := json.NewEncoder(&lines)
-	for _, d := range batch {
+	for _, d := range events {
 		if err := enc.Encode(d); err != nil {
 			return
 		}
@@ -121,8 +138,11 @@ func (a *auditor) flush(batch []decision) {
 		"event", "record", "--type", "network.egress", "--batch", "-")
 	cmd.Stdin = &lines
 	if out, err := cmd.CombinedOutput(); err != nil {
-		// Not in the log, then, but not lost: each goes to stderr.
-		fmt.Fprintf(a.log, "sandbox: network.egress: record %d events in the broker: %v: %s", len(batch), err, out)
+		// Not in the log, then, but not lost: each goes to stderr, and
+		// the next batch the broker takes says how many did.
+		a.dropped.Add(dropped)
+		a.unrecorded = unrecorded + int64(len(batch))
+		fmt.Fprintf(a.log, "sandbox: network.egress: record %d events in the broker: %v: %s", len(events), err, out)
 		for _, d := range batch {
 			data, _ := json.Marshal(d)
 			fmt.Fprintf(a.log, "sandbox: network.egress unrecorded %s\n", data)
