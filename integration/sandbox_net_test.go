@@ -425,7 +425,7 @@ func TestSandboxNetworkLimits(t *testing.T) {
 				t.Errorf("session output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
 			}
 		}
-		if !strings.Contains(errOut, "network.egress denied") || !strings.Contains(errOut, "EGRESS_CONNECTIONS_EXHAUSTED: over --egress-conns 2") {
+		if !strings.Contains(errOut, "network.egress denied connection 3: EGRESS_CONNECTIONS_EXHAUSTED: over --egress-conns 2") {
 			t.Errorf("the refusal is not among run's decisions:\n%s", errOut)
 		}
 	})

@@ -135,6 +135,11 @@ func (e *egressProxy) record(d decision) {
 	case "unreachable":
 		e.logf("allowed %s (%s) but unreachable: %s", t, d.Rule, d.Why)
 	default:
+		if d.Host == "" {
+			// Refused before it said where it goes.
+			e.logf("%s connection %d: %s", d.Decision, d.Conn, d.Why)
+			return
+		}
 		e.logf("%s %s: %s", d.Decision, t, d.Why)
 	}
 }
