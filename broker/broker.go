@@ -35,6 +35,12 @@ type Options struct {
 	// the defaults, 600 and 1 MiB.
 	EventRate      int
 	EventBytesRate int64
+	// EgressRate and EgressBytesRate are network.egress's own bound, per
+	// grant and minute, apart from the event quota: a session's launcher
+	// records one event per connection decision and per close. 0 means
+	// the defaults, 6000 and 4 MiB.
+	EgressRate      int
+	EgressBytesRate int64
 	// CheckpointFile, when set, is where each new head of the log is
 	// appended (checkpoint.go); at Open the log is compared with every
 	// head in it, and a mismatch halts the broker (see Halted).
@@ -59,6 +65,8 @@ type Broker struct {
 	defaultTTL time.Duration
 	reposDir   string
 	quota      *eventQuota
+	// egressQuota is network.egress's bound, apart from quota.
+	egressQuota *eventQuota
 
 	// ops feeds the committer; see write.
 	ops       chan *op
@@ -101,15 +109,16 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		hostID = DefaultHostID
 	}
 	b := &Broker{
-		hostID:     hostID,
-		st:         st,
-		admin:      o.AdminToken,
-		defaultTTL: ttl,
-		reposDir:   o.ReposDir,
-		quota:      newEventQuota(o.EventRate, o.EventBytesRate),
-		ops:        make(chan *op, 1024),
-		committed:  make(chan struct{}),
-		changed:    make(chan struct{}),
+		hostID:      hostID,
+		st:          st,
+		admin:       o.AdminToken,
+		defaultTTL:  ttl,
+		reposDir:    o.ReposDir,
+		quota:       newEventQuota(o.EventRate, o.EventBytesRate),
+		egressQuota: newEgressQuota(o.EgressRate, o.EgressBytesRate),
+		ops:         make(chan *op, 1024),
+		committed:   make(chan struct{}),
+		changed:     make(chan struct{}),
 	}
 	if o.CheckpointFile != "" {
 		cp, heads, err := openCheckpoint(o.CheckpointFile)

@@ -291,37 +291,95 @@ const maxKeyBytes = 256
 //
 // network.egress, reserved, takes a grant with network.audit instead of
 // event.record (a session's launcher holds it, never the session), and is
-// counted against that grant's own quota.
+// counted against its own bound (Options.EgressRate), not the event quota.
 func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data, key string) (Event, error) {
-	need := authz.CapEventRecord
-	if typ == TypeNetworkEgress {
-		need = authz.CapNetworkAudit
-	}
-	if !g.Has(need) {
-		return Event{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s", g.ID, need)
-	}
-	if need == authz.CapEventRecord {
-		if err := CheckRecordType(typ); err != nil {
-			return Event{}, err
-		}
-	}
-	data, err := canonicalData(data)
+	evs, err := b.RecordEvents(ctx, g, peer, []Record{{Type: typ, Data: data, Key: key}})
 	if err != nil {
 		return Event{}, err
 	}
-	if len(key) > maxKeyBytes {
-		return Event{}, errdefs.InvalidArgument(errdefs.IdempotencyKeyInvalid, "idempotency key is %d bytes; at most %d", len(key), maxKeyBytes)
+	return evs[0], nil
+}
+
+// Record is one event asked of RecordEvents.
+type Record struct {
+	Type, Data, Key string
+}
+
+// Bounds of one RecordEvents batch, beyond each event's own.
+const (
+	MaxBatchEvents = 256
+	MaxBatchBytes  = 512 << 10
+)
+
+// RecordEvents appends rs in one transaction, all or none, each checked
+// as RecordEvent checks it, and returns the events in the order asked. A
+// batch costs the log one commit however many events it holds: a
+// session's launcher records the session's egress decisions this way.
+func (b *Broker) RecordEvents(ctx context.Context, g authz.Grant, peer string, rs []Record) ([]Event, error) {
+	if len(rs) == 0 {
+		return nil, errdefs.InvalidArgument(errdefs.EventDataInvalid, "no events to record")
+	}
+	if len(rs) > MaxBatchEvents {
+		return nil, errdefs.ResourceExhausted(errdefs.EventBatchTooLarge, "a batch of %d events; at most %d", len(rs), MaxBatchEvents).With("limit", MaxBatchEvents)
+	}
+	type checked struct {
+		need, typ, data, key, body string
+	}
+	cs := make([]checked, len(rs))
+	// What the batch costs each bound: egress events count against
+	// network.egress's own, the rest against the grant's event quota.
+	var nEgress, bEgress, nOther, bOther, total int
+	for i, r := range rs {
+		need := authz.CapEventRecord
+		if r.Type == TypeNetworkEgress {
+			need = authz.CapNetworkAudit
+		}
+		if !g.Has(need) {
+			return nil, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s", g.ID, need)
+		}
+		if need == authz.CapEventRecord {
+			if err := CheckRecordType(r.Type); err != nil {
+				return nil, err
+			}
+		}
+		data, err := canonicalData(r.Data)
+		if err != nil {
+			return nil, err
+		}
+		if len(r.Key) > maxKeyBytes {
+			return nil, errdefs.InvalidArgument(errdefs.IdempotencyKeyInvalid, "idempotency key is %d bytes; at most %d", len(r.Key), maxKeyBytes)
+		}
+		size := len(r.Type) + len(data)
+		if total += size; total > MaxBatchBytes {
+			return nil, errdefs.ResourceExhausted(errdefs.EventBatchTooLarge, "a batch of over %d bytes of types and data; at most %d", MaxBatchBytes, MaxBatchBytes).With("limit", MaxBatchBytes)
+		}
+		if need == authz.CapNetworkAudit {
+			nEgress, bEgress = nEgress+1, bEgress+size
+		} else {
+			nOther, bOther = nOther+1, bOther+size
+		}
+		cs[i] = checked{need: need, typ: r.Type, data: data, key: r.Key, body: tokenHash(r.Type + "\x00" + data)}
 	}
 	if !g.Host {
-		if err := b.quota.take(g.ID, len(typ)+len(data)); err != nil {
-			return Event{}, err
+		if err := b.egressQuota.takeN(g.ID, nEgress, bEgress); err != nil {
+			return nil, err
+		}
+		if err := b.quota.takeN(g.ID, nOther, bOther); err != nil {
+			b.egressQuota.refund(g.ID, nEgress, bEgress)
+			return nil, err
 		}
 	}
-	body := tokenHash(typ + "\x00" + data)
-	var e Event
-	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		if err := recheck(ctx, q, g, need); err != nil {
-			return err
+	var evs []Event
+	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		evs = evs[:0]
+		checkedCap := map[string]bool{}
+		for _, c := range cs {
+			if !checkedCap[c.need] {
+				if err := recheck(ctx, q, g, c.need); err != nil {
+					return err
+				}
+				checkedCap[c.need] = true
+			}
 		}
 		if _, ok, err := q.task(ctx, g.Business, g.Project, g.Task); err != nil || !ok {
 			if err == nil {
@@ -329,33 +387,44 @@ func (b *Broker) RecordEvent(ctx context.Context, g authz.Grant, peer, typ, data
 			}
 			return err
 		}
-		if key != "" {
-			h, seq, ok, err := q.idempotent(ctx, g.ID, key)
-			if err != nil {
+		for _, c := range cs {
+			if c.key != "" {
+				h, seq, ok, err := q.idempotent(ctx, g.ID, c.key)
+				if err != nil {
+					return err
+				}
+				if ok {
+					if h != c.body {
+						return errdefs.AlreadyExists(errdefs.IdempotencyKeyReused, "idempotency key %q was first used with another body (event %d)", clip(c.key), seq)
+					}
+					e, found, err := q.event(ctx, seq)
+					if err == nil && !found {
+						err = fmt.Errorf("idempotency key %q names missing event %d", clip(c.key), seq)
+					}
+					if err != nil {
+						return err
+					}
+					evs = append(evs, e)
+					continue
+				}
+			}
+			e := Event{Business: g.Business, Project: g.Project, Task: g.Task, Type: c.typ, Actor: g.ID, Peer: peer, Data: c.data}
+			if err := appendEvent(ctx, q, &e); err != nil {
 				return err
 			}
-			if ok {
-				if h != body {
-					return errdefs.AlreadyExists(errdefs.IdempotencyKeyReused, "idempotency key %q was first used with another body (event %d)", clip(key), seq)
+			if c.key != "" {
+				if err := q.insertIdempotent(ctx, g.ID, c.key, c.body, e.Seq); err != nil {
+					return err
 				}
-				var found bool
-				e, found, err = q.event(ctx, seq)
-				if err == nil && !found {
-					err = fmt.Errorf("idempotency key %q names missing event %d", clip(key), seq)
-				}
-				return err
 			}
-		}
-		e = Event{Business: g.Business, Project: g.Project, Task: g.Task, Type: typ, Actor: g.ID, Peer: peer, Data: data}
-		if err := appendEvent(ctx, q, &e); err != nil {
-			return err
-		}
-		if key != "" {
-			return q.insertIdempotent(ctx, g.ID, key, body, e.Seq)
+			evs = append(evs, e)
 		}
 		return nil
 	})
-	return e, err
+	if err != nil {
+		return nil, err
+	}
+	return evs, nil
 }
 
 // Events calls send for each event after seq that f selects, in order; with

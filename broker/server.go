@@ -217,6 +217,26 @@ func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest
 	return &brokerv1.RecordEventResponse{Event: eventProto(e)}, nil
 }
 
+func (s *server) RecordEvents(ctx context.Context, r *brokerv1.RecordEventsRequest) (*brokerv1.RecordEventsResponse, error) {
+	g, peer, err := s.caller(ctx, authz.CapEventRecord, authz.CapNetworkAudit)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	rs := make([]Record, len(r.GetEvents()))
+	for i, e := range r.GetEvents() {
+		rs[i] = Record{Type: e.GetType(), Data: e.GetData(), Key: e.GetIdempotencyKey()}
+	}
+	evs, err := s.b.RecordEvents(ctx, g, peer, rs)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	out := &brokerv1.RecordEventsResponse{Events: make([]*brokerv1.Event, len(evs))}
+	for i, e := range evs {
+		out.Events[i] = eventProto(e)
+	}
+	return out, nil
+}
+
 func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.BrokerService_ListEventsServer) error {
 	ctx := stream.Context()
 	if err := s.b.Halted(); err != nil {

@@ -458,6 +458,24 @@ func TestBoundsEventQuota(t *testing.T) {
 	}
 	// Another grant's events still go through, while the first is refused.
 	h.Must(t, "--token-file", b, "event", "record", "--type", "note")
+	// A batch is one call and one transaction, charged whole: two fit
+	// what b has left, two more do not and add nothing.
+	batch := filepath.Join(t.TempDir(), "batch")
+	if err := os.WriteFile(batch, []byte("{\"b\":1}\n\n{\"b\":2}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if seqs := strings.Fields(h.Must(t, "--token-file", b, "event", "record", "--type", "note", "--batch", batch)); len(seqs) != 2 {
+		t.Fatalf("a batch of two printed %q, want two sequence numbers", seqs)
+	}
+	if _, errs, code := h.Run(t, nil, "--token-file", b, "event", "record", "--type", "note", "--batch", batch); code != 7 || !strings.Contains(errs, "EVENT_RATE_EXCEEDED") {
+		t.Fatalf("a batch past the quota: exit %d: %s", code, errs)
+	}
+	if _, errs, code := h.Run(t, nil, "--token-file", b, "event", "record", "--type", "note", "--batch", batch, "--data", "{}"); code != 2 {
+		t.Fatalf("--batch with --data: exit %d, want 2 (usage): %s", code, errs)
+	}
+	if n := strings.Count(h.Must(t, "events", "--task", "t2", "--json"), `"note"`); n != 3 {
+		t.Fatalf("task t2 has %d notes, want 3 (one, then a batch of two)", n)
+	}
 	// Through the API: the reason, the limit and when to retry.
 	tok, _ := os.ReadFile(a)
 	conn, ctx := dialHome(t, h.Home, "broker.sock", strings.TrimSpace(string(tok)))

@@ -1,13 +1,16 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -153,7 +156,8 @@ curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
 		if code != 0 {
 			t.Fatalf("explain: exit %d\n%s%s", code, out, errOut)
 		}
-		for _, want := range []string{"network: proxy:", "relay: 127.0.0.1:3128", "allowed: --allow-host " + allowed, "allowed: --allow-domain *.allowed.test", "/run/sandbox/egress.sock"} {
+		for _, want := range []string{"network: proxy:", "relay: 127.0.0.1:3128", "allowed: --allow-host " + allowed, "allowed: --allow-domain *.allowed.test", "/run/sandbox/egress.sock",
+			"egress limits: at most 64 connections at once", "egress decisions: to sandbox run's stderr"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("explain lacks %q:\n%s", want, out)
 			}
@@ -169,15 +173,11 @@ curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
 	}
 }
 
-// TestSandboxNetworkAudit: with --audit-token-file every egress decision
-// is in the broker as network.egress on the session's task, recorded by
-// the launcher; the session's own grant cannot record that type.
-func TestSandboxNetworkAudit(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes a group and runs the session as a uid of its own")
-	}
-	requireTools(t, "/usr/bin/curl")
-	group := "bh-net-" + randSuffix()
+// tempGroup makes a group (for bushostd's sockets, so that a session's
+// uid may connect) and removes it at the end of the test.
+func tempGroup(t *testing.T, prefix string) string {
+	t.Helper()
+	group := prefix + randSuffix()
 	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
 		t.Fatalf("groupadd: %v\n%s", err, out)
 	}
@@ -186,7 +186,18 @@ func TestSandboxNetworkAudit(t *testing.T) {
 			t.Errorf("groupdel %s: %v\n%s", group, err, out)
 		}
 	})
-	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
+	return group
+}
+
+// TestSandboxNetworkAudit: with --audit-token-file every egress decision
+// is in the broker as network.egress on the session's task, recorded by
+// the launcher; the session's own grant cannot record that type.
+func TestSandboxNetworkAudit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as a uid of its own")
+	}
+	requireTools(t, "/usr/bin/curl")
+	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", tempGroup(t, "bh-net-")}})
 	h.AddProject(t, "acme", "web")
 	sessionToken := h.Grant(t, "acme", "web", "t1", "coder", "event.record")
 	auditToken := filepath.Join(filepath.Dir(h.Home), "audit-"+randSuffix())
@@ -239,29 +250,62 @@ bushost event record --type network.other; echo "reserved=$?"
 	if strings.Contains(errOut, "network.egress allowed") {
 		t.Errorf("decisions on stderr although audited:\n%s", errOut)
 	}
+	// One event per decision and one per close, each with the launcher
+	// as its actor; the close names the connection its decision did.
 	events := h.Must(t, "events", "--task", "t1", "--json")
-	var egress []string
-	for _, line := range strings.Split(events, "\n") {
-		if strings.Contains(line, `"type":"network.egress"`) {
-			egress = append(egress, line)
-		}
+	type egressData struct {
+		Conn      int64  `json:"conn"`
+		Host      string `json:"host"`
+		Port      int    `json:"port"`
+		Decision  string `json:"decision"`
+		Rule, Why string
+		BytesIn   *int64 `json:"bytes_in"`
+		BytesOut  *int64 `json:"bytes_out"`
+		Decisions any    `json:"decisions"`
 	}
-	all := strings.Join(egress, "\n")
-	_, allowedPort, _ := net.SplitHostPort(allowed)
-	_, otherPort, _ := net.SplitHostPort(other)
-	for _, want := range []string{
-		`"decision":"allowed","host":"127.0.0.1","port":` + allowedPort,
-		`"decision":"denied","host":"127.0.0.1","port":` + otherPort,
-		`"decision":"closed"`,
-		`EGRESS_DENIED: ` + other + ` is not named by --allow-host`,
-		`"bytes_in":`,
-	} {
-		if !strings.Contains(all, want) {
-			t.Errorf("network.egress events lack %q:\n%s", want, events)
+	var egress []egressData
+	for _, line := range strings.Split(strings.TrimSpace(events), "\n") {
+		var ev struct {
+			Type, Actor string
+			Data        egressData
 		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("events --json: %v: %s", err, line)
+		}
+		if ev.Type != "network.egress" {
+			continue
+		}
+		if ev.Data.Decisions != nil || ev.Data.Decision == "" {
+			t.Errorf("a network.egress event that is not one decision: %s", line)
+		}
+		if ev.Actor == "" || strings.Contains(line, `"decisions":[]`) {
+			t.Errorf("the session's own network.egress was recorded: %s", line)
+		}
+		egress = append(egress, ev.Data)
 	}
-	if strings.Contains(all, `"decisions":[]`) {
-		t.Errorf("the session's own network.egress was recorded:\n%s", all)
+	allowedPort, _ := strconv.Atoi(allowed[strings.LastIndex(allowed, ":")+1:])
+	otherPort, _ := strconv.Atoi(other[strings.LastIndex(other, ":")+1:])
+	find := func(decision string, port int) *egressData {
+		for i := range egress {
+			if egress[i].Decision == decision && egress[i].Port == port {
+				return &egress[i]
+			}
+		}
+		t.Errorf("no network.egress %s for port %d:\n%s", decision, port, events)
+		return nil
+	}
+	ok, denied, closed := find("allowed", allowedPort), find("denied", otherPort), find("closed", allowedPort)
+	if len(egress) != 3 {
+		t.Errorf("%d network.egress events, want 3 (allowed, denied, closed):\n%s", len(egress), events)
+	}
+	if ok != nil && (ok.Host != "127.0.0.1" || ok.Rule != "--allow-host "+allowed || ok.Conn == 0) {
+		t.Errorf("allowed: %+v", *ok)
+	}
+	if denied != nil && ok != nil && (!strings.Contains(denied.Why, "EGRESS_DENIED: "+other+" is not named by --allow-host") || denied.Conn == ok.Conn) {
+		t.Errorf("denied: %+v", *denied)
+	}
+	if closed != nil && ok != nil && (closed.Conn != ok.Conn || closed.BytesIn == nil || *closed.BytesIn == 0 || closed.BytesOut == nil || *closed.BytesOut == 0) {
+		t.Errorf("closed: %+v, want conn %d and bytes each way", *closed, ok.Conn)
 	}
 
 	// An audit token the session could read is refused before the launch.
@@ -275,4 +319,285 @@ bushost event record --type network.other; echo "reserved=$?"
 	if out, errOut, code := runSandbox(t, sb, append(bad, "true")...); code != 125 || !strings.Contains(errOut, "which the session sees") {
 		t.Errorf("audit token in the workspace: exit %d, want 125\n%s%s", code, out, errOut)
 	}
+}
+
+// holdServer listens on the host's 127.0.0.1 and holds each connection
+// open, saying nothing, until its client closes it; it sends on ended
+// each time one has ended.
+func holdServer(t *testing.T) (string, <-chan struct{}) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{}, 64)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(io.Discard, c)
+				ended <- struct{}{}
+			}()
+		}
+	}()
+	t.Cleanup(func() { l.Close() })
+	return l.Addr().String(), ended
+}
+
+// egressClient is run in a session: it opens connections through the
+// relay to the host:port in argv[1] with CONNECT and prints what the
+// proxy answered, then does what argv[2] says.
+const egressClient = `
+import socket, sys, time
+target, mode = sys.argv[1], sys.argv[2]
+def connect():
+    s = socket.create_connection(("127.0.0.1", 3128), 10)
+    s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
+    s.settimeout(30)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        b = s.recv(4096)
+        if not b:
+            break
+        head += b
+    return s, head.decode(errors="replace")
+if mode == "limit":
+    held = []
+    for i in range(2):
+        s, head = connect()
+        print("conn%d: %s" % (i, head.split("\r\n")[0]))
+        held.append(s)
+    s, head = connect()
+    print("over: " + head.replace("\r\n", " | "))
+    rest = s.recv(4096).decode(errors="replace")
+    print("over-body: " + rest.strip())
+    s.close()
+    # One closed, its slot is free again: the proxy releases it once
+    # both ends are done, so try until it is (bounded by the test).
+    held.pop().close()
+    for attempt in range(200):
+        s, head = connect()
+        if head.startswith("HTTP/1.1 200"):
+            print("after-close: 200")
+            break
+        s.close()
+        time.sleep(0.05)
+    else:
+        print("after-close: never")
+elif mode == "idle":
+    s, head = connect()
+    print("idle-conn: " + head.split("\r\n")[0])
+    # Silent both ways: the proxy closes it after --egress-idle (and at
+    # most 1.5x); the 30 s timeout is the test's bound, not its wait.
+    try:
+        print("idle-read: %r" % s.recv(1))
+    except socket.timeout:
+        print("idle-read: still open after 30s")
+`
+
+// TestSandboxNetworkLimits: the egress proxy refuses a connection over
+// --egress-conns with its reason, takes one again once a slot is free,
+// and cuts a connection idle for --egress-idle both ways.
+func TestSandboxNetworkLimits(t *testing.T) {
+	requireTools(t, "/usr/bin/python3")
+	e := newSandboxEnv(t)
+	target, ended := holdServer(t)
+	before := egressDirs(t)
+
+	t.Run("conns", func(t *testing.T) {
+		out, errOut, code := e.runIn(t, []string{"--net=proxy", "--allow-host", target, "--egress-conns", "2"},
+			"/usr/bin/python3", "-c", egressClient, target, "limit")
+		if code != 0 {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+		for _, want := range []string{
+			"conn0: HTTP/1.1 200 Connection established",
+			"conn1: HTTP/1.1 200 Connection established",
+			"over: HTTP/1.1 503 Service Unavailable",
+			"EGRESS_CONNECTIONS_EXHAUSTED: the session holds 2 connections, the most --egress-conns allows",
+			"after-close: 200",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("session output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
+			}
+		}
+		if !strings.Contains(errOut, "network.egress denied connection 3: EGRESS_CONNECTIONS_EXHAUSTED: over --egress-conns 2") {
+			t.Errorf("the refusal is not among run's decisions:\n%s", errOut)
+		}
+	})
+
+	t.Run("idle", func(t *testing.T) {
+		// Drain what the first subtest's connections left.
+		for len(ended) > 0 {
+			<-ended
+		}
+		out, errOut, code := e.runIn(t, []string{"--net=proxy", "--allow-host", target, "--egress-idle", "1s"},
+			"/usr/bin/python3", "-c", egressClient, target, "idle")
+		if code != 0 {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+		for _, want := range []string{"idle-conn: HTTP/1.1 200 Connection established", "idle-read: b''"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("session output lacks %q (the idle connection was not cut):\n%s\nstderr:\n%s", want, out, errOut)
+			}
+		}
+		// The host's end was closed too, not only the session's.
+		select {
+		case <-ended:
+		case <-time.After(30 * time.Second):
+			t.Errorf("the server's end of the idle connection is still open")
+		}
+		if !strings.Contains(errOut, "network.egress closed "+target+": 0 bytes out, 0 bytes in") {
+			t.Errorf("run's stderr lacks the idle connection's close:\n%s", errOut)
+		}
+	})
+
+	for _, d := range egressDirs(t) {
+		if !slices.Contains(before, d) {
+			t.Errorf("left behind: %s", d)
+		}
+	}
+}
+
+// auditedSession starts bushostd with args, prepares a session on task t1
+// with event.record, and returns the host and `sandbox run`'s flags up to
+// "--": --net=proxy allowing the returned server, decisions recorded with
+// a network.audit grant.
+func auditedSession(t *testing.T, args ...string) (*Host, []string, string) {
+	t.Helper()
+	h := startHostWith(t, hostOpts{Args: append([]string{"--socket-group", tempGroup(t, "bh-net-")}, args...)})
+	h.AddProject(t, "acme", "web")
+	sessionToken := h.Grant(t, "acme", "web", "t1", "coder", "event.record")
+	base := filepath.Dir(h.Home)
+	auditToken := filepath.Join(base, "audit-"+randSuffix())
+	h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "launcher",
+		"--cap", "network.audit", "--out", auditToken)
+	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := runSandbox(t, bin(t, "sandbox"), "prepare", "--run-dir", run, "--business", "acme", "--project", "web",
+		"--task", "t1", "--role", "coder", "--caps", "event.record", "--token-file", sessionToken); code != 0 {
+		t.Fatalf("prepare: exit %d\n%s%s", code, out, errOut)
+	}
+	allowed, _ := countingServer(t)
+	return h, []string{"run", "--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "event.record",
+		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--bushost", bin(t, "bushost"),
+		"--net=proxy", "--allow-host", allowed, "--audit-token-file", auditToken, "--"}, allowed
+}
+
+// egressEvents returns the data of task t1's network.egress events and
+// the peers that recorded them.
+func egressEvents(t *testing.T, h *Host) (decisions []map[string]any, peers map[string]bool) {
+	t.Helper()
+	peers = map[string]bool{}
+	for _, line := range strings.Split(h.Must(t, "events", "--task", "t1", "--json"), "\n") {
+		var ev struct {
+			Type, Peer string
+			Data       map[string]any
+		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("events --json: %v: %s", err, line)
+		}
+		if ev.Type != "network.egress" {
+			continue
+		}
+		decisions = append(decisions, ev.Data)
+		pid, _, _ := strings.Cut(ev.Peer, ",")
+		peers[pid] = true
+	}
+	return decisions, peers
+}
+
+// TestSandboxNetworkAuditBatched: a chatty session's decisions are each
+// an event of their own, written in batches (one bushost call, so one
+// peer, holds many), and counted against network.egress's own bound: the
+// session past its own event quota (--event-rate 1) loses none of them.
+func TestSandboxNetworkAuditBatched(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as a uid of its own")
+	}
+	requireTools(t, "/usr/bin/curl")
+	h, flags, allowed := auditedSession(t, "--event-rate", "1")
+	other, otherHits := countingServer(t)
+	const n = 40
+	out, errOut, code := runSandbox(t, bin(t, "sandbox"), append(flags, "sh", "-c", `
+bushost event record --type note >/dev/null; echo "note1=$?"
+bushost event record --type note >/dev/null 2>&1; echo "note2=$?"
+curl -sS http://`+allowed+`/ >/dev/null; echo "allowed=$?"
+i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do curl -s -o /dev/null -w '%{http_code}\n' http://`+other+`/; i=$((i+1)); done | sort | uniq -c
+`)...)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{"note1=0", "note2=7", "allowed=0", strconv.Itoa(n) + " 403"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("session output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
+		}
+	}
+	if otherHits.Load() != 0 {
+		t.Errorf("the server not allowed was reached")
+	}
+	if strings.Contains(errOut, "unrecorded") {
+		t.Errorf("decisions the broker refused:\n%s", errOut)
+	}
+	decisions, peers := egressEvents(t, h)
+	denied := 0
+	for _, d := range decisions {
+		if d["decision"] == "denied" {
+			denied++
+		}
+	}
+	if denied != n || len(decisions) != n+2 {
+		t.Errorf("%d network.egress events, %d of them denied; want %d, %d (each decision and close its own event)", len(decisions), denied, n+2, n)
+	}
+	// Each bushost call the launcher made is one peer: fewer calls than
+	// events means the writes were batched.
+	if len(peers) >= len(decisions) {
+		t.Errorf("%d events in %d calls: not batched", len(decisions), len(peers))
+	}
+	t.Logf("%d network.egress events in %d RecordEvents calls", len(decisions), len(peers))
+}
+
+// TestSandboxNetworkAuditOverBound: past network.egress's own bound
+// (--egress-event-rate 4), a batch the broker refuses is not lost: each of
+// its decisions is a line on run's stderr, so every decision is in the
+// log or there, and the session's connections go on as before.
+func TestSandboxNetworkAuditOverBound(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as a uid of its own")
+	}
+	requireTools(t, "/usr/bin/curl")
+	h, flags, _ := auditedSession(t, "--egress-event-rate", "4")
+	other, _ := countingServer(t)
+	const n = 10
+	out, errOut, code := runSandbox(t, bin(t, "sandbox"), append(flags, "sh", "-c", `
+i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do curl -s -o /dev/null -w '%{http_code}\n' http://`+other+`/; i=$((i+1)); done | sort | uniq -c
+`)...)
+	if code != 0 || !strings.Contains(out, strconv.Itoa(n)+" 403") {
+		t.Fatalf("exit %d: want %d refusals\n%s%s", code, n, out, errOut)
+	}
+	decisions, _ := egressEvents(t, h)
+	inLog, told := 0, -1.0
+	for _, d := range decisions {
+		switch d["decision"] {
+		case "denied":
+			inLog++
+		case "unrecorded":
+			told, _ = d["dropped"].(float64)
+		}
+	}
+	onStderr := strings.Count(errOut, `network.egress unrecorded {"conn":`)
+	if inLog+onStderr != n || onStderr == 0 || !strings.Contains(errOut, "EVENT_RATE_EXCEEDED") {
+		t.Errorf("%d decisions in the log and %d on stderr, want %d in all, some refused EVENT_RATE_EXCEEDED:\n%s", inLog, onStderr, n, errOut)
+	}
+	// The log says how many it lacks, when the bound left room for that.
+	if told != -1 && int(told) != onStderr {
+		t.Errorf("the log says %v decisions were not recorded; stderr has %d", told, onStderr)
+	}
+	t.Logf("%d decisions in the log, %d on stderr; events: %v", inLog, onStderr, decisions)
 }

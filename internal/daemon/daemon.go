@@ -68,6 +68,10 @@ type Options struct {
 	MaxProjectBytes int64
 	EventRate       int
 	EventBytesRate  int64
+	// EgressRate and EgressBytesRate: network.egress's own bound, per
+	// launcher grant and minute.
+	EgressRate      int
+	EgressBytesRate int64
 	// NoObjectChecks turns the streaming object checks off, for the
 	// benchmark that measures what they cost; never in service.
 	NoObjectChecks bool
@@ -140,7 +144,7 @@ func Serve(ctx context.Context, o Options) error {
 	log := o.Logger
 	if o.MaxBundleBytes < 0 || o.DrainTimeout < 0 ||
 		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxPackObjects < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
-		o.EventRate < 0 || o.EventBytesRate < 0 || o.Observe.DrainGrace < 0 {
+		o.EventRate < 0 || o.EventBytesRate < 0 || o.EgressRate < 0 || o.EgressBytesRate < 0 || o.Observe.DrainGrace < 0 {
 		return errors.New("limits must not be negative")
 	}
 	if o.Committer != "" {
@@ -189,7 +193,8 @@ func Serve(ctx context.Context, o Options) error {
 	if dsn == "" {
 		dsn = filepath.Join(o.Home, BrokerDB)
 	}
-	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID,
+	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate,
+		EgressRate: o.EgressRate, EgressBytesRate: o.EgressBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID,
 		ReposDir: filepath.Join(o.Home, ReposDir)})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)

@@ -34,6 +34,7 @@ func (o *Options) addBoundFlags(fs *pflag.FlagSet) {
 	o.MaxObjectBytes, o.MaxCommitBytes, o.MaxTreeBytes = gitd.DefaultMaxObjectBytes, gitd.DefaultMaxCommitBytes, gitd.DefaultMaxTreeBytes
 	o.MaxTaskBytes, o.MaxProjectBytes = gitd.DefaultMaxTaskBytes, gitd.DefaultMaxProjectBytes
 	o.EventBytesRate = broker.DefaultEventBytesRate
+	o.EgressBytesRate = broker.DefaultEgressBytesRate
 	fs.Var(size.Value{P: &o.MaxObjectBytes}, "max-object-bytes", "largest blob a push may carry, inflated")
 	fs.Var(size.Value{P: &o.MaxCommitBytes}, "max-commit-bytes", "largest commit or tag a push may carry, inflated")
 	fs.Var(size.Value{P: &o.MaxTreeBytes}, "max-tree-bytes", "largest tree a push may carry, inflated")
@@ -42,6 +43,8 @@ func (o *Options) addBoundFlags(fs *pflag.FlagSet) {
 	fs.Var(size.Value{P: &o.MaxProjectBytes}, "max-project-bytes", "size of a project's repository that pushes may reach")
 	fs.IntVar(&o.EventRate, "event-rate", broker.DefaultEventRate, "events one grant may record per minute")
 	fs.Var(size.Value{P: &o.EventBytesRate}, "event-bytes-rate", "bytes (type and data) one grant may record per minute")
+	fs.IntVar(&o.EgressRate, "egress-event-rate", broker.DefaultEgressRate, "network.egress events one launcher grant may record per minute, apart from --event-rate")
+	fs.Var(size.Value{P: &o.EgressBytesRate}, "egress-event-bytes-rate", "bytes of network.egress events one launcher grant may record per minute, apart from --event-bytes-rate")
 	fs.BoolVar(&o.NoObjectChecks, "bench-no-object-checks", false, "benchmark only: skip the streaming object size checks")
 	fs.MarkHidden("bench-no-object-checks")
 }

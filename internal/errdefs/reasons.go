@@ -93,13 +93,14 @@ const (
 	BundleRefNotCommit    Reason = "BUNDLE_REF_NOT_COMMIT"
 
 	// Limits.
-	BundleTooLarge    Reason = "BUNDLE_TOO_LARGE"
-	DiskFull          Reason = "DISK_FULL"
-	PushIdle          Reason = "PUSH_IDLE"
-	TooManyConns      Reason = "TOO_MANY_CONNECTIONS"
-	TooManyCalls      Reason = "TOO_MANY_CALLS"
-	CommentTooLarge   Reason = "COMMENT_TOO_LARGE"
-	EventDataTooLarge Reason = "EVENT_DATA_TOO_LARGE"
+	BundleTooLarge     Reason = "BUNDLE_TOO_LARGE"
+	DiskFull           Reason = "DISK_FULL"
+	PushIdle           Reason = "PUSH_IDLE"
+	TooManyConns       Reason = "TOO_MANY_CONNECTIONS"
+	TooManyCalls       Reason = "TOO_MANY_CALLS"
+	CommentTooLarge    Reason = "COMMENT_TOO_LARGE"
+	EventDataTooLarge  Reason = "EVENT_DATA_TOO_LARGE"
+	EventBatchTooLarge Reason = "EVENT_BATCH_TOO_LARGE"
 
 	GitDirUnsafe        Reason = "GIT_DIR_UNSAFE"
 	AgentProcessRunning Reason = "AGENT_PROCESS_RUNNING"

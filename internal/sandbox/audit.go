@@ -1,12 +1,14 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,8 +16,9 @@ import (
 
 // Egress audit bounds: a batch is flushed every auditEvery or at
 // auditBatch decisions, whichever comes first; at most auditQueue wait,
-// and what a session sends beyond that is counted as dropped in the next
-// batch rather than slowing its connections.
+// and what a session sends beyond that is counted in a "dropped" event of
+// the next batch rather than slowing its connections. A batch is within
+// the broker's (broker.MaxBatchEvents, 256).
 const (
 	auditEvery = time.Second
 	auditBatch = 64
@@ -23,29 +26,37 @@ const (
 	auditCall  = 10 * time.Second
 )
 
-// decision is one egress decision, or one connection's close.
+// decision is one egress decision, or one connection's close: one
+// network.egress event each. Conn numbers the session's connections to
+// the proxy, so a close is matched with its decision.
 type decision struct {
-	Host     string `json:"host"`
-	Port     int    `json:"port"`
+	Conn     int64  `json:"conn,omitempty"`
+	Host     string `json:"host,omitempty"`
+	Port     int    `json:"port,omitempty"`
 	Addr     string `json:"addr,omitempty"`
-	Decision string `json:"decision"` // allowed, denied, unreachable, closed
+	Decision string `json:"decision"` // allowed, denied, unreachable, closed, dropped, unrecorded
 	Rule     string `json:"rule,omitempty"`
 	Why      string `json:"why,omitempty"`
 	BytesOut int64  `json:"bytes_out,omitempty"`
 	BytesIn  int64  `json:"bytes_in,omitempty"`
+	Dropped  int64  `json:"dropped,omitempty"`
 	Time     string `json:"time"`
 }
 
 // auditor records a session's egress decisions in the broker as
 // network.egress events on the task of the audit grant, with the bushost
-// client and a token the session never sees. One event holds a batch of
-// decisions, so a chatty session costs the log one append a second.
+// client and a token the session never sees: one event per decision and
+// per close, written in batches (RecordEvents, one transaction), so a
+// chatty session costs the log one append a second.
 type auditor struct {
 	bushost, home, token string
 	log                  io.Writer
 	queue                chan decision
 	dropped              atomic.Int64
-	done                 sync.WaitGroup
+	// unrecorded counts the decisions of batches the broker did not take
+	// (run's goroutine only), told in an event of the next batch it does.
+	unrecorded int64
+	done       sync.WaitGroup
 }
 
 func startAuditor(bushost, brokerSocket, tokenFile string, log io.Writer) *auditor {
@@ -80,6 +91,11 @@ func (a *auditor) run() {
 		case d, ok := <-a.queue:
 			if !ok {
 				a.flush(batch)
+				if a.unrecorded > 0 {
+					// The last batch was refused whole (a batch past
+					// the bound never fits): say so in one event.
+					a.flush(nil)
+				}
 				return
 			}
 			if batch = append(batch, d); len(batch) >= auditBatch {
@@ -94,22 +110,42 @@ func (a *auditor) run() {
 }
 
 func (a *auditor) flush(batch []decision) {
-	dropped := a.dropped.Swap(0)
-	if len(batch) == 0 && dropped == 0 {
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	dropped, unrecorded := a.dropped.Swap(0), a.unrecorded
+	a.unrecorded = 0
+	events := slices.Clip(batch)
+	if dropped > 0 {
+		events = append(events, decision{Decision: "dropped", Dropped: dropped, Time: now,
+			Why: fmt.Sprintf("more than %d decisions waited for the broker", auditQueue)})
+	}
+	if unrecorded > 0 {
+		events = append(events, decision{Decision: "unrecorded", Dropped: unrecorded, Time: now,
+			Why: "the broker did not take an earlier batch: its decisions are on sandbox run's stderr"})
+	}
+	if len(events) == 0 {
 		return
 	}
-	data, err := json.Marshal(struct {
-		Decisions []decision `json:"decisions"`
-		Dropped   int64      `json:"dropped,omitempty"`
-	}{batch, dropped})
-	if err != nil {
-		return
+	var lines bytes.Buffer
+	enc := json.NewEncoder(&lines)
+	for _, d := range events {
+		if err := enc.Encode(d); err != nil {
+			return
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), auditCall)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, a.bushost, "--home", a.home, "--token-file", a.token,
-		"event", "record", "--type", "network.egress", "--data", string(data))
+		"event", "record", "--type", "network.egress", "--batch", "-")
+	cmd.Stdin = &lines
 	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(a.log, "sandbox: network.egress: record %d decisions in the broker: %v: %s", len(batch), err, out)
+		// Not in the log, then, but not lost: each goes to stderr, and
+		// the next batch the broker takes says how many did.
+		a.dropped.Add(dropped)
+		a.unrecorded = unrecorded + int64(len(batch))
+		fmt.Fprintf(a.log, "sandbox: network.egress: record %d events in the broker: %v: %s", len(events), err, out)
+		for _, d := range batch {
+			data, _ := json.Marshal(d)
+			fmt.Fprintf(a.log, "sandbox: network.egress unrecorded %s\n", data)
+		}
 	}
 }

@@ -40,6 +40,9 @@ type egressProxy struct {
 	mu    sync.Mutex
 	conns map[net.Conn]bool
 	logMu sync.Mutex
+	// lastConn numbers the session's connections to the proxy (the
+	// decision's conn).
+	lastConn atomic.Int64
 }
 
 // egressHandshake bounds how long a client may take to say where it goes.
@@ -132,6 +135,11 @@ func (e *egressProxy) record(d decision) {
 	case "unreachable":
 		e.logf("allowed %s (%s) but unreachable: %s", t, d.Rule, d.Why)
 	default:
+		if d.Host == "" {
+			// Refused before it said where it goes.
+			e.logf("%s connection %d: %s", d.Decision, d.Conn, d.Why)
+			return
+		}
 		e.logf("%s %s: %s", d.Decision, t, d.Why)
 	}
 }
@@ -157,11 +165,12 @@ func (e *egressProxy) serve() {
 		if err != nil {
 			return
 		}
+		id := e.lastConn.Add(1)
 		select {
 		case e.slots <- struct{}{}:
 		default:
 			// Over the bound: the client gets the reason in its protocol.
-			e.record(decision{Decision: "denied", Why: fmt.Sprintf("%s: over --egress-conns %d", ReasonEgressConnections, e.maxConns)})
+			e.record(decision{Conn: id, Decision: "denied", Why: fmt.Sprintf("%s: over --egress-conns %d", ReasonEgressConnections, e.maxConns)})
 			e.wg.Add(1)
 			go func() {
 				defer e.wg.Done()
@@ -182,7 +191,7 @@ func (e *egressProxy) serve() {
 			defer func() { <-e.slots }()
 			defer e.track(c, false)
 			defer c.Close()
-			e.handle(c)
+			e.handle(c, id)
 		}()
 	}
 }
@@ -209,7 +218,7 @@ type target struct {
 
 func (t target) String() string { return net.JoinHostPort(t.host, strconv.Itoa(t.port)) }
 
-func (e *egressProxy) handle(c net.Conn) {
+func (e *egressProxy) handle(c net.Conn, id int64) {
 	c.SetDeadline(time.Now().Add(egressHandshake))
 	br := bufio.NewReaderSize(c, 4096)
 	first, err := br.Peek(1)
@@ -217,14 +226,14 @@ func (e *egressProxy) handle(c net.Conn) {
 		return
 	}
 	if first[0] == 5 {
-		e.socks(c, br)
+		e.socks(c, br, id)
 		return
 	}
-	e.httpProxy(c, br)
+	e.httpProxy(c, br, id)
 }
 
 // socks serves one SOCKS5 CONNECT (RFC 1928), without authentication.
-func (e *egressProxy) socks(c net.Conn, br *bufio.Reader) {
+func (e *egressProxy) socks(c net.Conn, br *bufio.Reader, id int64) {
 	var hdr [2]byte
 	if _, err := io.ReadFull(br, hdr[:]); err != nil {
 		return
@@ -277,7 +286,7 @@ func (e *egressProxy) socks(c net.Conn, br *bufio.Reader) {
 		return
 	}
 	t.port = int(binary.BigEndian.Uint16(port[:]))
-	up, why := e.connect(t)
+	up, why := e.connect(id, t)
 	if up == nil {
 		if strings.HasPrefix(why, ReasonEgressDenied) {
 			reply(2) // connection not allowed by ruleset
@@ -287,13 +296,13 @@ func (e *egressProxy) socks(c net.Conn, br *bufio.Reader) {
 		return
 	}
 	reply(0)
-	e.pipe(c, br, up, t, 0)
+	e.pipe(c, br, up, id, t, 0)
 }
 
 // httpProxy serves one HTTP proxy request: CONNECT, or a plain request in
 // absolute form, sent on with "Connection: close" so every request on the
 // connection is decided anew.
-func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader) {
+func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 	req, err := http.ReadRequest(bufio.NewReader(io.LimitReader(br, maxRequestHead)))
 	if err != nil {
 		writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: not an HTTP proxy request or a SOCKS5 greeting")
@@ -322,7 +331,7 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader) {
 		return
 	}
 	t = target{host: h, port: port}
-	up, why := e.connect(t)
+	up, why := e.connect(id, t)
 	if up == nil {
 		code := http.StatusBadGateway
 		if strings.HasPrefix(why, ReasonEgressDenied) {
@@ -336,7 +345,7 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader) {
 			up.Close()
 			return
 		}
-		e.pipe(c, br, up, t, 0)
+		e.pipe(c, br, up, id, t, 0)
 		return
 	}
 	req.Header.Del("Proxy-Connection")
@@ -354,7 +363,7 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader) {
 		up.Close()
 		return
 	}
-	e.pipe(c, br, up, t, cw.n)
+	e.pipe(c, br, up, id, t, cw.n)
 }
 
 func writeHTTPRefusal(c net.Conn, code int, msg string) {
@@ -365,10 +374,10 @@ func writeHTTPRefusal(c net.Conn, code int, msg string) {
 
 // connect decides, resolves and dials. It returns the connection, or nil
 // and why not; a refusal by the policy starts with ReasonEgressDenied.
-func (e *egressProxy) connect(t target) (net.Conn, string) {
+func (e *egressProxy) connect(id int64, t target) (net.Conn, string) {
 	ips, rule, why := e.decide(t)
 	if ips == nil {
-		e.record(decision{Host: t.host, Port: t.port, Decision: "denied", Why: why})
+		e.record(decision{Conn: id, Host: t.host, Port: t.port, Decision: "denied", Why: why})
 		return nil, why
 	}
 	var lastErr error
@@ -376,12 +385,12 @@ func (e *egressProxy) connect(t target) (net.Conn, string) {
 		d := net.Dialer{Timeout: egressHandshake}
 		up, err := d.Dial("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(t.port)))
 		if err == nil {
-			e.record(decision{Host: t.host, Port: t.port, Addr: ip.String(), Decision: "allowed", Rule: rule})
+			e.record(decision{Conn: id, Host: t.host, Port: t.port, Addr: ip.String(), Decision: "allowed", Rule: rule})
 			return up, ""
 		}
 		lastErr = err
 	}
-	e.record(decision{Host: t.host, Port: t.port, Decision: "unreachable", Rule: rule, Why: lastErr.Error()})
+	e.record(decision{Conn: id, Host: t.host, Port: t.port, Decision: "unreachable", Rule: rule, Why: lastErr.Error()})
 	return nil, fmt.Sprintf("%s is allowed (%s) but could not be reached: %v", t, rule, lastErr)
 }
 
@@ -447,7 +456,7 @@ func (e *egressProxy) resolve(name string) ([]net.IP, error) {
 
 // pipe copies both ways until either side closes or the connection has
 // been idle for e.idle, then logs the bytes each way.
-func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, t target, sent int64) {
+func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, t target, sent int64) {
 	if !e.track(up, true) {
 		up.Close()
 		return
@@ -493,7 +502,7 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, t target, 
 	}()
 	copyDir(up, br, c, &out)
 	<-done
-	e.record(decision{Host: t.host, Port: t.port, Decision: "closed", BytesOut: out.Load(), BytesIn: in.Load()})
+	e.record(decision{Conn: id, Host: t.host, Port: t.port, Decision: "closed", BytesOut: out.Load(), BytesIn: in.Load()})
 }
 
 // readHostsFile reads a hosts(5) file: ADDRESS NAME... per line, # starts

@@ -65,6 +65,8 @@ func explain(w io.Writer, p *Plan, asJSON bool) error {
 		for _, a := range p.Network.Allowed {
 			fmt.Fprintf(w, "allowed: %s: %s\n", a.Rule, a.Why)
 		}
+		fmt.Fprintf(w, "egress limits: %s\n", p.Network.Limits)
+		fmt.Fprintf(w, "egress decisions: to %s\n", p.Network.Audit)
 	}
 	fmt.Fprintf(w, "namespaces: %s\n", strings.Join(p.Namespaces, " "))
 	fmt.Fprintf(w, "env: %s\n", strings.Join(envNames(p.Env), " "))

@@ -193,8 +193,13 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case NetNone:
 		p.Network.Why = "a network namespace of its own with only a loopback: no route anywhere"
 	case NetProxy:
-		p.Network.Why = "a network namespace of its own with only a loopback, where pid 1 relays " + relayAddr + " (HTTP with CONNECT, SOCKS5) to the egress proxy run keeps outside, which allows only what is listed here, resolves names itself and logs every decision to run's stderr"
+		p.Network.Why = "a network namespace of its own with only a loopback, where pid 1 relays " + relayAddr + " (HTTP with CONNECT, SOCKS5) to the egress proxy run keeps outside, which allows only what is listed here and resolves names itself"
 		p.Network.Relay = relayAddr
+		p.Network.Limits = fmt.Sprintf("at most %d connections at once (--egress-conns; one more gets HTTP 503 EGRESS_CONNECTIONS_EXHAUSTED), each closed once idle both ways for %s (--egress-idle)", cfg.EgressConns, cfg.EgressIdle)
+		p.Network.Audit = "sandbox run's stderr, a line per decision and per close (no --audit-token-file)"
+		if cfg.AuditTokenFile != "" {
+			p.Network.Audit = "the broker: a network.egress event per decision and per close, on the task of " + cfg.AuditTokenFile + "'s grant (network.audit), written in batches; the session cannot read that token"
+		}
 		for _, d := range cfg.AllowDomains {
 			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "given on the command line: the name (or every name under *.), any port, when it resolves to public addresses only"})
 		}
@@ -268,6 +273,9 @@ type Network struct {
 	Why     string    `json:"why"`
 	Relay   string    `json:"relay,omitempty"`
 	Allowed []Allowed `json:"allowed,omitempty"`
+	// Limits are the egress proxy's; Audit says where its decisions go.
+	Limits string `json:"limits,omitempty"`
+	Audit  string `json:"audit,omitempty"`
 }
 
 // Allowed is one rule of the egress policy, and where it comes from.

@@ -638,3 +638,60 @@ func TestExplainLimits(t *testing.T) {
 		t.Errorf("explain does not say %q:\n%s", want, text.String())
 	}
 }
+
+// TestExplainNetwork: explain names the network mode and why; with
+// --net=proxy, the relay, each allowed rule with where it comes from and
+// what it allows, the proxy's limits, and where its decisions go.
+func TestExplainNetwork(t *testing.T) {
+	_, flags := layout(t)
+	token := filepath.Join(t.TempDir(), "audit.token")
+	if err := os.WriteFile(token, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		want  []string
+		not   []string
+	}{
+		{"none", nil, []string{"network: none: a network namespace of its own with only a loopback: no route anywhere"}, []string{"relay:", "allowed:", "egress"}},
+		{"host", []string{"--net=host", "--allow-abstract-sockets"}, []string{"network: host: "}, []string{"relay:", "allowed:", "egress"}},
+		{"proxy, nothing allowed", []string{"--net=proxy"}, []string{
+			"network: proxy: ",
+			"relay: 127.0.0.1:3128 (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY point here; NO_PROXY is empty)",
+			"allowed: nothing (no --allow-domain or --allow-host): every connection is refused",
+			"egress limits: at most 64 connections at once (--egress-conns",
+			"closed once idle both ways for 5m0s (--egress-idle)",
+			"egress decisions: to sandbox run's stderr",
+		}, nil},
+		{"proxy, audited", []string{"--net=proxy", "--allow-domain", "*.example.com", "--allow-host", "127.0.0.1:8080",
+			"--egress-conns", "3", "--egress-idle", "2s", "--audit-token-file", token}, []string{
+			"allowed: --allow-domain *.example.com: given on the command line: the name (or every name under *.), any port, when it resolves to public addresses only",
+			"allowed: --allow-host 127.0.0.1:8080: given on the command line: exactly this host and port, even a loopback or private address",
+			"egress limits: at most 3 connections at once",
+			"idle both ways for 2s (--egress-idle)",
+			"egress decisions: to the broker: a network.egress event per decision and per close, on the task of " + token,
+		}, []string{"allowed: nothing"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := plan(t, append(slices.Clone(flags), tc.extra...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var text strings.Builder
+			if err := Explain(&text, p, false); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(text.String(), w) {
+					t.Errorf("explain lacks %q:\n%s", w, text.String())
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(text.String(), w) {
+					t.Errorf("explain has %q:\n%s", w, text.String())
+				}
+			}
+		})
+	}
+}

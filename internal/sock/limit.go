@@ -1,16 +1,25 @@
 package sock
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/bushost/bushost/internal/errdefs"
 )
@@ -171,17 +180,107 @@ func (l *admitListener) Accept() (net.Conn, error) {
 	}
 }
 
-// refuseConn says why in a GOAWAY (ENHANCE_YOUR_CALM, the message as its
-// debug data) and closes c; a peer that does not read gets cut after a
-// short write deadline.
+// refuseConn tells the peer why in its own terms and closes c. A gRPC
+// client's first call gets the refusal as its status (e's code, reason
+// and retry, as any call's refusal), then a GOAWAY (ENHANCE_YOUR_CALM, the
+// message as its debug data) ends the connection: a bare GOAWAY reaches a
+// gRPC client only as "the connection is draining", and a socket closed
+// under a client still writing its preface fails that write (EPIPE), so
+// neither says why. The exchange is bounded: refuseLinger in all, a few
+// frames, and at most maxLingering refusals at once; past that, c gets the
+// bare GOAWAY and is closed at once.
 func refuseConn(c net.Conn, e *errdefs.Error) {
 	defer c.Close()
-	c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-	fr := http2.NewFramer(c, nil)
+	select {
+	case lingering <- struct{}{}:
+		defer func() { <-lingering }()
+	default:
+		c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		fr := http2.NewFramer(c, nil)
+		if fr.WriteSettings() == nil {
+			fr.WriteGoAway(0, http2.ErrCodeEnhanceYourCalm, []byte(string(e.Reason)+": "+e.Message))
+		}
+		return
+	}
+	c.SetDeadline(time.Now().Add(refuseLinger))
+	fr := http2.NewFramer(c, c)
+	// HTTP/2's smallest frame bound: a refused peer gets no more memory
+	// than that (the default would let it claim 16 MiB a frame).
+	fr.SetMaxReadFrameSize(16 << 10)
 	if fr.WriteSettings() != nil {
 		return
 	}
-	fr.WriteGoAway(0, http2.ErrCodeEnhanceYourCalm, []byte(string(e.Reason)+": "+e.Message))
+	stream := uint32(0)
+	var preface [len(http2.ClientPreface)]byte
+	if _, err := io.ReadFull(c, preface[:]); err == nil && string(preface[:]) == http2.ClientPreface {
+		for i := 0; i < 16 && stream == 0; i++ {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				break
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() && fr.WriteSettingsAck() != nil {
+					return
+				}
+			case *http2.HeadersFrame:
+				stream = f.StreamID
+			}
+		}
+	}
+	if stream != 0 {
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: stream, BlockFragment: grpcRefusal(e), EndStream: true, EndHeaders: true}); err != nil {
+			return
+		}
+	}
+	if fr.WriteGoAway(stream, http2.ErrCodeEnhanceYourCalm, []byte(string(e.Reason)+": "+e.Message)) != nil {
+		return
+	}
+	// Wait for the peer to hang up, so that it reads all of the above.
+	io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+}
+
+// Bounds of a refused connection's exchange (refuseConn).
+const (
+	refuseLinger = time.Second
+	maxLingering = 64
+)
+
+var lingering = make(chan struct{}, maxLingering)
+
+// grpcRefusal is the header block of a trailers-only gRPC response
+// carrying e as its status, as errdefs.ToGRPC would send it.
+func grpcRefusal(e *errdefs.Error) []byte {
+	st := status.Convert(errdefs.ToGRPC(e))
+	var b bytes.Buffer
+	enc := hpack.NewEncoder(&b)
+	fields := [][2]string{
+		{":status", "200"},
+		{"content-type", "application/grpc"},
+		{"grpc-status", strconv.Itoa(int(st.Code()))},
+		{"grpc-message", percentEncode(st.Message())},
+	}
+	if details, err := proto.Marshal(st.Proto()); err == nil {
+		fields = append(fields, [2]string{"grpc-status-details-bin", base64.RawStdEncoding.EncodeToString(details)})
+	}
+	for _, f := range fields {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	return b.Bytes()
+}
+
+// percentEncode encodes grpc-message as the gRPC wire protocol says:
+// bytes outside printable ASCII, and '%', as %XX.
+func percentEncode(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 0x20 && c <= 0x7e && c != '%' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
 }
 
 type countedConn struct {

@@ -183,6 +183,13 @@ func TestConnectionLimit(t *testing.T) {
 	if err == nil {
 		t.Fatal("call on a connection past the limit was served")
 	}
+	// The refused connection's call gets the refusal as its status: the
+	// reason, the limit and when to retry, not "the connection is
+	// draining".
+	if e := errdefs.FromGRPC(err); e.Code != codes.ResourceExhausted || e.Reason != errdefs.TooManyConns || e.Metadata["limit"] != "1" || e.RetryAfter != time.Second {
+		t.Fatalf("call past the connection limit: %v (%+v), want TOO_MANY_CONNECTIONS limit 1", err, e)
+	}
+	waitFor(t, func() bool { return len(lingering) == 0 }, "the refused connection still lingers")
 	if conns, _ := s.adm.Counts(); conns != 1 {
 		t.Fatalf("%d connections counted, want 1", conns)
 	}
@@ -283,5 +290,15 @@ func TestRequestTimeout(t *testing.T) {
 			t.Fatal("the slot was never freed")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitFor polls cond until it holds, failing after ten seconds.
+func waitFor(t *testing.T, cond func() bool, msg string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
 	}
 }

@@ -929,6 +929,96 @@ func (x *RecordEventResponse) GetEvent() *Event {
 	return nil
 }
 
+type RecordEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 256 events, of at most 512 KiB of types and data together.
+	Events        []*RecordEventRequest `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordEventsRequest) Reset() {
+	*x = RecordEventsRequest{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordEventsRequest) ProtoMessage() {}
+
+func (x *RecordEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordEventsRequest.ProtoReflect.Descriptor instead.
+func (*RecordEventsRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RecordEventsRequest) GetEvents() []*RecordEventRequest {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type RecordEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The events recorded, in the order asked.
+	Events        []*Event `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordEventsResponse) Reset() {
+	*x = RecordEventsResponse{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordEventsResponse) ProtoMessage() {}
+
+func (x *RecordEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordEventsResponse.ProtoReflect.Descriptor instead.
+func (*RecordEventsResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RecordEventsResponse) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 type ListEventsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Host only: filter to business/project/task ("" for all). A grant always
@@ -946,7 +1036,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1048,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1061,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{15}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListEventsRequest) GetBusiness() string {
@@ -1018,7 +1108,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1120,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1133,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{16}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListEventsResponse) GetEvent() *Event {
@@ -1065,7 +1155,7 @@ type RecordedHead struct {
 
 func (x *RecordedHead) Reset() {
 	*x = RecordedHead{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1167,7 @@ func (x *RecordedHead) String() string {
 func (*RecordedHead) ProtoMessage() {}
 
 func (x *RecordedHead) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1180,7 @@ func (x *RecordedHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordedHead.ProtoReflect.Descriptor instead.
 func (*RecordedHead) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{17}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RecordedHead) GetSeq() int64 {
@@ -1118,7 +1208,7 @@ type VerifyLogRequest struct {
 
 func (x *VerifyLogRequest) Reset() {
 	*x = VerifyLogRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1220,7 @@ func (x *VerifyLogRequest) String() string {
 func (*VerifyLogRequest) ProtoMessage() {}
 
 func (x *VerifyLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1233,7 @@ func (x *VerifyLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLogRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLogRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{18}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *VerifyLogRequest) GetHeads() []*RecordedHead {
@@ -1173,7 +1263,7 @@ type VerifyLogResponse struct {
 
 func (x *VerifyLogResponse) Reset() {
 	*x = VerifyLogResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1275,7 @@ func (x *VerifyLogResponse) String() string {
 func (*VerifyLogResponse) ProtoMessage() {}
 
 func (x *VerifyLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1288,7 @@ func (x *VerifyLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLogResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLogResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{19}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *VerifyLogResponse) GetOk() bool {
@@ -1258,7 +1348,7 @@ type LogHeadRequest struct {
 
 func (x *LogHeadRequest) Reset() {
 	*x = LogHeadRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1360,7 @@ func (x *LogHeadRequest) String() string {
 func (*LogHeadRequest) ProtoMessage() {}
 
 func (x *LogHeadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1373,7 @@ func (x *LogHeadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogHeadRequest.ProtoReflect.Descriptor instead.
 func (*LogHeadRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{20}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{22}
 }
 
 type LogHeadResponse struct {
@@ -1296,7 +1386,7 @@ type LogHeadResponse struct {
 
 func (x *LogHeadResponse) Reset() {
 	*x = LogHeadResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1398,7 @@ func (x *LogHeadResponse) String() string {
 func (*LogHeadResponse) ProtoMessage() {}
 
 func (x *LogHeadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1411,7 @@ func (x *LogHeadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogHeadResponse.ProtoReflect.Descriptor instead.
 func (*LogHeadResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{21}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LogHeadResponse) GetSeq() int64 {
@@ -1349,7 +1439,7 @@ type ReopenTaskRequest struct {
 
 func (x *ReopenTaskRequest) Reset() {
 	*x = ReopenTaskRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1451,7 @@ func (x *ReopenTaskRequest) String() string {
 func (*ReopenTaskRequest) ProtoMessage() {}
 
 func (x *ReopenTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1464,7 @@ func (x *ReopenTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenTaskRequest.ProtoReflect.Descriptor instead.
 func (*ReopenTaskRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{22}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReopenTaskRequest) GetBusiness() string {
@@ -1408,7 +1498,7 @@ type ReopenTaskResponse struct {
 
 func (x *ReopenTaskResponse) Reset() {
 	*x = ReopenTaskResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1510,7 @@ func (x *ReopenTaskResponse) String() string {
 func (*ReopenTaskResponse) ProtoMessage() {}
 
 func (x *ReopenTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1523,7 @@ func (x *ReopenTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenTaskResponse.ProtoReflect.Descriptor instead.
 func (*ReopenTaskResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{23}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReopenTaskResponse) GetSeq() int64 {
@@ -1455,7 +1545,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1557,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1570,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{24}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListTasksRequest) GetBusiness() string {
@@ -1522,7 +1612,7 @@ type TaskInfo struct {
 
 func (x *TaskInfo) Reset() {
 	*x = TaskInfo{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1624,7 @@ func (x *TaskInfo) String() string {
 func (*TaskInfo) ProtoMessage() {}
 
 func (x *TaskInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1637,7 @@ func (x *TaskInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskInfo.ProtoReflect.Descriptor instead.
 func (*TaskInfo) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{25}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TaskInfo) GetBusiness() string {
@@ -1608,7 +1698,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +1710,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1723,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{26}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListTasksResponse) GetTasks() []*TaskInfo {
@@ -1653,7 +1743,7 @@ type ListProjectsRequest struct {
 
 func (x *ListProjectsRequest) Reset() {
 	*x = ListProjectsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1755,7 @@ func (x *ListProjectsRequest) String() string {
 func (*ListProjectsRequest) ProtoMessage() {}
 
 func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1768,7 @@ func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProjectsRequest.ProtoReflect.Descriptor instead.
 func (*ListProjectsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{27}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListProjectsRequest) GetBusiness() string {
@@ -1714,7 +1804,7 @@ type ProjectInfo struct {
 
 func (x *ProjectInfo) Reset() {
 	*x = ProjectInfo{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +1816,7 @@ func (x *ProjectInfo) String() string {
 func (*ProjectInfo) ProtoMessage() {}
 
 func (x *ProjectInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +1829,7 @@ func (x *ProjectInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProjectInfo.ProtoReflect.Descriptor instead.
 func (*ProjectInfo) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{28}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ProjectInfo) GetBusiness() string {
@@ -1821,7 +1911,7 @@ type ListProjectsResponse struct {
 
 func (x *ListProjectsResponse) Reset() {
 	*x = ListProjectsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +1923,7 @@ func (x *ListProjectsResponse) String() string {
 func (*ListProjectsResponse) ProtoMessage() {}
 
 func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +1936,7 @@ func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProjectsResponse.ProtoReflect.Descriptor instead.
 func (*ListProjectsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{29}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListProjectsResponse) GetProjects() []*ProjectInfo {
@@ -1868,7 +1958,7 @@ type ListGrantsRequest struct {
 
 func (x *ListGrantsRequest) Reset() {
 	*x = ListGrantsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +1970,7 @@ func (x *ListGrantsRequest) String() string {
 func (*ListGrantsRequest) ProtoMessage() {}
 
 func (x *ListGrantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +1983,7 @@ func (x *ListGrantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGrantsRequest.ProtoReflect.Descriptor instead.
 func (*ListGrantsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{30}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListGrantsRequest) GetBusiness() string {
@@ -1937,7 +2027,7 @@ type GrantInfo struct {
 
 func (x *GrantInfo) Reset() {
 	*x = GrantInfo{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1949,7 +2039,7 @@ func (x *GrantInfo) String() string {
 func (*GrantInfo) ProtoMessage() {}
 
 func (x *GrantInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1962,7 +2052,7 @@ func (x *GrantInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantInfo.ProtoReflect.Descriptor instead.
 func (*GrantInfo) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{31}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GrantInfo) GetId() string {
@@ -2037,7 +2127,7 @@ type ListGrantsResponse struct {
 
 func (x *ListGrantsResponse) Reset() {
 	*x = ListGrantsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2049,7 +2139,7 @@ func (x *ListGrantsResponse) String() string {
 func (*ListGrantsResponse) ProtoMessage() {}
 
 func (x *ListGrantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2062,7 +2152,7 @@ func (x *ListGrantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGrantsResponse.ProtoReflect.Descriptor instead.
 func (*ListGrantsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{32}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListGrantsResponse) GetGrants() []*GrantInfo {
@@ -2134,7 +2224,11 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\tR\x04data\x12'\n" +
 	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"E\n" +
 	"\x13RecordEventResponse\x12.\n" +
-	"\x05event\x18\x01 \x01(\v2\x18.bushost.broker.v1.EventR\x05event\"\x92\x01\n" +
+	"\x05event\x18\x01 \x01(\v2\x18.bushost.broker.v1.EventR\x05event\"T\n" +
+	"\x13RecordEventsRequest\x12=\n" +
+	"\x06events\x18\x01 \x03(\v2%.bushost.broker.v1.RecordEventRequestR\x06events\"H\n" +
+	"\x14RecordEventsResponse\x120\n" +
+	"\x06events\x18\x01 \x03(\v2\x18.bushost.broker.v1.EventR\x06events\"\x92\x01\n" +
 	"\x11ListEventsRequest\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -2219,7 +2313,7 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_APPROVE\x10\x01\x12\x12\n" +
-	"\x0eVERDICT_REJECT\x10\x022\x91\n" +
+	"\x0eVERDICT_REJECT\x10\x022\xf2\n" +
 	"\n" +
 	"\rBrokerService\x12P\n" +
 	"\aAddTask\x12!.bushost.broker.v1.AddTaskRequest\x1a\".bushost.broker.v1.AddTaskResponse\x12\\\n" +
@@ -2234,7 +2328,8 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\fListProjects\x12&.bushost.broker.v1.ListProjectsRequest\x1a'.bushost.broker.v1.ListProjectsResponse\x12Y\n" +
 	"\n" +
 	"ListGrants\x12$.bushost.broker.v1.ListGrantsRequest\x1a%.bushost.broker.v1.ListGrantsResponse\x12\\\n" +
-	"\vRecordEvent\x12%.bushost.broker.v1.RecordEventRequest\x1a&.bushost.broker.v1.RecordEventResponse\x12[\n" +
+	"\vRecordEvent\x12%.bushost.broker.v1.RecordEventRequest\x1a&.bushost.broker.v1.RecordEventResponse\x12_\n" +
+	"\fRecordEvents\x12&.bushost.broker.v1.RecordEventsRequest\x1a'.bushost.broker.v1.RecordEventsResponse\x12[\n" +
 	"\n" +
 	"ListEvents\x12$.bushost.broker.v1.ListEventsRequest\x1a%.bushost.broker.v1.ListEventsResponse0\x01\x12V\n" +
 	"\tVerifyLog\x12#.bushost.broker.v1.VerifyLogRequest\x1a$.bushost.broker.v1.VerifyLogResponse\x12P\n" +
@@ -2253,7 +2348,7 @@ func file_bushost_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_bushost_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: bushost.broker.v1.Verdict
 	(*Event)(nil),                 // 1: bushost.broker.v1.Event
@@ -2271,66 +2366,72 @@ var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(*CloseTaskResponse)(nil),     // 13: bushost.broker.v1.CloseTaskResponse
 	(*RecordEventRequest)(nil),    // 14: bushost.broker.v1.RecordEventRequest
 	(*RecordEventResponse)(nil),   // 15: bushost.broker.v1.RecordEventResponse
-	(*ListEventsRequest)(nil),     // 16: bushost.broker.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),    // 17: bushost.broker.v1.ListEventsResponse
-	(*RecordedHead)(nil),          // 18: bushost.broker.v1.RecordedHead
-	(*VerifyLogRequest)(nil),      // 19: bushost.broker.v1.VerifyLogRequest
-	(*VerifyLogResponse)(nil),     // 20: bushost.broker.v1.VerifyLogResponse
-	(*LogHeadRequest)(nil),        // 21: bushost.broker.v1.LogHeadRequest
-	(*LogHeadResponse)(nil),       // 22: bushost.broker.v1.LogHeadResponse
-	(*ReopenTaskRequest)(nil),     // 23: bushost.broker.v1.ReopenTaskRequest
-	(*ReopenTaskResponse)(nil),    // 24: bushost.broker.v1.ReopenTaskResponse
-	(*ListTasksRequest)(nil),      // 25: bushost.broker.v1.ListTasksRequest
-	(*TaskInfo)(nil),              // 26: bushost.broker.v1.TaskInfo
-	(*ListTasksResponse)(nil),     // 27: bushost.broker.v1.ListTasksResponse
-	(*ListProjectsRequest)(nil),   // 28: bushost.broker.v1.ListProjectsRequest
-	(*ProjectInfo)(nil),           // 29: bushost.broker.v1.ProjectInfo
-	(*ListProjectsResponse)(nil),  // 30: bushost.broker.v1.ListProjectsResponse
-	(*ListGrantsRequest)(nil),     // 31: bushost.broker.v1.ListGrantsRequest
-	(*GrantInfo)(nil),             // 32: bushost.broker.v1.GrantInfo
-	(*ListGrantsResponse)(nil),    // 33: bushost.broker.v1.ListGrantsResponse
+	(*RecordEventsRequest)(nil),   // 16: bushost.broker.v1.RecordEventsRequest
+	(*RecordEventsResponse)(nil),  // 17: bushost.broker.v1.RecordEventsResponse
+	(*ListEventsRequest)(nil),     // 18: bushost.broker.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),    // 19: bushost.broker.v1.ListEventsResponse
+	(*RecordedHead)(nil),          // 20: bushost.broker.v1.RecordedHead
+	(*VerifyLogRequest)(nil),      // 21: bushost.broker.v1.VerifyLogRequest
+	(*VerifyLogResponse)(nil),     // 22: bushost.broker.v1.VerifyLogResponse
+	(*LogHeadRequest)(nil),        // 23: bushost.broker.v1.LogHeadRequest
+	(*LogHeadResponse)(nil),       // 24: bushost.broker.v1.LogHeadResponse
+	(*ReopenTaskRequest)(nil),     // 25: bushost.broker.v1.ReopenTaskRequest
+	(*ReopenTaskResponse)(nil),    // 26: bushost.broker.v1.ReopenTaskResponse
+	(*ListTasksRequest)(nil),      // 27: bushost.broker.v1.ListTasksRequest
+	(*TaskInfo)(nil),              // 28: bushost.broker.v1.TaskInfo
+	(*ListTasksResponse)(nil),     // 29: bushost.broker.v1.ListTasksResponse
+	(*ListProjectsRequest)(nil),   // 30: bushost.broker.v1.ListProjectsRequest
+	(*ProjectInfo)(nil),           // 31: bushost.broker.v1.ProjectInfo
+	(*ListProjectsResponse)(nil),  // 32: bushost.broker.v1.ListProjectsResponse
+	(*ListGrantsRequest)(nil),     // 33: bushost.broker.v1.ListGrantsRequest
+	(*GrantInfo)(nil),             // 34: bushost.broker.v1.GrantInfo
+	(*ListGrantsResponse)(nil),    // 35: bushost.broker.v1.ListGrantsResponse
 }
 var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
 	1,  // 1: bushost.broker.v1.RecordEventResponse.event:type_name -> bushost.broker.v1.Event
-	1,  // 2: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
-	18, // 3: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
-	26, // 4: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
-	29, // 5: bushost.broker.v1.ListProjectsResponse.projects:type_name -> bushost.broker.v1.ProjectInfo
-	32, // 6: bushost.broker.v1.ListGrantsResponse.grants:type_name -> bushost.broker.v1.GrantInfo
-	2,  // 7: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
-	4,  // 8: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
-	6,  // 9: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
-	8,  // 10: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
-	10, // 11: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
-	12, // 12: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
-	23, // 13: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
-	25, // 14: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
-	28, // 15: bushost.broker.v1.BrokerService.ListProjects:input_type -> bushost.broker.v1.ListProjectsRequest
-	31, // 16: bushost.broker.v1.BrokerService.ListGrants:input_type -> bushost.broker.v1.ListGrantsRequest
-	14, // 17: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
-	16, // 18: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
-	19, // 19: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
-	21, // 20: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
-	3,  // 21: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
-	5,  // 22: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
-	7,  // 23: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
-	9,  // 24: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
-	11, // 25: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
-	13, // 26: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
-	24, // 27: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
-	27, // 28: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
-	30, // 29: bushost.broker.v1.BrokerService.ListProjects:output_type -> bushost.broker.v1.ListProjectsResponse
-	33, // 30: bushost.broker.v1.BrokerService.ListGrants:output_type -> bushost.broker.v1.ListGrantsResponse
-	15, // 31: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
-	17, // 32: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
-	20, // 33: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
-	22, // 34: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
-	21, // [21:35] is the sub-list for method output_type
-	7,  // [7:21] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	14, // 2: bushost.broker.v1.RecordEventsRequest.events:type_name -> bushost.broker.v1.RecordEventRequest
+	1,  // 3: bushost.broker.v1.RecordEventsResponse.events:type_name -> bushost.broker.v1.Event
+	1,  // 4: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
+	20, // 5: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
+	28, // 6: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
+	31, // 7: bushost.broker.v1.ListProjectsResponse.projects:type_name -> bushost.broker.v1.ProjectInfo
+	34, // 8: bushost.broker.v1.ListGrantsResponse.grants:type_name -> bushost.broker.v1.GrantInfo
+	2,  // 9: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
+	4,  // 10: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
+	6,  // 11: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
+	8,  // 12: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
+	10, // 13: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
+	12, // 14: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
+	25, // 15: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
+	27, // 16: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
+	30, // 17: bushost.broker.v1.BrokerService.ListProjects:input_type -> bushost.broker.v1.ListProjectsRequest
+	33, // 18: bushost.broker.v1.BrokerService.ListGrants:input_type -> bushost.broker.v1.ListGrantsRequest
+	14, // 19: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
+	16, // 20: bushost.broker.v1.BrokerService.RecordEvents:input_type -> bushost.broker.v1.RecordEventsRequest
+	18, // 21: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
+	21, // 22: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
+	23, // 23: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
+	3,  // 24: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
+	5,  // 25: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
+	7,  // 26: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
+	9,  // 27: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
+	11, // 28: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
+	13, // 29: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
+	26, // 30: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
+	29, // 31: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
+	32, // 32: bushost.broker.v1.BrokerService.ListProjects:output_type -> bushost.broker.v1.ListProjectsResponse
+	35, // 33: bushost.broker.v1.BrokerService.ListGrants:output_type -> bushost.broker.v1.ListGrantsResponse
+	15, // 34: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
+	17, // 35: bushost.broker.v1.BrokerService.RecordEvents:output_type -> bushost.broker.v1.RecordEventsResponse
+	19, // 36: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
+	22, // 37: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
+	24, // 38: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
+	24, // [24:39] is the sub-list for method output_type
+	9,  // [9:24] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_bushost_broker_v1_broker_proto_init() }
@@ -2344,7 +2445,7 @@ func file_bushost_broker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_broker_v1_broker_proto_rawDesc), len(file_bushost_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	BrokerService_ListProjects_FullMethodName  = "/bushost.broker.v1.BrokerService/ListProjects"
 	BrokerService_ListGrants_FullMethodName    = "/bushost.broker.v1.BrokerService/ListGrants"
 	BrokerService_RecordEvent_FullMethodName   = "/bushost.broker.v1.BrokerService/RecordEvent"
+	BrokerService_RecordEvents_FullMethodName  = "/bushost.broker.v1.BrokerService/RecordEvents"
 	BrokerService_ListEvents_FullMethodName    = "/bushost.broker.v1.BrokerService/ListEvents"
 	BrokerService_VerifyLog_FullMethodName     = "/bushost.broker.v1.BrokerService/VerifyLog"
 	BrokerService_LogHead_FullMethodName       = "/bushost.broker.v1.BrokerService/LogHead"
@@ -75,6 +76,11 @@ type BrokerServiceClient interface {
 	ListGrants(ctx context.Context, in *ListGrantsRequest, opts ...grpc.CallOption) (*ListGrantsResponse, error)
 	// RecordEvent (event.record) appends a free-form event.
 	RecordEvent(ctx context.Context, in *RecordEventRequest, opts ...grpc.CallOption) (*RecordEventResponse, error)
+	// RecordEvents appends a batch of events in one transaction, all or
+	// none, each checked as RecordEvent checks it: a session's launcher
+	// (network.audit) records a session's egress decisions this way, one
+	// event each, so a chatty session costs the log one append per batch.
+	RecordEvents(ctx context.Context, in *RecordEventsRequest, opts ...grpc.CallOption) (*RecordEventsResponse, error)
 	// ListEvents streams events in order; with follow it keeps streaming new
 	// ones as they are appended. A grant sees its own task's events only.
 	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListEventsResponse], error)
@@ -203,6 +209,16 @@ func (c *brokerServiceClient) RecordEvent(ctx context.Context, in *RecordEventRe
 	return out, nil
 }
 
+func (c *brokerServiceClient) RecordEvents(ctx context.Context, in *RecordEventsRequest, opts ...grpc.CallOption) (*RecordEventsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecordEventsResponse)
+	err := c.cc.Invoke(ctx, BrokerService_RecordEvents_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *brokerServiceClient) ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListEventsResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &BrokerService_ServiceDesc.Streams[0], BrokerService_ListEvents_FullMethodName, cOpts...)
@@ -282,6 +298,11 @@ type BrokerServiceServer interface {
 	ListGrants(context.Context, *ListGrantsRequest) (*ListGrantsResponse, error)
 	// RecordEvent (event.record) appends a free-form event.
 	RecordEvent(context.Context, *RecordEventRequest) (*RecordEventResponse, error)
+	// RecordEvents appends a batch of events in one transaction, all or
+	// none, each checked as RecordEvent checks it: a session's launcher
+	// (network.audit) records a session's egress decisions this way, one
+	// event each, so a chatty session costs the log one append per batch.
+	RecordEvents(context.Context, *RecordEventsRequest) (*RecordEventsResponse, error)
 	// ListEvents streams events in order; with follow it keeps streaming new
 	// ones as they are appended. A grant sees its own task's events only.
 	ListEvents(*ListEventsRequest, grpc.ServerStreamingServer[ListEventsResponse]) error
@@ -332,6 +353,9 @@ func (UnimplementedBrokerServiceServer) ListGrants(context.Context, *ListGrantsR
 }
 func (UnimplementedBrokerServiceServer) RecordEvent(context.Context, *RecordEventRequest) (*RecordEventResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RecordEvent not implemented")
+}
+func (UnimplementedBrokerServiceServer) RecordEvents(context.Context, *RecordEventsRequest) (*RecordEventsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RecordEvents not implemented")
 }
 func (UnimplementedBrokerServiceServer) ListEvents(*ListEventsRequest, grpc.ServerStreamingServer[ListEventsResponse]) error {
 	return status.Error(codes.Unimplemented, "method ListEvents not implemented")
@@ -561,6 +585,24 @@ func _BrokerService_RecordEvent_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BrokerService_RecordEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecordEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BrokerServiceServer).RecordEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BrokerService_RecordEvents_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BrokerServiceServer).RecordEvents(ctx, req.(*RecordEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _BrokerService_ListEvents_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ListEventsRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -658,6 +700,10 @@ var BrokerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RecordEvent",
 			Handler:    _BrokerService_RecordEvent_Handler,
+		},
+		{
+			MethodName: "RecordEvents",
+			Handler:    _BrokerService_RecordEvents_Handler,
 		},
 		{
 			MethodName: "VerifyLog",
