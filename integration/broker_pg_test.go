@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/bushost/bushost/internal/pgtest"
 )
@@ -211,4 +212,110 @@ func TestPushChainThroughTwoHosts(t *testing.T) {
 	if got, _ := runAs(t, a, worker, 0, "fetch-work", "--repo", dir); got != last {
 		t.Fatalf("after restarts A serves %s, the log's latest push is %s", got, last)
 	}
+}
+
+// Killing one host's daemon in the middle of a push leaves the other host
+// serving its own projects, and the shared log verifiable from both; the
+// killed host, restarted, serves its project again with nothing of the cut
+// push recorded (issue 19).
+func TestKillOneHostMidPush(t *testing.T) {
+	dsn := pgtest.SchemaDSN(t, "killone", "one of two hosts killed mid-push")
+	a := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
+	b := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
+	a.AddProject(t, "acme", "web")
+	b.AddProject(t, "acme", "api")
+	wa := a.Grant(t, "acme", "web", "t1", "worker", "git.push.working")
+	wb := b.Grant(t, "acme", "api", "t1", "worker", "git.push.working")
+
+	base := filepath.Dir(a.Home)
+	big := filepath.Join(base, "big")
+	runAs(t, a, wa, 0, "fetch-main", "--repo", big)
+	if err := os.WriteFile(filepath.Join(big, "blob.bin"), []byte(randomString(48<<20)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testGit(t, big, "add", "blob.bin")
+	testGit(t, big, "commit", "-q", "-m", "big")
+
+	// The push to A is cut once its quarantine exists (the pack is
+	// arriving), or whenever it ends if it wins the race.
+	done := make(chan int, 1)
+	go func() {
+		_, _, code := a.Run(t, nil, "--token-file", wa, "push-working", "--repo", big)
+		done <- code
+	}()
+	incoming := filepath.Join(a.Home, "repos", "acme")
+	code, ended := 0, false
+	for !ended && !found(incoming, bundlePrefix) {
+		select {
+		case code = <-done:
+			ended = true
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	a.Kill()
+	if !ended {
+		code = <-done
+	}
+	t.Logf("push to A ended with exit %d when A was killed", code)
+
+	// B serves its project meanwhile, and both hosts' log verifies.
+	work := filepath.Join(base, "api")
+	runAs(t, b, wb, 0, "fetch-main", "--repo", work)
+	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "on B")
+	head := testGit(t, work, "rev-parse", "HEAD")
+	if out, _ := runAs(t, b, wb, 0, "push-working", "--repo", work); out != head {
+		t.Fatalf("push to B while A is down printed %q, want %s", out, head)
+	}
+	if out := b.Must(t, "log", "verify"); !strings.HasPrefix(out, "ok:") {
+		t.Fatalf("log verify on B: %s", out)
+	}
+
+	// A comes back: its log verifies, it serves its project, and its task's
+	// ref agrees with the log (the cut push is either recorded and served,
+	// or absent from both).
+	a.start(t)
+	if out := a.Must(t, "log", "verify"); !strings.HasPrefix(out, "ok:") {
+		t.Fatalf("log verify on A: %s", out)
+	}
+	if found(incoming, bundlePrefix) {
+		t.Fatal("the cut push's quarantine is still there after A's restart")
+	}
+	recorded := ""
+	for _, e := range brokerEvents(t, a, "--task", "t1") {
+		var d struct{ Capability, Commit string }
+		if e.Type == "action.allowed" && json.Unmarshal(e.Data, &d) == nil && strings.Contains(string(e.Data), "git.push.working") && strings.Contains(string(e.Data), testGit(t, big, "rev-parse", "HEAD")) {
+			recorded = d.Commit
+		}
+	}
+	check := filepath.Join(base, "check")
+	runAs(t, a, wa, 0, "fetch-main", "--repo", check)
+	out, errs, code := a.Run(t, nil, "--token-file", wa, "fetch-work", "--repo", check)
+	switch {
+	case recorded != "" && (code != 0 || strings.TrimSpace(out) != recorded):
+		t.Fatalf("the cut push is in the log as %s, but A serves: exit %d %s %s", recorded, code, out, errs)
+	case recorded == "" && code == 0:
+		t.Fatalf("the cut push is not in the log, but A serves work %s", out)
+	}
+	testGit(t, check, "commit", "-q", "--allow-empty", "-m", "after restart")
+	if recorded != "" {
+		testGit(t, check, "reset", "-q", "--hard", recorded)
+		testGit(t, check, "commit", "-q", "--allow-empty", "-m", "after restart")
+	}
+	runAs(t, a, wa, 0, "push-working", "--repo", check)
+}
+
+// bundlePrefix is the name gitd's quarantine directories start with.
+const bundlePrefix = "bushost-incoming-"
+
+// found says whether a directory under root has a name starting with prefix.
+func found(root, prefix string) bool {
+	hit := false
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && strings.HasPrefix(d.Name(), prefix) {
+			hit = true
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return hit
 }
