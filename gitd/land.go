@@ -130,6 +130,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 	if res.MainNew == old {
 		return res, nil
 	}
+	failpoint("land:after-record")
 	if err := s.git.Run(cctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{MainRef, res.MainNew, old}}); err != nil {
 		s.log.Error("landing recorded but main not moved; Reconcile repairs it at next start", "repo", r.Path, "commit", res.MainNew, "err", err)
 		return LandResult{}, fmt.Errorf("landing recorded, but moving main failed (repaired at the next start of bushostd): %w", err)

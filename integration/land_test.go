@@ -384,3 +384,49 @@ func TestPublishLanded(t *testing.T) {
 		t.Fatalf("sync after merging the published main: %q, want %s", got, approved)
 	}
 }
+
+// A crash between recording a landing and moving main: the landing is in
+// the log, main is still the old commit. The next start moves main to the
+// landed commit (gitd's reconcileMain), once; the task stays landed, and a
+// second land is refused.
+func TestLandCrashAfterRecord(t *testing.T) {
+	h := startFailpointHost(t, "land:after-record", nil)
+	f := newLandFixture(t, h, "web", "t1")
+	seed := f.main(t)
+	approved := f.commit(t, "feature.txt", "the work\n")
+	f.push(t)
+	f.approve(t)
+	if _, errs, code := h.Run(t, nil, "--token-file", f.lander, "task", "land"); code != 3 {
+		t.Fatalf("land with the daemon killed after the record: exit %d, want 3 (unreachable): %s", code, errs)
+	}
+	<-h.exited
+	h.cmd = nil
+	if got := f.main(t); got != seed {
+		t.Fatalf("main is %s before the restart, want the old %s (the failpoint fires before the move)", got, seed)
+	}
+	landed := func() int {
+		n := 0
+		for _, e := range brokerEvents(t, h, "--task", "t1") {
+			if e.Type == "task.landed" {
+				n++
+			}
+		}
+		return n
+	}
+	t.Setenv("BUSHOST_FAILPOINT", "")
+	h.start(t)
+	if got := f.main(t); got != approved {
+		t.Fatalf("after the restart main is %s, want the landed %s", got, approved)
+	}
+	if n := landed(); n != 1 {
+		t.Fatalf("%d task.landed events, want 1", n)
+	}
+	refusedLand(t, h, f.lander, 1, "TASK_LANDED")
+	h.Restart(t)
+	if got := f.main(t); got != approved {
+		t.Fatalf("a second restart moved main to %s", got)
+	}
+	if out := h.Must(t, "log", "verify"); !strings.HasPrefix(out, "ok:") {
+		t.Fatalf("log verify: %s", out)
+	}
+}

@@ -1,0 +1,22 @@
+//go:build bushost_failpoints
+
+package gitd
+
+import (
+	"os"
+	"syscall"
+)
+
+// Failpoints for crash tests, built only with the tag bushost_failpoints.
+// $BUSHOST_FAILPOINT names the point at which the process kills itself
+// with SIGKILL, as a power cut or the OOM killer would:
+//
+//	land:after-record  a landing is in the log, main has not moved yet
+var failMode = os.Getenv("BUSHOST_FAILPOINT")
+
+func failpoint(name string) {
+	if failMode == name {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+}
