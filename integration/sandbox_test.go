@@ -597,15 +597,32 @@ git log --format=%s`
 
 	t.Run("orphans reaped", func(t *testing.T) {
 		// Five double-forked orphans: their parent exits at once, so they
-		// are pid 1's children, and once they exit only pid 1 can reap
-		// them, while the command is still running.
+		// are pid 1's children, and once killed only pid 1 can reap them,
+		// while the command is still running. Every wait is for a
+		// condition (bounded at 10 s), so a loaded machine only slows it.
 		out, errOut, code := e.runIn(t, nil, "sh", "-c", `
-sh -c 'for i in 1 2 3 4 5; do sleep 0.6 & done; exit 0'
-sleep 0.3
-for p in /proc/[0-9]*; do
-	[ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep 0.6 " ] && grep '^PPid:' $p/status
+sh -c 'for i in 1 2 3 4 5; do sleep 300 & done; exit 0'
+orphans() {
+	for p in /proc/[0-9]*; do
+		[ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep 300 " ] && echo ${p#/proc/}
+	done
+}
+i=0
+while [ $i -lt 100 ]; do
+	set -- $(orphans)
+	[ $# -eq 5 ] && break
+	sleep 0.1; i=$((i+1))
 done
-sleep 1.5
+pids="$*"
+for p in $pids; do grep '^PPid:' /proc/$p/status; done
+kill $pids
+i=0
+while [ $i -lt 100 ]; do
+	left=0
+	for p in $pids; do [ -e /proc/$p ] && left=1; done
+	[ $left = 0 ] && break
+	sleep 0.1; i=$((i+1))
+done
 grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null
 echo done`)
 		want := strings.Repeat("PPid:\t1\n", 5) + "done\n"

@@ -157,8 +157,11 @@ func TestErrorKeepsStderrAndExitCode(t *testing.T) {
 }
 
 func TestTimeoutKillsGit(t *testing.T) {
-	r := newRunner(t).WithTimeout(200 * time.Millisecond)
-	dir := initRepo(t, r)
+	base := newRunner(t)
+	// The repository is made without the short timeout: under load, git
+	// init alone may take longer than it.
+	dir := initRepo(t, base)
+	r := base.WithTimeout(200 * time.Millisecond)
 	pr, pw, _ := os.Pipe()
 	defer pw.Close()
 	start := time.Now()
