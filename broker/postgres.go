@@ -32,6 +32,12 @@ var postgresSchema = [][]string{{
 	// A task whose ref the host must repair (repair.go): why, and the event.
 	`ALTER TABLE tasks ADD COLUMN needs_repair TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE tasks ADD COLUMN repair_seq BIGINT NOT NULL DEFAULT 0`,
+}, {
+	// A grant's launch set (JSON, role to capabilities; session.launch),
+	// the grant that launched it, and how many launches deep it is.
+	`ALTER TABLE grants ADD COLUMN launch TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE grants ADD COLUMN launched_by TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE grants ADD COLUMN launch_depth BIGINT NOT NULL DEFAULT 0`,
 }}
 
 // writeLockKey, with the schema's name, is the advisory lock every write

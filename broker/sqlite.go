@@ -36,6 +36,12 @@ var sqliteSchema = [][]string{{
 	// A task whose ref the host must repair (repair.go): why, and the event.
 	`ALTER TABLE tasks ADD COLUMN needs_repair TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE tasks ADD COLUMN repair_seq INTEGER NOT NULL DEFAULT 0`,
+}, {
+	// A grant's launch set (JSON, role to capabilities; session.launch),
+	// the grant that launched it, and how many launches deep it is.
+	`ALTER TABLE grants ADD COLUMN launch TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE grants ADD COLUMN launched_by TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE grants ADD COLUMN launch_depth INTEGER NOT NULL DEFAULT 0`,
 }}
 
 // sqliteDSN is the driver's DSN for the database file at path: WAL so

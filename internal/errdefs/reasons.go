@@ -145,4 +145,10 @@ const (
 	BranchInvalid     Reason = "BRANCH_INVALID"
 	TaskNotClosed     Reason = "TASK_NOT_CLOSED"
 	TaskListTooLong   Reason = "TASK_LIST_TOO_LONG"
+
+	LaunchNotAllowed Reason = "LAUNCH_NOT_ALLOWED"
+	LaunchSetInvalid Reason = "LAUNCH_SET_INVALID"
+	SessionLimit     Reason = "SESSION_LIMIT"
+	SessionNotFound  Reason = "SESSION_NOT_FOUND"
+	WorkspaceInvalid Reason = "WORKSPACE_INVALID"
 )

@@ -312,7 +312,12 @@ type CreateGrantRequest struct {
 	Role         string                 `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
 	Capabilities []string               `protobuf:"bytes,5,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// Lifetime in seconds; 0 means the server's default.
-	TtlSeconds    int64 `protobuf:"varint,6,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	TtlSeconds int64 `protobuf:"varint,6,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// With session.launch: what the grant may launch, one entry per role.
+	Launch []*LaunchRole `protobuf:"bytes,7,rep,name=launch,proto3" json:"launch,omitempty"`
+	// Set by a launcher (sandbox serve): the grant that launched this
+	// session; the new grant is one launch deeper than it.
+	LaunchedBy    string `protobuf:"bytes,8,opt,name=launched_by,json=launchedBy,proto3" json:"launched_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -389,6 +394,218 @@ func (x *CreateGrantRequest) GetTtlSeconds() int64 {
 	return 0
 }
 
+func (x *CreateGrantRequest) GetLaunch() []*LaunchRole {
+	if x != nil {
+		return x.Launch
+	}
+	return nil
+}
+
+func (x *CreateGrantRequest) GetLaunchedBy() string {
+	if x != nil {
+		return x.LaunchedBy
+	}
+	return ""
+}
+
+// LaunchRole is one role of a launch set and the capabilities a session
+// of that role may be given.
+type LaunchRole struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Capabilities  []string               `protobuf:"bytes,2,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LaunchRole) Reset() {
+	*x = LaunchRole{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LaunchRole) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LaunchRole) ProtoMessage() {}
+
+func (x *LaunchRole) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LaunchRole.ProtoReflect.Descriptor instead.
+func (*LaunchRole) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *LaunchRole) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *LaunchRole) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+type WhoamiRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoamiRequest) Reset() {
+	*x = WhoamiRequest{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoamiRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoamiRequest) ProtoMessage() {}
+
+func (x *WhoamiRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoamiRequest.ProtoReflect.Descriptor instead.
+func (*WhoamiRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{5}
+}
+
+type WhoamiResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GrantId       string                 `protobuf:"bytes,1,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
+	Business      string                 `protobuf:"bytes,2,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string                 `protobuf:"bytes,3,opt,name=project,proto3" json:"project,omitempty"`
+	Task          string                 `protobuf:"bytes,4,opt,name=task,proto3" json:"task,omitempty"`
+	Role          string                 `protobuf:"bytes,5,opt,name=role,proto3" json:"role,omitempty"`
+	Capabilities  []string               `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Launch        []*LaunchRole          `protobuf:"bytes,7,rep,name=launch,proto3" json:"launch,omitempty"`
+	LaunchedBy    string                 `protobuf:"bytes,8,opt,name=launched_by,json=launchedBy,proto3" json:"launched_by,omitempty"`
+	LaunchDepth   int64                  `protobuf:"varint,9,opt,name=launch_depth,json=launchDepth,proto3" json:"launch_depth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoamiResponse) Reset() {
+	*x = WhoamiResponse{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoamiResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoamiResponse) ProtoMessage() {}
+
+func (x *WhoamiResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoamiResponse.ProtoReflect.Descriptor instead.
+func (*WhoamiResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *WhoamiResponse) GetGrantId() string {
+	if x != nil {
+		return x.GrantId
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *WhoamiResponse) GetLaunch() []*LaunchRole {
+	if x != nil {
+		return x.Launch
+	}
+	return nil
+}
+
+func (x *WhoamiResponse) GetLaunchedBy() string {
+	if x != nil {
+		return x.LaunchedBy
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetLaunchDepth() int64 {
+	if x != nil {
+		return x.LaunchDepth
+	}
+	return 0
+}
+
 type CreateGrantResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	GrantId string                 `protobuf:"bytes,1,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
@@ -401,7 +618,7 @@ type CreateGrantResponse struct {
 
 func (x *CreateGrantResponse) Reset() {
 	*x = CreateGrantResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[4]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +630,7 @@ func (x *CreateGrantResponse) String() string {
 func (*CreateGrantResponse) ProtoMessage() {}
 
 func (x *CreateGrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[4]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +643,7 @@ func (x *CreateGrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateGrantResponse.ProtoReflect.Descriptor instead.
 func (*CreateGrantResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{4}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateGrantResponse) GetGrantId() string {
@@ -459,7 +676,7 @@ type RevokeGrantRequest struct {
 
 func (x *RevokeGrantRequest) Reset() {
 	*x = RevokeGrantRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +688,7 @@ func (x *RevokeGrantRequest) String() string {
 func (*RevokeGrantRequest) ProtoMessage() {}
 
 func (x *RevokeGrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +701,7 @@ func (x *RevokeGrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeGrantRequest.ProtoReflect.Descriptor instead.
 func (*RevokeGrantRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{5}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RevokeGrantRequest) GetGrantId() string {
@@ -502,7 +719,7 @@ type RevokeGrantResponse struct {
 
 func (x *RevokeGrantResponse) Reset() {
 	*x = RevokeGrantResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +731,7 @@ func (x *RevokeGrantResponse) String() string {
 func (*RevokeGrantResponse) ProtoMessage() {}
 
 func (x *RevokeGrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +744,7 @@ func (x *RevokeGrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeGrantResponse.ProtoReflect.Descriptor instead.
 func (*RevokeGrantResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{6}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{9}
 }
 
 type RequestReviewRequest struct {
@@ -538,7 +755,7 @@ type RequestReviewRequest struct {
 
 func (x *RequestReviewRequest) Reset() {
 	*x = RequestReviewRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +767,7 @@ func (x *RequestReviewRequest) String() string {
 func (*RequestReviewRequest) ProtoMessage() {}
 
 func (x *RequestReviewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +780,7 @@ func (x *RequestReviewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestReviewRequest.ProtoReflect.Descriptor instead.
 func (*RequestReviewRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{7}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{10}
 }
 
 type RequestReviewResponse struct {
@@ -579,7 +796,7 @@ type RequestReviewResponse struct {
 
 func (x *RequestReviewResponse) Reset() {
 	*x = RequestReviewResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +808,7 @@ func (x *RequestReviewResponse) String() string {
 func (*RequestReviewResponse) ProtoMessage() {}
 
 func (x *RequestReviewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +821,7 @@ func (x *RequestReviewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestReviewResponse.ProtoReflect.Descriptor instead.
 func (*RequestReviewResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{8}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RequestReviewResponse) GetRequestId() string {
@@ -642,7 +859,7 @@ type SubmitVerdictRequest struct {
 
 func (x *SubmitVerdictRequest) Reset() {
 	*x = SubmitVerdictRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +871,7 @@ func (x *SubmitVerdictRequest) String() string {
 func (*SubmitVerdictRequest) ProtoMessage() {}
 
 func (x *SubmitVerdictRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +884,7 @@ func (x *SubmitVerdictRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitVerdictRequest.ProtoReflect.Descriptor instead.
 func (*SubmitVerdictRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{9}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SubmitVerdictRequest) GetRequestId() string {
@@ -707,7 +924,7 @@ type SubmitVerdictResponse struct {
 
 func (x *SubmitVerdictResponse) Reset() {
 	*x = SubmitVerdictResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +936,7 @@ func (x *SubmitVerdictResponse) String() string {
 func (*SubmitVerdictResponse) ProtoMessage() {}
 
 func (x *SubmitVerdictResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +949,7 @@ func (x *SubmitVerdictResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitVerdictResponse.ProtoReflect.Descriptor instead.
 func (*SubmitVerdictResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{10}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SubmitVerdictResponse) GetSeq() int64 {
@@ -750,7 +967,7 @@ type CloseTaskRequest struct {
 
 func (x *CloseTaskRequest) Reset() {
 	*x = CloseTaskRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +979,7 @@ func (x *CloseTaskRequest) String() string {
 func (*CloseTaskRequest) ProtoMessage() {}
 
 func (x *CloseTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +992,7 @@ func (x *CloseTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseTaskRequest.ProtoReflect.Descriptor instead.
 func (*CloseTaskRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{11}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{14}
 }
 
 type CloseTaskResponse struct {
@@ -787,7 +1004,7 @@ type CloseTaskResponse struct {
 
 func (x *CloseTaskResponse) Reset() {
 	*x = CloseTaskResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +1016,7 @@ func (x *CloseTaskResponse) String() string {
 func (*CloseTaskResponse) ProtoMessage() {}
 
 func (x *CloseTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +1029,7 @@ func (x *CloseTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseTaskResponse.ProtoReflect.Descriptor instead.
 func (*CloseTaskResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{12}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CloseTaskResponse) GetSeq() int64 {
@@ -830,13 +1047,18 @@ type RecordEventRequest struct {
 	// Optional: the same key and body return the first event; the same key
 	// with another body is refused.
 	IdempotencyKey string `protobuf:"bytes,3,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Host only, with a session.* type (a launcher's record of a session):
+	// the task the event is about. A grant's events go to its own task.
+	Business      string `protobuf:"bytes,4,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string `protobuf:"bytes,5,opt,name=project,proto3" json:"project,omitempty"`
+	Task          string `protobuf:"bytes,6,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RecordEventRequest) Reset() {
 	*x = RecordEventRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +1070,7 @@ func (x *RecordEventRequest) String() string {
 func (*RecordEventRequest) ProtoMessage() {}
 
 func (x *RecordEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1083,7 @@ func (x *RecordEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordEventRequest.ProtoReflect.Descriptor instead.
 func (*RecordEventRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{13}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RecordEventRequest) GetType() string {
@@ -885,6 +1107,27 @@ func (x *RecordEventRequest) GetIdempotencyKey() string {
 	return ""
 }
 
+func (x *RecordEventRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *RecordEventRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *RecordEventRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
 type RecordEventResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Event         *Event                 `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
@@ -894,7 +1137,7 @@ type RecordEventResponse struct {
 
 func (x *RecordEventResponse) Reset() {
 	*x = RecordEventResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +1149,7 @@ func (x *RecordEventResponse) String() string {
 func (*RecordEventResponse) ProtoMessage() {}
 
 func (x *RecordEventResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1162,7 @@ func (x *RecordEventResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordEventResponse.ProtoReflect.Descriptor instead.
 func (*RecordEventResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{14}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RecordEventResponse) GetEvent() *Event {
@@ -946,7 +1189,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1201,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1214,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{15}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListEventsRequest) GetBusiness() string {
@@ -1018,7 +1261,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1273,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1286,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{16}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListEventsResponse) GetEvent() *Event {
@@ -1065,7 +1308,7 @@ type RecordedHead struct {
 
 func (x *RecordedHead) Reset() {
 	*x = RecordedHead{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1320,7 @@ func (x *RecordedHead) String() string {
 func (*RecordedHead) ProtoMessage() {}
 
 func (x *RecordedHead) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1333,7 @@ func (x *RecordedHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordedHead.ProtoReflect.Descriptor instead.
 func (*RecordedHead) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{17}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RecordedHead) GetSeq() int64 {
@@ -1118,7 +1361,7 @@ type VerifyLogRequest struct {
 
 func (x *VerifyLogRequest) Reset() {
 	*x = VerifyLogRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1373,7 @@ func (x *VerifyLogRequest) String() string {
 func (*VerifyLogRequest) ProtoMessage() {}
 
 func (x *VerifyLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1386,7 @@ func (x *VerifyLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLogRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLogRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{18}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *VerifyLogRequest) GetHeads() []*RecordedHead {
@@ -1173,7 +1416,7 @@ type VerifyLogResponse struct {
 
 func (x *VerifyLogResponse) Reset() {
 	*x = VerifyLogResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1428,7 @@ func (x *VerifyLogResponse) String() string {
 func (*VerifyLogResponse) ProtoMessage() {}
 
 func (x *VerifyLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1441,7 @@ func (x *VerifyLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLogResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLogResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{19}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *VerifyLogResponse) GetOk() bool {
@@ -1258,7 +1501,7 @@ type LogHeadRequest struct {
 
 func (x *LogHeadRequest) Reset() {
 	*x = LogHeadRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1513,7 @@ func (x *LogHeadRequest) String() string {
 func (*LogHeadRequest) ProtoMessage() {}
 
 func (x *LogHeadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1526,7 @@ func (x *LogHeadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogHeadRequest.ProtoReflect.Descriptor instead.
 func (*LogHeadRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{20}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{23}
 }
 
 type LogHeadResponse struct {
@@ -1296,7 +1539,7 @@ type LogHeadResponse struct {
 
 func (x *LogHeadResponse) Reset() {
 	*x = LogHeadResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1551,7 @@ func (x *LogHeadResponse) String() string {
 func (*LogHeadResponse) ProtoMessage() {}
 
 func (x *LogHeadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1564,7 @@ func (x *LogHeadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogHeadResponse.ProtoReflect.Descriptor instead.
 func (*LogHeadResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{21}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LogHeadResponse) GetSeq() int64 {
@@ -1349,7 +1592,7 @@ type ReopenTaskRequest struct {
 
 func (x *ReopenTaskRequest) Reset() {
 	*x = ReopenTaskRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1604,7 @@ func (x *ReopenTaskRequest) String() string {
 func (*ReopenTaskRequest) ProtoMessage() {}
 
 func (x *ReopenTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1617,7 @@ func (x *ReopenTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenTaskRequest.ProtoReflect.Descriptor instead.
 func (*ReopenTaskRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{22}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReopenTaskRequest) GetBusiness() string {
@@ -1408,7 +1651,7 @@ type ReopenTaskResponse struct {
 
 func (x *ReopenTaskResponse) Reset() {
 	*x = ReopenTaskResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1663,7 @@ func (x *ReopenTaskResponse) String() string {
 func (*ReopenTaskResponse) ProtoMessage() {}
 
 func (x *ReopenTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1676,7 @@ func (x *ReopenTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenTaskResponse.ProtoReflect.Descriptor instead.
 func (*ReopenTaskResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{23}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReopenTaskResponse) GetSeq() int64 {
@@ -1455,7 +1698,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1710,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1723,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{24}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListTasksRequest) GetBusiness() string {
@@ -1522,7 +1765,7 @@ type TaskInfo struct {
 
 func (x *TaskInfo) Reset() {
 	*x = TaskInfo{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1777,7 @@ func (x *TaskInfo) String() string {
 func (*TaskInfo) ProtoMessage() {}
 
 func (x *TaskInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1790,7 @@ func (x *TaskInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskInfo.ProtoReflect.Descriptor instead.
 func (*TaskInfo) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{25}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TaskInfo) GetBusiness() string {
@@ -1608,7 +1851,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +1863,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1876,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{26}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListTasksResponse) GetTasks() []*TaskInfo {
@@ -1666,7 +1909,7 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
 	"\x04task\x18\x03 \x01(\tR\x04task\"+\n" +
 	"\x0fAddTaskResponse\x12\x18\n" +
-	"\acreated\x18\x01 \x01(\bR\acreated\"\xb7\x01\n" +
+	"\acreated\x18\x01 \x01(\bR\acreated\"\x8f\x02\n" +
 	"\x12CreateGrantRequest\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -1674,7 +1917,26 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x04role\x18\x04 \x01(\tR\x04role\x12\"\n" +
 	"\fcapabilities\x18\x05 \x03(\tR\fcapabilities\x12\x1f\n" +
 	"\vttl_seconds\x18\x06 \x01(\x03R\n" +
-	"ttlSeconds\"e\n" +
+	"ttlSeconds\x125\n" +
+	"\x06launch\x18\a \x03(\v2\x1d.bushost.broker.v1.LaunchRoleR\x06launch\x12\x1f\n" +
+	"\vlaunched_by\x18\b \x01(\tR\n" +
+	"launchedBy\"D\n" +
+	"\n" +
+	"LaunchRole\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\"\n" +
+	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\"\x0f\n" +
+	"\rWhoamiRequest\"\xa8\x02\n" +
+	"\x0eWhoamiResponse\x12\x19\n" +
+	"\bgrant_id\x18\x01 \x01(\tR\agrantId\x12\x1a\n" +
+	"\bbusiness\x18\x02 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x03 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x04 \x01(\tR\x04task\x12\x12\n" +
+	"\x04role\x18\x05 \x01(\tR\x04role\x12\"\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\x125\n" +
+	"\x06launch\x18\a \x03(\v2\x1d.bushost.broker.v1.LaunchRoleR\x06launch\x12\x1f\n" +
+	"\vlaunched_by\x18\b \x01(\tR\n" +
+	"launchedBy\x12!\n" +
+	"\flaunch_depth\x18\t \x01(\x03R\vlaunchDepth\"e\n" +
 	"\x13CreateGrantResponse\x12\x19\n" +
 	"\bgrant_id\x18\x01 \x01(\tR\agrantId\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1d\n" +
@@ -1699,11 +1961,14 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\x12\n" +
 	"\x10CloseTaskRequest\"%\n" +
 	"\x11CloseTaskResponse\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x03R\x03seq\"e\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\xaf\x01\n" +
 	"\x12RecordEventRequest\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\tR\x04data\x12'\n" +
-	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"E\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\x12\x1a\n" +
+	"\bbusiness\x18\x04 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x05 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x06 \x01(\tR\x04task\"E\n" +
 	"\x13RecordEventResponse\x12.\n" +
 	"\x05event\x18\x01 \x01(\v2\x18.bushost.broker.v1.EventR\x05event\"\x92\x01\n" +
 	"\x11ListEventsRequest\x12\x1a\n" +
@@ -1755,11 +2020,12 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_APPROVE\x10\x01\x12\x12\n" +
-	"\x0eVERDICT_REJECT\x10\x022\xd5\b\n" +
+	"\x0eVERDICT_REJECT\x10\x022\xa4\t\n" +
 	"\rBrokerService\x12P\n" +
 	"\aAddTask\x12!.bushost.broker.v1.AddTaskRequest\x1a\".bushost.broker.v1.AddTaskResponse\x12\\\n" +
 	"\vCreateGrant\x12%.bushost.broker.v1.CreateGrantRequest\x1a&.bushost.broker.v1.CreateGrantResponse\x12\\\n" +
-	"\vRevokeGrant\x12%.bushost.broker.v1.RevokeGrantRequest\x1a&.bushost.broker.v1.RevokeGrantResponse\x12b\n" +
+	"\vRevokeGrant\x12%.bushost.broker.v1.RevokeGrantRequest\x1a&.bushost.broker.v1.RevokeGrantResponse\x12M\n" +
+	"\x06Whoami\x12 .bushost.broker.v1.WhoamiRequest\x1a!.bushost.broker.v1.WhoamiResponse\x12b\n" +
 	"\rRequestReview\x12'.bushost.broker.v1.RequestReviewRequest\x1a(.bushost.broker.v1.RequestReviewResponse\x12b\n" +
 	"\rSubmitVerdict\x12'.bushost.broker.v1.SubmitVerdictRequest\x1a(.bushost.broker.v1.SubmitVerdictResponse\x12V\n" +
 	"\tCloseTask\x12#.bushost.broker.v1.CloseTaskRequest\x1a$.bushost.broker.v1.CloseTaskResponse\x12Y\n" +
@@ -1785,72 +2051,79 @@ func file_bushost_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_bushost_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: bushost.broker.v1.Verdict
 	(*Event)(nil),                 // 1: bushost.broker.v1.Event
 	(*AddTaskRequest)(nil),        // 2: bushost.broker.v1.AddTaskRequest
 	(*AddTaskResponse)(nil),       // 3: bushost.broker.v1.AddTaskResponse
 	(*CreateGrantRequest)(nil),    // 4: bushost.broker.v1.CreateGrantRequest
-	(*CreateGrantResponse)(nil),   // 5: bushost.broker.v1.CreateGrantResponse
-	(*RevokeGrantRequest)(nil),    // 6: bushost.broker.v1.RevokeGrantRequest
-	(*RevokeGrantResponse)(nil),   // 7: bushost.broker.v1.RevokeGrantResponse
-	(*RequestReviewRequest)(nil),  // 8: bushost.broker.v1.RequestReviewRequest
-	(*RequestReviewResponse)(nil), // 9: bushost.broker.v1.RequestReviewResponse
-	(*SubmitVerdictRequest)(nil),  // 10: bushost.broker.v1.SubmitVerdictRequest
-	(*SubmitVerdictResponse)(nil), // 11: bushost.broker.v1.SubmitVerdictResponse
-	(*CloseTaskRequest)(nil),      // 12: bushost.broker.v1.CloseTaskRequest
-	(*CloseTaskResponse)(nil),     // 13: bushost.broker.v1.CloseTaskResponse
-	(*RecordEventRequest)(nil),    // 14: bushost.broker.v1.RecordEventRequest
-	(*RecordEventResponse)(nil),   // 15: bushost.broker.v1.RecordEventResponse
-	(*ListEventsRequest)(nil),     // 16: bushost.broker.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),    // 17: bushost.broker.v1.ListEventsResponse
-	(*RecordedHead)(nil),          // 18: bushost.broker.v1.RecordedHead
-	(*VerifyLogRequest)(nil),      // 19: bushost.broker.v1.VerifyLogRequest
-	(*VerifyLogResponse)(nil),     // 20: bushost.broker.v1.VerifyLogResponse
-	(*LogHeadRequest)(nil),        // 21: bushost.broker.v1.LogHeadRequest
-	(*LogHeadResponse)(nil),       // 22: bushost.broker.v1.LogHeadResponse
-	(*ReopenTaskRequest)(nil),     // 23: bushost.broker.v1.ReopenTaskRequest
-	(*ReopenTaskResponse)(nil),    // 24: bushost.broker.v1.ReopenTaskResponse
-	(*ListTasksRequest)(nil),      // 25: bushost.broker.v1.ListTasksRequest
-	(*TaskInfo)(nil),              // 26: bushost.broker.v1.TaskInfo
-	(*ListTasksResponse)(nil),     // 27: bushost.broker.v1.ListTasksResponse
+	(*LaunchRole)(nil),            // 5: bushost.broker.v1.LaunchRole
+	(*WhoamiRequest)(nil),         // 6: bushost.broker.v1.WhoamiRequest
+	(*WhoamiResponse)(nil),        // 7: bushost.broker.v1.WhoamiResponse
+	(*CreateGrantResponse)(nil),   // 8: bushost.broker.v1.CreateGrantResponse
+	(*RevokeGrantRequest)(nil),    // 9: bushost.broker.v1.RevokeGrantRequest
+	(*RevokeGrantResponse)(nil),   // 10: bushost.broker.v1.RevokeGrantResponse
+	(*RequestReviewRequest)(nil),  // 11: bushost.broker.v1.RequestReviewRequest
+	(*RequestReviewResponse)(nil), // 12: bushost.broker.v1.RequestReviewResponse
+	(*SubmitVerdictRequest)(nil),  // 13: bushost.broker.v1.SubmitVerdictRequest
+	(*SubmitVerdictResponse)(nil), // 14: bushost.broker.v1.SubmitVerdictResponse
+	(*CloseTaskRequest)(nil),      // 15: bushost.broker.v1.CloseTaskRequest
+	(*CloseTaskResponse)(nil),     // 16: bushost.broker.v1.CloseTaskResponse
+	(*RecordEventRequest)(nil),    // 17: bushost.broker.v1.RecordEventRequest
+	(*RecordEventResponse)(nil),   // 18: bushost.broker.v1.RecordEventResponse
+	(*ListEventsRequest)(nil),     // 19: bushost.broker.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),    // 20: bushost.broker.v1.ListEventsResponse
+	(*RecordedHead)(nil),          // 21: bushost.broker.v1.RecordedHead
+	(*VerifyLogRequest)(nil),      // 22: bushost.broker.v1.VerifyLogRequest
+	(*VerifyLogResponse)(nil),     // 23: bushost.broker.v1.VerifyLogResponse
+	(*LogHeadRequest)(nil),        // 24: bushost.broker.v1.LogHeadRequest
+	(*LogHeadResponse)(nil),       // 25: bushost.broker.v1.LogHeadResponse
+	(*ReopenTaskRequest)(nil),     // 26: bushost.broker.v1.ReopenTaskRequest
+	(*ReopenTaskResponse)(nil),    // 27: bushost.broker.v1.ReopenTaskResponse
+	(*ListTasksRequest)(nil),      // 28: bushost.broker.v1.ListTasksRequest
+	(*TaskInfo)(nil),              // 29: bushost.broker.v1.TaskInfo
+	(*ListTasksResponse)(nil),     // 30: bushost.broker.v1.ListTasksResponse
 }
 var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
-	0,  // 0: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
-	1,  // 1: bushost.broker.v1.RecordEventResponse.event:type_name -> bushost.broker.v1.Event
-	1,  // 2: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
-	18, // 3: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
-	26, // 4: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
-	2,  // 5: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
-	4,  // 6: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
-	6,  // 7: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
-	8,  // 8: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
-	10, // 9: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
-	12, // 10: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
-	23, // 11: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
-	25, // 12: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
-	14, // 13: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
-	16, // 14: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
-	19, // 15: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
-	21, // 16: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
-	3,  // 17: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
-	5,  // 18: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
-	7,  // 19: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
-	9,  // 20: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
-	11, // 21: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
-	13, // 22: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
-	24, // 23: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
-	27, // 24: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
-	15, // 25: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
-	17, // 26: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
-	20, // 27: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
-	22, // 28: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
-	17, // [17:29] is the sub-list for method output_type
-	5,  // [5:17] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	5,  // 0: bushost.broker.v1.CreateGrantRequest.launch:type_name -> bushost.broker.v1.LaunchRole
+	5,  // 1: bushost.broker.v1.WhoamiResponse.launch:type_name -> bushost.broker.v1.LaunchRole
+	0,  // 2: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
+	1,  // 3: bushost.broker.v1.RecordEventResponse.event:type_name -> bushost.broker.v1.Event
+	1,  // 4: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
+	21, // 5: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
+	29, // 6: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
+	2,  // 7: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
+	4,  // 8: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
+	9,  // 9: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
+	6,  // 10: bushost.broker.v1.BrokerService.Whoami:input_type -> bushost.broker.v1.WhoamiRequest
+	11, // 11: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
+	13, // 12: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
+	15, // 13: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
+	26, // 14: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
+	28, // 15: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
+	17, // 16: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
+	19, // 17: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
+	22, // 18: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
+	24, // 19: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
+	3,  // 20: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
+	8,  // 21: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
+	10, // 22: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
+	7,  // 23: bushost.broker.v1.BrokerService.Whoami:output_type -> bushost.broker.v1.WhoamiResponse
+	12, // 24: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
+	14, // 25: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
+	16, // 26: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
+	27, // 27: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
+	30, // 28: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
+	18, // 29: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
+	20, // 30: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
+	23, // 31: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
+	25, // 32: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
+	20, // [20:33] is the sub-list for method output_type
+	7,  // [7:20] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_bushost_broker_v1_broker_proto_init() }
@@ -1864,7 +2137,7 @@ func file_bushost_broker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_broker_v1_broker_proto_rawDesc), len(file_bushost_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
