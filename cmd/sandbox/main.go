@@ -5,8 +5,10 @@
 //	sandbox prepare --run-dir D ... --token-file F
 //	sandbox explain [--json] RUN-FLAGS
 //	sandbox run RUN-FLAGS -- COMMAND...
+//	sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] ...
 //
-// and, started by bwrap inside a session only, `sandbox init` as its pid 1.
+// and, started by bwrap inside a session only, `sandbox init` as its pid 1;
+// started by sandbox serve only, `sandbox keep EXIT-FILE RUN-FLAGS`.
 package main
 
 import (
@@ -14,6 +16,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
 
 	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/sandbox"
@@ -28,6 +34,8 @@ const usage = `usage:
               [--allow-domain PATTERN]... [--allow-host HOST:PORT]... [--resolve-file F] [--audit-token-file F] [--egress-conns N] [--egress-idle D]
               [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--fresh-home]
               [--user U | --uid-range LOW-HIGH] [--state-dir DIR] [--allow-abstract-sockets] -- COMMAND...
+  sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N]
+              [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]
   (sandbox run -h lists every flag)
 `
 
@@ -60,6 +68,29 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			func(w io.Writer) { sandbox.ParseFlags("run", []string{"-h"}, w) },
 			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr) }),
 	)
+	root.AddCommand(cmdline.Passthrough("serve", "serve the launch socket: sessions launched by a grant with session.launch",
+		"usage: sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]\n\n"+
+			"serve LaunchService on DIR/launch.sock (docs/launch.md), as root. The server is bushostd's\n"+
+			"(next to this executable, else on PATH), which this process becomes: the sandbox links no\n"+
+			"gRPC, since it is also every session's pid 1.",
+		nil,
+		func(args []string) int { return serveLauncher(args, stderr) }))
+	// keep is sandbox run for a session sandbox serve launched: it leaves
+	// the status in EXIT-FILE, for a launcher that is no longer its parent.
+	keep := cmdline.Passthrough("keep", "sandbox run, leaving the exit status in a file (started by sandbox serve)", "", nil,
+		func(args []string) int {
+			if len(args) < 1 {
+				fmt.Fprintln(stderr, "sandbox keep: want EXIT-FILE RUN-FLAGS -- COMMAND...")
+				return 2
+			}
+			status := runOrExplain("run", args[1:], stdin, stdout, stderr)
+			if err := writeExit(args[0], status); err != nil {
+				fmt.Fprintf(stderr, "sandbox keep: %v\n", err)
+			}
+			return status
+		})
+	keep.Hidden = true
+	root.AddCommand(keep)
 	pid1 := cmdline.Passthrough(sandbox.InitVerb, "a session's pid 1 (started by bwrap only)", "", nil,
 		func(args []string) int { return sandbox.Init(args, stderr) })
 	pid1.Hidden = true
@@ -127,6 +158,37 @@ func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io
 		return sandbox.ExitSandbox
 	}
 	return status
+}
+
+// serveLauncher becomes `bushostd launcher --sandbox SELF ARGS...`, the
+// launcher (internal/launch), with the same pid.
+func serveLauncher(args []string, stderr io.Writer) int {
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "sandbox serve: %v\n", err)
+		return 1
+	}
+	daemon := filepath.Join(filepath.Dir(self), "bushostd")
+	if _, err := os.Stat(daemon); err != nil {
+		if daemon, err = exec.LookPath("bushostd"); err != nil {
+			fmt.Fprintf(stderr, "sandbox serve: no bushostd next to %s nor on PATH: %v\n", self, err)
+			return 1
+		}
+	}
+	argv := append([]string{daemon, "launcher", "--sandbox", self}, args...)
+	err = syscall.Exec(daemon, argv, os.Environ())
+	fmt.Fprintf(stderr, "sandbox serve: exec %s: %v\n", daemon, err)
+	return 1
+}
+
+// writeExit records a session's exit status in path atomically (a new
+// file renamed over), for a launcher that is not its parent any more.
+func writeExit(path string, status int) error {
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(status)+"\n"), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 func asFile(v any) *os.File {
