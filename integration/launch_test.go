@@ -168,6 +168,7 @@ func (e *launchEnv) sessionDirs(t *testing.T) []string {
 func TestLaunchWorker(t *testing.T) {
 	e := newLaunchEnv(t)
 	script := `set -e
+if [ -e "$BUSHOST_HOME/launch.sock" ]; then echo "a worker has the launch socket"; exit 9; fi
 bushost fetch-main --repo repo
 cd repo
 echo "made by a worker" > work.txt
@@ -344,4 +345,52 @@ func TestLaunchSurvivesServeKill(t *testing.T) {
 	if alive(rec.PID) {
 		t.Errorf("pid %d still alive", rec.PID)
 	}
+}
+
+// TestLaunchFromLeadSession: a lead session (sandbox run with
+// session.launch and the launch socket) launches a worker from inside and
+// waits for it, as the host would.
+func TestLaunchFromLeadSession(t *testing.T) {
+	e := newLaunchEnv(t)
+	base := filepath.Dir(e.h.Home)
+	run, ws := filepath.Join(base, "lead-run"), filepath.Join(base, "lead-ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sb := bin(t, "sandbox")
+	if out, code := runCmd(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
+		"--role", "lead", "--caps", "session.launch", "--token-file", e.lead); code != 0 {
+		t.Fatalf("sandbox prepare: exit %d\n%s", code, out)
+	}
+	script := `set -e
+id=$(bushost session launch --task t1 --role worker --caps git.push.working -- sh -c 'exit 6')
+echo "launched $id"
+set +e
+bushost session wait "$id"
+echo "waited $?"
+bushost session launch --task t1 --role reviewer --caps review.verdict -- true
+echo "refused $?"`
+	out, code := runCmd(t, sb, "run", "--run-dir", run, "--workspace", ws, "--role", "lead", "--caps", "session.launch",
+		"--broker-socket", filepath.Join(e.h.Home, "broker.sock"), "--launch-socket", filepath.Join(e.h.Home, "launch.sock"),
+		"--", "sh", "-c", script)
+	if code != 0 || !strings.Contains(out, "launched s-") || !strings.Contains(out, "waited 6") || !strings.Contains(out, "refused 4") ||
+		!strings.Contains(out, "LAUNCH_NOT_ALLOWED") {
+		t.Fatalf("inside the lead session: exit %d, want a launch, its status 6, and a refusal (4)\n%s", code, out)
+	}
+	rows := decodeSessions(t, e.h.Must(t, "session", "list", "--json"))
+	if len(rows) != 1 || rows[0].Role != "worker" || rows[0].Exit != 6 {
+		t.Errorf("session list: %+v", rows)
+	}
+}
+
+// runCmd runs a command and returns its combined output and exit status.
+func runCmd(t *testing.T, name string, args ...string) (string, int) {
+	t.Helper()
+	b, err := exec.Command(name, args...).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return string(b), ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return string(b), 0
 }

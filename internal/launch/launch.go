@@ -412,6 +412,9 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws string, r
 	if _, err := os.Stat(filepath.Join(s.o.BusHome, "git.sock")); err == nil {
 		args = append(args, "--git-socket", filepath.Join(s.o.BusHome, "git.sock"))
 	}
+	if slices.Contains(rec.Caps, authz.CapSessionLaunch) {
+		args = append(args, "--launch-socket", filepath.Join(s.o.Home, Socket))
+	}
 	if s.o.UIDRange != "" {
 		args = append(args, "--uid-range", s.o.UIDRange)
 	}
