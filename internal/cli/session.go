@@ -241,4 +241,3 @@ func runSessionLogs(fs *pflag.FlagSet) runFunc {
 		})
 	}
 }
-
