@@ -60,6 +60,9 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 			}
 		}
 		e.stop(t)
+		if b, err := os.ReadFile(e.log); err == nil && strings.Contains(string(b), raceReport) {
+			t.Errorf("sandbox serve (bushostd launcher, built with -race) reported a data race")
+		}
 		if t.Failed() {
 			b, _ := os.ReadFile(e.log)
 			t.Logf("sandbox serve log:\n%s", tail(string(b), 4000))

@@ -461,9 +461,15 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws string, r
 		l.mu.Unlock()
 		close(l.exited)
 	}()
+	// Saved at once, so that a launcher killed from here on finds the
+	// session again; saved again once its uid is known.
 	l.mu.Lock()
 	l.rec.GrantID, l.rec.PID, l.rec.StartTime, l.rec.State, l.rec.Started = ig.GrantId, pid, st, StateRunning, time.Now().UTC()
+	err = l.rec.save(l.dir)
 	l.mu.Unlock()
+	if err != nil {
+		s.logf("save the record of session %s: %v", rec.ID, err)
+	}
 	s.learnUID(l)
 	l.mu.Lock()
 	err = l.rec.save(l.dir)
@@ -577,11 +583,12 @@ func (s *Server) adopt() {
 		dir := filepath.Join(s.sessionsDir(), e.Name())
 		rec, err := loadRecord(dir)
 		if err != nil {
-			// A launch cut before its record: nothing ran.
-			if errors.Is(err, os.ErrNotExist) {
+			// A launch cut before its process started (no stdout yet):
+			// nothing ran. Anything else is left for the host to look at.
+			if _, serr := os.Stat(filepath.Join(dir, stdoutName)); errors.Is(err, os.ErrNotExist) && errors.Is(serr, os.ErrNotExist) {
 				os.RemoveAll(dir)
 			} else {
-				s.logf("%v", err)
+				s.logf("session directory %s has no usable record, left alone: %v", dir, err)
 			}
 			continue
 		}
