@@ -190,7 +190,7 @@ exit 5`
 		logs, logErr, _ := e.as(t, e.lead, "session", "logs", id)
 		t.Fatalf("session wait: exit %d, want the session's 5\n%s%s\nlogs:\n%s%s", code, out, errOut, logs, logErr)
 	}
-	logs, _, code := e.as(t, e.lead, "session", "logs", id)
+	logs, _, code := e.as(t, e.lead, "session", "logs", "--follow", id)
 	var head string
 	for _, line := range strings.Split(logs, "\n") {
 		if v, ok := strings.CutPrefix(line, "head "); ok {

@@ -48,8 +48,8 @@ func init() {
 	})
 	register(&command{
 		words: "session logs",
-		usage: "session logs ID",
-		help:  "Print session ID's stdout and then its stderr (to stderr), as kept by the launcher: the last 1 MiB of each.",
+		usage: "session logs ID [--follow]",
+		help:  "Print session ID's stdout and then its stderr (to stderr), as kept by the launcher: the last 1 MiB of each. --follow keeps printing what it writes until it ends.",
 		args:  cobra.ArbitraryArgs,
 		setup: runSessionLogs,
 	})
@@ -220,24 +220,44 @@ func runSessionStop(fs *pflag.FlagSet) runFunc {
 }
 
 func runSessionLogs(fs *pflag.FlagSet) runFunc {
+	follow := fs.Bool("follow", false, "keep printing what the session writes until it has ended")
 	return func(ctx context.Context, e *Env, args []string) error {
 		id, err := oneID(args)
 		if err != nil {
 			return err
 		}
-		return launchCall(ctx, e, true, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
-			r, err := c.Logs(ctx, &launchv1.LogsRequest{Id: id})
-			if err != nil {
-				return err
+		return launchCall(ctx, e, !*follow, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
+			req := &launchv1.LogsRequest{Id: id}
+			for {
+				r, err := c.Logs(ctx, req)
+				if err != nil {
+					return err
+				}
+				if e.JSON {
+					if err := brokerPrint(e, "", map[string]any{"stdout": string(r.Stdout), "stderr": string(r.Stderr), "truncated": r.Truncated}); err != nil {
+						return err
+					}
+				} else {
+					if _, err := e.Stdout.Write(r.Stdout); err != nil {
+						return err
+					}
+					if _, err := e.Stderr.Write(r.Stderr); err != nil {
+						return err
+					}
+				}
+				if !*follow || r.Ended {
+					return nil
+				}
+				req = &launchv1.LogsRequest{Id: id, FromOffsets: true, StdoutOffset: r.StdoutNext, StderrOffset: r.StderrNext}
+				if r.Truncated || len(r.Stdout)+len(r.Stderr) > 0 {
+					continue
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(250 * time.Millisecond):
+				}
 			}
-			if e.JSON {
-				return brokerPrint(e, "", map[string]any{"stdout": string(r.Stdout), "stderr": string(r.Stderr), "truncated": r.Truncated})
-			}
-			if _, err := e.Stdout.Write(r.Stdout); err != nil {
-				return err
-			}
-			_, err = e.Stderr.Write(r.Stderr)
-			return err
 		})
 	}
 }

@@ -738,15 +738,23 @@ func (s *Server) Logs(ctx context.Context, r *launchv1.LogsRequest) (*launchv1.L
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	out, t1, err := tail(filepath.Join(l.dir, stdoutName), s.o.LogBytes)
+	// Whether it had ended is learned before reading, so that an answer
+	// saying ended holds everything the session wrote.
+	var ended bool
+	select {
+	case <-l.exited:
+		ended = true
+	default:
+	}
+	out, t1, n1, err := tail(filepath.Join(l.dir, stdoutName), s.o.LogBytes, r.GetFromOffsets(), r.GetStdoutOffset())
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	errb, t2, err := tail(filepath.Join(l.dir, stderrName), s.o.LogBytes)
+	errb, t2, n2, err := tail(filepath.Join(l.dir, stderrName), s.o.LogBytes, r.GetFromOffsets(), r.GetStderrOffset())
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	return &launchv1.LogsResponse{Stdout: out, Stderr: errb, Truncated: t1 || t2}, nil
+	return &launchv1.LogsResponse{Stdout: out, Stderr: errb, Truncated: t1 || t2, StdoutNext: n1, StderrNext: n2, Ended: ended && !t1 && !t2}, nil
 }
 
 func sessionProto(r record) *launchv1.Session {

@@ -162,25 +162,33 @@ func childOf(pid int) (child, uid int, ok bool) {
 	return 0, 0, false
 }
 
-// tail reads at most n bytes from the end of path; truncated says there
-// was more.
-func tail(path string, n int64) ([]byte, bool, error) {
+// tail reads at most n bytes from the end of path, or with from, from
+// offset; truncated says there was more, next is where the read stopped.
+func tail(path string, n int64, from bool, offset int64) (b []byte, truncated bool, next int64, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, false, nil
+		return nil, false, offset, nil
 	}
 	if err != nil {
-		return nil, false, err
+		return nil, false, offset, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, false, err
+		return nil, false, offset, err
 	}
-	off := max(st.Size()-n, 0)
+	size := st.Size()
+	off := max(size-n, 0)
+	if from {
+		off = min(max(offset, 0), size)
+	}
 	if _, err := f.Seek(off, io.SeekStart); err != nil {
-		return nil, false, err
+		return nil, false, offset, err
 	}
-	b, err := io.ReadAll(io.LimitReader(f, n))
-	return b, off > 0, err
+	b, err = io.ReadAll(io.LimitReader(f, n))
+	next = off + int64(len(b))
+	if from {
+		return b, next < size, next, err
+	}
+	return b, off > 0, next, err
 }

@@ -605,8 +605,13 @@ func (x *StopResponse) GetSession() *Session {
 }
 
 type LogsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// With from_offsets, what follows these offsets (as a previous answer's
+	// stdout_next and stderr_next gave them) instead of the tail.
+	FromOffsets   bool  `protobuf:"varint,2,opt,name=from_offsets,json=fromOffsets,proto3" json:"from_offsets,omitempty"`
+	StdoutOffset  int64 `protobuf:"varint,3,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	StderrOffset  int64 `protobuf:"varint,4,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -648,12 +653,39 @@ func (x *LogsRequest) GetId() string {
 	return ""
 }
 
+func (x *LogsRequest) GetFromOffsets() bool {
+	if x != nil {
+		return x.FromOffsets
+	}
+	return false
+}
+
+func (x *LogsRequest) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *LogsRequest) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
 type LogsResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stdout []byte                 `protobuf:"bytes,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
 	Stderr []byte                 `protobuf:"bytes,2,opt,name=stderr,proto3" json:"stderr,omitempty"`
-	// The stream was longer than what is returned (its tail).
-	Truncated     bool `protobuf:"varint,3,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// The stream was longer than what is returned (its tail, or a bounded
+	// chunk after the offsets).
+	Truncated bool `protobuf:"varint,3,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// Where the next read with from_offsets starts.
+	StdoutNext int64 `protobuf:"varint,4,opt,name=stdout_next,json=stdoutNext,proto3" json:"stdout_next,omitempty"`
+	StderrNext int64 `protobuf:"varint,5,opt,name=stderr_next,json=stderrNext,proto3" json:"stderr_next,omitempty"`
+	// The session had ended before this read: nothing more will come.
+	Ended         bool `protobuf:"varint,6,opt,name=ended,proto3" json:"ended,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -709,6 +741,27 @@ func (x *LogsResponse) GetTruncated() bool {
 	return false
 }
 
+func (x *LogsResponse) GetStdoutNext() int64 {
+	if x != nil {
+		return x.StdoutNext
+	}
+	return 0
+}
+
+func (x *LogsResponse) GetStderrNext() int64 {
+	if x != nil {
+		return x.StderrNext
+	}
+	return 0
+}
+
+func (x *LogsResponse) GetEnded() bool {
+	if x != nil {
+		return x.Ended
+	}
+	return false
+}
+
 var File_bushost_launch_v1_launch_proto protoreflect.FileDescriptor
 
 const file_bushost_launch_v1_launch_proto_rawDesc = "" +
@@ -755,13 +808,21 @@ const file_bushost_launch_v1_launch_proto_rawDesc = "" +
 	"\vStopRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"D\n" +
 	"\fStopResponse\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.bushost.launch.v1.SessionR\asession\"\x1d\n" +
+	"\asession\x18\x01 \x01(\v2\x1a.bushost.launch.v1.SessionR\asession\"\x8a\x01\n" +
 	"\vLogsRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\\\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
+	"\ffrom_offsets\x18\x02 \x01(\bR\vfromOffsets\x12#\n" +
+	"\rstdout_offset\x18\x03 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x04 \x01(\x03R\fstderrOffset\"\xb4\x01\n" +
 	"\fLogsResponse\x12\x16\n" +
 	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
 	"\x06stderr\x18\x02 \x01(\fR\x06stderr\x12\x1c\n" +
-	"\ttruncated\x18\x03 \x01(\bR\ttruncated2\x82\x03\n" +
+	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x12\x1f\n" +
+	"\vstdout_next\x18\x04 \x01(\x03R\n" +
+	"stdoutNext\x12\x1f\n" +
+	"\vstderr_next\x18\x05 \x01(\x03R\n" +
+	"stderrNext\x12\x14\n" +
+	"\x05ended\x18\x06 \x01(\bR\x05ended2\x82\x03\n" +
 	"\rLaunchService\x12M\n" +
 	"\x06Launch\x12 .bushost.launch.v1.LaunchRequest\x1a!.bushost.launch.v1.LaunchResponse\x12G\n" +
 	"\x04List\x12\x1e.bushost.launch.v1.ListRequest\x1a\x1f.bushost.launch.v1.ListResponse\x12G\n" +
