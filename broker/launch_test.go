@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -91,5 +92,15 @@ func TestLaunchSets(t *testing.T) {
 			t.Fatalf("session.ended twice with one key appended %d events", h-before)
 		}
 		e.verify()
+
+		// A launch set widened in the table is named by log verify.
+		e.exec(`UPDATE grants SET launch = $1 WHERE id = $2`, `{"worker":["git.push.working","task.land"]}`, r.GrantId)
+		v, err := e.b.VerifyLog(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if joined := strings.Join(v.Differences, "\n"); v.OK || !strings.Contains(joined, "grants "+r.GrantId+": launch is") {
+			t.Fatalf("log verify after widening a launch set: %+v", v)
+		}
 	})
 }
