@@ -180,7 +180,8 @@ git -c user.name=worker -c user.email=worker@example.com commit -q -m "work of a
 echo "head $(git rev-parse HEAD)"
 bushost push-working --repo .
 exit 5`
-	id, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working", "--", "sh", "-c", script)
+	id, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",
+		"--memory", "512M", "--pids", "256", "--", "sh", "-c", script)
 	id = strings.TrimSpace(id)
 	if code != 0 || !strings.HasPrefix(id, "s-") {
 		t.Fatalf("session launch: exit %d, %q\n%s", code, id, errOut)
@@ -205,6 +206,9 @@ exit 5`
 	}
 	if got := e.sessionEvents(t, id); strings.Join(got, ",") != "session.launched,session.ended" {
 		t.Errorf("session events: %v, want session.launched then session.ended", got)
+	}
+	if evs := e.h.Must(t, "events", "--task", "t1", "--json"); !strings.Contains(evs, `"peak_memory":`) || !strings.Contains(evs, `"memory":"512M"`) {
+		t.Errorf("the session's events lack its limits or peak memory:\n%s", evs)
 	}
 	rows := decodeSessions(t, e.h.Must(t, "session", "list", "--json"))
 	if len(rows) != 1 || rows[0].ID != id || rows[0].State != "exited" || rows[0].Exit != 5 || rows[0].Role != "worker" || rows[0].UID == 0 {

@@ -62,11 +62,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		cmdline.Passthrough("explain", "print the bind table: kind, source, target, why",
 			"usage: sandbox explain [--json] RUN-FLAGS\n\nprint the bind table of a session: kind, source, target, why.",
 			func(w io.Writer) { sandbox.ParseFlags("explain", []string{"-h"}, w) },
-			func(args []string) int { return runOrExplain("explain", args, stdin, stdout, stderr) }),
+			func(args []string) int { return runOrExplain("explain", args, stdin, stdout, stderr, "") }),
 		cmdline.Passthrough("run", "run COMMAND in a session",
 			"usage: sandbox run RUN-FLAGS -- COMMAND...\n\nrun COMMAND confined, as a uid of its own when started as root.",
 			func(w io.Writer) { sandbox.ParseFlags("run", []string{"-h"}, w) },
-			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr) }),
+			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr, "") }),
 	)
 	root.AddCommand(cmdline.Passthrough("serve", "serve the launch socket: sessions launched by a grant with session.launch",
 		"usage: sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]\n\n"+
@@ -83,11 +83,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				fmt.Fprintln(stderr, "sandbox keep: want EXIT-FILE RUN-FLAGS -- COMMAND...")
 				return 2
 			}
-			status := runOrExplain("run", args[1:], stdin, stdout, stderr)
-			if err := writeExit(args[0], status); err != nil {
-				fmt.Fprintf(stderr, "sandbox keep: %v\n", err)
-			}
-			return status
+			return runOrExplain("run", args[1:], stdin, stdout, stderr, args[0])
 		})
 	keep.Hidden = true
 	root.AddCommand(keep)
@@ -125,13 +121,28 @@ func probe(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// runOrExplain runs `sandbox explain` or `sandbox run`; with exitFile
+// (sandbox keep), run's status and the session's peak memory are left
+// there as it ends.
+func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io.Writer, exitFile string) (status int) {
+	var plan *sandbox.Plan
+	if exitFile != "" {
+		defer func() {
+			var peak int64
+			if plan != nil {
+				peak = plan.PeakMemory
+			}
+			if err := writeExit(exitFile, status, peak); err != nil {
+				fmt.Fprintf(stderr, "sandbox keep: %v\n", err)
+			}
+		}()
+	}
 	cfg, err := sandbox.ParseFlags(verb, args, io.Discard)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox %s: %v\nRun 'sandbox %s --help' for usage.\n", verb, err, verb)
 		return 2
 	}
-	plan, err := sandbox.BuildPlan(cfg)
+	plan, err = sandbox.BuildPlan(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox %s: %v\n", verb, err)
 		if verb == "run" {
@@ -152,7 +163,7 @@ func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io
 	// The session gets the caller's descriptors themselves (bwrap is
 	// started directly, with no copying in between); a test's buffer
 	// stands for /dev/null.
-	status, err := sandbox.Run(plan, asFile(stdin), asFile(stdout), asFile(stderr))
+	status, err = sandbox.Run(plan, asFile(stdin), asFile(stdout), asFile(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox run: %v\n", err)
 		return sandbox.ExitSandbox
@@ -181,11 +192,12 @@ func serveLauncher(args []string, stderr io.Writer) int {
 	return 1
 }
 
-// writeExit records a session's exit status in path atomically (a new
-// file renamed over), for a launcher that is not its parent any more.
-func writeExit(path string, status int) error {
+// writeExit records a session's exit status and peak memory in path
+// ("STATUS PEAK"), atomically (a new file renamed over), for a launcher
+// that is not its parent any more.
+func writeExit(path string, status int, peak int64) error {
 	tmp := path + ".new"
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(status)+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(status)+" "+strconv.FormatInt(peak, 10)+"\n"), 0o600); err != nil {
 		return err
 	}
 	return os.Rename(tmp, path)

@@ -518,7 +518,10 @@ func (s *Server) record(rec record, typ string, data map[string]any) error {
 // watch waits for the session's process to end, then finishes it.
 func (s *Server) watch(l *live) {
 	<-l.exited
-	status, ok := readExit(filepath.Join(l.dir, exitName))
+	status, peak, ok := readExit(filepath.Join(l.dir, exitName))
+	l.mu.Lock()
+	l.rec.PeakMemory = peak
+	l.mu.Unlock()
 	if !ok {
 		l.mu.Lock()
 		status, ok = l.status, l.known
@@ -546,6 +549,9 @@ func (s *Server) finish(l *live, status int, known bool) {
 		"duration_seconds": rec.Ended.Sub(rec.Started).Seconds()}
 	if known && status > 128 {
 		data["signal"] = status - 128
+	}
+	if rec.PeakMemory > 0 {
+		data["peak_memory"] = rec.PeakMemory
 	}
 	for attempt := 0; ; attempt++ {
 		err := s.record(rec, "session.ended", data)

@@ -49,12 +49,14 @@ type record struct {
 	PID                     int               `json:"pid"`
 	// StartTime is field 22 of /proc/PID/stat: with the pid, it names the
 	// process and never a later one given the same pid.
-	StartTime uint64    `json:"start_time"`
-	UID       int       `json:"uid"`
-	Started   time.Time `json:"started"`
-	Ended     time.Time `json:"ended,omitzero"`
-	State     string    `json:"state"`
-	Exit      int       `json:"exit"`
+	StartTime uint64 `json:"start_time"`
+	UID       int    `json:"uid"`
+	// PeakMemory is the most memory its cgroup used (with --memory).
+	PeakMemory int64     `json:"peak_memory,omitempty"`
+	Started    time.Time `json:"started"`
+	Ended      time.Time `json:"ended,omitzero"`
+	State      string    `json:"state"`
+	Exit       int       `json:"exit"`
 	// Recorded is true once session.ended is in the log.
 	Recorded bool `json:"recorded"`
 }
@@ -96,15 +98,23 @@ func loadRecord(dir string) (*record, error) {
 	return &r, nil
 }
 
-// readExit reads what `sandbox keep` wrote as the session ended (so that
-// a launcher that was not there to reap it still learns the status); ok is false if there is nothing.
-func readExit(path string) (int, bool) {
+// readExit reads what `sandbox keep` wrote as the session ended, "STATUS
+// PEAK", so that a launcher that was not there to reap it still learns the
+// status; ok is false if there is nothing.
+func readExit(path string) (status int, peak int64, ok bool) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	return n, err == nil
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, 0, false
+	}
+	status, err = strconv.Atoi(f[0])
+	if len(f) > 1 {
+		peak, _ = strconv.ParseInt(f[1], 10, 64)
+	}
+	return status, peak, err == nil
 }
 
 // startTime reads field 22 of /proc/PID/stat (after the command name,

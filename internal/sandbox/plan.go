@@ -67,6 +67,9 @@ type Plan struct {
 	Env       []string `json:"-"` // values may be secrets: explain shows names
 
 	Command []string `json:"command,omitempty"`
+	// PeakMemory is, once Run has returned, the most memory the session's
+	// cgroup used (bytes; 0 without --memory or when it cannot be read).
+	PeakMemory int64 `json:"-"`
 	// Limits are the session's resource bounds (zero: none).
 	Limits Limits `json:"limits"`
 	// ScopeAbstract: pid 1 scopes the command off abstract Unix sockets.
