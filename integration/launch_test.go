@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -294,25 +295,23 @@ func TestLaunchLimit(t *testing.T) {
 // it with its status, and records session.ended once.
 func TestLaunchSurvivesServeKill(t *testing.T) {
 	e := newLaunchEnv(t)
-	ws := filepath.Join(filepath.Dir(e.h.Home), "ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The session ends, with status 3, once the test lets it.
-	id, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",
-		"--workspace", ws, "--", "sh", "-c", "touch started; while [ ! -e go ]; do sleep 0.05; done; exit 3")
-	id = strings.TrimSpace(id)
-	if code != 0 {
-		t.Fatalf("session launch: exit %d\n%s", code, errOut)
-	}
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(filepath.Join(ws, "started")); err == nil {
-			break
+	// Each session ends, with its status, once the test lets it: one after
+	// the launcher is back, one while no launcher runs.
+	launch := func(name string, status int) (id, ws string) {
+		ws = filepath.Join(filepath.Dir(e.h.Home), name)
+		if err := os.Mkdir(ws, 0o755); err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the session never started its command")
+		out, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",
+			"--workspace", ws, "--", "sh", "-c", "touch started; while [ ! -e go ]; do sleep 0.05; done; exit "+fmt.Sprint(status))
+		if code != 0 {
+			t.Fatalf("session launch: exit %d\n%s", code, errOut)
 		}
+		waitFor(t, filepath.Join(ws, "started"))
+		return strings.TrimSpace(out), ws
 	}
+	id, ws := launch("ws", 3)
+	early, earlyWS := launch("ws-early", 4)
 	var rec struct {
 		PID int `json:"pid"`
 	}
@@ -326,13 +325,22 @@ func TestLaunchSurvivesServeKill(t *testing.T) {
 	if !alive(rec.PID) {
 		t.Fatalf("the session (pid %d) died with sandbox serve", rec.PID)
 	}
-	if _, err := os.Stat(filepath.Join(ws, "go")); err == nil {
-		t.Fatal("go exists before the test made it")
+	// One ends while no launcher runs: sandbox keep leaves its status.
+	if err := os.WriteFile(filepath.Join(earlyWS, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
+	waitFor(t, filepath.Join(e.h.Home, "sessions", early, "exit"))
 	e.start(t)
 	rows := decodeSessions(t, e.h.Must(t, "session", "list", "--json"))
-	if len(rows) != 1 || rows[0].ID != id || rows[0].State != "running" {
+	states := map[string]string{}
+	for _, r := range rows {
+		states[r.ID] = r.State
+	}
+	if len(rows) != 2 || states[id] != "running" || (states[early] != "exited" && states[early] != "running") {
 		t.Fatalf("after the restart, session list: %+v", rows)
+	}
+	if out, errOut, code := e.as(t, e.lead, "session", "wait", early); code != 4 {
+		t.Fatalf("session wait of the session that ended while no launcher ran: exit %d, want 4\n%s%s", code, out, errOut)
 	}
 	if err := os.WriteFile(filepath.Join(ws, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -346,8 +354,10 @@ func TestLaunchSurvivesServeKill(t *testing.T) {
 	if out, _, code := e.as(t, e.lead, "session", "wait", id); code != 3 {
 		t.Errorf("session wait after a second restart: exit %d\n%s", code, out)
 	}
-	if got := e.sessionEvents(t, id); strings.Join(got, ",") != "session.launched,session.ended" {
-		t.Errorf("session events: %v, want session.launched and one session.ended", got)
+	for _, x := range []string{id, early} {
+		if got := e.sessionEvents(t, x); strings.Join(got, ",") != "session.launched,session.ended" {
+			t.Errorf("session %s events: %v, want session.launched and one session.ended", x, got)
+		}
 	}
 	if alive(rec.PID) {
 		t.Errorf("pid %d still alive", rec.PID)
