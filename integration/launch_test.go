@@ -312,18 +312,38 @@ func TestLaunchSurvivesServeKill(t *testing.T) {
 	}
 	id, ws := launch("ws", 3)
 	early, earlyWS := launch("ws-early", 4)
-	var rec struct {
-		PID int `json:"pid"`
+	orphan, _ := launch("ws-orphan", 5)
+	type record struct {
+		PID      int `json:"pid"`
+		BwrapPID int `json:"bwrap_pid"`
 	}
-	b, err := os.ReadFile(filepath.Join(e.h.Home, "sessions", id, "record.json"))
-	if err != nil || json.Unmarshal(b, &rec) != nil || rec.PID == 0 {
-		t.Fatalf("record.json: %v %s", err, b)
+	readRecord := func(id string) record {
+		var rec record
+		for deadline := time.Now().Add(30 * time.Second); rec.BwrapPID == 0; time.Sleep(20 * time.Millisecond) {
+			b, err := os.ReadFile(filepath.Join(e.h.Home, "sessions", id, "record.json"))
+			if err != nil || json.Unmarshal(b, &rec) != nil || rec.PID == 0 || time.Now().After(deadline) {
+				t.Fatalf("record.json of %s: %v %s", id, err, b)
+			}
+		}
+		return rec
 	}
+	rec, orphanRec := readRecord(id), readRecord(orphan)
 	e.serve.Process.Kill()
 	e.serve.Wait()
 	e.serve = nil
 	if !alive(rec.PID) {
 		t.Fatalf("the session (pid %d) died with sandbox serve", rec.PID)
+	}
+	// One loses its sandbox keep (and so its status) but not its bwrap:
+	// the next launcher follows it, and records it lost.
+	syscall.Kill(orphanRec.PID, syscall.SIGKILL)
+	for deadline := time.Now().Add(30 * time.Second); alive(orphanRec.PID); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("sandbox keep survived SIGKILL")
+		}
+	}
+	if !alive(orphanRec.BwrapPID) {
+		t.Fatalf("the orphaned session's bwrap (pid %d) died with its sandbox keep", orphanRec.BwrapPID)
 	}
 	// One ends while no launcher runs: sandbox keep leaves its status.
 	if err := os.WriteFile(filepath.Join(earlyWS, "go"), nil, 0o644); err != nil {
@@ -336,8 +356,18 @@ func TestLaunchSurvivesServeKill(t *testing.T) {
 	for _, r := range rows {
 		states[r.ID] = r.State
 	}
-	if len(rows) != 2 || states[id] != "running" || (states[early] != "exited" && states[early] != "running") {
-		t.Fatalf("after the restart, session list: %+v", rows)
+	if len(rows) != 3 || states[id] != "running" || states[orphan] != "running" || (states[early] != "exited" && states[early] != "running") {
+		logs, logErr, _ := e.as(t, e.lead, "session", "logs", orphan)
+		t.Fatalf("after the restart, session list: %+v\norphan's logs:\n%s%s", rows, logs, logErr)
+	}
+	if out, errOut, code := e.as(t, e.lead, "--json", "session", "stop", orphan); code != 0 || !strings.Contains(out, `"state":"lost"`) {
+		t.Errorf("session stop of the orphaned session: exit %d, want it lost\n%s%s", code, out, errOut)
+	}
+	if _, errOut, code := e.as(t, e.lead, "session", "wait", orphan); code != 1 || !strings.Contains(errOut, "lost") {
+		t.Errorf("session wait of a lost session: exit %d, want 1 saying lost\n%s", code, errOut)
+	}
+	if alive(orphanRec.BwrapPID) {
+		t.Errorf("the orphaned session's bwrap (pid %d) outlived session stop", orphanRec.BwrapPID)
 	}
 	if out, errOut, code := e.as(t, e.lead, "session", "wait", early); code != 4 {
 		t.Fatalf("session wait of the session that ended while no launcher ran: exit %d, want 4\n%s%s", code, out, errOut)
@@ -354,7 +384,7 @@ func TestLaunchSurvivesServeKill(t *testing.T) {
 	if out, _, code := e.as(t, e.lead, "session", "wait", id); code != 3 {
 		t.Errorf("session wait after a second restart: exit %d\n%s", code, out)
 	}
-	for _, x := range []string{id, early} {
+	for _, x := range []string{id, early, orphan} {
 		if got := e.sessionEvents(t, x); strings.Join(got, ",") != "session.launched,session.ended" {
 			t.Errorf("session %s events: %v, want session.launched and one session.ended", x, got)
 		}

@@ -486,9 +486,10 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws string, r
 func (s *Server) learnUID(l *live) {
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		if _, uid, ok := childOf(l.rec.PID); ok && uid > 0 {
+		if child, uid, ok := childOf(l.rec.PID); ok && uid > 0 {
+			st, _ := startTime(child)
 			l.mu.Lock()
-			l.rec.UID = uid
+			l.rec.UID, l.rec.BwrapPID, l.rec.BwrapStart = uid, child, st
 			l.mu.Unlock()
 			return
 		}
@@ -605,7 +606,15 @@ func (s *Server) adopt() {
 			continue
 		}
 		if rec.State == StateRunning {
-			if fd, ok := openIfSame(rec.PID, rec.StartTime); ok {
+			fd, ok := openIfSame(rec.PID, rec.StartTime)
+			if !ok {
+				// sandbox keep was killed, its bwrap (and so the session)
+				// may not have been: follow bwrap; its status is lost.
+				if _, _, done := readExit(filepath.Join(dir, exitName)); !done {
+					fd, ok = openIfSame(rec.BwrapPID, rec.BwrapStart)
+				}
+			}
+			if ok {
 				s.logf("re-adopted session %s (pid %d)", rec.ID, rec.PID)
 				go func() {
 					waitPidfd(fd)
@@ -621,7 +630,9 @@ func (s *Server) adopt() {
 }
 
 // openIfSame opens a pidfd of pid if it is still the process started at
-// start; the pidfd is opened first, so the check holds for what it names.
+// start, and running; the pidfd is opened first, so the check holds for
+// what it names. A zombie counts as ended: a launcher's dead child is
+// reparented to an init that may be slow to reap it, or never does.
 func openIfSame(pid int, start uint64) (int, bool) {
 	if pid <= 0 {
 		return -1, false
@@ -630,11 +641,20 @@ func openIfSame(pid int, start uint64) (int, bool) {
 	if err != nil {
 		return -1, false
 	}
-	if st, err := startTime(pid); err != nil || st != start {
+	if state, st, err := procStat(pid); err != nil || st != start || state == 'Z' || state == 'X' {
 		unix.Close(fd)
 		return -1, false
 	}
 	return fd, true
+}
+
+// alive reports whether pid is still the process started at start.
+func alive(pid int, start uint64) bool {
+	fd, ok := openIfSame(pid, start)
+	if ok {
+		unix.Close(fd)
+	}
+	return ok
 }
 
 // waitPidfd returns once the process behind fd has exited.
@@ -717,6 +737,12 @@ func (s *Server) Stop(ctx context.Context, r *launchv1.StopRequest) (*launchv1.S
 		return nil, errdefs.ToGRPC(err)
 	}
 	rec := l.snapshot()
+	if fd, ok := openIfSame(rec.BwrapPID, rec.BwrapStart); ok && !alive(rec.PID, rec.StartTime) {
+		// Only bwrap is left (sandbox keep was killed): nothing would pass
+		// a SIGTERM on, so the session ends at once.
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		unix.Close(fd)
+	}
 	if fd, ok := openIfSame(rec.PID, rec.StartTime); ok {
 		_ = unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0)
 		select {

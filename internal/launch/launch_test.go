@@ -79,6 +79,9 @@ func TestStartTime(t *testing.T) {
 	}
 	cmd.Process.Kill()
 	waitPidfd(fd) // returns once it has exited
+	if _, ok := openIfSame(cmd.Process.Pid, st); ok {
+		t.Error("openIfSame accepted a zombie")
+	}
 	cmd.Wait()
 	if _, ok := openIfSame(cmd.Process.Pid, st); ok {
 		t.Error("openIfSame accepted a reaped process")

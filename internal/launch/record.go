@@ -51,6 +51,10 @@ type record struct {
 	// process and never a later one given the same pid.
 	StartTime uint64 `json:"start_time"`
 	UID       int    `json:"uid"`
+	// BwrapPID and BwrapStart name the session's bwrap, which outlives a
+	// killed sandbox keep (and the session with it).
+	BwrapPID   int    `json:"bwrap_pid,omitempty"`
+	BwrapStart uint64 `json:"bwrap_start,omitempty"`
 	// PeakMemory is the most memory its cgroup used (with --memory).
 	PeakMemory int64     `json:"peak_memory,omitempty"`
 	Started    time.Time `json:"started"`
@@ -117,23 +121,31 @@ func readExit(path string) (status int, peak int64, ok bool) {
 	return status, peak, err == nil
 }
 
-// startTime reads field 22 of /proc/PID/stat (after the command name,
-// which may hold spaces and parentheses: count from the last ')').
+// startTime reads field 22 of /proc/PID/stat.
 func startTime(pid int) (uint64, error) {
+	_, st, err := procStat(pid)
+	return st, err
+}
+
+// procStat reads the state (field 3) and start time (field 22) of
+// /proc/PID/stat, after the command name, which may hold spaces and
+// parentheses: fields are counted from the last ')'.
+func procStat(pid int) (byte, uint64, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	i := strings.LastIndexByte(string(b), ')')
 	if i < 0 {
-		return 0, errors.New("malformed stat")
+		return 0, 0, errors.New("malformed stat")
 	}
 	f := strings.Fields(string(b[i+1:]))
 	// f[0] is field 3 (state): field 22 is f[19].
-	if len(f) < 20 {
-		return 0, errors.New("malformed stat")
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, errors.New("malformed stat")
 	}
-	return strconv.ParseUint(f[19], 10, 64)
+	st, err := strconv.ParseUint(f[19], 10, 64)
+	return f[0][0], st, err
 }
 
 // childOf returns a child of pid (bwrap, under `sandbox keep`) and its
