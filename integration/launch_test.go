@@ -61,6 +61,23 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 			}
 		}
 		e.stop(t)
+		// A failed test may leave what the launcher no longer follows:
+		// every recorded process still there is killed.
+		recs, _ := filepath.Glob(filepath.Join(h.Home, "sessions", "*", "record.json"))
+		for _, f := range recs {
+			var rec struct {
+				PID      int `json:"pid"`
+				BwrapPID int `json:"bwrap_pid"`
+			}
+			if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &rec) == nil {
+				for _, pid := range []int{rec.BwrapPID, rec.PID} {
+					if pid > 0 && alive(pid) {
+						t.Errorf("%s: pid %d left running", f, pid)
+						syscall.Kill(pid, syscall.SIGKILL)
+					}
+				}
+			}
+		}
 		if b, err := os.ReadFile(e.log); err == nil && strings.Contains(string(b), raceReport) {
 			t.Errorf("sandbox serve (bushostd launcher, built with -race) reported a data race")
 		}
