@@ -2,12 +2,14 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -66,12 +68,15 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 		recs, _ := filepath.Glob(filepath.Join(h.Home, "sessions", "*", "record.json"))
 		for _, f := range recs {
 			var rec struct {
-				PID      int `json:"pid"`
-				BwrapPID int `json:"bwrap_pid"`
+				PID        int    `json:"pid"`
+				Start      uint64 `json:"start_time"`
+				BwrapPID   int    `json:"bwrap_pid"`
+				BwrapStart uint64 `json:"bwrap_start"`
 			}
 			if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &rec) == nil {
-				for _, pid := range []int{rec.BwrapPID, rec.PID} {
-					if pid > 0 && alive(pid) {
+				for _, p := range [][2]uint64{{uint64(rec.BwrapPID), rec.BwrapStart}, {uint64(rec.PID), rec.Start}} {
+					// The start time too: the pid may be another process's by now.
+					if pid := int(p[0]); pid > 0 && alive(pid) && procStart(pid) == p[1] {
 						t.Errorf("%s: pid %d left running", f, pid)
 						syscall.Kill(pid, syscall.SIGKILL)
 					}
@@ -151,6 +156,20 @@ func decodeSessions(t *testing.T, out string) []sessionRow {
 		}
 	}
 	return rows
+}
+
+// procStart is field 22 of /proc/PID/stat, the process's start time.
+func procStart(pid int) uint64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	if len(f) < 20 {
+		return 0
+	}
+	n, _ := strconv.ParseUint(f[19], 10, 64)
+	return n
 }
 
 // sessionEvents returns the session.* events of task t1 about session id.
