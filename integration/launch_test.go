@@ -256,6 +256,24 @@ exit 5`
 		t.Errorf("the run directory (with its token) was not reclaimed: %v", err)
 	}
 
+	// Output is kept bounded on disk: 16 MiB of each stream, then a note.
+	big, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",
+		"--", "sh", "-c", "yes x | head -c 20000000")
+	big = strings.TrimSpace(big)
+	if code != 0 {
+		t.Fatalf("session launch: exit %d\n%s", code, errOut)
+	}
+	if _, errOut, code := e.as(t, e.lead, "session", "wait", big); code != 0 {
+		t.Fatalf("session wait: exit %d\n%s", code, errOut)
+	}
+	st, err := os.Stat(filepath.Join(e.h.Home, "sessions", big, "stdout"))
+	if err != nil || st.Size() > 16<<20+200 {
+		t.Errorf("the session's stdout on disk: %v, want at most 16 MiB and a note", err)
+	}
+	if logs, _, _ := e.as(t, e.lead, "session", "logs", big); len(logs) > 1<<20 || !strings.Contains(logs, "[sandbox keep: 3222784 bytes beyond the first 16777216 dropped]") {
+		t.Errorf("session logs of a session writing 20 MB: %d bytes ending %q", len(logs), tail(logs, 100))
+	}
+
 	// Refusals: each PermissionDenied LAUNCH_NOT_ALLOWED (exit 4), nothing
 	// started, nothing in the log.
 	before := e.h.Must(t, "events", "--json")

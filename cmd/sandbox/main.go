@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"github.com/bushost/bushost/internal/cmdline"
@@ -62,11 +63,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		cmdline.Passthrough("explain", "print the bind table: kind, source, target, why",
 			"usage: sandbox explain [--json] RUN-FLAGS\n\nprint the bind table of a session: kind, source, target, why.",
 			func(w io.Writer) { sandbox.ParseFlags("explain", []string{"-h"}, w) },
-			func(args []string) int { return runOrExplain("explain", args, stdin, stdout, stderr, "") }),
+			func(args []string) int { return runOrExplain("explain", args, stdin, stdout, stderr, nil) }),
 		cmdline.Passthrough("run", "run COMMAND in a session",
 			"usage: sandbox run RUN-FLAGS -- COMMAND...\n\nrun COMMAND confined, as a uid of its own when started as root.",
 			func(w io.Writer) { sandbox.ParseFlags("run", []string{"-h"}, w) },
-			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr, "") }),
+			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr, nil) }),
 	)
 	root.AddCommand(cmdline.Passthrough("serve", "serve the launch socket: sessions launched by a grant with session.launch",
 		"usage: sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]\n\n"+
@@ -83,7 +84,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				fmt.Fprintln(stderr, "sandbox keep: want EXIT-FILE RUN-FLAGS -- COMMAND...")
 				return 2
 			}
-			return runOrExplain("run", args[1:], stdin, stdout, stderr, args[0])
+			return keepRun(args[0], args[1:], stdin, stdout, stderr)
 		})
 	keep.Hidden = true
 	root.AddCommand(keep)
@@ -121,20 +122,65 @@ func probe(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// runOrExplain runs `sandbox explain` or `sandbox run`; with exitFile
-// (sandbox keep), run's status and the session's peak memory are left
-// there as it ends.
-func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io.Writer, exitFile string) (status int) {
+// keepLogBytes bounds what sandbox keep writes of each of a session's
+// output streams.
+const keepLogBytes = 16 << 20
+
+// keepRun is `sandbox keep EXIT-FILE RUN-FLAGS`: sandbox run for a session
+// sandbox serve launched. The session's stdout and stderr reach the files
+// keep was given through pipes, at most keepLogBytes of each; its status
+// and peak memory are left in EXIT-FILE as it ends.
+func keepRun(exitFile string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var wg sync.WaitGroup
+	var ends []*os.File
+	pipe := func(dst io.Writer) io.Writer {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return dst // unbounded rather than no session
+		}
+		ends = append(ends, w)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer r.Close()
+			boundedCopy(dst, r, keepLogBytes)
+		}()
+		return w
+	}
+	out, errw := pipe(stdout), pipe(stderr)
+	return runOrExplain("run", args, stdin, out, errw, func(status int, peak int64) {
+		// The session is gone: its ends of the pipes are closed, ours go
+		// now, and the copies reach end of file.
+		for _, w := range ends {
+			w.Close()
+		}
+		wg.Wait()
+		if err := writeExit(exitFile, status, peak); err != nil {
+			fmt.Fprintf(stderr, "sandbox keep: %v\n", err)
+		}
+	})
+}
+
+// boundedCopy copies r to dst up to n bytes, says once that it dropped the
+// rest, and drains r to its end so that the writer never blocks.
+func boundedCopy(dst io.Writer, r io.Reader, n int64) {
+	copied, _ := io.Copy(dst, io.LimitReader(r, n))
+	if extra, _ := io.Copy(io.Discard, r); extra > 0 {
+		fmt.Fprintf(dst, "\n[sandbox keep: %d bytes beyond the first %d dropped]\n", extra, copied)
+	}
+}
+
+// runOrExplain runs `sandbox explain` or `sandbox run`; ended, if not nil,
+// is told run's status and the session's peak memory as it ends.
+func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io.Writer, ended func(status int, peak int64)) (status int) {
 	var plan *sandbox.Plan
-	if exitFile != "" {
+	if ended != nil {
 		defer func() {
 			var peak int64
 			if plan != nil {
 				peak = plan.PeakMemory
 			}
-			if err := writeExit(exitFile, status, peak); err != nil {
-				fmt.Fprintf(stderr, "sandbox keep: %v\n", err)
-			}
+			ended(status, peak)
 		}()
 	}
 	cfg, err := sandbox.ParseFlags(verb, args, io.Discard)
