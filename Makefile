@@ -44,7 +44,7 @@ build:
 install: build
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)
 	install -m 0755 $(addprefix $(BIN)/,$(CMDS)) $(DESTDIR)$(BINDIR)/
-	for u in bushostd.service bushostd.socket supervisor.service; do \
+	for u in bushostd.service bushostd.socket supervisor.service sandbox-serve.service; do \
 		sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' deploy/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && \
 		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
 	done

@@ -29,6 +29,10 @@ type eventFields struct {
 	Role       string   `json:"role"`
 	Caps       []string `json:"capabilities"`
 	ExpiresAt  string   `json:"expires_at"`
+	// A grant's launch set and place in a chain of launches.
+	Launch      map[string][]string `json:"launch"`
+	LaunchedBy  string              `json:"launched_by"`
+	LaunchDepth int                 `json:"launch_depth"`
 }
 
 func fieldsOf(e Event) (eventFields, error) {

@@ -36,6 +36,12 @@ var postgresSchema = [][]string{{
 	// The host a project is placed on (placement.go); '' for a project
 	// added before placement, claimed by the first host that serves it.
 	`ALTER TABLE projects ADD COLUMN host TEXT NOT NULL DEFAULT ''`,
+}, {
+	// A grant's launch set (JSON, role to capabilities; session.launch),
+	// the grant that launched it, and how many launches deep it is.
+	`ALTER TABLE grants ADD COLUMN launch TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE grants ADD COLUMN launched_by TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE grants ADD COLUMN launch_depth BIGINT NOT NULL DEFAULT 0`,
 }}
 
 // writeLockKey, with the schema's name, is the advisory lock every write

@@ -2,8 +2,10 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/bushost/bushost/internal/authz"
@@ -44,6 +46,58 @@ type GrantRequest struct {
 	Caps                    []string
 	// TTL is the grant's lifetime; 0 means the broker's default.
 	TTL time.Duration
+	// Launch is what a grant with session.launch may launch: role name to
+	// capabilities. LaunchedBy is set by a launcher minting a session's
+	// grant: the launcher's grant, which the new one is one launch below.
+	Launch     map[string][]string
+	LaunchedBy string
+}
+
+// checkLaunchSet validates a launch set: only with session.launch, role
+// names, known capabilities (never network.audit, which stays with the
+// launcher). Whether session.launch inside a set may be used is the
+// launcher's depth bound (sandbox serve --max-launch-depth).
+func checkLaunchSet(caps []string, set map[string][]string) (string, error) {
+	if len(set) == 0 {
+		return "", nil
+	}
+	if !slices.Contains(caps, authz.CapSessionLaunch) {
+		return "", errdefs.InvalidArgument(errdefs.LaunchSetInvalid, "a launch set is given only with capability %s", authz.CapSessionLaunch)
+	}
+	clean := map[string][]string{}
+	for role, rc := range set {
+		if err := names.Check("role", role); err != nil {
+			return "", errdefs.InvalidArgument(errdefs.LaunchSetInvalid, "launch set: %v", err)
+		}
+		if len(rc) == 0 {
+			return "", errdefs.InvalidArgument(errdefs.LaunchSetInvalid, "launch set: role %s has no capabilities", role)
+		}
+		var out []string
+		for _, c := range rc {
+			if !slices.Contains(authz.Capabilities, c) || c == authz.CapNetworkAudit {
+				return "", errdefs.InvalidArgument(errdefs.LaunchSetInvalid, "launch set: role %s: capability %q is not one a session may hold: the vocabulary is %v, without %s", role, clip(c), authz.Capabilities, authz.CapNetworkAudit)
+			}
+			if !slices.Contains(out, c) {
+				out = append(out, c)
+			}
+		}
+		slices.Sort(out)
+		clean[role] = out
+	}
+	b, err := json.Marshal(clean)
+	return string(b), err
+}
+
+// ParseLaunchSet reads the JSON a grant's launch set is stored as.
+func ParseLaunchSet(s string) map[string][]string {
+	if s == "" {
+		return nil
+	}
+	var m map[string][]string
+	if json.Unmarshal([]byte(s), &m) != nil {
+		return nil
+	}
+	return m
 }
 
 // IssuedGrant is a new grant. Token is shown once and never stored.
@@ -78,6 +132,10 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 		}
 	}
 	slices.Sort(caps)
+	launch, err := checkLaunchSet(caps, r.Launch)
+	if err != nil {
+		return IssuedGrant{}, err
+	}
 	if r.TTL < 0 {
 		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "negative lifetime %s", r.TTL)
 	}
@@ -86,17 +144,40 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 		ttl = b.defaultTTL
 	}
 	ig := IssuedGrant{ID: randomID("g-", 8), Token: randomID("bht_", 32), ExpiresAt: time.Now().Add(ttl).UTC()}
-	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if _, err := openTask(ctx, &q.queries, r.Business, r.Project, r.Task, "grants"); err != nil {
 			return err
 		}
 		g := grantRow{ID: ig.ID, TokenHash: tokenHash(ig.Token), Business: r.Business, Project: r.Project, Task: r.Task,
-			Role: r.Role, Caps: caps, ExpiresAt: ig.ExpiresAt.UnixNano()}
+			Role: r.Role, Caps: caps, ExpiresAt: ig.ExpiresAt.UnixNano(), Launch: launch, LaunchedBy: r.LaunchedBy}
+		data := map[string]any{"grant_id": ig.ID, "role": r.Role, "capabilities": caps, "expires_at": ig.ExpiresAt.Format(time.RFC3339)}
+		if launch != "" {
+			data["launch"] = ParseLaunchSet(launch)
+		}
+		if r.LaunchedBy != "" {
+			parent, ok, err := q.grantByID(ctx, r.LaunchedBy)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errdefs.NotFound(errdefs.GrantNotFound, "launched_by: no grant %q", clip(r.LaunchedBy))
+			}
+			if err := usable(parent); err != nil {
+				return err
+			}
+			_, _, depth, err := q.grantLaunch(ctx, parent.ID)
+			if err != nil {
+				return err
+			}
+			g.LaunchDepth = depth + 1
+			data["launched_by"] = parent.ID
+			data["launch_depth"] = g.LaunchDepth
+		}
 		if err := q.insertGrant(ctx, g); err != nil {
 			return fmt.Errorf("store grant: %w", err)
 		}
 		return appendEvent(ctx, q, &Event{Business: r.Business, Project: r.Project, Task: r.Task, Type: TypeGrantCreated, Actor: authz.HostID, Peer: peer,
-			Data: mustData(map[string]any{"grant_id": ig.ID, "role": r.Role, "capabilities": caps, "expires_at": ig.ExpiresAt.Format(time.RFC3339)})})
+			Data: mustData(data)})
 	})
 	if err != nil {
 		return IssuedGrant{}, err
@@ -469,4 +550,70 @@ func (b *Broker) Events(ctx context.Context, f Filter, after int64, follow bool,
 		case <-poll.C:
 		}
 	}
+}
+
+// RecordSessionEvent (host) appends a session.* event (session.launched,
+// session.ended: sandbox serve's record of the sessions it runs) to a
+// task. With key, the same key and body return the first event, so a
+// launcher that restarts records a session's end once.
+func (b *Broker) RecordSessionEvent(ctx context.Context, peer, business, project, task, typ, data, key string) (Event, error) {
+	if !strings.HasPrefix(typ, SessionPrefix) || len(typ) > maxTypeLen || !eventTypeRE.MatchString(typ) {
+		return Event{}, errdefs.InvalidArgument(errdefs.EventTypeInvalid, "the host records only %s* events here, not %q", SessionPrefix, clip(typ))
+	}
+	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil || task == "" {
+		return Event{}, errdefs.InvalidArgument(errdefs.NameInvalid, "a session event is about one task: give business, project and task")
+	}
+	data, err := canonicalData(data)
+	if err != nil {
+		return Event{}, err
+	}
+	if len(key) > maxKeyBytes {
+		return Event{}, errdefs.InvalidArgument(errdefs.IdempotencyKeyInvalid, "idempotency key is %d bytes; at most %d", len(key), maxKeyBytes)
+	}
+	body := tokenHash(typ + "\x00" + data)
+	var e Event
+	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		if _, ok, err := q.task(ctx, business, project, task); err != nil || !ok {
+			if err == nil {
+				err = errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
+			}
+			return err
+		}
+		if key != "" {
+			h, seq, ok, err := q.idempotent(ctx, authz.HostID, key)
+			if err != nil {
+				return err
+			}
+			if ok {
+				if h != body {
+					return errdefs.AlreadyExists(errdefs.IdempotencyKeyReused, "idempotency key %q was first used with another body (event %d)", clip(key), seq)
+				}
+				var found bool
+				e, found, err = q.event(ctx, seq)
+				if err == nil && !found {
+					err = fmt.Errorf("idempotency key %q names missing event %d", clip(key), seq)
+				}
+				return err
+			}
+		}
+		e = Event{Business: business, Project: project, Task: task, Type: typ, Actor: authz.HostID, Peer: peer, Data: data}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		if key != "" {
+			return q.insertIdempotent(ctx, authz.HostID, key, body, e.Seq)
+		}
+		return nil
+	})
+	return e, err
+}
+
+// Whoami returns g with its launch set and place in a chain of launches.
+func (b *Broker) Whoami(ctx context.Context, g authz.Grant) (authz.Grant, error) {
+	launch, by, depth, err := b.st.read().grantLaunch(ctx, g.ID)
+	if err != nil {
+		return authz.Grant{}, fmt.Errorf("look up grant: %w", err)
+	}
+	g.Launch, g.LaunchedBy, g.LaunchDepth = ParseLaunchSet(launch), by, depth
+	return g, nil
 }

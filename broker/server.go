@@ -3,6 +3,8 @@ package broker
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
@@ -63,6 +65,7 @@ func (s *server) CreateGrant(ctx context.Context, r *brokerv1.CreateGrantRequest
 	ig, err := s.b.CreateGrant(ctx, peer, GrantRequest{
 		Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask(),
 		Role: r.GetRole(), Caps: r.GetCapabilities(), TTL: time.Duration(r.GetTtlSeconds()) * time.Second,
+		Launch: launchSet(r.GetLaunch()), LaunchedBy: r.GetLaunchedBy(),
 	})
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
@@ -203,7 +206,58 @@ func (s *server) ListGrants(ctx context.Context, r *brokerv1.ListGrantsRequest) 
 	return out, nil
 }
 
+// launchSet reads a request's launch set; a role given twice is refused
+// by giving it no capabilities.
+func launchSet(roles []*brokerv1.LaunchRole) map[string][]string {
+	if len(roles) == 0 {
+		return nil
+	}
+	m := map[string][]string{}
+	for _, r := range roles {
+		if _, dup := m[r.GetRole()]; dup {
+			m[r.GetRole()] = nil
+			continue
+		}
+		m[r.GetRole()] = append([]string{}, r.GetCapabilities()...)
+	}
+	return m
+}
+
+// LaunchRoles is a launch set as the protos carry it, roles in order.
+func LaunchRoles(m map[string][]string) []*brokerv1.LaunchRole {
+	var out []*brokerv1.LaunchRole
+	for _, role := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, &brokerv1.LaunchRole{Role: role, Capabilities: m[role]})
+	}
+	return out
+}
+
+func (s *server) Whoami(ctx context.Context, _ *brokerv1.WhoamiRequest) (*brokerv1.WhoamiResponse, error) {
+	g, _, err := s.caller(ctx, authz.Capabilities...)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	g, err = s.b.Whoami(ctx, g)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	return &brokerv1.WhoamiResponse{GrantId: g.ID, Business: g.Business, Project: g.Project, Task: g.Task, Role: g.Role,
+		Capabilities: g.Caps, Launch: LaunchRoles(g.Launch), LaunchedBy: g.LaunchedBy, LaunchDepth: int64(g.LaunchDepth)}, nil
+}
+
 func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest) (*brokerv1.RecordEventResponse, error) {
+	if r.GetBusiness() != "" || r.GetProject() != "" || r.GetTask() != "" {
+		// The host's record of a launched session, on the session's task.
+		_, peer, err := s.caller(ctx)
+		if err != nil {
+			return nil, errdefs.ToGRPC(err)
+		}
+		e, err := s.b.RecordSessionEvent(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask(), r.GetType(), r.GetData(), r.GetIdempotencyKey())
+		if err != nil {
+			return nil, errdefs.ToGRPC(err)
+		}
+		return &brokerv1.RecordEventResponse{Event: eventProto(e)}, nil
+	}
 	// Either capability lets the call in; RecordEvent decides which the
 	// type needs.
 	g, peer, err := s.caller(ctx, authz.CapEventRecord, authz.CapNetworkAudit)

@@ -173,6 +173,12 @@ type grantRow struct {
 	Caps                    []string
 	ExpiresAt               int64 // unix nanoseconds
 	RevokedSeq              int64
+	// Launch is the launch set (JSON, role to capabilities), LaunchedBy
+	// and LaunchDepth where the grant stands in a chain of launches; read
+	// by grantLaunch only, beside grantCols.
+	Launch      string
+	LaunchedBy  string
+	LaunchDepth int
 }
 
 type requestRow struct {
@@ -268,9 +274,15 @@ func (q *queries) grantByID(ctx context.Context, id string) (grantRow, bool, err
 }
 
 func (q *queries) insertGrant(ctx context.Context, g grantRow) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO grants (`+grantCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0)`,
-		g.ID, g.TokenHash, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Caps, ","), g.ExpiresAt)
+	_, err := q.db.ExecContext(ctx, `INSERT INTO grants (`+grantCols+`, launch, launched_by, launch_depth) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11)`,
+		g.ID, g.TokenHash, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Caps, ","), g.ExpiresAt, g.Launch, g.LaunchedBy, g.LaunchDepth)
 	return err
+}
+
+// grantLaunch reads grant id's launch set and place in a chain of launches.
+func (q *queries) grantLaunch(ctx context.Context, id string) (launch, by string, depth int, err error) {
+	_, err = found(q.db.QueryRowContext(ctx, `SELECT launch, launched_by, launch_depth FROM grants WHERE id = $1`, id).Scan(&launch, &by, &depth))
+	return launch, by, depth, err
 }
 
 func (q *queries) revokeGrant(ctx context.Context, id string, seq int64) error {

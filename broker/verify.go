@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -161,7 +162,13 @@ func (r *rebuild) apply(e Event) {
 		if err != nil {
 			r.problems = append(r.problems, fmt.Sprintf("event %d: expires_at %q: %v", e.Seq, f.ExpiresAt, err))
 		}
-		r.grants[f.GrantID] = grantRow{ID: f.GrantID, Business: e.Business, Project: e.Project, Task: e.Task, Role: f.Role, Caps: f.Caps, ExpiresAt: exp.Unix()}
+		g := grantRow{ID: f.GrantID, Business: e.Business, Project: e.Project, Task: e.Task, Role: f.Role, Caps: f.Caps, ExpiresAt: exp.Unix(),
+			LaunchedBy: f.LaunchedBy, LaunchDepth: f.LaunchDepth}
+		if len(f.Launch) > 0 {
+			b, _ := json.Marshal(f.Launch) // keys sorted, as CreateGrant stored them
+			g.Launch = string(b)
+		}
+		r.grants[f.GrantID] = g
 	case e.Type == TypeGrantRevoked:
 		g := r.grants[f.GrantID]
 		g.RevokedSeq = e.Seq
@@ -222,6 +229,9 @@ func (r *rebuild) compare(ctx context.Context, q *queries) ([]string, error) {
 			// The log keeps the expiry to the second.
 			{"expires_at", time.Unix(0, got.ExpiresAt).Unix(), want.ExpiresAt},
 			{"revoked_seq", got.RevokedSeq, want.RevokedSeq},
+			{"launch", got.Launch, want.Launch},
+			{"launched_by", got.LaunchedBy, want.LaunchedBy},
+			{"launch_depth", got.LaunchDepth, want.LaunchDepth},
 		})
 	}
 	for id := range grants {
@@ -308,7 +318,27 @@ func (q *queries) allGrants(ctx context.Context) (map[string]grantRow, error) {
 		}
 		m[g.ID] = g
 	}
-	return m, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	// The launch columns, read apart from grantCols like grantLaunch.
+	lrows, err := q.db.QueryContext(ctx, `SELECT id, launch, launched_by, launch_depth FROM grants`)
+	if err != nil {
+		return nil, err
+	}
+	defer lrows.Close()
+	for lrows.Next() {
+		var id, launch, by string
+		var depth int
+		if err := lrows.Scan(&id, &launch, &by, &depth); err != nil {
+			return nil, err
+		}
+		g := m[id]
+		g.Launch, g.LaunchedBy, g.LaunchDepth = launch, by, depth
+		m[id] = g
+	}
+	return m, lrows.Err()
 }
 
 func (q *queries) allRequests(ctx context.Context) (map[string]requestRow, error) {

@@ -44,7 +44,7 @@ func TestMakeInstallAndVerifyUnits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	units := []string{"bushostd.service", "bushostd.socket", "supervisor.service"}
+	units := []string{"bushostd.service", "bushostd.socket", "supervisor.service", "sandbox-serve.service"}
 	for _, u := range units {
 		b, err := os.ReadFile(filepath.Join(dest, "usr/local/lib/systemd/system", u))
 		if err != nil {

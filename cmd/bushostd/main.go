@@ -12,6 +12,7 @@ import (
 
 	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/daemon"
+	"github.com/bushost/bushost/internal/launch"
 )
 
 const serveLong = `serve makes the home (0700; 0710 with --socket-group) if missing and
@@ -54,5 +55,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	o.AddFlags(serve.Flags())
 	root.AddCommand(serve)
+	// The launcher is sandbox serve's: the sandbox binary, every session's
+	// pid 1, links no gRPC and becomes this verb.
+	launcher := cmdline.Passthrough("launcher", "serve launch.sock (started as sandbox serve)", "", nil,
+		func(args []string) int { return launch.Serve(args, stderr) })
+	launcher.Hidden = true
+	root.AddCommand(launcher)
 	return cmdline.Execute(root, args, stdout, stderr)
 }

@@ -5,8 +5,10 @@
 //	sandbox prepare --run-dir D ... --token-file F
 //	sandbox explain [--json] RUN-FLAGS
 //	sandbox run RUN-FLAGS -- COMMAND...
+//	sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] ...
 //
-// and, started by bwrap inside a session only, `sandbox init` as its pid 1.
+// and, started by bwrap inside a session only, `sandbox init` as its pid 1;
+// started by sandbox serve only, `sandbox keep EXIT-FILE RUN-FLAGS`.
 package main
 
 import (
@@ -14,6 +16,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
 
 	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/sandbox"
@@ -23,11 +30,13 @@ const usage = `usage:
   sandbox --version | --help | help COMMAND
   sandbox probe [--user U] [--bwrap PATH]
   sandbox prepare --run-dir D --business B --project P --task T --role R --caps C,... --token-file F [--git-name N --git-email E]
-  sandbox explain [--json] --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--net=none|proxy|host] [--ro PATH]...
-  sandbox run --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--net=none|proxy|host] [--ro PATH]...
+  sandbox explain [--json] --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--launch-socket L] [--net=none|proxy|host] [--ro PATH]...
+  sandbox run --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--launch-socket L] [--net=none|proxy|host] [--ro PATH]...
               [--allow-domain PATTERN]... [--allow-host HOST:PORT]... [--resolve-file F] [--audit-token-file F] [--egress-conns N] [--egress-idle D]
               [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--fresh-home]
               [--user U | --uid-range LOW-HIGH] [--state-dir DIR] [--allow-abstract-sockets] -- COMMAND...
+  sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N]
+              [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]
   (sandbox run -h lists every flag)
 `
 
@@ -54,12 +63,31 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		cmdline.Passthrough("explain", "print the bind table: kind, source, target, why",
 			"usage: sandbox explain [--json] RUN-FLAGS\n\nprint the bind table of a session: kind, source, target, why.",
 			func(w io.Writer) { sandbox.ParseFlags("explain", []string{"-h"}, w) },
-			func(args []string) int { return runOrExplain("explain", args, stdin, stdout, stderr) }),
+			func(args []string) int { return runOrExplain("explain", args, stdin, stdout, stderr, nil) }),
 		cmdline.Passthrough("run", "run COMMAND in a session",
 			"usage: sandbox run RUN-FLAGS -- COMMAND...\n\nrun COMMAND confined, as a uid of its own when started as root.",
 			func(w io.Writer) { sandbox.ParseFlags("run", []string{"-h"}, w) },
-			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr) }),
+			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr, nil) }),
 	)
+	root.AddCommand(cmdline.Passthrough("serve", "serve the launch socket: sessions launched by a grant with session.launch",
+		"usage: sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]\n\n"+
+			"serve LaunchService on DIR/launch.sock (docs/launch.md), as root. The server is bushostd's\n"+
+			"(next to this executable, else on PATH), which this process becomes: the sandbox links no\n"+
+			"gRPC, since it is also every session's pid 1.",
+		nil,
+		func(args []string) int { return serveLauncher(args, stderr) }))
+	// keep is sandbox run for a session sandbox serve launched: it leaves
+	// the status in EXIT-FILE, for a launcher that is no longer its parent.
+	keep := cmdline.Passthrough("keep", "sandbox run, leaving the exit status in a file (started by sandbox serve)", "", nil,
+		func(args []string) int {
+			if len(args) < 1 {
+				fmt.Fprintln(stderr, "sandbox keep: want EXIT-FILE RUN-FLAGS -- COMMAND...")
+				return 2
+			}
+			return keepRun(args[0], args[1:], stdin, stdout, stderr)
+		})
+	keep.Hidden = true
+	root.AddCommand(keep)
 	pid1 := cmdline.Passthrough(sandbox.InitVerb, "a session's pid 1 (started by bwrap only)", "", nil,
 		func(args []string) int { return sandbox.Init(args, stderr) })
 	pid1.Hidden = true
@@ -94,13 +122,73 @@ func probe(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// keepLogBytes bounds what sandbox keep writes of each of a session's
+// output streams.
+const keepLogBytes = 16 << 20
+
+// keepRun is `sandbox keep EXIT-FILE RUN-FLAGS`: sandbox run for a session
+// sandbox serve launched. The session's stdout and stderr reach the files
+// keep was given through pipes, at most keepLogBytes of each; its status
+// and peak memory are left in EXIT-FILE as it ends.
+func keepRun(exitFile string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var wg sync.WaitGroup
+	var ends []*os.File
+	pipe := func(dst io.Writer) io.Writer {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return dst // unbounded rather than no session
+		}
+		ends = append(ends, w)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer r.Close()
+			boundedCopy(dst, r, keepLogBytes)
+		}()
+		return w
+	}
+	out, errw := pipe(stdout), pipe(stderr)
+	return runOrExplain("run", args, stdin, out, errw, func(status int, peak int64) {
+		// The session is gone: its ends of the pipes are closed, ours go
+		// now, and the copies reach end of file.
+		for _, w := range ends {
+			w.Close()
+		}
+		wg.Wait()
+		if err := writeExit(exitFile, status, peak); err != nil {
+			fmt.Fprintf(stderr, "sandbox keep: %v\n", err)
+		}
+	})
+}
+
+// boundedCopy copies r to dst up to n bytes, says once that it dropped the
+// rest, and drains r to its end so that the writer never blocks.
+func boundedCopy(dst io.Writer, r io.Reader, n int64) {
+	copied, _ := io.Copy(dst, io.LimitReader(r, n))
+	if extra, _ := io.Copy(io.Discard, r); extra > 0 {
+		fmt.Fprintf(dst, "\n[sandbox keep: %d bytes beyond the first %d dropped]\n", extra, copied)
+	}
+}
+
+// runOrExplain runs `sandbox explain` or `sandbox run`; ended, if not nil,
+// is told run's status and the session's peak memory as it ends.
+func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io.Writer, ended func(status int, peak int64)) (status int) {
+	var plan *sandbox.Plan
+	if ended != nil {
+		defer func() {
+			var peak int64
+			if plan != nil {
+				peak = plan.PeakMemory
+			}
+			ended(status, peak)
+		}()
+	}
 	cfg, err := sandbox.ParseFlags(verb, args, io.Discard)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox %s: %v\nRun 'sandbox %s --help' for usage.\n", verb, err, verb)
 		return 2
 	}
-	plan, err := sandbox.BuildPlan(cfg)
+	plan, err = sandbox.BuildPlan(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox %s: %v\n", verb, err)
 		if verb == "run" {
@@ -121,12 +209,44 @@ func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io
 	// The session gets the caller's descriptors themselves (bwrap is
 	// started directly, with no copying in between); a test's buffer
 	// stands for /dev/null.
-	status, err := sandbox.Run(plan, asFile(stdin), asFile(stdout), asFile(stderr))
+	status, err = sandbox.Run(plan, asFile(stdin), asFile(stdout), asFile(stderr))
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox run: %v\n", err)
 		return sandbox.ExitSandbox
 	}
 	return status
+}
+
+// serveLauncher becomes `bushostd launcher --sandbox SELF ARGS...`, the
+// launcher (internal/launch), with the same pid.
+func serveLauncher(args []string, stderr io.Writer) int {
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "sandbox serve: %v\n", err)
+		return 1
+	}
+	daemon := filepath.Join(filepath.Dir(self), "bushostd")
+	if _, err := os.Stat(daemon); err != nil {
+		if daemon, err = exec.LookPath("bushostd"); err != nil {
+			fmt.Fprintf(stderr, "sandbox serve: no bushostd next to %s nor on PATH: %v\n", self, err)
+			return 1
+		}
+	}
+	argv := append([]string{daemon, "launcher", "--sandbox", self}, args...)
+	err = syscall.Exec(daemon, argv, os.Environ())
+	fmt.Fprintf(stderr, "sandbox serve: exec %s: %v\n", daemon, err)
+	return 1
+}
+
+// writeExit records a session's exit status and peak memory in path
+// ("STATUS PEAK"), atomically (a new file renamed over), for a launcher
+// that is not its parent any more.
+func writeExit(path string, status int, peak int64) error {
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(status)+" "+strconv.FormatInt(peak, 10)+"\n"), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 func asFile(v any) *os.File {

@@ -23,11 +23,15 @@ const (
 	// else; it never enters the session.
 	CapNetworkAudit = "network.audit"
 	CapTaskLand     = "task.land"
+	// CapSessionLaunch lets a grant start sessions through sandbox serve's
+	// launch socket, each with a role and capabilities from the grant's
+	// launch set (Grant.Launch), never more.
+	CapSessionLaunch = "session.launch"
 )
 
 // Capabilities is the whole vocabulary; a grant naming anything else is
 // refused.
-var Capabilities = []string{CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord, CapNetworkAudit, CapTaskLand}
+var Capabilities = []string{CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord, CapNetworkAudit, CapTaskLand, CapSessionLaunch}
 
 // HostID is the actor recorded for calls made with admin.token.
 const HostID = "host"
@@ -42,6 +46,14 @@ type Grant struct {
 	Business, Project, Task string
 	Role                    string
 	Caps                    []string
+	// Launch is what a grant with session.launch may start: role name to
+	// the capabilities a session of that role may hold.
+	Launch map[string][]string
+	// LaunchedBy is the grant whose launcher minted this one ("" for a
+	// grant the host made by hand), LaunchDepth how many launches deep it
+	// is (0 for the host's).
+	LaunchedBy  string
+	LaunchDepth int
 }
 
 // Has reports whether g holds capability c.

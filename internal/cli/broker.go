@@ -30,8 +30,8 @@ func init() {
 	})
 	register(&command{
 		words: "grant",
-		usage: "grant --business B --project P --task T --role R --cap C[,C...] [--ttl D] [--out FILE]",
-		help:  "Host: issue a token for one task, role and capabilities; prints the token, or writes it to FILE (mode 0600, never overwritten) and prints the grant id.",
+		usage: "grant --business B --project P --task T --role R --cap C[,C...] [--launch ROLE=C[,C...]]... [--ttl D] [--out FILE]",
+		help:  "Host: issue a token for one task, role and capabilities; prints the token, or writes it to FILE (mode 0600, never overwritten) and prints the grant id. With --cap session.launch, each --launch ROLE=C,... names a role the grant may launch sessions of (bushost session launch) and the capabilities they may hold.",
 		setup: runGrant,
 	})
 	register(&command{
@@ -152,7 +152,8 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 	b, p, t := scopeFlags(fs)
 	role := fs.String("role", "", "the role name (e.g. worker, reviewer)")
 	var caps capsFlag
-	fs.Var(&caps, "cap", "capabilities, comma-separated or repeated: git.push.working, review.request, review.verdict, task.close, event.record")
+	fs.Var(&caps, "cap", "capabilities, comma-separated or repeated: git.push.working, review.request, review.verdict, task.close, event.record, task.land, session.launch")
+	launch := fs.StringArray("launch", nil, "with --cap session.launch: ROLE=C[,C...], a role the grant may launch and its capabilities (repeatable)")
 	ttl := fs.Duration("ttl", 0, "lifetime (e.g. 8h); default the server's (24h)")
 	out := fs.String("out", "", "write the token to this new file (0600) instead of printing it")
 	return func(ctx context.Context, e *Env, args []string) error {
@@ -164,6 +165,16 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 		}
 		if *ttl < 0 || *ttl%time.Second != 0 {
 			return usagef("--ttl must be a positive whole number of seconds, like 90s or 8h")
+		}
+		var roles []*brokerv1.LaunchRole
+		for _, l := range *launch {
+			role, list, ok := strings.Cut(l, "=")
+			if !ok || role == "" || list == "" {
+				return usagef("--launch %q: want ROLE=CAP[,CAP...]", l)
+			}
+			var rc capsFlag
+			_ = rc.Set(list)
+			roles = append(roles, &brokerv1.LaunchRole{Role: role, Capabilities: rc})
 		}
 		// Made before the call, so that a token is never issued with nowhere
 		// to go; O_EXCL never follows or replaces someone else's file.
@@ -178,7 +189,7 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 		}
 		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
 			r, err := c.CreateGrant(ctx, &brokerv1.CreateGrantRequest{Business: *b, Project: *p, Task: *t, Role: *role,
-				Capabilities: caps, TtlSeconds: int64(*ttl / time.Second)})
+				Capabilities: caps, TtlSeconds: int64(*ttl / time.Second), Launch: roles})
 			if err != nil {
 				if f != nil {
 					f.Close()

@@ -334,6 +334,9 @@ func (e *Env) report(cmd *cobra.Command, err error) int {
 	if cmd != nil {
 		path = cmd.CommandPath()
 	}
+	if st, ok := err.(statusExit); ok {
+		return int(st)
+	}
 	var ue usageError
 	if asUsage(err, &ue) {
 		x := errdefs.InvalidArgument(errdefs.Usage, "%s", ue.msg)

@@ -150,4 +150,10 @@ const (
 	// project list and grant list matched more than their bound.
 	ProjectListTooLong Reason = "PROJECT_LIST_TOO_LONG"
 	GrantListTooLong   Reason = "GRANT_LIST_TOO_LONG"
+
+	LaunchNotAllowed Reason = "LAUNCH_NOT_ALLOWED"
+	LaunchSetInvalid Reason = "LAUNCH_SET_INVALID"
+	SessionLimit     Reason = "SESSION_LIMIT"
+	SessionNotFound  Reason = "SESSION_NOT_FOUND"
+	WorkspaceInvalid Reason = "WORKSPACE_INVALID"
 )

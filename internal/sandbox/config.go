@@ -23,11 +23,14 @@ const (
 	CapTaskClose     = "task.close"
 	CapEventRecord   = "event.record"
 	CapTaskLand      = "task.land"
+	// CapSessionLaunch is the role that may launch sessions: only it gets
+	// the launch socket.
+	CapSessionLaunch = "session.launch"
 )
 
 var knownCaps = map[string]bool{
 	CapPushWorking: true, CapReviewRequest: true, CapReviewVerdict: true,
-	CapTaskClose: true, CapEventRecord: true, CapTaskLand: true,
+	CapTaskClose: true, CapEventRecord: true, CapTaskLand: true, CapSessionLaunch: true,
 }
 
 // validRole checks a role name: the rule of business, project and task
@@ -48,6 +51,9 @@ type Config struct {
 	Caps         []string
 	BrokerSocket string
 	GitSocket    string
+	// LaunchSocket is sandbox serve's launch.sock, bound (next to the
+	// broker socket, where bushost looks for it) only for session.launch.
+	LaunchSocket string
 	// Net is the session's network: NetNone (the default), NetProxy or
 	// NetHost.
 	Net string
@@ -116,6 +122,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&caps, "caps", "", "the role's capabilities, comma-separated")
 	fs.StringVar(&c.BrokerSocket, "broker-socket", "", "the bus host's broker.sock")
 	fs.StringVar(&c.GitSocket, "git-socket", "", "the bus host's git.sock (bound only for git.push.working or review.verdict)")
+	fs.StringVar(&c.LaunchSocket, "launch-socket", "", "sandbox serve's launch.sock (bound only for session.launch)")
 	fs.Var(netFlag{&c.Net}, "net", "the session's network, always with '=': none (the default: loopback only), proxy (loopback and a relay to an egress proxy that allows only --allow-domain and --allow-host), host (the host's network; --net alone means host; needs Landlock ABI 6 to keep off the host's abstract Unix sockets)")
 	fs.Var(&domains, "allow-domain", "with --net=proxy: let the session reach NAME (api.example.com) or every name under it (*.example.com), on any port, if it resolves to public addresses only (repeatable)")
 	fs.Var(&hosts, "allow-host", "with --net=proxy: let the session reach exactly HOST:PORT, even a loopback or private address (repeatable)")

@@ -247,6 +247,21 @@ func (c *cgroup) enter(pids ...int) error {
 	return nil
 }
 
+// peakMemory reads the most memory the cgroup used (memory.peak in cgroup
+// v2, memory.max_usage_in_bytes in v1); 0 if it has no memory controller.
+func (c *cgroup) peakMemory() int64 {
+	for _, d := range c.dirs {
+		for _, f := range []string{"memory.peak", "memory.max_usage_in_bytes"} {
+			if b, err := os.ReadFile(filepath.Join(d, f)); err == nil {
+				if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+					return n
+				}
+			}
+		}
+	}
+	return 0
+}
+
 // remove deletes the cgroup's directories once the session is gone; a
 // directory whose last task is still being torn down is tried again for a
 // while.

@@ -67,6 +67,9 @@ type Plan struct {
 	Env       []string `json:"-"` // values may be secrets: explain shows names
 
 	Command []string `json:"command,omitempty"`
+	// PeakMemory is, once Run has returned, the most memory the session's
+	// cgroup used (bytes; 0 without --memory or when it cannot be read).
+	PeakMemory int64 `json:"-"`
 	// Limits are the session's resource bounds (zero: none).
 	Limits Limits `json:"limits"`
 	// ScopeAbstract: pid 1 scopes the command off abstract Unix sockets.
@@ -157,6 +160,26 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		}
 		p.busSockets = append(p.busSockets, gs)
 		caller = append(caller, Bind{KindROBind, gs, gs, fmt.Sprintf("the git socket, because role %s holds %s: pushes and fetches as bundles, checked by the host", cfg.Role, gitCapsOf(cfg))})
+	}
+	switch {
+	case !cfg.HasCap(CapSessionLaunch):
+		if cfg.LaunchSocket != "" {
+			p.Notes = append(p.Notes, fmt.Sprintf("launch socket %s not bound: role %s does not hold %s", cfg.LaunchSocket, cfg.Role, CapSessionLaunch))
+		}
+	case cfg.LaunchSocket == "":
+		p.Notes = append(p.Notes, fmt.Sprintf("no --launch-socket given: role %s holds %s but the session cannot launch", cfg.Role, CapSessionLaunch))
+	default:
+		ls, err := callerPath("launch socket", cfg.LaunchSocket, false)
+		if err != nil {
+			return nil, err
+		}
+		if err := mustBeSocket("launch socket", ls); err != nil {
+			return nil, err
+		}
+		p.busSockets = append(p.busSockets, ls)
+		// Beside the broker socket, in the home bushost sees inside.
+		caller = append(caller, Bind{KindROBind, ls, filepath.Join(filepath.Dir(broker), "launch.sock"),
+			fmt.Sprintf("the launch socket, because role %s holds %s: sessions from the grant's launch set, checked by sandbox serve", cfg.Role, CapSessionLaunch)})
 	}
 	for _, r := range cfg.RO {
 		rp, err := callerPath("--ro path", r, false)

@@ -269,6 +269,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	}
 	// bwrap is gone: so is the session, whatever the command left behind.
 	s.end()
+	if cg != nil {
+		p.PeakMemory = cg.peakMemory()
+	}
 
 	switch {
 	case gateErr != nil:

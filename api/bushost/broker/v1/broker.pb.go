@@ -312,7 +312,12 @@ type CreateGrantRequest struct {
 	Role         string                 `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
 	Capabilities []string               `protobuf:"bytes,5,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// Lifetime in seconds; 0 means the server's default.
-	TtlSeconds    int64 `protobuf:"varint,6,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	TtlSeconds int64 `protobuf:"varint,6,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// With session.launch: what the grant may launch, one entry per role.
+	Launch []*LaunchRole `protobuf:"bytes,7,rep,name=launch,proto3" json:"launch,omitempty"`
+	// Set by a launcher (sandbox serve): the grant that launched this
+	// session; the new grant is one launch deeper than it.
+	LaunchedBy    string `protobuf:"bytes,8,opt,name=launched_by,json=launchedBy,proto3" json:"launched_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -389,6 +394,218 @@ func (x *CreateGrantRequest) GetTtlSeconds() int64 {
 	return 0
 }
 
+func (x *CreateGrantRequest) GetLaunch() []*LaunchRole {
+	if x != nil {
+		return x.Launch
+	}
+	return nil
+}
+
+func (x *CreateGrantRequest) GetLaunchedBy() string {
+	if x != nil {
+		return x.LaunchedBy
+	}
+	return ""
+}
+
+// LaunchRole is one role of a launch set and the capabilities a session
+// of that role may be given.
+type LaunchRole struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Capabilities  []string               `protobuf:"bytes,2,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LaunchRole) Reset() {
+	*x = LaunchRole{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LaunchRole) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LaunchRole) ProtoMessage() {}
+
+func (x *LaunchRole) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LaunchRole.ProtoReflect.Descriptor instead.
+func (*LaunchRole) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *LaunchRole) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *LaunchRole) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+type WhoamiRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoamiRequest) Reset() {
+	*x = WhoamiRequest{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoamiRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoamiRequest) ProtoMessage() {}
+
+func (x *WhoamiRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoamiRequest.ProtoReflect.Descriptor instead.
+func (*WhoamiRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{5}
+}
+
+type WhoamiResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GrantId       string                 `protobuf:"bytes,1,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
+	Business      string                 `protobuf:"bytes,2,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string                 `protobuf:"bytes,3,opt,name=project,proto3" json:"project,omitempty"`
+	Task          string                 `protobuf:"bytes,4,opt,name=task,proto3" json:"task,omitempty"`
+	Role          string                 `protobuf:"bytes,5,opt,name=role,proto3" json:"role,omitempty"`
+	Capabilities  []string               `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Launch        []*LaunchRole          `protobuf:"bytes,7,rep,name=launch,proto3" json:"launch,omitempty"`
+	LaunchedBy    string                 `protobuf:"bytes,8,opt,name=launched_by,json=launchedBy,proto3" json:"launched_by,omitempty"`
+	LaunchDepth   int64                  `protobuf:"varint,9,opt,name=launch_depth,json=launchDepth,proto3" json:"launch_depth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoamiResponse) Reset() {
+	*x = WhoamiResponse{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoamiResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoamiResponse) ProtoMessage() {}
+
+func (x *WhoamiResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoamiResponse.ProtoReflect.Descriptor instead.
+func (*WhoamiResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *WhoamiResponse) GetGrantId() string {
+	if x != nil {
+		return x.GrantId
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *WhoamiResponse) GetLaunch() []*LaunchRole {
+	if x != nil {
+		return x.Launch
+	}
+	return nil
+}
+
+func (x *WhoamiResponse) GetLaunchedBy() string {
+	if x != nil {
+		return x.LaunchedBy
+	}
+	return ""
+}
+
+func (x *WhoamiResponse) GetLaunchDepth() int64 {
+	if x != nil {
+		return x.LaunchDepth
+	}
+	return 0
+}
+
 type CreateGrantResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	GrantId string                 `protobuf:"bytes,1,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
@@ -401,7 +618,7 @@ type CreateGrantResponse struct {
 
 func (x *CreateGrantResponse) Reset() {
 	*x = CreateGrantResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[4]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +630,7 @@ func (x *CreateGrantResponse) String() string {
 func (*CreateGrantResponse) ProtoMessage() {}
 
 func (x *CreateGrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[4]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +643,7 @@ func (x *CreateGrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateGrantResponse.ProtoReflect.Descriptor instead.
 func (*CreateGrantResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{4}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateGrantResponse) GetGrantId() string {
@@ -459,7 +676,7 @@ type RevokeGrantRequest struct {
 
 func (x *RevokeGrantRequest) Reset() {
 	*x = RevokeGrantRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +688,7 @@ func (x *RevokeGrantRequest) String() string {
 func (*RevokeGrantRequest) ProtoMessage() {}
 
 func (x *RevokeGrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +701,7 @@ func (x *RevokeGrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeGrantRequest.ProtoReflect.Descriptor instead.
 func (*RevokeGrantRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{5}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RevokeGrantRequest) GetGrantId() string {
@@ -502,7 +719,7 @@ type RevokeGrantResponse struct {
 
 func (x *RevokeGrantResponse) Reset() {
 	*x = RevokeGrantResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +731,7 @@ func (x *RevokeGrantResponse) String() string {
 func (*RevokeGrantResponse) ProtoMessage() {}
 
 func (x *RevokeGrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +744,7 @@ func (x *RevokeGrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeGrantResponse.ProtoReflect.Descriptor instead.
 func (*RevokeGrantResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{6}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{9}
 }
 
 type RequestReviewRequest struct {
@@ -538,7 +755,7 @@ type RequestReviewRequest struct {
 
 func (x *RequestReviewRequest) Reset() {
 	*x = RequestReviewRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +767,7 @@ func (x *RequestReviewRequest) String() string {
 func (*RequestReviewRequest) ProtoMessage() {}
 
 func (x *RequestReviewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +780,7 @@ func (x *RequestReviewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestReviewRequest.ProtoReflect.Descriptor instead.
 func (*RequestReviewRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{7}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{10}
 }
 
 type RequestReviewResponse struct {
@@ -579,7 +796,7 @@ type RequestReviewResponse struct {
 
 func (x *RequestReviewResponse) Reset() {
 	*x = RequestReviewResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +808,7 @@ func (x *RequestReviewResponse) String() string {
 func (*RequestReviewResponse) ProtoMessage() {}
 
 func (x *RequestReviewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +821,7 @@ func (x *RequestReviewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestReviewResponse.ProtoReflect.Descriptor instead.
 func (*RequestReviewResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{8}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RequestReviewResponse) GetRequestId() string {
@@ -642,7 +859,7 @@ type SubmitVerdictRequest struct {
 
 func (x *SubmitVerdictRequest) Reset() {
 	*x = SubmitVerdictRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +871,7 @@ func (x *SubmitVerdictRequest) String() string {
 func (*SubmitVerdictRequest) ProtoMessage() {}
 
 func (x *SubmitVerdictRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +884,7 @@ func (x *SubmitVerdictRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitVerdictRequest.ProtoReflect.Descriptor instead.
 func (*SubmitVerdictRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{9}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SubmitVerdictRequest) GetRequestId() string {
@@ -707,7 +924,7 @@ type SubmitVerdictResponse struct {
 
 func (x *SubmitVerdictResponse) Reset() {
 	*x = SubmitVerdictResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +936,7 @@ func (x *SubmitVerdictResponse) String() string {
 func (*SubmitVerdictResponse) ProtoMessage() {}
 
 func (x *SubmitVerdictResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +949,7 @@ func (x *SubmitVerdictResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitVerdictResponse.ProtoReflect.Descriptor instead.
 func (*SubmitVerdictResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{10}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SubmitVerdictResponse) GetSeq() int64 {
@@ -750,7 +967,7 @@ type CloseTaskRequest struct {
 
 func (x *CloseTaskRequest) Reset() {
 	*x = CloseTaskRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +979,7 @@ func (x *CloseTaskRequest) String() string {
 func (*CloseTaskRequest) ProtoMessage() {}
 
 func (x *CloseTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +992,7 @@ func (x *CloseTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseTaskRequest.ProtoReflect.Descriptor instead.
 func (*CloseTaskRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{11}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{14}
 }
 
 type CloseTaskResponse struct {
@@ -787,7 +1004,7 @@ type CloseTaskResponse struct {
 
 func (x *CloseTaskResponse) Reset() {
 	*x = CloseTaskResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +1016,7 @@ func (x *CloseTaskResponse) String() string {
 func (*CloseTaskResponse) ProtoMessage() {}
 
 func (x *CloseTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +1029,7 @@ func (x *CloseTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseTaskResponse.ProtoReflect.Descriptor instead.
 func (*CloseTaskResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{12}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CloseTaskResponse) GetSeq() int64 {
@@ -830,13 +1047,18 @@ type RecordEventRequest struct {
 	// Optional: the same key and body return the first event; the same key
 	// with another body is refused.
 	IdempotencyKey string `protobuf:"bytes,3,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Host only, with a session.* type (a launcher's record of a session):
+	// the task the event is about. A grant's events go to its own task.
+	Business      string `protobuf:"bytes,4,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string `protobuf:"bytes,5,opt,name=project,proto3" json:"project,omitempty"`
+	Task          string `protobuf:"bytes,6,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RecordEventRequest) Reset() {
 	*x = RecordEventRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +1070,7 @@ func (x *RecordEventRequest) String() string {
 func (*RecordEventRequest) ProtoMessage() {}
 
 func (x *RecordEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1083,7 @@ func (x *RecordEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordEventRequest.ProtoReflect.Descriptor instead.
 func (*RecordEventRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{13}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RecordEventRequest) GetType() string {
@@ -885,6 +1107,27 @@ func (x *RecordEventRequest) GetIdempotencyKey() string {
 	return ""
 }
 
+func (x *RecordEventRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *RecordEventRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *RecordEventRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
 type RecordEventResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Event         *Event                 `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
@@ -894,7 +1137,7 @@ type RecordEventResponse struct {
 
 func (x *RecordEventResponse) Reset() {
 	*x = RecordEventResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +1149,7 @@ func (x *RecordEventResponse) String() string {
 func (*RecordEventResponse) ProtoMessage() {}
 
 func (x *RecordEventResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1162,7 @@ func (x *RecordEventResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordEventResponse.ProtoReflect.Descriptor instead.
 func (*RecordEventResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{14}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RecordEventResponse) GetEvent() *Event {
@@ -939,7 +1182,7 @@ type RecordEventsRequest struct {
 
 func (x *RecordEventsRequest) Reset() {
 	*x = RecordEventsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1194,7 @@ func (x *RecordEventsRequest) String() string {
 func (*RecordEventsRequest) ProtoMessage() {}
 
 func (x *RecordEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1207,7 @@ func (x *RecordEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordEventsRequest.ProtoReflect.Descriptor instead.
 func (*RecordEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{15}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RecordEventsRequest) GetEvents() []*RecordEventRequest {
@@ -984,7 +1227,7 @@ type RecordEventsResponse struct {
 
 func (x *RecordEventsResponse) Reset() {
 	*x = RecordEventsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -996,7 +1239,7 @@ func (x *RecordEventsResponse) String() string {
 func (*RecordEventsResponse) ProtoMessage() {}
 
 func (x *RecordEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1009,7 +1252,7 @@ func (x *RecordEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordEventsResponse.ProtoReflect.Descriptor instead.
 func (*RecordEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{16}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RecordEventsResponse) GetEvents() []*Event {
@@ -1036,7 +1279,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1291,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1304,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{17}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListEventsRequest) GetBusiness() string {
@@ -1108,7 +1351,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1363,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1376,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{18}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListEventsResponse) GetEvent() *Event {
@@ -1155,7 +1398,7 @@ type RecordedHead struct {
 
 func (x *RecordedHead) Reset() {
 	*x = RecordedHead{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1410,7 @@ func (x *RecordedHead) String() string {
 func (*RecordedHead) ProtoMessage() {}
 
 func (x *RecordedHead) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1423,7 @@ func (x *RecordedHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordedHead.ProtoReflect.Descriptor instead.
 func (*RecordedHead) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{19}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RecordedHead) GetSeq() int64 {
@@ -1208,7 +1451,7 @@ type VerifyLogRequest struct {
 
 func (x *VerifyLogRequest) Reset() {
 	*x = VerifyLogRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1463,7 @@ func (x *VerifyLogRequest) String() string {
 func (*VerifyLogRequest) ProtoMessage() {}
 
 func (x *VerifyLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1476,7 @@ func (x *VerifyLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLogRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLogRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{20}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *VerifyLogRequest) GetHeads() []*RecordedHead {
@@ -1263,7 +1506,7 @@ type VerifyLogResponse struct {
 
 func (x *VerifyLogResponse) Reset() {
 	*x = VerifyLogResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1518,7 @@ func (x *VerifyLogResponse) String() string {
 func (*VerifyLogResponse) ProtoMessage() {}
 
 func (x *VerifyLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1531,7 @@ func (x *VerifyLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLogResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLogResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{21}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *VerifyLogResponse) GetOk() bool {
@@ -1348,7 +1591,7 @@ type LogHeadRequest struct {
 
 func (x *LogHeadRequest) Reset() {
 	*x = LogHeadRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1603,7 @@ func (x *LogHeadRequest) String() string {
 func (*LogHeadRequest) ProtoMessage() {}
 
 func (x *LogHeadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1616,7 @@ func (x *LogHeadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogHeadRequest.ProtoReflect.Descriptor instead.
 func (*LogHeadRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{22}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{25}
 }
 
 type LogHeadResponse struct {
@@ -1386,7 +1629,7 @@ type LogHeadResponse struct {
 
 func (x *LogHeadResponse) Reset() {
 	*x = LogHeadResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1641,7 @@ func (x *LogHeadResponse) String() string {
 func (*LogHeadResponse) ProtoMessage() {}
 
 func (x *LogHeadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1654,7 @@ func (x *LogHeadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogHeadResponse.ProtoReflect.Descriptor instead.
 func (*LogHeadResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{23}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LogHeadResponse) GetSeq() int64 {
@@ -1439,7 +1682,7 @@ type ReopenTaskRequest struct {
 
 func (x *ReopenTaskRequest) Reset() {
 	*x = ReopenTaskRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1694,7 @@ func (x *ReopenTaskRequest) String() string {
 func (*ReopenTaskRequest) ProtoMessage() {}
 
 func (x *ReopenTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1707,7 @@ func (x *ReopenTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenTaskRequest.ProtoReflect.Descriptor instead.
 func (*ReopenTaskRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{24}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReopenTaskRequest) GetBusiness() string {
@@ -1498,7 +1741,7 @@ type ReopenTaskResponse struct {
 
 func (x *ReopenTaskResponse) Reset() {
 	*x = ReopenTaskResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1753,7 @@ func (x *ReopenTaskResponse) String() string {
 func (*ReopenTaskResponse) ProtoMessage() {}
 
 func (x *ReopenTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1766,7 @@ func (x *ReopenTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenTaskResponse.ProtoReflect.Descriptor instead.
 func (*ReopenTaskResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{25}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReopenTaskResponse) GetSeq() int64 {
@@ -1545,7 +1788,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1800,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1813,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{26}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListTasksRequest) GetBusiness() string {
@@ -1612,7 +1855,7 @@ type TaskInfo struct {
 
 func (x *TaskInfo) Reset() {
 	*x = TaskInfo{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1867,7 @@ func (x *TaskInfo) String() string {
 func (*TaskInfo) ProtoMessage() {}
 
 func (x *TaskInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1880,7 @@ func (x *TaskInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskInfo.ProtoReflect.Descriptor instead.
 func (*TaskInfo) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{27}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *TaskInfo) GetBusiness() string {
@@ -1698,7 +1941,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +1953,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +1966,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{28}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListTasksResponse) GetTasks() []*TaskInfo {
@@ -1743,7 +1986,7 @@ type ListProjectsRequest struct {
 
 func (x *ListProjectsRequest) Reset() {
 	*x = ListProjectsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1998,7 @@ func (x *ListProjectsRequest) String() string {
 func (*ListProjectsRequest) ProtoMessage() {}
 
 func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +2011,7 @@ func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProjectsRequest.ProtoReflect.Descriptor instead.
 func (*ListProjectsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{29}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListProjectsRequest) GetBusiness() string {
@@ -1804,7 +2047,7 @@ type ProjectInfo struct {
 
 func (x *ProjectInfo) Reset() {
 	*x = ProjectInfo{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +2059,7 @@ func (x *ProjectInfo) String() string {
 func (*ProjectInfo) ProtoMessage() {}
 
 func (x *ProjectInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +2072,7 @@ func (x *ProjectInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProjectInfo.ProtoReflect.Descriptor instead.
 func (*ProjectInfo) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{30}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ProjectInfo) GetBusiness() string {
@@ -1911,7 +2154,7 @@ type ListProjectsResponse struct {
 
 func (x *ListProjectsResponse) Reset() {
 	*x = ListProjectsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1923,7 +2166,7 @@ func (x *ListProjectsResponse) String() string {
 func (*ListProjectsResponse) ProtoMessage() {}
 
 func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1936,7 +2179,7 @@ func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProjectsResponse.ProtoReflect.Descriptor instead.
 func (*ListProjectsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{31}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListProjectsResponse) GetProjects() []*ProjectInfo {
@@ -1958,7 +2201,7 @@ type ListGrantsRequest struct {
 
 func (x *ListGrantsRequest) Reset() {
 	*x = ListGrantsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2213,7 @@ func (x *ListGrantsRequest) String() string {
 func (*ListGrantsRequest) ProtoMessage() {}
 
 func (x *ListGrantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2226,7 @@ func (x *ListGrantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGrantsRequest.ProtoReflect.Descriptor instead.
 func (*ListGrantsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{32}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListGrantsRequest) GetBusiness() string {
@@ -2027,7 +2270,7 @@ type GrantInfo struct {
 
 func (x *GrantInfo) Reset() {
 	*x = GrantInfo{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[33]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2282,7 @@ func (x *GrantInfo) String() string {
 func (*GrantInfo) ProtoMessage() {}
 
 func (x *GrantInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[33]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2295,7 @@ func (x *GrantInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantInfo.ProtoReflect.Descriptor instead.
 func (*GrantInfo) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{33}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GrantInfo) GetId() string {
@@ -2127,7 +2370,7 @@ type ListGrantsResponse struct {
 
 func (x *ListGrantsResponse) Reset() {
 	*x = ListGrantsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[34]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2382,7 @@ func (x *ListGrantsResponse) String() string {
 func (*ListGrantsResponse) ProtoMessage() {}
 
 func (x *ListGrantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[34]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2395,7 @@ func (x *ListGrantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGrantsResponse.ProtoReflect.Descriptor instead.
 func (*ListGrantsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{34}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListGrantsResponse) GetGrants() []*GrantInfo {
@@ -2185,7 +2428,7 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
 	"\x04task\x18\x03 \x01(\tR\x04task\"+\n" +
 	"\x0fAddTaskResponse\x12\x18\n" +
-	"\acreated\x18\x01 \x01(\bR\acreated\"\xb7\x01\n" +
+	"\acreated\x18\x01 \x01(\bR\acreated\"\x8f\x02\n" +
 	"\x12CreateGrantRequest\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -2193,7 +2436,26 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x04role\x18\x04 \x01(\tR\x04role\x12\"\n" +
 	"\fcapabilities\x18\x05 \x03(\tR\fcapabilities\x12\x1f\n" +
 	"\vttl_seconds\x18\x06 \x01(\x03R\n" +
-	"ttlSeconds\"e\n" +
+	"ttlSeconds\x125\n" +
+	"\x06launch\x18\a \x03(\v2\x1d.bushost.broker.v1.LaunchRoleR\x06launch\x12\x1f\n" +
+	"\vlaunched_by\x18\b \x01(\tR\n" +
+	"launchedBy\"D\n" +
+	"\n" +
+	"LaunchRole\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\"\n" +
+	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\"\x0f\n" +
+	"\rWhoamiRequest\"\xa8\x02\n" +
+	"\x0eWhoamiResponse\x12\x19\n" +
+	"\bgrant_id\x18\x01 \x01(\tR\agrantId\x12\x1a\n" +
+	"\bbusiness\x18\x02 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x03 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x04 \x01(\tR\x04task\x12\x12\n" +
+	"\x04role\x18\x05 \x01(\tR\x04role\x12\"\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\x125\n" +
+	"\x06launch\x18\a \x03(\v2\x1d.bushost.broker.v1.LaunchRoleR\x06launch\x12\x1f\n" +
+	"\vlaunched_by\x18\b \x01(\tR\n" +
+	"launchedBy\x12!\n" +
+	"\flaunch_depth\x18\t \x01(\x03R\vlaunchDepth\"e\n" +
 	"\x13CreateGrantResponse\x12\x19\n" +
 	"\bgrant_id\x18\x01 \x01(\tR\agrantId\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1d\n" +
@@ -2218,11 +2480,14 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\x12\n" +
 	"\x10CloseTaskRequest\"%\n" +
 	"\x11CloseTaskResponse\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x03R\x03seq\"e\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\"\xaf\x01\n" +
 	"\x12RecordEventRequest\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\tR\x04data\x12'\n" +
-	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"E\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\x12\x1a\n" +
+	"\bbusiness\x18\x04 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x05 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x06 \x01(\tR\x04task\"E\n" +
 	"\x13RecordEventResponse\x12.\n" +
 	"\x05event\x18\x01 \x01(\v2\x18.bushost.broker.v1.EventR\x05event\"T\n" +
 	"\x13RecordEventsRequest\x12=\n" +
@@ -2313,12 +2578,12 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_APPROVE\x10\x01\x12\x12\n" +
-	"\x0eVERDICT_REJECT\x10\x022\xf2\n" +
-	"\n" +
+	"\x0eVERDICT_REJECT\x10\x022\xc1\v\n" +
 	"\rBrokerService\x12P\n" +
 	"\aAddTask\x12!.bushost.broker.v1.AddTaskRequest\x1a\".bushost.broker.v1.AddTaskResponse\x12\\\n" +
 	"\vCreateGrant\x12%.bushost.broker.v1.CreateGrantRequest\x1a&.bushost.broker.v1.CreateGrantResponse\x12\\\n" +
-	"\vRevokeGrant\x12%.bushost.broker.v1.RevokeGrantRequest\x1a&.bushost.broker.v1.RevokeGrantResponse\x12b\n" +
+	"\vRevokeGrant\x12%.bushost.broker.v1.RevokeGrantRequest\x1a&.bushost.broker.v1.RevokeGrantResponse\x12M\n" +
+	"\x06Whoami\x12 .bushost.broker.v1.WhoamiRequest\x1a!.bushost.broker.v1.WhoamiResponse\x12b\n" +
 	"\rRequestReview\x12'.bushost.broker.v1.RequestReviewRequest\x1a(.bushost.broker.v1.RequestReviewResponse\x12b\n" +
 	"\rSubmitVerdict\x12'.bushost.broker.v1.SubmitVerdictRequest\x1a(.bushost.broker.v1.SubmitVerdictResponse\x12V\n" +
 	"\tCloseTask\x12#.bushost.broker.v1.CloseTaskRequest\x1a$.bushost.broker.v1.CloseTaskResponse\x12Y\n" +
@@ -2348,90 +2613,97 @@ func file_bushost_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_bushost_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: bushost.broker.v1.Verdict
 	(*Event)(nil),                 // 1: bushost.broker.v1.Event
 	(*AddTaskRequest)(nil),        // 2: bushost.broker.v1.AddTaskRequest
 	(*AddTaskResponse)(nil),       // 3: bushost.broker.v1.AddTaskResponse
 	(*CreateGrantRequest)(nil),    // 4: bushost.broker.v1.CreateGrantRequest
-	(*CreateGrantResponse)(nil),   // 5: bushost.broker.v1.CreateGrantResponse
-	(*RevokeGrantRequest)(nil),    // 6: bushost.broker.v1.RevokeGrantRequest
-	(*RevokeGrantResponse)(nil),   // 7: bushost.broker.v1.RevokeGrantResponse
-	(*RequestReviewRequest)(nil),  // 8: bushost.broker.v1.RequestReviewRequest
-	(*RequestReviewResponse)(nil), // 9: bushost.broker.v1.RequestReviewResponse
-	(*SubmitVerdictRequest)(nil),  // 10: bushost.broker.v1.SubmitVerdictRequest
-	(*SubmitVerdictResponse)(nil), // 11: bushost.broker.v1.SubmitVerdictResponse
-	(*CloseTaskRequest)(nil),      // 12: bushost.broker.v1.CloseTaskRequest
-	(*CloseTaskResponse)(nil),     // 13: bushost.broker.v1.CloseTaskResponse
-	(*RecordEventRequest)(nil),    // 14: bushost.broker.v1.RecordEventRequest
-	(*RecordEventResponse)(nil),   // 15: bushost.broker.v1.RecordEventResponse
-	(*RecordEventsRequest)(nil),   // 16: bushost.broker.v1.RecordEventsRequest
-	(*RecordEventsResponse)(nil),  // 17: bushost.broker.v1.RecordEventsResponse
-	(*ListEventsRequest)(nil),     // 18: bushost.broker.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),    // 19: bushost.broker.v1.ListEventsResponse
-	(*RecordedHead)(nil),          // 20: bushost.broker.v1.RecordedHead
-	(*VerifyLogRequest)(nil),      // 21: bushost.broker.v1.VerifyLogRequest
-	(*VerifyLogResponse)(nil),     // 22: bushost.broker.v1.VerifyLogResponse
-	(*LogHeadRequest)(nil),        // 23: bushost.broker.v1.LogHeadRequest
-	(*LogHeadResponse)(nil),       // 24: bushost.broker.v1.LogHeadResponse
-	(*ReopenTaskRequest)(nil),     // 25: bushost.broker.v1.ReopenTaskRequest
-	(*ReopenTaskResponse)(nil),    // 26: bushost.broker.v1.ReopenTaskResponse
-	(*ListTasksRequest)(nil),      // 27: bushost.broker.v1.ListTasksRequest
-	(*TaskInfo)(nil),              // 28: bushost.broker.v1.TaskInfo
-	(*ListTasksResponse)(nil),     // 29: bushost.broker.v1.ListTasksResponse
-	(*ListProjectsRequest)(nil),   // 30: bushost.broker.v1.ListProjectsRequest
-	(*ProjectInfo)(nil),           // 31: bushost.broker.v1.ProjectInfo
-	(*ListProjectsResponse)(nil),  // 32: bushost.broker.v1.ListProjectsResponse
-	(*ListGrantsRequest)(nil),     // 33: bushost.broker.v1.ListGrantsRequest
-	(*GrantInfo)(nil),             // 34: bushost.broker.v1.GrantInfo
-	(*ListGrantsResponse)(nil),    // 35: bushost.broker.v1.ListGrantsResponse
+	(*LaunchRole)(nil),            // 5: bushost.broker.v1.LaunchRole
+	(*WhoamiRequest)(nil),         // 6: bushost.broker.v1.WhoamiRequest
+	(*WhoamiResponse)(nil),        // 7: bushost.broker.v1.WhoamiResponse
+	(*CreateGrantResponse)(nil),   // 8: bushost.broker.v1.CreateGrantResponse
+	(*RevokeGrantRequest)(nil),    // 9: bushost.broker.v1.RevokeGrantRequest
+	(*RevokeGrantResponse)(nil),   // 10: bushost.broker.v1.RevokeGrantResponse
+	(*RequestReviewRequest)(nil),  // 11: bushost.broker.v1.RequestReviewRequest
+	(*RequestReviewResponse)(nil), // 12: bushost.broker.v1.RequestReviewResponse
+	(*SubmitVerdictRequest)(nil),  // 13: bushost.broker.v1.SubmitVerdictRequest
+	(*SubmitVerdictResponse)(nil), // 14: bushost.broker.v1.SubmitVerdictResponse
+	(*CloseTaskRequest)(nil),      // 15: bushost.broker.v1.CloseTaskRequest
+	(*CloseTaskResponse)(nil),     // 16: bushost.broker.v1.CloseTaskResponse
+	(*RecordEventRequest)(nil),    // 17: bushost.broker.v1.RecordEventRequest
+	(*RecordEventResponse)(nil),   // 18: bushost.broker.v1.RecordEventResponse
+	(*RecordEventsRequest)(nil),   // 19: bushost.broker.v1.RecordEventsRequest
+	(*RecordEventsResponse)(nil),  // 20: bushost.broker.v1.RecordEventsResponse
+	(*ListEventsRequest)(nil),     // 21: bushost.broker.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),    // 22: bushost.broker.v1.ListEventsResponse
+	(*RecordedHead)(nil),          // 23: bushost.broker.v1.RecordedHead
+	(*VerifyLogRequest)(nil),      // 24: bushost.broker.v1.VerifyLogRequest
+	(*VerifyLogResponse)(nil),     // 25: bushost.broker.v1.VerifyLogResponse
+	(*LogHeadRequest)(nil),        // 26: bushost.broker.v1.LogHeadRequest
+	(*LogHeadResponse)(nil),       // 27: bushost.broker.v1.LogHeadResponse
+	(*ReopenTaskRequest)(nil),     // 28: bushost.broker.v1.ReopenTaskRequest
+	(*ReopenTaskResponse)(nil),    // 29: bushost.broker.v1.ReopenTaskResponse
+	(*ListTasksRequest)(nil),      // 30: bushost.broker.v1.ListTasksRequest
+	(*TaskInfo)(nil),              // 31: bushost.broker.v1.TaskInfo
+	(*ListTasksResponse)(nil),     // 32: bushost.broker.v1.ListTasksResponse
+	(*ListProjectsRequest)(nil),   // 33: bushost.broker.v1.ListProjectsRequest
+	(*ProjectInfo)(nil),           // 34: bushost.broker.v1.ProjectInfo
+	(*ListProjectsResponse)(nil),  // 35: bushost.broker.v1.ListProjectsResponse
+	(*ListGrantsRequest)(nil),     // 36: bushost.broker.v1.ListGrantsRequest
+	(*GrantInfo)(nil),             // 37: bushost.broker.v1.GrantInfo
+	(*ListGrantsResponse)(nil),    // 38: bushost.broker.v1.ListGrantsResponse
 }
 var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
-	0,  // 0: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
-	1,  // 1: bushost.broker.v1.RecordEventResponse.event:type_name -> bushost.broker.v1.Event
-	14, // 2: bushost.broker.v1.RecordEventsRequest.events:type_name -> bushost.broker.v1.RecordEventRequest
-	1,  // 3: bushost.broker.v1.RecordEventsResponse.events:type_name -> bushost.broker.v1.Event
-	1,  // 4: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
-	20, // 5: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
-	28, // 6: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
-	31, // 7: bushost.broker.v1.ListProjectsResponse.projects:type_name -> bushost.broker.v1.ProjectInfo
-	34, // 8: bushost.broker.v1.ListGrantsResponse.grants:type_name -> bushost.broker.v1.GrantInfo
-	2,  // 9: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
-	4,  // 10: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
-	6,  // 11: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
-	8,  // 12: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
-	10, // 13: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
-	12, // 14: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
-	25, // 15: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
-	27, // 16: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
-	30, // 17: bushost.broker.v1.BrokerService.ListProjects:input_type -> bushost.broker.v1.ListProjectsRequest
-	33, // 18: bushost.broker.v1.BrokerService.ListGrants:input_type -> bushost.broker.v1.ListGrantsRequest
-	14, // 19: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
-	16, // 20: bushost.broker.v1.BrokerService.RecordEvents:input_type -> bushost.broker.v1.RecordEventsRequest
-	18, // 21: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
-	21, // 22: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
-	23, // 23: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
-	3,  // 24: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
-	5,  // 25: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
-	7,  // 26: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
-	9,  // 27: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
-	11, // 28: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
-	13, // 29: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
-	26, // 30: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
-	29, // 31: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
-	32, // 32: bushost.broker.v1.BrokerService.ListProjects:output_type -> bushost.broker.v1.ListProjectsResponse
-	35, // 33: bushost.broker.v1.BrokerService.ListGrants:output_type -> bushost.broker.v1.ListGrantsResponse
-	15, // 34: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
-	17, // 35: bushost.broker.v1.BrokerService.RecordEvents:output_type -> bushost.broker.v1.RecordEventsResponse
-	19, // 36: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
-	22, // 37: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
-	24, // 38: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
-	24, // [24:39] is the sub-list for method output_type
-	9,  // [9:24] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	5,  // 0: bushost.broker.v1.CreateGrantRequest.launch:type_name -> bushost.broker.v1.LaunchRole
+	5,  // 1: bushost.broker.v1.WhoamiResponse.launch:type_name -> bushost.broker.v1.LaunchRole
+	0,  // 2: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
+	1,  // 3: bushost.broker.v1.RecordEventResponse.event:type_name -> bushost.broker.v1.Event
+	17, // 4: bushost.broker.v1.RecordEventsRequest.events:type_name -> bushost.broker.v1.RecordEventRequest
+	1,  // 5: bushost.broker.v1.RecordEventsResponse.events:type_name -> bushost.broker.v1.Event
+	1,  // 6: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
+	23, // 7: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
+	31, // 8: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
+	34, // 9: bushost.broker.v1.ListProjectsResponse.projects:type_name -> bushost.broker.v1.ProjectInfo
+	37, // 10: bushost.broker.v1.ListGrantsResponse.grants:type_name -> bushost.broker.v1.GrantInfo
+	2,  // 11: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
+	4,  // 12: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
+	9,  // 13: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
+	6,  // 14: bushost.broker.v1.BrokerService.Whoami:input_type -> bushost.broker.v1.WhoamiRequest
+	11, // 15: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
+	13, // 16: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
+	15, // 17: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
+	28, // 18: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
+	30, // 19: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
+	33, // 20: bushost.broker.v1.BrokerService.ListProjects:input_type -> bushost.broker.v1.ListProjectsRequest
+	36, // 21: bushost.broker.v1.BrokerService.ListGrants:input_type -> bushost.broker.v1.ListGrantsRequest
+	17, // 22: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
+	19, // 23: bushost.broker.v1.BrokerService.RecordEvents:input_type -> bushost.broker.v1.RecordEventsRequest
+	21, // 24: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
+	24, // 25: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
+	26, // 26: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
+	3,  // 27: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
+	8,  // 28: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
+	10, // 29: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
+	7,  // 30: bushost.broker.v1.BrokerService.Whoami:output_type -> bushost.broker.v1.WhoamiResponse
+	12, // 31: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
+	14, // 32: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
+	16, // 33: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
+	29, // 34: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
+	32, // 35: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
+	35, // 36: bushost.broker.v1.BrokerService.ListProjects:output_type -> bushost.broker.v1.ListProjectsResponse
+	38, // 37: bushost.broker.v1.BrokerService.ListGrants:output_type -> bushost.broker.v1.ListGrantsResponse
+	18, // 38: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
+	20, // 39: bushost.broker.v1.BrokerService.RecordEvents:output_type -> bushost.broker.v1.RecordEventsResponse
+	22, // 40: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
+	25, // 41: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
+	27, // 42: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
+	27, // [27:43] is the sub-list for method output_type
+	11, // [11:27] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_bushost_broker_v1_broker_proto_init() }
@@ -2445,7 +2717,7 @@ func file_bushost_broker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_broker_v1_broker_proto_rawDesc), len(file_bushost_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   35,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	BrokerService_AddTask_FullMethodName       = "/bushost.broker.v1.BrokerService/AddTask"
 	BrokerService_CreateGrant_FullMethodName   = "/bushost.broker.v1.BrokerService/CreateGrant"
 	BrokerService_RevokeGrant_FullMethodName   = "/bushost.broker.v1.BrokerService/RevokeGrant"
+	BrokerService_Whoami_FullMethodName        = "/bushost.broker.v1.BrokerService/Whoami"
 	BrokerService_RequestReview_FullMethodName = "/bushost.broker.v1.BrokerService/RequestReview"
 	BrokerService_SubmitVerdict_FullMethodName = "/bushost.broker.v1.BrokerService/SubmitVerdict"
 	BrokerService_CloseTask_FullMethodName     = "/bushost.broker.v1.BrokerService/CloseTask"
@@ -52,6 +53,10 @@ type BrokerServiceClient interface {
 	CreateGrant(ctx context.Context, in *CreateGrantRequest, opts ...grpc.CallOption) (*CreateGrantResponse, error)
 	// RevokeGrant (host) makes a grant's token useless from now on.
 	RevokeGrant(ctx context.Context, in *RevokeGrantRequest, opts ...grpc.CallOption) (*RevokeGrantResponse, error)
+	// Whoami (any grant) returns the calling token's own grant: its scope,
+	// role, capabilities and launch set. sandbox serve asks it with the
+	// token of a session launch.
+	Whoami(ctx context.Context, in *WhoamiRequest, opts ...grpc.CallOption) (*WhoamiResponse, error)
 	// RequestReview (review.request, or git.push.working) asks for a review
 	// of the task's latest push. Asking again for the same push returns the
 	// same request.
@@ -123,6 +128,16 @@ func (c *brokerServiceClient) RevokeGrant(ctx context.Context, in *RevokeGrantRe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RevokeGrantResponse)
 	err := c.cc.Invoke(ctx, BrokerService_RevokeGrant_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *brokerServiceClient) Whoami(ctx context.Context, in *WhoamiRequest, opts ...grpc.CallOption) (*WhoamiResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WhoamiResponse)
+	err := c.cc.Invoke(ctx, BrokerService_Whoami_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -274,6 +289,10 @@ type BrokerServiceServer interface {
 	CreateGrant(context.Context, *CreateGrantRequest) (*CreateGrantResponse, error)
 	// RevokeGrant (host) makes a grant's token useless from now on.
 	RevokeGrant(context.Context, *RevokeGrantRequest) (*RevokeGrantResponse, error)
+	// Whoami (any grant) returns the calling token's own grant: its scope,
+	// role, capabilities and launch set. sandbox serve asks it with the
+	// token of a session launch.
+	Whoami(context.Context, *WhoamiRequest) (*WhoamiResponse, error)
 	// RequestReview (review.request, or git.push.working) asks for a review
 	// of the task's latest push. Asking again for the same push returns the
 	// same request.
@@ -329,6 +348,9 @@ func (UnimplementedBrokerServiceServer) CreateGrant(context.Context, *CreateGran
 }
 func (UnimplementedBrokerServiceServer) RevokeGrant(context.Context, *RevokeGrantRequest) (*RevokeGrantResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RevokeGrant not implemented")
+}
+func (UnimplementedBrokerServiceServer) Whoami(context.Context, *WhoamiRequest) (*WhoamiResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Whoami not implemented")
 }
 func (UnimplementedBrokerServiceServer) RequestReview(context.Context, *RequestReviewRequest) (*RequestReviewResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RequestReview not implemented")
@@ -437,6 +459,24 @@ func _BrokerService_RevokeGrant_Handler(srv interface{}, ctx context.Context, de
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(BrokerServiceServer).RevokeGrant(ctx, req.(*RevokeGrantRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BrokerService_Whoami_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WhoamiRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BrokerServiceServer).Whoami(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BrokerService_Whoami_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BrokerServiceServer).Whoami(ctx, req.(*WhoamiRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -668,6 +708,10 @@ var BrokerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeGrant",
 			Handler:    _BrokerService_RevokeGrant_Handler,
+		},
+		{
+			MethodName: "Whoami",
+			Handler:    _BrokerService_Whoami_Handler,
 		},
 		{
 			MethodName: "RequestReview",

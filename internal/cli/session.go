@@ -1,0 +1,263 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
+	"github.com/bushost/bushost/internal/size"
+)
+
+// The session commands talk to sandbox serve's launch.sock in the home:
+// a grant with session.launch starts sessions and sees those it started;
+// the host sees them all.
+
+func init() {
+	register(&command{
+		words: "session launch",
+		usage: "session launch --task T --role R --caps C,... [--memory SIZE] [--pids N] [--timeout D] [--net=MODE] [--workspace DIR] -- COMMAND...",
+		help:  "Launch a session for task T of the launcher grant's project (sandbox serve on launch.sock), with a role and capabilities from the grant's --launch set; prints the session id.",
+		args:  cobra.ArbitraryArgs,
+		setup: runSessionLaunch,
+	})
+	register(&command{
+		words: "session list",
+		usage: "session list [--json]",
+		help:  "List the sessions the caller launched (the host: every session): id, task, role, uid, state, started, exit.",
+		setup: runSessionList,
+	})
+	register(&command{
+		words: "session wait",
+		usage: "session wait ID",
+		help:  "Wait for session ID to end and exit with its status (124 for a timeout, 128+n for a signal; 1 with a message for a lost session).",
+		args:  cobra.ArbitraryArgs,
+		setup: runSessionWait,
+	})
+	register(&command{
+		words: "session stop",
+		usage: "session stop ID",
+		help:  "Stop session ID: SIGTERM, then SIGKILL after sandbox serve's --stop-grace; returns once it has ended.",
+		args:  cobra.ArbitraryArgs,
+		setup: runSessionStop,
+	})
+	register(&command{
+		words: "session logs",
+		usage: "session logs ID [--follow]",
+		help:  "Print session ID's stdout and then its stderr (to stderr), as kept by the launcher: the last 1 MiB of each. --follow keeps printing what it writes until it ends.",
+		args:  cobra.ArbitraryArgs,
+		setup: runSessionLogs,
+	})
+}
+
+// statusExit makes the command exit with this status and print nothing
+// more (session wait exits with the session's own status).
+type statusExit int
+
+func (s statusExit) Error() string { return fmt.Sprintf("exit %d", int(s)) }
+
+// launchCall runs one call with the launch client. Without a deadline
+// of its own (wait, stop), only --timeout bounds it.
+func launchCall(ctx context.Context, e *Env, bounded bool, call func(ctx context.Context, c launchv1.LaunchServiceClient) error) error {
+	if bounded {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+	} else if e.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.Timeout)
+		defer cancel()
+	}
+	conn, ctx, err := e.dial(ctx, "launch.sock")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return call(ctx, launchv1.NewLaunchServiceClient(conn))
+}
+
+func runSessionLaunch(fs *pflag.FlagSet) runFunc {
+	var business, project string
+	task := fs.String("task", "", "the task (of the launcher grant's business and project)")
+	role := fs.String("role", "", "the session's role: one of the launcher grant's --launch roles")
+	var caps capsFlag
+	fs.Var(&caps, "caps", "the session's capabilities, comma-separated: each in the role's --launch set")
+	memory := fs.String("memory", "", "the session's memory limit (e.g. 512M)")
+	pids := fs.Int64("pids", 0, "the session's process limit")
+	timeout := fs.Duration("timeout", 0, "end the session after this long (its status is then 124)")
+	net := fs.String("net", "none", "the session's network: none, proxy or host")
+	ws := fs.String("workspace", "", "the session's workspace: an existing directory of yours (default: an empty one the launcher makes)")
+	fs.StringVar(&business, "business", "", "the task's business (default the launcher grant's)")
+	fs.StringVar(&project, "project", "", "the task's project (default the launcher grant's)")
+	return func(ctx context.Context, e *Env, args []string) error {
+		if err := required("task", *task, "role", *role); err != nil {
+			return err
+		}
+		if len(caps) == 0 {
+			return usagef("--caps is required")
+		}
+		if len(args) == 0 {
+			return usagef("give the command after --")
+		}
+		if *memory != "" {
+			if _, err := size.Parse(*memory); err != nil {
+				return usagef("--memory %q: %v", *memory, err)
+			}
+		}
+		if *timeout < 0 || *timeout%time.Second != 0 {
+			return usagef("--timeout must be a positive whole number of seconds")
+		}
+		dir := *ws
+		if dir != "" {
+			abs, err := filepath.Abs(dir)
+			if err != nil {
+				return err
+			}
+			dir = abs
+		}
+		return launchCall(ctx, e, true, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
+			r, err := c.Launch(ctx, &launchv1.LaunchRequest{Business: business, Project: project, Task: *task, Role: *role, Capabilities: caps,
+				Command: args, Workspace: dir, Net: *net, Memory: *memory, Pids: *pids, TimeoutSeconds: int64(*timeout / time.Second)})
+			if err != nil {
+				return err
+			}
+			return brokerPrint(e, r.Session.Id, sessionJSON(r.Session))
+		})
+	}
+}
+
+func sessionJSON(s *launchv1.Session) map[string]any {
+	return map[string]any{"id": s.Id, "business": s.Business, "project": s.Project, "task": s.Task, "role": s.Role,
+		"capabilities": s.Capabilities, "grant_id": s.GrantId, "launcher_grant_id": s.LauncherGrantId, "uid": s.Uid,
+		"state": s.State, "started": s.Started, "ended": s.Ended, "exit": s.Exit, "command": s.Command}
+}
+
+func runSessionList(fs *pflag.FlagSet) runFunc {
+	return func(ctx context.Context, e *Env, args []string) error {
+		return launchCall(ctx, e, true, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
+			r, err := c.List(ctx, &launchv1.ListRequest{})
+			if err != nil {
+				return err
+			}
+			if e.JSON {
+				for _, s := range r.Sessions {
+					if err := brokerPrint(e, "", sessionJSON(s)); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			fmt.Fprintf(e.Stdout, "%-15s %-20s %-10s %-6s %-8s %-20s %s\n", "ID", "TASK", "ROLE", "UID", "STATE", "STARTED", "EXIT")
+			for _, s := range r.Sessions {
+				exit := "-"
+				if s.State == "exited" {
+					exit = fmt.Sprint(s.Exit)
+				}
+				fmt.Fprintf(e.Stdout, "%-15s %-20s %-10s %-6d %-8s %-20s %s\n", s.Id, s.Task, s.Role, s.Uid, s.State, s.Started, exit)
+			}
+			return nil
+		})
+	}
+}
+
+func oneID(args []string) (string, error) {
+	if len(args) != 1 || strings.TrimSpace(args[0]) == "" {
+		return "", usagef("give exactly one session ID")
+	}
+	return args[0], nil
+}
+
+// sessionStatus is how a command ends for an ended session: its own exit
+// status, or 1 with a message for a lost one.
+func sessionStatus(e *Env, s *launchv1.Session) error {
+	if e.JSON {
+		if err := brokerPrint(e, "", sessionJSON(s)); err != nil {
+			return err
+		}
+	}
+	if s.State == "lost" {
+		fmt.Fprintf(e.Stderr, "bushost: session %s ended while no launcher ran and left no exit status (lost)\n", s.Id)
+		return statusExit(1)
+	}
+	return statusExit(s.Exit)
+}
+
+func runSessionWait(fs *pflag.FlagSet) runFunc {
+	return func(ctx context.Context, e *Env, args []string) error {
+		id, err := oneID(args)
+		if err != nil {
+			return err
+		}
+		return launchCall(ctx, e, false, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
+			r, err := c.Wait(ctx, &launchv1.WaitRequest{Id: id})
+			if err != nil {
+				return err
+			}
+			return sessionStatus(e, r.Session)
+		})
+	}
+}
+
+func runSessionStop(fs *pflag.FlagSet) runFunc {
+	return func(ctx context.Context, e *Env, args []string) error {
+		id, err := oneID(args)
+		if err != nil {
+			return err
+		}
+		return launchCall(ctx, e, false, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
+			r, err := c.Stop(ctx, &launchv1.StopRequest{Id: id})
+			if err != nil {
+				return err
+			}
+			return brokerPrint(e, fmt.Sprintf("session %s %s (exit %d)", r.Session.Id, r.Session.State, r.Session.Exit), sessionJSON(r.Session))
+		})
+	}
+}
+
+func runSessionLogs(fs *pflag.FlagSet) runFunc {
+	follow := fs.Bool("follow", false, "keep printing what the session writes until it has ended")
+	return func(ctx context.Context, e *Env, args []string) error {
+		id, err := oneID(args)
+		if err != nil {
+			return err
+		}
+		return launchCall(ctx, e, !*follow, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
+			req := &launchv1.LogsRequest{Id: id}
+			for {
+				r, err := c.Logs(ctx, req)
+				if err != nil {
+					return err
+				}
+				if e.JSON {
+					if err := brokerPrint(e, "", map[string]any{"stdout": string(r.Stdout), "stderr": string(r.Stderr), "truncated": r.Truncated}); err != nil {
+						return err
+					}
+				} else {
+					if _, err := e.Stdout.Write(r.Stdout); err != nil {
+						return err
+					}
+					if _, err := e.Stderr.Write(r.Stderr); err != nil {
+						return err
+					}
+				}
+				if !*follow || r.Ended {
+					return nil
+				}
+				req = &launchv1.LogsRequest{Id: id, FromOffsets: true, StdoutOffset: r.StdoutNext, StderrOffset: r.StderrNext}
+				if r.Truncated || len(r.Stdout)+len(r.Stderr) > 0 {
+					continue
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(250 * time.Millisecond):
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,802 @@
+// Package launch is sandbox serve: the launcher that lets a grant holding
+// session.launch start sessions, each confined as `sandbox run` confines
+// one, with a role and capabilities from the grant's launch set and never
+// more. It mints each session's grant through the broker with the host's
+// admin token, prepares its run directory (sandbox.PrepareRunDir), and
+// runs it as a detached `sandbox keep` (sandbox run that leaves its exit
+// status in a file), so that a session outlives the launcher; a restarted
+// launcher re-adopts the sessions in its state directory. It never gives
+// a session the admin token, and records session.launched and
+// session.ended itself (docs/launch.md).
+package launch
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/sandbox"
+	"github.com/bushost/bushost/internal/size"
+	"github.com/bushost/bushost/internal/sock"
+)
+
+// Socket is the launcher's socket in its home.
+const Socket = "launch.sock"
+
+// Options configure a launcher.
+type Options struct {
+	// Home holds launch.sock and sessions/ (the state directory).
+	Home string
+	// BusHome is bushostd's home: broker.sock, git.sock, admin.token.
+	BusHome string
+	// Sandbox is the sandbox executable sessions are run with.
+	Sandbox string
+	// MaxPerGrant bounds the sessions one launcher grant runs at once,
+	// MaxSessions those of the whole host; MaxDepth how many launches
+	// deep session.launch may be handed on (1: only the host's grants
+	// launch).
+	MaxPerGrant, MaxSessions, MaxDepth int
+	// UIDRange and StateDir are passed to sandbox run ("" for its defaults).
+	UIDRange, StateDir string
+	// StopGrace is how long Stop waits after SIGTERM before SIGKILL.
+	StopGrace time.Duration
+	// LogBytes bounds what Logs returns of each stream (its tail).
+	LogBytes int64
+	Log      io.Writer
+}
+
+// Server is the LaunchService.
+type Server struct {
+	launchv1.UnimplementedLaunchServiceServer
+	o     Options
+	admin string
+	conn  *grpc.ClientConn
+	bc    brokerv1.BrokerServiceClient
+
+	mu       sync.Mutex
+	sessions map[string]*live
+}
+
+// live is a session this launcher follows.
+type live struct {
+	mu   sync.Mutex
+	rec  record
+	dir  string
+	done chan struct{} // closed once it ended and session.ended is recorded
+	// exited is closed when the process is gone (own child reaped, or an
+	// adopted one's pidfd readable).
+	exited chan struct{}
+	status int  // from Wait of an own child
+	known  bool // status is known from Wait
+}
+
+func (l *live) snapshot() record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rec
+}
+
+func (s *Server) sessionsDir() string { return filepath.Join(s.o.Home, "sessions") }
+
+// New opens the launcher's state: it reads the admin token, connects to
+// the broker, and re-adopts every session its state directory records.
+func New(o Options) (*Server, error) {
+	if o.BusHome == "" {
+		o.BusHome = o.Home
+	}
+	if o.StopGrace <= 0 {
+		o.StopGrace = 10 * time.Second
+	}
+	if o.LogBytes <= 0 {
+		o.LogBytes = 1 << 20
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	tok, err := os.ReadFile(filepath.Join(o.BusHome, "admin.token"))
+	if err != nil {
+		return nil, fmt.Errorf("the host's admin token (--bus-home %s): %w", o.BusHome, err)
+	}
+	conn, err := grpc.NewClient("unix://"+filepath.Join(o.BusHome, "broker.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{o: o, admin: strings.TrimSpace(string(tok)), conn: conn, bc: brokerv1.NewBrokerServiceClient(conn), sessions: map[string]*live{}}
+	if err := os.MkdirAll(s.sessionsDir(), 0o711); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if err := os.Chmod(s.sessionsDir(), 0o711); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	s.adopt()
+	return s, nil
+}
+
+// Close lets go of the broker connection; running sessions keep running.
+func (s *Server) Close() error { return s.conn.Close() }
+
+func (s *Server) logf(format string, args ...any) {
+	fmt.Fprintf(s.o.Log, "sandbox serve: "+format+"\n", args...)
+}
+
+func withToken(ctx context.Context, tok string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+}
+
+// caller resolves the call's token: the host (admin.token) or a grant,
+// which the broker describes (Whoami).
+func (s *Server) caller(ctx context.Context) (authz.Grant, error) {
+	tok := authz.TokenFromContext(ctx)
+	if tok == "" {
+		return authz.Grant{}, errdefs.Unauthenticated(errdefs.TokenMissing, "no token: send 'authorization: Bearer <token>'")
+	}
+	if subtle.ConstantTimeCompare([]byte(tok), []byte(s.admin)) == 1 {
+		return authz.Grant{ID: authz.HostID, Host: true}, nil
+	}
+	w, err := s.bc.Whoami(withToken(ctx, tok), &brokerv1.WhoamiRequest{})
+	if err != nil {
+		return authz.Grant{}, errdefs.FromGRPC(err)
+	}
+	g := authz.Grant{ID: w.GrantId, Business: w.Business, Project: w.Project, Task: w.Task, Role: w.Role, Caps: w.Capabilities,
+		LaunchedBy: w.LaunchedBy, LaunchDepth: int(w.LaunchDepth), Launch: map[string][]string{}}
+	for _, r := range w.Launch {
+		g.Launch[r.Role] = r.Capabilities
+	}
+	return g, nil
+}
+
+// allowed checks a launch request against the launcher grant g and
+// returns what is missing from its launch set ("" if nothing).
+func (s *Server) allowed(g authz.Grant, business, project, role string, caps []string) []string {
+	var missing []string
+	if business != g.Business || project != g.Project {
+		missing = append(missing, fmt.Sprintf("task of %s/%s (the launcher's is %s/%s)", business, project, g.Business, g.Project))
+	}
+	set, ok := g.Launch[role]
+	if !ok {
+		missing = append(missing, "role "+role)
+	}
+	for _, c := range caps {
+		if ok && !slices.Contains(set, c) {
+			missing = append(missing, "capability "+c+" for role "+role)
+		}
+		if c == authz.CapSessionLaunch && g.LaunchDepth+1 >= s.o.MaxDepth {
+			missing = append(missing, fmt.Sprintf("capability %s at launch depth %d (sandbox serve --max-launch-depth %d)", c, g.LaunchDepth+1, s.o.MaxDepth))
+		}
+	}
+	return missing
+}
+
+func randomID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "s-" + hex.EncodeToString(b)
+}
+
+// Launch implements LaunchService.
+func (s *Server) Launch(ctx context.Context, r *launchv1.LaunchRequest) (*launchv1.LaunchResponse, error) {
+	rec, err := s.launch(ctx, r)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	return &launchv1.LaunchResponse{Session: sessionProto(rec)}, nil
+}
+
+func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record, error) {
+	g, err := s.caller(ctx)
+	if err != nil {
+		return record{}, err
+	}
+	if g.Host || !g.Has(authz.CapSessionLaunch) {
+		return record{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "launching a session takes a grant with %s (grant %s lacks it)", authz.CapSessionLaunch, g.ID)
+	}
+	business, project := r.GetBusiness(), r.GetProject()
+	if business == "" {
+		business = g.Business
+	}
+	if project == "" {
+		project = g.Project
+	}
+	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: r.GetTask()}); err != nil || r.GetTask() == "" {
+		return record{}, errdefs.InvalidArgument(errdefs.NameInvalid, "a session is for one task: give a valid --task")
+	}
+	if err := names.Check("role", r.GetRole()); err != nil {
+		return record{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	}
+	var caps []string
+	for _, c := range r.GetCapabilities() {
+		if !slices.Contains(caps, c) {
+			caps = append(caps, c)
+		}
+	}
+	slices.Sort(caps)
+	if len(caps) == 0 {
+		return record{}, errdefs.InvalidArgument(errdefs.CapabilityInvalid, "a session needs at least one capability (--caps)")
+	}
+	if missing := s.allowed(g, business, project, r.GetRole(), caps); len(missing) > 0 {
+		return record{}, errdefs.PermissionDenied(errdefs.LaunchNotAllowed, "grant %s may not launch this: %s", g.ID, strings.Join(missing, "; ")).
+			With("missing", strings.Join(missing, "\n"))
+	}
+	if len(r.GetCommand()) == 0 {
+		return record{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "no command: give it after --")
+	}
+	limits, runFlags, err := limitFlags(r)
+	if err != nil {
+		return record{}, err
+	}
+	peer, _ := sock.PeerFromContext(ctx)
+	if ws := r.GetWorkspace(); ws != "" {
+		if err := checkWorkspace(ws, peer); err != nil {
+			return record{}, err
+		}
+	}
+
+	id := randomID()
+	l := &live{rec: record{ID: id, Business: business, Project: project, Task: r.GetTask(), Role: r.GetRole(), Caps: caps,
+		Launcher: g.ID, Command: r.GetCommand(), Limits: limits, State: StateStarting, Exit: -1},
+		dir: filepath.Join(s.sessionsDir(), id), done: make(chan struct{}), exited: make(chan struct{})}
+	// The slot is taken before anything is made, so that concurrent
+	// launches cannot pass the limits together.
+	s.mu.Lock()
+	var mine, all int
+	for _, x := range s.sessions {
+		st := x.snapshot()
+		if st.State == StateRunning || st.State == StateStarting {
+			all++
+			if st.Launcher == g.ID {
+				mine++
+			}
+		}
+	}
+	if mine >= s.o.MaxPerGrant {
+		s.mu.Unlock()
+		return record{}, errdefs.ResourceExhausted(errdefs.SessionLimit, "grant %s already runs %d sessions (sandbox serve --max-sessions-per-grant %d): wait for one to end", g.ID, mine, s.o.MaxPerGrant).
+			With("limit", strconv.Itoa(s.o.MaxPerGrant))
+	}
+	if s.o.MaxSessions > 0 && all >= s.o.MaxSessions {
+		s.mu.Unlock()
+		return record{}, errdefs.ResourceExhausted(errdefs.SessionLimit, "the host already runs %d sessions (sandbox serve --max-sessions %d)", all, s.o.MaxSessions).
+			With("limit", strconv.Itoa(s.o.MaxSessions))
+	}
+	s.sessions[id] = l
+	s.mu.Unlock()
+
+	grantID, err := s.start(ctx, l, g, r.GetWorkspace(), runFlags)
+	if err != nil {
+		s.mu.Lock()
+		delete(s.sessions, id)
+		s.mu.Unlock()
+		os.RemoveAll(l.dir)
+		if grantID != "" {
+			// The session never ran: its grant goes with it.
+			if _, rerr := s.bc.RevokeGrant(withToken(context.Background(), s.admin), &brokerv1.RevokeGrantRequest{GrantId: grantID}); rerr != nil {
+				s.logf("revoke grant %s of session %s that did not start: %v", grantID, id, rerr)
+			}
+		}
+		return record{}, err
+	}
+	rec := l.snapshot()
+	data := map[string]any{"session_id": id, "launcher_grant_id": g.ID, "grant_id": rec.GrantID, "role": rec.Role, "capabilities": caps,
+		"uid": rec.UID, "limits": limits, "pid": rec.PID}
+	if err := s.record(rec, "session.launched", data); err != nil {
+		s.logf("record session.launched of %s: %v", id, err)
+	}
+	go s.watch(l)
+	return rec, nil
+}
+
+// limitFlags turns a request's limits into sandbox run flags, checked
+// here so that a bad value refuses the launch instead of failing the
+// session.
+func limitFlags(r *launchv1.LaunchRequest) (map[string]string, []string, error) {
+	m := map[string]string{}
+	var flags []string
+	net := r.GetNet()
+	if net == "" {
+		net = sandbox.NetNone
+	}
+	if net != sandbox.NetNone && net != sandbox.NetProxy && net != sandbox.NetHost {
+		return nil, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--net=%q: want none, proxy or host", net)
+	}
+	m["net"] = net
+	flags = append(flags, "--net="+net)
+	if v := r.GetMemory(); v != "" {
+		if _, err := size.Parse(v); err != nil {
+			return nil, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--memory %q: %v", v, err)
+		}
+		m["memory"] = v
+		flags = append(flags, "--memory", v)
+	}
+	if v := r.GetPids(); v != 0 {
+		if v < 0 {
+			return nil, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--pids %d: want a positive number", v)
+		}
+		m["pids"] = strconv.FormatInt(v, 10)
+		flags = append(flags, "--pids", m["pids"])
+	}
+	if v := r.GetTimeoutSeconds(); v != 0 {
+		if v < 0 {
+			return nil, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--timeout: want a positive duration")
+		}
+		m["timeout"] = (time.Duration(v) * time.Second).String()
+		flags = append(flags, "--timeout", m["timeout"])
+	}
+	return m, flags, nil
+}
+
+// checkWorkspace accepts a directory (not a link) owned by the caller:
+// the session's uid is handed it for the session, so a caller may only
+// name its own.
+func checkWorkspace(ws string, peer authz.Peer) error {
+	if !filepath.IsAbs(ws) {
+		return errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s: give an absolute path", ws)
+	}
+	st, err := os.Lstat(ws)
+	if err != nil {
+		return errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace: %v", err)
+	}
+	if !st.IsDir() {
+		return errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s is not a directory", ws)
+	}
+	if uid := st.Sys().(*syscall.Stat_t).Uid; int64(uid) != int64(peer.UID) {
+		return errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s is uid %d's, not the caller's (%d)", ws, uid, peer.UID)
+	}
+	return nil
+}
+
+// start mints the session's grant, prepares its directory and starts it;
+// it returns the grant's id even on failure, for the caller to revoke.
+func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws string, runFlags []string) (string, error) {
+	rec := l.snapshot()
+	cg := &brokerv1.CreateGrantRequest{Business: rec.Business, Project: rec.Project, Task: rec.Task, Role: rec.Role,
+		Capabilities: rec.Caps, LaunchedBy: g.ID}
+	if slices.Contains(rec.Caps, authz.CapSessionLaunch) {
+		// A session allowed to launch may launch what its launcher may.
+		for role, caps := range g.Launch {
+			cg.Launch = append(cg.Launch, &brokerv1.LaunchRole{Role: role, Capabilities: caps})
+		}
+	}
+	ig, err := s.bc.CreateGrant(withToken(ctx, s.admin), cg)
+	if err != nil {
+		return "", errdefs.FromGRPC(err)
+	}
+	if err := os.Mkdir(l.dir, 0o711); err != nil {
+		return ig.GrantId, err
+	}
+	tokFile := filepath.Join(l.dir, tokenName)
+	if err := os.WriteFile(tokFile, []byte(ig.Token+"\n"), 0o600); err != nil {
+		return ig.GrantId, err
+	}
+	runDir := filepath.Join(l.dir, runName)
+	err = sandbox.PrepareRunDir(&sandbox.PrepareConfig{RunDir: runDir, TokenFile: tokFile, Session: sandbox.SessionFile{
+		Version: sandbox.SessionVersion, Business: rec.Business, Project: rec.Project, Task: rec.Task, Role: rec.Role, Caps: rec.Caps, TokenFile: "token"}})
+	os.Remove(tokFile)
+	if err != nil {
+		return ig.GrantId, err
+	}
+	if ws == "" {
+		ws = filepath.Join(l.dir, wsName)
+		if err := os.Mkdir(ws, 0o755); err != nil {
+			return ig.GrantId, err
+		}
+	}
+	args := []string{"keep", filepath.Join(l.dir, exitName), "--run-dir", runDir, "--workspace", ws, "--role", rec.Role,
+		"--caps", strings.Join(rec.Caps, ","), "--broker-socket", filepath.Join(s.o.BusHome, "broker.sock")}
+	if _, err := os.Stat(filepath.Join(s.o.BusHome, "git.sock")); err == nil {
+		args = append(args, "--git-socket", filepath.Join(s.o.BusHome, "git.sock"))
+	}
+	if slices.Contains(rec.Caps, authz.CapSessionLaunch) {
+		args = append(args, "--launch-socket", filepath.Join(s.o.Home, Socket))
+	}
+	if s.o.UIDRange != "" {
+		args = append(args, "--uid-range", s.o.UIDRange)
+	}
+	if s.o.StateDir != "" {
+		args = append(args, "--state-dir", s.o.StateDir)
+	}
+	args = append(args, runFlags...)
+	args = append(args, "--")
+	args = append(args, rec.Command...)
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	for _, name := range []string{stdoutName, stderrName} {
+		f, err := os.OpenFile(filepath.Join(l.dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
+		if err != nil {
+			return ig.GrantId, err
+		}
+		files = append(files, f)
+	}
+	cmd := exec.Command(s.o.Sandbox, args...)
+	cmd.Stdout, cmd.Stderr = files[0], files[1]
+	cmd.Dir = "/"
+	// A session of its own (setsid): the launcher's death, its terminal
+	// or its process group reach no session.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return ig.GrantId, fmt.Errorf("start %s: %w", s.o.Sandbox, err)
+	}
+	pid := cmd.Process.Pid
+	st, _ := startTime(pid)
+	go func() {
+		err := cmd.Wait()
+		l.mu.Lock()
+		var ee *exec.ExitError
+		if err == nil || errors.As(err, &ee) {
+			l.status, l.known = cmd.ProcessState.ExitCode(), true
+			if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				l.status = 128 + int(ws.Signal())
+			}
+		}
+		l.mu.Unlock()
+		close(l.exited)
+	}()
+	// Saved at once, so that a launcher killed from here on finds the
+	// session again; saved again once its uid is known.
+	l.mu.Lock()
+	l.rec.GrantID, l.rec.PID, l.rec.StartTime, l.rec.State, l.rec.Started = ig.GrantId, pid, st, StateRunning, time.Now().UTC()
+	err = l.rec.save(l.dir)
+	l.mu.Unlock()
+	if err != nil {
+		s.logf("save the record of session %s: %v", rec.ID, err)
+	}
+	s.learnUID(l)
+	l.mu.Lock()
+	err = l.rec.save(l.dir)
+	l.mu.Unlock()
+	if err != nil {
+		s.logf("save the record of session %s: %v", rec.ID, err)
+	}
+	return ig.GrantId, nil
+}
+
+// learnUID finds the session's uid: that of bwrap, the child sandbox run
+// starts as it once it has leased one. It gives up when the process ends
+// or after a few seconds (the uid then shows as 0).
+func (s *Server) learnUID(l *live) {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if child, uid, ok := childOf(l.rec.PID); ok && uid > 0 {
+			st, _ := startTime(child)
+			l.mu.Lock()
+			l.rec.UID, l.rec.BwrapPID, l.rec.BwrapStart = uid, child, st
+			l.mu.Unlock()
+			return
+		}
+		select {
+		case <-l.exited:
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// record appends a session.* event to the session's task with the host's
+// credential; the session id as key makes a retry (or a restarted
+// launcher) record it once.
+func (s *Server) record(rec record, typ string, data map[string]any) error {
+	b, err := json.Marshal(data)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = s.bc.RecordEvent(withToken(ctx, s.admin), &brokerv1.RecordEventRequest{Type: typ, Data: string(b),
+		Business: rec.Business, Project: rec.Project, Task: rec.Task, IdempotencyKey: typ + ":" + rec.ID})
+	return err
+}
+
+// watch waits for the session's process to end, then finishes it.
+func (s *Server) watch(l *live) {
+	<-l.exited
+	status, peak, ok := readExit(filepath.Join(l.dir, exitName))
+	l.mu.Lock()
+	l.rec.PeakMemory = peak
+	l.mu.Unlock()
+	if !ok {
+		l.mu.Lock()
+		status, ok = l.status, l.known
+		l.mu.Unlock()
+	}
+	s.finish(l, status, ok)
+}
+
+// finish marks the session ended (exited with status, or lost), records
+// session.ended once, and reclaims its run directory (its token copy
+// goes with it); the uid is reclaimed by the next sandbox run given it.
+func (s *Server) finish(l *live, status int, known bool) {
+	l.mu.Lock()
+	if l.rec.Ended.IsZero() {
+		l.rec.Ended = time.Now().UTC()
+	}
+	l.rec.State, l.rec.Exit = StateExited, status
+	if !known {
+		l.rec.State, l.rec.Exit = StateLost, -1
+	}
+	rec := l.rec
+	_ = l.rec.save(l.dir)
+	l.mu.Unlock()
+	data := map[string]any{"session_id": rec.ID, "grant_id": rec.GrantID, "state": rec.State, "exit": rec.Exit,
+		"duration_seconds": rec.Ended.Sub(rec.Started).Seconds()}
+	if known && status > 128 {
+		data["signal"] = status - 128
+	}
+	if rec.PeakMemory > 0 {
+		data["peak_memory"] = rec.PeakMemory
+	}
+	for attempt := 0; ; attempt++ {
+		err := s.record(rec, "session.ended", data)
+		if err == nil {
+			break
+		}
+		s.logf("record session.ended of %s: %v", rec.ID, err)
+		if attempt == 4 {
+			// Left unrecorded: the next start of the launcher tries again.
+			close(l.done)
+			return
+		}
+		time.Sleep(time.Duration(attempt+1) * time.Second)
+	}
+	if err := os.RemoveAll(filepath.Join(l.dir, runName)); err != nil {
+		s.logf("remove the run directory of %s: %v", rec.ID, err)
+	}
+	l.mu.Lock()
+	l.rec.Recorded = true
+	_ = l.rec.save(l.dir)
+	l.mu.Unlock()
+	close(l.done)
+}
+
+// adopt reads the state directory: a session still running (same pid,
+// same start time) is followed again; one that ended while no launcher
+// ran is finished with the status it left, or as lost.
+func (s *Server) adopt() {
+	ents, err := os.ReadDir(s.sessionsDir())
+	if err != nil {
+		s.logf("read %s: %v", s.sessionsDir(), err)
+		return
+	}
+	for _, e := range ents {
+		dir := filepath.Join(s.sessionsDir(), e.Name())
+		rec, err := loadRecord(dir)
+		if err != nil {
+			// A launch cut before its process started (no stdout yet):
+			// nothing ran. Anything else is left for the host to look at.
+			if _, serr := os.Stat(filepath.Join(dir, stdoutName)); errors.Is(err, os.ErrNotExist) && errors.Is(serr, os.ErrNotExist) {
+				os.RemoveAll(dir)
+			} else {
+				s.logf("session directory %s has no usable record, left alone: %v", dir, err)
+			}
+			continue
+		}
+		l := &live{rec: *rec, dir: dir, done: make(chan struct{}), exited: make(chan struct{})}
+		s.sessions[rec.ID] = l
+		if rec.Recorded {
+			close(l.done)
+			continue
+		}
+		if rec.State == StateRunning {
+			fd, ok := openIfSame(rec.PID, rec.StartTime)
+			if !ok {
+				// sandbox keep was killed, its bwrap (and so the session)
+				// may not have been: follow bwrap; its status is lost.
+				if _, _, done := readExit(filepath.Join(dir, exitName)); !done {
+					fd, ok = openIfSame(rec.BwrapPID, rec.BwrapStart)
+				}
+			}
+			if ok {
+				s.logf("re-adopted session %s (pid %d)", rec.ID, rec.PID)
+				go func() {
+					waitPidfd(fd)
+					close(l.exited)
+				}()
+				go s.watch(l)
+				continue
+			}
+		}
+		close(l.exited)
+		go s.watch(l)
+	}
+}
+
+// openIfSame opens a pidfd of pid if it is still the process started at
+// start, and running; the pidfd is opened first, so the check holds for
+// what it names. A zombie counts as ended: a launcher's dead child is
+// reparented to an init that may be slow to reap it, or never does.
+func openIfSame(pid int, start uint64) (int, bool) {
+	if pid <= 0 {
+		return -1, false
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, false
+	}
+	if state, st, err := procStat(pid); err != nil || st != start || state == 'Z' || state == 'X' {
+		unix.Close(fd)
+		return -1, false
+	}
+	return fd, true
+}
+
+// alive reports whether pid is still the process started at start.
+func alive(pid int, start uint64) bool {
+	fd, ok := openIfSame(pid, start)
+	if ok {
+		unix.Close(fd)
+	}
+	return ok
+}
+
+// waitPidfd returns once the process behind fd has exited.
+func waitPidfd(fd int) {
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, -1)
+		if n > 0 || (err != nil && err != unix.EINTR) {
+			return
+		}
+	}
+}
+
+// find returns session id if the caller may see it: the host sees every
+// session, a grant those it launched.
+func (s *Server) find(ctx context.Context, id string) (*live, error) {
+	g, err := s.caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	l, ok := s.sessions[id]
+	s.mu.Unlock()
+	if !ok || (!g.Host && l.snapshot().Launcher != g.ID) {
+		return nil, errdefs.NotFound(errdefs.SessionNotFound, "no session %q launched by %s", clip(id), g.ID)
+	}
+	return l, nil
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+// List implements LaunchService.
+func (s *Server) List(ctx context.Context, _ *launchv1.ListRequest) (*launchv1.ListResponse, error) {
+	g, err := s.caller(ctx)
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	s.mu.Lock()
+	var recs []record
+	for _, l := range s.sessions {
+		if r := l.snapshot(); g.Host || r.Launcher == g.ID {
+			recs = append(recs, r)
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(recs, func(i, j int) bool { return recs[i].Started.Before(recs[j].Started) })
+	out := &launchv1.ListResponse{}
+	for _, r := range recs {
+		out.Sessions = append(out.Sessions, sessionProto(r))
+	}
+	return out, nil
+}
+
+// Wait implements LaunchService.
+func (s *Server) Wait(ctx context.Context, r *launchv1.WaitRequest) (*launchv1.WaitResponse, error) {
+	l, err := s.find(ctx, r.GetId())
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+		return nil, errdefs.ToGRPC(errdefs.Unavailable(errdefs.NoAnswer, "session %s still runs: %v", r.GetId(), ctx.Err()))
+	}
+	return &launchv1.WaitResponse{Session: sessionProto(l.snapshot())}, nil
+}
+
+// Stop implements LaunchService: SIGTERM to sandbox run, which passes it
+// to the command; after the grace, SIGKILL to bwrap, whose death ends the
+// whole session.
+func (s *Server) Stop(ctx context.Context, r *launchv1.StopRequest) (*launchv1.StopResponse, error) {
+	l, err := s.find(ctx, r.GetId())
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	rec := l.snapshot()
+	if fd, ok := openIfSame(rec.BwrapPID, rec.BwrapStart); ok && !alive(rec.PID, rec.StartTime) {
+		// Only bwrap is left (sandbox keep was killed): nothing would pass
+		// a SIGTERM on, so the session ends at once.
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		unix.Close(fd)
+	}
+	if fd, ok := openIfSame(rec.PID, rec.StartTime); ok {
+		_ = unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0)
+		select {
+		case <-l.exited:
+		case <-time.After(s.o.StopGrace):
+			if child, _, ok := childOf(rec.PID); ok {
+				_ = syscall.Kill(child, syscall.SIGKILL)
+			}
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		case <-ctx.Done():
+		}
+		unix.Close(fd)
+	}
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+		return nil, errdefs.ToGRPC(errdefs.Unavailable(errdefs.NoAnswer, "session %s did not end yet: %v", r.GetId(), ctx.Err()))
+	}
+	return &launchv1.StopResponse{Session: sessionProto(l.snapshot())}, nil
+}
+
+// Logs implements LaunchService.
+func (s *Server) Logs(ctx context.Context, r *launchv1.LogsRequest) (*launchv1.LogsResponse, error) {
+	l, err := s.find(ctx, r.GetId())
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	// Whether it had ended is learned before reading, so that an answer
+	// saying ended holds everything the session wrote.
+	var ended bool
+	select {
+	case <-l.exited:
+		ended = true
+	default:
+	}
+	out, t1, n1, err := tail(filepath.Join(l.dir, stdoutName), s.o.LogBytes, r.GetFromOffsets(), r.GetStdoutOffset())
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	errb, t2, n2, err := tail(filepath.Join(l.dir, stderrName), s.o.LogBytes, r.GetFromOffsets(), r.GetStderrOffset())
+	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	return &launchv1.LogsResponse{Stdout: out, Stderr: errb, Truncated: t1 || t2, StdoutNext: n1, StderrNext: n2, Ended: ended && !t1 && !t2}, nil
+}
+
+func sessionProto(r record) *launchv1.Session {
+	p := &launchv1.Session{Id: r.ID, Business: r.Business, Project: r.Project, Task: r.Task, Role: r.Role, Capabilities: r.Caps,
+		GrantId: r.GrantID, LauncherGrantId: r.Launcher, Uid: int64(r.UID), State: r.State, Exit: int32(r.Exit), Command: r.Command}
+	if !r.Started.IsZero() {
+		p.Started = r.Started.Format(time.RFC3339)
+	}
+	if !r.Ended.IsZero() {
+		p.Ended = r.Ended.Format(time.RFC3339)
+	}
+	return p
+}

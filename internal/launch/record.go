@@ -1,0 +1,216 @@
+package launch
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Session states.
+const (
+	StateStarting = "starting"
+	StateRunning  = "running"
+	StateExited   = "exited"
+	// StateLost is a session that ended while no launcher ran and left no
+	// exit status behind.
+	StateLost = "lost"
+)
+
+// The files of a session's directory, SESSIONS/<id>/.
+const (
+	recordName = "record.json" // the record, rewritten whole
+	exitName   = "exit"        // the status, written by `sandbox keep` as it ends
+	stdoutName = "stdout"
+	stderrName = "stderr"
+	runName    = "run" // the run directory (sandbox prepare)
+	wsName     = "ws"  // the workspace the launcher made, when none was given
+	tokenName  = "token.in"
+)
+
+// record is one session as the state directory keeps it: enough to find
+// its process again after a restart (pid and start time) and to answer
+// list and wait for it.
+type record struct {
+	ID                      string            `json:"id"`
+	Business, Project, Task string            `json:"-"`
+	Scope                   [3]string         `json:"scope"`
+	Role                    string            `json:"role"`
+	Caps                    []string          `json:"caps"`
+	GrantID                 string            `json:"grant_id"`
+	Launcher                string            `json:"launcher_grant_id"`
+	Command                 []string          `json:"command"`
+	Limits                  map[string]string `json:"limits,omitempty"`
+	PID                     int               `json:"pid"`
+	// StartTime is field 22 of /proc/PID/stat: with the pid, it names the
+	// process and never a later one given the same pid.
+	StartTime uint64 `json:"start_time"`
+	UID       int    `json:"uid"`
+	// BwrapPID and BwrapStart name the session's bwrap, which outlives a
+	// killed sandbox keep (and the session with it).
+	BwrapPID   int    `json:"bwrap_pid,omitempty"`
+	BwrapStart uint64 `json:"bwrap_start,omitempty"`
+	// PeakMemory is the most memory its cgroup used (with --memory).
+	PeakMemory int64     `json:"peak_memory,omitempty"`
+	Started    time.Time `json:"started"`
+	Ended      time.Time `json:"ended,omitzero"`
+	State      string    `json:"state"`
+	Exit       int       `json:"exit"`
+	// Recorded is true once session.ended is in the log.
+	Recorded bool `json:"recorded"`
+}
+
+func (r *record) fill() { r.Business, r.Project, r.Task = r.Scope[0], r.Scope[1], r.Scope[2] }
+
+// save writes the record to dir atomically (a new file renamed over).
+func (r *record) save(dir string) error {
+	r.Scope = [3]string{r.Business, r.Project, r.Task}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, recordName+".new")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	f, err := os.Open(tmp)
+	if err == nil {
+		err = f.Sync()
+		f.Close()
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, recordName))
+}
+
+func loadRecord(dir string) (*record, error) {
+	b, err := os.ReadFile(filepath.Join(dir, recordName))
+	if err != nil {
+		return nil, err
+	}
+	var r record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, recordName), err)
+	}
+	r.fill()
+	return &r, nil
+}
+
+// readExit reads what `sandbox keep` wrote as the session ended, "STATUS
+// PEAK", so that a launcher that was not there to reap it still learns the
+// status; ok is false if there is nothing.
+func readExit(path string) (status int, peak int64, ok bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, 0, false
+	}
+	status, err = strconv.Atoi(f[0])
+	if len(f) > 1 {
+		peak, _ = strconv.ParseInt(f[1], 10, 64)
+	}
+	return status, peak, err == nil
+}
+
+// startTime reads field 22 of /proc/PID/stat.
+func startTime(pid int) (uint64, error) {
+	_, st, err := procStat(pid)
+	return st, err
+}
+
+// procStat reads the state (field 3) and start time (field 22) of
+// /proc/PID/stat, after the command name, which may hold spaces and
+// parentheses: fields are counted from the last ')'.
+func procStat(pid int) (byte, uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, 0, errors.New("malformed stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state): field 22 is f[19].
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, errors.New("malformed stat")
+	}
+	st, err := strconv.ParseUint(f[19], 10, 64)
+	return f[0][0], st, err
+}
+
+// childOf returns a child of pid (bwrap, under `sandbox keep`) and its
+// real uid: the session's uid, since sandbox run starts bwrap as it.
+func childOf(pid int) (child, uid int, ok bool) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, 0, false
+	}
+	want := strconv.Itoa(pid)
+	for _, e := range ents {
+		c, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		var ppid string
+		u := -1
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+				ppid = strings.TrimSpace(v)
+			}
+			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+				if f := strings.Fields(v); len(f) > 0 {
+					u, _ = strconv.Atoi(f[0])
+				}
+			}
+		}
+		if ppid == want {
+			return c, u, true
+		}
+	}
+	return 0, 0, false
+}
+
+// tail reads at most n bytes from the end of path, or with from, from
+// offset; truncated says there was more, next is where the read stopped.
+func tail(path string, n int64, from bool, offset int64) (b []byte, truncated bool, next int64, err error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, offset, nil
+	}
+	if err != nil {
+		return nil, false, offset, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, false, offset, err
+	}
+	size := st.Size()
+	off := max(size-n, 0)
+	if from {
+		off = min(max(offset, 0), size)
+	}
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		return nil, false, offset, err
+	}
+	b, err = io.ReadAll(io.LimitReader(f, n))
+	next = off + int64(len(b))
+	if from {
+		return b, next < size, next, err
+	}
+	return b, off > 0, next, err
+}

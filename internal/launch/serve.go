@@ -1,0 +1,121 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+
+	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
+	"github.com/bushost/bushost/internal/sock"
+)
+
+// ServeFlags reads the flags of `sandbox serve`.
+func ServeFlags(args []string, stderr io.Writer) (*Options, error) {
+	o := &Options{}
+	fs := flag.NewFlagSet("sandbox serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.Home, "home", "", "the launcher's home: launch.sock and sessions/, the state directory (default $BUSHOST_HOME, else /var/lib/bushost)")
+	fs.StringVar(&o.Sandbox, "sandbox", "", "the sandbox executable sessions run with (sandbox serve sets it to itself)")
+	fs.StringVar(&o.BusHome, "bus-home", "", "bushostd's home: broker.sock, git.sock and the host's admin.token (default --home)")
+	fs.IntVar(&o.MaxPerGrant, "max-sessions-per-grant", 8, "sessions one launcher grant may run at once")
+	fs.IntVar(&o.MaxSessions, "max-sessions", 64, "sessions the host runs at once (0: no bound)")
+	fs.IntVar(&o.MaxDepth, "max-launch-depth", 1, "how deep launches may go: 1 lets only the host's grants launch; 2 lets a session they launch hold session.launch too")
+	fs.StringVar(&o.UIDRange, "uid-range", "", "passed to sandbox run: the range sessions' uids come from")
+	fs.StringVar(&o.StateDir, "state-dir", "", "passed to sandbox run: where uid leases are kept")
+	fs.DurationVar(&o.StopGrace, "stop-grace", 10*time.Second, "session stop: how long after SIGTERM before SIGKILL")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.Home == "" {
+		o.Home = os.Getenv("BUSHOST_HOME")
+	}
+	if o.Home == "" {
+		o.Home = "/var/lib/bushost"
+	}
+	if o.Sandbox == "" {
+		return nil, errors.New("--sandbox is required: start the launcher as `sandbox serve`")
+	}
+	if o.MaxPerGrant < 1 || o.MaxSessions < 0 || o.MaxDepth < 1 {
+		return nil, errors.New("--max-sessions-per-grant and --max-launch-depth must be at least 1, --max-sessions at least 0")
+	}
+	return o, nil
+}
+
+// Serve is `sandbox serve` (which execs `bushostd launcher --sandbox
+// ITSELF`, since the sandbox binary links no gRPC): it serves LaunchService on HOME/launch.sock
+// until SIGTERM or SIGINT, and returns the exit status. The sessions it
+// started keep running when it stops, however it stops.
+func Serve(args []string, stderr io.Writer) int {
+	o, err := ServeFlags(args, stderr)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stderr, "sandbox serve: %v\n", err)
+		}
+		return 2
+	}
+	if err := serve(o, stderr); err != nil {
+		fmt.Fprintf(stderr, "sandbox serve: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(o *Options, stderr io.Writer) error {
+	if os.Geteuid() != 0 {
+		return errors.New("must run as root: it gives each session a uid of its own")
+	}
+	o.Log = stderr
+	if err := os.MkdirAll(o.Home, 0o700); err != nil {
+		return err
+	}
+	// One launcher per home: two would both adopt the same sessions.
+	lock, err := os.OpenFile(filepath.Join(o.Home, "launch.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return fmt.Errorf("another sandbox serve runs on %s: %w", o.Home, err)
+	}
+	s, err := New(*o)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	path := filepath.Join(o.Home, Socket)
+	l, err := sock.Listen(path, 0o660)
+	if err != nil {
+		return err
+	}
+	// The socket group is bushostd's: whoever may reach broker.sock may
+	// reach the launcher, whose every call the broker's grant then rules.
+	if st, err := os.Stat(filepath.Join(s.o.BusHome, "broker.sock")); err == nil {
+		if err := os.Lchown(path, -1, int(st.Sys().(*syscall.Stat_t).Gid)); err != nil {
+			l.Close()
+			return err
+		}
+	}
+	srv := grpc.NewServer(grpc.Creds(sock.PeerCred{}))
+	launchv1.RegisterLaunchServiceServer(srv, s)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		srv.Stop() // a Wait in flight would hold a graceful stop forever
+	}()
+	fmt.Fprintf(stderr, "sandbox serve: serving %s\n", path)
+	return srv.Serve(l)
+}
