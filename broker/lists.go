@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -290,6 +291,12 @@ type GrantInfo struct {
 	ExpiresAt               time.Time
 	Expired                 bool
 	RevokedSeq              int64
+	// Launch is what a grant with session.launch may launch (role to
+	// capabilities); LaunchedBy and LaunchDepth place it in a chain of
+	// launches.
+	Launch      map[string][]string
+	LaunchedBy  string
+	LaunchDepth int
 }
 
 // ListGrants lists the grants matching the filters ("" for any), ordered
@@ -315,7 +322,7 @@ func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, projec
 			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
 		}
 	}
-	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq FROM grants`
+	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth FROM grants`
 	if len(where) > 0 {
 		query += ` WHERE ` + strings.Join(where, " AND ")
 	}
@@ -330,10 +337,15 @@ func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, projec
 	var out []GrantInfo
 	for rows.Next() {
 		var gi GrantInfo
-		var caps string
+		var caps, launch string
 		var expires int64
-		if err := rows.Scan(&gi.ID, &gi.Business, &gi.Project, &gi.Task, &gi.Role, &caps, &expires, &gi.RevokedSeq); err != nil {
+		if err := rows.Scan(&gi.ID, &gi.Business, &gi.Project, &gi.Task, &gi.Role, &caps, &expires, &gi.RevokedSeq, &launch, &gi.LaunchedBy, &gi.LaunchDepth); err != nil {
 			return nil, err
+		}
+		if launch != "" {
+			if err := json.Unmarshal([]byte(launch), &gi.Launch); err != nil {
+				return nil, fmt.Errorf("grant %s: launch set: %w", gi.ID, err)
+			}
 		}
 		if len(out) == maxListGrants {
 			return nil, errdefs.ResourceExhausted(errdefs.GrantListTooLong, "more than %d grants match: give --business, --project or --task", maxListGrants).With("limit", maxListGrants)

@@ -201,7 +201,8 @@ func (s *server) ListGrants(ctx context.Context, r *brokerv1.ListGrantsRequest) 
 	out := &brokerv1.ListGrantsResponse{}
 	for _, gi := range gs {
 		out.Grants = append(out.Grants, &brokerv1.GrantInfo{Id: gi.ID, Business: gi.Business, Project: gi.Project, Task: gi.Task, Role: gi.Role,
-			Capabilities: gi.Caps, ExpiresAt: gi.ExpiresAt.Format(time.RFC3339), Expired: gi.Expired, RevokedSeq: gi.RevokedSeq})
+			Capabilities: gi.Caps, ExpiresAt: gi.ExpiresAt.Format(time.RFC3339), Expired: gi.Expired, RevokedSeq: gi.RevokedSeq,
+			Launch: LaunchRoles(gi.Launch), LaunchedBy: gi.LaunchedBy, LaunchDepth: int64(gi.LaunchDepth)})
 	}
 	return out, nil
 }

@@ -28,16 +28,19 @@ type inspectProjects struct {
 
 type inspectGrants struct {
 	Grants []struct {
-		ID           string   `json:"id"`
-		Business     string   `json:"business"`
-		Project      string   `json:"project"`
-		Task         string   `json:"task"`
-		Role         string   `json:"role"`
-		Capabilities []string `json:"capabilities"`
-		ExpiresAt    string   `json:"expires_at"`
-		Expired      bool     `json:"expired"`
-		Revoked      bool     `json:"revoked"`
-		RevokedSeq   int64    `json:"revoked_seq"`
+		ID           string              `json:"id"`
+		Business     string              `json:"business"`
+		Project      string              `json:"project"`
+		Task         string              `json:"task"`
+		Role         string              `json:"role"`
+		Capabilities []string            `json:"capabilities"`
+		ExpiresAt    string              `json:"expires_at"`
+		Expired      bool                `json:"expired"`
+		Revoked      bool                `json:"revoked"`
+		RevokedSeq   int64               `json:"revoked_seq"`
+		Launch       map[string][]string `json:"launch"`
+		LaunchedBy   string              `json:"launched_by"`
+		LaunchDepth  int64               `json:"launch_depth"`
 	} `json:"grants"`
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -227,6 +228,38 @@ exit 5`
 	if code != 5 {
 		logs, logErr, _ := e.as(t, e.lead, "session", "logs", id)
 		t.Fatalf("session wait: exit %d, want the session's 5\n%s%s\nlogs:\n%s%s", code, out, errOut, logs, logErr)
+	}
+	// grant list shows the lead's launch set, and the worker's grant as
+	// launched by the lead, one launch deep.
+	var gl struct {
+		Grants []struct {
+			ID          string              `json:"id"`
+			Role        string              `json:"role"`
+			Launch      map[string][]string `json:"launch"`
+			LaunchedBy  string              `json:"launched_by"`
+			LaunchDepth int64               `json:"launch_depth"`
+		} `json:"grants"`
+	}
+	if err := json.Unmarshal([]byte(e.h.Must(t, "--json", "grant", "list", "--business", "acme", "--project", "web", "--task", "t1")), &gl); err != nil {
+		t.Fatal(err)
+	}
+	leadID := ""
+	for _, g := range gl.Grants {
+		if g.Role == "lead" {
+			leadID = g.ID
+			if !slices.Equal(g.Launch["worker"], []string{"git.push.working"}) || len(g.Launch) != 1 {
+				t.Fatalf("grant list shows the lead's launch set as %v", g.Launch)
+			}
+		}
+	}
+	workers := 0
+	for _, g := range gl.Grants {
+		if g.Role == "worker" && g.LaunchedBy == leadID && g.LaunchDepth == 1 && len(g.Launch) == 0 {
+			workers++
+		}
+	}
+	if leadID == "" || workers == 0 {
+		t.Fatalf("grant list: no lead, or no worker launched by it: %+v", gl.Grants)
 	}
 	logs, _, code := e.as(t, e.lead, "session", "logs", "--follow", id)
 	var head string

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -109,6 +111,11 @@ type grantJSON struct {
 	Expired      bool     `json:"expired"`
 	Revoked      bool     `json:"revoked"`
 	RevokedSeq   int64    `json:"revoked_seq"`
+	// Launch is what a grant with session.launch may launch: role to
+	// capabilities ({} for any other grant).
+	Launch      map[string][]string `json:"launch"`
+	LaunchedBy  string              `json:"launched_by"`
+	LaunchDepth int64               `json:"launch_depth"`
 }
 
 func runGrantList(fs *pflag.FlagSet) runFunc {
@@ -125,14 +132,19 @@ func runGrantList(fs *pflag.FlagSet) runFunc {
 				if caps == nil {
 					caps = []string{}
 				}
+				launch := map[string][]string{}
+				for _, l := range g.GetLaunch() {
+					launch[l.GetRole()] = append([]string{}, l.GetCapabilities()...)
+				}
 				gs = append(gs, grantJSON{ID: g.GetId(), Business: g.GetBusiness(), Project: g.GetProject(), Task: g.GetTask(), Role: g.GetRole(),
-					Capabilities: caps, ExpiresAt: g.GetExpiresAt(), Expired: g.GetExpired(), Revoked: g.GetRevokedSeq() != 0, RevokedSeq: g.GetRevokedSeq()})
+					Capabilities: caps, ExpiresAt: g.GetExpiresAt(), Expired: g.GetExpired(), Revoked: g.GetRevokedSeq() != 0, RevokedSeq: g.GetRevokedSeq(),
+					Launch: launch, LaunchedBy: g.GetLaunchedBy(), LaunchDepth: g.GetLaunchDepth()})
 			}
 			if e.JSON {
 				return brokerPrint(e, "", map[string]any{"grants": gs})
 			}
 			w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tBUSINESS\tPROJECT\tTASK\tROLE\tCAPABILITIES\tEXPIRES\tSTATE")
+			fmt.Fprintln(w, "ID\tBUSINESS\tPROJECT\tTASK\tROLE\tCAPABILITIES\tLAUNCH\tEXPIRES\tSTATE")
 			for _, g := range gs {
 				state := "valid"
 				switch {
@@ -141,7 +153,7 @@ func runGrantList(fs *pflag.FlagSet) runFunc {
 				case g.Expired:
 					state = "expired"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Capabilities, ","), g.ExpiresAt, state)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Capabilities, ","), launchText(g.Launch), g.ExpiresAt, state)
 			}
 			return w.Flush()
 		})
@@ -356,4 +368,17 @@ func printTaskShow(e *Env, st taskShowJSON) error {
 		fmt.Fprintf(e.Stdout, "\nneeds repair: %s\n  the host runs: bushost task repair --business %s --project %s --task %s\n", st.NeedsRepair, st.Business, st.Project, st.Task)
 	}
 	return nil
+}
+
+// launchText is a launch set as grant --launch takes it:
+// "worker=git.push.working;reviewer=review.verdict", "-" for none.
+func launchText(m map[string][]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, role := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, role+"="+strings.Join(m[role], ","))
+	}
+	return strings.Join(parts, ";")
 }

@@ -2263,7 +2263,13 @@ type GrantInfo struct {
 	// Expired as the server's clock reads at the listing.
 	Expired bool `protobuf:"varint,8,opt,name=expired,proto3" json:"expired,omitempty"`
 	// The grant.revoked event, 0 if the grant was not revoked.
-	RevokedSeq    int64 `protobuf:"varint,9,opt,name=revoked_seq,json=revokedSeq,proto3" json:"revoked_seq,omitempty"`
+	RevokedSeq int64 `protobuf:"varint,9,opt,name=revoked_seq,json=revokedSeq,proto3" json:"revoked_seq,omitempty"`
+	// What a grant with session.launch may launch, roles in order.
+	Launch []*LaunchRole `protobuf:"bytes,10,rep,name=launch,proto3" json:"launch,omitempty"`
+	// The launcher grant that minted this one ("" if the host did), and
+	// how many launches deep it is.
+	LaunchedBy    string `protobuf:"bytes,11,opt,name=launched_by,json=launchedBy,proto3" json:"launched_by,omitempty"`
+	LaunchDepth   int64  `protobuf:"varint,12,opt,name=launch_depth,json=launchDepth,proto3" json:"launch_depth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2357,6 +2363,27 @@ func (x *GrantInfo) GetExpired() bool {
 func (x *GrantInfo) GetRevokedSeq() int64 {
 	if x != nil {
 		return x.RevokedSeq
+	}
+	return 0
+}
+
+func (x *GrantInfo) GetLaunch() []*LaunchRole {
+	if x != nil {
+		return x.Launch
+	}
+	return nil
+}
+
+func (x *GrantInfo) GetLaunchedBy() string {
+	if x != nil {
+		return x.LaunchedBy
+	}
+	return ""
+}
+
+func (x *GrantInfo) GetLaunchDepth() int64 {
+	if x != nil {
+		return x.LaunchDepth
 	}
 	return 0
 }
@@ -2560,7 +2587,7 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x11ListGrantsRequest\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
-	"\x04task\x18\x03 \x01(\tR\x04task\"\xf7\x01\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\"\xf2\x02\n" +
 	"\tGrantInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bbusiness\x18\x02 \x01(\tR\bbusiness\x12\x18\n" +
@@ -2572,7 +2599,12 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"expires_at\x18\a \x01(\tR\texpiresAt\x12\x18\n" +
 	"\aexpired\x18\b \x01(\bR\aexpired\x12\x1f\n" +
 	"\vrevoked_seq\x18\t \x01(\x03R\n" +
-	"revokedSeq\"J\n" +
+	"revokedSeq\x125\n" +
+	"\x06launch\x18\n" +
+	" \x03(\v2\x1d.bushost.broker.v1.LaunchRoleR\x06launch\x12\x1f\n" +
+	"\vlaunched_by\x18\v \x01(\tR\n" +
+	"launchedBy\x12!\n" +
+	"\flaunch_depth\x18\f \x01(\x03R\vlaunchDepth\"J\n" +
 	"\x12ListGrantsResponse\x124\n" +
 	"\x06grants\x18\x01 \x03(\v2\x1c.bushost.broker.v1.GrantInfoR\x06grants*K\n" +
 	"\aVerdict\x12\x17\n" +
@@ -2666,44 +2698,45 @@ var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
 	23, // 7: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
 	31, // 8: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
 	34, // 9: bushost.broker.v1.ListProjectsResponse.projects:type_name -> bushost.broker.v1.ProjectInfo
-	37, // 10: bushost.broker.v1.ListGrantsResponse.grants:type_name -> bushost.broker.v1.GrantInfo
-	2,  // 11: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
-	4,  // 12: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
-	9,  // 13: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
-	6,  // 14: bushost.broker.v1.BrokerService.Whoami:input_type -> bushost.broker.v1.WhoamiRequest
-	11, // 15: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
-	13, // 16: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
-	15, // 17: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
-	28, // 18: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
-	30, // 19: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
-	33, // 20: bushost.broker.v1.BrokerService.ListProjects:input_type -> bushost.broker.v1.ListProjectsRequest
-	36, // 21: bushost.broker.v1.BrokerService.ListGrants:input_type -> bushost.broker.v1.ListGrantsRequest
-	17, // 22: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
-	19, // 23: bushost.broker.v1.BrokerService.RecordEvents:input_type -> bushost.broker.v1.RecordEventsRequest
-	21, // 24: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
-	24, // 25: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
-	26, // 26: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
-	3,  // 27: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
-	8,  // 28: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
-	10, // 29: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
-	7,  // 30: bushost.broker.v1.BrokerService.Whoami:output_type -> bushost.broker.v1.WhoamiResponse
-	12, // 31: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
-	14, // 32: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
-	16, // 33: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
-	29, // 34: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
-	32, // 35: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
-	35, // 36: bushost.broker.v1.BrokerService.ListProjects:output_type -> bushost.broker.v1.ListProjectsResponse
-	38, // 37: bushost.broker.v1.BrokerService.ListGrants:output_type -> bushost.broker.v1.ListGrantsResponse
-	18, // 38: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
-	20, // 39: bushost.broker.v1.BrokerService.RecordEvents:output_type -> bushost.broker.v1.RecordEventsResponse
-	22, // 40: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
-	25, // 41: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
-	27, // 42: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
-	27, // [27:43] is the sub-list for method output_type
-	11, // [11:27] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	5,  // 10: bushost.broker.v1.GrantInfo.launch:type_name -> bushost.broker.v1.LaunchRole
+	37, // 11: bushost.broker.v1.ListGrantsResponse.grants:type_name -> bushost.broker.v1.GrantInfo
+	2,  // 12: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
+	4,  // 13: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
+	9,  // 14: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
+	6,  // 15: bushost.broker.v1.BrokerService.Whoami:input_type -> bushost.broker.v1.WhoamiRequest
+	11, // 16: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
+	13, // 17: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
+	15, // 18: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
+	28, // 19: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
+	30, // 20: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
+	33, // 21: bushost.broker.v1.BrokerService.ListProjects:input_type -> bushost.broker.v1.ListProjectsRequest
+	36, // 22: bushost.broker.v1.BrokerService.ListGrants:input_type -> bushost.broker.v1.ListGrantsRequest
+	17, // 23: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
+	19, // 24: bushost.broker.v1.BrokerService.RecordEvents:input_type -> bushost.broker.v1.RecordEventsRequest
+	21, // 25: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
+	24, // 26: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
+	26, // 27: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
+	3,  // 28: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
+	8,  // 29: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
+	10, // 30: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
+	7,  // 31: bushost.broker.v1.BrokerService.Whoami:output_type -> bushost.broker.v1.WhoamiResponse
+	12, // 32: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
+	14, // 33: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
+	16, // 34: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
+	29, // 35: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
+	32, // 36: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
+	35, // 37: bushost.broker.v1.BrokerService.ListProjects:output_type -> bushost.broker.v1.ListProjectsResponse
+	38, // 38: bushost.broker.v1.BrokerService.ListGrants:output_type -> bushost.broker.v1.ListGrantsResponse
+	18, // 39: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
+	20, // 40: bushost.broker.v1.BrokerService.RecordEvents:output_type -> bushost.broker.v1.RecordEventsResponse
+	22, // 41: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
+	25, // 42: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
+	27, // 43: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
+	28, // [28:44] is the sub-list for method output_type
+	12, // [12:28] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_bushost_broker_v1_broker_proto_init() }
