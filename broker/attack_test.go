@@ -1,0 +1,113 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	"github.com/bushost/bushost/internal/authz"
+)
+
+// A session's project list must not tell it anything of its project's
+// other tasks (docs/broker.md, Inspecting). size_bytes summed over the
+// whole project does: another task's repository growing shows in it, so a
+// session watches its neighbours' pushes and their sizes.
+func TestAttackProjectListSizeShowsOtherTasks(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		repos := t.TempDir()
+		e.b.reposDir = repos
+		write := func(rel string, n int) {
+			p := filepath.Join(repos, rel)
+			if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, make([]byte, n), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write("acme/web/pool.git/HEAD", 23)
+		write("acme/web/tasks/t1.git/objects/x", 7)
+		e.project("acme", "web")
+		e.task("acme", "web", "t1")
+		e.task("acme", "web", "t2")
+		me := e.grant("acme", "web", "t1", "worker", authz.CapPushWorking)
+		size := func() int64 {
+			r, err := e.srv.ListProjects(me.ctx(), &brokerv1.ListProjectsRequest{})
+			if err != nil || len(r.GetProjects()) != 1 {
+				t.Fatalf("t1's project list: %v %v", r, err)
+			}
+			return r.GetProjects()[0].GetSizeBytes()
+		}
+		before := size()
+		// t2 (not t1's) pushes 12345 bytes.
+		write("acme/web/tasks/t2.git/objects/pack/p.pack", 12345)
+		if after := size(); after != before {
+			t.Fatalf("t1's grant sees t2's push in its project list: size_bytes %d, then %d after t2 pushed %d bytes", before, after, after-before)
+		}
+	})
+}
+
+// A session's listing must cost what its own task costs, not what the
+// whole store holds: task list and project list read every task of every
+// business (and every landing) for any grant and filter in Go, so one
+// session's calls cost the daemon memory and time in the size of all
+// hosts' tasks sharing the store.
+func TestAttackSessionListingReadsWholeStore(t *testing.T) {
+	// Not eachStore: AllocsPerRun counts the whole process, so the two
+	// stores run one after the other.
+	for _, k := range storeKinds {
+		t.Run(k.name, func(t *testing.T) { sessionListingCost(t, newEnv(t, k.dsn(t))) })
+	}
+}
+
+func sessionListingCost(t *testing.T, e *env) {
+	{
+		e.project("acme", "web")
+		e.task("acme", "web", "t1")
+		me := e.grant("acme", "web", "t1", "worker", authz.CapPushWorking)
+		ctx := me.ctx()
+		cost := func() (tasks, projects float64) {
+			tasks = testing.AllocsPerRun(3, func() {
+				if _, err := e.srv.ListTasks(ctx, &brokerv1.ListTasksRequest{}); err != nil {
+					t.Fatal(err)
+				}
+			})
+			projects = testing.AllocsPerRun(3, func() {
+				if _, err := e.srv.ListProjects(ctx, &brokerv1.ListProjectsRequest{}); err != nil {
+					t.Fatal(err)
+				}
+			})
+			return
+		}
+		t0, p0 := cost()
+		// Other businesses' tasks, as other hosts sharing the store add
+		// them, half of them landed.
+		const n = 4000
+		if err := e.b.write(context.Background(), func(ctx context.Context, q *writeTx) error {
+			for i := range n {
+				b := fmt.Sprintf("other%d", i%50)
+				task := fmt.Sprintf("t%d", i)
+				if _, err := q.db.ExecContext(ctx, `INSERT INTO tasks (business, project, task) VALUES ($1, $2, $3)`, b, "p", task); err != nil {
+					return err
+				}
+				if i%2 == 0 {
+					if _, err := q.db.ExecContext(ctx, `INSERT INTO events (seq, business, project, task, type, actor, data, time, peer, prev_hash, hash)
+						VALUES ($1, $2, $3, $4, $5, 'host', '{}', '', '', '', '')`, 1000000+i, b, "p", task, TypeTaskLanded); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t1, p1 := cost()
+		t.Logf("allocations of one session's call, before and after %d other tasks: task list %.0f -> %.0f, project list %.0f -> %.0f", n, t0, t1, p0, p1)
+		if t1 > 2*t0+100 || p1 > 2*p0+100 {
+			t.Fatalf("a session's listing grows with the store: task list %.0f -> %.0f allocations, project list %.0f -> %.0f, after %d other tasks", t0, t1, p0, p1, n)
+		}
+	}
+}
