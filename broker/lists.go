@@ -51,9 +51,20 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 	default:
 		return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "state %q: open, closed or landed", clip(state))
 	}
+	// A grant's listing reads its own task's rows only, whatever the
+	// store holds: what it costs does not grow with other tasks.
+	task := ""
+	if !g.Host {
+		if business != "" && business != g.Business || project != "" && project != g.Project {
+			return nil, nil
+		}
+		business, project, task = g.Business, g.Project, g.Task
+	}
+	where, args := scopeWhere(business, project, task)
 	q := b.st.read()
 	landed := map[string]int64{}
-	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, seq FROM events WHERE type = $1`, TypeTaskLanded)
+	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, seq FROM events WHERE type = $1`+andWhere(where),
+		append([]any{TypeTaskLanded}, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +81,7 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	rows, err = q.db.QueryContext(ctx, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks ORDER BY business, project, task`)
+	rows, err = q.db.QueryContext(ctx, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks`+whereClause(where)+` ORDER BY business, project, task`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +117,38 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 		out = append(out, t)
 	}
 	return out, rows.Err()
+}
+
+// scopeWhere is the SQL condition selecting the rows of business, project
+// and task ("" for any), with its arguments numbered from $1.
+func scopeWhere(business, project, task string) ([]string, []any) {
+	var where []string
+	var args []any
+	for _, c := range []struct{ col, val string }{{"business", business}, {"project", project}, {"task", task}} {
+		if c.val != "" {
+			args = append(args, c.val)
+			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
+		}
+	}
+	return where, args
+}
+
+func whereClause(where []string) string {
+	if len(where) == 0 {
+		return ""
+	}
+	return ` WHERE ` + strings.Join(where, " AND ")
+}
+
+// andWhere is where appended to a query whose own condition holds $1:
+// its placeholders are shifted by one.
+func andWhere(where []string) string {
+	var b strings.Builder
+	for i := range where {
+		col, _, _ := strings.Cut(where[i], " ")
+		fmt.Fprintf(&b, " AND %s = $%d", col, i+2)
+	}
+	return b.String()
 }
 
 // checkFilterNames refuses a filter that is not a valid name ("" passes).
@@ -159,7 +202,20 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 		task   string
 	}
 	pushes := map[string]*pushOf{}
-	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`)
+	// A grant reads its own task's and project's rows only.
+	var taskWhere, projWhere []string
+	var taskArgs, projArgs []any
+	if !g.Host {
+		if business != "" && business != g.Business {
+			return nil, nil
+		}
+		taskWhere, taskArgs = scopeWhere(g.Business, g.Project, g.Task)
+		projWhere, projArgs = scopeWhere(g.Business, g.Project, "")
+	} else {
+		taskWhere, taskArgs = scopeWhere(business, "", "")
+		projWhere, projArgs = taskWhere, taskArgs
+	}
+	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`+whereClause(taskWhere), taskArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +245,7 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	rows, err = q.db.QueryContext(ctx, `SELECT business, project, host FROM projects ORDER BY business, project`)
+	rows, err = q.db.QueryContext(ctx, `SELECT business, project, host FROM projects`+whereClause(projWhere)+` ORDER BY business, project`, projArgs...)
 	if err != nil {
 		return nil, err
 	}
