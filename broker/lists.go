@@ -177,7 +177,8 @@ type ProjectInfo struct {
 	// for a project registered before placement that no host claimed yet.
 	Host string
 	// Here says whether the answering host's ReposDir holds the project's
-	// repositories; SizeBytes is their size there (0 when not Here).
+	// repositories; SizeBytes is their size there (0 when not Here, and
+	// for a grant: the size would tell it of its project's other tasks).
 	Here      bool
 	SizeBytes int64
 	Tasks     int64
@@ -189,7 +190,7 @@ type ProjectInfo struct {
 // ListProjects lists the projects of business ("" for every business),
 // ordered by business and project, with their placement, the size of
 // their repositories on this host and their latest push. A grant sees its
-// own project only, with its own task's count and latest push.
+// own project only, with its own task's count and latest push and no size.
 func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business string) ([]ProjectInfo, error) {
 	if err := checkFilterNames("business", business); err != nil {
 		return nil, err
@@ -279,7 +280,11 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 				return nil, err
 			}
 		}
-		size, here, err := projectSize(b.reposDir, p.Business, p.Project)
+		// A session is told where its project is but not its size: the
+		// size sums every task's repository, so it would show the
+		// project's other tasks' pushes and their sizes, and the walk
+		// costs the daemon the project's whole tree at each call.
+		size, here, err := projectSize(b.reposDir, p.Business, p.Project, g.Host)
 		if err != nil {
 			return nil, fmt.Errorf("size of %s/%s: %w", p.Business, p.Project, err)
 		}
@@ -293,8 +298,8 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 // directory <business>/<project>/ (its pool and task repositories), both
 // when both are there (a home between layouts). Links are not followed;
 // a file removed while it is read (a repack) counts as gone. here says
-// whether either exists.
-func projectSize(reposDir, business, project string) (size int64, here bool, err error) {
+// whether either exists; without sum, only that is looked at (size 0).
+func projectSize(reposDir, business, project string, sum bool) (size int64, here bool, err error) {
 	if reposDir == "" {
 		return 0, false, nil
 	}
@@ -309,6 +314,9 @@ func projectSize(reposDir, business, project string) (size int64, here bool, err
 			continue
 		}
 		here = true
+		if !sum {
+			continue
+		}
 		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) {
