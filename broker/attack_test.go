@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
 )
@@ -110,4 +112,50 @@ func sessionListingCost(t *testing.T, e *env) {
 			t.Fatalf("a session's listing grows with the store: task list %.0f -> %.0f allocations, project list %.0f -> %.0f, after %d other tasks", t0, t1, p0, p1, n)
 		}
 	}
+}
+
+// A session's grant (event.record) tries to slip a broker-only type into
+// a batch behind a free-form one, network.egress to use the egress bound
+// instead of its own, and one key twice with two bodies: each batch is
+// refused whole and the log does not grow. Then it tries to go past its
+// quota in batches: the batch that would pass it is refused whole.
+func TestAttackRecordEventsBatch(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		e.b.quota = newEventQuota(10, 1<<20)
+		e.project("acme", "web")
+		e.task("acme", "web", "t1")
+		s := e.grant("acme", "web", "t1", "worker", authz.CapPushWorking, authz.CapEventRecord, authz.CapReviewRequest)
+		rec := func(evs ...*brokerv1.RecordEventRequest) error {
+			_, err := e.srv.RecordEvents(s.ctx(), &brokerv1.RecordEventsRequest{Events: evs})
+			return err
+		}
+		note := &brokerv1.RecordEventRequest{Type: "note", Data: `{"a":1}`}
+		before := e.head()
+		for _, typ := range []string{TypeTaskLanded, TypeTaskClosed, TypeReviewVerdict, TypeActionAllowed, TypeGrantCreated, TypeTaskRepaired,
+			TypeNetworkEgress, "network.other", "network", "task", "review.x", "grant"} {
+			err := rec(note, &brokerv1.RecordEventRequest{Type: typ, Data: `{"capability":"git.push.working","commit":"` + commit(1) + `"}`})
+			if err == nil {
+				t.Fatalf("a session's batch recorded %s", typ)
+			}
+			e.refused(err, codesOf(err), before, "a batch with "+typ)
+		}
+		err := rec(&brokerv1.RecordEventRequest{Type: "note", Data: `{"a":1}`, IdempotencyKey: "k"},
+			&brokerv1.RecordEventRequest{Type: "note", Data: `{"a":2}`, IdempotencyKey: "k"})
+		e.refused(err, codesOf(err), before, "one key, two bodies, in one batch")
+		// The quota: the batches above that reached the write charged
+		// it (one of 2); what is left is 8. A batch of 9 is refused
+		// whole, a batch of 8 goes in, then nothing more.
+		nine := make([]*brokerv1.RecordEventRequest, 9)
+		for i := range nine {
+			nine[i] = &brokerv1.RecordEventRequest{Type: "note", Data: fmt.Sprintf(`{"i":%d}`, i)}
+		}
+		before = e.head()
+		e.refused(rec(nine...), codes.ResourceExhausted, before, "a batch past the quota")
+		if err := rec(nine[:8]...); err != nil {
+			t.Fatalf("what is left of the quota: %v", err)
+		}
+		before = e.head()
+		e.refused(rec(note), codes.ResourceExhausted, before, "one past the quota")
+		e.verify()
+	})
 }
