@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -158,4 +159,58 @@ func TestAttackRecordEventsBatch(t *testing.T) {
 		e.refused(rec(note), codes.ResourceExhausted, before, "one past the quota")
 		e.verify()
 	})
+}
+
+// Two hosts share one store, each with a project of its own. A session of
+// host A's project, asking host B (whose broker serves any task's calls),
+// learns host A's id (its own project's placement) and nothing of host B's
+// projects or host B's id, from any listing or its task's events.
+func TestAttackSessionLearnsNoOtherHost(t *testing.T) {
+	for _, k := range storeKinds {
+		t.Run(k.name, func(t *testing.T) {
+			dsn := k.dsn(t)
+			ctx := context.Background()
+			open := func(id string) *Broker {
+				b, err := Open(ctx, Options{DSN: dsn, AdminToken: adminToken, HostID: id, ReposDir: t.TempDir()})
+				if err != nil {
+					t.Fatalf("Open %s: %v", id, err)
+				}
+				t.Cleanup(func() { b.Close() })
+				if err := b.EnsureProject(ctx, "acme", "on-"+id); err != nil {
+					t.Fatal(err)
+				}
+				return b
+			}
+			ba, bb := open("host-a"), open("host-b")
+			a, b := NewServer(ba), NewServer(bb)
+			e := &env{t: t, b: ba, srv: a, admin: adminToken}
+			e.task("acme", "on-host-a", "t1")
+			e.task("acme", "on-host-b", "t2")
+			s := e.grant("acme", "on-host-a", "t1", "worker", authz.CapPushWorking, authz.CapEventRecord)
+			var seen []string
+			for _, srv := range []brokerv1.BrokerServiceServer{a, b} {
+				ps, err := srv.ListProjects(s.ctx(), &brokerv1.ListProjectsRequest{})
+				if err != nil || len(ps.GetProjects()) != 1 || ps.GetProjects()[0].GetHost() != "host-a" {
+					t.Fatalf("the session's project list: %v %v", ps, err)
+				}
+				seen = append(seen, ps.String())
+				ts, err := srv.ListTasks(s.ctx(), &brokerv1.ListTasksRequest{Business: "acme", Project: "on-host-b"})
+				if err != nil || len(ts.GetTasks()) != 0 {
+					t.Fatalf("the session's task list of the other host's project: %v %v", ts, err)
+				}
+				gs, err := srv.ListGrants(s.ctx(), &brokerv1.ListGrantsRequest{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				seen = append(seen, gs.String())
+				if _, err := srv.RecordEvent(s.ctx(), &brokerv1.RecordEventRequest{Type: "note"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			text := fmt.Sprint(seen)
+			if strings.Contains(text, "host-b") || strings.Contains(text, "on-host-b") || strings.Contains(text, "t2") {
+				t.Fatalf("the session learned of host B: %s", text)
+			}
+		})
+	}
 }
