@@ -60,11 +60,11 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 		}
 		business, project, task = g.Business, g.Project, g.Task
 	}
-	where, args := scopeWhere(business, project, task)
 	q := b.st.read()
 	landed := map[string]int64{}
-	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, seq FROM events WHERE type = $1`+andWhere(where),
-		append([]any{TypeTaskLanded}, args...)...)
+	lwhere, largs := scopeWhere(2, business, project, task)
+	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, seq FROM events WHERE `+strings.Join(append([]string{"type = $1"}, lwhere...), " AND "),
+		append([]any{TypeTaskLanded}, largs...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -81,6 +81,7 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	where, args := scopeWhere(1, business, project, task)
 	rows, err = q.db.QueryContext(ctx, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks`+whereClause(where)+` ORDER BY business, project, task`, args...)
 	if err != nil {
 		return nil, err
@@ -119,36 +120,27 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 	return out, rows.Err()
 }
 
-// scopeWhere is the SQL condition selecting the rows of business, project
-// and task ("" for any), with its arguments numbered from $1.
-func scopeWhere(business, project, task string) ([]string, []any) {
+// scopeWhere is the SQL conditions selecting the rows of business,
+// project and task ("" for any), their placeholders numbered from
+// $first, and their arguments.
+func scopeWhere(first int, business, project, task string) ([]string, []any) {
 	var where []string
 	var args []any
 	for _, c := range []struct{ col, val string }{{"business", business}, {"project", project}, {"task", task}} {
 		if c.val != "" {
+			where = append(where, fmt.Sprintf("%s = $%d", c.col, first+len(args)))
 			args = append(args, c.val)
-			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
 		}
 	}
 	return where, args
 }
 
+// whereClause is " WHERE " and the conditions, or "" for none.
 func whereClause(where []string) string {
 	if len(where) == 0 {
 		return ""
 	}
 	return ` WHERE ` + strings.Join(where, " AND ")
-}
-
-// andWhere is where appended to a query whose own condition holds $1:
-// its placeholders are shifted by one.
-func andWhere(where []string) string {
-	var b strings.Builder
-	for i := range where {
-		col, _, _ := strings.Cut(where[i], " ")
-		fmt.Fprintf(&b, " AND %s = $%d", col, i+2)
-	}
-	return b.String()
 }
 
 // checkFilterNames refuses a filter that is not a valid name ("" passes).
@@ -210,10 +202,10 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 		if business != "" && business != g.Business {
 			return nil, nil
 		}
-		taskWhere, taskArgs = scopeWhere(g.Business, g.Project, g.Task)
-		projWhere, projArgs = scopeWhere(g.Business, g.Project, "")
+		taskWhere, taskArgs = scopeWhere(1, g.Business, g.Project, g.Task)
+		projWhere, projArgs = scopeWhere(1, g.Business, g.Project, "")
 	} else {
-		taskWhere, taskArgs = scopeWhere(business, "", "")
+		taskWhere, taskArgs = scopeWhere(1, business, "", "")
 		projWhere, projArgs = taskWhere, taskArgs
 	}
 	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`+whereClause(taskWhere), taskArgs...)
@@ -371,18 +363,8 @@ func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, projec
 		}
 		business, project, task = g.Business, g.Project, g.Task
 	}
-	var where []string
-	var args []any
-	for _, c := range []struct{ col, val string }{{"business", business}, {"project", project}, {"task", task}} {
-		if c.val != "" {
-			args = append(args, c.val)
-			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
-		}
-	}
-	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq FROM grants`
-	if len(where) > 0 {
-		query += ` WHERE ` + strings.Join(where, " AND ")
-	}
+	where, args := scopeWhere(1, business, project, task)
+	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq FROM grants` + whereClause(where)
 	args = append(args, maxListGrants+1)
 	query += fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args))
 	rows, err := b.st.read().db.QueryContext(ctx, query, args...)
