@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
@@ -212,5 +213,39 @@ func TestAttackSessionLearnsNoOtherHost(t *testing.T) {
 				t.Fatalf("the session learned of host B: %s", text)
 			}
 		})
+	}
+}
+
+// The host's listings at their bounds (10000 rows of the longest names,
+// every capability, the largest numbers) must fit in one message the
+// client takes: bushost takes at most 4 MiB (internal/cli/cli.go), and a
+// listing over it fails in the client with grpc's "received message
+// larger than max" instead of the listing's own TOO_LONG reason. Grants
+// fit by some 4 KB at the worst: a field added to GrantInfo does not fit.
+func TestAttackListsAtTheirBoundsFitTheClient(t *testing.T) {
+	const clientMax = 4 << 20
+	n := strings.Repeat("a", 63)
+	big := int64(1) << 62
+	gs := &brokerv1.ListGrantsResponse{}
+	for range maxListGrants {
+		gs.Grants = append(gs.Grants, &brokerv1.GrantInfo{Id: randomID("g-", 8), Business: n, Project: n, Task: n, Role: n,
+			Capabilities: authz.Capabilities, ExpiresAt: "2026-12-02T10:00:00Z", Expired: true, RevokedSeq: big})
+	}
+	ps := &brokerv1.ListProjectsResponse{}
+	for range maxListProjects {
+		ps.Projects = append(ps.Projects, &brokerv1.ProjectInfo{Business: n, Project: n, Host: n, Here: true, SizeBytes: big,
+			LastPushCommit: strings.Repeat("c", 64), LastPushSeq: big, LastPushTask: n, LastPushTime: "2026-12-01T10:00:00.123456789Z", Tasks: big})
+	}
+	ts := &brokerv1.ListTasksResponse{}
+	for range maxListTasks {
+		ts.Tasks = append(ts.Tasks, &brokerv1.TaskInfo{Business: n, Project: n, Task: n, State: StateLanded,
+			LastPushCommit: strings.Repeat("c", 64), LastPushSeq: big, LandedSeq: big})
+	}
+	for what, m := range map[string]proto.Message{"grant list": gs, "project list": ps, "task list": ts} {
+		size := proto.Size(m)
+		t.Logf("%s at its bound: %d bytes (client takes %d)", what, size, clientMax)
+		if size > clientMax {
+			t.Errorf("%s at its bound is %d bytes; the client takes %d", what, size, clientMax)
+		}
 	}
 }
