@@ -52,9 +52,20 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 	default:
 		return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "state %q: open, closed or landed", clip(state))
 	}
+	// A grant's listing reads its own task's rows only, whatever the
+	// store holds: what it costs does not grow with other tasks.
+	task := ""
+	if !g.Host {
+		if business != "" && business != g.Business || project != "" && project != g.Project {
+			return nil, nil
+		}
+		business, project, task = g.Business, g.Project, g.Task
+	}
 	q := b.st.read()
 	landed := map[string]int64{}
-	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, seq FROM events WHERE type = $1`, TypeTaskLanded)
+	lwhere, largs := scopeWhere(2, business, project, task)
+	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, seq FROM events WHERE `+strings.Join(append([]string{"type = $1"}, lwhere...), " AND "),
+		append([]any{TypeTaskLanded}, largs...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +82,8 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	rows, err = q.db.QueryContext(ctx, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks ORDER BY business, project, task`)
+	where, args := scopeWhere(1, business, project, task)
+	rows, err = q.db.QueryContext(ctx, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks`+whereClause(where)+` ORDER BY business, project, task`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -109,6 +121,29 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 	return out, rows.Err()
 }
 
+// scopeWhere is the SQL conditions selecting the rows of business,
+// project and task ("" for any), their placeholders numbered from
+// $first, and their arguments.
+func scopeWhere(first int, business, project, task string) ([]string, []any) {
+	var where []string
+	var args []any
+	for _, c := range []struct{ col, val string }{{"business", business}, {"project", project}, {"task", task}} {
+		if c.val != "" {
+			where = append(where, fmt.Sprintf("%s = $%d", c.col, first+len(args)))
+			args = append(args, c.val)
+		}
+	}
+	return where, args
+}
+
+// whereClause is " WHERE " and the conditions, or "" for none.
+func whereClause(where []string) string {
+	if len(where) == 0 {
+		return ""
+	}
+	return ` WHERE ` + strings.Join(where, " AND ")
+}
+
 // checkFilterNames refuses a filter that is not a valid name ("" passes).
 func checkFilterNames(kv ...string) error {
 	for i := 0; i+1 < len(kv); i += 2 {
@@ -135,7 +170,8 @@ type ProjectInfo struct {
 	// for a project registered before placement that no host claimed yet.
 	Host string
 	// Here says whether the answering host's ReposDir holds the project's
-	// repositories; SizeBytes is their size there (0 when not Here).
+	// repositories; SizeBytes is their size there (0 when not Here, and
+	// for a grant: the size would tell it of its project's other tasks).
 	Here      bool
 	SizeBytes int64
 	Tasks     int64
@@ -147,7 +183,7 @@ type ProjectInfo struct {
 // ListProjects lists the projects of business ("" for every business),
 // ordered by business and project, with their placement, the size of
 // their repositories on this host and their latest push. A grant sees its
-// own project only, with its own task's count and latest push.
+// own project only, with its own task's count and latest push and no size.
 func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business string) ([]ProjectInfo, error) {
 	if err := checkFilterNames("business", business); err != nil {
 		return nil, err
@@ -160,7 +196,20 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 		task   string
 	}
 	pushes := map[string]*pushOf{}
-	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`)
+	// A grant reads its own task's and project's rows only.
+	var taskWhere, projWhere []string
+	var taskArgs, projArgs []any
+	if !g.Host {
+		if business != "" && business != g.Business {
+			return nil, nil
+		}
+		taskWhere, taskArgs = scopeWhere(1, g.Business, g.Project, g.Task)
+		projWhere, projArgs = scopeWhere(1, g.Business, g.Project, "")
+	} else {
+		taskWhere, taskArgs = scopeWhere(1, business, "", "")
+		projWhere, projArgs = taskWhere, taskArgs
+	}
+	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`+whereClause(taskWhere), taskArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +239,7 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	rows, err = q.db.QueryContext(ctx, `SELECT business, project, host FROM projects ORDER BY business, project`)
+	rows, err = q.db.QueryContext(ctx, `SELECT business, project, host FROM projects`+whereClause(projWhere)+` ORDER BY business, project`, projArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +273,11 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 				return nil, err
 			}
 		}
-		size, here, err := projectSize(b.reposDir, p.Business, p.Project)
+		// A session is told where its project is but not its size: the
+		// size sums every task's repository, so it would show the
+		// project's other tasks' pushes and their sizes, and the walk
+		// costs the daemon the project's whole tree at each call.
+		size, here, err := projectSize(b.reposDir, p.Business, p.Project, g.Host)
 		if err != nil {
 			return nil, fmt.Errorf("size of %s/%s: %w", p.Business, p.Project, err)
 		}
@@ -238,8 +291,8 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 // directory <business>/<project>/ (its pool and task repositories), both
 // when both are there (a home between layouts). Links are not followed;
 // a file removed while it is read (a repack) counts as gone. here says
-// whether either exists.
-func projectSize(reposDir, business, project string) (size int64, here bool, err error) {
+// whether either exists; without sum, only that is looked at (size 0).
+func projectSize(reposDir, business, project string, sum bool) (size int64, here bool, err error) {
 	if reposDir == "" {
 		return 0, false, nil
 	}
@@ -254,6 +307,9 @@ func projectSize(reposDir, business, project string) (size int64, here bool, err
 			continue
 		}
 		here = true
+		if !sum {
+			continue
+		}
 		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) {
@@ -314,18 +370,8 @@ func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, projec
 		}
 		business, project, task = g.Business, g.Project, g.Task
 	}
-	var where []string
-	var args []any
-	for _, c := range []struct{ col, val string }{{"business", business}, {"project", project}, {"task", task}} {
-		if c.val != "" {
-			args = append(args, c.val)
-			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
-		}
-	}
-	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth FROM grants`
-	if len(where) > 0 {
-		query += ` WHERE ` + strings.Join(where, " AND ")
-	}
+	where, args := scopeWhere(1, business, project, task)
+	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth FROM grants` + whereClause(where)
 	args = append(args, maxListGrants+1)
 	query += fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args))
 	rows, err := b.st.read().db.QueryContext(ctx, query, args...)
