@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"github.com/bushost/bushost/internal/errdefs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -220,16 +221,22 @@ func TestAttackSessionLearnsNoOtherHost(t *testing.T) {
 // every capability, the largest numbers) must fit in one message the
 // client takes: bushost takes at most 4 MiB (internal/cli/cli.go), and a
 // listing over it fails in the client with grpc's "received message
-// larger than max" instead of the listing's own TOO_LONG reason. Grants
-// fit by some 4 KB at the worst: a field added to GrantInfo does not fit.
+// larger than max" instead of the listing's own TOO_LONG reason. A grant
+// carries its launch set (at most maxLaunchRoles roles), which is why
+// grants are listed 1000 at most.
 func TestAttackListsAtTheirBoundsFitTheClient(t *testing.T) {
 	const clientMax = 4 << 20
 	n := strings.Repeat("a", 63)
 	big := int64(1) << 62
 	gs := &brokerv1.ListGrantsResponse{}
+	var launch []*brokerv1.LaunchRole
+	for i := range maxLaunchRoles {
+		launch = append(launch, &brokerv1.LaunchRole{Role: fmt.Sprintf("%s%02d", n[:61], i), Capabilities: authz.Capabilities})
+	}
 	for range maxListGrants {
 		gs.Grants = append(gs.Grants, &brokerv1.GrantInfo{Id: randomID("g-", 8), Business: n, Project: n, Task: n, Role: n,
-			Capabilities: authz.Capabilities, ExpiresAt: "2026-12-02T10:00:00Z", Expired: true, RevokedSeq: big})
+			Capabilities: authz.Capabilities, ExpiresAt: "2026-12-02T10:00:00Z", Expired: true, RevokedSeq: big,
+			Launch: launch, LaunchedBy: randomID("g-", 8), LaunchDepth: big})
 	}
 	ps := &brokerv1.ListProjectsResponse{}
 	for range maxListProjects {
@@ -247,5 +254,21 @@ func TestAttackListsAtTheirBoundsFitTheClient(t *testing.T) {
 		if size > clientMax {
 			t.Errorf("%s at its bound is %d bytes; the client takes %d", what, size, clientMax)
 		}
+	}
+}
+
+// A launch set is bounded: one role more than maxLaunchRoles is refused.
+func TestLaunchSetBounded(t *testing.T) {
+	set := map[string][]string{}
+	for i := range maxLaunchRoles + 1 {
+		set[fmt.Sprintf("role%02d", i)] = []string{authz.CapPushWorking}
+	}
+	caps := []string{authz.CapSessionLaunch}
+	if _, err := checkLaunchSet(caps, set); errdefs.ReasonOf(err) != errdefs.LaunchSetInvalid {
+		t.Fatalf("%d roles: %v, want LAUNCH_SET_INVALID", len(set), err)
+	}
+	delete(set, "role00")
+	if _, err := checkLaunchSet(caps, set); err != nil {
+		t.Fatalf("%d roles: %v", len(set), err)
 	}
 }

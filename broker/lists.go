@@ -160,7 +160,10 @@ func checkFilterNames(kv ...string) error {
 // maxListProjects and maxListGrants bound one listing.
 const (
 	maxListProjects = 10000
-	maxListGrants   = 10000
+	// A grant's listing carries its launch set (up to maxLaunchRoles
+	// roles): 1000 of the largest fit the client's 4 MiB
+	// (TestAttackListsAtTheirBoundsFitTheClient).
+	maxListGrants = 1000
 )
 
 // ProjectInfo is one project as `project list` shows it.

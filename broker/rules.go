@@ -53,6 +53,10 @@ type GrantRequest struct {
 	LaunchedBy string
 }
 
+// maxLaunchRoles bounds the roles of one launch set, and so what one
+// grant's record and listing carry.
+const maxLaunchRoles = 16
+
 // checkLaunchSet validates a launch set: only with session.launch, role
 // names, known capabilities (never network.audit, which stays with the
 // launcher). Whether session.launch inside a set may be used is the
@@ -63,6 +67,9 @@ func checkLaunchSet(caps []string, set map[string][]string) (string, error) {
 	}
 	if !slices.Contains(caps, authz.CapSessionLaunch) {
 		return "", errdefs.InvalidArgument(errdefs.LaunchSetInvalid, "a launch set is given only with capability %s", authz.CapSessionLaunch)
+	}
+	if len(set) > maxLaunchRoles {
+		return "", errdefs.InvalidArgument(errdefs.LaunchSetInvalid, "launch set: %d roles, at most %d", len(set), maxLaunchRoles).With("limit", maxLaunchRoles)
 	}
 	clean := map[string][]string{}
 	for role, rc := range set {
