@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"fmt"
-	"github.com/bushost/bushost/internal/errdefs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // A session's project list must not tell it anything of its project's
