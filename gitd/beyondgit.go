@@ -1,7 +1,7 @@
 package gitd
 
 import (
-	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -163,31 +163,39 @@ func checkTree(obj plumbing.EncodedObject, gitmodules map[plumbing.Hash]plumbing
 		return fmt.Errorf("beyond-git walk: read tree %s: %w", obj.Hash(), err)
 	}
 	defer rc.Close()
-	br := bufio.NewReaderSize(rc, 64<<10)
-	for {
-		mode, err := br.ReadSlice(' ')
-		if err == io.EOF && len(mode) == 0 {
-			return nil
-		}
-		if err != nil {
+	// The tree is read whole (its size is bounded by the push's tree
+	// limit, checked as the pack streamed in), not through a 64 KiB buffer
+	// per tree: most trees are a few KiB.
+	data := make([]byte, obj.Size())
+	if _, err := io.ReadFull(rc, data); err != nil {
+		return fmt.Errorf("beyond-git walk: read tree %s: %w", obj.Hash(), err)
+	}
+	for len(data) > 0 {
+		sp := bytes.IndexByte(data, ' ')
+		if sp < 0 {
 			// index-pack --strict parsed this tree; a tree it accepted
 			// and this cannot read is a bug here, not the push's.
-			return fmt.Errorf("beyond-git walk: tree %s: bad entry mode: %w", obj.Hash(), err)
+			return fmt.Errorf("beyond-git walk: tree %s: bad entry mode", obj.Hash())
 		}
-		m := string(mode[:len(mode)-1])
-		name, err := br.ReadBytes(0)
-		if err != nil {
-			return fmt.Errorf("beyond-git walk: tree %s: bad entry name: %w", obj.Hash(), err)
+		m := string(data[:sp])
+		data = data[sp+1:]
+		nul := bytes.IndexByte(data, 0)
+		if nul < 0 {
+			return fmt.Errorf("beyond-git walk: tree %s: bad entry name", obj.Hash())
 		}
-		name = name[:len(name)-1]
+		name := data[:nul]
+		data = data[nul+1:]
+		if len(data) < len(plumbing.Hash{}) {
+			return fmt.Errorf("beyond-git walk: tree %s: short entry id", obj.Hash())
+		}
 		var id plumbing.Hash
-		if _, err := io.ReadFull(br, id[:]); err != nil {
-			return fmt.Errorf("beyond-git walk: tree %s: short entry id: %w", obj.Hash(), err)
-		}
+		copy(id[:], data)
+		data = data[len(id):]
 		if err := checkEntry(obj.Hash(), m, name, id, gitmodules); err != nil {
 			return err
 		}
 	}
+	return nil
 }
 
 // checkEntry applies the tree rules to one entry.
@@ -227,6 +235,12 @@ var symlinkDotfiles = []struct{ name, short string }{
 
 // isDotfile reports whether name is "."+dot as NTFS or HFS+ would open it.
 func isDotfile(name, dot, short string) bool {
+	// Most names cannot be one: every spelling starts with '.' (after
+	// HFS+'s ignorable code points, all outside ASCII) or is an NTFS short
+	// name with '~' in its first eight bytes.
+	if name == "" || name[0] != '.' && name[0] < 0x80 && !strings.Contains(name[:min(len(name), 8)], "~") {
+		return false
+	}
 	return isNTFSDot(name, dot, short) || isHFSDot(name, dot)
 }
 
