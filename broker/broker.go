@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/bushost/bushost/internal/gitid"
 	"slices"
 	"strings"
 	"sync"
@@ -556,17 +557,9 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 	return e, err
 }
 
-func isObjectID(s string) bool {
-	if len(s) != 40 && len(s) != 64 {
-		return false
-	}
-	for _, c := range s {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
+// isObjectID: a git object id, by the one validator (gitid.Valid; SHA-1
+// only).
+func isObjectID(s string) bool { return gitid.Valid(s) }
 
 // LastPushes implements authz.Authority.
 func (b *Broker) LastPushes(ctx context.Context, business, project string) (map[string]string, error) {

@@ -1,5 +1,6 @@
-// Package gitd is the git service of the bus host: the repository store (one
-// bare repository per business/project under ReposDir), seeding and syncing
+// Package gitd is the git service of the bus host: the repository store (per
+// business/project under ReposDir, a pool holding main and one repository
+// per task whose alternate is the pool; repository.go), seeding and syncing
 // main from a project's root, the ingestion of pushed bundles into
 // refs/work/<task>, the bundles handed to workers and reviewers, and the
 // GitService gRPC server.
@@ -22,16 +23,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-git/go-git/v5"
-	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/gofrs/flock"
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
-	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
-	"github.com/bushost/bushost/internal/safepath"
 )
 
 // Defaults for zero Options fields.
@@ -145,41 +142,9 @@ func New(o Options) (*Service, error) {
 	return s, nil
 }
 
-// repo is one project's repository, its names validated.
-type repo struct {
-	Business, Project string
-	Path              string // the bare repository
-	LockPath          string // the flock file beside it
-}
-
 // seedPrefix starts the name of a repository being seeded, beside the
-// final one; no valid project name starts with '.'.
+// final one; no valid project or task name starts with '.'.
 const seedPrefix = ".seeding-"
-
-func (s *Service) repo(business, project string) (repo, error) {
-	p, err := names.RepoPath(s.o.ReposDir, business, project)
-	if err != nil {
-		return repo{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	// The business and project directories, as they are opened, must be
-	// the daemon's (not links, writable by nobody else).
-	for _, d := range []string{filepath.Dir(p), p} {
-		if err := safepath.IfExists(d, os.Geteuid(), safepath.Dir); err != nil {
-			return repo{}, err
-		}
-	}
-	return repo{
-		Business: business, Project: project, Path: p,
-		LockPath: filepath.Join(s.o.ReposDir, business, project+".flock"),
-	}, nil
-}
-
-func (r repo) objects() string { return filepath.Join(r.Path, "objects") }
-
-func (r repo) exists() bool {
-	fi, err := os.Stat(filepath.Join(r.Path, "objects"))
-	return err == nil && fi.IsDir()
-}
 
 // lock takes the repository's lock: first among this process's goroutines,
 // then the flock on <project>.flock that other processes (a second host on
@@ -216,25 +181,7 @@ func (s *Service) lock(ctx context.Context, r repo) (func(), error) {
 	}, nil
 }
 
-// open returns a go-git handle for reads; one per request, since go-git is
-// not goroutine-safe and caches pack indexes.
-func open(r repo) (*git.Repository, error) {
-	return git.PlainOpenWithOptions(r.Path, &git.PlainOpenOptions{})
-}
-
-// readRef returns the commit ref points at, or "" if it does not exist.
-func readRef(g *git.Repository, ref string) (string, error) {
-	rf, err := g.Reference(plumbing.ReferenceName(ref), true)
-	if errors.Is(err, plumbing.ErrReferenceNotFound) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("read %s: %w", ref, err)
-	}
-	return rf.Hash().String(), nil
-}
-
-// repos lists every repository in the store.
+// repos lists every project's pool in the store.
 func (s *Service) repos() ([]repo, error) {
 	var out []repo
 	bs, err := os.ReadDir(s.o.ReposDir)
@@ -250,12 +197,11 @@ func (s *Service) repos() ([]repo, error) {
 			return nil, err
 		}
 		for _, p := range ps {
-			proj, ok := strings.CutSuffix(p.Name(), ".git")
-			if !ok || !p.IsDir() || names.Check("project", proj) != nil {
+			if !p.IsDir() || names.Check("project", p.Name()) != nil {
 				continue
 			}
-			r, err := s.repo(b.Name(), proj)
-			if err != nil {
+			r, err := s.project(b.Name(), p.Name())
+			if err != nil || !r.exists() {
 				continue
 			}
 			out = append(out, r)
@@ -265,7 +211,7 @@ func (s *Service) repos() ([]repo, error) {
 }
 
 // cleanStale removes seeding directories and quarantines left by a killed
-// process.
+// process, in the pools and in the task repositories.
 func (s *Service) cleanStale() error {
 	bs, err := os.ReadDir(s.o.ReposDir)
 	if err != nil {
@@ -275,17 +221,8 @@ func (s *Service) cleanStale() error {
 		if !b.IsDir() {
 			continue
 		}
-		dir := filepath.Join(s.o.ReposDir, b.Name())
-		ps, err := os.ReadDir(dir)
-		if err != nil {
+		if err := removeSeeding(filepath.Join(s.o.ReposDir, b.Name())); err != nil {
 			return err
-		}
-		for _, p := range ps {
-			if strings.HasPrefix(p.Name(), seedPrefix) {
-				if err := os.RemoveAll(filepath.Join(dir, p.Name())); err != nil {
-					return err
-				}
-			}
 		}
 	}
 	rs, err := s.repos()
@@ -293,8 +230,36 @@ func (s *Service) cleanStale() error {
 		return err
 	}
 	for _, r := range rs {
+		if err := removeSeeding(filepath.Join(r.Dir, tasksDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 		if err := bundle.CleanStale(r.objects()); err != nil {
 			return err
+		}
+		ts, err := s.tasks(r)
+		if err != nil {
+			return err
+		}
+		for _, t := range ts {
+			if err := bundle.CleanStale(t.objects()); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// removeSeeding removes the seeding directories in dir.
+func removeSeeding(dir string) error {
+	ps, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		if strings.HasPrefix(p.Name(), seedPrefix) {
+			if err := os.RemoveAll(filepath.Join(dir, p.Name())); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
