@@ -18,7 +18,6 @@ import (
 // for SyncProject.
 const rootKey = "bushost.root"
 
-
 // AddProject makes business/project's repository and seeds main from root:
 // a git repository's HEAD, or a plain directory's files as one commit. It
 // is idempotent: a project that exists keeps its main and created is false.

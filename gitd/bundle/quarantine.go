@@ -33,8 +33,8 @@ type Quarantine struct {
 	Limits Limits
 	// IndexConfig adds -c entries to index-pack (its memory settings).
 	IndexConfig []string
-	objects     string // where Migrate links the objects
-	alternate   string // the object directory reads see besides Dir
+	objects     string   // where Migrate links the objects
+	alternate   string   // the object directory reads see besides Dir
 	added       []string // files Migrate linked into objects, in order
 	dirs        []string // directories Migrate created
 }
