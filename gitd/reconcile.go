@@ -90,7 +90,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 			continue
 		}
 		if !t.exists() || gg.HasEncodedObject(plumbing.NewHash(commit)) != nil {
-			why := fmt.Sprintf("the log's latest push %s is not in the task's repository (%s is at %q)", commit, ref, cur)
+			why := fmt.Sprintf("the log's latest push %s is not in the repository (%s is at %q)", commit, ref, cur)
 			if err := s.o.Authority.MarkNeedsRepair(ctx, r.Business, r.Project, task, why, commit); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %s, and marking the task failed: %w", ref, why, err))
 				continue

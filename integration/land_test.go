@@ -22,7 +22,7 @@ func newLandFixture(t *testing.T, h *Host, project, task string) *landFixture {
 	t.Helper()
 	f := &landFixture{h: h}
 	f.root = h.AddProject(t, "acme", project)
-	f.repo = filepath.Join(h.Home, "repos", "acme", project+".git")
+	f.repo = h.PoolRepo("acme", project)
 	f.worker = h.Grant(t, "acme", project, task, "worker", "git.push.working", "review.request")
 	f.reviewer = h.Grant(t, "acme", project, task, "reviewer", "review.verdict")
 	f.lander = h.Grant(t, "acme", project, task, "lead", "task.land")
