@@ -96,7 +96,8 @@ type Service struct {
 // New checks o and prepares ReposDir. It removes what a killed process may
 // have left in the store (quarantine and seeding directories): it must be
 // called before the service takes calls, while no other process ingests
-// into the same store (bushostd holds its home's lock).
+// into the same store (bushostd holds its home's lock). It first migrates
+// repositories of the one-repository layout (migrate.go).
 func New(o Options) (*Service, error) {
 	if o.ReposDir == "" {
 		return nil, errors.New("gitd: ReposDir is required")
@@ -136,6 +137,9 @@ func New(o Options) (*Service, error) {
 		return nil, fmt.Errorf("gitd: %w", err)
 	}
 	s := &Service{o: o, git: g, log: slog.Default().With("service", "gitd"), locks: map[string]chan struct{}{}, usage: map[string]int64{}}
+	if err := s.migrate(context.Background()); err != nil {
+		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
+	}
 	if err := s.cleanStale(); err != nil {
 		return nil, fmt.Errorf("gitd: clean stale files: %w", err)
 	}
