@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 
+	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -88,6 +89,9 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 		}
 		if cur == commit {
 			continue
+		}
+		if !t.exists() && s.o.Authority.TaskOpen(ctx, authz.Grant{Business: r.Business, Project: r.Project, Task: task}) != nil {
+			continue // a closed task whose repository the host archived
 		}
 		if !t.exists() || gg.HasEncodedObject(plumbing.NewHash(commit)) != nil {
 			why := fmt.Sprintf("the log's latest push %s is not in the repository (%s is at %q)", commit, ref, cur)
