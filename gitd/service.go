@@ -6,10 +6,12 @@
 // GitService gRPC server.
 //
 // What must hold: nothing reaches a repository before git's fsck passed it
-// in quarantine; refs move only with `git update-ref` against their old
-// value under the repository's lock, and only after the broker recorded the
-// push; a refused push leaves no ref, no object and no temp file. Every git
-// process runs through internal/gitcmd; go-git only reads.
+// in quarantine; a task's repository reads only itself and its pool, never
+// another task's objects; refs move only through repo.UpdateRef (`git
+// update-ref` against their old value) under the project's lock, and only
+// after the broker recorded the push; a refused push leaves no ref, no
+// object, no repository and no temp file. Every git process runs through
+// internal/gitcmd; go-git only reads.
 package gitd
 
 import (
@@ -87,7 +89,7 @@ type Service struct {
 	log *slog.Logger
 
 	mu    sync.Mutex
-	locks map[string]chan struct{} // per repository, in this process
+	locks map[string]chan struct{} // per project (its LockPath), in this process
 	// usage caches each repository's object bytes (under its lock), so
 	// that a push's project quota check does not walk the objects.
 	usage map[string]int64
@@ -150,15 +152,16 @@ func New(o Options) (*Service, error) {
 // final one; no valid project or task name starts with '.'.
 const seedPrefix = ".seeding-"
 
-// lock takes the repository's lock: first among this process's goroutines,
+// lock takes the project's lock (one for its pool and all its task
+// repositories): first among this process's goroutines,
 // then the flock on <project>.flock that other processes (a second host on
 // shared storage, a backup) take too.
 func (s *Service) lock(ctx context.Context, r repo) (func(), error) {
 	s.mu.Lock()
-	ch, ok := s.locks[r.Path]
+	ch, ok := s.locks[r.LockPath]
 	if !ok {
 		ch = make(chan struct{}, 1)
-		s.locks[r.Path] = ch
+		s.locks[r.LockPath] = ch
 	}
 	s.mu.Unlock()
 	select {
