@@ -120,7 +120,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	if old == commit {
 		return PushResult{Commit: commit, Previous: old, Ref: ref}, nil
 	}
-	if err := s.checkHistory(ctx, r, q, objs, ref, old, commit); err != nil {
+	if err := s.checkHistory(ctx, r, q, objs, gg, ref, old, commit); err != nil {
 		return PushResult{}, err
 	}
 
@@ -137,7 +137,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{Commit: commit, Previous: cur, Ref: ref}, nil
 	}
 	if cur != old {
-		if err := s.checkHistory(ctx, r, q, objs, ref, cur, commit); err != nil {
+		if err := s.checkHistory(ctx, r, q, objs, gg, ref, cur, commit); err != nil {
 			return PushResult{}, err
 		}
 	}
@@ -208,7 +208,7 @@ func (s *Service) checkCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 // for a new ref, to share history with main. A short walk in process
 // answers the usual case (commit descends from old, or from main); git
 // answers the rest.
-func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine, objs *objectReader, ref, old, commit string) error {
+func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine, objs *objectReader, gg *view, ref, old, commit string) error {
 	if old != "" {
 		ok, err := objs.isAncestor(old, commit)
 		if err != nil {
@@ -223,11 +223,7 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 		}
 		return nil
 	}
-	pool, err := s.open(r.pool())
-	if err != nil {
-		return err
-	}
-	main, err := readRef(pool, MainRef)
+	main, err := readRef(gg.poolView(), MainRef)
 	if err != nil {
 		return err
 	}
