@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/bushost/bushost/internal/gitid"
 	"slices"
 	"strings"
 	"sync"
@@ -613,17 +614,9 @@ func pushConflict(g authz.Grant, p authz.Push, latest string) error {
 		With("commit", p.Commit).With("previous", p.Previous).With("latest", latest).With("task", scope)
 }
 
-func isObjectID(s string) bool {
-	if len(s) != 40 && len(s) != 64 {
-		return false
-	}
-	for _, c := range s {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
+// isObjectID: a git object id, by the one validator (gitid.Valid; SHA-1
+// only).
+func isObjectID(s string) bool { return gitid.Valid(s) }
 
 // LastPushes implements authz.Authority.
 func (b *Broker) LastPushes(ctx context.Context, business, project string) (map[string]string, error) {

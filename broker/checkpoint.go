@@ -42,7 +42,7 @@ func ParseHead(s string) (Head, error) {
 		seq, hash, ok = strings.Cut(s, ":")
 	}
 	n, err := strconv.ParseInt(seq, 10, 64)
-	if !ok || err != nil || n < 1 || len(hash) != 64 || !isObjectID(hash) {
+	if !ok || err != nil || n < 1 || !isSHA256Hex(hash) {
 		return Head{}, fmt.Errorf("%q is not a head: want SEQ HASH (a positive number and a hex SHA-256)", clip(s))
 	}
 	return Head{Seq: n, Hash: hash}, nil
@@ -204,4 +204,17 @@ func (b *Broker) Halted() error {
 		return e
 	}
 	return nil
+}
+
+// isSHA256Hex: 64 lowercase hex digits (a head's hash, not a git object).
+func isSHA256Hex(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }

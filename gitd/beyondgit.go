@@ -9,7 +9,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 
@@ -97,15 +96,15 @@ const maxEntryName = 4096
 
 // walkBeyondGit runs the walk on a push's quarantined pack, unless the
 // benchmark turned it off (Options.SkipBeyondGit).
-func (s *Service) walkBeyondGit(r repo, objs *objectReader, gg *git.Repository) error {
+func (s *Service) walkBeyondGit(r repo, objs *objectReader, gg *view) error {
 	if s.o.SkipBeyondGit {
 		return nil
 	}
 	has := func(h plumbing.Hash) bool {
-		if ok, err := hasObject(r.objects(), h); err == nil && ok {
+		if ok, err := r.hasObject(h); err == nil && ok {
 			return true
 		}
-		return gg.Storer.HasEncodedObject(h) == nil
+		return gg.HasEncodedObject(h) == nil
 	}
 	return walkBeyondGit(objs.pack, has)
 }

@@ -80,7 +80,7 @@ func TestPushQuotas(t *testing.T) {
 		if _, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil {
 			t.Fatal(err)
 		}
-		used, err := taskBytes(e.svc.mustRepo(t), "t1")
+		used, err := taskBytes(e.svc.mustTask(t, "t1"))
 		if err != nil || used == 0 {
 			t.Fatalf("ledger: %d %v", used, err)
 		}
@@ -97,7 +97,7 @@ func TestPushQuotas(t *testing.T) {
 	})
 	t.Run("project", func(t *testing.T) {
 		e := newEnv(t)
-		base, err := dirBytes(filepath.Join(e.repo, "objects"))
+		base, err := dirBytes(filepath.Dir(e.repo))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,8 +111,8 @@ func TestPushQuotas(t *testing.T) {
 	})
 }
 
-func (s *Service) mustRepo(t *testing.T) repo {
-	r, err := s.repo(testBusiness, testProject)
+func (s *Service) mustTask(t *testing.T, task string) repo {
+	r, err := s.task(testBusiness, testProject, task)
 	if err != nil {
 		t.Fatal(err)
 	}

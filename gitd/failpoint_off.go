@@ -2,5 +2,5 @@
 
 package gitd
 
-// Without the bushost_failpoints build tag, failpoint does nothing.
-func failpoint(string) {}
+// Without the bushost_failpoints build tag, crashpoint does nothing.
+func crashpoint(string) {}

@@ -14,7 +14,7 @@ import (
 //	land:after-record  a landing is in the log, main has not moved yet
 var failMode = os.Getenv("BUSHOST_FAILPOINT")
 
-func failpoint(name string) {
+func crashpoint(name string) {
 	if failMode == name {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}

@@ -5,47 +5,47 @@ import (
 	"fmt"
 	"io"
 
-	git "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 
-	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
 )
 
 // MaxChunk is the largest bundle chunk a stream message carries.
 const MaxChunk = 1 << 20
 
-// refToSend opens business/project for a fetch and resolves ref, which
-// must exist (else NotFound with reason, saying missing).
-func (s *Service) refToSend(business, project, ref string, reason errdefs.Reason, missing string) (repo, *git.Repository, string, error) {
-	r, err := s.repo(business, project)
-	if err != nil {
-		return repo{}, nil, "", err
+// refToSend opens r (a pool or a task's repository) for a fetch and
+// resolves ref, which must exist (else NotFound with reason, saying
+// missing).
+func (s *Service) refToSend(r repo, ref string, reason errdefs.Reason, missing string) (*view, string, error) {
+	if !r.pool().exists() {
+		return nil, "", projectNotFound(r.Business, r.Project)
 	}
-	if !r.exists() {
-		return repo{}, nil, "", projectNotFound(business, project)
-	}
-	gg, err := open(r)
+	gg, err := s.open(r)
 	if err != nil {
-		return repo{}, nil, "", err
+		return nil, "", err
 	}
 	commit, err := readRef(gg, ref)
 	if err != nil {
-		return repo{}, nil, "", err
+		return nil, "", err
 	}
 	if commit == "" {
-		return repo{}, nil, "", errdefs.NotFound(reason, "%s/%s %s", business, project, missing)
+		return nil, "", errdefs.NotFound(reason, "%s/%s %s", r.Business, r.Project, missing)
 	}
-	return r, gg, commit, nil
+	return gg, commit, nil
 }
 
 // WriteMainBundle writes a bundle of business/project's main (one ref,
 // refs/heads/main, full history) to w, calling begin with main's commit
 // before the first byte.
 func (s *Service) WriteMainBundle(ctx context.Context, business, project string, begin func(commit string) error, w io.Writer) error {
-	r, _, commit, err := s.refToSend(business, project, MainRef, errdefs.MainNotFound, "has no main")
+	r, err := s.project(business, project)
+	if err != nil {
+		return err
+	}
+	_, commit, err := s.refToSend(r, MainRef, errdefs.MainNotFound, "has no main")
 	if err != nil {
 		return err
 	}
@@ -63,13 +63,19 @@ func (s *Service) WriteReviewBundle(ctx context.Context, business, project, task
 	if err != nil {
 		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
-	r, gg, commit, err := s.refToSend(business, project, ref, errdefs.PushNotFound, "task "+task+" has no push yet")
+	r, err := s.task(business, project, task)
+	if err != nil {
+		return err
+	}
+	// The task's repository and the pool are all the fetch sees: a have
+	// naming another task's commit is answered as one naming nothing.
+	gg, commit, err := s.refToSend(r, ref, errdefs.PushNotFound, "task "+task+" has no push yet")
 	if err != nil {
 		return err
 	}
 	args := []string{ref}
 	if have != "" {
-		if !bundle.ValidOID(have) {
+		if !gitid.Valid(have) {
 			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %q is not a full object id", have)
 		}
 		use, err := s.haveFits(ctx, r, gg, have)
@@ -109,10 +115,10 @@ func (s *Service) bundle(ctx context.Context, r repo, w io.Writer, revs ...strin
 // one there: pushes are bounded) is ignored, and the bundle is sent whole,
 // so a have costs the daemon no more than any other; anything else is
 // refused.
-func (s *Service) haveFits(ctx context.Context, r repo, gg *git.Repository, have string) (bool, error) {
+func (s *Service) haveFits(ctx context.Context, r repo, gg *view, have string) (bool, error) {
 	notCommit := errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %s is not a commit of %s/%s", have, r.Business, r.Project).With("have", have)
 	h := plumbing.NewHash(have)
-	size, err := gg.Storer.EncodedObjectSize(h)
+	size, err := gg.EncodedObjectSize(h)
 	if err != nil {
 		return false, notCommit
 	}
@@ -124,7 +130,7 @@ func (s *Service) haveFits(ctx context.Context, r repo, gg *git.Repository, have
 		s.log.Info("have is a commit over --max-commit-bytes; sending the bundle whole", "repo", r.Path, "have", have, "size", size)
 		return false, nil
 	}
-	obj, err := gg.Storer.EncodedObject(plumbing.AnyObject, h)
+	obj, err := gg.EncodedObject(plumbing.AnyObject, h)
 	if err != nil || obj.Type() != plumbing.CommitObject {
 		return false, notCommit
 	}
@@ -134,8 +140,8 @@ func (s *Service) haveFits(ctx context.Context, r repo, gg *git.Repository, have
 // contains reports whether commit is have or one of its ancestors: a
 // bounded walk in process (objectReader reads no commit over its bound),
 // else git.
-func (s *Service) contains(ctx context.Context, r repo, gg *git.Repository, have, commit string) (bool, error) {
-	o := &objectReader{repo: gg.Storer, limit: walkLimit}
+func (s *Service) contains(ctx context.Context, r repo, gg *view, have, commit string) (bool, error) {
+	o := &objectReader{repo: gg, limit: walkLimit}
 	ok, err := o.isAncestor(commit, have)
 	if err == nil {
 		return ok, nil

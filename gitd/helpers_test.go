@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -163,7 +164,7 @@ type env struct {
 	root string // the project's root (a git work tree)
 	work string // a worker's repository, main as on the server
 	main string // main's commit
-	repo string // the bare repository's path
+	repo string // the project's pool
 }
 
 const (
@@ -195,7 +196,7 @@ func newEnv(t *testing.T, opts ...func(*Options)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.repo = filepath.Join(o.ReposDir, testBusiness, testProject+".git")
+	e.repo = filepath.Join(o.ReposDir, testBusiness, testProject, poolName)
 	e.work = t.TempDir()
 	e.run(e.work, "init", nil, "--quiet")
 	e.run(e.work, "fetch", nil, "--quiet", "--update-head-ok", "--", e.root, "+HEAD:refs/heads/main")
@@ -285,21 +286,37 @@ func (e *env) snapshot() map[string]string {
 	return treesnap.Take(e.t, e.svc.o.ReposDir)
 }
 
-// ref reads a ref of the server's repository, "" if absent.
+// taskRepo is the path of task's repository.
+func (e *env) taskRepo(task string) string {
+	return filepath.Join(filepath.Dir(e.repo), tasksDir, task+".git")
+}
+
+// ref reads a ref of the server's repositories, "" if absent:
+// refs/work/<task> from the task's repository, the others from the pool.
 func (e *env) ref(name string) string {
 	e.t.Helper()
-	out, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: e.repo, Sub: "for-each-ref", Flags: []string{"--format=%(objectname)"}, Args: []string{name}})
+	dir := e.repo
+	if task, ok := strings.CutPrefix(name, "refs/work/"); ok {
+		dir = e.taskRepo(task)
+		if _, err := os.Stat(dir); err != nil {
+			return ""
+		}
+	}
+	out, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: dir, Sub: "for-each-ref", Flags: []string{"--format=%(objectname)"}, Args: []string{name}})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return out
 }
 
-// fsck runs git fsck --strict on the server's repository.
+// fsck runs git fsck --strict on the pool and on every task repository.
 func (e *env) fsck() {
 	e.t.Helper()
-	if out, err := e.git.Output(context.Background(), gitcmd.Cmd{GitDir: e.repo, Sub: "fsck", Flags: []string{"--strict", "--no-progress"}}); err != nil {
-		e.t.Fatalf("git fsck: %v\n%s", err, out)
+	tasks, _ := filepath.Glob(filepath.Join(filepath.Dir(e.repo), tasksDir, "*.git"))
+	for _, dir := range append([]string{e.repo}, tasks...) {
+		if out, err := e.git.Output(context.Background(), gitcmd.Cmd{GitDir: dir, Sub: "fsck", Flags: []string{"--strict", "--no-progress"}}); err != nil {
+			e.t.Fatalf("git fsck %s: %v\n%s", dir, err, out)
+		}
 	}
 }
 

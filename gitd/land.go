@@ -12,6 +12,7 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -43,8 +44,10 @@ type LandResult struct {
 
 // Land puts the task's approved latest push on main and closes the task.
 //
-// Order, as a push's: under the repository's lock, the broker's gate (from
-// the log); the new main (the approved commit when main fast-forwards to
+// Order, as a push's: under the project's lock, the broker's gate (from
+// the log); the approved commit's objects fetched from the task's
+// repository into a quarantine of the pool (the pool must hold what main
+// names; the task repository may be archived later); the new main (the approved commit when main fast-forwards to
 // it, or a merge made with merge-tree --write-tree into a quarantine);
 // the broker records task.landed and task.closed, checking the gate again
 // in the same transaction; only then main moves, by one update-ref against
@@ -62,10 +65,11 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 		}
 		return LandResult{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
-	r, err := s.repo(business, project)
+	t, err := s.task(business, project, task)
 	if err != nil {
 		return LandResult{}, err
 	}
+	r := t.pool()
 	if !r.exists() {
 		return LandResult{}, projectNotFound(business, project)
 	}
@@ -78,7 +82,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 	if err != nil {
 		return LandResult{}, err
 	}
-	gg, err := open(r)
+	gg, err := s.open(r)
 	if err != nil {
 		return LandResult{}, err
 	}
@@ -94,14 +98,17 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 		return LandResult{}, err
 	}
 	defer q.Remove()
+	if err := s.intoPool(ctx, t, q, approved); err != nil {
+		return LandResult{}, err
+	}
 	res := LandResult{Commit: approved, MainOld: old}
 	switch {
 	case old == approved:
 		res.MainNew = old
-	case s.ancestor(ctx, r, approved, old):
+	case s.ancestor(ctx, r, q, approved, old):
 		// main already holds the work (a sync brought it): nothing moves.
 		res.MainNew = old
-	case s.ancestor(ctx, r, old, approved):
+	case s.ancestor(ctx, r, q, old, approved):
 		res.MainNew = approved
 	case !merge:
 		return LandResult{}, errdefs.Aborted(errdefs.MainMoved, "main moved to %s since %s was made: land with --merge, or rebase onto main, push and get a new approval", old, approved).
@@ -130,17 +137,42 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 	if res.MainNew == old {
 		return res, nil
 	}
-	failpoint("land:after-record")
-	if err := s.git.Run(cctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{MainRef, res.MainNew, old}}); err != nil {
+	crashpoint("land:after-record")
+	if err := r.UpdateRef(cctx, MainRef, gitid.ObjectID(res.MainNew), gitid.ObjectID(old)); err != nil {
 		s.log.Error("landing recorded but main not moved; Reconcile repairs it at next start", "repo", r.Path, "commit", res.MainNew, "err", err)
 		return LandResult{}, fmt.Errorf("landing recorded, but moving main failed (repaired at the next start of bushostd): %w", err)
 	}
 	return res, nil
 }
 
-// ancestor says whether a is an ancestor of b (false when git cannot say).
-func (s *Service) ancestor(ctx context.Context, r repo, a, b string) bool {
-	return s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}}) == nil
+// ancestor says whether a is an ancestor of b, reading through q (false
+// when git cannot say).
+func (s *Service) ancestor(ctx context.Context, r repo, q *bundle.Quarantine, a, b string) bool {
+	return q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}}) == nil
+}
+
+// intoPool fetches the objects of the task's work (refs/work/<task>, of
+// which approved is the tip or an ancestor) that the pool lacks into q, a
+// quarantine of the pool: a landing's objects are the pool's before main
+// names them. git's local transport runs the task side without q's
+// environment, so it reads the task's repository and the pool as usual.
+func (s *Service) intoPool(ctx context.Context, t repo, q *bundle.Quarantine, approved string) error {
+	if !t.exists() {
+		return fmt.Errorf("task %s has no repository", t.Task)
+	}
+	ref, err := names.WorkRef(t.Task)
+	if err != nil {
+		return err
+	}
+	r := t.pool()
+	if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "fetch",
+		Flags: []string{"--quiet", "--no-tags", "--no-write-fetch-head"}, Args: []string{t.Path, ref}}); err != nil {
+		return fmt.Errorf("copy the work of %s into the pool: %w", t.Task, err)
+	}
+	if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{approved + "^{commit}"}}); err != nil {
+		return fmt.Errorf("the approved commit %s is not in the work of %s: %w", approved, t.Task, err)
+	}
+	return nil
 }
 
 // mergeCommit merges approved into main (old) with merge-tree
@@ -195,7 +227,7 @@ func (s *Service) reconcileMain(ctx context.Context, r repo) error {
 		return err
 	}
 	last := ls[len(ls)-1]
-	gg, err := open(r)
+	gg, err := s.open(r)
 	if err != nil {
 		return err
 	}
@@ -206,10 +238,10 @@ func (s *Service) reconcileMain(ctx context.Context, r repo) error {
 	if cur != last.Old || last.New == last.Old {
 		return nil
 	}
-	if gg.Storer.HasEncodedObject(plumbing.NewHash(last.New)) != nil {
+	if gg.HasEncodedObject(plumbing.NewHash(last.New)) != nil {
 		return fmt.Errorf("the log's last landing (task %s) put main at %s, which is not in the repository", last.Task, last.New)
 	}
-	if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{MainRef, last.New, last.Old}}); err != nil {
+	if err := r.UpdateRef(ctx, MainRef, gitid.ObjectID(last.New), gitid.ObjectID(last.Old)); err != nil {
 		return err
 	}
 	s.log.Info("reconciled main with the last landing", "repo", r.Path, "task", last.Task, "from", last.Old, "to", last.New)

@@ -36,6 +36,16 @@ const (
 	maxCommitBytes = 1 << 20
 )
 
+// objectStore is what objectReader reads behind the quarantine: a view
+// (the repository and its pool) or a go-git storer.
+type objectStore interface {
+	HasEncodedObject(plumbing.Hash) error
+	EncodedObjectSize(plumbing.Hash) (int64, error)
+	EncodedObject(plumbing.ObjectType, plumbing.Hash) (plumbing.EncodedObject, error)
+}
+
+var _ objectStore = storer.EncodedObjectStorer(nil)
+
 // errUndecided is a question the in-process reads could not settle.
 var errUndecided = errors.New("undecided in process")
 
@@ -43,14 +53,14 @@ var errUndecided = errors.New("undecided in process")
 // repository. It is one request's, like the go-git handle it wraps.
 type objectReader struct {
 	pack *packfile.Packfile // nil: nothing in quarantine
-	repo storer.EncodedObjectStorer
+	repo objectStore
 	// limit bounds the commits isAncestor reads (walkLimit).
 	limit int
 }
 
 // openObjects opens the pack index-pack wrote into dir (a quarantine's
 // object directory) as pack-<name>, in front of repo.
-func openObjects(dir, name string, repo storer.EncodedObjectStorer) (*objectReader, error) {
+func openObjects(dir, name string, repo objectStore) (*objectReader, error) {
 	o := &objectReader{repo: repo, limit: walkLimit}
 	packDir := filepath.Join(dir, "pack")
 	idxf, err := os.Open(filepath.Join(packDir, "pack-"+name+".idx"))
@@ -157,13 +167,13 @@ func (o *objectReader) isAncestor(a, b string) (bool, error) {
 	return false, nil
 }
 
-// hasObject reports whether the object directory objects holds h, loose or
+// hasObjectIn reports whether the object directory objects holds h, loose or
 // in a pack, reading of each version-2 pack index only the fan-out entries
 // and the names under h's first byte: go-git would load every index whole
 // first, which for a repository of some 20,000 objects costs more than the
 // rest of a small push's checks. An index it cannot read that way, or that
 // changes under it, is errUndecided, for the caller to ask go-git.
-func hasObject(objects string, h plumbing.Hash) (bool, error) {
+func hasObjectIn(objects string, h plumbing.Hash) (bool, error) {
 	hex := h.String()
 	if _, err := os.Stat(filepath.Join(objects, hex[:2], hex[2:])); err == nil {
 		return true, nil

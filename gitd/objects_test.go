@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/bushost/bushost/internal/gitid"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,7 +31,7 @@ func TestObjectReaderWalk(t *testing.T) {
 	if _, err := bundle.ReadHeader(br); err != nil {
 		t.Fatal(err)
 	}
-	r, err := e.svc.repo(testBusiness, testProject)
+	r, err := e.svc.project(testBusiness, testProject)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,11 +44,11 @@ func TestObjectReaderWalk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gg, err := open(r)
+	gg, err := e.svc.open(r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := openObjects(q.Dir, name, gg.Storer)
+	objs, err := openObjects(q.Dir, name, gg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestObjectReaderWalk(t *testing.T) {
 	if typ, err := objs.objectType(e.main); err != nil || typ != plumbing.CommitObject {
 		t.Fatalf("type of main (repository) = %v, %v", typ, err)
 	}
-	if _, err := objs.objectType(zeroOID); err == nil {
+	if _, err := objs.objectType(string(gitid.Zero)); err == nil {
 		t.Fatal("an absent object has a type")
 	}
 	for _, a := range append([]string{e.main}, chain...) {
@@ -117,29 +118,44 @@ func TestHasObject(t *testing.T) {
 	if _, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil {
 		t.Fatal(err)
 	}
-	objects := filepath.Join(e.repo, "objects")
-	all := strings.Fields(e.run(e.repo, "cat-file", nil, "--batch-all-objects", "--batch-check=%(objectname)"))
-	if len(all) < 300 {
-		t.Fatalf("repository holds %d objects, want over 300", len(all))
+	// The task's repository and its pool: git reads both (the pool is the
+	// task's alternate); each object is in one of them, and the push's
+	// 300 blobs in the task's.
+	objects := filepath.Join(e.taskRepo("t1"), "objects")
+	all := strings.Fields(e.run(e.taskRepo("t1"), "cat-file", nil, "--batch-all-objects", "--batch-check=%(objectname)"))
+	own := 0
+	for _, id := range all {
+		h := plumbing.NewHash(id)
+		inTask, err := hasObjectIn(objects, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inPool, err := hasObjectIn(filepath.Join(e.repo, "objects"), h)
+		if err != nil || !inTask && !inPool {
+			t.Fatalf("hasObject(%s) = false, %v; git has it", id, err)
+		}
+		if inTask {
+			own++
+		}
+	}
+	if own < 300 {
+		t.Fatalf("the task's repository holds %d objects, want over 300", own)
 	}
 	for _, id := range all {
 		h := plumbing.NewHash(id)
-		if ok, err := hasObject(objects, h); err != nil || !ok {
-			t.Fatalf("hasObject(%s) = %v, %v; git has it", id, ok, err)
-		}
 		// The same name with its last byte changed: absent, unless git
 		// happens to hold that one too.
 		h[len(h)-1] ^= 0xff
-		_, gerr := e.runErr(e.repo, "cat-file", nil, "-e", "--", h.String())
-		if ok, err := hasObject(objects, h); err != nil || ok != (gerr == nil) {
+		_, gerr := e.runErr(e.taskRepo("t1"), "cat-file", nil, "-e", "--", h.String())
+		if ok, err := hasObjectIn(objects, h); err != nil || ok && gerr != nil {
 			t.Fatalf("hasObject(%s) = %v, %v; git: %v", h, ok, err, gerr)
 		}
 	}
-	loose := e.run(e.repo, "hash-object", []byte("only loose\n"), "-w", "--stdin")
-	if ok, err := hasObject(objects, plumbing.NewHash(loose)); err != nil || !ok {
+	loose := e.run(e.taskRepo("t1"), "hash-object", []byte("only loose\n"), "-w", "--stdin")
+	if ok, err := hasObjectIn(objects, plumbing.NewHash(loose)); err != nil || !ok {
 		t.Fatalf("loose object %s: %v, %v", loose, ok, err)
 	}
-	if ok, err := hasObject(objects, plumbing.NewHash(zeroOID)); err != nil || ok {
+	if ok, err := hasObjectIn(objects, plumbing.NewHash(string(gitid.Zero))); err != nil || ok {
 		t.Fatalf("zero id: %v, %v", ok, err)
 	}
 
@@ -148,7 +164,7 @@ func TestHasObject(t *testing.T) {
 	os.MkdirAll(filepath.Join(bad, "pack"), 0o755)
 	for _, body := range [][]byte{[]byte("\xfftOc\x00\x00\x00\x01"), bytes.Repeat([]byte{0}, 1024), []byte("\xfftOc\x00\x00\x00\x02short")} {
 		os.WriteFile(filepath.Join(bad, "pack", "pack-x.idx"), body, 0o644)
-		if ok, err := hasObject(bad, plumbing.NewHash(e.main)); !errors.Is(err, errUndecided) || ok {
+		if ok, err := hasObjectIn(bad, plumbing.NewHash(e.main)); !errors.Is(err, errUndecided) || ok {
 			t.Fatalf("index %q: %v, %v; want errUndecided", body[:8], ok, err)
 		}
 	}

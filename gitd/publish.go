@@ -9,6 +9,7 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
 )
 
 // DefaultPublishBranch is the root's branch `project publish` writes.
@@ -63,7 +64,7 @@ func (s *Service) PublishProject(ctx context.Context, business, project, branch 
 		return "", "", err
 	}
 	ref := "refs/heads/" + branch
-	r, err := s.repo(business, project)
+	r, err := s.project(business, project)
 	if err != nil {
 		return "", "", err
 	}
@@ -85,7 +86,7 @@ func (s *Service) PublishProject(ctx context.Context, business, project, branch 
 	if !isGitRepo(root) {
 		return "", "", errdefs.FailedPrecondition(errdefs.RootInvalid, "the root %s is a plain directory, not a git repository: it has no branch to publish to", root).With("root", root)
 	}
-	gg, err := open(r)
+	gg, err := s.open(r)
 	if err != nil {
 		return "", "", err
 	}
@@ -116,8 +117,10 @@ func (s *Service) PublishProject(ctx context.Context, business, project, branch 
 	}
 	old := previous
 	if old == "" {
-		old = zeroOID
+		old = string(gitid.Zero)
 	}
+	// The root is the host's repository, not one of the store: its ref
+	// moves here, against its old value, and nowhere else.
 	if err := s.git.Run(ctx, gitcmd.Cmd{Dir: root, Sub: "update-ref", Args: []string{ref, main, old}}); err != nil {
 		return "", "", err
 	}

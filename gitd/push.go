@@ -8,13 +8,13 @@ import (
 	"io"
 	"time"
 
-	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/metrics"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -46,14 +46,14 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	if err != nil {
 		return PushResult{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
-	r, err := s.repo(g.Business, g.Project)
+	r, err := s.task(g.Business, g.Project, g.Task)
 	if err != nil {
 		return PushResult{}, err
 	}
 	if err := s.o.Authority.TaskOpen(ctx, g); err != nil {
 		return PushResult{}, err
 	}
-	if !r.exists() {
+	if !r.pool().exists() {
 		return PushResult{}, projectNotFound(g.Business, g.Project)
 	}
 	if size > s.o.MaxBundleBytes {
@@ -69,21 +69,24 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, errdefs.InvalidArgument(errdefs.BundleInvalid, "bundle has %d refs; a push carries exactly one", len(h.Refs)).With("refs", len(h.Refs))
 	}
 	commit := h.Refs[0].Commit
-	gg, err := open(r)
+	// Every read from here on sees the pool and this task's repository
+	// only: another task's objects are neither a prerequisite, a delta
+	// base nor a tree entry here, and no answer depends on them.
+	gg, err := s.open(r)
 	if err != nil {
 		return PushResult{}, err
 	}
 	for _, p := range h.Prerequisites {
-		ok, err := hasObject(r.objects(), plumbing.NewHash(p))
+		ok, err := r.hasObject(plumbing.NewHash(p))
 		if err != nil {
-			ok = gg.Storer.HasEncodedObject(plumbing.NewHash(p)) == nil
+			ok = gg.HasEncodedObject(plumbing.NewHash(p)) == nil
 		}
 		if !ok {
 			return PushResult{}, errdefs.FailedPrecondition(errdefs.PrerequisiteMissing, "missing prerequisite: the bundle needs commit %s, which the bus host does not have; bundle against a main fetched from it", p).With("commit", p)
 		}
 	}
 
-	q, err := bundle.NewQuarantine(r.objects())
+	q, err := r.quarantine()
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -94,12 +97,12 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	}
 	q.IndexConfig = indexPackConfig
 	indexStart := time.Now()
-	name, err := q.IndexPack(ctx, s.git, r.Path, br)
+	name, err := q.IndexPack(ctx, s.git, r.gitDir(), br)
 	metrics.IndexPack(time.Since(indexStart))
 	if err != nil || lr.err != nil {
 		return PushResult{}, packJunk(lr.cause(err))
 	}
-	objs, err := openObjects(q.Dir, name, gg.Storer)
+	objs, err := openObjects(q.Dir, name, gg)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -138,13 +141,20 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 			return PushResult{}, err
 		}
 	}
-	packBytes, err := s.checkQuotas(r, g.Task, q)
+	packBytes, err := s.checkQuotas(r, q)
 	if err != nil {
 		return PushResult{}, err
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
+	made, err := s.ensure(cctx, r)
+	if err != nil {
+		return PushResult{}, err
+	}
 	if err := q.Migrate(); err != nil {
+		if made {
+			s.dropNew(r)
+		}
 		return PushResult{}, err
 	}
 	p := authz.Push{Business: g.Business, Project: g.Project, Task: g.Task, Commit: commit, Previous: cur, Ref: ref}
@@ -152,19 +162,20 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		if errdefs.FromGRPC(err).Reason != errdefs.CommitUnknown {
 			if rerr := q.Rollback(); rerr != nil {
 				s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
+			} else if made {
+				s.dropNew(r)
 			}
 			return PushResult{}, err
 		}
 		if err := s.settleUnclear(cctx, r, q, g, commit, err); err != nil {
+			if errdefs.FromGRPC(err).Metadata["recorded"] == "false" && made {
+				s.dropNew(r)
+			}
 			return PushResult{}, err
 		}
 	}
-	s.account(r, g.Task, packBytes, q)
-	oldArg := cur
-	if oldArg == "" {
-		oldArg = zeroOID
-	}
-	if err := s.git.Run(cctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{ref, commit, oldArg}}); err != nil {
+	s.account(r, packBytes, q)
+	if err := r.UpdateRef(cctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur)); err != nil {
 		s.log.Error("push recorded but ref not moved; Reconcile repairs it at next start", "repo", r.Path, "ref", ref, "commit", commit, "err", err)
 		return PushResult{}, fmt.Errorf("push recorded, but moving %s failed (repaired at the next start of bushostd): %w", ref, err)
 	}
@@ -182,7 +193,7 @@ func (s *Service) checkCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 	if t, err := objs.objectType(commit); err == nil {
 		typ = t.String()
 	} else {
-		c := gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{commit}, Env: q.Env()}
+		c := gitcmd.Cmd{GitDir: r.gitDir(), Sub: "cat-file", Flags: []string{"-t"}, Args: []string{commit}, Env: q.Env()}
 		if typ, err = s.git.Line(ctx, c); err != nil {
 			return errdefs.InvalidArgument(errdefs.BundleInvalid, "the bundle's ref names %s, which neither the bundle nor the repository holds", commit).With("commit", commit)
 		}
@@ -197,7 +208,7 @@ func (s *Service) checkCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 // for a new ref, to share history with main. A short walk in process
 // answers the usual case (commit descends from old, or from main); git
 // answers the rest.
-func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine, objs *objectReader, gg *git.Repository, ref, old, commit string) error {
+func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine, objs *objectReader, gg *view, ref, old, commit string) error {
 	if old != "" {
 		ok, err := objs.isAncestor(old, commit)
 		if err != nil {
@@ -212,12 +223,17 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 		}
 		return nil
 	}
-	if main, err := readRef(gg, MainRef); err == nil && main != "" {
-		if ok, err := objs.isAncestor(main, commit); err == nil && ok {
-			return nil
-		}
+	main, err := readRef(gg.poolView(), MainRef)
+	if err != nil {
+		return err
 	}
-	_, err := s.mergeBase(ctx, r, q, MainRef, commit)
+	if main == "" {
+		return errdefs.FailedPrecondition(errdefs.MainNotFound, "project %s/%s has no main", r.Business, r.Project)
+	}
+	if ok, err := objs.isAncestor(main, commit); err == nil && ok {
+		return nil
+	}
+	_, err = s.mergeBase(ctx, r, q, main, commit)
 	if errors.Is(err, errNoMergeBase) {
 		return errdefs.FailedPrecondition(errdefs.UnrelatedHistory, "%s shares no history with main; start from a main fetched from the bus host", commit).With("commit", commit)
 	}

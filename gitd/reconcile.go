@@ -11,8 +11,9 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 
+	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
-	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -59,9 +60,14 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 	if err := removeStaleLocks(r.Path); err != nil {
 		return err
 	}
-	gg, err := open(r)
+	ts, err := s.tasks(r)
 	if err != nil {
 		return err
+	}
+	for _, t := range ts {
+		if err := removeStaleLocks(t.Path); err != nil {
+			return err
+		}
 	}
 	var errs []error
 	if err := s.reconcileMain(ctx, r); err != nil {
@@ -69,6 +75,16 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 	}
 	for task, commit := range last {
 		ref, err := names.WorkRef(task)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		t, err := s.task(r.Business, r.Project, task)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		gg, err := s.open(t)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -81,24 +97,23 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 		if cur == commit {
 			continue
 		}
-		if gg.Storer.HasEncodedObject(plumbing.NewHash(commit)) != nil {
+		if !t.exists() && s.o.Authority.TaskOpen(ctx, authz.Grant{Business: r.Business, Project: r.Project, Task: task}) != nil {
+			continue // a closed task whose repository the host archived
+		}
+		if !t.exists() || gg.HasEncodedObject(plumbing.NewHash(commit)) != nil {
 			why := fmt.Sprintf("the log's latest push %s is not in the repository (%s is at %q)", commit, ref, cur)
 			if err := s.o.Authority.MarkNeedsRepair(ctx, r.Business, r.Project, task, why, commit); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %s, and marking the task failed: %w", ref, why, err))
 				continue
 			}
-			s.log.Error("task needs repair: calls on it are refused until the host runs 'bushost task repair'", "repo", r.Path, "task", task, "why", why)
+			s.log.Error("task needs repair: calls on it are refused until the host runs 'bushost task repair'", "repo", t.Path, "task", task, "why", why)
 			continue
 		}
-		old := cur
-		if old == "" {
-			old = zeroOID
-		}
-		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{ref, commit, old}}); err != nil {
+		if err := t.UpdateRef(ctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur)); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		s.log.Info("reconciled ref with the last recorded push", "repo", r.Path, "ref", ref, "from", cur, "to", commit)
+		s.log.Info("reconciled ref with the last recorded push", "repo", t.Path, "ref", ref, "from", cur, "to", commit)
 	}
 	return errors.Join(errs...)
 }

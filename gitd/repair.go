@@ -9,7 +9,7 @@ import (
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
-	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -71,11 +71,11 @@ func (s *Service) RepairTask(ctx context.Context, business, project, task string
 	if err != nil {
 		return RepairResult{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
-	r, err := s.repo(business, project)
+	r, err := s.task(business, project, task)
 	if err != nil {
 		return RepairResult{}, err
 	}
-	if !r.exists() {
+	if !r.pool().exists() {
 		return RepairResult{}, errdefs.NotFound(errdefs.ProjectNotFound, "project %s/%s was never added", business, project)
 	}
 	unlock, err := s.lock(ctx, r)
@@ -90,7 +90,7 @@ func (s *Service) RepairTask(ctx context.Context, business, project, task string
 	if why == "" {
 		return RepairResult{}, errdefs.FailedPrecondition(errdefs.TaskNeedsRepair, "task %s/%s/%s does not need repair", business, project, task).With("needs_repair", false)
 	}
-	gg, err := open(r)
+	gg, err := s.open(r)
 	if err != nil {
 		return RepairResult{}, err
 	}
@@ -99,13 +99,9 @@ func (s *Service) RepairTask(ctx context.Context, business, project, task string
 		return RepairResult{}, err
 	}
 	res := RepairResult{Outcome: "push_lost", Commit: commit, RefCommit: cur}
-	if commit != "" && gg.Storer.HasEncodedObject(plumbing.NewHash(commit)) == nil {
+	if commit != "" && r.exists() && gg.HasEncodedObject(plumbing.NewHash(commit)) == nil {
 		if cur != commit {
-			old := cur
-			if old == "" {
-				old = zeroOID
-			}
-			if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{ref, commit, old}}); err != nil {
+			if err := r.UpdateRef(ctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur)); err != nil {
 				return RepairResult{}, err
 			}
 		}

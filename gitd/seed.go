@@ -11,21 +11,21 @@ import (
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
 )
 
 // rootKey is the repository config entry that remembers the project's root
 // for SyncProject.
 const rootKey = "bushost.root"
 
-const zeroOID = "0000000000000000000000000000000000000000"
-
 // AddProject makes business/project's repository and seeds main from root:
 // a git repository's HEAD, or a plain directory's files as one commit. It
 // is idempotent: a project that exists keeps its main and created is false.
-// The repository appears whole or not at all: it is built beside its final
-// path and renamed into place under the repository's lock.
+// The project's directory (its pool, with main) appears whole or not at
+// all: it is built beside its final path and renamed into place under the
+// project's lock.
 func (s *Service) AddProject(ctx context.Context, business, project, root string) (commit string, created bool, err error) {
-	r, err := s.repo(business, project)
+	r, err := s.project(business, project)
 	if err != nil {
 		return "", false, err
 	}
@@ -39,7 +39,7 @@ func (s *Service) AddProject(ctx context.Context, business, project, root string
 	}
 	defer unlock()
 	if r.exists() {
-		g, err := open(r)
+		g, err := s.open(r)
 		if err != nil {
 			return "", false, err
 		}
@@ -52,12 +52,13 @@ func (s *Service) AddProject(ctx context.Context, business, project, root string
 		}
 		return commit, false, nil
 	}
-	dir := filepath.Dir(r.Path)
-	tmp, err := os.MkdirTemp(dir, seedPrefix+project+"-")
+	dir := filepath.Dir(r.Dir)
+	tmpDir, err := os.MkdirTemp(dir, seedPrefix+project+"-")
 	if err != nil {
 		return "", false, err
 	}
-	defer os.RemoveAll(tmp)
+	defer os.RemoveAll(tmpDir)
+	tmp := filepath.Join(tmpDir, poolName)
 	if err := s.git.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{tmp}}); err != nil {
 		return "", false, err
 	}
@@ -73,7 +74,8 @@ func (s *Service) AddProject(ctx context.Context, business, project, root string
 		if err != nil {
 			return "", false, err
 		}
-		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: tmp, Sub: "update-ref", Args: []string{MainRef, c, zeroOID}}); err != nil {
+		seeded := repo{Path: tmp, git: s.git}
+		if err := seeded.UpdateRef(ctx, MainRef, gitid.ObjectID(c), gitid.Zero); err != nil {
 			return "", false, err
 		}
 	}
@@ -84,7 +86,7 @@ func (s *Service) AddProject(ctx context.Context, business, project, root string
 	if err != nil {
 		return "", false, errdefs.InvalidArgument(errdefs.RootInvalid, "%s has no commit at HEAD: %v", root, err).With("root", root)
 	}
-	if err := os.Rename(tmp, r.Path); err != nil {
+	if err := os.Rename(tmpDir, r.Dir); err != nil {
 		return "", false, err
 	}
 	if err := bundle.SyncDir(dir); err != nil {
@@ -97,7 +99,7 @@ func (s *Service) AddProject(ctx context.Context, business, project, root string
 // anything else. A plain-directory root becomes a new commit on top of main
 // when its files changed.
 func (s *Service) SyncProject(ctx context.Context, business, project string) (commit, previous string, err error) {
-	r, err := s.repo(business, project)
+	r, err := s.project(business, project)
 	if err != nil {
 		return "", "", err
 	}
@@ -116,7 +118,7 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 	if root, err = checkRoot(root); err != nil {
 		return "", "", err
 	}
-	g, err := open(r)
+	g, err := s.open(r)
 	if err != nil {
 		return "", "", err
 	}
@@ -159,7 +161,7 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 		}
 	} else {
 		var same bool
-		next, same, err = s.commitDir(ctx, filepath.Dir(r.Path), root, old, q.Env(), "Sync main from "+root)
+		next, same, err = s.commitDir(ctx, filepath.Dir(r.Dir), root, old, q.Env(), "Sync main from "+root)
 		if err != nil {
 			return "", "", err
 		}
@@ -171,7 +173,7 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 	if err := q.Migrate(); err != nil {
 		return "", "", err
 	}
-	if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{MainRef, next, old}}); err != nil {
+	if err := r.UpdateRef(ctx, MainRef, gitid.ObjectID(next), gitid.ObjectID(old)); err != nil {
 		q.Rollback()
 		return "", "", err
 	}
@@ -253,7 +255,7 @@ func isGitRepo(root string) bool {
 
 // isAncestor reports whether a is an ancestor of b (objects read through q).
 func (s *Service) isAncestor(ctx context.Context, r repo, q *bundle.Quarantine, a, b string) (bool, error) {
-	err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}})
+	err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}})
 	if err == nil {
 		return true, nil
 	}
@@ -267,7 +269,7 @@ var errNoMergeBase = errors.New("no merge base")
 
 // mergeBase returns a merge base of a and b, or errNoMergeBase.
 func (s *Service) mergeBase(ctx context.Context, r repo, q *bundle.Quarantine, a, b string) (string, error) {
-	c := gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Args: []string{a, b}}
+	c := gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Args: []string{a, b}}
 	c.Env = q.Env()
 	out, err := s.git.Line(ctx, c)
 	if err == nil {

@@ -177,6 +177,23 @@ func (sv *server) RepairTask(ctx context.Context, req *gitv1.RepairTaskRequest) 
 	return &gitv1.RepairTaskResponse{Outcome: res.Outcome, Commit: res.Commit, RefCommit: res.RefCommit, Seq: res.Seq}, nil
 }
 
+func (sv *server) ArchiveTask(ctx context.Context, req *gitv1.ArchiveTaskRequest) (*gitv1.ArchiveTaskResponse, error) {
+	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject(), Task: req.GetTask()}); err != nil || req.GetTask() == "" {
+		if err == nil {
+			err = errors.New("no task name")
+		}
+		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
+	}
+	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
+		return nil, toStatus(err)
+	}
+	res, err := sv.s.ArchiveTask(ctx, req.GetBusiness(), req.GetProject(), req.GetTask())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &gitv1.ArchiveTaskResponse{Removed: res.Removed, Bytes: res.Bytes}, nil
+}
+
 // grantCheck re-reads a stream's grant before each chunk it sends, and
 // remembers the refusal so that the stream ends with it, not with the
 // broken pipe git saw when the send stopped.

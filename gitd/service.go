@@ -1,14 +1,17 @@
-// Package gitd is the git service of the bus host: the repository store (one
-// bare repository per business/project under ReposDir), seeding and syncing
+// Package gitd is the git service of the bus host: the repository store (per
+// business/project under ReposDir, a pool holding main and one repository
+// per task whose alternate is the pool; repository.go), seeding and syncing
 // main from a project's root, the ingestion of pushed bundles into
 // refs/work/<task>, the bundles handed to workers and reviewers, and the
 // GitService gRPC server.
 //
 // What must hold: nothing reaches a repository before git's fsck passed it
-// in quarantine; refs move only with `git update-ref` against their old
-// value under the repository's lock, and only after the broker recorded the
-// push; a refused push leaves no ref, no object and no temp file. Every git
-// process runs through internal/gitcmd; go-git only reads.
+// in quarantine; a task's repository reads only itself and its pool, never
+// another task's objects; refs move only through repo.UpdateRef (`git
+// update-ref` against their old value) under the project's lock, and only
+// after the broker recorded the push; a refused push leaves no ref, no
+// object, no repository and no temp file. Every git process runs through
+// internal/gitcmd; go-git only reads.
 package gitd
 
 import (
@@ -22,16 +25,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-git/go-git/v5"
-	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/gofrs/flock"
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
-	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
-	"github.com/bushost/bushost/internal/safepath"
 )
 
 // Defaults for zero Options fields.
@@ -90,7 +89,7 @@ type Service struct {
 	log *slog.Logger
 
 	mu    sync.Mutex
-	locks map[string]chan struct{} // per repository, in this process
+	locks map[string]chan struct{} // per project (its LockPath), in this process
 	// usage caches each repository's object bytes (under its lock), so
 	// that a push's project quota check does not walk the objects.
 	usage map[string]int64
@@ -99,7 +98,8 @@ type Service struct {
 // New checks o and prepares ReposDir. It removes what a killed process may
 // have left in the store (quarantine and seeding directories): it must be
 // called before the service takes calls, while no other process ingests
-// into the same store (bushostd holds its home's lock).
+// into the same store (bushostd holds its home's lock). It first migrates
+// repositories of the one-repository layout (migrate.go).
 func New(o Options) (*Service, error) {
 	if o.ReposDir == "" {
 		return nil, errors.New("gitd: ReposDir is required")
@@ -139,57 +139,29 @@ func New(o Options) (*Service, error) {
 		return nil, fmt.Errorf("gitd: %w", err)
 	}
 	s := &Service{o: o, git: g, log: slog.Default().With("service", "gitd"), locks: map[string]chan struct{}{}, usage: map[string]int64{}}
+	if err := s.migrate(context.Background()); err != nil {
+		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
+	}
 	if err := s.cleanStale(); err != nil {
 		return nil, fmt.Errorf("gitd: clean stale files: %w", err)
 	}
 	return s, nil
 }
 
-// repo is one project's repository, its names validated.
-type repo struct {
-	Business, Project string
-	Path              string // the bare repository
-	LockPath          string // the flock file beside it
-}
-
 // seedPrefix starts the name of a repository being seeded, beside the
-// final one; no valid project name starts with '.'.
+// final one; no valid project or task name starts with '.'.
 const seedPrefix = ".seeding-"
 
-func (s *Service) repo(business, project string) (repo, error) {
-	p, err := names.RepoPath(s.o.ReposDir, business, project)
-	if err != nil {
-		return repo{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	// The business and project directories, as they are opened, must be
-	// the daemon's (not links, writable by nobody else).
-	for _, d := range []string{filepath.Dir(p), p} {
-		if err := safepath.IfExists(d, os.Geteuid(), safepath.Dir); err != nil {
-			return repo{}, err
-		}
-	}
-	return repo{
-		Business: business, Project: project, Path: p,
-		LockPath: filepath.Join(s.o.ReposDir, business, project+".flock"),
-	}, nil
-}
-
-func (r repo) objects() string { return filepath.Join(r.Path, "objects") }
-
-func (r repo) exists() bool {
-	fi, err := os.Stat(filepath.Join(r.Path, "objects"))
-	return err == nil && fi.IsDir()
-}
-
-// lock takes the repository's lock: first among this process's goroutines,
+// lock takes the project's lock (one for its pool and all its task
+// repositories): first among this process's goroutines,
 // then the flock on <project>.flock that other processes (a second host on
 // shared storage, a backup) take too.
 func (s *Service) lock(ctx context.Context, r repo) (func(), error) {
 	s.mu.Lock()
-	ch, ok := s.locks[r.Path]
+	ch, ok := s.locks[r.LockPath]
 	if !ok {
 		ch = make(chan struct{}, 1)
-		s.locks[r.Path] = ch
+		s.locks[r.LockPath] = ch
 	}
 	s.mu.Unlock()
 	select {
@@ -216,25 +188,7 @@ func (s *Service) lock(ctx context.Context, r repo) (func(), error) {
 	}, nil
 }
 
-// open returns a go-git handle for reads; one per request, since go-git is
-// not goroutine-safe and caches pack indexes.
-func open(r repo) (*git.Repository, error) {
-	return git.PlainOpenWithOptions(r.Path, &git.PlainOpenOptions{})
-}
-
-// readRef returns the commit ref points at, or "" if it does not exist.
-func readRef(g *git.Repository, ref string) (string, error) {
-	rf, err := g.Reference(plumbing.ReferenceName(ref), true)
-	if errors.Is(err, plumbing.ErrReferenceNotFound) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("read %s: %w", ref, err)
-	}
-	return rf.Hash().String(), nil
-}
-
-// repos lists every repository in the store.
+// repos lists every project's pool in the store.
 func (s *Service) repos() ([]repo, error) {
 	var out []repo
 	bs, err := os.ReadDir(s.o.ReposDir)
@@ -250,12 +204,11 @@ func (s *Service) repos() ([]repo, error) {
 			return nil, err
 		}
 		for _, p := range ps {
-			proj, ok := strings.CutSuffix(p.Name(), ".git")
-			if !ok || !p.IsDir() || names.Check("project", proj) != nil {
+			if !p.IsDir() || names.Check("project", p.Name()) != nil {
 				continue
 			}
-			r, err := s.repo(b.Name(), proj)
-			if err != nil {
+			r, err := s.project(b.Name(), p.Name())
+			if err != nil || !r.exists() {
 				continue
 			}
 			out = append(out, r)
@@ -265,7 +218,7 @@ func (s *Service) repos() ([]repo, error) {
 }
 
 // cleanStale removes seeding directories and quarantines left by a killed
-// process.
+// process, in the pools and in the task repositories.
 func (s *Service) cleanStale() error {
 	bs, err := os.ReadDir(s.o.ReposDir)
 	if err != nil {
@@ -275,17 +228,8 @@ func (s *Service) cleanStale() error {
 		if !b.IsDir() {
 			continue
 		}
-		dir := filepath.Join(s.o.ReposDir, b.Name())
-		ps, err := os.ReadDir(dir)
-		if err != nil {
+		if err := removeSeeding(filepath.Join(s.o.ReposDir, b.Name())); err != nil {
 			return err
-		}
-		for _, p := range ps {
-			if strings.HasPrefix(p.Name(), seedPrefix) {
-				if err := os.RemoveAll(filepath.Join(dir, p.Name())); err != nil {
-					return err
-				}
-			}
 		}
 	}
 	rs, err := s.repos()
@@ -293,8 +237,36 @@ func (s *Service) cleanStale() error {
 		return err
 	}
 	for _, r := range rs {
+		if err := removeSeeding(filepath.Join(r.Dir, tasksDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 		if err := bundle.CleanStale(r.objects()); err != nil {
 			return err
+		}
+		ts, err := s.tasks(r)
+		if err != nil {
+			return err
+		}
+		for _, t := range ts {
+			if err := bundle.CleanStale(t.objects()); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// removeSeeding removes the seeding directories in dir.
+func removeSeeding(dir string) error {
+	ps, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		if strings.HasPrefix(p.Name(), seedPrefix) {
+			if err := os.RemoveAll(filepath.Join(dir, p.Name())); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -50,7 +50,7 @@ func TestAddProjectPlainDirectory(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("%d calls created the project", n)
 	}
-	repo := filepath.Join(e.svc.o.ReposDir, "acme", "plain.git")
+	repo := filepath.Join(e.svc.o.ReposDir, "acme", "plain", poolName)
 	files, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: repo, Sub: "ls-tree", Flags: []string{"-r", "--name-only"}, Args: []string{commits[0]}})
 	if err != nil {
 		t.Fatal(err)

@@ -285,7 +285,9 @@ func refusedWith(t *testing.T, err error, reason errdefs.Reason, limit int64) *e
 // fsckAll runs git fsck --strict on every repository of the home.
 func fsckAll(t *testing.T, h *Host) {
 	t.Helper()
-	repos, _ := filepath.Glob(filepath.Join(h.Home, "repos", "*", "*.git"))
+	pools, _ := filepath.Glob(filepath.Join(h.Home, "repos", "*", "*", "pool.git"))
+	tasks, _ := filepath.Glob(filepath.Join(h.Home, "repos", "*", "*", "tasks", "*.git"))
+	repos := append(pools, tasks...)
 	if len(repos) == 0 {
 		t.Fatal("no repository to fsck")
 	}

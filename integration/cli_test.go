@@ -137,10 +137,7 @@ func TestCLIRefusalClasses(t *testing.T) {
 	h.AddProject(t, "acme", "broken")
 	h.Grant(t, "acme", "broken", "t1", "worker", "git.push.working")
 	brokenTok := h.Grant(t, "acme", "broken", "t2", "worker", "git.push.working")
-	brokenRepo := filepath.Join(h.Home, "repos", "acme", "broken.git")
-	if _, err := os.Stat(brokenRepo); err != nil {
-		brokenRepo = filepath.Join(h.Home, "repos", "acme", "broken", "pool.git")
-	}
+	brokenRepo := h.PoolRepo("acme", "broken")
 	if err := os.RemoveAll(filepath.Join(brokenRepo, "objects")); err != nil {
 		t.Fatal(err)
 	}

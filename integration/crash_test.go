@@ -262,13 +262,19 @@ func checkCrashInvariants(t *testing.T, h *Host, projects []string, tasks []*cra
 		}
 	}
 	for _, p := range projects {
-		repo := filepath.Join(h.Home, "repos", "acme", p+".git")
-		testGit(t, repo, "fsck", "--strict", "--no-dangling", "--no-progress")
-		refs := testGit(t, repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/work/")
+		h.FsckProject(t, "acme", p, "--no-dangling")
 		onDisk := map[string]string{}
-		for _, line := range strings.Split(refs, "\n") {
-			if f := strings.Fields(line); len(f) == 2 {
-				onDisk[strings.TrimPrefix(f[0], "refs/work/")] = f[1]
+		tasks, _ := filepath.Glob(h.TaskRepo("acme", p, "*"))
+		for _, repo := range append([]string{h.PoolRepo("acme", p)}, tasks...) {
+			refs := testGit(t, repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/work/")
+			for _, line := range strings.Split(refs, "\n") {
+				if f := strings.Fields(line); len(f) == 2 {
+					task := strings.TrimPrefix(f[0], "refs/work/")
+					if repo != h.TaskRepo("acme", p, task) {
+						t.Errorf("%s: refs/work/%s is in %s, not in its task's repository", p, task, repo)
+					}
+					onDisk[task] = f[1]
+				}
 			}
 		}
 		for key, c := range lastPush {

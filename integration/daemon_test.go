@@ -198,7 +198,7 @@ func TestSigtermDrains(t *testing.T) {
 	}
 	// The push stands after the restart.
 	h.Restart(t)
-	repo := filepath.Join(h.Home, "repos", "acme", "web.git")
+	repo := h.TaskRepo("acme", "web", "t1")
 	if got := testGit(t, repo, "rev-parse", "refs/work/t1"); got != head {
 		t.Fatalf("refs/work/t1 = %s, want %s", got, head)
 	}

@@ -86,10 +86,10 @@ func TestDiskFullDuringPush(t *testing.T) {
 	testGit(t, work, "add", "small.txt")
 	testGit(t, work, "commit", "-q", "-m", "small")
 	commit := h.Must(t, "--token-file", worker, "push-working", "--repo", work)
-	if got := testGit(t, filepath.Join(repos, "acme/web.git"), "rev-parse", "refs/work/t1"); got != commit {
+	if got := testGit(t, h.TaskRepo("acme", "web", "t1"), "rev-parse", "refs/work/t1"); got != commit {
 		t.Fatalf("refs/work/t1 = %s, want %s", got, commit)
 	}
-	testGit(t, filepath.Join(repos, "acme/web.git"), "fsck", "--strict", "--no-dangling")
+	h.FsckProject(t, "acme", "web", "--no-dangling")
 }
 
 // A push stream that sends its header and then nothing, or stops in the

@@ -28,7 +28,7 @@ func newGitWorld(t *testing.T, o hostOpts) *gitWorld {
 	h := startHostWith(t, o)
 	w := &gitWorld{h: h, business: "acme", project: "web"}
 	w.root = h.AddProject(t, w.business, w.project)
-	w.repo = filepath.Join(h.Home, "repos", w.business, w.project+".git")
+	w.repo = h.PoolRepo(w.business, w.project)
 	w.worker = h.Grant(t, w.business, w.project, "t1", "worker", "git.push.working")
 	w.reviewer = h.Grant(t, w.business, w.project, "t1", "reviewer", "review.verdict")
 	w.work = filepath.Join(filepath.Dir(h.Home), "work")
@@ -61,7 +61,11 @@ func (w *gitWorld) commit(t *testing.T, name, content string) string {
 
 func (w *gitWorld) ref(t *testing.T, name string) string {
 	t.Helper()
-	return testGit(t, w.repo, "for-each-ref", "--format=%(objectname)", name)
+	dir := w.h.RefRepo(w.business, w.project, name)
+	if _, err := os.Stat(dir); err != nil {
+		return ""
+	}
+	return testGit(t, dir, "for-each-ref", "--format=%(objectname)", name)
 }
 
 // storeSnapshot records every file and directory under the host's
@@ -89,7 +93,7 @@ func TestGitPushAndReview(t *testing.T) {
 	if got := w.as(t, w.worker, "push-working", "--repo", w.work); got != c2 {
 		t.Fatalf("second push printed %q", got)
 	}
-	testGit(t, w.repo, "fsck", "--strict", "--no-progress")
+	w.h.FsckProject(t, w.business, w.project)
 
 	rev := filepath.Join(filepath.Dir(w.h.Home), "review")
 	w.as(t, w.reviewer, "fetch-main", "--repo", rev)
@@ -176,7 +180,7 @@ func TestGitPushRefusals(t *testing.T) {
 			}
 		})
 	}
-	testGit(t, w.repo, "fsck", "--strict", "--no-progress")
+	w.h.FsckProject(t, w.business, w.project)
 }
 
 // Hostile names never reach the filesystem.
@@ -259,7 +263,7 @@ func TestGitConcurrentPushes(t *testing.T) {
 			t.Fatalf("refs/work/m%d = %s, want %s", i, got, commits[i])
 		}
 	}
-	testGit(t, w.repo, "fsck", "--strict", "--no-progress")
+	w.h.FsckProject(t, w.business, w.project)
 }
 
 // bundleFile writes a v2 bundle of revs from repo into dir/name.bundle.

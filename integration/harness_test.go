@@ -247,6 +247,36 @@ func (h *Host) Grant(t testing.TB, business, project, task, role string, caps ..
 	return f
 }
 
+// PoolRepo is business/project's pool (main and what landed).
+func (h *Host) PoolRepo(business, project string) string {
+	return filepath.Join(h.Home, "repos", business, project, "pool.git")
+}
+
+// TaskRepo is the repository of task in business/project (refs/work/<task>;
+// made on the task's first push).
+func (h *Host) TaskRepo(business, project, task string) string {
+	return filepath.Join(h.Home, "repos", business, project, "tasks", task+".git")
+}
+
+// RefRepo is the repository that holds ref: a task's for refs/work/<task>,
+// else the pool.
+func (h *Host) RefRepo(business, project, ref string) string {
+	if task, ok := strings.CutPrefix(ref, "refs/work/"); ok {
+		return h.TaskRepo(business, project, task)
+	}
+	return h.PoolRepo(business, project)
+}
+
+// FsckProject runs git fsck --strict (with extra flags) on the pool and on
+// every task repository of business/project.
+func (h *Host) FsckProject(t testing.TB, business, project string, flags ...string) {
+	t.Helper()
+	tasks, _ := filepath.Glob(filepath.Join(h.Home, "repos", business, project, "tasks", "*.git"))
+	for _, r := range append([]string{h.PoolRepo(business, project)}, tasks...) {
+		testGit(t, r, append([]string{"fsck", "--strict", "--no-progress"}, flags...)...)
+	}
+}
+
 // AddProject makes a small git repository as the project's root and adds
 // the project with it; it returns the root.
 func (h *Host) AddProject(t testing.TB, business, project string) string {

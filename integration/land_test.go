@@ -22,7 +22,7 @@ func newLandFixture(t *testing.T, h *Host, project, task string) *landFixture {
 	t.Helper()
 	f := &landFixture{h: h}
 	f.root = h.AddProject(t, "acme", project)
-	f.repo = filepath.Join(h.Home, "repos", "acme", project+".git")
+	f.repo = h.PoolRepo("acme", project)
 	f.worker = h.Grant(t, "acme", project, task, "worker", "git.push.working", "review.request")
 	f.reviewer = h.Grant(t, "acme", project, task, "reviewer", "review.verdict")
 	f.lander = h.Grant(t, "acme", project, task, "lead", "task.land")
@@ -428,5 +428,59 @@ func TestLandCrashAfterRecord(t *testing.T) {
 	}
 	if out := h.Must(t, "log", "verify"); !strings.HasPrefix(out, "ok:") {
 		t.Fatalf("log verify: %s", out)
+	}
+}
+
+// A landed task's repository can be archived by the host: the landed work
+// is the pool's (landing copied it there first), the task's events stay,
+// and archiving again has nothing to remove. An open task's repository is
+// kept: TASK_NOT_CLOSED, nothing changed.
+func TestTaskArchive(t *testing.T) {
+	h := startHost(t)
+	f := newLandFixture(t, h, "web", "t1")
+	approved := f.commit(t, "feature.txt", "one\n")
+	f.push(t)
+	f.approve(t)
+	runAs(t, h, f.lander, 0, "task", "land")
+	open := h.Grant(t, "acme", "web", "t2", "worker", "git.push.working")
+	work := filepath.Join(filepath.Dir(h.Home), "work-t2")
+	runAs(t, h, open, 0, "fetch-main", "--repo", work)
+	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "t2")
+	runAs(t, h, open, 0, "push-working", "--repo", work)
+
+	before := treesnap.Take(t, filepath.Join(h.Home, "repos"))
+	_, errs, code := h.Run(t, nil, "task", "archive", "--business", "acme", "--project", "web", "--task", "t2")
+	if code != 1 || !strings.Contains(errs, "TASK_NOT_CLOSED") {
+		t.Fatalf("archive of an open task: exit %d: %s", code, errs)
+	}
+	if d := treesnap.Diff(before, treesnap.Take(t, filepath.Join(h.Home, "repos"))); d != "" {
+		t.Fatalf("a refused archive changed the repositories:\n%s", d)
+	}
+	events := len(brokerEvents(t, h, "--task", "t1"))
+	if out := h.Must(t, "task", "archive", "--business", "acme", "--project", "web", "--task", "t1"); !strings.Contains(out, "archived") {
+		t.Fatalf("archive of the landed task: %s", out)
+	}
+	if _, err := os.Stat(h.TaskRepo("acme", "web", "t1")); !os.IsNotExist(err) {
+		t.Fatalf("the landed task's repository is still there: %v", err)
+	}
+	if got := f.main(t); got != approved {
+		t.Fatalf("main = %s, want the landed %s", got, approved)
+	}
+	h.FsckProject(t, "acme", "web")
+	if got := len(brokerEvents(t, h, "--task", "t1")); got != events {
+		t.Fatalf("the task's events changed: %d -> %d", events, got)
+	}
+	if out := h.Must(t, "task", "archive", "--business", "acme", "--project", "web", "--task", "t1"); !strings.Contains(out, "nothing to remove") {
+		t.Fatalf("second archive: %s", out)
+	}
+	// A restart does not take the archived task for a lost push.
+	h.Restart(t)
+	if show := h.Must(t, "task", "show", "--business", "acme", "--project", "web", "--task", "t1"); strings.Contains(show, "needs repair") {
+		t.Fatalf("the archived task is marked after a restart: %s", show)
+	}
+	rev := filepath.Join(filepath.Dir(h.Home), "review-main")
+	runAs(t, h, f.reviewer, 0, "fetch-main", "--repo", rev)
+	if got := testGit(t, rev, "rev-parse", "refs/remotes/bushost/main"); got != approved {
+		t.Fatalf("fetch-main after the archive: %s, want %s", got, approved)
 	}
 }

@@ -173,7 +173,7 @@ func checkChains(b *testing.B, h *Host, ps []*loadPusher) (lost, misordered int)
 			}
 		}
 		if len(p.pushed) > 0 {
-			ref := testGit(b, filepath.Join(h.Home, "repos", "acme", p.project+".git"), "rev-parse", "refs/work/"+p.task)
+			ref := testGit(b, h.TaskRepo("acme", p.project, p.task), "rev-parse", "refs/work/"+p.task)
 			if ref != p.pushed[len(p.pushed)-1] {
 				lost++
 			}

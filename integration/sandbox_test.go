@@ -1135,7 +1135,7 @@ echo "pushed $(` + bushost + ` push-working --repo ` + repo + `)"`
 	if len(head) != 40 || pushed != head {
 		t.Fatalf("inside: HEAD %q, push-working printed %q; want the same commit\n%s%s", head, pushed, out, errOut)
 	}
-	work := testGit(t, filepath.Join(h.Home, "repos", "acme", "web.git"), "rev-parse", "refs/work/t1")
+	work := testGit(t, h.TaskRepo("acme", "web", "t1"), "rev-parse", "refs/work/t1")
 	if work != head {
 		t.Errorf("host refs/work/t1 = %s, want the commit made inside, %s", work, head)
 	}

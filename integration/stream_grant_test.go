@@ -235,7 +235,7 @@ func TestPushRevokedMidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	repo := filepath.Join(h.Home, "repos", "acme", "web.git")
+	repo := h.PoolRepo("acme", "web")
 	packsBefore := entries(t, filepath.Join(repo, "objects", "pack"))
 	eventsBefore := len(brokerEvents(t, h))
 

@@ -75,11 +75,11 @@ type pushEnv struct {
 // in the worker's repository ready to push.
 func newPush(t *testing.T, h *Host, task string) *pushEnv {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(h.Home, "repos", "acme", "web.git")); err != nil {
+	if _, err := os.Stat(h.PoolRepo("acme", "web")); err != nil {
 		h.AddProject(t, "acme", "web")
 	}
 	p := &pushEnv{h: h, tok: h.Grant(t, "acme", "web", task, "coder", "git.push.working"),
-		work: filepath.Join(filepath.Dir(h.Home), "work-"+task), repo: filepath.Join(h.Home, "repos", "acme", "web.git")}
+		work: filepath.Join(filepath.Dir(h.Home), "work-"+task), repo: h.TaskRepo("acme", "web", task)}
 	runAs(t, h, p.tok, 0, "fetch-main", "--repo", p.work)
 	os.WriteFile(filepath.Join(p.work, task+".txt"), []byte(task+" "+randSuffix()+"\n"), 0o644)
 	testGit(t, p.work, "add", ".")
@@ -95,12 +95,15 @@ func (p *pushEnv) push(t *testing.T) (string, string, int) {
 
 func (p *pushEnv) ref(t *testing.T, task string) string {
 	t.Helper()
-	out, _ := exec.Command("git", "--git-dir", p.repo, "rev-parse", "--verify", "--quiet", "refs/work/"+task).Output()
+	out, _ := exec.Command("git", "--git-dir", p.h.TaskRepo("acme", "web", task), "rev-parse", "--verify", "--quiet", "refs/work/"+task).Output()
 	return strings.TrimSpace(string(out))
 }
 
 func (p *pushEnv) packs(t *testing.T) []string {
 	t.Helper()
+	if _, err := os.Stat(p.repo); err != nil {
+		return nil // the task's repository is made by its first push
+	}
 	return entries(t, filepath.Join(p.repo, "objects", "pack"))
 }
 

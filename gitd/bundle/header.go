@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/bushost/bushost/internal/gitid"
 	"io"
 	"strings"
 )
@@ -49,18 +50,9 @@ func formatErr(format string, a ...any) error {
 	return &FormatError{Msg: fmt.Sprintf(format, a...)}
 }
 
-// ValidOID reports whether s is a full lowercase sha1 object id.
-func ValidOID(s string) bool {
-	if len(s) != 40 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
+// ValidOID reports whether s is a full lowercase sha1 object id
+// (gitid.Valid, the one validator).
+func ValidOID(s string) bool { return gitid.Valid(s) }
 
 // ReadHeader reads a bundle header from r up to and including the blank
 // line that ends it, leaving r at the first byte of the pack. It accepts a

@@ -33,15 +33,24 @@ type Quarantine struct {
 	Limits Limits
 	// IndexConfig adds -c entries to index-pack (its memory settings).
 	IndexConfig []string
-	objects     string
+	objects     string   // where Migrate links the objects
+	alternate   string   // the object directory reads see besides Dir
 	added       []string // files Migrate linked into objects, in order
 	dirs        []string // directories Migrate created
 }
 
 // NewQuarantine makes a quarantine under objects (a repository's objects
-// directory).
+// directory), reading objects and migrating into it.
 func NewQuarantine(objects string) (*Quarantine, error) {
-	dir, err := os.MkdirTemp(objects, QuarantinePrefix)
+	return NewQuarantineFor(objects, objects, objects)
+}
+
+// NewQuarantineFor makes a quarantine under parent (an objects directory on
+// the same file system as into) whose git processes read alternate besides
+// the quarantine (and, through its info/alternates, what it names), and
+// whose Migrate links into into (which must exist by then).
+func NewQuarantineFor(parent, into, alternate string) (*Quarantine, error) {
+	dir, err := os.MkdirTemp(parent, QuarantinePrefix)
 	if err != nil {
 		return nil, fmt.Errorf("quarantine: %w", err)
 	}
@@ -49,7 +58,7 @@ func NewQuarantine(objects string) (*Quarantine, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("quarantine: %w", err)
 	}
-	return &Quarantine{Dir: dir, objects: objects}, nil
+	return &Quarantine{Dir: dir, objects: into, alternate: alternate}, nil
 }
 
 // Env is the environment that makes git write into the quarantine and read
@@ -57,7 +66,7 @@ func NewQuarantine(objects string) (*Quarantine, error) {
 func (q *Quarantine) Env() []string {
 	return []string{
 		"GIT_OBJECT_DIRECTORY=" + q.Dir,
-		"GIT_ALTERNATE_OBJECT_DIRECTORIES=" + q.objects,
+		"GIT_ALTERNATE_OBJECT_DIRECTORIES=" + q.alternate,
 		"GIT_QUARANTINE_PATH=" + q.Dir,
 	}
 }
@@ -116,7 +125,7 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 		var err error
 		if q.Limits.Enabled() {
 			err = scanPack(pack, pw, q.Limits, func(ids []string) (map[string]string, error) {
-				return objectTypes(ctx, git, gitDir, ids)
+				return objectTypes(ctx, git, gitDir, q.alternateEnv(), ids)
 			})
 		} else {
 			_, err = io.Copy(pw, pack)
@@ -169,9 +178,16 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 	return name, nil
 }
 
-// objectTypes asks git for the types of ids in gitDir's repository (without
-// the quarantine): cat-file --batch-check, one process for all of them.
-func objectTypes(ctx context.Context, git *gitcmd.Runner, gitDir string, ids []string) (map[string]string, error) {
+// alternateEnv makes git read only the quarantine's alternate (and what its
+// info/alternates names): the objects the pushing repository may see.
+func (q *Quarantine) alternateEnv() []string {
+	return []string{"GIT_OBJECT_DIRECTORY=" + q.alternate}
+}
+
+// objectTypes asks git for the types of ids among the objects env makes
+// visible (the quarantine's alternate, not the quarantine): cat-file
+// --batch-check, one process for all of them.
+func objectTypes(ctx context.Context, git *gitcmd.Runner, gitDir string, env, ids []string) (map[string]string, error) {
 	var in strings.Builder
 	for _, id := range ids {
 		if !ValidOID(id) {
@@ -179,7 +195,7 @@ func objectTypes(ctx context.Context, git *gitcmd.Runner, gitDir string, ids []s
 		}
 		in.WriteString(id + "\n")
 	}
-	out, err := git.Output(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "cat-file",
+	out, err := git.Output(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "cat-file", Env: env,
 		Flags: []string{"--batch-check=%(objectname) %(objecttype)"}, Stdin: strings.NewReader(in.String())})
 	if err != nil {
 		return nil, err

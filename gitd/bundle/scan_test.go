@@ -276,7 +276,7 @@ func TestScanDeltas(t *testing.T) {
 	inRepo := p.object("blob", base)
 	commitBase := p.object("commit", []byte("tree 4b825dc642cb6eb9a060e54bf8d69288fbee4904\nauthor A <a@b> 1 +0000\ncommitter A <a@b> 1 +0000\n\nm\n"))
 	bases := func(ids []string) (map[string]string, error) {
-		return objectTypes(context.Background(), p.git, p.dir, ids)
+		return objectTypes(context.Background(), p.git, p.dir, nil, ids)
 	}
 	for _, tc := range []struct {
 		name    string

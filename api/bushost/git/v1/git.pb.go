@@ -745,6 +745,121 @@ func (x *RepairTaskRequest) GetTask() string {
 	return ""
 }
 
+type ArchiveTaskRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Business      string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Task          string                 `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveTaskRequest) Reset() {
+	*x = ArchiveTaskRequest{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveTaskRequest) ProtoMessage() {}
+
+func (x *ArchiveTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveTaskRequest.ProtoReflect.Descriptor instead.
+func (*ArchiveTaskRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ArchiveTaskRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *ArchiveTaskRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *ArchiveTaskRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+type ArchiveTaskResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether a repository was removed (false: the task had none, or it was
+	// archived before).
+	Removed bool `protobuf:"varint,1,opt,name=removed,proto3" json:"removed,omitempty"`
+	// The bytes of objects the repository held.
+	Bytes         int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveTaskResponse) Reset() {
+	*x = ArchiveTaskResponse{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveTaskResponse) ProtoMessage() {}
+
+func (x *ArchiveTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveTaskResponse.ProtoReflect.Descriptor instead.
+func (*ArchiveTaskResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ArchiveTaskResponse) GetRemoved() bool {
+	if x != nil {
+		return x.Removed
+	}
+	return false
+}
+
+func (x *ArchiveTaskResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 type RepairTaskResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "restored": refs/work/<task> now holds the logged push's commit;
@@ -762,7 +877,7 @@ type RepairTaskResponse struct {
 
 func (x *RepairTaskResponse) Reset() {
 	*x = RepairTaskResponse{}
-	mi := &file_bushost_git_v1_git_proto_msgTypes[12]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +889,7 @@ func (x *RepairTaskResponse) String() string {
 func (*RepairTaskResponse) ProtoMessage() {}
 
 func (x *RepairTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_git_v1_git_proto_msgTypes[12]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +902,7 @@ func (x *RepairTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairTaskResponse.ProtoReflect.Descriptor instead.
 func (*RepairTaskResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{12}
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RepairTaskResponse) GetOutcome() string {
@@ -833,7 +948,7 @@ type LandTaskRequest struct {
 
 func (x *LandTaskRequest) Reset() {
 	*x = LandTaskRequest{}
-	mi := &file_bushost_git_v1_git_proto_msgTypes[13]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +960,7 @@ func (x *LandTaskRequest) String() string {
 func (*LandTaskRequest) ProtoMessage() {}
 
 func (x *LandTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_git_v1_git_proto_msgTypes[13]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +973,7 @@ func (x *LandTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LandTaskRequest.ProtoReflect.Descriptor instead.
 func (*LandTaskRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{13}
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LandTaskRequest) GetBusiness() string {
@@ -906,7 +1021,7 @@ type LandTaskResponse struct {
 
 func (x *LandTaskResponse) Reset() {
 	*x = LandTaskResponse{}
-	mi := &file_bushost_git_v1_git_proto_msgTypes[14]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1033,7 @@ func (x *LandTaskResponse) String() string {
 func (*LandTaskResponse) ProtoMessage() {}
 
 func (x *LandTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_git_v1_git_proto_msgTypes[14]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1046,7 @@ func (x *LandTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LandTaskResponse.ProtoReflect.Descriptor instead.
 func (*LandTaskResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{14}
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LandTaskResponse) GetCommit() string {
@@ -983,7 +1098,7 @@ type PublishProjectRequest struct {
 
 func (x *PublishProjectRequest) Reset() {
 	*x = PublishProjectRequest{}
-	mi := &file_bushost_git_v1_git_proto_msgTypes[15]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1110,7 @@ func (x *PublishProjectRequest) String() string {
 func (*PublishProjectRequest) ProtoMessage() {}
 
 func (x *PublishProjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_git_v1_git_proto_msgTypes[15]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1123,7 @@ func (x *PublishProjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishProjectRequest.ProtoReflect.Descriptor instead.
 func (*PublishProjectRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{15}
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PublishProjectRequest) GetBusiness() string {
@@ -1052,7 +1167,7 @@ type PublishProjectResponse struct {
 
 func (x *PublishProjectResponse) Reset() {
 	*x = PublishProjectResponse{}
-	mi := &file_bushost_git_v1_git_proto_msgTypes[16]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1179,7 @@ func (x *PublishProjectResponse) String() string {
 func (*PublishProjectResponse) ProtoMessage() {}
 
 func (x *PublishProjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_git_v1_git_proto_msgTypes[16]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1192,7 @@ func (x *PublishProjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishProjectResponse.ProtoReflect.Descriptor instead.
 func (*PublishProjectResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{16}
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PublishProjectResponse) GetCommit() string {
@@ -1112,7 +1227,7 @@ type FetchWorkRequest struct {
 
 func (x *FetchWorkRequest) Reset() {
 	*x = FetchWorkRequest{}
-	mi := &file_bushost_git_v1_git_proto_msgTypes[17]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1239,7 @@ func (x *FetchWorkRequest) String() string {
 func (*FetchWorkRequest) ProtoMessage() {}
 
 func (x *FetchWorkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_git_v1_git_proto_msgTypes[17]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1252,7 @@ func (x *FetchWorkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchWorkRequest.ProtoReflect.Descriptor instead.
 func (*FetchWorkRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{17}
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FetchWorkRequest) GetHave() string {
@@ -1160,7 +1275,7 @@ type FetchWorkResponse struct {
 
 func (x *FetchWorkResponse) Reset() {
 	*x = FetchWorkResponse{}
-	mi := &file_bushost_git_v1_git_proto_msgTypes[18]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1287,7 @@ func (x *FetchWorkResponse) String() string {
 func (*FetchWorkResponse) ProtoMessage() {}
 
 func (x *FetchWorkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_git_v1_git_proto_msgTypes[18]
+	mi := &file_bushost_git_v1_git_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1300,7 @@ func (x *FetchWorkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchWorkResponse.ProtoReflect.Descriptor instead.
 func (*FetchWorkResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{18}
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *FetchWorkResponse) GetMsg() isFetchWorkResponse_Msg {
@@ -1274,7 +1389,14 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\x11RepairTaskRequest\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
-	"\x04task\x18\x03 \x01(\tR\x04task\"w\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\"^\n" +
+	"\x12ArchiveTaskRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\"E\n" +
+	"\x13ArchiveTaskResponse\x12\x18\n" +
+	"\aremoved\x18\x01 \x01(\bR\aremoved\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"w\n" +
 	"\x12RepairTaskResponse\x12\x18\n" +
 	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1d\n" +
@@ -1306,7 +1428,7 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\x11FetchWorkResponse\x12\x18\n" +
 	"\x06commit\x18\x01 \x01(\tH\x00R\x06commit\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
-	"\x03msg2\x9a\x06\n" +
+	"\x03msg2\xf2\x06\n" +
 	"\n" +
 	"GitService\x12X\n" +
 	"\vPushWorking\x12\".bushost.git.v1.PushWorkingRequest\x1a#.bushost.git.v1.PushWorkingResponse(\x01\x12R\n" +
@@ -1316,7 +1438,8 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"AddProject\x12!.bushost.git.v1.AddProjectRequest\x1a\".bushost.git.v1.AddProjectResponse\x12V\n" +
 	"\vSyncProject\x12\".bushost.git.v1.SyncProjectRequest\x1a#.bushost.git.v1.SyncProjectResponse\x12S\n" +
 	"\n" +
-	"RepairTask\x12!.bushost.git.v1.RepairTaskRequest\x1a\".bushost.git.v1.RepairTaskResponse\x12M\n" +
+	"RepairTask\x12!.bushost.git.v1.RepairTaskRequest\x1a\".bushost.git.v1.RepairTaskResponse\x12V\n" +
+	"\vArchiveTask\x12\".bushost.git.v1.ArchiveTaskRequest\x1a#.bushost.git.v1.ArchiveTaskResponse\x12M\n" +
 	"\bLandTask\x12\x1f.bushost.git.v1.LandTaskRequest\x1a .bushost.git.v1.LandTaskResponse\x12_\n" +
 	"\x0ePublishProject\x12%.bushost.git.v1.PublishProjectRequest\x1a&.bushost.git.v1.PublishProjectResponse\x12R\n" +
 	"\tFetchWork\x12 .bushost.git.v1.FetchWorkRequest\x1a!.bushost.git.v1.FetchWorkResponse0\x01B5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
@@ -1333,7 +1456,7 @@ func file_bushost_git_v1_git_proto_rawDescGZIP() []byte {
 	return file_bushost_git_v1_git_proto_rawDescData
 }
 
-var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_bushost_git_v1_git_proto_goTypes = []any{
 	(*PushWorkingRequest)(nil),     // 0: bushost.git.v1.PushWorkingRequest
 	(*PushHeader)(nil),             // 1: bushost.git.v1.PushHeader
@@ -1347,13 +1470,15 @@ var file_bushost_git_v1_git_proto_goTypes = []any{
 	(*SyncProjectRequest)(nil),     // 9: bushost.git.v1.SyncProjectRequest
 	(*SyncProjectResponse)(nil),    // 10: bushost.git.v1.SyncProjectResponse
 	(*RepairTaskRequest)(nil),      // 11: bushost.git.v1.RepairTaskRequest
-	(*RepairTaskResponse)(nil),     // 12: bushost.git.v1.RepairTaskResponse
-	(*LandTaskRequest)(nil),        // 13: bushost.git.v1.LandTaskRequest
-	(*LandTaskResponse)(nil),       // 14: bushost.git.v1.LandTaskResponse
-	(*PublishProjectRequest)(nil),  // 15: bushost.git.v1.PublishProjectRequest
-	(*PublishProjectResponse)(nil), // 16: bushost.git.v1.PublishProjectResponse
-	(*FetchWorkRequest)(nil),       // 17: bushost.git.v1.FetchWorkRequest
-	(*FetchWorkResponse)(nil),      // 18: bushost.git.v1.FetchWorkResponse
+	(*ArchiveTaskRequest)(nil),     // 12: bushost.git.v1.ArchiveTaskRequest
+	(*ArchiveTaskResponse)(nil),    // 13: bushost.git.v1.ArchiveTaskResponse
+	(*RepairTaskResponse)(nil),     // 14: bushost.git.v1.RepairTaskResponse
+	(*LandTaskRequest)(nil),        // 15: bushost.git.v1.LandTaskRequest
+	(*LandTaskResponse)(nil),       // 16: bushost.git.v1.LandTaskResponse
+	(*PublishProjectRequest)(nil),  // 17: bushost.git.v1.PublishProjectRequest
+	(*PublishProjectResponse)(nil), // 18: bushost.git.v1.PublishProjectResponse
+	(*FetchWorkRequest)(nil),       // 19: bushost.git.v1.FetchWorkRequest
+	(*FetchWorkResponse)(nil),      // 20: bushost.git.v1.FetchWorkResponse
 }
 var file_bushost_git_v1_git_proto_depIdxs = []int32{
 	1,  // 0: bushost.git.v1.PushWorkingRequest.header:type_name -> bushost.git.v1.PushHeader
@@ -1363,20 +1488,22 @@ var file_bushost_git_v1_git_proto_depIdxs = []int32{
 	7,  // 4: bushost.git.v1.GitService.AddProject:input_type -> bushost.git.v1.AddProjectRequest
 	9,  // 5: bushost.git.v1.GitService.SyncProject:input_type -> bushost.git.v1.SyncProjectRequest
 	11, // 6: bushost.git.v1.GitService.RepairTask:input_type -> bushost.git.v1.RepairTaskRequest
-	13, // 7: bushost.git.v1.GitService.LandTask:input_type -> bushost.git.v1.LandTaskRequest
-	15, // 8: bushost.git.v1.GitService.PublishProject:input_type -> bushost.git.v1.PublishProjectRequest
-	17, // 9: bushost.git.v1.GitService.FetchWork:input_type -> bushost.git.v1.FetchWorkRequest
-	2,  // 10: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
-	4,  // 11: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
-	6,  // 12: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
-	8,  // 13: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
-	10, // 14: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
-	12, // 15: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
-	14, // 16: bushost.git.v1.GitService.LandTask:output_type -> bushost.git.v1.LandTaskResponse
-	16, // 17: bushost.git.v1.GitService.PublishProject:output_type -> bushost.git.v1.PublishProjectResponse
-	18, // 18: bushost.git.v1.GitService.FetchWork:output_type -> bushost.git.v1.FetchWorkResponse
-	10, // [10:19] is the sub-list for method output_type
-	1,  // [1:10] is the sub-list for method input_type
+	12, // 7: bushost.git.v1.GitService.ArchiveTask:input_type -> bushost.git.v1.ArchiveTaskRequest
+	15, // 8: bushost.git.v1.GitService.LandTask:input_type -> bushost.git.v1.LandTaskRequest
+	17, // 9: bushost.git.v1.GitService.PublishProject:input_type -> bushost.git.v1.PublishProjectRequest
+	19, // 10: bushost.git.v1.GitService.FetchWork:input_type -> bushost.git.v1.FetchWorkRequest
+	2,  // 11: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
+	4,  // 12: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
+	6,  // 13: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
+	8,  // 14: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
+	10, // 15: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
+	14, // 16: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
+	13, // 17: bushost.git.v1.GitService.ArchiveTask:output_type -> bushost.git.v1.ArchiveTaskResponse
+	16, // 18: bushost.git.v1.GitService.LandTask:output_type -> bushost.git.v1.LandTaskResponse
+	18, // 19: bushost.git.v1.GitService.PublishProject:output_type -> bushost.git.v1.PublishProjectResponse
+	20, // 20: bushost.git.v1.GitService.FetchWork:output_type -> bushost.git.v1.FetchWorkResponse
+	11, // [11:21] is the sub-list for method output_type
+	1,  // [1:11] is the sub-list for method input_type
 	1,  // [1:1] is the sub-list for extension type_name
 	1,  // [1:1] is the sub-list for extension extendee
 	0,  // [0:1] is the sub-list for field type_name
@@ -1399,7 +1526,7 @@ func file_bushost_git_v1_git_proto_init() {
 		(*FetchReviewResponse_Commit)(nil),
 		(*FetchReviewResponse_Chunk)(nil),
 	}
-	file_bushost_git_v1_git_proto_msgTypes[18].OneofWrappers = []any{
+	file_bushost_git_v1_git_proto_msgTypes[20].OneofWrappers = []any{
 		(*FetchWorkResponse_Commit)(nil),
 		(*FetchWorkResponse_Chunk)(nil),
 	}
@@ -1409,7 +1536,7 @@ func file_bushost_git_v1_git_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_git_v1_git_proto_rawDesc), len(file_bushost_git_v1_git_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const (
 	GitService_AddProject_FullMethodName     = "/bushost.git.v1.GitService/AddProject"
 	GitService_SyncProject_FullMethodName    = "/bushost.git.v1.GitService/SyncProject"
 	GitService_RepairTask_FullMethodName     = "/bushost.git.v1.GitService/RepairTask"
+	GitService_ArchiveTask_FullMethodName    = "/bushost.git.v1.GitService/ArchiveTask"
 	GitService_LandTask_FullMethodName       = "/bushost.git.v1.GitService/LandTask"
 	GitService_PublishProject_FullMethodName = "/bushost.git.v1.GitService/PublishProject"
 	GitService_FetchWork_FullMethodName      = "/bushost.git.v1.GitService/FetchWork"
@@ -56,6 +57,10 @@ type GitServiceClient interface {
 	// log: the ref is restored when the logged push's commit is in the
 	// repository (a pack kept), else the push is recorded as lost.
 	RepairTask(ctx context.Context, in *RepairTaskRequest, opts ...grpc.CallOption) (*RepairTaskResponse, error)
+	// ArchiveTask (host only) removes a closed or landed task's repository
+	// (tasks/<task>.git); its events stay in the log. An open task is
+	// refused with TASK_NOT_CLOSED.
+	ArchiveTask(ctx context.Context, in *ArchiveTaskRequest, opts ...grpc.CallOption) (*ArchiveTaskResponse, error)
 	// LandTask puts a task's approved latest push on main, under the same
 	// gate as closing it, and closes the task: the host names the task, a
 	// grant with task.land lands its own. main fast-forwards, or with merge
@@ -159,6 +164,16 @@ func (c *gitServiceClient) RepairTask(ctx context.Context, in *RepairTaskRequest
 	return out, nil
 }
 
+func (c *gitServiceClient) ArchiveTask(ctx context.Context, in *ArchiveTaskRequest, opts ...grpc.CallOption) (*ArchiveTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ArchiveTaskResponse)
+	err := c.cc.Invoke(ctx, GitService_ArchiveTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *gitServiceClient) LandTask(ctx context.Context, in *LandTaskRequest, opts ...grpc.CallOption) (*LandTaskResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(LandTaskResponse)
@@ -224,6 +239,10 @@ type GitServiceServer interface {
 	// log: the ref is restored when the logged push's commit is in the
 	// repository (a pack kept), else the push is recorded as lost.
 	RepairTask(context.Context, *RepairTaskRequest) (*RepairTaskResponse, error)
+	// ArchiveTask (host only) removes a closed or landed task's repository
+	// (tasks/<task>.git); its events stay in the log. An open task is
+	// refused with TASK_NOT_CLOSED.
+	ArchiveTask(context.Context, *ArchiveTaskRequest) (*ArchiveTaskResponse, error)
 	// LandTask puts a task's approved latest push on main, under the same
 	// gate as closing it, and closes the task: the host names the task, a
 	// grant with task.land lands its own. main fast-forwards, or with merge
@@ -263,6 +282,9 @@ func (UnimplementedGitServiceServer) SyncProject(context.Context, *SyncProjectRe
 }
 func (UnimplementedGitServiceServer) RepairTask(context.Context, *RepairTaskRequest) (*RepairTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RepairTask not implemented")
+}
+func (UnimplementedGitServiceServer) ArchiveTask(context.Context, *ArchiveTaskRequest) (*ArchiveTaskResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ArchiveTask not implemented")
 }
 func (UnimplementedGitServiceServer) LandTask(context.Context, *LandTaskRequest) (*LandTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method LandTask not implemented")
@@ -377,6 +399,24 @@ func _GitService_RepairTask_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GitService_ArchiveTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ArchiveTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitServiceServer).ArchiveTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitService_ArchiveTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitServiceServer).ArchiveTask(ctx, req.(*ArchiveTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _GitService_LandTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(LandTaskRequest)
 	if err := dec(in); err != nil {
@@ -442,6 +482,10 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RepairTask",
 			Handler:    _GitService_RepairTask_Handler,
+		},
+		{
+			MethodName: "ArchiveTask",
+			Handler:    _GitService_ArchiveTask_Handler,
 		},
 		{
 			MethodName: "LandTask",

@@ -1,0 +1,380 @@
+package gitd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/plumbing"
+
+	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
+	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/safepath"
+)
+
+// The store's layout (docs/git-service.md, "Layout"):
+//
+//	<ReposDir>/<business>/<project>/pool.git          main and what landed
+//	<ReposDir>/<business>/<project>/tasks/<task>.git  refs/work/<task>; its
+//	                                                   objects' alternate is the pool
+//	<ReposDir>/<business>/<project>.flock             the project's lock
+//
+// A task's repository sees the pool and itself, never another task: every
+// read of a push, a fetch and a have goes through a repo, which reads only
+// its own objects and its pool's; every ref move goes through
+// repo.UpdateRef.
+
+const (
+	poolName = "pool.git"
+	tasksDir = "tasks"
+	// poolAlternate is a task repository's objects/info/alternates: relative
+	// to its objects directory, so that a project directory can be renamed
+	// whole (the migration builds one aside).
+	poolAlternate = "../../../" + poolName + "/objects"
+)
+
+// repo is one bare repository of the store, its names validated: a
+// project's pool (Task == "") or one task's repository. It is the one type
+// through which gitd reads (go-git, bounded) and writes (gitcmd) a
+// repository.
+type repo struct {
+	Business, Project, Task string
+	Dir                     string // the project's directory
+	Path                    string // the bare repository
+	LockPath                string // the project's flock, beside Dir
+	git                     *gitcmd.Runner
+}
+
+func (r repo) isPool() bool { return r.Task == "" }
+
+// pool is the pool of r's project (r itself for the pool).
+func (r repo) pool() repo {
+	p := r
+	p.Task, p.Path = "", filepath.Join(r.Dir, poolName)
+	return p
+}
+
+func (r repo) objects() string { return filepath.Join(r.Path, "objects") }
+
+func (r repo) exists() bool {
+	fi, err := os.Stat(filepath.Join(r.Path, "objects"))
+	return err == nil && fi.IsDir()
+}
+
+// visible lists the object directories r may read, its own first: a task
+// sees its own (once it exists) and the pool's, the pool only its own.
+func (r repo) visible() []string {
+	if r.isPool() {
+		return []string{r.objects()}
+	}
+	if r.exists() {
+		return []string{r.objects(), r.pool().objects()}
+	}
+	return []string{r.pool().objects()}
+}
+
+// gitDir is the repository a git command reading r's objects runs in: r
+// once it exists, else its pool (whose objects are all r sees then).
+func (r repo) gitDir() string {
+	if r.isPool() || r.exists() {
+		return r.Path
+	}
+	return r.pool().Path
+}
+
+// quarantine makes a quarantine whose reads see only what r may see and
+// whose Migrate links into r's objects (made by ensure before it).
+func (r repo) quarantine() (*bundle.Quarantine, error) {
+	parent := r.pool().objects()
+	if r.exists() {
+		parent = r.objects()
+	}
+	// A task's own objects directory names the pool as its alternate, so
+	// one directory is all the environment lists.
+	return bundle.NewQuarantineFor(parent, r.objects(), r.visible()[0])
+}
+
+// UpdateRef is the one door through which gitd moves a ref: ref from old
+// to new ("" or gitid.Zero: the ref must not exist yet), by update-ref,
+// which refuses when the ref is not at old. The caller holds the project's
+// lock.
+func (r repo) UpdateRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
+	if err := gitid.CheckReferenceName(string(ref)); err != nil {
+		return fmt.Errorf("update-ref: %w", err)
+	}
+	if old == "" {
+		old = gitid.Zero
+	}
+	for _, id := range []gitid.ObjectID{newID, old} {
+		if _, err := gitid.ParseObjectID(string(id)); err != nil {
+			return fmt.Errorf("update-ref %s: %w", ref, err)
+		}
+	}
+	return r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{string(ref), string(newID), string(old)}})
+}
+
+// project returns business/project's pool, its names validated and its
+// directories checked to be the daemon's.
+func (s *Service) project(business, project string) (repo, error) {
+	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
+		return repo{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
+	}
+	dir := filepath.Join(s.o.ReposDir, business, project)
+	r := repo{Business: business, Project: project, Dir: dir, Path: filepath.Join(dir, poolName),
+		LockPath: filepath.Join(s.o.ReposDir, business, project+".flock"), git: s.git}
+	// The directories, as they are opened, must be the daemon's (not
+	// links, writable by nobody else).
+	for _, d := range []string{filepath.Dir(dir), dir, r.Path, filepath.Join(dir, tasksDir)} {
+		if err := safepath.IfExists(d, os.Geteuid(), safepath.Dir); err != nil {
+			return repo{}, err
+		}
+	}
+	return r, nil
+}
+
+// task returns task's repository in business/project (it may not exist
+// yet: ensure makes it).
+func (s *Service) task(business, project, task string) (repo, error) {
+	if err := names.Check("task", task); err != nil {
+		return repo{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
+	}
+	p, err := s.project(business, project)
+	if err != nil {
+		return repo{}, err
+	}
+	r := p
+	r.Task, r.Path = task, filepath.Join(p.Dir, tasksDir, task+".git")
+	if err := safepath.IfExists(r.Path, os.Geteuid(), safepath.Dir); err != nil {
+		return repo{}, err
+	}
+	return r, nil
+}
+
+// ensure makes a task's repository on its first push: a bare repository
+// whose objects' alternate is the pool, built beside its final path and
+// renamed into place. made says it did. The caller holds the project's
+// lock.
+func (s *Service) ensure(ctx context.Context, r repo) (made bool, err error) {
+	if r.isPool() || r.exists() {
+		return false, nil
+	}
+	return true, s.makeTask(ctx, r)
+}
+
+// dropNew removes a task repository ensure just made for a push that was
+// then refused, unless something else already entered it (another push's
+// quarantine): a refused first push leaves no repository behind. The
+// caller holds the project's lock.
+func (s *Service) dropNew(r repo) {
+	ents, err := os.ReadDir(r.objects())
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.Name() != "info" && e.Name() != "pack" {
+			return
+		}
+	}
+	if packs, _ := os.ReadDir(filepath.Join(r.objects(), "pack")); len(packs) > 0 {
+		return
+	}
+	if err := os.RemoveAll(r.Path); err != nil {
+		s.log.Error("remove the repository of a refused first push", "repo", r.Path, "err", err)
+		return
+	}
+	// The tasks directory goes too when it held only this one.
+	os.Remove(filepath.Dir(r.Path))
+}
+
+func (s *Service) makeTask(ctx context.Context, r repo) error {
+	dir := filepath.Dir(r.Path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(dir, seedPrefix+r.Task+"-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if err := s.initTask(ctx, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, r.Path); err != nil {
+		return err
+	}
+	return bundle.SyncDir(dir)
+}
+
+// initTask makes a bare repository at dir whose alternate is the pool two
+// levels up (dir is <project>/tasks/<name>). It writes the few files of an
+// empty bare repository itself, as `git init --bare --template=` would:
+// a push's first call pays for no git process here (make bench measures
+// first pushes).
+func (s *Service) initTask(_ context.Context, dir string) error {
+	for _, d := range []string{"objects/info", "objects/pack", "refs/heads", "refs/tags"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	for name, body := range map[string]string{
+		"HEAD":                    "ref: refs/heads/main\n",
+		"config":                  "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n",
+		"objects/info/alternates": poolAlternate + "\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tasks lists the task repositories of p's project.
+func (s *Service) tasks(p repo) ([]repo, error) {
+	ents, err := os.ReadDir(filepath.Join(p.Dir, tasksDir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []repo
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".git")
+		if !ok || !e.IsDir() || names.Check("task", name) != nil {
+			continue
+		}
+		t, err := s.task(p.Business, p.Project, name)
+		if err != nil {
+			continue
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// view is one request's go-git reads of a repository: its own objects,
+// then its pool's, and never anything else. go-git is not goroutine-safe
+// and caches pack indexes, so a view is opened per request.
+type view struct {
+	r    repo
+	own  *git.Repository // nil: a task repository not made yet
+	pool *git.Repository // nil for the pool (own is the pool)
+	// maxObject bounds EncodedObject: a larger object is not read here.
+	maxObject int64
+}
+
+// open returns a view of r for reads.
+func (s *Service) open(r repo) (*view, error) {
+	v := &view{r: r, maxObject: s.o.MaxObjectBytes}
+	var err error
+	if r.exists() {
+		if v.own, err = git.PlainOpenWithOptions(r.Path, &git.PlainOpenOptions{}); err != nil {
+			return nil, err
+		}
+	}
+	if !r.isPool() {
+		if v.pool, err = git.PlainOpenWithOptions(r.pool().Path, &git.PlainOpenOptions{}); err != nil {
+			return nil, err
+		}
+	}
+	return v, nil
+}
+
+// poolView is the view of the pool behind v, sharing its go-git handle.
+func (v *view) poolView() *view {
+	if v.r.isPool() {
+		return v
+	}
+	return &view{r: v.r.pool(), own: v.pool, maxObject: v.maxObject}
+}
+
+func (v *view) stores() []*git.Repository {
+	var out []*git.Repository
+	for _, g := range []*git.Repository{v.own, v.pool} {
+		if g != nil {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// HasEncodedObject is nil when r may read h.
+func (v *view) HasEncodedObject(h plumbing.Hash) error {
+	for _, g := range v.stores() {
+		if g.Storer.HasEncodedObject(h) == nil {
+			return nil
+		}
+	}
+	return plumbing.ErrObjectNotFound
+}
+
+// EncodedObjectSize is h's size from its header.
+func (v *view) EncodedObjectSize(h plumbing.Hash) (int64, error) {
+	for _, g := range v.stores() {
+		if n, err := g.Storer.EncodedObjectSize(h); err == nil {
+			return n, nil
+		}
+	}
+	return 0, plumbing.ErrObjectNotFound
+}
+
+// EncodedObject reads h, refusing (errUndecided) one over the view's
+// bound before reading it.
+func (v *view) EncodedObject(t plumbing.ObjectType, h plumbing.Hash) (plumbing.EncodedObject, error) {
+	for _, g := range v.stores() {
+		n, err := g.Storer.EncodedObjectSize(h)
+		if err != nil {
+			continue
+		}
+		if v.maxObject > 0 && n > v.maxObject {
+			return nil, errUndecided
+		}
+		return g.Storer.EncodedObject(t, h)
+	}
+	return nil, plumbing.ErrObjectNotFound
+}
+
+// readRef returns the commit ref points at in the view's own repository,
+// or "" if it does not exist. It reads the ref afresh each time.
+func (v *view) readRef(ref string) (string, error) {
+	if !v.r.exists() {
+		return "", nil
+	}
+	g := v.own
+	if g == nil {
+		var err error
+		if g, err = git.PlainOpenWithOptions(v.r.Path, &git.PlainOpenOptions{}); err != nil {
+			return "", err
+		}
+	}
+	rf, err := g.Reference(plumbing.ReferenceName(ref), true)
+	if errors.Is(err, plumbing.ErrReferenceNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", ref, err)
+	}
+	return rf.Hash().String(), nil
+}
+
+// readRef reads ref of g (a view).
+func readRef(g *view, ref string) (string, error) { return g.readRef(ref) }
+
+// hasObject reports whether r may read h: loose or in a pack of one of the
+// object directories it sees (see hasObjectIn).
+func (r repo) hasObject(h plumbing.Hash) (bool, error) {
+	for _, dir := range r.visible() {
+		ok, err := hasObjectIn(dir, h)
+		if err != nil || ok {
+			return ok, err
+		}
+	}
+	return false, nil
+}

@@ -1,0 +1,98 @@
+// Package gitid is the one validator of git object ids and reference names
+// for the whole project: the bus host is SHA-1 only (40 lowercase hex
+// digits), and the refs it moves are full names under refs/. The broker,
+// the bundle reader and gitd all call it; it imports nothing of bushost,
+// so any package may.
+package gitid
+
+import (
+	"fmt"
+	"strings"
+)
+
+// ObjectID is a full SHA-1 object id: 40 lowercase hexadecimal digits.
+type ObjectID string
+
+// Zero is the all-zero id git's update-ref takes as "the ref must not
+// exist".
+const Zero ObjectID = "0000000000000000000000000000000000000000"
+
+// HexLen is the length of an ObjectID.
+const HexLen = 40
+
+// Valid reports whether s is a full lowercase SHA-1 object id.
+func Valid(s string) bool {
+	if len(s) != HexLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseObjectID returns s as an ObjectID, or an error that quotes at most
+// 80 bytes of it.
+func ParseObjectID(s string) (ObjectID, error) {
+	if !Valid(s) {
+		return "", fmt.Errorf("%q is not a full object id (40 lowercase hex digits)", clip(s))
+	}
+	return ObjectID(s), nil
+}
+
+func (o ObjectID) String() string { return string(o) }
+
+// IsZero reports whether o is Zero or empty.
+func (o ObjectID) IsZero() bool { return o == "" || o == Zero }
+
+// ReferenceName is a full ref name: refs/ and components git accepts
+// (git check-ref-format, without its --allow-onelevel and --normalize).
+type ReferenceName string
+
+// maxRefBytes bounds a ref name.
+const maxRefBytes = 1024
+
+// CheckReferenceName returns why s is not a full ref name, or nil.
+func CheckReferenceName(s string) error {
+	bad := func(why string) error { return fmt.Errorf("ref %q: %s", clip(s), why) }
+	if len(s) > maxRefBytes {
+		return bad("too long")
+	}
+	if !strings.HasPrefix(s, "refs/") {
+		return bad("must start with refs/")
+	}
+	if strings.Contains(s, "..") || strings.Contains(s, "@{") || strings.HasSuffix(s, ".") {
+		return bad(`must not contain ".." or "@{", nor end in "."`)
+	}
+	for _, c := range strings.Split(s, "/") {
+		if c == "" || c[0] == '.' || strings.HasSuffix(c, ".lock") {
+			return bad("each part between '/' is non-empty, starts with no '.' and does not end in .lock")
+		}
+		for i := 0; i < len(c); i++ {
+			switch b := c[i]; {
+			case b < 0x20 || b == 0x7f, b == ' ', b == '~', b == '^', b == ':', b == '?', b == '*', b == '[', b == '\\':
+				return bad("has a character git refuses in a ref")
+			}
+		}
+	}
+	return nil
+}
+
+// ParseReferenceName returns s as a ReferenceName, or why it is not one.
+func ParseReferenceName(s string) (ReferenceName, error) {
+	if err := CheckReferenceName(s); err != nil {
+		return "", err
+	}
+	return ReferenceName(s), nil
+}
+
+func (r ReferenceName) String() string { return string(r) }
+
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
