@@ -271,7 +271,7 @@ exit 5`
 	if code != 0 || len(head) != 40 {
 		t.Fatalf("session logs: exit %d, no head line:\n%s", code, logs)
 	}
-	if work := testGit(t, filepath.Join(e.h.Home, "repos", "acme", "web.git"), "rev-parse", "refs/work/t1"); work != head {
+	if work := testGit(t, e.h.TaskRepo("acme", "web", "t1"), "rev-parse", "refs/work/t1"); work != head {
 		t.Errorf("refs/work/t1 = %s, want the worker's commit %s", work, head)
 	}
 	if got := e.sessionEvents(t, id); strings.Join(got, ",") != "session.launched,session.ended" {
