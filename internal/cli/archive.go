@@ -19,28 +19,16 @@ func init() {
 }
 
 func runTaskArchive(fs *pflag.FlagSet) runFunc {
-	business := fs.String("business", "", "business name")
-	project := fs.String("project", "", "project name")
-	task := fs.String("task", "", "task name")
-	return func(ctx context.Context, e *Env, args []string) error {
-		if *business == "" || *project == "" || *task == "" {
-			return usagef("--business, --project and --task are required")
-		}
-		c, ctx, closeConn, err := e.gitClient(ctx)
+	return hostTaskGit(fs, func(ctx context.Context, e *Env, c gitv1.GitServiceClient, business, project, task string) error {
+		res, err := c.ArchiveTask(ctx, &gitv1.ArchiveTaskRequest{Business: business, Project: project, Task: task})
 		if err != nil {
 			return err
 		}
-		defer closeConn()
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		res, err := c.ArchiveTask(ctx, &gitv1.ArchiveTaskRequest{Business: *business, Project: *project, Task: *task})
-		if err != nil {
-			return err
-		}
-		text := fmt.Sprintf("archived: the repository of %s/%s/%s is removed (%d bytes); its events stay in the log", *business, *project, *task, res.GetBytes())
+		scope := business + "/" + project + "/" + task
+		text := fmt.Sprintf("archived: the repository of %s is removed (%d bytes); its events stay in the log", scope, res.GetBytes())
 		if !res.GetRemoved() {
-			text = fmt.Sprintf("%s/%s/%s has no repository (no push, or archived before): nothing to remove", *business, *project, *task)
+			text = fmt.Sprintf("%s has no repository (no push, or archived before): nothing to remove", scope)
 		}
-		return gitPrint(e, text, map[string]any{"task": *business + "/" + *project + "/" + *task, "removed": res.GetRemoved(), "bytes": res.GetBytes()})
-	}
+		return gitPrint(e, text, map[string]any{"task": scope, "removed": res.GetRemoved(), "bytes": res.GetBytes()})
+	})
 }

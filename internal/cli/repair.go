@@ -18,7 +18,9 @@ func init() {
 	})
 }
 
-func runTaskRepair(fs *pflag.FlagSet) runFunc {
+// hostTaskGit is a host command naming one task (--business, --project
+// and --task, all required) whose work is one call on the git socket.
+func hostTaskGit(fs *pflag.FlagSet, call func(ctx context.Context, e *Env, c gitv1.GitServiceClient, business, project, task string) error) runFunc {
 	business := fs.String("business", "", "business name")
 	project := fs.String("project", "", "project name")
 	task := fs.String("task", "", "task name")
@@ -33,11 +35,17 @@ func runTaskRepair(fs *pflag.FlagSet) runFunc {
 		defer closeConn()
 		ctx, cancel := context.WithTimeout(ctx, callTimeout)
 		defer cancel()
-		res, err := c.RepairTask(ctx, &gitv1.RepairTaskRequest{Business: *business, Project: *project, Task: *task})
+		return call(ctx, e, c, *business, *project, *task)
+	}
+}
+
+func runTaskRepair(fs *pflag.FlagSet) runFunc {
+	return hostTaskGit(fs, func(ctx context.Context, e *Env, c gitv1.GitServiceClient, business, project, task string) error {
+		res, err := c.RepairTask(ctx, &gitv1.RepairTaskRequest{Business: business, Project: project, Task: task})
 		if err != nil {
 			return err
 		}
-		text := fmt.Sprintf("restored: refs/work/%s is %s again (event %d)", *task, res.GetCommit(), res.GetSeq())
+		text := fmt.Sprintf("restored: refs/work/%s is %s again (event %d)", task, res.GetCommit(), res.GetSeq())
 		if res.GetOutcome() != "restored" {
 			at := res.GetRefCommit()
 			if at == "" {
@@ -46,5 +54,5 @@ func runTaskRepair(fs *pflag.FlagSet) runFunc {
 			text = fmt.Sprintf("push %s is lost: its objects are gone; the task's latest push is now %s (event %d)", res.GetCommit(), at, res.GetSeq())
 		}
 		return gitPrint(e, text, map[string]any{"outcome": res.GetOutcome(), "commit": res.GetCommit(), "ref_commit": res.GetRefCommit(), "seq": res.GetSeq()})
-	}
+	})
 }
