@@ -34,6 +34,10 @@ type hostOpts struct {
 	Args []string
 	// Env adds to (and overrides) the daemon's inherited environment.
 	Env []string
+	// Plain runs bushostd as users build it, without -race: for a test
+	// that measures the daemon's memory, which the race runtime's shadow
+	// memory would inflate.
+	Plain bool
 }
 
 // baseDir returns a new directory outside /tmp (a sandboxed session's /tmp
@@ -62,6 +66,9 @@ func startHost(t testing.TB) *Host {
 func startHostWith(t testing.TB, o hostOpts) *Host {
 	t.Helper()
 	h := &Host{Home: o.Home, Args: o.Args, Env: o.Env, daemon: bin(t, "bushostd"), client: bin(t, "bushost")}
+	if o.Plain {
+		h.daemon = plainDaemon(t)
+	}
 	if h.Home == "" {
 		h.Home = filepath.Join(baseDir(t), "home")
 	}

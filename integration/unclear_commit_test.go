@@ -34,6 +34,29 @@ func failpointDaemon(t *testing.T) string {
 	return path
 }
 
+// plainDaemon builds bushostd without -race (as `make build` does), once
+// per test run.
+func plainDaemon(t testing.TB) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	const key = "./cmd/bushostd#plain"
+	path := filepath.Join(binDir, "bushostd-plain")
+	err, done := built[key]
+	if !done {
+		cmd := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", path, "./cmd/bushostd")
+		cmd.Dir = repoRoot
+		if b, berr := cmd.CombinedOutput(); berr != nil {
+			err = &buildError{name: "bushostd-plain", out: string(b), err: berr}
+		}
+		built[key] = err
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // startFailpointHost starts the failpoint build of bushostd with
 // $BUSHOST_FAILPOINT=mode ("" for none) and args.
 func startFailpointHost(t *testing.T, mode string, args []string) *Host {
