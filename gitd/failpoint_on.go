@@ -12,6 +12,10 @@ import (
 // with SIGKILL, as a power cut or the OOM killer would:
 //
 //	land:after-record  a landing is in the log, main has not moved yet
+//	migrate:staged     a project's new layout is staged, not yet renamed
+//	                   into place
+//	migrate:renamed    the new layout is in place, the old repository not
+//	                   yet removed
 var failMode = os.Getenv("BUSHOST_FAILPOINT")
 
 func crashpoint(name string) {

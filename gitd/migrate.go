@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/gitcmd"
@@ -36,19 +35,6 @@ import (
 
 // migratePrefix starts a staging directory; no project name starts with '.'.
 const migratePrefix = ".migrating-"
-
-// migrateFailpoint names an environment variable that kills the process at
-// a step of the migration, for the test that shows a cut migration
-// resumes: "staged" (before the rename) or "renamed" (before the old
-// repository is removed).
-const migrateFailpoint = "BUSHOST_TEST_MIGRATE_KILL"
-
-func failpoint(step string) {
-	if os.Getenv(migrateFailpoint) == step {
-		syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {}
-	}
-}
 
 // migrate moves every old-layout repository of the store to the new layout.
 func (s *Service) migrate(ctx context.Context) error {
@@ -151,14 +137,14 @@ func (s *Service) migrateProject(ctx context.Context, business, project string) 
 	if err := syncTree(staging); err != nil {
 		return err
 	}
-	failpoint("staged")
+	crashpoint("migrate:staged")
 	if err := os.Rename(staging, p.Dir); err != nil {
 		return err
 	}
 	if err := bundle.SyncDir(filepath.Dir(p.Dir)); err != nil {
 		return err
 	}
-	failpoint("renamed")
+	crashpoint("migrate:renamed")
 	if err := os.RemoveAll(old); err != nil {
 		return err
 	}

@@ -51,8 +51,9 @@ func TestMigrateOldLayout(t *testing.T) {
 		{"staged", []string{old, staging}, []string{h.PoolRepo("acme", "web")}},
 		{"renamed", []string{old, h.PoolRepo("acme", "web")}, []string{staging}},
 	} {
-		cmd := exec.Command(h.daemon, "serve", "--home", h.Home)
-		cmd.Env = append(append(os.Environ(), h.Env...), "BUSHOST_TEST_MIGRATE_KILL="+step.name)
+		// The failpoint build (bushost_failpoints) kills itself there.
+		cmd := exec.Command(failpointDaemon(t), "serve", "--home", h.Home)
+		cmd.Env = append(append(os.Environ(), h.Env...), "BUSHOST_FAILPOINT=migrate:"+step.name)
 		logf, err := os.OpenFile(h.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			t.Fatal(err)
