@@ -526,34 +526,44 @@ func lockHome(home string) (*homeLock, error) {
 	return l, nil
 }
 
+// writeNew makes path (never following a link, never over an existing
+// file: fs.ErrExist then) with data, on disk when it returns; a file it
+// could not finish is removed.
+func writeNew(path string, mode os.FileMode, data string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, mode)
+	if err != nil {
+		return err
+	}
+	if _, err = f.WriteString(data); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
 // adminToken reads the host's token, making it (0600, 32 random bytes) at
 // first start. A token file that is a link, another user's, or readable by
 // others is refused: it is the host.
 func adminToken(path string) (token string, created bool, err error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", false, err
+	}
+	tok := hex.EncodeToString(raw[:])
+	err = writeNew(path, 0o600, tok+"\n")
 	if err == nil {
-		var raw [32]byte
-		if _, err := rand.Read(raw[:]); err != nil {
-			f.Close()
-			os.Remove(path)
-			return "", false, err
-		}
-		tok := hex.EncodeToString(raw[:])
-		if _, err := f.WriteString(tok + "\n"); err != nil {
-			f.Close()
-			os.Remove(path)
-			return "", false, fmt.Errorf("write %s: %w", path, err)
-		}
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return "", false, err
-		}
-		return tok, true, f.Close()
+		return tok, true, nil
 	}
 	if !errors.Is(err, fs.ErrExist) {
 		return "", false, fmt.Errorf("admin token %s: %w", path, safepath.Linked(path, err))
 	}
-	f, err = os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return "", false, fmt.Errorf("admin token %s: %w", path, safepath.Linked(path, err))
 	}
@@ -572,7 +582,7 @@ func adminToken(path string) (token string, created bool, err error) {
 	if err != nil {
 		return "", false, err
 	}
-	tok := strings.TrimSpace(string(b))
+	tok = strings.TrimSpace(string(b))
 	if len(tok) < 32 {
 		return "", false, fmt.Errorf("admin token %s is too short to be one this daemon made", path)
 	}

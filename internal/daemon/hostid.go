@@ -46,21 +46,10 @@ func hostID(home, flag string) (string, error) {
 		return "", err
 	}
 	id := hostnamePart() + "-" + hex.EncodeToString(rnd[:])
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o644)
-	if err != nil {
+	if err := writeNew(path, 0o644, id+"\n"); err != nil {
 		return "", fmt.Errorf("host id %s: %w", path, safepath.Linked(path, err))
 	}
-	if _, err := f.WriteString(id + "\n"); err != nil {
-		f.Close()
-		os.Remove(path)
-		return "", fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(path)
-		return "", fmt.Errorf("write %s: %w", path, err)
-	}
-	return id, f.Close()
+	return id, nil
 }
 
 // hostnamePart is the machine's name reduced to the name grammar.
