@@ -156,7 +156,7 @@ curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
 		if code != 0 {
 			t.Fatalf("explain: exit %d\n%s%s", code, out, errOut)
 		}
-		for _, want := range []string{"network: proxy:", "relay: 127.0.0.1:3128", "allowed: --allow-host " + allowed, "allowed: --allow-domain *.allowed.test", "/run/sandbox/egress.sock",
+		for _, want := range []string{"network: proxy:", "relay: 127.0.0.1:3128", "allowed: --allow-host " + allowed, "allowed: --allow-domain *.allowed.test", "hands it to the egress proxy",
 			"egress limits: at most 64 connections at once", "egress decisions: to sandbox run's stderr"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("explain lacks %q:\n%s", want, out)

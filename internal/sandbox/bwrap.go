@@ -16,6 +16,7 @@ const (
 	fdMonitor = 5 // the status pipe's read end: it hangs up when bwrap's outer process dies
 	fdReady   = 6 // pid 1 writes a byte here once it forwards signals
 	fdGate    = 7 // with limits: run writes a byte here once the session is in its cgroup
+	fdRelay   = 8 // with --net=proxy: pid 1 sends the relay's listening socket here
 )
 
 // bwrapArgs is the bwrap command line for the plan, up to and including

@@ -10,20 +10,21 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
 // egressProxy is the one proxy of one session: a set of goroutines in the
-// `sandbox run` process that made the session, listening on a Unix socket
-// bound into the session only. It ends with Run (after the session), and a
-// launcher that dies takes it along. One per session rather than one per
-// host: the policy is the session's, there is nothing to tell apart, and
-// nothing outlives the session.
+// `sandbox run` process that made the session, serving the socket the
+// session's pid 1 made listening on its loopback and handed over
+// (handOffRelay). It ends with Run (after the session), and a launcher
+// that dies takes it along. One per session rather than one per host: the
+// policy is the session's, there is nothing to tell apart, and nothing
+// outlives the session.
 type egressProxy struct {
 	allowDomains []string
 	allowHosts   []string
@@ -33,13 +34,21 @@ type egressProxy struct {
 	log          io.Writer // one line per decision and per close, without audit
 	audit        *auditor  // nil: decisions go to log only
 
-	dir   string
-	ln    *net.UnixListener
-	slots chan struct{}
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns map[net.Conn]bool
-	logMu sync.Mutex
+	// ctl receives the relay's socket from pid 1; child is its other end,
+	// which run hands to the session as fdRelay and then closes.
+	ctl   *net.UnixConn
+	child *os.File
+	// handed is closed once pid 1's message was read (or could not be).
+	handed chan struct{}
+	// relayPort is the port the relay's socket must listen on: relayPort,
+	// but another for unit tests, which play pid 1 in the host's namespace.
+	relayPort int
+	slots     chan struct{}
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	ln        net.Listener // the relay's socket, once pid 1 sent it
+	conns     map[net.Conn]bool
+	logMu     sync.Mutex
 	// lastConn numbers the session's connections to the proxy (the
 	// decision's conn).
 	lastConn atomic.Int64
@@ -51,11 +60,11 @@ const egressHandshake = 10 * time.Second
 // maxRequestHead bounds an HTTP request's line and headers.
 const maxRequestHead = 64 << 10
 
-// startEgress makes the proxy's socket, readable and connectable by the
-// session's uid, in a directory of its own, and starts serving.
+// startEgress makes the socket pair pid 1 hands the relay's socket over;
+// launched starts waiting for it.
 func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, error) {
 	e := &egressProxy{allowDomains: cfg.AllowDomains, allowHosts: cfg.AllowHosts, maxConns: cfg.EgressConns,
-		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}}
+		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}, relayPort: relayPort}
 	if e.maxConns <= 0 {
 		e.maxConns = DefaultEgressConns
 	}
@@ -69,40 +78,55 @@ func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, erro
 		}
 		e.hosts = h
 	}
-	dir, err := os.MkdirTemp("", "sandbox-egress-")
-	if err != nil {
-		return nil, err
-	}
-	e.dir = dir
-	// Traversable by the session's uid (bwrap binds the socket as that
-	// uid), listable by no one else.
-	if err := os.Chmod(dir, 0o711); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	sock := filepath.Join(dir, "egress.sock")
-	e.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	if err := os.Chmod(sock, 0o666); err != nil {
-		e.ln.Close()
-		os.RemoveAll(dir)
+	var err error
+	if e.ctl, e.child, err = relayPair(); err != nil {
 		return nil, err
 	}
 	e.slots = make(chan struct{}, e.maxConns)
-	e.wg.Add(1)
-	go e.serve()
+	e.handed = make(chan struct{})
 	return e, nil
 }
 
-func (e *egressProxy) socketPath() string { return filepath.Join(e.dir, "egress.sock") }
+// launched closes the session's end of the pair in run, once bwrap has it,
+// and starts waiting for pid 1's message.
+func (e *egressProxy) launched() {
+	e.child.Close()
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		ln, err := receiveRelay(e.ctl, e.relayPort)
+		e.ctl.Close()
+		if err != nil {
+			close(e.handed)
+			// pid 1 fails the session when it cannot hand the socket
+			// over; a session that ended first is no failure.
+			if !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.EOF) {
+				e.logf("egress relay: %v", err)
+			}
+			return
+		}
+		e.mu.Lock()
+		if e.conns == nil {
+			e.mu.Unlock()
+			ln.Close()
+			close(e.handed)
+			return
+		}
+		e.ln = ln
+		e.mu.Unlock()
+		close(e.handed)
+		e.serve(ln)
+	}()
+}
 
-// stop closes the socket and every connection, and waits for them.
+// stop closes the relay's socket and every connection, and waits for them.
 func (e *egressProxy) stop() {
-	e.ln.Close()
+	e.ctl.Close()
+	e.child.Close()
 	e.mu.Lock()
+	if e.ln != nil {
+		e.ln.Close()
+	}
 	for c := range e.conns {
 		c.Close()
 	}
@@ -110,7 +134,6 @@ func (e *egressProxy) stop() {
 	e.conns = nil
 	e.mu.Unlock()
 	e.wg.Wait()
-	os.RemoveAll(e.dir)
 }
 
 func (e *egressProxy) logf(format string, a ...any) {
@@ -158,11 +181,16 @@ func (e *egressProxy) track(c net.Conn, on bool) bool {
 	return true
 }
 
-func (e *egressProxy) serve() {
-	defer e.wg.Done()
+func (e *egressProxy) serve(ln net.Listener) {
 	for {
-		c, err := e.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				// Out of descriptors: wait a little rather than spin.
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
 			return
 		}
 		id := e.lastConn.Add(1)
@@ -176,7 +204,7 @@ func (e *egressProxy) serve() {
 				defer e.wg.Done()
 				c.SetDeadline(time.Now().Add(egressHandshake))
 				e.refuseEarly(c, fmt.Sprintf("%s: the session holds %d connections, the most --egress-conns allows", ReasonEgressConnections, e.maxConns))
-				c.Close()
+				lingerClose(c)
 			}()
 			continue
 		}
@@ -190,10 +218,31 @@ func (e *egressProxy) serve() {
 			defer e.wg.Done()
 			defer func() { <-e.slots }()
 			defer e.track(c, false)
-			defer c.Close()
+			defer lingerClose(c)
 			e.handle(c, id)
 		}()
 	}
+}
+
+// lingerTime and lingerBytes bound what lingerClose reads of a client that
+// has not finished sending.
+const (
+	lingerTime  = time.Second
+	lingerBytes = 64 << 10
+)
+
+// lingerClose ends a session's connection gently: it closes the sending
+// side, reads (and drops) what the client still sends, up to its end or
+// lingerBytes or lingerTime, then closes. Closing a TCP socket with unread
+// bytes makes the kernel reset the connection, which would throw away the
+// refusal the client has not read yet.
+func lingerClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.CloseWrite()
+		tc.SetReadDeadline(time.Now().Add(lingerTime))
+		io.CopyN(io.Discard, tc, lingerBytes)
+	}
+	c.Close()
 }
 
 // refuseEarly answers a client the proxy will not serve at all, in its
@@ -469,8 +518,8 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 	var out, in atomic.Int64
 	out.Store(sent)
 	copyDir := func(dst net.Conn, src io.Reader, srcConn net.Conn, n *atomic.Int64) {
-		// io.Copy lets the kernel move the bytes (splice(2) from the TCP
-		// connection to the session's Unix socket): the idle check runs
+		// io.Copy lets the kernel move the bytes (splice(2) from one TCP
+		// connection to the other): the idle check runs
 		// in windows of half e.idle, each way noting when it last moved
 		// bytes, and a connection silent both ways for e.idle is closed
 		// at the end of the window it falls in (after at most 1.5x

@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"fmt"
+	"golang.org/x/sys/unix"
 	"io"
 	"net"
 	"os"
@@ -128,8 +130,9 @@ func TestEgressProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	relay := playPid1(t, e)
 	dial := func() net.Conn {
-		c, err := net.Dial("unix", e.socketPath())
+		c, err := net.Dial("tcp", relay)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,8 +183,9 @@ func TestEgressProxy(t *testing.T) {
 	}
 	s.Close()
 	e.stop()
-	if _, err := os.Stat(e.dir); !os.IsNotExist(err) {
-		t.Errorf("the socket's directory outlives the proxy: %v", err)
+	if c, err := net.Dial("tcp", relay); err == nil {
+		c.Close()
+		t.Errorf("the relay's socket outlives the proxy")
 	}
 	if !strings.Contains(log.String(), "denied 127.0.0.1:") || !strings.Contains(log.String(), "closed "+l.Addr().String()) {
 		t.Errorf("log:\n%s", log.String())
@@ -207,4 +211,130 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// playPid1 does what a session's pid 1 does for the proxy (handOffRelay):
+// it makes a listening socket and sends it over the pair, here on a free
+// port of the host's loopback rather than 3128 in a namespace of its own.
+// It returns the socket's address.
+func playPid1(t *testing.T, e *egressProxy) string {
+	t.Helper()
+	fd := listenLoopback(t)
+	defer unix.Close(fd)
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := sa.(*unix.SockaddrInet4).Port
+	e.relayPort = port
+	if err := unix.Sendmsg(int(e.child.Fd()), []byte{'L'}, unix.UnixRights(fd), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.launched()
+	<-e.handed
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ln == nil {
+		t.Fatal("the proxy did not take the relay's socket")
+	}
+	return fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+func listenLoopback(t *testing.T) int {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 8); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// TestEgressRelayHandOff: the proxy takes from its side of the pair only
+// what pid 1 makes, a TCP socket listening on the relay's address; any
+// other descriptor (a file, a Unix socket, a TCP socket that does not
+// listen or listens elsewhere, two at once, none) is closed and refused,
+// and the proxy then serves nothing.
+func TestEgressRelayHandOff(t *testing.T) {
+	fdsBefore := openFDs(t)
+	file, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pair[0])
+	defer unix.Close(pair[1])
+	notListening, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(notListening)
+	elsewhere := listenLoopback(t) // the proxy wants 3128: the wrong port
+	defer unix.Close(elsewhere)
+	for _, c := range []struct {
+		name string
+		data []byte
+		fds  []int
+		want string
+	}{
+		{"a file", []byte{'L'}, []int{int(file.Fd())}, "not a socket"},
+		{"a Unix socket", []byte{'L'}, []int{pair[0]}, "not IPv4"},
+		{"a TCP socket not listening", []byte{'L'}, []int{notListening}, "not listening"},
+		{"a listener on another port", []byte{'L'}, []int{elsewhere}, "not bound to 127.0.0.1:3128"},
+		{"two descriptors", []byte{'L'}, []int{elsewhere, elsewhere}, "sent no relay socket"},
+		{"none", []byte{'L'}, nil, "sent no relay socket"},
+		{"another message", []byte{'X'}, []int{elsewhere}, "sent no relay socket"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var log strings.Builder
+			e, err := startEgress(&Config{}, &lockedWriter{w: &log}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var oob []byte
+			if c.fds != nil {
+				oob = unix.UnixRights(c.fds...)
+			}
+			if err := unix.Sendmsg(int(e.child.Fd()), c.data, oob, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+			e.launched()
+			<-e.handed
+			e.stop()
+			if e.ln != nil {
+				t.Errorf("the proxy serves what it was sent")
+			}
+			if !strings.Contains(log.String(), c.want) {
+				t.Errorf("log %q, want %q", log.String(), c.want)
+			}
+		})
+	}
+	// Nothing the proxy received stays open in this process: each
+	// descriptor sent was a duplicate, closed on refusal.
+	file.Close()
+	unix.Close(notListening)
+	unix.Close(elsewhere)
+	unix.Close(pair[0])
+	unix.Close(pair[1])
+	if n := openFDs(t); n > fdsBefore {
+		t.Errorf("%d descriptors open, %d before: a refused one was kept", n, fdsBefore)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }

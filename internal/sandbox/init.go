@@ -125,8 +125,8 @@ func Init(args []string, stderr io.Writer) int {
 	// The relay listens before the command starts, so no session process
 	// can take its port first.
 	if relay {
-		if err := startRelay(); err != nil {
-			initFailed(stderr, "listen on "+relayAddr+" for the egress relay", err)
+		if err := handOffRelay(); err != nil {
+			initFailed(stderr, "hand the egress proxy a socket listening on "+relayAddr, err)
 			return ExitSandbox
 		}
 	}

@@ -19,14 +19,14 @@ const (
 	NetHost = "host"
 )
 
-// relayAddr is where pid 1 listens in a proxy session: HTTP (with CONNECT)
-// and SOCKS5 on one port, told apart by the egress proxy from the first
-// byte.
-const relayAddr = "127.0.0.1:3128"
-
-// egressSocket is where the egress proxy's Unix socket is bound in the
-// session; the relay forwards every connection to it.
-const egressSocket = sessionDir + "/egress.sock"
+// relayAddr is where a proxy session's programs reach the egress proxy:
+// HTTP (with CONNECT) and SOCKS5 on one port, told apart by the proxy from
+// the first byte. pid 1 makes the socket in the session's namespace and
+// hands it to the proxy outside (handOffRelay). relayPort is its port.
+const (
+	relayAddr = "127.0.0.1:3128"
+	relayPort = 3128
+)
 
 // Default limits of the egress proxy.
 const (

@@ -216,7 +216,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case NetNone:
 		p.Network.Why = "a network namespace of its own with only a loopback: no route anywhere"
 	case NetProxy:
-		p.Network.Why = "a network namespace of its own with only a loopback, where pid 1 relays " + relayAddr + " (HTTP with CONNECT, SOCKS5) to the egress proxy run keeps outside, which allows only what is listed here and resolves names itself"
+		p.Network.Why = "a network namespace of its own with only a loopback, where pid 1 makes a socket listening on " + relayAddr + " and hands it to the egress proxy run keeps outside, which serves it (HTTP with CONNECT, SOCKS5), allows only what is listed here and resolves names itself"
 		p.Network.Relay = relayAddr
 		p.Network.Limits = fmt.Sprintf("at most %d connections at once (--egress-conns; one more gets HTTP 503 EGRESS_CONNECTIONS_EXHAUSTED), each closed once idle both ways for %s (--egress-idle)", cfg.EgressConns, cfg.EgressIdle)
 		p.Network.Audit = "sandbox run's stderr, a line per decision and per close (no --audit-token-file)"
@@ -247,8 +247,6 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		if cfg.ResolveFile != "" {
 			p.Notes = append(p.Notes, "--resolve-file "+cfg.ResolveFile+": the proxy looks names up there first")
 		}
-		// Bound at launch: run makes the socket then.
-		p.Binds = slices.Insert(p.Binds, len(p.Binds)-1, Bind{KindROBind, "", egressSocket, "the egress proxy's socket (made at launch, outside the session): pid 1's relay forwards every connection here, and the proxy decides"})
 	case NetHost:
 		p.Network.Why = "the host's network namespace: every address the host reaches"
 		if p.Session.Network != nil {

@@ -1,67 +1,138 @@
 package sandbox
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net"
-	"time"
+	"os"
+
+	"golang.org/x/sys/unix"
 )
 
-// initRelay is the option that makes pid 1 serve the relay of a
-// --net=proxy session.
+// initRelay is the option that makes pid 1 make the relay's listening
+// socket of a --net=proxy session and hand it to the egress proxy.
 const initRelay = "--relay"
 
-// relayConns bounds the connections pid 1 relays at once; the egress
-// proxy outside holds its own, smaller, bound.
-const relayConns = 256
+// relayBacklog bounds the connections the kernel queues on the relay's
+// socket before the proxy accepts them; the proxy bounds those it serves
+// (--egress-conns).
+const relayBacklog = 128
 
-// startRelay listens on relayAddr in the session's own network namespace
-// and hands every connection, unread, to the egress proxy's socket: pid 1
-// parses nothing a session process sends, the proxy outside does. It runs
-// as goroutines of pid 1, which lives as long as the session.
-func startRelay() error {
-	ln, err := net.Listen("tcp", relayAddr)
+// handOffRelay makes the relay's socket, listening on relayAddr in the
+// session's own network namespace, and sends it to the egress proxy over
+// fdRelay (SCM_RIGHTS). The proxy, outside, accepts the session's
+// connections on it itself: a byte crosses one process (the proxy) between
+// the session's program and the server, not two, and pid 1 neither reads
+// nor holds any of it. It runs before the command starts, so no session
+// process can take the port first or send on fdRelay.
+func handOffRelay() error {
+	defer unix.Close(fdRelay)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
 	if err != nil {
 		return err
 	}
-	slots := make(chan struct{}, relayConns)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				// EMFILE and the like, the session's own doing: wait
-				// a little rather than spin.
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			select {
-			case slots <- struct{}{}:
-			default:
-				c.Close()
-				continue
-			}
-			go func() {
-				defer func() { <-slots }()
-				relay(c)
-			}()
-		}
-	}()
-	return nil
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: relayPort, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		return err
+	}
+	if err := unix.Listen(fd, relayBacklog); err != nil {
+		return err
+	}
+	return unix.Sendmsg(fdRelay, []byte{'L'}, unix.UnixRights(fd), nil, 0)
 }
 
-func relay(c net.Conn) {
-	defer c.Close()
-	up, err := net.Dial("unix", egressSocket)
+// relayPair is the socket pair pid 1 sends the relay's socket over: child
+// goes to the session as fdRelay, parent stays with the proxy.
+func relayPair() (parent *net.UnixConn, child *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return
+		return nil, nil, err
 	}
-	defer up.Close()
-	done := make(chan struct{})
-	go func() {
-		io.Copy(up, c) // splice(2): no buffer in pid 1
-		up.(*net.UnixConn).CloseWrite()
-		close(done)
-	}()
-	io.Copy(c, up)
-	c.(*net.TCPConn).CloseWrite()
-	<-done
+	child = os.NewFile(uintptr(fds[1]), "relay-child")
+	pf := os.NewFile(uintptr(fds[0]), "relay-parent")
+	c, err := net.FileConn(pf)
+	pf.Close()
+	if err != nil {
+		child.Close()
+		return nil, nil, err
+	}
+	return c.(*net.UnixConn), child, nil
+}
+
+// receiveRelay reads the one message pid 1 sends on the pair and returns
+// the listener it carries, checked to be what pid 1 makes: a listening TCP
+// socket on relayAddr. Whatever else arrives (more descriptors, another
+// kind of socket, a file) is closed and refused: the session's side of the
+// pair is not to be trusted more than the session.
+func receiveRelay(c *net.UnixConn, port int) (*net.TCPListener, error) {
+	buf := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+	for _, m := range msgs {
+		if r, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, r...)
+		}
+	}
+	if n == 0 && len(fds) == 0 {
+		return nil, io.EOF // pid 1 is gone without a word: it says why itself
+	}
+	if len(fds) > 1 {
+		for _, fd := range fds[1:] {
+			unix.Close(fd)
+		}
+	}
+	if perr != nil || n != 1 || buf[0] != 'L' || len(fds) != 1 {
+		if len(fds) > 0 {
+			unix.Close(fds[0])
+		}
+		return nil, errors.New("pid 1 sent no relay socket")
+	}
+	fd := fds[0]
+	if err := checkRelaySocket(fd, port); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "relay")
+	defer f.Close()
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return nil, err
+	}
+	tl, ok := ln.(*net.TCPListener)
+	if !ok {
+		ln.Close()
+		return nil, errors.New("the relay socket is not TCP")
+	}
+	return tl, nil
+}
+
+// checkRelaySocket requires fd to be a listening TCP socket bound to
+// 127.0.0.1:port.
+func checkRelaySocket(fd, port int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return errors.New("the relay descriptor is not a socket")
+	}
+	for _, o := range []struct {
+		opt, want int
+		what      string
+	}{{unix.SO_DOMAIN, unix.AF_INET, "IPv4"}, {unix.SO_TYPE, unix.SOCK_STREAM, "a stream"},
+		{unix.SO_PROTOCOL, unix.IPPROTO_TCP, "TCP"}, {unix.SO_ACCEPTCONN, 1, "listening"}} {
+		v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, o.opt)
+		if err != nil || v != o.want {
+			return fmt.Errorf("the relay socket is not %s", o.what)
+		}
+	}
+	sa, err := unix.Getsockname(fd)
+	in4, ok := sa.(*unix.SockaddrInet4)
+	if err != nil || !ok || in4.Addr != [4]byte{127, 0, 0, 1} || in4.Port != port {
+		return fmt.Errorf("the relay socket is not bound to 127.0.0.1:%d", port)
+	}
+	return nil
 }

@@ -127,6 +127,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if cg != nil {
 		defer cg.remove()
 	}
+	var eg *egressProxy
 	if p.Config.Net == NetProxy {
 		log := io.Writer(stderr)
 		if stderr == nil {
@@ -138,16 +139,12 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 			// After the proxy has stopped: its last decisions go too.
 			defer audit.stop()
 		}
-		eg, err := startEgress(p.Config, log, audit)
+		var err error
+		eg, err = startEgress(p.Config, log, audit)
 		if err != nil {
 			return 0, fmt.Errorf("start the egress proxy: %w", err)
 		}
 		defer eg.stop()
-		for i := range p.Binds {
-			if p.Binds[i].Target == egressSocket {
-				p.Binds[i].Source = eg.socketPath()
-			}
-		}
 	}
 	argv := append([]string{p.Bwrap}, p.bwrapArgs()...)
 	argv = append(argv, initPath, InitVerb)
@@ -167,7 +164,12 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if p.ScopeAbstract {
 		argv = append(argv, initScopeAbstract)
 	}
-	if p.Config.Net == NetProxy {
+	if eg != nil {
+		// fdRelay, after fdGate or a closed one in its place.
+		if len(files) == fdGate {
+			files = append(files, ^uintptr(0))
+		}
+		files = append(files, eg.child.Fd())
 		argv = append(argv, initRelay)
 	}
 	argv = append(argv, exe)
@@ -199,6 +201,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	})
 	statusW.Close()
 	seccompR.Close()
+	if eg != nil {
+		eg.launched()
+	}
 	unix.Close(ready[1])
 	if startErr != nil {
 		return 0, &UnavailableError{Reason: fmt.Sprintf("start %s: %v", p.Bwrap, startErr)}
