@@ -218,8 +218,13 @@ func (s *Service) repos() ([]repo, error) {
 }
 
 // cleanStale removes seeding directories and quarantines left by a killed
-// process, in the pools and in the task repositories.
+// process: in the store (an import's staging), in each business (a
+// project's seeding, an export's spool), in the pools and in the task
+// repositories.
 func (s *Service) cleanStale() error {
+	if err := removeSeeding(s.o.ReposDir); err != nil {
+		return err
+	}
 	bs, err := os.ReadDir(s.o.ReposDir)
 	if err != nil {
 		return err

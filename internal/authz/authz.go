@@ -197,6 +197,10 @@ type Mover interface {
 	// places the project on this host, ends the move and appends
 	// project.moved, in one transaction; it returns that event's seq.
 	CompleteImport(ctx context.Context, c ImportClaim) (int64, error)
+	// HostID is this host's id; Placement the host business/project is
+	// placed on (read afresh: an import whose commit is unclear asks it).
+	HostID() string
+	Placement(ctx context.Context, business, project string) (host string, ok bool, err error)
 }
 
 // TokenFromContext returns the bearer token of an incoming gRPC call, or "".
