@@ -30,6 +30,8 @@ import (
 // changes its repositories (a push, a landing, a sync, a repair) is
 // refused with PROJECT_MOVING, in the transaction that would record it.
 
+var _ authz.Mover = (*Broker)(nil)
+
 // Event types of a move, appended with actor "host".
 const (
 	TypeProjectMoving        = "project.moving"
