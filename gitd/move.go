@@ -874,8 +874,20 @@ func (s *Service) placeImport(ctx context.Context, m authz.Mover, c authz.Import
 	seq, err := m.CompleteImport(cctx, c)
 	if err != nil && errdefs.ReasonOf(err) == errdefs.CommitUnknown {
 		// Whether the placement moved is learned from the store itself.
-		if host, _, perr := m.Placement(cctx, c.Business, c.Project); perr == nil && host == m.HostID() {
+		host, _, perr := m.Placement(cctx, c.Business, c.Project)
+		switch {
+		case perr == nil && host == m.HostID():
 			err = nil
+		case perr != nil:
+			// Still unknown: the repositories stay, since the project may
+			// be placed here now. If it is not, nothing serves them, and
+			// a retry of the import replaces them.
+			s.log.Error("import: whether the placement moved is unknown; the repositories are left in place", "dir", p.Dir, "err", perr)
+			if aside != "" {
+				os.RemoveAll(aside)
+			}
+			s.forgetUsage(p)
+			return 0, err
 		}
 	}
 	if err != nil {
