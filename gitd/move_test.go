@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"sort"
@@ -282,5 +283,21 @@ func TestImportRefusesHostileArchive(t *testing.T) {
 				t.Fatal("the broker was asked to place a refused import")
 			}
 		})
+	}
+}
+
+// An export that fails once it began (here: the client went away) is
+// cancelled, so the project takes pushes again, and leaves no spool.
+func TestExportCancelledOnFailure(t *testing.T) {
+	var m *fakeMover
+	e := newEnv(t, withMover("host-a", &m))
+	gone := errors.New("client went away")
+	var buf bytes.Buffer
+	_, err := e.svc.ExportProject(context.Background(), testBusiness, testProject, func(string) {}, func(authz.Export) error { return gone }, bufio.NewWriter(&buf))
+	if !errors.Is(err, gone) || m.cancelled != 1 || m.digest != "" {
+		t.Fatalf("export: %v, cancelled %d, digest %q", err, m.cancelled, m.digest)
+	}
+	if found, _ := filepath.Glob(filepath.Join(e.svc.o.ReposDir, "*", seedPrefix+"*")); len(found) > 0 {
+		t.Fatalf("left behind: %v", found)
 	}
 }
