@@ -60,7 +60,9 @@ type Options struct {
 // as BrokerService. Its methods are safe for concurrent use.
 type Broker struct {
 	hostID     string
-	placedHere sync.Map // "business/project" -> true, once seen placed here
+	placedHere sync.Map // "business/project" -> true, seen placed here and not moving
+	placeMu    sync.Mutex
+	placeGen   uint64 // bumped by forgetPlacement, under placeMu
 	st         store
 	admin      string
 	defaultTTL time.Duration
@@ -564,6 +566,11 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 	ctx = context.WithValue(ctx, recordPushKey{}, true)
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if err := recheck(ctx, q, g, authz.CapPushWorking); err != nil {
+			return err
+		}
+		// The project's placement, read at the append: a push through a
+		// host whose cache missed a move is refused here.
+		if err := writable(ctx, &q.queries, b.hostID, g.Business, g.Project); err != nil {
 			return err
 		}
 		t, err := openTask(ctx, &q.queries, g.Business, g.Project, g.Task, "pushes")

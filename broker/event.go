@@ -49,7 +49,7 @@ const (
 	TypeTaskReopened    = "task.reopened"
 )
 
-var reservedPrefixes = []string{"action.", "review.", "task.", "grant.", "network.", SessionPrefix}
+var reservedPrefixes = []string{"action.", "review.", "task.", "grant.", "project.", "network.", SessionPrefix}
 
 // SessionPrefix is the launcher's events (session.launched,
 // session.ended): recorded with the host's credential, never by a session.
@@ -80,7 +80,7 @@ func CheckRecordType(typ string) error {
 		return errdefs.InvalidArgument(errdefs.EventTypeInvalid, "event type %q must match ^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$", clip(typ))
 	}
 	if reserved(typ) {
-		return errdefs.PermissionDenied(errdefs.EventTypeReserved, "event type %q is reserved: action.*, review.*, task.* and grant.* come only from the broker's own calls, network.* and session.* from a session's launcher", typ)
+		return errdefs.PermissionDenied(errdefs.EventTypeReserved, "event type %q is reserved: action.*, review.*, task.*, grant.* and project.* come only from the broker's own calls, network.* and session.* from a session's launcher", typ)
 	}
 	return nil
 }

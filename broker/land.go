@@ -121,6 +121,9 @@ func (b *Broker) RecordLanding(ctx context.Context, g authz.Grant, l authz.Landi
 				return err
 			}
 		}
+		if err := writable(ctx, &q.queries, b.hostID, l.Business, l.Project); err != nil {
+			return err
+		}
 		t, commit, err := landable(ctx, &q.queries, l.Business, l.Project, l.Task)
 		if err != nil {
 			return err

@@ -172,6 +172,9 @@ type ProjectInfo struct {
 	// Host is the bus host the project is placed on (placement.go), ""
 	// for a project registered before placement that no host claimed yet.
 	Host string
+	// Moving says the project was exported from Host and awaits its
+	// import on another host (move.go).
+	Moving bool
 	// Here says whether the answering host's ReposDir holds the project's
 	// repositories; SizeBytes is their size there (0 when not Here, and
 	// for a grant: the size would tell it of its project's other tasks).
@@ -242,17 +245,19 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	rows, err = q.db.QueryContext(ctx, `SELECT business, project, host FROM projects`+whereClause(projWhere)+` ORDER BY business, project`, projArgs...)
+	rows, err = q.db.QueryContext(ctx, `SELECT business, project, host, moving_id FROM projects`+whereClause(projWhere)+` ORDER BY business, project`, projArgs...)
 	if err != nil {
 		return nil, err
 	}
 	var out []ProjectInfo
 	for rows.Next() {
 		var p ProjectInfo
-		if err := rows.Scan(&p.Business, &p.Project, &p.Host); err != nil {
+		var moving string
+		if err := rows.Scan(&p.Business, &p.Project, &p.Host, &moving); err != nil {
 			rows.Close()
 			return nil, err
 		}
+		p.Moving = moving != ""
 		if !g.Host && (p.Business != g.Business || p.Project != g.Project) || business != "" && p.Business != business {
 			continue
 		}

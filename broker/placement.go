@@ -17,8 +17,12 @@ import (
 // project lives. Broker calls (reviews, events, close) are served by any
 // host: they only touch the shared log.
 //
-// A placement never changes today (moving a project is issue 19's export
-// and import), so a positive answer is cached for the broker's lifetime.
+// A placement changes only through a move (move.go), which starts on the
+// owner: a positive answer is cached until this broker begins an export of
+// the project, and never while the project moves (forgetPlacement and
+// placeGen keep a lookup that raced the export from caching its answer).
+// A host that is not the owner caches nothing, so it learns of an import
+// at its next call.
 
 // DefaultHostID is the host id of a broker opened without one (tests, and
 // tools that open the store directly).
@@ -31,27 +35,57 @@ func (b *Broker) HostID() string { return b.hostID }
 // it was registered before placement existed; a project placed on another
 // host is refused with PROJECT_ON_OTHER_HOST.
 func (b *Broker) place(ctx context.Context, business, project string) error {
+	gen := b.placementGen()
+	cache := false
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		host, ok, err := q.projectHost(ctx, business, project)
+		r, ok, err := q.project(ctx, business, project)
 		if err != nil {
 			return err
 		}
 		switch {
 		case !ok:
 			_, err := q.db.ExecContext(ctx, `INSERT INTO projects (business, project, host) VALUES ($1, $2, $3)`, business, project, b.hostID)
+			cache = err == nil
 			return err
-		case host == "":
+		case r.Host == "":
 			_, err := q.db.ExecContext(ctx, `UPDATE projects SET host = $1 WHERE business = $2 AND project = $3 AND host = ''`, b.hostID, business, project)
+			cache = err == nil && r.MovingID == ""
 			return err
-		case host != b.hostID:
-			return onOtherHost(business, project, host)
+		case r.Host != b.hostID:
+			return onOtherHost(business, project, r.Host)
 		}
+		cache = r.MovingID == ""
 		return nil
 	})
-	if err == nil {
-		b.placedHere.Store(business+"/"+project, true)
+	if err == nil && cache {
+		b.rememberPlacement(business, project, gen)
 	}
 	return err
+}
+
+// placementGen is the generation a lookup reads before asking the store;
+// rememberPlacement caches its answer only if no export began since.
+func (b *Broker) placementGen() uint64 {
+	b.placeMu.Lock()
+	defer b.placeMu.Unlock()
+	return b.placeGen
+}
+
+func (b *Broker) rememberPlacement(business, project string, gen uint64) {
+	b.placeMu.Lock()
+	defer b.placeMu.Unlock()
+	if b.placeGen == gen {
+		b.placedHere.Store(business+"/"+project, true)
+	}
+}
+
+// forgetPlacement drops business/project from the cache, and makes every
+// lookup begun before it forget its answer too.
+func (b *Broker) forgetPlacement(business, project string) {
+	b.placeMu.Lock()
+	defer b.placeMu.Unlock()
+	b.placeGen++
+	b.placedHere.Delete(business + "/" + project)
 }
 
 // CheckPlacement implements authz.Authority: nil when business/project is
@@ -65,15 +99,16 @@ func (b *Broker) CheckPlacement(ctx context.Context, business, project string) e
 	if _, ok := b.placedHere.Load(business + "/" + project); ok {
 		return nil
 	}
-	host, ok, err := b.st.read().projectHost(ctx, business, project)
+	gen := b.placementGen()
+	r, ok, err := b.st.read().project(ctx, business, project)
 	if err != nil {
 		return err
 	}
-	if ok && host != "" && host != b.hostID {
-		return onOtherHost(business, project, host)
+	if ok && r.Host != "" && r.Host != b.hostID {
+		return onOtherHost(business, project, r.Host)
 	}
-	if ok && host == b.hostID {
-		b.placedHere.Store(business+"/"+project, true)
+	if ok && r.Host == b.hostID && r.MovingID == "" {
+		b.rememberPlacement(business, project, gen)
 	}
 	return nil
 }

@@ -42,6 +42,13 @@ var postgresSchema = [][]string{{
 	`ALTER TABLE grants ADD COLUMN launch TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE grants ADD COLUMN launched_by TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE grants ADD COLUMN launch_depth BIGINT NOT NULL DEFAULT 0`,
+}, {
+	// A project being moved to another host (move.go): the export's id
+	// ('' when not moving), its project.moving event, and the digest of
+	// the manifest it wrote, which an import must present.
+	`ALTER TABLE projects ADD COLUMN moving_id TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE projects ADD COLUMN moving_seq BIGINT NOT NULL DEFAULT 0`,
+	`ALTER TABLE projects ADD COLUMN moving_digest TEXT NOT NULL DEFAULT ''`,
 }}
 
 // writeLockKey, with the schema's name, is the advisory lock every write

@@ -94,6 +94,9 @@ func (b *Broker) Repaired(ctx context.Context, business, project, task string, r
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		if err := writable(ctx, &q.queries, b.hostID, business, project); err != nil {
+			return err
+		}
 		t, ok, err := q.task(ctx, business, project, task)
 		if err != nil {
 			return err

@@ -184,7 +184,7 @@ func (s *server) ListProjects(ctx context.Context, r *brokerv1.ListProjectsReque
 	out := &brokerv1.ListProjectsResponse{}
 	for _, p := range ps {
 		out.Projects = append(out.Projects, &brokerv1.ProjectInfo{Business: p.Business, Project: p.Project, Host: p.Host, Here: p.Here, SizeBytes: p.SizeBytes,
-			LastPushCommit: p.LastPushCommit, LastPushSeq: p.LastPushSeq, LastPushTask: p.LastPushTask, LastPushTime: p.LastPushTime, Tasks: p.Tasks})
+			LastPushCommit: p.LastPushCommit, LastPushSeq: p.LastPushSeq, LastPushTask: p.LastPushTask, LastPushTime: p.LastPushTime, Tasks: p.Tasks, Moving: p.Moving})
 	}
 	return out, nil
 }

@@ -46,6 +46,13 @@ var sqliteSchema = [][]string{{
 	`ALTER TABLE grants ADD COLUMN launch TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE grants ADD COLUMN launched_by TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE grants ADD COLUMN launch_depth INTEGER NOT NULL DEFAULT 0`,
+}, {
+	// A project being moved to another host (move.go): the export's id
+	// ('' when not moving), its project.moving event, and the digest of
+	// the manifest it wrote, which an import must present.
+	`ALTER TABLE projects ADD COLUMN moving_id TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE projects ADD COLUMN moving_seq INTEGER NOT NULL DEFAULT 0`,
+	`ALTER TABLE projects ADD COLUMN moving_digest TEXT NOT NULL DEFAULT ''`,
 }}
 
 // sqliteDSN is the driver's DSN for the database file at path: WAL so

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
@@ -111,6 +112,14 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 		return "", "", err
 	}
 	defer unlock()
+	// main moves without a record in the log: while the project moves
+	// (its export names the main it carries), under the lock the export
+	// holds, the store refuses it.
+	if m, ok := s.o.Authority.(authz.Mover); ok {
+		if err := m.NotMoving(ctx, business, project); err != nil {
+			return "", "", err
+		}
+	}
 	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}})
 	if err != nil {
 		return "", "", fmt.Errorf("repository %s does not know its root: %w", r.Path, err)

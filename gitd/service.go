@@ -2,8 +2,9 @@
 // business/project under ReposDir, a pool holding main and one repository
 // per task whose alternate is the pool; repository.go), seeding and syncing
 // main from a project's root, the ingestion of pushed bundles into
-// refs/work/<task>, the bundles handed to workers and reviewers, and the
-// GitService gRPC server.
+// refs/work/<task>, the bundles handed to workers and reviewers, a
+// project's export and import when it moves to another host (move.go),
+// and the GitService gRPC server.
 //
 // What must hold: nothing reaches a repository before git's fsck passed it
 // in quarantine; a task's repository reads only itself and its pool, never
@@ -218,8 +219,13 @@ func (s *Service) repos() ([]repo, error) {
 }
 
 // cleanStale removes seeding directories and quarantines left by a killed
-// process, in the pools and in the task repositories.
+// process: in the store (an import's staging), in each business (a
+// project's seeding, an export's spool), in the pools and in the task
+// repositories.
 func (s *Service) cleanStale() error {
+	if err := removeSeeding(s.o.ReposDir); err != nil {
+		return err
+	}
 	bs, err := os.ReadDir(s.o.ReposDir)
 	if err != nil {
 		return err

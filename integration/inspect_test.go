@@ -16,6 +16,7 @@ type inspectProjects struct {
 		Business     string `json:"business"`
 		Project      string `json:"project"`
 		Host         string `json:"host"`
+		Moving       bool   `json:"moving"`
 		Here         bool   `json:"here"`
 		SizeBytes    int64  `json:"size_bytes"`
 		Tasks        int64  `json:"tasks"`
@@ -190,7 +191,7 @@ func TestInspectLists(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range ps.Projects {
-		if p.Host != strings.TrimSpace(string(hostID)) || !p.Here || p.SizeBytes <= 0 {
+		if p.Host != strings.TrimSpace(string(hostID)) || p.Moving || !p.Here || p.SizeBytes <= 0 {
 			t.Fatalf("project %s: placement or size: %+v (this host is %s)", p.Project, p, hostID)
 		}
 	}

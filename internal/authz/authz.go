@@ -146,6 +146,63 @@ type Lander interface {
 	Landings(ctx context.Context, business, project string) ([]Landing, error)
 }
 
+// Export is a move begun on the project's owner: its id, the log's head
+// at that moment (the project.moving event), and the project's tasks as
+// the log has them.
+type Export struct {
+	ID, Host string
+	HeadSeq  int64
+	HeadHash string
+	Tasks    []ExportTask
+}
+
+// ExportTask is one task of an exported project: its latest recorded push
+// ("" for none) and whether it is closed (its repository may be archived).
+type ExportTask struct {
+	Task, Commit string
+	Closed       bool
+}
+
+// ImportClaim is what an export file says of itself: the project, the host
+// and export it came from, the log's head then, and its manifest's digest.
+type ImportClaim struct {
+	Business, Project string
+	From, ID, Digest  string
+	HeadSeq           int64
+	HeadHash          string
+}
+
+// Mover is what gitd asks of the broker to move a project between bus
+// hosts sharing the store; the broker implements it beside Authority. The
+// store holds the move's state, so that every host sees it: from
+// BeginExport to CompleteImport or CancelExport, pushes, landings and
+// syncs of the project are refused with PROJECT_MOVING.
+type Mover interface {
+	// BeginExport (on the owner) marks business/project moving and appends
+	// project.moving; exporting again while moving starts a new export,
+	// and an import of the earlier file is then refused as stale.
+	BeginExport(ctx context.Context, business, project string) (Export, error)
+	// SealExport records the digest of export id's manifest.
+	SealExport(ctx context.Context, business, project, id, digest string) error
+	// CancelExport (on the owner) ends the move: the project takes pushes
+	// again, and its export files are stale. It returns the
+	// project.move_cancelled event, 0 when nothing was moving.
+	CancelExport(ctx context.Context, business, project string) (int64, error)
+	// NotMoving refuses with PROJECT_MOVING while business/project moves,
+	// and with PROJECT_ON_OTHER_HOST once it is placed elsewhere.
+	NotMoving(ctx context.Context, business, project string) error
+	// CheckImport refuses, writing nothing, what CompleteImport would.
+	CheckImport(ctx context.Context, c ImportClaim) error
+	// CompleteImport (on the new host) checks c against the store again,
+	// places the project on this host, ends the move and appends
+	// project.moved, in one transaction; it returns that event's seq.
+	CompleteImport(ctx context.Context, c ImportClaim) (int64, error)
+	// HostID is this host's id; Placement the host business/project is
+	// placed on (read afresh: an import whose commit is unclear asks it).
+	HostID() string
+	Placement(ctx context.Context, business, project string) (host string, ok bool, err error)
+}
+
 // TokenFromContext returns the bearer token of an incoming gRPC call, or "".
 func TokenFromContext(ctx context.Context) string {
 	md, ok := metadata.FromIncomingContext(ctx)

@@ -26,7 +26,7 @@ func init() {
 	register(&command{
 		words: "project list",
 		usage: "project list [--business B]",
-		help: "List projects: the bus host each is placed on, the size of its repositories on this host, task count and latest push, as a table " +
+		help: "List projects: the bus host each is placed on (\"(moving)\" while an export awaits its import), the size of its repositories on this host, task count and latest push, as a table " +
 			"(--json: {\"projects\":[...]}, docs/broker.md). The host sees every project; a grant its own task's project only.",
 		setup: runProjectList,
 	})
@@ -59,6 +59,7 @@ type projectJSON struct {
 	Business     string `json:"business"`
 	Project      string `json:"project"`
 	Host         string `json:"host"`
+	Moving       bool   `json:"moving"`
 	Here         bool   `json:"here"`
 	SizeBytes    int64  `json:"size_bytes"`
 	Tasks        int64  `json:"tasks"`
@@ -78,7 +79,7 @@ func runProjectList(fs *pflag.FlagSet) runFunc {
 			}
 			ps := []projectJSON{}
 			for _, p := range r.GetProjects() {
-				ps = append(ps, projectJSON{Business: p.GetBusiness(), Project: p.GetProject(), Host: p.GetHost(), Here: p.GetHere(), SizeBytes: p.GetSizeBytes(),
+				ps = append(ps, projectJSON{Business: p.GetBusiness(), Project: p.GetProject(), Host: p.GetHost(), Moving: p.GetMoving(), Here: p.GetHere(), SizeBytes: p.GetSizeBytes(),
 					Tasks: p.GetTasks(), LastPush: p.GetLastPushCommit(), LastPushSeq: p.GetLastPushSeq(), LastPushTask: p.GetLastPushTask(), LastPushTime: p.GetLastPushTime()})
 			}
 			if e.JSON {
@@ -91,7 +92,11 @@ func runProjectList(fs *pflag.FlagSet) runFunc {
 				if !p.Here {
 					size = "-"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Business, p.Project, orDash(p.Host), size, p.Tasks,
+				host := orDash(p.Host)
+				if p.Moving {
+					host += " (moving)"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Business, p.Project, host, size, p.Tasks,
 					orDash(p.LastPush), orDash(p.LastPushTask), orDash(p.LastPushTime))
 			}
 			return w.Flush()

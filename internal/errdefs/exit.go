@@ -44,6 +44,7 @@ var exitByReason = map[Reason]int{
 	NonFastForward:     ExitConflict,
 	ReviewStale:        ExitConflict,
 	ProjectOnOtherHost: ExitConflict,
+	ExportStale:        ExitConflict,
 	Usage:              ExitUsage,
 	LocalFailed:        ExitRefused,
 }

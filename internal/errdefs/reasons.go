@@ -156,4 +156,10 @@ const (
 	SessionLimit     Reason = "SESSION_LIMIT"
 	SessionNotFound  Reason = "SESSION_NOT_FOUND"
 	WorkspaceInvalid Reason = "WORKSPACE_INVALID"
+
+	// Moving a project between bus hosts through an export file (issue 19).
+	ProjectMoving        Reason = "PROJECT_MOVING"
+	ExportStale          Reason = "EXPORT_STALE"
+	ExportAltered        Reason = "EXPORT_ALTERED"
+	RepoDisagreesWithLog Reason = "REPO_DISAGREES_WITH_LOG"
 )

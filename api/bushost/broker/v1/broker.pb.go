@@ -2040,7 +2040,11 @@ type ProjectInfo struct {
 	// How many tasks the project has.
 	Tasks int64 `protobuf:"varint,9,opt,name=tasks,proto3" json:"tasks,omitempty"`
 	// Whether the answering host's home holds the project's repositories.
-	Here          bool `protobuf:"varint,10,opt,name=here,proto3" json:"here,omitempty"`
+	Here bool `protobuf:"varint,10,opt,name=here,proto3" json:"here,omitempty"`
+	// Whether the project was exported from its host ('bushost project
+	// export') and awaits its import on another: pushes, landings and syncs
+	// are refused with PROJECT_MOVING meanwhile.
+	Moving        bool `protobuf:"varint,11,opt,name=moving,proto3" json:"moving,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2141,6 +2145,13 @@ func (x *ProjectInfo) GetTasks() int64 {
 func (x *ProjectInfo) GetHere() bool {
 	if x != nil {
 		return x.Here
+	}
+	return false
+}
+
+func (x *ProjectInfo) GetMoving() bool {
+	if x != nil {
+		return x.Moving
 	}
 	return false
 }
@@ -2568,7 +2579,7 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x11ListTasksResponse\x121\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x1b.bushost.broker.v1.TaskInfoR\x05tasks\"1\n" +
 	"\x13ListProjectsRequest\x12\x1a\n" +
-	"\bbusiness\x18\x01 \x01(\tR\bbusiness\"\xba\x02\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\"\xd2\x02\n" +
 	"\vProjectInfo\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -2581,7 +2592,8 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x0elast_push_time\x18\b \x01(\tR\flastPushTime\x12\x14\n" +
 	"\x05tasks\x18\t \x01(\x03R\x05tasks\x12\x12\n" +
 	"\x04here\x18\n" +
-	" \x01(\bR\x04here\"R\n" +
+	" \x01(\bR\x04here\x12\x16\n" +
+	"\x06moving\x18\v \x01(\bR\x06moving\"R\n" +
 	"\x14ListProjectsResponse\x12:\n" +
 	"\bprojects\x18\x01 \x03(\v2\x1e.bushost.broker.v1.ProjectInfoR\bprojects\"]\n" +
 	"\x11ListGrantsRequest\x12\x1a\n" +

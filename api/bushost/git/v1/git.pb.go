@@ -1346,6 +1346,699 @@ func (*FetchWorkResponse_Commit) isFetchWorkResponse_Msg() {}
 
 func (*FetchWorkResponse_Chunk) isFetchWorkResponse_Msg() {}
 
+type ExportProjectRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Business      string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportProjectRequest) Reset() {
+	*x = ExportProjectRequest{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportProjectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportProjectRequest) ProtoMessage() {}
+
+func (x *ExportProjectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportProjectRequest.ProtoReflect.Descriptor instead.
+func (*ExportProjectRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ExportProjectRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *ExportProjectRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+type ExportProjectResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ExportProjectResponse_Begun
+	//	*ExportProjectResponse_Progress
+	//	*ExportProjectResponse_Chunk
+	//	*ExportProjectResponse_Done
+	Msg           isExportProjectResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportProjectResponse) Reset() {
+	*x = ExportProjectResponse{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportProjectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportProjectResponse) ProtoMessage() {}
+
+func (x *ExportProjectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportProjectResponse.ProtoReflect.Descriptor instead.
+func (*ExportProjectResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ExportProjectResponse) GetMsg() isExportProjectResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ExportProjectResponse) GetBegun() *ExportBegun {
+	if x != nil {
+		if x, ok := x.Msg.(*ExportProjectResponse_Begun); ok {
+			return x.Begun
+		}
+	}
+	return nil
+}
+
+func (x *ExportProjectResponse) GetProgress() *MoveProgress {
+	if x != nil {
+		if x, ok := x.Msg.(*ExportProjectResponse_Progress); ok {
+			return x.Progress
+		}
+	}
+	return nil
+}
+
+func (x *ExportProjectResponse) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ExportProjectResponse_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+func (x *ExportProjectResponse) GetDone() *ExportDone {
+	if x != nil {
+		if x, ok := x.Msg.(*ExportProjectResponse_Done); ok {
+			return x.Done
+		}
+	}
+	return nil
+}
+
+type isExportProjectResponse_Msg interface {
+	isExportProjectResponse_Msg()
+}
+
+type ExportProjectResponse_Begun struct {
+	// First: the export begun (the project is moving from here on).
+	Begun *ExportBegun `protobuf:"bytes,1,opt,name=begun,proto3,oneof"`
+}
+
+type ExportProjectResponse_Progress struct {
+	// While the server writes bundles or checks them: a sign of life, so
+	// that the client's progress timeout does not end a long step.
+	Progress *MoveProgress `protobuf:"bytes,2,opt,name=progress,proto3,oneof"`
+}
+
+type ExportProjectResponse_Chunk struct {
+	// Then the archive, in chunks of at most 1 MiB.
+	Chunk []byte `protobuf:"bytes,3,opt,name=chunk,proto3,oneof"`
+}
+
+type ExportProjectResponse_Done struct {
+	// Last: what the archive holds.
+	Done *ExportDone `protobuf:"bytes,4,opt,name=done,proto3,oneof"`
+}
+
+func (*ExportProjectResponse_Begun) isExportProjectResponse_Msg() {}
+
+func (*ExportProjectResponse_Progress) isExportProjectResponse_Msg() {}
+
+func (*ExportProjectResponse_Chunk) isExportProjectResponse_Msg() {}
+
+func (*ExportProjectResponse_Done) isExportProjectResponse_Msg() {}
+
+type ExportBegun struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ExportId string                 `protobuf:"bytes,1,opt,name=export_id,json=exportId,proto3" json:"export_id,omitempty"`
+	// The log's head the export names: its project.moving event.
+	HeadSeq  int64  `protobuf:"varint,2,opt,name=head_seq,json=headSeq,proto3" json:"head_seq,omitempty"`
+	HeadHash string `protobuf:"bytes,3,opt,name=head_hash,json=headHash,proto3" json:"head_hash,omitempty"`
+	// The exporting host's id.
+	Host          string `protobuf:"bytes,4,opt,name=host,proto3" json:"host,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportBegun) Reset() {
+	*x = ExportBegun{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportBegun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportBegun) ProtoMessage() {}
+
+func (x *ExportBegun) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportBegun.ProtoReflect.Descriptor instead.
+func (*ExportBegun) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ExportBegun) GetExportId() string {
+	if x != nil {
+		return x.ExportId
+	}
+	return ""
+}
+
+func (x *ExportBegun) GetHeadSeq() int64 {
+	if x != nil {
+		return x.HeadSeq
+	}
+	return 0
+}
+
+func (x *ExportBegun) GetHeadHash() string {
+	if x != nil {
+		return x.HeadHash
+	}
+	return ""
+}
+
+func (x *ExportBegun) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+type MoveProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the server is doing ("bundle pool", "verify task t1", ...).
+	Step          string `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveProgress) Reset() {
+	*x = MoveProgress{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveProgress) ProtoMessage() {}
+
+func (x *MoveProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveProgress.ProtoReflect.Descriptor instead.
+func (*MoveProgress) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *MoveProgress) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+type ExportDone struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The archive's size and sha256.
+	Bytes  int64  `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Sha256 string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// The project's tasks, and how many repositories travel as bundles.
+	Tasks   int32 `protobuf:"varint,3,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	Bundles int32 `protobuf:"varint,4,opt,name=bundles,proto3" json:"bundles,omitempty"`
+	// The manifest's sha256, as the broker recorded it.
+	ManifestSha256 string `protobuf:"bytes,5,opt,name=manifest_sha256,json=manifestSha256,proto3" json:"manifest_sha256,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ExportDone) Reset() {
+	*x = ExportDone{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportDone) ProtoMessage() {}
+
+func (x *ExportDone) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportDone.ProtoReflect.Descriptor instead.
+func (*ExportDone) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ExportDone) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ExportDone) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *ExportDone) GetTasks() int32 {
+	if x != nil {
+		return x.Tasks
+	}
+	return 0
+}
+
+func (x *ExportDone) GetBundles() int32 {
+	if x != nil {
+		return x.Bundles
+	}
+	return 0
+}
+
+func (x *ExportDone) GetManifestSha256() string {
+	if x != nil {
+		return x.ManifestSha256
+	}
+	return ""
+}
+
+type CancelExportRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Business      string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelExportRequest) Reset() {
+	*x = CancelExportRequest{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelExportRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelExportRequest) ProtoMessage() {}
+
+func (x *CancelExportRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelExportRequest.ProtoReflect.Descriptor instead.
+func (*CancelExportRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *CancelExportRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *CancelExportRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+type CancelExportResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether a move was under way (false: nothing to cancel).
+	Cancelled bool `protobuf:"varint,1,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	// The project.move_cancelled event (0 when nothing was cancelled).
+	Seq           int64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelExportResponse) Reset() {
+	*x = CancelExportResponse{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelExportResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelExportResponse) ProtoMessage() {}
+
+func (x *CancelExportResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelExportResponse.ProtoReflect.Descriptor instead.
+func (*CancelExportResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *CancelExportResponse) GetCancelled() bool {
+	if x != nil {
+		return x.Cancelled
+	}
+	return false
+}
+
+func (x *CancelExportResponse) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+type ImportProjectRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A piece of the archive, at most 1 MiB.
+	Chunk         []byte `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportProjectRequest) Reset() {
+	*x = ImportProjectRequest{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportProjectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportProjectRequest) ProtoMessage() {}
+
+func (x *ImportProjectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportProjectRequest.ProtoReflect.Descriptor instead.
+func (*ImportProjectRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ImportProjectRequest) GetChunk() []byte {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+type ImportProjectResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ImportProjectResponse_Progress
+	//	*ImportProjectResponse_Done
+	Msg           isImportProjectResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportProjectResponse) Reset() {
+	*x = ImportProjectResponse{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportProjectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportProjectResponse) ProtoMessage() {}
+
+func (x *ImportProjectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportProjectResponse.ProtoReflect.Descriptor instead.
+func (*ImportProjectResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ImportProjectResponse) GetMsg() isImportProjectResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ImportProjectResponse) GetProgress() *MoveProgress {
+	if x != nil {
+		if x, ok := x.Msg.(*ImportProjectResponse_Progress); ok {
+			return x.Progress
+		}
+	}
+	return nil
+}
+
+func (x *ImportProjectResponse) GetDone() *ImportDone {
+	if x != nil {
+		if x, ok := x.Msg.(*ImportProjectResponse_Done); ok {
+			return x.Done
+		}
+	}
+	return nil
+}
+
+type isImportProjectResponse_Msg interface {
+	isImportProjectResponse_Msg()
+}
+
+type ImportProjectResponse_Progress struct {
+	Progress *MoveProgress `protobuf:"bytes,1,opt,name=progress,proto3,oneof"`
+}
+
+type ImportProjectResponse_Done struct {
+	// Last: the project imported.
+	Done *ImportDone `protobuf:"bytes,2,opt,name=done,proto3,oneof"`
+}
+
+func (*ImportProjectResponse_Progress) isImportProjectResponse_Msg() {}
+
+func (*ImportProjectResponse_Done) isImportProjectResponse_Msg() {}
+
+type ImportDone struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Business string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project  string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	// The host it came from, and the export.
+	From     string `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	ExportId string `protobuf:"bytes,4,opt,name=export_id,json=exportId,proto3" json:"export_id,omitempty"`
+	// The project.moved event.
+	Seq           int64 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	Tasks         int32 `protobuf:"varint,6,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	Bundles       int32 `protobuf:"varint,7,opt,name=bundles,proto3" json:"bundles,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportDone) Reset() {
+	*x = ImportDone{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportDone) ProtoMessage() {}
+
+func (x *ImportDone) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportDone.ProtoReflect.Descriptor instead.
+func (*ImportDone) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ImportDone) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *ImportDone) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *ImportDone) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ImportDone) GetExportId() string {
+	if x != nil {
+		return x.ExportId
+	}
+	return ""
+}
+
+func (x *ImportDone) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ImportDone) GetTasks() int32 {
+	if x != nil {
+		return x.Tasks
+	}
+	return 0
+}
+
+func (x *ImportDone) GetBundles() int32 {
+	if x != nil {
+		return x.Bundles
+	}
+	return 0
+}
+
 var File_bushost_git_v1_git_proto protoreflect.FileDescriptor
 
 const file_bushost_git_v1_git_proto_rawDesc = "" +
@@ -1428,7 +2121,51 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\x11FetchWorkResponse\x12\x18\n" +
 	"\x06commit\x18\x01 \x01(\tH\x00R\x06commit\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
-	"\x03msg2\xf2\x06\n" +
+	"\x03msg\"L\n" +
+	"\x14ExportProjectRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\"\xd9\x01\n" +
+	"\x15ExportProjectResponse\x123\n" +
+	"\x05begun\x18\x01 \x01(\v2\x1b.bushost.git.v1.ExportBegunH\x00R\x05begun\x12:\n" +
+	"\bprogress\x18\x02 \x01(\v2\x1c.bushost.git.v1.MoveProgressH\x00R\bprogress\x12\x16\n" +
+	"\x05chunk\x18\x03 \x01(\fH\x00R\x05chunk\x120\n" +
+	"\x04done\x18\x04 \x01(\v2\x1a.bushost.git.v1.ExportDoneH\x00R\x04doneB\x05\n" +
+	"\x03msg\"v\n" +
+	"\vExportBegun\x12\x1b\n" +
+	"\texport_id\x18\x01 \x01(\tR\bexportId\x12\x19\n" +
+	"\bhead_seq\x18\x02 \x01(\x03R\aheadSeq\x12\x1b\n" +
+	"\thead_hash\x18\x03 \x01(\tR\bheadHash\x12\x12\n" +
+	"\x04host\x18\x04 \x01(\tR\x04host\"\"\n" +
+	"\fMoveProgress\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\tR\x04step\"\x93\x01\n" +
+	"\n" +
+	"ExportDone\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x14\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\x12\x18\n" +
+	"\abundles\x18\x04 \x01(\x05R\abundles\x12'\n" +
+	"\x0fmanifest_sha256\x18\x05 \x01(\tR\x0emanifestSha256\"K\n" +
+	"\x13CancelExportRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\"F\n" +
+	"\x14CancelExportResponse\x12\x1c\n" +
+	"\tcancelled\x18\x01 \x01(\bR\tcancelled\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x03R\x03seq\",\n" +
+	"\x14ImportProjectRequest\x12\x14\n" +
+	"\x05chunk\x18\x01 \x01(\fR\x05chunk\"\x8c\x01\n" +
+	"\x15ImportProjectResponse\x12:\n" +
+	"\bprogress\x18\x01 \x01(\v2\x1c.bushost.git.v1.MoveProgressH\x00R\bprogress\x120\n" +
+	"\x04done\x18\x02 \x01(\v2\x1a.bushost.git.v1.ImportDoneH\x00R\x04doneB\x05\n" +
+	"\x03msg\"\xb5\x01\n" +
+	"\n" +
+	"ImportDone\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\tR\x04from\x12\x1b\n" +
+	"\texport_id\x18\x04 \x01(\tR\bexportId\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x03R\x03seq\x12\x14\n" +
+	"\x05tasks\x18\x06 \x01(\x05R\x05tasks\x12\x18\n" +
+	"\abundles\x18\a \x01(\x05R\abundles2\x8f\t\n" +
 	"\n" +
 	"GitService\x12X\n" +
 	"\vPushWorking\x12\".bushost.git.v1.PushWorkingRequest\x1a#.bushost.git.v1.PushWorkingResponse(\x01\x12R\n" +
@@ -1442,7 +2179,10 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\vArchiveTask\x12\".bushost.git.v1.ArchiveTaskRequest\x1a#.bushost.git.v1.ArchiveTaskResponse\x12M\n" +
 	"\bLandTask\x12\x1f.bushost.git.v1.LandTaskRequest\x1a .bushost.git.v1.LandTaskResponse\x12_\n" +
 	"\x0ePublishProject\x12%.bushost.git.v1.PublishProjectRequest\x1a&.bushost.git.v1.PublishProjectResponse\x12R\n" +
-	"\tFetchWork\x12 .bushost.git.v1.FetchWorkRequest\x1a!.bushost.git.v1.FetchWorkResponse0\x01B5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
+	"\tFetchWork\x12 .bushost.git.v1.FetchWorkRequest\x1a!.bushost.git.v1.FetchWorkResponse0\x01\x12^\n" +
+	"\rExportProject\x12$.bushost.git.v1.ExportProjectRequest\x1a%.bushost.git.v1.ExportProjectResponse0\x01\x12Y\n" +
+	"\fCancelExport\x12#.bushost.git.v1.CancelExportRequest\x1a$.bushost.git.v1.CancelExportResponse\x12`\n" +
+	"\rImportProject\x12$.bushost.git.v1.ImportProjectRequest\x1a%.bushost.git.v1.ImportProjectResponse(\x010\x01B5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
 
 var (
 	file_bushost_git_v1_git_proto_rawDescOnce sync.Once
@@ -1456,7 +2196,7 @@ func file_bushost_git_v1_git_proto_rawDescGZIP() []byte {
 	return file_bushost_git_v1_git_proto_rawDescData
 }
 
-var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_bushost_git_v1_git_proto_goTypes = []any{
 	(*PushWorkingRequest)(nil),     // 0: bushost.git.v1.PushWorkingRequest
 	(*PushHeader)(nil),             // 1: bushost.git.v1.PushHeader
@@ -1479,34 +2219,55 @@ var file_bushost_git_v1_git_proto_goTypes = []any{
 	(*PublishProjectResponse)(nil), // 18: bushost.git.v1.PublishProjectResponse
 	(*FetchWorkRequest)(nil),       // 19: bushost.git.v1.FetchWorkRequest
 	(*FetchWorkResponse)(nil),      // 20: bushost.git.v1.FetchWorkResponse
+	(*ExportProjectRequest)(nil),   // 21: bushost.git.v1.ExportProjectRequest
+	(*ExportProjectResponse)(nil),  // 22: bushost.git.v1.ExportProjectResponse
+	(*ExportBegun)(nil),            // 23: bushost.git.v1.ExportBegun
+	(*MoveProgress)(nil),           // 24: bushost.git.v1.MoveProgress
+	(*ExportDone)(nil),             // 25: bushost.git.v1.ExportDone
+	(*CancelExportRequest)(nil),    // 26: bushost.git.v1.CancelExportRequest
+	(*CancelExportResponse)(nil),   // 27: bushost.git.v1.CancelExportResponse
+	(*ImportProjectRequest)(nil),   // 28: bushost.git.v1.ImportProjectRequest
+	(*ImportProjectResponse)(nil),  // 29: bushost.git.v1.ImportProjectResponse
+	(*ImportDone)(nil),             // 30: bushost.git.v1.ImportDone
 }
 var file_bushost_git_v1_git_proto_depIdxs = []int32{
 	1,  // 0: bushost.git.v1.PushWorkingRequest.header:type_name -> bushost.git.v1.PushHeader
-	0,  // 1: bushost.git.v1.GitService.PushWorking:input_type -> bushost.git.v1.PushWorkingRequest
-	3,  // 2: bushost.git.v1.GitService.FetchMain:input_type -> bushost.git.v1.FetchMainRequest
-	5,  // 3: bushost.git.v1.GitService.FetchReview:input_type -> bushost.git.v1.FetchReviewRequest
-	7,  // 4: bushost.git.v1.GitService.AddProject:input_type -> bushost.git.v1.AddProjectRequest
-	9,  // 5: bushost.git.v1.GitService.SyncProject:input_type -> bushost.git.v1.SyncProjectRequest
-	11, // 6: bushost.git.v1.GitService.RepairTask:input_type -> bushost.git.v1.RepairTaskRequest
-	12, // 7: bushost.git.v1.GitService.ArchiveTask:input_type -> bushost.git.v1.ArchiveTaskRequest
-	15, // 8: bushost.git.v1.GitService.LandTask:input_type -> bushost.git.v1.LandTaskRequest
-	17, // 9: bushost.git.v1.GitService.PublishProject:input_type -> bushost.git.v1.PublishProjectRequest
-	19, // 10: bushost.git.v1.GitService.FetchWork:input_type -> bushost.git.v1.FetchWorkRequest
-	2,  // 11: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
-	4,  // 12: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
-	6,  // 13: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
-	8,  // 14: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
-	10, // 15: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
-	14, // 16: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
-	13, // 17: bushost.git.v1.GitService.ArchiveTask:output_type -> bushost.git.v1.ArchiveTaskResponse
-	16, // 18: bushost.git.v1.GitService.LandTask:output_type -> bushost.git.v1.LandTaskResponse
-	18, // 19: bushost.git.v1.GitService.PublishProject:output_type -> bushost.git.v1.PublishProjectResponse
-	20, // 20: bushost.git.v1.GitService.FetchWork:output_type -> bushost.git.v1.FetchWorkResponse
-	11, // [11:21] is the sub-list for method output_type
-	1,  // [1:11] is the sub-list for method input_type
-	1,  // [1:1] is the sub-list for extension type_name
-	1,  // [1:1] is the sub-list for extension extendee
-	0,  // [0:1] is the sub-list for field type_name
+	23, // 1: bushost.git.v1.ExportProjectResponse.begun:type_name -> bushost.git.v1.ExportBegun
+	24, // 2: bushost.git.v1.ExportProjectResponse.progress:type_name -> bushost.git.v1.MoveProgress
+	25, // 3: bushost.git.v1.ExportProjectResponse.done:type_name -> bushost.git.v1.ExportDone
+	24, // 4: bushost.git.v1.ImportProjectResponse.progress:type_name -> bushost.git.v1.MoveProgress
+	30, // 5: bushost.git.v1.ImportProjectResponse.done:type_name -> bushost.git.v1.ImportDone
+	0,  // 6: bushost.git.v1.GitService.PushWorking:input_type -> bushost.git.v1.PushWorkingRequest
+	3,  // 7: bushost.git.v1.GitService.FetchMain:input_type -> bushost.git.v1.FetchMainRequest
+	5,  // 8: bushost.git.v1.GitService.FetchReview:input_type -> bushost.git.v1.FetchReviewRequest
+	7,  // 9: bushost.git.v1.GitService.AddProject:input_type -> bushost.git.v1.AddProjectRequest
+	9,  // 10: bushost.git.v1.GitService.SyncProject:input_type -> bushost.git.v1.SyncProjectRequest
+	11, // 11: bushost.git.v1.GitService.RepairTask:input_type -> bushost.git.v1.RepairTaskRequest
+	12, // 12: bushost.git.v1.GitService.ArchiveTask:input_type -> bushost.git.v1.ArchiveTaskRequest
+	15, // 13: bushost.git.v1.GitService.LandTask:input_type -> bushost.git.v1.LandTaskRequest
+	17, // 14: bushost.git.v1.GitService.PublishProject:input_type -> bushost.git.v1.PublishProjectRequest
+	19, // 15: bushost.git.v1.GitService.FetchWork:input_type -> bushost.git.v1.FetchWorkRequest
+	21, // 16: bushost.git.v1.GitService.ExportProject:input_type -> bushost.git.v1.ExportProjectRequest
+	26, // 17: bushost.git.v1.GitService.CancelExport:input_type -> bushost.git.v1.CancelExportRequest
+	28, // 18: bushost.git.v1.GitService.ImportProject:input_type -> bushost.git.v1.ImportProjectRequest
+	2,  // 19: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
+	4,  // 20: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
+	6,  // 21: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
+	8,  // 22: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
+	10, // 23: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
+	14, // 24: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
+	13, // 25: bushost.git.v1.GitService.ArchiveTask:output_type -> bushost.git.v1.ArchiveTaskResponse
+	16, // 26: bushost.git.v1.GitService.LandTask:output_type -> bushost.git.v1.LandTaskResponse
+	18, // 27: bushost.git.v1.GitService.PublishProject:output_type -> bushost.git.v1.PublishProjectResponse
+	20, // 28: bushost.git.v1.GitService.FetchWork:output_type -> bushost.git.v1.FetchWorkResponse
+	22, // 29: bushost.git.v1.GitService.ExportProject:output_type -> bushost.git.v1.ExportProjectResponse
+	27, // 30: bushost.git.v1.GitService.CancelExport:output_type -> bushost.git.v1.CancelExportResponse
+	29, // 31: bushost.git.v1.GitService.ImportProject:output_type -> bushost.git.v1.ImportProjectResponse
+	19, // [19:32] is the sub-list for method output_type
+	6,  // [6:19] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_bushost_git_v1_git_proto_init() }
@@ -1530,13 +2291,23 @@ func file_bushost_git_v1_git_proto_init() {
 		(*FetchWorkResponse_Commit)(nil),
 		(*FetchWorkResponse_Chunk)(nil),
 	}
+	file_bushost_git_v1_git_proto_msgTypes[22].OneofWrappers = []any{
+		(*ExportProjectResponse_Begun)(nil),
+		(*ExportProjectResponse_Progress)(nil),
+		(*ExportProjectResponse_Chunk)(nil),
+		(*ExportProjectResponse_Done)(nil),
+	}
+	file_bushost_git_v1_git_proto_msgTypes[29].OneofWrappers = []any{
+		(*ImportProjectResponse_Progress)(nil),
+		(*ImportProjectResponse_Done)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_git_v1_git_proto_rawDesc), len(file_bushost_git_v1_git_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,9 @@ const (
 	GitService_LandTask_FullMethodName       = "/bushost.git.v1.GitService/LandTask"
 	GitService_PublishProject_FullMethodName = "/bushost.git.v1.GitService/PublishProject"
 	GitService_FetchWork_FullMethodName      = "/bushost.git.v1.GitService/FetchWork"
+	GitService_ExportProject_FullMethodName  = "/bushost.git.v1.GitService/ExportProject"
+	GitService_CancelExport_FullMethodName   = "/bushost.git.v1.GitService/CancelExport"
+	GitService_ImportProject_FullMethodName  = "/bushost.git.v1.GitService/ImportProject"
 )
 
 // GitServiceClient is the client API for GitService service.
@@ -73,6 +76,23 @@ type GitServiceClient interface {
 	// FetchWork streams a bundle of the task's latest push to its worker
 	// (git.push.working), as FetchReview does: the commit first, then chunks.
 	FetchWork(ctx context.Context, in *FetchWorkRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchWorkResponse], error)
+	// ExportProject (host only, on the host the project is placed on)
+	// begins moving the project to another bus host sharing the broker: from
+	// its start, pushes, landings and syncs of it are refused with
+	// PROJECT_MOVING. It streams one tar archive: manifest.json (the log's
+	// head at export, the project's tasks and refs, each bundle's sha256),
+	// the pool's bundle and one bundle per task repository. Exporting again
+	// while the project moves makes a new file; the earlier one is stale.
+	ExportProject(ctx context.Context, in *ExportProjectRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportProjectResponse], error)
+	// CancelExport (host only, on the owner) ends a move: the project takes
+	// pushes again here, and any file exported is refused by an import.
+	CancelExport(ctx context.Context, in *CancelExportRequest, opts ...grpc.CallOption) (*CancelExportResponse, error)
+	// ImportProject (host only, on the new host) takes an ExportProject
+	// archive in chunks, verifies it against its manifest and the log,
+	// writes the repositories and places the project on this host, in the
+	// transaction that ends the move. A stale or altered file is refused
+	// (EXPORT_STALE, EXPORT_ALTERED) and leaves nothing behind.
+	ImportProject(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ImportProjectRequest, ImportProjectResponse], error)
 }
 
 type gitServiceClient struct {
@@ -213,6 +233,48 @@ func (c *gitServiceClient) FetchWork(ctx context.Context, in *FetchWorkRequest, 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type GitService_FetchWorkClient = grpc.ServerStreamingClient[FetchWorkResponse]
 
+func (c *gitServiceClient) ExportProject(ctx context.Context, in *ExportProjectRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportProjectResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &GitService_ServiceDesc.Streams[4], GitService_ExportProject_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExportProjectRequest, ExportProjectResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GitService_ExportProjectClient = grpc.ServerStreamingClient[ExportProjectResponse]
+
+func (c *gitServiceClient) CancelExport(ctx context.Context, in *CancelExportRequest, opts ...grpc.CallOption) (*CancelExportResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelExportResponse)
+	err := c.cc.Invoke(ctx, GitService_CancelExport_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gitServiceClient) ImportProject(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ImportProjectRequest, ImportProjectResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &GitService_ServiceDesc.Streams[5], GitService_ImportProject_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ImportProjectRequest, ImportProjectResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GitService_ImportProjectClient = grpc.BidiStreamingClient[ImportProjectRequest, ImportProjectResponse]
+
 // GitServiceServer is the server API for GitService service.
 // All implementations must embed UnimplementedGitServiceServer
 // for forward compatibility.
@@ -255,6 +317,23 @@ type GitServiceServer interface {
 	// FetchWork streams a bundle of the task's latest push to its worker
 	// (git.push.working), as FetchReview does: the commit first, then chunks.
 	FetchWork(*FetchWorkRequest, grpc.ServerStreamingServer[FetchWorkResponse]) error
+	// ExportProject (host only, on the host the project is placed on)
+	// begins moving the project to another bus host sharing the broker: from
+	// its start, pushes, landings and syncs of it are refused with
+	// PROJECT_MOVING. It streams one tar archive: manifest.json (the log's
+	// head at export, the project's tasks and refs, each bundle's sha256),
+	// the pool's bundle and one bundle per task repository. Exporting again
+	// while the project moves makes a new file; the earlier one is stale.
+	ExportProject(*ExportProjectRequest, grpc.ServerStreamingServer[ExportProjectResponse]) error
+	// CancelExport (host only, on the owner) ends a move: the project takes
+	// pushes again here, and any file exported is refused by an import.
+	CancelExport(context.Context, *CancelExportRequest) (*CancelExportResponse, error)
+	// ImportProject (host only, on the new host) takes an ExportProject
+	// archive in chunks, verifies it against its manifest and the log,
+	// writes the repositories and places the project on this host, in the
+	// transaction that ends the move. A stale or altered file is refused
+	// (EXPORT_STALE, EXPORT_ALTERED) and leaves nothing behind.
+	ImportProject(grpc.BidiStreamingServer[ImportProjectRequest, ImportProjectResponse]) error
 	mustEmbedUnimplementedGitServiceServer()
 }
 
@@ -294,6 +373,15 @@ func (UnimplementedGitServiceServer) PublishProject(context.Context, *PublishPro
 }
 func (UnimplementedGitServiceServer) FetchWork(*FetchWorkRequest, grpc.ServerStreamingServer[FetchWorkResponse]) error {
 	return status.Error(codes.Unimplemented, "method FetchWork not implemented")
+}
+func (UnimplementedGitServiceServer) ExportProject(*ExportProjectRequest, grpc.ServerStreamingServer[ExportProjectResponse]) error {
+	return status.Error(codes.Unimplemented, "method ExportProject not implemented")
+}
+func (UnimplementedGitServiceServer) CancelExport(context.Context, *CancelExportRequest) (*CancelExportResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelExport not implemented")
+}
+func (UnimplementedGitServiceServer) ImportProject(grpc.BidiStreamingServer[ImportProjectRequest, ImportProjectResponse]) error {
+	return status.Error(codes.Unimplemented, "method ImportProject not implemented")
 }
 func (UnimplementedGitServiceServer) mustEmbedUnimplementedGitServiceServer() {}
 func (UnimplementedGitServiceServer) testEmbeddedByValue()                    {}
@@ -464,6 +552,42 @@ func _GitService_FetchWork_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type GitService_FetchWorkServer = grpc.ServerStreamingServer[FetchWorkResponse]
 
+func _GitService_ExportProject_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExportProjectRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(GitServiceServer).ExportProject(m, &grpc.GenericServerStream[ExportProjectRequest, ExportProjectResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GitService_ExportProjectServer = grpc.ServerStreamingServer[ExportProjectResponse]
+
+func _GitService_CancelExport_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelExportRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitServiceServer).CancelExport(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitService_CancelExport_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitServiceServer).CancelExport(ctx, req.(*CancelExportRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GitService_ImportProject_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(GitServiceServer).ImportProject(&grpc.GenericServerStream[ImportProjectRequest, ImportProjectResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GitService_ImportProjectServer = grpc.BidiStreamingServer[ImportProjectRequest, ImportProjectResponse]
+
 // GitService_ServiceDesc is the grpc.ServiceDesc for GitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -495,6 +619,10 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "PublishProject",
 			Handler:    _GitService_PublishProject_Handler,
 		},
+		{
+			MethodName: "CancelExport",
+			Handler:    _GitService_CancelExport_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -516,6 +644,17 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "FetchWork",
 			Handler:       _GitService_FetchWork_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ExportProject",
+			Handler:       _GitService_ExportProject_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ImportProject",
+			Handler:       _GitService_ImportProject_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "bushost/git/v1/git.proto",

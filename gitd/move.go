@@ -1,0 +1,904 @@
+package gitd
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
+	"github.com/bushost/bushost/internal/names"
+)
+
+// Moving a project to another bus host sharing the broker (docs/scaling.md,
+// "Moving a project"). Hosts share only the database: the repositories
+// travel as one tar archive the operator carries,
+//
+//	manifest.json          the project, the exporting host and export id,
+//	                       the log's head at export, each task's latest
+//	                       push, each repository's refs and bundle sha256
+//	pool.bundle            the pool: every ref, whole
+//	tasks/<task>.bundle    a task's repository: every ref, thin against
+//	                       the pool's refs (none when the pool holds it all)
+//
+// and the broker's store holds the move's state (broker/move.go), with the
+// manifest's digest: an import verifies each bundle against the manifest
+// and the manifest against the store, so a file altered anywhere, or one
+// the log has moved past, is refused before the placement moves.
+
+// manifestFormat names the archive's layout; an import refuses others.
+const manifestFormat = "bushost-project-export/1"
+
+const (
+	manifestName = "manifest.json"
+	poolBundle   = "pool.bundle"
+	// maxManifestBytes bounds the manifest an import reads into memory.
+	maxManifestBytes = 16 << 20
+)
+
+type manifest struct {
+	Format   string         `json:"format"`
+	Business string         `json:"business"`
+	Project  string         `json:"project"`
+	From     string         `json:"from"` // the exporting host's id
+	ExportID string         `json:"export_id"`
+	Head     manifestHead   `json:"head"` // the project.moving event
+	Created  string         `json:"created"`
+	Root     string         `json:"root,omitempty"` // the project's root on the exporting host
+	Pool     manifestRepo   `json:"pool"`
+	Tasks    []manifestTask `json:"tasks"`
+}
+
+type manifestHead struct {
+	Seq  int64  `json:"seq"`
+	Hash string `json:"hash"`
+}
+
+// manifestRepo is one repository: its refs, and its bundle unless every
+// commit its refs reach is in the pool (File "").
+type manifestRepo struct {
+	File   string            `json:"file,omitempty"`
+	SHA256 string            `json:"sha256,omitempty"`
+	Size   int64             `json:"size,omitempty"`
+	Refs   map[string]string `json:"refs"`
+}
+
+type manifestTask struct {
+	Task string `json:"task"`
+	// LastPush is the log's latest push of the task ("" for none).
+	LastPush string `json:"last_push"`
+	Closed   bool   `json:"closed"`
+	// Repository is nil for a task with no repository (no push yet, or a
+	// closed task the host archived).
+	Repository *manifestRepo `json:"repository,omitempty"`
+}
+
+func taskBundleName(task string) string { return "tasks/" + task + ".bundle" }
+
+// Flusher is a buffered writer: ExportProject flushes it before it
+// reports success, so that a failed send cancels the export.
+type Flusher interface {
+	io.Writer
+	Flush() error
+}
+
+// ExportResult is what ExportProject wrote.
+type ExportResult struct {
+	Export         authz.Export
+	Bytes          int64  // the archive's
+	SHA256         string // the archive's
+	ManifestSHA256 string
+	Tasks, Bundles int
+}
+
+func (s *Service) mover() (authz.Mover, error) {
+	m, ok := s.o.Authority.(authz.Mover)
+	if !ok {
+		return nil, errors.New("this bus host's broker cannot move projects")
+	}
+	return m, nil
+}
+
+// ExportProject begins moving business/project to another host and writes
+// its archive to w. Under the project's lock it checks that every task's
+// ref agrees with the log, has the broker mark the project moving (pushes,
+// landings and syncs are refused with PROJECT_MOVING from then on), calls
+// begun, bundles each repository into a spool directory, records the
+// manifest's digest with the broker, and then streams the archive. step
+// names what it is doing, for a caller that reports progress. If the
+// export fails after it began, it is cancelled: the project takes pushes
+// again.
+func (s *Service) ExportProject(ctx context.Context, business, project string, step func(string), begun func(authz.Export) error, w Flusher) (res ExportResult, err error) {
+	m, err := s.mover()
+	if err != nil {
+		return res, err
+	}
+	p, err := s.project(business, project)
+	if err != nil {
+		return res, err
+	}
+	if !p.exists() {
+		return res, projectNotFound(business, project)
+	}
+	unlock, err := s.lock(ctx, p)
+	if err != nil {
+		return res, err
+	}
+	locked := true
+	defer func() {
+		if locked {
+			unlock()
+		}
+	}()
+	step("check the repositories against the log")
+	repos, err := s.exportRepos(ctx, p)
+	if err != nil {
+		return res, err
+	}
+	ex, err := m.BeginExport(ctx, business, project)
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
+		defer cancel()
+		if _, cerr := m.CancelExport(cctx, business, project); cerr != nil {
+			s.log.Error("export failed, and cancelling it failed too: the project stays moving until 'bushost project export --cancel'", "business", business, "project", project, "err", cerr)
+			return
+		}
+		s.log.Warn("export failed and was cancelled: the project takes pushes again", "business", business, "project", project, "err", err)
+	}()
+	res.Export = ex
+	// Under the lock, nothing recorded a push of the project between the
+	// check and BeginExport: the log's tasks are those checked.
+	for _, t := range ex.Tasks {
+		if repos.last[t.Task] != t.Commit {
+			return res, errdefs.Internal(errdefs.InternalError, "task %s's latest push changed during the export (%s, now %s)", t.Task, repos.last[t.Task], t.Commit)
+		}
+	}
+	if err := begun(ex); err != nil {
+		return res, err
+	}
+	spool, err := os.MkdirTemp(filepath.Dir(p.Dir), seedPrefix+"export-"+project+"-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(spool)
+	if err := os.Mkdir(filepath.Join(spool, "tasks"), 0o700); err != nil {
+		return res, err
+	}
+	mf := manifest{Format: manifestFormat, Business: business, Project: project, From: ex.Host, ExportID: ex.ID,
+		Head: manifestHead{Seq: ex.HeadSeq, Hash: ex.HeadHash}, Created: time.Now().UTC().Format(time.RFC3339)}
+	if root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: p.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}); err == nil {
+		mf.Root = root
+	}
+	step("bundle the pool")
+	var poolTips []string
+	for _, oid := range repos.pool {
+		poolTips = append(poolTips, "^"+oid)
+	}
+	if mf.Pool, err = s.bundleRepo(ctx, p, repos.pool, nil, spool, poolBundle); err != nil {
+		return res, err
+	}
+	files := []string{poolBundle}
+	for _, t := range ex.Tasks {
+		mt := manifestTask{Task: t.Task, LastPush: t.Commit, Closed: t.Closed}
+		if refs, ok := repos.tasks[t.Task]; ok {
+			step("bundle task " + t.Task)
+			r, err := s.task(business, project, t.Task)
+			if err != nil {
+				return res, err
+			}
+			mr, err := s.bundleRepo(ctx, r, refs, poolTips, spool, taskBundleName(t.Task))
+			if err != nil {
+				return res, err
+			}
+			mt.Repository = &mr
+			if mr.File != "" {
+				files = append(files, mr.File)
+				res.Bundles++
+			}
+		}
+		mf.Tasks = append(mf.Tasks, mt)
+	}
+	res.Bundles++ // the pool's
+	res.Tasks = len(mf.Tasks)
+	raw, err := json.MarshalIndent(mf, "", "  ")
+	if err != nil {
+		return res, err
+	}
+	raw = append(raw, '\n')
+	sum := sha256.Sum256(raw)
+	res.ManifestSHA256 = hex.EncodeToString(sum[:])
+	if err := m.SealExport(ctx, business, project, ex.ID, res.ManifestSHA256); err != nil {
+		return res, err
+	}
+	// The spool is the export's own: pushes are refused from here on and
+	// wait for nothing, so the lock is not held while the archive streams.
+	unlock()
+	locked = false
+	step("send the archive")
+	h := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(w, h)}
+	tw := tar.NewWriter(cw)
+	mtime := time.Now().UTC().Truncate(time.Second)
+	if err := tarFile(tw, manifestName, bytes.NewReader(raw), int64(len(raw)), mtime); err != nil {
+		return res, err
+	}
+	for _, name := range files {
+		f, err := os.Open(filepath.Join(spool, name))
+		if err != nil {
+			return res, err
+		}
+		fi, err := f.Stat()
+		if err == nil {
+			err = tarFile(tw, name, f, fi.Size(), mtime)
+		}
+		f.Close()
+		if err != nil {
+			return res, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return res, err
+	}
+	if err := w.Flush(); err != nil {
+		return res, err
+	}
+	res.Bytes, res.SHA256 = cw.n, hex.EncodeToString(h.Sum(nil))
+	s.log.Info("exported a project: it is moving, pushes are refused until it is imported elsewhere or the export is cancelled",
+		"business", business, "project", project, "export_id", ex.ID, "head_seq", ex.HeadSeq, "bytes", res.Bytes, "tasks", res.Tasks)
+	return res, nil
+}
+
+// exportRefs are a project's refs as an export found them.
+type exportRefs struct {
+	pool  map[string]string            // ref -> commit
+	tasks map[string]map[string]string // task -> its repository's refs
+	last  map[string]string            // the log's latest push per task
+}
+
+// exportRepos reads the project's refs and refuses an export when one
+// disagrees with the log (REPO_DISAGREES_WITH_LOG): a task's refs/work
+// that is not its latest recorded push, an open task with a push but no
+// repository, main behind the last landing. The caller holds the
+// project's lock.
+func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
+	out := exportRefs{tasks: map[string]map[string]string{}}
+	var err error
+	if out.last, err = s.o.Authority.LastPushes(ctx, p.Business, p.Project); err != nil {
+		return out, err
+	}
+	if out.pool, err = s.refs(ctx, p); err != nil {
+		return out, err
+	}
+	if _, ok := out.pool[MainRef]; !ok {
+		return out, errdefs.FailedPrecondition(errdefs.MainNotFound, "project %s/%s has no main", p.Business, p.Project)
+	}
+	if err := s.mainHasLandings(ctx, p, p.Path); err != nil {
+		return out, err
+	}
+	disagree := func(task, ref, log string) error {
+		return errdefs.FailedPrecondition(errdefs.RepoDisagreesWithLog,
+			"task %s/%s/%s: its ref is at %q, the log's latest push is %q: restart bushostd (it reconciles refs with the log at start) or run 'bushost task repair', then export again",
+			p.Business, p.Project, task, ref, log).
+			With("task", p.Business+"/"+p.Project+"/"+task).With("ref_commit", ref).With("log_commit", log)
+	}
+	ts, err := s.tasks(p)
+	if err != nil {
+		return out, err
+	}
+	for _, t := range ts {
+		refs, err := s.refs(ctx, t)
+		if err != nil {
+			return out, err
+		}
+		ref, _ := names.WorkRef(t.Task)
+		if refs[ref] != out.last[t.Task] {
+			return out, disagree(t.Task, refs[ref], out.last[t.Task])
+		}
+		if len(refs) > 0 {
+			out.tasks[t.Task] = refs
+		}
+	}
+	for task, commit := range out.last {
+		if _, ok := out.tasks[task]; ok || commit == "" {
+			continue
+		}
+		// A closed task's repository may have been archived; an open
+		// task's may not be missing.
+		if s.o.Authority.TaskOpen(ctx, authz.Grant{Business: p.Business, Project: p.Project, Task: task}) == nil {
+			return out, disagree(task, "", commit)
+		}
+	}
+	return out, nil
+}
+
+// mainHasLandings refuses a pool (at gitDir) whose main does not hold the
+// log's last landing of p's project.
+func (s *Service) mainHasLandings(ctx context.Context, p repo, gitDir string) error {
+	l, ok := s.o.Authority.(authz.Lander)
+	if !ok {
+		return nil
+	}
+	ls, err := l.Landings(ctx, p.Business, p.Project)
+	if err != nil || len(ls) == 0 {
+		return err
+	}
+	last := ls[len(ls)-1]
+	err = s.git.Run(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{last.New, MainRef}})
+	if err == nil {
+		return nil
+	}
+	if gitcmd.ExitCode(err) != 1 && gitcmd.ExitCode(err) != 128 {
+		return err
+	}
+	return errdefs.FailedPrecondition(errdefs.RepoDisagreesWithLog,
+		"project %s/%s: main does not hold %s, where the log's last landing (task %s) put it: restart bushostd (it reconciles main with the log at start), then export again",
+		p.Business, p.Project, last.New, last.Task).With("log_commit", last.New).With("task", last.Task)
+}
+
+// refs lists r's refs (ref -> commit); none for a repository not made.
+func (s *Service) refs(ctx context.Context, r repo) (map[string]string, error) {
+	out := map[string]string{}
+	if !r.exists() {
+		return out, nil
+	}
+	raw, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "for-each-ref", Flags: []string{"--format=%(objectname) %(refname)"}})
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		if oid, ref, ok := strings.Cut(line, " "); ok {
+			out[ref] = oid
+		}
+	}
+	return out, nil
+}
+
+// bundleRepo writes r's refs as the bundle name under spool, thin against
+// not (^commit of the pool's refs; nil for the pool itself), and returns
+// its manifest entry: no file when the pool already holds every commit the
+// refs reach (git refuses an empty bundle).
+func (s *Service) bundleRepo(ctx context.Context, r repo, refs map[string]string, not []string, spool, name string) (manifestRepo, error) {
+	mr := manifestRepo{Refs: refs}
+	revs := make([]string, 0, len(refs)+len(not))
+	for ref := range refs {
+		revs = append(revs, ref)
+	}
+	sort.Strings(revs)
+	revs = append(revs, not...)
+	if len(not) > 0 {
+		n, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "rev-list", Flags: []string{"--count"}, Args: revs})
+		if err != nil {
+			return mr, err
+		}
+		if n == "0" {
+			return mr, nil
+		}
+	}
+	path := filepath.Join(spool, name)
+	if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "bundle", Flags: []string{"create", "--quiet", "--version=2"},
+		Args: append([]string{path}, revs...)}); err != nil {
+		return mr, fmt.Errorf("bundle %s: %w", r.Path, err)
+	}
+	sum, size, err := fileSHA256(path)
+	if err != nil {
+		return mr, err
+	}
+	mr.File, mr.SHA256, mr.Size = name, sum, size
+	return mr, nil
+}
+
+func fileSHA256(path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	return hex.EncodeToString(h.Sum(nil)), n, err
+}
+
+func tarFile(tw *tar.Writer, name string, r io.Reader, size int64, mtime time.Time) error {
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o600, Size: size, ModTime: mtime, Format: tar.FormatPAX}); err != nil {
+		return err
+	}
+	_, err := io.Copy(tw, r)
+	return err
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// CancelExport ends a move of business/project begun on this host. It
+// returns the project.move_cancelled event (0: nothing was moving).
+func (s *Service) CancelExport(ctx context.Context, business, project string) (int64, error) {
+	m, err := s.mover()
+	if err != nil {
+		return 0, err
+	}
+	return m.CancelExport(ctx, business, project)
+}
+
+// ImportResult is what ImportProject placed here.
+type ImportResult struct {
+	Business, Project, From, ExportID string
+	Seq                               int64 // the project.moved event
+	Tasks, Bundles                    int
+}
+
+// ImportProject reads an ExportProject archive from body, verifies it and
+// places its project on this host. In order: the manifest (first entry)
+// is parsed and checked against the broker's store (CheckImport: the
+// export is the project's current one, its digest and head the recorded
+// ones, nothing appended for the project since); every bundle is read
+// into a staging directory and checked against the manifest's sha256 and
+// size; the repositories are built there, each bundle through `git
+// bundle verify` and index-pack --strict in a quarantine, as pushes are,
+// with exactly the manifest's refs; the refs are checked against the log
+// (each task's latest push, main holding the last landing); then, under
+// the project's lock, the staging directory is renamed into
+// repos/<business>/<project> (a stale copy from an earlier placement here
+// set aside) and the broker places the project here in the transaction
+// that ends the move (CompleteImport). A refusal at any step leaves
+// nothing: no repository, no placement change, the copy set aside back.
+func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(string)) (ImportResult, error) {
+	var res ImportResult
+	m, err := s.mover()
+	if err != nil {
+		return res, err
+	}
+	stage, err := os.MkdirTemp(s.o.ReposDir, seedPrefix+"import-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(stage)
+	step("read the manifest")
+	tr := tar.NewReader(body)
+	mf, digest, err := readManifest(tr)
+	if err != nil {
+		return res, readErr(ctx, err)
+	}
+	res.Business, res.Project, res.From, res.ExportID, res.Tasks = mf.Business, mf.Project, mf.From, mf.ExportID, len(mf.Tasks)
+	c := authz.ImportClaim{Business: mf.Business, Project: mf.Project, From: mf.From, ID: mf.ExportID, Digest: digest,
+		HeadSeq: mf.Head.Seq, HeadHash: mf.Head.Hash}
+	if err := m.CheckImport(ctx, c); err != nil {
+		return res, err
+	}
+	step("read the bundles")
+	files := filepath.Join(stage, "files")
+	if err := readBundles(ctx, tr, mf, files); err != nil {
+		return res, err
+	}
+	proj := filepath.Join(stage, "project")
+	if err := os.Mkdir(proj, 0o700); err != nil {
+		return res, err
+	}
+	p := repo{Business: mf.Business, Project: mf.Project, Dir: proj, Path: filepath.Join(proj, poolName), git: s.git}
+	step("verify the pool")
+	if err := s.git.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{p.Path}}); err != nil {
+		return res, err
+	}
+	if err := s.importRepo(ctx, p, mf.Pool, files); err != nil {
+		return res, err
+	}
+	res.Bundles++
+	if mf.Root != "" {
+		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: p.Path, Sub: "config", Args: []string{rootKey, mf.Root}}); err != nil {
+			return res, err
+		}
+	}
+	for _, t := range mf.Tasks {
+		if t.Repository == nil {
+			continue
+		}
+		step("verify task " + t.Task)
+		r := p
+		r.Task, r.Path = t.Task, filepath.Join(proj, tasksDir, t.Task+".git")
+		if err := os.MkdirAll(filepath.Dir(r.Path), 0o700); err != nil {
+			return res, err
+		}
+		if err := s.initTask(ctx, r.Path); err != nil {
+			return res, err
+		}
+		if err := s.importRepo(ctx, r, *t.Repository, files); err != nil {
+			return res, err
+		}
+		if t.Repository.File != "" {
+			res.Bundles++
+		}
+	}
+	step("check the refs against the log")
+	if err := s.importAgrees(ctx, p, mf); err != nil {
+		return res, err
+	}
+	step("place the project")
+	res.Seq, err = s.placeImport(ctx, m, c, proj)
+	if err != nil {
+		return res, err
+	}
+	s.log.Info("imported a project: it is placed on this host", "business", mf.Business, "project", mf.Project,
+		"from", mf.From, "export_id", mf.ExportID, "seq", res.Seq, "tasks", res.Tasks)
+	return res, nil
+}
+
+func altered(format string, a ...any) *errdefs.Error {
+	return errdefs.InvalidArgument(errdefs.ExportAltered, "the file is not the export it claims to be: "+format, a...)
+}
+
+// readErr is an archive read's failure: the call's own end when the
+// stream ended, else a file that is not a whole export.
+func readErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if _, ok := errdefs.As(err); ok {
+		return err
+	}
+	return altered("%v (truncated, or not an archive of 'bushost project export')", err).Wrap(err)
+}
+
+// readManifest reads the archive's first entry, the manifest, checks its
+// shape and returns it with its sha256.
+func readManifest(tr *tar.Reader) (manifest, string, error) {
+	var mf manifest
+	hdr, err := tr.Next()
+	if err != nil {
+		return mf, "", err
+	}
+	if hdr.Name != manifestName || hdr.Typeflag != tar.TypeReg {
+		return mf, "", altered("its first entry is %q, not %s", hdr.Name, manifestName)
+	}
+	if hdr.Size > maxManifestBytes {
+		return mf, "", altered("its manifest is %d bytes, over %d", hdr.Size, maxManifestBytes)
+	}
+	raw, err := io.ReadAll(io.LimitReader(tr, maxManifestBytes+1))
+	if err != nil {
+		return mf, "", err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&mf); err != nil {
+		return mf, "", altered("its manifest is not valid: %v", err)
+	}
+	if err := mf.check(); err != nil {
+		return mf, "", err
+	}
+	sum := sha256.Sum256(raw)
+	return mf, hex.EncodeToString(sum[:]), nil
+}
+
+// check refuses a manifest that names anything this host would not make
+// itself: other names, paths or refs, files not where the layout puts them.
+func (mf *manifest) check() error {
+	if mf.Format != manifestFormat {
+		return altered("its format is %q, not %q", mf.Format, manifestFormat)
+	}
+	if err := names.CheckScope(names.Scope{Business: mf.Business, Project: mf.Project}); err != nil || mf.Project == "" {
+		return altered("its project %q/%q: %v", mf.Business, mf.Project, err)
+	}
+	if mf.From == "" || mf.ExportID == "" || mf.Head.Seq <= 0 || mf.Head.Hash == "" {
+		return altered("its manifest names no exporting host, export or head")
+	}
+	if err := mf.Pool.check(poolBundle, true); err != nil {
+		return err
+	}
+	if _, ok := mf.Pool.Refs[MainRef]; !ok {
+		return altered("its pool has no %s", MainRef)
+	}
+	seen := map[string]bool{}
+	for _, t := range mf.Tasks {
+		if err := names.Check("task", t.Task); err != nil {
+			return altered("a task %q: %v", t.Task, err)
+		}
+		if seen[t.Task] {
+			return altered("task %s is listed twice", t.Task)
+		}
+		seen[t.Task] = true
+		if t.LastPush != "" && !gitid.Valid(t.LastPush) {
+			return altered("task %s's last push %q is not an object id", t.Task, t.LastPush)
+		}
+		if t.Repository != nil {
+			if err := t.Repository.check(taskBundleName(t.Task), false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (mr *manifestRepo) check(file string, whole bool) error {
+	if len(mr.Refs) == 0 {
+		return altered("a repository (%s) with no refs", file)
+	}
+	for ref, oid := range mr.Refs {
+		if err := gitid.CheckReferenceName(ref); err != nil || !strings.HasPrefix(ref, "refs/") || !gitid.Valid(oid) {
+			return altered("ref %q -> %q of %s", ref, oid, file)
+		}
+	}
+	switch {
+	case mr.File == "" && whole:
+		return altered("the pool has no bundle")
+	case mr.File == "" && (mr.SHA256 != "" || mr.Size != 0):
+		return altered("a repository without a bundle names a sha256 or size")
+	case mr.File != "" && mr.File != file:
+		return altered("a bundle is named %q, not %q", mr.File, file)
+	case mr.File != "" && (len(mr.SHA256) != 64 || mr.Size <= 0):
+		return altered("bundle %s has no sha256 or size", mr.File)
+	}
+	return nil
+}
+
+// readBundles reads every other entry of the archive into dir (as
+// <dir>/<name>), each one the manifest names, once, with its size and
+// sha256; and checks that none the manifest names is missing.
+func readBundles(ctx context.Context, tr *tar.Reader, mf manifest, dir string) error {
+	want := map[string]*manifestRepo{poolBundle: &mf.Pool}
+	for i := range mf.Tasks {
+		if r := mf.Tasks[i].Repository; r != nil && r.File != "" {
+			want[r.File] = r
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "tasks"), 0o700); err != nil {
+		return err
+	}
+	got := map[string]bool{}
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return readErr(ctx, err)
+		}
+		mr, ok := want[hdr.Name]
+		if !ok || got[hdr.Name] || hdr.Typeflag != tar.TypeReg {
+			return altered("entry %q is not a bundle its manifest names (or is there twice)", hdr.Name)
+		}
+		got[hdr.Name] = true
+		if hdr.Size != mr.Size {
+			return altered("bundle %s is %d bytes, its manifest says %d", hdr.Name, hdr.Size, mr.Size)
+		}
+		f, err := os.OpenFile(filepath.Join(dir, hdr.Name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return err
+		}
+		h := sha256.New()
+		_, err = io.Copy(io.MultiWriter(f, h), tr)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return readErr(ctx, err)
+		}
+		if sum := hex.EncodeToString(h.Sum(nil)); sum != mr.SHA256 {
+			return altered("bundle %s has sha256 %s, its manifest says %s", hdr.Name, sum, mr.SHA256).With("file", hdr.Name)
+		}
+	}
+	for name := range want {
+		if !got[name] {
+			return altered("bundle %s, which its manifest names, is missing (a truncated file?)", name)
+		}
+	}
+	return nil
+}
+
+// importRepo brings mr's bundle into r (made, empty but for its pool) the
+// checked way, and sets exactly mr's refs: `git bundle verify` (its
+// prerequisites are in the pool), the header's refs the manifest's, the
+// pack through index-pack --strict in a quarantine, as a push's.
+func (s *Service) importRepo(ctx context.Context, r repo, mr manifestRepo, files string) error {
+	if mr.File != "" {
+		path := filepath.Join(files, mr.File)
+		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "bundle", Flags: []string{"verify", "--quiet"}, Args: []string{path}}); err != nil {
+			return altered("bundle %s does not verify: %v", mr.File, err).Wrap(err)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		br := bufio.NewReaderSize(f, 64<<10)
+		h, err := bundle.ReadHeader(br)
+		if err != nil {
+			return altered("bundle %s: %v", mr.File, err).Wrap(err)
+		}
+		if len(h.Refs) != len(mr.Refs) {
+			return altered("bundle %s has %d refs, its manifest %d", mr.File, len(h.Refs), len(mr.Refs))
+		}
+		for _, ref := range h.Refs {
+			if mr.Refs[ref.Name] != ref.Commit {
+				return altered("bundle %s has %s at %s, its manifest %q", mr.File, ref.Name, ref.Commit, mr.Refs[ref.Name])
+			}
+		}
+		q, err := r.quarantine()
+		if err != nil {
+			return err
+		}
+		defer q.Remove()
+		q.IndexConfig = indexPackConfig
+		if _, err := q.IndexPack(ctx, s.git, r.gitDir(), br); err != nil {
+			return bundleError(err)
+		}
+		if err := q.Migrate(); err != nil {
+			return err
+		}
+	}
+	refs := make([]string, 0, len(mr.Refs))
+	for ref := range mr.Refs {
+		refs = append(refs, ref)
+	}
+	sort.Strings(refs)
+	for _, ref := range refs {
+		oid := mr.Refs[ref]
+		typ, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{oid}})
+		if err != nil || typ != "commit" {
+			return altered("%s of %s names %s, not a commit the file carries", ref, filepath.Base(r.Path), oid)
+		}
+		if err := r.UpdateRef(ctx, gitid.ReferenceName(ref), gitid.ObjectID(oid), gitid.Zero); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// importAgrees checks the built repositories against the log: each task's
+// refs/work is its latest push, an open task with a push has its
+// repository, and main holds the last landing.
+func (s *Service) importAgrees(ctx context.Context, p repo, mf manifest) error {
+	last, err := s.o.Authority.LastPushes(ctx, mf.Business, mf.Project)
+	if err != nil {
+		return err
+	}
+	listed := map[string]manifestTask{}
+	for _, t := range mf.Tasks {
+		listed[t.Task] = t
+		ref, _ := names.WorkRef(t.Task)
+		var at string
+		if t.Repository != nil {
+			at = t.Repository.Refs[ref]
+		}
+		if t.Repository != nil && at != last[t.Task] {
+			return altered("task %s's %s is %q, the log's latest push %q", t.Task, ref, at, last[t.Task]).With("task", t.Task)
+		}
+	}
+	for task, commit := range last {
+		if t, ok := listed[task]; ok && t.Repository != nil || commit == "" {
+			continue
+		}
+		if s.o.Authority.TaskOpen(ctx, authz.Grant{Business: mf.Business, Project: mf.Project, Task: task}) == nil {
+			return altered("open task %s has a push (%s) but the file carries no repository for it", task, commit).With("task", task)
+		}
+	}
+	if err := s.mainHasLandings(ctx, p, p.Path); errdefs.ReasonOf(err) == errdefs.RepoDisagreesWithLog {
+		return altered("%v", err)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+// placeImport renames the built project (proj) into the store and has the
+// broker place it here, under the project's lock. A copy already there
+// (this host owned the project before, and kept its repositories when it
+// moved away) is set aside and removed once the placement is here, or put
+// back if it is refused.
+func (s *Service) placeImport(ctx context.Context, m authz.Mover, c authz.ImportClaim, proj string) (int64, error) {
+	bdir := filepath.Join(s.o.ReposDir, c.Business)
+	_, err := os.Stat(bdir)
+	madeBusiness := errors.Is(err, os.ErrNotExist)
+	p, err := s.project(c.Business, c.Project)
+	if err != nil {
+		return 0, err
+	}
+	_, err = os.Stat(p.LockPath)
+	madeLock := errors.Is(err, os.ErrNotExist)
+	unlock, err := s.lock(ctx, p)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		unlock()
+		if madeLock && !p.exists() {
+			os.Remove(p.LockPath)
+		}
+		if madeBusiness {
+			os.Remove(bdir) // only when empty
+		}
+	}()
+	aside := ""
+	if _, err := os.Stat(p.Dir); err == nil {
+		if aside, err = os.MkdirTemp(bdir, seedPrefix+"replaced-"+c.Project+"-"); err != nil {
+			return 0, err
+		}
+		if err := os.Rename(p.Dir, filepath.Join(aside, "project")); err != nil {
+			os.Remove(aside)
+			return 0, err
+		}
+	}
+	// putBack undoes the rename of a refused import: the built project
+	// leaves (placed says it got in), the copy set aside returns.
+	putBack := func(placed bool) {
+		if placed {
+			if err := os.Rename(p.Dir, proj); err != nil {
+				os.RemoveAll(p.Dir)
+			}
+		}
+		if aside != "" {
+			if err := os.Rename(filepath.Join(aside, "project"), p.Dir); err != nil {
+				s.log.Error("import refused, and putting back the copy set aside failed", "dir", aside, "err", err)
+				return
+			}
+			os.Remove(aside)
+		}
+		bundle.SyncDir(bdir)
+	}
+	if err := os.Rename(proj, p.Dir); err != nil {
+		putBack(false)
+		return 0, err
+	}
+	if err := bundle.SyncDir(bdir); err != nil {
+		putBack(true)
+		return 0, err
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
+	defer cancel()
+	seq, err := m.CompleteImport(cctx, c)
+	if err != nil && errdefs.ReasonOf(err) == errdefs.CommitUnknown {
+		// Whether the placement moved is learned from the store itself.
+		host, _, perr := m.Placement(cctx, c.Business, c.Project)
+		switch {
+		case perr == nil && host == m.HostID():
+			err = nil
+		case perr != nil:
+			// Still unknown: the repositories stay, since the project may
+			// be placed here now. If it is not, nothing serves them, and
+			// a retry of the import replaces them.
+			s.log.Error("import: whether the placement moved is unknown; the repositories are left in place", "dir", p.Dir, "err", perr)
+			if aside != "" {
+				os.RemoveAll(aside)
+			}
+			s.forgetUsage(p)
+			return 0, err
+		}
+	}
+	if err != nil {
+		putBack(true)
+		return 0, err
+	}
+	if aside != "" {
+		if err := os.RemoveAll(aside); err != nil {
+			s.log.Error("import: remove the copy set aside (cleaned at the next start)", "dir", aside, "err", err)
+		}
+	}
+	s.forgetUsage(p)
+	return seq, nil
+}
