@@ -94,19 +94,49 @@ const maxGitmodulesBytes = 1 << 20
 // maxEntryName is the longest tree entry name accepted.
 const maxEntryName = 4096
 
-// walkBeyondGit runs the walk on a push's quarantined pack, unless the
-// benchmark turned it off (Options.SkipBeyondGit).
-func (s *Service) walkBeyondGit(r repo, objs *objectReader, gg *view) error {
-	if s.o.SkipBeyondGit {
-		return nil
+// startBeyondGit starts the walk on a push's quarantined pack in a
+// goroutine of its own, on a second handle on the pack, and returns what
+// waits for its answer (nil: the walk found nothing to refuse). The push
+// goes on with its checks, its lock and moving the pack in meanwhile, and
+// waits before the push is recorded: a refused push is rolled back like
+// one the broker refuses, so the walk costs a push its CPU, not its time.
+// Unless the benchmark turned it off (Options.SkipBeyondGit).
+func (s *Service) startBeyondGit(r repo, objs *objectReader) func() error {
+	if s.o.SkipBeyondGit || objs.pack == nil {
+		return func() error { return nil }
 	}
+	pack, err := objs.reopen()
+	if err != nil {
+		return func() error { return fmt.Errorf("beyond-git walk: %w", err) }
+	}
+	// The walk asks the repository only about a tree that fails a check
+	// or a .gitmodules it names, and must see it as it was before the
+	// push: the push moves its pack in while the walk runs, so that pack
+	// is not counted. An index hasObjectIn cannot read is no answer
+	// either (go-git, the other way to ask, would count the push's pack):
+	// the object counts as the push's, and a refusal stands.
+	pushed := "pack-" + objs.name + ".idx"
 	has := func(h plumbing.Hash) bool {
-		if ok, err := r.hasObject(h); err == nil && ok {
-			return true
+		for _, dir := range r.visible() {
+			if ok, err := hasObjectSkipping(dir, h, pushed); err != nil || ok {
+				return ok && err == nil
+			}
 		}
-		return gg.HasEncodedObject(h) == nil
+		return false
 	}
-	return walkBeyondGit(objs.pack, has)
+	done := make(chan error, 1)
+	go func() {
+		defer pack.Close()
+		done <- walkBeyondGit(pack, has)
+	}()
+	var result error
+	waited := false
+	return func() error {
+		if !waited {
+			result, waited = <-done, true
+		}
+		return result
+	}
 }
 
 // walkBeyondGit checks the new trees of pack, and the new .gitmodules blobs

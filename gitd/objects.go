@@ -53,7 +53,12 @@ var errUndecided = errors.New("undecided in process")
 // repository. It is one request's, like the go-git handle it wraps.
 type objectReader struct {
 	pack *packfile.Packfile // nil: nothing in quarantine
-	repo objectStore
+	// idx and packDir, name open the same pack again for another reader
+	// (a Packfile serves one goroutine; its index may be shared).
+	idx     *idxfile.MemoryIndex
+	packDir string
+	name    string
+	repo    objectStore
 	// limit bounds the commits isAncestor reads (walkLimit).
 	limit int
 }
@@ -61,8 +66,8 @@ type objectReader struct {
 // openObjects opens the pack index-pack wrote into dir (a quarantine's
 // object directory) as pack-<name>, in front of repo.
 func openObjects(dir, name string, repo objectStore) (*objectReader, error) {
-	o := &objectReader{repo: repo, limit: walkLimit}
 	packDir := filepath.Join(dir, "pack")
+	o := &objectReader{repo: repo, limit: walkLimit, packDir: packDir, name: name}
 	idxf, err := os.Open(filepath.Join(packDir, "pack-"+name+".idx"))
 	if err != nil {
 		return nil, err
@@ -72,15 +77,24 @@ func openObjects(dir, name string, repo objectStore) (*objectReader, error) {
 	if err := idxfile.NewDecoder(idxf).Decode(idx); err != nil {
 		return nil, fmt.Errorf("read %s: %w", idxf.Name(), err)
 	}
-	fs := osfs.New(packDir)
-	pf, err := fs.Open("pack-" + name + ".pack")
+	o.idx = idx
+	if o.pack, err = o.reopen(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// reopen opens the quarantine's pack once more, on the same index: a
+// second Packfile for a goroutine of its own.
+func (o *objectReader) reopen() (*packfile.Packfile, error) {
+	fs := osfs.New(o.packDir)
+	pf, err := fs.Open("pack-" + o.name + ".pack")
 	if err != nil {
 		return nil, err
 	}
 	// With a filesystem, objects past go-git's small-object size are read
 	// lazily: a type or a size costs no more than a header.
-	o.pack = packfile.NewPackfile(idx, fs, pf, maxCommitBytes)
-	return o, nil
+	return packfile.NewPackfile(o.idx, fs, pf, maxCommitBytes), nil
 }
 
 func (o *objectReader) Close() error {
@@ -174,6 +188,12 @@ func (o *objectReader) isAncestor(a, b string) (bool, error) {
 // rest of a small push's checks. An index it cannot read that way, or that
 // changes under it, is errUndecided, for the caller to ask go-git.
 func hasObjectIn(objects string, h plumbing.Hash) (bool, error) {
+	return hasObjectSkipping(objects, h, "")
+}
+
+// hasObjectSkipping is hasObjectIn, not counting the pack whose index is
+// named skip ("" counts every pack).
+func hasObjectSkipping(objects string, h plumbing.Hash, skip string) (bool, error) {
 	hex := h.String()
 	if _, err := os.Stat(filepath.Join(objects, hex[:2], hex[2:])); err == nil {
 		return true, nil
@@ -185,7 +205,7 @@ func hasObjectIn(objects string, h plumbing.Hash) (bool, error) {
 		return false, err
 	}
 	for _, e := range ents {
-		if filepath.Ext(e.Name()) != ".idx" {
+		if filepath.Ext(e.Name()) != ".idx" || e.Name() == skip {
 			continue
 		}
 		found, err := idxHas(filepath.Join(objects, "pack", e.Name()), h)

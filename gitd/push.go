@@ -107,9 +107,10 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 	defer objs.Close()
-	if err := s.walkBeyondGit(r, objs, gg); err != nil {
-		return PushResult{}, err
-	}
+	walked := s.startBeyondGit(r, objs)
+	// Every return waits for the walk, so that it never reads a pack that
+	// is gone.
+	defer walked()
 	if err := s.checkCommit(ctx, r, q, objs, commit); err != nil {
 		return PushResult{}, err
 	}
@@ -153,6 +154,14 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	}
 	if err := q.Migrate(); err != nil {
 		if made {
+			s.dropNew(r)
+		}
+		return PushResult{}, err
+	}
+	if err := walked(); err != nil {
+		if rerr := q.Rollback(); rerr != nil {
+			s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
+		} else if made {
 			s.dropNew(r)
 		}
 		return PushResult{}, err
