@@ -71,6 +71,11 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	if hdr == nil {
 		return toStatus(errdefs.InvalidArgument(errdefs.PushProtocol, "the first message of a push must be its header"))
 	}
+	if !sv.s.o.NoFDPassing {
+		if f, offered, err := sock.PassedFD(ctx); offered {
+			return toStatus(rr.why(sv.pushPassed(ctx, stream, g, rr, f, err)))
+		}
+	}
 	peer, _ := sock.PeerFromContext(ctx)
 	res, err := sv.s.Push(ctx, g, peer, hdr.GetSize(), rr)
 	if err != nil {
