@@ -116,6 +116,9 @@ type fdConn struct {
 
 func (c *fdConn) Read(b []byte) (int, error) {
 	n, oobn, _, _, err := c.u.ReadMsgUnix(b, c.oob)
+	if n < 0 {
+		n = 0 // recvmsg's -1 on an error: a Read never returns one
+	}
 	if oobn > 0 {
 		// Go reads with MSG_CMSG_CLOEXEC, so no child inherits these
 		// before they are claimed.
@@ -217,6 +220,9 @@ func (c *FDConn) Write(b []byte) (int, error) {
 	// order of the descriptors on the wire.
 	defer c.mu.Unlock()
 	n, _, err := c.UnixConn.WriteMsgUnix(b, syscall.UnixRights(int(f.Fd())), nil)
+	if n < 0 {
+		n = 0
+	}
 	if err != nil || n == len(b) {
 		return n, err
 	}
