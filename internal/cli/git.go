@@ -38,7 +38,7 @@ func init() {
 	register(&command{
 		words: "push-working",
 		usage: "push-working [--repo DIR] [--bundle FILE]",
-		help:  "Push the work at DIR's HEAD (a bundle against the main fetched with fetch-main) to the task's refs/work/<task>, or send FILE as is; prints the commit pushed.",
+		help:  "Push the work at DIR's HEAD (a bundle against the main fetched with fetch-main) to the task's refs/work/<task>, or send FILE as is (a regular file goes as its open descriptor, which the bus host reads); prints the commit pushed.",
 		setup: runPushWorking,
 	})
 	register(&command{
