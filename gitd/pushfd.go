@@ -27,13 +27,10 @@ import (
 // size fstat gave when it was taken (never the announced size, never its
 // shared offset, never beyond), under the same MaxBundleBytes and every
 // check of a streamed push; a file whose size or times changed by the end
-// is refused. The descriptor is closed when the call ends, whatever
-// happened.
+// is refused. PushWorking closes the descriptor when the call ends,
+// whatever happened.
 func (sv *server) pushPassed(ctx context.Context, stream grpc.ClientStreamingServer[gitv1.PushWorkingRequest, gitv1.PushWorkingResponse],
 	g authz.Grant, rr *recvReader, f *os.File, offerErr error) error {
-	if f != nil {
-		defer f.Close()
-	}
 	if offerErr != nil {
 		return errdefs.FailedPrecondition(errdefs.PushFDDeclined, "the push named a passed descriptor this connection does not hold (%v); send the bundle's bytes", offerErr).Wrap(offerErr)
 	}

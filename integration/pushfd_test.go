@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -160,6 +161,27 @@ func TestPushDescriptorHostile(t *testing.T) {
 			nothingLeft(t, h, "p", before)
 		})
 	}
+
+	// The daemon closes a passed descriptor whatever the call's outcome, a
+	// refused grant included: once the call ended and the client closed
+	// its own copy, the pipe has no reader left.
+	t.Run("closed after a refused grant", func(t *testing.T) {
+		bogus := filepath.Join(dir, "bogus-token")
+		os.WriteFile(bogus, []byte("not-a-token\n"), 0o600)
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		_, accepted, err := fdPush(t, h, bogus, r, 0)
+		r.Close()
+		if err == nil || accepted {
+			t.Fatalf("push with a bogus token: accepted %v, %v", accepted, err)
+		}
+		if _, err := w.Write([]byte("x")); !errors.Is(err, syscall.EPIPE) {
+			t.Fatalf("the daemon still holds the passed descriptor: write %v", err)
+		}
+	})
 
 	t.Run("growing", func(t *testing.T) {
 		grow := filepath.Join(dir, "grow")
