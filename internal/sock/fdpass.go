@@ -297,8 +297,8 @@ type PassedFile struct {
 }
 
 // CheckPassedFile accepts f as a passed bundle only if it is a regular file
-// on a disk or memory file system, open for reading (not O_PATH), and
-// returns its size now. Both ends use it: the client passes only what it
+// on a disk or memory file system, open for reading (not O_PATH, not
+// O_DIRECT), and returns its size now. Both ends use it: the client passes only what it
 // accepts, the server takes only what it accepts.
 func CheckPassedFile(f *os.File) (PassedFile, error) {
 	var p PassedFile
@@ -315,6 +315,10 @@ func CheckPassedFile(f *os.File) (PassedFile, error) {
 		}
 		if flags&oPath != 0 {
 			cerr = errors.New("an O_PATH descriptor, which cannot be read")
+			return
+		}
+		if flags&syscall.O_DIRECT != 0 {
+			cerr = errors.New("an O_DIRECT descriptor, which reads only into aligned buffers")
 			return
 		}
 		if flags&syscall.O_ACCMODE == syscall.O_WRONLY {
