@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -55,6 +56,16 @@ func (sv *server) authorizeHost(ctx context.Context, business, project string) e
 
 func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkingRequest, gitv1.PushWorkingResponse]) error {
 	ctx := stream.Context()
+	// A passed descriptor is taken first, so that it is closed however
+	// the call ends (refused grant included).
+	var passed *os.File
+	offered, offerErr := false, error(nil)
+	if !sv.s.o.NoFDPassing {
+		passed, offered, offerErr = sock.PassedFD(ctx)
+		if passed != nil {
+			defer passed.Close()
+		}
+	}
 	g, err := sv.authorize(ctx, authz.CapPushWorking)
 	if err != nil {
 		return toStatus(err)
@@ -70,6 +81,9 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	hdr := first.GetHeader()
 	if hdr == nil {
 		return toStatus(errdefs.InvalidArgument(errdefs.PushProtocol, "the first message of a push must be its header"))
+	}
+	if offered {
+		return toStatus(rr.why(sv.pushPassed(ctx, stream, g, rr, passed, offerErr)))
 	}
 	peer, _ := sock.PeerFromContext(ctx)
 	res, err := sv.s.Push(ctx, g, peer, hdr.GetSize(), rr)

@@ -72,6 +72,9 @@ type Options struct {
 	// NoObjectChecks turns the streaming object checks off: for the
 	// benchmark that measures their cost, never in service.
 	NoObjectChecks bool
+	// NoFDPassing ignores a push's offer of a passed descriptor, as a
+	// server from before it did: for the tests of old and new ends.
+	NoFDPassing bool
 
 	// Quotas on what pushes may store: a task's accepted packs (1 GiB), a
 	// project's repository (10 GiB). A push past one is refused before its

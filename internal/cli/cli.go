@@ -433,7 +433,7 @@ func (e *Env) token() (string, error) {
 
 // dial connects to a socket of the bus host's home and returns a context
 // that carries the token.
-func (e *Env) dial(ctx context.Context, socket string) (*grpc.ClientConn, context.Context, error) {
+func (e *Env) dial(ctx context.Context, socket string, opts ...grpc.DialOption) (*grpc.ClientConn, context.Context, error) {
 	tok, err := e.token()
 	if err != nil {
 		return nil, nil, err
@@ -451,7 +451,7 @@ func (e *Env) dial(ctx context.Context, socket string) (*grpc.ClientConn, contex
 	conn, err := grpc.NewClient("unix://"+abs, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4 << 20)),
-	}, e.timeouts()...)...)
+	}, append(e.timeouts(), opts...)...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect %s: %w", path, err)
 	}

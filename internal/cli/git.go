@@ -38,7 +38,7 @@ func init() {
 	register(&command{
 		words: "push-working",
 		usage: "push-working [--repo DIR] [--bundle FILE]",
-		help:  "Push the work at DIR's HEAD (a bundle against the main fetched with fetch-main) to the task's refs/work/<task>, or send FILE as is; prints the commit pushed.",
+		help:  "Push the work at DIR's HEAD (a bundle against the main fetched with fetch-main) to the task's refs/work/<task>, or send FILE as is (a regular file goes as its open descriptor, which the bus host reads); prints the commit pushed.",
 		setup: runPushWorking,
 	})
 	register(&command{
@@ -95,7 +95,7 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 		// The connection comes first: its context (cctx, carrying the
 		// token) is for the calls only, and nothing local is started for a
 		// bus host that is not there.
-		c, cctx, closeConn, err := e.gitClient(ctx)
+		c, cctx, fds, closeConn, err := e.gitClientFD(ctx)
 		if err != nil {
 			return err
 		}
@@ -109,6 +109,12 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 				return err
 			}
 			defer f.Close()
+			if res, done, err := pushPassed(cctx, c, fds, f); done {
+				if err != nil {
+					return err
+				}
+				return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
+			}
 			fi, err := f.Stat()
 			if err != nil {
 				return err

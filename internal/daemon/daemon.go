@@ -75,6 +75,10 @@ type Options struct {
 	// NoObjectChecks turns the streaming object checks off, for the
 	// benchmark that measures what they cost; never in service.
 	NoObjectChecks bool
+	// NoFDPassing makes git.sock a server from before descriptor passing:
+	// it takes no descriptor and ignores a push's offer of one. For the
+	// tests that show old and new ends still work together.
+	NoFDPassing bool
 	// CheckpointFile, when set, is where the broker appends each new head
 	// of its log ("SEQ HASH" lines, fsynced) and what it checks the log
 	// against at start (broker.Options.CheckpointFile).
@@ -221,6 +225,7 @@ func Serve(ctx context.Context, o Options) error {
 		MaxTreeBytes:    o.MaxTreeBytes,
 		MaxPackObjects:  o.MaxPackObjects,
 		NoObjectChecks:  o.NoObjectChecks,
+		NoFDPassing:     o.NoFDPassing,
 		MaxTaskBytes:    o.MaxTaskBytes,
 		MaxProjectBytes: o.MaxProjectBytes,
 		SkipBeyondGit:   o.SkipBeyondGit,
@@ -237,9 +242,9 @@ func Serve(ctx context.Context, o Options) error {
 
 	ds := newDrainState()
 	grants := newGrantLimiter(o.Limits, token)
-	gitSrv, gitAdm := newServer(o, grants, newObserver("git", log, ds))
+	gitSrv, gitAdm := newServer(o, grants, newObserver("git", log, ds), !o.NoFDPassing)
 	gitv1.RegisterGitServiceServer(gitSrv, gitd.NewServer(svc))
-	brokerSrv, brokerAdm := newServer(o, grants, newObserver("broker", log, ds))
+	brokerSrv, brokerAdm := newServer(o, grants, newObserver("broker", log, ds), false)
 	brokerv1.RegisterBrokerServiceServer(brokerSrv, broker.NewServer(b))
 	healths := []healthOf{healthFor(gitSrv, gitv1.GitService_ServiceDesc.ServiceName), healthFor(brokerSrv, brokerv1.BrokerService_ServiceDesc.ServiceName)}
 	wctx, stopWatch := context.WithCancel(ctx)
@@ -319,7 +324,7 @@ func drain(timeout time.Duration, srvs ...*grpc.Server) {
 // (before a request is read), the request, send and idle deadlines, and
 // the per-grant counters; ob logs and counts every call (observe.go). It returns the server and the admission its
 // listener must be wrapped in.
-func newServer(o Options, grants *grantLimiter, ob *observer) (*grpc.Server, *sock.Admission) {
+func newServer(o Options, grants *grantLimiter, ob *observer, passFDs bool) (*grpc.Server, *sock.Admission) {
 	l := o.Limits
 	adm := sock.NewAdmission(sock.AdmitLimits{
 		MaxConns: l.MaxConns, MaxCalls: l.MaxInFlight,
@@ -332,7 +337,8 @@ func newServer(o Options, grants *grantLimiter, ob *observer) (*grpc.Server, *so
 	log := o.Logger
 	adm.OnRefused(func(r errdefs.Reason) { log.Debug("refused", "reason", r) })
 	srv := grpc.NewServer(
-		grpc.Creds(sock.PeerCred{}),
+		// git.sock takes a pushed bundle file's descriptor (passFDs).
+		grpc.Creds(sock.PeerCred{PassFDs: passFDs}),
 		grpc.MaxRecvMsgSize(maxRecvMsg),
 		grpc.MaxConcurrentStreams(uint32(l.MaxStreamsPerConn)),
 		grpc.MaxHeaderListSize(uint32(l.MaxHeaderBytes)),

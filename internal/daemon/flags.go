@@ -47,4 +47,6 @@ func (o *Options) addBoundFlags(fs *pflag.FlagSet) {
 	fs.Var(size.Value{P: &o.EgressBytesRate}, "egress-event-bytes-rate", "bytes of network.egress events one launcher grant may record per minute, apart from --event-bytes-rate")
 	fs.BoolVar(&o.NoObjectChecks, "bench-no-object-checks", false, "benchmark only: skip the streaming object size checks")
 	fs.MarkHidden("bench-no-object-checks")
+	fs.BoolVar(&o.NoFDPassing, "test-no-fd-passing", false, "testing only: serve git.sock as a server without descriptor passing")
+	fs.MarkHidden("test-no-fd-passing")
 }

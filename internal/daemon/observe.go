@@ -166,7 +166,7 @@ func (ob *observer) done(ctx context.Context, method string, c *metrics.Call, st
 	case gitv1.GitService_PushWorking_FullMethodName:
 		metrics.Pushes.WithLabelValues(outcome).Inc()
 		metrics.PushSeconds.Observe(d.Seconds())
-		metrics.PushBytes.Add(float64(c.Bytes.Load()))
+		metrics.PushBytes.Add(float64(c.Bytes.Load() + c.Passed.Load()))
 	case brokerv1.BrokerService_CloseTask_FullMethodName:
 		decision := outcome
 		if err == nil {
@@ -197,6 +197,9 @@ func (ob *observer) done(ctx context.Context, method string, c *metrics.Call, st
 		slog.String("code", code.String()),
 		slog.Int64("bytes", c.Bytes.Load()),
 		slog.Duration("duration", d),
+	}
+	if n := c.Passed.Load(); n > 0 {
+		attrs = append(attrs, slog.Int64("passed", n))
 	}
 	if err != nil {
 		attrs = append(attrs, slog.String("error", status.Convert(err).Message()))
@@ -346,6 +349,9 @@ type gaugeConn struct {
 	g      prometheus.Gauge
 	closed atomic.Bool
 }
+
+// NetConn returns the connection under the wrapper.
+func (c *gaugeConn) NetConn() net.Conn { return c.Conn }
 
 func (c *gaugeConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {

@@ -42,6 +42,7 @@ const (
 	PackInvalid           Reason = "PACK_INVALID"
 	FsckFailed            Reason = "FSCK_FAILED"
 	PushProtocol          Reason = "PUSH_PROTOCOL"
+	PushFDRefused         Reason = "PUSH_FD_REFUSED"
 	EventTypeInvalid      Reason = "EVENT_TYPE_INVALID"
 	EventDataInvalid      Reason = "EVENT_DATA_INVALID"
 	IdempotencyKeyInvalid Reason = "IDEMPOTENCY_KEY_INVALID"
@@ -68,6 +69,7 @@ const (
 	ProjectOnOtherHost   Reason = "PROJECT_ON_OTHER_HOST"
 	RefChanged           Reason = "REF_CHANGED"
 	IdempotencyKeyReused Reason = "IDEMPOTENCY_KEY_REUSED"
+	PushFDDeclined       Reason = "PUSH_FD_DECLINED"
 
 	// A verdict names the commit its reviewer saw (issue 13).
 	VerdictCommitMissing  Reason = "VERDICT_COMMIT_MISSING"

@@ -130,6 +130,9 @@ type Call struct {
 	grant atomic.Pointer[grantNote]
 	// Bytes counts the messages' payload both ways.
 	Bytes atomic.Int64
+	// Passed counts the bytes of a bundle the call read from a file the
+	// client passed as a descriptor instead of sending them (a push's).
+	Passed atomic.Int64
 }
 
 type grantNote struct{ id, task string }
@@ -147,6 +150,14 @@ type callKey struct{}
 // WithCall returns ctx carrying c.
 func WithCall(ctx context.Context, c *Call) context.Context {
 	return context.WithValue(ctx, callKey{}, c)
+}
+
+// NotePassed adds n bytes read from a passed descriptor to the call in
+// ctx.
+func NotePassed(ctx context.Context, n int64) {
+	if c, ok := ctx.Value(callKey{}).(*Call); ok {
+		c.Passed.Add(n)
+	}
 }
 
 // NoteGrant records, for the call in ctx, which grant it acts under and

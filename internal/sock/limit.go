@@ -295,6 +295,9 @@ func (c *countedConn) Close() error {
 	return c.Conn.Close()
 }
 
+// NetConn returns the connection under the wrapper.
+func (c *countedConn) NetConn() net.Conn { return c.Conn }
+
 // SyscallConn lets the handshake read SO_PEERCRED through the wrapper.
 func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
 	if sc, ok := c.Conn.(syscall.Conn); ok {

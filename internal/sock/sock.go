@@ -52,6 +52,7 @@ func Listen(path string, mode os.FileMode) (net.Listener, error) {
 type AuthInfo struct {
 	credentials.CommonAuthInfo
 	Peer authz.Peer
+	fds  *fdQueue // descriptors passed on the connection (PassFDs)
 }
 
 // AuthType implements credentials.AuthInfo.
@@ -59,10 +60,12 @@ func (AuthInfo) AuthType() string { return "peercred" }
 
 // PeerCred is a grpc TransportCredentials that reads SO_PEERCRED at
 // handshake. It adds no encryption: the socket's mode is the protection.
-type PeerCred struct{}
+// With PassFDs, a connection also takes descriptors its peer passes with
+// SCM_RIGHTS, for calls that name them (fdpass.go).
+type PeerCred struct{ PassFDs bool }
 
 // ServerHandshake implements credentials.TransportCredentials.
-func (PeerCred) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+func (p PeerCred) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	cred, err := peerCred(c)
 	if cc, ok := c.(*countedConn); ok {
 		cred, err = cc.cred, nil // read at accept
@@ -70,10 +73,17 @@ func (PeerCred) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, err
 	if err != nil {
 		return nil, nil, fmt.Errorf("peercred: %w", err)
 	}
-	return c, AuthInfo{
+	ai := AuthInfo{
 		CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity},
 		Peer:           authz.Peer{PID: cred.Pid, UID: int32(cred.Uid), GID: int32(cred.Gid)},
-	}, nil
+	}
+	if p.PassFDs {
+		if u := unixConn(c); u != nil {
+			ai.fds = &fdQueue{}
+			c = &fdConn{Conn: c, u: u, q: ai.fds, oob: make([]byte, syscall.CmsgSpace(4*fdsPerRead))}
+		}
+	}
+	return c, ai, nil
 }
 
 // ClientHandshake implements credentials.TransportCredentials; the server
