@@ -102,22 +102,30 @@ func (r repo) quarantine() (*bundle.Quarantine, error) {
 }
 
 // UpdateRef is the one door through which gitd moves a ref: ref from old
-// to new ("" or gitid.Zero: the ref must not exist yet), by update-ref,
-// which refuses when the ref is not at old. The caller holds the project's
-// lock.
+// to new ("" or gitid.Zero: the ref must not exist yet), refused when the
+// ref is not at old. It moves it by git's lock-file protocol (refs.go);
+// a symbolic ref or one with a reflog by `git update-ref`. The caller
+// holds the ref's lock (Service.lock or Service.lockTask).
 func (r repo) UpdateRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
 	if err := gitid.CheckReferenceName(string(ref)); err != nil {
 		return fmt.Errorf("update-ref: %w", err)
 	}
-	if old == "" {
-		old = gitid.Zero
-	}
 	for _, id := range []gitid.ObjectID{newID, old} {
+		if id == "" {
+			continue
+		}
 		if _, err := gitid.ParseObjectID(string(id)); err != nil {
 			return fmt.Errorf("update-ref %s: %w", ref, err)
 		}
 	}
-	return r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{string(ref), string(newID), string(old)}})
+	if newID.IsZero() {
+		return fmt.Errorf("update-ref %s: gitd moves refs, it never deletes one", ref)
+	}
+	err := r.moveRef(ctx, ref, newID, old)
+	if errors.Is(err, errGitMoves) {
+		return r.gitUpdateRef(ctx, ref, newID, old)
+	}
+	return err
 }
 
 // project returns business/project's pool, its names validated and its
