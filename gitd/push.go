@@ -36,8 +36,10 @@ const criticalTimeout = time.Minute
 //
 // Order, for crash safety and nothing left behind: header checks; the pack
 // through index-pack --strict in quarantine (in parallel with other
-// pushes); connectivity and history checks; then under the repository's
-// lock: re-check the fast-forward, migrate the pack, have the Authority
+// pushes); connectivity and history checks; then under the task's lock
+// (lockTask: the task repository's own, and a share of the project's, so
+// pushes to other tasks of the project go on side by side): re-check the
+// fast-forward, check the quotas, migrate the pack, have the Authority
 // record the push (removing the pack again if it refuses), and move the
 // ref against its old value. A crash between the record and the ref move is
 // repaired by Reconcile.
@@ -124,7 +126,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 
-	unlock, err := s.lock(ctx, r)
+	unlock, err := s.lockTask(ctx, r)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -145,6 +147,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	if err != nil {
 		return PushResult{}, err
 	}
+	defer s.release(r, packBytes)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
 	made, err := s.ensure(cctx, r)

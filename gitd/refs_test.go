@@ -193,3 +193,65 @@ func noLocks(t *testing.T, dir string) {
 		return nil
 	})
 }
+
+// Pushes to two tasks of one project hold their locks at once; a second
+// push to one task waits for the first; the project's whole lock (land,
+// sync, repair...) waits for every push and holds off new ones.
+func TestLockTaskSharesTheProject(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	t1, err := e.svc.task(testBusiness, testProject, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t2, _ := e.svc.task(testBusiness, testProject, "t2")
+	un1, err := e.svc.lockTask(ctx, t1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second task's lock is had while the first is held (a deadlock
+	// here would be the project serializing pushes).
+	un2, err := e.svc.lockTask(ctx, t2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []string
+	note := func(s string) { mu.Lock(); got = append(got, s); mu.Unlock() }
+	whole := make(chan struct{})
+	go func() {
+		defer close(whole)
+		un, err := e.svc.lock(ctx, t1.pool())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		note("project")
+		un()
+	}()
+	again := make(chan struct{})
+	go func() {
+		defer close(again)
+		un, err := e.svc.lockTask(ctx, t1)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		note("t1 again")
+		un()
+	}()
+	mu.Lock()
+	early := append([]string(nil), got...)
+	mu.Unlock()
+	note("released")
+	un1()
+	un2()
+	<-whole
+	<-again
+	if len(early) > 0 {
+		t.Fatalf("%v held while both task locks were", early)
+	}
+	if got[0] != "released" {
+		t.Fatalf("order %v: a lock was had before the task locks were released", got)
+	}
+}

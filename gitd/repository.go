@@ -167,8 +167,8 @@ func (s *Service) task(business, project, task string) (repo, error) {
 
 // ensure makes a task's repository on its first push: a bare repository
 // whose objects' alternate is the pool, built beside its final path and
-// renamed into place. made says it did. The caller holds the project's
-// lock.
+// renamed into place. made says it did. The caller holds the task's lock
+// (or the project's).
 func (s *Service) ensure(ctx context.Context, r repo) (made bool, err error) {
 	if r.isPool() || r.exists() {
 		return false, nil
@@ -179,7 +179,7 @@ func (s *Service) ensure(ctx context.Context, r repo) (made bool, err error) {
 // dropNew removes a task repository ensure just made for a push that was
 // then refused, unless something else already entered it (another push's
 // quarantine): a refused first push leaves no repository behind. The
-// caller holds the project's lock.
+// caller holds the task's lock (or the project's).
 func (s *Service) dropNew(r repo) {
 	ents, err := os.ReadDir(r.objects())
 	if err != nil {
@@ -203,10 +203,18 @@ func (s *Service) dropNew(r repo) {
 
 func (s *Service) makeTask(ctx context.Context, r repo) error {
 	dir := filepath.Dir(r.Path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+	var tmp string
+	var err error
+	// A refused first push to another task (dropNew) may remove the
+	// tasks directory between the two calls: make it again.
+	for try := 0; try < 3; try++ {
+		if err = os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		if tmp, err = os.MkdirTemp(dir, seedPrefix+r.Task+"-"); !errors.Is(err, os.ErrNotExist) {
+			break
+		}
 	}
-	tmp, err := os.MkdirTemp(dir, seedPrefix+r.Task+"-")
 	if err != nil {
 		return err
 	}
