@@ -2,17 +2,26 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
+	"compress/zlib"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"io"
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
-	"github.com/go-git/go-git/v5/plumbing/format/index"
 )
 
 // push-working reads what it needs of the worker's repository in process
@@ -41,21 +50,19 @@ func openWorkRepo(dir string) *workRepo {
 	return w
 }
 
-// commit resolves ref (HEAD, or a full ref name) to the commit it names,
-// "" when go-git cannot say (git is asked then).
+// commit resolves ref (HEAD, or a full ref name) to the object it names,
+// "" when go-git cannot say (git is asked then). It reads refs only, no
+// object: bundle create refuses a HEAD that is no commit, and the server
+// checks the type again.
 func (w *workRepo) commit(ref string) string {
 	if w == nil {
 		return ""
 	}
 	r, err := w.g.Reference(plumbing.ReferenceName(ref), true)
-	if err != nil {
+	if err != nil || r.Hash().IsZero() {
 		return ""
 	}
-	c, err := w.g.CommitObject(r.Hash())
-	if err != nil {
-		return ""
-	}
-	return c.Hash.String()
+	return r.Hash().String()
 }
 
 // hasCommit reports whether the repository holds commit id (false also
@@ -70,64 +77,107 @@ func (w *workRepo) hasCommit(id string) bool {
 
 // clean reports whether the working tree is provably what HEAD holds:
 // the index's cached tree is valid and is HEAD's tree (nothing staged),
-// every index entry's file has the stat data the index recorded and is
-// not racily clean (nothing modified), and every file not in the index is
-// ignored (nothing untracked). false means "not proven": `git status`
-// then says what differs. Reading the index and one lstat per file costs
-// less than starting git status, which does the same.
+// every index entry's file has the stat data the index recorded, its
+// content compared when racily clean (nothing modified), and every file
+// not in the index is ignored (nothing untracked). false means "not
+// proven": `git status` then says what differs. It does what git status
+// does, in process: read the index, lstat every file (in parallel, as
+// git's core.preloadIndex), read the directories.
 func (w *workRepo) clean(head string) bool {
 	if w == nil || w.top == "" || head == "" {
 		return false
+	}
+	gitDir := filepath.Join(w.top, ".git")
+	if fi, err := os.Stat(gitDir); err != nil || !fi.IsDir() {
+		return false // a linked worktree or a submodule: git status
 	}
 	cfg, err := w.g.Config()
 	if err != nil || cfg.Raw.Section("core").Option("excludesFile") != "" {
 		return false
 	}
-	idx, err := w.g.Storer.Index()
-	if err != nil || idx.Cache == nil || len(idx.Cache.Entries) == 0 || idx.ModTime.IsZero() {
+	idx, err := readIndex(filepath.Join(gitDir, "index"))
+	if err != nil || !idx.treeValid {
 		return false
 	}
-	c, err := w.g.CommitObject(plumbing.NewHash(head))
-	if err != nil {
+	if tree, ok := w.treeOf(gitDir, head); !ok || tree != idx.tree {
 		return false
 	}
-	root := idx.Cache.Entries[0]
-	if root.Path != "" || root.Entries != len(idx.Entries) || root.Hash != c.TreeHash {
-		return false
-	}
-	tracked := make(map[string]bool, len(idx.Entries))
+	tracked := make(map[string]bool, len(idx.entries))
 	dirs := map[string]bool{"": true}
-	for _, e := range idx.Entries {
-		if e.Stage != 0 || e.SkipWorktree || e.IntentToAdd || e.Mode == filemode.Submodule {
+	for _, e := range idx.entries {
+		if e.stage != 0 || e.extended || e.mode == filemode.Submodule {
 			return false
 		}
-		// (go-git names stage 1 "Merged"; a merged entry is stage 0.)
-		p := filepath.Join(w.top, filepath.FromSlash(e.Name))
-		same, racy := sameStat(p, e, idx.ModTime.UnixNano())
-		if !same || racy && !sameContent(p, e) {
-			return false
-		}
-		tracked[e.Name] = true
-		for d := path.Dir(e.Name); d != "." && !dirs[d]; d = path.Dir(d) {
+		tracked[e.name] = true
+		for d := path.Dir(e.name); d != "." && !dirs[d]; d = path.Dir(d) {
 			dirs[d] = true
 		}
 	}
+	if !w.statAll(idx) {
+		return false
+	}
 	var ps []gitignore.Pattern
-	if info, err := os.ReadFile(filepath.Join(w.gitDir(), "info", "exclude")); err == nil {
+	if info, err := os.ReadFile(filepath.Join(gitDir, "info", "exclude")); err == nil {
 		ps = append(ps, parseIgnore(string(info), nil)...)
 	}
 	return w.noUntracked("", ps, tracked, dirs)
 }
 
-// gitDir is the repository's git directory (where info/exclude lives).
-func (w *workRepo) gitDir() string {
-	if fi, err := os.Stat(filepath.Join(w.top, ".git")); err == nil && fi.IsDir() {
-		return filepath.Join(w.top, ".git")
+// statAll checks every entry's stat data, spread over the CPUs.
+func (w *workRepo) statAll(idx *gitIndex) bool {
+	n := runtime.GOMAXPROCS(0)
+	if len(idx.entries) < 256 {
+		n = 1
 	}
-	// A linked worktree or a submodule: .git is a file; info/exclude is
-	// the common directory's, which this does not chase: no exclude read
-	// means at worst "not proven".
-	return filepath.Join(w.top, ".git")
+	var bad atomic.Bool
+	var wg sync.WaitGroup
+	per := (len(idx.entries) + n - 1) / n
+	for i := 0; i < len(idx.entries); i += per {
+		part := idx.entries[i:min(i+per, len(idx.entries))]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, e := range part {
+				if bad.Load() {
+					return
+				}
+				p := filepath.Join(w.top, filepath.FromSlash(e.name))
+				same, racy := sameStat(p, e, idx.modNano)
+				if !same || racy && !sameContent(p, e) {
+					bad.Store(true)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return !bad.Load()
+}
+
+// treeOf reads the tree of commit id: from its loose object when it is
+// one (a fresh commit), else through go-git.
+func (w *workRepo) treeOf(gitDir, id string) (string, bool) {
+	if f, err := os.Open(filepath.Join(gitDir, "objects", id[:2], id[2:])); err == nil {
+		defer f.Close()
+		if z, err := zlib.NewReader(f); err == nil {
+			var head [64]byte
+			n, _ := io.ReadFull(z, head[:])
+			z.Close()
+			b := head[:n]
+			if i := bytes.IndexByte(b, 0); i > 0 && bytes.HasPrefix(b, []byte("commit ")) {
+				b = b[i+1:]
+				if len(b) >= 46 && bytes.HasPrefix(b, []byte("tree ")) {
+					return string(b[5:45]), true
+				}
+			}
+		}
+		return "", false
+	}
+	c, err := w.g.CommitObject(plumbing.NewHash(id))
+	if err != nil {
+		return "", false
+	}
+	return c.TreeHash.String(), true
 }
 
 // noUntracked walks directory dir (slash-separated, relative to the top)
@@ -194,17 +244,17 @@ func parseIgnore(text string, domain []string) []gitignore.Pattern {
 // whether the entry is racily clean: modified in the same clock tick the
 // index was written or later, which stat data cannot tell from unmodified
 // (its content is compared then, as git does).
-func sameStat(p string, e *index.Entry, indexNano int64) (same, racy bool) {
+func sameStat(p string, e *idxEntry, indexNano int64) (same, racy bool) {
 	var st syscall.Stat_t
 	if err := syscall.Lstat(p, &st); err != nil {
 		return false, false
 	}
-	switch e.Mode {
+	switch e.mode {
 	case filemode.Regular, filemode.Executable:
 		if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
 			return false, false
 		}
-		if (st.Mode&0o100 != 0) != (e.Mode == filemode.Executable) {
+		if (st.Mode&0o100 != 0) != (e.mode == filemode.Executable) {
 			return false, false
 		}
 	case filemode.Symlink:
@@ -215,16 +265,16 @@ func sameStat(p string, e *index.Entry, indexNano int64) (same, racy bool) {
 		return false, false
 	}
 	mtime := st.Mtim.Nano()
-	same = uint32(st.Size) == e.Size && mtime == e.ModifiedAt.UnixNano() &&
-		st.Ctim.Nano() == e.CreatedAt.UnixNano() && uint32(st.Ino) == e.Inode
+	same = uint32(st.Size) == e.size && uint32(st.Mtim.Sec) == e.mtimeSec && uint32(st.Mtim.Nsec) == e.mtimeNsec &&
+		uint32(st.Ctim.Sec) == e.ctimeSec && uint32(st.Ctim.Nsec) == e.ctimeNsec && uint32(st.Ino) == e.ino
 	return same, mtime >= indexNano
 }
 
 // sameContent reports whether p holds the blob e names.
-func sameContent(p string, e *index.Entry) bool {
+func sameContent(p string, e *idxEntry) bool {
 	var body []byte
 	var err error
-	if e.Mode == filemode.Symlink {
+	if e.mode == filemode.Symlink {
 		var target string
 		target, err = os.Readlink(p)
 		body = []byte(target)
@@ -234,5 +284,107 @@ func sameContent(p string, e *index.Entry) bool {
 	if err != nil {
 		return false
 	}
-	return plumbing.ComputeHash(plumbing.BlobObject, body) == e.Hash
+	return plumbing.ComputeHash(plumbing.BlobObject, body).String() == e.hash
+}
+
+// gitIndex is what clean needs of .git/index.
+type gitIndex struct {
+	entries   []*idxEntry
+	modNano   int64  // the index file's mtime
+	tree      string // the cached tree's root (TREE extension)
+	treeValid bool
+}
+
+type idxEntry struct {
+	ctimeSec, ctimeNsec, mtimeSec, mtimeNsec uint32
+	ino, size                                uint32
+	mode                                     filemode.FileMode
+	hash, name                               string
+	stage                                    int
+	extended                                 bool // skip-worktree or intent-to-add (v3)
+}
+
+// readIndex reads an index of version 2 or 3 (git's default) and its
+// cached tree's root; any other version is an error (git status then).
+// go-git's decoder reads every field through reflection and took 8 ms
+// for 5,000 entries; this takes a fraction of it.
+func readIndex(p string) (*gitIndex, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, err
+	}
+	bad := errors.New("index not understood here")
+	if len(b) < 12+20 || string(b[:4]) != "DIRC" {
+		return nil, bad
+	}
+	be := binary.BigEndian
+	version := be.Uint32(b[4:])
+	if version != 2 && version != 3 {
+		return nil, bad
+	}
+	n := int(be.Uint32(b[8:]))
+	idx := &gitIndex{modNano: fi.ModTime().UnixNano(), entries: make([]*idxEntry, 0, n)}
+	body := b[:len(b)-20]
+	off := 12
+	for i := 0; i < n; i++ {
+		if off+62 > len(body) {
+			return nil, bad
+		}
+		e := body[off:]
+		flags := be.Uint16(e[60:])
+		ent := &idxEntry{
+			ctimeSec: be.Uint32(e[0:]), ctimeNsec: be.Uint32(e[4:]),
+			mtimeSec: be.Uint32(e[8:]), mtimeNsec: be.Uint32(e[12:]),
+			ino: be.Uint32(e[20:]), mode: filemode.FileMode(be.Uint32(e[24:])),
+			size: be.Uint32(e[36:]), hash: hex.EncodeToString(e[40:60]),
+			stage: int(flags>>12) & 3,
+		}
+		start := 62
+		if flags&0x4000 != 0 {
+			if version < 3 || off+64 > len(body) {
+				return nil, bad
+			}
+			ent.extended = be.Uint16(e[62:]) != 0
+			start = 64
+		}
+		end := bytes.IndexByte(e[start:], 0)
+		if end < 0 {
+			return nil, bad
+		}
+		ent.name = string(e[start : start+end])
+		// The entry is padded with 1-8 NULs to a multiple of 8 bytes.
+		off += (start + end + 8) &^ 7
+		idx.entries = append(idx.entries, ent)
+	}
+	for off+8 <= len(body) {
+		sig, size := string(body[off:off+4]), int(be.Uint32(body[off+4:]))
+		off += 8
+		if off+size > len(body) {
+			return nil, bad
+		}
+		if sig == "TREE" {
+			// The root: "" NUL, entry count (-1: invalid), ' ', subtrees,
+			// '\n', then its id when valid.
+			t := body[off : off+size]
+			if len(t) > 0 && t[0] == 0 {
+				if nl := bytes.IndexByte(t, '\n'); nl > 0 {
+					count, _, _ := strings.Cut(string(t[1:nl]), " ")
+					if c, err := strconv.Atoi(count); err == nil && c == n && len(t) >= nl+21 {
+						idx.tree, idx.treeValid = hex.EncodeToString(t[nl+1:nl+21]), true
+					}
+				}
+			}
+		}
+		off += size
+	}
+	return idx, nil
 }
