@@ -76,6 +76,23 @@ func TestWorkRepoClean(t *testing.T) {
 	head = wtGit(t, dir, "rev-parse", "HEAD")
 	os.Remove(filepath.Join(dir, "a.txt"))
 	check("deleted file")
+	// Refs as git reads them: packed, through a symbolic HEAD, from a
+	// linked worktree, from a bare repository.
+	wtGit(t, dir, "update-ref", "refs/remotes/bushost/main", head)
+	wtGit(t, dir, "pack-refs", "--all", "--prune")
+	if w := openWorkRepo(dir); w.commit("refs/remotes/bushost/main") != head || w.commit("HEAD") != head {
+		t.Fatalf("packed refs read as %q, HEAD %q; want %s", w.commit("refs/remotes/bushost/main"), w.commit("HEAD"), head)
+	}
+	linked := filepath.Join(t.TempDir(), "linked")
+	wtGit(t, dir, "worktree", "add", "-q", "-b", "side", linked, "HEAD~1")
+	if w, want := openWorkRepo(linked), wtGit(t, linked, "rev-parse", "HEAD"); w.commit("HEAD") != want || w.commit("refs/remotes/bushost/main") != head {
+		t.Fatalf("linked worktree: HEAD %q (want %s), main %q", w.commit("HEAD"), want, w.commit("refs/remotes/bushost/main"))
+	}
+	bare := filepath.Join(t.TempDir(), "bare.git")
+	wtGit(t, dir, "clone", "-q", "--bare", dir, bare)
+	if w := openWorkRepo(bare); w.commit("HEAD") != wtGit(t, bare, "rev-parse", "HEAD") || w.clean(head) {
+		t.Fatalf("bare repository: HEAD %q", w.commit("HEAD"))
+	}
 	if w := openWorkRepo(filepath.Join(t.TempDir())); w.commit("HEAD") != "" || w.clean("") {
 		t.Fatal("a directory without a repository read as one")
 	}
