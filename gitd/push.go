@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"time"
 
 	"github.com/go-git/go-git/v5/plumbing"
@@ -97,7 +98,10 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		q.Limits = bundle.Limits{BlobBytes: s.o.MaxObjectBytes, CommitBytes: s.o.MaxCommitBytes,
 			TreeBytes: s.o.MaxTreeBytes, Objects: s.o.MaxPackObjects}
 	}
-	q.IndexConfig = indexPackConfig
+	// index-pack does not fsync: Migrate fsyncs the pack, its index and
+	// the directories in one concurrent batch (bundle.SyncAll), before
+	// the record, instead of index-pack's fsyncs one after another.
+	q.IndexConfig = append(indexPackConfig[:len(indexPackConfig):len(indexPackConfig)], "core.fsync=none")
 	indexStart := time.Now()
 	name, err := q.IndexPack(ctx, s.git, r.gitDir(), br)
 	metrics.IndexPack(time.Since(indexStart))
@@ -153,6 +157,9 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	made, err := s.ensure(cctx, r)
 	if err != nil {
 		return PushResult{}, err
+	}
+	if made {
+		q.AlsoSync = []string{filepath.Dir(r.Path)}
 	}
 	if err := q.Migrate(); err != nil {
 		if made {

@@ -167,8 +167,8 @@ func (s *Service) task(business, project, task string) (repo, error) {
 
 // ensure makes a task's repository on its first push: a bare repository
 // whose objects' alternate is the pool, built beside its final path and
-// renamed into place. made says it did. The caller holds the task's lock
-// (or the project's).
+// renamed into place, not yet fsynced (the caller syncs its parent). made
+// says it did. The caller holds the task's lock (or the project's).
 func (s *Service) ensure(ctx context.Context, r repo) (made bool, err error) {
 	if r.isPool() || r.exists() {
 		return false, nil
@@ -222,10 +222,9 @@ func (s *Service) makeTask(ctx context.Context, r repo) error {
 	if err := s.initTask(ctx, tmp); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, r.Path); err != nil {
-		return err
-	}
-	return bundle.SyncDir(dir)
+	// The caller makes the rename durable (Push: with its pack, in one
+	// batch of fsyncs).
+	return os.Rename(tmp, r.Path)
 }
 
 // initTask makes a bare repository at dir whose alternate is the pool two
