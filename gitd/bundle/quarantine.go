@@ -35,11 +35,11 @@ type Quarantine struct {
 	IndexConfig []string
 	// AlsoSync lists directories Migrate fsyncs with its own (a
 	// repository made for this push).
-	AlsoSync []string
-	objects     string   // where Migrate links the objects
-	alternate   string   // the object directory reads see besides Dir
-	added       []string // files Migrate linked into objects, in order
-	dirs        []string // directories Migrate created
+	AlsoSync  []string
+	objects   string   // where Migrate links the objects
+	alternate string   // the object directory reads see besides Dir
+	added     []string // files Migrate linked into objects, in order
+	dirs      []string // directories Migrate created
 }
 
 // NewQuarantine makes a quarantine under objects (a repository's objects
