@@ -42,7 +42,9 @@ const criticalTimeout = time.Minute
 // pushes to other tasks of the project go on side by side): re-check the
 // fast-forward, check the quotas, migrate the pack, have the Authority
 // record the push (removing the pack again if it refuses), and move the
-// ref against its old value. A crash between the record and the ref move is
+// ref against its old value (prepared under <ref>.lock before the
+// migration, so that its fsync joins the pack's; renamed into place after
+// the record). A crash between the record and the ref move is
 // repaired by Reconcile.
 func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size int64, body io.Reader) (PushResult, error) {
 	ref, err := names.WorkRef(g.Task)
@@ -161,15 +163,32 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	if made {
 		q.AlsoSync = []string{filepath.Dir(r.Path)}
 	}
-	if err := q.Migrate(); err != nil {
+	// The ref move is prepared (old value checked, new one written into
+	// <ref>.lock) so that its fsync joins the pack's; it is put in place
+	// only after the record.
+	mv, err := r.PrepareRef(cctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur))
+	if err != nil {
 		if made {
 			s.dropNew(r)
 		}
 		return PushResult{}, err
 	}
+	defer mv.Abort()
+	if f := mv.Pending(); f != "" {
+		q.AlsoSync = append(q.AlsoSync, f)
+	}
+	if err := q.Migrate(); err != nil {
+		mv.Abort()
+		if made {
+			s.dropNew(r)
+		}
+		return PushResult{}, err
+	}
+	mv.Synced()
 	p := authz.Push{Business: g.Business, Project: g.Project, Task: g.Task, Commit: commit, Previous: cur, Ref: ref}
 	if err := s.o.Authority.RecordPush(cctx, g, p, peer); err != nil {
 		if errdefs.FromGRPC(err).Reason != errdefs.CommitUnknown {
+			mv.Abort()
 			if rerr := q.Rollback(); rerr != nil {
 				s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
 			} else if made {
@@ -178,6 +197,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 			return PushResult{}, err
 		}
 		if err := s.settleUnclear(cctx, r, q, g, commit, err); err != nil {
+			mv.Abort()
 			if errdefs.FromGRPC(err).Metadata["recorded"] == "false" && made {
 				s.dropNew(r)
 			}
@@ -185,7 +205,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		}
 	}
 	s.account(r, packBytes, q)
-	if err := r.UpdateRef(cctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur)); err != nil {
+	if err := mv.Commit(cctx); err != nil {
 		s.log.Error("push recorded but ref not moved; Reconcile repairs it at next start", "repo", r.Path, "ref", ref, "commit", commit, "err", err)
 		return PushResult{}, fmt.Errorf("push recorded, but moving %s failed (repaired at the next start of bushostd): %w", ref, err)
 	}

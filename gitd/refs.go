@@ -44,58 +44,144 @@ var errRefMoved = errors.New("the ref is not at its expected old value")
 // errGitMoves says a ref is one git moves (symbolic, or with a reflog).
 var errGitMoves = errors.New("moved by git update-ref")
 
-// moveRef moves ref of r from old ("" or Zero: must not exist) to newID by
-// git's lock-file protocol.
-func (r repo) moveRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
+// RefMove is a ref move prepared under <ref>.lock: the old value checked
+// and the new one written, not yet fsynced nor in place. Commit puts it in
+// place; Abort (deferred by every caller) drops it if Commit did not run.
+// A push prepares its move before it migrates its pack, so that the lock
+// file's fsync joins the pack's batch, and commits it after the record: a
+// rename.
+type RefMove struct {
+	r          repo
+	ref        gitid.ReferenceName
+	newID, old gitid.ObjectID
+	path, lock string
+	byGit      bool // moved by git update-ref at Commit
+	synced     bool
+	done       bool
+}
+
+// PrepareRef prepares the move of ref from old ("" or gitid.Zero: the ref
+// must not exist yet) to newID: it takes <ref>.lock, refuses (errRefMoved)
+// unless the ref is at old, and writes newID into the lock. The caller
+// holds the ref's lock (Service.lock or Service.lockTask).
+func (r repo) PrepareRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) (*RefMove, error) {
+	if err := gitid.CheckReferenceName(string(ref)); err != nil {
+		return nil, fmt.Errorf("update-ref: %w", err)
+	}
+	for _, id := range []gitid.ObjectID{newID, old} {
+		if id == "" {
+			continue
+		}
+		if _, err := gitid.ParseObjectID(string(id)); err != nil {
+			return nil, fmt.Errorf("update-ref %s: %w", ref, err)
+		}
+	}
+	if newID.IsZero() {
+		return nil, fmt.Errorf("update-ref %s: gitd moves refs, it never deletes one", ref)
+	}
 	if old.IsZero() {
 		old = ""
 	}
-	p := filepath.Join(r.Path, filepath.FromSlash(string(ref)))
+	m := &RefMove{r: r, ref: ref, newID: newID, old: old, path: filepath.Join(r.Path, filepath.FromSlash(string(ref)))}
+	m.lock = m.path + ".lock"
 	if _, err := os.Stat(filepath.Join(r.Path, "logs", filepath.FromSlash(string(ref)))); err == nil {
-		return errGitMoves
+		m.byGit = true
+		return m, nil
 	}
-	// git update-ref refuses a value it cannot find; so does this, leaving
-	// anything it does not find where it looks (an alternate of a
-	// repository being seeded, say) to git's own lookup.
-	if ok, err := r.hasObject(plumbing.NewHash(string(newID))); err != nil || !ok {
-		return errGitMoves
+	if err := os.MkdirAll(filepath.Dir(m.path), 0o755); err != nil {
+		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return err
-	}
-	lock := p + ".lock"
-	f, err := createRefLock(ctx, lock)
+	f, err := createRefLock(ctx, m.lock)
 	if err != nil {
-		return fmt.Errorf("update-ref %s: %w", ref, err)
+		return nil, fmt.Errorf("update-ref %s: %w", ref, err)
 	}
-	moved := false
+	ok := false
 	defer func() {
-		if !moved {
+		if !ok {
 			f.Close()
-			os.Remove(lock)
+			os.Remove(m.lock)
 		}
 	}()
-	cur, err := r.refValue(string(ref), p)
+	cur, err := r.refValue(string(ref), m.path)
+	if errors.Is(err, errGitMoves) {
+		m.byGit = true
+		return m, nil // the deferred func drops the lock
+	}
+	if err != nil {
+		return nil, err
+	}
+	if cur != string(old) {
+		return nil, fmt.Errorf("update-ref %s: is at %q but expected %q: %w", ref, cur, old, errRefMoved)
+	}
+	if _, err := f.WriteString(string(newID) + "\n"); err != nil {
+		return nil, err
+	}
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	ok = true
+	return m, nil
+}
+
+// Pending is the file to fsync before Commit ("" when none): a caller
+// that fsyncs it in a batch of its own says so with Synced.
+func (m *RefMove) Pending() string {
+	if m.byGit || m.done {
+		return ""
+	}
+	return m.lock
+}
+
+// Synced says the caller fsynced Pending.
+func (m *RefMove) Synced() { m.synced = true }
+
+// Commit puts the new value in place: fsync (unless Synced) and rename.
+func (m *RefMove) Commit(ctx context.Context) error {
+	if m.done {
+		return errors.New("update-ref: move already committed or aborted")
+	}
+	if m.byGit {
+		m.done = true
+		return m.r.gitUpdateRef(ctx, m.ref, m.newID, m.old)
+	}
+	// git update-ref refuses a value it cannot find; so does this. One
+	// not found where this looks (an alternate of a repository being
+	// seeded, say) is left to git's own lookup.
+	if ok, err := m.r.hasObject(plumbing.NewHash(string(m.newID))); err != nil || !ok {
+		m.Abort()
+		return m.r.gitUpdateRef(ctx, m.ref, m.newID, m.old)
+	}
+	if !m.synced {
+		if err := SyncFile(m.lock); err != nil {
+			return err
+		}
+	}
+	if err := os.Rename(m.lock, m.path); err != nil {
+		return err
+	}
+	m.done = true
+	return nil
+}
+
+// Abort drops a move Commit did not put in place.
+func (m *RefMove) Abort() {
+	if m.done {
+		return
+	}
+	m.done = true
+	if !m.byGit {
+		os.Remove(m.lock)
+	}
+}
+
+// SyncFile fsyncs the file at p.
+func SyncFile(p string) error {
+	f, err := os.Open(p)
 	if err != nil {
 		return err
 	}
-	if cur != string(old) {
-		return fmt.Errorf("update-ref %s: is at %q but expected %q: %w", ref, cur, old, errRefMoved)
-	}
-	if _, err := f.WriteString(string(newID) + "\n"); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(lock, p); err != nil {
-		return err
-	}
-	moved = true
-	return nil
+	defer f.Close()
+	return f.Sync()
 }
 
 // createRefLock creates lock with O_EXCL, waiting up to refLockWait while

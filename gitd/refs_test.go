@@ -255,3 +255,50 @@ func TestLockTaskSharesTheProject(t *testing.T) {
 		t.Fatalf("order %v: a lock was had before the task locks were released", got)
 	}
 }
+
+// A prepared move holds <ref>.lock until it is committed or aborted: a
+// move racing it from the same old value waits, then is refused; an
+// aborted one leaves the ref and no lock; one a crash cut between prepare
+// and commit leaves a lock that Reconcile removes.
+func TestPrepareRef(t *testing.T) {
+	e, r, cs := refEnv(t, 3)
+	ctx := context.Background()
+	mv, err := r.PrepareRef(ctx, MainRef, cs[0], gitid.ObjectID(e.main))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raced := make(chan error, 1)
+	go func() { raced <- r.UpdateRef(ctx, MainRef, cs[1], gitid.ObjectID(e.main)) }()
+	if err := mv.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-raced; !errors.Is(err, errRefMoved) && (err == nil || !strings.Contains(err.Error(), "lock exists")) {
+		t.Fatalf("a move racing a prepared one: %v", err)
+	}
+	if got := e.ref(MainRef); got != string(cs[0]) {
+		t.Fatalf("main = %s, want %s", got, cs[0])
+	}
+	mv, err = r.PrepareRef(ctx, MainRef, cs[1], cs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	mv.Abort()
+	if err := mv.Commit(ctx); err == nil {
+		t.Fatal("an aborted move was committed")
+	}
+	if got := e.ref(MainRef); got != string(cs[0]) {
+		t.Fatalf("main moved by an aborted move: %s", got)
+	}
+	noLocks(t, e.repo)
+	if _, err := r.PrepareRef(ctx, MainRef, cs[2], cs[0]); err != nil { // then "killed"
+		t.Fatal(err)
+	}
+	if err := e.svc.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	noLocks(t, e.repo)
+	if err := r.UpdateRef(ctx, MainRef, cs[2], cs[0]); err != nil {
+		t.Fatal(err)
+	}
+	e.fsck()
+}

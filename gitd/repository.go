@@ -103,29 +103,17 @@ func (r repo) quarantine() (*bundle.Quarantine, error) {
 
 // UpdateRef is the one door through which gitd moves a ref: ref from old
 // to new ("" or gitid.Zero: the ref must not exist yet), refused when the
-// ref is not at old. It moves it by git's lock-file protocol (refs.go);
-// a symbolic ref or one with a reflog by `git update-ref`. The caller
-// holds the ref's lock (Service.lock or Service.lockTask).
+// ref is not at old. It moves it by git's lock-file protocol (refs.go:
+// PrepareRef, then Commit, which a push splits around its record); a
+// symbolic ref or one with a reflog by `git update-ref`. The caller holds
+// the ref's lock (Service.lock or Service.lockTask).
 func (r repo) UpdateRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
-	if err := gitid.CheckReferenceName(string(ref)); err != nil {
-		return fmt.Errorf("update-ref: %w", err)
+	m, err := r.PrepareRef(ctx, ref, newID, old)
+	if err != nil {
+		return err
 	}
-	for _, id := range []gitid.ObjectID{newID, old} {
-		if id == "" {
-			continue
-		}
-		if _, err := gitid.ParseObjectID(string(id)); err != nil {
-			return fmt.Errorf("update-ref %s: %w", ref, err)
-		}
-	}
-	if newID.IsZero() {
-		return fmt.Errorf("update-ref %s: gitd moves refs, it never deletes one", ref)
-	}
-	err := r.moveRef(ctx, ref, newID, old)
-	if errors.Is(err, errGitMoves) {
-		return r.gitUpdateRef(ctx, ref, newID, old)
-	}
-	return err
+	defer m.Abort()
+	return m.Commit(ctx)
 }
 
 // project returns business/project's pool, its names validated and its
