@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/bushost/bushost/internal/errdefs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -300,5 +301,56 @@ func TestPrepareRef(t *testing.T) {
 	if err := r.UpdateRef(ctx, MainRef, cs[2], cs[0]); err != nil {
 		t.Fatal(err)
 	}
+	e.fsck()
+}
+
+// Pushes to different tasks check the project quota side by side: with
+// room for one pack of the size they bring, of 8 pushes at once exactly one
+// is accepted and the others are refused PROJECT_QUOTA, never two in room
+// for one; the reservation is gone afterwards.
+func TestProjectQuotaSideBySide(t *testing.T) {
+	e := newEnv(t)
+	const n = 8
+	bundles := make([][]byte, n)
+	for i := range bundles {
+		e.run(e.work, "reset", nil, "--hard", "--quiet", "--", "main")
+		e.commitFile("task.txt", noise(30<<10))
+		bundles[i] = e.bundle("HEAD", "^main")
+	}
+	base, err := dirBytes(filepath.Dir(e.repo))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each pack is a little over 30 KiB of noise: room for one and a half.
+	e.svc.o.MaxProjectBytes = base + 48<<10
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range bundles {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = e.push(taskName(i), bundles[i])
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errdefs.ReasonOf(err) != errdefs.ProjectQuota:
+			t.Fatalf("push %d: %v", i, err)
+		}
+	}
+	if ok != 1 {
+		t.Fatalf("%d pushes accepted in room for one", ok)
+	}
+	e.svc.mu.Lock()
+	left := len(e.svc.reserved)
+	e.svc.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("reservations left: %v", e.svc.reserved)
+	}
+	assertNoQuarantine(t, e)
 	e.fsck()
 }
