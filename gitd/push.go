@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"time"
 
 	"github.com/go-git/go-git/v5/plumbing"
@@ -36,10 +37,14 @@ const criticalTimeout = time.Minute
 //
 // Order, for crash safety and nothing left behind: header checks; the pack
 // through index-pack --strict in quarantine (in parallel with other
-// pushes); connectivity and history checks; then under the repository's
-// lock: re-check the fast-forward, migrate the pack, have the Authority
+// pushes); connectivity and history checks; then under the task's lock
+// (lockTask: the task repository's own, and a share of the project's, so
+// pushes to other tasks of the project go on side by side): re-check the
+// fast-forward, check the quotas, migrate the pack, have the Authority
 // record the push (removing the pack again if it refuses), and move the
-// ref against its old value. A crash between the record and the ref move is
+// ref against its old value (prepared under <ref>.lock before the
+// migration, so that its fsync joins the pack's; renamed into place after
+// the record). A crash between the record and the ref move is
 // repaired by Reconcile.
 func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size int64, body io.Reader) (PushResult, error) {
 	ref, err := names.WorkRef(g.Task)
@@ -95,7 +100,10 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		q.Limits = bundle.Limits{BlobBytes: s.o.MaxObjectBytes, CommitBytes: s.o.MaxCommitBytes,
 			TreeBytes: s.o.MaxTreeBytes, Objects: s.o.MaxPackObjects}
 	}
-	q.IndexConfig = indexPackConfig
+	// index-pack does not fsync: Migrate fsyncs the pack, its index and
+	// the directories in one concurrent batch (bundle.SyncAll), before
+	// the record, instead of index-pack's fsyncs one after another.
+	q.IndexConfig = append(indexPackConfig[:len(indexPackConfig):len(indexPackConfig)], "core.fsync=none")
 	indexStart := time.Now()
 	name, err := q.IndexPack(ctx, s.git, r.gitDir(), br)
 	metrics.IndexPack(time.Since(indexStart))
@@ -125,7 +133,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 
-	unlock, err := s.lock(ctx, r)
+	unlock, err := s.lockTask(ctx, r)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -146,19 +154,40 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	if err != nil {
 		return PushResult{}, err
 	}
+	defer s.release(r, packBytes)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
 	made, err := s.ensure(cctx, r)
 	if err != nil {
 		return PushResult{}, err
 	}
-	if err := q.Migrate(); err != nil {
+	if made {
+		q.AlsoSync = []string{filepath.Dir(r.Path)}
+	}
+	// The ref move is prepared (old value checked, new one written into
+	// <ref>.lock) so that its fsync joins the pack's; it is put in place
+	// only after the record.
+	mv, err := r.PrepareRef(cctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur))
+	if err != nil {
 		if made {
 			s.dropNew(r)
 		}
 		return PushResult{}, err
 	}
+	defer mv.Abort()
+	if f := mv.Pending(); f != "" {
+		q.AlsoSync = append(q.AlsoSync, f)
+	}
+	if err := q.Migrate(); err != nil {
+		mv.Abort()
+		if made {
+			s.dropNew(r)
+		}
+		return PushResult{}, err
+	}
+	mv.Synced()
 	if err := walked(); err != nil {
+		mv.Abort()
 		if rerr := q.Rollback(); rerr != nil {
 			s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
 		} else if made {
@@ -169,6 +198,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	p := authz.Push{Business: g.Business, Project: g.Project, Task: g.Task, Commit: commit, Previous: cur, Ref: ref}
 	if err := s.o.Authority.RecordPush(cctx, g, p, peer); err != nil {
 		if errdefs.FromGRPC(err).Reason != errdefs.CommitUnknown {
+			mv.Abort()
 			if rerr := q.Rollback(); rerr != nil {
 				s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
 			} else if made {
@@ -177,6 +207,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 			return PushResult{}, err
 		}
 		if err := s.settleUnclear(cctx, r, q, g, commit, err); err != nil {
+			mv.Abort()
 			if errdefs.FromGRPC(err).Metadata["recorded"] == "false" && made {
 				s.dropNew(r)
 			}
@@ -184,7 +215,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		}
 	}
 	s.account(r, packBytes, q)
-	if err := r.UpdateRef(cctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur)); err != nil {
+	if err := mv.Commit(cctx); err != nil {
 		s.log.Error("push recorded but ref not moved; Reconcile repairs it at next start", "repo", r.Path, "ref", ref, "commit", commit, "err", err)
 		return PushResult{}, fmt.Errorf("push recorded, but moving %s failed (repaired at the next start of bushostd): %w", ref, err)
 	}

@@ -19,9 +19,12 @@ import (
 // cache of delta bases adds at most its limit.
 var indexPackConfig = []string{"pack.threads=1", "core.deltaBaseCacheLimit=32m"}
 
-// Quotas on what a push may store. Both are checked under the project's
-// lock, after index-pack and before Migrate, so a refused push leaves
-// nothing; both count bytes on disk (packs, their indexes, loose objects).
+// Quotas on what a push may store. Both are checked under the task's lock,
+// after index-pack and before Migrate, so a refused push leaves nothing;
+// both count bytes on disk (packs, their indexes, loose objects). Pushes to
+// other tasks of the project check side by side: a push past the check
+// reserves its bytes in the project's figure until it is accounted (or
+// refused), so two of them never both fit in room for one.
 //
 // A task's bytes are its repository's objects (tasks/<task>.git/objects):
 // what it pushed that the pool did not hold. A project's bytes are its
@@ -48,12 +51,26 @@ func (s *Service) checkQuotas(r repo, q *bundle.Quarantine) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	proj += s.reserved[r.Dir]
 	if proj+n > s.o.MaxProjectBytes {
 		return 0, errdefs.ResourceExhausted(errdefs.ProjectQuota,
 			"project %s/%s holds %d bytes of objects; this push's %d bytes would take it over the limit of %d bytes (bushostd --max-project-bytes)",
 			r.Business, r.Project, proj, n, s.o.MaxProjectBytes).With("limit", s.o.MaxProjectBytes).With("used", proj).With("size", n)
 	}
+	s.reserved[r.Dir] += n
 	return n, nil
+}
+
+// release drops the reservation checkQuotas made for n bytes, once the
+// push is accounted or refused.
+func (s *Service) release(r repo, n int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reserved[r.Dir] -= n; s.reserved[r.Dir] <= 0 {
+		delete(s.reserved, r.Dir)
+	}
 }
 
 // account adds an accepted push's bytes to its project's figure: only the

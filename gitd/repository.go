@@ -102,22 +102,18 @@ func (r repo) quarantine() (*bundle.Quarantine, error) {
 }
 
 // UpdateRef is the one door through which gitd moves a ref: ref from old
-// to new ("" or gitid.Zero: the ref must not exist yet), by update-ref,
-// which refuses when the ref is not at old. The caller holds the project's
-// lock.
+// to new ("" or gitid.Zero: the ref must not exist yet), refused when the
+// ref is not at old. It moves it by git's lock-file protocol (refs.go:
+// PrepareRef, then Commit, which a push splits around its record); a
+// symbolic ref or one with a reflog by `git update-ref`. The caller holds
+// the ref's lock (Service.lock or Service.lockTask).
 func (r repo) UpdateRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
-	if err := gitid.CheckReferenceName(string(ref)); err != nil {
-		return fmt.Errorf("update-ref: %w", err)
+	m, err := r.PrepareRef(ctx, ref, newID, old)
+	if err != nil {
+		return err
 	}
-	if old == "" {
-		old = gitid.Zero
-	}
-	for _, id := range []gitid.ObjectID{newID, old} {
-		if _, err := gitid.ParseObjectID(string(id)); err != nil {
-			return fmt.Errorf("update-ref %s: %w", ref, err)
-		}
-	}
-	return r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "update-ref", Args: []string{string(ref), string(newID), string(old)}})
+	defer m.Abort()
+	return m.Commit(ctx)
 }
 
 // project returns business/project's pool, its names validated and its
@@ -159,8 +155,8 @@ func (s *Service) task(business, project, task string) (repo, error) {
 
 // ensure makes a task's repository on its first push: a bare repository
 // whose objects' alternate is the pool, built beside its final path and
-// renamed into place. made says it did. The caller holds the project's
-// lock.
+// renamed into place, not yet fsynced (the caller syncs its parent). made
+// says it did. The caller holds the task's lock (or the project's).
 func (s *Service) ensure(ctx context.Context, r repo) (made bool, err error) {
 	if r.isPool() || r.exists() {
 		return false, nil
@@ -171,7 +167,7 @@ func (s *Service) ensure(ctx context.Context, r repo) (made bool, err error) {
 // dropNew removes a task repository ensure just made for a push that was
 // then refused, unless something else already entered it (another push's
 // quarantine): a refused first push leaves no repository behind. The
-// caller holds the project's lock.
+// caller holds the task's lock (or the project's).
 func (s *Service) dropNew(r repo) {
 	ents, err := os.ReadDir(r.objects())
 	if err != nil {
@@ -195,10 +191,18 @@ func (s *Service) dropNew(r repo) {
 
 func (s *Service) makeTask(ctx context.Context, r repo) error {
 	dir := filepath.Dir(r.Path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+	var tmp string
+	var err error
+	// A refused first push to another task (dropNew) may remove the
+	// tasks directory between the two calls: make it again.
+	for try := 0; try < 3; try++ {
+		if err = os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		if tmp, err = os.MkdirTemp(dir, seedPrefix+r.Task+"-"); !errors.Is(err, os.ErrNotExist) {
+			break
+		}
 	}
-	tmp, err := os.MkdirTemp(dir, seedPrefix+r.Task+"-")
 	if err != nil {
 		return err
 	}
@@ -206,10 +210,9 @@ func (s *Service) makeTask(ctx context.Context, r repo) error {
 	if err := s.initTask(ctx, tmp); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, r.Path); err != nil {
-		return err
-	}
-	return bundle.SyncDir(dir)
+	// The caller makes the rename durable (Push: with its pack, in one
+	// batch of fsyncs).
+	return os.Rename(tmp, r.Path)
 }
 
 // initTask makes a bare repository at dir whose alternate is the pool two

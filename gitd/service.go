@@ -8,9 +8,10 @@
 //
 // What must hold: nothing reaches a repository before git's fsck passed it
 // in quarantine; a task's repository reads only itself and its pool, never
-// another task's objects; refs move only through repo.UpdateRef (`git
-// update-ref` against their old value) under the project's lock, and only
-// after the broker recorded the push; a refused push leaves no ref, no
+// another task's objects; refs move only through repo.UpdateRef (git's
+// lock-file protocol against their old value, refs.go) under the project's
+// lock, or for a push under its task's (lockTask), and only after the
+// broker recorded the push; a refused push leaves no ref, no
 // object, no repository and no temp file. Every git process runs through
 // internal/gitcmd; go-git only reads.
 package gitd
@@ -27,6 +28,7 @@ import (
 	"time"
 
 	"github.com/gofrs/flock"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
@@ -92,8 +94,17 @@ type Service struct {
 	git *gitcmd.Runner
 	log *slog.Logger
 
-	mu    sync.Mutex
-	locks map[string]chan struct{} // per project (its LockPath), in this process
+	mu sync.Mutex
+	// locks are the projects' locks in this process (by LockPath): a
+	// push holds one share (lockTask), everything else all of it (lock).
+	locks map[string]*semaphore.Weighted
+	// taskLocks are the task repositories' locks (by Path), in this
+	// process.
+	taskLocks map[string]chan struct{}
+	// reserved is the bytes of pushes past the project quota check and
+	// not yet accounted, by project (Dir): pushes to two tasks of one
+	// project check the quota side by side.
+	reserved map[string]int64
 	// usage caches each repository's object bytes (under its lock), so
 	// that a push's project quota check does not walk the objects.
 	usage map[string]int64
@@ -142,7 +153,8 @@ func New(o Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gitd: %w", err)
 	}
-	s := &Service{o: o, git: g, log: slog.Default().With("service", "gitd"), locks: map[string]chan struct{}{}, usage: map[string]int64{}}
+	s := &Service{o: o, git: g, log: slog.Default().With("service", "gitd"), locks: map[string]*semaphore.Weighted{},
+		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}}
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
 	}
@@ -156,31 +168,76 @@ func New(o Options) (*Service, error) {
 // final one; no valid project or task name starts with '.'.
 const seedPrefix = ".seeding-"
 
-// lock takes the project's lock (one for its pool and all its task
-// repositories): first among this process's goroutines,
-// then the flock on <project>.flock that other processes (a second host on
-// shared storage, a backup) take too.
+// projectShares is the weight of a project's lock: lock takes all of it,
+// lockTask one share, so that pushes to the project's tasks run side by
+// side and everything else runs alone.
+const projectShares = 1 << 30
+
+// lock takes the project's lock whole (for its pool and all its task
+// repositories): first among this process's goroutines, then the flock on
+// <project>.flock that other processes (a second host on shared storage, a
+// backup) take too. Everything but a push to a task takes it: seeding,
+// syncing and landing main, publishing, archiving, repair, Reconcile.
 func (s *Service) lock(ctx context.Context, r repo) (func(), error) {
+	return s.lockProject(ctx, r, projectShares)
+}
+
+// lockTask takes what a push's ref move needs: one share of the
+// project's lock (LOCK_SH on its flock), then the task repository's own
+// lock. Pushes to different tasks of one project hold theirs at once;
+// anything holding the whole project's lock waits for them and stops
+// new ones. Across processes the task's lock is the project's flock
+// (shared) and, for the ref itself, <ref>.lock (refs.go): one host serves
+// a project (its placement), so nothing else moves a task's ref.
+func (s *Service) lockTask(ctx context.Context, r repo) (func(), error) {
+	unlock, err := s.lockProject(ctx, r, 1)
+	if err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
-	ch, ok := s.locks[r.LockPath]
+	ch, ok := s.taskLocks[r.Path]
 	if !ok {
 		ch = make(chan struct{}, 1)
-		s.locks[r.LockPath] = ch
+		s.taskLocks[r.Path] = ch
 	}
 	s.mu.Unlock()
 	select {
 	case ch <- struct{}{}:
 	case <-ctx.Done():
+		unlock()
 		return nil, ctx.Err()
 	}
-	if err := os.MkdirAll(filepath.Dir(r.LockPath), 0o700); err != nil {
+	return func() {
 		<-ch
+		unlock()
+	}, nil
+}
+
+// lockProject takes n shares of r's project lock, and the flock: shared
+// for less than all of it.
+func (s *Service) lockProject(ctx context.Context, r repo, n int64) (func(), error) {
+	s.mu.Lock()
+	sem, ok := s.locks[r.LockPath]
+	if !ok {
+		sem = semaphore.NewWeighted(projectShares)
+		s.locks[r.LockPath] = sem
+	}
+	s.mu.Unlock()
+	if err := sem.Acquire(ctx, n); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(r.LockPath), 0o700); err != nil {
+		sem.Release(n)
 		return nil, err
 	}
 	fl := flock.New(r.LockPath)
-	ok, err := fl.TryLockContext(ctx, 10*time.Millisecond)
+	take := fl.TryLockContext
+	if n < projectShares {
+		take = fl.TryRLockContext
+	}
+	ok, err := take(ctx, 10*time.Millisecond)
 	if err != nil || !ok {
-		<-ch
+		sem.Release(n)
 		if err == nil {
 			err = ctx.Err()
 		}
@@ -188,7 +245,7 @@ func (s *Service) lock(ctx context.Context, r repo) (func(), error) {
 	}
 	return func() {
 		fl.Unlock()
-		<-ch
+		sem.Release(n)
 	}, nil
 }
 

@@ -103,6 +103,7 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 		var body io.Reader
 		var size int64
 		var wait func() error
+		warnNow := func() {}
 		if *file != "" {
 			f, err := os.Open(*file)
 			if err != nil {
@@ -126,18 +127,36 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 				return err
 			}
 			defer done()
-			head, err := g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}})
-			if err != nil {
-				return fmt.Errorf("%s has no commit at HEAD: %w", *repo, err)
+			// HEAD and main are read in process; git only when go-git
+			// cannot answer.
+			w := openWorkRepo(*repo)
+			head := w.commit("HEAD")
+			if head == "" {
+				if head, err = g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}}); err != nil {
+					return fmt.Errorf("%s has no commit at HEAD: %w", *repo, err)
+				}
 			}
-			base, err := pushBase(ctx, cctx, g, c, *repo)
+			base, err := pushBase(ctx, cctx, g, c, w, *repo)
 			if err != nil {
 				return err
 			}
 			if base == head {
 				return errdefs.FailedPrecondition(errdefs.NothingToPush, "HEAD is main's commit %s: commit your work, then push", head).With("commit", head)
 			}
-			warnUncommitted(ctx, g, e, *repo)
+			// Whether the working tree has changes this push leaves out is
+			// found beside the push (its warning printed at the end).
+			uncommitted := make(chan int, 1)
+			go func() { uncommitted <- countUncommitted(ctx, g, w, *repo, head) }()
+			warned := false
+			defer func() {
+				if !warned {
+					warnUncommitted(e, *repo, <-uncommitted)
+				}
+			}()
+			warnNow = func() {
+				warned = true
+				warnUncommitted(e, *repo, <-uncommitted)
+			}
 			// The bundle is written by git as the stream sends it; the
 			// goroutine has its own context and is joined before return.
 			bctx, cancel := context.WithCancel(ctx)
@@ -200,6 +219,7 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		warnNow()
 		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
 	}
 }
@@ -207,13 +227,19 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 // pushBase returns the commit DIR's HEAD is bundled against: the main
 // fetch-main recorded (refs/remotes/bushost/main), else, in a repository
 // fetch-main did not make, the bus host's main itself when DIR has it.
-func pushBase(ctx, cctx context.Context, g *gitcmd.Runner, c gitv1.GitServiceClient, repo string) (string, error) {
+func pushBase(ctx, cctx context.Context, g *gitcmd.Runner, c gitv1.GitServiceClient, w *workRepo, repo string) (string, error) {
+	if b := w.commit(gitBaseRef); b != "" {
+		return b, nil
+	}
 	if b, err := g.Line(ctx, gitcmd.Cmd{Dir: repo, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{gitBaseRef + "^{commit}"}}); err == nil && b != "" {
 		return b, nil
 	}
 	main, err := serverMain(cctx, c)
 	if err != nil {
 		return "", err
+	}
+	if w.hasCommit(main) {
+		return main, nil
 	}
 	if err := g.Run(ctx, gitcmd.Cmd{Dir: repo, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{main + "^{commit}"}}); err != nil {
 		return "", errdefs.FailedPrecondition(errdefs.NoBase,
@@ -239,14 +265,26 @@ func serverMain(ctx context.Context, c gitv1.GitServiceClient) (string, error) {
 	return first.GetCommit(), nil
 }
 
-// warnUncommitted says on stderr when the working tree has changes that a
-// push of HEAD leaves out.
-func warnUncommitted(ctx context.Context, g *gitcmd.Runner, e *Env, repo string) {
+// countUncommitted counts the working tree's changes that a push of HEAD
+// leaves out: none when the tree is provably clean in process, else what
+// `git status` lists (0 when it cannot say).
+func countUncommitted(ctx context.Context, g *gitcmd.Runner, w *workRepo, repo, head string) int {
+	if w.clean(head) {
+		return 0
+	}
 	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "status", Flags: []string{"--porcelain", "--no-renames"}})
 	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		return 0
+	}
+	return bytes.Count(bytes.TrimRight(out, "\n"), []byte("\n")) + 1
+}
+
+// warnUncommitted says on stderr when the working tree has n changes that
+// a push of HEAD leaves out.
+func warnUncommitted(e *Env, repo string, n int) {
+	if n == 0 {
 		return
 	}
-	n := bytes.Count(bytes.TrimRight(out, "\n"), []byte("\n")) + 1
 	fmt.Fprintf(e.Stderr, "bushost push-working: warning: %s has %d uncommitted change(s), not in this push (commit them to push them; 'git status' lists them)\n", repo, n)
 }
 
