@@ -44,11 +44,14 @@ type egressProxy struct {
 	// but another for unit tests, which play pid 1 in the host's namespace.
 	relayPort int
 	slots     chan struct{}
-	wg        sync.WaitGroup
-	mu        sync.Mutex
-	ln        net.Listener // the relay's socket, once pid 1 sent it
-	conns     map[net.Conn]bool
-	logMu     sync.Mutex
+	// refusing bounds the connections over --egress-conns held while
+	// they are told why (maxRefusing); the rest are closed at once.
+	refusing chan struct{}
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	ln       net.Listener // the relay's socket, once pid 1 sent it
+	conns    map[net.Conn]bool
+	logMu    sync.Mutex
 	// lastConn numbers the session's connections to the proxy (the
 	// decision's conn).
 	lastConn atomic.Int64
@@ -56,6 +59,12 @@ type egressProxy struct {
 
 // egressHandshake bounds how long a client may take to say where it goes.
 const egressHandshake = 10 * time.Second
+
+// maxRefusing bounds the connections over --egress-conns the proxy holds
+// to tell the client why (up to egressHandshake each): a session opening
+// connection after connection, silent, must not make `sandbox run` hold a
+// descriptor and a goroutine for each.
+const maxRefusing = 16
 
 // maxRequestHead bounds an HTTP request's line and headers.
 const maxRequestHead = 64 << 10
@@ -83,6 +92,7 @@ func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, erro
 		return nil, err
 	}
 	e.slots = make(chan struct{}, e.maxConns)
+	e.refusing = make(chan struct{}, maxRefusing)
 	e.handed = make(chan struct{})
 	return e, nil
 }
@@ -199,9 +209,25 @@ func (e *egressProxy) serve(ln net.Listener) {
 		default:
 			// Over the bound: the client gets the reason in its protocol.
 			e.record(decision{Conn: id, Decision: "denied", Why: fmt.Sprintf("%s: over --egress-conns %d", ReasonEgressConnections, e.maxConns)})
+			select {
+			case e.refusing <- struct{}{}:
+			default:
+				// As many are being told already: no word for this one.
+				c.Close()
+				continue
+			}
+			if !e.track(c, true) {
+				c.Close()
+				<-e.refusing
+				return
+			}
 			e.wg.Add(1)
 			go func() {
 				defer e.wg.Done()
+				defer func() { <-e.refusing }()
+				// Tracked, so that stop closes it rather than wait out
+				// the handshake's bound.
+				defer e.track(c, false)
 				c.SetDeadline(time.Now().Add(egressHandshake))
 				e.refuseEarly(c, fmt.Sprintf("%s: the session holds %d connections, the most --egress-conns allows", ReasonEgressConnections, e.maxConns))
 				lingerClose(c)
@@ -517,6 +543,11 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 	last.Store(time.Now().UnixNano())
 	var out, in atomic.Int64
 	out.Store(sent)
+	// idled is set by the way that found the connection idle: the other
+	// way may be blocked writing to a peer that does not read (no byte
+	// moves, but no read times out either), so it is woken by deadlines
+	// in the past and ends too.
+	var idled atomic.Bool
 	copyDir := func(dst net.Conn, src io.Reader, srcConn net.Conn, n *atomic.Int64) {
 		// io.Copy lets the kernel move the bytes (splice(2) from one TCP
 		// connection to the other): the idle check runs
@@ -532,9 +563,16 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 				n.Add(k)
 			}
 			var ne net.Error
-			if err != nil && errors.As(err, &ne) && ne.Timeout() && time.Since(time.Unix(0, last.Load())) < e.idle {
+			if err == nil || !errors.As(err, &ne) || !ne.Timeout() || idled.Load() {
+				break
+			}
+			if time.Since(time.Unix(0, last.Load())) < e.idle {
 				continue
 			}
+			idled.Store(true)
+			now := time.Now()
+			c.SetDeadline(now)
+			up.SetDeadline(now)
 			break
 		}
 		// The other way may still carry a response: half-close.
@@ -550,7 +588,24 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 		close(done)
 	}()
 	copyDir(up, br, c, &out)
-	<-done
+	// The session may have closed its sending side and stopped reading:
+	// the way left is then blocked writing, and reads time out no more.
+	// Cut it when nothing moved either way for e.idle.
+	tick := time.NewTicker(e.idle / 2)
+	defer tick.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-tick.C:
+			if time.Since(time.Unix(0, last.Load())) >= e.idle {
+				idled.Store(true)
+				now := time.Now()
+				c.SetDeadline(now)
+				up.SetDeadline(now)
+			}
+		}
+	}
 	e.record(decision{Conn: id, Host: t.host, Port: t.port, Decision: "closed", BytesOut: out.Load(), BytesIn: in.Load()})
 }
 

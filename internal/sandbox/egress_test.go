@@ -338,3 +338,157 @@ func openFDs(t *testing.T) int {
 	}
 	return len(ents)
 }
+
+// TestEgressRefusalFlood: a session that opens connection after
+// connection over --egress-conns, saying nothing on any, makes the proxy
+// hold a bounded number of them (maxRefusing) waiting to be told why;
+// the rest are closed at once. Without the bound each one held a
+// goroutine and a descriptor of `sandbox run` for the handshake's 10 s.
+func TestEgressRefusalFlood(t *testing.T) {
+	var log strings.Builder
+	e, err := startEgress(&Config{EgressConns: 1}, &lockedWriter{w: &log}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := playPid1(t, e)
+	base := runtime.NumGoroutine()
+	const flood = 200
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < flood+1; i++ {
+		c, err := net.Dial("tcp", relay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	// Wait until the proxy has accepted them all.
+	for i := 0; e.lastConn.Load() < flood+1; i++ {
+		if i > 20000 {
+			t.Fatalf("the proxy accepted %d of %d connections", e.lastConn.Load(), flood+1)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := runtime.NumGoroutine() - base; n > maxRefusing+8 {
+		t.Errorf("%d goroutines more than before the flood of %d silent connections, want at most about %d", n, flood, maxRefusing)
+	}
+	if n := len(e.refusing); n > maxRefusing {
+		t.Errorf("%d refusals pending, over %d", n, maxRefusing)
+	}
+	// One past the bound is closed without a word.
+	last := conns[len(conns)-1]
+	last.SetReadDeadline(time.Now().Add(time.Minute))
+	if b, err := io.ReadAll(last); len(b) != 0 || err != nil && !strings.Contains(err.Error(), "reset") {
+		t.Errorf("over the refusal bound: read %q, %v", b, err)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	conns = nil
+	e.stop()
+	if n := runtime.NumGoroutine() - base; n > 2 {
+		t.Errorf("%d goroutines left after stop", n)
+	}
+}
+
+// TestEgressIdleNotReading: a client that never reads what the server
+// sends leaves no byte moving either way once the buffers are full; the
+// connection is idle and is cut after --egress-idle, giving its slot back,
+// rather than holding it until the session ends: whether the client keeps
+// its sending side open or closes it.
+func TestEgressIdleNotReading(t *testing.T) {
+	for _, halfClose := range []bool{false, true} {
+		t.Run(fmt.Sprintf("half-closed=%v", halfClose), func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			upEnded := make(chan struct{}, 1)
+			go func() {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				for { // write until the proxy closes
+					if _, err := c.Write(buf); err != nil {
+						break
+					}
+				}
+				upEnded <- struct{}{}
+			}()
+			e, err := startEgress(&Config{AllowHosts: []string{l.Addr().String()}, EgressConns: 1, EgressIdle: 200 * time.Millisecond}, io.Discard, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.stop()
+			relay := playPid1(t, e)
+			c, err := net.Dial("tcp", relay)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.(*net.TCPConn).SetReadBuffer(4096)
+			io.WriteString(c, "CONNECT "+l.Addr().String()+" HTTP/1.1\r\nHost: x\r\n\r\n")
+			head := make([]byte, len("HTTP/1.1 200 Connection established\r\n\r\n"))
+			if _, err := io.ReadFull(c, head); err != nil || !strings.HasPrefix(string(head), "HTTP/1.1 200") {
+				t.Fatalf("CONNECT: %q %v", head, err)
+			}
+			if halfClose {
+				c.(*net.TCPConn).CloseWrite()
+			}
+			// Read nothing more: the slot must come back on its own.
+			waitSlot(t, e)
+			select {
+			case <-upEnded:
+			case <-time.After(time.Minute):
+				t.Error("the server's end is still open")
+			}
+		})
+	}
+}
+
+// TestEgressStopRefusing: a connection being refused (over
+// --egress-conns) that never says a word does not keep the proxy, and so
+// `sandbox run`, from ending with the session: stop closes it too.
+func TestEgressStopRefusing(t *testing.T) {
+	e, err := startEgress(&Config{EgressConns: 1}, io.Discard, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := playPid1(t, e)
+	base := runtime.NumGoroutine()
+	var conns []net.Conn
+	for i := 0; i < 2; i++ { // one takes the slot, one is refused
+		c, err := net.Dial("tcp", relay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	for i := 0; len(e.refusing) == 0; i++ {
+		if i > 20000 {
+			t.Fatal("the second connection is not being refused")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	stopped := make(chan struct{})
+	go func() { e.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(egressHandshake / 2):
+		// The bound is far over what stop takes; without closing the
+		// refused connection, stop waits egressHandshake.
+		t.Fatal("stop waits for a silent connection it was refusing")
+	}
+	if n := runtime.NumGoroutine() - base; n > 2 {
+		t.Errorf("%d goroutines left after stop", n)
+	}
+}
