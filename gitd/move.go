@@ -574,7 +574,7 @@ func readManifest(tr *tar.Reader) (manifest, string, error) {
 	if err != nil {
 		return mf, "", err
 	}
-	if hdr.Name != manifestName || hdr.Typeflag != tar.TypeReg {
+	if hdr.Name != manifestName || hdr.Typeflag != tar.TypeReg || sparse(hdr) {
 		return mf, "", altered("its first entry is %q, not %s", hdr.Name, manifestName)
 	}
 	if hdr.Size > maxManifestBytes {
@@ -657,6 +657,19 @@ func (mr *manifestRepo) check(file string, whole bool) error {
 	return nil
 }
 
+// sparse says whether hdr is a PAX sparse file (GNU.sparse.* records),
+// which archive/tar expands on reading: a few blocks of archive could
+// otherwise write any size of zeros into the staging directory before the
+// sha256 is checked. The header's size is the expanded one.
+func sparse(hdr *tar.Header) bool {
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
+}
+
 // readBundles reads every other entry of the archive into dir (as
 // <dir>/<name>), each one the manifest names, once, with its size and
 // sha256; and checks that none the manifest names is missing.
@@ -682,6 +695,9 @@ func readBundles(ctx context.Context, tr *tar.Reader, mf manifest, dir string) e
 		mr, ok := want[hdr.Name]
 		if !ok || got[hdr.Name] || hdr.Typeflag != tar.TypeReg {
 			return altered("entry %q is not a bundle its manifest names (or is there twice)", hdr.Name)
+		}
+		if sparse(hdr) {
+			return altered("entry %q is a sparse file, which an export never writes", hdr.Name)
 		}
 		got[hdr.Name] = true
 		if hdr.Size != mr.Size {
@@ -734,7 +750,14 @@ func (s *Service) importRepo(ctx context.Context, r repo, mr manifestRepo, files
 		if len(h.Refs) != len(mr.Refs) {
 			return altered("bundle %s has %d refs, its manifest %d", mr.File, len(h.Refs), len(mr.Refs))
 		}
+		// Each once: a ref twice would match the manifest's count and
+		// leave one of the manifest's refs unchecked.
+		seen := make(map[string]bool, len(h.Refs))
 		for _, ref := range h.Refs {
+			if seen[ref.Name] {
+				return altered("bundle %s names %s twice", mr.File, ref.Name)
+			}
+			seen[ref.Name] = true
 			if mr.Refs[ref.Name] != ref.Commit {
 				return altered("bundle %s has %s at %s, its manifest %q", mr.File, ref.Name, ref.Commit, mr.Refs[ref.Name])
 			}

@@ -1,0 +1,224 @@
+package gitd
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/treesnap"
+)
+
+// rawTarEntry writes one tar entry by hand, as a crafted archive would:
+// a PAX extended header of pax (in key order) when given, then a ustar
+// header of type typ (linkname for links), then data padded to a block.
+// Go's tar.Writer will not write some of these (GNU.sparse.* records).
+func rawTarEntry(name string, typ byte, linkname string, data []byte, size int64, pax map[string]string) []byte {
+	block := func(name string, typ byte, linkname string, size int64) []byte {
+		b := make([]byte, 512)
+		copy(b[0:100], name)
+		copy(b[100:], "0000600\x00")
+		copy(b[108:], "0000000\x00")
+		copy(b[116:], "0000000\x00")
+		copy(b[124:], fmt.Sprintf("%011o\x00", size))
+		copy(b[136:], "00000000000\x00")
+		b[156] = typ
+		copy(b[157:257], linkname)
+		copy(b[257:], "ustar\x0000")
+		copy(b[148:156], "        ")
+		sum := 0
+		for _, c := range b {
+			sum += int(c)
+		}
+		copy(b[148:], fmt.Sprintf("%06o\x00 ", sum))
+		return b
+	}
+	pad := func(b []byte) []byte {
+		if n := len(b) % 512; n != 0 {
+			b = append(b, make([]byte, 512-n)...)
+		}
+		return b
+	}
+	var out []byte
+	if pax != nil {
+		keys := make([]string, 0, len(pax))
+		for k := range pax {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var recs []byte
+		for _, k := range keys {
+			rec := " " + k + "=" + pax[k] + "\n"
+			n := len(rec) + 1
+			for n != len(rec)+len(fmt.Sprint(n)) {
+				n = len(rec) + len(fmt.Sprint(n))
+			}
+			recs = append(recs, fmt.Sprintf("%d%s", n, rec)...)
+		}
+		out = append(out, block("PaxHeaders/"+name, 'x', "", int64(len(recs)))...)
+		out = append(out, pad(recs)...)
+	}
+	out = append(out, block(name, typ, linkname, size)...)
+	return append(out, pad(append([]byte(nil), data...))...)
+}
+
+// withEntries is a hostile archive's manifest and files, then raw entries,
+// then the archive's end.
+func withEntries(t *testing.T, m *fakeMover, mf manifest, files map[string][]byte, entries ...[]byte) []byte {
+	raw := hostileArchive(t, m, mf, files)
+	raw = raw[:len(raw)-1024] // the end: two zero blocks
+	for _, en := range entries {
+		raw = append(raw, en...)
+	}
+	return append(raw, make([]byte, 1024)...)
+}
+
+// importRefused imports raw on e, wants reason, and checks that the store
+// is as it was, nothing was placed and no staging directory is left.
+func importRefusedIn(t *testing.T, e *env, m *fakeMover, raw []byte, reason errdefs.Reason) error {
+	t.Helper()
+	before := e.snapshot()
+	_, err := importArchive(e, raw)
+	t.Logf("refused: %v", err)
+	if got := errdefs.ReasonOf(bundleError(err)); got != reason {
+		t.Fatalf("import: %v, want %s", err, reason)
+	}
+	if d := treesnap.Diff(before, e.snapshot()); d != "" {
+		t.Fatalf("a refused import changed the store:\n%s", d)
+	}
+	if m.completed != 0 {
+		t.Fatal("the broker was asked to place a refused import")
+	}
+	return err
+}
+
+// TestImportRefusesCraftedEntries: a file whose manifest the store
+// vouches for (a compromised host sealed it) may still carry entries
+// that are not plain files: a PAX sparse entry that a few blocks of
+// archive expand to any size on disk, links and devices where a bundle
+// should be, an entry whose size is not the manifest's. Each is refused
+// before anything is written.
+func TestImportRefusesCraftedEntries(t *testing.T) {
+	var m *fakeMover
+	e := newEnv(t, withMover("host-b", &m))
+	var pool bytes.Buffer
+	if err := e.git.Run(context.Background(), gitcmd.Cmd{GitDir: e.repo, Sub: "bundle", Flags: []string{"create", "--quiet", "--version=2"}, Args: []string{"-", MainRef}, Stdout: &pool}); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(pool.Bytes())
+	poolSum := hex.EncodeToString(sum[:])
+	base := func(size int64) manifest {
+		return manifest{Format: manifestFormat, Business: testBusiness, Project: testProject, From: "host-a", ExportID: "x1",
+			Head: manifestHead{Seq: 7, Hash: "h7"},
+			Pool: manifestRepo{File: poolBundle, SHA256: poolSum, Size: size, Refs: map[string]string{MainRef: e.main}}}
+	}
+	// 64 MiB of zeros from one sparse entry of no data: enough to show
+	// the expansion, not to fill the disk if it is not refused.
+	const sparse = 64 << 20
+	staged := filepath.Join(e.svc.o.ReposDir, seedPrefix+"import-*", "files", poolBundle)
+	for _, tc := range []struct {
+		name  string
+		size  int64
+		entry []byte
+		why   string // in the refusal: refused for this, not later
+	}{
+		{"a PAX sparse entry", sparse, rawTarEntry(poolBundle, '0', "", nil, 0, map[string]string{
+			"GNU.sparse.major": "0", "GNU.sparse.minor": "1", "GNU.sparse.size": fmt.Sprint(sparse),
+			"GNU.sparse.numblocks": "0", "GNU.sparse.map": ""}), "sparse"},
+		{"a symbolic link", int64(pool.Len()), rawTarEntry(poolBundle, '2', "/etc/passwd", nil, 0, nil), "not a bundle"},
+		{"a hard link", int64(pool.Len()), rawTarEntry(poolBundle, '1', "/etc/passwd", nil, 0, nil), "not a bundle"},
+		{"a character device", int64(pool.Len()), rawTarEntry(poolBundle, '3', "", nil, 0, nil), "not a bundle"},
+		{"a FIFO", int64(pool.Len()), rawTarEntry(poolBundle, '6', "", nil, 0, nil), "not a bundle"},
+		{"a directory", int64(pool.Len()), rawTarEntry(poolBundle, '5', "", nil, 0, nil), "not a bundle"},
+		{"a size not the manifest's", int64(pool.Len()) + 1, rawTarEntry(poolBundle, '0', "", pool.Bytes(), int64(pool.Len()), nil), "its manifest says"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := importRefusedIn(t, e, m, withEntries(t, m, base(tc.size), nil, tc.entry), errdefs.ExportAltered)
+			if !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("refused for another reason than %q: %v", tc.why, err)
+			}
+			if found, _ := filepath.Glob(staged); len(found) > 0 {
+				t.Fatalf("left behind: %v", found)
+			}
+		})
+	}
+	// The same archive with the entry as a plain file is imported: the
+	// refusals above are the entries', not the harness's.
+	t.Run("a plain file", func(t *testing.T) {
+		raw := withEntries(t, m, base(int64(pool.Len())), nil, rawTarEntry(poolBundle, '0', "", pool.Bytes(), int64(pool.Len()), nil))
+		_, err := importArchive(e, raw)
+		if err != nil {
+			t.Fatalf("import: %v", err)
+		}
+	})
+}
+
+// TestImportRefusesCraftedRefs: refs the manifest names outside what a
+// ref may be, a task bundle thin against a commit the file does not
+// carry, a bundle header naming a ref twice (so that its count matches
+// the manifest's while a manifest ref goes unchecked): each refused,
+// leaving the store as it was.
+func TestImportRefusesCraftedRefs(t *testing.T) {
+	var m *fakeMover
+	e := newEnv(t, withMover("host-b", &m))
+	ctx := context.Background()
+	var pool bytes.Buffer
+	if err := e.git.Run(ctx, gitcmd.Cmd{GitDir: e.repo, Sub: "bundle", Flags: []string{"create", "--quiet", "--version=2"}, Args: []string{"-", MainRef}, Stdout: &pool}); err != nil {
+		t.Fatal(err)
+	}
+	x := e.commitFile("x.txt", "x\n") // on main, in no bundle
+	y := e.commitFile("y.txt", "y\n")
+	thin := e.bundle("HEAD", "^"+x) // y, needing x
+	pushes := e.auth.pushes
+	base := func() manifest {
+		return manifest{Format: manifestFormat, Business: testBusiness, Project: testProject, From: "host-a", ExportID: "x1",
+			Head: manifestHead{Seq: 7, Hash: "h7"}, Pool: manifestRepo{File: poolBundle, Refs: map[string]string{MainRef: e.main}}}
+	}
+	// The pool's bundle with its one ref line written twice, and a
+	// manifest naming it and another ref at a commit the pool lacks.
+	hdrEnd := bytes.Index(pool.Bytes(), []byte("\n\n"))
+	lines := strings.Split(string(pool.Bytes()[:hdrEnd]), "\n")
+	twice := append([]byte(strings.Join(append(lines, lines[len(lines)-1]), "\n")), pool.Bytes()[hdrEnd:]...)
+	for _, tc := range []struct {
+		name  string
+		build func() []byte
+		why   string
+	}{
+		{"a ref with ..", func() []byte {
+			mf := base()
+			mf.Pool.Refs["refs/heads/../x"] = e.main
+			return hostileArchive(t, m, mf, map[string][]byte{poolBundle: pool.Bytes()})
+		}, `"refs/heads/../x"`},
+		{"a ref outside refs/", func() []byte {
+			mf := base()
+			mf.Pool.Refs["HEAD"] = e.main
+			return hostileArchive(t, m, mf, map[string][]byte{poolBundle: pool.Bytes()})
+		}, `"HEAD"`},
+		{"a task bundle thin against a commit the file lacks", func() []byte {
+			mf := base()
+			e.auth.pushes = append(pushes, authz.Push{Business: testBusiness, Project: testProject, Task: "t9", Commit: y})
+			mf.Tasks = []manifestTask{{Task: "t9", LastPush: y, Repository: &manifestRepo{File: taskBundleName("t9"), Refs: map[string]string{"refs/work/t9": y}}}}
+			return hostileArchive(t, m, mf, map[string][]byte{poolBundle: pool.Bytes(), taskBundleName("t9"): thin})
+		}, "does not verify"},
+		{"a bundle header naming a ref twice", func() []byte {
+			mf := base()
+			mf.Pool.Refs["refs/heads/other"] = e.main
+			return hostileArchive(t, m, mf, map[string][]byte{poolBundle: twice})
+		}, "names refs/heads/main twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func() { e.auth.pushes = pushes }()
+			if err := importRefusedIn(t, e, m, tc.build(), errdefs.ExportAltered); !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("refused for another reason than %q: %v", tc.why, err)
+			}
+		})
+	}
+}
