@@ -160,7 +160,8 @@ func (s *Service) ExportProject(ctx context.Context, business, project string, s
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 		defer cancel()
-		if _, cerr := m.CancelExport(cctx, business, project); cerr != nil {
+		// This export only: another may have replaced it meanwhile.
+		if _, cerr := m.CancelExport(cctx, business, project, ex.ID); cerr != nil {
 			s.log.Error("export failed, and cancelling it failed too: the project stays moving until 'bushost project export --cancel'", "business", business, "project", project, "err", cerr)
 			return
 		}
@@ -445,7 +446,7 @@ func (s *Service) CancelExport(ctx context.Context, business, project string) (i
 	if err != nil {
 		return 0, err
 	}
-	return m.CancelExport(ctx, business, project)
+	return m.CancelExport(ctx, business, project, "")
 }
 
 // ImportResult is what ImportProject placed here.
