@@ -316,6 +316,15 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 		if refs[ref] != out.last[t.Task] {
 			return out, disagree(t.Task, refs[ref], out.last[t.Task])
 		}
+		for other := range refs {
+			if other != ref {
+				// An import takes a task's work ref only: refuse here,
+				// before the project moves, rather than there.
+				return out, errdefs.FailedPrecondition(errdefs.RepoDisagreesWithLog,
+					"task %s/%s/%s: its repository holds %s besides %s, which no push makes: delete it ('git --git-dir %s update-ref -d %s'), then export again",
+					p.Business, p.Project, t.Task, other, ref, t.Path, other).With("task", p.Business+"/"+p.Project+"/"+t.Task).With("ref", other)
+			}
+		}
 		if len(refs) > 0 {
 			out.tasks[t.Task] = refs
 		}
@@ -630,6 +639,13 @@ func (mf *manifest) check() error {
 		if t.Repository != nil {
 			if err := t.Repository.check(taskBundleName(t.Task), false); err != nil {
 				return err
+			}
+			// A task's repository holds its work ref and nothing else
+			// (a push sets only that): no other ref, and none for a task
+			// the log does not know (its work ref must then be the log's
+			// latest push, and there is none).
+			if ref, _ := names.WorkRef(t.Task); len(t.Repository.Refs) != 1 || t.Repository.Refs[ref] == "" {
+				return altered("task %s's repository has refs other than %s", t.Task, ref)
 			}
 		}
 	}

@@ -177,6 +177,8 @@ func TestImportRefusesCraftedRefs(t *testing.T) {
 	x := e.commitFile("x.txt", "x\n") // on main, in no bundle
 	y := e.commitFile("y.txt", "y\n")
 	thin := e.bundle("HEAD", "^"+x) // y, needing x
+	e.run(e.work, "update-ref", nil, "--", "refs/heads/planted", y)
+	planted := e.bundle("refs/heads/planted", "^main")
 	pushes := e.auth.pushes
 	base := func() manifest {
 		return manifest{Format: manifestFormat, Business: testBusiness, Project: testProject, From: "host-a", ExportID: "x1",
@@ -208,6 +210,20 @@ func TestImportRefusesCraftedRefs(t *testing.T) {
 			mf.Tasks = []manifestTask{{Task: "t9", LastPush: y, Repository: &manifestRepo{File: taskBundleName("t9"), Refs: map[string]string{"refs/work/t9": y}}}}
 			return hostileArchive(t, m, mf, map[string][]byte{poolBundle: pool.Bytes(), taskBundleName("t9"): thin})
 		}, "does not verify"},
+		{"a repository for a task the log does not know, without its work ref", func() []byte {
+			mf := base()
+			mf.Tasks = []manifestTask{{Task: "t8", Repository: &manifestRepo{File: taskBundleName("t8"), Refs: map[string]string{"refs/heads/planted": y}}}}
+			return hostileArchive(t, m, mf, map[string][]byte{poolBundle: pool.Bytes(), taskBundleName("t8"): planted})
+		}, "refs/work/t8"},
+		{"a task's repository with a ref besides its work ref", func() []byte {
+			mf := base()
+			e.auth.pushes = append(pushes, authz.Push{Business: testBusiness, Project: testProject, Task: "t8", Commit: y})
+			mf.Tasks = []manifestTask{{Task: "t8", LastPush: y, Repository: &manifestRepo{File: taskBundleName("t8"),
+				Refs: map[string]string{"refs/heads/planted": y, "refs/work/t8": y}}}}
+			e.run(e.work, "update-ref", nil, "--", "refs/work/t8", y)
+			defer e.run(e.work, "update-ref", nil, "-d", "--", "refs/work/t8")
+			return hostileArchive(t, m, mf, map[string][]byte{poolBundle: pool.Bytes(), taskBundleName("t8"): e.bundle("refs/heads/planted", "refs/work/t8", "^main")})
+		}, "refs/work/t8"},
 		{"a bundle header naming a ref twice", func() []byte {
 			mf := base()
 			mf.Pool.Refs["refs/heads/other"] = e.main

@@ -163,6 +163,15 @@ func TestExportRefusesRefsAgainstLog(t *testing.T) {
 	if errdefs.ReasonOf(err) != errdefs.RepoDisagreesWithLog || buf.Len() != 0 || m.digest != "" {
 		t.Fatalf("export: %v (%d bytes, digest %q)", err, buf.Len(), m.digest)
 	}
+	// A ref in a task's repository that no push makes (an import would
+	// refuse it) is refused too.
+	e.auth.lastExtra = nil
+	e.run(e.taskRepo("t1"), "update-ref", nil, "--", "refs/heads/stray", e.ref("refs/work/t1"))
+	_, err = e.svc.ExportProject(context.Background(), testBusiness, testProject, func(string) {}, func(authz.Export) error { return nil }, bufio.NewWriter(&buf))
+	if errdefs.ReasonOf(err) != errdefs.RepoDisagreesWithLog || buf.Len() != 0 || m.digest != "" {
+		t.Fatalf("export with a stray ref: %v (%d bytes, digest %q)", err, buf.Len(), m.digest)
+	}
+	t.Logf("refused: %v", err)
 }
 
 // hostileArchive writes mf and files as an export would, filling in each
