@@ -238,3 +238,98 @@ func TestImportRefusesCraftedRefs(t *testing.T) {
 		})
 	}
 }
+
+// placingMover is a fakeMover that remembers a placement: once an import
+// completed, the project is placed here and CheckImport refuses the file
+// as stale. With unknown, CompleteImport answers COMMIT_UNKNOWN (as when
+// the store's answer is lost) and places nothing.
+type placingMover struct {
+	*fakeMover
+	placed, unknown bool
+}
+
+func (m *placingMover) CheckImport(ctx context.Context, c authz.ImportClaim) error {
+	m.mu.Lock()
+	placed := m.placed
+	m.mu.Unlock()
+	if placed {
+		return errdefs.FailedPrecondition(errdefs.ExportStale, "the project is already placed on this host")
+	}
+	return m.fakeMover.CheckImport(ctx, c)
+}
+
+func (m *placingMover) CompleteImport(ctx context.Context, c authz.ImportClaim) (int64, error) {
+	if err := m.CheckImport(ctx, c); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.unknown {
+		return 0, errdefs.Unavailable(errdefs.CommitUnknown, "the store's answer was lost")
+	}
+	m.placed = true
+	m.completed++
+	return 8, nil
+}
+
+// Two imports of one file on one host, the second past its check of the
+// store when the first places the project, and work pushed in between:
+// the second must not leave the file's copy in place of the live project.
+// It is refused as stale by CompleteImport's own check, in the
+// transaction, before anything could commit: a COMMIT_UNKNOWN (which
+// would make placeImport ask Placement, and find the project here because
+// of the first) comes only for a transaction whose writes succeeded, so
+// it cannot answer this one; the mover models that order.
+func TestImportTwiceOnOneHost(t *testing.T) {
+	var ma, fb *fakeMover
+	a := newEnv(t, withMover("host-a", &ma))
+	a.commitFile("t1.txt", "one\n")
+	if _, err := a.push("t1", a.bundle("HEAD", "^main")); err != nil {
+		t.Fatal(err)
+	}
+	raw := export(t, a)
+	var mb *placingMover
+	b := newEnv(t, withMover("host-b", &fb), func(o *Options) {
+		mb = &placingMover{fakeMover: fb}
+		o.Authority = mb
+	})
+	fb.digest = ma.digest
+	fb.pushes = a.auth.recorded()
+
+	var pushed string
+	first := true
+	_, err := b.svc.ImportProject(context.Background(), bytes.NewReader(raw), func(step string) {
+		if step != "place the project" || !first {
+			return
+		}
+		first = false
+		// The other import, whole, then work on the project it placed.
+		if _, err := importArchive(b, raw); err != nil {
+			t.Fatalf("the first import: %v", err)
+		}
+		pushed = b.commitFile("t2.txt", "two\n")
+		if _, err := b.push("t2", b.bundle("HEAD", "^main")); err != nil {
+			t.Fatalf("a push after the first import: %v", err)
+		}
+		mb.mu.Lock()
+		mb.unknown = true
+		mb.mu.Unlock()
+	})
+	t.Logf("the second import: %v", err)
+	if errdefs.ReasonOf(err) != errdefs.ExportStale {
+		t.Errorf("the second import: %v, want EXPORT_STALE", err)
+	}
+	if got := b.ref("refs/work/t2"); got != pushed {
+		t.Fatalf("refs/work/t2 is %q after the second import, the push made it %s: the live project was replaced", got, pushed)
+	}
+	if got, want := b.ref("refs/work/t1"), a.ref("refs/work/t1"); got != want {
+		t.Fatalf("refs/work/t1 %s, want %s", got, want)
+	}
+	b.fsck()
+	if found, _ := filepath.Glob(filepath.Join(b.svc.o.ReposDir, "*", seedPrefix+"*")); len(found) > 0 {
+		t.Fatalf("left behind: %v", found)
+	}
+	if found, _ := filepath.Glob(filepath.Join(b.svc.o.ReposDir, seedPrefix+"*")); len(found) > 0 {
+		t.Fatalf("left behind: %v", found)
+	}
+}
