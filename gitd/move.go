@@ -618,6 +618,10 @@ func (mf *manifest) check() error {
 	if mf.From == "" || mf.ExportID == "" || mf.Head.Seq <= 0 || mf.Head.Hash == "" {
 		return altered("its manifest names no exporting host, export or head")
 	}
+	if mf.Root != "" && (!filepath.IsAbs(mf.Root) || strings.ContainsAny(mf.Root, "\n\x00")) {
+		// What project add records: an absolute path, one line.
+		return altered("its root %q is not an absolute path on one line", mf.Root)
+	}
 	if err := mf.Pool.check(poolBundle, true); err != nil {
 		return err
 	}

@@ -224,6 +224,16 @@ func TestImportRefusesCraftedRefs(t *testing.T) {
 			defer e.run(e.work, "update-ref", nil, "-d", "--", "refs/work/t8")
 			return hostileArchive(t, m, mf, map[string][]byte{poolBundle: pool.Bytes(), taskBundleName("t8"): e.bundle("refs/heads/planted", "refs/work/t8", "^main")})
 		}, "refs/work/t8"},
+		{"a root that is not an absolute path", func() []byte {
+			mf := base()
+			mf.Root = "../../elsewhere"
+			return hostileArchive(t, m, mf, map[string][]byte{poolBundle: pool.Bytes()})
+		}, "its root"},
+		{"a root of two lines", func() []byte {
+			mf := base()
+			mf.Root = "/srv/web\n[core]\n\thooksPath = /tmp"
+			return hostileArchive(t, m, mf, map[string][]byte{poolBundle: pool.Bytes()})
+		}, "its root"},
 		{"a bundle header naming a ref twice", func() []byte {
 			mf := base()
 			mf.Pool.Refs["refs/heads/other"] = e.main
