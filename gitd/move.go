@@ -469,12 +469,14 @@ type ImportResult struct {
 // places its project on this host. In order: the manifest (first entry)
 // is parsed and checked against the broker's store (CheckImport: the
 // export is the project's current one, its digest and head the recorded
-// ones, nothing appended for the project since); every bundle is read
+// ones, nothing appended for the project since) and its tasks against the
+// log (each task's refs/work its latest push, every open task with a push
+// carried), before anything is built; every bundle is read
 // into a staging directory and checked against the manifest's sha256 and
 // size; the repositories are built there, each bundle through `git
 // bundle verify` and index-pack --strict in a quarantine, as pushes are,
-// with exactly the manifest's refs; the refs are checked against the log
-// (each task's latest push, main holding the last landing); then, under
+// with exactly the manifest's refs; main is checked to hold the log's last
+// landing; then, under
 // the project's lock, the staging directory is renamed into
 // repos/<business>/<project> (a stale copy from an earlier placement here
 // set aside) and the broker places the project here in the transaction
@@ -501,6 +503,9 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 	c := authz.ImportClaim{Business: mf.Business, Project: mf.Project, From: mf.From, ID: mf.ExportID, Digest: digest,
 		HeadSeq: mf.Head.Seq, HeadHash: mf.Head.Hash}
 	if err := m.CheckImport(ctx, c); err != nil {
+		return res, err
+	}
+	if err := s.manifestAgrees(ctx, mf); err != nil {
 		return res, err
 	}
 	step("read the bundles")
@@ -547,7 +552,7 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 		}
 	}
 	step("check the refs against the log")
-	if err := s.importAgrees(ctx, p, mf); err != nil {
+	if err := s.importAgrees(ctx, p); err != nil {
 		return res, err
 	}
 	step("place the project")
@@ -814,10 +819,11 @@ func (s *Service) importRepo(ctx context.Context, r repo, mr manifestRepo, files
 	return nil
 }
 
-// importAgrees checks the built repositories against the log: each task's
-// refs/work is its latest push, an open task with a push has its
-// repository, and main holds the last landing.
-func (s *Service) importAgrees(ctx context.Context, p repo, mf manifest) error {
+// manifestAgrees checks the manifest's tasks against the log before
+// anything is built, so that a file listing tasks the log does not have
+// costs no repository: each task's refs/work is its latest push, and an
+// open task with a push has its repository.
+func (s *Service) manifestAgrees(ctx context.Context, mf manifest) error {
 	last, err := s.o.Authority.LastPushes(ctx, mf.Business, mf.Project)
 	if err != nil {
 		return err
@@ -842,6 +848,13 @@ func (s *Service) importAgrees(ctx context.Context, p repo, mf manifest) error {
 			return altered("open task %s has a push (%s) but the file carries no repository for it", task, commit).With("task", task)
 		}
 	}
+	return nil
+}
+
+// importAgrees checks the built pool against the log: main holds the
+// last landing. (The refs set are the manifest's, checked by
+// manifestAgrees.)
+func (s *Service) importAgrees(ctx context.Context, p repo) error {
 	if err := s.mainHasLandings(ctx, p, p.Path); errdefs.ReasonOf(err) == errdefs.RepoDisagreesWithLog {
 		return altered("%v", err)
 	} else if err != nil {

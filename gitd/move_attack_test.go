@@ -343,3 +343,21 @@ func TestImportTwiceOnOneHost(t *testing.T) {
 		t.Fatalf("left behind: %v", found)
 	}
 }
+
+// A manifest listing tasks the log does not have is refused before any
+// bundle is read or repository built: here the archive ends after the
+// manifest, and the refusal is the log's, not the truncation's.
+func TestImportChecksTasksFirst(t *testing.T) {
+	var m *fakeMover
+	e := newEnv(t, withMover("host-b", &m))
+	mf := manifest{Format: manifestFormat, Business: testBusiness, Project: testProject, From: "host-a", ExportID: "x1",
+		Head: manifestHead{Seq: 7, Hash: "h7"}, Pool: manifestRepo{File: poolBundle, SHA256: strings.Repeat("0", 64), Size: 1, Refs: map[string]string{MainRef: e.main}}}
+	for i := 0; i < 1000; i++ {
+		task := fmt.Sprintf("t%d", i)
+		mf.Tasks = append(mf.Tasks, manifestTask{Task: task, LastPush: e.main, Repository: &manifestRepo{Refs: map[string]string{"refs/work/" + task: e.main}}})
+	}
+	err := importRefusedIn(t, e, m, withEntries(t, m, mf, nil), errdefs.ExportAltered)
+	if !strings.Contains(err.Error(), "the log's latest push") {
+		t.Fatalf("refused for another reason than the log: %v", err)
+	}
+}
