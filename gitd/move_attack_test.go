@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -360,4 +362,61 @@ func TestImportChecksTasksFirst(t *testing.T) {
 	if !strings.Contains(err.Error(), "the log's latest push") {
 		t.Fatalf("refused for another reason than the log: %v", err)
 	}
+}
+
+// An import killed midway leaves its staging directory in the store (and,
+// killed while placing, the copy it set aside in the business): the next
+// start removes both, and the project is served as before.
+func TestImportCrashCleanedAtStart(t *testing.T) {
+	var ma, mb *fakeMover
+	a := newEnv(t, withMover("host-a", &ma))
+	a.commitFile("t1.txt", "one\n")
+	if _, err := a.push("t1", a.bundle("HEAD", "^main")); err != nil {
+		t.Fatal(err)
+	}
+	raw := export(t, a)
+	b := newEnv(t, withMover("host-b", &mb))
+	mb.digest = ma.digest
+	mb.pushes = a.auth.recorded()
+	repos := b.svc.o.ReposDir
+	before := b.snapshot()
+	// What a kill leaves: the staging directory as it is once every
+	// repository is built, and a copy set aside.
+	crashed := filepath.Join(repos, seedPrefix+"import-crashed")
+	aside := filepath.Join(repos, testBusiness, seedPrefix+"replaced-"+testProject+"-crashed")
+	_, err := b.svc.ImportProject(context.Background(), bytes.NewReader(raw), func(step string) {
+		if step != "check the refs against the log" {
+			return
+		}
+		stages, _ := filepath.Glob(filepath.Join(repos, seedPrefix+"import-*"))
+		if len(stages) != 1 {
+			t.Fatalf("staging directories: %v", stages)
+		}
+		for _, c := range [][2]string{{stages[0], crashed}, {filepath.Join(repos, testBusiness, testProject), filepath.Join(aside, "project")}} {
+			os.MkdirAll(filepath.Dir(c[1]), 0o700)
+			if out, err := exec.Command("cp", "-a", c[0], c[1]).CombinedOutput(); err != nil {
+				t.Fatalf("cp: %v %s", err, out)
+			}
+		}
+		// The import is refused from here: the store keeps its copy.
+		mb.mu.Lock()
+		mb.digest = "changed"
+		mb.mu.Unlock()
+	})
+	if errdefs.ReasonOf(err) != errdefs.ExportAltered {
+		t.Fatalf("import: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(crashed, "project", poolName)); err != nil {
+		t.Fatalf("the simulated leftovers are not there: %v", err)
+	}
+	// The next start.
+	svc, err := New(b.svc.o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.svc = svc
+	if d := treesnap.Diff(before, b.snapshot()); d != "" {
+		t.Fatalf("after a start, the store is not as before the killed import:\n%s", d)
+	}
+	b.fsck()
 }
