@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -9,6 +10,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/textproto"
 	"os"
 	"strconv"
 	"strings"
@@ -378,10 +381,18 @@ func (e *egressProxy) socks(c net.Conn, br *bufio.Reader, id int64) {
 // absolute form, sent on with "Connection: close" so every request on the
 // connection is decided anew.
 func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
-	req, err := http.ReadRequest(bufio.NewReader(io.LimitReader(br, maxRequestHead)))
+	head := bufio.NewReader(io.LimitReader(br, maxRequestHead))
+	req, err := http.ReadRequest(head)
 	if err != nil {
 		writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: not an HTTP proxy request or a SOCKS5 greeting")
 		return
+	}
+	// head read ahead of the request's head: what the client sent after
+	// it (a body, or the first bytes through a CONNECT the client did not
+	// wait for) is read from there first.
+	if n := head.Buffered(); n > 0 {
+		ahead, _ := head.Peek(n)
+		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(ahead)), br), 4096)
 	}
 	var t target
 	hostport := req.Host
@@ -428,10 +439,17 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 	req.Close = true
 	req.RequestURI = ""
 	// The request was read from a bounded reader: its body is read on
-	// from the connection itself.
-	if req.ContentLength != 0 || len(req.TransferEncoding) > 0 {
-		req.Body = io.NopCloser(br)
+	// from the connection itself, as framed (req.Write reads a body to
+	// its end: the raw connection would hold the request until the client
+	// closed). What follows it is piped on like the rest.
+	switch {
+	case len(req.TransferEncoding) > 0:
+		req.Body = &chunkedBody{r: httputil.NewChunkedReader(br), br: br}
+	case req.ContentLength > 0:
+		req.Body = io.NopCloser(io.LimitReader(br, req.ContentLength))
 	}
+	// The body has --egress-idle to come, not the handshake's bound.
+	c.SetDeadline(time.Now().Add(e.idle))
 	up.SetDeadline(time.Now().Add(e.idle))
 	cw := &countWriter{w: up}
 	if err := req.Write(cw); err != nil {
@@ -440,6 +458,27 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 	}
 	e.pipe(c, br, up, id, t, cw.n)
 }
+
+// chunkedBody is a chunked request body decoded (req.Write encodes it
+// again), with the trailer section after its last chunk read and dropped.
+type chunkedBody struct {
+	r    io.Reader
+	br   *bufio.Reader
+	done bool
+}
+
+func (b *chunkedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		if _, terr := textproto.NewReader(b.br).ReadMIMEHeader(); terr != nil {
+			return n, terr
+		}
+	}
+	return n, err
+}
+
+func (b *chunkedBody) Close() error { return nil }
 
 func writeHTTPRefusal(c net.Conn, code int, msg string) {
 	body := msg + "\n"

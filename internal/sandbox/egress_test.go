@@ -1,10 +1,13 @@
 package sandbox
 
 import (
+	"bufio"
 	"fmt"
 	"golang.org/x/sys/unix"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -490,5 +493,86 @@ func TestEgressStopRefusing(t *testing.T) {
 	}
 	if n := runtime.NumGoroutine() - base; n > 2 {
 		t.Errorf("%d goroutines left after stop", n)
+	}
+}
+
+// TestEgressPlainRequestBody: a plain http:// request with a body (by
+// Content-Length or chunked) goes through whole, and its answer comes
+// back while the client keeps its connection open: the proxy sends on
+// the body as framed, rather than reading the client's connection to
+// its end (which held the request until the handshake's deadline and
+// then failed it).
+func TestEgressPlainRequestBody(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %q %v", r.Method, b, err)
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	e, err := startEgress(&Config{AllowHosts: []string{host}, EgressConns: 4}, io.Discard, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.stop()
+	relay := playPid1(t, e)
+	for _, tc := range []struct{ name, req string }{
+		{"content-length", "POST " + srv.URL + "/ HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5\r\n\r\nhello"},
+		{"chunked", "POST " + srv.URL + "/ HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", relay)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			io.WriteString(c, tc.req)
+			// The connection stays open: the answer must come anyway,
+			// before the handshake's bound.
+			c.SetReadDeadline(time.Now().Add(egressHandshake / 2))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || string(b) != `POST "hello" <nil>` {
+				t.Fatalf("%d %q", resp.StatusCode, b)
+			}
+		})
+	}
+}
+
+// TestEgressConnectEarlyData: bytes a client sends right after its
+// CONNECT, in the same write, without waiting for the 200 (as a TLS
+// client with the ClientHello may), reach the server.
+func TestEgressConnectEarlyData(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		io.Copy(c, c)
+		c.Close()
+	}()
+	e, err := startEgress(&Config{AllowHosts: []string{l.Addr().String()}}, io.Discard, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.stop()
+	c, err := net.Dial("tcp", playPid1(t, e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "CONNECT "+l.Addr().String()+" HTTP/1.1\r\nHost: x\r\n\r\nping")
+	want := "HTTP/1.1 200 Connection established\r\n\r\nping"
+	c.SetReadDeadline(time.Now().Add(egressHandshake / 2))
+	b := make([]byte, len(want))
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != want {
+		t.Fatalf("read %q, %v; want %q", b, err, want)
 	}
 }
