@@ -58,6 +58,10 @@ type egressProxy struct {
 	// lastConn numbers the session's connections to the proxy (the
 	// decision's conn).
 	lastConn atomic.Int64
+	// ctx ends with stop: a lookup or a dial in flight (up to
+	// egressHandshake for each address) does not hold the session's end.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // egressHandshake bounds how long a client may take to say where it goes.
@@ -95,6 +99,7 @@ func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, erro
 		return nil, err
 	}
 	e.slots = make(chan struct{}, e.maxConns)
+	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.refusing = make(chan struct{}, maxRefusing)
 	e.handed = make(chan struct{})
 	return e, nil
@@ -134,6 +139,7 @@ func (e *egressProxy) launched() {
 
 // stop closes the relay's socket and every connection, and waits for them.
 func (e *egressProxy) stop() {
+	e.cancel()
 	e.ctl.Close()
 	e.child.Close()
 	e.mu.Lock()
@@ -497,7 +503,7 @@ func (e *egressProxy) connect(id int64, t target) (net.Conn, string) {
 	var lastErr error
 	for _, ip := range ips {
 		d := net.Dialer{Timeout: egressHandshake}
-		up, err := d.Dial("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(t.port)))
+		up, err := d.DialContext(e.ctx, "tcp", net.JoinHostPort(ip.String(), strconv.Itoa(t.port)))
 		if err == nil {
 			e.record(decision{Conn: id, Host: t.host, Port: t.port, Addr: ip.String(), Decision: "allowed", Rule: rule})
 			return up, ""
@@ -555,7 +561,7 @@ func (e *egressProxy) resolve(name string) ([]net.IP, error) {
 	if ips, ok := e.hosts[strings.ToLower(strings.TrimSuffix(name, "."))]; ok {
 		return ips, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), egressHandshake)
+	ctx, cancel := context.WithTimeout(e.ctx, egressHandshake)
 	defer cancel()
 	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, name)
 	if err != nil {

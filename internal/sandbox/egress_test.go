@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"golang.org/x/sys/unix"
 	"io"
@@ -58,7 +59,7 @@ func TestEgressDecide(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &egressProxy{allowDomains: []string{"*.example.com", "Plain.test"}, allowHosts: []string{"127.0.0.1:8080", "exact.example.com:443"}, hosts: h}
+	e := &egressProxy{allowDomains: []string{"*.example.com", "Plain.test"}, allowHosts: []string{"127.0.0.1:8080", "exact.example.com:443"}, hosts: h, ctx: context.Background()}
 	for _, c := range []struct {
 		host string
 		port int
@@ -574,5 +575,61 @@ func TestEgressConnectEarlyData(t *testing.T) {
 	b := make([]byte, len(want))
 	if _, err := io.ReadFull(c, b); err != nil || string(b) != want {
 		t.Fatalf("read %q, %v; want %q", b, err, want)
+	}
+}
+
+// TestEgressStopDialing: a session that ends while the proxy dials for it
+// a server that does not answer (its SYNs dropped: here a listener whose
+// queue is full) does not keep `sandbox run` waiting for the dial's
+// timeout, egressHandshake per address: stop cancels it.
+func TestEgressStopDialing(t *testing.T) {
+	fd := listenLoopback(t) // backlog 8
+	defer unix.Close(fd)
+	sa, _ := unix.Getsockname(fd)
+	port := sa.(*unix.SockaddrInet4).Port
+	black := fmt.Sprintf("127.0.0.1:%d", port)
+	// Fill its queue: never accepted, later SYNs are dropped.
+	for i := 0; i < 16; i++ {
+		d := net.Dialer{Timeout: 200 * time.Millisecond}
+		c, err := d.Dial("tcp", black)
+		if err != nil {
+			break
+		}
+		defer c.Close()
+	}
+	e, err := startEgress(&Config{AllowHosts: []string{black}}, io.Discard, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", playPid1(t, e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "CONNECT "+black+" HTTP/1.1\r\nHost: x\r\n\r\n")
+	// Wait until the proxy's connection to it is in SYN_SENT.
+	want := fmt.Sprintf(":%04X 02 ", port)
+	for i := 0; ; i++ {
+		raw, _ := os.ReadFile("/proc/net/tcp")
+		found := false
+		for _, line := range strings.Split(string(raw), "\n") {
+			if f := strings.Fields(line); len(f) > 3 && strings.HasSuffix(f[2], fmt.Sprintf(":%04X", port)) && f[3] == "02" {
+				found = true
+			}
+		}
+		if found {
+			break
+		}
+		if i > 5000 {
+			t.Fatalf("the proxy never dialled %s (%s)", black, want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	stopped := make(chan struct{})
+	go func() { e.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(egressHandshake / 2):
+		t.Fatal("stop waits for a dial in flight")
 	}
 }
