@@ -590,7 +590,11 @@ func readManifest(tr *tar.Reader) (manifest, string, error) {
 		return mf, "", err
 	}
 	if hdr.Name != manifestName || hdr.Typeflag != tar.TypeReg || sparse(hdr) {
-		return mf, "", altered("its first entry is %q, not %s", hdr.Name, manifestName)
+		kind := fmt.Sprintf("type %q", hdr.Typeflag)
+		if sparse(hdr) {
+			kind += ", sparse"
+		}
+		return mf, "", altered("its first entry is %q (%s), not the plain file %s", hdr.Name, kind, manifestName)
 	}
 	if hdr.Size > maxManifestBytes {
 		return mf, "", altered("its manifest is %d bytes, over %d", hdr.Size, maxManifestBytes)

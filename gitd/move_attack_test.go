@@ -420,3 +420,31 @@ func TestImportCrashCleanedAtStart(t *testing.T) {
 	}
 	b.fsck()
 }
+
+// The manifest must come first, as a plain file, and within its bound:
+// an archive opening with a bundle, a link named manifest.json, or a
+// manifest whose header claims more than maxManifestBytes (refused on the
+// header, before reading it) leaves nothing.
+func TestImportRefusesManifestEntry(t *testing.T) {
+	var m *fakeMover
+	e := newEnv(t, withMover("host-b", &m))
+	end := make([]byte, 1024)
+	for _, tc := range []struct {
+		name string
+		raw  []byte
+		why  string
+	}{
+		{"a bundle first", append(rawTarEntry(poolBundle, '0', "", []byte("x"), 1, nil), end...), "its first entry"},
+		{"a link as the manifest", append(rawTarEntry(manifestName, '2', "/etc/passwd", nil, 0, nil), end...), "its first entry"},
+		{"a sparse manifest", append(rawTarEntry(manifestName, '0', "", nil, 0, map[string]string{
+			"GNU.sparse.major": "0", "GNU.sparse.minor": "1", "GNU.sparse.size": "100", "GNU.sparse.numblocks": "0", "GNU.sparse.map": ""}), end...), "its first entry"},
+		{"a manifest over the bound", rawTarEntry(manifestName, '0', "", nil, maxManifestBytes+1, nil), "over"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := importRefusedIn(t, e, m, tc.raw, errdefs.ExportAltered)
+			if !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("refused for another reason than %q: %v", tc.why, err)
+			}
+		})
+	}
+}
