@@ -895,6 +895,14 @@ func (s *Service) placeImport(ctx context.Context, m authz.Mover, c authz.Import
 			os.Remove(bdir) // only when empty
 		}
 	}()
+	// Again under the lock, before the copy here is touched: another
+	// import of this file on this host may have placed the project since
+	// CheckImport, and its repositories are live now (serving fetches, and
+	// taking pushes once the lock is free): not to be set aside even for
+	// the moment CompleteImport takes to refuse.
+	if err := m.CheckImport(ctx, c); err != nil {
+		return 0, err
+	}
 	aside := ""
 	if _, err := os.Stat(p.Dir); err == nil {
 		if aside, err = os.MkdirTemp(bdir, seedPrefix+"replaced-"+c.Project+"-"); err != nil {

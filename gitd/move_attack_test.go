@@ -258,6 +258,7 @@ func TestImportRefusesCraftedRefs(t *testing.T) {
 type placingMover struct {
 	*fakeMover
 	placed, unknown bool
+	completeCalls   int
 }
 
 func (m *placingMover) CheckImport(ctx context.Context, c authz.ImportClaim) error {
@@ -271,6 +272,9 @@ func (m *placingMover) CheckImport(ctx context.Context, c authz.ImportClaim) err
 }
 
 func (m *placingMover) CompleteImport(ctx context.Context, c authz.ImportClaim) (int64, error) {
+	m.mu.Lock()
+	m.completeCalls++
+	m.mu.Unlock()
 	if err := m.CheckImport(ctx, c); err != nil {
 		return 0, err
 	}
@@ -286,12 +290,13 @@ func (m *placingMover) CompleteImport(ctx context.Context, c authz.ImportClaim) 
 
 // Two imports of one file on one host, the second past its check of the
 // store when the first places the project, and work pushed in between:
-// the second must not leave the file's copy in place of the live project.
-// It is refused as stale by CompleteImport's own check, in the
-// transaction, before anything could commit: a COMMIT_UNKNOWN (which
-// would make placeImport ask Placement, and find the project here because
-// of the first) comes only for a transaction whose writes succeeded, so
-// it cannot answer this one; the mover models that order.
+// the second must not set the live project aside, not even for the moment
+// CompleteImport takes to refuse it, nor leave the file's copy in its
+// place. It is refused by the store's check again under the project's
+// lock. (CompleteImport would refuse it too, in its transaction: a
+// COMMIT_UNKNOWN, which would make placeImport ask Placement and find the
+// project here because of the first, comes only for a transaction whose
+// writes succeeded; the mover models that order.)
 func TestImportTwiceOnOneHost(t *testing.T) {
 	var ma, fb *fakeMover
 	a := newEnv(t, withMover("host-a", &ma))
@@ -330,6 +335,11 @@ func TestImportTwiceOnOneHost(t *testing.T) {
 	t.Logf("the second import: %v", err)
 	if errdefs.ReasonOf(err) != errdefs.ExportStale {
 		t.Errorf("the second import: %v, want EXPORT_STALE", err)
+	}
+	// Refused under the lock before the live project was set aside: the
+	// store's commit was asked once, by the first.
+	if mb.completeCalls != 1 {
+		t.Errorf("CompleteImport called %d times, want 1: the second import set the live project aside", mb.completeCalls)
 	}
 	if got := b.ref("refs/work/t2"); got != pushed {
 		t.Fatalf("refs/work/t2 is %q after the second import, the push made it %s: the live project was replaced", got, pushed)
