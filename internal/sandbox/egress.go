@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/textproto"
 	"os"
 	"strconv"
 	"strings"
@@ -466,7 +465,8 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 }
 
 // chunkedBody is a chunked request body decoded (req.Write encodes it
-// again), with the trailer section after its last chunk read and dropped.
+// again), with the trailer section after its last chunk read and dropped,
+// up to maxRequestHead.
 type chunkedBody struct {
 	r    io.Reader
 	br   *bufio.Reader
@@ -477,8 +477,14 @@ func (b *chunkedBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	if err == io.EOF && !b.done {
 		b.done = true
-		if _, terr := textproto.NewReader(b.br).ReadMIMEHeader(); terr != nil {
-			return n, terr
+		for total := 0; ; {
+			line, lerr := b.br.ReadSlice('\n')
+			if total += len(line); lerr != nil || total > maxRequestHead {
+				return n, errors.New("sandbox: a chunked body's trailer is cut or over 64 KiB")
+			}
+			if len(bytes.TrimRight(line, "\r\n")) == 0 {
+				break
+			}
 		}
 	}
 	return n, err

@@ -519,6 +519,7 @@ func TestEgressPlainRequestBody(t *testing.T) {
 	for _, tc := range []struct{ name, req string }{
 		{"content-length", "POST " + srv.URL + "/ HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5\r\n\r\nhello"},
 		{"chunked", "POST " + srv.URL + "/ HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n"},
+		{"chunked with a trailer", "POST " + srv.URL + "/ HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Sum: 1\r\n\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := net.Dial("tcp", relay)
@@ -540,6 +541,28 @@ func TestEgressPlainRequestBody(t *testing.T) {
 			}
 		})
 	}
+	// A trailer without end is not held in memory: the request fails
+	// once it passes 64 KiB.
+	t.Run("endless trailer", func(t *testing.T) {
+		c, err := net.Dial("tcp", relay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		go func() {
+			io.WriteString(c, "POST "+srv.URL+"/ HTTP/1.1\r\nHost: "+host+"\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n")
+			line := "X-Pad: " + strings.Repeat("x", 1000) + "\r\n"
+			for i := 0; i < 1000; i++ {
+				if _, err := io.WriteString(c, line); err != nil {
+					return
+				}
+			}
+		}()
+		c.SetReadDeadline(time.Now().Add(egressHandshake / 2))
+		if b, err := io.ReadAll(c); err != nil && !strings.Contains(err.Error(), "reset") || strings.Contains(string(b), "200 OK") {
+			t.Fatalf("an endless trailer: %q %v", b, err)
+		}
+	})
 }
 
 // TestEgressConnectEarlyData: bytes a client sends right after its
