@@ -194,7 +194,7 @@ func (b *Broker) SealExport(ctx context.Context, business, project, id, digest s
 }
 
 // CancelExport implements authz.Mover.
-func (b *Broker) CancelExport(ctx context.Context, business, project string) (int64, error) {
+func (b *Broker) CancelExport(ctx context.Context, business, project, id string) (int64, error) {
 	if err := checkProjectNames(business, project); err != nil {
 		return 0, err
 	}
@@ -210,7 +210,7 @@ func (b *Broker) CancelExport(ctx context.Context, business, project string) (in
 		if r.Host != "" && r.Host != b.hostID {
 			return onOtherHost(business, project, r.Host)
 		}
-		if r.MovingID == "" {
+		if r.MovingID == "" || id != "" && r.MovingID != id {
 			return nil
 		}
 		e := Event{Business: business, Project: project, Type: TypeProjectMoveCancelled, Actor: authz.HostID,

@@ -172,12 +172,12 @@ func TestMoveStates(t *testing.T) {
 			if err := b.b.SealExport(ctx, "acme", "web", ex4.ID, "d4"); err != nil {
 				t.Fatal(err)
 			}
-			_, err = a.b.CancelExport(ctx, "acme", "web")
+			_, err = a.b.CancelExport(ctx, "acme", "web", "")
 			wantReason(t, err, codes.FailedPrecondition, errdefs.ProjectOnOtherHost, "cancel on A")
-			if seq, err := b.b.CancelExport(ctx, "acme", "web"); err != nil || seq == 0 {
+			if seq, err := b.b.CancelExport(ctx, "acme", "web", ""); err != nil || seq == 0 {
 				t.Fatalf("cancel: %d %v", seq, err)
 			}
-			if seq, err := b.b.CancelExport(ctx, "acme", "web"); err != nil || seq != 0 {
+			if seq, err := b.b.CancelExport(ctx, "acme", "web", ""); err != nil || seq != 0 {
 				t.Fatalf("cancel again: %d %v", seq, err)
 			}
 			wantReason(t, a.b.CheckImport(ctx, claim(ex4, "d4")), codes.FailedPrecondition, errdefs.ExportStale, "import of a cancelled export")
@@ -196,5 +196,47 @@ func TestProjectEventsReserved(t *testing.T) {
 		if e, ok := errdefs.As(CheckRecordType(typ)); !ok || e.Reason != errdefs.EventTypeReserved {
 			t.Fatalf("%s: %v, want EVENT_TYPE_RESERVED", typ, CheckRecordType(typ))
 		}
+	}
+}
+
+// An export replaced by a newer one, that then fails, cancels only
+// itself: the newer export's move goes on and its file imports. The
+// operator's cancel (no id) ends whichever export is current.
+func TestCancelReplacedExport(t *testing.T) {
+	for _, k := range storeKinds {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			dsn := k.dsn(t)
+			ctx := context.Background()
+			a, b := hostEnv(t, dsn, "host-a"), hostEnv(t, dsn, "host-b")
+			a.project("acme", "web")
+			old, err := a.b.BeginExport(ctx, "acme", "web")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ex, err := a.b.BeginExport(ctx, "acme", "web")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.b.SealExport(ctx, "acme", "web", ex.ID, "d2"); err != nil {
+				t.Fatal(err)
+			}
+			head := a.head()
+			if seq, err := a.b.CancelExport(ctx, "acme", "web", old.ID); err != nil || seq != 0 {
+				t.Fatalf("cancel of the replaced export: %d %v", seq, err)
+			}
+			if a.head() != head {
+				t.Fatal("cancelling a replaced export appended an event")
+			}
+			wantReason(t, a.b.NotMoving(ctx, "acme", "web"), codes.Unavailable, errdefs.ProjectMoving, "NotMoving after the replaced export's cancel")
+			if err := b.b.CheckImport(ctx, claim(ex, "d2")); err != nil {
+				t.Fatalf("the newer export's file: %v", err)
+			}
+			if seq, err := a.b.CancelExport(ctx, "acme", "web", ""); err != nil || seq == 0 {
+				t.Fatalf("the operator's cancel: %d %v", seq, err)
+			}
+			wantReason(t, b.b.CheckImport(ctx, claim(ex, "d2")), codes.FailedPrecondition, errdefs.ExportStale, "import after the cancel")
+			a.verify()
+		})
 	}
 }

@@ -160,7 +160,8 @@ func (s *Service) ExportProject(ctx context.Context, business, project string, s
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 		defer cancel()
-		if _, cerr := m.CancelExport(cctx, business, project); cerr != nil {
+		// This export only: another may have replaced it meanwhile.
+		if _, cerr := m.CancelExport(cctx, business, project, ex.ID); cerr != nil {
 			s.log.Error("export failed, and cancelling it failed too: the project stays moving until 'bushost project export --cancel'", "business", business, "project", project, "err", cerr)
 			return
 		}
@@ -315,6 +316,15 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 		if refs[ref] != out.last[t.Task] {
 			return out, disagree(t.Task, refs[ref], out.last[t.Task])
 		}
+		for other := range refs {
+			if other != ref {
+				// An import takes a task's work ref only: refuse here,
+				// before the project moves, rather than there.
+				return out, errdefs.FailedPrecondition(errdefs.RepoDisagreesWithLog,
+					"task %s/%s/%s: its repository holds %s besides %s, which no push makes: delete it ('git --git-dir %s update-ref -d %s'), then export again",
+					p.Business, p.Project, t.Task, other, ref, t.Path, other).With("task", p.Business+"/"+p.Project+"/"+t.Task).With("ref", other)
+			}
+		}
 		if len(refs) > 0 {
 			out.tasks[t.Task] = refs
 		}
@@ -445,7 +455,7 @@ func (s *Service) CancelExport(ctx context.Context, business, project string) (i
 	if err != nil {
 		return 0, err
 	}
-	return m.CancelExport(ctx, business, project)
+	return m.CancelExport(ctx, business, project, "")
 }
 
 // ImportResult is what ImportProject placed here.
@@ -459,12 +469,14 @@ type ImportResult struct {
 // places its project on this host. In order: the manifest (first entry)
 // is parsed and checked against the broker's store (CheckImport: the
 // export is the project's current one, its digest and head the recorded
-// ones, nothing appended for the project since); every bundle is read
+// ones, nothing appended for the project since) and its tasks against the
+// log (each task's refs/work its latest push, every open task with a push
+// carried), before anything is built; every bundle is read
 // into a staging directory and checked against the manifest's sha256 and
 // size; the repositories are built there, each bundle through `git
 // bundle verify` and index-pack --strict in a quarantine, as pushes are,
-// with exactly the manifest's refs; the refs are checked against the log
-// (each task's latest push, main holding the last landing); then, under
+// with exactly the manifest's refs; main is checked to hold the log's last
+// landing; then, under
 // the project's lock, the staging directory is renamed into
 // repos/<business>/<project> (a stale copy from an earlier placement here
 // set aside) and the broker places the project here in the transaction
@@ -491,6 +503,9 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 	c := authz.ImportClaim{Business: mf.Business, Project: mf.Project, From: mf.From, ID: mf.ExportID, Digest: digest,
 		HeadSeq: mf.Head.Seq, HeadHash: mf.Head.Hash}
 	if err := m.CheckImport(ctx, c); err != nil {
+		return res, err
+	}
+	if err := s.manifestAgrees(ctx, mf); err != nil {
 		return res, err
 	}
 	step("read the bundles")
@@ -537,7 +552,7 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 		}
 	}
 	step("check the refs against the log")
-	if err := s.importAgrees(ctx, p, mf); err != nil {
+	if err := s.importAgrees(ctx, p); err != nil {
 		return res, err
 	}
 	step("place the project")
@@ -574,8 +589,12 @@ func readManifest(tr *tar.Reader) (manifest, string, error) {
 	if err != nil {
 		return mf, "", err
 	}
-	if hdr.Name != manifestName || hdr.Typeflag != tar.TypeReg {
-		return mf, "", altered("its first entry is %q, not %s", hdr.Name, manifestName)
+	if hdr.Name != manifestName || hdr.Typeflag != tar.TypeReg || sparse(hdr) {
+		kind := fmt.Sprintf("type %q", hdr.Typeflag)
+		if sparse(hdr) {
+			kind += ", sparse"
+		}
+		return mf, "", altered("its first entry is %q (%s), not the plain file %s", hdr.Name, kind, manifestName)
 	}
 	if hdr.Size > maxManifestBytes {
 		return mf, "", altered("its manifest is %d bytes, over %d", hdr.Size, maxManifestBytes)
@@ -608,6 +627,10 @@ func (mf *manifest) check() error {
 	if mf.From == "" || mf.ExportID == "" || mf.Head.Seq <= 0 || mf.Head.Hash == "" {
 		return altered("its manifest names no exporting host, export or head")
 	}
+	if mf.Root != "" && (!filepath.IsAbs(mf.Root) || strings.ContainsAny(mf.Root, "\n\x00")) {
+		// What project add records: an absolute path, one line.
+		return altered("its root %q is not an absolute path on one line", mf.Root)
+	}
 	if err := mf.Pool.check(poolBundle, true); err != nil {
 		return err
 	}
@@ -629,6 +652,13 @@ func (mf *manifest) check() error {
 		if t.Repository != nil {
 			if err := t.Repository.check(taskBundleName(t.Task), false); err != nil {
 				return err
+			}
+			// A task's repository holds its work ref and nothing else
+			// (a push sets only that): no other ref, and none for a task
+			// the log does not know (its work ref must then be the log's
+			// latest push, and there is none).
+			if ref, _ := names.WorkRef(t.Task); len(t.Repository.Refs) != 1 || t.Repository.Refs[ref] == "" {
+				return altered("task %s's repository has refs other than %s", t.Task, ref)
 			}
 		}
 	}
@@ -657,6 +687,19 @@ func (mr *manifestRepo) check(file string, whole bool) error {
 	return nil
 }
 
+// sparse says whether hdr is a PAX sparse file (GNU.sparse.* records),
+// which archive/tar expands on reading: a few blocks of archive could
+// otherwise write any size of zeros into the staging directory before the
+// sha256 is checked. The header's size is the expanded one.
+func sparse(hdr *tar.Header) bool {
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
+}
+
 // readBundles reads every other entry of the archive into dir (as
 // <dir>/<name>), each one the manifest names, once, with its size and
 // sha256; and checks that none the manifest names is missing.
@@ -682,6 +725,9 @@ func readBundles(ctx context.Context, tr *tar.Reader, mf manifest, dir string) e
 		mr, ok := want[hdr.Name]
 		if !ok || got[hdr.Name] || hdr.Typeflag != tar.TypeReg {
 			return altered("entry %q is not a bundle its manifest names (or is there twice)", hdr.Name)
+		}
+		if sparse(hdr) {
+			return altered("entry %q is a sparse file, which an export never writes", hdr.Name)
 		}
 		got[hdr.Name] = true
 		if hdr.Size != mr.Size {
@@ -734,7 +780,14 @@ func (s *Service) importRepo(ctx context.Context, r repo, mr manifestRepo, files
 		if len(h.Refs) != len(mr.Refs) {
 			return altered("bundle %s has %d refs, its manifest %d", mr.File, len(h.Refs), len(mr.Refs))
 		}
+		// Each once: a ref twice would match the manifest's count and
+		// leave one of the manifest's refs unchecked.
+		seen := make(map[string]bool, len(h.Refs))
 		for _, ref := range h.Refs {
+			if seen[ref.Name] {
+				return altered("bundle %s names %s twice", mr.File, ref.Name)
+			}
+			seen[ref.Name] = true
 			if mr.Refs[ref.Name] != ref.Commit {
 				return altered("bundle %s has %s at %s, its manifest %q", mr.File, ref.Name, ref.Commit, mr.Refs[ref.Name])
 			}
@@ -770,10 +823,11 @@ func (s *Service) importRepo(ctx context.Context, r repo, mr manifestRepo, files
 	return nil
 }
 
-// importAgrees checks the built repositories against the log: each task's
-// refs/work is its latest push, an open task with a push has its
-// repository, and main holds the last landing.
-func (s *Service) importAgrees(ctx context.Context, p repo, mf manifest) error {
+// manifestAgrees checks the manifest's tasks against the log before
+// anything is built, so that a file listing tasks the log does not have
+// costs no repository: each task's refs/work is its latest push, and an
+// open task with a push has its repository.
+func (s *Service) manifestAgrees(ctx context.Context, mf manifest) error {
 	last, err := s.o.Authority.LastPushes(ctx, mf.Business, mf.Project)
 	if err != nil {
 		return err
@@ -798,6 +852,13 @@ func (s *Service) importAgrees(ctx context.Context, p repo, mf manifest) error {
 			return altered("open task %s has a push (%s) but the file carries no repository for it", task, commit).With("task", task)
 		}
 	}
+	return nil
+}
+
+// importAgrees checks the built pool against the log: main holds the
+// last landing. (The refs set are the manifest's, checked by
+// manifestAgrees.)
+func (s *Service) importAgrees(ctx context.Context, p repo) error {
 	if err := s.mainHasLandings(ctx, p, p.Path); errdefs.ReasonOf(err) == errdefs.RepoDisagreesWithLog {
 		return altered("%v", err)
 	} else if err != nil {
@@ -834,6 +895,14 @@ func (s *Service) placeImport(ctx context.Context, m authz.Mover, c authz.Import
 			os.Remove(bdir) // only when empty
 		}
 	}()
+	// Again under the lock, before the copy here is touched: another
+	// import of this file on this host may have placed the project since
+	// CheckImport, and its repositories are live now (serving fetches, and
+	// taking pushes once the lock is free): not to be set aside even for
+	// the moment CompleteImport takes to refuse.
+	if err := m.CheckImport(ctx, c); err != nil {
+		return 0, err
+	}
 	aside := ""
 	if _, err := os.Stat(p.Dir); err == nil {
 		if aside, err = os.MkdirTemp(bdir, seedPrefix+"replaced-"+c.Project+"-"); err != nil {

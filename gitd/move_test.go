@@ -29,9 +29,10 @@ type fakeMover struct {
 	host string
 	mu   sync.Mutex
 	// digest is the sealed manifest's; imports must present it.
-	digest    string
-	cancelled int
-	completed int
+	digest      string
+	cancelled   int
+	cancelledID string // the last cancel's export id ("" for any)
+	completed   int
 }
 
 // withMover makes the env's broker a fakeMover on host.
@@ -59,10 +60,11 @@ func (m *fakeMover) SealExport(_ context.Context, b, p, id, digest string) error
 	return nil
 }
 
-func (m *fakeMover) CancelExport(context.Context, string, string) (int64, error) {
+func (m *fakeMover) CancelExport(_ context.Context, _, _, id string) (int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.cancelled++
+	m.cancelledID = id
 	return 9, nil
 }
 
@@ -161,6 +163,15 @@ func TestExportRefusesRefsAgainstLog(t *testing.T) {
 	if errdefs.ReasonOf(err) != errdefs.RepoDisagreesWithLog || buf.Len() != 0 || m.digest != "" {
 		t.Fatalf("export: %v (%d bytes, digest %q)", err, buf.Len(), m.digest)
 	}
+	// A ref in a task's repository that no push makes (an import would
+	// refuse it) is refused too.
+	e.auth.lastExtra = nil
+	e.run(e.taskRepo("t1"), "update-ref", nil, "--", "refs/heads/stray", e.ref("refs/work/t1"))
+	_, err = e.svc.ExportProject(context.Background(), testBusiness, testProject, func(string) {}, func(authz.Export) error { return nil }, bufio.NewWriter(&buf))
+	if errdefs.ReasonOf(err) != errdefs.RepoDisagreesWithLog || buf.Len() != 0 || m.digest != "" {
+		t.Fatalf("export with a stray ref: %v (%d bytes, digest %q)", err, buf.Len(), m.digest)
+	}
+	t.Logf("refused: %v", err)
 }
 
 // hostileArchive writes mf and files as an export would, filling in each
@@ -296,6 +307,10 @@ func TestExportCancelledOnFailure(t *testing.T) {
 	_, err := e.svc.ExportProject(context.Background(), testBusiness, testProject, func(string) {}, func(authz.Export) error { return gone }, bufio.NewWriter(&buf))
 	if !errors.Is(err, gone) || m.cancelled != 1 || m.digest != "" {
 		t.Fatalf("export: %v, cancelled %d, digest %q", err, m.cancelled, m.digest)
+	}
+	// Its own export only, not whichever is current by then.
+	if m.cancelledID != "x1" {
+		t.Fatalf("the failed export cancelled %q, not its own x1", m.cancelledID)
 	}
 	if found, _ := filepath.Glob(filepath.Join(e.svc.o.ReposDir, "*", seedPrefix+"*")); len(found) > 0 {
 		t.Fatalf("left behind: %v", found)

@@ -601,3 +601,109 @@ i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do curl -s -o /dev/null -w '%{http_co
 	}
 	t.Logf("%d decisions in the log, %d on stderr; events: %v", inLog, onStderr, decisions)
 }
+
+// hostileClient is run in a --net=proxy session and tries to get at the
+// relay: the descriptor pid 1 sent it over (fdRelay, 8), the listening
+// socket itself in any session process, a second socket on 3128 with
+// SO_REUSEADDR/SO_REUSEPORT, and a flood of silent connections; then it
+// checks the proxy still serves.
+const hostileClient = `
+import os, socket, sys, errno, time
+target = sys.argv[1]
+try:
+    os.fstat(8)
+    print("fd8: open")
+except OSError as e:
+    print("fd8: %s" % errno.errorcode[e.errno])
+inode = None
+for line in open("/proc/net/tcp").read().splitlines()[1:]:
+    f = line.split()
+    if f[1] == "0100007F:0C38" and f[3] == "0A":
+        inode = f[9]
+print("listening: %s" % ("yes" if inode else "no"))
+held, unreadable = [], 0
+for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+        continue
+    try:
+        fds = os.listdir("/proc/%s/fd" % pid)
+    except OSError:
+        unreadable += 1
+        continue
+    for fd in fds:
+        try:
+            if os.readlink("/proc/%s/fd/%s" % (pid, fd)) == "socket:[%s]" % inode:
+                held.append("%s/%s" % (pid, fd))
+        except OSError:
+            pass
+print("held-in-session: %s" % (held or "none"))
+print("unreadable: %d" % unreadable)
+for fam, addr in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "0.0.0.0")):
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        s.bind((addr, 3128))
+        s.listen(1)
+        print("bind %s: taken" % addr)
+    except OSError as e:
+        print("bind %s: %s" % (addr, errno.errorcode[e.errno]))
+    s.close()
+flood = []
+for i in range(300):
+    try:
+        flood.append(socket.create_connection(("127.0.0.1", 3128), 10))
+    except OSError as e:
+        print("flood %d: %s" % (i, e))
+        break
+print("flooded: %d" % len(flood))
+for s in flood:
+    s.close()
+for attempt in range(200):
+    s = socket.create_connection(("127.0.0.1", 3128), 10)
+    s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
+    s.settimeout(30)
+    head = s.recv(4096).decode(errors="replace")
+    s.close()
+    if head.startswith("HTTP/1.1 200"):
+        print("after-flood: 200")
+        break
+    time.sleep(0.05)
+else:
+    print("after-flood: never")
+`
+
+// TestSandboxNetworkHostile: a session cannot reach the relay's socket
+// or the pair it came over, cannot bind a second socket to 3128, and a
+// flood of silent connections over --egress-conns neither stops the
+// proxy nor keeps `sandbox run` from ending with the session.
+func TestSandboxNetworkHostile(t *testing.T) {
+	requireTools(t, "/usr/bin/python3")
+	e := newSandboxEnv(t)
+	target, _ := holdServer(t)
+	before := egressDirs(t)
+	out, errOut, code := e.runIn(t, []string{"--net=proxy", "--allow-host", target, "--egress-conns", "2"},
+		"/usr/bin/python3", "-c", hostileClient, target)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	t.Logf("session:\n%s", out)
+	for _, want := range []string{
+		"fd8: EBADF",
+		"listening: yes",
+		"held-in-session: none",
+		"bind 127.0.0.1: EADDRINUSE",
+		"bind 0.0.0.0: EADDRINUSE",
+		"flooded: 300",
+		"after-flood: 200",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("session output lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
+		}
+	}
+	for _, d := range egressDirs(t) {
+		if !slices.Contains(before, d) {
+			t.Errorf("left behind: %s", d)
+		}
+	}
+}

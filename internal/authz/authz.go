@@ -185,9 +185,11 @@ type Mover interface {
 	// SealExport records the digest of export id's manifest.
 	SealExport(ctx context.Context, business, project, id, digest string) error
 	// CancelExport (on the owner) ends the move: the project takes pushes
-	// again, and its export files are stale. It returns the
-	// project.move_cancelled event, 0 when nothing was moving.
-	CancelExport(ctx context.Context, business, project string) (int64, error)
+	// again, and its export files are stale. With id, only while id is
+	// the project's current export: an export that fails after another
+	// replaced it must not end the newer one's move. It returns the
+	// project.move_cancelled event, 0 when nothing (or not id) was moving.
+	CancelExport(ctx context.Context, business, project, id string) (int64, error)
 	// NotMoving refuses with PROJECT_MOVING while business/project moves,
 	// and with PROJECT_ON_OTHER_HOST once it is placed elsewhere.
 	NotMoving(ctx context.Context, business, project string) error

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"os"
 	"strconv"
 	"strings"
@@ -44,18 +46,31 @@ type egressProxy struct {
 	// but another for unit tests, which play pid 1 in the host's namespace.
 	relayPort int
 	slots     chan struct{}
-	wg        sync.WaitGroup
-	mu        sync.Mutex
-	ln        net.Listener // the relay's socket, once pid 1 sent it
-	conns     map[net.Conn]bool
-	logMu     sync.Mutex
+	// refusing bounds the connections over --egress-conns held while
+	// they are told why (maxRefusing); the rest are closed at once.
+	refusing chan struct{}
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	ln       net.Listener // the relay's socket, once pid 1 sent it
+	conns    map[net.Conn]bool
+	logMu    sync.Mutex
 	// lastConn numbers the session's connections to the proxy (the
 	// decision's conn).
 	lastConn atomic.Int64
+	// ctx ends with stop: a lookup or a dial in flight (up to
+	// egressHandshake for each address) does not hold the session's end.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // egressHandshake bounds how long a client may take to say where it goes.
 const egressHandshake = 10 * time.Second
+
+// maxRefusing bounds the connections over --egress-conns the proxy holds
+// to tell the client why (up to egressHandshake each): a session opening
+// connection after connection, silent, must not make `sandbox run` hold a
+// descriptor and a goroutine for each.
+const maxRefusing = 16
 
 // maxRequestHead bounds an HTTP request's line and headers.
 const maxRequestHead = 64 << 10
@@ -83,6 +98,8 @@ func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, erro
 		return nil, err
 	}
 	e.slots = make(chan struct{}, e.maxConns)
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.refusing = make(chan struct{}, maxRefusing)
 	e.handed = make(chan struct{})
 	return e, nil
 }
@@ -121,6 +138,7 @@ func (e *egressProxy) launched() {
 
 // stop closes the relay's socket and every connection, and waits for them.
 func (e *egressProxy) stop() {
+	e.cancel()
 	e.ctl.Close()
 	e.child.Close()
 	e.mu.Lock()
@@ -199,9 +217,25 @@ func (e *egressProxy) serve(ln net.Listener) {
 		default:
 			// Over the bound: the client gets the reason in its protocol.
 			e.record(decision{Conn: id, Decision: "denied", Why: fmt.Sprintf("%s: over --egress-conns %d", ReasonEgressConnections, e.maxConns)})
+			select {
+			case e.refusing <- struct{}{}:
+			default:
+				// As many are being told already: no word for this one.
+				c.Close()
+				continue
+			}
+			if !e.track(c, true) {
+				c.Close()
+				<-e.refusing
+				return
+			}
 			e.wg.Add(1)
 			go func() {
 				defer e.wg.Done()
+				defer func() { <-e.refusing }()
+				// Tracked, so that stop closes it rather than wait out
+				// the handshake's bound.
+				defer e.track(c, false)
 				c.SetDeadline(time.Now().Add(egressHandshake))
 				e.refuseEarly(c, fmt.Sprintf("%s: the session holds %d connections, the most --egress-conns allows", ReasonEgressConnections, e.maxConns))
 				lingerClose(c)
@@ -352,10 +386,18 @@ func (e *egressProxy) socks(c net.Conn, br *bufio.Reader, id int64) {
 // absolute form, sent on with "Connection: close" so every request on the
 // connection is decided anew.
 func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
-	req, err := http.ReadRequest(bufio.NewReader(io.LimitReader(br, maxRequestHead)))
+	head := bufio.NewReader(io.LimitReader(br, maxRequestHead))
+	req, err := http.ReadRequest(head)
 	if err != nil {
 		writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: not an HTTP proxy request or a SOCKS5 greeting")
 		return
+	}
+	// head read ahead of the request's head: what the client sent after
+	// it (a body, or the first bytes through a CONNECT the client did not
+	// wait for) is read from there first.
+	if n := head.Buffered(); n > 0 {
+		ahead, _ := head.Peek(n)
+		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(ahead)), br), 4096)
 	}
 	var t target
 	hostport := req.Host
@@ -402,10 +444,17 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 	req.Close = true
 	req.RequestURI = ""
 	// The request was read from a bounded reader: its body is read on
-	// from the connection itself.
-	if req.ContentLength != 0 || len(req.TransferEncoding) > 0 {
-		req.Body = io.NopCloser(br)
+	// from the connection itself, as framed (req.Write reads a body to
+	// its end: the raw connection would hold the request until the client
+	// closed). What follows it is piped on like the rest.
+	switch {
+	case len(req.TransferEncoding) > 0:
+		req.Body = &chunkedBody{r: httputil.NewChunkedReader(br), br: br}
+	case req.ContentLength > 0:
+		req.Body = io.NopCloser(io.LimitReader(br, req.ContentLength))
 	}
+	// The body has --egress-idle to come, not the handshake's bound.
+	c.SetDeadline(time.Now().Add(e.idle))
 	up.SetDeadline(time.Now().Add(e.idle))
 	cw := &countWriter{w: up}
 	if err := req.Write(cw); err != nil {
@@ -414,6 +463,34 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 	}
 	e.pipe(c, br, up, id, t, cw.n)
 }
+
+// chunkedBody is a chunked request body decoded (req.Write encodes it
+// again), with the trailer section after its last chunk read and dropped,
+// up to maxRequestHead.
+type chunkedBody struct {
+	r    io.Reader
+	br   *bufio.Reader
+	done bool
+}
+
+func (b *chunkedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		for total := 0; ; {
+			line, lerr := b.br.ReadSlice('\n')
+			if total += len(line); lerr != nil || total > maxRequestHead {
+				return n, errors.New("sandbox: a chunked body's trailer is cut or over 64 KiB")
+			}
+			if len(bytes.TrimRight(line, "\r\n")) == 0 {
+				break
+			}
+		}
+	}
+	return n, err
+}
+
+func (b *chunkedBody) Close() error { return nil }
 
 func writeHTTPRefusal(c net.Conn, code int, msg string) {
 	body := msg + "\n"
@@ -432,7 +509,7 @@ func (e *egressProxy) connect(id int64, t target) (net.Conn, string) {
 	var lastErr error
 	for _, ip := range ips {
 		d := net.Dialer{Timeout: egressHandshake}
-		up, err := d.Dial("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(t.port)))
+		up, err := d.DialContext(e.ctx, "tcp", net.JoinHostPort(ip.String(), strconv.Itoa(t.port)))
 		if err == nil {
 			e.record(decision{Conn: id, Host: t.host, Port: t.port, Addr: ip.String(), Decision: "allowed", Rule: rule})
 			return up, ""
@@ -490,7 +567,7 @@ func (e *egressProxy) resolve(name string) ([]net.IP, error) {
 	if ips, ok := e.hosts[strings.ToLower(strings.TrimSuffix(name, "."))]; ok {
 		return ips, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), egressHandshake)
+	ctx, cancel := context.WithTimeout(e.ctx, egressHandshake)
 	defer cancel()
 	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, name)
 	if err != nil {
@@ -517,6 +594,11 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 	last.Store(time.Now().UnixNano())
 	var out, in atomic.Int64
 	out.Store(sent)
+	// idled is set by the way that found the connection idle: the other
+	// way may be blocked writing to a peer that does not read (no byte
+	// moves, but no read times out either), so it is woken by deadlines
+	// in the past and ends too.
+	var idled atomic.Bool
 	copyDir := func(dst net.Conn, src io.Reader, srcConn net.Conn, n *atomic.Int64) {
 		// io.Copy lets the kernel move the bytes (splice(2) from one TCP
 		// connection to the other): the idle check runs
@@ -532,9 +614,16 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 				n.Add(k)
 			}
 			var ne net.Error
-			if err != nil && errors.As(err, &ne) && ne.Timeout() && time.Since(time.Unix(0, last.Load())) < e.idle {
+			if err == nil || !errors.As(err, &ne) || !ne.Timeout() || idled.Load() {
+				break
+			}
+			if time.Since(time.Unix(0, last.Load())) < e.idle {
 				continue
 			}
+			idled.Store(true)
+			now := time.Now()
+			c.SetDeadline(now)
+			up.SetDeadline(now)
 			break
 		}
 		// The other way may still carry a response: half-close.
@@ -550,7 +639,24 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 		close(done)
 	}()
 	copyDir(up, br, c, &out)
-	<-done
+	// The session may have closed its sending side and stopped reading:
+	// the way left is then blocked writing, and reads time out no more.
+	// Cut it when nothing moved either way for e.idle.
+	tick := time.NewTicker(e.idle / 2)
+	defer tick.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-tick.C:
+			if time.Since(time.Unix(0, last.Load())) >= e.idle {
+				idled.Store(true)
+				now := time.Now()
+				c.SetDeadline(now)
+				up.SetDeadline(now)
+			}
+		}
+	}
 	e.record(decision{Conn: id, Host: t.host, Port: t.port, Decision: "closed", BytesOut: out.Load(), BytesIn: in.Load()})
 }
 

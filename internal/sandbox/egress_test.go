@@ -1,10 +1,14 @@
 package sandbox
 
 import (
+	"bufio"
+	"context"
 	"fmt"
 	"golang.org/x/sys/unix"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -55,7 +59,7 @@ func TestEgressDecide(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &egressProxy{allowDomains: []string{"*.example.com", "Plain.test"}, allowHosts: []string{"127.0.0.1:8080", "exact.example.com:443"}, hosts: h}
+	e := &egressProxy{allowDomains: []string{"*.example.com", "Plain.test"}, allowHosts: []string{"127.0.0.1:8080", "exact.example.com:443"}, hosts: h, ctx: context.Background()}
 	for _, c := range []struct {
 		host string
 		port int
@@ -337,4 +341,318 @@ func openFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// TestEgressRefusalFlood: a session that opens connection after
+// connection over --egress-conns, saying nothing on any, makes the proxy
+// hold a bounded number of them (maxRefusing) waiting to be told why;
+// the rest are closed at once. Without the bound each one held a
+// goroutine and a descriptor of `sandbox run` for the handshake's 10 s.
+func TestEgressRefusalFlood(t *testing.T) {
+	var log strings.Builder
+	e, err := startEgress(&Config{EgressConns: 1}, &lockedWriter{w: &log}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := playPid1(t, e)
+	base := runtime.NumGoroutine()
+	const flood = 200
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < flood+1; i++ {
+		c, err := net.Dial("tcp", relay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	// Wait until the proxy has accepted them all.
+	for i := 0; e.lastConn.Load() < flood+1; i++ {
+		if i > 20000 {
+			t.Fatalf("the proxy accepted %d of %d connections", e.lastConn.Load(), flood+1)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := runtime.NumGoroutine() - base; n > maxRefusing+8 {
+		t.Errorf("%d goroutines more than before the flood of %d silent connections, want at most about %d", n, flood, maxRefusing)
+	}
+	if n := len(e.refusing); n > maxRefusing {
+		t.Errorf("%d refusals pending, over %d", n, maxRefusing)
+	}
+	// One past the bound is closed without a word.
+	last := conns[len(conns)-1]
+	last.SetReadDeadline(time.Now().Add(time.Minute))
+	if b, err := io.ReadAll(last); len(b) != 0 || err != nil && !strings.Contains(err.Error(), "reset") {
+		t.Errorf("over the refusal bound: read %q, %v", b, err)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	conns = nil
+	e.stop()
+	if n := runtime.NumGoroutine() - base; n > 2 {
+		t.Errorf("%d goroutines left after stop", n)
+	}
+}
+
+// TestEgressIdleNotReading: a client that never reads what the server
+// sends leaves no byte moving either way once the buffers are full; the
+// connection is idle and is cut after --egress-idle, giving its slot back,
+// rather than holding it until the session ends: whether the client keeps
+// its sending side open or closes it.
+func TestEgressIdleNotReading(t *testing.T) {
+	for _, halfClose := range []bool{false, true} {
+		t.Run(fmt.Sprintf("half-closed=%v", halfClose), func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			upEnded := make(chan struct{}, 1)
+			go func() {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				for { // write until the proxy closes
+					if _, err := c.Write(buf); err != nil {
+						break
+					}
+				}
+				upEnded <- struct{}{}
+			}()
+			e, err := startEgress(&Config{AllowHosts: []string{l.Addr().String()}, EgressConns: 1, EgressIdle: 200 * time.Millisecond}, io.Discard, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.stop()
+			relay := playPid1(t, e)
+			c, err := net.Dial("tcp", relay)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.(*net.TCPConn).SetReadBuffer(4096)
+			io.WriteString(c, "CONNECT "+l.Addr().String()+" HTTP/1.1\r\nHost: x\r\n\r\n")
+			head := make([]byte, len("HTTP/1.1 200 Connection established\r\n\r\n"))
+			if _, err := io.ReadFull(c, head); err != nil || !strings.HasPrefix(string(head), "HTTP/1.1 200") {
+				t.Fatalf("CONNECT: %q %v", head, err)
+			}
+			if halfClose {
+				c.(*net.TCPConn).CloseWrite()
+			}
+			// Read nothing more: the slot must come back on its own.
+			waitSlot(t, e)
+			select {
+			case <-upEnded:
+			case <-time.After(time.Minute):
+				t.Error("the server's end is still open")
+			}
+		})
+	}
+}
+
+// TestEgressStopRefusing: a connection being refused (over
+// --egress-conns) that never says a word does not keep the proxy, and so
+// `sandbox run`, from ending with the session: stop closes it too.
+func TestEgressStopRefusing(t *testing.T) {
+	e, err := startEgress(&Config{EgressConns: 1}, io.Discard, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := playPid1(t, e)
+	base := runtime.NumGoroutine()
+	var conns []net.Conn
+	for i := 0; i < 2; i++ { // one takes the slot, one is refused
+		c, err := net.Dial("tcp", relay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	for i := 0; len(e.refusing) == 0; i++ {
+		if i > 20000 {
+			t.Fatal("the second connection is not being refused")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	stopped := make(chan struct{})
+	go func() { e.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(egressHandshake / 2):
+		// The bound is far over what stop takes; without closing the
+		// refused connection, stop waits egressHandshake.
+		t.Fatal("stop waits for a silent connection it was refusing")
+	}
+	if n := runtime.NumGoroutine() - base; n > 2 {
+		t.Errorf("%d goroutines left after stop", n)
+	}
+}
+
+// TestEgressPlainRequestBody: a plain http:// request with a body (by
+// Content-Length or chunked) goes through whole, and its answer comes
+// back while the client keeps its connection open: the proxy sends on
+// the body as framed, rather than reading the client's connection to
+// its end (which held the request until the handshake's deadline and
+// then failed it).
+func TestEgressPlainRequestBody(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %q %v", r.Method, b, err)
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	e, err := startEgress(&Config{AllowHosts: []string{host}, EgressConns: 4}, io.Discard, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.stop()
+	relay := playPid1(t, e)
+	for _, tc := range []struct{ name, req string }{
+		{"content-length", "POST " + srv.URL + "/ HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5\r\n\r\nhello"},
+		{"chunked", "POST " + srv.URL + "/ HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n"},
+		{"chunked with a trailer", "POST " + srv.URL + "/ HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Sum: 1\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", relay)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			io.WriteString(c, tc.req)
+			// The connection stays open: the answer must come anyway,
+			// before the handshake's bound.
+			c.SetReadDeadline(time.Now().Add(egressHandshake / 2))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || string(b) != `POST "hello" <nil>` {
+				t.Fatalf("%d %q", resp.StatusCode, b)
+			}
+		})
+	}
+	// A trailer without end is not held in memory: the request fails
+	// once it passes 64 KiB.
+	t.Run("endless trailer", func(t *testing.T) {
+		c, err := net.Dial("tcp", relay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		go func() {
+			io.WriteString(c, "POST "+srv.URL+"/ HTTP/1.1\r\nHost: "+host+"\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n")
+			line := "X-Pad: " + strings.Repeat("x", 1000) + "\r\n"
+			for i := 0; i < 1000; i++ {
+				if _, err := io.WriteString(c, line); err != nil {
+					return
+				}
+			}
+		}()
+		c.SetReadDeadline(time.Now().Add(egressHandshake / 2))
+		if b, err := io.ReadAll(c); err != nil && !strings.Contains(err.Error(), "reset") || strings.Contains(string(b), "200 OK") {
+			t.Fatalf("an endless trailer: %q %v", b, err)
+		}
+	})
+}
+
+// TestEgressConnectEarlyData: bytes a client sends right after its
+// CONNECT, in the same write, without waiting for the 200 (as a TLS
+// client with the ClientHello may), reach the server.
+func TestEgressConnectEarlyData(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		io.Copy(c, c)
+		c.Close()
+	}()
+	e, err := startEgress(&Config{AllowHosts: []string{l.Addr().String()}}, io.Discard, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.stop()
+	c, err := net.Dial("tcp", playPid1(t, e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "CONNECT "+l.Addr().String()+" HTTP/1.1\r\nHost: x\r\n\r\nping")
+	want := "HTTP/1.1 200 Connection established\r\n\r\nping"
+	c.SetReadDeadline(time.Now().Add(egressHandshake / 2))
+	b := make([]byte, len(want))
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != want {
+		t.Fatalf("read %q, %v; want %q", b, err, want)
+	}
+}
+
+// TestEgressStopDialing: a session that ends while the proxy dials for it
+// a server that does not answer (its SYNs dropped: here a listener whose
+// queue is full) does not keep `sandbox run` waiting for the dial's
+// timeout, egressHandshake per address: stop cancels it.
+func TestEgressStopDialing(t *testing.T) {
+	fd := listenLoopback(t) // backlog 8
+	defer unix.Close(fd)
+	sa, _ := unix.Getsockname(fd)
+	port := sa.(*unix.SockaddrInet4).Port
+	black := fmt.Sprintf("127.0.0.1:%d", port)
+	// Fill its queue: never accepted, later SYNs are dropped.
+	for i := 0; i < 16; i++ {
+		d := net.Dialer{Timeout: 200 * time.Millisecond}
+		c, err := d.Dial("tcp", black)
+		if err != nil {
+			break
+		}
+		defer c.Close()
+	}
+	e, err := startEgress(&Config{AllowHosts: []string{black}}, io.Discard, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", playPid1(t, e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "CONNECT "+black+" HTTP/1.1\r\nHost: x\r\n\r\n")
+	// Wait until the proxy's connection to it is in SYN_SENT.
+	want := fmt.Sprintf(":%04X 02 ", port)
+	for i := 0; ; i++ {
+		raw, _ := os.ReadFile("/proc/net/tcp")
+		found := false
+		for _, line := range strings.Split(string(raw), "\n") {
+			if f := strings.Fields(line); len(f) > 3 && strings.HasSuffix(f[2], fmt.Sprintf(":%04X", port)) && f[3] == "02" {
+				found = true
+			}
+		}
+		if found {
+			break
+		}
+		if i > 5000 {
+			t.Fatalf("the proxy never dialled %s (%s)", black, want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	stopped := make(chan struct{})
+	go func() { e.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(egressHandshake / 2):
+		t.Fatal("stop waits for a dial in flight")
+	}
 }
