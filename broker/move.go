@@ -57,6 +57,22 @@ func (q *queries) project(ctx context.Context, business, project string) (projec
 	return r, err == nil, err
 }
 
+// ownProject is business/project's row, refused unless it exists and is
+// placed on hostID (or nowhere yet).
+func (q *queries) ownProject(ctx context.Context, hostID, business, project string) (projectRow, error) {
+	r, ok, err := q.project(ctx, business, project)
+	if err != nil {
+		return r, err
+	}
+	if !ok {
+		return r, errdefs.NotFound(errdefs.ProjectNotFound, "project %s/%s was never added", business, project)
+	}
+	if r.Host != "" && r.Host != hostID {
+		return r, onOtherHost(business, project, r.Host)
+	}
+	return r, nil
+}
+
 // writable refuses a write that changes business/project's repositories
 // unless the project is placed on hostID (or not placed yet) and not
 // moving. Called inside the write's transaction, it decides with the
@@ -111,15 +127,9 @@ func (b *Broker) BeginExport(ctx context.Context, business, project string) (aut
 	}
 	ex := authz.Export{ID: randomID("x", 12), Host: b.hostID}
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		r, ok, err := q.project(ctx, business, project)
+		r, err := q.ownProject(ctx, b.hostID, business, project)
 		if err != nil {
 			return err
-		}
-		if !ok {
-			return errdefs.NotFound(errdefs.ProjectNotFound, "project %s/%s was never added", business, project)
-		}
-		if r.Host != "" && r.Host != b.hostID {
-			return onOtherHost(business, project, r.Host)
 		}
 		ex.Tasks, err = q.exportTasks(ctx, business, project)
 		if err != nil {
@@ -200,15 +210,9 @@ func (b *Broker) CancelExport(ctx context.Context, business, project, id string)
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		r, ok, err := q.project(ctx, business, project)
+		r, err := q.ownProject(ctx, b.hostID, business, project)
 		if err != nil {
 			return err
-		}
-		if !ok {
-			return errdefs.NotFound(errdefs.ProjectNotFound, "project %s/%s was never added", business, project)
-		}
-		if r.Host != "" && r.Host != b.hostID {
-			return onOtherHost(business, project, r.Host)
 		}
 		if r.MovingID == "" || id != "" && r.MovingID != id {
 			return nil

@@ -94,17 +94,10 @@ func BenchmarkPushVsGitPush(b *testing.B) {
 		}
 		ratio := medianFloat(ratios)
 		b.ReportMetric(ratio, "x-git-push")
-		verdict := "met"
-		if ratio > target {
-			verdict = "MISSED"
-		}
+		verdict := verdictOf(ratio, target)
 		line := fmt.Sprintf("push vs git push: bushost push-working --repo %.1f ms, git push (receive.fsckObjects) %.1f ms, ratio %.2f (target %.2f) %s [median of %d interleaved pairs; ratios %s]",
 			ms(median(oursD)), ms(median(gitD)), ratio, target, verdict, pairs, fmtRatios(ratios))
-		fmt.Println(line)
-		b.Log(line)
-		if ratio > target {
-			fmt.Printf("*** TARGET MISSED: push-working is %.2fx git push, over %.2fx ***\n", ratio, target)
-		}
+		report(b, line, ratio > target, fmt.Sprintf("push-working is %.2fx git push, over %.2fx", ratio, target))
 	}
 }
 
@@ -187,17 +180,10 @@ func BenchmarkPushConcurrent(b *testing.B) {
 		ratio := float64(conW) / float64(seqW)
 		b.ReportMetric(ratio, "x-sequential")
 		b.ReportMetric(ms(seqC)/pushes, "daemon-cpu-ms/push")
-		verdict := "met"
-		if ratio > target {
-			verdict = "MISSED"
-		}
+		verdict := verdictOf(ratio, target)
 		line := fmt.Sprintf("%d concurrent pushes to %d tasks of one project: all at once %.0f ms, one after another %.0f ms, ratio %.2f (target %.2f) %s; bushostd+children CPU per push %.1f ms one after another, %.1f ms all at once",
 			pushes, pushes, ms(conW), ms(seqW), ratio, target, verdict, ms(seqC)/pushes, ms(conC)/pushes)
-		fmt.Println(line)
-		b.Log(line)
-		if ratio > target {
-			fmt.Printf("*** TARGET MISSED: %d pushes at once take %.2fx the time of one after another, over %.2fx ***\n", pushes, ratio, target)
-		}
+		report(b, line, ratio > target, fmt.Sprintf("%d pushes at once take %.2fx the time of one after another, over %.2fx", pushes, ratio, target))
 	}
 	h.FsckProject(b, "bench", "p")
 }

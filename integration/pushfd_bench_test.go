@@ -107,17 +107,10 @@ func BenchmarkGitPushLarge(b *testing.B) {
 		b.ReportMetric(ratio, "x-index-pack")
 		b.ReportMetric(float64(mo.Microseconds())/1000, "ms-bushost")
 		b.ReportMetric(float64(mr.Microseconds())/1000, "ms-index-pack")
-		verdict := "met"
-		if ratio > 1.05 {
-			verdict = "MISSED"
-		}
+		verdict := verdictOf(ratio, 1.05)
 		line := fmt.Sprintf("large push (%d MB, descriptor passed): bushost %.1f ms, raw index-pack %.1f ms, ratio %.3f (target 1.05) %s [bundle %d bytes; median of %d alternating pairs; ratios %s]",
 			mb, ms(mo), ms(mr), ratio, verdict, fi.Size(), reps, fmtRatios(ratios))
-		fmt.Println(line)
-		b.Log(line)
-		if ratio > 1.05 {
-			fmt.Printf("*** TARGET MISSED: the %d MB push is %.3fx raw index-pack, over the 1.05x target ***\n", mb, ratio)
-		}
+		report(b, line, ratio > 1.05, fmt.Sprintf("the %d MB push is %.3fx raw index-pack, over the 1.05x target", mb, ratio))
 	}
 }
 
