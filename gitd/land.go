@@ -142,6 +142,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 		s.log.Error("landing recorded but main not moved; Reconcile repairs it at next start", "repo", r.Path, "commit", res.MainNew, "err", err)
 		return LandResult{}, fmt.Errorf("landing recorded, but moving main failed (repaired at the next start of bushostd): %w", err)
 	}
+	s.hk.Notify(r)
 	return res, nil
 }
 

@@ -1346,6 +1346,201 @@ func (*FetchWorkResponse_Commit) isFetchWorkResponse_Msg() {}
 
 func (*FetchWorkResponse_Chunk) isFetchWorkResponse_Msg() {}
 
+type OptimizeProjectRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Business      string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OptimizeProjectRequest) Reset() {
+	*x = OptimizeProjectRequest{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OptimizeProjectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OptimizeProjectRequest) ProtoMessage() {}
+
+func (x *OptimizeProjectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OptimizeProjectRequest.ProtoReflect.Descriptor instead.
+func (*OptimizeProjectRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *OptimizeProjectRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *OptimizeProjectRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+type OptimizeProjectResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The pool first, then the task repositories by name.
+	Repositories  []*RepositoryHousekeeping `protobuf:"bytes,1,rep,name=repositories,proto3" json:"repositories,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OptimizeProjectResponse) Reset() {
+	*x = OptimizeProjectResponse{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OptimizeProjectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OptimizeProjectResponse) ProtoMessage() {}
+
+func (x *OptimizeProjectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OptimizeProjectResponse.ProtoReflect.Descriptor instead.
+func (*OptimizeProjectResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *OptimizeProjectResponse) GetRepositories() []*RepositoryHousekeeping {
+	if x != nil {
+		return x.Repositories
+	}
+	return nil
+}
+
+// RepositoryHousekeeping is one housekeeping run on one repository.
+type RepositoryHousekeeping struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "pool" or "tasks/<task>".
+	Repository string `protobuf:"bytes,1,opt,name=repository,proto3" json:"repository,omitempty"`
+	// "optimized" (it did something), "clean" (nothing needed) or "failed".
+	Outcome string `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// What it did, in order: "repack-geometric", "repack-full",
+	// "prune-unreachable", "pack-refs", "commit-graph", "remove-stale".
+	Actions     []string `protobuf:"bytes,3,rep,name=actions,proto3" json:"actions,omitempty"`
+	PacksBefore int32    `protobuf:"varint,4,opt,name=packs_before,json=packsBefore,proto3" json:"packs_before,omitempty"`
+	PacksAfter  int32    `protobuf:"varint,5,opt,name=packs_after,json=packsAfter,proto3" json:"packs_after,omitempty"`
+	DurationMs  int64    `protobuf:"varint,6,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// Why it failed (outcome "failed").
+	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepositoryHousekeeping) Reset() {
+	*x = RepositoryHousekeeping{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepositoryHousekeeping) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepositoryHousekeeping) ProtoMessage() {}
+
+func (x *RepositoryHousekeeping) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepositoryHousekeeping.ProtoReflect.Descriptor instead.
+func (*RepositoryHousekeeping) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RepositoryHousekeeping) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
+}
+
+func (x *RepositoryHousekeeping) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *RepositoryHousekeeping) GetActions() []string {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+func (x *RepositoryHousekeeping) GetPacksBefore() int32 {
+	if x != nil {
+		return x.PacksBefore
+	}
+	return 0
+}
+
+func (x *RepositoryHousekeeping) GetPacksAfter() int32 {
+	if x != nil {
+		return x.PacksAfter
+	}
+	return 0
+}
+
+func (x *RepositoryHousekeeping) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *RepositoryHousekeeping) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_bushost_git_v1_git_proto protoreflect.FileDescriptor
 
 const file_bushost_git_v1_git_proto_rawDesc = "" +
@@ -1428,7 +1623,24 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\x11FetchWorkResponse\x12\x18\n" +
 	"\x06commit\x18\x01 \x01(\tH\x00R\x06commit\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
-	"\x03msg2\xf2\x06\n" +
+	"\x03msg\"N\n" +
+	"\x16OptimizeProjectRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\"e\n" +
+	"\x17OptimizeProjectResponse\x12J\n" +
+	"\frepositories\x18\x01 \x03(\v2&.bushost.git.v1.RepositoryHousekeepingR\frepositories\"\xe7\x01\n" +
+	"\x16RepositoryHousekeeping\x12\x1e\n" +
+	"\n" +
+	"repository\x18\x01 \x01(\tR\n" +
+	"repository\x12\x18\n" +
+	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12\x18\n" +
+	"\aactions\x18\x03 \x03(\tR\aactions\x12!\n" +
+	"\fpacks_before\x18\x04 \x01(\x05R\vpacksBefore\x12\x1f\n" +
+	"\vpacks_after\x18\x05 \x01(\x05R\n" +
+	"packsAfter\x12\x1f\n" +
+	"\vduration_ms\x18\x06 \x01(\x03R\n" +
+	"durationMs\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error2\xd6\a\n" +
 	"\n" +
 	"GitService\x12X\n" +
 	"\vPushWorking\x12\".bushost.git.v1.PushWorkingRequest\x1a#.bushost.git.v1.PushWorkingResponse(\x01\x12R\n" +
@@ -1442,7 +1654,8 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\vArchiveTask\x12\".bushost.git.v1.ArchiveTaskRequest\x1a#.bushost.git.v1.ArchiveTaskResponse\x12M\n" +
 	"\bLandTask\x12\x1f.bushost.git.v1.LandTaskRequest\x1a .bushost.git.v1.LandTaskResponse\x12_\n" +
 	"\x0ePublishProject\x12%.bushost.git.v1.PublishProjectRequest\x1a&.bushost.git.v1.PublishProjectResponse\x12R\n" +
-	"\tFetchWork\x12 .bushost.git.v1.FetchWorkRequest\x1a!.bushost.git.v1.FetchWorkResponse0\x01B5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
+	"\tFetchWork\x12 .bushost.git.v1.FetchWorkRequest\x1a!.bushost.git.v1.FetchWorkResponse0\x01\x12b\n" +
+	"\x0fOptimizeProject\x12&.bushost.git.v1.OptimizeProjectRequest\x1a'.bushost.git.v1.OptimizeProjectResponseB5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
 
 var (
 	file_bushost_git_v1_git_proto_rawDescOnce sync.Once
@@ -1456,57 +1669,63 @@ func file_bushost_git_v1_git_proto_rawDescGZIP() []byte {
 	return file_bushost_git_v1_git_proto_rawDescData
 }
 
-var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_bushost_git_v1_git_proto_goTypes = []any{
-	(*PushWorkingRequest)(nil),     // 0: bushost.git.v1.PushWorkingRequest
-	(*PushHeader)(nil),             // 1: bushost.git.v1.PushHeader
-	(*PushWorkingResponse)(nil),    // 2: bushost.git.v1.PushWorkingResponse
-	(*FetchMainRequest)(nil),       // 3: bushost.git.v1.FetchMainRequest
-	(*FetchMainResponse)(nil),      // 4: bushost.git.v1.FetchMainResponse
-	(*FetchReviewRequest)(nil),     // 5: bushost.git.v1.FetchReviewRequest
-	(*FetchReviewResponse)(nil),    // 6: bushost.git.v1.FetchReviewResponse
-	(*AddProjectRequest)(nil),      // 7: bushost.git.v1.AddProjectRequest
-	(*AddProjectResponse)(nil),     // 8: bushost.git.v1.AddProjectResponse
-	(*SyncProjectRequest)(nil),     // 9: bushost.git.v1.SyncProjectRequest
-	(*SyncProjectResponse)(nil),    // 10: bushost.git.v1.SyncProjectResponse
-	(*RepairTaskRequest)(nil),      // 11: bushost.git.v1.RepairTaskRequest
-	(*ArchiveTaskRequest)(nil),     // 12: bushost.git.v1.ArchiveTaskRequest
-	(*ArchiveTaskResponse)(nil),    // 13: bushost.git.v1.ArchiveTaskResponse
-	(*RepairTaskResponse)(nil),     // 14: bushost.git.v1.RepairTaskResponse
-	(*LandTaskRequest)(nil),        // 15: bushost.git.v1.LandTaskRequest
-	(*LandTaskResponse)(nil),       // 16: bushost.git.v1.LandTaskResponse
-	(*PublishProjectRequest)(nil),  // 17: bushost.git.v1.PublishProjectRequest
-	(*PublishProjectResponse)(nil), // 18: bushost.git.v1.PublishProjectResponse
-	(*FetchWorkRequest)(nil),       // 19: bushost.git.v1.FetchWorkRequest
-	(*FetchWorkResponse)(nil),      // 20: bushost.git.v1.FetchWorkResponse
+	(*PushWorkingRequest)(nil),      // 0: bushost.git.v1.PushWorkingRequest
+	(*PushHeader)(nil),              // 1: bushost.git.v1.PushHeader
+	(*PushWorkingResponse)(nil),     // 2: bushost.git.v1.PushWorkingResponse
+	(*FetchMainRequest)(nil),        // 3: bushost.git.v1.FetchMainRequest
+	(*FetchMainResponse)(nil),       // 4: bushost.git.v1.FetchMainResponse
+	(*FetchReviewRequest)(nil),      // 5: bushost.git.v1.FetchReviewRequest
+	(*FetchReviewResponse)(nil),     // 6: bushost.git.v1.FetchReviewResponse
+	(*AddProjectRequest)(nil),       // 7: bushost.git.v1.AddProjectRequest
+	(*AddProjectResponse)(nil),      // 8: bushost.git.v1.AddProjectResponse
+	(*SyncProjectRequest)(nil),      // 9: bushost.git.v1.SyncProjectRequest
+	(*SyncProjectResponse)(nil),     // 10: bushost.git.v1.SyncProjectResponse
+	(*RepairTaskRequest)(nil),       // 11: bushost.git.v1.RepairTaskRequest
+	(*ArchiveTaskRequest)(nil),      // 12: bushost.git.v1.ArchiveTaskRequest
+	(*ArchiveTaskResponse)(nil),     // 13: bushost.git.v1.ArchiveTaskResponse
+	(*RepairTaskResponse)(nil),      // 14: bushost.git.v1.RepairTaskResponse
+	(*LandTaskRequest)(nil),         // 15: bushost.git.v1.LandTaskRequest
+	(*LandTaskResponse)(nil),        // 16: bushost.git.v1.LandTaskResponse
+	(*PublishProjectRequest)(nil),   // 17: bushost.git.v1.PublishProjectRequest
+	(*PublishProjectResponse)(nil),  // 18: bushost.git.v1.PublishProjectResponse
+	(*FetchWorkRequest)(nil),        // 19: bushost.git.v1.FetchWorkRequest
+	(*FetchWorkResponse)(nil),       // 20: bushost.git.v1.FetchWorkResponse
+	(*OptimizeProjectRequest)(nil),  // 21: bushost.git.v1.OptimizeProjectRequest
+	(*OptimizeProjectResponse)(nil), // 22: bushost.git.v1.OptimizeProjectResponse
+	(*RepositoryHousekeeping)(nil),  // 23: bushost.git.v1.RepositoryHousekeeping
 }
 var file_bushost_git_v1_git_proto_depIdxs = []int32{
 	1,  // 0: bushost.git.v1.PushWorkingRequest.header:type_name -> bushost.git.v1.PushHeader
-	0,  // 1: bushost.git.v1.GitService.PushWorking:input_type -> bushost.git.v1.PushWorkingRequest
-	3,  // 2: bushost.git.v1.GitService.FetchMain:input_type -> bushost.git.v1.FetchMainRequest
-	5,  // 3: bushost.git.v1.GitService.FetchReview:input_type -> bushost.git.v1.FetchReviewRequest
-	7,  // 4: bushost.git.v1.GitService.AddProject:input_type -> bushost.git.v1.AddProjectRequest
-	9,  // 5: bushost.git.v1.GitService.SyncProject:input_type -> bushost.git.v1.SyncProjectRequest
-	11, // 6: bushost.git.v1.GitService.RepairTask:input_type -> bushost.git.v1.RepairTaskRequest
-	12, // 7: bushost.git.v1.GitService.ArchiveTask:input_type -> bushost.git.v1.ArchiveTaskRequest
-	15, // 8: bushost.git.v1.GitService.LandTask:input_type -> bushost.git.v1.LandTaskRequest
-	17, // 9: bushost.git.v1.GitService.PublishProject:input_type -> bushost.git.v1.PublishProjectRequest
-	19, // 10: bushost.git.v1.GitService.FetchWork:input_type -> bushost.git.v1.FetchWorkRequest
-	2,  // 11: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
-	4,  // 12: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
-	6,  // 13: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
-	8,  // 14: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
-	10, // 15: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
-	14, // 16: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
-	13, // 17: bushost.git.v1.GitService.ArchiveTask:output_type -> bushost.git.v1.ArchiveTaskResponse
-	16, // 18: bushost.git.v1.GitService.LandTask:output_type -> bushost.git.v1.LandTaskResponse
-	18, // 19: bushost.git.v1.GitService.PublishProject:output_type -> bushost.git.v1.PublishProjectResponse
-	20, // 20: bushost.git.v1.GitService.FetchWork:output_type -> bushost.git.v1.FetchWorkResponse
-	11, // [11:21] is the sub-list for method output_type
-	1,  // [1:11] is the sub-list for method input_type
-	1,  // [1:1] is the sub-list for extension type_name
-	1,  // [1:1] is the sub-list for extension extendee
-	0,  // [0:1] is the sub-list for field type_name
+	23, // 1: bushost.git.v1.OptimizeProjectResponse.repositories:type_name -> bushost.git.v1.RepositoryHousekeeping
+	0,  // 2: bushost.git.v1.GitService.PushWorking:input_type -> bushost.git.v1.PushWorkingRequest
+	3,  // 3: bushost.git.v1.GitService.FetchMain:input_type -> bushost.git.v1.FetchMainRequest
+	5,  // 4: bushost.git.v1.GitService.FetchReview:input_type -> bushost.git.v1.FetchReviewRequest
+	7,  // 5: bushost.git.v1.GitService.AddProject:input_type -> bushost.git.v1.AddProjectRequest
+	9,  // 6: bushost.git.v1.GitService.SyncProject:input_type -> bushost.git.v1.SyncProjectRequest
+	11, // 7: bushost.git.v1.GitService.RepairTask:input_type -> bushost.git.v1.RepairTaskRequest
+	12, // 8: bushost.git.v1.GitService.ArchiveTask:input_type -> bushost.git.v1.ArchiveTaskRequest
+	15, // 9: bushost.git.v1.GitService.LandTask:input_type -> bushost.git.v1.LandTaskRequest
+	17, // 10: bushost.git.v1.GitService.PublishProject:input_type -> bushost.git.v1.PublishProjectRequest
+	19, // 11: bushost.git.v1.GitService.FetchWork:input_type -> bushost.git.v1.FetchWorkRequest
+	21, // 12: bushost.git.v1.GitService.OptimizeProject:input_type -> bushost.git.v1.OptimizeProjectRequest
+	2,  // 13: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
+	4,  // 14: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
+	6,  // 15: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
+	8,  // 16: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
+	10, // 17: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
+	14, // 18: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
+	13, // 19: bushost.git.v1.GitService.ArchiveTask:output_type -> bushost.git.v1.ArchiveTaskResponse
+	16, // 20: bushost.git.v1.GitService.LandTask:output_type -> bushost.git.v1.LandTaskResponse
+	18, // 21: bushost.git.v1.GitService.PublishProject:output_type -> bushost.git.v1.PublishProjectResponse
+	20, // 22: bushost.git.v1.GitService.FetchWork:output_type -> bushost.git.v1.FetchWorkResponse
+	22, // 23: bushost.git.v1.GitService.OptimizeProject:output_type -> bushost.git.v1.OptimizeProjectResponse
+	13, // [13:24] is the sub-list for method output_type
+	2,  // [2:13] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_bushost_git_v1_git_proto_init() }
@@ -1536,7 +1755,7 @@ func file_bushost_git_v1_git_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_git_v1_git_proto_rawDesc), len(file_bushost_git_v1_git_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,16 +19,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	GitService_PushWorking_FullMethodName    = "/bushost.git.v1.GitService/PushWorking"
-	GitService_FetchMain_FullMethodName      = "/bushost.git.v1.GitService/FetchMain"
-	GitService_FetchReview_FullMethodName    = "/bushost.git.v1.GitService/FetchReview"
-	GitService_AddProject_FullMethodName     = "/bushost.git.v1.GitService/AddProject"
-	GitService_SyncProject_FullMethodName    = "/bushost.git.v1.GitService/SyncProject"
-	GitService_RepairTask_FullMethodName     = "/bushost.git.v1.GitService/RepairTask"
-	GitService_ArchiveTask_FullMethodName    = "/bushost.git.v1.GitService/ArchiveTask"
-	GitService_LandTask_FullMethodName       = "/bushost.git.v1.GitService/LandTask"
-	GitService_PublishProject_FullMethodName = "/bushost.git.v1.GitService/PublishProject"
-	GitService_FetchWork_FullMethodName      = "/bushost.git.v1.GitService/FetchWork"
+	GitService_PushWorking_FullMethodName     = "/bushost.git.v1.GitService/PushWorking"
+	GitService_FetchMain_FullMethodName       = "/bushost.git.v1.GitService/FetchMain"
+	GitService_FetchReview_FullMethodName     = "/bushost.git.v1.GitService/FetchReview"
+	GitService_AddProject_FullMethodName      = "/bushost.git.v1.GitService/AddProject"
+	GitService_SyncProject_FullMethodName     = "/bushost.git.v1.GitService/SyncProject"
+	GitService_RepairTask_FullMethodName      = "/bushost.git.v1.GitService/RepairTask"
+	GitService_ArchiveTask_FullMethodName     = "/bushost.git.v1.GitService/ArchiveTask"
+	GitService_LandTask_FullMethodName        = "/bushost.git.v1.GitService/LandTask"
+	GitService_PublishProject_FullMethodName  = "/bushost.git.v1.GitService/PublishProject"
+	GitService_FetchWork_FullMethodName       = "/bushost.git.v1.GitService/FetchWork"
+	GitService_OptimizeProject_FullMethodName = "/bushost.git.v1.GitService/OptimizeProject"
 )
 
 // GitServiceClient is the client API for GitService service.
@@ -73,6 +74,10 @@ type GitServiceClient interface {
 	// FetchWork streams a bundle of the task's latest push to its worker
 	// (git.push.working), as FetchReview does: the commit first, then chunks.
 	FetchWork(ctx context.Context, in *FetchWorkRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchWorkResponse], error)
+	// OptimizeProject (host only) runs housekeeping now on the project's
+	// pool and on every task repository, one after another, and says what it
+	// did for each (docs/git-service.md, "Housekeeping").
+	OptimizeProject(ctx context.Context, in *OptimizeProjectRequest, opts ...grpc.CallOption) (*OptimizeProjectResponse, error)
 }
 
 type gitServiceClient struct {
@@ -213,6 +218,16 @@ func (c *gitServiceClient) FetchWork(ctx context.Context, in *FetchWorkRequest, 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type GitService_FetchWorkClient = grpc.ServerStreamingClient[FetchWorkResponse]
 
+func (c *gitServiceClient) OptimizeProject(ctx context.Context, in *OptimizeProjectRequest, opts ...grpc.CallOption) (*OptimizeProjectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OptimizeProjectResponse)
+	err := c.cc.Invoke(ctx, GitService_OptimizeProject_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GitServiceServer is the server API for GitService service.
 // All implementations must embed UnimplementedGitServiceServer
 // for forward compatibility.
@@ -255,6 +270,10 @@ type GitServiceServer interface {
 	// FetchWork streams a bundle of the task's latest push to its worker
 	// (git.push.working), as FetchReview does: the commit first, then chunks.
 	FetchWork(*FetchWorkRequest, grpc.ServerStreamingServer[FetchWorkResponse]) error
+	// OptimizeProject (host only) runs housekeeping now on the project's
+	// pool and on every task repository, one after another, and says what it
+	// did for each (docs/git-service.md, "Housekeeping").
+	OptimizeProject(context.Context, *OptimizeProjectRequest) (*OptimizeProjectResponse, error)
 	mustEmbedUnimplementedGitServiceServer()
 }
 
@@ -294,6 +313,9 @@ func (UnimplementedGitServiceServer) PublishProject(context.Context, *PublishPro
 }
 func (UnimplementedGitServiceServer) FetchWork(*FetchWorkRequest, grpc.ServerStreamingServer[FetchWorkResponse]) error {
 	return status.Error(codes.Unimplemented, "method FetchWork not implemented")
+}
+func (UnimplementedGitServiceServer) OptimizeProject(context.Context, *OptimizeProjectRequest) (*OptimizeProjectResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OptimizeProject not implemented")
 }
 func (UnimplementedGitServiceServer) mustEmbedUnimplementedGitServiceServer() {}
 func (UnimplementedGitServiceServer) testEmbeddedByValue()                    {}
@@ -464,6 +486,24 @@ func _GitService_FetchWork_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type GitService_FetchWorkServer = grpc.ServerStreamingServer[FetchWorkResponse]
 
+func _GitService_OptimizeProject_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OptimizeProjectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitServiceServer).OptimizeProject(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitService_OptimizeProject_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitServiceServer).OptimizeProject(ctx, req.(*OptimizeProjectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // GitService_ServiceDesc is the grpc.ServiceDesc for GitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -494,6 +534,10 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PublishProject",
 			Handler:    _GitService_PublishProject_Handler,
+		},
+		{
+			MethodName: "OptimizeProject",
+			Handler:    _GitService_OptimizeProject_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
