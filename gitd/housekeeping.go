@@ -127,8 +127,9 @@ func (p hkPlan) empty() bool {
 	return p.repack == "" && !p.prune && !p.packRefs && !p.commitGraph && len(p.clean) == 0
 }
 
-// readStats reads r's numbers.
-func readStats(r repo, now time.Time) (hkStats, error) {
+// readStats reads r's numbers; exact counts the loose objects one by one
+// instead of estimating them.
+func readStats(r repo, now time.Time, exact bool) (hkStats, error) {
 	var st hkStats
 	packDir := filepath.Join(r.objects(), "pack")
 	ents, err := os.ReadDir(packDir)
@@ -163,6 +164,13 @@ func readStats(r repo, now time.Time) (hkStats, error) {
 	sort.Slice(st.packs, func(i, j int) bool { return st.packs[i] < st.packs[j] })
 	if l, err := os.ReadDir(filepath.Join(r.objects(), "17")); err == nil {
 		st.loose = len(l) * 256
+	}
+	if exact {
+		st.loose = 0
+		for i := range 256 {
+			l, _ := os.ReadDir(filepath.Join(r.objects(), fmt.Sprintf("%02x", i)))
+			st.loose += len(l)
+		}
 	}
 	filepath.WalkDir(filepath.Join(r.Path, "refs"), func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
@@ -293,7 +301,7 @@ func decide(pool bool, st hkStats, force, prune bool) hkPlan {
 	switch {
 	case needPacks && split >= 2 || needLoose:
 		p.repack = HKRepackGeometric
-		if pool && (split == packs || !st.bitmap && packs > 1) {
+		if pool && (split == packs || !st.bitmap) {
 			p.repack = HKRepackFull
 		}
 	case force && pool && packs == 1 && !st.bitmap:
@@ -471,7 +479,7 @@ func (s *Service) housekeep(ctx context.Context, r repo, force bool) Housekeepin
 	if !r.exists() {
 		return run // archived meanwhile
 	}
-	st, err := readStats(r, time.Now())
+	st, err := readStats(r, time.Now(), force)
 	if err != nil {
 		run.Outcome, run.Err = HKFailed, err
 		return run
@@ -499,7 +507,7 @@ func (s *Service) housekeep(ctx context.Context, r repo, force bool) Housekeepin
 	} else if len(run.Actions) > 0 {
 		run.Outcome = HKOptimized
 	}
-	if after, err := readStats(r, time.Now()); err == nil {
+	if after, err := readStats(r, time.Now(), false); err == nil {
 		run.PacksAfter = len(after.packs) + after.cruft
 	}
 	if run.Outcome == HKOptimized {
