@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-git/go-git/v5/plumbing"
+
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/gitcmd"
 )
@@ -316,4 +318,35 @@ func TestHousekeepingRacesPushes(t *testing.T) {
 	}
 	e.fsck()
 	t.Logf("%d housekeeping rounds raced the pushes", runs)
+}
+
+// A view opened before a repack replaced its packs still reads every
+// object after it (it reopens its handles once); without that, go-git
+// would look for the objects in packs that are gone.
+func TestViewAfterRepack(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	first := e.pushChain("t1", 1)
+	last := e.pushChain("t1", 3)
+	r := e.svc.mustTask(t, "t1")
+	v, err := e.svc.open(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The view lists the packs (go-git does so on its first read).
+	if err := v.HasEncodedObject(plumbing.NewHash(first)); err != nil {
+		t.Fatal(err)
+	}
+	if run := e.svc.housekeep(ctx, r, true); run.Err != nil || run.PacksAfter != 1 {
+		t.Fatalf("run: %+v", run)
+	}
+	for _, id := range []string{last, e.main} {
+		h := plumbing.NewHash(id)
+		if err := v.HasEncodedObject(h); err != nil {
+			t.Fatalf("HasEncodedObject(%s) after the repack: %v", id, err)
+		}
+		if _, err := v.EncodedObject(plumbing.AnyObject, h); err != nil {
+			t.Fatalf("EncodedObject(%s) after the repack: %v", id, err)
+		}
+	}
 }
