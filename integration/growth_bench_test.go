@@ -15,7 +15,10 @@ import (
 // two daemons at once, one with --housekeeping=auto and one with
 // --housekeeping=off, their pushes alternating:
 //
-//   - one task: 2,000 one-commit pushes, each a fast-forward of the last;
+//   - one task: 2,000 one-commit pushes, each a fast-forward of the last
+//     (push-working --bundle of a bundle against the last push; with
+//     --repo the bundle is made against main and would grow with the
+//     task's history);
 //   - many tasks: 500 tasks that each push one commit and land it (the
 //     pool grows).
 //
@@ -185,7 +188,16 @@ func growthOneTask(b *testing.B, pushes int) {
 		for k := range hs {
 			g := hs[(i+k)%2] // alternate which daemon goes first
 			growthCommit(b, g.work, i)
-			g.pushes = append(g.pushes, g.timed(b, toks[g].worker, "push-working", "--repo", g.work))
+			// A one-commit bundle, against the last push: push-working
+			// --repo bundles against main, so each push would carry the
+			// task's whole history so far.
+			bundle := filepath.Join(dir, "push-"+g.name+".bundle")
+			base := "refs/remotes/bushost/main"
+			if i > 1 {
+				base = "HEAD~1"
+			}
+			testGit(b, g.work, "bundle", "create", "-q", bundle, "HEAD", "^"+base)
+			g.pushes = append(g.pushes, g.timed(b, toks[g].worker, "push-working", "--bundle", bundle))
 			if i%50 == 0 || i == pushes {
 				g.maxPacks = max(g.maxPacks, g.packs())
 			}
