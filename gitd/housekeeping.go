@@ -502,6 +502,17 @@ func (s *Service) housekeep(ctx context.Context, r repo, force bool) Housekeepin
 	if plan.empty() {
 		return run
 	}
+	// The project's cached size (quota.go) follows the run: a repack
+	// changes the repository's bytes, and forgetting the figure would make
+	// the next push read the whole project again.
+	before, berr := dirBytes(r.objects())
+	defer func() {
+		if after, err := dirBytes(r.objects()); err == nil && berr == nil {
+			s.adjustUsage(r, after-before)
+		} else {
+			s.forgetUsage(r)
+		}
+	}()
 	if err := s.execute(ctx, r, plan, &run); err != nil {
 		run.Outcome, run.Err = HKFailed, err
 	} else if len(run.Actions) > 0 {

@@ -80,6 +80,16 @@ func (s *Service) forgetUsage(r repo) {
 	s.mu.Unlock()
 }
 
+// adjustUsage adds delta (a housekeeping run's change to a repository's
+// objects) to the project's cached size, if it has one.
+func (s *Service) adjustUsage(r repo, delta int64) {
+	s.mu.Lock()
+	if v, ok := s.usage[r.Dir]; ok {
+		s.usage[r.Dir] = max(v+delta, 0)
+	}
+	s.mu.Unlock()
+}
+
 func (s *Service) projectBytes(r repo) (int64, error) {
 	s.mu.Lock()
 	v, ok := s.usage[r.Dir]
