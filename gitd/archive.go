@@ -30,6 +30,12 @@ func (s *Service) ArchiveTask(ctx context.Context, business, project, task strin
 	if !r.pool().exists() {
 		return ArchiveResult{}, projectNotFound(business, project)
 	}
+	// No housekeeping run may write into the repository as it goes.
+	release, err := s.hk.hold(ctx, r)
+	if err != nil {
+		return ArchiveResult{}, err
+	}
+	defer release()
 	unlock, err := s.lock(ctx, r)
 	if err != nil {
 		return ArchiveResult{}, err

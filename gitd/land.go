@@ -120,7 +120,6 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 		}
 		res.MainNew = res.Merge
 	}
-	defer s.forgetUsage(r)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
 	if err := q.Migrate(); err != nil {
@@ -134,6 +133,10 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 		}
 		return LandResult{}, err
 	}
+	// The project's cached size grows by what the landing added (reading
+	// the whole project again would make the next push's quota check cost
+	// as much as the project has tasks).
+	s.account(r, 0, q)
 	if res.MainNew == old {
 		return res, nil
 	}
@@ -142,6 +145,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 		s.log.Error("landing recorded but main not moved; Reconcile repairs it at next start", "repo", r.Path, "commit", res.MainNew, "err", err)
 		return LandResult{}, fmt.Errorf("landing recorded, but moving main failed (repaired at the next start of bushostd): %w", err)
 	}
+	s.hk.Notify(r)
 	return res, nil
 }
 

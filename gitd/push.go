@@ -219,6 +219,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		s.log.Error("push recorded but ref not moved; Reconcile repairs it at next start", "repo", r.Path, "ref", ref, "commit", commit, "err", err)
 		return PushResult{}, fmt.Errorf("push recorded, but moving %s failed (repaired at the next start of bushostd): %w", ref, err)
 	}
+	s.hk.Notify(r)
 	return PushResult{Commit: commit, Previous: cur, Ref: ref}, nil
 }
 

@@ -29,8 +29,9 @@ var indexPackConfig = []string{"pack.threads=1", "core.deltaBaseCacheLimit=32m"}
 // A task's bytes are its repository's objects (tasks/<task>.git/objects):
 // what it pushed that the pool did not hold. A project's bytes are its
 // directory's objects (the pool and every task repository), read from disk
-// once and then kept up to date in memory by the pushes; a sync of main or
-// a landing forgets the figure, to be read again.
+// once and then kept up to date in memory by the pushes, the landings and
+// the housekeeping runs; a sync of main or an archive forgets the figure,
+// to be read again.
 
 // checkQuotas returns the bytes the quarantine would add, or the refusal.
 func (s *Service) checkQuotas(r repo, q *bundle.Quarantine) (int64, error) {
@@ -94,6 +95,16 @@ func (s *Service) account(r repo, n int64, q *bundle.Quarantine) {
 func (s *Service) forgetUsage(r repo) {
 	s.mu.Lock()
 	delete(s.usage, r.Dir)
+	s.mu.Unlock()
+}
+
+// adjustUsage adds delta (a housekeeping run's change to a repository's
+// objects) to the project's cached size, if it has one.
+func (s *Service) adjustUsage(r repo, delta int64) {
+	s.mu.Lock()
+	if v, ok := s.usage[r.Dir]; ok {
+		s.usage[r.Dir] = max(v+delta, 0)
+	}
 	s.mu.Unlock()
 }
 

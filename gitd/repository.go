@@ -271,11 +271,17 @@ type view struct {
 	pool *git.Repository // nil for the pool (own is the pool)
 	// maxObject bounds EncodedObject: a larger object is not read here.
 	maxObject int64
+	// packs are the pack indexes the handles listed when opened: go-git
+	// lists a repository's packs once, so a housekeeping repack that
+	// replaced them since makes a read fail (the pack is gone) or miss
+	// (the object moved to a new pack); reload then opens the handles
+	// afresh, once per change.
+	packs string
 }
 
 // open returns a view of r for reads.
 func (s *Service) open(r repo) (*view, error) {
-	v := &view{r: r, maxObject: s.o.MaxObjectBytes}
+	v := &view{r: r, maxObject: s.o.MaxObjectBytes, packs: packList(r)}
 	var err error
 	if r.exists() {
 		if v.own, err = git.PlainOpenWithOptions(r.Path, &git.PlainOpenOptions{}); err != nil {
@@ -290,12 +296,57 @@ func (s *Service) open(r repo) (*view, error) {
 	return v, nil
 }
 
+// packList names the pack indexes of r's visible object directories.
+func packList(r repo) string {
+	var b strings.Builder
+	for _, dir := range r.visible() {
+		ents, _ := os.ReadDir(filepath.Join(dir, "pack"))
+		for _, e := range ents {
+			if strings.HasSuffix(e.Name(), ".idx") {
+				b.WriteString(e.Name())
+			}
+		}
+		b.WriteByte('/')
+	}
+	return b.String()
+}
+
+// maxReloads bounds the reloads of one read (packs may keep changing
+// while pushes land).
+const maxReloads = 3
+
+// reload reopens v's handles when the packs changed since they were
+// opened, and says whether it did (then a failed read is worth a retry).
+func (v *view) reload() bool {
+	now := packList(v.r)
+	if now == v.packs {
+		return false
+	}
+	own, pool := v.own, v.pool
+	if v.r.exists() {
+		g, err := git.PlainOpenWithOptions(v.r.Path, &git.PlainOpenOptions{})
+		if err != nil {
+			return false
+		}
+		own = g
+	}
+	if !v.r.isPool() {
+		g, err := git.PlainOpenWithOptions(v.r.pool().Path, &git.PlainOpenOptions{})
+		if err != nil {
+			return false
+		}
+		pool = g
+	}
+	v.own, v.pool, v.packs = own, pool, now
+	return true
+}
+
 // poolView is the view of the pool behind v, sharing its go-git handle.
 func (v *view) poolView() *view {
 	if v.r.isPool() {
 		return v
 	}
-	return &view{r: v.r.pool(), own: v.pool, maxObject: v.maxObject}
+	return &view{r: v.r.pool(), own: v.pool, maxObject: v.maxObject, packs: packList(v.r.pool())}
 }
 
 func (v *view) stores() []*git.Repository {
@@ -310,27 +361,44 @@ func (v *view) stores() []*git.Repository {
 
 // HasEncodedObject is nil when r may read h.
 func (v *view) HasEncodedObject(h plumbing.Hash) error {
-	for _, g := range v.stores() {
-		if g.Storer.HasEncodedObject(h) == nil {
-			return nil
+	for i := 0; ; i++ {
+		for _, g := range v.stores() {
+			if g.Storer.HasEncodedObject(h) == nil {
+				return nil
+			}
+		}
+		if i == maxReloads || !v.reload() {
+			return plumbing.ErrObjectNotFound
 		}
 	}
-	return plumbing.ErrObjectNotFound
 }
 
 // EncodedObjectSize is h's size from its header.
 func (v *view) EncodedObjectSize(h plumbing.Hash) (int64, error) {
-	for _, g := range v.stores() {
-		if n, err := g.Storer.EncodedObjectSize(h); err == nil {
-			return n, nil
+	for i := 0; ; i++ {
+		for _, g := range v.stores() {
+			if n, err := g.Storer.EncodedObjectSize(h); err == nil {
+				return n, nil
+			}
+		}
+		if i == maxReloads || !v.reload() {
+			return 0, plumbing.ErrObjectNotFound
 		}
 	}
-	return 0, plumbing.ErrObjectNotFound
 }
 
 // EncodedObject reads h, refusing (errUndecided) one over the view's
 // bound before reading it.
 func (v *view) EncodedObject(t plumbing.ObjectType, h plumbing.Hash) (plumbing.EncodedObject, error) {
+	for i := 0; ; i++ {
+		obj, err := v.encodedObject(t, h)
+		if err == nil || errors.Is(err, errUndecided) || i == maxReloads || !v.reload() {
+			return obj, err
+		}
+	}
+}
+
+func (v *view) encodedObject(t plumbing.ObjectType, h plumbing.Hash) (plumbing.EncodedObject, error) {
 	for _, g := range v.stores() {
 		n, err := g.Storer.EncodedObjectSize(h)
 		if err != nil {

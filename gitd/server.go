@@ -208,6 +208,29 @@ func (sv *server) ArchiveTask(ctx context.Context, req *gitv1.ArchiveTaskRequest
 	return &gitv1.ArchiveTaskResponse{Removed: res.Removed, Bytes: res.Bytes}, nil
 }
 
+func (sv *server) OptimizeProject(ctx context.Context, req *gitv1.OptimizeProjectRequest) (*gitv1.OptimizeProjectResponse, error) {
+	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
+		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
+	}
+	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
+		return nil, toStatus(err)
+	}
+	runs, err := sv.s.OptimizeProject(ctx, req.GetBusiness(), req.GetProject())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	res := &gitv1.OptimizeProjectResponse{}
+	for _, r := range runs {
+		h := &gitv1.RepositoryHousekeeping{Repository: r.Repository, Outcome: r.Outcome, Actions: r.Actions,
+			PacksBefore: int32(r.PacksBefore), PacksAfter: int32(r.PacksAfter), DurationMs: r.Duration.Milliseconds()}
+		if r.Err != nil {
+			h.Error = r.Err.Error()
+		}
+		res.Repositories = append(res.Repositories, h)
+	}
+	return res, nil
+}
+
 // grantCheck re-reads a stream's grant before each chunk it sends, and
 // remembers the refusal so that the stream ends with it, not with the
 // broken pipe git saw when the send stopped.

@@ -86,6 +86,10 @@ type Options struct {
 	// SkipBeyondGit turns off the beyond-git walk (beyondgit.go). Only the
 	// benchmark sets it, to measure what the walk costs.
 	SkipBeyondGit bool
+	// Housekeeping queues a repository after each push and landing for
+	// the background housekeeping (housekeeping.go) that StartHousekeeping
+	// runs; off, only OptimizeProject housekeeps.
+	Housekeeping bool
 }
 
 // Service owns the repositories under Options.ReposDir.
@@ -108,6 +112,7 @@ type Service struct {
 	// usage caches each repository's object bytes (under its lock), so
 	// that a push's project quota check does not walk the objects.
 	usage map[string]int64
+	hk    *housekeeper
 }
 
 // New checks o and prepares ReposDir. It removes what a killed process may
@@ -155,6 +160,7 @@ func New(o Options) (*Service, error) {
 	}
 	s := &Service{o: o, git: g, log: slog.Default().With("service", "gitd"), locks: map[string]*semaphore.Weighted{},
 		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}}
+	s.hk = newHousekeeper(s, o.Housekeeping)
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
 	}

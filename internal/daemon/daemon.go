@@ -86,6 +86,10 @@ type Options struct {
 	// Committer is "NAME <EMAIL>" of the merge commits `task land --merge`
 	// makes (gitd.DefaultCommitter when empty).
 	Committer string
+	// Housekeeping is "auto" (the default; "" too): each push and landing
+	// queues its repository for the background housekeeping of
+	// docs/git-service.md; "off": only `bushost repo optimize` housekeeps.
+	Housekeeping string
 	// SkipBeyondGit turns off gitd's beyond-git walk: for the benchmark
 	// only (a hidden flag), never for a bus host in use.
 	SkipBeyondGit bool
@@ -150,6 +154,9 @@ func Serve(ctx context.Context, o Options) error {
 		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxPackObjects < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
 		o.EventRate < 0 || o.EventBytesRate < 0 || o.EgressRate < 0 || o.EgressBytesRate < 0 || o.Observe.DrainGrace < 0 {
 		return errors.New("limits must not be negative")
+	}
+	if o.Housekeeping != "" && o.Housekeeping != "auto" && o.Housekeeping != "off" {
+		return fmt.Errorf("--housekeeping: %q is neither auto nor off", o.Housekeeping)
 	}
 	if o.Committer != "" {
 		if _, _, err := gitd.ParseCommitter(o.Committer); err != nil {
@@ -229,6 +236,7 @@ func Serve(ctx context.Context, o Options) error {
 		MaxTaskBytes:    o.MaxTaskBytes,
 		MaxProjectBytes: o.MaxProjectBytes,
 		SkipBeyondGit:   o.SkipBeyondGit,
+		Housekeeping:    o.Housekeeping != "off",
 	})
 	if err != nil {
 		return fmt.Errorf("git service: %w", err)
@@ -239,6 +247,11 @@ func Serve(ctx context.Context, o Options) error {
 			return fmt.Errorf("reconcile refs with the broker's log: %w", err)
 		}
 	}
+
+	// Started after Reconcile, stopped (a run in progress cancelled) once
+	// the servers drained.
+	stopHousekeeping := svc.StartHousekeeping(ctx)
+	defer stopHousekeeping()
 
 	ds := newDrainState()
 	grants := newGrantLimiter(o.Limits, token)

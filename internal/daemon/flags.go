@@ -22,6 +22,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HostID, "host-id", "", "this bus host's id, on which the projects it adds are placed when hosts share a broker (default: made at first start and kept in HOME/host-id)")
 	fs.StringVar(&o.CheckpointFile, "checkpoint-file", "", "append each new head of the broker's log to this file (SEQ HASH lines, fsynced) and check the log against it at start; ship it off the machine (docs/broker.md)")
 	fs.StringVar(&o.Committer, "committer", gitd.DefaultCommitter, "NAME <EMAIL> of the merge commits 'bushost task land --merge' makes")
+	fs.StringVar(&o.Housekeeping, "housekeeping", "auto", "auto: after each push and landing, repack and tidy the repository in the background when cheap heuristics call for it; off: only 'bushost repo optimize' does (docs/git-service.md, \"Housekeeping\")")
 	fs.BoolVar(&o.SkipBeyondGit, "bench-skip-beyond-git", false, "benchmark only: skip the beyond-git walk of pushed trees")
 	fs.MarkHidden("bench-skip-beyond-git")
 	fs.StringVar(&o.SocketGroup, "socket-group", "", "group (name or gid) given the sockets; the home becomes 0710 so that members (sandboxed sessions) reach the sockets and nothing else")

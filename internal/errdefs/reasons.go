@@ -148,7 +148,9 @@ const (
 	BranchCheckedOut  Reason = "BRANCH_CHECKED_OUT"
 	BranchInvalid     Reason = "BRANCH_INVALID"
 	TaskNotClosed     Reason = "TASK_NOT_CLOSED"
-	TaskListTooLong   Reason = "TASK_LIST_TOO_LONG"
+	// repo optimize: a repository's housekeeping failed.
+	HousekeepingFailed Reason = "HOUSEKEEPING_FAILED"
+	TaskListTooLong    Reason = "TASK_LIST_TOO_LONG"
 	// project list and grant list matched more than their bound.
 	ProjectListTooLong Reason = "PROJECT_LIST_TOO_LONG"
 	GrantListTooLong   Reason = "GRANT_LIST_TOO_LONG"

@@ -38,6 +38,7 @@ var subcommands = map[string]bool{
 	"cat-file":     true,
 	"checkout":     false,
 	"commit":       true,
+	"commit-graph": false,
 	"commit-tree":  true,
 	"config":       true,
 	"diff":         true,
@@ -55,7 +56,9 @@ var subcommands = map[string]bool{
 	"merge-tree":   true,
 	"mktree":       true,
 	"pack-objects": true,
+	"pack-refs":    false,
 	"read-tree":    true,
+	"repack":       false,
 	"reset":        false,
 	"rev-list":     true,
 	"rev-parse":    false,
@@ -242,7 +245,8 @@ func (r *Runner) Argv(c Cmd) ([]string, error) {
 
 // verbs of subcommands that take one before their options.
 var verbs = map[string][]string{
-	"bundle": {"create", "verify", "list-heads", "unbundle"},
+	"bundle":       {"create", "verify", "list-heads", "unbundle"},
+	"commit-graph": {"write", "verify"},
 }
 
 func isVerb(sub, v string) bool {

@@ -105,9 +105,35 @@ var (
 	}, []string{"socket"})
 )
 
+var (
+	housekeepingRuns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "git_housekeeping_runs_total",
+		Help: "Housekeeping runs on a repository, by repository kind (pool, task) and outcome (optimized, clean, failed).",
+	}, []string{"repository", "outcome"})
+	housekeepingSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "git_housekeeping_duration_seconds",
+		Help:    "Duration of a housekeeping run on a repository, by repository kind.",
+		Buckets: durationBuckets,
+	}, []string{"repository"})
+	housekeepingPacks = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "git_housekeeping_packs",
+		Help:    "Packs a repository holds after a housekeeping run, by repository kind.",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+	}, []string{"repository"})
+)
+
 func init() {
 	Registry.MustRegister(Calls, Pushes, PushSeconds, PushBytes, indexPackSeconds,
-		writes, writeSeconds, Gate, LimitRefusals, InFlight, Conns)
+		writes, writeSeconds, Gate, LimitRefusals, InFlight, Conns,
+		housekeepingRuns, housekeepingSeconds, housekeepingPacks)
+}
+
+// Housekeeping records one housekeeping run (gitd's hook): kind is "pool"
+// or "task", outcome "optimized", "clean" or "failed".
+func Housekeeping(kind, outcome string, d time.Duration, packs int) {
+	housekeepingRuns.WithLabelValues(kind, outcome).Inc()
+	housekeepingSeconds.WithLabelValues(kind).Observe(d.Seconds())
+	housekeepingPacks.WithLabelValues(kind).Observe(float64(packs))
 }
 
 // IndexPack records one index-pack run (gitd's hook).

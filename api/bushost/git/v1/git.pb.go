@@ -2039,6 +2039,201 @@ func (x *ImportDone) GetBundles() int32 {
 	return 0
 }
 
+type OptimizeProjectRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Business      string                 `protobuf:"bytes,1,opt,name=business,proto3" json:"business,omitempty"`
+	Project       string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OptimizeProjectRequest) Reset() {
+	*x = OptimizeProjectRequest{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OptimizeProjectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OptimizeProjectRequest) ProtoMessage() {}
+
+func (x *OptimizeProjectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OptimizeProjectRequest.ProtoReflect.Descriptor instead.
+func (*OptimizeProjectRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *OptimizeProjectRequest) GetBusiness() string {
+	if x != nil {
+		return x.Business
+	}
+	return ""
+}
+
+func (x *OptimizeProjectRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+type OptimizeProjectResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The pool first, then the task repositories by name.
+	Repositories  []*RepositoryHousekeeping `protobuf:"bytes,1,rep,name=repositories,proto3" json:"repositories,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OptimizeProjectResponse) Reset() {
+	*x = OptimizeProjectResponse{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OptimizeProjectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OptimizeProjectResponse) ProtoMessage() {}
+
+func (x *OptimizeProjectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OptimizeProjectResponse.ProtoReflect.Descriptor instead.
+func (*OptimizeProjectResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *OptimizeProjectResponse) GetRepositories() []*RepositoryHousekeeping {
+	if x != nil {
+		return x.Repositories
+	}
+	return nil
+}
+
+// RepositoryHousekeeping is one housekeeping run on one repository.
+type RepositoryHousekeeping struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "pool" or "tasks/<task>".
+	Repository string `protobuf:"bytes,1,opt,name=repository,proto3" json:"repository,omitempty"`
+	// "optimized" (it did something), "clean" (nothing needed) or "failed".
+	Outcome string `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// What it did, in order: "repack-geometric", "repack-full",
+	// "prune-unreachable", "pack-refs", "commit-graph", "remove-stale".
+	Actions     []string `protobuf:"bytes,3,rep,name=actions,proto3" json:"actions,omitempty"`
+	PacksBefore int32    `protobuf:"varint,4,opt,name=packs_before,json=packsBefore,proto3" json:"packs_before,omitempty"`
+	PacksAfter  int32    `protobuf:"varint,5,opt,name=packs_after,json=packsAfter,proto3" json:"packs_after,omitempty"`
+	DurationMs  int64    `protobuf:"varint,6,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// Why it failed (outcome "failed").
+	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepositoryHousekeeping) Reset() {
+	*x = RepositoryHousekeeping{}
+	mi := &file_bushost_git_v1_git_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepositoryHousekeeping) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepositoryHousekeeping) ProtoMessage() {}
+
+func (x *RepositoryHousekeeping) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_git_v1_git_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepositoryHousekeeping.ProtoReflect.Descriptor instead.
+func (*RepositoryHousekeeping) Descriptor() ([]byte, []int) {
+	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *RepositoryHousekeeping) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
+}
+
+func (x *RepositoryHousekeeping) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *RepositoryHousekeeping) GetActions() []string {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+func (x *RepositoryHousekeeping) GetPacksBefore() int32 {
+	if x != nil {
+		return x.PacksBefore
+	}
+	return 0
+}
+
+func (x *RepositoryHousekeeping) GetPacksAfter() int32 {
+	if x != nil {
+		return x.PacksAfter
+	}
+	return 0
+}
+
+func (x *RepositoryHousekeeping) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *RepositoryHousekeeping) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_bushost_git_v1_git_proto protoreflect.FileDescriptor
 
 const file_bushost_git_v1_git_proto_rawDesc = "" +
@@ -2165,7 +2360,24 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\texport_id\x18\x04 \x01(\tR\bexportId\x12\x10\n" +
 	"\x03seq\x18\x05 \x01(\x03R\x03seq\x12\x14\n" +
 	"\x05tasks\x18\x06 \x01(\x05R\x05tasks\x12\x18\n" +
-	"\abundles\x18\a \x01(\x05R\abundles2\x8f\t\n" +
+	"\abundles\x18\a \x01(\x05R\abundles\"N\n" +
+	"\x16OptimizeProjectRequest\x12\x1a\n" +
+	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\"e\n" +
+	"\x17OptimizeProjectResponse\x12J\n" +
+	"\frepositories\x18\x01 \x03(\v2&.bushost.git.v1.RepositoryHousekeepingR\frepositories\"\xe7\x01\n" +
+	"\x16RepositoryHousekeeping\x12\x1e\n" +
+	"\n" +
+	"repository\x18\x01 \x01(\tR\n" +
+	"repository\x12\x18\n" +
+	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12\x18\n" +
+	"\aactions\x18\x03 \x03(\tR\aactions\x12!\n" +
+	"\fpacks_before\x18\x04 \x01(\x05R\vpacksBefore\x12\x1f\n" +
+	"\vpacks_after\x18\x05 \x01(\x05R\n" +
+	"packsAfter\x12\x1f\n" +
+	"\vduration_ms\x18\x06 \x01(\x03R\n" +
+	"durationMs\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error2\xf3\t\n" +
 	"\n" +
 	"GitService\x12X\n" +
 	"\vPushWorking\x12\".bushost.git.v1.PushWorkingRequest\x1a#.bushost.git.v1.PushWorkingResponse(\x01\x12R\n" +
@@ -2182,7 +2394,8 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\tFetchWork\x12 .bushost.git.v1.FetchWorkRequest\x1a!.bushost.git.v1.FetchWorkResponse0\x01\x12^\n" +
 	"\rExportProject\x12$.bushost.git.v1.ExportProjectRequest\x1a%.bushost.git.v1.ExportProjectResponse0\x01\x12Y\n" +
 	"\fCancelExport\x12#.bushost.git.v1.CancelExportRequest\x1a$.bushost.git.v1.CancelExportResponse\x12`\n" +
-	"\rImportProject\x12$.bushost.git.v1.ImportProjectRequest\x1a%.bushost.git.v1.ImportProjectResponse(\x010\x01B5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
+	"\rImportProject\x12$.bushost.git.v1.ImportProjectRequest\x1a%.bushost.git.v1.ImportProjectResponse(\x010\x01\x12b\n" +
+	"\x0fOptimizeProject\x12&.bushost.git.v1.OptimizeProjectRequest\x1a'.bushost.git.v1.OptimizeProjectResponseB5Z3github.com/bushost/bushost/api/bushost/git/v1;gitv1b\x06proto3"
 
 var (
 	file_bushost_git_v1_git_proto_rawDescOnce sync.Once
@@ -2196,39 +2409,42 @@ func file_bushost_git_v1_git_proto_rawDescGZIP() []byte {
 	return file_bushost_git_v1_git_proto_rawDescData
 }
 
-var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_bushost_git_v1_git_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_bushost_git_v1_git_proto_goTypes = []any{
-	(*PushWorkingRequest)(nil),     // 0: bushost.git.v1.PushWorkingRequest
-	(*PushHeader)(nil),             // 1: bushost.git.v1.PushHeader
-	(*PushWorkingResponse)(nil),    // 2: bushost.git.v1.PushWorkingResponse
-	(*FetchMainRequest)(nil),       // 3: bushost.git.v1.FetchMainRequest
-	(*FetchMainResponse)(nil),      // 4: bushost.git.v1.FetchMainResponse
-	(*FetchReviewRequest)(nil),     // 5: bushost.git.v1.FetchReviewRequest
-	(*FetchReviewResponse)(nil),    // 6: bushost.git.v1.FetchReviewResponse
-	(*AddProjectRequest)(nil),      // 7: bushost.git.v1.AddProjectRequest
-	(*AddProjectResponse)(nil),     // 8: bushost.git.v1.AddProjectResponse
-	(*SyncProjectRequest)(nil),     // 9: bushost.git.v1.SyncProjectRequest
-	(*SyncProjectResponse)(nil),    // 10: bushost.git.v1.SyncProjectResponse
-	(*RepairTaskRequest)(nil),      // 11: bushost.git.v1.RepairTaskRequest
-	(*ArchiveTaskRequest)(nil),     // 12: bushost.git.v1.ArchiveTaskRequest
-	(*ArchiveTaskResponse)(nil),    // 13: bushost.git.v1.ArchiveTaskResponse
-	(*RepairTaskResponse)(nil),     // 14: bushost.git.v1.RepairTaskResponse
-	(*LandTaskRequest)(nil),        // 15: bushost.git.v1.LandTaskRequest
-	(*LandTaskResponse)(nil),       // 16: bushost.git.v1.LandTaskResponse
-	(*PublishProjectRequest)(nil),  // 17: bushost.git.v1.PublishProjectRequest
-	(*PublishProjectResponse)(nil), // 18: bushost.git.v1.PublishProjectResponse
-	(*FetchWorkRequest)(nil),       // 19: bushost.git.v1.FetchWorkRequest
-	(*FetchWorkResponse)(nil),      // 20: bushost.git.v1.FetchWorkResponse
-	(*ExportProjectRequest)(nil),   // 21: bushost.git.v1.ExportProjectRequest
-	(*ExportProjectResponse)(nil),  // 22: bushost.git.v1.ExportProjectResponse
-	(*ExportBegun)(nil),            // 23: bushost.git.v1.ExportBegun
-	(*MoveProgress)(nil),           // 24: bushost.git.v1.MoveProgress
-	(*ExportDone)(nil),             // 25: bushost.git.v1.ExportDone
-	(*CancelExportRequest)(nil),    // 26: bushost.git.v1.CancelExportRequest
-	(*CancelExportResponse)(nil),   // 27: bushost.git.v1.CancelExportResponse
-	(*ImportProjectRequest)(nil),   // 28: bushost.git.v1.ImportProjectRequest
-	(*ImportProjectResponse)(nil),  // 29: bushost.git.v1.ImportProjectResponse
-	(*ImportDone)(nil),             // 30: bushost.git.v1.ImportDone
+	(*PushWorkingRequest)(nil),      // 0: bushost.git.v1.PushWorkingRequest
+	(*PushHeader)(nil),              // 1: bushost.git.v1.PushHeader
+	(*PushWorkingResponse)(nil),     // 2: bushost.git.v1.PushWorkingResponse
+	(*FetchMainRequest)(nil),        // 3: bushost.git.v1.FetchMainRequest
+	(*FetchMainResponse)(nil),       // 4: bushost.git.v1.FetchMainResponse
+	(*FetchReviewRequest)(nil),      // 5: bushost.git.v1.FetchReviewRequest
+	(*FetchReviewResponse)(nil),     // 6: bushost.git.v1.FetchReviewResponse
+	(*AddProjectRequest)(nil),       // 7: bushost.git.v1.AddProjectRequest
+	(*AddProjectResponse)(nil),      // 8: bushost.git.v1.AddProjectResponse
+	(*SyncProjectRequest)(nil),      // 9: bushost.git.v1.SyncProjectRequest
+	(*SyncProjectResponse)(nil),     // 10: bushost.git.v1.SyncProjectResponse
+	(*RepairTaskRequest)(nil),       // 11: bushost.git.v1.RepairTaskRequest
+	(*ArchiveTaskRequest)(nil),      // 12: bushost.git.v1.ArchiveTaskRequest
+	(*ArchiveTaskResponse)(nil),     // 13: bushost.git.v1.ArchiveTaskResponse
+	(*RepairTaskResponse)(nil),      // 14: bushost.git.v1.RepairTaskResponse
+	(*LandTaskRequest)(nil),         // 15: bushost.git.v1.LandTaskRequest
+	(*LandTaskResponse)(nil),        // 16: bushost.git.v1.LandTaskResponse
+	(*PublishProjectRequest)(nil),   // 17: bushost.git.v1.PublishProjectRequest
+	(*PublishProjectResponse)(nil),  // 18: bushost.git.v1.PublishProjectResponse
+	(*FetchWorkRequest)(nil),        // 19: bushost.git.v1.FetchWorkRequest
+	(*FetchWorkResponse)(nil),       // 20: bushost.git.v1.FetchWorkResponse
+	(*ExportProjectRequest)(nil),    // 21: bushost.git.v1.ExportProjectRequest
+	(*ExportProjectResponse)(nil),   // 22: bushost.git.v1.ExportProjectResponse
+	(*ExportBegun)(nil),             // 23: bushost.git.v1.ExportBegun
+	(*MoveProgress)(nil),            // 24: bushost.git.v1.MoveProgress
+	(*ExportDone)(nil),              // 25: bushost.git.v1.ExportDone
+	(*CancelExportRequest)(nil),     // 26: bushost.git.v1.CancelExportRequest
+	(*CancelExportResponse)(nil),    // 27: bushost.git.v1.CancelExportResponse
+	(*ImportProjectRequest)(nil),    // 28: bushost.git.v1.ImportProjectRequest
+	(*ImportProjectResponse)(nil),   // 29: bushost.git.v1.ImportProjectResponse
+	(*ImportDone)(nil),              // 30: bushost.git.v1.ImportDone
+	(*OptimizeProjectRequest)(nil),  // 31: bushost.git.v1.OptimizeProjectRequest
+	(*OptimizeProjectResponse)(nil), // 32: bushost.git.v1.OptimizeProjectResponse
+	(*RepositoryHousekeeping)(nil),  // 33: bushost.git.v1.RepositoryHousekeeping
 }
 var file_bushost_git_v1_git_proto_depIdxs = []int32{
 	1,  // 0: bushost.git.v1.PushWorkingRequest.header:type_name -> bushost.git.v1.PushHeader
@@ -2237,37 +2453,40 @@ var file_bushost_git_v1_git_proto_depIdxs = []int32{
 	25, // 3: bushost.git.v1.ExportProjectResponse.done:type_name -> bushost.git.v1.ExportDone
 	24, // 4: bushost.git.v1.ImportProjectResponse.progress:type_name -> bushost.git.v1.MoveProgress
 	30, // 5: bushost.git.v1.ImportProjectResponse.done:type_name -> bushost.git.v1.ImportDone
-	0,  // 6: bushost.git.v1.GitService.PushWorking:input_type -> bushost.git.v1.PushWorkingRequest
-	3,  // 7: bushost.git.v1.GitService.FetchMain:input_type -> bushost.git.v1.FetchMainRequest
-	5,  // 8: bushost.git.v1.GitService.FetchReview:input_type -> bushost.git.v1.FetchReviewRequest
-	7,  // 9: bushost.git.v1.GitService.AddProject:input_type -> bushost.git.v1.AddProjectRequest
-	9,  // 10: bushost.git.v1.GitService.SyncProject:input_type -> bushost.git.v1.SyncProjectRequest
-	11, // 11: bushost.git.v1.GitService.RepairTask:input_type -> bushost.git.v1.RepairTaskRequest
-	12, // 12: bushost.git.v1.GitService.ArchiveTask:input_type -> bushost.git.v1.ArchiveTaskRequest
-	15, // 13: bushost.git.v1.GitService.LandTask:input_type -> bushost.git.v1.LandTaskRequest
-	17, // 14: bushost.git.v1.GitService.PublishProject:input_type -> bushost.git.v1.PublishProjectRequest
-	19, // 15: bushost.git.v1.GitService.FetchWork:input_type -> bushost.git.v1.FetchWorkRequest
-	21, // 16: bushost.git.v1.GitService.ExportProject:input_type -> bushost.git.v1.ExportProjectRequest
-	26, // 17: bushost.git.v1.GitService.CancelExport:input_type -> bushost.git.v1.CancelExportRequest
-	28, // 18: bushost.git.v1.GitService.ImportProject:input_type -> bushost.git.v1.ImportProjectRequest
-	2,  // 19: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
-	4,  // 20: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
-	6,  // 21: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
-	8,  // 22: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
-	10, // 23: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
-	14, // 24: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
-	13, // 25: bushost.git.v1.GitService.ArchiveTask:output_type -> bushost.git.v1.ArchiveTaskResponse
-	16, // 26: bushost.git.v1.GitService.LandTask:output_type -> bushost.git.v1.LandTaskResponse
-	18, // 27: bushost.git.v1.GitService.PublishProject:output_type -> bushost.git.v1.PublishProjectResponse
-	20, // 28: bushost.git.v1.GitService.FetchWork:output_type -> bushost.git.v1.FetchWorkResponse
-	22, // 29: bushost.git.v1.GitService.ExportProject:output_type -> bushost.git.v1.ExportProjectResponse
-	27, // 30: bushost.git.v1.GitService.CancelExport:output_type -> bushost.git.v1.CancelExportResponse
-	29, // 31: bushost.git.v1.GitService.ImportProject:output_type -> bushost.git.v1.ImportProjectResponse
-	19, // [19:32] is the sub-list for method output_type
-	6,  // [6:19] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	33, // 6: bushost.git.v1.OptimizeProjectResponse.repositories:type_name -> bushost.git.v1.RepositoryHousekeeping
+	0,  // 7: bushost.git.v1.GitService.PushWorking:input_type -> bushost.git.v1.PushWorkingRequest
+	3,  // 8: bushost.git.v1.GitService.FetchMain:input_type -> bushost.git.v1.FetchMainRequest
+	5,  // 9: bushost.git.v1.GitService.FetchReview:input_type -> bushost.git.v1.FetchReviewRequest
+	7,  // 10: bushost.git.v1.GitService.AddProject:input_type -> bushost.git.v1.AddProjectRequest
+	9,  // 11: bushost.git.v1.GitService.SyncProject:input_type -> bushost.git.v1.SyncProjectRequest
+	11, // 12: bushost.git.v1.GitService.RepairTask:input_type -> bushost.git.v1.RepairTaskRequest
+	12, // 13: bushost.git.v1.GitService.ArchiveTask:input_type -> bushost.git.v1.ArchiveTaskRequest
+	15, // 14: bushost.git.v1.GitService.LandTask:input_type -> bushost.git.v1.LandTaskRequest
+	17, // 15: bushost.git.v1.GitService.PublishProject:input_type -> bushost.git.v1.PublishProjectRequest
+	19, // 16: bushost.git.v1.GitService.FetchWork:input_type -> bushost.git.v1.FetchWorkRequest
+	21, // 17: bushost.git.v1.GitService.ExportProject:input_type -> bushost.git.v1.ExportProjectRequest
+	26, // 18: bushost.git.v1.GitService.CancelExport:input_type -> bushost.git.v1.CancelExportRequest
+	28, // 19: bushost.git.v1.GitService.ImportProject:input_type -> bushost.git.v1.ImportProjectRequest
+	31, // 20: bushost.git.v1.GitService.OptimizeProject:input_type -> bushost.git.v1.OptimizeProjectRequest
+	2,  // 21: bushost.git.v1.GitService.PushWorking:output_type -> bushost.git.v1.PushWorkingResponse
+	4,  // 22: bushost.git.v1.GitService.FetchMain:output_type -> bushost.git.v1.FetchMainResponse
+	6,  // 23: bushost.git.v1.GitService.FetchReview:output_type -> bushost.git.v1.FetchReviewResponse
+	8,  // 24: bushost.git.v1.GitService.AddProject:output_type -> bushost.git.v1.AddProjectResponse
+	10, // 25: bushost.git.v1.GitService.SyncProject:output_type -> bushost.git.v1.SyncProjectResponse
+	14, // 26: bushost.git.v1.GitService.RepairTask:output_type -> bushost.git.v1.RepairTaskResponse
+	13, // 27: bushost.git.v1.GitService.ArchiveTask:output_type -> bushost.git.v1.ArchiveTaskResponse
+	16, // 28: bushost.git.v1.GitService.LandTask:output_type -> bushost.git.v1.LandTaskResponse
+	18, // 29: bushost.git.v1.GitService.PublishProject:output_type -> bushost.git.v1.PublishProjectResponse
+	20, // 30: bushost.git.v1.GitService.FetchWork:output_type -> bushost.git.v1.FetchWorkResponse
+	22, // 31: bushost.git.v1.GitService.ExportProject:output_type -> bushost.git.v1.ExportProjectResponse
+	27, // 32: bushost.git.v1.GitService.CancelExport:output_type -> bushost.git.v1.CancelExportResponse
+	29, // 33: bushost.git.v1.GitService.ImportProject:output_type -> bushost.git.v1.ImportProjectResponse
+	32, // 34: bushost.git.v1.GitService.OptimizeProject:output_type -> bushost.git.v1.OptimizeProjectResponse
+	21, // [21:35] is the sub-list for method output_type
+	7,  // [7:21] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_bushost_git_v1_git_proto_init() }
@@ -2307,7 +2526,7 @@ func file_bushost_git_v1_git_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_git_v1_git_proto_rawDesc), len(file_bushost_git_v1_git_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,19 +19,20 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	GitService_PushWorking_FullMethodName    = "/bushost.git.v1.GitService/PushWorking"
-	GitService_FetchMain_FullMethodName      = "/bushost.git.v1.GitService/FetchMain"
-	GitService_FetchReview_FullMethodName    = "/bushost.git.v1.GitService/FetchReview"
-	GitService_AddProject_FullMethodName     = "/bushost.git.v1.GitService/AddProject"
-	GitService_SyncProject_FullMethodName    = "/bushost.git.v1.GitService/SyncProject"
-	GitService_RepairTask_FullMethodName     = "/bushost.git.v1.GitService/RepairTask"
-	GitService_ArchiveTask_FullMethodName    = "/bushost.git.v1.GitService/ArchiveTask"
-	GitService_LandTask_FullMethodName       = "/bushost.git.v1.GitService/LandTask"
-	GitService_PublishProject_FullMethodName = "/bushost.git.v1.GitService/PublishProject"
-	GitService_FetchWork_FullMethodName      = "/bushost.git.v1.GitService/FetchWork"
-	GitService_ExportProject_FullMethodName  = "/bushost.git.v1.GitService/ExportProject"
-	GitService_CancelExport_FullMethodName   = "/bushost.git.v1.GitService/CancelExport"
-	GitService_ImportProject_FullMethodName  = "/bushost.git.v1.GitService/ImportProject"
+	GitService_PushWorking_FullMethodName     = "/bushost.git.v1.GitService/PushWorking"
+	GitService_FetchMain_FullMethodName       = "/bushost.git.v1.GitService/FetchMain"
+	GitService_FetchReview_FullMethodName     = "/bushost.git.v1.GitService/FetchReview"
+	GitService_AddProject_FullMethodName      = "/bushost.git.v1.GitService/AddProject"
+	GitService_SyncProject_FullMethodName     = "/bushost.git.v1.GitService/SyncProject"
+	GitService_RepairTask_FullMethodName      = "/bushost.git.v1.GitService/RepairTask"
+	GitService_ArchiveTask_FullMethodName     = "/bushost.git.v1.GitService/ArchiveTask"
+	GitService_LandTask_FullMethodName        = "/bushost.git.v1.GitService/LandTask"
+	GitService_PublishProject_FullMethodName  = "/bushost.git.v1.GitService/PublishProject"
+	GitService_FetchWork_FullMethodName       = "/bushost.git.v1.GitService/FetchWork"
+	GitService_ExportProject_FullMethodName   = "/bushost.git.v1.GitService/ExportProject"
+	GitService_CancelExport_FullMethodName    = "/bushost.git.v1.GitService/CancelExport"
+	GitService_ImportProject_FullMethodName   = "/bushost.git.v1.GitService/ImportProject"
+	GitService_OptimizeProject_FullMethodName = "/bushost.git.v1.GitService/OptimizeProject"
 )
 
 // GitServiceClient is the client API for GitService service.
@@ -93,6 +94,10 @@ type GitServiceClient interface {
 	// transaction that ends the move. A stale or altered file is refused
 	// (EXPORT_STALE, EXPORT_ALTERED) and leaves nothing behind.
 	ImportProject(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ImportProjectRequest, ImportProjectResponse], error)
+	// OptimizeProject (host only) runs housekeeping now on the project's
+	// pool and on every task repository, one after another, and says what it
+	// did for each (docs/git-service.md, "Housekeeping").
+	OptimizeProject(ctx context.Context, in *OptimizeProjectRequest, opts ...grpc.CallOption) (*OptimizeProjectResponse, error)
 }
 
 type gitServiceClient struct {
@@ -275,6 +280,16 @@ func (c *gitServiceClient) ImportProject(ctx context.Context, opts ...grpc.CallO
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type GitService_ImportProjectClient = grpc.BidiStreamingClient[ImportProjectRequest, ImportProjectResponse]
 
+func (c *gitServiceClient) OptimizeProject(ctx context.Context, in *OptimizeProjectRequest, opts ...grpc.CallOption) (*OptimizeProjectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OptimizeProjectResponse)
+	err := c.cc.Invoke(ctx, GitService_OptimizeProject_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GitServiceServer is the server API for GitService service.
 // All implementations must embed UnimplementedGitServiceServer
 // for forward compatibility.
@@ -334,6 +349,10 @@ type GitServiceServer interface {
 	// transaction that ends the move. A stale or altered file is refused
 	// (EXPORT_STALE, EXPORT_ALTERED) and leaves nothing behind.
 	ImportProject(grpc.BidiStreamingServer[ImportProjectRequest, ImportProjectResponse]) error
+	// OptimizeProject (host only) runs housekeeping now on the project's
+	// pool and on every task repository, one after another, and says what it
+	// did for each (docs/git-service.md, "Housekeeping").
+	OptimizeProject(context.Context, *OptimizeProjectRequest) (*OptimizeProjectResponse, error)
 	mustEmbedUnimplementedGitServiceServer()
 }
 
@@ -382,6 +401,9 @@ func (UnimplementedGitServiceServer) CancelExport(context.Context, *CancelExport
 }
 func (UnimplementedGitServiceServer) ImportProject(grpc.BidiStreamingServer[ImportProjectRequest, ImportProjectResponse]) error {
 	return status.Error(codes.Unimplemented, "method ImportProject not implemented")
+}
+func (UnimplementedGitServiceServer) OptimizeProject(context.Context, *OptimizeProjectRequest) (*OptimizeProjectResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OptimizeProject not implemented")
 }
 func (UnimplementedGitServiceServer) mustEmbedUnimplementedGitServiceServer() {}
 func (UnimplementedGitServiceServer) testEmbeddedByValue()                    {}
@@ -588,6 +610,24 @@ func _GitService_ImportProject_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type GitService_ImportProjectServer = grpc.BidiStreamingServer[ImportProjectRequest, ImportProjectResponse]
 
+func _GitService_OptimizeProject_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OptimizeProjectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitServiceServer).OptimizeProject(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitService_OptimizeProject_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitServiceServer).OptimizeProject(ctx, req.(*OptimizeProjectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // GitService_ServiceDesc is the grpc.ServiceDesc for GitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -622,6 +662,10 @@ var GitService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelExport",
 			Handler:    _GitService_CancelExport_Handler,
+		},
+		{
+			MethodName: "OptimizeProject",
+			Handler:    _GitService_OptimizeProject_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
