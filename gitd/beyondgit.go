@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"unicode/utf8"
 
@@ -109,21 +111,7 @@ func (s *Service) startBeyondGit(r repo, objs *objectReader) func() error {
 	if err != nil {
 		return func() error { return fmt.Errorf("beyond-git walk: %w", err) }
 	}
-	// The walk asks the repository only about a tree that fails a check
-	// or a .gitmodules it names, and must see it as it was before the
-	// push: the push moves its pack in while the walk runs, so that pack
-	// is not counted. An index hasObjectIn cannot read is no answer
-	// either (go-git, the other way to ask, would count the push's pack):
-	// the object counts as the push's, and a refusal stands.
-	pushed := "pack-" + objs.name + ".idx"
-	has := func(h plumbing.Hash) bool {
-		for _, dir := range r.visible() {
-			if ok, err := hasObjectSkipping(dir, h, pushed); err != nil || ok {
-				return ok && err == nil
-			}
-		}
-		return false
-	}
+	has := objectsBefore(r.visible())
 	done := make(chan error, 1)
 	go func() {
 		defer pack.Close()
@@ -136,6 +124,34 @@ func (s *Service) startBeyondGit(r repo, objs *objectReader) func() error {
 			result, waited = <-done, true
 		}
 		return result
+	}
+}
+
+// objectsBefore answers the walk's "was this object here before the
+// push?" for the object directories dirs, as they are when it is called.
+// The walk asks only about a tree that fails a check or a .gitmodules it
+// names, and the answer must not count the push: the push moves its pack
+// in while the walk runs, and housekeeping may roll that pack into a new
+// one meanwhile. So it reads only the pack indexes there are now (before
+// the pack moves in): a pack repacked away since is no answer, nor is an
+// index it cannot read, and the object then counts as the push's, so a
+// refusal stands. Loose objects count as they are: a push's objects never
+// become loose.
+func objectsBefore(dirs []string) func(plumbing.Hash) bool {
+	before := packIndexes(dirs)
+	return func(h plumbing.Hash) bool {
+		hex := h.String()
+		for _, d := range dirs {
+			if _, err := os.Lstat(filepath.Join(d, hex[:2], hex[2:])); err == nil {
+				return true
+			}
+		}
+		for _, idx := range before {
+			if ok, err := idxHas(idx, h); err == nil && ok {
+				return true
+			}
+		}
+		return false
 	}
 }
 

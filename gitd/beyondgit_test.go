@@ -1,6 +1,9 @@
 package gitd
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -102,5 +105,60 @@ func TestBeyondGitGitmodulesRules(t *testing.T) {
 	subs, err := parseGitmodules([]byte("[submodule \"s\"]\n\tpath = \"a b\"  c  ; x\n"))
 	if err != nil || len(subs) != 1 || len(subs[0].path) != 1 || subs[0].path[0] != "a b  c" {
 		t.Fatalf("values as git reads them: %+v %v", subs, err)
+	}
+}
+
+// TestObjectsBefore: the walk's "was it here before the push" answers from
+// the packs there were when the push came. A pack moved in afterwards (the
+// push's own) is not counted, nor is one a repack made by rolling packs
+// together, which may hold the push's objects too: an object there counts
+// as new, so a refusal stands. Loose objects count as they are.
+func TestObjectsBefore(t *testing.T) {
+	repo := filepath.Join(t.TempDir(), "r.git")
+	git := func(stdin string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if err := exec.Command("git", "init", "-q", "--bare", repo).Run(); err != nil {
+		t.Fatal(err)
+	}
+	objects := filepath.Join(repo, "objects")
+	// Each object is named by a ref, so that repack packs it.
+	object := func(name, body string) string {
+		id := git(body, "hash-object", "-w", "--stdin")
+		git("", "update-ref", "refs/t/"+name, id)
+		return id
+	}
+	packed := object("packed", "packed before\n")
+	git("", "repack", "-q", "-a", "-d")
+	loose := object("loose", "loose before\n")
+	has := objectsBefore([]string{objects})
+	if !has(plumbing.NewHash(packed)) || !has(plumbing.NewHash(loose)) {
+		t.Fatal("an object there before the push is not counted")
+	}
+	// The push's pack moves in.
+	pushed := object("pushed", "the push's\n")
+	git("", "repack", "-q", "-d")
+	if _, err := os.Stat(filepath.Join(objects, pushed[:2], pushed[2:])); err == nil {
+		t.Fatal("the push's object is still loose")
+	}
+	if has(plumbing.NewHash(pushed)) {
+		t.Error("the push's own pack counts as there before")
+	}
+	// Housekeeping rolls every pack into one.
+	git("", "repack", "-q", "-a", "-d")
+	if has(plumbing.NewHash(pushed)) {
+		t.Error("the push's object counts as there before once repacked")
+	}
+	if has(plumbing.NewHash(packed)) {
+		t.Error("an object in a pack made after the push came counts as there before")
 	}
 }

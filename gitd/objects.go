@@ -188,12 +188,6 @@ func (o *objectReader) isAncestor(a, b string) (bool, error) {
 // rest of a small push's checks. An index it cannot read that way, or that
 // changes under it, is errUndecided, for the caller to ask go-git.
 func hasObjectIn(objects string, h plumbing.Hash) (bool, error) {
-	return hasObjectSkipping(objects, h, "")
-}
-
-// hasObjectSkipping is hasObjectIn, not counting the pack whose index is
-// named skip ("" counts every pack).
-func hasObjectSkipping(objects string, h plumbing.Hash, skip string) (bool, error) {
 	hex := h.String()
 	if _, err := os.Stat(filepath.Join(objects, hex[:2], hex[2:])); err == nil {
 		return true, nil
@@ -205,7 +199,7 @@ func hasObjectSkipping(objects string, h plumbing.Hash, skip string) (bool, erro
 		return false, err
 	}
 	for _, e := range ents {
-		if filepath.Ext(e.Name()) != ".idx" || e.Name() == skip {
+		if filepath.Ext(e.Name()) != ".idx" {
 			continue
 		}
 		found, err := idxHas(filepath.Join(objects, "pack", e.Name()), h)
@@ -214,6 +208,16 @@ func hasObjectSkipping(objects string, h plumbing.Hash, skip string) (bool, erro
 		}
 	}
 	return false, nil
+}
+
+// packIndexes lists the pack indexes of the object directories dirs.
+func packIndexes(dirs []string) []string {
+	var out []string
+	for _, d := range dirs {
+		m, _ := filepath.Glob(filepath.Join(d, "pack", "pack-*.idx"))
+		out = append(out, m...)
+	}
+	return out
 }
 
 // idxHas looks h up in the version-2 pack index at path.
