@@ -142,7 +142,7 @@ func TestReviewHaveBounds(t *testing.T) {
 	blob := inRepo("blob", []byte("just a blob\n"))
 	write := func(have string) (string, error) {
 		var out bytes.Buffer
-		err := e.svc.WriteReviewBundle(context.Background(), testBusiness, testProject, "t1", have, func(string) error { return nil }, &out)
+		err := e.svc.WriteReviewBundle(context.Background(), testBusiness, testProject, "t1", have, nil, func(string) error { return nil }, &out)
 		head, _, _ := strings.Cut(out.String(), "\n\n")
 		return head, err
 	}

@@ -55,10 +55,29 @@ func (s *Service) WriteMainBundle(ctx context.Context, business, project string,
 	return s.bundle(ctx, r, w, MainRef)
 }
 
+// MaxAlsoHave bounds the earlier pushes a fetch of a task's push may name
+// beside its have.
+const MaxAlsoHave = 32
+
+// alsoHaveWalk bounds the commits read to learn whether the push is in an
+// also-have's history (a have that holds it would make an empty bundle):
+// an also-have that does not settle it within the bound is not used.
+const alsoHaveWalk = 64
+
 // WriteReviewBundle writes a bundle of task's latest push (one ref,
 // refs/work/<task>) to w, thin against have (a commit the reviewer holds,
-// "" for none), calling begin with the push's commit before the first byte.
-func (s *Service) WriteReviewBundle(ctx context.Context, business, project, task, have string, begin func(commit string) error, w io.Writer) error {
+// "" for none) and against those of also (earlier pushes the client holds,
+// at most MaxAlsoHave) the task's repository holds, calling begin with the
+// push's commit before the first byte.
+func (s *Service) WriteReviewBundle(ctx context.Context, business, project, task, have string, also []string, begin func(commit string) error, w io.Writer) error {
+	if len(also) > MaxAlsoHave {
+		return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "%d also-haves; at most %d", len(also), MaxAlsoHave).With("limit", MaxAlsoHave)
+	}
+	for _, a := range also {
+		if !gitid.Valid(a) {
+			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "also-have %q is not a full object id", a)
+		}
+	}
 	ref, err := names.WorkRef(task)
 	if err != nil {
 		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
@@ -94,10 +113,41 @@ func (s *Service) WriteReviewBundle(ctx context.Context, business, project, task
 			}
 		}
 	}
+	args = append(args, s.alsoHaves(r, gg, also, commit)...)
 	if err := begin(commit); err != nil {
 		return err
 	}
 	return s.bundle(ctx, r, w, args...)
+}
+
+// alsoHaves is the "^have" arguments for those of also that the task's
+// repository (or its pool) holds as commits within the commit bound and
+// that do not hold commit (which would leave the bundle empty). Any other
+// is left out, the same way whether it names another task's commit,
+// something else, or nothing: the answer says nothing of them.
+func (s *Service) alsoHaves(r repo, gg *view, also []string, commit string) []string {
+	var args []string
+	seen := map[string]bool{commit: true}
+	for _, a := range also {
+		if seen[a] {
+			continue
+		}
+		seen[a] = true
+		h := plumbing.NewHash(a)
+		size, err := gg.EncodedObjectSize(h)
+		if err != nil || size > s.o.MaxCommitBytes || size > maxCommitBytes {
+			continue
+		}
+		if obj, err := gg.EncodedObject(plumbing.AnyObject, h); err != nil || obj.Type() != plumbing.CommitObject {
+			continue
+		}
+		o := &objectReader{repo: gg, limit: alsoHaveWalk}
+		if holds, err := o.isAncestor(commit, a); err != nil || holds {
+			continue
+		}
+		args = append(args, "^"+a)
+	}
+	return args
 }
 
 func (s *Service) bundle(ctx context.Context, r repo, w io.Writer, revs ...string) error {

@@ -82,7 +82,7 @@ func (sv *server) FetchWork(req *gitv1.FetchWorkRequest, stream grpc.ServerStrea
 	begin := func(c string) error {
 		return stream.Send(&gitv1.FetchWorkResponse{Msg: &gitv1.FetchWorkResponse_Commit{Commit: c}})
 	}
-	if err := sv.s.WriteReviewBundle(ctx, g.Business, g.Project, g.Task, req.GetHave(), begin, w); err != nil {
+	if err := sv.s.WriteReviewBundle(ctx, g.Business, g.Project, g.Task, req.GetHave(), req.GetAlsoHave(), begin, w); err != nil {
 		return toStatus(still.first(err))
 	}
 	return toStatus(still.first(w.Flush()))

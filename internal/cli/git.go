@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -422,8 +423,8 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 }
 
 func runFetchReview(fs *pflag.FlagSet) runFunc {
-	open := func(ctx context.Context, c gitv1.GitServiceClient, have string) (taskPushRecv, error) {
-		st, err := c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have})
+	open := func(ctx context.Context, c gitv1.GitServiceClient, have string, also []string) (taskPushRecv, error) {
+		st, err := c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have, AlsoHave: also})
 		if err != nil {
 			return nil, err
 		}
@@ -432,12 +433,12 @@ func runFetchReview(fs *pflag.FlagSet) runFunc {
 			return m.GetCommit(), m.GetChunk(), err
 		}, nil
 	}
-	return fetchTaskPush(fs, "review", "the reviewer's repository (made if absent)", names.ReviewRef, open)
+	return fetchTaskPush(fs, "review", "the reviewer's repository (made if absent)", "refs/review/", names.ReviewRef, open)
 }
 
 func runFetchWork(fs *pflag.FlagSet) runFunc {
-	open := func(ctx context.Context, c gitv1.GitServiceClient, have string) (taskPushRecv, error) {
-		st, err := c.FetchWork(ctx, &gitv1.FetchWorkRequest{Have: have})
+	open := func(ctx context.Context, c gitv1.GitServiceClient, have string, also []string) (taskPushRecv, error) {
+		st, err := c.FetchWork(ctx, &gitv1.FetchWorkRequest{Have: have, AlsoHave: also})
 		if err != nil {
 			return nil, err
 		}
@@ -446,18 +447,23 @@ func runFetchWork(fs *pflag.FlagSet) runFunc {
 			return m.GetCommit(), m.GetChunk(), err
 		}, nil
 	}
-	return fetchTaskPush(fs, "work", "the worker's repository (made if absent)", names.WorkRef, open)
+	return fetchTaskPush(fs, "work", "the worker's repository (made if absent)", "refs/work/", names.WorkRef, open)
 }
 
 // taskPushRecv returns the next message of a fetch of a task's push: the
 // commit (first message) or a chunk.
 type taskPushRecv func() (commit string, chunk []byte, err error)
 
+// maxAlsoHave is how many earlier pushes a fetch names beside its have:
+// the server's bound (gitd.MaxAlsoHave).
+const maxAlsoHave = 32
+
 // fetchTaskPush fetches the task's latest push, checked as the server
 // checks pushes, into DIR's ref that refOf names (refs/review/<task> for a
-// reviewer, refs/work/<task> for a worker that lost its clone).
-func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp string, refOf func(string) (string, error),
-	open func(context.Context, gitv1.GitServiceClient, string) (taskPushRecv, error)) runFunc {
+// reviewer, refs/work/<task> for a worker that lost its clone); the refs
+// under prefix are the pushes fetched before.
+func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp, prefix string, refOf func(string) (string, error),
+	open func(context.Context, gitv1.GitServiceClient, string, []string) (taskPushRecv, error)) runFunc {
 	dir := fs.String("repo", "", repoHelp)
 	return func(ctx context.Context, e *Env, args []string) error {
 		if *dir == "" {
@@ -479,12 +485,20 @@ func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp string, refOf func(string) 
 				break
 			}
 		}
+		// The pushes fetched before (of this task, or of others: the
+		// server uses those its task holds) make the bundle carry only
+		// what is new since.
+		var also []string
+		if out, err := g.Output(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "for-each-ref",
+			Flags: []string{"--count=" + strconv.Itoa(maxAlsoHave), "--sort=-committerdate", "--format=%(objectname)"}, Args: []string{prefix}}); err == nil {
+			also = strings.Fields(string(out))
+		}
 		c, ctx, closeConn, err := e.gitClient(ctx)
 		if err != nil {
 			return err
 		}
 		defer closeConn()
-		recv, err := open(ctx, c, have)
+		recv, err := open(ctx, c, have, also)
 		if err != nil {
 			return err
 		}

@@ -339,7 +339,12 @@ type FetchReviewRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A commit of main the reviewer already has, making the bundle thin
 	// against it; "" for a bundle that carries everything.
-	Have          string `protobuf:"bytes,1,opt,name=have,proto3" json:"have,omitempty"`
+	Have string `protobuf:"bytes,1,opt,name=have,proto3" json:"have,omitempty"` // Commits of earlier pushes the client holds (its refs/review/* or
+	// refs/work/*), at most 32: those in the task's repository make the
+	// bundle thinner still, so a fetch carries what is new since the last
+	// one rather than the task's whole history; the others (another task's,
+	// or none) are ignored, the same whichever they are.
+	AlsoHave      []string `protobuf:"bytes,2,rep,name=also_have,json=alsoHave,proto3" json:"also_have,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -379,6 +384,13 @@ func (x *FetchReviewRequest) GetHave() string {
 		return x.Have
 	}
 	return ""
+}
+
+func (x *FetchReviewRequest) GetAlsoHave() []string {
+	if x != nil {
+		return x.AlsoHave
+	}
+	return nil
 }
 
 type FetchReviewResponse struct {
@@ -1220,7 +1232,12 @@ type FetchWorkRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A commit of main the worker already has, making the bundle thin
 	// against it; "" for a bundle that carries everything.
-	Have          string `protobuf:"bytes,1,opt,name=have,proto3" json:"have,omitempty"`
+	Have string `protobuf:"bytes,1,opt,name=have,proto3" json:"have,omitempty"` // Commits of earlier pushes the client holds (its refs/review/* or
+	// refs/work/*), at most 32: those in the task's repository make the
+	// bundle thinner still, so a fetch carries what is new since the last
+	// one rather than the task's whole history; the others (another task's,
+	// or none) are ignored, the same whichever they are.
+	AlsoHave      []string `protobuf:"bytes,2,rep,name=also_have,json=alsoHave,proto3" json:"also_have,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1260,6 +1277,13 @@ func (x *FetchWorkRequest) GetHave() string {
 		return x.Have
 	}
 	return ""
+}
+
+func (x *FetchWorkRequest) GetAlsoHave() []string {
+	if x != nil {
+		return x.AlsoHave
+	}
+	return nil
 }
 
 type FetchWorkResponse struct {
@@ -2254,9 +2278,10 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\x11FetchMainResponse\x12\x18\n" +
 	"\x06commit\x18\x01 \x01(\tH\x00R\x06commit\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
-	"\x03msg\"(\n" +
+	"\x03msg\"E\n" +
 	"\x12FetchReviewRequest\x12\x12\n" +
-	"\x04have\x18\x01 \x01(\tR\x04have\"N\n" +
+	"\x04have\x18\x01 \x01(\tR\x04have\x12\x1b\n" +
+	"\talso_have\x18\x02 \x03(\tR\balsoHave\"N\n" +
 	"\x13FetchReviewResponse\x12\x18\n" +
 	"\x06commit\x18\x01 \x01(\tH\x00R\x06commit\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
@@ -2310,9 +2335,10 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\x16PublishProjectResponse\x12\x16\n" +
 	"\x06commit\x18\x01 \x01(\tR\x06commit\x12\x1a\n" +
 	"\bprevious\x18\x02 \x01(\tR\bprevious\x12\x16\n" +
-	"\x06branch\x18\x03 \x01(\tR\x06branch\"&\n" +
+	"\x06branch\x18\x03 \x01(\tR\x06branch\"C\n" +
 	"\x10FetchWorkRequest\x12\x12\n" +
-	"\x04have\x18\x01 \x01(\tR\x04have\"L\n" +
+	"\x04have\x18\x01 \x01(\tR\x04have\x12\x1b\n" +
+	"\talso_have\x18\x02 \x03(\tR\balsoHave\"L\n" +
 	"\x11FetchWorkResponse\x12\x18\n" +
 	"\x06commit\x18\x01 \x01(\tH\x00R\x06commit\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
