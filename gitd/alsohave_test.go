@@ -3,6 +3,8 @@ package gitd
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -69,5 +71,47 @@ func TestReviewBundleAlsoHave(t *testing.T) {
 	}
 	if _, _, err := fetch("HEAD"); errdefs.FromGRPC(err).Reason != errdefs.ObjectIDInvalid {
 		t.Errorf("an also-have that is not an object id: %v", err)
+	}
+}
+
+// TestMainBundleHave: fetch-main's have. The same as main: the commit and
+// no bundle. An older main: a bundle of what main gained since. Unknown
+// here: the whole bundle, as without a have.
+func TestMainBundleHave(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	fetch := func(have string) (string, []string) {
+		t.Helper()
+		var out bytes.Buffer
+		commit := ""
+		if err := e.svc.WriteMainBundle(ctx, testBusiness, testProject, have, func(c string) error { commit = c; return nil }, &out); err != nil {
+			t.Fatal(err)
+		}
+		if out.Len() == 0 {
+			return commit, nil
+		}
+		h, err := bundle.ReadHeader(bufioReader(out.Bytes()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return commit, append([]string{"bundle"}, h.Prerequisites...)
+	}
+	old := e.main
+	if c, b := fetch(old); c != old || b != nil {
+		t.Fatalf("have = main: commit %s, bundle %v; want %s and no bundle", c, b, old)
+	}
+	os.WriteFile(filepath.Join(e.root, "more.txt"), []byte("more\n"), 0o644)
+	e.commitAll(e.root, "more")
+	newMain, _, err := e.svc.SyncProject(ctx, testBusiness, testProject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, b := fetch(old); c != newMain || !slices.Equal(b, []string{"bundle", old}) {
+		t.Errorf("have = the older main: commit %s, bundle %v; want %s, a bundle needing %s", c, b, newMain, old)
+	}
+	for _, have := range []string{"", "1111111111111111111111111111111111111111", "not an id"} {
+		if c, b := fetch(have); c != newMain || !slices.Equal(b, []string{"bundle"}) {
+			t.Errorf("have %q: commit %s, bundle %v; want the whole bundle", have, c, b)
+		}
 	}
 }

@@ -40,19 +40,33 @@ func (s *Service) refToSend(r repo, ref string, reason errdefs.Reason, missing s
 // WriteMainBundle writes a bundle of business/project's main (one ref,
 // refs/heads/main, full history) to w, calling begin with main's commit
 // before the first byte.
-func (s *Service) WriteMainBundle(ctx context.Context, business, project string, begin func(commit string) error, w io.Writer) error {
+func (s *Service) WriteMainBundle(ctx context.Context, business, project, have string, begin func(commit string) error, w io.Writer) error {
 	r, err := s.project(business, project)
 	if err != nil {
 		return err
 	}
-	_, commit, err := s.refToSend(r, MainRef, errdefs.MainNotFound, "has no main")
+	gg, commit, err := s.refToSend(r, MainRef, errdefs.MainNotFound, "has no main")
 	if err != nil {
 		return err
 	}
 	if err := begin(commit); err != nil {
 		return err
 	}
-	return s.bundle(ctx, r, w, MainRef)
+	if have == commit {
+		return nil // the client has main: the commit says so, no bundle
+	}
+	args := []string{MainRef}
+	if have != "" && gitid.Valid(have) {
+		// An older main of the client's: only what main gained since.
+		// Anything else is sent whole, without a word about why.
+		if a := s.alsoHaves(r, gg, []string{have}, commit); len(a) == 1 {
+			o := &objectReader{repo: gg, limit: alsoHaveWalk}
+			if ok, err := o.isAncestor(have, commit); err == nil && ok {
+				args = append(args, a...)
+			}
+		}
+	}
+	return s.bundle(ctx, r, w, args...)
 }
 
 // MaxAlsoHave bounds the earlier pushes a fetch of a task's push may name

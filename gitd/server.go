@@ -93,7 +93,7 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	return toStatus(stream.SendAndClose(&gitv1.PushWorkingResponse{Commit: res.Commit, Previous: res.Previous, Ref: res.Ref}))
 }
 
-func (sv *server) FetchMain(_ *gitv1.FetchMainRequest, stream grpc.ServerStreamingServer[gitv1.FetchMainResponse]) error {
+func (sv *server) FetchMain(req *gitv1.FetchMainRequest, stream grpc.ServerStreamingServer[gitv1.FetchMainResponse]) error {
 	ctx := stream.Context()
 	g, err := sv.authorize(ctx, authz.CapPushWorking, authz.CapReviewVerdict)
 	if err != nil {
@@ -109,7 +109,7 @@ func (sv *server) FetchMain(_ *gitv1.FetchMainRequest, stream grpc.ServerStreami
 	begin := func(c string) error {
 		return stream.Send(&gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Commit{Commit: c}})
 	}
-	if err := sv.s.WriteMainBundle(ctx, g.Business, g.Project, begin, w); err != nil {
+	if err := sv.s.WriteMainBundle(ctx, g.Business, g.Project, req.GetHave(), begin, w); err != nil {
 		return toStatus(still.first(err))
 	}
 	return toStatus(still.first(w.Flush()))

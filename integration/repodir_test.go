@@ -97,3 +97,81 @@ func runAs1(t *testing.T, h *Host, tok string, args ...string) string {
 	out, _ := runAs(t, h, tok, 0, args...)
 	return strings.TrimSpace(out)
 }
+
+// fetch-main names the main it has: fetched again unchanged, nothing is
+// sent and the repository gains no pack; after main moves, only what it
+// gained comes; a repository whose refs/remotes/bushost/main names a
+// commit it lacks is told how to recover.
+func TestFetchMainSendsWhatIsNew(t *testing.T) {
+	h := startHost(t)
+	root := h.AddProject(t, "acme", "web")
+	tok := h.Grant(t, "acme", "web", "t1", "coder", "git.push.working")
+	work := filepath.Join(filepath.Dir(h.Home), "work")
+	packs := func() int {
+		m, _ := filepath.Glob(filepath.Join(work, ".git", "objects", "pack", "*.pack"))
+		return len(m)
+	}
+	first := runAs1(t, h, tok, "fetch-main", "--repo", work)
+	n := packs()
+	if again := runAs1(t, h, tok, "fetch-main", "--repo", work); again != first || packs() != n {
+		t.Fatalf("fetch-main again: %s and %d packs, want %s and %d", again, packs(), first, n)
+	}
+	os.WriteFile(filepath.Join(root, "more.txt"), []byte("more\n"), 0o644)
+	testGit(t, root, "add", "more.txt")
+	testGit(t, root, "commit", "-q", "-m", "more")
+	h.Must(t, "project", "sync", "--business", "acme", "--project", "web")
+	next := runAs1(t, h, tok, "fetch-main", "--repo", work)
+	if next == first || packs() != n+1 {
+		t.Fatalf("after main moved: %s and %d packs, want a new main and %d", next, packs(), n+1)
+	}
+	if got := testGit(t, work, "rev-list", "--count", first+".."+next); got != "1" {
+		t.Fatalf("main gained %s commits, want 1", got)
+	}
+	testGit(t, work, "fsck", "--strict", "--no-dangling")
+
+	// A ref naming a commit the repository lacks.
+	other := filepath.Join(filepath.Dir(h.Home), "other")
+	testGit(t, filepath.Dir(other), "init", "-q", "-b", "main", other)
+	// git's update-ref would refuse it: the ref's file, as a crash or a
+	// hand could leave it.
+	refFile := filepath.Join(other, ".git", "refs", "remotes", "bushost", "main")
+	os.MkdirAll(filepath.Dir(refFile), 0o755)
+	if err := os.WriteFile(refFile, []byte(next+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := h.Run(t, nil, "--token-file", tok, "fetch-main", "--repo", other)
+	if code == 0 || !strings.Contains(errs, "remove that ref") {
+		t.Fatalf("a base the repository lacks: exit %d: %s", code, errs)
+	}
+}
+
+// A client repository that has gathered clientPackLimit packs (a fetch
+// adds one each time) has its small packs rolled together by the next
+// fetch, and stays whole.
+func TestFetchTidiesClientPacks(t *testing.T) {
+	h := startHost(t)
+	h.AddProject(t, "acme", "web")
+	tok := h.Grant(t, "acme", "web", "t1", "coder", "git.push.working")
+	work := filepath.Join(filepath.Dir(h.Home), "work")
+	testGit(t, filepath.Dir(work), "init", "-q", "-b", "mine", work)
+	for i := 0; i < 20; i++ {
+		os.WriteFile(filepath.Join(work, "f.txt"), []byte(strings.Repeat("x", i)+"\n"), 0o644)
+		testGit(t, work, "add", "f.txt")
+		testGit(t, work, "commit", "-q", "-m", "c")
+		testGit(t, work, "repack", "-q")
+	}
+	packs := func() int {
+		m, _ := filepath.Glob(filepath.Join(work, ".git", "objects", "pack", "*.pack"))
+		return len(m)
+	}
+	if n := packs(); n < 20 {
+		t.Fatalf("set-up made %d packs, want 20", n)
+	}
+	runAs1(t, h, tok, "fetch-main", "--repo", work)
+	if n := packs(); n >= 16 {
+		t.Fatalf("%d packs after the fetch, want fewer than 16", n)
+	}
+	testGit(t, work, "fsck", "--strict", "--no-dangling")
+	testGit(t, work, "rev-parse", "--verify", "mine")
+	testGit(t, work, "rev-parse", "--verify", "refs/remotes/bushost/main")
+}

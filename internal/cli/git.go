@@ -313,6 +313,40 @@ type gitRepo struct {
 	created              bool
 }
 
+// baseOf is the commit refs/remotes/bushost/main names in the repository
+// dir itself (its top or, bare, its git directory; never a repository
+// above it), "" when it has none or cannot say.
+func baseOf(dir string) string {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return ""
+	}
+	w := openWorkRepo(abs)
+	if w == nil || w.top != abs && w.gitDir != abs {
+		return ""
+	}
+	return w.commit(gitBaseRef)
+}
+
+// clientPackLimit is how many packs the client's repository may hold
+// before a fetch rolls the small ones together. Each fetch adds a pack, and
+// every git command reads each pack's index, so without it a reviewer's
+// thousandth fetch would be slower than its tenth (git fetch runs `git
+// maintenance run --auto` after each fetch for the same reason).
+const clientPackLimit = 16
+
+// tidy rolls r's small packs together (a geometric repack of the
+// repository's own objects) once it holds clientPackLimit packs. It is
+// best effort: the fetch is done and its ref moved, so a failure here
+// costs only speed, and the next fetch tries again.
+func (r *gitRepo) tidy(ctx context.Context, g *gitcmd.Runner) {
+	packs, err := filepath.Glob(filepath.Join(r.objects, "pack", "pack-*.pack"))
+	if err != nil || len(packs) < clientPackLimit {
+		return
+	}
+	g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "repack", Flags: []string{"-d", "-q", "-l", "--geometric=2"}})
+}
+
 // receive reads a bundle from body and brings its objects into r the
 // checked way. It returns the bundle's one ref; the caller moves refs.
 func (r *gitRepo) receive(ctx context.Context, g *gitcmd.Runner, body io.Reader) (bundle.Ref, error) {
@@ -381,7 +415,10 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		defer closeConn()
-		stream, err := c.FetchMain(ctx, &gitv1.FetchMainRequest{})
+		// main as this repository last fetched it: the server then sends
+		// only what main gained since, or nothing.
+		have := baseOf(*dir)
+		stream, err := c.FetchMain(ctx, &gitv1.FetchMainRequest{Have: have})
 		if err != nil {
 			return err
 		}
@@ -399,18 +436,30 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
-			m, err := stream.Recv()
-			return m.GetChunk(), err
-		}})
-		if err != nil {
-			if r.created {
-				os.RemoveAll(*dir)
+		if have != "" && commit == have {
+			// No bundle follows: the stream ends (or says why not).
+			if m, err := stream.Recv(); err == nil {
+				return fmt.Errorf("the bus host sent %d bytes for a main this repository has", len(m.GetChunk()))
+			} else if !errors.Is(err, io.EOF) {
+				return err
 			}
-			return fmt.Errorf("fetch main: %w", err)
-		}
-		if ref.Commit != commit {
-			return fmt.Errorf("main moved while it was fetched (%s, then %s); run fetch-main again", commit, ref.Commit)
+			if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{commit + "^{commit}"}}); err != nil {
+				return fmt.Errorf("%s names %s, which %s lacks: remove that ref and run fetch-main again", gitBaseRef, commit, *dir)
+			}
+		} else {
+			ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
+				m, err := stream.Recv()
+				return m.GetChunk(), err
+			}})
+			if err != nil {
+				if r.created {
+					os.RemoveAll(*dir)
+				}
+				return fmt.Errorf("fetch main: %w", err)
+			}
+			if ref.Commit != commit {
+				return fmt.Errorf("main moved while it was fetched (%s, then %s); run fetch-main again", commit, ref.Commit)
+			}
 		}
 		if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{gitBaseRef, commit}}); err != nil {
 			return err
@@ -418,6 +467,7 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 		if err := r.setMain(ctx, g, commit, e.Stderr); err != nil {
 			return err
 		}
+		r.tidy(ctx, g)
 		return gitPrint(e, commit, map[string]any{"commit": commit, "repo": *dir})
 	}
 }
@@ -527,6 +577,7 @@ func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp, prefix string, refOf func(
 		if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{reviewRef, commit}}); err != nil {
 			return err
 		}
+		r.tidy(ctx, g)
 		return gitPrint(e, commit, map[string]any{"commit": commit, "ref": reviewRef, "task": task})
 	}
 }

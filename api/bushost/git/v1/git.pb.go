@@ -216,7 +216,12 @@ func (x *PushWorkingResponse) GetRef() string {
 }
 
 type FetchMainRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// main's commit as the client last fetched it ("" for none). The same
+	// as main now: the server sends the commit and no bundle. An ancestor
+	// of main: a bundle of what main gained since. Anything else (unknown
+	// here, not a commit, not main's): the whole bundle, as without it.
+	Have          string `protobuf:"bytes,1,opt,name=have,proto3" json:"have,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -249,6 +254,13 @@ func (x *FetchMainRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use FetchMainRequest.ProtoReflect.Descriptor instead.
 func (*FetchMainRequest) Descriptor() ([]byte, []int) {
 	return file_bushost_git_v1_git_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *FetchMainRequest) GetHave() string {
+	if x != nil {
+		return x.Have
+	}
+	return ""
 }
 
 type FetchMainResponse struct {
@@ -2273,8 +2285,9 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\x13PushWorkingResponse\x12\x16\n" +
 	"\x06commit\x18\x01 \x01(\tR\x06commit\x12\x1a\n" +
 	"\bprevious\x18\x02 \x01(\tR\bprevious\x12\x10\n" +
-	"\x03ref\x18\x03 \x01(\tR\x03ref\"\x12\n" +
-	"\x10FetchMainRequest\"L\n" +
+	"\x03ref\x18\x03 \x01(\tR\x03ref\"&\n" +
+	"\x10FetchMainRequest\x12\x12\n" +
+	"\x04have\x18\x01 \x01(\tR\x04have\"L\n" +
 	"\x11FetchMainResponse\x12\x18\n" +
 	"\x06commit\x18\x01 \x01(\tH\x00R\x06commit\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
