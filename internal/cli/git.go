@@ -436,18 +436,32 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		// With main unchanged, a bus host that knows the have sends no
+		// bundle; one from before it sends main whole, as always.
+		var pending []byte
+		bundled := true
 		if have != "" && commit == have {
-			// No bundle follows: the stream ends (or says why not).
-			if m, err := stream.Recv(); err == nil {
-				return fmt.Errorf("the bus host sent %d bytes for a main this repository has", len(m.GetChunk()))
-			} else if !errors.Is(err, io.EOF) {
+			m, err := stream.Recv()
+			switch {
+			case errors.Is(err, io.EOF):
+				bundled = false
+			case err != nil:
 				return err
+			default:
+				pending = m.GetChunk()
 			}
+		}
+		if !bundled {
 			if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{commit + "^{commit}"}}); err != nil {
 				return fmt.Errorf("%s names %s, which %s lacks: remove that ref and run fetch-main again", gitBaseRef, commit, *dir)
 			}
 		} else {
 			ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
+				if pending != nil {
+					b := pending
+					pending = nil
+					return b, nil
+				}
 				m, err := stream.Recv()
 				return m.GetChunk(), err
 			}})
