@@ -186,7 +186,9 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 	mv.Synced()
-	if err := walked(); err != nil {
+	// refused undoes a push refused after its pack moved in (by the walk
+	// or the broker): the prepared move, the pack, a repository it made.
+	refused := func(err error) (PushResult, error) {
 		mv.Abort()
 		if rerr := q.Rollback(); rerr != nil {
 			s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
@@ -195,16 +197,13 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		}
 		return PushResult{}, err
 	}
+	if err := walked(); err != nil {
+		return refused(err)
+	}
 	p := authz.Push{Business: g.Business, Project: g.Project, Task: g.Task, Commit: commit, Previous: cur, Ref: ref}
 	if err := s.o.Authority.RecordPush(cctx, g, p, peer); err != nil {
 		if errdefs.FromGRPC(err).Reason != errdefs.CommitUnknown {
-			mv.Abort()
-			if rerr := q.Rollback(); rerr != nil {
-				s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
-			} else if made {
-				s.dropNew(r)
-			}
-			return PushResult{}, err
+			return refused(err)
 		}
 		if err := s.settleUnclear(cctx, r, q, g, commit, err); err != nil {
 			mv.Abort()
