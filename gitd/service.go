@@ -158,6 +158,9 @@ func New(o Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gitd: %w", err)
 	}
+	// A git of ours must not outlive a killed daemon: a repack or ref
+	// move left running would race the restarted daemon's Reconcile.
+	g = g.WithParentDeath()
 	s := &Service{o: o, git: g, log: slog.Default().With("service", "gitd"), locks: map[string]*semaphore.Weighted{},
 		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}}
 	s.hk = newHousekeeper(s, o.Housekeeping)

@@ -117,6 +117,9 @@ type Runner struct {
 	home    string
 	path    string
 	timeout time.Duration
+	// dieWithParent: each git process gets SIGKILL when the thread that
+	// started it ends (WithParentDeath).
+	dieWithParent bool
 }
 
 // New returns a Runner whose processes see home as HOME. home should be a
@@ -143,6 +146,22 @@ func New(home string) (*Runner, error) {
 func (r *Runner) WithTimeout(d time.Duration) *Runner {
 	c := *r
 	c.timeout = d
+	return &c
+}
+
+// WithParentDeath returns a Runner whose git processes are killed when the
+// process that started them dies (PR_SET_PDEATHSIG), so that a SIGKILLed
+// daemon leaves no repack or ref move of its own running beside the one
+// restarted after it (which would remove the survivor's locks as stale).
+//
+// The kernel ties that signal to the *thread* that started git: use it
+// only in a process where no goroutine ends while locked to its thread
+// (runtime.LockOSThread), since Go retires such a thread and would take
+// any git it started with it. bushostd locks no thread; the supervisor and
+// the sandbox do, and do not use this.
+func (r *Runner) WithParentDeath() *Runner {
+	c := *r
+	c.dieWithParent = true
 	return &c
 }
 
@@ -307,6 +326,9 @@ func (r *Runner) Run(ctx context.Context, c Cmd) error {
 	// git starts helpers of its own (index-pack under fetch, pack-objects
 	// under bundle): a process group lets a cancel take them all.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if r.dieWithParent {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {

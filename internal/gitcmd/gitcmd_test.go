@@ -2,9 +2,12 @@ package gitcmd
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -181,5 +184,113 @@ func TestStderrBounded(t *testing.T) {
 	b.Write([]byte("more"))
 	if got := b.String(); !strings.HasPrefix(got, "0123456789\n") || !strings.Contains(got, "truncated") {
 		t.Fatalf("got %q", got)
+	}
+}
+
+// TestParentDeathKillsGit: a git started by a WithParentDeath runner dies
+// with the process that started it, and one started without it lives on
+// (so the test would see the difference).
+func TestParentDeathKillsGit(t *testing.T) {
+	if os.Getenv("GITCMD_TEST_PARENT") != "" {
+		parentDeathChild()
+		return
+	}
+	for _, tc := range []struct {
+		mode      string
+		wantAlive bool
+	}{{"die", false}, {"live", true}} {
+		t.Run(tc.mode, func(t *testing.T) {
+			home := t.TempDir()
+			// git reads a FIFO this test holds open for writing, so git
+			// waits on it whether or not its parent lives.
+			fifo := filepath.Join(home, "stdin")
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			hold, err := os.OpenFile(fifo, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hold.Close()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestParentDeathKillsGit$")
+			cmd.Env = append(os.Environ(), "GITCMD_TEST_PARENT="+tc.mode, "GITCMD_TEST_HOME="+home)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// The child prints git's pid once git runs.
+			var gitPid int
+			if _, err := fmt.Fscan(out, &gitPid); err != nil {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("no pid from the child: %v", err)
+			}
+			cmd.Process.Kill()
+			cmd.Wait()
+			defer syscall.Kill(-gitPid, syscall.SIGKILL)
+			gone := func() bool {
+				b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", gitPid))
+				// Dead, or a zombie waiting for init to reap it.
+				return err != nil || strings.Contains(string(b), ") Z ")
+			}
+			if tc.wantAlive {
+				if gone() {
+					t.Fatalf("git %d died without the option: the test shows nothing", gitPid)
+				}
+				return
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for !gone() {
+				if time.Now().After(deadline) {
+					t.Fatalf("git %d outlived its killed parent", gitPid)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// parentDeathChild starts git hash-object --stdin on the test's FIFO
+// through a Runner (with WithParentDeath when asked), prints git's pid and
+// waits to be killed.
+func parentDeathChild() {
+	r, err := New(os.Getenv("GITCMD_TEST_HOME"))
+	if err != nil {
+		os.Exit(3)
+	}
+	if os.Getenv("GITCMD_TEST_PARENT") == "die" {
+		r = r.WithParentDeath()
+	}
+	in, err := os.Open(filepath.Join(os.Getenv("GITCMD_TEST_HOME"), "stdin"))
+	if err != nil {
+		os.Exit(3)
+	}
+	go r.Run(context.Background(), Cmd{Dir: os.TempDir(), Sub: "hash-object", Flags: []string{"--stdin"}, Stdin: in})
+	self := os.Getpid()
+	for {
+		// git is the one child of this process.
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+			if err != nil {
+				continue
+			}
+			s := string(b)
+			i := strings.LastIndexByte(s, ')')
+			if i < 0 || !strings.Contains(s[:i], "(git") {
+				continue
+			}
+			var state string
+			var ppid int
+			fmt.Sscan(s[i+1:], &state, &ppid)
+			if ppid == self {
+				fmt.Println(e.Name())
+				select {}
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
