@@ -3,6 +3,7 @@ package gitd
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -112,6 +113,39 @@ func TestMainBundleHave(t *testing.T) {
 	for _, have := range []string{"", "1111111111111111111111111111111111111111", "not an id"} {
 		if c, b := fetch(have); c != newMain || !slices.Equal(b, []string{"bundle"}) {
 			t.Errorf("have %q: commit %s, bundle %v; want the whole bundle", have, c, b)
+		}
+	}
+}
+
+// TestAlsoHavePastTheWalk: a task whose history is longer than the walk's
+// bound still gets a thin bundle against its earlier push. The walk used to
+// start from the also-have, down the task's whole history, and gave up on
+// any history over alsoHaveWalk commits: every fetch then sent it all.
+func TestAlsoHavePastTheWalk(t *testing.T) {
+	e := newEnv(t)
+	var last string
+	for i := 0; i <= alsoHaveWalk+5; i++ {
+		last = e.commitFile("a.txt", fmt.Sprintf("change %d\n", i))
+	}
+	if _, err := e.push("t1", e.bundle("work", "^"+e.main)); err != nil {
+		t.Fatal(err)
+	}
+	e.commitFile("a.txt", "one more\n")
+	if _, err := e.push("t1", e.bundle("work", "^"+last)); err != nil {
+		t.Fatal(err)
+	}
+	for _, have := range []string{"", e.main} {
+		var out bytes.Buffer
+		err := e.svc.WriteReviewBundle(context.Background(), testBusiness, testProject, "t1", have, []string{last}, func(string) error { return nil }, &out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := bundle.ReadHeader(bufioReader(out.Bytes()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(h.Prerequisites, last) {
+			t.Fatalf("have %q, also-have the earlier push: prerequisites %v, want %s among them", have, h.Prerequisites, last)
 		}
 	}
 }

@@ -155,13 +155,30 @@ func (s *Service) alsoHaves(r repo, gg *view, also []string, commit string) []st
 		if obj, err := gg.EncodedObject(plumbing.AnyObject, h); err != nil || obj.Type() != plumbing.CommitObject {
 			continue
 		}
-		o := &objectReader{repo: gg, limit: alsoHaveWalk}
-		if holds, err := o.isAncestor(commit, a); err != nil || holds {
+		if holds, err := heldBy(gg, commit, a, alsoHaveWalk); err != nil || holds {
 			continue
 		}
 		args = append(args, "^"+a)
 	}
 	return args
+}
+
+// heldBy reports whether commit is in a's history, reading at most limit
+// commits for each of its two questions. It asks the cheap one first: the
+// usual a, an earlier push or main, is in commit's history, which a walk
+// down from commit settles in as many steps as commits since a; a commit in
+// commit's history other than commit cannot hold it. Only when that fails
+// does it walk down from a, whose history (main's, or a push's whole task)
+// may be long: asked first, that walk ran into the bound on every history
+// longer than it, and the fetch then sent the task's whole history.
+func heldBy(gg *view, commit, a string, limit int) (bool, error) {
+	if a == commit {
+		return true, nil
+	}
+	if below, err := (&objectReader{repo: gg, limit: limit}).isAncestor(a, commit); err == nil && below {
+		return false, nil
+	}
+	return (&objectReader{repo: gg, limit: limit}).isAncestor(commit, a)
 }
 
 func (s *Service) bundle(ctx context.Context, r repo, w io.Writer, revs ...string) error {
@@ -205,8 +222,7 @@ func (s *Service) haveFits(ctx context.Context, r repo, gg *view, have string) (
 // bounded walk in process (objectReader reads no commit over its bound),
 // else git.
 func (s *Service) contains(ctx context.Context, r repo, gg *view, have, commit string) (bool, error) {
-	o := &objectReader{repo: gg, limit: walkLimit}
-	ok, err := o.isAncestor(commit, have)
+	ok, err := heldBy(gg, commit, have, walkLimit)
 	if err == nil {
 		return ok, nil
 	}
