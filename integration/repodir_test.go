@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,8 +55,9 @@ func TestFetchMainWritesOnlyWhereTold(t *testing.T) {
 	}
 }
 
-// A worker's main that has diverged from the bus host's is left as it is,
-// with a message saying how to rebase; refs/remotes/bushost/main always
+// A worker's main ahead of the bus host's is left as it is, silently; one
+// that has diverged from it is left as it is, with a message saying how to
+// rebase; refs/remotes/bushost/main always
 // follows the bus host.
 func TestFetchMainLeavesDivergedMain(t *testing.T) {
 	h := startHost(t)
@@ -68,13 +70,20 @@ func TestFetchMainLeavesDivergedMain(t *testing.T) {
 	testGit(t, work, "commit", "-q", "-m", "local work on main")
 	local := testGit(t, work, "rev-parse", "HEAD")
 
+	// Ahead of the bus host's main, with main unchanged there: nothing to
+	// do, and nothing to say.
+	out, errs := runAs(t, h, tok, 0, "fetch-main", "--repo", work)
+	if got := testGit(t, work, "rev-parse", "refs/heads/main"); got != local || errs != "" {
+		t.Fatalf("a main ahead of the bus host's: main %s (want %s), stderr %q", got, local, errs)
+	}
+
 	os.WriteFile(filepath.Join(root, "host.txt"), []byte("host\n"), 0o644)
 	testGit(t, root, "add", "host.txt")
 	testGit(t, root, "commit", "-q", "-m", "host moves main")
 	h.Must(t, "project", "sync", "--business", "acme", "--project", "web")
 	hostMain := testGit(t, root, "rev-parse", "HEAD")
 
-	out, errs := runAs(t, h, tok, 0, "fetch-main", "--repo", work)
+	out, errs = runAs(t, h, tok, 0, "fetch-main", "--repo", work)
 	if strings.TrimSpace(out) != hostMain {
 		t.Fatalf("fetch-main printed %q, want %s", out, hostMain)
 	}
@@ -174,4 +183,46 @@ func TestFetchTidiesClientPacks(t *testing.T) {
 	testGit(t, work, "fsck", "--strict", "--no-dangling")
 	testGit(t, work, "rev-parse", "--verify", "mine")
 	testGit(t, work, "rev-parse", "--verify", "refs/remotes/bushost/main")
+}
+
+// TestFetchPacksLooseCommits: a worker's own commits are loose objects,
+// and fetch-main, which asks where the worker's main stands against the
+// bus host's, would read each one: once there are about 256, the fetch
+// packs them and writes the commit-graph, and the worker's history stays
+// whole.
+func TestFetchPacksLooseCommits(t *testing.T) {
+	h := startHost(t)
+	h.AddProject(t, "acme", "web")
+	tok := h.Grant(t, "acme", "web", "t1", "coder", "git.push.working")
+	work := filepath.Join(filepath.Dir(h.Home), "work")
+	runAs1(t, h, tok, "fetch-main", "--repo", work)
+	// Many loose objects, fast: one commit of 400 new files.
+	for i := 0; i < 400; i++ {
+		os.WriteFile(filepath.Join(work, fmt.Sprintf("f%03d.txt", i)), []byte(fmt.Sprintf("file %d\n", i)), 0o644)
+	}
+	testGit(t, work, "add", ".")
+	testGit(t, work, "commit", "-q", "-m", "many files")
+	head := testGit(t, work, "rev-parse", "HEAD")
+	loose := func() int {
+		m, _ := filepath.Glob(filepath.Join(work, ".git", "objects", "[0-9a-f][0-9a-f]", "*"))
+		return len(m)
+	}
+	if n := loose(); n < 400 {
+		t.Fatalf("set-up made %d loose objects, want 400 or more", n)
+	}
+	_, errs := runAs(t, h, tok, 0, "fetch-main", "--repo", work)
+	if n := loose(); n != 0 {
+		t.Fatalf("%d loose objects after the fetch, want none", n)
+	}
+	if _, err := os.Stat(filepath.Join(work, ".git", "objects", "info", "commit-graphs", "commit-graph-chain")); err != nil {
+		t.Fatalf("no commit-graph after the fetch: %v", err)
+	}
+	if errs != "" {
+		t.Fatalf("fetch-main of a main ahead said %q", errs)
+	}
+	testGit(t, work, "fsck", "--strict", "--no-dangling")
+	testGit(t, work, "commit-graph", "verify")
+	if got := testGit(t, work, "rev-parse", "refs/heads/main"); got != head {
+		t.Fatalf("main %s, want %s", got, head)
+	}
 }

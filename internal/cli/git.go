@@ -335,16 +335,50 @@ func baseOf(dir string) string {
 // maintenance run --auto` after each fetch for the same reason).
 const clientPackLimit = 16
 
-// tidy rolls r's small packs together (a geometric repack of the
-// repository's own objects) once it holds clientPackLimit packs. It is
-// best effort: the fetch is done and its ref moved, so a failure here
-// costs only speed, and the next fetch tries again.
+// clientLooseLimit is about how many loose objects (a worker's own commits
+// make three each) the client's repository may hold before a fetch packs
+// them and brings its commit-graph up to date. Without the graph, fetch-main
+// asking where the worker's main stands against the bus host's reads every
+// commit the worker made since main, each a loose object to inflate: 12 ms
+// at 600 commits.
+const clientLooseLimit = 256
+
+// tidy keeps r cheap to read as fetches add to it, as `git gc --auto` does
+// with lower limits: once it holds clientPackLimit packs or about
+// clientLooseLimit loose objects, it rolls the small packs and the loose
+// objects together (a geometric repack of the repository's own objects)
+// and writes the new commits into the commit-graph (a split graph: only
+// the commits since the last write, merged into older layers as git
+// decides). It is best effort: the fetch is done and its ref moved, so a
+// failure here costs only speed, and the next fetch tries again.
 func (r *gitRepo) tidy(ctx context.Context, g *gitcmd.Runner) {
 	packs, err := filepath.Glob(filepath.Join(r.objects, "pack", "pack-*.pack"))
-	if err != nil || len(packs) < clientPackLimit {
+	if err != nil || len(packs) < clientPackLimit && looseEstimate(r.objects) < clientLooseLimit {
 		return
 	}
-	g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "repack", Flags: []string{"-d", "-q", "-l", "--geometric=2"}})
+	if g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "repack", Flags: []string{"-d", "-q", "-l", "--geometric=2"}}) != nil {
+		return
+	}
+	g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "commit-graph", Flags: []string{"write", "--reachable", "--split", "--no-progress"}})
+}
+
+// looseEstimate is about how many loose objects objects holds, from the 16
+// fan-out directories 00 to 0f (a sixteenth of them, object names being
+// uniform), the way git gc --auto samples one.
+func looseEstimate(objects string) int {
+	n := 0
+	for i := 0; i < 16; i++ {
+		des, err := os.ReadDir(filepath.Join(objects, fmt.Sprintf("%02x", i)))
+		if err != nil {
+			continue
+		}
+		for _, de := range des {
+			if len(de.Name()) == 38 {
+				n++
+			}
+		}
+	}
+	return n * 16
 }
 
 // receive reads a bundle from body and brings its objects into r the

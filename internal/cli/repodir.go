@@ -92,8 +92,9 @@ func atTop(ctx context.Context, g *gitcmd.Runner, dir, abs string) error {
 // setMain makes refs/heads/main follow commit (the bus host's main, already
 // in refs/remotes/bushost/main) only as a fast-forward: a new or unborn main
 // is set, a main behind commit moves (a checked-out one by reset --keep,
-// which keeps local changes), and a main that has diverged (a worker's
-// commits not on the bus host, or its work landed as a merge) is left as it
+// which keeps local changes), a main ahead of it (the worker's own commits
+// on top) is left as it is, and a main that has diverged (a worker's
+// commits on an older main, or its work landed as a merge) is left as it
 // is, with a message on warn saying how to rebase.
 func (r *gitRepo) setMain(ctx context.Context, g *gitcmd.Runner, commit string, warn io.Writer) error {
 	old, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{"refs/heads/main"}})
@@ -104,7 +105,17 @@ func (r *gitRepo) setMain(ctx context.Context, g *gitcmd.Runner, commit string, 
 		return nil
 	}
 	if old != "" {
-		if err := g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{old, commit}}); err != nil {
+		// One merge-base says which of the three it is. It reads the
+		// commits between the two, from the commit-graph tidy keeps.
+		base, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "merge-base", Args: []string{old, commit}})
+		if err != nil && gitcmd.ExitCode(err) != 1 {
+			return err
+		}
+		switch base {
+		case old: // behind: a fast-forward, below
+		case commit: // ahead: the worker's commits on the bus host's main
+			return nil
+		default:
 			fmt.Fprintf(warn, "bushost: %s's main (%s) has diverged from the bus host's main %s and was left as it is;\n"+
 				"  refs/remotes/bushost/main has the bus host's main: rebase your work onto it (git rebase bushost/main),\n"+
 				"  or, if your work landed, reset main to it (git reset --keep bushost/main)\n", r.dir, old, commit)
