@@ -128,3 +128,39 @@ func TestNetworkAuditBatch(t *testing.T) {
 		e.verify()
 	})
 }
+
+// A closed task takes no more events from a session's grant (which
+// outlives the close), in a batch or alone, and an idempotent retry of one
+// recorded before the close still gets it back; its launcher's egress audit
+// still lands, being a record of what the session did before it ended.
+func TestClosedTaskTakesNoEvents(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		e.project("acme", "web")
+		tm := e.team("t1")
+		session := e.grant("acme", "web", "t1", "agent", authz.CapEventRecord)
+		launcher := e.grant("acme", "web", "t1", "launcher", authz.CapNetworkAudit)
+		first, err := e.srv.RecordEvent(session.ctx(), &brokerv1.RecordEventRequest{Type: "note", Data: `{"n":1}`, IdempotencyKey: "k1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.close(tm.closer); err != nil {
+			t.Fatal(err)
+		}
+		before := e.head()
+		_, err = e.srv.RecordEvent(session.ctx(), &brokerv1.RecordEventRequest{Type: "note", Data: `{"n":2}`})
+		e.refused(err, codes.FailedPrecondition, before, "an event on a closed task")
+		if errdefs.FromGRPC(err).Reason != errdefs.TaskClosed {
+			t.Fatalf("reason %v, want %s", err, errdefs.TaskClosed)
+		}
+		_, err = e.srv.RecordEvents(session.ctx(), &brokerv1.RecordEventsRequest{Events: []*brokerv1.RecordEventRequest{{Type: "note", Data: `{"n":3}`}}})
+		e.refused(err, codes.FailedPrecondition, before, "a batch on a closed task")
+		again, err := e.srv.RecordEvent(session.ctx(), &brokerv1.RecordEventRequest{Type: "note", Data: `{"n":1}`, IdempotencyKey: "k1"})
+		if err != nil || again.Event.Seq != first.Event.Seq {
+			t.Fatalf("retry of an event recorded before the close: %v, %v", again, err)
+		}
+		if _, err := e.srv.RecordEvent(launcher.ctx(), &brokerv1.RecordEventRequest{Type: TypeNetworkEgress, Data: `{"conn":1,"decision":"allowed","host":"a.test","port":443}`}); err != nil {
+			t.Fatalf("egress audit after the close: %v", err)
+		}
+		e.verify()
+	})
+}

@@ -469,7 +469,8 @@ func (b *Broker) RecordEvents(ctx context.Context, g authz.Grant, peer string, r
 				checkedCap[c.need] = true
 			}
 		}
-		if _, ok, err := q.task(ctx, g.Business, g.Project, g.Task); err != nil || !ok {
+		t, ok, err := q.task(ctx, g.Business, g.Project, g.Task)
+		if err != nil || !ok {
 			if err == nil {
 				err = errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(g.Business, g.Project, g.Task))
 			}
@@ -495,6 +496,14 @@ func (b *Broker) RecordEvents(ctx context.Context, g authz.Grant, peer string, r
 					evs = append(evs, e)
 					continue
 				}
+			}
+			// A closed task's log is done: a session's grant, which
+			// outlives the close, adds nothing to it. Its launcher's
+			// egress audit (network.audit) still lands: those are
+			// records of what the session did before it ended.
+			if t.ClosedSeq != 0 && c.need == authz.CapEventRecord {
+				return errdefs.FailedPrecondition(errdefs.TaskClosed, "task %s is closed (event %d): it takes no more events",
+					scopeString(g.Business, g.Project, g.Task), t.ClosedSeq).With("closed_seq", t.ClosedSeq)
 			}
 			e := Event{Business: g.Business, Project: g.Project, Task: g.Task, Type: c.typ, Actor: g.ID, Peer: peer, Data: c.data}
 			if err := appendEvent(ctx, q, &e); err != nil {
