@@ -107,7 +107,11 @@ func TestPushQuotas(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.commitFile("b.txt", noise(30<<10))
-		e.refusedWith(e.bundle("HEAD", "^main"), errdefs.ProjectQuota)
+		got := e.refusedWith(e.bundle("HEAD", "^main"), errdefs.ProjectQuota)
+		// The project's usage is every task's: none of it is told.
+		if _, ok := got.Metadata["used"]; ok || strings.Contains(got.Message, "holds") {
+			t.Fatalf("the refusal tells the project's usage: %q %v", got.Message, got.Metadata)
+		}
 	})
 }
 

@@ -56,9 +56,13 @@ func (s *Service) checkQuotas(r repo, q *bundle.Quarantine) (int64, error) {
 	defer s.mu.Unlock()
 	proj += s.reserved[r.Dir]
 	if proj+n > s.o.MaxProjectBytes {
+		// The project's usage is every task's: the pusher learns only
+		// that its push does not fit, and the host's log has the numbers.
+		s.log.Warn("push refused: project quota", "business", r.Business, "project", r.Project, "task", r.Task,
+			"used", proj, "size", n, "limit", s.o.MaxProjectBytes)
 		return 0, errdefs.ResourceExhausted(errdefs.ProjectQuota,
-			"project %s/%s holds %d bytes of objects; this push's %d bytes would take it over the limit of %d bytes (bushostd --max-project-bytes)",
-			r.Business, r.Project, proj, n, s.o.MaxProjectBytes).With("limit", s.o.MaxProjectBytes).With("used", proj).With("size", n)
+			"this push's %d bytes would take project %s/%s over its limit of %d bytes (bushostd --max-project-bytes)",
+			n, r.Business, r.Project, s.o.MaxProjectBytes).With("limit", s.o.MaxProjectBytes).With("size", n)
 	}
 	s.reserved[r.Dir] += n
 	return n, nil
