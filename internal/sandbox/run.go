@@ -129,9 +129,12 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	}
 	var eg *egressProxy
 	if p.Config.Net == NetProxy {
-		log := io.Writer(stderr)
-		if stderr == nil {
-			log = io.Discard
+		var log io.Writer = io.Discard
+		if stderr != nil {
+			lim := newLineLimiter(stderr)
+			// After the proxy and the auditor have stopped.
+			defer lim.close()
+			log = lim
 		}
 		var audit *auditor
 		if p.Config.AuditTokenFile != "" {
