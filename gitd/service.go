@@ -61,6 +61,9 @@ type Options struct {
 	MinPushRate    int64         // bytes/s a push must average once PushRateGrace old; 0 -> none
 	PushRateGrace  time.Duration
 	Authority      authz.Authority
+	// Logger receives the service's log; nil -> slog's default. bushostd
+	// passes its own, so --log-level and --log-format hold here too.
+	Logger *slog.Logger
 	// Committer is "NAME <EMAIL>" of the merge commits `task land --merge`
 	// makes; "" -> DefaultCommitter.
 	Committer string
@@ -161,7 +164,11 @@ func New(o Options) (*Service, error) {
 	// A git of ours must not outlive a killed daemon: a repack or ref
 	// move left running would race the restarted daemon's Reconcile.
 	g = g.WithParentDeath()
-	s := &Service{o: o, git: g, log: slog.Default().With("service", "gitd"), locks: map[string]*semaphore.Weighted{},
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Service{o: o, git: g, log: log.With("service", "gitd"), locks: map[string]*semaphore.Weighted{},
 		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}}
 	s.hk = newHousekeeper(s, o.Housekeeping)
 	if err := s.migrate(context.Background()); err != nil {

@@ -179,6 +179,9 @@ func TestCallLogAndMetrics(t *testing.T) {
 	if _, errs, code := w.h.Run(t, nil, "--token-file", w.reviewer, "push-working", "--repo", w.work); code == 0 {
 		t.Fatalf("push with a reviewer's grant was accepted: %s", errs)
 	}
+	// The git service's own lines (a housekeeping run's) follow the
+	// daemon's --log-format too.
+	w.h.Must(t, "repo", "optimize", "--business", w.business, "--project", w.project)
 
 	logb, err := os.ReadFile(w.h.Log)
 	if err != nil {
@@ -194,15 +197,20 @@ func TestCallLogAndMetrics(t *testing.T) {
 		}
 	}
 	var pushes []callLine
+	housekept := false
 	sc := bufio.NewScanner(strings.NewReader(string(logb)))
 	for sc.Scan() {
 		var l callLine
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
 			t.Fatalf("log line is not JSON: %q: %v", sc.Text(), err)
 		}
+		housekept = housekept || l.Msg == "housekept a repository"
 		if l.Msg == "call" && strings.HasSuffix(l.Method, "/PushWorking") {
 			pushes = append(pushes, l)
 		}
+	}
+	if !housekept {
+		t.Fatalf("no JSON line of the housekeeping run:\n%s", logb)
 	}
 	if len(pushes) != 2 {
 		t.Fatalf("log has %d PushWorking lines, want 2:\n%s", len(pushes), logb)

@@ -225,6 +225,7 @@ func Serve(ctx context.Context, o Options) error {
 		MinPushRate:    o.MinPushRate,
 		PushRateGrace:  o.PushRateGrace,
 		Authority:      b,
+		Logger:         log,
 		Committer:      o.Committer,
 
 		MaxObjectBytes:  o.MaxObjectBytes,
