@@ -27,9 +27,14 @@ import (
 // reads that message: nothing waits for it.
 //
 // A file that nobody claims is closed when its connection closes; a
-// connection holds at most MaxPendingFDs unclaimed, and the process
-// MaxHeldFDs in all: past either, a descriptor is closed as it arrives (its
-// push then falls back to the byte stream).
+// connection holds at most MaxPendingFDs unclaimed, the connections of one
+// uid (SO_PEERCRED) MaxHeldFDsPerUID together, and the process MaxHeldFDs
+// in all: past any, a descriptor is closed as it arrives (its push then
+// falls back to the byte stream). The share per uid is what keeps one
+// session from taking the process's room: with --max-conns-per-uid
+// connections of MaxPendingFDs each, one uid alone could otherwise hold
+// every slot for as long as it keeps its connections, and every other
+// session's descriptor would be closed on arrival.
 
 // PassedFDKey is the request metadata that names the passed descriptor of
 // a call (its number on the connection, decimal). PushFDKey is the response
@@ -44,6 +49,9 @@ const (
 const (
 	// MaxPendingFDs bounds the unclaimed descriptors of one connection.
 	MaxPendingFDs = 2
+	// MaxHeldFDsPerUID bounds the unclaimed descriptors of all
+	// connections of one uid together.
+	MaxHeldFDsPerUID = 8
 	// MaxHeldFDs bounds the unclaimed descriptors of all connections of
 	// the process together.
 	MaxHeldFDs = 64
@@ -52,10 +60,40 @@ const (
 	fdsPerRead = 2
 )
 
-var heldFDs atomic.Int64
+// heldFDs counts the unclaimed descriptors of the process, heldByUID
+// those of each uid (under heldMu).
+var (
+	heldFDs   atomic.Int64
+	heldMu    sync.Mutex
+	heldByUID = map[uint32]int{}
+)
+
+// hold counts one more unclaimed descriptor of uid, or reports false if
+// uid's share or the process's room is full.
+func hold(uid uint32) bool {
+	heldMu.Lock()
+	defer heldMu.Unlock()
+	if heldByUID[uid] >= MaxHeldFDsPerUID || heldFDs.Load() >= MaxHeldFDs {
+		return false
+	}
+	heldByUID[uid]++
+	heldFDs.Add(1)
+	return true
+}
+
+// unhold counts one unclaimed descriptor of uid less.
+func unhold(uid uint32) {
+	heldMu.Lock()
+	defer heldMu.Unlock()
+	if heldByUID[uid]--; heldByUID[uid] <= 0 {
+		delete(heldByUID, uid)
+	}
+	heldFDs.Add(-1)
+}
 
 // fdQueue is one connection's passed descriptors, numbered as they came.
 type fdQueue struct {
+	uid     uint32 // the peer's (SO_PEERCRED), whose share it counts in
 	mu      sync.Mutex
 	n       uint64 // descriptors that arrived, kept or not
 	pending map[uint64]*os.File
@@ -70,8 +108,7 @@ func (q *fdQueue) add(fd int) {
 		syscall.Close(fd)
 		return
 	}
-	if heldFDs.Add(1) > MaxHeldFDs {
-		heldFDs.Add(-1)
+	if !hold(q.uid) {
 		syscall.Close(fd)
 		return
 	}
@@ -89,7 +126,7 @@ func (q *fdQueue) take(seq uint64) *os.File {
 	f := q.pending[seq]
 	if f != nil {
 		delete(q.pending, seq)
-		heldFDs.Add(-1)
+		unhold(q.uid)
 	}
 	return f
 }
@@ -100,7 +137,7 @@ func (q *fdQueue) close() {
 	q.closed = true
 	for k, f := range q.pending {
 		f.Close()
-		heldFDs.Add(-1)
+		unhold(q.uid)
 		delete(q.pending, k)
 	}
 }
