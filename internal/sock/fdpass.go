@@ -26,7 +26,9 @@ import (
 // before the call's first message is in the queue by the time the handler
 // reads that message: nothing waits for it.
 //
-// A file that nobody claims is closed when its connection closes; a
+// A socket is closed as it arrives (held, it could keep its own
+// connection open: isSocket). A file that nobody claims is closed when its
+// connection closes; a
 // connection holds at most MaxPendingFDs unclaimed, the connections of one
 // uid (SO_PEERCRED) MaxHeldFDsPerUID together, and the process MaxHeldFDs
 // in all: past any, a descriptor is closed as it arrives (its push then
@@ -104,7 +106,7 @@ func (q *fdQueue) add(fd int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.n++
-	if q.closed || len(q.pending) >= MaxPendingFDs {
+	if q.closed || len(q.pending) >= MaxPendingFDs || isSocket(fd) {
 		syscall.Close(fd)
 		return
 	}
@@ -116,6 +118,15 @@ func (q *fdQueue) add(fd int) {
 		q.pending = map[uint64]*os.File{}
 	}
 	q.pending[q.n] = os.NewFile(uintptr(fd), "passed-fd-"+strconv.FormatUint(q.n, 10))
+}
+
+// isSocket reports whether fd is a socket. A socket is never a bundle,
+// and one held unclaimed can keep a connection open after its client is
+// gone (its own other end, passed on it: the server then never reads
+// end-of-file), so it is closed as it arrives.
+func isSocket(fd int) bool {
+	var st syscall.Stat_t
+	return syscall.Fstat(fd, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFSOCK
 }
 
 // take removes and returns descriptor seq; nil if it did not arrive or

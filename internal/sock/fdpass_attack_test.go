@@ -21,6 +21,11 @@ import (
 // default per-uid connection limit (32), so that one uid can open as many
 // connections as the daemon lets it.
 func serveFDsAs(t *testing.T, connsPerUID int) (string, *fdHealth) {
+	path, h, _ := serveFDsAdm(t, connsPerUID)
+	return path, h
+}
+
+func serveFDsAdm(t *testing.T, connsPerUID int) (string, *fdHealth, *Admission) {
 	t.Helper()
 	path := filepath.Join(shortDir(t), "f.sock")
 	l, err := Listen(path, 0o660)
@@ -33,7 +38,7 @@ func serveFDsAs(t *testing.T, connsPerUID int) (string, *fdHealth) {
 	healthpb.RegisterHealthServer(srv, h)
 	go srv.Serve(adm.Listener(l))
 	t.Cleanup(srv.Stop)
-	return path, h
+	return path, h, adm
 }
 
 // openFDs counts this process's open descriptors.
@@ -201,4 +206,34 @@ func TestAttackPassedFDFlood(t *testing.T) {
 		t.Fatalf("the flood's descriptors outlived their connection: write %v", err)
 	}
 	waitFor(t, func() bool { return openFDs(t) <= base+1 }, "the process holds more descriptors than before the flood")
+}
+
+// A socket is never a bundle, and one held in a connection's queue can
+// keep a connection open after its client is gone: a peer that passes its
+// own end of the connection on it, and closes its copy, leaves the server
+// a connection whose other end the server itself holds, so it never reads
+// end-of-file (only the daemon's idle and keepalive timers would end it,
+// and the uid's connection slot with it). A socket is closed as it
+// arrives.
+func TestAttackPassedSocketKeepsItsConnection(t *testing.T) {
+	path, _, adm := serveFDsAdm(t, 4)
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := c.(*net.UnixConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The preface and a SETTINGS frame: an established HTTP/2 connection.
+	var msg []byte
+	msg = append(msg, http2.ClientPreface...)
+	msg = append(msg, 0, 0, 0, byte(http2.FrameSettings), 0, 0, 0, 0, 0)
+	if _, _, err := c.(*net.UnixConn).WriteMsgUnix(msg, syscall.UnixRights(int(self.Fd())), nil); err != nil {
+		t.Fatal(err)
+	}
+	self.Close()
+	waitFor(t, func() bool { n, _ := adm.Counts(); return n == 1 }, "the connection was not admitted")
+	c.Close()
+	waitFor(t, func() bool { n, _ := adm.Counts(); return n == 0 && heldFDs.Load() == 0 }, "the connection outlived its client: the server holds its other end")
 }
