@@ -78,9 +78,10 @@ func TestAttackPushDescriptorsThroughDaemon(t *testing.T) {
 		}
 	})
 
-	// 30 connections, 2 descriptors each, never claimed (62 with the
-	// next: the daemon's 64 less room for one push), and one raw connection with 250 descriptors in each of the
-	// preface's bytes.
+	// 30 connections, 2 descriptors each, never claimed, and one raw
+	// connection with 250 descriptors in each of the preface's bytes: 62
+	// held without a share per uid, leaving the process's 64 room for the
+	// push below.
 	dir := t.TempDir()
 	var conns []*grpc.ClientConn
 	var raw []net.Conn
