@@ -119,3 +119,71 @@ func TestAttackRepackKeepsRefusedPush(t *testing.T) {
 	}
 	e.fsck()
 }
+
+// landAuth is fakeAuth that lets a task's latest push land, and whose
+// record of the landing runs a hook and refuses.
+type landAuth struct {
+	*fakeAuth
+	record func() error
+}
+
+func (l *landAuth) LandApproved(ctx context.Context, _ authz.Grant, b, p, task string) (string, error) {
+	c, _, err := l.LastPush(ctx, b, p, task)
+	return c, err
+}
+
+func (l *landAuth) RecordLanding(context.Context, authz.Grant, authz.Landing, authz.Peer) (int64, error) {
+	return 0, l.record()
+}
+
+func (l *landAuth) Landings(context.Context, string, string) ([]authz.Landing, error) {
+	return nil, nil
+}
+
+// A landing copies the task's work into the pool, and removes it again if
+// the broker refuses to record it. A repack of the task's repository in
+// between (-l: what the pool holds now is left out of the new pack) lost
+// the task's objects: the old packs went with the repack, the pool's copy
+// with the refusal, and refs/work/<task> named a commit nobody had. The
+// repack takes the task's lock, which waits for the landing's whole
+// project lock.
+func TestAttackRepackDuringRefusedLanding(t *testing.T) {
+	var la *landAuth
+	e := newEnv(t, func(o *Options) {
+		la = &landAuth{fakeAuth: o.Authority.(*fakeAuth)}
+		o.Authority = la
+	})
+	ctx := context.Background()
+	last := e.pushChain("t1", 3)
+	r := e.svc.mustTask(t, "t1")
+	hkDone := make(chan HousekeepingRun, 1)
+	la.record = func() error {
+		go func() { hkDone <- e.svc.housekeep(ctx, r, true) }()
+		var run *HousekeepingRun
+		for run == nil && !parkedIn("gitd.(*Service).housekeep", "gitd.(*Service).lock") {
+			select {
+			case got := <-hkDone:
+				run = &got
+			case <-time.After(time.Millisecond):
+			}
+		}
+		if run != nil {
+			hkDone <- *run
+		}
+		return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
+	}
+	g := authz.Grant{ID: "lead", Business: testBusiness, Project: testProject, Task: "t1", Role: "lead", Caps: []string{authz.CapTaskLand}}
+	if _, err := e.svc.Land(ctx, g, authz.Peer{PID: 1}, testBusiness, testProject, "t1", false); errdefs.ReasonOf(err) != errdefs.TaskClosed {
+		t.Fatalf("landing the broker refuses: %v", err)
+	}
+	if run := <-hkDone; run.Err != nil {
+		t.Fatalf("housekeeping beside the refused landing: %+v", run)
+	}
+	if _, err := e.runErr(e.taskRepo("t1"), "cat-file", nil, "-e", "--", last+"^{tree}"); err != nil {
+		t.Fatalf("the task's pushed commit %s is lost: %v", last, err)
+	}
+	if e.ref("refs/work/t1") != last || e.ref(MainRef) != e.main {
+		t.Fatalf("refs moved: work %s, main %s", e.ref("refs/work/t1"), e.ref(MainRef))
+	}
+	e.fsck()
+}
