@@ -26,8 +26,8 @@ import (
 // before the call's first message is in the queue by the time the handler
 // reads that message: nothing waits for it.
 //
-// A socket is closed as it arrives (held, it could keep its own
-// connection open: isSocket). A file that nobody claims is closed when its
+// A socket or an anonymous inode (io_uring, epoll) is closed as it
+// arrives (held, it could keep its own connection open: holdsOthers). A file that nobody claims is closed when its
 // connection closes; a
 // connection holds at most MaxPendingFDs unclaimed, the connections of one
 // uid (SO_PEERCRED) MaxHeldFDsPerUID together, and the process MaxHeldFDs
@@ -106,7 +106,7 @@ func (q *fdQueue) add(fd int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.n++
-	if q.closed || len(q.pending) >= MaxPendingFDs || isSocket(fd) {
+	if q.closed || len(q.pending) >= MaxPendingFDs || holdsOthers(fd) {
 		syscall.Close(fd)
 		return
 	}
@@ -120,13 +120,24 @@ func (q *fdQueue) add(fd int) {
 	q.pending[q.n] = os.NewFile(uintptr(fd), "passed-fd-"+strconv.FormatUint(q.n, 10))
 }
 
-// isSocket reports whether fd is a socket. A socket is never a bundle,
-// and one held unclaimed can keep a connection open after its client is
-// gone (its own other end, passed on it: the server then never reads
-// end-of-file), so it is closed as it arrives.
-func isSocket(fd int) bool {
+// holdsOthers reports whether fd is of a kind that can hold other open
+// files: a socket (with descriptors in flight to it), or an anonymous
+// inode such as io_uring (its registered files) or epoll, which fstat
+// shows with no file type. None is a bundle, and one held unclaimed can
+// keep a connection open after its client is gone (the connection's own
+// other end, passed on it, or held through it: the server then never reads
+// end-of-file), so it is closed as it arrives. Regular files, directories,
+// FIFOs and devices are kept, for the call to refuse naming what they are.
+func holdsOthers(fd int) bool {
 	var st syscall.Stat_t
-	return syscall.Fstat(fd, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFSOCK
+	if syscall.Fstat(fd, &st) != nil {
+		return true
+	}
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG, syscall.S_IFDIR, syscall.S_IFIFO, syscall.S_IFCHR, syscall.S_IFBLK:
+		return false
+	}
+	return true
 }
 
 // take removes and returns descriptor seq; nil if it did not arrive or

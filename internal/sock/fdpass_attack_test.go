@@ -3,6 +3,7 @@ package sock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -10,8 +11,10 @@ import (
 	"testing"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 )
 
 // Attacks on descriptor passing (fdpass.go) by a hostile peer of git.sock:
@@ -213,8 +216,10 @@ func TestAttackPassedFDFlood(t *testing.T) {
 // own end of the connection on it, and closes its copy, leaves the server
 // a connection whose other end the server itself holds, so it never reads
 // end-of-file (only the daemon's idle and keepalive timers would end it,
-// and the uid's connection slot with it). A socket is closed as it
-// arrives.
+// and the uid's connection slot with it). A socket, and any descriptor
+// of a kind that can hold others (an anonymous inode: io_uring holds its
+// registered files, though the kernel refuses to pass one today), is
+// closed as it arrives.
 func TestAttackPassedSocketKeepsItsConnection(t *testing.T) {
 	path, _, adm := serveFDsAdm(t, 4)
 	c, err := net.Dial("unix", path)
@@ -236,4 +241,24 @@ func TestAttackPassedSocketKeepsItsConnection(t *testing.T) {
 	waitFor(t, func() bool { n, _ := adm.Counts(); return n == 1 }, "the connection was not admitted")
 	c.Close()
 	waitFor(t, func() bool { n, _ := adm.Counts(); return n == 0 && heldFDs.Load() == 0 }, "the connection outlived its client: the server holds its other end")
+
+	// An anonymous inode (eventfd here; io_uring and epoll are of its
+	// kind, and io_uring holds its registered files) is closed as it
+	// arrives: the call that names it finds nothing.
+	path2, h := serveFDsAs(t, 4)
+	d := &FDDialer{Path: path2}
+	cl := fdClient(t, d)
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ef := os.NewFile(uintptr(efd), "eventfd")
+	defer ef.Close()
+	ctx := metadata.AppendToOutgoingContext(context.Background(), PassedFDKey, fmt.Sprint(d.Pass(ef)))
+	if _, err := cl.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-h.got; got != "error: "+ErrNoFD.Error() {
+		t.Fatalf("a passed eventfd reached the call: %q", got)
+	}
 }
