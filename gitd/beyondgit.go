@@ -22,10 +22,11 @@ import (
 // what git 2.39's fsck knows (bundle.StrictFlag raises the ids it has but
 // reports as info). Later git releases refuse more, and some objects that
 // every git accepts attack whoever checks the commit out. After index-pack,
-// the push's new trees and new .gitmodules blobs (objects of the
-// quarantine's pack that the repository does not already hold) are read
-// here, in Go, against the rules below; the first broken rule refuses the
-// push, naming the object and a stable reason.
+// the push's new trees (objects of the quarantine's pack that the
+// repository does not already hold) and the .gitmodules blobs they name
+// (unless the pool held them before: walkBeyondGit) are read here, in Go,
+// against the rules below; the first broken rule refuses the push, naming
+// the object and a stable reason.
 //
 // Every rule cites where it comes from. Rules git 2.39 also enforces under
 // bundle.StrictFlag stay here too: the walk must not depend on which git
@@ -111,20 +112,57 @@ func (s *Service) startBeyondGit(r repo, objs *objectReader) func() error {
 	if err != nil {
 		return func() error { return fmt.Errorf("beyond-git walk: %w", err) }
 	}
-	has := objectsBefore(r.visible())
-	done := make(chan error, 1)
+	// The pool is the last directory a task's repository sees.
+	vis := r.visible()
+	own, pooled := objectsBefore(vis[:len(vis)-1]), objectsBefore(vis[len(vis)-1:])
+	has := func(h plumbing.Hash) bool { return own(h) || pooled(h) }
+	type walkResult struct {
+		later []plumbing.Hash
+		err   error
+	}
+	done := make(chan walkResult, 1)
 	go func() {
 		defer pack.Close()
-		done <- walkBeyondGit(pack, has)
+		later, err := walkBeyondGit(pack, has, pooled)
+		done <- walkResult{later, err}
 	}()
 	var result error
 	waited := false
 	return func() error {
 		if !waited {
-			result, waited = <-done, true
+			res := <-done
+			result, waited = res.err, true
+			if result == nil {
+				// Read here, by the push's goroutine, the one that
+				// uses the repository's view.
+				result = checkGitmodulesIn(objs.repo, res.later)
+			}
 		}
 		return result
 	}
+}
+
+// checkGitmodulesIn checks .gitmodules blobs that a push's new trees name
+// and that the task's repository holds from an earlier push (walkBeyondGit
+// leaves them to it), read from the repository, their size first.
+func checkGitmodulesIn(repo objectStore, ids []plumbing.Hash) error {
+	for _, id := range ids {
+		size, err := repo.EncodedObjectSize(id)
+		if err != nil {
+			return fmt.Errorf("beyond-git walk: read .gitmodules %s: %w", id, err)
+		}
+		if size > maxGitmodulesBytes {
+			return refuseBeyond(errdefs.GitmodulesParse, id, "it is %d bytes, over %d", size, maxGitmodulesBytes)
+		}
+		obj, err := repo.EncodedObject(plumbing.AnyObject, id)
+		if err != nil {
+			return fmt.Errorf("beyond-git walk: read .gitmodules %s: %w", id, err)
+		}
+		if err := checkGitmodulesBlob(obj); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // objectsBefore answers the walk's "was this object here before the
@@ -155,17 +193,26 @@ func objectsBefore(dirs []string) func(plumbing.Hash) bool {
 	}
 }
 
-// walkBeyondGit checks the new trees of pack, and the new .gitmodules blobs
+// walkBeyondGit checks the new trees of pack, and the .gitmodules blobs
 // they name, against the table. has reports whether the repository (or
-// its pool) already holds an object: those entered before and are not the
-// push's.
-func walkBeyondGit(pack *packfile.Packfile, has func(plumbing.Hash) bool) error {
+// its pool) already holds an object: a tree there entered before, and was
+// walked then (or is the pool's), so it is not the push's. A blob is not
+// like that: one that entered under another name (notes.txt) was checked
+// by nobody as a .gitmodules, neither by git's fsck nor by the walk, which
+// look only at blobs a tree names .gitmodules
+// (TestAttackGitmodulesBlobFromAnEarlierPush). So every .gitmodules blob a
+// new tree names is checked, wherever it is, unless the pool held it
+// before the push (pooled: main's, or landed work's, which every root
+// tree of a project with submodules names again); those the pack lacks
+// (the task's repository holds them) are returned as later, for the
+// caller to read from the repository.
+func walkBeyondGit(pack *packfile.Packfile, has, pooled func(plumbing.Hash) bool) (later []plumbing.Hash, err error) {
 	if pack == nil {
-		return nil
+		return nil, nil
 	}
 	trees, err := pack.GetByType(plumbing.TreeObject)
 	if err != nil {
-		return fmt.Errorf("beyond-git walk: %w", err)
+		return nil, fmt.Errorf("beyond-git walk: %w", err)
 	}
 	defer trees.Close()
 	gitmodules := map[plumbing.Hash]plumbing.Hash{} // blob -> tree naming it
@@ -177,24 +224,25 @@ func walkBeyondGit(pack *packfile.Packfile, has func(plumbing.Hash) bool) error 
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for blob := range gitmodules {
+		if pooled(blob) {
+			continue // the pool's, there before the push
+		}
 		obj, err := pack.Get(blob)
 		if errors.Is(err, plumbing.ErrObjectNotFound) {
-			continue // not new: it entered the repository before
-		}
-		if err != nil {
-			return fmt.Errorf("beyond-git walk: read .gitmodules %s: %w", blob, err)
-		}
-		if has(blob) {
+			later = append(later, blob) // the task's, from an earlier push
 			continue
 		}
+		if err != nil {
+			return nil, fmt.Errorf("beyond-git walk: read .gitmodules %s: %w", blob, err)
+		}
 		if err := checkGitmodulesBlob(obj); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return later, nil
 }
 
 // The five modes git writes, as a tree spells them.

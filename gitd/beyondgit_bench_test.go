@@ -97,7 +97,7 @@ func BenchmarkBeyondGitWalk(b *testing.B) {
 		}
 		opening += time.Since(start)
 		b.StartTimer()
-		if err := walkBeyondGit(objs.pack, has); err != nil {
+		if _, err := walkBeyondGit(objs.pack, has, has); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()

@@ -538,6 +538,27 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 		run.Actions = append(run.Actions, HKRemoveStale)
 	}
 	repack := func(action string, flags ...string) error {
+		// A repack runs under the lock of what moves packs into r: a
+		// task's lock for its repository (a push holds it from before its
+		// pack moves in until the push is recorded or undone), a share of
+		// the project's for the pool (a landing holds all of it). A pack
+		// that a refused push or landing is about to remove must not be
+		// rolled into a new one meanwhile: the removal would miss, the
+		// refused objects would stay, and the beyond-git walk trusts what a
+		// repository holds ("entered before"), so a next push could name
+		// a refused tree without carrying it
+		// (TestAttackRepackKeepsRefusedPush).
+		var unlock func()
+		var err error
+		if r.isPool() {
+			unlock, err = s.lockProject(ctx, r, 1)
+		} else {
+			unlock, err = s.lockTask(ctx, r)
+		}
+		if err != nil {
+			return err
+		}
+		defer unlock()
 		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "repack", Flags: append(flags, "-q")}); err != nil {
 			return err
 		}

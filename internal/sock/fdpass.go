@@ -26,10 +26,17 @@ import (
 // before the call's first message is in the queue by the time the handler
 // reads that message: nothing waits for it.
 //
-// A file that nobody claims is closed when its connection closes; a
-// connection holds at most MaxPendingFDs unclaimed, and the process
-// MaxHeldFDs in all: past either, a descriptor is closed as it arrives (its
-// push then falls back to the byte stream).
+// A socket or an anonymous inode (io_uring, epoll) is closed as it
+// arrives (held, it could keep its own connection open: holdsOthers). A file that nobody claims is closed when its
+// connection closes; a
+// connection holds at most MaxPendingFDs unclaimed, the connections of one
+// uid (SO_PEERCRED) MaxHeldFDsPerUID together, and the process MaxHeldFDs
+// in all: past any, a descriptor is closed as it arrives (its push then
+// falls back to the byte stream). The share per uid is what keeps one
+// session from taking the process's room: with --max-conns-per-uid
+// connections of MaxPendingFDs each, one uid alone could otherwise hold
+// every slot for as long as it keeps its connections, and every other
+// session's descriptor would be closed on arrival.
 
 // PassedFDKey is the request metadata that names the passed descriptor of
 // a call (its number on the connection, decimal). PushFDKey is the response
@@ -44,6 +51,9 @@ const (
 const (
 	// MaxPendingFDs bounds the unclaimed descriptors of one connection.
 	MaxPendingFDs = 2
+	// MaxHeldFDsPerUID bounds the unclaimed descriptors of all
+	// connections of one uid together.
+	MaxHeldFDsPerUID = 8
 	// MaxHeldFDs bounds the unclaimed descriptors of all connections of
 	// the process together.
 	MaxHeldFDs = 64
@@ -52,10 +62,40 @@ const (
 	fdsPerRead = 2
 )
 
-var heldFDs atomic.Int64
+// heldFDs counts the unclaimed descriptors of the process, heldByUID
+// those of each uid (under heldMu).
+var (
+	heldFDs   atomic.Int64
+	heldMu    sync.Mutex
+	heldByUID = map[uint32]int{}
+)
+
+// hold counts one more unclaimed descriptor of uid, or reports false if
+// uid's share or the process's room is full.
+func hold(uid uint32) bool {
+	heldMu.Lock()
+	defer heldMu.Unlock()
+	if heldByUID[uid] >= MaxHeldFDsPerUID || heldFDs.Load() >= MaxHeldFDs {
+		return false
+	}
+	heldByUID[uid]++
+	heldFDs.Add(1)
+	return true
+}
+
+// unhold counts one unclaimed descriptor of uid less.
+func unhold(uid uint32) {
+	heldMu.Lock()
+	defer heldMu.Unlock()
+	if heldByUID[uid]--; heldByUID[uid] <= 0 {
+		delete(heldByUID, uid)
+	}
+	heldFDs.Add(-1)
+}
 
 // fdQueue is one connection's passed descriptors, numbered as they came.
 type fdQueue struct {
+	uid     uint32 // the peer's (SO_PEERCRED), whose share it counts in
 	mu      sync.Mutex
 	n       uint64 // descriptors that arrived, kept or not
 	pending map[uint64]*os.File
@@ -66,12 +106,11 @@ func (q *fdQueue) add(fd int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.n++
-	if q.closed || len(q.pending) >= MaxPendingFDs {
+	if q.closed || len(q.pending) >= MaxPendingFDs || holdsOthers(fd) {
 		syscall.Close(fd)
 		return
 	}
-	if heldFDs.Add(1) > MaxHeldFDs {
-		heldFDs.Add(-1)
+	if !hold(q.uid) {
 		syscall.Close(fd)
 		return
 	}
@@ -79,6 +118,26 @@ func (q *fdQueue) add(fd int) {
 		q.pending = map[uint64]*os.File{}
 	}
 	q.pending[q.n] = os.NewFile(uintptr(fd), "passed-fd-"+strconv.FormatUint(q.n, 10))
+}
+
+// holdsOthers reports whether fd is of a kind that can hold other open
+// files: a socket (with descriptors in flight to it), or an anonymous
+// inode such as io_uring (its registered files) or epoll, which fstat
+// shows with no file type. None is a bundle, and one held unclaimed can
+// keep a connection open after its client is gone (the connection's own
+// other end, passed on it, or held through it: the server then never reads
+// end-of-file), so it is closed as it arrives. Regular files, directories,
+// FIFOs and devices are kept, for the call to refuse naming what they are.
+func holdsOthers(fd int) bool {
+	var st syscall.Stat_t
+	if syscall.Fstat(fd, &st) != nil {
+		return true
+	}
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG, syscall.S_IFDIR, syscall.S_IFIFO, syscall.S_IFCHR, syscall.S_IFBLK:
+		return false
+	}
+	return true
 }
 
 // take removes and returns descriptor seq; nil if it did not arrive or
@@ -89,7 +148,7 @@ func (q *fdQueue) take(seq uint64) *os.File {
 	f := q.pending[seq]
 	if f != nil {
 		delete(q.pending, seq)
-		heldFDs.Add(-1)
+		unhold(q.uid)
 	}
 	return f
 }
@@ -100,7 +159,7 @@ func (q *fdQueue) close() {
 	q.closed = true
 	for k, f := range q.pending {
 		f.Close()
-		heldFDs.Add(-1)
+		unhold(q.uid)
 		delete(q.pending, k)
 	}
 }

@@ -79,7 +79,7 @@ func (p PeerCred) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, e
 	}
 	if p.PassFDs {
 		if u := unixConn(c); u != nil {
-			ai.fds = &fdQueue{}
+			ai.fds = &fdQueue{uid: cred.Uid}
 			c = &fdConn{Conn: c, u: u, q: ai.fds, oob: make([]byte, syscall.CmsgSpace(4*fdsPerRead))}
 		}
 	}
