@@ -484,3 +484,38 @@ func TestTaskArchive(t *testing.T) {
 		t.Fatalf("fetch-main after the archive: %s, want %s", got, approved)
 	}
 }
+
+// TestLandMergeChecksGitmodules: a --merge landing merges two sides'
+// .gitmodules as text into a blob no push's checks saw. Each side here is
+// sound (the work adds submodule "a", the host's main "a/b"), their merge
+// is not (one submodule inside another): the landing is refused with the
+// beyond-git walk's reason, and nothing is left behind.
+func TestLandMergeChecksGitmodules(t *testing.T) {
+	h := startHost(t)
+	f := newLandFixture(t, h, "web", "t1")
+	// main gets a .gitmodules of one submodule, which the worker fetches.
+	gm := "[submodule \"x\"]\n\tpath = x\n\turl = https://example.com/x\n"
+	if err := os.WriteFile(filepath.Join(f.root, ".gitmodules"), []byte(gm), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testGit(t, f.root, "add", ".gitmodules")
+	testGit(t, f.root, "commit", "-q", "-m", "a submodule")
+	h.Must(t, "project", "sync", "--business", "acme", "--project", "web")
+	runAs(t, h, f.worker, 0, "fetch-main", "--repo", f.work)
+
+	f.commit(t, ".gitmodules", "[submodule \"a\"]\n\tpath = a\n\turl = https://example.com/a\n"+gm)
+	f.push(t)
+	f.approve(t)
+	if err := os.WriteFile(filepath.Join(f.root, ".gitmodules"), []byte(gm+"[submodule \"a/b\"]\n\tpath = b\n\turl = https://example.com/b\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testGit(t, f.root, "commit", "-q", "-am", "another submodule")
+	h.Must(t, "project", "sync", "--business", "acme", "--project", "web")
+	main := f.main(t)
+
+	refusedLand(t, h, f.lander, 6, "SUBMODULE_NAME_NESTED", "--merge")
+	if got := f.main(t); got != main {
+		t.Fatalf("main moved to %s", got)
+	}
+	testGit(t, f.repo, "fsck", "--strict", "--no-dangling")
+}
