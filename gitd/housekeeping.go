@@ -173,7 +173,8 @@ func readStats(r repo, now time.Time, exact bool) (hkStats, error) {
 		}
 	}
 	filepath.WalkDir(filepath.Join(r.Path, "refs"), func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
+		// A lock file is a ref move in flight, not a loose ref.
+		if err == nil && !d.IsDir() && !strings.HasSuffix(d.Name(), ".lock") {
 			st.looseRefs++
 		}
 		return nil

@@ -350,3 +350,29 @@ func TestViewAfterRepack(t *testing.T) {
 		}
 	}
 }
+
+// Lock files under refs/ are ref moves in flight, not loose refs: they
+// call for no pack-refs.
+func TestHousekeepingLocksAreNotRefs(t *testing.T) {
+	e := newEnv(t)
+	r, err := e.svc.project(testBusiness, testProject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(r.Path, "refs", "work")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2*hkLooseRefs; i++ {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("t%d.lock", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := readStats(r, time.Now(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.looseRefs >= hkLooseRefs {
+		t.Fatalf("%d loose refs counted among %d lock files", st.looseRefs, 2*hkLooseRefs)
+	}
+}
