@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -20,8 +21,9 @@ const writebackEvery = 1 << 20
 // the push 20 ms after index-pack, on a disk that sat idle while it ran.
 //
 // It only ever asks the kernel to start writing (sync_file_range
-// SYNC_FILE_RANGE_WRITE, which waits for no I/O to finish), and then
-// fsyncs the finished pack and index beside the push's checks. None of it
+// SYNC_FILE_RANGE_WRITE, which waits for no I/O to finish), and then,
+// for a pack of a MiB or more, fsyncs the finished pack and index beside
+// the push's checks. None of it
 // is what makes the push durable: Migrate fsyncs every file it links, as
 // before, and finds them clean. It reads no byte and opens only the
 // files index-pack made in the quarantine, read-only, never following a
@@ -29,6 +31,8 @@ const writebackEvery = 1 << 20
 type writeback struct {
 	pack string // the quarantine's pack directory
 	poke chan struct{}
+	// large is set once writebackEvery bytes went to index-pack.
+	large atomic.Bool
 	// final gets the pack's name once index-pack wrote it ("": it did
 	// not), and ends the goroutine.
 	final chan string
@@ -59,7 +63,11 @@ func (w *writeback) run() {
 				unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
 			}
 		case name := <-w.final:
-			if name != "" {
+			// A pack under writebackEvery is left whole to Migrate's
+			// fsync: it is written in the journal commit that fsync
+			// makes anyway, where an fsync of its own here would cost a
+			// commit more, which pushes side by side wait for.
+			if name != "" && w.large.Load() {
 				base := filepath.Join(w.pack, "pack-"+name)
 				syncQuietly([]string{base + ".pack", base + ".idx"})
 			}
@@ -110,6 +118,7 @@ func (p *pokeWriter) Write(b []byte) (int, error) {
 	p.left -= n
 	if p.left <= 0 {
 		p.left = writebackEvery
+		p.w.large.Store(true)
 		select {
 		case p.w.poke <- struct{}{}:
 		default:
