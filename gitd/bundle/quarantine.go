@@ -40,7 +40,9 @@ type Quarantine struct {
 	alternate string   // the object directory reads see besides Dir
 	added     []string // files Migrate linked into objects, in order
 	dirs      []string // directories Migrate created
-	wb        *writeback
+	// wb gets IndexPack's pack to the disk as it is written
+	// (writeback.go); Migrate and Remove wait for it.
+	wb *writeback
 }
 
 // NewQuarantine makes a quarantine under objects (a repository's objects
@@ -124,6 +126,7 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 		return "", fmt.Errorf("index-pack: %w", err)
 	}
 	growPipe(pw)
+	q.waitWriteback() // an earlier IndexPack's, if any
 	q.wb = startWriteback(filepath.Join(q.Dir, "pack"))
 	var written string // the pack's name, once index-pack wrote it
 	defer func() { q.wb.finish(written) }()
