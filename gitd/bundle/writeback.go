@@ -64,9 +64,10 @@ func (w *writeback) run() {
 			}
 		case name := <-w.final:
 			// A pack under writebackEvery is left whole to Migrate's
-			// fsync: it is written in the journal commit that fsync
-			// makes anyway, where an fsync of its own here would cost a
-			// commit more, which pushes side by side wait for.
+			// fsyncs: written with them, it costs nothing more, where an
+			// fsync of its own here would cost a disk flush (a journal
+			// commit, on a file system with a journal) more, which
+			// pushes side by side wait for.
 			if name != "" && w.large.Load() {
 				base := filepath.Join(w.pack, "pack-"+name)
 				syncQuietly([]string{base + ".pack", base + ".idx"})
