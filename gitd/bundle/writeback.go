@@ -23,11 +23,11 @@ const writebackEvery = 1 << 20
 // It only ever asks the kernel to start writing (sync_file_range
 // SYNC_FILE_RANGE_WRITE, which waits for no I/O to finish), and then,
 // for a pack of a MiB or more, fsyncs the finished pack and index beside
-// the push's checks. None of it
-// is what makes the push durable: Migrate fsyncs every file it links, as
-// before, and finds them clean. It reads no byte and opens only the
-// files index-pack made in the quarantine, read-only, never following a
-// link.
+// the push's checks. None of it is what makes the push durable: Migrate
+// fsyncs every file it links, as before, and finds them clean. It reads
+// no byte and opens only the files index-pack made in the quarantine,
+// read-only, never following a link. Migrate and Remove wait for it, so
+// it never outlives its quarantine.
 type writeback struct {
 	pack string // the quarantine's pack directory
 	poke chan struct{}
