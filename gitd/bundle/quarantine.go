@@ -40,6 +40,9 @@ type Quarantine struct {
 	alternate string   // the object directory reads see besides Dir
 	added     []string // files Migrate linked into objects, in order
 	dirs      []string // directories Migrate created
+	// wb gets IndexPack's pack to the disk as it is written
+	// (writeback.go); Migrate and Remove wait for it.
+	wb *writeback
 }
 
 // NewQuarantine makes a quarantine under objects (a repository's objects
@@ -123,15 +126,20 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 		return "", fmt.Errorf("index-pack: %w", err)
 	}
 	growPipe(pw)
+	q.waitWriteback() // an earlier IndexPack's, if any
+	q.wb = startWriteback(filepath.Join(q.Dir, "pack"))
+	var written string // the pack's name, once index-pack wrote it
+	defer func() { q.wb.finish(written) }()
+	wb := &pokeWriter{dst: pw, w: q.wb, left: writebackEvery}
 	copied := make(chan error, 1)
 	go func() {
 		var err error
 		if q.Limits.Enabled() {
-			err = scanPack(pack, pw, q.Limits, func(ids []string) (map[string]string, error) {
+			err = scanPack(pack, wb, q.Limits, func(ids []string) (map[string]string, error) {
 				return objectTypes(ctx, git, gitDir, q.alternateEnv(), ids)
 			})
 		} else {
-			_, err = io.Copy(pw, pack)
+			_, err = io.Copy(wb, pack)
 		}
 		// git sees the end of its input: all of a good pack, or the part
 		// before a refused entry, which it reports as truncated.
@@ -178,6 +186,7 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 	if !ok || kind != "pack" || len(name) != 40 {
 		return "", fmt.Errorf("index-pack: unexpected output %q", out)
 	}
+	written = name
 	return name, nil
 }
 
@@ -309,6 +318,7 @@ func (q *Quarantine) Migrate() error {
 	// caller records the push: fsynced all at once, so that the
 	// filesystem commits them in one journal transaction rather than one
 	// each (index-pack may have been told not to fsync: see SyncAll).
+	q.waitWriteback()
 	paths := append([]string(nil), q.added...)
 	for dir := range touched {
 		paths = append(paths, dir)
@@ -366,7 +376,17 @@ func (q *Quarantine) Rollback() error {
 }
 
 // Remove deletes the quarantine directory and everything left in it.
-func (q *Quarantine) Remove() error { return os.RemoveAll(q.Dir) }
+func (q *Quarantine) Remove() error {
+	q.waitWriteback()
+	return os.RemoveAll(q.Dir)
+}
+
+// waitWriteback joins IndexPack's writeback, if any.
+func (q *Quarantine) waitWriteback() {
+	if q.wb != nil {
+		q.wb.wait()
+	}
+}
 
 // CleanStale removes quarantine directories left in objects by a process
 // that died; call it only while no ingestion into that repository runs.
