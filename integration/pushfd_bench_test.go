@@ -32,17 +32,7 @@ func BenchmarkGitPushLarge(b *testing.B) {
 	commit := bundleRef(b, bundle)
 	h := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home"), Args: []string{"--max-bundle-bytes", "1G"}})
 	ours := func(task string) time.Duration {
-		b.StopTimer()
-		h.Must(b, "project", "add", "--business", "bench", "--project", task, "--root", root)
-		tok := h.Grant(b, "bench", task, "t", "worker", "git.push.working")
-		syscall.Sync()
-		b.StartTimer()
-		start := time.Now()
-		out, errs, code := h.Run(b, nil, "--token-file", tok, "push-working", "--bundle", bundle)
-		d := time.Since(start)
-		if code != 0 || strings.TrimSpace(out) != commit {
-			b.Fatalf("push: exit %d: %s%s", code, out, errs)
-		}
+		d := timedPush(b, h, task, root, commit, "--bundle", bundle)
 		b.StopTimer()
 		// The next pair must not pay for this one's writes.
 		os.RemoveAll(h.TaskRepo("bench", task, "t"))
@@ -168,6 +158,7 @@ func streamedPush(b *testing.B, dir, root, bundle string) {
 		b.StopTimer()
 		h.Must(b, "project", "add", "--business", "bench", "--project", task, "--root", root)
 		tok := h.Grant(b, "bench", task, "t", "worker", "git.push.working")
+		quiesce(b, h, task)
 		syscall.Sync()
 		b.StartTimer()
 		path := bundle
@@ -183,6 +174,9 @@ func streamedPush(b *testing.B, dir, root, bundle string) {
 		if err != nil || strings.TrimSpace(string(out)) != commit {
 			b.Fatalf("push (streamed %v): %v: %s", streamed, err, out)
 		}
+		b.StopTimer()
+		quiesce(b, h, task)
+		b.StartTimer()
 		return d
 	}
 	for n := 0; n < b.N; n++ {
