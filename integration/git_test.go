@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/bushost/bushost/internal/treesnap"
 )
@@ -293,4 +294,41 @@ func randomString(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return string(b)
+}
+
+// TestPushNothingNew: push-working of a HEAD that is main's commit, or in
+// main's history, is refused on the client (NOTHING_TO_PUSH, exit 1),
+// although it has already sent the bundle's header: the bus host records
+// nothing and keeps nothing of it.
+func TestPushNothingNew(t *testing.T) {
+	w := newGitWorld(t, hostOpts{})
+	// main moves on the host; the worker fetches it, then goes back to
+	// the main before it.
+	if err := os.WriteFile(filepath.Join(w.root, "host.txt"), []byte("host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testGit(t, w.root, "add", "host.txt")
+	testGit(t, w.root, "commit", "-q", "-m", "host moves main")
+	w.h.Must(t, "project", "sync", "--business", w.business, "--project", w.project)
+	w.as(t, w.worker, "fetch-main", "--repo", w.work)
+	before := storeSnapshot(t, w.h)
+	events := len(brokerEvents(t, w.h))
+	for _, at := range []string{"refs/remotes/bushost/main", w.main} {
+		testGit(t, w.work, "reset", "-q", "--hard", at)
+		_, errs, code := w.h.Run(t, nil, "--token-file", w.worker, "push-working", "--repo", w.work)
+		if code != 1 || !strings.Contains(errs, "NOTHING_TO_PUSH") {
+			t.Fatalf("push of HEAD at %s: exit %d, %s", at, code, errs)
+		}
+	}
+	// The bus host ends the cancelled push on its own time: wait for it.
+	deadline := time.Now().Add(20 * time.Second)
+	for treesnap.Diff(before, storeSnapshot(t, w.h)) != "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("a refused push left:\n%s", treesnap.Diff(before, storeSnapshot(t, w.h)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := len(brokerEvents(t, w.h)); n != events {
+		t.Fatalf("the log grew from %d to %d events", events, n)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -102,6 +103,7 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 		}
 		defer closeConn()
 		var body io.Reader
+		var header []byte // sent before body
 		var size int64
 		var wait func() error
 		warnNow := func() {}
@@ -158,14 +160,25 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 				warned = true
 				warnUncommitted(e, *repo, <-uncommitted)
 			}
-			// The bundle is written by git as the stream sends it; the
-			// goroutine has its own context and is joined before return.
+			// The bundle's header is written here and sent first, so
+			// that the bus host starts index-pack while pack-objects
+			// still works; the pack follows as git writes it (the
+			// goroutine has its own context and is joined before return).
+			// Its one prerequisite is base: all the pack leaves out is in
+			// base's history, which the bus host holds.
+			header = bundleHeader(base, head)
 			bctx, cancel := context.WithCancel(ctx)
 			pr, pw := io.Pipe()
 			errc := make(chan error, 1)
 			go func() {
-				err := g.Run(bctx, gitcmd.Cmd{Dir: *repo, Sub: "bundle", Flags: []string{"create", "--quiet", "--version=2"},
-					Args: []string{"-", "HEAD", "^" + base}, Stdout: pw})
+				pc := &packCount{w: pw}
+				err := g.Run(bctx, gitcmd.Cmd{Dir: *repo, Sub: "pack-objects", Flags: []string{"--revs", "--thin", "--stdout", "--delta-base-offset", "-q"},
+					Stdin: strings.NewReader(head + "\n^" + base + "\n"), Stdout: pc})
+				if pc.empty {
+					// HEAD is in base's history: a pack of nothing.
+					err = errdefs.FailedPrecondition(errdefs.NothingToPush, "HEAD %s is in the history of main %s: nothing to push; commit your work, then push", head, base).
+						With("commit", head)
+				}
 				pw.CloseWithError(err)
 				errc <- err
 			}()
@@ -184,13 +197,23 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			}()
 			body = pr
 		}
-		stream, err := c.PushWorking(cctx)
+		// A push this end gives up on is cancelled, never half-closed: the
+		// bus host must not take what was sent as the whole bundle.
+		sctx, scancel := context.WithCancel(cctx)
+		defer scancel()
+		stream, err := c.PushWorking(sctx)
 		if err != nil {
 			return err
 		}
 		if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Header{Header: &gitv1.PushHeader{Size: size}}}); err != nil {
 			_, rerr := stream.CloseAndRecv()
 			return gitFirst(rerr, err)
+		}
+		if header != nil {
+			if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Chunk{Chunk: header}}); err != nil {
+				_, serr := stream.CloseAndRecv()
+				return gitFirst(serr, err)
+			}
 		}
 		buf := make([]byte, gitChunk)
 		for {
@@ -206,13 +229,16 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 				break
 			}
 			if rerr != nil {
-				stream.CloseSend()
+				scancel()
+				if errdefs.ReasonOf(rerr) == errdefs.NothingToPush {
+					return rerr
+				}
 				return fmt.Errorf("read bundle: %w", rerr)
 			}
 		}
 		if wait != nil {
 			if err := wait(); err != nil {
-				stream.CloseSend()
+				scancel()
 				return fmt.Errorf("bundle HEAD: %w", err)
 			}
 		}
@@ -223,6 +249,45 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 		warnNow()
 		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
 	}
+}
+
+// bundleHeader is a version 2 bundle's header for a pack of head's history
+// without base's: base its one prerequisite, head the one ref (HEAD).
+func bundleHeader(base, head string) []byte {
+	return []byte("# v2 git bundle\n-" + base + "\n" + head + " HEAD\n\n")
+}
+
+// packCount passes a pack through to w and notes whether its header says
+// it holds no object; it then passes nothing on, and fails the write, so
+// that no empty pack is sent.
+type packCount struct {
+	w     io.Writer
+	head  []byte
+	empty bool
+}
+
+func (p *packCount) Write(b []byte) (int, error) {
+	if len(p.head) < 12 {
+		n := min(12-len(p.head), len(b))
+		p.head = append(p.head, b[:n]...)
+		if len(p.head) < 12 {
+			return len(b), nil
+		}
+		if binary.BigEndian.Uint32(p.head[8:12]) == 0 {
+			p.empty = true
+			return 0, errors.New("an empty pack")
+		}
+		if _, err := p.w.Write(p.head); err != nil {
+			return 0, err
+		}
+		b = b[n:]
+		if len(b) == 0 {
+			return n, nil
+		}
+		m, err := p.w.Write(b)
+		return n + m, err
+	}
+	return p.w.Write(b)
 }
 
 // pushBase returns the commit DIR's HEAD is bundled against: the main
