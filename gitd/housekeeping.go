@@ -8,7 +8,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -529,6 +531,14 @@ func (s *Service) housekeep(ctx context.Context, r repo, force bool) Housekeepin
 	return run
 }
 
+// hkRepackConfig leaves half the CPUs to the pushes and fetches a repack
+// runs beside: git's delta search would take every one (pack.threads
+// defaults to the CPU count), and the fetch that follows a push then
+// waited on the repack that push queued.
+func hkRepackConfig() []string {
+	return []string{"pack.threads=" + strconv.Itoa(max(1, runtime.NumCPU()/2))}
+}
+
 func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *HousekeepingRun) error {
 	for _, path := range p.clean {
 		if err := os.RemoveAll(path); err != nil {
@@ -560,7 +570,7 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 			return err
 		}
 		defer unlock()
-		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "repack", Flags: append(flags, "-q")}); err != nil {
+		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "repack", Flags: append(flags, "-q"), Config: hkRepackConfig()}); err != nil {
 			return err
 		}
 		run.Actions = append(run.Actions, action)
