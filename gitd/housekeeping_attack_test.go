@@ -72,19 +72,7 @@ func TestAttackRepackKeepsRefusedPush(t *testing.T) {
 		if p.Commit != bad {
 			return nil
 		}
-		go func() { hkDone <- e.svc.housekeep(ctx, r, true) }()
-		var run *HousekeepingRun
-		for run == nil && !parkedIn("gitd.(*Service).housekeep", "gitd.(*Service).lock") {
-			select {
-			case got := <-hkDone:
-				run = &got
-			case <-time.After(time.Millisecond):
-			}
-		}
-		if run != nil {
-			hkDone <- *run
-		}
-		return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
+		return refuseBesideHousekeeping(ctx, e, r, hkDone)
 	}
 	if _, err := e.push("t1", e.bundle("HEAD", "^"+last)); errdefs.ReasonOf(err) != errdefs.TaskClosed {
 		t.Fatalf("push the broker refuses: %v", err)
@@ -158,19 +146,7 @@ func TestAttackRepackDuringRefusedLanding(t *testing.T) {
 	r := e.svc.mustTask(t, "t1")
 	hkDone := make(chan HousekeepingRun, 1)
 	la.record = func() error {
-		go func() { hkDone <- e.svc.housekeep(ctx, r, true) }()
-		var run *HousekeepingRun
-		for run == nil && !parkedIn("gitd.(*Service).housekeep", "gitd.(*Service).lock") {
-			select {
-			case got := <-hkDone:
-				run = &got
-			case <-time.After(time.Millisecond):
-			}
-		}
-		if run != nil {
-			hkDone <- *run
-		}
-		return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
+		return refuseBesideHousekeeping(ctx, e, r, hkDone)
 	}
 	g := authz.Grant{ID: "lead", Business: testBusiness, Project: testProject, Task: "t1", Role: "lead", Caps: []string{authz.CapTaskLand}}
 	if _, err := e.svc.Land(ctx, g, authz.Peer{PID: 1}, testBusiness, testProject, "t1", false); errdefs.ReasonOf(err) != errdefs.TaskClosed {
@@ -186,4 +162,24 @@ func TestAttackRepackDuringRefusedLanding(t *testing.T) {
 		t.Fatalf("refs moved: work %s, main %s", e.ref("refs/work/t1"), e.ref(MainRef))
 	}
 	e.fsck()
+}
+
+// refuseBesideHousekeeping starts a forced housekeeping run on r and
+// returns, as the test's broker refusing a record, once that run has
+// ended (its result put back on done) or waits on a lock: the run is then
+// as far into the refused push's or landing's window as it can get.
+func refuseBesideHousekeeping(ctx context.Context, e *env, r repo, done chan HousekeepingRun) error {
+	go func() { done <- e.svc.housekeep(ctx, r, true) }()
+	var run *HousekeepingRun
+	for run == nil && !parkedIn("gitd.(*Service).housekeep", "gitd.(*Service).lock") {
+		select {
+		case got := <-done:
+			run = &got
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if run != nil {
+		done <- *run
+	}
+	return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
 }
