@@ -66,8 +66,8 @@ const (
 	// flat enough and a repack would cost more than it saves.
 	hkMinPacks = 6
 	// hkLooseObjects is the estimated loose object count that calls for a
-	// repack (git gc --auto's estimate: the objects in objects/17, times
-	// 256).
+	// repack (bundle.LooseEstimate: the objects in objects/00 to 0f, times
+	// 16).
 	hkLooseObjects = 1024
 	// hkLooseRefs is the loose ref count that calls for pack-refs.
 	hkLooseRefs = 32
@@ -164,9 +164,7 @@ func readStats(r repo, now time.Time, exact bool) (hkStats, error) {
 		}
 	}
 	sort.Slice(st.packs, func(i, j int) bool { return st.packs[i] < st.packs[j] })
-	if l, err := os.ReadDir(filepath.Join(r.objects(), "17")); err == nil {
-		st.loose = len(l) * 256
-	}
+	st.loose = bundle.LooseEstimate(r.objects())
 	if exact {
 		st.loose = 0
 		for i := range 256 {

@@ -401,7 +401,7 @@ func baseOf(dir string) string {
 const clientPackLimit = 16
 
 // clientLooseLimit is about how many loose objects (a worker's own commits
-// make three each) the client's repository may hold before a fetch packs
+// make three each; bundle.LooseEstimate) the client's repository may hold before a fetch packs
 // them and brings its commit-graph up to date. Without the graph, fetch-main
 // asking where the worker's main stands against the bus host's reads every
 // commit the worker made since main, each a loose object to inflate: 12 ms
@@ -418,32 +418,13 @@ const clientLooseLimit = 256
 // failure here costs only speed, and the next fetch tries again.
 func (r *gitRepo) tidy(ctx context.Context, g *gitcmd.Runner) {
 	packs, err := filepath.Glob(filepath.Join(r.objects, "pack", "pack-*.pack"))
-	if err != nil || len(packs) < clientPackLimit && looseEstimate(r.objects) < clientLooseLimit {
+	if err != nil || len(packs) < clientPackLimit && bundle.LooseEstimate(r.objects) < clientLooseLimit {
 		return
 	}
 	if g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "repack", Flags: []string{"-d", "-q", "-l", "--geometric=2"}}) != nil {
 		return
 	}
 	g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "commit-graph", Flags: []string{"write", "--reachable", "--split", "--no-progress"}})
-}
-
-// looseEstimate is about how many loose objects objects holds, from the 16
-// fan-out directories 00 to 0f (a sixteenth of them, object names being
-// uniform), the way git gc --auto samples one.
-func looseEstimate(objects string) int {
-	n := 0
-	for i := 0; i < 16; i++ {
-		des, err := os.ReadDir(filepath.Join(objects, fmt.Sprintf("%02x", i)))
-		if err != nil {
-			continue
-		}
-		for _, de := range des {
-			if len(de.Name()) == 38 {
-				n++
-			}
-		}
-	}
-	return n * 16
 }
 
 // receive reads a bundle from body and brings its objects into r the
