@@ -6,6 +6,7 @@ package treesnap
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,21 +15,37 @@ import (
 	"testing"
 )
 
+// Vanished marks an entry that was listed but gone when read: the tree was
+// changing under the walk, so the snapshot differs from any settled one and
+// a caller that waits for the tree to settle goes on waiting.
+const Vanished = "vanished while read"
+
 // Take records the tree under root: "rel/" -> "dir" for each directory,
-// "rel" -> the SHA-256 of each file. A tree it cannot read fails the test.
+// "rel" -> the SHA-256 of each file, and Vanished for an entry removed
+// between being listed and being read (a daemon finishing a cancelled call
+// removes its temporary directory on its own time). A root it cannot read,
+// or any other error, fails the test.
 func Take(t testing.TB, root string) map[string]string {
 	t.Helper()
 	m := map[string]string{}
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		rel, _ := filepath.Rel(root, p)
 		if err != nil {
+			if p != root && errors.Is(err, fs.ErrNotExist) {
+				m[rel] = Vanished
+				return nil
+			}
 			return err
 		}
-		rel, _ := filepath.Rel(root, p)
 		if d.IsDir() {
 			m[rel+"/"] = "dir"
 			return nil
 		}
 		b, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			m[rel] = Vanished
+			return nil
+		}
 		if err != nil {
 			return err
 		}
