@@ -1,6 +1,7 @@
 package gitd
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -74,7 +75,8 @@ func openObjects(dir, name string, repo objectStore) (*objectReader, error) {
 	}
 	defer idxf.Close()
 	idx := idxfile.NewMemoryIndex()
-	if err := idxfile.NewDecoder(idxf).Decode(idx); err != nil {
+	// Buffered: the decoder reads field by field (see openGoGit).
+	if err := idxfile.NewDecoder(bufio.NewReaderSize(idxf, indexBuffer)).Decode(idx); err != nil {
 		return nil, fmt.Errorf("read %s: %w", idxf.Name(), err)
 	}
 	o.idx = idx

@@ -292,12 +292,12 @@ func (s *Service) open(r repo) (*view, error) {
 	v := &view{r: r, maxObject: s.o.MaxObjectBytes, packs: packList(r)}
 	var err error
 	if r.exists() {
-		if v.own, err = git.PlainOpenWithOptions(r.Path, &git.PlainOpenOptions{}); err != nil {
+		if v.own, err = openGoGit(r.Path); err != nil {
 			return nil, err
 		}
 	}
 	if !r.isPool() {
-		if v.pool, err = git.PlainOpenWithOptions(r.pool().Path, &git.PlainOpenOptions{}); err != nil {
+		if v.pool, err = openGoGit(r.pool().Path); err != nil {
 			return nil, err
 		}
 	}
@@ -332,14 +332,14 @@ func (v *view) reload() bool {
 	}
 	own, pool := v.own, v.pool
 	if v.r.exists() {
-		g, err := git.PlainOpenWithOptions(v.r.Path, &git.PlainOpenOptions{})
+		g, err := openGoGit(v.r.Path)
 		if err != nil {
 			return false
 		}
 		own = g
 	}
 	if !v.r.isPool() {
-		g, err := git.PlainOpenWithOptions(v.r.pool().Path, &git.PlainOpenOptions{})
+		g, err := openGoGit(v.r.pool().Path)
 		if err != nil {
 			return false
 		}
@@ -429,7 +429,7 @@ func (v *view) readRef(ref string) (string, error) {
 	g := v.own
 	if g == nil {
 		var err error
-		if g, err = git.PlainOpenWithOptions(v.r.Path, &git.PlainOpenOptions{}); err != nil {
+		if g, err = openGoGit(v.r.Path); err != nil {
 			return "", err
 		}
 	}
