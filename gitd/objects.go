@@ -2,13 +2,10 @@ package gitd
 
 import (
 	"bufio"
-	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 
 	"github.com/go-git/go-billy/v5/osfs"
 	"github.com/go-git/go-git/v5/plumbing"
@@ -75,8 +72,8 @@ func openObjects(dir, name string, repo objectStore) (*objectReader, error) {
 	}
 	defer idxf.Close()
 	idx := idxfile.NewMemoryIndex()
-	// Buffered: the decoder reads field by field (see openGoGit).
-	if err := idxfile.NewDecoder(bufio.NewReaderSize(idxf, indexBuffer)).Decode(idx); err != nil {
+	// Buffered: the decoder reads field by field, a system call each.
+	if err := idxfile.NewDecoder(bufio.NewReaderSize(idxf, 64<<10)).Decode(idx); err != nil {
 		return nil, fmt.Errorf("read %s: %w", idxf.Name(), err)
 	}
 	o.idx = idx
@@ -222,42 +219,17 @@ func packIndexes(dirs []string) []string {
 	return out
 }
 
-// idxHas looks h up in the version-2 pack index at path.
+// idxHas looks h up in the pack index at path, through the daemon's
+// mapped indexes (packindex.go).
 func idxHas(path string, h plumbing.Hash) (bool, error) {
-	f, err := os.Open(path)
+	ix, err := indexes.get(path)
 	if err != nil {
+		if errors.Is(err, errIndexCorrupt) {
+			return false, errUndecided
+		}
 		return false, err
 	}
-	defer f.Close()
-	// Header (magic, version 2), then 256 cumulative counts by first byte.
-	var head [8 + 256*4]byte
-	if _, err := f.ReadAt(head[:], 0); err != nil {
-		return false, errUndecided
-	}
-	if string(head[:8]) != "\xfftOc\x00\x00\x00\x02" {
-		return false, errUndecided
-	}
-	count := func(b int) uint32 {
-		if b < 0 {
-			return 0
-		}
-		return binary.BigEndian.Uint32(head[8+4*b:])
-	}
-	lo, hi := count(int(h[0])-1), count(int(h[0]))
-	if hi < lo || hi > count(255) {
-		return false, errUndecided
-	}
-	if hi == lo {
-		return false, nil
-	}
-	names := make([]byte, int(hi-lo)*hashLen)
-	if _, err := f.ReadAt(names, int64(len(head))+int64(lo)*hashLen); err != nil {
-		return false, errUndecided
-	}
-	i := sort.Search(int(hi-lo), func(i int) bool {
-		return bytes.Compare(names[i*hashLen:(i+1)*hashLen], h[:]) >= 0
-	})
-	return i < int(hi-lo) && bytes.Equal(names[i*hashLen:(i+1)*hashLen], h[:]), nil
+	return ix.find(h) >= 0, nil
 }
 
 const hashLen = 20

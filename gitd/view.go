@@ -1,0 +1,317 @@
+package gitd
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-git/go-billy/v5/osfs"
+	"github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/cache"
+	"github.com/go-git/go-git/v5/plumbing/format/objfile"
+	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+)
+
+// view is one request's reads of a repository's objects: its own, then
+// its pool's, and never anything else. Packed objects are read through
+// the daemon's mapped pack indexes (packindex.go) and go-git's pack
+// reader; loose ones from their files. A view serves one goroutine (its
+// delta-base cache is its own); go-git's handle of the repository is kept
+// for its refs only.
+type view struct {
+	r    repo
+	own  *git.Repository // refs; nil: a task repository not made yet
+	dirs []viewDir       // r.visible(), own first
+	// maxObject bounds EncodedObject: a larger object is not read here.
+	maxObject int64
+	// packs are the pack indexes listed when the view was opened (or last
+	// reloaded): a housekeeping repack that replaced them since makes a
+	// read miss (the object moved to a new pack, or the pack is gone);
+	// reload then lists them afresh, once per change.
+	packs string
+	bases cache.Object // delta bases, shared by the view's reads
+}
+
+// viewDir is one object directory of a view and its packs.
+type viewDir struct {
+	objects string
+	packs   []viewPack
+}
+
+type viewPack struct {
+	idx  *packIndex
+	pack string // the .pack beside it
+}
+
+// open returns a view of r for reads.
+func (s *Service) open(r repo) (*view, error) {
+	v := &view{r: r, maxObject: s.o.MaxObjectBytes, bases: cache.NewObjectLRU(viewBaseCache)}
+	if r.exists() {
+		g, err := openGoGit(r.Path)
+		if err != nil {
+			return nil, err
+		}
+		v.own = g
+	}
+	v.list()
+	return v, nil
+}
+
+// viewBaseCache bounds the delta bases one view keeps.
+const viewBaseCache = 16 * cache.MiByte
+
+// list reads r's object directories' packs into the view.
+func (v *view) list() {
+	v.packs = packList(v.r)
+	v.dirs = v.dirs[:0]
+	for _, dir := range v.r.visible() {
+		d := viewDir{objects: dir}
+		ents, _ := os.ReadDir(filepath.Join(dir, "pack"))
+		for _, e := range ents {
+			name, ok := strings.CutSuffix(e.Name(), ".idx")
+			if !ok {
+				continue
+			}
+			ix, err := indexes.get(filepath.Join(dir, "pack", e.Name()))
+			if err != nil {
+				continue // removed meanwhile, or unreadable: a read misses and reloads
+			}
+			d.packs = append(d.packs, viewPack{idx: ix, pack: filepath.Join(dir, "pack", name+".pack")})
+		}
+		v.dirs = append(v.dirs, d)
+	}
+}
+
+// packList names the pack indexes of r's visible object directories.
+func packList(r repo) string {
+	var b strings.Builder
+	for _, dir := range r.visible() {
+		ents, _ := os.ReadDir(filepath.Join(dir, "pack"))
+		for _, e := range ents {
+			if strings.HasSuffix(e.Name(), ".idx") {
+				b.WriteString(e.Name())
+			}
+		}
+		b.WriteByte('/')
+	}
+	return b.String()
+}
+
+// maxReloads bounds the reloads of one read (packs may keep changing
+// while pushes land).
+const maxReloads = 3
+
+// reload lists v's packs again when they changed since, and says whether
+// they did (then a failed read is worth a retry).
+func (v *view) reload() bool {
+	if packList(v.r) == v.packs && (v.own != nil || !v.r.exists()) {
+		return false
+	}
+	if v.own == nil && v.r.exists() {
+		if g, err := openGoGit(v.r.Path); err == nil {
+			v.own = g
+		}
+	}
+	v.list()
+	return true
+}
+
+// poolView is the view of the pool behind v.
+func (v *view) poolView() *view {
+	if v.r.isPool() {
+		return v
+	}
+	p := &view{r: v.r.pool(), maxObject: v.maxObject, bases: v.bases}
+	if g, err := openGoGit(p.r.Path); err == nil {
+		p.own = g
+	}
+	p.packs = packList(p.r)
+	p.dirs = []viewDir{v.dirs[len(v.dirs)-1]}
+	return p
+}
+
+// where is an object found: a pack and its offset, or a loose file.
+type where struct {
+	pack   *viewPack
+	offset int64
+	loose  string
+}
+
+// locate finds h in v's packs, then among its loose objects.
+func (v *view) locate(h plumbing.Hash) (where, error) {
+	for i := range v.dirs {
+		d := &v.dirs[i]
+		for j := range d.packs {
+			p := &d.packs[j]
+			if off, err := p.idx.FindOffset(h); err == nil {
+				return where{pack: p, offset: off}, nil
+			} else if !errors.Is(err, plumbing.ErrObjectNotFound) {
+				return where{}, err
+			}
+		}
+	}
+	hex := h.String()
+	for _, d := range v.dirs {
+		path := filepath.Join(d.objects, hex[:2], hex[2:])
+		if _, err := os.Lstat(path); err == nil {
+			return where{loose: path}, nil
+		}
+	}
+	return where{}, plumbing.ErrObjectNotFound
+}
+
+// retry runs read, then again after each reload that found the packs
+// changed, at most maxReloads times.
+func (v *view) retry(read func() error) error {
+	for i := 0; ; i++ {
+		err := read()
+		if err == nil || errors.Is(err, errUndecided) || i == maxReloads || !v.reload() {
+			return err
+		}
+	}
+}
+
+// HasEncodedObject is nil when r may read h.
+func (v *view) HasEncodedObject(h plumbing.Hash) error {
+	return v.retry(func() error {
+		_, err := v.locate(h)
+		return err
+	})
+}
+
+// EncodedObjectSize is h's size from its header.
+func (v *view) EncodedObjectSize(h plumbing.Hash) (int64, error) {
+	var n int64
+	err := v.retry(func() error {
+		var err error
+		n, _, err = v.header(h)
+		return err
+	})
+	if err != nil {
+		return 0, plumbing.ErrObjectNotFound
+	}
+	return n, nil
+}
+
+// header is h's size and where it is.
+func (v *view) header(h plumbing.Hash) (int64, where, error) {
+	w, err := v.locate(h)
+	if err != nil {
+		return 0, w, err
+	}
+	if w.loose != "" {
+		_, n, err := looseHeader(w.loose)
+		return n, w, err
+	}
+	var n int64
+	err = v.withPack(w.pack, func(p *packfile.Packfile) error {
+		var err error
+		n, err = p.GetSizeByOffset(w.offset)
+		return err
+	})
+	return n, w, err
+}
+
+// EncodedObject reads h, refusing (errUndecided) one over the view's
+// bound before reading it; one of another type than t (unless AnyObject)
+// is not found.
+func (v *view) EncodedObject(t plumbing.ObjectType, h plumbing.Hash) (plumbing.EncodedObject, error) {
+	var obj plumbing.EncodedObject
+	err := v.retry(func() error {
+		n, w, err := v.header(h)
+		if err != nil {
+			return err
+		}
+		if v.maxObject > 0 && n > v.maxObject {
+			return errUndecided
+		}
+		if w.loose != "" {
+			obj, err = readLoose(w.loose, n)
+		} else {
+			err = v.withPack(w.pack, func(p *packfile.Packfile) error {
+				var err error
+				obj, err = p.Get(h)
+				return err
+			})
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if t != plumbing.AnyObject && obj.Type() != t {
+		return nil, plumbing.ErrObjectNotFound
+	}
+	return obj, nil
+}
+
+// withPack runs read on a go-git reader of p's pack, opened for it: with
+// no filesystem, the reader returns objects read whole (bounded by the
+// size checked before), so nothing reads the pack once it is closed.
+func (v *view) withPack(p *viewPack, read func(*packfile.Packfile) error) error {
+	f, err := osfs.Default.Open(p.pack)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return plumbing.ErrObjectNotFound // repacked away: reload
+		}
+		return err
+	}
+	pf := packfile.NewPackfileWithCache(p.idx, nil, f, v.bases, 0)
+	defer pf.Close()
+	return read(pf)
+}
+
+// looseHeader is the type and size of the loose object at path.
+func looseHeader(path string) (plumbing.ObjectType, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return 0, 0, plumbing.ErrObjectNotFound
+		}
+		return 0, 0, err
+	}
+	defer f.Close()
+	r, err := objfile.NewReader(f)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer r.Close()
+	return r.Header()
+}
+
+// readLoose reads the loose object at path, of n bytes by its header.
+func readLoose(path string, n int64) (plumbing.EncodedObject, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, plumbing.ErrObjectNotFound
+		}
+		return nil, err
+	}
+	defer f.Close()
+	r, err := objfile.NewReader(f)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	t, size, err := r.Header()
+	if err != nil {
+		return nil, err
+	}
+	if size != n {
+		return nil, plumbing.ErrObjectNotFound // replaced meanwhile
+	}
+	obj := &plumbing.MemoryObject{}
+	obj.SetType(t)
+	got, err := io.Copy(obj, io.LimitReader(r, size))
+	if err != nil {
+		return nil, err
+	}
+	if got != size {
+		return nil, plumbing.ErrObjectNotFound // cut short
+	}
+	return obj, nil
+}
