@@ -170,28 +170,22 @@ func checkGitmodulesIn(repo objectStore, ids []plumbing.Hash) error {
 // The walk asks only about a tree that fails a check or a .gitmodules it
 // names, and the answer must not count the push: the push moves its pack
 // in while the walk runs, and housekeeping may roll that pack into a new
-// one meanwhile. So it maps the pack indexes there are now (before the
-// pack moves in) and reads only those: a pack repacked away since still
-// answers for what it held, which was there before; an index it cannot
-// read is no answer, and the object then counts as the push's, so a
+// one meanwhile. So it reads only the pack indexes there are now (before
+// the pack moves in): a pack repacked away since is no answer, nor is an
+// index it cannot read, and the object then counts as the push's, so a
 // refusal stands. Loose objects count as they are: a push's objects never
 // become loose.
 func objectsBefore(dirs []string) func(plumbing.Hash) bool {
-	var before []*packIndex
-	for _, path := range packIndexes(dirs) {
-		if ix, err := indexes.get(path); err == nil {
-			before = append(before, ix)
-		}
-	}
+	before := packIndexes(dirs)
 	return func(h plumbing.Hash) bool {
-		for _, ix := range before {
-			if ix.find(h) >= 0 {
-				return true
-			}
-		}
 		hex := h.String()
 		for _, d := range dirs {
 			if _, err := os.Lstat(filepath.Join(d, hex[:2], hex[2:])); err == nil {
+				return true
+			}
+		}
+		for _, idx := range before {
+			if ok, err := idxHas(idx, h); err == nil && ok {
 				return true
 			}
 		}

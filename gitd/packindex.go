@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -237,8 +238,9 @@ type cachedIndex struct {
 }
 
 // maxCachedIndexes bounds the mappings the cache holds (each is the
-// index's bytes of address space, read from the page cache).
-const maxCachedIndexes = 512
+// index's bytes of address space, read from the page cache): more than
+// the packs of the repositories in use, even with housekeeping off.
+const maxCachedIndexes = 4096
 
 // indexes is the daemon's one cache of pack indexes.
 var indexes = &indexCache{m: map[string]*cachedIndex{}}
@@ -270,14 +272,25 @@ func (c *indexCache) get(path string) (*packIndex, error) {
 	defer c.mu.Unlock()
 	c.m[path] = &cachedIndex{ix: ix, dev: dev, ino: ino, size: st.Size(), used: c.tick}
 	if len(c.m) > maxCachedIndexes {
-		var oldest string
-		var at uint64
-		for p, e := range c.m {
-			if oldest == "" || e.used < at {
-				oldest, at = p, e.used
-			}
-		}
-		delete(c.m, oldest)
+		c.evict()
 	}
 	return ix, nil
+}
+
+// evict drops the least recently used eighth of the cache, so that a
+// repository with more packs than the cache holds costs one sort per
+// eighth, not a scan per index. A view that holds a dropped index keeps
+// it; the mapping goes when nothing does.
+func (c *indexCache) evict() {
+	used := make([]uint64, 0, len(c.m))
+	for _, e := range c.m {
+		used = append(used, e.used)
+	}
+	slices.Sort(used)
+	cut := used[len(used)/8]
+	for p, e := range c.m {
+		if e.used < cut {
+			delete(c.m, p)
+		}
+	}
 }

@@ -41,9 +41,27 @@ type viewDir struct {
 	packs   []viewPack
 }
 
+// viewPack is a pack of a view, its index mapped on the first read that
+// looks there (a repository between housekeeping runs may hold many packs,
+// and most reads find what they want in the first few).
 type viewPack struct {
-	idx  *packIndex
-	pack string // the .pack beside it
+	path string     // the .idx
+	idx  *packIndex // nil until mapped
+	bad  bool       // unreadable: a read skips it, and a reload lists afresh
+	pack string     // the .pack beside it
+}
+
+// index maps p's index once.
+func (p *viewPack) index() *packIndex {
+	if p.idx == nil && !p.bad {
+		ix, err := indexes.get(p.path)
+		if err != nil {
+			p.bad = true // removed meanwhile, or corrupt
+			return nil
+		}
+		p.idx = ix
+	}
+	return p.idx
 }
 
 // open returns a view of r for reads.
@@ -65,37 +83,39 @@ const viewBaseCache = 16 * cache.MiByte
 
 // list reads r's object directories' packs into the view.
 func (v *view) list() {
-	v.packs = packList(v.r)
+	var names strings.Builder
 	v.dirs = v.dirs[:0]
 	for _, dir := range v.r.visible() {
 		d := viewDir{objects: dir}
-		ents, _ := os.ReadDir(filepath.Join(dir, "pack"))
-		for _, e := range ents {
-			name, ok := strings.CutSuffix(e.Name(), ".idx")
-			if !ok {
-				continue
-			}
-			ix, err := indexes.get(filepath.Join(dir, "pack", e.Name()))
-			if err != nil {
-				continue // removed meanwhile, or unreadable: a read misses and reloads
-			}
-			d.packs = append(d.packs, viewPack{idx: ix, pack: filepath.Join(dir, "pack", name+".pack")})
+		for _, idx := range indexNames(dir, &names) {
+			pack := strings.TrimSuffix(idx, ".idx") + ".pack"
+			d.packs = append(d.packs, viewPack{path: filepath.Join(dir, "pack", idx), pack: filepath.Join(dir, "pack", pack)})
 		}
 		v.dirs = append(v.dirs, d)
 	}
+	v.packs = names.String()
+}
+
+// indexNames lists the pack indexes of the object directory dir, and
+// writes them to list, then a "/".
+func indexNames(dir string, list *strings.Builder) []string {
+	ents, _ := os.ReadDir(filepath.Join(dir, "pack"))
+	var out []string
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".idx") {
+			out = append(out, e.Name())
+			list.WriteString(e.Name())
+		}
+	}
+	list.WriteByte('/')
+	return out
 }
 
 // packList names the pack indexes of r's visible object directories.
 func packList(r repo) string {
 	var b strings.Builder
 	for _, dir := range r.visible() {
-		ents, _ := os.ReadDir(filepath.Join(dir, "pack"))
-		for _, e := range ents {
-			if strings.HasSuffix(e.Name(), ".idx") {
-				b.WriteString(e.Name())
-			}
-		}
-		b.WriteByte('/')
+		indexNames(dir, &b)
 	}
 	return b.String()
 }
@@ -128,7 +148,9 @@ func (v *view) poolView() *view {
 	if g, err := openGoGit(p.r.Path); err == nil {
 		p.own = g
 	}
-	p.packs = packList(p.r)
+	// The pool is v's last directory: its packs as v listed them.
+	lists := strings.Split(strings.TrimSuffix(v.packs, "/"), "/")
+	p.packs = lists[len(lists)-1] + "/"
 	p.dirs = []viewDir{v.dirs[len(v.dirs)-1]}
 	return p
 }
@@ -146,7 +168,11 @@ func (v *view) locate(h plumbing.Hash) (where, error) {
 		d := &v.dirs[i]
 		for j := range d.packs {
 			p := &d.packs[j]
-			if off, err := p.idx.FindOffset(h); err == nil {
+			ix := p.index()
+			if ix == nil {
+				continue
+			}
+			if off, err := ix.FindOffset(h); err == nil {
 				return where{pack: p, offset: off}, nil
 			} else if !errors.Is(err, plumbing.ErrObjectNotFound) {
 				return where{}, err
