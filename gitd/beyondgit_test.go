@@ -2,7 +2,6 @@ package gitd
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -115,21 +114,7 @@ func TestBeyondGitGitmodulesRules(t *testing.T) {
 // as new, so a refusal stands. Loose objects count as they are.
 func TestObjectsBefore(t *testing.T) {
 	repo := filepath.Join(t.TempDir(), "r.git")
-	git := func(stdin string, args ...string) string {
-		t.Helper()
-		cmd := exec.Command("git", args...)
-		cmd.Dir = repo
-		cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
-		cmd.Stdin = strings.NewReader(stdin)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	if err := exec.Command("git", "init", "-q", "--bare", repo).Run(); err != nil {
-		t.Fatal(err)
-	}
+	git := bareGit(t, repo)
 	objects := filepath.Join(repo, "objects")
 	// Each object is named by a ref, so that repack packs it.
 	object := func(name, body string) string {

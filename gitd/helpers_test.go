@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -353,3 +354,23 @@ func (e *env) rawCommit(tree, author string) string {
 }
 
 const goodAuthor = "Test <test@example.com> 1700000000 +0000"
+
+// bareGit makes a bare repository at repo, outside any service, and
+// returns a runner of git in it (stdin, then the words), with no system or
+// global configuration; a failure fails the test.
+func bareGit(t *testing.T, repo string) func(stdin string, args ...string) string {
+	t.Helper()
+	git := func(stdin string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"--git-dir", repo}, args...)...)
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	git("", "init", "-q", "--bare")
+	return git
+}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,18 +20,7 @@ import (
 func packFixture(t *testing.T, n int, indexVersion string) string {
 	t.Helper()
 	repo := filepath.Join(t.TempDir(), "r.git")
-	git := func(stdin string, args ...string) string {
-		t.Helper()
-		cmd := exec.Command("git", append([]string{"--git-dir", repo}, args...)...)
-		cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
-		cmd.Stdin = strings.NewReader(stdin)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	git("", "init", "-q", "--bare")
+	git := bareGit(t, repo)
 	var b strings.Builder
 	for i := range n {
 		body := fmt.Sprintf("blob %d %s\n", i, strings.Repeat("x", i%97))
