@@ -115,7 +115,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 	defer objs.Close()
-	walked := s.startBeyondGit(r, objs)
+	walked := s.startBeyondGit(r, q, objs)
 	// Every return waits for the walk, so that it never reads a pack that
 	// is gone.
 	defer walked()
