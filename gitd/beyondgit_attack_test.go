@@ -127,7 +127,9 @@ func TestAttackWalkTrustsARefusedPushInFlight(t *testing.T) {
 		t.Fatalf("the push the broker refuses: %v", err)
 	}
 	got := <-secondDone
-	if errdefs.ReasonOf(got.err) != errdefs.TreeEntryNameTooLong {
+	// Refused by the walk, or first for the undo that ran beside it
+	// (TestAttackPushOnARefusedPushInFlight).
+	if r := errdefs.ReasonOf(got.err); r != errdefs.TreeEntryNameTooLong && r != errdefs.ObjectsUndone {
 		t.Errorf("a push carrying a tree the walk refuses, while a refused push held it: %+v, %v; want %s", got.res, got.err, errdefs.TreeEntryNameTooLong)
 	}
 	if e.ref("refs/work/t1") != last {
@@ -135,6 +137,62 @@ func TestAttackWalkTrustsARefusedPushInFlight(t *testing.T) {
 	}
 	if _, err := e.runErr(e.taskRepo("t1"), "cat-file", nil, "-e", "--", bad); err == nil {
 		t.Errorf("the refused tree %s is in the task's repository", bad)
+	}
+	e.fsck()
+}
+
+// The same window, without the tree: a push that names the refused push's
+// commit as a prerequisite and carries only a commit of its own on the
+// refused tree passes every check (its prerequisite, index-pack's
+// connectivity and the ancestry walk all find the refused objects) while
+// the refused push's pack is in, and was accepted once that pack was
+// removed: refs/work/<task> named a commit whose tree and parent nobody
+// had, and git fsck failed on the task's repository.
+func TestAttackPushOnARefusedPushInFlight(t *testing.T) {
+	var ha *hookAuth
+	e := newEnv(t, func(o *Options) {
+		ha = &hookAuth{fakeAuth: o.Authority.(*fakeAuth)}
+		o.Authority = ha
+	})
+	last := e.pushChain("t1", 1)
+	first := e.commitFile("first.txt", "refused\n")
+	second := e.commitFile("second.txt", "on the refused one\n")
+	secondBundle := e.bundle("HEAD", "^"+first)
+	e.run(e.work, "update-ref", nil, "--", "refs/heads/work", first)
+	firstBundle := e.bundle("HEAD", "^"+last)
+
+	type result struct {
+		res PushResult
+		err error
+	}
+	secondDone := make(chan result, 1)
+	ha.record = func(p authz.Push) error {
+		if p.Commit != first {
+			return nil
+		}
+		go func() {
+			res, err := e.push("t1", secondBundle)
+			secondDone <- result{res, err}
+		}()
+		for !parkedIn("gitd.(*Service).Push", "gitd.(*Service).lockTask") || parkedIn("gitd.walkBeyondGit", "") {
+			select {
+			case r := <-secondDone:
+				secondDone <- r
+				return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
+			case <-time.After(time.Millisecond):
+			}
+		}
+		return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
+	}
+	if _, err := e.push("t1", firstBundle); errdefs.ReasonOf(err) != errdefs.TaskClosed {
+		t.Fatalf("the push the broker refuses: %v", err)
+	}
+	got := <-secondDone
+	if errdefs.ReasonOf(got.err) != errdefs.ObjectsUndone {
+		t.Errorf("a push on a refused push's commit: %+v, %v; want %s", got.res, got.err, errdefs.ObjectsUndone)
+	}
+	if e.ref("refs/work/t1") != last {
+		t.Errorf("the ref moved: %s (second %s)", e.ref("refs/work/t1"), second)
 	}
 	e.fsck()
 }

@@ -68,6 +68,7 @@ const (
 	SelfReview           Reason = "SELF_REVIEW"
 	ProjectOnOtherHost   Reason = "PROJECT_ON_OTHER_HOST"
 	RefChanged           Reason = "REF_CHANGED"
+	ObjectsUndone        Reason = "OBJECTS_UNDONE"
 	IdempotencyKeyReused Reason = "IDEMPOTENCY_KEY_REUSED"
 	PushFDDeclined       Reason = "PUSH_FD_DECLINED"
 
