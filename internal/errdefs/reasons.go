@@ -93,6 +93,7 @@ const (
 	GitmodulesURL         Reason = "GITMODULES_URL"
 	GitmodulesGitlink     Reason = "GITMODULES_GITLINK"
 	PackTrailingBytes     Reason = "PACK_TRAILING_BYTES"
+	DeltaChainTooDeep     Reason = "DELTA_CHAIN_TOO_DEEP"
 	BundleRefNotCommit    Reason = "BUNDLE_REF_NOT_COMMIT"
 
 	// Limits.
