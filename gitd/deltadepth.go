@@ -13,9 +13,10 @@ import (
 )
 
 // maxDeltaDepth bounds the delta chains of a pushed pack. go-git resolves
-// a delta by recursion, some 1-2 KiB of stack a link: a chain of some
-// 600,000 blobs (20 MB, under the bounds of a bundle and of its objects)
-// read by the beyond-git walk or a view went past the goroutine stack
+// a delta by recursion, 650-840 bytes of stack a link (measured: 10,000
+// links stay under 8 MiB, 13,000 do not): a chain of some 830,000 blobs
+// (about 20 MB, under the bounds of a bundle and of its objects, 2^20)
+// read by the beyond-git walk or a view goes past the goroutine stack
 // limit (1 GB), a fatal error that stops the daemon, not a panic anyone
 // recovers. git writes no deeper chain than 4095 (pack-objects caps
 // --depth there), and the packs housekeeping's repacks and the landings'

@@ -72,9 +72,9 @@ func chainBundle(main string, links int) []byte {
 	return append([]byte(fmt.Sprintf("# v2 git bundle\n-%s\n%s refs/heads/work\n\n", main, id)), pack.Bytes()...)
 }
 
-// go-git resolves a delta by recursion, some 1-2 KiB of goroutine stack a
+// go-git resolves a delta by recursion, 650-840 bytes of goroutine stack a
 // link, and a pushed pack's chains were as deep as the push made them: a
-// chain of some 600,000 blobs (20 MB, inside the bundle and object bounds)
+// chain of some 830,000 blobs (20 MB, inside the bundle and object bounds)
 // read by the walk or a view would exceed the 1 GB stack limit, a fatal
 // error that stops the daemon. A push whose pack has a chain deeper than
 // git ever writes (4095) is refused, nothing left behind; one at the bound
