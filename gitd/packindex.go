@@ -242,6 +242,11 @@ type cachedIndex struct {
 // the packs of the repositories in use, even with housekeeping off.
 const maxCachedIndexes = 4096
 
+// maxTableEntries bounds the by-offset positions (FindHash, 4 bytes an
+// object) that the cache's indexes hold: 256 MiB of heap. A variable only
+// so that a test can make it small.
+var maxTableEntries = 64 << 20
+
 // indexes is the daemon's one cache of pack indexes.
 var indexes = &indexCache{m: map[string]*cachedIndex{}}
 
