@@ -104,7 +104,16 @@ const maxEntryName = 4096
 // waits before the push is recorded: a refused push is rolled back like
 // one the broker refuses, so the walk costs a push its CPU, not its time.
 // Unless the benchmark turned it off (Options.SkipBeyondGit).
-func (s *Service) startBeyondGit(r repo, objs *objectReader) func() error {
+//
+// What the walk lets through for being there before (a tree it would
+// refuse, a .gitmodules of the pool's) it asks about before the push holds
+// its task's lock, while another push to the task may be between moving
+// its pack in and having it undone: that pack answers, then goes. So the
+// answer is asked again once the push holds the lock (the caller waits
+// for the walk only then), of what the repository and its pool hold now,
+// the push's own files (q.Added) left out
+// (TestAttackWalkTrustsARefusedPushInFlight).
+func (s *Service) startBeyondGit(r repo, q *bundle.Quarantine, objs *objectReader) func() error {
 	if s.o.SkipBeyondGit || objs.pack == nil {
 		return func() error { return nil }
 	}
@@ -115,7 +124,23 @@ func (s *Service) startBeyondGit(r repo, objs *objectReader) func() error {
 	// The pool is the last directory a task's repository sees.
 	vis := r.visible()
 	own, pooled := objectsBefore(vis[:len(vis)-1]), objectsBefore(vis[len(vis)-1:])
-	has := func(h plumbing.Hash) bool { return own(h) || pooled(h) }
+	// What the walk let through, for the second asking; the walk's
+	// goroutine writes them, walked reads them once it is done.
+	var trees, blobs []plumbing.Hash
+	has := func(h plumbing.Hash) bool {
+		if own(h) || pooled(h) {
+			trees = append(trees, h)
+			return true
+		}
+		return false
+	}
+	pooledBlob := func(h plumbing.Hash) bool {
+		if pooled(h) {
+			blobs = append(blobs, h)
+			return true
+		}
+		return false
+	}
 	type walkResult struct {
 		later []plumbing.Hash
 		err   error
@@ -123,7 +148,7 @@ func (s *Service) startBeyondGit(r repo, objs *objectReader) func() error {
 	done := make(chan walkResult, 1)
 	go func() {
 		defer pack.Close()
-		later, err := walkBeyondGit(pack, has, pooled)
+		later, err := walkBeyondGit(pack, has, pooledBlob)
 		done <- walkResult{later, err}
 	}()
 	var result error
@@ -133,6 +158,9 @@ func (s *Service) startBeyondGit(r repo, objs *objectReader) func() error {
 			res := <-done
 			result, waited = res.err, true
 			if result == nil {
+				result = stillBefore(r, q, objs.repo, trees, blobs, &res.later)
+			}
+			if result == nil {
 				// Read here, by the push's goroutine, the one that
 				// uses the repository's view.
 				result = checkGitmodulesIn(objs.repo, res.later)
@@ -140,6 +168,44 @@ func (s *Service) startBeyondGit(r repo, objs *objectReader) func() error {
 		}
 		return result
 	}
+}
+
+// stillBefore asks again, under the push's task lock, about what the walk
+// let through for being there before: a tree no longer there outside the
+// push's own files is read from the repository (the push's pack, moved in
+// by now) and checked, its refusal stands; a .gitmodules the pool no
+// longer holds is checked like one of the task's (added to later).
+func stillBefore(r repo, q *bundle.Quarantine, repo objectStore, trees, blobs []plumbing.Hash, later *[]plumbing.Hash) error {
+	if len(trees) == 0 && len(blobs) == 0 {
+		return nil
+	}
+	skip := map[string]bool{}
+	for _, p := range q.Added() {
+		skip[filepath.Clean(p)] = true
+	}
+	vis := r.visible()
+	there := objectsIn(vis, skip)
+	pooled := objectsIn(vis[len(vis)-1:], skip)
+	for _, h := range trees {
+		if there(h) {
+			continue
+		}
+		// The push's pack holds it (the walk read it there), within the
+		// push's tree bound; the view refuses to read past its own.
+		obj, err := repo.EncodedObject(plumbing.TreeObject, h)
+		if err != nil {
+			return fmt.Errorf("beyond-git walk: read tree %s: %w", h, err)
+		}
+		if err := checkTree(obj, map[plumbing.Hash]plumbing.Hash{}); err != nil {
+			return err
+		}
+	}
+	for _, h := range blobs {
+		if !pooled(h) {
+			*later = append(*later, h)
+		}
+	}
+	return nil
 }
 
 // checkGitmodulesIn checks .gitmodules blobs that a push's new trees name
@@ -176,7 +242,17 @@ func checkGitmodulesIn(repo objectStore, ids []plumbing.Hash) error {
 // refusal stands. Loose objects count as they are: a push's objects never
 // become loose.
 func objectsBefore(dirs []string) func(plumbing.Hash) bool {
-	before := packIndexes(dirs)
+	return objectsIn(dirs, nil)
+}
+
+// objectsIn is objectsBefore, the pack indexes named in skip left out.
+func objectsIn(dirs []string, skip map[string]bool) func(plumbing.Hash) bool {
+	var before []string
+	for _, idx := range packIndexes(dirs) {
+		if !skip[filepath.Clean(idx)] {
+			before = append(before, idx)
+		}
+	}
 	return func(h plumbing.Hash) bool {
 		hex := h.String()
 		for _, d := range dirs {

@@ -2,10 +2,14 @@ package gitd
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 )
 
@@ -59,4 +63,136 @@ func TestAttackGitmodulesBlobFromAnEarlierPush(t *testing.T) {
 	if _, err := e.push("t3", e.bundle("HEAD", "^"+newMain)); err != nil {
 		t.Fatalf("a push naming main's own .gitmodules again: %v", err)
 	}
+}
+
+// The walk lets a tree it would refuse through when the repository held it
+// before the push ("entered before"), and asks that while it runs, before
+// the push holds its task's lock. Another push to the same task may then
+// be between moving its pack in and having it undone (refused by the walk
+// or the broker): its pack answers for the tree, the refusal removes that
+// pack, and the second push, which carried the tree itself, was accepted
+// with it. Whatever the walk let through for being there before must
+// still be there once the push holds the lock.
+//
+// Made deterministic: the broker's record of the first push (its pack in,
+// the lock held) starts the second and waits until that one's walk ended
+// and it waits for the lock, then refuses.
+func TestAttackWalkTrustsARefusedPushInFlight(t *testing.T) {
+	var ha *hookAuth
+	e := newEnv(t, func(o *Options) {
+		ha = &hookAuth{fakeAuth: o.Authority.(*fakeAuth)}
+		o.Authority = ha
+		o.SkipBeyondGit = true // for the first push: the broker refuses it
+	})
+	last := e.pushChain("t1", 1)
+	readme := e.run(e.work, "rev-parse", nil, "--", "HEAD:README")
+	bad := e.rawObject("tree", rawTree(treeEntry{"100644", strings.Repeat("x", 4097), readme}))
+	commit := func(msg string) string {
+		body := fmt.Sprintf("tree %s\nparent %s\nauthor %s\ncommitter %s\n\n%s\n", bad, last, goodAuthor, goodAuthor, msg)
+		return e.rawObject("commit", []byte(body))
+	}
+	first, second := commit("first"), commit("second")
+	secondBundle := func() []byte {
+		e.run(e.work, "update-ref", nil, "--", "refs/heads/work", second)
+		return e.bundle("HEAD", "^"+last)
+	}()
+	e.run(e.work, "update-ref", nil, "--", "refs/heads/work", first)
+	firstBundle := e.bundle("HEAD", "^"+last)
+
+	type result struct {
+		res PushResult
+		err error
+	}
+	secondDone := make(chan result, 1)
+	ha.record = func(p authz.Push) error {
+		if p.Commit != first {
+			return nil
+		}
+		e.svc.o.SkipBeyondGit = false
+		go func() {
+			res, err := e.push("t1", secondBundle)
+			secondDone <- result{res, err}
+		}()
+		for !parkedIn("gitd.(*Service).Push", "gitd.(*Service).lockTask") || parkedIn("gitd.walkBeyondGit", "") {
+			select {
+			case r := <-secondDone:
+				secondDone <- r
+				return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
+			case <-time.After(time.Millisecond):
+			}
+		}
+		return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
+	}
+	if _, err := e.push("t1", firstBundle); errdefs.ReasonOf(err) != errdefs.TaskClosed {
+		t.Fatalf("the push the broker refuses: %v", err)
+	}
+	got := <-secondDone
+	// Refused by the walk, or first for the undo that ran beside it
+	// (TestAttackPushOnARefusedPushInFlight).
+	if r := errdefs.ReasonOf(got.err); r != errdefs.TreeEntryNameTooLong && r != errdefs.ObjectsUndone {
+		t.Errorf("a push carrying a tree the walk refuses, while a refused push held it: %+v, %v; want %s", got.res, got.err, errdefs.TreeEntryNameTooLong)
+	}
+	if e.ref("refs/work/t1") != last {
+		t.Errorf("the ref moved: %s", e.ref("refs/work/t1"))
+	}
+	if _, err := e.runErr(e.taskRepo("t1"), "cat-file", nil, "-e", "--", bad); err == nil {
+		t.Errorf("the refused tree %s is in the task's repository", bad)
+	}
+	e.fsck()
+}
+
+// The same window, without the tree: a push that names the refused push's
+// commit as a prerequisite and carries only a commit of its own on the
+// refused tree passes every check (its prerequisite, index-pack's
+// connectivity and the ancestry walk all find the refused objects) while
+// the refused push's pack is in, and was accepted once that pack was
+// removed: refs/work/<task> named a commit whose tree and parent nobody
+// had, and git fsck failed on the task's repository.
+func TestAttackPushOnARefusedPushInFlight(t *testing.T) {
+	var ha *hookAuth
+	e := newEnv(t, func(o *Options) {
+		ha = &hookAuth{fakeAuth: o.Authority.(*fakeAuth)}
+		o.Authority = ha
+	})
+	last := e.pushChain("t1", 1)
+	first := e.commitFile("first.txt", "refused\n")
+	second := e.commitFile("second.txt", "on the refused one\n")
+	secondBundle := e.bundle("HEAD", "^"+first)
+	e.run(e.work, "update-ref", nil, "--", "refs/heads/work", first)
+	firstBundle := e.bundle("HEAD", "^"+last)
+
+	type result struct {
+		res PushResult
+		err error
+	}
+	secondDone := make(chan result, 1)
+	ha.record = func(p authz.Push) error {
+		if p.Commit != first {
+			return nil
+		}
+		go func() {
+			res, err := e.push("t1", secondBundle)
+			secondDone <- result{res, err}
+		}()
+		for !parkedIn("gitd.(*Service).Push", "gitd.(*Service).lockTask") || parkedIn("gitd.walkBeyondGit", "") {
+			select {
+			case r := <-secondDone:
+				secondDone <- r
+				return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
+			case <-time.After(time.Millisecond):
+			}
+		}
+		return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
+	}
+	if _, err := e.push("t1", firstBundle); errdefs.ReasonOf(err) != errdefs.TaskClosed {
+		t.Fatalf("the push the broker refuses: %v", err)
+	}
+	got := <-secondDone
+	if errdefs.ReasonOf(got.err) != errdefs.ObjectsUndone {
+		t.Errorf("a push on a refused push's commit: %+v, %v; want %s", got.res, got.err, errdefs.ObjectsUndone)
+	}
+	if e.ref("refs/work/t1") != last {
+		t.Errorf("the ref moved: %s (second %s)", e.ref("refs/work/t1"), second)
+	}
+	e.fsck()
 }

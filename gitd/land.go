@@ -128,12 +128,13 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
 	if err := q.Migrate(); err != nil {
+		s.markUndone(r)
 		return LandResult{}, err
 	}
 	res.Seq, err = l.RecordLanding(cctx, g, authz.Landing{Business: business, Project: project, Task: task,
 		Approved: approved, Old: old, New: res.MainNew, Merge: res.Merge}, peer)
 	if err != nil {
-		if rerr := q.Rollback(); rerr != nil {
+		if rerr := s.undo(r, q); rerr != nil {
 			s.log.Error("remove refused merge", "repo", r.Path, "err", rerr)
 		}
 		return LandResult{}, err

@@ -62,7 +62,8 @@ type objectReader struct {
 }
 
 // openObjects opens the pack index-pack wrote into dir (a quarantine's
-// object directory) as pack-<name>, in front of repo.
+// object directory) as pack-<name>, in front of repo, refusing one with a
+// delta chain deeper than git writes (checkDeltaDepth).
 func openObjects(dir, name string, repo objectStore) (*objectReader, error) {
 	packDir := filepath.Join(dir, "pack")
 	o := &objectReader{repo: repo, limit: walkLimit, packDir: packDir, name: name}
@@ -77,6 +78,11 @@ func openObjects(dir, name string, repo objectStore) (*objectReader, error) {
 		return nil, fmt.Errorf("read %s: %w", idxf.Name(), err)
 	}
 	o.idx = idx
+	// Before anything reads the pack with go-git, whose delta resolution
+	// recurses once a link (deltadepth.go).
+	if err := checkDeltaDepth(filepath.Join(packDir, "pack-"+name+".pack"), idx); err != nil {
+		return nil, err
+	}
 	if o.pack, err = o.reopen(); err != nil {
 		return nil, err
 	}

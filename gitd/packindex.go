@@ -2,6 +2,7 @@ package gitd
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -209,6 +210,7 @@ func (ix *packIndex) sortByOffset() {
 	}
 	sort.Slice(pos, func(a, b int) bool { return offs[pos[a]] < offs[pos[b]] })
 	ix.byOffset = pos
+	indexes.tableMade(ix)
 }
 
 func (ix *packIndex) Count() (int64, error) { return int64(ix.n), nil }
@@ -227,20 +229,29 @@ type indexCache struct {
 	mu   sync.Mutex
 	m    map[string]*cachedIndex
 	tick uint64
+	// tables is the by-offset positions the cached indexes hold, at most
+	// maxTableEntries past a tableMade.
+	tables int
 }
 
 type cachedIndex struct {
-	ix   *packIndex
-	dev  uint64
-	ino  uint64
-	size int64
-	used uint64
+	ix    *packIndex
+	dev   uint64
+	ino   uint64
+	size  int64
+	used  uint64
+	table int // positions counted in the cache's tables
 }
 
 // maxCachedIndexes bounds the mappings the cache holds (each is the
 // index's bytes of address space, read from the page cache): more than
 // the packs of the repositories in use, even with housekeeping off.
 const maxCachedIndexes = 4096
+
+// maxTableEntries bounds the by-offset positions (FindHash, 4 bytes an
+// object) that the cache's indexes hold: 256 MiB of heap. A variable only
+// so that a test can make it small.
+var maxTableEntries = 64 << 20
 
 // indexes is the daemon's one cache of pack indexes.
 var indexes = &indexCache{m: map[string]*cachedIndex{}}
@@ -270,6 +281,9 @@ func (c *indexCache) get(path string) (*packIndex, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if old := c.m[path]; old != nil {
+		c.tables -= old.table
+	}
 	c.m[path] = &cachedIndex{ix: ix, dev: dev, ino: ino, size: st.Size(), used: c.tick}
 	if len(c.m) > maxCachedIndexes {
 		c.evict()
@@ -290,7 +304,41 @@ func (c *indexCache) evict() {
 	cut := used[len(used)/8]
 	for p, e := range c.m {
 		if e.used < cut {
+			c.tables -= e.table
 			delete(c.m, p)
 		}
+	}
+}
+
+// tableMade counts ix's by-offset positions, just made, if ix is cached,
+// and drops the least recently used other indexes while the cache's
+// indexes hold more than maxTableEntries of them: the positions are 4
+// bytes an object, and the cache holds thousands of indexes. A view that
+// holds a dropped index keeps it (and its table) for its request.
+func (c *indexCache) tableMade(ix *packIndex) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.m[ix.path]
+	if e == nil || e.ix != ix || e.table != 0 {
+		return
+	}
+	e.table = len(ix.byOffset)
+	c.tables += e.table
+	if c.tables <= maxTableEntries {
+		return
+	}
+	var held []*cachedIndex
+	for _, o := range c.m {
+		if o.table > 0 && o != e {
+			held = append(held, o)
+		}
+	}
+	slices.SortFunc(held, func(a, b *cachedIndex) int { return cmp.Compare(a.used, b.used) })
+	for _, o := range held {
+		if c.tables <= maxTableEntries {
+			break
+		}
+		c.tables -= o.table
+		delete(c.m, o.ix.path)
 	}
 }

@@ -223,3 +223,39 @@ func TestIndexCache(t *testing.T) {
 		t.Fatalf("a removed index: %v", err)
 	}
 }
+
+// The by-offset positions an index keeps once a delta named its base by
+// offset (FindHash) are 4 bytes an object, and the cache held them for as
+// many as 4,096 indexes: a session whose pushes fill its task's quota
+// with packs of 2^20 tiny objects (some 30 MB each) had the daemon keep 4
+// MB of heap per pack after one read of each, 10 GB of a project's quota
+// making 1.3 GB of heap, held until the indexes left the cache. The cache
+// bounds the positions its indexes hold (maxTableEntries), dropping the
+// least recently used indexes past it.
+func TestAttackIndexTablesBounded(t *testing.T) {
+	defer func(n int) { maxTableEntries = n }(maxTableEntries)
+	maxTableEntries = 250
+	for range 4 {
+		path := packFixture(t, 100, "")
+		ix, err := indexes.get(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := ix.offset(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ix.FindHash(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := 0
+	indexes.mu.Lock()
+	for _, e := range indexes.m {
+		held += len(e.ix.byOffset)
+	}
+	indexes.mu.Unlock()
+	if held > maxTableEntries {
+		t.Errorf("the cache's indexes hold %d by-offset positions, over the bound of %d", held, maxTableEntries)
+	}
+}

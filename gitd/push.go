@@ -77,6 +77,13 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	// Every read from here on sees the pool and this task's repository
 	// only: another task's objects are neither a prerequisite, a delta
 	// base nor a tree entry here, and no answer depends on them.
+	// A push to the task moves its pack in under the task's lock and
+	// removes it again if refused: this push's checks, which run before
+	// it holds that lock, may read that pack meanwhile (its prerequisite,
+	// index-pack's connectivity, the ancestry and the walk's "there
+	// before"). Counted now and again under the lock, such an undo
+	// refuses this push (TestAttackPushOnARefusedPushInFlight).
+	undone := s.undoneCount(r)
 	gg, err := s.open(r)
 	if err != nil {
 		return PushResult{}, err
@@ -115,7 +122,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 	defer objs.Close()
-	walked := s.startBeyondGit(r, objs)
+	walked := s.startBeyondGit(r, q, objs)
 	// Every return waits for the walk, so that it never reads a pack that
 	// is gone.
 	defer walked()
@@ -141,6 +148,10 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	cur, err := readRef(gg, ref)
 	if err != nil {
 		return PushResult{}, err
+	}
+	if s.undoneCount(r) != undone {
+		return PushResult{}, errdefs.Aborted(errdefs.ObjectsUndone, "while push %s was checked, another push to task %s (or a landing) was refused and its objects removed, which the checks may have read: push again", commit, g.Task).
+			With("commit", commit).With("task", g.Task)
 	}
 	if cur == commit {
 		return PushResult{Commit: commit, Previous: cur, Ref: ref}, nil
@@ -179,6 +190,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		q.AlsoSync = append(q.AlsoSync, f)
 	}
 	if err := q.Migrate(); err != nil {
+		s.markUndone(r) // Migrate removed what it had moved in
 		mv.Abort()
 		if made {
 			s.dropNew(r)
@@ -190,7 +202,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	// or the broker): the prepared move, the pack, a repository it made.
 	refused := func(err error) (PushResult, error) {
 		mv.Abort()
-		if rerr := q.Rollback(); rerr != nil {
+		if rerr := s.undo(r, q); rerr != nil {
 			s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
 		} else if made {
 			s.dropNew(r)

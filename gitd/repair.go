@@ -30,7 +30,7 @@ func (s *Service) settleUnclear(ctx context.Context, r repo, q *bundle.Quarantin
 			"the record of push %s may or may not have committed, and the log could not be read back: push again (its pack is kept)", commit).
 			With("commit", commit).Retry(time.Second).Wrap(err)
 	case !recorded:
-		if rerr := q.Rollback(); rerr != nil {
+		if rerr := s.undo(r, q); rerr != nil {
 			s.log.Error("remove the pack of a push that was not recorded", "repo", r.Path, "err", rerr)
 		}
 		s.log.Warn("a push's record did not commit (the log has no such push); its pack was removed", "repo", r.Path, "task", g.Task, "commit", commit, "cause", cause)

@@ -180,10 +180,11 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 	}
 	defer s.forgetUsage(r)
 	if err := q.Migrate(); err != nil {
+		s.markUndone(r)
 		return "", "", err
 	}
 	if err := r.UpdateRef(ctx, MainRef, gitid.ObjectID(next), gitid.ObjectID(old)); err != nil {
-		q.Rollback()
+		s.undo(r, q)
 		return "", "", err
 	}
 	return next, old, nil

@@ -115,7 +115,11 @@ type Service struct {
 	// usage caches each repository's object bytes (under its lock), so
 	// that a push's project quota check does not walk the objects.
 	usage map[string]int64
-	hk    *housekeeper
+	// undone counts, by repository Path, the objects moved in and removed
+	// again (a refused push or landing): a push whose checks ran meanwhile
+	// may have read them (undoneCount).
+	undone map[string]uint64
+	hk     *housekeeper
 }
 
 // New checks o and prepares ReposDir. It removes what a killed process may
@@ -169,7 +173,7 @@ func New(o Options) (*Service, error) {
 		log = slog.Default()
 	}
 	s := &Service{o: o, git: g, log: log.With("service", "gitd"), locks: map[string]*semaphore.Weighted{},
-		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}}
+		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}, undone: map[string]uint64{}}
 	s.hk = newHousekeeper(s, o.Housekeeping)
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
@@ -352,4 +356,35 @@ func removeSeeding(dir string) error {
 		}
 	}
 	return nil
+}
+
+// undo removes what q moved into r (a refused push or landing, or a
+// migration that failed half way) and counts it for undoneCount.
+func (s *Service) undo(r repo, q *bundle.Quarantine) error {
+	err := q.Rollback()
+	s.markUndone(r)
+	return err
+}
+
+// markUndone counts objects of r moved in and removed again (after the
+// removal: a push that reads the count later cannot have read them).
+func (s *Service) markUndone(r repo) {
+	s.mu.Lock()
+	s.undone[r.Path]++
+	s.mu.Unlock()
+}
+
+// undoneCount is how many times objects r sees (its own and its pool's)
+// were moved in and removed again. A push reads it before its checks and
+// again under its task's lock: every undo of its task's repository (under
+// that lock) or of the pool (under the whole project's lock) that could
+// have shown the checks what is gone is counted by then.
+func (s *Service) undoneCount(r repo) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.undone[r.Path]
+	if !r.isPool() {
+		n += s.undone[r.pool().Path]
+	}
+	return n
 }

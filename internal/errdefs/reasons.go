@@ -68,6 +68,7 @@ const (
 	SelfReview           Reason = "SELF_REVIEW"
 	ProjectOnOtherHost   Reason = "PROJECT_ON_OTHER_HOST"
 	RefChanged           Reason = "REF_CHANGED"
+	ObjectsUndone        Reason = "OBJECTS_UNDONE"
 	IdempotencyKeyReused Reason = "IDEMPOTENCY_KEY_REUSED"
 	PushFDDeclined       Reason = "PUSH_FD_DECLINED"
 
@@ -92,6 +93,7 @@ const (
 	GitmodulesURL         Reason = "GITMODULES_URL"
 	GitmodulesGitlink     Reason = "GITMODULES_GITLINK"
 	PackTrailingBytes     Reason = "PACK_TRAILING_BYTES"
+	DeltaChainTooDeep     Reason = "DELTA_CHAIN_TOO_DEEP"
 	BundleRefNotCommit    Reason = "BUNDLE_REF_NOT_COMMIT"
 
 	// Limits.

@@ -1,0 +1,158 @@
+package gitd
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"syscall"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
+
+	"github.com/bushost/bushost/internal/errdefs"
+)
+
+// maxDeltaDepth bounds the delta chains of a pushed pack. go-git resolves
+// a delta by recursion, 650-840 bytes of stack a link (measured: 10,000
+// links stay under 8 MiB, 13,000 do not): a chain of some 830,000 blobs
+// (about 20 MB, under the bounds of a bundle and of its objects, 2^20)
+// read by the beyond-git walk or a view goes past the goroutine stack
+// limit (1 GB), a fatal error that stops the daemon, not a panic anyone
+// recovers. git writes no deeper chain than 4095 (pack-objects caps
+// --depth there), and the packs housekeeping's repacks and the landings'
+// fetches write are git's own, so only a push's pack is checked.
+const maxDeltaDepth = 4095
+
+// checkDeltaDepth refuses the pack at path (a quarantine's, indexed by idx)
+// when a delta chain in it has more than maxDeltaDepth links. It reads each
+// entry's header in place (the pack mapped, nothing inflated), a few bytes
+// an object, and keeps 16 bytes an object while it runs.
+func checkDeltaDepth(path string, idx *idxfile.MemoryIndex) error {
+	n, err := idx.Count()
+	if err != nil || n == 0 {
+		return err
+	}
+	iter, err := idx.EntriesByOffset()
+	if err != nil {
+		return err
+	}
+	offsets := make([]int64, 0, n)
+	for {
+		e, err := iter.Next()
+		if err != nil {
+			break
+		}
+		offsets = append(offsets, int64(e.Offset))
+	}
+	iter.Close()
+	sort.Slice(offsets, func(a, b int) bool { return offsets[a] < offsets[b] })
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if st.Size() < 32 || int64(int(st.Size())) != st.Size() {
+		return fmt.Errorf("delta depth: %s: %d bytes", path, st.Size())
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("delta depth: map %s: %w", path, err)
+	}
+	defer syscall.Munmap(data)
+	end := int64(len(data)) - hashLen // the trailer
+	corrupt := func(off int64) error { return fmt.Errorf("delta depth: %s: entry at %d unreadable", path, off) }
+	// base[i] is the position of entry i's delta base, -1 for a whole object.
+	base := make([]int32, len(offsets))
+	for i, off := range offsets {
+		p := off
+		if p >= end {
+			return corrupt(off)
+		}
+		c := data[p]
+		typ := (c >> 4) & 7
+		for c&0x80 != 0 { // the size
+			if p++; p >= end || p-off > 10 {
+				return corrupt(off)
+			}
+			c = data[p]
+		}
+		p++
+		var at int64
+		switch plumbing.ObjectType(typ) {
+		case plumbing.OFSDeltaObject:
+			if p >= end {
+				return corrupt(off)
+			}
+			c = data[p]
+			back := int64(c & 0x7f)
+			for c&0x80 != 0 {
+				if p++; p >= end || back >= 1<<50 {
+					return corrupt(off)
+				}
+				c = data[p]
+				back = (back+1)<<7 | int64(c&0x7f)
+			}
+			at = off - back
+		case plumbing.REFDeltaObject:
+			if p+hashLen > end {
+				return corrupt(off)
+			}
+			var h plumbing.Hash
+			copy(h[:], data[p:p+hashLen])
+			o, err := idx.FindOffset(h)
+			if err != nil {
+				return corrupt(off)
+			}
+			at = o
+		default:
+			base[i] = -1
+			continue
+		}
+		j := sort.Search(len(offsets), func(k int) bool { return offsets[k] >= at })
+		if j == len(offsets) || offsets[j] != at || j == i {
+			return corrupt(off)
+		}
+		base[i] = int32(j)
+	}
+	// depth[i] is entry i's links to a whole object, -1 until known;
+	// each entry is settled once, so the whole pass is linear.
+	depth := make([]int32, len(offsets))
+	for i := range depth {
+		depth[i] = -1
+	}
+	var chain []int32
+	for i := range offsets {
+		chain = chain[:0]
+		d := int32(-1)
+		for cur := int32(i); ; cur = base[cur] {
+			if depth[cur] >= 0 {
+				d = depth[cur]
+				break
+			}
+			chain = append(chain, cur)
+			if len(chain) > maxDeltaDepth+1 {
+				return deltaTooDeep(offsets[i])
+			}
+			if base[cur] < 0 {
+				break
+			}
+		}
+		for k := len(chain) - 1; k >= 0; k-- {
+			d++
+			if d > maxDeltaDepth {
+				return deltaTooDeep(offsets[chain[k]])
+			}
+			depth[chain[k]] = d
+		}
+	}
+	return nil
+}
+
+func deltaTooDeep(off int64) error {
+	return errdefs.InvalidArgument(errdefs.DeltaChainTooDeep, "the pack has a delta chain of more than %d links (the entry at offset %d); git writes none that deep: make the bundle again with git bundle create", maxDeltaDepth, off).
+		With("limit", maxDeltaDepth).With("offset", off)
+}
