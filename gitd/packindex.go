@@ -132,6 +132,7 @@ func (ix *packIndex) find(h plumbing.Hash) int {
 func (ix *packIndex) offset(pos int) (int64, error) {
 	base := idxHeader + idxFanout + ix.n*(hashLen+4)
 	o := binary.BigEndian.Uint32(ix.data[base+4*pos:])
+	runtime.KeepAlive(ix) // the mapping outlives the read
 	if o&0x80000000 == 0 {
 		return int64(o), nil
 	}
