@@ -99,30 +99,7 @@ func TestAttackWalkTrustsARefusedPushInFlight(t *testing.T) {
 	e.run(e.work, "update-ref", nil, "--", "refs/heads/work", first)
 	firstBundle := e.bundle("HEAD", "^"+last)
 
-	type result struct {
-		res PushResult
-		err error
-	}
-	secondDone := make(chan result, 1)
-	ha.record = func(p authz.Push) error {
-		if p.Commit != first {
-			return nil
-		}
-		e.svc.o.SkipBeyondGit = false
-		go func() {
-			res, err := e.push("t1", secondBundle)
-			secondDone <- result{res, err}
-		}()
-		for !parkedIn("gitd.(*Service).Push", "gitd.(*Service).lockTask") || parkedIn("gitd.walkBeyondGit", "") {
-			select {
-			case r := <-secondDone:
-				secondDone <- r
-				return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
-			case <-time.After(time.Millisecond):
-			}
-		}
-		return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
-	}
+	secondDone := refuseOnceSecondWaits(e, ha, first, secondBundle, func() { e.svc.o.SkipBeyondGit = false })
 	if _, err := e.push("t1", firstBundle); errdefs.ReasonOf(err) != errdefs.TaskClosed {
 		t.Fatalf("the push the broker refuses: %v", err)
 	}
@@ -161,29 +138,7 @@ func TestAttackPushOnARefusedPushInFlight(t *testing.T) {
 	e.run(e.work, "update-ref", nil, "--", "refs/heads/work", first)
 	firstBundle := e.bundle("HEAD", "^"+last)
 
-	type result struct {
-		res PushResult
-		err error
-	}
-	secondDone := make(chan result, 1)
-	ha.record = func(p authz.Push) error {
-		if p.Commit != first {
-			return nil
-		}
-		go func() {
-			res, err := e.push("t1", secondBundle)
-			secondDone <- result{res, err}
-		}()
-		for !parkedIn("gitd.(*Service).Push", "gitd.(*Service).lockTask") || parkedIn("gitd.walkBeyondGit", "") {
-			select {
-			case r := <-secondDone:
-				secondDone <- r
-				return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
-			case <-time.After(time.Millisecond):
-			}
-		}
-		return errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
-	}
+	secondDone := refuseOnceSecondWaits(e, ha, first, secondBundle, nil)
 	if _, err := e.push("t1", firstBundle); errdefs.ReasonOf(err) != errdefs.TaskClosed {
 		t.Fatalf("the push the broker refuses: %v", err)
 	}
@@ -195,4 +150,42 @@ func TestAttackPushOnARefusedPushInFlight(t *testing.T) {
 		t.Errorf("the ref moved: %s (second %s)", e.ref("refs/work/t1"), second)
 	}
 	e.fsck()
+}
+
+// pushOutcome is what a push returned.
+type pushOutcome struct {
+	res PushResult
+	err error
+}
+
+// refuseOnceSecondWaits makes the broker's record of push first (its pack
+// moved in, the task's lock held) run before (if any), start a push of
+// second to t1, wait until that push's checks and walk are done and it
+// waits for the task's lock (or it returned), and then refuse first. The
+// second push's outcome comes on the channel.
+func refuseOnceSecondWaits(e *env, ha *hookAuth, first string, second []byte, before func()) chan pushOutcome {
+	done := make(chan pushOutcome, 1)
+	refuse := errdefs.FailedPrecondition(errdefs.TaskClosed, "refused by the test's broker")
+	ha.record = func(p authz.Push) error {
+		if p.Commit != first {
+			return nil
+		}
+		if before != nil {
+			before()
+		}
+		go func() {
+			res, err := e.push("t1", second)
+			done <- pushOutcome{res, err}
+		}()
+		for !parkedIn("gitd.(*Service).Push", "gitd.(*Service).lockTask") || parkedIn("gitd.walkBeyondGit", "") {
+			select {
+			case r := <-done:
+				done <- r
+				return refuse
+			case <-time.After(time.Millisecond):
+			}
+		}
+		return refuse
+	}
+	return done
 }
