@@ -11,6 +11,7 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/treesnap"
 )
 
 // The beyond-git walk checks a .gitmodules blob when a new tree names it
@@ -85,6 +86,7 @@ func TestAttackWalkTrustsARefusedPushInFlight(t *testing.T) {
 		o.SkipBeyondGit = true // for the first push: the broker refuses it
 	})
 	last := e.pushChain("t1", 1)
+	before := e.snapshot()
 	readme := e.run(e.work, "rev-parse", nil, "--", "HEAD:README")
 	bad := e.rawObject("tree", rawTree(treeEntry{"100644", strings.Repeat("x", 4097), readme}))
 	commit := func(msg string) string {
@@ -116,6 +118,9 @@ func TestAttackWalkTrustsARefusedPushInFlight(t *testing.T) {
 		t.Errorf("the refused tree %s is in the task's repository", bad)
 	}
 	e.fsck()
+	if d := treesnap.Diff(before, e.snapshot()); d != "" {
+		t.Errorf("the refused pushes left:\n%s", d)
+	}
 }
 
 // The same window, without the tree: a push that names the refused push's
@@ -132,6 +137,7 @@ func TestAttackPushOnARefusedPushInFlight(t *testing.T) {
 		o.Authority = ha
 	})
 	last := e.pushChain("t1", 1)
+	before := e.snapshot()
 	first := e.commitFile("first.txt", "refused\n")
 	second := e.commitFile("second.txt", "on the refused one\n")
 	secondBundle := e.bundle("HEAD", "^"+first)
@@ -150,6 +156,9 @@ func TestAttackPushOnARefusedPushInFlight(t *testing.T) {
 		t.Errorf("the ref moved: %s (second %s)", e.ref("refs/work/t1"), second)
 	}
 	e.fsck()
+	if d := treesnap.Diff(before, e.snapshot()); d != "" {
+		t.Errorf("the refused pushes left:\n%s", d)
+	}
 }
 
 // pushOutcome is what a push returned.
