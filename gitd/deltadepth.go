@@ -2,7 +2,6 @@ package gitd
 
 import (
 	"fmt"
-	"os"
 	"sort"
 	"syscall"
 
@@ -46,21 +45,9 @@ func checkDeltaDepth(path string, idx *idxfile.MemoryIndex) error {
 	}
 	iter.Close()
 	sort.Slice(offsets, func(a, b int) bool { return offsets[a] < offsets[b] })
-	f, err := os.Open(path)
+	data, err := mapFile(path, 32)
 	if err != nil {
-		return err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if st.Size() < 32 || int64(int(st.Size())) != st.Size() {
-		return fmt.Errorf("delta depth: %s: %d bytes", path, st.Size())
-	}
-	data, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		return fmt.Errorf("delta depth: map %s: %w", path, err)
+		return fmt.Errorf("delta depth: %w", err)
 	}
 	defer syscall.Munmap(data)
 	end := int64(len(data)) - hashLen // the trailer

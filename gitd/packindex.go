@@ -50,9 +50,12 @@ const (
 // errIndexCorrupt is a pack index whose layout does not hold together.
 var errIndexCorrupt = errors.New("pack index corrupt")
 
-// openPackIndex maps the index at path and checks its layout: the header,
-// a fan-out that never decreases, and a size that fits its count exactly.
-func openPackIndex(path string) (*packIndex, error) {
+// errTooSmall is a file shorter than what mapFile's caller needs.
+var errTooSmall = errors.New("too small")
+
+// mapFile maps the file at path read-only, whole; one shorter than min
+// bytes (or too large to map) is errTooSmall, not mapped.
+func mapFile(path string, min int64) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -63,12 +66,25 @@ func openPackIndex(path string) (*packIndex, error) {
 		return nil, err
 	}
 	size := st.Size()
-	if size < idxMinBytes || size > 1<<40 || int64(int(size)) != size {
-		return nil, fmt.Errorf("%s: %w: %d bytes", path, errIndexCorrupt, size)
+	if size < min || size > 1<<40 || int64(int(size)) != size {
+		return nil, fmt.Errorf("%s: %w: %d bytes", path, errTooSmall, size)
 	}
 	data, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("map %s: %w", path, err)
+	}
+	return data, nil
+}
+
+// openPackIndex maps the index at path and checks its layout: the header,
+// a fan-out that never decreases, and a size that fits its count exactly.
+func openPackIndex(path string) (*packIndex, error) {
+	data, err := mapFile(path, idxMinBytes)
+	if errors.Is(err, errTooSmall) {
+		return nil, fmt.Errorf("%w: %w", errIndexCorrupt, err)
+	}
+	if err != nil {
+		return nil, err
 	}
 	ix := &packIndex{path: path, data: data}
 	if err := ix.parse(); err != nil {
