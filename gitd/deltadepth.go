@@ -9,6 +9,8 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
 
 	"github.com/bushost/bushost/internal/errdefs"
+
+	"github.com/bushost/bushost/internal/packidx"
 )
 
 // maxDeltaDepth bounds the delta chains of a pushed pack. go-git resolves
@@ -45,7 +47,7 @@ func checkDeltaDepth(path string, idx *idxfile.MemoryIndex) error {
 	}
 	iter.Close()
 	sort.Slice(offsets, func(a, b int) bool { return offsets[a] < offsets[b] })
-	data, err := mapFile(path, 32)
+	data, err := packidx.MapFile(path, 32)
 	if err != nil {
 		return fmt.Errorf("delta depth: %w", err)
 	}

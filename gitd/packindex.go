@@ -1,13 +1,9 @@
 package gitd
 
 import (
-	"bytes"
 	"cmp"
-	"encoding/binary"
 	"errors"
-	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"sort"
 	"sync"
@@ -15,6 +11,8 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
+
+	"github.com/bushost/bushost/internal/packidx"
 )
 
 // A pack index is read in place: mapped read-only, looked up through its
@@ -25,14 +23,12 @@ import (
 // its repository and its pool held: 30 ms and 6 MB for a pool of 200,000
 // objects, on every request (docs/git-service.md, "Object reads").
 
-// packIndex is one mapped version-2 pack index. It implements
-// idxfile.Index for go-git's packfile reader, except for the iterations,
-// which the reads here never use.
+// packIndex is one mapped version-2 pack index (internal/packidx). It
+// implements idxfile.Index for go-git's packfile reader, except for the
+// iterations, which the reads here never use.
 type packIndex struct {
+	*packidx.Index
 	path string
-	data []byte // the mapping; released by the finalizer
-	n    int    // objects
-	n64  int    // entries of the 64-bit offset table
 	// byOffset lists positions in pack order, made on the first FindHash
 	// (a delta's base is named by its offset).
 	byOffsetOnce sync.Once
@@ -40,129 +36,23 @@ type packIndex struct {
 	byOffsetErr  error
 }
 
-const (
-	idxHeader   = 8
-	idxFanout   = 256 * 4
-	idxTrailer  = 2 * hashLen
-	idxMinBytes = idxHeader + idxFanout + idxTrailer
-)
-
 // errIndexCorrupt is a pack index whose layout does not hold together.
-var errIndexCorrupt = errors.New("pack index corrupt")
+var errIndexCorrupt = packidx.ErrCorrupt
 
-// errTooSmall is a file shorter than what mapFile's caller needs.
-var errTooSmall = errors.New("too small")
-
-// mapFile maps the file at path read-only, whole; one shorter than min
-// bytes (or too large to map) is errTooSmall, not mapped.
-func mapFile(path string, min int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	size := st.Size()
-	if size < min || size > 1<<40 || int64(int(size)) != size {
-		return nil, fmt.Errorf("%s: %w: %d bytes", path, errTooSmall, size)
-	}
-	data, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("map %s: %w", path, err)
-	}
-	return data, nil
-}
-
-// openPackIndex maps the index at path and checks its layout: the header,
-// a fan-out that never decreases, and a size that fits its count exactly.
+// openPackIndex maps the index at path and checks its layout.
 func openPackIndex(path string) (*packIndex, error) {
-	data, err := mapFile(path, idxMinBytes)
-	if errors.Is(err, errTooSmall) {
-		return nil, fmt.Errorf("%w: %w", errIndexCorrupt, err)
-	}
+	ix, err := packidx.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	ix := &packIndex{path: path, data: data}
-	if err := ix.parse(); err != nil {
-		syscall.Munmap(data)
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	// A pack removed by a repack stays readable through the mapping; it
-	// is released once no view and no cache entry holds it.
-	runtime.SetFinalizer(ix, func(ix *packIndex) { syscall.Munmap(ix.data) })
-	return ix, nil
-}
-
-func (ix *packIndex) parse() error {
-	d := ix.data
-	if !bytes.Equal(d[:idxHeader], []byte("\xfftOc\x00\x00\x00\x02")) {
-		return fmt.Errorf("%w: not a version-2 index", errIndexCorrupt)
-	}
-	prev := uint32(0)
-	for b := range 256 {
-		c := binary.BigEndian.Uint32(d[idxHeader+4*b:])
-		if c < prev {
-			return fmt.Errorf("%w: fan-out decreases at %02x", errIndexCorrupt, b)
-		}
-		prev = c
-	}
-	ix.n = int(prev)
-	fixed := int64(idxMinBytes) + int64(ix.n)*(hashLen+4+4)
-	rest := int64(len(d)) - fixed
-	if rest < 0 || rest%8 != 0 {
-		return fmt.Errorf("%w: %d bytes for %d objects", errIndexCorrupt, len(d), ix.n)
-	}
-	ix.n64 = int(rest / 8)
-	return nil
-}
-
-func (ix *packIndex) fanout(b int) int {
-	if b < 0 {
-		return 0
-	}
-	return int(binary.BigEndian.Uint32(ix.data[idxHeader+4*b:]))
-}
-
-func (ix *packIndex) name(pos int) []byte {
-	at := idxHeader + idxFanout + pos*hashLen
-	return ix.data[at : at+hashLen]
+	return &packIndex{Index: ix, path: path}, nil
 }
 
 // find is h's position, or -1.
-func (ix *packIndex) find(h plumbing.Hash) int {
-	lo, hi := ix.fanout(int(h[0])-1), ix.fanout(int(h[0]))
-	i := lo + sort.Search(hi-lo, func(i int) bool { return bytes.Compare(ix.name(lo+i), h[:]) >= 0 })
-	found := i < hi && bytes.Equal(ix.name(i), h[:])
-	runtime.KeepAlive(ix)
-	if !found {
-		return -1
-	}
-	return i
-}
+func (ix *packIndex) find(h plumbing.Hash) int { return ix.Find(h) }
 
 // offset is the pack offset of the object at pos.
-func (ix *packIndex) offset(pos int) (int64, error) {
-	base := idxHeader + idxFanout + ix.n*(hashLen+4)
-	o := binary.BigEndian.Uint32(ix.data[base+4*pos:])
-	runtime.KeepAlive(ix) // the mapping outlives the read
-	if o&0x80000000 == 0 {
-		return int64(o), nil
-	}
-	k := int(o & 0x7fffffff)
-	if k >= ix.n64 {
-		return 0, fmt.Errorf("%s: %w: large offset %d of %d", ix.path, errIndexCorrupt, k, ix.n64)
-	}
-	big := binary.BigEndian.Uint64(ix.data[base+4*ix.n+8*k:])
-	runtime.KeepAlive(ix)
-	if big >= 1<<63 {
-		return 0, fmt.Errorf("%s: %w: offset out of range", ix.path, errIndexCorrupt)
-	}
-	return int64(big), nil
-}
+func (ix *packIndex) offset(pos int) (int64, error) { return ix.Offset(pos) }
 
 func (ix *packIndex) Contains(h plumbing.Hash) (bool, error) { return ix.find(h) >= 0, nil }
 
@@ -179,9 +69,7 @@ func (ix *packIndex) FindCRC32(h plumbing.Hash) (uint32, error) {
 	if pos < 0 {
 		return 0, plumbing.ErrObjectNotFound
 	}
-	c := binary.BigEndian.Uint32(ix.data[idxHeader+idxFanout+ix.n*hashLen+4*pos:])
-	runtime.KeepAlive(ix)
-	return c, nil
+	return ix.CRC32(pos), nil
 }
 
 // FindHash names the object at pack offset o, through the positions in
@@ -208,16 +96,14 @@ func (ix *packIndex) FindHash(o int64) (plumbing.Hash, error) {
 	if at, _ := ix.offset(int(ix.byOffset[i])); at != o {
 		return plumbing.ZeroHash, plumbing.ErrObjectNotFound
 	}
-	var h plumbing.Hash
-	copy(h[:], ix.name(int(ix.byOffset[i])))
-	runtime.KeepAlive(ix)
-	return h, nil
+	return plumbing.Hash(ix.Name(int(ix.byOffset[i]))), nil
 }
 
 func (ix *packIndex) sortByOffset() {
-	offs := make([]int64, ix.n)
-	pos := make([]uint32, ix.n)
-	for i := range ix.n {
+	n := ix.Len()
+	offs := make([]int64, n)
+	pos := make([]uint32, n)
+	for i := range n {
 		o, err := ix.offset(i)
 		if err != nil {
 			ix.byOffsetErr = err
@@ -230,7 +116,7 @@ func (ix *packIndex) sortByOffset() {
 	indexes.tableMade(ix)
 }
 
-func (ix *packIndex) Count() (int64, error) { return int64(ix.n), nil }
+func (ix *packIndex) Count() (int64, error) { return int64(ix.Len()), nil }
 
 var errNotIterated = errors.New("gitd: a mapped pack index is not iterated")
 

@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
+
+	"github.com/bushost/bushost/internal/packidx"
 )
 
 // packFixture makes a bare repository with one pack of n blobs (and a
@@ -69,12 +71,12 @@ func TestPackIndexAgreesWithGoGit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tc.version != "" && ix.n64 == 0 {
+			if tc.version != "" && ix.LargeOffsets() == 0 {
 				t.Fatal("the fixture has no 64-bit offsets")
 			}
 			want := decoded(t, path)
-			if n, _ := want.Count(); n != int64(ix.n) || n < 3000 {
-				t.Fatalf("count %d, go-git %d", ix.n, n)
+			if n, _ := want.Count(); n != int64(ix.Len()) || n < 3000 {
+				t.Fatalf("count %d, go-git %d", ix.Len(), n)
 			}
 			iter, err := want.Entries()
 			if err != nil {
@@ -101,8 +103,8 @@ func TestPackIndexAgreesWithGoGit(t *testing.T) {
 					t.Fatalf("%s not contained", e.Hash)
 				}
 			}
-			if seen != ix.n {
-				t.Fatalf("go-git listed %d of %d", seen, ix.n)
+			if seen != ix.Len() {
+				t.Fatalf("go-git listed %d of %d", seen, ix.Len())
 			}
 			for _, h := range []string{"0000000000000000000000000000000000000000", "ffffffffffffffffffffffffffffffffffffffff", "1234567890123456789012345678901234567890"} {
 				if _, err := ix.FindOffset(plumbing.NewHash(h)); !errors.Is(err, plumbing.ErrObjectNotFound) {
@@ -125,7 +127,7 @@ func TestPackIndexCorrupt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := int(binary.BigEndian.Uint32(good[idxHeader+4*255:]))
+	n := int(binary.BigEndian.Uint32(good[packidx.HeaderLen+4*255:]))
 	write := func(b []byte) string {
 		p := filepath.Join(t.TempDir(), "pack-x.idx")
 		if err := os.WriteFile(p, b, 0o444); err != nil {
@@ -141,12 +143,12 @@ func TestPackIndexCorrupt(t *testing.T) {
 		"truncated": mutate(func(b []byte) []byte { return b[:len(b)-7] }),
 		"version 1": mutate(func(b []byte) []byte { b[7] = 1; return b }),
 		"fan-out decreases": mutate(func(b []byte) []byte {
-			binary.BigEndian.PutUint32(b[idxHeader+4*10:], 0xffff)
+			binary.BigEndian.PutUint32(b[packidx.HeaderLen+4*10:], 0xffff)
 			return b
 		}),
 		"count over the size": mutate(func(b []byte) []byte {
 			for i := 0; i < 256; i++ {
-				binary.BigEndian.PutUint32(b[idxHeader+4*i:], uint32(n+1000))
+				binary.BigEndian.PutUint32(b[packidx.HeaderLen+4*i:], uint32(n+1000))
 			}
 			return b
 		}),
@@ -160,7 +162,7 @@ func TestPackIndexCorrupt(t *testing.T) {
 	}
 	// Every offset pointed into a 64-bit table that has no entries.
 	p := mutate(func(b []byte) []byte {
-		base := idxHeader + idxFanout + n*(hashLen+4)
+		base := packidx.HeaderLen + packidx.FanoutLen + n*(packidx.HashLen+4)
 		for i := range n {
 			binary.BigEndian.PutUint32(b[base+4*i:], 0x80000005)
 		}
@@ -170,8 +172,7 @@ func TestPackIndexCorrupt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var first plumbing.Hash
-	copy(first[:], ix.name(0))
+	first := plumbing.Hash(ix.Name(0))
 	if _, err := ix.FindOffset(first); !errors.Is(err, errIndexCorrupt) {
 		t.Errorf("a large offset past the table: %v", err)
 	}
