@@ -1,0 +1,588 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"compress/zlib"
+	"crypto/sha1"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+
+	"github.com/bushost/bushost/internal/packidx"
+)
+
+// A small push is packed in process, without pack-objects. What git's
+// pack-objects spends on ten commits is mostly not the ten commits: it
+// marks the whole tree of the base uninteresting (every subtree of main
+// inflated) and searches for deltas, about 10 ms before the first byte of
+// the pack, while the bus host waits. Here the commits from HEAD down to
+// the base are read, each one's tree compared with its parent's (only the
+// subtrees that differ are read), and what differs is written whole, each
+// object deflated, no delta: a pack the bus host indexes without fixing a
+// thin pack. Anything this does not handle for sure (a merge, a history
+// that does not reach the base in a short line, an object past the
+// bounds, a repository with alternates, grafts or a shallow history, an
+// object that does not read back to its id) leaves the push to
+// pack-objects, as before (docs/git-service.md, "Pushing").
+
+const (
+	// smallPackCommits bounds the line of commits from HEAD to the base.
+	smallPackCommits = 256
+	// smallPackObjects and smallPackBytes bound what is sent: past them
+	// deltas are worth pack-objects' time.
+	smallPackObjects = 4096
+	smallPackBytes   = 1 << 20
+	// smallPackRead bounds the bytes inflated for the whole walk (the
+	// parents' trees and delta bases included).
+	smallPackRead = 8 << 20
+	// smallPackDepth bounds a delta chain followed in a pack.
+	smallPackDepth = 4096
+)
+
+// errNotSmall is a push this does not pack: pack-objects does.
+var errNotSmall = errors.New("not a small push")
+
+// objType is a git object's type, numbered as in a pack.
+type objType int
+
+const (
+	objCommit objType = 1
+	objTree   objType = 2
+	objBlob   objType = 3
+	objTag    objType = 4
+	objOfs    objType = 6
+	objRef    objType = 7
+)
+
+var typeNames = map[objType]string{objCommit: "commit", objTree: "tree", objBlob: "blob", objTag: "tag"}
+
+// smallPack returns the pack of head's history that base's lacks (head
+// descends from base), or errNotSmall when pack-objects should make it.
+func (w *workRepo) smallPack(head, base string) ([]byte, error) {
+	s, err := w.objectStore()
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	type commit struct{ id, tree, data string }
+	var line []commit
+	for c := head; c != base; {
+		if len(line) == smallPackCommits {
+			return nil, errNotSmall
+		}
+		data, err := s.readAs(c, objCommit)
+		if err != nil {
+			return nil, err
+		}
+		tree, parents, err := parseCommit(data)
+		if err != nil {
+			return nil, err
+		}
+		if len(parents) != 1 {
+			return nil, errNotSmall
+		}
+		line = append(line, commit{c, tree, string(data)})
+		c = parents[0]
+	}
+	if len(line) == 0 {
+		return nil, errNotSmall
+	}
+	bdata, err := s.readAs(base, objCommit)
+	if err != nil {
+		return nil, err
+	}
+	parentTree, _, err := parseCommit(bdata)
+	if err != nil {
+		return nil, err
+	}
+	p := &packList{sent: map[string]bool{}, s: s}
+	for i := len(line) - 1; i >= 0; i-- {
+		c := line[i]
+		if err := p.add(c.id, objCommit, []byte(c.data)); err != nil {
+			return nil, err
+		}
+		if err := p.tree(c.tree, parentTree, 0); err != nil {
+			return nil, err
+		}
+		parentTree = c.tree
+	}
+	return p.write()
+}
+
+// packList is what a small pack holds, in order.
+type packList struct {
+	s     *objectStore
+	sent  map[string]bool
+	objs  []packObj
+	bytes int
+}
+
+type packObj struct {
+	typ  objType
+	data []byte
+}
+
+func (p *packList) add(id string, typ objType, data []byte) error {
+	p.sent[id] = true
+	p.objs = append(p.objs, packObj{typ, data})
+	p.bytes += len(data)
+	if len(p.objs) > smallPackObjects || p.bytes > smallPackBytes {
+		return errNotSmall
+	}
+	return nil
+}
+
+// tree adds tree t and what it holds that parent tree pt (at the same
+// path, "" for none) does not: an entry that is pt's at the same name is
+// in the parent commit's history already, so in the base's or in this
+// pack. depth bounds the recursion with the object bound.
+func (p *packList) tree(t, pt string, depth int) error {
+	if t == pt || p.sent[t] {
+		return nil
+	}
+	if depth > smallPackObjects {
+		return errNotSmall
+	}
+	data, err := p.s.readAs(t, objTree)
+	if err != nil {
+		return err
+	}
+	if err := p.add(t, objTree, data); err != nil {
+		return err
+	}
+	ents, err := parseTree(data)
+	if err != nil {
+		return err
+	}
+	var old map[string]treeEntry
+	if pt != "" {
+		pdata, err := p.s.readAs(pt, objTree)
+		if err != nil {
+			return err
+		}
+		pents, err := parseTree(pdata)
+		if err != nil {
+			return err
+		}
+		old = make(map[string]treeEntry, len(pents))
+		for _, e := range pents {
+			old[e.name] = e
+		}
+	}
+	for _, e := range ents {
+		pe, had := old[e.name]
+		if e.mode == "160000" || (had && pe.id == e.id) {
+			continue // a submodule's commit is no object of this repository
+		}
+		if e.mode == "40000" {
+			sub := ""
+			if had && pe.mode == "40000" {
+				sub = pe.id
+			}
+			if err := p.tree(e.id, sub, depth+1); err != nil {
+				return err
+			}
+			continue
+		}
+		if p.sent[e.id] {
+			continue
+		}
+		data, err := p.s.readAs(e.id, objBlob)
+		if err != nil {
+			return err
+		}
+		if err := p.add(e.id, objBlob, data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// write is the pack of the list: version 2, every object whole and
+// deflated, the SHA-1 trailer.
+func (p *packList) write() ([]byte, error) {
+	var buf bytes.Buffer
+	buf.WriteString("PACK")
+	binary.Write(&buf, binary.BigEndian, uint32(2))
+	binary.Write(&buf, binary.BigEndian, uint32(len(p.objs)))
+	// Stored, not compressed: the pack is at most smallPackBytes, goes
+	// over a local socket, and is repacked by the bus host's
+	// housekeeping; deflating small objects one by one costs more time
+	// than anything it saves.
+	z, _ := zlib.NewWriterLevel(nil, zlib.NoCompression)
+	for _, o := range p.objs {
+		size := uint64(len(o.data))
+		c := byte(o.typ)<<4 | byte(size&15)
+		size >>= 4
+		for size > 0 {
+			buf.WriteByte(c | 0x80)
+			c = byte(size & 0x7f)
+			size >>= 7
+		}
+		buf.WriteByte(c)
+		z.Reset(&buf)
+		if _, err := z.Write(o.data); err != nil {
+			return nil, err
+		}
+		if err := z.Close(); err != nil {
+			return nil, err
+		}
+	}
+	sum := sha1.Sum(buf.Bytes())
+	buf.Write(sum[:])
+	return buf.Bytes(), nil
+}
+
+// treeEntry is one entry of a tree object.
+type treeEntry struct {
+	mode, name, id string
+}
+
+func parseTree(data []byte) ([]treeEntry, error) {
+	var ents []treeEntry
+	for len(data) > 0 {
+		sp := bytes.IndexByte(data, ' ')
+		nul := bytes.IndexByte(data, 0)
+		if sp <= 0 || nul < sp || len(data) < nul+1+packidx.HashLen {
+			return nil, fmt.Errorf("%w: a malformed tree", errNotSmall)
+		}
+		ents = append(ents, treeEntry{mode: string(data[:sp]), name: string(data[sp+1 : nul]), id: hex.EncodeToString(data[nul+1 : nul+1+packidx.HashLen])})
+		data = data[nul+1+packidx.HashLen:]
+	}
+	return ents, nil
+}
+
+// parseCommit returns a commit's tree and parents.
+func parseCommit(data []byte) (tree string, parents []string, err error) {
+	for len(data) > 0 {
+		line, rest, _ := bytes.Cut(data, []byte("\n"))
+		data = rest
+		if len(line) == 0 {
+			break
+		}
+		k, v, _ := bytes.Cut(line, []byte(" "))
+		switch string(k) {
+		case "tree":
+			tree = string(v)
+		case "parent":
+			parents = append(parents, string(v))
+		}
+	}
+	if !isObjectID(tree) {
+		return "", nil, fmt.Errorf("%w: a commit without a tree", errNotSmall)
+	}
+	for _, p := range parents {
+		if !isObjectID(p) {
+			return "", nil, fmt.Errorf("%w: a malformed parent", errNotSmall)
+		}
+	}
+	return tree, parents, nil
+}
+
+// objectStore reads a worker's objects in process: loose ones from their
+// files, packed ones through each pack's mapped index (internal/packidx).
+type objectStore struct {
+	dir    string // <common>/objects
+	packs  []*storePack
+	listed bool
+	read   int           // bytes inflated so far
+	z      io.ReadCloser // the one inflater, reset for each object
+	br     *bufio.Reader // the one buffer under it
+	// seen holds what was read, by id and by pack entry: a parent's tree
+	// is read again as the next commit's parent, and the delta chains of
+	// one directory's trees share their bases. Bounded by smallPackRead.
+	seen    map[string]object
+	entries map[entryKey]object
+}
+
+type object struct {
+	typ  objType
+	data []byte
+}
+
+type entryKey struct {
+	p   *storePack
+	off int64
+}
+
+type storePack struct {
+	idx *packidx.Index
+	f   *os.File
+}
+
+// objectStore opens the repository's objects, or errNotSmall when they
+// are not all here (alternates) or its history is not what its commits
+// say (grafts, a shallow clone), or it hashes other than with SHA-1.
+func (w *workRepo) objectStore() (*objectStore, error) {
+	if w == nil {
+		return nil, errNotSmall
+	}
+	for _, f := range []string{"objects/info/alternates", "info/grafts", "shallow"} {
+		if _, err := os.Lstat(filepath.Join(w.common, f)); err == nil {
+			return nil, fmt.Errorf("%w: %s", errNotSmall, f)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(w.common, "config")); err != nil || bytes.Contains(bytes.ToLower(b), []byte("objectformat")) {
+		return nil, fmt.Errorf("%w: the object format", errNotSmall)
+	}
+	return &objectStore{dir: filepath.Join(w.common, "objects"), seen: map[string]object{}, entries: map[entryKey]object{}}, nil
+}
+
+func (s *objectStore) close() {
+	for _, p := range s.packs {
+		p.f.Close()
+	}
+}
+
+// readAs reads object id, which must be of type want, and checks that
+// its content hashes to id.
+var scratchCount map[string]int
+
+func (s *objectStore) readAs(id string, want objType) ([]byte, error) {
+	if scratchCount != nil {
+		scratchCount["read"]++
+	}
+	if o, ok := s.seen[id]; ok {
+		if o.typ != want {
+			return nil, fmt.Errorf("%w: %s is a %s, not a %s", errNotSmall, id, typeNames[o.typ], typeNames[want])
+		}
+		return o.data, nil
+	}
+	h, err := hex.DecodeString(id)
+	if err != nil || len(h) != packidx.HashLen {
+		return nil, fmt.Errorf("%w: object id %q", errNotSmall, id)
+	}
+	typ, data, err := s.loose(id)
+	if errors.Is(err, os.ErrNotExist) {
+		typ, data, err = s.packed([packidx.HashLen]byte(h), 0)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if typ != want {
+		return nil, fmt.Errorf("%w: %s is a %s, not a %s", errNotSmall, id, typeNames[typ], typeNames[want])
+	}
+	sum := sha1.New()
+	fmt.Fprintf(sum, "%s %d\x00", typeNames[typ], len(data))
+	sum.Write(data)
+	if !bytes.Equal(sum.Sum(nil), h) {
+		return nil, fmt.Errorf("%w: %s does not read back to its id", errNotSmall, id)
+	}
+	s.seen[id] = object{typ, data}
+	return data, nil
+}
+
+// loose reads a loose object; os.ErrNotExist when there is none.
+func (s *objectStore) loose(id string) (objType, []byte, error) {
+	f, err := os.Open(filepath.Join(s.dir, id[:2], id[2:]))
+	if err != nil {
+		return 0, nil, err
+	}
+	defer f.Close()
+	z, err := s.inflater(f)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: loose %s: %v", errNotSmall, id, err)
+	}
+	var head [32]byte
+	n, _ := io.ReadFull(z, head[:])
+	nul := bytes.IndexByte(head[:n], 0)
+	name, size, ok := strings.Cut(string(head[:max(nul, 0)]), " ")
+	typ := objType(0)
+	for t, s := range typeNames {
+		if s == name {
+			typ = t
+		}
+	}
+	sz, err := strconv.Atoi(size)
+	if nul < 0 || !ok || typ == 0 || err != nil || sz < 0 {
+		return 0, nil, fmt.Errorf("%w: loose %s: a malformed header", errNotSmall, id)
+	}
+	if err := s.spend(sz); err != nil {
+		return 0, nil, err
+	}
+	data := make([]byte, sz)
+	got := copy(data, head[nul+1:n])
+	if _, err := io.ReadFull(z, data[got:]); err != nil {
+		return 0, nil, fmt.Errorf("%w: loose %s: %v", errNotSmall, id, err)
+	}
+	return typ, data, nil
+}
+
+func (s *objectStore) spend(n int) error {
+	s.read += n
+	if n > smallPackRead || s.read > smallPackRead {
+		return errNotSmall
+	}
+	return nil
+}
+
+// packed reads object h from the first pack that holds it.
+func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byte, error) {
+	if !s.listed {
+		s.listed = true
+		idxs, _ := filepath.Glob(filepath.Join(s.dir, "pack", "pack-*.idx"))
+		for _, path := range idxs {
+			ix, err := packidx.Open(path)
+			if err != nil {
+				return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
+			}
+			f, err := os.Open(strings.TrimSuffix(path, ".idx") + ".pack")
+			if err != nil {
+				return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
+			}
+			s.packs = append(s.packs, &storePack{ix, f})
+		}
+	}
+	for _, p := range s.packs {
+		if pos := p.idx.Find(h); pos >= 0 {
+			off, err := p.idx.Offset(pos)
+			if err != nil {
+				return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
+			}
+			return s.entry(p, off, depth)
+		}
+	}
+	return 0, nil, fmt.Errorf("%w: %x is not here", errNotSmall, h)
+}
+
+// entry reads the object at offset off of pack p, resolving its deltas.
+func (s *objectStore) entry(p *storePack, off int64, depth int) (objType, []byte, error) {
+	k := entryKey{p, off}
+	if o, ok := s.entries[k]; ok {
+		return o.typ, o.data, nil
+	}
+	typ, data, err := s.readEntry(p, off, depth)
+	if err == nil {
+		s.entries[k] = object{typ, data}
+	}
+	return typ, data, err
+}
+
+func (s *objectStore) readEntry(p *storePack, off int64, depth int) (objType, []byte, error) {
+	if scratchCount != nil {
+		scratchCount["entry"]++
+	}
+	if depth > smallPackDepth || off < 12 {
+		return 0, nil, errNotSmall
+	}
+	var hdr [32]byte
+	n, err := p.f.ReadAt(hdr[:], off)
+	if n == 0 {
+		return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
+	}
+	b := hdr[:n]
+	c := b[0]
+	typ := objType(c >> 4 & 7)
+	size := uint64(c & 15)
+	i, shift := 1, 4
+	for c&0x80 != 0 {
+		if i >= len(b) || shift > 56 {
+			return 0, nil, errNotSmall
+		}
+		c = b[i]
+		size |= uint64(c&0x7f) << shift
+		shift += 7
+		i++
+	}
+	if size > smallPackRead {
+		return 0, nil, errNotSmall
+	}
+	switch typ {
+	case objCommit, objTree, objBlob, objTag:
+		data, err := s.inflate(p, off+int64(i), int(size))
+		return typ, data, err
+	case objOfs:
+		if i >= len(b) {
+			return 0, nil, errNotSmall
+		}
+		c = b[i]
+		back := int64(c & 0x7f)
+		for i++; c&0x80 != 0; i++ {
+			if i >= len(b) || back > 1<<48 {
+				return 0, nil, errNotSmall
+			}
+			c = b[i]
+			back = (back+1)<<7 | int64(c&0x7f)
+		}
+		if back <= 0 || back >= off {
+			return 0, nil, errNotSmall
+		}
+		delta, err := s.inflate(p, off+int64(i), int(size))
+		if err != nil {
+			return 0, nil, err
+		}
+		btyp, base, err := s.entry(p, off-back, depth+1)
+		if err != nil {
+			return 0, nil, err
+		}
+		return s.patch(btyp, base, delta)
+	case objRef:
+		if i+packidx.HashLen > len(b) {
+			return 0, nil, errNotSmall
+		}
+		h := [packidx.HashLen]byte(b[i : i+packidx.HashLen])
+		delta, err := s.inflate(p, off+int64(i+packidx.HashLen), int(size))
+		if err != nil {
+			return 0, nil, err
+		}
+		btyp, base, err := s.packed(h, depth+1)
+		if err != nil {
+			return 0, nil, err
+		}
+		return s.patch(btyp, base, delta)
+	}
+	return 0, nil, fmt.Errorf("%w: object type %d", errNotSmall, typ)
+}
+
+func (s *objectStore) patch(typ objType, base, delta []byte) (objType, []byte, error) {
+	data, err := packfile.PatchDelta(base, delta)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
+	}
+	return typ, data, s.spend(len(data))
+}
+
+// inflater is the store's one zlib reader, reset to read from r (a new
+// reader each time would allocate and clear its 32 KiB window).
+func (s *objectStore) inflater(r io.Reader) (io.Reader, error) {
+	if s.br == nil {
+		s.br = bufio.NewReaderSize(r, 4096)
+	} else {
+		s.br.Reset(r)
+	}
+	r = s.br
+	if s.z == nil {
+		z, err := zlib.NewReader(r)
+		s.z = z
+		return z, err
+	}
+	return s.z, s.z.(zlib.Resetter).Reset(r, nil)
+}
+
+// inflate reads size bytes deflated at offset off of pack p.
+func (s *objectStore) inflate(p *storePack, off int64, size int) ([]byte, error) {
+	if scratchCount != nil {
+		scratchCount["inflate"] += size
+	}
+	if err := s.spend(size); err != nil {
+		return nil, err
+	}
+	z, err := s.inflater(io.NewSectionReader(p.f, off, 1<<62))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errNotSmall, err)
+	}
+	data := make([]byte, size)
+	if _, err := io.ReadFull(z, data); err != nil {
+		return nil, fmt.Errorf("%w: %v", errNotSmall, err)
+	}
+	return data, nil
+}
