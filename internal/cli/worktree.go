@@ -17,11 +17,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
+	"golang.org/x/sys/unix"
 )
 
 // push-working reads what it needs of the worker's repository in process,
@@ -229,9 +229,13 @@ func (w *workRepo) clean(head string) bool {
 	return w.noUntracked("", ps, tracked, dirs)
 }
 
-// statAll checks every entry's stat data, spread over the CPUs.
+// statAll checks every entry's stat data, spread over the CPUs but one,
+// which is left to the push this runs beside. Each
+// entry is looked up in its directory, opened once for the entries of
+// that directory beside each other in the index's order, rather than from
+// the top: a lookup of one name, not of the whole path.
 func (w *workRepo) statAll(idx *gitIndex) bool {
-	n := runtime.GOMAXPROCS(0)
+	n := max(runtime.GOMAXPROCS(0)-1, 1)
 	if len(idx.entries) < 256 {
 		n = 1
 	}
@@ -243,21 +247,52 @@ func (w *workRepo) statAll(idx *gitIndex) bool {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for _, e := range part {
-				if bad.Load() {
-					return
-				}
-				p := filepath.Join(w.top, filepath.FromSlash(e.name))
-				same, racy := sameStat(p, e, idx.modNano)
-				if !same || racy && !sameContent(p, e) {
-					bad.Store(true)
-					return
-				}
+			if !w.statPart(part, idx.modNano, &bad) {
+				bad.Store(true)
 			}
 		}()
 	}
 	wg.Wait()
 	return !bad.Load()
+}
+
+// statPart checks the stat data of entries, which are in the index's
+// order, until one differs or another part found one that does (bad).
+func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad *atomic.Bool) bool {
+	dir, fd := "", -1
+	defer func() {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}()
+	for _, e := range entries {
+		if bad.Load() {
+			return true
+		}
+		d, name := path.Split(e.name)
+		if fd < 0 || d != dir {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			// The directory itself must not be a symbolic link: git
+			// takes an entry beyond one as deleted.
+			var err error
+			fd, err = unix.Open(filepath.Join(w.top, filepath.FromSlash(d)), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return false
+			}
+			dir = d
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return false
+		}
+		same, racy := sameStat(&st, e, indexNano)
+		if !same || racy && !sameContent(filepath.Join(w.top, filepath.FromSlash(e.name)), e) {
+			return false
+		}
+	}
+	return true
 }
 
 // treeOf reads the tree of commit id from its loose object (a fresh
@@ -338,25 +373,21 @@ func parseIgnore(text string, domain []string) []gitignore.Pattern {
 	return ps
 }
 
-// sameStat reports whether p's lstat is the stat data e recorded, and
+// sameStat reports whether st (an lstat) is the stat data e recorded, and
 // whether the entry is racily clean: modified in the same clock tick the
 // index was written or later, which stat data cannot tell from unmodified
 // (its content is compared then, as git does).
-func sameStat(p string, e *idxEntry, indexNano int64) (same, racy bool) {
-	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil {
-		return false, false
-	}
+func sameStat(st *unix.Stat_t, e *idxEntry, indexNano int64) (same, racy bool) {
 	switch e.mode {
 	case filemode.Regular, filemode.Executable:
-		if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
 			return false, false
 		}
 		if (st.Mode&0o100 != 0) != (e.mode == filemode.Executable) {
 			return false, false
 		}
 	case filemode.Symlink:
-		if st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+		if st.Mode&unix.S_IFMT != unix.S_IFLNK {
 			return false, false
 		}
 	default:
