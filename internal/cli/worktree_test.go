@@ -76,6 +76,26 @@ func TestWorkRepoClean(t *testing.T) {
 	head = wtGit(t, dir, "rev-parse", "HEAD")
 	os.Remove(filepath.Join(dir, "a.txt"))
 	check("deleted file")
+	wtGit(t, dir, "checkout", "-q", "--", "a.txt")
+	if w := openWorkRepo(dir); !w.clean(head) {
+		t.Fatal("the tree put back is not proven clean")
+	}
+	// A tracked directory replaced by a symbolic link to a copy of it:
+	// its files' paths still resolve, but git takes them as deleted.
+	copyDir := filepath.Join(t.TempDir(), "sub")
+	os.MkdirAll(copyDir, 0o755)
+	b, _ := os.ReadFile(filepath.Join(dir, "sub", "b.txt"))
+	os.WriteFile(filepath.Join(copyDir, "b.txt"), b, 0o644)
+	os.Rename(filepath.Join(dir, "sub"), filepath.Join(dir, "sub.moved"))
+	if err := os.Symlink(copyDir, filepath.Join(dir, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	if w := openWorkRepo(dir); w.clean(head) {
+		t.Fatal("a tracked directory turned symbolic link proven clean")
+	}
+	os.Remove(filepath.Join(dir, "sub"))
+	os.Rename(filepath.Join(dir, "sub.moved"), filepath.Join(dir, "sub"))
+	os.Remove(filepath.Join(dir, "a.txt"))
 	// Refs as git reads them: packed, through a symbolic HEAD, from a
 	// linked worktree, from a bare repository.
 	wtGit(t, dir, "update-ref", "refs/remotes/bushost/main", head)
