@@ -543,12 +543,25 @@ func (s *objectStore) readEntry(p *storePack, off int64, depth int) (objType, []
 	return 0, nil, fmt.Errorf("%w: object type %d", errNotSmall, typ)
 }
 
+// patch applies delta to base. The size the delta says it makes is
+// spent first: a delta's copies can make far more than its own bytes.
 func (s *objectStore) patch(typ objType, base, delta []byte) (objType, []byte, error) {
-	data, err := packfile.PatchDelta(base, delta)
-	if err != nil {
-		return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
+	_, n := binary.Uvarint(delta) // the base's size
+	if n <= 0 {
+		return 0, nil, errNotSmall
 	}
-	return typ, data, s.spend(len(data))
+	size, m := binary.Uvarint(delta[n:])
+	if m <= 0 || size > smallPackRead {
+		return 0, nil, errNotSmall
+	}
+	if err := s.spend(int(size)); err != nil {
+		return 0, nil, err
+	}
+	data, err := packfile.PatchDelta(base, delta)
+	if err != nil || uint64(len(data)) != size {
+		return 0, nil, fmt.Errorf("%w: a delta that does not apply: %v", errNotSmall, err)
+	}
+	return typ, data, nil
 }
 
 // inflater is the store's one zlib reader, reset to read from r (a new
