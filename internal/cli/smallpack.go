@@ -345,12 +345,7 @@ func (s *objectStore) close() {
 
 // readAs reads object id, which must be of type want, and checks that
 // its content hashes to id.
-var scratchCount map[string]int
-
 func (s *objectStore) readAs(id string, want objType) ([]byte, error) {
-	if scratchCount != nil {
-		scratchCount["read"]++
-	}
 	if o, ok := s.seen[id]; ok {
 		if o.typ != want {
 			return nil, fmt.Errorf("%w: %s is a %s, not a %s", errNotSmall, id, typeNames[o.typ], typeNames[want])
@@ -468,9 +463,6 @@ func (s *objectStore) entry(p *storePack, off int64, depth int) (objType, []byte
 }
 
 func (s *objectStore) readEntry(p *storePack, off int64, depth int) (objType, []byte, error) {
-	if scratchCount != nil {
-		scratchCount["entry"]++
-	}
 	if depth > smallPackDepth || off < 12 {
 		return 0, nil, errNotSmall
 	}
@@ -583,9 +575,6 @@ func (s *objectStore) inflater(r io.Reader) (io.Reader, error) {
 
 // inflate reads size bytes deflated at offset off of pack p.
 func (s *objectStore) inflate(p *storePack, off int64, size int) ([]byte, error) {
-	if scratchCount != nil {
-		scratchCount["inflate"] += size
-	}
 	if err := s.spend(size); err != nil {
 		return nil, err
 	}
