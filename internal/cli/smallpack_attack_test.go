@@ -1,0 +1,178 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Attacks on the in-process pack and the cleanliness proof by a worker
+// that writes any bytes into its repository: the push must be packed
+// right or left to pack-objects (errNotSmall), never hang or crash, and
+// "clean" must never be said of a tree git status lists changes in.
+
+// attackCommit commits x.txt on top of main in work and returns HEAD.
+func attackCommit(t *testing.T, work string) string {
+	t.Helper()
+	writeFile(t, work, "x.txt", "x\n")
+	wtGit(t, work, "add", "-A")
+	wtGit(t, work, "commit", "-q", "-m", "x")
+	return wtGit(t, work, "rev-parse", "HEAD")
+}
+
+// smallPackSoon runs smallPack and fails the test when it has not
+// returned in a minute (a hang: a failure, not a timing).
+func smallPackSoon(t *testing.T, work, head, base string) ([]byte, error) {
+	t.Helper()
+	type res struct {
+		pack []byte
+		err  error
+	}
+	done := make(chan res, 1)
+	go func() {
+		p, err := openWorkRepo(work).smallPack(head, base)
+		done <- res{p, err}
+	}()
+	select {
+	case r := <-done:
+		return r.pack, r.err
+	case <-time.After(time.Minute):
+		t.Fatal("smallPack hangs")
+		return nil, nil
+	}
+}
+
+// mkfifo makes a FIFO at p; the test's end opens its other side, so that
+// a reader blocked on it returns.
+func mkfifo(t *testing.T, p string) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := syscall.Mkfifo(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+	})
+}
+
+func TestAttackSmallPackFIFO(t *testing.T) {
+	// A FIFO where a loose object would be, for an object that is packed
+	// (git reads packs first, and never opens it).
+	t.Run("loose object", func(t *testing.T) {
+		work, _, base := smallRepo(t)
+		head := attackCommit(t, work)
+		mkfifo(t, filepath.Join(work, ".git", "objects", base[:2], base[2:]))
+		if _, err := smallPackSoon(t, work, head, base); !errors.Is(err, errNotSmall) {
+			t.Fatalf("got %v, want errNotSmall", err)
+		}
+	})
+	t.Run("pack index", func(t *testing.T) {
+		work, _, base := smallRepo(t)
+		head := attackCommit(t, work)
+		mkfifo(t, filepath.Join(work, ".git", "objects", "pack", "pack-0000000000000000000000000000000000000000.idx"))
+		if _, err := smallPackSoon(t, work, head, base); !errors.Is(err, errNotSmall) {
+			t.Fatalf("got %v, want errNotSmall", err)
+		}
+	})
+	t.Run("pack", func(t *testing.T) {
+		work, _, base := smallRepo(t)
+		head := attackCommit(t, work)
+		packs, _ := filepath.Glob(filepath.Join(work, ".git", "objects", "pack", "pack-*.pack"))
+		for _, p := range packs {
+			os.Rename(p, p+".away")
+			mkfifo(t, p)
+		}
+		if _, err := smallPackSoon(t, work, head, base); !errors.Is(err, errNotSmall) {
+			t.Fatalf("got %v, want errNotSmall", err)
+		}
+	})
+}
+
+// A commit whose header holds a second tree line after its committer:
+// git takes the first line's tree (and fsck lets the extra header pass),
+// so the pack must hold the first tree, and nothing of the second.
+func TestAttackSmallPackCommitHeaders(t *testing.T) {
+	work, host, base := smallRepo(t)
+	mktree := func(name, body string) string {
+		blob := wtGit(t, work, "hash-object", "-w", "--no-filters", writeTemp(t, body))
+		cmd := exec.Command("sh", "-c", fmt.Sprintf(`(git ls-tree %s; printf '100644 blob %s\t%s\n') | git mktree`, base, blob, name))
+		cmd.Dir = work
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	real, other := mktree("real.txt", "real\n"), mktree("other.txt", "other\n")
+	for _, c := range []struct{ name, body string }{
+		{"tree after committer", fmt.Sprintf("tree %s\nparent %s\nauthor t <t@l> 1 +0000\ncommitter t <t@l> 1 +0000\ntree %s\n\nm\n", real, base, other)},
+		{"parent after committer", fmt.Sprintf("tree %s\nauthor t <t@l> 1 +0000\ncommitter t <t@l> 1 +0000\nparent %s\n\nm\n", real, base)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			head := wtGit(t, work, "hash-object", "-t", "commit", "-w", "--literally", writeTemp(t, c.body))
+			pack, err := smallPackSoon(t, work, head, base)
+			if errors.Is(err, errNotSmall) {
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Nothing HEAD does not have, and the bus host then holds all
+			// HEAD has.
+			reach := map[string]bool{}
+			for _, id := range strings.Fields(wtGit(t, work, "rev-list", "--objects", "--no-object-names", head)) {
+				reach[id] = true
+			}
+			for _, id := range indexInto(t, host, pack) {
+				if !reach[id] {
+					t.Errorf("the pack holds %s, which HEAD does not have", id)
+				}
+			}
+			wtGit(t, host, "rev-list", "--objects", "--missing=error", head)
+		})
+	}
+}
+
+func writeTemp(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "body")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A pack index truncated by the worker while it is mapped: its pages
+// fault on read, which must be a push for pack-objects, not a crash.
+func TestAttackSmallPackTruncatedIndex(t *testing.T) {
+	work, _, base := smallRepo(t)
+	s, err := openWorkRepo(work).objectStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	if _, err := s.readAs(base, objCommit); err != nil { // maps the indexes
+		t.Fatal(err)
+	}
+	idxs, _ := filepath.Glob(filepath.Join(work, ".git", "objects", "pack", "pack-*.idx"))
+	for _, p := range idxs {
+		if err := os.Truncate(p, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tree, _, err := parseCommit(s.seen[base].data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.readAs(tree, objTree); !errors.Is(err, errNotSmall) {
+		t.Fatalf("got %v, want errNotSmall", err)
+	}
+}
