@@ -261,31 +261,29 @@ func parseTree(data []byte) ([]treeEntry, error) {
 	return ents, nil
 }
 
-// parseCommit returns a commit's tree and parents.
+// parseCommit returns a commit's tree and parents, read as git reads
+// them: the tree on the first line, the parents on the lines right after
+// it. A "tree" or "parent" header further down is no link (fsck lets it
+// pass); taken for one, it would pack a tree HEAD does not have instead
+// of the one it has.
 func parseCommit(data []byte) (tree string, parents []string, err error) {
-	for len(data) > 0 {
-		line, rest, _ := bytes.Cut(data, []byte("\n"))
-		data = rest
-		if len(line) == 0 {
-			break
-		}
-		k, v, _ := bytes.Cut(line, []byte(" "))
-		switch string(k) {
-		case "tree":
-			tree = string(v)
-		case "parent":
-			parents = append(parents, string(v))
-		}
-	}
-	if !isObjectID(tree) {
+	line, data, _ := bytes.Cut(data, []byte("\n"))
+	t, ok := bytes.CutPrefix(line, []byte("tree "))
+	if !ok || !isObjectID(string(t)) {
 		return "", nil, fmt.Errorf("%w: a commit without a tree", errNotSmall)
 	}
-	for _, p := range parents {
-		if !isObjectID(p) {
+	for {
+		line, rest, _ := bytes.Cut(data, []byte("\n"))
+		p, ok := bytes.CutPrefix(line, []byte("parent "))
+		if !ok {
+			return string(t), parents, nil
+		}
+		if !isObjectID(string(p)) {
 			return "", nil, fmt.Errorf("%w: a malformed parent", errNotSmall)
 		}
+		parents = append(parents, string(p))
+		data = rest
 	}
-	return tree, parents, nil
 }
 
 // objectStore reads a worker's objects in process: loose ones from their
