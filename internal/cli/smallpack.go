@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 
@@ -376,9 +377,12 @@ func (s *objectStore) readAs(id string, want objType) ([]byte, error) {
 
 // loose reads a loose object; os.ErrNotExist when there is none.
 func (s *objectStore) loose(id string) (objType, []byte, error) {
-	f, err := os.Open(filepath.Join(s.dir, id[:2], id[2:]))
-	if err != nil {
+	f, err := openRegular(filepath.Join(s.dir, id[:2], id[2:]))
+	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil, err
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: loose %s: %v", errNotSmall, id, err)
 	}
 	defer f.Close()
 	z, err := s.inflater(f)
@@ -410,6 +414,21 @@ func (s *objectStore) loose(id string) (objType, []byte, error) {
 	return typ, data, nil
 }
 
+// openRegular opens the regular file at path for reading. The worker may
+// have put anything there: a FIFO would block the open (git, reading
+// packs first, may never open it), and a device reads forever.
+func openRegular(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	return f, nil
+}
+
 func (s *objectStore) spend(n int) error {
 	s.read += n
 	if n > smallPackRead || s.read > smallPackRead {
@@ -428,7 +447,7 @@ func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byt
 			if err != nil {
 				return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
 			}
-			f, err := os.Open(strings.TrimSuffix(path, ".idx") + ".pack")
+			f, err := openRegular(strings.TrimSuffix(path, ".idx") + ".pack")
 			if err != nil {
 				return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
 			}

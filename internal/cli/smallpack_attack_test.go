@@ -82,6 +82,23 @@ func TestAttackSmallPackFIFO(t *testing.T) {
 			t.Fatalf("got %v, want errNotSmall", err)
 		}
 	})
+	t.Run("loose commit read by clean", func(t *testing.T) {
+		work, _, base := smallRepo(t)
+		mkfifo(t, filepath.Join(work, ".git", "objects", base[:2], base[2:]))
+		done := make(chan bool, 1)
+		go func() {
+			w := openWorkRepo(work)
+			done <- w.hasCommit(base) || w.clean(base)
+		}()
+		select {
+		case got := <-done:
+			if got {
+				t.Fatal("a FIFO read as the commit")
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("clean hangs")
+		}
+	})
 	t.Run("pack", func(t *testing.T) {
 		work, _, base := smallRepo(t)
 		head := attackCommit(t, work)

@@ -158,7 +158,7 @@ func (w *workRepo) looseObject(id string) ([]byte, bool) {
 	if !isObjectID(id) {
 		return nil, false
 	}
-	f, err := os.Open(filepath.Join(w.common, "objects", id[:2], id[2:]))
+	f, err := openRegular(filepath.Join(w.common, "objects", id[:2], id[2:]))
 	if err != nil {
 		return nil, false
 	}
