@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -455,15 +456,38 @@ func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byt
 		}
 	}
 	for _, p := range s.packs {
-		if pos := p.idx.Find(h); pos >= 0 {
-			off, err := p.idx.Offset(pos)
-			if err != nil {
-				return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
-			}
+		off, err := p.find(h)
+		if err != nil {
+			return 0, nil, err
+		}
+		if off >= 0 {
 			return s.entry(p, off, depth)
 		}
 	}
 	return 0, nil, fmt.Errorf("%w: %x is not here", errNotSmall, h)
+}
+
+// find is h's offset in pack p, -1 when p does not hold it. The index is
+// mapped, and the worker may truncate it while it is read: the read then
+// faults, which is a push for pack-objects, not a crash.
+func (p *storePack) find(h [packidx.HashLen]byte) (off int64, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if _, fault := r.(interface{ Addr() uintptr }); !fault {
+				panic(r)
+			}
+			off, err = 0, fmt.Errorf("%w: %s: %v", errNotSmall, p.idx.Path, r)
+		}
+	}()
+	pos := p.idx.Find(h)
+	if pos < 0 {
+		return -1, nil
+	}
+	if off, err = p.idx.Offset(pos); err != nil {
+		return 0, fmt.Errorf("%w: %v", errNotSmall, err)
+	}
+	return off, nil
 }
 
 // entry reads the object at offset off of pack p, resolving its deltas.
