@@ -193,3 +193,66 @@ func TestAttackSmallPackTruncatedIndex(t *testing.T) {
 		t.Fatalf("got %v, want errNotSmall", err)
 	}
 }
+
+// A worker's tree that clean must not prove clean while git status lists
+// changes in it.
+func TestAttackWorkRepoClean(t *testing.T) {
+	setup := func(t *testing.T, linkIgnore bool) (dir, head string) {
+		dir = t.TempDir()
+		wtGit(t, dir, "init", "-q", "-b", "main")
+		writeFile(t, dir, "a/b/c.txt", "c\n")
+		writeFile(t, dir, "top.txt", "top\r\n")
+		writeFile(t, dir, "ign", "*.secret\n")
+		if linkIgnore {
+			if err := os.Symlink("ign", filepath.Join(dir, ".gitignore")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wtGit(t, dir, "add", "-A")
+		wtGit(t, dir, "commit", "-q", "-m", "one")
+		return dir, wtGit(t, dir, "rev-parse", "HEAD")
+	}
+	check := func(t *testing.T, dir, head string) {
+		t.Helper()
+		clean := openWorkRepo(dir).clean(head) // first: git status rewrites the index
+		cmd := exec.Command("git", "status", "--porcelain")
+		cmd.Dir = dir
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null"}
+		out, err := cmd.Output() // not its warnings
+		if err != nil {
+			t.Fatal(err)
+		}
+		status := strings.TrimSpace(string(out))
+		if clean && status != "" {
+			t.Fatalf("proven clean, but git status lists:\n%s", status)
+		}
+		t.Logf("git status:\n%s", status)
+	}
+	t.Run("a directory above a tracked one turned symbolic link", func(t *testing.T) {
+		dir, head := setup(t, false)
+		// a/b/c.txt still resolves, to the same inode, through the link;
+		// git takes it as deleted. The link and the moved directory are
+		// ignored through the worker's own exclude file.
+		os.Rename(filepath.Join(dir, "a"), filepath.Join(dir, "a.real"))
+		os.Symlink("a.real", filepath.Join(dir, "a"))
+		os.WriteFile(filepath.Join(dir, ".git", "info", "exclude"), []byte("/a\n/a.real/\n"), 0o644)
+		check(t, dir, head)
+	})
+	t.Run("a .gitignore that is a symbolic link", func(t *testing.T) {
+		// git does not follow it (2.32 on): x.secret is untracked.
+		dir, head := setup(t, true)
+		writeFile(t, dir, "x.secret", "s\n")
+		check(t, dir, head)
+	})
+	t.Run("a racily clean file git converts", func(t *testing.T) {
+		// top.txt, committed with CRLF, is now a text file: git
+		// compares it converted, once its stat data is racy.
+		dir, head := setup(t, false)
+		os.WriteFile(filepath.Join(dir, ".git", "info", "attributes"), []byte("*.txt text\n"), 0o644)
+		old := time.Unix(1000000000, 0)
+		if err := os.Chtimes(filepath.Join(dir, ".git", "index"), old, old); err != nil {
+			t.Fatal(err)
+		}
+		check(t, dir, head)
+	})
+}
