@@ -195,9 +195,10 @@ func (w *workRepo) clean(head string) bool {
 	if w == nil || w.top == "" || head == "" {
 		return false
 	}
-	// A configured excludes file is not read here: git status decides.
+	// A configured excludes or attributes file is not read here: git
+	// status decides.
 	for _, c := range []string{filepath.Join(w.common, "config"), filepath.Join(w.gitDir, "config.worktree")} {
-		if b, err := os.ReadFile(c); err == nil && bytes.Contains(bytes.ToLower(b), []byte("excludesfile")) {
+		if b, err := os.ReadFile(c); err == nil && (bytes.Contains(bytes.ToLower(b), []byte("excludesfile")) || bytes.Contains(bytes.ToLower(b), []byte("attributesfile"))) {
 			return false
 		}
 	}
@@ -219,22 +220,34 @@ func (w *workRepo) clean(head string) bool {
 			dirs[d] = true
 		}
 	}
-	if !w.statAll(idx) {
+	var racy atomic.Bool
+	if !w.statAll(idx, &racy) {
 		return false
 	}
 	var ps []gitignore.Pattern
 	if info, err := os.ReadFile(filepath.Join(w.common, "info", "exclude")); err == nil {
 		ps = append(ps, parseIgnore(string(info), nil)...)
 	}
-	return w.noUntracked("", ps, tracked, dirs)
+	attrs := false
+	if !w.noUntracked("", ps, tracked, dirs, &attrs) {
+		return false
+	}
+	// A racily clean file's content was compared as it is; git compares
+	// it as attributes convert it (text, eol, ident, a filter), and the
+	// two differ. Where attributes may apply, git status decides.
+	if _, err := os.Lstat(filepath.Join(w.common, "info", "attributes")); err == nil {
+		attrs = true
+	}
+	return !(racy.Load() && attrs)
 }
 
-// statAll checks every entry's stat data, spread over the CPUs but one,
+// statAll checks every entry's stat data (racy is set when one's content
+// was compared), spread over the CPUs but one,
 // which is left to the push this runs beside. Each
 // entry is looked up in its directory, opened once for the entries of
 // that directory beside each other in the index's order, rather than from
 // the top: a lookup of one name, not of the whole path.
-func (w *workRepo) statAll(idx *gitIndex) bool {
+func (w *workRepo) statAll(idx *gitIndex, racy *atomic.Bool) bool {
 	n := max(runtime.GOMAXPROCS(0)-1, 1)
 	if len(idx.entries) < 256 {
 		n = 1
@@ -247,7 +260,7 @@ func (w *workRepo) statAll(idx *gitIndex) bool {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if !w.statPart(part, idx.modNano, &bad) {
+			if !w.statPart(part, idx.modNano, &bad, racy) {
 				bad.Store(true)
 			}
 		}()
@@ -258,7 +271,12 @@ func (w *workRepo) statAll(idx *gitIndex) bool {
 
 // statPart checks the stat data of entries, which are in the index's
 // order, until one differs or another part found one that does (bad).
-func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad *atomic.Bool) bool {
+func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad, racy *atomic.Bool) bool {
+	top, err := unix.Open(w.top, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(top)
 	dir, fd := "", -1
 	defer func() {
 		if fd >= 0 {
@@ -274,11 +292,10 @@ func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad *atomic.Bo
 			if fd >= 0 {
 				unix.Close(fd)
 			}
-			// The directory itself must not be a symbolic link: git
-			// takes an entry beyond one as deleted.
-			var err error
-			fd, err = unix.Open(filepath.Join(w.top, filepath.FromSlash(d)), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
+			// No directory from the top down may be a symbolic link:
+			// git takes an entry beyond one as deleted, and the link
+			// may lead to the very files the index recorded.
+			if fd, err = openDir(top, d); err != nil {
 				return false
 			}
 			dir = d
@@ -287,12 +304,36 @@ func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad *atomic.Bo
 		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return false
 		}
-		same, racy := sameStat(&st, e, indexNano)
-		if !same || racy && !sameContent(filepath.Join(w.top, filepath.FromSlash(e.name)), e) {
+		same, isRacy := sameStat(&st, e, indexNano)
+		if isRacy {
+			racy.Store(true)
+		}
+		if !same || isRacy && !sameContent(filepath.Join(w.top, filepath.FromSlash(e.name)), e) {
 			return false
 		}
 	}
 	return true
+}
+
+// openDir opens directory d (slash-separated, "" for the top) under top
+// without following a symbolic link on the way: in one call where the
+// kernel has openat2, else a component at a time.
+func openDir(top int, d string) (int, error) {
+	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Openat2(top, "./"+d, &unix.OpenHow{Flags: flags, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH})
+	if err != unix.ENOSYS && err != unix.EPERM { // EPERM: a seccomp filter refusing it
+		return fd, err
+	}
+	fd, err = unix.Openat(top, ".", flags, 0)
+	for _, c := range strings.Split(strings.TrimSuffix(d, "/"), "/") {
+		if err != nil || c == "" {
+			break
+		}
+		next, oerr := unix.Openat(fd, c, flags, 0)
+		unix.Close(fd)
+		fd, err = next, oerr
+	}
+	return fd, err
 }
 
 // treeOf reads the tree of commit id from its loose object (a fresh
@@ -314,15 +355,29 @@ func (w *workRepo) treeOf(id string) (string, bool) {
 }
 
 // noUntracked walks directory dir (slash-separated, relative to the top)
-// and reports whether every entry not in the index is ignored.
-func (w *workRepo) noUntracked(dir string, ps []gitignore.Pattern, tracked, dirs map[string]bool) bool {
+// and reports whether every entry not in the index is ignored; attrs is
+// set when a .gitattributes file is met.
+func (w *workRepo) noUntracked(dir string, ps []gitignore.Pattern, tracked, dirs map[string]bool, attrs *bool) bool {
 	abs := filepath.Join(w.top, filepath.FromSlash(dir))
 	var domain []string
 	if dir != "" {
 		domain = strings.Split(dir, "/")
 	}
-	if b, err := os.ReadFile(filepath.Join(abs, ".gitignore")); err == nil {
+	// git does not follow a .gitignore that is a symbolic link (it warns
+	// and reads none): one that is not a plain file is not read here.
+	if f, err := os.OpenFile(filepath.Join(abs, ".gitignore"), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0); err == nil {
+		fi, err := f.Stat()
+		var b []byte
+		if err == nil && fi.Mode().IsRegular() {
+			b, err = io.ReadAll(f)
+		}
+		f.Close()
+		if err != nil || !fi.Mode().IsRegular() {
+			return false
+		}
 		ps = append(ps[:len(ps):len(ps)], parseIgnore(string(b), domain)...)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return false
 	}
 	ents, err := os.ReadDir(abs)
 	if err != nil {
@@ -335,6 +390,9 @@ func (w *workRepo) noUntracked(dir string, ps []gitignore.Pattern, tracked, dirs
 		if dir != "" {
 			p = dir + "/" + name
 		}
+		if name == ".gitattributes" {
+			*attrs = true
+		}
 		if name == ".git" {
 			if dir == "" {
 				continue
@@ -343,7 +401,7 @@ func (w *workRepo) noUntracked(dir string, ps []gitignore.Pattern, tracked, dirs
 		}
 		if e.IsDir() {
 			if dirs[p] {
-				if !w.noUntracked(p, ps, tracked, dirs) {
+				if !w.noUntracked(p, ps, tracked, dirs, attrs) {
 					return false
 				}
 				continue
