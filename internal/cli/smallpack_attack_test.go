@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/adler32"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -255,4 +258,34 @@ func TestAttackWorkRepoClean(t *testing.T) {
 		}
 		check(t, dir, head)
 	})
+}
+
+// A loose object whose deflated stream is padded with empty blocks: it
+// inflates to the right object, but reading it costs what the worker
+// chose, however small the object. Input past what any zlib writes for
+// that size is a push for pack-objects.
+func TestAttackSmallPackPaddedStream(t *testing.T) {
+	work, _, base := smallRepo(t)
+	head := attackCommit(t, work)
+	blob := wtGit(t, work, "rev-parse", "HEAD:x.txt")
+	obj := []byte("blob 2\x00x\n")
+	var b bytes.Buffer
+	b.Write([]byte{0x78, 0x01})
+	for range 1 << 16 {
+		b.Write([]byte{0, 0, 0, 0xff, 0xff}) // an empty stored block, not the last
+	}
+	b.Write([]byte{1, byte(len(obj)), 0, ^byte(len(obj)), 0xff})
+	b.Write(obj)
+	binary.Write(&b, binary.BigEndian, adler32.Checksum(obj))
+	p := filepath.Join(work, ".git", "objects", blob[:2], blob[2:])
+	os.Chmod(p, 0o644)
+	if err := os.WriteFile(p, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := wtGit(t, work, "cat-file", "blob", blob); got != "x" {
+		t.Fatalf("git reads the padded object as %q", got)
+	}
+	if _, err := smallPackSoon(t, work, head, base); !errors.Is(err, errNotSmall) {
+		t.Fatalf("got %v, want errNotSmall", err)
+	}
 }
