@@ -407,6 +407,9 @@ func (s *objectStore) loose(id string) (objType, []byte, error) {
 	if err := s.spend(sz); err != nil {
 		return 0, nil, err
 	}
+	if fi, err := f.Stat(); err != nil || fi.Size() > deflatedMax(nul+1+sz) {
+		return 0, nil, fmt.Errorf("%w: loose %s: longer than its size deflated", errNotSmall, id)
+	}
 	data := make([]byte, sz)
 	got := copy(data, head[nul+1:n])
 	if _, err := io.ReadFull(z, data[got:]); err != nil {
@@ -614,12 +617,18 @@ func (s *objectStore) inflater(r io.Reader) (io.Reader, error) {
 	return s.z, s.z.(zlib.Resetter).Reset(r, nil)
 }
 
+// deflatedMax bounds the deflated length of n bytes: zlib's own bound
+// (n + n/4096 + n/16384 + 13, header and trailer in), with room. A
+// stream the worker padded (empty blocks inflate to nothing) is read no
+// further: the bytes inflated bound the bytes read.
+func deflatedMax(n int) int64 { return int64(n) + int64(n)>>6 + 64 }
+
 // inflate reads size bytes deflated at offset off of pack p.
 func (s *objectStore) inflate(p *storePack, off int64, size int) ([]byte, error) {
 	if err := s.spend(size); err != nil {
 		return nil, err
 	}
-	z, err := s.inflater(io.NewSectionReader(p.f, off, 1<<62))
+	z, err := s.inflater(io.NewSectionReader(p.f, off, deflatedMax(size)))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errNotSmall, err)
 	}

@@ -289,3 +289,9 @@ func TestAttackSmallPackPaddedStream(t *testing.T) {
 		t.Fatalf("got %v, want errNotSmall", err)
 	}
 }
+
+// The bound on what is read for an object holds for git's own packs at
+// any compression, stored blocks included.
+func TestAttackSmallPackStoredPack(t *testing.T) {
+	testSmallPack(t, "-c", "pack.compression=0")
+}
