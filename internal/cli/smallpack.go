@@ -48,6 +48,9 @@ const (
 	smallPackRead = 8 << 20
 	// smallPackDepth bounds a delta chain followed in a pack.
 	smallPackDepth = 4096
+	// smallPackPacks bounds the packs opened (a descriptor and a mapping
+	// each): git's gc --auto repacks at 50.
+	smallPackPacks = 256
 )
 
 // errNotSmall is a push this does not pack: pack-objects does.

@@ -295,3 +295,23 @@ func TestAttackSmallPackPaddedStream(t *testing.T) {
 func TestAttackSmallPackStoredPack(t *testing.T) {
 	testSmallPack(t, "-c", "pack.compression=0")
 }
+
+// A worker's repository with packs by the hundred: each would cost a
+// descriptor and a mapping for the length of the push. Past a bound the
+// push is pack-objects'.
+func TestAttackSmallPackManyPacks(t *testing.T) {
+	work, _, base := smallRepo(t)
+	head := attackCommit(t, work)
+	idxs, _ := filepath.Glob(filepath.Join(work, ".git", "objects", "pack", "pack-*.idx"))
+	for i := range smallPackPacks + 1 {
+		for _, ext := range []string{".idx", ".pack"} {
+			to := filepath.Join(work, ".git", "objects", "pack", fmt.Sprintf("pack-%040d%s", i, ext))
+			if err := os.Link(strings.TrimSuffix(idxs[0], ".idx")+ext, to); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := smallPackSoon(t, work, head, base); !errors.Is(err, errNotSmall) {
+		t.Fatalf("got %v, want errNotSmall", err)
+	}
+}
