@@ -449,6 +449,9 @@ func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byt
 	if !s.listed {
 		s.listed = true
 		idxs, _ := filepath.Glob(filepath.Join(s.dir, "pack", "pack-*.idx"))
+		if len(idxs) > smallPackPacks {
+			return 0, nil, fmt.Errorf("%w: %d packs", errNotSmall, len(idxs))
+		}
 		for _, path := range idxs {
 			ix, err := packidx.Open(path)
 			if err != nil {
