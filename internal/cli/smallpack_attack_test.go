@@ -3,12 +3,14 @@ package cli
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/adler32"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -314,4 +316,112 @@ func TestAttackSmallPackManyPacks(t *testing.T) {
 	if _, err := smallPackSoon(t, work, head, base); !errors.Is(err, errNotSmall) {
 		t.Fatalf("got %v, want errNotSmall", err)
 	}
+}
+
+// writeHostilePack puts pack-!.pack (sorted before git's own, so looked
+// in first) holding body after its header, and an index naming each of
+// ids at the offsets given (large ones in the 64-bit table).
+func writeHostilePack(t *testing.T, work string, body []byte, ids []string, offs []uint64) {
+	t.Helper()
+	dir := filepath.Join(work, ".git", "objects", "pack")
+	var pack bytes.Buffer
+	pack.WriteString("PACK\x00\x00\x00\x02")
+	binary.Write(&pack, binary.BigEndian, uint32(len(ids)))
+	pack.Write(body)
+	pack.Write(make([]byte, 20))
+	if err := os.WriteFile(filepath.Join(dir, "pack-!.pack"), pack.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	type ent struct {
+		h   []byte
+		off uint64
+	}
+	var ents []ent
+	for i, id := range ids {
+		h, _ := hex.DecodeString(id)
+		ents = append(ents, ent{h, offs[i]})
+	}
+	sort.Slice(ents, func(i, j int) bool { return bytes.Compare(ents[i].h, ents[j].h) < 0 })
+	var idx bytes.Buffer
+	idx.WriteString("\xfftOc\x00\x00\x00\x02")
+	for b := range 256 {
+		n := 0
+		for _, e := range ents {
+			if int(e.h[0]) <= b {
+				n++
+			}
+		}
+		binary.Write(&idx, binary.BigEndian, uint32(n))
+	}
+	for _, e := range ents {
+		idx.Write(e.h)
+	}
+	idx.Write(make([]byte, 4*len(ents)))
+	var large []uint64
+	for _, e := range ents {
+		if e.off >= 1<<31 {
+			binary.Write(&idx, binary.BigEndian, uint32(1<<31|len(large)))
+			large = append(large, e.off)
+		} else {
+			binary.Write(&idx, binary.BigEndian, uint32(e.off))
+		}
+	}
+	for _, o := range large {
+		binary.Write(&idx, binary.BigEndian, o)
+	}
+	idx.Write(make([]byte, 40))
+	if err := os.WriteFile(filepath.Join(dir, "pack-!.idx"), idx.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Packs whose index and entries lie: each read must end in errNotSmall,
+// promptly, without a panic.
+func TestAttackSmallPackHostilePack(t *testing.T) {
+	refDelta := func(base string, size byte) []byte {
+		h, _ := hex.DecodeString(base)
+		return append([]byte{byte(objRef)<<4 | size}, h...)
+	}
+	for _, c := range []struct {
+		name string
+		body func(tree string) []byte
+		off  uint64
+	}{
+		{"an offset past the pack", func(string) []byte { return nil }, 1 << 30},
+		{"a large offset past any file", func(string) []byte { return nil }, 1<<63 - 1},
+		{"an offset into the header", func(string) []byte { return nil }, 4},
+		{"an id delta on itself", func(tree string) []byte {
+			return append(refDelta(tree, 0), 0x78, 0x01, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01)
+		}, 12},
+		{"an offset delta on itself", func(string) []byte { return []byte{byte(objOfs)<<4 | 0, 0} }, 12},
+		{"an offset delta before the pack", func(string) []byte { return []byte{byte(objOfs)<<4 | 0, 0x7f} }, 12},
+		{"a size header that never ends", func(string) []byte { return bytes.Repeat([]byte{0xff}, 64) }, 12},
+		{"a size past the bound", func(string) []byte { return []byte{0xbf, 0xff, 0xff, 0xff, 0xff, 0x7f} }, 12},
+		{"a stream that stops short", func(string) []byte { return []byte{byte(objTree)<<4 | 10, 0x78, 0x01} }, 12},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			work, _, base := smallRepo(t)
+			head := attackCommit(t, work)
+			tree := wtGit(t, work, "rev-parse", base+"^{tree}")
+			writeHostilePack(t, work, c.body(tree), []string{tree}, []uint64{c.off})
+			_, err := smallPackSoon(t, work, head, base)
+			if !errors.Is(err, errNotSmall) {
+				t.Fatalf("got %v, want errNotSmall", err)
+			}
+			t.Log(err)
+		})
+	}
+	t.Run("id deltas on each other", func(t *testing.T) {
+		work, _, base := smallRepo(t)
+		head := attackCommit(t, work)
+		tree := wtGit(t, work, "rev-parse", base+"^{tree}")
+		other := strings.Repeat("ab", 20)
+		z := []byte{0x78, 0x01, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01}
+		a := append(refDelta(other, 0), z...)
+		b := append(refDelta(tree, 0), z...)
+		writeHostilePack(t, work, append(a, b...), []string{tree, other}, []uint64{12, uint64(12 + len(a))})
+		if _, err := smallPackSoon(t, work, head, base); !errors.Is(err, errNotSmall) {
+			t.Fatalf("got %v, want errNotSmall", err)
+		}
+	})
 }
