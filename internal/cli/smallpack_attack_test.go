@@ -249,6 +249,22 @@ func TestAttackWorkRepoClean(t *testing.T) {
 		writeFile(t, dir, "x.secret", "s\n")
 		check(t, dir, head)
 	})
+	for _, c := range []struct{ name, ignore, file string }{
+		{"a pattern's trailing space", "x.secret \n", "x.secret "},
+		{"a pattern's escaped trailing space", "x.secret\\ \n", "x.secret"},
+		{"a double star", "a/**/z.secret\n", "a/b/c/y.secret"},
+		{"a negated directory", "/d/\n!/d/keep\n", "d/keep"},
+		{"a bracket", "[a-\n", "[a-"},
+		{"a backslash", "x\\y\n", "x\\y"},
+		{"a dir-only pattern on a file", "x.secret/\n", "x.secret"},
+	} {
+		t.Run("ignore: "+c.name, func(t *testing.T) {
+			dir, head := setup(t, false)
+			os.WriteFile(filepath.Join(dir, ".git", "info", "exclude"), []byte(c.ignore), 0o644)
+			writeFile(t, dir, c.file, "s\n")
+			check(t, dir, head)
+		})
+	}
 	t.Run("a racily clean file git converts", func(t *testing.T) {
 		// top.txt, committed with CRLF, is now a text file: git
 		// compares it converted, once its stat data is racy.
