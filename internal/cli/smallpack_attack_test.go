@@ -441,3 +441,25 @@ func TestAttackSmallPackHostilePack(t *testing.T) {
 		}
 	})
 }
+
+// A racily clean file's content is read after its lstat: a worker that
+// swaps a link to an endless device in between must not make the read
+// endless (memory without bound), nor a FIFO block it.
+func TestAttackWorkRepoCleanSwappedFile(t *testing.T) {
+	dir := t.TempDir()
+	e := &idxEntry{mode: 0o100644, size: 2, hash: "587be6b4c3f93f93c489c0111bba5596147a26cb"} // "x\n"
+	os.Symlink("/dev/zero", filepath.Join(dir, "zero"))
+	mkfifo(t, filepath.Join(dir, "fifo"))
+	for _, name := range []string{"zero", "fifo"} {
+		done := make(chan bool, 1)
+		go func() { done <- sameContent(filepath.Join(dir, name), e) }()
+		select {
+		case same := <-done:
+			if same {
+				t.Fatalf("%s read as the blob", name)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("reading %s does not end", name)
+		}
+	}
+}
