@@ -457,7 +457,10 @@ func sameStat(st *unix.Stat_t, e *idxEntry, indexNano int64) (same, racy bool) {
 	return same, mtime >= indexNano
 }
 
-// sameContent reports whether p holds the blob e names.
+// sameContent reports whether p holds the blob e names. The worker may
+// have swapped the file since its lstat: only a regular file is read,
+// not through a link nor blocking on a FIFO, and no more of it than the
+// size the index recorded (and a byte to tell a longer one).
 func sameContent(p string, e *idxEntry) bool {
 	var body []byte
 	var err error
@@ -466,7 +469,15 @@ func sameContent(p string, e *idxEntry) bool {
 		target, err = os.Readlink(p)
 		body = []byte(target)
 	} else {
-		body, err = os.ReadFile(p)
+		var f *os.File
+		if f, err = os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0); err != nil {
+			return false
+		}
+		defer f.Close()
+		if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+			return false
+		}
+		body, err = io.ReadAll(io.LimitReader(f, int64(e.size)+1))
 	}
 	if err != nil {
 		return false
