@@ -463,3 +463,39 @@ func TestAttackWorkRepoCleanSwappedFile(t *testing.T) {
 		}
 	}
 }
+
+// The repository's own small files (config, index, info/exclude, HEAD)
+// made links to /dev/zero or FIFOs: git reads nothing or refuses them;
+// reading them here must end too.
+func TestAttackWorkRepoDeviceFiles(t *testing.T) {
+	for _, name := range []string{"config", "index", "info/exclude", "HEAD"} {
+		for _, kind := range []string{"zero", "fifo"} {
+			t.Run(name+" "+kind, func(t *testing.T) {
+				work, _, base := smallRepo(t)
+				head := attackCommit(t, work)
+				p := filepath.Join(work, ".git", filepath.FromSlash(name))
+				os.Remove(p)
+				if kind == "zero" {
+					os.Symlink("/dev/zero", p)
+				} else {
+					mkfifo(t, p)
+				}
+				done := make(chan bool, 1)
+				go func() {
+					w := openWorkRepo(work)
+					w.commit("HEAD")
+					w.smallPack(head, base)
+					done <- w.clean(head)
+				}()
+				select {
+				case clean := <-done:
+					if clean {
+						t.Fatal("proven clean")
+					}
+				case <-time.After(time.Minute):
+					t.Fatal("reading the repository does not end")
+				}
+			})
+		}
+	}
+}
