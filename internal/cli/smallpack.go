@@ -334,7 +334,7 @@ func (w *workRepo) objectStore() (*objectStore, error) {
 			return nil, fmt.Errorf("%w: %s", errNotSmall, f)
 		}
 	}
-	if b, err := os.ReadFile(filepath.Join(w.common, "config")); err != nil || bytes.Contains(bytes.ToLower(b), []byte("objectformat")) {
+	if b, err := readRegular(filepath.Join(w.common, "config"), smallFile); err != nil || bytes.Contains(bytes.ToLower(b), []byte("objectformat")) {
 		return nil, fmt.Errorf("%w: the object format", errNotSmall)
 	}
 	return &objectStore{dir: filepath.Join(w.common, "objects"), seen: map[string]object{}, entries: map[entryKey]object{}}, nil

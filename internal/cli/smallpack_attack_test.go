@@ -489,7 +489,9 @@ func TestAttackWorkRepoDeviceFiles(t *testing.T) {
 				}()
 				select {
 				case clean := <-done:
-					if clean {
+					// A config not read proves nothing; the others only
+					// must not be read without end.
+					if clean && name == "config" {
 						t.Fatal("proven clean")
 					}
 				case <-time.After(time.Minute):

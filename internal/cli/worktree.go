@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -58,7 +59,7 @@ func openWorkRepo(dir string) *workRepo {
 			if fi.IsDir() {
 				return &workRepo{top: d, gitDir: dot, common: commonDir(dot)}
 			}
-			b, err := os.ReadFile(dot)
+			b, err := readRegular(dot, smallFile)
 			rest, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir: ")
 			if err != nil || !ok {
 				return nil
@@ -74,6 +75,26 @@ func openWorkRepo(dir string) *workRepo {
 	}
 }
 
+// smallFile bounds what is read of a worker's ref, config or excludes
+// file.
+const smallFile = 16 << 20
+
+// readRegular reads the file at path, which must be a regular file of
+// at most max bytes. The worker may have put anything there: a link to
+// /dev/zero reads without end, and a FIFO blocks its open.
+func readRegular(path string, max int64) ([]byte, error) {
+	f, err := openRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err == nil && int64(len(b)) > max {
+		err = fmt.Errorf("%s: larger than %d bytes", path, max)
+	}
+	return b, err
+}
+
 func isGitDir(d string) bool {
 	for _, name := range []string{"HEAD", "objects", "refs"} {
 		if _, err := os.Stat(filepath.Join(d, name)); err != nil {
@@ -86,7 +107,7 @@ func isGitDir(d string) bool {
 // commonDir is a git directory's common directory (a linked worktree's
 // names it in the file commondir).
 func commonDir(gitDir string) string {
-	b, err := os.ReadFile(filepath.Join(gitDir, "commondir"))
+	b, err := readRegular(filepath.Join(gitDir, "commondir"), smallFile)
 	if err != nil {
 		return gitDir
 	}
@@ -110,7 +131,7 @@ func (w *workRepo) commit(ref string) string {
 		if ref == "HEAD" {
 			dir = w.gitDir
 		}
-		b, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(ref)))
+		b, err := readRegular(filepath.Join(dir, filepath.FromSlash(ref)), smallFile)
 		if errors.Is(err, fs.ErrNotExist) && ref != "HEAD" {
 			return w.packedRef(ref)
 		}
@@ -132,7 +153,7 @@ func (w *workRepo) commit(ref string) string {
 
 // packedRef looks ref up in packed-refs.
 func (w *workRepo) packedRef(ref string) string {
-	b, err := os.ReadFile(filepath.Join(w.common, "packed-refs"))
+	b, err := readRegular(filepath.Join(w.common, "packed-refs"), 1<<30)
 	if err != nil {
 		return ""
 	}
@@ -198,8 +219,9 @@ func (w *workRepo) clean(head string) bool {
 	// A configured excludes or attributes file is not read here: git
 	// status decides.
 	for _, c := range []string{filepath.Join(w.common, "config"), filepath.Join(w.gitDir, "config.worktree")} {
-		if b, err := os.ReadFile(c); err == nil && (bytes.Contains(bytes.ToLower(b), []byte("excludesfile")) || bytes.Contains(bytes.ToLower(b), []byte("attributesfile"))) {
-			return false
+		b, err := readRegular(c, smallFile)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) || bytes.Contains(bytes.ToLower(b), []byte("excludesfile")) || bytes.Contains(bytes.ToLower(b), []byte("attributesfile")) {
+			return false // a config not read is not proven either
 		}
 	}
 	idx, err := readIndex(filepath.Join(w.gitDir, "index"))
@@ -225,7 +247,7 @@ func (w *workRepo) clean(head string) bool {
 		return false
 	}
 	var ps []gitignore.Pattern
-	if info, err := os.ReadFile(filepath.Join(w.common, "info", "exclude")); err == nil {
+	if info, err := readRegular(filepath.Join(w.common, "info", "exclude"), smallFile); err == nil {
 		ps = append(ps, parseIgnore(string(info), nil)...)
 	}
 	attrs := false
@@ -507,7 +529,7 @@ type idxEntry struct {
 // go-git's decoder reads every field through reflection and took 8 ms
 // for 5,000 entries; this takes a fraction of it.
 func readIndex(p string) (*gitIndex, error) {
-	f, err := os.Open(p)
+	f, err := openRegular(p)
 	if err != nil {
 		return nil, err
 	}
