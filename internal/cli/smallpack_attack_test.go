@@ -501,3 +501,20 @@ func TestAttackWorkRepoDeviceFiles(t *testing.T) {
 		}
 	}
 }
+
+// An index whose header claims four billion entries, in 32 bytes.
+func TestAttackWorkRepoIndexCount(t *testing.T) {
+	dir := t.TempDir()
+	wtGit(t, dir, "init", "-q", "-b", "main")
+	writeFile(t, dir, "a.txt", "a\n")
+	wtGit(t, dir, "add", "-A")
+	wtGit(t, dir, "commit", "-q", "-m", "one")
+	head := wtGit(t, dir, "rev-parse", "HEAD")
+	b := append([]byte("DIRC\x00\x00\x00\x02\xff\xff\xff\xff"), make([]byte, 20)...)
+	if err := os.WriteFile(filepath.Join(dir, ".git", "index"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if openWorkRepo(dir).clean(head) {
+		t.Fatal("proven clean")
+	}
+}
