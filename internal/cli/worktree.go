@@ -552,6 +552,9 @@ func readIndex(p string) (*gitIndex, error) {
 		return nil, bad
 	}
 	n := int(be.Uint32(b[8:]))
+	if n > len(b)/62 { // an entry takes 62 bytes at least: the count lies
+		return nil, bad
+	}
 	idx := &gitIndex{modNano: fi.ModTime().UnixNano(), entries: make([]*idxEntry, 0, n)}
 	body := b[:len(b)-20]
 	off := 12
