@@ -518,3 +518,23 @@ func TestAttackWorkRepoIndexCount(t *testing.T) {
 		t.Fatal("proven clean")
 	}
 }
+
+// A symbolic HEAD naming a file outside the repository: git refuses the
+// name; read here, it would take another repository's commit (a file the
+// worker may not read) for HEAD, and print it.
+func TestAttackWorkRepoSymrefOutside(t *testing.T) {
+	dir := t.TempDir()
+	wtGit(t, dir, "init", "-q", "-b", "main")
+	writeFile(t, dir, "a.txt", "a\n")
+	wtGit(t, dir, "add", "-A")
+	wtGit(t, dir, "commit", "-q", "-m", "one")
+	secret := strings.Repeat("5e", 20)
+	writeFile(t, dir, "../outside/ref", secret+"\n")
+	os.WriteFile(filepath.Join(dir, ".git", "HEAD"), []byte("ref: ../../outside/ref\n"), 0o644)
+	if got := openWorkRepo(dir).commit("HEAD"); got == secret {
+		t.Fatalf("HEAD read as %s, from outside the repository", got)
+	}
+	if err := exec.Command("git", "-C", dir, "rev-parse", "--verify", "HEAD").Run(); err == nil {
+		t.Fatal("git takes the name")
+	}
+}
