@@ -140,6 +140,11 @@ func (w *workRepo) commit(ref string) string {
 		}
 		v := strings.TrimSpace(string(b))
 		if target, ok := strings.CutPrefix(v, "ref: "); ok {
+			// A name git would refuse (outside refs/, a ".." in it)
+			// is not read: it may name a file beyond the repository.
+			if !strings.HasPrefix(target, "refs/") || strings.Contains(target, "..") || path.Clean(target) != target {
+				return ""
+			}
 			ref = target
 			continue
 		}
