@@ -265,6 +265,19 @@ func TestAttackWorkRepoClean(t *testing.T) {
 			check(t, dir, head)
 		})
 	}
+	t.Run("an attributes file configured through an include", func(t *testing.T) {
+		dir, head := setup(t, false)
+		os.WriteFile(filepath.Join(dir, ".git", "attrs"), []byte("*.txt text\n"), 0o644)
+		os.WriteFile(filepath.Join(dir, ".git", "more.conf"), []byte("[core]\n\tattributesFile = "+filepath.Join(dir, ".git", "attrs")+"\n"), 0o644)
+		f, _ := os.OpenFile(filepath.Join(dir, ".git", "config"), os.O_APPEND|os.O_WRONLY, 0)
+		f.WriteString("[include]\n\tpath = more.conf\n")
+		f.Close()
+		old := time.Unix(1000000000, 0)
+		if err := os.Chtimes(filepath.Join(dir, ".git", "index"), old, old); err != nil {
+			t.Fatal(err)
+		}
+		check(t, dir, head)
+	})
 	t.Run("a racily clean file git converts", func(t *testing.T) {
 		// top.txt, committed with CRLF, is now a text file: git
 		// compares it converted, once its stat data is racy.
