@@ -221,12 +221,18 @@ func (w *workRepo) clean(head string) bool {
 	if w == nil || w.top == "" || head == "" {
 		return false
 	}
-	// A configured excludes or attributes file is not read here: git
-	// status decides.
+	// A configured excludes or attributes file is not read here, nor a
+	// config included (it may configure one): git status decides.
 	for _, c := range []string{filepath.Join(w.common, "config"), filepath.Join(w.gitDir, "config.worktree")} {
 		b, err := readRegular(c, smallFile)
-		if err != nil && !errors.Is(err, fs.ErrNotExist) || bytes.Contains(bytes.ToLower(b), []byte("excludesfile")) || bytes.Contains(bytes.ToLower(b), []byte("attributesfile")) {
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return false // a config not read is not proven either
+		}
+		b = bytes.ToLower(b)
+		for _, k := range []string{"excludesfile", "attributesfile", "include"} {
+			if bytes.Contains(b, []byte(k)) {
+				return false
+			}
 		}
 	}
 	idx, err := readIndex(filepath.Join(w.gitDir, "index"))
