@@ -275,11 +275,11 @@ func (w *workRepo) clean(head string) bool {
 }
 
 // statAll checks every entry's stat data (racy is set when one's content
-// was compared), spread over the CPUs but one,
-// which is left to the push this runs beside. Each
-// entry is looked up in its directory, opened once for the entries of
-// that directory beside each other in the index's order, rather than from
-// the top: a lookup of one name, not of the whole path.
+// was compared), spread over the CPUs but one, which is left to the push
+// this runs beside. Each entry is looked up in its directory, opened once
+// for the entries of that directory beside each other in the index's
+// order, rather than from the top: a lookup of one name, not of the whole
+// path.
 func (w *workRepo) statAll(idx *gitIndex, racy *atomic.Bool) bool {
 	n := max(runtime.GOMAXPROCS(0)-1, 1)
 	if len(idx.entries) < 256 {
