@@ -453,9 +453,11 @@ func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byt
 			return 0, nil, fmt.Errorf("%w: %d packs", errNotSmall, len(idxs))
 		}
 		for _, path := range idxs {
-			ix, err := packidx.Open(path)
-			if err != nil {
-				return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
+			var ix *packidx.Index
+			// Open reads the fan-out it mapped: truncated meanwhile, it
+			// faults too.
+			if err := mapped(path, func() (err error) { ix, err = packidx.Open(path); return err }); err != nil {
+				return 0, nil, err
 			}
 			f, err := openRegular(strings.TrimSuffix(path, ".idx") + ".pack")
 			if err != nil {
@@ -476,27 +478,37 @@ func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byt
 	return 0, nil, fmt.Errorf("%w: %x is not here", errNotSmall, h)
 }
 
-// find is h's offset in pack p, -1 when p does not hold it. The index is
-// mapped, and the worker may truncate it while it is read: the read then
-// faults, which is a push for pack-objects, not a crash.
+// find is h's offset in pack p, -1 when p does not hold it.
 func (p *storePack) find(h [packidx.HashLen]byte) (off int64, err error) {
+	err = mapped(p.idx.Path, func() error {
+		pos := p.idx.Find(h)
+		if pos < 0 {
+			off = -1
+			return nil
+		}
+		off, err = p.idx.Offset(pos)
+		return err
+	})
+	return off, err
+}
+
+// mapped runs read, which reads the mapped index at path. The worker may
+// truncate it while it is read: the read then faults, which is a push
+// for pack-objects (errNotSmall), not a crash.
+func mapped(path string, read func() error) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
 			if _, fault := r.(interface{ Addr() uintptr }); !fault {
 				panic(r)
 			}
-			off, err = 0, fmt.Errorf("%w: %s: %v", errNotSmall, p.idx.Path, r)
+			err = fmt.Errorf("%w: %s: %v", errNotSmall, path, r)
 		}
 	}()
-	pos := p.idx.Find(h)
-	if pos < 0 {
-		return -1, nil
+	if err := read(); err != nil {
+		return fmt.Errorf("%w: %v", errNotSmall, err)
 	}
-	if off, err = p.idx.Offset(pos); err != nil {
-		return 0, fmt.Errorf("%w: %v", errNotSmall, err)
-	}
-	return off, nil
+	return nil
 }
 
 // entry reads the object at offset off of pack p, resolving its deltas.
