@@ -12,8 +12,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 
@@ -46,6 +48,9 @@ const (
 	smallPackRead = 8 << 20
 	// smallPackDepth bounds a delta chain followed in a pack.
 	smallPackDepth = 4096
+	// smallPackPacks bounds the packs opened (a descriptor and a mapping
+	// each): git's gc --auto repacks at 50.
+	smallPackPacks = 256
 )
 
 // errNotSmall is a push this does not pack: pack-objects does.
@@ -261,31 +266,29 @@ func parseTree(data []byte) ([]treeEntry, error) {
 	return ents, nil
 }
 
-// parseCommit returns a commit's tree and parents.
+// parseCommit returns a commit's tree and parents, read as git reads
+// them: the tree on the first line, the parents on the lines right after
+// it. A "tree" or "parent" header further down is no link (fsck lets it
+// pass); taken for one, it would pack a tree HEAD does not have instead
+// of the one it has.
 func parseCommit(data []byte) (tree string, parents []string, err error) {
-	for len(data) > 0 {
-		line, rest, _ := bytes.Cut(data, []byte("\n"))
-		data = rest
-		if len(line) == 0 {
-			break
-		}
-		k, v, _ := bytes.Cut(line, []byte(" "))
-		switch string(k) {
-		case "tree":
-			tree = string(v)
-		case "parent":
-			parents = append(parents, string(v))
-		}
-	}
-	if !isObjectID(tree) {
+	line, data, _ := bytes.Cut(data, []byte("\n"))
+	t, ok := bytes.CutPrefix(line, []byte("tree "))
+	if !ok || !isObjectID(string(t)) {
 		return "", nil, fmt.Errorf("%w: a commit without a tree", errNotSmall)
 	}
-	for _, p := range parents {
-		if !isObjectID(p) {
+	for {
+		line, rest, _ := bytes.Cut(data, []byte("\n"))
+		p, ok := bytes.CutPrefix(line, []byte("parent "))
+		if !ok {
+			return string(t), parents, nil
+		}
+		if !isObjectID(string(p)) {
 			return "", nil, fmt.Errorf("%w: a malformed parent", errNotSmall)
 		}
+		parents = append(parents, string(p))
+		data = rest
 	}
-	return tree, parents, nil
 }
 
 // objectStore reads a worker's objects in process: loose ones from their
@@ -331,7 +334,7 @@ func (w *workRepo) objectStore() (*objectStore, error) {
 			return nil, fmt.Errorf("%w: %s", errNotSmall, f)
 		}
 	}
-	if b, err := os.ReadFile(filepath.Join(w.common, "config")); err != nil || bytes.Contains(bytes.ToLower(b), []byte("objectformat")) {
+	if b, err := readRegular(filepath.Join(w.common, "config"), smallFile); err != nil || bytes.Contains(bytes.ToLower(b), []byte("objectformat")) {
 		return nil, fmt.Errorf("%w: the object format", errNotSmall)
 	}
 	return &objectStore{dir: filepath.Join(w.common, "objects"), seen: map[string]object{}, entries: map[entryKey]object{}}, nil
@@ -378,9 +381,12 @@ func (s *objectStore) readAs(id string, want objType) ([]byte, error) {
 
 // loose reads a loose object; os.ErrNotExist when there is none.
 func (s *objectStore) loose(id string) (objType, []byte, error) {
-	f, err := os.Open(filepath.Join(s.dir, id[:2], id[2:]))
-	if err != nil {
+	f, err := openRegular(filepath.Join(s.dir, id[:2], id[2:]))
+	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil, err
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: loose %s: %v", errNotSmall, id, err)
 	}
 	defer f.Close()
 	z, err := s.inflater(f)
@@ -404,12 +410,30 @@ func (s *objectStore) loose(id string) (objType, []byte, error) {
 	if err := s.spend(sz); err != nil {
 		return 0, nil, err
 	}
+	if fi, err := f.Stat(); err != nil || fi.Size() > deflatedMax(nul+1+sz) {
+		return 0, nil, fmt.Errorf("%w: loose %s: longer than its size deflated", errNotSmall, id)
+	}
 	data := make([]byte, sz)
 	got := copy(data, head[nul+1:n])
 	if _, err := io.ReadFull(z, data[got:]); err != nil {
 		return 0, nil, fmt.Errorf("%w: loose %s: %v", errNotSmall, id, err)
 	}
 	return typ, data, nil
+}
+
+// openRegular opens the regular file at path for reading. The worker may
+// have put anything there: a FIFO would block the open (git, reading
+// packs first, may never open it), and a device reads forever.
+func openRegular(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	return f, nil
 }
 
 func (s *objectStore) spend(n int) error {
@@ -425,12 +449,17 @@ func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byt
 	if !s.listed {
 		s.listed = true
 		idxs, _ := filepath.Glob(filepath.Join(s.dir, "pack", "pack-*.idx"))
+		if len(idxs) > smallPackPacks {
+			return 0, nil, fmt.Errorf("%w: %d packs", errNotSmall, len(idxs))
+		}
 		for _, path := range idxs {
-			ix, err := packidx.Open(path)
-			if err != nil {
-				return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
+			var ix *packidx.Index
+			// Open reads the fan-out it mapped: truncated meanwhile, it
+			// faults too.
+			if err := mapped(path, func() (err error) { ix, err = packidx.Open(path); return err }); err != nil {
+				return 0, nil, err
 			}
-			f, err := os.Open(strings.TrimSuffix(path, ".idx") + ".pack")
+			f, err := openRegular(strings.TrimSuffix(path, ".idx") + ".pack")
 			if err != nil {
 				return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
 			}
@@ -438,15 +467,48 @@ func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byt
 		}
 	}
 	for _, p := range s.packs {
-		if pos := p.idx.Find(h); pos >= 0 {
-			off, err := p.idx.Offset(pos)
-			if err != nil {
-				return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
-			}
+		off, err := p.find(h)
+		if err != nil {
+			return 0, nil, err
+		}
+		if off >= 0 {
 			return s.entry(p, off, depth)
 		}
 	}
 	return 0, nil, fmt.Errorf("%w: %x is not here", errNotSmall, h)
+}
+
+// find is h's offset in pack p, -1 when p does not hold it.
+func (p *storePack) find(h [packidx.HashLen]byte) (off int64, err error) {
+	err = mapped(p.idx.Path, func() error {
+		pos := p.idx.Find(h)
+		if pos < 0 {
+			off = -1
+			return nil
+		}
+		off, err = p.idx.Offset(pos)
+		return err
+	})
+	return off, err
+}
+
+// mapped runs read, which reads the mapped index at path. The worker may
+// truncate it while it is read: the read then faults, which is a push
+// for pack-objects (errNotSmall), not a crash.
+func mapped(path string, read func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if _, fault := r.(interface{ Addr() uintptr }); !fault {
+				panic(r)
+			}
+			err = fmt.Errorf("%w: %s: %v", errNotSmall, path, r)
+		}
+	}()
+	if err := read(); err != nil {
+		return fmt.Errorf("%w: %v", errNotSmall, err)
+	}
+	return nil
 }
 
 // entry reads the object at offset off of pack p, resolving its deltas.
@@ -573,12 +635,18 @@ func (s *objectStore) inflater(r io.Reader) (io.Reader, error) {
 	return s.z, s.z.(zlib.Resetter).Reset(r, nil)
 }
 
+// deflatedMax bounds the deflated length of n bytes: zlib's own bound
+// (n + n/4096 + n/16384 + 13, header and trailer in), with room. A
+// stream the worker padded (empty blocks inflate to nothing) is read no
+// further: the bytes inflated bound the bytes read.
+func deflatedMax(n int) int64 { return int64(n) + int64(n)>>6 + 64 }
+
 // inflate reads size bytes deflated at offset off of pack p.
 func (s *objectStore) inflate(p *storePack, off int64, size int) ([]byte, error) {
 	if err := s.spend(size); err != nil {
 		return nil, err
 	}
-	z, err := s.inflater(io.NewSectionReader(p.f, off, 1<<62))
+	z, err := s.inflater(io.NewSectionReader(p.f, off, deflatedMax(size)))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errNotSmall, err)
 	}

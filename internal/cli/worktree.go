@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -58,7 +59,7 @@ func openWorkRepo(dir string) *workRepo {
 			if fi.IsDir() {
 				return &workRepo{top: d, gitDir: dot, common: commonDir(dot)}
 			}
-			b, err := os.ReadFile(dot)
+			b, err := readRegular(dot, smallFile)
 			rest, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir: ")
 			if err != nil || !ok {
 				return nil
@@ -74,6 +75,26 @@ func openWorkRepo(dir string) *workRepo {
 	}
 }
 
+// smallFile bounds what is read of a worker's ref, config or excludes
+// file.
+const smallFile = 16 << 20
+
+// readRegular reads the file at path, which must be a regular file of
+// at most max bytes. The worker may have put anything there: a link to
+// /dev/zero reads without end, and a FIFO blocks its open.
+func readRegular(path string, max int64) ([]byte, error) {
+	f, err := openRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err == nil && int64(len(b)) > max {
+		err = fmt.Errorf("%s: larger than %d bytes", path, max)
+	}
+	return b, err
+}
+
 func isGitDir(d string) bool {
 	for _, name := range []string{"HEAD", "objects", "refs"} {
 		if _, err := os.Stat(filepath.Join(d, name)); err != nil {
@@ -86,7 +107,7 @@ func isGitDir(d string) bool {
 // commonDir is a git directory's common directory (a linked worktree's
 // names it in the file commondir).
 func commonDir(gitDir string) string {
-	b, err := os.ReadFile(filepath.Join(gitDir, "commondir"))
+	b, err := readRegular(filepath.Join(gitDir, "commondir"), smallFile)
 	if err != nil {
 		return gitDir
 	}
@@ -110,7 +131,7 @@ func (w *workRepo) commit(ref string) string {
 		if ref == "HEAD" {
 			dir = w.gitDir
 		}
-		b, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(ref)))
+		b, err := readRegular(filepath.Join(dir, filepath.FromSlash(ref)), smallFile)
 		if errors.Is(err, fs.ErrNotExist) && ref != "HEAD" {
 			return w.packedRef(ref)
 		}
@@ -119,6 +140,11 @@ func (w *workRepo) commit(ref string) string {
 		}
 		v := strings.TrimSpace(string(b))
 		if target, ok := strings.CutPrefix(v, "ref: "); ok {
+			// A name git would refuse (outside refs/, a ".." in it)
+			// is not read: it may name a file beyond the repository.
+			if !strings.HasPrefix(target, "refs/") || strings.Contains(target, "..") || path.Clean(target) != target {
+				return ""
+			}
 			ref = target
 			continue
 		}
@@ -132,7 +158,7 @@ func (w *workRepo) commit(ref string) string {
 
 // packedRef looks ref up in packed-refs.
 func (w *workRepo) packedRef(ref string) string {
-	b, err := os.ReadFile(filepath.Join(w.common, "packed-refs"))
+	b, err := readRegular(filepath.Join(w.common, "packed-refs"), 1<<30)
 	if err != nil {
 		return ""
 	}
@@ -158,7 +184,7 @@ func (w *workRepo) looseObject(id string) ([]byte, bool) {
 	if !isObjectID(id) {
 		return nil, false
 	}
-	f, err := os.Open(filepath.Join(w.common, "objects", id[:2], id[2:]))
+	f, err := openRegular(filepath.Join(w.common, "objects", id[:2], id[2:]))
 	if err != nil {
 		return nil, false
 	}
@@ -195,10 +221,18 @@ func (w *workRepo) clean(head string) bool {
 	if w == nil || w.top == "" || head == "" {
 		return false
 	}
-	// A configured excludes file is not read here: git status decides.
+	// A configured excludes or attributes file is not read here, nor a
+	// config included (it may configure one): git status decides.
 	for _, c := range []string{filepath.Join(w.common, "config"), filepath.Join(w.gitDir, "config.worktree")} {
-		if b, err := os.ReadFile(c); err == nil && bytes.Contains(bytes.ToLower(b), []byte("excludesfile")) {
-			return false
+		b, err := readRegular(c, smallFile)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false // a config not read is not proven either
+		}
+		b = bytes.ToLower(b)
+		for _, k := range []string{"excludesfile", "attributesfile", "include"} {
+			if bytes.Contains(b, []byte(k)) {
+				return false
+			}
 		}
 	}
 	idx, err := readIndex(filepath.Join(w.gitDir, "index"))
@@ -219,22 +253,34 @@ func (w *workRepo) clean(head string) bool {
 			dirs[d] = true
 		}
 	}
-	if !w.statAll(idx) {
+	var racy atomic.Bool
+	if !w.statAll(idx, &racy) {
 		return false
 	}
 	var ps []gitignore.Pattern
-	if info, err := os.ReadFile(filepath.Join(w.common, "info", "exclude")); err == nil {
+	if info, err := readRegular(filepath.Join(w.common, "info", "exclude"), smallFile); err == nil {
 		ps = append(ps, parseIgnore(string(info), nil)...)
 	}
-	return w.noUntracked("", ps, tracked, dirs)
+	attrs := false
+	if !w.noUntracked("", ps, tracked, dirs, &attrs) {
+		return false
+	}
+	// A racily clean file's content was compared as it is; git compares
+	// it as attributes convert it (text, eol, ident, a filter), and the
+	// two differ. Where attributes may apply, git status decides.
+	if _, err := os.Lstat(filepath.Join(w.common, "info", "attributes")); err == nil {
+		attrs = true
+	}
+	return !(racy.Load() && attrs)
 }
 
-// statAll checks every entry's stat data, spread over the CPUs but one,
-// which is left to the push this runs beside. Each
-// entry is looked up in its directory, opened once for the entries of
-// that directory beside each other in the index's order, rather than from
-// the top: a lookup of one name, not of the whole path.
-func (w *workRepo) statAll(idx *gitIndex) bool {
+// statAll checks every entry's stat data (racy is set when one's content
+// was compared), spread over the CPUs but one, which is left to the push
+// this runs beside. Each entry is looked up in its directory, opened once
+// for the entries of that directory beside each other in the index's
+// order, rather than from the top: a lookup of one name, not of the whole
+// path.
+func (w *workRepo) statAll(idx *gitIndex, racy *atomic.Bool) bool {
 	n := max(runtime.GOMAXPROCS(0)-1, 1)
 	if len(idx.entries) < 256 {
 		n = 1
@@ -247,7 +293,7 @@ func (w *workRepo) statAll(idx *gitIndex) bool {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if !w.statPart(part, idx.modNano, &bad) {
+			if !w.statPart(part, idx.modNano, &bad, racy) {
 				bad.Store(true)
 			}
 		}()
@@ -258,7 +304,12 @@ func (w *workRepo) statAll(idx *gitIndex) bool {
 
 // statPart checks the stat data of entries, which are in the index's
 // order, until one differs or another part found one that does (bad).
-func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad *atomic.Bool) bool {
+func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad, racy *atomic.Bool) bool {
+	top, err := unix.Open(w.top, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(top)
 	dir, fd := "", -1
 	defer func() {
 		if fd >= 0 {
@@ -274,11 +325,10 @@ func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad *atomic.Bo
 			if fd >= 0 {
 				unix.Close(fd)
 			}
-			// The directory itself must not be a symbolic link: git
-			// takes an entry beyond one as deleted.
-			var err error
-			fd, err = unix.Open(filepath.Join(w.top, filepath.FromSlash(d)), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
+			// No directory from the top down may be a symbolic link:
+			// git takes an entry beyond one as deleted, and the link
+			// may lead to the very files the index recorded.
+			if fd, err = openDir(top, d); err != nil {
 				return false
 			}
 			dir = d
@@ -287,12 +337,36 @@ func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad *atomic.Bo
 		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return false
 		}
-		same, racy := sameStat(&st, e, indexNano)
-		if !same || racy && !sameContent(filepath.Join(w.top, filepath.FromSlash(e.name)), e) {
+		same, isRacy := sameStat(&st, e, indexNano)
+		if isRacy {
+			racy.Store(true)
+		}
+		if !same || isRacy && !sameContent(filepath.Join(w.top, filepath.FromSlash(e.name)), e) {
 			return false
 		}
 	}
 	return true
+}
+
+// openDir opens directory d (slash-separated, "" for the top) under top
+// without following a symbolic link on the way: in one call where the
+// kernel has openat2, else a component at a time.
+func openDir(top int, d string) (int, error) {
+	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Openat2(top, "./"+d, &unix.OpenHow{Flags: flags, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH})
+	if err != unix.ENOSYS && err != unix.EPERM { // EPERM: a seccomp filter refusing it
+		return fd, err
+	}
+	fd, err = unix.Openat(top, ".", flags, 0)
+	for _, c := range strings.Split(strings.TrimSuffix(d, "/"), "/") {
+		if err != nil || c == "" {
+			break
+		}
+		next, oerr := unix.Openat(fd, c, flags, 0)
+		unix.Close(fd)
+		fd, err = next, oerr
+	}
+	return fd, err
 }
 
 // treeOf reads the tree of commit id from its loose object (a fresh
@@ -314,15 +388,29 @@ func (w *workRepo) treeOf(id string) (string, bool) {
 }
 
 // noUntracked walks directory dir (slash-separated, relative to the top)
-// and reports whether every entry not in the index is ignored.
-func (w *workRepo) noUntracked(dir string, ps []gitignore.Pattern, tracked, dirs map[string]bool) bool {
+// and reports whether every entry not in the index is ignored; attrs is
+// set when a .gitattributes file is met.
+func (w *workRepo) noUntracked(dir string, ps []gitignore.Pattern, tracked, dirs map[string]bool, attrs *bool) bool {
 	abs := filepath.Join(w.top, filepath.FromSlash(dir))
 	var domain []string
 	if dir != "" {
 		domain = strings.Split(dir, "/")
 	}
-	if b, err := os.ReadFile(filepath.Join(abs, ".gitignore")); err == nil {
+	// git does not follow a .gitignore that is a symbolic link (it warns
+	// and reads none): one that is not a plain file is not read here.
+	if f, err := os.OpenFile(filepath.Join(abs, ".gitignore"), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0); err == nil {
+		fi, err := f.Stat()
+		var b []byte
+		if err == nil && fi.Mode().IsRegular() {
+			b, err = io.ReadAll(f)
+		}
+		f.Close()
+		if err != nil || !fi.Mode().IsRegular() {
+			return false
+		}
 		ps = append(ps[:len(ps):len(ps)], parseIgnore(string(b), domain)...)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return false
 	}
 	ents, err := os.ReadDir(abs)
 	if err != nil {
@@ -335,6 +423,9 @@ func (w *workRepo) noUntracked(dir string, ps []gitignore.Pattern, tracked, dirs
 		if dir != "" {
 			p = dir + "/" + name
 		}
+		if name == ".gitattributes" {
+			*attrs = true
+		}
 		if name == ".git" {
 			if dir == "" {
 				continue
@@ -343,7 +434,7 @@ func (w *workRepo) noUntracked(dir string, ps []gitignore.Pattern, tracked, dirs
 		}
 		if e.IsDir() {
 			if dirs[p] {
-				if !w.noUntracked(p, ps, tracked, dirs) {
+				if !w.noUntracked(p, ps, tracked, dirs, attrs) {
 					return false
 				}
 				continue
@@ -399,7 +490,10 @@ func sameStat(st *unix.Stat_t, e *idxEntry, indexNano int64) (same, racy bool) {
 	return same, mtime >= indexNano
 }
 
-// sameContent reports whether p holds the blob e names.
+// sameContent reports whether p holds the blob e names. The worker may
+// have swapped the file since its lstat: only a regular file is read,
+// not through a link nor blocking on a FIFO, and no more of it than the
+// size the index recorded (and a byte to tell a longer one).
 func sameContent(p string, e *idxEntry) bool {
 	var body []byte
 	var err error
@@ -408,7 +502,15 @@ func sameContent(p string, e *idxEntry) bool {
 		target, err = os.Readlink(p)
 		body = []byte(target)
 	} else {
-		body, err = os.ReadFile(p)
+		var f *os.File
+		if f, err = os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0); err != nil {
+			return false
+		}
+		defer f.Close()
+		if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+			return false
+		}
+		body, err = io.ReadAll(io.LimitReader(f, int64(e.size)+1))
 	}
 	if err != nil {
 		return false
@@ -438,7 +540,7 @@ type idxEntry struct {
 // go-git's decoder reads every field through reflection and took 8 ms
 // for 5,000 entries; this takes a fraction of it.
 func readIndex(p string) (*gitIndex, error) {
-	f, err := os.Open(p)
+	f, err := openRegular(p)
 	if err != nil {
 		return nil, err
 	}
@@ -461,6 +563,9 @@ func readIndex(p string) (*gitIndex, error) {
 		return nil, bad
 	}
 	n := int(be.Uint32(b[8:]))
+	if n > len(b)/62 { // an entry takes 62 bytes at least: the count lies
+		return nil, bad
+	}
 	idx := &gitIndex{modNano: fi.ModTime().UnixNano(), entries: make([]*idxEntry, 0, n)}
 	body := b[:len(b)-20]
 	off := 12

@@ -38,7 +38,9 @@ var ErrTooSmall = errors.New("too small")
 // bytes (or too large to map) is ErrTooSmall, not mapped. The caller
 // unmaps it (syscall.Munmap).
 func MapFile(path string, min int64) ([]byte, error) {
-	f, err := os.Open(path)
+	// Not blocking: a FIFO put in place of a worker's index must not
+	// block the open (push-working reads a worker's packs).
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -46,6 +48,9 @@ func MapFile(path string, min int64) ([]byte, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("map %s: not a regular file", path)
 	}
 	size := st.Size()
 	if size < min || size > 1<<40 || int64(int(size)) != size {
