@@ -57,42 +57,19 @@ func checkDeltaDepth(path string, idx *idxfile.MemoryIndex) error {
 	// base[i] is the position of entry i's delta base, -1 for a whole object.
 	base := make([]int32, len(offsets))
 	for i, off := range offsets {
-		p := off
-		if p >= end {
+		if off >= end {
 			return corrupt(off)
 		}
-		c := data[p]
-		typ := (c >> 4) & 7
-		for c&0x80 != 0 { // the size
-			if p++; p >= end || p-off > 10 {
-				return corrupt(off)
-			}
-			c = data[p]
+		e, ok := packidx.ParseEntry(data[off:end])
+		if !ok {
+			return corrupt(off)
 		}
-		p++
 		var at int64
-		switch plumbing.ObjectType(typ) {
-		case plumbing.OFSDeltaObject:
-			if p >= end {
-				return corrupt(off)
-			}
-			c = data[p]
-			back := int64(c & 0x7f)
-			for c&0x80 != 0 {
-				if p++; p >= end || back >= 1<<50 {
-					return corrupt(off)
-				}
-				c = data[p]
-				back = (back+1)<<7 | int64(c&0x7f)
-			}
-			at = off - back
-		case plumbing.REFDeltaObject:
-			if p+hashLen > end {
-				return corrupt(off)
-			}
-			var h plumbing.Hash
-			copy(h[:], data[p:p+hashLen])
-			o, err := idx.FindOffset(h)
+		switch e.Type {
+		case packidx.EntryOfsDelta:
+			at = off - e.Back
+		case packidx.EntryRefDelta:
+			o, err := idx.FindOffset(plumbing.Hash(e.Base))
 			if err != nil {
 				return corrupt(off)
 			}

@@ -64,8 +64,8 @@ const (
 	objTree   objType = 2
 	objBlob   objType = 3
 	objTag    objType = 4
-	objOfs    objType = 6
-	objRef    objType = 7
+	objOfs    objType = packidx.EntryOfsDelta
+	objRef    objType = packidx.EntryRefDelta
 )
 
 var typeNames = map[objType]string{objCommit: "commit", objTree: "tree", objBlob: "blob", objTag: "tag"}
@@ -533,62 +533,30 @@ func (s *objectStore) readEntry(p *storePack, off int64, depth int) (objType, []
 	if n == 0 {
 		return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
 	}
-	b := hdr[:n]
-	c := b[0]
-	typ := objType(c >> 4 & 7)
-	size := uint64(c & 15)
-	i, shift := 1, 4
-	for c&0x80 != 0 {
-		if i >= len(b) || shift > 56 {
-			return 0, nil, errNotSmall
-		}
-		c = b[i]
-		size |= uint64(c&0x7f) << shift
-		shift += 7
-		i++
-	}
-	if size > smallPackRead {
+	e, ok := packidx.ParseEntry(hdr[:n])
+	if !ok || e.Size > smallPackRead {
 		return 0, nil, errNotSmall
 	}
+	typ, at, size := objType(e.Type), off+int64(e.Len), int(e.Size)
 	switch typ {
 	case objCommit, objTree, objBlob, objTag:
-		data, err := s.inflate(p, off+int64(i), int(size))
+		data, err := s.inflate(p, at, size)
 		return typ, data, err
-	case objOfs:
-		if i >= len(b) {
+	case objOfs, objRef:
+		if typ == objOfs && (e.Back <= 0 || e.Back >= off) {
 			return 0, nil, errNotSmall
 		}
-		c = b[i]
-		back := int64(c & 0x7f)
-		for i++; c&0x80 != 0; i++ {
-			if i >= len(b) || back > 1<<48 {
-				return 0, nil, errNotSmall
-			}
-			c = b[i]
-			back = (back+1)<<7 | int64(c&0x7f)
-		}
-		if back <= 0 || back >= off {
-			return 0, nil, errNotSmall
-		}
-		delta, err := s.inflate(p, off+int64(i), int(size))
+		delta, err := s.inflate(p, at, size)
 		if err != nil {
 			return 0, nil, err
 		}
-		btyp, base, err := s.entry(p, off-back, depth+1)
-		if err != nil {
-			return 0, nil, err
+		var btyp objType
+		var base []byte
+		if typ == objOfs {
+			btyp, base, err = s.entry(p, off-e.Back, depth+1)
+		} else {
+			btyp, base, err = s.packed(e.Base, depth+1)
 		}
-		return s.patch(btyp, base, delta)
-	case objRef:
-		if i+packidx.HashLen > len(b) {
-			return 0, nil, errNotSmall
-		}
-		h := [packidx.HashLen]byte(b[i : i+packidx.HashLen])
-		delta, err := s.inflate(p, off+int64(i+packidx.HashLen), int(size))
-		if err != nil {
-			return 0, nil, err
-		}
-		btyp, base, err := s.packed(h, depth+1)
 		if err != nil {
 			return 0, nil, err
 		}

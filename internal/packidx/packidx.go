@@ -180,3 +180,62 @@ func (ix *Index) CRC32(pos int) uint32 {
 // LargeOffsets is the number of entries of the 64-bit offset table (a
 // pack past 2 GiB, or an index written with every offset there).
 func (ix *Index) LargeOffsets() int { return ix.n64 }
+
+// Pack entry types (gitformat-pack(5)): 1-4 a whole object, 6 a delta
+// whose base is named by how far before it the base starts, 7 a delta
+// whose base is named by its id.
+const (
+	EntryOfsDelta = 6
+	EntryRefDelta = 7
+)
+
+// Entry is the header of the pack entry an index's offset points at.
+type Entry struct {
+	Type int           // 1-4, EntryOfsDelta or EntryRefDelta
+	Size uint64        // the inflated size (of the delta, for a delta)
+	Len  int           // the header's bytes; the deflated data follows
+	Back int64         // EntryOfsDelta: how far before the entry its base is
+	Base [HashLen]byte // EntryRefDelta: its base's id
+}
+
+// ParseEntry reads the entry header at the start of b; false when b ends
+// inside it or a number in it runs past what a pack can hold.
+func ParseEntry(b []byte) (Entry, bool) {
+	if len(b) == 0 {
+		return Entry{}, false
+	}
+	c := b[0]
+	e := Entry{Type: int(c >> 4 & 7), Size: uint64(c & 15)}
+	i := 1
+	for shift := 4; c&0x80 != 0; shift += 7 {
+		if i >= len(b) || shift > 60 {
+			return Entry{}, false
+		}
+		c = b[i]
+		e.Size |= uint64(c&0x7f) << shift
+		i++
+	}
+	switch e.Type {
+	case EntryOfsDelta:
+		if i >= len(b) {
+			return Entry{}, false
+		}
+		c = b[i]
+		e.Back = int64(c & 0x7f)
+		for i++; c&0x80 != 0; i++ {
+			if i >= len(b) || e.Back >= 1<<50 {
+				return Entry{}, false
+			}
+			c = b[i]
+			e.Back = (e.Back+1)<<7 | int64(c&0x7f)
+		}
+	case EntryRefDelta:
+		if i+HashLen > len(b) {
+			return Entry{}, false
+		}
+		e.Base = [HashLen]byte(b[i : i+HashLen])
+		i += HashLen
+	}
+	e.Len = i
+	return e, true
+}

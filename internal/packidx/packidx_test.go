@@ -104,3 +104,30 @@ func TestIndex(t *testing.T) {
 		}
 	}
 }
+
+// Entry headers as git writes them, and ones cut short or running past
+// what a pack holds.
+func TestParseEntry(t *testing.T) {
+	base := [HashLen]byte{1, 2, 3}
+	for name, tc := range map[string]struct {
+		b    []byte
+		ok   bool
+		want Entry
+	}{
+		"small blob":        {[]byte{0x35}, true, Entry{Type: 3, Size: 5, Len: 1}},
+		"tree of 300 bytes": {[]byte{0xac, 0x12}, true, Entry{Type: 2, Size: 300, Len: 2}},
+		"offset delta":      {[]byte{0x6a, 0x91, 0x00}, true, Entry{Type: EntryOfsDelta, Size: 10, Len: 3, Back: (0x11+1)<<7 | 0}},
+		"id delta":          {append([]byte{0x74}, base[:]...), true, Entry{Type: EntryRefDelta, Size: 4, Len: 1 + HashLen, Base: base}},
+		"empty":             {nil, false, Entry{}},
+		"size cut short":    {[]byte{0xb5}, false, Entry{}},
+		"size past 64 bits": {append([]byte{0xb5}, bytes.Repeat([]byte{0xff}, 10)...), false, Entry{}},
+		"offset cut short":  {[]byte{0x6a, 0x91}, false, Entry{}},
+		"offset too far":    {append([]byte{0x6a}, bytes.Repeat([]byte{0xff}, 9)...), false, Entry{}},
+		"id cut short":      {append([]byte{0x74}, base[:10]...), false, Entry{}},
+	} {
+		got, ok := ParseEntry(tc.b)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("%s: %+v %v, want %+v %v", name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
