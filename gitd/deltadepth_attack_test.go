@@ -11,6 +11,8 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 
 	"github.com/bushost/bushost/internal/errdefs"
+
+	"github.com/bushost/bushost/internal/packidx"
 )
 
 // chainBundle is a bundle (on main) of one commit whose tree names, as f,
@@ -21,14 +23,7 @@ func chainBundle(main string, links int) []byte {
 	pack.WriteString("PACK")
 	binary.Write(&pack, binary.BigEndian, uint32(2))
 	binary.Write(&pack, binary.BigEndian, uint32(links+3))
-	header := func(typ, size int) {
-		b := byte(typ<<4) | byte(size&15)
-		for size >>= 4; size > 0; size >>= 7 {
-			pack.WriteByte(b | 0x80)
-			b = byte(size & 0x7f)
-		}
-		pack.WriteByte(b)
-	}
+	header := func(typ, size int) { pack.Write(packidx.AppendEntryHeader(nil, typ, uint64(size))) }
 	deflate := func(p []byte) {
 		w := zlib.NewWriter(&pack)
 		w.Write(p)

@@ -25,6 +25,8 @@ import (
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/treesnap"
+
+	"github.com/bushost/bushost/internal/packidx"
 )
 
 // The bounds of issue 11, as an attacker meets them: a bundle of about a
@@ -119,13 +121,7 @@ func writeHugeBundle(t *testing.T, path, base, ref string, objs ...hugeObject) i
 	binary.Write(w, binary.BigEndian, uint32(len(objs)))
 	types := map[string]byte{"commit": 1, "tree": 2, "blob": 3}
 	for _, o := range objs {
-		size := o.size
-		c := types[o.typ]<<4 | byte(size&15)
-		for size >>= 4; size > 0; size >>= 7 {
-			w.Write([]byte{c | 0x80})
-			c = byte(size & 0x7f)
-		}
-		w.Write([]byte{c})
+		w.Write(packidx.AppendEntryHeader(nil, int(types[o.typ]), uint64(o.size)))
 		if err := o.writeZlib(w); err != nil {
 			t.Fatal(err)
 		}

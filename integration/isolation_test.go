@@ -18,6 +18,8 @@ import (
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/treesnap"
+
+	"github.com/bushost/bushost/internal/packidx"
 )
 
 // The attacks of issue 12: a worker of task A, with nothing but its own
@@ -77,13 +79,7 @@ func rawBundle(prereq []string, tip string, entries ...packEntry) []byte {
 	binary.Write(&pack, binary.BigEndian, uint32(len(entries)))
 	types := map[string]byte{"commit": 1, "tree": 2, "blob": 3, "": 7}
 	for _, e := range entries {
-		size := len(e.data)
-		c := types[e.typ]<<4 | byte(size&15)
-		for size >>= 4; size > 0; size >>= 7 {
-			pack.WriteByte(c | 0x80)
-			c = byte(size & 0x7f)
-		}
-		pack.WriteByte(c)
+		pack.Write(packidx.AppendEntryHeader(nil, int(types[e.typ]), uint64(len(e.data))))
 		if e.typ == "" {
 			id, _ := hex.DecodeString(e.base)
 			pack.Write(id)

@@ -18,6 +18,8 @@ import (
 
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+
+	"github.com/bushost/bushost/internal/packidx"
 )
 
 // packRepo is a scratch bare repository that makes packs with real git.
@@ -216,15 +218,7 @@ func buildPack(entries []rawEntry) []byte {
 	offs := make([]int, len(entries))
 	for i, e := range entries {
 		offs[i] = b.Len()
-		size := len(e.data)
-		c := byte(e.typ)<<4 | byte(size&15)
-		size >>= 4
-		for size > 0 {
-			b.WriteByte(c | 0x80)
-			c = byte(size & 0x7f)
-			size >>= 7
-		}
-		b.WriteByte(c)
+		b.Write(packidx.AppendEntryHeader(nil, int(e.typ), uint64(len(e.data))))
 		switch e.typ {
 		case objOfsDelta:
 			rel := offs[i] - offs[e.ofsBack]

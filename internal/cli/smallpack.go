@@ -225,15 +225,7 @@ func (p *packList) write() ([]byte, error) {
 	// than anything it saves.
 	z, _ := zlib.NewWriterLevel(nil, zlib.NoCompression)
 	for _, o := range p.objs {
-		size := uint64(len(o.data))
-		c := byte(o.typ)<<4 | byte(size&15)
-		size >>= 4
-		for size > 0 {
-			buf.WriteByte(c | 0x80)
-			c = byte(size & 0x7f)
-			size >>= 7
-		}
-		buf.WriteByte(c)
+		buf.Write(packidx.AppendEntryHeader(nil, int(o.typ), uint64(len(o.data))))
 		z.Reset(&buf)
 		if _, err := z.Write(o.data); err != nil {
 			return nil, err

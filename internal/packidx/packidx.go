@@ -198,6 +198,18 @@ type Entry struct {
 	Base [HashLen]byte // EntryRefDelta: its base's id
 }
 
+// AppendEntryHeader appends the header of a pack entry of type typ
+// whose inflated data is size bytes (a delta's base, offset or id,
+// follows it and is the caller's).
+func AppendEntryHeader(b []byte, typ int, size uint64) []byte {
+	c := byte(typ)<<4 | byte(size&15)
+	for size >>= 4; size > 0; size >>= 7 {
+		b = append(b, c|0x80)
+		c = byte(size & 0x7f)
+	}
+	return append(b, c)
+}
+
 // ParseEntry reads the entry header at the start of b; false when b ends
 // inside it or a number in it runs past what a pack can hold.
 func ParseEntry(b []byte) (Entry, bool) {

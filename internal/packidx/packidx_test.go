@@ -131,3 +131,16 @@ func TestParseEntry(t *testing.T) {
 		}
 	}
 }
+
+// What AppendEntryHeader writes, ParseEntry reads back.
+func TestEntryHeaderRoundTrip(t *testing.T) {
+	for _, typ := range []int{1, 2, 3, 4} {
+		for _, size := range []uint64{0, 15, 16, 2047, 2048, 1 << 32, 1<<60 - 1} {
+			b := AppendEntryHeader(nil, typ, size)
+			e, ok := ParseEntry(b)
+			if !ok || e.Type != typ || e.Size != size || e.Len != len(b) {
+				t.Errorf("type %d size %d: %x read as %+v %v", typ, size, b, e, ok)
+			}
+		}
+	}
+}
