@@ -26,8 +26,7 @@ import (
 func attackCommit(t *testing.T, work string) string {
 	t.Helper()
 	writeFile(t, work, "x.txt", "x\n")
-	wtGit(t, work, "add", "-A")
-	wtGit(t, work, "commit", "-q", "-m", "x")
+	commitAll(t, work, "x")
 	return wtGit(t, work, "rev-parse", "HEAD")
 }
 
@@ -213,8 +212,7 @@ func TestAttackWorkRepoClean(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		wtGit(t, dir, "add", "-A")
-		wtGit(t, dir, "commit", "-q", "-m", "one")
+		commitAll(t, dir, "one")
 		return dir, wtGit(t, dir, "rev-parse", "HEAD")
 	}
 	check := func(t *testing.T, dir, head string) {
@@ -520,8 +518,7 @@ func TestAttackWorkRepoIndexCount(t *testing.T) {
 	dir := t.TempDir()
 	wtGit(t, dir, "init", "-q", "-b", "main")
 	writeFile(t, dir, "a.txt", "a\n")
-	wtGit(t, dir, "add", "-A")
-	wtGit(t, dir, "commit", "-q", "-m", "one")
+	commitAll(t, dir, "one")
 	head := wtGit(t, dir, "rev-parse", "HEAD")
 	b := append([]byte("DIRC\x00\x00\x00\x02\xff\xff\xff\xff"), make([]byte, 20)...)
 	if err := os.WriteFile(filepath.Join(dir, ".git", "index"), b, 0o644); err != nil {
@@ -539,8 +536,7 @@ func TestAttackWorkRepoSymrefOutside(t *testing.T) {
 	dir := t.TempDir()
 	wtGit(t, dir, "init", "-q", "-b", "main")
 	writeFile(t, dir, "a.txt", "a\n")
-	wtGit(t, dir, "add", "-A")
-	wtGit(t, dir, "commit", "-q", "-m", "one")
+	commitAll(t, dir, "one")
 	secret := strings.Repeat("5e", 20)
 	writeFile(t, dir, "../outside/ref", secret+"\n")
 	os.WriteFile(filepath.Join(dir, ".git", "HEAD"), []byte("ref: ../../outside/ref\n"), 0o644)

@@ -24,8 +24,7 @@ func smallRepo(t *testing.T, repack ...string) (work, host, base string) {
 		writeFile(t, work, fmt.Sprintf("d%d/e/f%d.txt", i%4, i), strings.Repeat(fmt.Sprintf("line %d of a file\n", i), 40))
 	}
 	writeFile(t, work, "top.txt", "top\n")
-	wtGit(t, work, "add", "-A")
-	wtGit(t, work, "commit", "-q", "-m", "one")
+	commitAll(t, work, "one")
 	for i := range 5 { // history, so that the pack holds delta chains
 		writeFile(t, work, fmt.Sprintf("d%d/e/f%d.txt", i%4, i), strings.Repeat(fmt.Sprintf("line %d of a file, take %d\n", i, i), 40))
 		wtGit(t, work, "commit", "-q", "-am", fmt.Sprintf("base %d", i))
@@ -39,8 +38,7 @@ func smallRepo(t *testing.T, repack ...string) (work, host, base string) {
 		writeFile(t, work, fmt.Sprintf("d%d/e/later%d.txt", i%4, i), fmt.Sprintf("later %d\n", i))
 		writeFile(t, work, fmt.Sprintf("d%d/later%d.txt", i%4, i), fmt.Sprintf("later %d\n", i))
 		writeFile(t, work, fmt.Sprintf("later%d.txt", i), fmt.Sprintf("later %d\n", i))
-		wtGit(t, work, "add", "-A")
-		wtGit(t, work, "commit", "-q", "-m", fmt.Sprintf("later %d", i))
+		commitAll(t, work, fmt.Sprintf("later %d", i))
 	}
 	wtGit(t, work, "checkout", "-q", "main")
 	wtGit(t, work, append(repack, "repack", "-q", "-a", "-d", "-f", "--depth=50", "--window=50")...)
@@ -48,6 +46,13 @@ func smallRepo(t *testing.T, repack ...string) (work, host, base string) {
 	host = filepath.Join(dir, "host.git")
 	wtGit(t, dir, "clone", "-q", "--bare", work, host)
 	return work, host, base
+}
+
+// commitAll commits everything in the working tree at top.
+func commitAll(t *testing.T, top, msg string) {
+	t.Helper()
+	wtGit(t, top, "add", "-A")
+	wtGit(t, top, "commit", "-q", "-m", msg)
 }
 
 func writeFile(t *testing.T, top, name, body string) {
@@ -110,22 +115,19 @@ func testSmallPack(t *testing.T, repack ...string) {
 	writeFile(t, work, "d0/e/f0.txt", "changed\n")
 	wtGit(t, work, "commit", "-q", "-am", "modify")
 	writeFile(t, work, "new/deep/er/n.txt", "new\n")
-	wtGit(t, work, "add", "-A")
-	wtGit(t, work, "commit", "-q", "-m", "add deep")
+	commitAll(t, work, "add deep")
 	wtGit(t, work, "rm", "-q", "d1/e/f1.txt")
 	wtGit(t, work, "commit", "-q", "-m", "remove")
 	writeFile(t, work, "run.sh", "#!/bin/sh\n")
 	os.Chmod(filepath.Join(work, "run.sh"), 0o755)
 	os.Symlink("top.txt", filepath.Join(work, "link"))
-	wtGit(t, work, "add", "-A")
-	wtGit(t, work, "commit", "-q", "-m", "exec and link")
+	commitAll(t, work, "exec and link")
 	wtGit(t, work, "checkout", "-q", base, "--", "d0/e/f0.txt")
 	wtGit(t, work, "commit", "-q", "-m", "put back")
 	wtGit(t, work, "rm", "-q", "-r", "d3")
 	writeFile(t, work, "d3", "now a file\n")
 	wtGit(t, work, "mv", "d2/e/f2.txt", "moved.txt")
-	wtGit(t, work, "add", "-A")
-	wtGit(t, work, "commit", "-q", "-m", "dir to file, move")
+	commitAll(t, work, "dir to file, move")
 	wtGit(t, work, "update-index", "--add", "--cacheinfo", "160000,"+base+",sub")
 	wtGit(t, work, "commit", "-q", "-m", "submodule")
 	head := wtGit(t, work, "rev-parse", "HEAD")
@@ -177,12 +179,10 @@ func TestSmallPackLeavesTheRestToGit(t *testing.T) {
 		work, _, base := smallRepo(t)
 		wtGit(t, work, "checkout", "-q", "-b", "side")
 		writeFile(t, work, "side.txt", "side\n")
-		wtGit(t, work, "add", "-A")
-		wtGit(t, work, "commit", "-q", "-m", "side")
+		commitAll(t, work, "side")
 		wtGit(t, work, "checkout", "-q", "main")
 		writeFile(t, work, "main.txt", "main\n")
-		wtGit(t, work, "add", "-A")
-		wtGit(t, work, "commit", "-q", "-m", "main")
+		commitAll(t, work, "main")
 		wtGit(t, work, "merge", "-q", "--no-edit", "side")
 		notSmall(t, work, base)
 	})
@@ -214,23 +214,20 @@ func TestSmallPackLeavesTheRestToGit(t *testing.T) {
 	t.Run("past the bytes", func(t *testing.T) {
 		work, _, base := smallRepo(t)
 		writeFile(t, work, "big.bin", strings.Repeat("0123456789abcdef", smallPackBytes/16+1))
-		wtGit(t, work, "add", "-A")
-		wtGit(t, work, "commit", "-q", "-m", "big")
+		commitAll(t, work, "big")
 		notSmall(t, work, base)
 	})
 	t.Run("a shallow repository", func(t *testing.T) {
 		work, _, base := smallRepo(t)
 		writeFile(t, work, "x.txt", "x\n")
-		wtGit(t, work, "add", "-A")
-		wtGit(t, work, "commit", "-q", "-m", "x")
+		commitAll(t, work, "x")
 		os.WriteFile(filepath.Join(work, ".git", "shallow"), []byte(base+"\n"), 0o644)
 		notSmall(t, work, base)
 	})
 	t.Run("an object that does not read back to its id", func(t *testing.T) {
 		work, _, base := smallRepo(t)
 		writeFile(t, work, "x.txt", "x\n")
-		wtGit(t, work, "add", "-A")
-		wtGit(t, work, "commit", "-q", "-m", "x")
+		commitAll(t, work, "x")
 		blob := wtGit(t, work, "rev-parse", "HEAD:x.txt")
 		other := filepath.Join(work, ".git", "objects", blob[:2], blob[2:])
 		// Another blob's loose file under x.txt's name.
