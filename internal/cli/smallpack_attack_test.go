@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"compress/zlib"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -15,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bushost/bushost/internal/packidx"
 )
 
 // Attacks on the in-process pack and the cleanliness proof by a worker
@@ -438,6 +441,45 @@ func TestAttackSmallPackHostilePack(t *testing.T) {
 			t.Log(err)
 		})
 	}
+	// A delta of copies that each take 64 KiB of its base: 100,000 of
+	// them, one byte each, declare 6.5 GB of result. Its declared size
+	// is spent before it is applied, so it is never made.
+	t.Run("a delta that makes far more than its bytes", func(t *testing.T) {
+		work, _, base := smallRepo(t)
+		head := attackCommit(t, work)
+		tree := wtGit(t, work, "rev-parse", base+"^{tree}")
+		deflate := func(b []byte) []byte {
+			var z bytes.Buffer
+			w := zlib.NewWriter(&z)
+			w.Write(b)
+			w.Close()
+			return z.Bytes()
+		}
+		const copies = 100000
+		blob := make([]byte, 1<<16)
+		body := packidx.AppendEntryHeader(nil, int(objBlob), uint64(len(blob)))
+		body = append(body, deflate(blob)...)
+		deltaAt := uint64(12 + len(body))
+		delta := binary.AppendUvarint(nil, uint64(len(blob)))
+		delta = binary.AppendUvarint(delta, copies<<16)
+		delta = append(delta, bytes.Repeat([]byte{0x80}, copies)...) // copy 64 KiB from 0
+		body = packidx.AppendEntryHeader(body, int(objOfs), uint64(len(delta)))
+		// How far back the blob is (right after the pack's header), as
+		// git writes it: big-endian 7-bit groups, each but the last one
+		// less, the high bit set on all but the last.
+		back := deltaAt - 12
+		ofs := []byte{byte(back & 0x7f)}
+		for back >>= 7; back > 0; back >>= 7 {
+			back--
+			ofs = append([]byte{0x80 | byte(back&0x7f)}, ofs...)
+		}
+		body = append(body, ofs...)
+		body = append(body, deflate(delta)...)
+		writeHostilePack(t, work, body, []string{tree}, []uint64{deltaAt})
+		if _, err := smallPackSoon(t, work, head, base); !errors.Is(err, errNotSmall) {
+			t.Fatalf("got %v, want errNotSmall", err)
+		}
+	})
 	t.Run("id deltas on each other", func(t *testing.T) {
 		work, _, base := smallRepo(t)
 		head := attackCommit(t, work)
