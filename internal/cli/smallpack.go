@@ -15,7 +15,6 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 
@@ -413,19 +412,10 @@ func (s *objectStore) loose(id string) (objType, []byte, error) {
 	return typ, data, nil
 }
 
-// openRegular opens the regular file at path for reading. The worker may
-// have put anything there: a FIFO would block the open (git, reading
-// packs first, may never open it), and a device reads forever.
+// openRegular opens the regular file at path (packidx.OpenRegular).
 func openRegular(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("%s: not a regular file", path)
-	}
-	return f, nil
+	f, _, err := packidx.OpenRegular(path)
+	return f, err
 }
 
 func (s *objectStore) spend(n int) error {
