@@ -73,6 +73,7 @@ export GORACE ?= atexit_sleep_ms=0
 # throwaway cluster that scripts/pg.sh starts under /var/tmp/bushost-pg.
 test: deps
 	@dsn="$${BUSHOST_TEST_PG_DSN:-$$(scripts/pg.sh start 2>/dev/null || true)}"; \
+	if [ -z "$$dsn" ] && [ "$$BUSHOST_TEST_REQUIRE_ALL" = 1 ]; then echo "make test: no PostgreSQL started (scripts/pg.sh start) and BUSHOST_TEST_REQUIRE_ALL=1 needs one" >&2; exit 1; fi; \
 	if [ -z "$$dsn" ]; then echo "!!! NO POSTGRESQL: the PostgreSQL half of the broker suite will be SKIPPED !!!" >&2; \
 	else echo "PostgreSQL for tests: $$dsn"; fi; \
 	BUSHOST_TEST_PG_DSN="$$dsn" $(GO) test -race -timeout 90m ./...

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // to make and drop the schema
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // Env names the server's DSN.
@@ -23,12 +25,12 @@ func Configured() bool { return os.Getenv(Env) != "" }
 // SchemaDSN makes a schema named prefix_<random> on the server, drops it at
 // the test's cleanup, and returns a DSN whose search_path is that schema.
 // Without a server it skips the test with a loud message naming what, left
-// untested, needs one.
+// untested, needs one (a failure with BUSHOST_TEST_REQUIRE_ALL=1).
 func SchemaDSN(t testing.TB, prefix, untested string) string {
 	t.Helper()
 	base := os.Getenv(Env)
 	if base == "" {
-		t.Skipf("*** %s not set: %s NOT TESTED ***", Env, untested)
+		testenv.Missing(t, "PostgreSQL", "%s not set: %s", Env, untested)
 	}
 	buf := make([]byte, 6)
 	rand.Read(buf)
