@@ -21,6 +21,7 @@ import (
 // sockets) and a sandbox serve on the same home.
 type launchEnv struct {
 	h     *Host
+	group string // the socket group
 	serve *exec.Cmd
 	log   string
 	args  []string
@@ -48,7 +49,7 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 	h.AddProject(t, "acme", "api")
 	h.Must(t, "task", "add", "--business", "acme", "--project", "web", "--task", "t1")
 	h.Must(t, "task", "add", "--business", "acme", "--project", "api", "--task", "a1")
-	e := &launchEnv{h: h, args: serveArgs, log: filepath.Join(filepath.Dir(h.Home), "serve.log")}
+	e := &launchEnv{h: h, group: group, args: serveArgs, log: filepath.Join(filepath.Dir(h.Home), "serve.log")}
 	e.lead = filepath.Join(filepath.Dir(h.Home), "lead.token")
 	h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "lead",
 		"--cap", "session.launch", "--launch", "worker=git.push.working", "--out", e.lead)
