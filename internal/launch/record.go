@@ -46,6 +46,7 @@ type record struct {
 	Launcher                string            `json:"launcher_grant_id"`
 	Command                 []string          `json:"command"`
 	Limits                  map[string]string `json:"limits,omitempty"`
+	Net                     string            `json:"net,omitempty"`
 	PID                     int               `json:"pid"`
 	// StartTime is field 22 of /proc/PID/stat: with the pid, it names the
 	// process and never a later one given the same pid.
@@ -63,6 +64,9 @@ type record struct {
 	Exit       int       `json:"exit"`
 	// Recorded is true once session.ended is in the log.
 	Recorded bool `json:"recorded"`
+	// Revoked is true once the session's grant is revoked: a grant ends
+	// with its session.
+	Revoked bool `json:"revoked"`
 }
 
 func (r *record) fill() { r.Business, r.Project, r.Task = r.Scope[0], r.Scope[1], r.Scope[2] }
