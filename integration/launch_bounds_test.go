@@ -90,6 +90,23 @@ func TestLaunchBeyondGrant(t *testing.T) {
 		t.Errorf("session.launched net %v, want none", data["net"])
 	}
 
+	// Every limit of sandbox run can be asked for through the launcher.
+	all, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",
+		"--memory", "128M", "--pids", "64", "--cpu", "0.5", "--nofile", "64", "--fsize", "1M", "--timeout", "10m", "--", "sh", "-c", "echo nofile $(ulimit -n) fsize $(ulimit -f)")
+	all = strings.TrimSpace(all)
+	if code != 0 {
+		t.Fatalf("session launch with every limit: exit %d\n%s", code, errOut)
+	}
+	if _, errOut, code := e.as(t, e.lead, "session", "wait", all); code != 0 {
+		t.Fatalf("session wait: exit %d\n%s", code, errOut)
+	}
+	if logs := e.h.Must(t, "session", "logs", all); !strings.Contains(logs, "nofile 64 fsize 2048") {
+		t.Errorf("a session launched with --nofile 64 --fsize 1M sees:\n%s", logs)
+	}
+	if got, _ := e.launchedEvent(t, all)["limits"].(map[string]any); fmt.Sprint(got) != "map[cpu:0.5 fsize:1M memory:128M nofile:64 pids:64 timeout:10m0s]" {
+		t.Errorf("session.launched limits %v", got)
+	}
+
 	// A grant naming bounds: they show in grant list, and are what it may ask.
 	wide := filepath.Join(filepath.Dir(e.h.Home), "wide.token")
 	e.h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "lead2", "--cap", "session.launch",
@@ -206,6 +223,7 @@ echo "long $long"`
 		t.Errorf("the worker of a --net=none lead reached the host's loopback (%d connections):\n%s", reached.Load(), logs)
 	}
 	started := strings.Count(logs, "started")
+	t.Logf("the worker started %d sleeps beside the lead's 10", started)
 	// The lead holds 10 sleeps, its shell, bwrap and pid 1; the worker its
 	// shell, bwrap and pid 1: with the worker's cgroup nested in the
 	// lead's, at most 40-16 sleeps fit. Alone it would get over 30.
@@ -346,6 +364,7 @@ func TestLaunchSockFlood(t *testing.T) {
 	he := &hostileEnv{h: e.h, group: e.group, gid: uint32(gid), hostile: testdataBin(t, "hostile")}
 	_, attacker := makeUser(t, e.group)
 	_, other := makeUser(t, e.group)
+	before := rssKiB(t, e.serve.Process.Pid)
 	he.attack(t, attacker, "conns", filepath.Join(e.h.Home, "launch.sock"), "15000")
 
 	tok := filepath.Join(filepath.Dir(e.h.Home), "other-lead.token")
@@ -361,17 +380,26 @@ func TestLaunchSockFlood(t *testing.T) {
 	if _, errOut, code := he.asUser(t, other, tok, "session", "wait", strings.TrimSpace(id)); code != 0 {
 		t.Errorf("session wait: exit %d\n%s", code, errOut)
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", e.serve.Process.Pid))
+	kb := rssKiB(t, e.serve.Process.Pid)
+	t.Logf("launcher RSS %d KiB under 15,000 connections of one uid (%d KiB before)", kb, before)
+	if kb <= 0 || kb > 128<<10 {
+		t.Errorf("launcher RSS %d KiB, want under 128 MiB", kb)
+	}
+}
+
+// rssKiB is the resident memory of pid, VmRSS of /proc/PID/status.
+func rssKiB(t *testing.T, pid int) int {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range strings.Split(string(status), "\n") {
 		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
 			kb, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			t.Logf("launcher RSS %d KiB under 15,000 connections of one uid", kb)
-			if kb <= 0 || kb > 128<<10 {
-				t.Errorf("launcher RSS %d KiB, want under 128 MiB", kb)
-			}
+			return kb
 		}
 	}
+	t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
 }

@@ -504,7 +504,8 @@ set +e
 bushost session wait "$id"
 echo "waited $?"
 bushost session launch --task t1 --role reviewer --caps review.verdict -- true
-echo "refused $?"`
+echo "refused $?"
+echo "long $(bushost session launch --task t1 --role worker --caps git.push.working -- sleep 600)"`
 	out, code := runCmd(t, sb, "run", "--run-dir", run, "--workspace", ws, "--role", "lead", "--caps", "session.launch",
 		"--broker-socket", filepath.Join(e.h.Home, "broker.sock"), "--launch-socket", filepath.Join(e.h.Home, "launch.sock"),
 		"--", "sh", "-c", script)
@@ -512,8 +513,15 @@ echo "refused $?"`
 		!strings.Contains(out, "LAUNCH_NOT_ALLOWED") {
 		t.Fatalf("inside the lead session: exit %d, want a launch, its status 6, and a refusal (4)\n%s", code, out)
 	}
+	// The lead has ended (it had no cgroup: sandbox run --end-with): so
+	// has the worker it left running.
+	_, long, _ := strings.Cut(out, "long ")
+	long, _, _ = strings.Cut(long, "\n")
+	if _, errOut, code := e.h.Run(t, nil, "session", "wait", strings.TrimSpace(long)); code == 0 || code == 4 {
+		t.Errorf("session wait of the worker the lead left running: exit %d, want it killed\n%s", code, errOut)
+	}
 	rows := decodeSessions(t, e.h.Must(t, "session", "list", "--json"))
-	if len(rows) != 1 || rows[0].Role != "worker" || rows[0].Exit != 6 {
+	if len(rows) != 2 || rows[0].Role != "worker" || rows[0].Exit != 6 || rows[1].State == "running" {
 		t.Errorf("session list: %+v", rows)
 	}
 }

@@ -64,9 +64,10 @@ func (l SockLimits) check() error {
 	return nil
 }
 
-// Transport sizes: a launch request is a command line and a few names.
+// Transport sizes: a launch request is a command line and a few names
+// (a command of 64 KiB is refused ResourceExhausted by grpc).
 const (
-	maxRecvMsg   = 256 << 10
+	maxRecvMsg   = 64 << 10
 	streamWindow = 64 << 10
 	connWindow   = 256 << 10
 	ioBuffer     = 32 << 10
