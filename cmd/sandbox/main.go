@@ -34,9 +34,10 @@ const usage = `usage:
   sandbox run --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--launch-socket L] [--net=none|proxy|host] [--ro PATH]...
               [--allow-domain PATTERN]... [--allow-host HOST:PORT]... [--resolve-file F] [--audit-token-file F] [--egress-conns N] [--egress-idle D]
               [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--fresh-home]
-              [--user U | --uid-range LOW-HIGH] [--state-dir DIR] [--allow-abstract-sockets] -- COMMAND...
+              [--user U | --uid-range LOW-HIGH] [--state-dir DIR] [--allow-abstract-sockets]
+              [--cgroup-parent DIR]... [--end-with PID:START] -- COMMAND...
   sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N]
-              [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]
+              [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D] [--default-LIMIT V]... [socket limits...]
   (sandbox run -h lists every flag)
 `
 
