@@ -116,13 +116,28 @@ func (s *Server) settle(g authz.Grant, r *launchv1.LaunchRequest, from *sandbox.
 		return settled{}, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--allow-domain and --allow-host need --net=proxy")
 	}
 	if out.net == bounds.NetProxy {
+		sessionNarrows := from != nil && from.Net == bounds.NetProxy
 		if len(out.domains) == 0 && len(out.hosts) == 0 {
+			// None asked for: the grant's, or from a proxy session, those
+			// of its own the grant's cover.
 			out.domains, out.hosts = lb.AllowDomains, lb.AllowHosts
+			if sessionNarrows {
+				out.domains, out.hosts = nil, nil
+				for _, d := range from.AllowDomains {
+					if bounds.DomainCovered(lb.AllowDomains, d) {
+						out.domains = append(out.domains, d)
+					}
+				}
+				for _, h := range from.AllowHosts {
+					if bounds.HostCovered(lb.AllowHosts, h) {
+						out.hosts = append(out.hosts, h)
+					}
+				}
+			}
 		}
 		if _, err := (bounds.Launch{AllowDomains: out.domains, AllowHosts: out.hosts}).Check(); err != nil {
 			return settled{}, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "%v", err)
 		}
-		sessionNarrows := from != nil && from.Net == bounds.NetProxy
 		for _, d := range out.domains {
 			if !bounds.DomainCovered(lb.AllowDomains, d) {
 				missing = append(missing, fmt.Sprintf("--allow-domain %s (not in the grant's --launch-allow-domain)", clip(d)))

@@ -82,6 +82,9 @@ func TestSettle(t *testing.T) {
 		{"over the lead's own", lead, &launchv1.LaunchRequest{Net: "proxy", Pids: 100, AllowDomains: []string{"www.example.com"}, AllowHosts: []string{"db:5432", "cache:6379"}},
 			nil, []string{"--allow-domain www.example.com (not in the calling session's", "--allow-host db:5432 (not in the calling session's", "--allow-host cache:6379 (not in the grant's", "--allow-host cache:6379 (not in the calling session's", "--pids 100 (above the calling session's own 40)"}},
 		{"a none lead", &sandbox.SessionBounds{Net: "none"}, &launchv1.LaunchRequest{Net: "proxy"}, nil, []string{"--net=proxy (the calling session has --net=none)"}},
+		{"a proxy lead, no allow-list asked", &sandbox.SessionBounds{Net: "proxy", AllowDomains: []string{"api.example.com", "example.org"}, AllowHosts: []string{"db:5432"},
+			Cgroup: []string{"/sys/fs/cgroup/pids/bushost-sandbox-1"}, PID: 42, Start: 7},
+			&launchv1.LaunchRequest{Net: "proxy"}, nil, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, missing, err := s.settle(grant, c.req, c.from)
@@ -98,6 +101,9 @@ func TestSettle(t *testing.T) {
 			}
 			if c.limits != nil && !maps.Equal(got.limits.Strings(), c.limits) {
 				t.Errorf("limits %v, want %v", got.limits.Strings(), c.limits)
+			}
+			if c.name == "a proxy lead, no allow-list asked" && (strings.Join(got.domains, ",") != "api.example.com" || strings.Join(got.hosts, ",") != "db:5432") {
+				t.Errorf("allow-list %v %v, want the lead's the grant covers", got.domains, got.hosts)
 			}
 			if c.from != nil && len(missing) == 0 {
 				flags := strings.Join(got.runFlags(), " ")
