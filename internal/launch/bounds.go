@@ -238,6 +238,12 @@ func (s *Server) callerSession(peer authz.Peer) (*sandbox.SessionBounds, error) 
 			return nil, notAllowed("uid %d is a session uid (sandbox serve --uid-range) with no record of its bounds in %s", peer.UID, state)
 		}
 	}
+	// The pid is what the peer had when it connected: it must still be a
+	// process of the peer's uid (a pid given to someone else since is not
+	// the caller), in the launcher's own pid namespace.
+	if _, uid, ok := procUIDs(int(peer.PID)); !ok || uid != int(peer.UID) {
+		return nil, notAllowed("the calling process (pid %d, uid %d) has gone", peer.PID, peer.UID)
+	}
 	mine, err1 := os.Readlink("/proc/self/ns/pid")
 	theirs, err2 := os.Readlink("/proc/" + strconv.Itoa(int(peer.PID)) + "/ns/pid")
 	if err1 != nil || err2 != nil || mine != theirs {

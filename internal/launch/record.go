@@ -152,6 +152,27 @@ func procStat(pid int) (byte, uint64, error) {
 	return f[0][0], st, err
 }
 
+// procUIDs reads the parent pid and the real uid of pid from
+// /proc/PID/status.
+func procUIDs(pid int) (ppid, uid int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, 0, false
+	}
+	ppid, uid = -1, -1
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, found := strings.CutPrefix(line, "PPid:"); found {
+			ppid, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+		if v, found := strings.CutPrefix(line, "Uid:"); found {
+			if f := strings.Fields(v); len(f) > 0 {
+				uid, _ = strconv.Atoi(f[0])
+			}
+		}
+	}
+	return ppid, uid, ppid >= 0 && uid >= 0
+}
+
 // childOf returns a child of pid (bwrap, under `sandbox keep`) and its
 // real uid: the session's uid, since sandbox run starts bwrap as it.
 func childOf(pid int) (child, uid int, ok bool) {
@@ -159,29 +180,12 @@ func childOf(pid int) (child, uid int, ok bool) {
 	if err != nil {
 		return 0, 0, false
 	}
-	want := strconv.Itoa(pid)
 	for _, e := range ents {
 		c, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
-		if err != nil {
-			continue
-		}
-		var ppid string
-		u := -1
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "PPid:"); ok {
-				ppid = strings.TrimSpace(v)
-			}
-			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
-				if f := strings.Fields(v); len(f) > 0 {
-					u, _ = strconv.Atoi(f[0])
-				}
-			}
-		}
-		if ppid == want {
+		if ppid, u, ok := procUIDs(c); ok && ppid == pid {
 			return c, u, true
 		}
 	}
