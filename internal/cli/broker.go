@@ -152,11 +152,16 @@ func (c *capsFlag) Set(v string) error {
 // launchBoundsFlag is grant's --launch-net, --launch-max-LIMIT (one per
 // limit of bounds.Limits), --launch-tasks and --launch-allow-*.
 type launchBoundsFlag struct {
-	nets           capsFlag
+	nets           modesFlag
 	max            map[string]*string
 	tasks          string
 	domains, hosts []string
 }
+
+// modesFlag is a comma-separated list of network modes.
+type modesFlag struct{ capsFlag }
+
+func (modesFlag) Type() string { return "MODE[,MODE...]" }
 
 func launchBoundsFlags(fs *pflag.FlagSet) *launchBoundsFlag {
 	l := &launchBoundsFlag{max: map[string]*string{}}
@@ -172,7 +177,7 @@ func launchBoundsFlags(fs *pflag.FlagSet) *launchBoundsFlag {
 
 // proto is the flags as CreateGrant takes them; nil if none was given.
 func (l *launchBoundsFlag) proto() *brokerv1.LaunchBounds {
-	p := &brokerv1.LaunchBounds{Net: l.nets, Tasks: l.tasks, AllowDomains: l.domains, AllowHosts: l.hosts}
+	p := &brokerv1.LaunchBounds{Net: l.nets.capsFlag, Tasks: l.tasks, AllowDomains: l.domains, AllowHosts: l.hosts}
 	for name, v := range l.max {
 		if *v != "" {
 			if p.Max == nil {
