@@ -89,6 +89,14 @@ func TestLaunchBeyondGrant(t *testing.T) {
 	if data["net"] != "none" {
 		t.Errorf("session.launched net %v, want none", data["net"])
 	}
+	// The launcher knows its cgroup (to remove it if its sandbox run dies
+	// first), one directory per controller the defaults need.
+	var rec struct {
+		Cgroup []string `json:"cgroup"`
+	}
+	if b, err := os.ReadFile(filepath.Join(e.h.Home, "sessions", id, "record.json")); err != nil || json.Unmarshal(b, &rec) != nil || len(rec.Cgroup) != 3 {
+		t.Errorf("record.json of a session with the default limits: cgroup %v, %v", rec.Cgroup, err)
+	}
 
 	// Every limit of sandbox run can be asked for through the launcher.
 	all, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",

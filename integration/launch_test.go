@@ -70,12 +70,20 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 		recs, _ := filepath.Glob(filepath.Join(h.Home, "sessions", "*", "record.json"))
 		for _, f := range recs {
 			var rec struct {
-				PID        int    `json:"pid"`
-				Start      uint64 `json:"start_time"`
-				BwrapPID   int    `json:"bwrap_pid"`
-				BwrapStart uint64 `json:"bwrap_start"`
+				PID        int      `json:"pid"`
+				Start      uint64   `json:"start_time"`
+				BwrapPID   int      `json:"bwrap_pid"`
+				BwrapStart uint64   `json:"bwrap_start"`
+				Cgroup     []string `json:"cgroup"`
 			}
 			if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &rec) == nil {
+				// Nothing of an ended session stays: not its cgroup either.
+				for _, d := range rec.Cgroup {
+					if _, err := os.Stat(d); err == nil {
+						t.Errorf("%s: cgroup %s left behind", f, d)
+						syscall.Rmdir(d)
+					}
+				}
 				for _, p := range [][2]uint64{{uint64(rec.BwrapPID), rec.BwrapStart}, {uint64(rec.PID), rec.Start}} {
 					// The start time too: the pid may be another process's by now.
 					if pid := int(p[0]); pid > 0 && alive(pid) && procStart(pid) == p[1] {

@@ -219,10 +219,7 @@ func (s *Server) callerSession(peer authz.Peer) (*sandbox.SessionBounds, error) 
 	notAllowed := func(format string, a ...any) error {
 		return errdefs.PermissionDenied(errdefs.LaunchNotAllowed, format, a...)
 	}
-	state := s.o.StateDir
-	if state == "" {
-		state = sandbox.DefaultStateDir
-	}
+	state := s.stateDir()
 	if peer.UID > 0 {
 		b, err := sandbox.ReadSessionBounds(state, uint32(peer.UID))
 		if err != nil {
@@ -250,6 +247,14 @@ func (s *Server) callerSession(peer authz.Peer) (*sandbox.SessionBounds, error) 
 		return nil, notAllowed("the caller (pid %d, uid %d) runs in another pid namespace, a sandbox or container whose bounds the launcher cannot read (a sandbox run --user session): launch from the host or from a session with a uid of its own", peer.PID, peer.UID)
 	}
 	return nil, nil
+}
+
+// stateDir is where sandbox run keeps its sessions' uid leases.
+func (s *Server) stateDir() string {
+	if s.o.StateDir != "" {
+		return s.o.StateDir
+	}
+	return sandbox.DefaultStateDir
 }
 
 // uidRange is the range sessions' uids come from (ServeFlags checked it).

@@ -480,8 +480,14 @@ func (s *Server) learnUID(l *live) {
 	for time.Now().Before(deadline) {
 		if child, uid, ok := childOf(l.rec.PID); ok && uid > 0 {
 			st, _ := startTime(child)
+			// Its cgroup, as its sandbox run recorded it before starting
+			// bwrap: removed by the launcher if that run dies first.
+			var cg []string
+			if b, err := sandbox.ReadSessionBounds(s.stateDir(), uint32(uid)); err == nil && b != nil && b.PID == l.rec.PID {
+				cg = b.Cgroup
+			}
 			l.mu.Lock()
-			l.rec.UID, l.rec.BwrapPID, l.rec.BwrapStart = uid, child, st
+			l.rec.UID, l.rec.BwrapPID, l.rec.BwrapStart, l.rec.Cgroup = uid, child, st, cg
 			l.mu.Unlock()
 			return
 		}
@@ -571,6 +577,11 @@ func (s *Server) finish(l *live, status int, known bool) {
 	l.mu.Unlock()
 	// First of all: the grant ends with the session.
 	s.revoke(l)
+	if !alive(rec.BwrapPID, rec.BwrapStart) {
+		// A sandbox run killed before it could remove its cgroup leaves
+		// it: gone with the session, it is removed here.
+		sandbox.RemoveCgroups(rec.Cgroup)
+	}
 	data := map[string]any{"session_id": rec.ID, "grant_id": rec.GrantID, "state": rec.State, "exit": rec.Exit,
 		"duration_seconds": rec.Ended.Sub(rec.Started).Seconds()}
 	if known && status > 128 {

@@ -56,6 +56,9 @@ type record struct {
 	// killed sandbox keep (and the session with it).
 	BwrapPID   int    `json:"bwrap_pid,omitempty"`
 	BwrapStart uint64 `json:"bwrap_start,omitempty"`
+	// Cgroup are the directories of its cgroup, as its sandbox run
+	// recorded them.
+	Cgroup []string `json:"cgroup,omitempty"`
 	// PeakMemory is the most memory its cgroup used (with --memory).
 	PeakMemory int64     `json:"peak_memory,omitempty"`
 	Started    time.Time `json:"started"`

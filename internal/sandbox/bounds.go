@@ -103,6 +103,19 @@ func ReadSessionBounds(state string, uid uint32) (*SessionBounds, error) {
 	return rec.Session, nil
 }
 
+// RemoveCgroups removes the cgroup directories of a session that has
+// ended (SessionBounds.Cgroup) if its sandbox run could not, killed
+// before it did: the sessions nested in them end first. A directory that
+// is not a session's cgroup v1 directory is left alone.
+func RemoveCgroups(dirs []string) {
+	for _, d := range dirs {
+		if _, err := parentController(d); err == nil {
+			killNested(d)
+			rmdirWhenEmpty(d)
+		}
+	}
+}
+
 // ParseUIDRange reads --uid-range LOW-HIGH, for sandbox serve to tell
 // sessions' uids.
 var ParseUIDRange = parseUIDRange
