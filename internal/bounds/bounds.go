@@ -78,30 +78,30 @@ func (l Limit) Parse(v string) (int64, error) {
 	case Size:
 		b, err := size.Parse(v)
 		if err != nil {
-			return 0, fmt.Errorf("--%s %q: %v", l.Name, v, err)
+			return 0, fmt.Errorf("--%s %q: want plain bytes or a number with K, M, G or T (64M, 1G)", l.Name, clip(v))
 		}
 		n = b
 	case Count:
 		c, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if err != nil || c < 0 {
-			return 0, fmt.Errorf("--%s %q: want a whole number", l.Name, v)
+			return 0, fmt.Errorf("--%s %q: want a whole number", l.Name, clip(v))
 		}
 		n = c
 	case CPUs:
 		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil || f < 0 || f > 1024 || math.IsNaN(f) {
-			return 0, fmt.Errorf("--%s %q: want a number of CPUs from 0.001 to 1024 (0.5 = half of one)", l.Name, v)
+			return 0, fmt.Errorf("--%s %q: want a number of CPUs from 0.001 to 1024 (0.5 = half of one)", l.Name, clip(v))
 		}
 		n = int64(math.Round(f * 1000))
 	case Duration:
 		d, err := time.ParseDuration(strings.TrimSpace(v))
 		if err != nil || d < 0 || d%time.Second != 0 {
-			return 0, fmt.Errorf("--%s %q: want a duration in whole seconds (90s, 2h)", l.Name, v)
+			return 0, fmt.Errorf("--%s %q: want a duration in whole seconds (90s, 2h)", l.Name, clip(v))
 		}
 		n = int64(d / time.Second)
 	}
 	if n < l.Min {
-		return 0, fmt.Errorf("--%s %q: at least %s", l.Name, v, l.Format(l.Min))
+		return 0, fmt.Errorf("--%s %q: at least %s", l.Name, clip(v), l.Format(l.Min))
 	}
 	return n, nil
 }

@@ -1,6 +1,7 @@
 package bounds
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -31,6 +32,13 @@ func TestParseFormat(t *testing.T) {
 		l, _ := Lookup(bad[0])
 		if _, err := l.Parse(bad[1]); err == nil || !strings.Contains(err.Error(), "--"+bad[0]) {
 			t.Errorf("%s %q accepted or unnamed: %v", bad[0], bad[1], err)
+		}
+	}
+	// A hostile value is named clipped, never whole.
+	long := strings.Repeat("9", 60000) + "X"
+	for _, l := range Limits {
+		if _, err := l.Parse(long); err == nil || len(err.Error()) > 300 {
+			t.Errorf("%s of a 60000-byte value: an error of %d bytes", l.Name, len(fmt.Sprint(err)))
 		}
 	}
 	if _, err := ParseValues(map[string]string{"disk": "1G"}); err == nil {
