@@ -411,3 +411,49 @@ func rssKiB(t *testing.T, pid int) int {
 	t.Fatalf("no VmRSS in /proc/%d/status", pid)
 	return 0
 }
+
+// TestLaunchFromProxyLead: a --net=proxy lead's worker gets an allow-list
+// within the lead's and the grant's: a domain or host:port outside the
+// lead's is refused even where the grant allows it, and a worker asking
+// none gets the lead's entries the grant covers.
+func TestLaunchFromProxyLead(t *testing.T) {
+	e := newLaunchEnv(t)
+	base := filepath.Dir(e.h.Home)
+	leadTok := filepath.Join(base, "proxy-lead.token")
+	e.h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "lead", "--cap", "session.launch",
+		"--launch", "worker=git.push.working", "--launch-net", "none,proxy,host",
+		"--launch-allow-domain", "*.example.com", "--launch-allow-host", "db.internal:5432", "--launch-allow-host", "db.internal:5433", "--out", leadTok)
+	run, ws := filepath.Join(base, "lead-run"), filepath.Join(base, "lead-ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sb := bin(t, "sandbox")
+	if out, code := runCmd(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
+		"--role", "lead", "--caps", "session.launch", "--token-file", leadTok); code != 0 {
+		t.Fatalf("sandbox prepare: exit %d\n%s", code, out)
+	}
+	script := `launch() { bushost session launch --task t1 --role worker --caps git.push.working "$@" -- true; }
+launch --net=host; echo "host refused $?"
+launch --net=proxy --allow-domain www.example.com; echo "domain refused $?"
+launch --net=proxy --allow-host db.internal:5433; echo "port refused $?"
+echo "worker $(launch --net=proxy)"`
+	out, code := runCmd(t, sb, "run", "--run-dir", run, "--workspace", ws, "--role", "lead", "--caps", "session.launch",
+		"--broker-socket", filepath.Join(e.h.Home, "broker.sock"), "--launch-socket", filepath.Join(e.h.Home, "launch.sock"),
+		"--net=proxy", "--allow-domain", "api.example.com", "--allow-domain", "example.org", "--allow-host", "db.internal:5432",
+		"--", "sh", "-c", script)
+	for _, want := range []string{"host refused 4", "domain refused 4", "port refused 4", "--allow-domain www.example.com (not in the calling session's allow-list)",
+		"--allow-host db.internal:5433 (not in the calling session's allow-list)", "worker s-"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the proxy lead's output lacks %q (exit %d):\n%s", want, code, out)
+		}
+	}
+	_, id, _ := strings.Cut(out, "worker ")
+	id, _, _ = strings.Cut(id, "\n")
+	if _, errOut, code := e.h.Run(t, nil, "session", "wait", strings.TrimSpace(id)); code != 0 {
+		t.Fatalf("session wait: exit %d\n%s", code, errOut)
+	}
+	data := e.launchedEvent(t, strings.TrimSpace(id))
+	if data["net"] != "proxy" || fmt.Sprint(data["allow_domains"]) != "[api.example.com]" || fmt.Sprint(data["allow_hosts"]) != "[db.internal:5432]" {
+		t.Errorf("session.launched of the proxy lead's worker: %v", data)
+	}
+}
