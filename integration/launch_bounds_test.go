@@ -457,3 +457,40 @@ echo "worker $(launch --net=proxy)"`
 		t.Errorf("session.launched of the proxy lead's worker: %v", data)
 	}
 }
+
+// TestLaunchFromLaunchedSession: with --max-launch-depth 2, a session the
+// launcher started with --pids 64 and session.launch is bounded as a lead
+// run by the host is: more pids than its own are refused, and its worker
+// gets its 64 and ends with it.
+func TestLaunchFromLaunchedSession(t *testing.T) {
+	e := newLaunchEnv(t, "--max-launch-depth", "2")
+	base := filepath.Dir(e.h.Home)
+	tok := filepath.Join(base, "deep-lead.token")
+	e.h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "lead", "--cap", "session.launch",
+		"--launch", "sub=session.launch", "--launch", "worker=git.push.working", "--out", tok)
+	script := `launch() { bushost session launch --task t1 --role worker --caps git.push.working "$@"; }
+launch --pids 100 -- true; echo "pids refused $?"
+echo "worker $(launch -- sleep 600)"`
+	sub, errOut, code := e.as(t, tok, "session", "launch", "--task", "t1", "--role", "sub", "--caps", "session.launch", "--pids", "64", "--", "sh", "-c", script)
+	sub = strings.TrimSpace(sub)
+	if code != 0 {
+		t.Fatalf("session launch of the sub-lead: exit %d\n%s", code, errOut)
+	}
+	if _, errOut, code := e.as(t, tok, "session", "wait", sub); code != 0 {
+		logs, _, _ := e.h.Run(t, nil, "session", "logs", sub)
+		t.Fatalf("session wait of the sub-lead: exit %d\n%s\n%s", code, errOut, logs)
+	}
+	logs, logErr, _ := e.h.Run(t, nil, "session", "logs", sub)
+	if !strings.Contains(logs, "pids refused 4") || !strings.Contains(logErr, "above the calling session's own 64") {
+		t.Errorf("the sub-lead's launch over its own pids was not refused:\n%s%s", logs, logErr)
+	}
+	_, id, _ := strings.Cut(logs, "worker ")
+	id, _, _ = strings.Cut(id, "\n")
+	id = strings.TrimSpace(id)
+	if limits, _ := e.launchedEvent(t, id)["limits"].(map[string]any); limits["pids"] != "64" {
+		t.Errorf("the sub-lead's worker: limits %v, want its pids 64", limits)
+	}
+	if _, errOut, code := e.h.Run(t, nil, "session", "wait", id); code == 0 || code == 4 {
+		t.Errorf("session wait of the worker the sub-lead left running: exit %d, want it killed\n%s", code, errOut)
+	}
+}
