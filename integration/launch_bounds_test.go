@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -34,6 +33,23 @@ func (e *launchEnv) launchedEvent(t *testing.T, id string) map[string]any {
 	}
 	t.Fatalf("no session.launched of %s in:\n%s", id, out)
 	return nil
+}
+
+// prepareLead makes the run directory and workspace of a lead session of
+// task t1 with session.launch and the grant in tok, for the host to run
+// with sandbox run.
+func (e *launchEnv) prepareLead(t *testing.T, tok string) (run, ws string) {
+	t.Helper()
+	base := filepath.Dir(e.h.Home)
+	run, ws = filepath.Join(base, "lead-run"), filepath.Join(base, "lead-ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := runCmd(t, bin(t, "sandbox"), "prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
+		"--role", "lead", "--caps", "session.launch", "--token-file", tok); code != 0 {
+		t.Fatalf("sandbox prepare: exit %d\n%s", code, out)
+	}
+	return run, ws
 }
 
 // refusedLaunch runs a launch that must be refused LAUNCH_NOT_ALLOWED
@@ -183,15 +199,8 @@ func TestLaunchFromBoundedLead(t *testing.T) {
 		}
 	}()
 	port := ln.Addr().(*net.TCPAddr).Port
-	run, ws := filepath.Join(base, "lead-run"), filepath.Join(base, "lead-ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	run, ws := e.prepareLead(t, leadTok)
 	sb := bin(t, "sandbox")
-	if out, code := runCmd(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
-		"--role", "lead", "--caps", "session.launch", "--token-file", leadTok); code != 0 {
-		t.Fatalf("sandbox prepare: exit %d\n%s", code, out)
-	}
 	// The worker tries the host's loopback service, then starts sleeps
 	// until a fork fails (dash then gives up): each "started" line is one.
 	worker := fmt.Sprintf(`python3 -c 'import socket
@@ -347,14 +356,7 @@ func TestLaunchedGrantEndsWithSession(t *testing.T) {
 // 128 MiB.
 func TestLaunchSockFlood(t *testing.T) {
 	e := newLaunchEnv(t)
-	out, err := exec.Command("getent", "group", e.group).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	gid, err := strconv.Atoi(strings.Split(strings.TrimSpace(string(out)), ":")[2])
-	if err != nil {
-		t.Fatal(err)
-	}
+	gid := groupID(t, e.group)
 	// The attacker's 15,000 descriptors: its limit is inherited from here.
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
@@ -369,7 +371,7 @@ func TestLaunchSockFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) })
-	he := &hostileEnv{h: e.h, group: e.group, gid: uint32(gid), hostile: testdataBin(t, "hostile")}
+	he := &hostileEnv{h: e.h, group: e.group, gid: gid, hostile: testdataBin(t, "hostile")}
 	_, attacker := makeUser(t, e.group)
 	_, other := makeUser(t, e.group)
 	before := rssKiB(t, e.serve.Process.Pid)
@@ -423,15 +425,8 @@ func TestLaunchFromProxyLead(t *testing.T) {
 	e.h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "lead", "--cap", "session.launch",
 		"--launch", "worker=git.push.working", "--launch-net", "none,proxy,host",
 		"--launch-allow-domain", "*.example.com", "--launch-allow-host", "db.internal:5432", "--launch-allow-host", "db.internal:5433", "--out", leadTok)
-	run, ws := filepath.Join(base, "lead-run"), filepath.Join(base, "lead-ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	run, ws := e.prepareLead(t, leadTok)
 	sb := bin(t, "sandbox")
-	if out, code := runCmd(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
-		"--role", "lead", "--caps", "session.launch", "--token-file", leadTok); code != 0 {
-		t.Fatalf("sandbox prepare: exit %d\n%s", code, out)
-	}
 	script := `launch() { bushost session launch --task t1 --role worker --caps git.push.working "$@" -- true; }
 launch --net=host; echo "host refused $?"
 launch --net=proxy --allow-domain www.example.com; echo "domain refused $?"

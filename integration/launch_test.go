@@ -495,16 +495,8 @@ func TestLaunchSurvivesServeKill(t *testing.T) {
 // waits for it, as the host would.
 func TestLaunchFromLeadSession(t *testing.T) {
 	e := newLaunchEnv(t)
-	base := filepath.Dir(e.h.Home)
-	run, ws := filepath.Join(base, "lead-run"), filepath.Join(base, "lead-ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	run, ws := e.prepareLead(t, e.lead)
 	sb := bin(t, "sandbox")
-	if out, code := runCmd(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
-		"--role", "lead", "--caps", "session.launch", "--token-file", e.lead); code != 0 {
-		t.Fatalf("sandbox prepare: exit %d\n%s", code, out)
-	}
 	script := `set -e
 id=$(bushost session launch --task t1 --role worker --caps git.push.working -- sh -c 'exit 6')
 echo "launched $id"
