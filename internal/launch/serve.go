@@ -106,6 +106,11 @@ func serve(o *Options, stderr io.Writer) error {
 		return errors.New("must run as root: it gives each session a uid of its own")
 	}
 	o.Log = stderr
+	// The defaults are given to every launch naming none: a host that
+	// cannot apply them would start sessions that are refused at once.
+	if err := sandbox.ProbeCgroup(sandbox.LimitsOf(o.Defaults)); err != nil {
+		return fmt.Errorf("the default limits cannot be applied on this host (%v): give sandbox serve --default-memory none --default-pids none --default-cpu none, or make a cgroup available", err)
+	}
 	if err := os.MkdirAll(o.Home, 0o700); err != nil {
 		return err
 	}

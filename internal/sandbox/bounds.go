@@ -52,6 +52,26 @@ func (l Limits) Values() bounds.Values {
 	return v
 }
 
+// LimitsOf is the Limits of values by bounds name (Values' inverse).
+func LimitsOf(v bounds.Values) Limits {
+	return Limits{Memory: v["memory"], Pids: int(v["pids"]), CPU: float64(v["cpu"]) / 1000, NoFile: uint64(v["nofile"]),
+		FSize: v["fsize"], Timeout: time.Duration(v["timeout"]) * time.Second}
+}
+
+// ProbeCgroup makes and removes a cgroup carrying l's cgroup limits, as
+// run would for a session: an error (a LIMIT_UNAVAILABLE refusal) says
+// why sessions given them would be refused here.
+func ProbeCgroup(l Limits) error {
+	c, err := newCgroup(l, nil)
+	if err != nil {
+		return err
+	}
+	if c != nil {
+		c.remove()
+	}
+	return nil
+}
+
 // sessionBounds is what run records of plan p and its cgroup.
 func (p *Plan) sessionBounds(cg *cgroup) (*SessionBounds, error) {
 	start, err := procStartTime(os.Getpid())
