@@ -489,3 +489,24 @@ echo "worker $(launch -- sleep 600)"`
 		t.Errorf("session wait of the worker the sub-lead left running: exit %d, want it killed\n%s", code, errOut)
 	}
 }
+
+// TestLaunchFromUnknownSandbox: a lead whose bounds the launcher cannot
+// read (a sandbox run --user session: no uid of its own, no record) is
+// refused, whatever its grant allows.
+func TestLaunchFromUnknownSandbox(t *testing.T) {
+	e := newLaunchEnv(t)
+	run, ws := e.prepareLead(t, e.lead)
+	if err := os.Chmod(ws, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	dirs := e.sessionDirs(t)
+	out, code := runCmd(t, bin(t, "sandbox"), "run", "--user", "nobody", "--run-dir", run, "--workspace", ws, "--role", "lead", "--caps", "session.launch",
+		"--broker-socket", filepath.Join(e.h.Home, "broker.sock"), "--launch-socket", filepath.Join(e.h.Home, "launch.sock"),
+		"--", "sh", "-c", `bushost session launch --task t1 --role worker --caps git.push.working -- true; echo "refused $?"`)
+	if !strings.Contains(out, "refused 4") || !strings.Contains(out, "LAUNCH_NOT_ALLOWED") || !strings.Contains(out, "another pid namespace") {
+		t.Errorf("a launch from a sandbox run --user session: exit %d\n%s", code, out)
+	}
+	if got := e.sessionDirs(t); strings.Join(got, ",") != strings.Join(dirs, ",") {
+		t.Errorf("the refused launch left session directories: %v", got)
+	}
+}
