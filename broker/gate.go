@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/bounds"
 )
 
 // The close gate decides from the log itself, never from the derived
@@ -33,6 +34,8 @@ type eventFields struct {
 	Launch      map[string][]string `json:"launch"`
 	LaunchedBy  string              `json:"launched_by"`
 	LaunchDepth int                 `json:"launch_depth"`
+	// The rest of a launch set, as CreateGrant stored it.
+	LaunchBounds *bounds.Launch `json:"launch_bounds"`
 }
 
 func fieldsOf(e Event) (eventFields, error) {

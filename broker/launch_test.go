@@ -104,3 +104,61 @@ func TestLaunchSets(t *testing.T) {
 		}
 	})
 }
+
+// TestLaunchBounds: a launch set's network modes, ceilings, task pattern
+// and egress are stored canonically, in grant.created, returned by Whoami
+// and ListGrants; bad ones (or any without session.launch) are refused
+// with nothing appended; bounds widened in the table are named by log
+// verify.
+func TestLaunchBounds(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		e.project("acme", "web")
+		e.task("acme", "web", "t1")
+		before := e.head()
+		worker := []*brokerv1.LaunchRole{{Role: "worker", Capabilities: []string{"git.push.working"}}}
+		for _, c := range []struct {
+			name string
+			caps []string
+			lb   *brokerv1.LaunchBounds
+		}{
+			{"bounds without session.launch", []string{"git.push.working"}, &brokerv1.LaunchBounds{Net: []string{"host"}}},
+			{"unknown network mode", []string{"session.launch"}, &brokerv1.LaunchBounds{Net: []string{"everything"}}},
+			{"unknown limit", []string{"session.launch"}, &brokerv1.LaunchBounds{Max: map[string]string{"disk": "1G"}}},
+			{"bad ceiling", []string{"session.launch"}, &brokerv1.LaunchBounds{Max: map[string]string{"pids": "lots"}}},
+			{"bad task pattern", []string{"session.launch"}, &brokerv1.LaunchBounds{Tasks: "../t"}},
+			{"bad domain", []string{"session.launch"}, &brokerv1.LaunchBounds{AllowDomains: []string{"*"}}},
+		} {
+			_, err := e.srv.CreateGrant(e.host(), &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "lead", Capabilities: c.caps, Launch: worker, LaunchBounds: c.lb})
+			e.refused(err, codes.InvalidArgument, before, c.name)
+		}
+		r, err := e.srv.CreateGrant(e.host(), &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "lead",
+			Capabilities: []string{"session.launch"}, Launch: worker,
+			LaunchBounds: &brokerv1.LaunchBounds{Net: []string{"proxy", "none"}, Max: map[string]string{"memory": "1024M", "timeout": "2h"}, Tasks: "t*", AllowHosts: []string{"DB:5432"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := e.srv.Whoami(withToken(r.Token), &brokerv1.WhoamiRequest{})
+		lb := w.GetLaunchBounds()
+		if err != nil || strings.Join(lb.GetNet(), ",") != "none,proxy" || lb.GetMax()["memory"] != "1G" || lb.GetMax()["timeout"] != "2h0m0s" ||
+			lb.GetTasks() != "t*" || strings.Join(lb.GetAllowHosts(), ",") != "db:5432" {
+			t.Fatalf("Whoami's launch bounds: %v %v", lb, err)
+		}
+		l, err := e.srv.ListGrants(e.host(), &brokerv1.ListGrantsRequest{Task: "t1"})
+		if err != nil || len(l.Grants) != 1 || l.Grants[0].GetLaunchBounds().GetTasks() != "t*" {
+			t.Fatalf("ListGrants: %v %v", l, err)
+		}
+		evs := e.events(Filter{Task: "t1"})
+		if last := evs[len(evs)-1]; !strings.Contains(last.Data, `"launch_bounds":{"net":["none","proxy"],"max":{"memory":"1G","timeout":"2h0m0s"},"tasks":"t*","allow_hosts":["db:5432"]}`) {
+			t.Fatalf("grant.created = %s", last.Data)
+		}
+		e.verify()
+		e.exec(`UPDATE grants SET launch_bounds = $1 WHERE id = $2`, `{"net":["none","proxy","host"]}`, r.GrantId)
+		v, err := e.b.VerifyLog(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if joined := strings.Join(v.Differences, "\n"); v.OK || !strings.Contains(joined, "grants "+r.GrantId+": launch_bounds is") {
+			t.Fatalf("log verify after widening launch bounds: %+v", v)
+		}
+	})
+}

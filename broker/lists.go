@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -358,9 +359,10 @@ type GrantInfo struct {
 	// Launch is what a grant with session.launch may launch (role to
 	// capabilities); LaunchedBy and LaunchDepth place it in a chain of
 	// launches.
-	Launch      map[string][]string
-	LaunchedBy  string
-	LaunchDepth int
+	Launch       map[string][]string
+	LaunchedBy   string
+	LaunchDepth  int
+	LaunchBounds bounds.Launch
 }
 
 // ListGrants lists the grants matching the filters ("" for any), ordered
@@ -379,7 +381,7 @@ func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, projec
 		business, project, task = g.Business, g.Project, g.Task
 	}
 	where, args := scopeWhere(1, business, project, task)
-	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth FROM grants` + whereClause(where)
+	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth, launch_bounds FROM grants` + whereClause(where)
 	args = append(args, maxListGrants+1)
 	query += fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args))
 	rows, err := b.st.read().db.QueryContext(ctx, query, args...)
@@ -391,11 +393,12 @@ func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, projec
 	var out []GrantInfo
 	for rows.Next() {
 		var gi GrantInfo
-		var caps, launch string
+		var caps, launch, lb string
 		var expires int64
-		if err := rows.Scan(&gi.ID, &gi.Business, &gi.Project, &gi.Task, &gi.Role, &caps, &expires, &gi.RevokedSeq, &launch, &gi.LaunchedBy, &gi.LaunchDepth); err != nil {
+		if err := rows.Scan(&gi.ID, &gi.Business, &gi.Project, &gi.Task, &gi.Role, &caps, &expires, &gi.RevokedSeq, &launch, &gi.LaunchedBy, &gi.LaunchDepth, &lb); err != nil {
 			return nil, err
 		}
+		gi.LaunchBounds = ParseLaunchBounds(lb)
 		if launch != "" {
 			if err := json.Unmarshal([]byte(launch), &gi.Launch); err != nil {
 				return nil, fmt.Errorf("grant %s: launch set: %w", gi.ID, err)

@@ -49,6 +49,10 @@ var postgresSchema = [][]string{{
 	`ALTER TABLE projects ADD COLUMN moving_id TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE projects ADD COLUMN moving_seq BIGINT NOT NULL DEFAULT 0`,
 	`ALTER TABLE projects ADD COLUMN moving_digest TEXT NOT NULL DEFAULT ''`,
+}, {
+	// What else a launch set bounds (JSON, bounds.Launch; session.launch):
+	// network modes, limit ceilings, tasks, egress.
+	`ALTER TABLE grants ADD COLUMN launch_bounds TEXT NOT NULL DEFAULT ''`,
 }}
 
 // writeLockKey, with the schema's name, is the advisory lock every write

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -51,6 +52,9 @@ type GrantRequest struct {
 	// grant: the launcher's grant, which the new one is one launch below.
 	Launch     map[string][]string
 	LaunchedBy string
+	// LaunchBounds is what else its launches may ask for (network modes,
+	// limit ceilings, tasks, egress); only with session.launch.
+	LaunchBounds bounds.Launch
 }
 
 // maxLaunchRoles bounds the roles of one launch set, and so what one
@@ -93,6 +97,32 @@ func checkLaunchSet(caps []string, set map[string][]string) (string, error) {
 	}
 	b, err := json.Marshal(clean)
 	return string(b), err
+}
+
+// checkLaunchBounds validates the rest of a launch set (only with
+// session.launch) and returns it as stored: canonical JSON, "" for none.
+func checkLaunchBounds(caps []string, lb bounds.Launch) (string, error) {
+	if lb.IsZero() {
+		return "", nil
+	}
+	if !slices.Contains(caps, authz.CapSessionLaunch) {
+		return "", errdefs.InvalidArgument(errdefs.LaunchSetInvalid, "launch bounds (--launch-net, --launch-max-*, --launch-tasks, --launch-allow-*) are given only with capability %s", authz.CapSessionLaunch)
+	}
+	clean, err := lb.Check()
+	if err != nil {
+		return "", errdefs.InvalidArgument(errdefs.LaunchSetInvalid, "launch set: %v", err)
+	}
+	b, err := json.Marshal(clean)
+	return string(b), err
+}
+
+// ParseLaunchBounds reads the JSON a grant's launch bounds are stored as.
+func ParseLaunchBounds(s string) bounds.Launch {
+	var lb bounds.Launch
+	if s != "" {
+		_ = json.Unmarshal([]byte(s), &lb)
+	}
+	return lb
 }
 
 // ParseLaunchSet reads the JSON a grant's launch set is stored as.
@@ -143,6 +173,10 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 	if err != nil {
 		return IssuedGrant{}, err
 	}
+	lb, err := checkLaunchBounds(caps, r.LaunchBounds)
+	if err != nil {
+		return IssuedGrant{}, err
+	}
 	if r.TTL < 0 {
 		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "negative lifetime %s", r.TTL)
 	}
@@ -156,10 +190,13 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 			return err
 		}
 		g := grantRow{ID: ig.ID, TokenHash: tokenHash(ig.Token), Business: r.Business, Project: r.Project, Task: r.Task,
-			Role: r.Role, Caps: caps, ExpiresAt: ig.ExpiresAt.UnixNano(), Launch: launch, LaunchedBy: r.LaunchedBy}
+			Role: r.Role, Caps: caps, ExpiresAt: ig.ExpiresAt.UnixNano(), Launch: launch, LaunchedBy: r.LaunchedBy, LaunchBounds: lb}
 		data := map[string]any{"grant_id": ig.ID, "role": r.Role, "capabilities": caps, "expires_at": ig.ExpiresAt.Format(time.RFC3339)}
 		if launch != "" {
 			data["launch"] = ParseLaunchSet(launch)
+		}
+		if lb != "" {
+			data["launch_bounds"] = ParseLaunchBounds(lb)
 		}
 		if r.LaunchedBy != "" {
 			parent, ok, err := q.grantByID(ctx, r.LaunchedBy)
@@ -172,7 +209,7 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 			if err := usable(parent); err != nil {
 				return err
 			}
-			_, _, depth, err := q.grantLaunch(ctx, parent.ID)
+			_, _, depth, _, err := q.grantLaunch(ctx, parent.ID)
 			if err != nil {
 				return err
 			}
@@ -626,10 +663,10 @@ func (b *Broker) RecordSessionEvent(ctx context.Context, peer, business, project
 
 // Whoami returns g with its launch set and place in a chain of launches.
 func (b *Broker) Whoami(ctx context.Context, g authz.Grant) (authz.Grant, error) {
-	launch, by, depth, err := b.st.read().grantLaunch(ctx, g.ID)
+	launch, by, depth, lb, err := b.st.read().grantLaunch(ctx, g.ID)
 	if err != nil {
 		return authz.Grant{}, fmt.Errorf("look up grant: %w", err)
 	}
-	g.Launch, g.LaunchedBy, g.LaunchDepth = ParseLaunchSet(launch), by, depth
+	g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds = ParseLaunchSet(launch), by, depth, ParseLaunchBounds(lb)
 	return g, nil
 }

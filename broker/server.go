@@ -9,6 +9,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/sock"
 )
@@ -65,7 +66,7 @@ func (s *server) CreateGrant(ctx context.Context, r *brokerv1.CreateGrantRequest
 	ig, err := s.b.CreateGrant(ctx, peer, GrantRequest{
 		Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask(),
 		Role: r.GetRole(), Caps: r.GetCapabilities(), TTL: time.Duration(r.GetTtlSeconds()) * time.Second,
-		Launch: launchSet(r.GetLaunch()), LaunchedBy: r.GetLaunchedBy(),
+		Launch: launchSet(r.GetLaunch()), LaunchedBy: r.GetLaunchedBy(), LaunchBounds: launchBounds(r.GetLaunchBounds()),
 	})
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
@@ -202,7 +203,7 @@ func (s *server) ListGrants(ctx context.Context, r *brokerv1.ListGrantsRequest) 
 	for _, gi := range gs {
 		out.Grants = append(out.Grants, &brokerv1.GrantInfo{Id: gi.ID, Business: gi.Business, Project: gi.Project, Task: gi.Task, Role: gi.Role,
 			Capabilities: gi.Caps, ExpiresAt: gi.ExpiresAt.Format(time.RFC3339), Expired: gi.Expired, RevokedSeq: gi.RevokedSeq,
-			Launch: LaunchRoles(gi.Launch), LaunchedBy: gi.LaunchedBy, LaunchDepth: int64(gi.LaunchDepth)})
+			Launch: LaunchRoles(gi.Launch), LaunchedBy: gi.LaunchedBy, LaunchDepth: int64(gi.LaunchDepth), LaunchBounds: launchBoundsProto(gi.LaunchBounds)})
 	}
 	return out, nil
 }
@@ -224,6 +225,20 @@ func launchSet(roles []*brokerv1.LaunchRole) map[string][]string {
 	return m
 }
 
+// launchBounds reads a request's launch bounds (checked by CreateGrant).
+func launchBounds(p *brokerv1.LaunchBounds) bounds.Launch {
+	return bounds.Launch{Nets: p.GetNet(), Max: p.GetMax(), Tasks: p.GetTasks(), AllowDomains: p.GetAllowDomains(), AllowHosts: p.GetAllowHosts()}
+}
+
+// launchBoundsProto is a grant's launch bounds as the protos carry them,
+// nil for none.
+func launchBoundsProto(l bounds.Launch) *brokerv1.LaunchBounds {
+	if l.IsZero() {
+		return nil
+	}
+	return &brokerv1.LaunchBounds{Net: l.Nets, Max: l.Max, Tasks: l.Tasks, AllowDomains: l.AllowDomains, AllowHosts: l.AllowHosts}
+}
+
 // LaunchRoles is a launch set as the protos carry it, roles in order.
 func LaunchRoles(m map[string][]string) []*brokerv1.LaunchRole {
 	var out []*brokerv1.LaunchRole
@@ -243,7 +258,8 @@ func (s *server) Whoami(ctx context.Context, _ *brokerv1.WhoamiRequest) (*broker
 		return nil, errdefs.ToGRPC(err)
 	}
 	return &brokerv1.WhoamiResponse{GrantId: g.ID, Business: g.Business, Project: g.Project, Task: g.Task, Role: g.Role,
-		Capabilities: g.Caps, Launch: LaunchRoles(g.Launch), LaunchedBy: g.LaunchedBy, LaunchDepth: int64(g.LaunchDepth)}, nil
+		Capabilities: g.Caps, Launch: LaunchRoles(g.Launch), LaunchedBy: g.LaunchedBy, LaunchDepth: int64(g.LaunchDepth),
+		LaunchBounds: launchBoundsProto(g.LaunchBounds)}, nil
 }
 
 func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest) (*brokerv1.RecordEventResponse, error) {

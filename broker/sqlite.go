@@ -53,6 +53,10 @@ var sqliteSchema = [][]string{{
 	`ALTER TABLE projects ADD COLUMN moving_id TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE projects ADD COLUMN moving_seq INTEGER NOT NULL DEFAULT 0`,
 	`ALTER TABLE projects ADD COLUMN moving_digest TEXT NOT NULL DEFAULT ''`,
+}, {
+	// What else a launch set bounds (JSON, bounds.Launch; session.launch):
+	// network modes, limit ceilings, tasks, egress.
+	`ALTER TABLE grants ADD COLUMN launch_bounds TEXT NOT NULL DEFAULT ''`,
 }}
 
 // sqliteDSN is the driver's DSN for the database file at path: WAL so

@@ -179,6 +179,9 @@ type grantRow struct {
 	Launch      string
 	LaunchedBy  string
 	LaunchDepth int
+	// LaunchBounds is the rest of the launch set (JSON, bounds.Launch;
+	// "" for none), read beside Launch.
+	LaunchBounds string
 }
 
 type requestRow struct {
@@ -274,15 +277,15 @@ func (q *queries) grantByID(ctx context.Context, id string) (grantRow, bool, err
 }
 
 func (q *queries) insertGrant(ctx context.Context, g grantRow) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO grants (`+grantCols+`, launch, launched_by, launch_depth) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11)`,
-		g.ID, g.TokenHash, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Caps, ","), g.ExpiresAt, g.Launch, g.LaunchedBy, g.LaunchDepth)
+	_, err := q.db.ExecContext(ctx, `INSERT INTO grants (`+grantCols+`, launch, launched_by, launch_depth, launch_bounds) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11, $12)`,
+		g.ID, g.TokenHash, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Caps, ","), g.ExpiresAt, g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds)
 	return err
 }
 
 // grantLaunch reads grant id's launch set and place in a chain of launches.
-func (q *queries) grantLaunch(ctx context.Context, id string) (launch, by string, depth int, err error) {
-	_, err = found(q.db.QueryRowContext(ctx, `SELECT launch, launched_by, launch_depth FROM grants WHERE id = $1`, id).Scan(&launch, &by, &depth))
-	return launch, by, depth, err
+func (q *queries) grantLaunch(ctx context.Context, id string) (launch, by string, depth int, lb string, err error) {
+	_, err = found(q.db.QueryRowContext(ctx, `SELECT launch, launched_by, launch_depth, launch_bounds FROM grants WHERE id = $1`, id).Scan(&launch, &by, &depth, &lb))
+	return launch, by, depth, lb, err
 }
 
 func (q *queries) revokeGrant(ctx context.Context, id string, seq int64) error {

@@ -168,6 +168,10 @@ func (r *rebuild) apply(e Event) {
 			b, _ := json.Marshal(f.Launch) // keys sorted, as CreateGrant stored them
 			g.Launch = string(b)
 		}
+		if f.LaunchBounds != nil && !f.LaunchBounds.IsZero() {
+			b, _ := json.Marshal(f.LaunchBounds) // as CreateGrant stored them
+			g.LaunchBounds = string(b)
+		}
 		r.grants[f.GrantID] = g
 	case e.Type == TypeGrantRevoked:
 		g := r.grants[f.GrantID]
@@ -232,6 +236,7 @@ func (r *rebuild) compare(ctx context.Context, q *queries) ([]string, error) {
 			{"launch", got.Launch, want.Launch},
 			{"launched_by", got.LaunchedBy, want.LaunchedBy},
 			{"launch_depth", got.LaunchDepth, want.LaunchDepth},
+			{"launch_bounds", got.LaunchBounds, want.LaunchBounds},
 		})
 	}
 	for id := range grants {
@@ -323,19 +328,19 @@ func (q *queries) allGrants(ctx context.Context) (map[string]grantRow, error) {
 	}
 	rows.Close()
 	// The launch columns, read apart from grantCols like grantLaunch.
-	lrows, err := q.db.QueryContext(ctx, `SELECT id, launch, launched_by, launch_depth FROM grants`)
+	lrows, err := q.db.QueryContext(ctx, `SELECT id, launch, launched_by, launch_depth, launch_bounds FROM grants`)
 	if err != nil {
 		return nil, err
 	}
 	defer lrows.Close()
 	for lrows.Next() {
-		var id, launch, by string
+		var id, launch, by, lb string
 		var depth int
-		if err := lrows.Scan(&id, &launch, &by, &depth); err != nil {
+		if err := lrows.Scan(&id, &launch, &by, &depth, &lb); err != nil {
 			return nil, err
 		}
 		g := m[id]
-		g.Launch, g.LaunchedBy, g.LaunchDepth = launch, by, depth
+		g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds = launch, by, depth, lb
 		m[id] = g
 	}
 	return m, lrows.Err()

@@ -21,6 +21,7 @@ import (
 // sockets) and a sandbox serve on the same home.
 type launchEnv struct {
 	h     *Host
+	group string // the socket group
 	serve *exec.Cmd
 	log   string
 	args  []string
@@ -48,7 +49,7 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 	h.AddProject(t, "acme", "api")
 	h.Must(t, "task", "add", "--business", "acme", "--project", "web", "--task", "t1")
 	h.Must(t, "task", "add", "--business", "acme", "--project", "api", "--task", "a1")
-	e := &launchEnv{h: h, args: serveArgs, log: filepath.Join(filepath.Dir(h.Home), "serve.log")}
+	e := &launchEnv{h: h, group: group, args: serveArgs, log: filepath.Join(filepath.Dir(h.Home), "serve.log")}
 	e.lead = filepath.Join(filepath.Dir(h.Home), "lead.token")
 	h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "lead",
 		"--cap", "session.launch", "--launch", "worker=git.push.working", "--out", e.lead)
@@ -69,12 +70,20 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 		recs, _ := filepath.Glob(filepath.Join(h.Home, "sessions", "*", "record.json"))
 		for _, f := range recs {
 			var rec struct {
-				PID        int    `json:"pid"`
-				Start      uint64 `json:"start_time"`
-				BwrapPID   int    `json:"bwrap_pid"`
-				BwrapStart uint64 `json:"bwrap_start"`
+				PID        int      `json:"pid"`
+				Start      uint64   `json:"start_time"`
+				BwrapPID   int      `json:"bwrap_pid"`
+				BwrapStart uint64   `json:"bwrap_start"`
+				Cgroup     []string `json:"cgroup"`
 			}
 			if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &rec) == nil {
+				// Nothing of an ended session stays: not its cgroup either.
+				for _, d := range rec.Cgroup {
+					if _, err := os.Stat(d); err == nil {
+						t.Errorf("%s: cgroup %s left behind", f, d)
+						syscall.Rmdir(d)
+					}
+				}
 				for _, p := range [][2]uint64{{uint64(rec.BwrapPID), rec.BwrapStart}, {uint64(rec.PID), rec.Start}} {
 					// The start time too: the pid may be another process's by now.
 					if pid := int(p[0]); pid > 0 && alive(pid) && procStart(pid) == p[1] {
@@ -486,16 +495,8 @@ func TestLaunchSurvivesServeKill(t *testing.T) {
 // waits for it, as the host would.
 func TestLaunchFromLeadSession(t *testing.T) {
 	e := newLaunchEnv(t)
-	base := filepath.Dir(e.h.Home)
-	run, ws := filepath.Join(base, "lead-run"), filepath.Join(base, "lead-ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	run, ws := e.prepareLead(t, e.lead)
 	sb := bin(t, "sandbox")
-	if out, code := runCmd(t, sb, "prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
-		"--role", "lead", "--caps", "session.launch", "--token-file", e.lead); code != 0 {
-		t.Fatalf("sandbox prepare: exit %d\n%s", code, out)
-	}
 	script := `set -e
 id=$(bushost session launch --task t1 --role worker --caps git.push.working -- sh -c 'exit 6')
 echo "launched $id"
@@ -503,7 +504,8 @@ set +e
 bushost session wait "$id"
 echo "waited $?"
 bushost session launch --task t1 --role reviewer --caps review.verdict -- true
-echo "refused $?"`
+echo "refused $?"
+echo "long $(bushost session launch --task t1 --role worker --caps git.push.working -- sleep 600)"`
 	out, code := runCmd(t, sb, "run", "--run-dir", run, "--workspace", ws, "--role", "lead", "--caps", "session.launch",
 		"--broker-socket", filepath.Join(e.h.Home, "broker.sock"), "--launch-socket", filepath.Join(e.h.Home, "launch.sock"),
 		"--", "sh", "-c", script)
@@ -511,8 +513,15 @@ echo "refused $?"`
 		!strings.Contains(out, "LAUNCH_NOT_ALLOWED") {
 		t.Fatalf("inside the lead session: exit %d, want a launch, its status 6, and a refusal (4)\n%s", code, out)
 	}
+	// The lead has ended (it had no cgroup: sandbox run --end-with): so
+	// has the worker it left running.
+	_, long, _ := strings.Cut(out, "long ")
+	long, _, _ = strings.Cut(long, "\n")
+	if _, errOut, code := e.h.Run(t, nil, "session", "wait", strings.TrimSpace(long)); code == 0 || code == 4 {
+		t.Errorf("session wait of the worker the lead left running: exit %d, want it killed\n%s", code, errOut)
+	}
 	rows := decodeSessions(t, e.h.Must(t, "session", "list", "--json"))
-	if len(rows) != 1 || rows[0].Role != "worker" || rows[0].Exit != 6 {
+	if len(rows) != 2 || rows[0].Role != "worker" || rows[0].Exit != 6 || rows[1].State == "running" {
 		t.Errorf("session list: %+v", rows)
 	}
 }

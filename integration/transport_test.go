@@ -70,6 +70,20 @@ func makeUser(t *testing.T, group string) (string, uint32) {
 	return name, uint32(uid)
 }
 
+// groupID is the gid of group, from getent.
+func groupID(t *testing.T, group string) uint32 {
+	t.Helper()
+	out, err := exec.Command("getent", "group", group).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gid, err := strconv.Atoi(strings.Split(strings.TrimSpace(string(out)), ":")[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint32(gid)
+}
+
 func newHostileEnv(t *testing.T, args ...string) *hostileEnv {
 	t.Helper()
 	return newHostileEnvWith(t, hostOpts{Args: args})
@@ -90,15 +104,7 @@ func newHostileEnvWith(t *testing.T, o hostOpts) *hostileEnv {
 			t.Errorf("groupdel %s: %v\n%s", e.group, err, out)
 		}
 	})
-	out, err := exec.Command("getent", "group", e.group).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	gid, err := strconv.Atoi(strings.Split(strings.TrimSpace(string(out)), ":")[2])
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.gid = uint32(gid)
+	e.gid = groupID(t, e.group)
 	e.user, e.uid = makeUser(t, e.group)
 	o.Args = append([]string{"--socket-group", e.group}, o.Args...)
 	e.h = startHostWith(t, o)

@@ -57,7 +57,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.AddCommand(serve)
 	// The launcher is sandbox serve's: the sandbox binary, every session's
 	// pid 1, links no gRPC and becomes this verb.
-	launcher := cmdline.Passthrough("launcher", "serve launch.sock (started as sandbox serve)", "", nil,
+	launcher := cmdline.Passthrough("launcher", "serve launch.sock (started as sandbox serve)",
+		"usage: bushostd launcher --sandbox PATH [sandbox serve's flags]\n\nserve launch.sock: what `sandbox serve` becomes (docs/launch.md).",
+		func(w io.Writer) { launch.ServeFlags([]string{"-h"}, w) },
 		func(args []string) int { return launch.Serve(args, stderr) })
 	launcher.Hidden = true
 	root.AddCommand(launcher)

@@ -34,9 +34,10 @@ const usage = `usage:
   sandbox run --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--launch-socket L] [--net=none|proxy|host] [--ro PATH]...
               [--allow-domain PATTERN]... [--allow-host HOST:PORT]... [--resolve-file F] [--audit-token-file F] [--egress-conns N] [--egress-idle D]
               [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--fresh-home]
-              [--user U | --uid-range LOW-HIGH] [--state-dir DIR] [--allow-abstract-sockets] -- COMMAND...
+              [--user U | --uid-range LOW-HIGH] [--state-dir DIR] [--allow-abstract-sockets]
+              [--cgroup-parent DIR]... [--end-with PID:START] -- COMMAND...
   sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N]
-              [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]
+              [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D] [--default-LIMIT V]... [socket limits...]
   (sandbox run -h lists every flag)
 `
 
@@ -70,10 +71,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr, nil) }),
 	)
 	root.AddCommand(cmdline.Passthrough("serve", "serve the launch socket: sessions launched by a grant with session.launch",
-		"usage: sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]\n\n"+
+		"usage: sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]\n"+
+			"                     [--default-memory SIZE] [--default-pids N] [--default-cpu F] [--default-nofile N] [--default-fsize SIZE] [--default-timeout D]\n"+
+			"                     [--max-conns N] [--max-in-flight N] [--max-conns-per-uid N] [--max-calls-per-uid N] [--reserved-conns N] [--reserved-calls N]\n"+
+			"                     [--max-calls-per-grant N] [--request-timeout D] [--idle-timeout D]\n\n"+
 			"serve LaunchService on DIR/launch.sock (docs/launch.md), as root. The server is bushostd's\n"+
 			"(next to this executable, else on PATH), which this process becomes: the sandbox links no\n"+
-			"gRPC, since it is also every session's pid 1.",
+			"gRPC, since it is also every session's pid 1. `bushostd launcher --help` describes every flag.",
 		nil,
 		func(args []string) int { return serveLauncher(args, stderr) }))
 	// keep is sandbox run for a session sandbox serve launched: it leaves

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"google.golang.org/grpc/metadata"
+
+	"github.com/bushost/bushost/internal/bounds"
 )
 
 // The capability vocabulary (docs/architecture.md).
@@ -54,6 +56,9 @@ type Grant struct {
 	// is (0 for the host's).
 	LaunchedBy  string
 	LaunchDepth int
+	// LaunchBounds is what else its launches may ask for: network modes,
+	// limit ceilings, tasks, egress (docs/launch.md).
+	LaunchBounds bounds.Launch
 }
 
 // Has reports whether g holds capability c.

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -30,8 +31,8 @@ func init() {
 	})
 	register(&command{
 		words: "grant",
-		usage: "grant --business B --project P --task T --role R --cap C[,C...] [--launch ROLE=C[,C...]]... [--ttl D] [--out FILE]",
-		help:  "Host: issue a token for one task, role and capabilities; prints the token, or writes it to FILE (mode 0600, never overwritten) and prints the grant id. With --cap session.launch, each --launch ROLE=C,... names a role the grant may launch sessions of (bushost session launch) and the capabilities they may hold.",
+		usage: "grant --business B --project P --task T --role R --cap C[,C...] [--launch ROLE=C[,C...]]... [--launch-net MODES] [--launch-max-LIMIT V]... [--launch-tasks PATTERN] [--launch-allow-domain D]... [--launch-allow-host H:P]... [--ttl D] [--out FILE]",
+		help:  "Host: issue a token for one task, role and capabilities; prints the token, or writes it to FILE (mode 0600, never overwritten) and prints the grant id. With --cap session.launch, each --launch ROLE=C,... names a role the grant may launch sessions of (bushost session launch) and the capabilities they may hold; --launch-net, --launch-max-LIMIT, --launch-tasks and --launch-allow-* bound the rest of what its launches may ask for (default: network none, sandbox serve's defaults as ceilings, the grant's own task).",
 		setup: runGrant,
 	})
 	register(&command{
@@ -148,12 +149,56 @@ func (c *capsFlag) Set(v string) error {
 	return nil
 }
 
+// launchBoundsFlag is grant's --launch-net, --launch-max-LIMIT (one per
+// limit of bounds.Limits), --launch-tasks and --launch-allow-*.
+type launchBoundsFlag struct {
+	nets           modesFlag
+	max            map[string]*string
+	tasks          string
+	domains, hosts []string
+}
+
+// modesFlag is a comma-separated list of network modes.
+type modesFlag struct{ capsFlag }
+
+func (modesFlag) Type() string { return "MODE[,MODE...]" }
+
+func launchBoundsFlags(fs *pflag.FlagSet) *launchBoundsFlag {
+	l := &launchBoundsFlag{max: map[string]*string{}}
+	fs.Var(&l.nets, "launch-net", "with --cap session.launch: the network modes its launches may ask for, comma-separated: none, proxy, host (default none)")
+	for _, lim := range bounds.Limits {
+		l.max[lim.Name] = fs.String("launch-max-"+lim.Name, "", fmt.Sprintf("with --cap session.launch: the most --%s its launches may ask for: %s (default sandbox serve's --default-%s)", lim.Name, lim.Help, lim.Name))
+	}
+	fs.StringVar(&l.tasks, "launch-tasks", "", "with --cap session.launch: a pattern ('*' for any run of name characters) of the tasks of its project it may launch for (default its own task only)")
+	fs.StringArrayVar(&l.domains, "launch-allow-domain", nil, "with --cap session.launch: a domain (or *.NAME) a --net=proxy launch may be allowed (repeatable)")
+	fs.StringArrayVar(&l.hosts, "launch-allow-host", nil, "with --cap session.launch: a HOST:PORT a --net=proxy launch may be allowed (repeatable)")
+	return l
+}
+
+// proto is the flags as CreateGrant takes them; nil if none was given.
+func (l *launchBoundsFlag) proto() *brokerv1.LaunchBounds {
+	p := &brokerv1.LaunchBounds{Net: l.nets.capsFlag, Tasks: l.tasks, AllowDomains: l.domains, AllowHosts: l.hosts}
+	for name, v := range l.max {
+		if *v != "" {
+			if p.Max == nil {
+				p.Max = map[string]string{}
+			}
+			p.Max[name] = *v
+		}
+	}
+	if len(p.Net) == 0 && len(p.Max) == 0 && p.Tasks == "" && len(p.AllowDomains) == 0 && len(p.AllowHosts) == 0 {
+		return nil
+	}
+	return p
+}
+
 func runGrant(fs *pflag.FlagSet) runFunc {
 	b, p, t := scopeFlags(fs)
 	role := fs.String("role", "", "the role name (e.g. worker, reviewer)")
 	var caps capsFlag
 	fs.Var(&caps, "cap", "capabilities, comma-separated or repeated: git.push.working, review.request, review.verdict, task.close, event.record, task.land, session.launch")
 	launch := fs.StringArray("launch", nil, "with --cap session.launch: ROLE=C[,C...], a role the grant may launch and its capabilities (repeatable)")
+	lb := launchBoundsFlags(fs)
 	ttl := fs.Duration("ttl", 0, "lifetime (e.g. 8h); default the server's (24h)")
 	out := fs.String("out", "", "write the token to this new file (0600) instead of printing it")
 	return func(ctx context.Context, e *Env, args []string) error {
@@ -189,7 +234,7 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 		}
 		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
 			r, err := c.CreateGrant(ctx, &brokerv1.CreateGrantRequest{Business: *b, Project: *p, Task: *t, Role: *role,
-				Capabilities: caps, TtlSeconds: int64(*ttl / time.Second), Launch: roles})
+				Capabilities: caps, TtlSeconds: int64(*ttl / time.Second), Launch: roles, LaunchBounds: lb.proto()})
 			if err != nil {
 				if f != nil {
 					f.Close()

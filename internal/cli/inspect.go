@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
 )
 
@@ -121,6 +122,9 @@ type grantJSON struct {
 	Launch      map[string][]string `json:"launch"`
 	LaunchedBy  string              `json:"launched_by"`
 	LaunchDepth int64               `json:"launch_depth"`
+	// LaunchBounds is the rest of its launch set: network modes, limit
+	// ceilings, tasks, egress ({} for none).
+	LaunchBounds bounds.Launch `json:"launch_bounds"`
 }
 
 func runGrantList(fs *pflag.FlagSet) runFunc {
@@ -143,7 +147,9 @@ func runGrantList(fs *pflag.FlagSet) runFunc {
 				}
 				gs = append(gs, grantJSON{ID: g.GetId(), Business: g.GetBusiness(), Project: g.GetProject(), Task: g.GetTask(), Role: g.GetRole(),
 					Capabilities: caps, ExpiresAt: g.GetExpiresAt(), Expired: g.GetExpired(), Revoked: g.GetRevokedSeq() != 0, RevokedSeq: g.GetRevokedSeq(),
-					Launch: launch, LaunchedBy: g.GetLaunchedBy(), LaunchDepth: g.GetLaunchDepth()})
+					Launch: launch, LaunchedBy: g.GetLaunchedBy(), LaunchDepth: g.GetLaunchDepth(),
+					LaunchBounds: bounds.Launch{Nets: g.GetLaunchBounds().GetNet(), Max: g.GetLaunchBounds().GetMax(), Tasks: g.GetLaunchBounds().GetTasks(),
+						AllowDomains: g.GetLaunchBounds().GetAllowDomains(), AllowHosts: g.GetLaunchBounds().GetAllowHosts()}})
 			}
 			if e.JSON {
 				return brokerPrint(e, "", map[string]any{"grants": gs})
@@ -158,7 +164,7 @@ func runGrantList(fs *pflag.FlagSet) runFunc {
 				case g.Expired:
 					state = "expired"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Capabilities, ","), launchText(g.Launch), g.ExpiresAt, state)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Capabilities, ","), launchText(g.Launch, g.LaunchBounds), g.ExpiresAt, state)
 			}
 			return w.Flush()
 		})
@@ -375,15 +381,31 @@ func printTaskShow(e *Env, st taskShowJSON) error {
 	return nil
 }
 
-// launchText is a launch set as grant --launch takes it:
-// "worker=git.push.working;reviewer=review.verdict", "-" for none.
-func launchText(m map[string][]string) string {
-	if len(m) == 0 {
+// launchText is a launch set as grant's flags take it:
+// "worker=git.push.working;reviewer=review.verdict;net=none,proxy;max-memory=1G;tasks=t*",
+// "-" for none.
+func launchText(m map[string][]string, lb bounds.Launch) string {
+	if len(m) == 0 && lb.IsZero() {
 		return "-"
 	}
 	var parts []string
 	for _, role := range slices.Sorted(maps.Keys(m)) {
 		parts = append(parts, role+"="+strings.Join(m[role], ","))
+	}
+	if len(lb.Nets) > 0 {
+		parts = append(parts, "net="+strings.Join(lb.Nets, ","))
+	}
+	for _, name := range slices.Sorted(maps.Keys(lb.Max)) {
+		parts = append(parts, "max-"+name+"="+lb.Max[name])
+	}
+	if lb.Tasks != "" {
+		parts = append(parts, "tasks="+lb.Tasks)
+	}
+	if len(lb.AllowDomains) > 0 {
+		parts = append(parts, "allow-domain="+strings.Join(lb.AllowDomains, ","))
+	}
+	if len(lb.AllowHosts) > 0 {
+		parts = append(parts, "allow-host="+strings.Join(lb.AllowHosts, ","))
 	}
 	return strings.Join(parts, ";")
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
-	"github.com/bushost/bushost/internal/size"
+	"github.com/bushost/bushost/internal/bounds"
 )
 
 // The session commands talk to sandbox serve's launch.sock in the home:
@@ -21,8 +21,8 @@ import (
 func init() {
 	register(&command{
 		words: "session launch",
-		usage: "session launch --task T --role R --caps C,... [--memory SIZE] [--pids N] [--timeout D] [--net=MODE] [--workspace DIR] -- COMMAND...",
-		help:  "Launch a session for task T of the launcher grant's project (sandbox serve on launch.sock), with a role and capabilities from the grant's --launch set; prints the session id.",
+		usage: "session launch --task T --role R --caps C,... [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--net=MODE] [--allow-domain D]... [--allow-host H:P]... [--workspace DIR] -- COMMAND...",
+		help:  "Launch a session for task T of the launcher grant's project (sandbox serve on launch.sock), with a role and capabilities from the grant's --launch set; prints the session id. Its network and limits are at most what the grant's launch set allows and, from inside a session, what that session has; a limit not given gets sandbox serve's default, bounded the same way.",
 		args:  cobra.ArbitraryArgs,
 		setup: runSessionLaunch,
 	})
@@ -87,10 +87,13 @@ func runSessionLaunch(fs *pflag.FlagSet) runFunc {
 	role := fs.String("role", "", "the session's role: one of the launcher grant's --launch roles")
 	var caps capsFlag
 	fs.Var(&caps, "caps", "the session's capabilities, comma-separated: each in the role's --launch set")
-	memory := fs.String("memory", "", "the session's memory limit (e.g. 512M)")
-	pids := fs.Int64("pids", 0, "the session's process limit")
-	timeout := fs.Duration("timeout", 0, "end the session after this long (its status is then 124)")
-	net := fs.String("net", "none", "the session's network: none, proxy or host")
+	limits := map[string]*string{}
+	for _, l := range bounds.Limits {
+		limits[l.Name] = fs.String(l.Name, "", l.Help+" (default sandbox serve's --default-"+l.Name+", within the grant's and the calling session's)")
+	}
+	net := fs.String("net", "none", "the session's network: none, proxy or host (one the grant's --launch-net names)")
+	domains := fs.StringArray("allow-domain", nil, "with --net=proxy: a domain (or *.NAME) the session may reach, within the grant's --launch-allow-domain (repeatable; default the grant's)")
+	hosts := fs.StringArray("allow-host", nil, "with --net=proxy: a HOST:PORT the session may reach, within the grant's --launch-allow-host (repeatable; default the grant's)")
 	ws := fs.String("workspace", "", "the session's workspace: an existing directory of yours (default: an empty one the launcher makes)")
 	fs.StringVar(&business, "business", "", "the task's business (default the launcher grant's)")
 	fs.StringVar(&project, "project", "", "the task's project (default the launcher grant's)")
@@ -104,13 +107,14 @@ func runSessionLaunch(fs *pflag.FlagSet) runFunc {
 		if len(args) == 0 {
 			return usagef("give the command after --")
 		}
-		if *memory != "" {
-			if _, err := size.Parse(*memory); err != nil {
-				return usagef("--memory %q: %v", *memory, err)
+		asked := map[string]string{}
+		for name, v := range limits {
+			if *v != "" {
+				asked[name] = *v
 			}
 		}
-		if *timeout < 0 || *timeout%time.Second != 0 {
-			return usagef("--timeout must be a positive whole number of seconds")
+		if _, err := bounds.ParseValues(asked); err != nil {
+			return usagef("%v", err)
 		}
 		dir := *ws
 		if dir != "" {
@@ -122,7 +126,7 @@ func runSessionLaunch(fs *pflag.FlagSet) runFunc {
 		}
 		return launchCall(ctx, e, true, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
 			r, err := c.Launch(ctx, &launchv1.LaunchRequest{Business: business, Project: project, Task: *task, Role: *role, Capabilities: caps,
-				Command: args, Workspace: dir, Net: *net, Memory: *memory, Pids: *pids, TimeoutSeconds: int64(*timeout / time.Second)})
+				Command: args, Workspace: dir, Net: *net, Limits: asked, AllowDomains: *domains, AllowHosts: *hosts})
 			if err != nil {
 				return err
 			}
@@ -134,7 +138,8 @@ func runSessionLaunch(fs *pflag.FlagSet) runFunc {
 func sessionJSON(s *launchv1.Session) map[string]any {
 	return map[string]any{"id": s.Id, "business": s.Business, "project": s.Project, "task": s.Task, "role": s.Role,
 		"capabilities": s.Capabilities, "grant_id": s.GrantId, "launcher_grant_id": s.LauncherGrantId, "uid": s.Uid,
-		"state": s.State, "started": s.Started, "ended": s.Ended, "exit": s.Exit, "command": s.Command}
+		"state": s.State, "started": s.Started, "ended": s.Ended, "exit": s.Exit, "command": s.Command,
+		"net": s.Net, "limits": s.Limits}
 }
 
 func runSessionList(fs *pflag.FlagSet) runFunc {

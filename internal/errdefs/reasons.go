@@ -162,6 +162,8 @@ const (
 	SessionLimit     Reason = "SESSION_LIMIT"
 	SessionNotFound  Reason = "SESSION_NOT_FOUND"
 	WorkspaceInvalid Reason = "WORKSPACE_INVALID"
+	// sandbox run --end-with: the session that launched this one has ended.
+	LaunchingSessionEnded Reason = "LAUNCHING_SESSION_ENDED"
 
 	// Moving a project between bus hosts through an export file (issue 19).
 	ProjectMoving        Reason = "PROJECT_MOVING"

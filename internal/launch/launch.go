@@ -38,10 +38,10 @@ import (
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/sandbox"
-	"github.com/bushost/bushost/internal/size"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -67,7 +67,12 @@ type Options struct {
 	StopGrace time.Duration
 	// LogBytes bounds what Logs returns of each stream (its tail).
 	LogBytes int64
-	Log      io.Writer
+	// Defaults are the limits a launch naming none gets, and the ceilings
+	// of a grant naming none (sandbox serve --default-NAME).
+	Defaults bounds.Values
+	// Sock bounds launch.sock's connections and calls.
+	Sock SockLimits
+	Log  io.Writer
 }
 
 // Server is the LaunchService.
@@ -164,8 +169,10 @@ func (s *Server) caller(ctx context.Context) (authz.Grant, error) {
 	if err != nil {
 		return authz.Grant{}, errdefs.FromGRPC(err)
 	}
+	lb := w.GetLaunchBounds()
 	g := authz.Grant{ID: w.GrantId, Business: w.Business, Project: w.Project, Task: w.Task, Role: w.Role, Caps: w.Capabilities,
-		LaunchedBy: w.LaunchedBy, LaunchDepth: int(w.LaunchDepth), Launch: map[string][]string{}}
+		LaunchedBy: w.LaunchedBy, LaunchDepth: int(w.LaunchDepth), Launch: map[string][]string{},
+		LaunchBounds: bounds.Launch{Nets: lb.GetNet(), Max: lb.GetMax(), Tasks: lb.GetTasks(), AllowDomains: lb.GetAllowDomains(), AllowHosts: lb.GetAllowHosts()}}
 	for _, r := range w.Launch {
 		g.Launch[r.Role] = r.Capabilities
 	}
@@ -174,10 +181,16 @@ func (s *Server) caller(ctx context.Context) (authz.Grant, error) {
 
 // allowed checks a launch request against the launcher grant g and
 // returns what is missing from its launch set ("" if nothing).
-func (s *Server) allowed(g authz.Grant, business, project, role string, caps []string) []string {
+func (s *Server) allowed(g authz.Grant, business, project, task, role string, caps []string) []string {
 	var missing []string
 	if business != g.Business || project != g.Project {
 		missing = append(missing, fmt.Sprintf("task of %s/%s (the launcher's is %s/%s)", business, project, g.Business, g.Project))
+	} else if !bounds.TaskAllowed(g.LaunchBounds.Tasks, g.Task, task) {
+		if g.LaunchBounds.Tasks == "" {
+			missing = append(missing, fmt.Sprintf("task %s (the grant launches for its own task %s only: grant --launch-tasks)", task, g.Task))
+		} else {
+			missing = append(missing, fmt.Sprintf("task %s (the grant's --launch-tasks is %s)", task, g.LaunchBounds.Tasks))
+		}
 	}
 	set, ok := g.Launch[role]
 	if !ok {
@@ -240,18 +253,26 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 	if len(caps) == 0 {
 		return record{}, errdefs.InvalidArgument(errdefs.CapabilityInvalid, "a session needs at least one capability (--caps)")
 	}
-	if missing := s.allowed(g, business, project, r.GetRole(), caps); len(missing) > 0 {
-		return record{}, errdefs.PermissionDenied(errdefs.LaunchNotAllowed, "grant %s may not launch this: %s", g.ID, strings.Join(missing, "; ")).
-			With("missing", strings.Join(missing, "\n"))
-	}
 	if len(r.GetCommand()) == 0 {
 		return record{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "no command: give it after --")
 	}
-	limits, runFlags, err := limitFlags(r)
+	peer, ok := sock.PeerFromContext(ctx)
+	if !ok {
+		return record{}, errdefs.PermissionDenied(errdefs.LaunchNotAllowed, "no peer credentials on this connection")
+	}
+	from, err := s.callerSession(peer)
 	if err != nil {
 		return record{}, err
 	}
-	peer, _ := sock.PeerFromContext(ctx)
+	set, over, err := s.settle(g, r, from)
+	if err != nil {
+		return record{}, err
+	}
+	if missing := append(s.allowed(g, business, project, r.GetTask(), r.GetRole(), caps), over...); len(missing) > 0 {
+		return record{}, errdefs.PermissionDenied(errdefs.LaunchNotAllowed, "grant %s may not launch this: %s", g.ID, strings.Join(missing, "; ")).
+			With("missing", strings.Join(missing, "\n"))
+	}
+	limits, runFlags := set.limits.Strings(), set.runFlags()
 	if ws := r.GetWorkspace(); ws != "" {
 		if err := checkWorkspace(ws, peer); err != nil {
 			return record{}, err
@@ -260,7 +281,7 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 
 	id := randomID()
 	l := &live{rec: record{ID: id, Business: business, Project: project, Task: r.GetTask(), Role: r.GetRole(), Caps: caps,
-		Launcher: g.ID, Command: r.GetCommand(), Limits: limits, State: StateStarting, Exit: -1},
+		Launcher: g.ID, Command: r.GetCommand(), Limits: limits, Net: set.net, State: StateStarting, Exit: -1},
 		dir: filepath.Join(s.sessionsDir(), id), done: make(chan struct{}), exited: make(chan struct{})}
 	// The slot is taken before anything is made, so that concurrent
 	// launches cannot pass the limits together.
@@ -304,51 +325,18 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 	}
 	rec := l.snapshot()
 	data := map[string]any{"session_id": id, "launcher_grant_id": g.ID, "grant_id": rec.GrantID, "role": rec.Role, "capabilities": caps,
-		"uid": rec.UID, "limits": limits, "pid": rec.PID}
+		"uid": rec.UID, "limits": limits, "net": set.net, "pid": rec.PID}
+	if set.net == sandbox.NetProxy {
+		data["allow_domains"], data["allow_hosts"] = set.domains, set.hosts
+	}
+	if from != nil {
+		data["launched_from_pid"] = from.PID
+	}
 	if err := s.record(rec, "session.launched", data); err != nil {
 		s.logf("record session.launched of %s: %v", id, err)
 	}
 	go s.watch(l)
 	return rec, nil
-}
-
-// limitFlags turns a request's limits into sandbox run flags, checked
-// here so that a bad value refuses the launch instead of failing the
-// session.
-func limitFlags(r *launchv1.LaunchRequest) (map[string]string, []string, error) {
-	m := map[string]string{}
-	var flags []string
-	net := r.GetNet()
-	if net == "" {
-		net = sandbox.NetNone
-	}
-	if net != sandbox.NetNone && net != sandbox.NetProxy && net != sandbox.NetHost {
-		return nil, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--net=%q: want none, proxy or host", net)
-	}
-	m["net"] = net
-	flags = append(flags, "--net="+net)
-	if v := r.GetMemory(); v != "" {
-		if _, err := size.Parse(v); err != nil {
-			return nil, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--memory %q: %v", v, err)
-		}
-		m["memory"] = v
-		flags = append(flags, "--memory", v)
-	}
-	if v := r.GetPids(); v != 0 {
-		if v < 0 {
-			return nil, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--pids %d: want a positive number", v)
-		}
-		m["pids"] = strconv.FormatInt(v, 10)
-		flags = append(flags, "--pids", m["pids"])
-	}
-	if v := r.GetTimeoutSeconds(); v != 0 {
-		if v < 0 {
-			return nil, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--timeout: want a positive duration")
-		}
-		m["timeout"] = (time.Duration(v) * time.Second).String()
-		flags = append(flags, "--timeout", m["timeout"])
-	}
-	return m, flags, nil
 }
 
 // checkWorkspace accepts a directory (not a link) owned by the caller:
@@ -378,9 +366,13 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws string, r
 	cg := &brokerv1.CreateGrantRequest{Business: rec.Business, Project: rec.Project, Task: rec.Task, Role: rec.Role,
 		Capabilities: rec.Caps, LaunchedBy: g.ID}
 	if slices.Contains(rec.Caps, authz.CapSessionLaunch) {
-		// A session allowed to launch may launch what its launcher may.
+		// A session allowed to launch may launch what its launcher may
+		// (and, being a session, no more than it has itself).
 		for role, caps := range g.Launch {
 			cg.Launch = append(cg.Launch, &brokerv1.LaunchRole{Role: role, Capabilities: caps})
+		}
+		if lb := g.LaunchBounds; !lb.IsZero() {
+			cg.LaunchBounds = &brokerv1.LaunchBounds{Net: lb.Nets, Max: lb.Max, Tasks: lb.Tasks, AllowDomains: lb.AllowDomains, AllowHosts: lb.AllowHosts}
 		}
 	}
 	ig, err := s.bc.CreateGrant(withToken(ctx, s.admin), cg)
@@ -488,8 +480,14 @@ func (s *Server) learnUID(l *live) {
 	for time.Now().Before(deadline) {
 		if child, uid, ok := childOf(l.rec.PID); ok && uid > 0 {
 			st, _ := startTime(child)
+			// Its cgroup, as its sandbox run recorded it before starting
+			// bwrap: removed by the launcher if that run dies first.
+			var cg []string
+			if b, err := sandbox.ReadSessionBounds(s.stateDir(), uint32(uid)); err == nil && b != nil && b.PID == l.rec.PID {
+				cg = b.Cgroup
+			}
 			l.mu.Lock()
-			l.rec.UID, l.rec.BwrapPID, l.rec.BwrapStart = uid, child, st
+			l.rec.UID, l.rec.BwrapPID, l.rec.BwrapStart, l.rec.Cgroup = uid, child, st, cg
 			l.mu.Unlock()
 			return
 		}
@@ -531,9 +529,40 @@ func (s *Server) watch(l *live) {
 	s.finish(l, status, ok)
 }
 
-// finish marks the session ended (exited with status, or lost), records
-// session.ended once, and reclaims its run directory (its token copy
-// goes with it); the uid is reclaimed by the next sandbox run given it.
+// revoke revokes the session's grant, once: a grant ends with its
+// session, so that a token the session let out is refused from then on
+// (GRANT_REVOKED). A broker that cannot be reached is tried a few times;
+// the record keeps Revoked false for the next start to try again.
+func (s *Server) revoke(l *live) {
+	rec := l.snapshot()
+	if rec.Revoked || rec.GrantID == "" {
+		return
+	}
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := s.bc.RevokeGrant(withToken(ctx, s.admin), &brokerv1.RevokeGrantRequest{GrantId: rec.GrantID})
+		cancel()
+		if err == nil || errdefs.ReasonOf(errdefs.FromGRPC(err)) == errdefs.GrantNotFound {
+			l.mu.Lock()
+			l.rec.Revoked = true
+			if err := l.rec.save(l.dir); err != nil {
+				s.logf("save the record of session %s: %v", rec.ID, err)
+			}
+			l.mu.Unlock()
+			return
+		}
+		s.logf("revoke grant %s of session %s: %v", rec.GrantID, rec.ID, err)
+		if attempt == 4 {
+			return
+		}
+		time.Sleep(time.Duration(attempt+1) * time.Second)
+	}
+}
+
+// finish marks the session ended (exited with status, or lost), revokes
+// its grant, records session.ended once, and reclaims its run directory
+// (its token copy goes with it); the uid is reclaimed by the next sandbox
+// run given it.
 func (s *Server) finish(l *live, status int, known bool) {
 	l.mu.Lock()
 	if l.rec.Ended.IsZero() {
@@ -546,6 +575,13 @@ func (s *Server) finish(l *live, status int, known bool) {
 	rec := l.rec
 	_ = l.rec.save(l.dir)
 	l.mu.Unlock()
+	// First of all: the grant ends with the session.
+	s.revoke(l)
+	if !alive(rec.BwrapPID, rec.BwrapStart) {
+		// A sandbox run killed before it could remove its cgroup leaves
+		// it: gone with the session, it is removed here.
+		sandbox.RemoveCgroups(rec.Cgroup)
+	}
 	data := map[string]any{"session_id": rec.ID, "grant_id": rec.GrantID, "state": rec.State, "exit": rec.Exit,
 		"duration_seconds": rec.Ended.Sub(rec.Started).Seconds()}
 	if known && status > 128 {
@@ -602,7 +638,11 @@ func (s *Server) adopt() {
 		l := &live{rec: *rec, dir: dir, done: make(chan struct{}), exited: make(chan struct{})}
 		s.sessions[rec.ID] = l
 		if rec.Recorded {
-			close(l.done)
+			// Ended and recorded; its grant may not have been revoked yet.
+			go func() {
+				s.revoke(l)
+				close(l.done)
+			}()
 			continue
 		}
 		if rec.State == StateRunning {
@@ -791,7 +831,8 @@ func (s *Server) Logs(ctx context.Context, r *launchv1.LogsRequest) (*launchv1.L
 
 func sessionProto(r record) *launchv1.Session {
 	p := &launchv1.Session{Id: r.ID, Business: r.Business, Project: r.Project, Task: r.Task, Role: r.Role, Capabilities: r.Caps,
-		GrantId: r.GrantID, LauncherGrantId: r.Launcher, Uid: int64(r.UID), State: r.State, Exit: int32(r.Exit), Command: r.Command}
+		GrantId: r.GrantID, LauncherGrantId: r.Launcher, Uid: int64(r.UID), State: r.State, Exit: int32(r.Exit), Command: r.Command,
+		Net: r.Net, Limits: r.Limits}
 	if !r.Started.IsZero() {
 		p.Started = r.Started.Format(time.RFC3339)
 	}

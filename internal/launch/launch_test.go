@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"maps"
 	"os"
 	"os/exec"
 	"strings"
@@ -8,6 +9,8 @@ import (
 
 	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/bounds"
+	"github.com/bushost/bushost/internal/sandbox"
 )
 
 func TestAllowed(t *testing.T) {
@@ -26,6 +29,7 @@ func TestAllowed(t *testing.T) {
 		{"role outside", 0, 1, "acme", "web", "reviewer", []string{"review.verdict"}, []string{"role reviewer"}},
 		{"capability outside", 0, 1, "acme", "web", "worker", []string{"task.close"}, []string{"capability task.close"}},
 		{"another project", 0, 1, "acme", "api", "worker", []string{"git.push.working"}, []string{"task of acme/api"}},
+		{"another task", 0, 1, "acme", "web", "worker", []string{"git.push.working"}, []string{"task t2 (the grant launches for its own task t1 only"}},
 		{"session.launch at depth 1 of 1", 0, 1, "acme", "web", "sub", []string{"session.launch"}, []string{"launch depth 1"}},
 		{"session.launch at depth 1 of 2", 0, 2, "acme", "web", "sub", []string{"session.launch"}, nil},
 		{"session.launch at depth 2 of 2", 1, 2, "acme", "web", "sub", []string{"session.launch"}, []string{"launch depth 2"}},
@@ -34,7 +38,11 @@ func TestAllowed(t *testing.T) {
 			s := &Server{o: Options{MaxDepth: c.maxDepth}}
 			g := lead
 			g.LaunchDepth = c.depth
-			got := s.allowed(g, c.business, c.project, c.role, c.caps)
+			task := "t1"
+			if c.name == "another task" {
+				task = "t2"
+			}
+			got := s.allowed(g, c.business, c.project, task, c.role, c.caps)
 			if len(got) != len(c.missing) {
 				t.Fatalf("missing %q, want %q", got, c.missing)
 			}
@@ -47,14 +55,68 @@ func TestAllowed(t *testing.T) {
 	}
 }
 
-func TestLimitFlags(t *testing.T) {
-	m, flags, err := limitFlags(&launchv1.LaunchRequest{Net: "proxy", Memory: "512M", Pids: 64, TimeoutSeconds: 90})
-	if err != nil || m["net"] != "proxy" || strings.Join(flags, " ") != "--net=proxy --memory 512M --pids 64 --timeout 1m30s" {
-		t.Fatalf("limitFlags = %v %q %v", m, flags, err)
+// TestSettle: a launch gets at most what its grant allows and what the
+// calling session has; what it names nothing of gets the host's default,
+// bounded the same way; everything over is listed.
+func TestSettle(t *testing.T) {
+	s := &Server{o: Options{Defaults: bounds.Values{"memory": 2 << 30, "pids": 512, "timeout": 7200}}}
+	grant := authz.Grant{ID: "g-lead", LaunchBounds: bounds.Launch{Nets: []string{"none", "proxy"}, Max: map[string]string{"memory": "1G", "pids": "256"},
+		AllowDomains: []string{"*.example.com"}, AllowHosts: []string{"db:5432"}}}
+	lead := &sandbox.SessionBounds{Net: "proxy", AllowDomains: []string{"api.example.com"}, Limits: map[string]string{"pids": "40", "memory": "256M"},
+		Cgroup: []string{"/sys/fs/cgroup/pids/bushost-sandbox-1"}, PID: 42, Start: 7}
+	for _, c := range []struct {
+		name    string
+		from    *sandbox.SessionBounds
+		req     *launchv1.LaunchRequest
+		limits  map[string]string
+		missing []string
+	}{
+		{"defaults under the grant's ceilings", nil, &launchv1.LaunchRequest{},
+			map[string]string{"memory": "1G", "pids": "256", "timeout": "2h0m0s"}, nil},
+		{"asked within", nil, &launchv1.LaunchRequest{Limits: map[string]string{"memory": "512M", "nofile": "64"}, Pids: 100},
+			map[string]string{"memory": "512M", "pids": "100", "nofile": "64", "timeout": "2h0m0s"}, nil},
+		{"over the ceilings and the default", nil, &launchv1.LaunchRequest{Net: "host", Limits: map[string]string{"memory": "2G", "timeout": "3h"}},
+			nil, []string{"--net=host (the grant's launch set allows none,proxy", "--memory 2G (above the grant's --launch-max-memory 1G)", "--timeout 3h0m0s (above sandbox serve --default-timeout"}},
+		{"from a lead session", lead, &launchv1.LaunchRequest{Net: "proxy", AllowDomains: []string{"api.example.com"}},
+			map[string]string{"memory": "256M", "pids": "40", "timeout": "2h0m0s"}, nil},
+		{"over the lead's own", lead, &launchv1.LaunchRequest{Net: "proxy", Pids: 100, AllowDomains: []string{"www.example.com"}, AllowHosts: []string{"db:5432", "cache:6379"}},
+			nil, []string{"--allow-domain www.example.com (not in the calling session's", "--allow-host db:5432 (not in the calling session's", "--allow-host cache:6379 (not in the grant's", "--allow-host cache:6379 (not in the calling session's", "--pids 100 (above the calling session's own 40)"}},
+		{"a none lead", &sandbox.SessionBounds{Net: "none"}, &launchv1.LaunchRequest{Net: "proxy"}, nil, []string{"--net=proxy (the calling session has --net=none)"}},
+		{"a proxy lead, no allow-list asked", &sandbox.SessionBounds{Net: "proxy", AllowDomains: []string{"api.example.com", "example.org"}, AllowHosts: []string{"db:5432"},
+			Cgroup: []string{"/sys/fs/cgroup/pids/bushost-sandbox-1"}, PID: 42, Start: 7},
+			&launchv1.LaunchRequest{Net: "proxy"}, nil, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, missing, err := s.settle(grant, c.req, c.from)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(missing) != len(c.missing) {
+				t.Fatalf("missing %q, want %q", missing, c.missing)
+			}
+			for i := range missing {
+				if !strings.Contains(missing[i], c.missing[i]) {
+					t.Errorf("missing[%d] = %q, want %q", i, missing[i], c.missing[i])
+				}
+			}
+			if c.limits != nil && !maps.Equal(got.limits.Strings(), c.limits) {
+				t.Errorf("limits %v, want %v", got.limits.Strings(), c.limits)
+			}
+			if c.name == "a proxy lead, no allow-list asked" && (strings.Join(got.domains, ",") != "api.example.com" || strings.Join(got.hosts, ",") != "db:5432") {
+				t.Errorf("allow-list %v %v, want the lead's the grant covers", got.domains, got.hosts)
+			}
+			if c.from != nil && len(missing) == 0 {
+				flags := strings.Join(got.runFlags(), " ")
+				if !strings.Contains(flags, "--cgroup-parent /sys/fs/cgroup/pids/bushost-sandbox-1") || !strings.Contains(flags, "--end-with 42:7") {
+					t.Errorf("run flags %q do not nest the session in its launcher's", flags)
+				}
+			}
+		})
 	}
-	for _, r := range []*launchv1.LaunchRequest{{Net: "everything"}, {Memory: "lots"}, {Pids: -1}, {TimeoutSeconds: -5}} {
-		if _, _, err := limitFlags(r); err == nil {
-			t.Errorf("limitFlags(%v) accepted", r)
+	for _, r := range []*launchv1.LaunchRequest{{Net: "everything"}, {Limits: map[string]string{"memory": "lots"}}, {Limits: map[string]string{"disk": "1G"}},
+		{Pids: -1}, {Memory: "1G", Limits: map[string]string{"memory": "2G"}}, {Net: "none", AllowDomains: []string{"x.org"}}} {
+		if _, _, err := s.settle(grant, r, nil); err == nil {
+			t.Errorf("settle(%v) accepted", r)
 		}
 	}
 }

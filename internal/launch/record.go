@@ -46,6 +46,7 @@ type record struct {
 	Launcher                string            `json:"launcher_grant_id"`
 	Command                 []string          `json:"command"`
 	Limits                  map[string]string `json:"limits,omitempty"`
+	Net                     string            `json:"net,omitempty"`
 	PID                     int               `json:"pid"`
 	// StartTime is field 22 of /proc/PID/stat: with the pid, it names the
 	// process and never a later one given the same pid.
@@ -55,6 +56,9 @@ type record struct {
 	// killed sandbox keep (and the session with it).
 	BwrapPID   int    `json:"bwrap_pid,omitempty"`
 	BwrapStart uint64 `json:"bwrap_start,omitempty"`
+	// Cgroup are the directories of its cgroup, as its sandbox run
+	// recorded them.
+	Cgroup []string `json:"cgroup,omitempty"`
 	// PeakMemory is the most memory its cgroup used (with --memory).
 	PeakMemory int64     `json:"peak_memory,omitempty"`
 	Started    time.Time `json:"started"`
@@ -63,6 +67,9 @@ type record struct {
 	Exit       int       `json:"exit"`
 	// Recorded is true once session.ended is in the log.
 	Recorded bool `json:"recorded"`
+	// Revoked is true once the session's grant is revoked: a grant ends
+	// with its session.
+	Revoked bool `json:"revoked"`
 }
 
 func (r *record) fill() { r.Business, r.Project, r.Task = r.Scope[0], r.Scope[1], r.Scope[2] }
@@ -148,6 +155,27 @@ func procStat(pid int) (byte, uint64, error) {
 	return f[0][0], st, err
 }
 
+// procUIDs reads the parent pid and the real uid of pid from
+// /proc/PID/status.
+func procUIDs(pid int) (ppid, uid int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, 0, false
+	}
+	ppid, uid = -1, -1
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, found := strings.CutPrefix(line, "PPid:"); found {
+			ppid, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+		if v, found := strings.CutPrefix(line, "Uid:"); found {
+			if f := strings.Fields(v); len(f) > 0 {
+				uid, _ = strconv.Atoi(f[0])
+			}
+		}
+	}
+	return ppid, uid, ppid >= 0 && uid >= 0
+}
+
 // childOf returns a child of pid (bwrap, under `sandbox keep`) and its
 // real uid: the session's uid, since sandbox run starts bwrap as it.
 func childOf(pid int) (child, uid int, ok bool) {
@@ -155,29 +183,12 @@ func childOf(pid int) (child, uid int, ok bool) {
 	if err != nil {
 		return 0, 0, false
 	}
-	want := strconv.Itoa(pid)
 	for _, e := range ents {
 		c, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
-		if err != nil {
-			continue
-		}
-		var ppid string
-		u := -1
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "PPid:"); ok {
-				ppid = strings.TrimSpace(v)
-			}
-			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
-				if f := strings.Fields(v); len(f) > 0 {
-					u, _ = strconv.Atoi(f[0])
-				}
-			}
-		}
-		if ppid == want {
+		if ppid, u, ok := procUIDs(c); ok && ppid == pid {
 			return c, u, true
 		}
 	}

@@ -9,13 +9,15 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc"
 
 	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
+	"github.com/bushost/bushost/internal/bounds"
+	"github.com/bushost/bushost/internal/sandbox"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -33,8 +35,34 @@ func ServeFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.UIDRange, "uid-range", "", "passed to sandbox run: the range sessions' uids come from")
 	fs.StringVar(&o.StateDir, "state-dir", "", "passed to sandbox run: where uid leases are kept")
 	fs.DurationVar(&o.StopGrace, "stop-grace", 10*time.Second, "session stop: how long after SIGTERM before SIGKILL")
+	defaults := map[string]*string{}
+	for _, l := range bounds.Limits {
+		defaults[l.Name] = fs.String("default-"+l.Name, l.Default, fmt.Sprintf("the --%s a launch naming none gets, and the ceiling of a grant that names none (--launch-max-%s): %s; 'none' for no default", l.Name, l.Name, l.Help))
+	}
+	o.Sock = DefaultSockLimits()
+	o.Sock.addFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	o.Defaults = bounds.Values{}
+	for name, v := range defaults {
+		if *v == "none" || *v == "" {
+			continue
+		}
+		l, _ := bounds.Lookup(name)
+		n, err := l.Parse(*v)
+		if err != nil {
+			return nil, fmt.Errorf("--default-%s: %v", name, err)
+		}
+		o.Defaults[name] = n
+	}
+	if err := o.Sock.check(); err != nil {
+		return nil, err
+	}
+	if o.UIDRange != "" {
+		if _, _, err := sandbox.ParseUIDRange(o.UIDRange); err != nil {
+			return nil, err
+		}
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -78,6 +106,11 @@ func serve(o *Options, stderr io.Writer) error {
 		return errors.New("must run as root: it gives each session a uid of its own")
 	}
 	o.Log = stderr
+	// The defaults are given to every launch naming none: a host that
+	// cannot apply them would start sessions that are refused at once.
+	if err := sandbox.ProbeCgroup(sandbox.LimitsOf(o.Defaults)); err != nil {
+		return fmt.Errorf("the default limits cannot be applied on this host (%v): give sandbox serve --default-memory none --default-pids none --default-cpu none, or make a cgroup available", err)
+	}
 	if err := os.MkdirAll(o.Home, 0o700); err != nil {
 		return err
 	}
@@ -108,7 +141,11 @@ func serve(o *Options, stderr io.Writer) error {
 			return err
 		}
 	}
-	srv := grpc.NewServer(grpc.Creds(sock.PeerCred{}))
+	srv, adm := newServer(o.Sock, s.admin)
+	l = adm.Listener(l)
+	// The launcher's own memory: what the socket's bounds let callers
+	// make it hold, as a soft limit the collector keeps to.
+	debug.SetMemoryLimit(o.Sock.Budget() * 5 / 4)
 	launchv1.RegisterLaunchServiceServer(srv, s)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

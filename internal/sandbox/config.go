@@ -88,7 +88,14 @@ type Config struct {
 	// StateDir holds its lock files (started as root without --user).
 	UIDLow, UIDHigh uint32
 	StateDir        string
-	Command         []string
+	// CgroupParents are the cgroup directories of the session that
+	// launched this one (sandbox serve passes them): this session's
+	// cgroup nests in them, so their limits hold both together.
+	CgroupParents []string
+	// EndWith is PID:STARTTIME of the launching session's sandbox run:
+	// this session ends when that process does.
+	EndWith string
+	Command []string
 }
 
 // HasCap reports whether the role holds capability c.
@@ -114,7 +121,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs := flag.NewFlagSet("sandbox "+verb, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var caps string
-	var ro, env, domains, hosts listFlag
+	var ro, env, domains, hosts, cgroupParents listFlag
 	c.Net = NetNone
 	fs.StringVar(&c.RunDir, "run-dir", "", "the run directory (session.json, bundle/, home/, tmp/)")
 	fs.StringVar(&c.Workspace, "workspace", "", "the workspace the session works in (read-write)")
@@ -145,6 +152,8 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.Uint64Var(&c.Limits.NoFile, "nofile", 0, "RLIMIT_NOFILE: the most open files per session process")
 	fs.Var(size.Value{P: &c.Limits.FSize}, "fsize", "RLIMIT_FSIZE: the largest file a session process may write (64M, 1G)")
 	fs.DurationVar(&c.Limits.Timeout, "timeout", 0, "end the session after this long (SIGTERM, SIGKILL 5s later); run exits 124")
+	fs.Var(&cgroupParents, "cgroup-parent", "a cgroup directory (of the session that launched this one) this session's cgroup nests in, one per cgroup v1 controller; set by sandbox serve (repeatable)")
+	fs.StringVar(&c.EndWith, "end-with", "", "PID:STARTTIME of a process (the launching session's sandbox run): end this session when it ends; set by sandbox serve")
 	fs.BoolVar(&c.FreshHome, "fresh-home", false, "empty the run directory's home/ before the launch (default: refuse a HOME that is not empty)")
 	if verb == "explain" {
 		fs.BoolVar(&c.JSON, "json", false, "print the plan as JSON")
@@ -152,7 +161,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	c.RO, c.Env, c.AllowDomains, c.AllowHosts = ro, env, domains, hosts
+	c.RO, c.Env, c.AllowDomains, c.AllowHosts, c.CgroupParents = ro, env, domains, hosts, cgroupParents
 	if c.Net != NetProxy && (len(domains) > 0 || len(hosts) > 0 || c.ResolveFile != "" || c.AuditTokenFile != "") {
 		return nil, fmt.Errorf("%w: --allow-domain, --allow-host, --resolve-file and --audit-token-file need --net=proxy", ErrUsage)
 	}

@@ -130,7 +130,14 @@ var cgroupRoot = "/sys/fs/cgroup"
 // hierarchies of those controllers, each under the launcher's own cgroup
 // there, when they are mounted writable. A limit that cannot be applied is
 // a refusal that says why, never a session without it.
-func newCgroup(l Limits) (*cgroup, error) {
+//
+// parents (--cgroup-parent) are the cgroup v1 directories of the session
+// that launched this one: the cgroup of each of their controllers is made
+// in them instead, so that the launching session's limits hold both
+// sessions together; every controller a parent has is needed, limit or
+// not. Nesting in a cgroup v2 session is refused (its cgroup holds
+// processes, so it can hand no controller down).
+func newCgroup(l Limits, parents []string) (*cgroup, error) {
 	var need []string
 	if l.Memory > 0 {
 		need = append(need, "memory")
@@ -140,6 +147,17 @@ func newCgroup(l Limits) (*cgroup, error) {
 	}
 	if l.CPU > 0 {
 		need = append(need, "cpu")
+	}
+	under := map[string]string{}
+	for _, p := range parents {
+		ctrl, err := parentController(p)
+		if err != nil {
+			return nil, refuse(ReasonLimitUnavailable, exitRefused, "--cgroup-parent %s: %v", p, err)
+		}
+		under[ctrl] = p
+		if !slices.Contains(need, ctrl) {
+			need = append(need, ctrl)
+		}
 	}
 	if len(need) == 0 {
 		return nil, nil
@@ -152,7 +170,9 @@ func newCgroup(l Limits) (*cgroup, error) {
 	_, _ = rand.Read(b[:])
 	name := "bushost-sandbox-" + hex.EncodeToString(b[:])
 	var why []string
-	if dir, err := v2Parent(own[""], need); err == nil {
+	if len(under) > 0 {
+		why = append(why, "cgroup v2: not used, the launching session's cgroup is v1")
+	} else if dir, err := v2Parent(own[""], need); err == nil {
 		c := &cgroup{v2: true, dirs: []string{filepath.Join(dir, name)}}
 		if err := c.make(l); err == nil {
 			return c, nil
@@ -169,6 +189,10 @@ func newCgroup(l Limits) (*cgroup, error) {
 		if !ok || !isCgroupV1(mount) {
 			why = append(why, fmt.Sprintf("cgroup v1: no %s hierarchy mounted at %s", ctrl, mount))
 			return nil, refuse(ReasonLimitUnavailable, exitRefused, "cannot apply --%s here: %s", ctrl, strings.Join(why, "; "))
+		}
+		if p, ok := under[ctrl]; ok {
+			c.dirs = append(c.dirs, filepath.Join(p, name))
+			continue
 		}
 		c.dirs = append(c.dirs, filepath.Join(mount, path, name))
 	}
@@ -207,16 +231,18 @@ func (c *cgroup) make(l Limits) error {
 	} else {
 		for _, d := range c.dirs {
 			switch {
-			case strings.HasPrefix(d, filepath.Join(cgroupRoot, "memory")+"/"):
+			// A controller the session is only nested in (--cgroup-parent)
+			// gets no limit of its own: its parent's holds.
+			case strings.HasPrefix(d, filepath.Join(cgroupRoot, "memory")+"/") && l.Memory > 0:
 				v := strconv.FormatInt(l.Memory, 10)
 				writes = append(writes, [2]string{filepath.Join(d, "memory.limit_in_bytes"), v})
 				if _, err := os.Stat(filepath.Join(d, "memory.memsw.limit_in_bytes")); err == nil {
 					// Memory and swap together: the session cannot swap its way past the limit.
 					writes = append(writes, [2]string{filepath.Join(d, "memory.memsw.limit_in_bytes"), v})
 				}
-			case strings.HasPrefix(d, filepath.Join(cgroupRoot, "pids")+"/"):
+			case strings.HasPrefix(d, filepath.Join(cgroupRoot, "pids")+"/") && l.Pids > 0:
 				writes = append(writes, [2]string{filepath.Join(d, "pids.max"), strconv.Itoa(l.Pids)})
-			case strings.HasPrefix(d, filepath.Join(cgroupRoot, "cpu")+"/"):
+			case strings.HasPrefix(d, filepath.Join(cgroupRoot, "cpu")+"/") && l.CPU > 0:
 				writes = append(writes, [2]string{filepath.Join(d, "cpu.cfs_period_us"), strconv.Itoa(period)},
 					[2]string{filepath.Join(d, "cpu.cfs_quota_us"), quota})
 			}
@@ -262,18 +288,76 @@ func (c *cgroup) peakMemory() int64 {
 	return 0
 }
 
-// remove deletes the cgroup's directories once the session is gone; a
-// directory whose last task is still being torn down is tried again for a
-// while.
+// parentController checks a --cgroup-parent: an existing directory (not
+// a link) of a cgroup v1 hierarchy under cgroupRoot, made by a sandbox
+// run; it returns the hierarchy's controller.
+func parentController(p string) (string, error) {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return "", errors.New("want a clean absolute path")
+	}
+	rel, err := filepath.Rel(cgroupRoot, p)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return "", fmt.Errorf("not under %s", cgroupRoot)
+	}
+	ctrl, _, _ := strings.Cut(rel, "/")
+	if !slices.Contains([]string{"memory", "pids", "cpu"}, ctrl) || !isCgroupV1(filepath.Join(cgroupRoot, ctrl)) {
+		return "", fmt.Errorf("not in a cgroup v1 memory, pids or cpu hierarchy (cgroup v2 sessions cannot be nested in)")
+	}
+	if !strings.HasPrefix(filepath.Base(p), "bushost-sandbox-") {
+		return "", errors.New("not a session's cgroup (bushost-sandbox-*)")
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return "", errors.New("no such cgroup directory: the launching session has ended")
+	}
+	return ctrl, nil
+}
+
+// killNested ends every session nested in cgroup directory d (the
+// sessions it launched): SIGKILL to each process in d's child cgroups,
+// then their directories are removed, deepest first, once empty. A nested
+// session ends with the one that launched it.
+func killNested(d string) {
+	ents, err := os.ReadDir(d)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		child := filepath.Join(d, e.Name())
+		killNested(child)
+		if b, err := os.ReadFile(filepath.Join(child, "cgroup.procs")); err == nil {
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		rmdirWhenEmpty(child)
+	}
+}
+
+// rmdirWhenEmpty removes cgroup directory d, trying again for a while as
+// its last tasks are torn down; gone already is done.
+func rmdirWhenEmpty(d string) {
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		err := unix.Rmdir(d)
+		if err == nil || errors.Is(err, unix.ENOENT) || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// remove deletes the cgroup's directories once the session is gone,
+// ending first the sessions nested in it; a directory whose last task is
+// still being torn down is tried again for a while.
 func (c *cgroup) remove() {
 	for _, d := range c.dirs {
-		for deadline := time.Now().Add(5 * time.Second); ; {
-			err := unix.Rmdir(d)
-			if err == nil || errors.Is(err, unix.ENOENT) || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		killNested(d)
+		rmdirWhenEmpty(d)
 	}
 }
 

@@ -3,20 +3,21 @@ package sandbox
 import (
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/bushost/bushost/internal/bounds"
 )
 
 // The session's network, as --net names it.
 const (
 	// NetNone: a network namespace of its own with only a loopback.
-	NetNone = "none"
+	NetNone = bounds.NetNone
 	// NetProxy: NetNone, plus a relay on the loopback to the egress proxy
 	// outside, which enforces the allow-list.
-	NetProxy = "proxy"
+	NetProxy = bounds.NetProxy
 	// NetHost: the host's network namespace, all of it.
-	NetHost = "host"
+	NetHost = bounds.NetHost
 )
 
 // relayAddr is where a proxy session's programs reach the egress proxy:
@@ -61,36 +62,12 @@ func (f netFlag) Set(v string) error {
 	return nil
 }
 
-// checkDomainPattern accepts "api.example.com" and "*.example.com".
-func checkDomainPattern(p string) error {
-	name := strings.TrimPrefix(p, "*.")
-	if name == "" || len(name) > 253 || strings.Contains(name, "*") || strings.HasPrefix(name, ".") || strings.HasSuffix(name, ".") {
-		return fmt.Errorf("--allow-domain %q: want a name (api.example.com) or *.NAME (*.example.com)", p)
-	}
-	for _, label := range strings.Split(name, ".") {
-		if label == "" || len(label) > 63 {
-			return fmt.Errorf("--allow-domain %q: empty or over-long label", p)
-		}
-		for _, r := range label {
-			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
-				return fmt.Errorf("--allow-domain %q: %q is not a letter, digit, '-' or '_'", p, r)
-			}
-		}
-	}
-	return nil
-}
-
-// checkHostPort accepts HOST:PORT with a port from 1 to 65535.
-func checkHostPort(s string) error {
-	host, port, err := net.SplitHostPort(s)
-	if err != nil || host == "" {
-		return fmt.Errorf("--allow-host %q: want HOST:PORT ([::1]:443 for IPv6)", s)
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("--allow-host %q: port must be 1 to 65535", s)
-	}
-	return nil
-}
+// checkDomainPattern and checkHostPort are the launch set's checks: a
+// grant's allow-list and a session's are read the same way.
+var (
+	checkDomainPattern = bounds.CheckDomainPattern
+	checkHostPort      = bounds.CheckHostPort
+)
 
 // domainAllowed reports which pattern allows name, or "".
 func domainAllowed(patterns []string, name string) string {

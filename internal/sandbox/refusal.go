@@ -18,13 +18,14 @@ func (r *Refusal) Error() string { return r.Message }
 
 // The reasons the sandbox gives, each equal to its errdefs constant.
 const (
-	ReasonArgumentInvalid      = "ARGUMENT_INVALID"
-	ReasonRunDirNotEmpty       = "RUN_DIR_NOT_EMPTY"
-	ReasonLimitUnavailable     = "LIMIT_UNAVAILABLE"
-	ReasonAbstractScopeMissing = "ABSTRACT_SCOPE_MISSING"
-	ReasonSessionUIDsExhausted = "SESSION_UIDS_EXHAUSTED"
-	ReasonEgressDenied         = "EGRESS_DENIED"
-	ReasonEgressConnections    = "EGRESS_CONNECTIONS_EXHAUSTED"
+	ReasonArgumentInvalid       = "ARGUMENT_INVALID"
+	ReasonRunDirNotEmpty        = "RUN_DIR_NOT_EMPTY"
+	ReasonLimitUnavailable      = "LIMIT_UNAVAILABLE"
+	ReasonAbstractScopeMissing  = "ABSTRACT_SCOPE_MISSING"
+	ReasonSessionUIDsExhausted  = "SESSION_UIDS_EXHAUSTED"
+	ReasonEgressDenied          = "EGRESS_DENIED"
+	ReasonEgressConnections     = "EGRESS_CONNECTIONS_EXHAUSTED"
+	ReasonLaunchingSessionEnded = "LAUNCHING_SESSION_ENDED"
 )
 
 // Exit statuses of the classes docs/errors.md lists.

@@ -10,13 +10,14 @@ import (
 // project's vocabulary, which the sandbox does not import.
 func TestReasonsAreErrdefs(t *testing.T) {
 	for got, want := range map[string]errdefs.Reason{
-		ReasonArgumentInvalid:      errdefs.ArgumentInvalid,
-		ReasonRunDirNotEmpty:       errdefs.RunDirNotEmpty,
-		ReasonLimitUnavailable:     errdefs.LimitUnavailable,
-		ReasonAbstractScopeMissing: errdefs.AbstractScopeMissing,
-		ReasonSessionUIDsExhausted: errdefs.SessionUIDsExhausted,
-		ReasonEgressDenied:         errdefs.EgressDenied,
-		ReasonEgressConnections:    errdefs.EgressConnections,
+		ReasonArgumentInvalid:       errdefs.ArgumentInvalid,
+		ReasonRunDirNotEmpty:        errdefs.RunDirNotEmpty,
+		ReasonLimitUnavailable:      errdefs.LimitUnavailable,
+		ReasonAbstractScopeMissing:  errdefs.AbstractScopeMissing,
+		ReasonSessionUIDsExhausted:  errdefs.SessionUIDsExhausted,
+		ReasonEgressDenied:          errdefs.EgressDenied,
+		ReasonEgressConnections:     errdefs.EgressConnections,
+		ReasonLaunchingSessionEnded: errdefs.LaunchingSessionEnded,
 	} {
 		if got != string(want) {
 			t.Errorf("sandbox reason %q, errdefs says %q", got, want)

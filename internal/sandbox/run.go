@@ -41,11 +41,13 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
+	var held *lease
 	if p.User.Dynamic {
 		l, err := acquireUID(p.Config.StateDir, p.Config.UIDLow, p.Config.UIDHigh)
 		if err != nil {
 			return 0, err
 		}
+		held = l
 		// Last of all: the session is gone by the time this runs.
 		defer func() {
 			if err := l.release(); err != nil && stderr != nil {
@@ -120,12 +122,34 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	limits := p.Config.Limits
 	// The cgroup is made, with its limits, before anything starts; a limit
 	// that cannot be applied refuses the launch.
-	cg, err := newCgroup(limits)
+	cg, err := newCgroup(limits, p.Config.CgroupParents)
 	if err != nil {
 		return 0, err
 	}
 	if cg != nil {
 		defer cg.remove()
+	}
+	// A session launched from inside another ends when that one does.
+	var leadGone <-chan struct{}
+	if p.Config.EndWith != "" {
+		fd, err := endWith(p.Config.EndWith)
+		if err != nil {
+			return 0, err
+		}
+		defer unix.Close(fd)
+		leadGone = waitGone(fd)
+	}
+	if held != nil {
+		// What the session is given, for sandbox serve to bound the
+		// sessions it launches by; written before anything of it runs.
+		b, err := p.sessionBounds(cg)
+		if err == nil {
+			held.rec.Session = b
+			err = held.save()
+		}
+		if err != nil {
+			return 0, fmt.Errorf("record the session's bounds: %w", err)
+		}
 	}
 	var eg *egressProxy
 	if p.Config.Net == NetProxy {
@@ -247,6 +271,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 			kill = time.After(timeoutGrace)
 		case <-kill:
 			kill = nil
+			s.kill(bwrapPid)
+		case <-leadGone:
+			leadGone = nil
 			s.kill(bwrapPid)
 		}
 		if !gated && s.checkReady() && s.pid1 > 0 {

@@ -610,7 +610,7 @@ func TestLimitUnavailable(t *testing.T) {
 	t.Cleanup(func() { cgroupRoot = real })
 	cgroupRoot = t.TempDir()
 	for _, l := range []Limits{{Memory: 64 << 20}, {Pids: 32}, {CPU: 0.5}} {
-		c, err := newCgroup(l)
+		c, err := newCgroup(l, nil)
 		var r *Refusal
 		if c != nil || !errors.As(err, &r) || r.Reason != ReasonLimitUnavailable || !strings.Contains(r.Message, "cgroup v1: no ") || !strings.Contains(r.Message, "cgroup v2: ") {
 			t.Errorf("%+v: %v %v, want a LIMIT_UNAVAILABLE refusal saying what was tried", l, c, err)
@@ -619,8 +619,17 @@ func TestLimitUnavailable(t *testing.T) {
 	if ents, _ := os.ReadDir(cgroupRoot); len(ents) != 0 {
 		t.Errorf("the refusal left %d entries", len(ents))
 	}
-	if c, err := newCgroup(Limits{NoFile: 64, Timeout: time.Second}); c != nil || err != nil {
+	if c, err := newCgroup(Limits{NoFile: 64, Timeout: time.Second}, nil); c != nil || err != nil {
 		t.Errorf("rlimits and a timeout need no cgroup: %v %v", c, err)
+	}
+	// A parent that is not a session's cgroup v1 directory is refused,
+	// never made or nested in.
+	for _, parent := range []string{"/etc", filepath.Join(cgroupRoot, "pids", "bushost-sandbox-x"), filepath.Join(cgroupRoot, "pids", "..", "x"), "relative"} {
+		c, err := newCgroup(Limits{Pids: 32}, []string{parent})
+		var r *Refusal
+		if c != nil || !errors.As(err, &r) || r.Reason != ReasonLimitUnavailable || !strings.Contains(r.Message, "--cgroup-parent") {
+			t.Errorf("--cgroup-parent %s: %v %v, want a LIMIT_UNAVAILABLE refusal naming it", parent, c, err)
+		}
 	}
 }
 

@@ -42,6 +42,9 @@ type lease struct {
 type leaseRecord struct {
 	UID    uint32   `json:"uid"`
 	Handed []handed `json:"handed"`
+	// Session is what the session was given (SessionBounds), written
+	// before it starts.
+	Session *SessionBounds `json:"session,omitempty"`
 }
 
 // handed is a tree (or one directory or file) given to the session's uid:

@@ -317,7 +317,9 @@ type CreateGrantRequest struct {
 	Launch []*LaunchRole `protobuf:"bytes,7,rep,name=launch,proto3" json:"launch,omitempty"`
 	// Set by a launcher (sandbox serve): the grant that launched this
 	// session; the new grant is one launch deeper than it.
-	LaunchedBy    string `protobuf:"bytes,8,opt,name=launched_by,json=launchedBy,proto3" json:"launched_by,omitempty"`
+	LaunchedBy string `protobuf:"bytes,8,opt,name=launched_by,json=launchedBy,proto3" json:"launched_by,omitempty"`
+	// With session.launch: what else its launches may ask for.
+	LaunchBounds  *LaunchBounds `protobuf:"bytes,9,opt,name=launch_bounds,json=launchBounds,proto3" json:"launch_bounds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -408,6 +410,13 @@ func (x *CreateGrantRequest) GetLaunchedBy() string {
 	return ""
 }
 
+func (x *CreateGrantRequest) GetLaunchBounds() *LaunchBounds {
+	if x != nil {
+		return x.LaunchBounds
+	}
+	return nil
+}
+
 // LaunchRole is one role of a launch set and the capabilities a session
 // of that role may be given.
 type LaunchRole struct {
@@ -462,6 +471,92 @@ func (x *LaunchRole) GetCapabilities() []string {
 	return nil
 }
 
+// LaunchBounds is what a launch set bounds besides roles and
+// capabilities (docs/launch.md). Unset, a launch gets network none, the
+// host's defaults as ceilings, and the grant's own task.
+type LaunchBounds struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The network modes its launches may ask for: none, proxy, host.
+	Net []string `protobuf:"bytes,1,rep,name=net,proto3" json:"net,omitempty"`
+	// Ceilings of the limits by name (memory, pids, cpu, nofile, fsize,
+	// timeout), as sandbox run's flags write them ("1G", "256", "2h").
+	Max map[string]string `protobuf:"bytes,2,rep,name=max,proto3" json:"max,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// A pattern of the tasks of its project its launches may be for ('*'
+	// any run of name characters); "" is the grant's own task only.
+	Tasks string `protobuf:"bytes,3,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	// The egress a --net=proxy launch may be allowed: each domain it asks
+	// for must be here or under a *.NAME here, each HOST:PORT here.
+	AllowDomains  []string `protobuf:"bytes,4,rep,name=allow_domains,json=allowDomains,proto3" json:"allow_domains,omitempty"`
+	AllowHosts    []string `protobuf:"bytes,5,rep,name=allow_hosts,json=allowHosts,proto3" json:"allow_hosts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LaunchBounds) Reset() {
+	*x = LaunchBounds{}
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LaunchBounds) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LaunchBounds) ProtoMessage() {}
+
+func (x *LaunchBounds) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LaunchBounds.ProtoReflect.Descriptor instead.
+func (*LaunchBounds) Descriptor() ([]byte, []int) {
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *LaunchBounds) GetNet() []string {
+	if x != nil {
+		return x.Net
+	}
+	return nil
+}
+
+func (x *LaunchBounds) GetMax() map[string]string {
+	if x != nil {
+		return x.Max
+	}
+	return nil
+}
+
+func (x *LaunchBounds) GetTasks() string {
+	if x != nil {
+		return x.Tasks
+	}
+	return ""
+}
+
+func (x *LaunchBounds) GetAllowDomains() []string {
+	if x != nil {
+		return x.AllowDomains
+	}
+	return nil
+}
+
+func (x *LaunchBounds) GetAllowHosts() []string {
+	if x != nil {
+		return x.AllowHosts
+	}
+	return nil
+}
+
 type WhoamiRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -470,7 +565,7 @@ type WhoamiRequest struct {
 
 func (x *WhoamiRequest) Reset() {
 	*x = WhoamiRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +577,7 @@ func (x *WhoamiRequest) String() string {
 func (*WhoamiRequest) ProtoMessage() {}
 
 func (x *WhoamiRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[5]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +590,7 @@ func (x *WhoamiRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoamiRequest.ProtoReflect.Descriptor instead.
 func (*WhoamiRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{5}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{6}
 }
 
 type WhoamiResponse struct {
@@ -509,13 +604,14 @@ type WhoamiResponse struct {
 	Launch        []*LaunchRole          `protobuf:"bytes,7,rep,name=launch,proto3" json:"launch,omitempty"`
 	LaunchedBy    string                 `protobuf:"bytes,8,opt,name=launched_by,json=launchedBy,proto3" json:"launched_by,omitempty"`
 	LaunchDepth   int64                  `protobuf:"varint,9,opt,name=launch_depth,json=launchDepth,proto3" json:"launch_depth,omitempty"`
+	LaunchBounds  *LaunchBounds          `protobuf:"bytes,10,opt,name=launch_bounds,json=launchBounds,proto3" json:"launch_bounds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WhoamiResponse) Reset() {
 	*x = WhoamiResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +623,7 @@ func (x *WhoamiResponse) String() string {
 func (*WhoamiResponse) ProtoMessage() {}
 
 func (x *WhoamiResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[6]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +636,7 @@ func (x *WhoamiResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoamiResponse.ProtoReflect.Descriptor instead.
 func (*WhoamiResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{6}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WhoamiResponse) GetGrantId() string {
@@ -606,6 +702,13 @@ func (x *WhoamiResponse) GetLaunchDepth() int64 {
 	return 0
 }
 
+func (x *WhoamiResponse) GetLaunchBounds() *LaunchBounds {
+	if x != nil {
+		return x.LaunchBounds
+	}
+	return nil
+}
+
 type CreateGrantResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	GrantId string                 `protobuf:"bytes,1,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
@@ -618,7 +721,7 @@ type CreateGrantResponse struct {
 
 func (x *CreateGrantResponse) Reset() {
 	*x = CreateGrantResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +733,7 @@ func (x *CreateGrantResponse) String() string {
 func (*CreateGrantResponse) ProtoMessage() {}
 
 func (x *CreateGrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[7]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +746,7 @@ func (x *CreateGrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateGrantResponse.ProtoReflect.Descriptor instead.
 func (*CreateGrantResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{7}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateGrantResponse) GetGrantId() string {
@@ -676,7 +779,7 @@ type RevokeGrantRequest struct {
 
 func (x *RevokeGrantRequest) Reset() {
 	*x = RevokeGrantRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +791,7 @@ func (x *RevokeGrantRequest) String() string {
 func (*RevokeGrantRequest) ProtoMessage() {}
 
 func (x *RevokeGrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[8]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +804,7 @@ func (x *RevokeGrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeGrantRequest.ProtoReflect.Descriptor instead.
 func (*RevokeGrantRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{8}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RevokeGrantRequest) GetGrantId() string {
@@ -719,7 +822,7 @@ type RevokeGrantResponse struct {
 
 func (x *RevokeGrantResponse) Reset() {
 	*x = RevokeGrantResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -731,7 +834,7 @@ func (x *RevokeGrantResponse) String() string {
 func (*RevokeGrantResponse) ProtoMessage() {}
 
 func (x *RevokeGrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[9]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -744,7 +847,7 @@ func (x *RevokeGrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeGrantResponse.ProtoReflect.Descriptor instead.
 func (*RevokeGrantResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{9}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{10}
 }
 
 type RequestReviewRequest struct {
@@ -755,7 +858,7 @@ type RequestReviewRequest struct {
 
 func (x *RequestReviewRequest) Reset() {
 	*x = RequestReviewRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +870,7 @@ func (x *RequestReviewRequest) String() string {
 func (*RequestReviewRequest) ProtoMessage() {}
 
 func (x *RequestReviewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[10]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +883,7 @@ func (x *RequestReviewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestReviewRequest.ProtoReflect.Descriptor instead.
 func (*RequestReviewRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{10}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{11}
 }
 
 type RequestReviewResponse struct {
@@ -796,7 +899,7 @@ type RequestReviewResponse struct {
 
 func (x *RequestReviewResponse) Reset() {
 	*x = RequestReviewResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +911,7 @@ func (x *RequestReviewResponse) String() string {
 func (*RequestReviewResponse) ProtoMessage() {}
 
 func (x *RequestReviewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[11]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +924,7 @@ func (x *RequestReviewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestReviewResponse.ProtoReflect.Descriptor instead.
 func (*RequestReviewResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{11}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RequestReviewResponse) GetRequestId() string {
@@ -859,7 +962,7 @@ type SubmitVerdictRequest struct {
 
 func (x *SubmitVerdictRequest) Reset() {
 	*x = SubmitVerdictRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +974,7 @@ func (x *SubmitVerdictRequest) String() string {
 func (*SubmitVerdictRequest) ProtoMessage() {}
 
 func (x *SubmitVerdictRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[12]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +987,7 @@ func (x *SubmitVerdictRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitVerdictRequest.ProtoReflect.Descriptor instead.
 func (*SubmitVerdictRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{12}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SubmitVerdictRequest) GetRequestId() string {
@@ -924,7 +1027,7 @@ type SubmitVerdictResponse struct {
 
 func (x *SubmitVerdictResponse) Reset() {
 	*x = SubmitVerdictResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1039,7 @@ func (x *SubmitVerdictResponse) String() string {
 func (*SubmitVerdictResponse) ProtoMessage() {}
 
 func (x *SubmitVerdictResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[13]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1052,7 @@ func (x *SubmitVerdictResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitVerdictResponse.ProtoReflect.Descriptor instead.
 func (*SubmitVerdictResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{13}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SubmitVerdictResponse) GetSeq() int64 {
@@ -967,7 +1070,7 @@ type CloseTaskRequest struct {
 
 func (x *CloseTaskRequest) Reset() {
 	*x = CloseTaskRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1082,7 @@ func (x *CloseTaskRequest) String() string {
 func (*CloseTaskRequest) ProtoMessage() {}
 
 func (x *CloseTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[14]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1095,7 @@ func (x *CloseTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseTaskRequest.ProtoReflect.Descriptor instead.
 func (*CloseTaskRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{14}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{15}
 }
 
 type CloseTaskResponse struct {
@@ -1004,7 +1107,7 @@ type CloseTaskResponse struct {
 
 func (x *CloseTaskResponse) Reset() {
 	*x = CloseTaskResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1119,7 @@ func (x *CloseTaskResponse) String() string {
 func (*CloseTaskResponse) ProtoMessage() {}
 
 func (x *CloseTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[15]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1132,7 @@ func (x *CloseTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseTaskResponse.ProtoReflect.Descriptor instead.
 func (*CloseTaskResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{15}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CloseTaskResponse) GetSeq() int64 {
@@ -1058,7 +1161,7 @@ type RecordEventRequest struct {
 
 func (x *RecordEventRequest) Reset() {
 	*x = RecordEventRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1173,7 @@ func (x *RecordEventRequest) String() string {
 func (*RecordEventRequest) ProtoMessage() {}
 
 func (x *RecordEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[16]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1186,7 @@ func (x *RecordEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordEventRequest.ProtoReflect.Descriptor instead.
 func (*RecordEventRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{16}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RecordEventRequest) GetType() string {
@@ -1137,7 +1240,7 @@ type RecordEventResponse struct {
 
 func (x *RecordEventResponse) Reset() {
 	*x = RecordEventResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1149,7 +1252,7 @@ func (x *RecordEventResponse) String() string {
 func (*RecordEventResponse) ProtoMessage() {}
 
 func (x *RecordEventResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1162,7 +1265,7 @@ func (x *RecordEventResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordEventResponse.ProtoReflect.Descriptor instead.
 func (*RecordEventResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{17}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RecordEventResponse) GetEvent() *Event {
@@ -1182,7 +1285,7 @@ type RecordEventsRequest struct {
 
 func (x *RecordEventsRequest) Reset() {
 	*x = RecordEventsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1194,7 +1297,7 @@ func (x *RecordEventsRequest) String() string {
 func (*RecordEventsRequest) ProtoMessage() {}
 
 func (x *RecordEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1207,7 +1310,7 @@ func (x *RecordEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordEventsRequest.ProtoReflect.Descriptor instead.
 func (*RecordEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{18}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RecordEventsRequest) GetEvents() []*RecordEventRequest {
@@ -1227,7 +1330,7 @@ type RecordEventsResponse struct {
 
 func (x *RecordEventsResponse) Reset() {
 	*x = RecordEventsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1342,7 @@ func (x *RecordEventsResponse) String() string {
 func (*RecordEventsResponse) ProtoMessage() {}
 
 func (x *RecordEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[19]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1355,7 @@ func (x *RecordEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordEventsResponse.ProtoReflect.Descriptor instead.
 func (*RecordEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{19}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RecordEventsResponse) GetEvents() []*Event {
@@ -1279,7 +1382,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1394,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[20]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1407,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{20}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListEventsRequest) GetBusiness() string {
@@ -1351,7 +1454,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1466,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[21]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1479,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{21}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListEventsResponse) GetEvent() *Event {
@@ -1398,7 +1501,7 @@ type RecordedHead struct {
 
 func (x *RecordedHead) Reset() {
 	*x = RecordedHead{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1513,7 @@ func (x *RecordedHead) String() string {
 func (*RecordedHead) ProtoMessage() {}
 
 func (x *RecordedHead) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[22]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1526,7 @@ func (x *RecordedHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordedHead.ProtoReflect.Descriptor instead.
 func (*RecordedHead) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{22}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RecordedHead) GetSeq() int64 {
@@ -1451,7 +1554,7 @@ type VerifyLogRequest struct {
 
 func (x *VerifyLogRequest) Reset() {
 	*x = VerifyLogRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1566,7 @@ func (x *VerifyLogRequest) String() string {
 func (*VerifyLogRequest) ProtoMessage() {}
 
 func (x *VerifyLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[23]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1579,7 @@ func (x *VerifyLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLogRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLogRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{23}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *VerifyLogRequest) GetHeads() []*RecordedHead {
@@ -1506,7 +1609,7 @@ type VerifyLogResponse struct {
 
 func (x *VerifyLogResponse) Reset() {
 	*x = VerifyLogResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1621,7 @@ func (x *VerifyLogResponse) String() string {
 func (*VerifyLogResponse) ProtoMessage() {}
 
 func (x *VerifyLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[24]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1634,7 @@ func (x *VerifyLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLogResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLogResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{24}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *VerifyLogResponse) GetOk() bool {
@@ -1591,7 +1694,7 @@ type LogHeadRequest struct {
 
 func (x *LogHeadRequest) Reset() {
 	*x = LogHeadRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1706,7 @@ func (x *LogHeadRequest) String() string {
 func (*LogHeadRequest) ProtoMessage() {}
 
 func (x *LogHeadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[25]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1719,7 @@ func (x *LogHeadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogHeadRequest.ProtoReflect.Descriptor instead.
 func (*LogHeadRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{25}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{26}
 }
 
 type LogHeadResponse struct {
@@ -1629,7 +1732,7 @@ type LogHeadResponse struct {
 
 func (x *LogHeadResponse) Reset() {
 	*x = LogHeadResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1641,7 +1744,7 @@ func (x *LogHeadResponse) String() string {
 func (*LogHeadResponse) ProtoMessage() {}
 
 func (x *LogHeadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[26]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1654,7 +1757,7 @@ func (x *LogHeadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogHeadResponse.ProtoReflect.Descriptor instead.
 func (*LogHeadResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{26}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LogHeadResponse) GetSeq() int64 {
@@ -1682,7 +1785,7 @@ type ReopenTaskRequest struct {
 
 func (x *ReopenTaskRequest) Reset() {
 	*x = ReopenTaskRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +1797,7 @@ func (x *ReopenTaskRequest) String() string {
 func (*ReopenTaskRequest) ProtoMessage() {}
 
 func (x *ReopenTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[27]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +1810,7 @@ func (x *ReopenTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenTaskRequest.ProtoReflect.Descriptor instead.
 func (*ReopenTaskRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{27}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReopenTaskRequest) GetBusiness() string {
@@ -1741,7 +1844,7 @@ type ReopenTaskResponse struct {
 
 func (x *ReopenTaskResponse) Reset() {
 	*x = ReopenTaskResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1753,7 +1856,7 @@ func (x *ReopenTaskResponse) String() string {
 func (*ReopenTaskResponse) ProtoMessage() {}
 
 func (x *ReopenTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[28]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1766,7 +1869,7 @@ func (x *ReopenTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenTaskResponse.ProtoReflect.Descriptor instead.
 func (*ReopenTaskResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{28}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReopenTaskResponse) GetSeq() int64 {
@@ -1788,7 +1891,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +1903,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[29]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +1916,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{29}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListTasksRequest) GetBusiness() string {
@@ -1855,7 +1958,7 @@ type TaskInfo struct {
 
 func (x *TaskInfo) Reset() {
 	*x = TaskInfo{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +1970,7 @@ func (x *TaskInfo) String() string {
 func (*TaskInfo) ProtoMessage() {}
 
 func (x *TaskInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[30]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +1983,7 @@ func (x *TaskInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskInfo.ProtoReflect.Descriptor instead.
 func (*TaskInfo) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{30}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TaskInfo) GetBusiness() string {
@@ -1941,7 +2044,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1953,7 +2056,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[31]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1966,7 +2069,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{31}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListTasksResponse) GetTasks() []*TaskInfo {
@@ -1986,7 +2089,7 @@ type ListProjectsRequest struct {
 
 func (x *ListProjectsRequest) Reset() {
 	*x = ListProjectsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2101,7 @@ func (x *ListProjectsRequest) String() string {
 func (*ListProjectsRequest) ProtoMessage() {}
 
 func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[32]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2114,7 @@ func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProjectsRequest.ProtoReflect.Descriptor instead.
 func (*ListProjectsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{32}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListProjectsRequest) GetBusiness() string {
@@ -2051,7 +2154,7 @@ type ProjectInfo struct {
 
 func (x *ProjectInfo) Reset() {
 	*x = ProjectInfo{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[33]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2166,7 @@ func (x *ProjectInfo) String() string {
 func (*ProjectInfo) ProtoMessage() {}
 
 func (x *ProjectInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[33]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2179,7 @@ func (x *ProjectInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProjectInfo.ProtoReflect.Descriptor instead.
 func (*ProjectInfo) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{33}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ProjectInfo) GetBusiness() string {
@@ -2165,7 +2268,7 @@ type ListProjectsResponse struct {
 
 func (x *ListProjectsResponse) Reset() {
 	*x = ListProjectsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[34]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2280,7 @@ func (x *ListProjectsResponse) String() string {
 func (*ListProjectsResponse) ProtoMessage() {}
 
 func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[34]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2293,7 @@ func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProjectsResponse.ProtoReflect.Descriptor instead.
 func (*ListProjectsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{34}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListProjectsResponse) GetProjects() []*ProjectInfo {
@@ -2212,7 +2315,7 @@ type ListGrantsRequest struct {
 
 func (x *ListGrantsRequest) Reset() {
 	*x = ListGrantsRequest{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[35]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2327,7 @@ func (x *ListGrantsRequest) String() string {
 func (*ListGrantsRequest) ProtoMessage() {}
 
 func (x *ListGrantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[35]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2340,7 @@ func (x *ListGrantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGrantsRequest.ProtoReflect.Descriptor instead.
 func (*ListGrantsRequest) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{35}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListGrantsRequest) GetBusiness() string {
@@ -2279,15 +2382,17 @@ type GrantInfo struct {
 	Launch []*LaunchRole `protobuf:"bytes,10,rep,name=launch,proto3" json:"launch,omitempty"`
 	// The launcher grant that minted this one ("" if the host did), and
 	// how many launches deep it is.
-	LaunchedBy    string `protobuf:"bytes,11,opt,name=launched_by,json=launchedBy,proto3" json:"launched_by,omitempty"`
-	LaunchDepth   int64  `protobuf:"varint,12,opt,name=launch_depth,json=launchDepth,proto3" json:"launch_depth,omitempty"`
+	LaunchedBy  string `protobuf:"bytes,11,opt,name=launched_by,json=launchedBy,proto3" json:"launched_by,omitempty"`
+	LaunchDepth int64  `protobuf:"varint,12,opt,name=launch_depth,json=launchDepth,proto3" json:"launch_depth,omitempty"`
+	// What else its launches may ask for (session.launch).
+	LaunchBounds  *LaunchBounds `protobuf:"bytes,13,opt,name=launch_bounds,json=launchBounds,proto3" json:"launch_bounds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GrantInfo) Reset() {
 	*x = GrantInfo{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[36]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2299,7 +2404,7 @@ func (x *GrantInfo) String() string {
 func (*GrantInfo) ProtoMessage() {}
 
 func (x *GrantInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[36]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2312,7 +2417,7 @@ func (x *GrantInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantInfo.ProtoReflect.Descriptor instead.
 func (*GrantInfo) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{36}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GrantInfo) GetId() string {
@@ -2399,6 +2504,13 @@ func (x *GrantInfo) GetLaunchDepth() int64 {
 	return 0
 }
 
+func (x *GrantInfo) GetLaunchBounds() *LaunchBounds {
+	if x != nil {
+		return x.LaunchBounds
+	}
+	return nil
+}
+
 type ListGrantsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Grants        []*GrantInfo           `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`
@@ -2408,7 +2520,7 @@ type ListGrantsResponse struct {
 
 func (x *ListGrantsResponse) Reset() {
 	*x = ListGrantsResponse{}
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[37]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2420,7 +2532,7 @@ func (x *ListGrantsResponse) String() string {
 func (*ListGrantsResponse) ProtoMessage() {}
 
 func (x *ListGrantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bushost_broker_v1_broker_proto_msgTypes[37]
+	mi := &file_bushost_broker_v1_broker_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2433,7 +2545,7 @@ func (x *ListGrantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGrantsResponse.ProtoReflect.Descriptor instead.
 func (*ListGrantsResponse) Descriptor() ([]byte, []int) {
-	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{37}
+	return file_bushost_broker_v1_broker_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListGrantsResponse) GetGrants() []*GrantInfo {
@@ -2466,7 +2578,7 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
 	"\x04task\x18\x03 \x01(\tR\x04task\"+\n" +
 	"\x0fAddTaskResponse\x12\x18\n" +
-	"\acreated\x18\x01 \x01(\bR\acreated\"\x8f\x02\n" +
+	"\acreated\x18\x01 \x01(\bR\acreated\"\xd5\x02\n" +
 	"\x12CreateGrantRequest\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -2477,12 +2589,23 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"ttlSeconds\x125\n" +
 	"\x06launch\x18\a \x03(\v2\x1d.bushost.broker.v1.LaunchRoleR\x06launch\x12\x1f\n" +
 	"\vlaunched_by\x18\b \x01(\tR\n" +
-	"launchedBy\"D\n" +
+	"launchedBy\x12D\n" +
+	"\rlaunch_bounds\x18\t \x01(\v2\x1f.bushost.broker.v1.LaunchBoundsR\flaunchBounds\"D\n" +
 	"\n" +
 	"LaunchRole\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\"\n" +
-	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\"\x0f\n" +
-	"\rWhoamiRequest\"\xa8\x02\n" +
+	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\"\xf0\x01\n" +
+	"\fLaunchBounds\x12\x10\n" +
+	"\x03net\x18\x01 \x03(\tR\x03net\x12:\n" +
+	"\x03max\x18\x02 \x03(\v2(.bushost.broker.v1.LaunchBounds.MaxEntryR\x03max\x12\x14\n" +
+	"\x05tasks\x18\x03 \x01(\tR\x05tasks\x12#\n" +
+	"\rallow_domains\x18\x04 \x03(\tR\fallowDomains\x12\x1f\n" +
+	"\vallow_hosts\x18\x05 \x03(\tR\n" +
+	"allowHosts\x1a6\n" +
+	"\bMaxEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x0f\n" +
+	"\rWhoamiRequest\"\xee\x02\n" +
 	"\x0eWhoamiResponse\x12\x19\n" +
 	"\bgrant_id\x18\x01 \x01(\tR\agrantId\x12\x1a\n" +
 	"\bbusiness\x18\x02 \x01(\tR\bbusiness\x12\x18\n" +
@@ -2493,7 +2616,9 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x06launch\x18\a \x03(\v2\x1d.bushost.broker.v1.LaunchRoleR\x06launch\x12\x1f\n" +
 	"\vlaunched_by\x18\b \x01(\tR\n" +
 	"launchedBy\x12!\n" +
-	"\flaunch_depth\x18\t \x01(\x03R\vlaunchDepth\"e\n" +
+	"\flaunch_depth\x18\t \x01(\x03R\vlaunchDepth\x12D\n" +
+	"\rlaunch_bounds\x18\n" +
+	" \x01(\v2\x1f.bushost.broker.v1.LaunchBoundsR\flaunchBounds\"e\n" +
 	"\x13CreateGrantResponse\x12\x19\n" +
 	"\bgrant_id\x18\x01 \x01(\tR\agrantId\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1d\n" +
@@ -2599,7 +2724,7 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	"\x11ListGrantsRequest\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
-	"\x04task\x18\x03 \x01(\tR\x04task\"\xf2\x02\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\"\xb8\x03\n" +
 	"\tGrantInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bbusiness\x18\x02 \x01(\tR\bbusiness\x12\x18\n" +
@@ -2616,7 +2741,8 @@ const file_bushost_broker_v1_broker_proto_rawDesc = "" +
 	" \x03(\v2\x1d.bushost.broker.v1.LaunchRoleR\x06launch\x12\x1f\n" +
 	"\vlaunched_by\x18\v \x01(\tR\n" +
 	"launchedBy\x12!\n" +
-	"\flaunch_depth\x18\f \x01(\x03R\vlaunchDepth\"J\n" +
+	"\flaunch_depth\x18\f \x01(\x03R\vlaunchDepth\x12D\n" +
+	"\rlaunch_bounds\x18\r \x01(\v2\x1f.bushost.broker.v1.LaunchBoundsR\flaunchBounds\"J\n" +
 	"\x12ListGrantsResponse\x124\n" +
 	"\x06grants\x18\x01 \x03(\v2\x1c.bushost.broker.v1.GrantInfoR\x06grants*K\n" +
 	"\aVerdict\x12\x17\n" +
@@ -2657,7 +2783,7 @@ func file_bushost_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_bushost_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_bushost_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: bushost.broker.v1.Verdict
 	(*Event)(nil),                 // 1: bushost.broker.v1.Event
@@ -2665,90 +2791,96 @@ var file_bushost_broker_v1_broker_proto_goTypes = []any{
 	(*AddTaskResponse)(nil),       // 3: bushost.broker.v1.AddTaskResponse
 	(*CreateGrantRequest)(nil),    // 4: bushost.broker.v1.CreateGrantRequest
 	(*LaunchRole)(nil),            // 5: bushost.broker.v1.LaunchRole
-	(*WhoamiRequest)(nil),         // 6: bushost.broker.v1.WhoamiRequest
-	(*WhoamiResponse)(nil),        // 7: bushost.broker.v1.WhoamiResponse
-	(*CreateGrantResponse)(nil),   // 8: bushost.broker.v1.CreateGrantResponse
-	(*RevokeGrantRequest)(nil),    // 9: bushost.broker.v1.RevokeGrantRequest
-	(*RevokeGrantResponse)(nil),   // 10: bushost.broker.v1.RevokeGrantResponse
-	(*RequestReviewRequest)(nil),  // 11: bushost.broker.v1.RequestReviewRequest
-	(*RequestReviewResponse)(nil), // 12: bushost.broker.v1.RequestReviewResponse
-	(*SubmitVerdictRequest)(nil),  // 13: bushost.broker.v1.SubmitVerdictRequest
-	(*SubmitVerdictResponse)(nil), // 14: bushost.broker.v1.SubmitVerdictResponse
-	(*CloseTaskRequest)(nil),      // 15: bushost.broker.v1.CloseTaskRequest
-	(*CloseTaskResponse)(nil),     // 16: bushost.broker.v1.CloseTaskResponse
-	(*RecordEventRequest)(nil),    // 17: bushost.broker.v1.RecordEventRequest
-	(*RecordEventResponse)(nil),   // 18: bushost.broker.v1.RecordEventResponse
-	(*RecordEventsRequest)(nil),   // 19: bushost.broker.v1.RecordEventsRequest
-	(*RecordEventsResponse)(nil),  // 20: bushost.broker.v1.RecordEventsResponse
-	(*ListEventsRequest)(nil),     // 21: bushost.broker.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),    // 22: bushost.broker.v1.ListEventsResponse
-	(*RecordedHead)(nil),          // 23: bushost.broker.v1.RecordedHead
-	(*VerifyLogRequest)(nil),      // 24: bushost.broker.v1.VerifyLogRequest
-	(*VerifyLogResponse)(nil),     // 25: bushost.broker.v1.VerifyLogResponse
-	(*LogHeadRequest)(nil),        // 26: bushost.broker.v1.LogHeadRequest
-	(*LogHeadResponse)(nil),       // 27: bushost.broker.v1.LogHeadResponse
-	(*ReopenTaskRequest)(nil),     // 28: bushost.broker.v1.ReopenTaskRequest
-	(*ReopenTaskResponse)(nil),    // 29: bushost.broker.v1.ReopenTaskResponse
-	(*ListTasksRequest)(nil),      // 30: bushost.broker.v1.ListTasksRequest
-	(*TaskInfo)(nil),              // 31: bushost.broker.v1.TaskInfo
-	(*ListTasksResponse)(nil),     // 32: bushost.broker.v1.ListTasksResponse
-	(*ListProjectsRequest)(nil),   // 33: bushost.broker.v1.ListProjectsRequest
-	(*ProjectInfo)(nil),           // 34: bushost.broker.v1.ProjectInfo
-	(*ListProjectsResponse)(nil),  // 35: bushost.broker.v1.ListProjectsResponse
-	(*ListGrantsRequest)(nil),     // 36: bushost.broker.v1.ListGrantsRequest
-	(*GrantInfo)(nil),             // 37: bushost.broker.v1.GrantInfo
-	(*ListGrantsResponse)(nil),    // 38: bushost.broker.v1.ListGrantsResponse
+	(*LaunchBounds)(nil),          // 6: bushost.broker.v1.LaunchBounds
+	(*WhoamiRequest)(nil),         // 7: bushost.broker.v1.WhoamiRequest
+	(*WhoamiResponse)(nil),        // 8: bushost.broker.v1.WhoamiResponse
+	(*CreateGrantResponse)(nil),   // 9: bushost.broker.v1.CreateGrantResponse
+	(*RevokeGrantRequest)(nil),    // 10: bushost.broker.v1.RevokeGrantRequest
+	(*RevokeGrantResponse)(nil),   // 11: bushost.broker.v1.RevokeGrantResponse
+	(*RequestReviewRequest)(nil),  // 12: bushost.broker.v1.RequestReviewRequest
+	(*RequestReviewResponse)(nil), // 13: bushost.broker.v1.RequestReviewResponse
+	(*SubmitVerdictRequest)(nil),  // 14: bushost.broker.v1.SubmitVerdictRequest
+	(*SubmitVerdictResponse)(nil), // 15: bushost.broker.v1.SubmitVerdictResponse
+	(*CloseTaskRequest)(nil),      // 16: bushost.broker.v1.CloseTaskRequest
+	(*CloseTaskResponse)(nil),     // 17: bushost.broker.v1.CloseTaskResponse
+	(*RecordEventRequest)(nil),    // 18: bushost.broker.v1.RecordEventRequest
+	(*RecordEventResponse)(nil),   // 19: bushost.broker.v1.RecordEventResponse
+	(*RecordEventsRequest)(nil),   // 20: bushost.broker.v1.RecordEventsRequest
+	(*RecordEventsResponse)(nil),  // 21: bushost.broker.v1.RecordEventsResponse
+	(*ListEventsRequest)(nil),     // 22: bushost.broker.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),    // 23: bushost.broker.v1.ListEventsResponse
+	(*RecordedHead)(nil),          // 24: bushost.broker.v1.RecordedHead
+	(*VerifyLogRequest)(nil),      // 25: bushost.broker.v1.VerifyLogRequest
+	(*VerifyLogResponse)(nil),     // 26: bushost.broker.v1.VerifyLogResponse
+	(*LogHeadRequest)(nil),        // 27: bushost.broker.v1.LogHeadRequest
+	(*LogHeadResponse)(nil),       // 28: bushost.broker.v1.LogHeadResponse
+	(*ReopenTaskRequest)(nil),     // 29: bushost.broker.v1.ReopenTaskRequest
+	(*ReopenTaskResponse)(nil),    // 30: bushost.broker.v1.ReopenTaskResponse
+	(*ListTasksRequest)(nil),      // 31: bushost.broker.v1.ListTasksRequest
+	(*TaskInfo)(nil),              // 32: bushost.broker.v1.TaskInfo
+	(*ListTasksResponse)(nil),     // 33: bushost.broker.v1.ListTasksResponse
+	(*ListProjectsRequest)(nil),   // 34: bushost.broker.v1.ListProjectsRequest
+	(*ProjectInfo)(nil),           // 35: bushost.broker.v1.ProjectInfo
+	(*ListProjectsResponse)(nil),  // 36: bushost.broker.v1.ListProjectsResponse
+	(*ListGrantsRequest)(nil),     // 37: bushost.broker.v1.ListGrantsRequest
+	(*GrantInfo)(nil),             // 38: bushost.broker.v1.GrantInfo
+	(*ListGrantsResponse)(nil),    // 39: bushost.broker.v1.ListGrantsResponse
+	nil,                           // 40: bushost.broker.v1.LaunchBounds.MaxEntry
 }
 var file_bushost_broker_v1_broker_proto_depIdxs = []int32{
 	5,  // 0: bushost.broker.v1.CreateGrantRequest.launch:type_name -> bushost.broker.v1.LaunchRole
-	5,  // 1: bushost.broker.v1.WhoamiResponse.launch:type_name -> bushost.broker.v1.LaunchRole
-	0,  // 2: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
-	1,  // 3: bushost.broker.v1.RecordEventResponse.event:type_name -> bushost.broker.v1.Event
-	17, // 4: bushost.broker.v1.RecordEventsRequest.events:type_name -> bushost.broker.v1.RecordEventRequest
-	1,  // 5: bushost.broker.v1.RecordEventsResponse.events:type_name -> bushost.broker.v1.Event
-	1,  // 6: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
-	23, // 7: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
-	31, // 8: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
-	34, // 9: bushost.broker.v1.ListProjectsResponse.projects:type_name -> bushost.broker.v1.ProjectInfo
-	5,  // 10: bushost.broker.v1.GrantInfo.launch:type_name -> bushost.broker.v1.LaunchRole
-	37, // 11: bushost.broker.v1.ListGrantsResponse.grants:type_name -> bushost.broker.v1.GrantInfo
-	2,  // 12: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
-	4,  // 13: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
-	9,  // 14: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
-	6,  // 15: bushost.broker.v1.BrokerService.Whoami:input_type -> bushost.broker.v1.WhoamiRequest
-	11, // 16: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
-	13, // 17: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
-	15, // 18: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
-	28, // 19: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
-	30, // 20: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
-	33, // 21: bushost.broker.v1.BrokerService.ListProjects:input_type -> bushost.broker.v1.ListProjectsRequest
-	36, // 22: bushost.broker.v1.BrokerService.ListGrants:input_type -> bushost.broker.v1.ListGrantsRequest
-	17, // 23: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
-	19, // 24: bushost.broker.v1.BrokerService.RecordEvents:input_type -> bushost.broker.v1.RecordEventsRequest
-	21, // 25: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
-	24, // 26: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
-	26, // 27: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
-	3,  // 28: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
-	8,  // 29: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
-	10, // 30: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
-	7,  // 31: bushost.broker.v1.BrokerService.Whoami:output_type -> bushost.broker.v1.WhoamiResponse
-	12, // 32: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
-	14, // 33: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
-	16, // 34: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
-	29, // 35: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
-	32, // 36: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
-	35, // 37: bushost.broker.v1.BrokerService.ListProjects:output_type -> bushost.broker.v1.ListProjectsResponse
-	38, // 38: bushost.broker.v1.BrokerService.ListGrants:output_type -> bushost.broker.v1.ListGrantsResponse
-	18, // 39: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
-	20, // 40: bushost.broker.v1.BrokerService.RecordEvents:output_type -> bushost.broker.v1.RecordEventsResponse
-	22, // 41: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
-	25, // 42: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
-	27, // 43: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
-	28, // [28:44] is the sub-list for method output_type
-	12, // [12:28] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	6,  // 1: bushost.broker.v1.CreateGrantRequest.launch_bounds:type_name -> bushost.broker.v1.LaunchBounds
+	40, // 2: bushost.broker.v1.LaunchBounds.max:type_name -> bushost.broker.v1.LaunchBounds.MaxEntry
+	5,  // 3: bushost.broker.v1.WhoamiResponse.launch:type_name -> bushost.broker.v1.LaunchRole
+	6,  // 4: bushost.broker.v1.WhoamiResponse.launch_bounds:type_name -> bushost.broker.v1.LaunchBounds
+	0,  // 5: bushost.broker.v1.SubmitVerdictRequest.verdict:type_name -> bushost.broker.v1.Verdict
+	1,  // 6: bushost.broker.v1.RecordEventResponse.event:type_name -> bushost.broker.v1.Event
+	18, // 7: bushost.broker.v1.RecordEventsRequest.events:type_name -> bushost.broker.v1.RecordEventRequest
+	1,  // 8: bushost.broker.v1.RecordEventsResponse.events:type_name -> bushost.broker.v1.Event
+	1,  // 9: bushost.broker.v1.ListEventsResponse.event:type_name -> bushost.broker.v1.Event
+	24, // 10: bushost.broker.v1.VerifyLogRequest.heads:type_name -> bushost.broker.v1.RecordedHead
+	32, // 11: bushost.broker.v1.ListTasksResponse.tasks:type_name -> bushost.broker.v1.TaskInfo
+	35, // 12: bushost.broker.v1.ListProjectsResponse.projects:type_name -> bushost.broker.v1.ProjectInfo
+	5,  // 13: bushost.broker.v1.GrantInfo.launch:type_name -> bushost.broker.v1.LaunchRole
+	6,  // 14: bushost.broker.v1.GrantInfo.launch_bounds:type_name -> bushost.broker.v1.LaunchBounds
+	38, // 15: bushost.broker.v1.ListGrantsResponse.grants:type_name -> bushost.broker.v1.GrantInfo
+	2,  // 16: bushost.broker.v1.BrokerService.AddTask:input_type -> bushost.broker.v1.AddTaskRequest
+	4,  // 17: bushost.broker.v1.BrokerService.CreateGrant:input_type -> bushost.broker.v1.CreateGrantRequest
+	10, // 18: bushost.broker.v1.BrokerService.RevokeGrant:input_type -> bushost.broker.v1.RevokeGrantRequest
+	7,  // 19: bushost.broker.v1.BrokerService.Whoami:input_type -> bushost.broker.v1.WhoamiRequest
+	12, // 20: bushost.broker.v1.BrokerService.RequestReview:input_type -> bushost.broker.v1.RequestReviewRequest
+	14, // 21: bushost.broker.v1.BrokerService.SubmitVerdict:input_type -> bushost.broker.v1.SubmitVerdictRequest
+	16, // 22: bushost.broker.v1.BrokerService.CloseTask:input_type -> bushost.broker.v1.CloseTaskRequest
+	29, // 23: bushost.broker.v1.BrokerService.ReopenTask:input_type -> bushost.broker.v1.ReopenTaskRequest
+	31, // 24: bushost.broker.v1.BrokerService.ListTasks:input_type -> bushost.broker.v1.ListTasksRequest
+	34, // 25: bushost.broker.v1.BrokerService.ListProjects:input_type -> bushost.broker.v1.ListProjectsRequest
+	37, // 26: bushost.broker.v1.BrokerService.ListGrants:input_type -> bushost.broker.v1.ListGrantsRequest
+	18, // 27: bushost.broker.v1.BrokerService.RecordEvent:input_type -> bushost.broker.v1.RecordEventRequest
+	20, // 28: bushost.broker.v1.BrokerService.RecordEvents:input_type -> bushost.broker.v1.RecordEventsRequest
+	22, // 29: bushost.broker.v1.BrokerService.ListEvents:input_type -> bushost.broker.v1.ListEventsRequest
+	25, // 30: bushost.broker.v1.BrokerService.VerifyLog:input_type -> bushost.broker.v1.VerifyLogRequest
+	27, // 31: bushost.broker.v1.BrokerService.LogHead:input_type -> bushost.broker.v1.LogHeadRequest
+	3,  // 32: bushost.broker.v1.BrokerService.AddTask:output_type -> bushost.broker.v1.AddTaskResponse
+	9,  // 33: bushost.broker.v1.BrokerService.CreateGrant:output_type -> bushost.broker.v1.CreateGrantResponse
+	11, // 34: bushost.broker.v1.BrokerService.RevokeGrant:output_type -> bushost.broker.v1.RevokeGrantResponse
+	8,  // 35: bushost.broker.v1.BrokerService.Whoami:output_type -> bushost.broker.v1.WhoamiResponse
+	13, // 36: bushost.broker.v1.BrokerService.RequestReview:output_type -> bushost.broker.v1.RequestReviewResponse
+	15, // 37: bushost.broker.v1.BrokerService.SubmitVerdict:output_type -> bushost.broker.v1.SubmitVerdictResponse
+	17, // 38: bushost.broker.v1.BrokerService.CloseTask:output_type -> bushost.broker.v1.CloseTaskResponse
+	30, // 39: bushost.broker.v1.BrokerService.ReopenTask:output_type -> bushost.broker.v1.ReopenTaskResponse
+	33, // 40: bushost.broker.v1.BrokerService.ListTasks:output_type -> bushost.broker.v1.ListTasksResponse
+	36, // 41: bushost.broker.v1.BrokerService.ListProjects:output_type -> bushost.broker.v1.ListProjectsResponse
+	39, // 42: bushost.broker.v1.BrokerService.ListGrants:output_type -> bushost.broker.v1.ListGrantsResponse
+	19, // 43: bushost.broker.v1.BrokerService.RecordEvent:output_type -> bushost.broker.v1.RecordEventResponse
+	21, // 44: bushost.broker.v1.BrokerService.RecordEvents:output_type -> bushost.broker.v1.RecordEventsResponse
+	23, // 45: bushost.broker.v1.BrokerService.ListEvents:output_type -> bushost.broker.v1.ListEventsResponse
+	26, // 46: bushost.broker.v1.BrokerService.VerifyLog:output_type -> bushost.broker.v1.VerifyLogResponse
+	28, // 47: bushost.broker.v1.BrokerService.LogHead:output_type -> bushost.broker.v1.LogHeadResponse
+	32, // [32:48] is the sub-list for method output_type
+	16, // [16:32] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_bushost_broker_v1_broker_proto_init() }
@@ -2762,7 +2894,7 @@ func file_bushost_broker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_broker_v1_broker_proto_rawDesc), len(file_bushost_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,8 +39,17 @@ type LaunchRequest struct {
 	Pids   int64  `protobuf:"varint,10,opt,name=pids,proto3" json:"pids,omitempty"`
 	// Seconds; 0 for none.
 	TimeoutSeconds int64 `protobuf:"varint,11,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Any of sandbox run's limits by name (memory, pids, cpu, nofile,
+	// fsize, timeout), as its flags write them; a limit named here and in
+	// a field above must agree. A limit named nowhere gets the host's
+	// default, bounded by the grant's ceiling and the calling session's own.
+	Limits map[string]string `protobuf:"bytes,12,rep,name=limits,proto3" json:"limits,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// With net proxy: the session's allow-list, within the launcher
+	// grant's and the calling session's (default: the grant's).
+	AllowDomains  []string `protobuf:"bytes,13,rep,name=allow_domains,json=allowDomains,proto3" json:"allow_domains,omitempty"`
+	AllowHosts    []string `protobuf:"bytes,14,rep,name=allow_hosts,json=allowHosts,proto3" json:"allow_hosts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LaunchRequest) Reset() {
@@ -150,6 +159,27 @@ func (x *LaunchRequest) GetTimeoutSeconds() int64 {
 	return 0
 }
 
+func (x *LaunchRequest) GetLimits() map[string]string {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *LaunchRequest) GetAllowDomains() []string {
+	if x != nil {
+		return x.AllowDomains
+	}
+	return nil
+}
+
+func (x *LaunchRequest) GetAllowHosts() []string {
+	if x != nil {
+		return x.AllowHosts
+	}
+	return nil
+}
+
 type LaunchResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -214,8 +244,11 @@ type Session struct {
 	Ended   string `protobuf:"bytes,12,opt,name=ended,proto3" json:"ended,omitempty"`
 	// The session's exit status (sandbox run's: 124 for a timeout, 128+n
 	// for a signal); -1 while running or lost.
-	Exit          int32    `protobuf:"varint,13,opt,name=exit,proto3" json:"exit,omitempty"`
-	Command       []string `protobuf:"bytes,14,rep,name=command,proto3" json:"command,omitempty"`
+	Exit    int32    `protobuf:"varint,13,opt,name=exit,proto3" json:"exit,omitempty"`
+	Command []string `protobuf:"bytes,14,rep,name=command,proto3" json:"command,omitempty"`
+	// The network and limits the session was given.
+	Net           string            `protobuf:"bytes,15,opt,name=net,proto3" json:"net,omitempty"`
+	Limits        map[string]string `protobuf:"bytes,16,rep,name=limits,proto3" json:"limits,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -344,6 +377,20 @@ func (x *Session) GetExit() int32 {
 func (x *Session) GetCommand() []string {
 	if x != nil {
 		return x.Command
+	}
+	return nil
+}
+
+func (x *Session) GetNet() string {
+	if x != nil {
+		return x.Net
+	}
+	return ""
+}
+
+func (x *Session) GetLimits() map[string]string {
+	if x != nil {
+		return x.Limits
 	}
 	return nil
 }
@@ -766,7 +813,7 @@ var File_bushost_launch_v1_launch_proto protoreflect.FileDescriptor
 
 const file_bushost_launch_v1_launch_proto_rawDesc = "" +
 	"\n" +
-	"\x1ebushost/launch/v1/launch.proto\x12\x11bushost.launch.v1\"\xb0\x02\n" +
+	"\x1ebushost/launch/v1/launch.proto\x12\x11bushost.launch.v1\"\xf7\x03\n" +
 	"\rLaunchRequest\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -779,9 +826,16 @@ const file_bushost_launch_v1_launch_proto_rawDesc = "" +
 	"\x06memory\x18\t \x01(\tR\x06memory\x12\x12\n" +
 	"\x04pids\x18\n" +
 	" \x01(\x03R\x04pids\x12'\n" +
-	"\x0ftimeout_seconds\x18\v \x01(\x03R\x0etimeoutSeconds\"F\n" +
+	"\x0ftimeout_seconds\x18\v \x01(\x03R\x0etimeoutSeconds\x12D\n" +
+	"\x06limits\x18\f \x03(\v2,.bushost.launch.v1.LaunchRequest.LimitsEntryR\x06limits\x12#\n" +
+	"\rallow_domains\x18\r \x03(\tR\fallowDomains\x12\x1f\n" +
+	"\vallow_hosts\x18\x0e \x03(\tR\n" +
+	"allowHosts\x1a9\n" +
+	"\vLimitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
 	"\x0eLaunchResponse\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.bushost.launch.v1.SessionR\asession\"\xe8\x02\n" +
+	"\asession\x18\x01 \x01(\v2\x1a.bushost.launch.v1.SessionR\asession\"\xf5\x03\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bbusiness\x18\x02 \x01(\tR\bbusiness\x12\x18\n" +
@@ -797,7 +851,12 @@ const file_bushost_launch_v1_launch_proto_rawDesc = "" +
 	"\astarted\x18\v \x01(\tR\astarted\x12\x14\n" +
 	"\x05ended\x18\f \x01(\tR\x05ended\x12\x12\n" +
 	"\x04exit\x18\r \x01(\x05R\x04exit\x12\x18\n" +
-	"\acommand\x18\x0e \x03(\tR\acommand\"\r\n" +
+	"\acommand\x18\x0e \x03(\tR\acommand\x12\x10\n" +
+	"\x03net\x18\x0f \x01(\tR\x03net\x12>\n" +
+	"\x06limits\x18\x10 \x03(\v2&.bushost.launch.v1.Session.LimitsEntryR\x06limits\x1a9\n" +
+	"\vLimitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\r\n" +
 	"\vListRequest\"F\n" +
 	"\fListResponse\x126\n" +
 	"\bsessions\x18\x01 \x03(\v2\x1a.bushost.launch.v1.SessionR\bsessions\"\x1d\n" +
@@ -842,7 +901,7 @@ func file_bushost_launch_v1_launch_proto_rawDescGZIP() []byte {
 	return file_bushost_launch_v1_launch_proto_rawDescData
 }
 
-var file_bushost_launch_v1_launch_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_bushost_launch_v1_launch_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_bushost_launch_v1_launch_proto_goTypes = []any{
 	(*LaunchRequest)(nil),  // 0: bushost.launch.v1.LaunchRequest
 	(*LaunchResponse)(nil), // 1: bushost.launch.v1.LaunchResponse
@@ -855,27 +914,31 @@ var file_bushost_launch_v1_launch_proto_goTypes = []any{
 	(*StopResponse)(nil),   // 8: bushost.launch.v1.StopResponse
 	(*LogsRequest)(nil),    // 9: bushost.launch.v1.LogsRequest
 	(*LogsResponse)(nil),   // 10: bushost.launch.v1.LogsResponse
+	nil,                    // 11: bushost.launch.v1.LaunchRequest.LimitsEntry
+	nil,                    // 12: bushost.launch.v1.Session.LimitsEntry
 }
 var file_bushost_launch_v1_launch_proto_depIdxs = []int32{
-	2,  // 0: bushost.launch.v1.LaunchResponse.session:type_name -> bushost.launch.v1.Session
-	2,  // 1: bushost.launch.v1.ListResponse.sessions:type_name -> bushost.launch.v1.Session
-	2,  // 2: bushost.launch.v1.WaitResponse.session:type_name -> bushost.launch.v1.Session
-	2,  // 3: bushost.launch.v1.StopResponse.session:type_name -> bushost.launch.v1.Session
-	0,  // 4: bushost.launch.v1.LaunchService.Launch:input_type -> bushost.launch.v1.LaunchRequest
-	3,  // 5: bushost.launch.v1.LaunchService.List:input_type -> bushost.launch.v1.ListRequest
-	5,  // 6: bushost.launch.v1.LaunchService.Wait:input_type -> bushost.launch.v1.WaitRequest
-	7,  // 7: bushost.launch.v1.LaunchService.Stop:input_type -> bushost.launch.v1.StopRequest
-	9,  // 8: bushost.launch.v1.LaunchService.Logs:input_type -> bushost.launch.v1.LogsRequest
-	1,  // 9: bushost.launch.v1.LaunchService.Launch:output_type -> bushost.launch.v1.LaunchResponse
-	4,  // 10: bushost.launch.v1.LaunchService.List:output_type -> bushost.launch.v1.ListResponse
-	6,  // 11: bushost.launch.v1.LaunchService.Wait:output_type -> bushost.launch.v1.WaitResponse
-	8,  // 12: bushost.launch.v1.LaunchService.Stop:output_type -> bushost.launch.v1.StopResponse
-	10, // 13: bushost.launch.v1.LaunchService.Logs:output_type -> bushost.launch.v1.LogsResponse
-	9,  // [9:14] is the sub-list for method output_type
-	4,  // [4:9] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	11, // 0: bushost.launch.v1.LaunchRequest.limits:type_name -> bushost.launch.v1.LaunchRequest.LimitsEntry
+	2,  // 1: bushost.launch.v1.LaunchResponse.session:type_name -> bushost.launch.v1.Session
+	12, // 2: bushost.launch.v1.Session.limits:type_name -> bushost.launch.v1.Session.LimitsEntry
+	2,  // 3: bushost.launch.v1.ListResponse.sessions:type_name -> bushost.launch.v1.Session
+	2,  // 4: bushost.launch.v1.WaitResponse.session:type_name -> bushost.launch.v1.Session
+	2,  // 5: bushost.launch.v1.StopResponse.session:type_name -> bushost.launch.v1.Session
+	0,  // 6: bushost.launch.v1.LaunchService.Launch:input_type -> bushost.launch.v1.LaunchRequest
+	3,  // 7: bushost.launch.v1.LaunchService.List:input_type -> bushost.launch.v1.ListRequest
+	5,  // 8: bushost.launch.v1.LaunchService.Wait:input_type -> bushost.launch.v1.WaitRequest
+	7,  // 9: bushost.launch.v1.LaunchService.Stop:input_type -> bushost.launch.v1.StopRequest
+	9,  // 10: bushost.launch.v1.LaunchService.Logs:input_type -> bushost.launch.v1.LogsRequest
+	1,  // 11: bushost.launch.v1.LaunchService.Launch:output_type -> bushost.launch.v1.LaunchResponse
+	4,  // 12: bushost.launch.v1.LaunchService.List:output_type -> bushost.launch.v1.ListResponse
+	6,  // 13: bushost.launch.v1.LaunchService.Wait:output_type -> bushost.launch.v1.WaitResponse
+	8,  // 14: bushost.launch.v1.LaunchService.Stop:output_type -> bushost.launch.v1.StopResponse
+	10, // 15: bushost.launch.v1.LaunchService.Logs:output_type -> bushost.launch.v1.LogsResponse
+	11, // [11:16] is the sub-list for method output_type
+	6,  // [6:11] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_bushost_launch_v1_launch_proto_init() }
@@ -889,7 +952,7 @@ func file_bushost_launch_v1_launch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_launch_v1_launch_proto_rawDesc), len(file_bushost_launch_v1_launch_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,145 @@
+package launch
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"flag"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/sock"
+)
+
+// SockLimits bound launch.sock as bushostd's sockets are bounded
+// (docs/limits.md), through the same admission (internal/sock):
+// connections and calls on the socket and per peer uid, with room only
+// root (the launcher's own uid: the host's tools) may use, calls per
+// grant, and how long a request may take to arrive and a connection may
+// idle. A session wait is a call in flight for as long as it waits.
+type SockLimits struct {
+	MaxConns, MaxCalls             int
+	MaxConnsPerUID, MaxCallsPerUID int
+	ReservedConns, ReservedCalls   int
+	MaxCallsPerGrant               int
+	RequestTimeout, IdleTimeout    time.Duration
+}
+
+// DefaultSockLimits are bushostd's defaults, but for calls per grant:
+// a lead may wait for each of its --max-sessions-per-grant sessions and
+// still launch.
+func DefaultSockLimits() SockLimits {
+	return SockLimits{MaxConns: 256, MaxCalls: 64, MaxConnsPerUID: 32, MaxCallsPerUID: 16, ReservedConns: 16, ReservedCalls: 8,
+		MaxCallsPerGrant: 16, RequestTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second}
+}
+
+func (l *SockLimits) addFlags(fs *flag.FlagSet) {
+	fs.IntVar(&l.MaxConns, "max-conns", l.MaxConns, "connections to launch.sock; more are closed at accept")
+	fs.IntVar(&l.MaxCalls, "max-in-flight", l.MaxCalls, "calls in flight on launch.sock")
+	fs.IntVar(&l.MaxConnsPerUID, "max-conns-per-uid", l.MaxConnsPerUID, "connections from one peer uid (not root's)")
+	fs.IntVar(&l.MaxCallsPerUID, "max-calls-per-uid", l.MaxCallsPerUID, "calls in flight from one peer uid (not root's)")
+	fs.IntVar(&l.ReservedConns, "reserved-conns", l.ReservedConns, "connections only root may use (at most half of --max-conns)")
+	fs.IntVar(&l.ReservedCalls, "reserved-calls", l.ReservedCalls, "calls only root may use (at most half of --max-in-flight)")
+	fs.IntVar(&l.MaxCallsPerGrant, "max-calls-per-grant", l.MaxCallsPerGrant, "calls in flight per grant (its token)")
+	fs.DurationVar(&l.RequestTimeout, "request-timeout", l.RequestTimeout, "a call's request must arrive whole within this")
+	fs.DurationVar(&l.IdleTimeout, "idle-timeout", l.IdleTimeout, "close a connection with no call this long")
+}
+
+func (l SockLimits) check() error {
+	for _, n := range []int{l.MaxConns, l.MaxCalls, l.MaxConnsPerUID, l.MaxCallsPerUID, l.MaxCallsPerGrant, int(l.RequestTimeout), int(l.IdleTimeout)} {
+		if n <= 0 {
+			return errors.New("--max-conns, --max-in-flight, --max-conns-per-uid, --max-calls-per-uid, --max-calls-per-grant, --request-timeout and --idle-timeout must be positive")
+		}
+	}
+	if l.ReservedConns < 0 || l.ReservedCalls < 0 {
+		return errors.New("--reserved-conns and --reserved-calls must not be negative")
+	}
+	return nil
+}
+
+// Transport sizes: a launch request is a command line and a few names
+// (a command of 64 KiB is refused ResourceExhausted by grpc).
+const (
+	maxRecvMsg   = 64 << 10
+	streamWindow = 64 << 10
+	connWindow   = 256 << 10
+	ioBuffer     = 32 << 10
+	maxHeader    = 16 << 10
+)
+
+// Budget is the bound on the launcher's live memory: a baseline, each
+// connection at its buffers and one header list, each call in flight at
+// a request buffered and decoded.
+func (l SockLimits) Budget() int64 {
+	const baseline, perConn, perCall = 32 << 20, 3*ioBuffer + maxHeader, 2*maxRecvMsg + streamWindow
+	return baseline + int64(l.MaxConns)*perConn + int64(l.MaxCalls)*perCall
+}
+
+// newServer is launch.sock's gRPC server with its bounds, and the
+// admission its listener must be wrapped in.
+func newServer(l SockLimits, adminToken string) (*grpc.Server, *sock.Admission) {
+	adm := sock.NewAdmission(sock.AdmitLimits{
+		MaxConns: l.MaxConns, MaxCalls: l.MaxCalls, MaxConnsPerUID: l.MaxConnsPerUID, MaxCallsPerUID: l.MaxCallsPerUID,
+		ReservedConns: l.ReservedConns, ReservedCalls: l.ReservedCalls, OwnUID: os.Getuid(),
+		RequestTimeout: l.RequestTimeout, SendTimeout: l.IdleTimeout,
+	})
+	grants := &grantCalls{max: l.MaxCallsPerGrant, admin: sha256.Sum256([]byte(adminToken)), n: map[[sha256.Size]byte]int{}}
+	srv := grpc.NewServer(
+		grpc.Creds(sock.PeerCred{}),
+		grpc.MaxRecvMsgSize(maxRecvMsg),
+		grpc.MaxConcurrentStreams(16),
+		grpc.MaxHeaderListSize(maxHeader),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
+		grpc.ReadBufferSize(ioBuffer),
+		grpc.WriteBufferSize(ioBuffer),
+		grpc.ConnectionTimeout(l.RequestTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.IdleTimeout, Time: l.IdleTimeout, Timeout: l.RequestTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
+		grpc.InTapHandle(adm.Tap),
+		grpc.ChainUnaryInterceptor(adm.Unary, grants.unary),
+	)
+	return srv, adm
+}
+
+// grantCalls bounds the calls in flight of one grant, counted by its
+// token's hash (a grant has one token) before any broker lookup; the
+// host's admin token is not counted.
+type grantCalls struct {
+	max   int
+	admin [sha256.Size]byte
+	mu    sync.Mutex
+	n     map[[sha256.Size]byte]int
+}
+
+func (g *grantCalls) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	tok := authz.TokenFromContext(ctx)
+	k := sha256.Sum256([]byte(tok))
+	if tok == "" || subtle.ConstantTimeCompare(k[:], g.admin[:]) == 1 {
+		return h(ctx, req)
+	}
+	g.mu.Lock()
+	if g.n[k] >= g.max {
+		n := g.n[k]
+		g.mu.Unlock()
+		return nil, errdefs.ToGRPC(errdefs.ResourceExhausted(errdefs.TooManyCallsPerGrant, "this grant already has %d calls in flight on launch.sock (limit %d, sandbox serve --max-calls-per-grant); end some and retry", n, g.max).
+			With("limit", g.max).Retry(time.Second))
+	}
+	g.n[k]++
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		if g.n[k]--; g.n[k] <= 0 {
+			delete(g.n, k)
+		}
+		g.mu.Unlock()
+	}()
+	return h(ctx, req)
+}
