@@ -21,7 +21,8 @@ serves there:
   broker.sock   BrokerService (0660)
   admin.token   the host's credential (0600, made at first start)
   broker.db     the broker's store, unless --broker-dsn postgres://...
-  repos/<business>/<project>.git
+  repos/<business>/<project>/pool.git          main and what landed
+  repos/<business>/<project>/tasks/<task>.git  one task's pushes
 
 One bushostd per home: a second refuses to start and names the first.
 Sockets passed by a service manager (LISTEN_FDS, bound to HOME/git.sock
@@ -32,6 +33,7 @@ One log line per call (--log-format, --log-level); Prometheus metrics
 with --metrics-addr. SIGTERM or SIGINT drains: health turns NOT_SERVING
 and new calls get Unavailable for --drain-grace, then the sockets close,
 calls in flight finish (up to --drain-timeout), and bushostd exits 0.
+Once it serves, it prints the commands that come next (text logs only).
 See docs/operations.md.`
 
 func main() {

@@ -31,6 +31,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/textsafe"
 	"github.com/bushost/bushost/internal/version"
@@ -159,7 +160,7 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 		return nil
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return usageError{flagHint(cmd, err)}
+		return usageError{cmdline.FlagHint(cmd, err)}
 	})
 
 	groups := map[string]*cobra.Command{"": root}
@@ -264,52 +265,6 @@ func unknownSub(cmd *cobra.Command, args []string) error {
 		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
 	}
 	return usageError{msg}
-}
-
-// flagHint adds "did you mean" to pflag's unknown-flag error when a flag of
-// cmd is close to the one given.
-func flagHint(cmd *cobra.Command, err error) string {
-	msg := err.Error()
-	name, ok := strings.CutPrefix(msg, "unknown flag: --")
-	if !ok {
-		return msg
-	}
-	var best []string
-	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if d := distance(name, f.Name); d <= 2 || strings.HasPrefix(f.Name, name) {
-			best = append(best, "--"+f.Name)
-		}
-	})
-	cmd.InheritedFlags().VisitAll(func(f *pflag.Flag) {
-		if d := distance(name, f.Name); d <= 2 {
-			best = append(best, "--"+f.Name)
-		}
-	})
-	if len(best) > 0 {
-		msg += "\n\nDid you mean this?\n\t" + strings.Join(best, "\n\t")
-	}
-	return msg
-}
-
-// distance is the Levenshtein distance of a and b.
-func distance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }
 
 // hasFlag reports whether args carry --name (or -name) before any "--".

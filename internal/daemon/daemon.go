@@ -292,6 +292,9 @@ func Serve(ctx context.Context, o Options) error {
 	go func() { errc <- gitSrv.Serve(gitL) }()
 	go func() { errc <- brokerSrv.Serve(brokerL) }()
 	log.Info("serving", "home", o.Home, "git", filepath.Join(o.Home, GitSocket), "broker", filepath.Join(o.Home, BrokerSocket), "pid", os.Getpid())
+	if o.Logger == nil && o.Observe.LogFormat != "json" {
+		fmt.Fprint(os.Stderr, nextSteps(o.Home))
+	}
 
 	var serveErr error
 	select {
