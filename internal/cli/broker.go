@@ -24,18 +24,21 @@ import (
 func init() {
 	register(&command{
 		words: "task add",
+		short: "register a task of a project",
 		usage: "task add --business B --project P --task T",
 		help:  "Host: register task T of a project added with 'project add'. Idempotent.",
 		setup: runTaskAdd,
 	})
 	register(&command{
 		words: "grant",
+		short: "issue a token for one task, role and capabilities",
 		usage: "grant --business B --project P --task T --role R --cap C[,C...] [--launch ROLE=C[,C...]]... [--ttl D] [--out FILE]",
 		help:  "Host: issue a token for one task, role and capabilities; prints the token, or writes it to FILE (mode 0600, never overwritten) and prints the grant id. With --cap session.launch, each --launch ROLE=C,... names a role the grant may launch sessions of (bushost session launch) and the capabilities they may hold.",
 		setup: runGrant,
 	})
 	register(&command{
 		words: "revoke",
+		short: "make a grant's token useless",
 		usage: "revoke GRANT_ID",
 		help:  "Host: make a grant's token useless from now on.",
 		args:  cobra.ArbitraryArgs,
@@ -43,36 +46,42 @@ func init() {
 	})
 	register(&command{
 		words: "review request",
+		short: "ask for a review of the task's latest push",
 		usage: "review request",
 		help:  "Ask for a review of the task's latest push; prints the request id (the same one when asked again for the same push).",
 		setup: runReviewRequest,
 	})
 	register(&command{
 		words: "review verdict",
+		short: "approve or reject the push under review",
 		usage: "review verdict --request ID (--approve | --reject) [--commit SHA] [--repo DIR] [--comment TEXT]",
 		help:  "Give the one verdict of a review request of the task's latest push, on the commit the reviewer saw: --commit, else DIR's refs/review/<task> (DIR default .).",
 		setup: runReviewVerdict,
 	})
 	register(&command{
 		words: "task close",
+		short: "close the task (its latest push approved)",
 		usage: "task close",
 		help:  "Close the task; with a push, only once its latest push is approved.",
 		setup: runTaskClose,
 	})
 	register(&command{
 		words: "event record",
+		short: "record a free-form event in the log",
 		usage: "event record --type TYPE [--data JSON | --batch FILE] [--key KEY]",
 		help:  "Record a free-form event (type like agent.step_done, data a JSON object); prints its sequence number. With --key, retrying with the same body returns the first event. With --batch FILE (- for stdin), each line of FILE is one event's data, all recorded in one call, all or none (at most 256 events, 512 KiB); prints one sequence number a line.",
 		setup: runEventRecord,
 	})
 	register(&command{
 		words: "events",
+		short: "list the log's events",
 		usage: "events [--task T] [--follow] [--json]",
 		help:  "List the log's events in order (a grant sees its own task's only); --follow keeps streaming new ones. --json prints one JSON object per line.",
 		setup: runEvents,
 	})
 	register(&command{
 		words: "log verify",
+		short: "check the log's hash chain and derived tables",
 		usage: "log verify [--head SEQ:HASH] [--checkpoint-file PATH]",
 		help:  "Host: recompute the log's hash chain, check each recorded head (--head, every line of a checkpoint file) is still in the log, and compare the derived tables with the log; exits 1 naming the first bad event and every differing row.",
 		setup: runLogVerify,

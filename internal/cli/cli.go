@@ -65,6 +65,9 @@ type runFunc func(ctx context.Context, e *Env, args []string) error
 // command is one command line form, e.g. words "review verdict".
 type command struct {
 	words string
+	// short is one line (the command list of --help, completion);
+	// help is the whole story (the command's own --help).
+	short string
 	usage string
 	help  string
 	// args checks the positional arguments (default: none allowed).
@@ -144,6 +147,17 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	// The root's Long lists every command once, with its usage line;
+	// cobra's own list of the first words would repeat them. The other
+	// commands keep cobra's usage (a group lists its subcommands).
+	cobraUsage := root.UsageFunc()
+	root.SetUsageFunc(func(c *cobra.Command) error {
+		if c.HasParent() {
+			return cobraUsage(c)
+		}
+		_, err := fmt.Fprintf(c.OutOrStderr(), "Global flags:\n%s", c.LocalFlags().FlagUsages())
+		return err
+	})
 	home := e.Getenv("BUSHOST_HOME")
 	if home == "" {
 		home = "./bus-host"
@@ -198,8 +212,9 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 		if args == nil {
 			args = cobra.NoArgs
 		}
-		cc := &cobra.Command{Use: use, Short: c.help, Long: c.help, Args: args}
+		cc := &cobra.Command{Use: use, Short: c.short, Long: c.help, Args: args}
 		run := c.setup(cc.Flags())
+		completeFlagValues(cc)
 		cc.RunE = func(cmd *cobra.Command, args []string) error {
 			*ran = true
 			return run(cmd.Context(), e, args)
@@ -238,10 +253,13 @@ Commands:
 	}
 	sort.Strings(names)
 	for _, k := range names {
-		fmt.Fprintf(&b, "  bushost %s\n      %s\n", commands[k].usage, commands[k].help)
+		fmt.Fprintf(&b, "  bushost %s\n      %s\n", commands[k].usage, commands[k].short)
 	}
-	b.WriteString(`
-'bushost help COMMAND' or 'bushost COMMAND --help' shows a command's flags.
+	b.WriteString(`  bushost completion bash|zsh|fish
+      print a shell completion script
+
+'bushost help COMMAND' or 'bushost COMMAND --help' says what a command
+does and lists its flags.
 Exit status: 0 ok, 1 refused by a rule, 2 usage, 3 bus host unreachable,
 4 not authenticated or not permitted, 5 conflict or stale, 6 invalid input,
 7 a limit was hit, 8 the bus host failed (docs/errors.md).`)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -157,5 +158,63 @@ func TestNoDaemonIsAClearError(t *testing.T) {
 	}
 	if code != errdefs.ExitUnreachable || json.Unmarshal([]byte(errs), &obj) != nil || obj.Error.Reason != "UNREACHABLE" || obj.Error.Metadata["home"] != dir {
 		t.Fatalf("--json: exit %d: %s", code, errs)
+	}
+}
+
+// --help lists each command once, with its usage line and a short text of
+// one line; a group's help lists its subcommands by those short texts.
+func TestHelpListsEachCommandOnce(t *testing.T) {
+	out, _, code := run(t, nil, "--help")
+	if code != 0 {
+		t.Fatalf("--help: exit %d", code)
+	}
+	for words, c := range commands {
+		if c.short == "" || strings.ContainsAny(c.short, "\n") || len(c.short) > 60 {
+			t.Errorf("%s: short text %q: want one line of at most 60 characters", words, c.short)
+		}
+		line := "  bushost " + c.usage + "\n      " + c.short + "\n"
+		if n := strings.Count(out, line); n != 1 {
+			t.Errorf("%s: listed %d times in --help", words, n)
+		}
+		if strings.Contains(out, c.help) && c.help != c.short {
+			t.Errorf("%s: its whole help is in the command list", words)
+		}
+	}
+	if strings.Contains(out, "Available Commands") {
+		t.Errorf("--help lists the commands twice:\n%s", out)
+	}
+	out, _, _ = run(t, nil, "task", "--help")
+	if !strings.Contains(out, "  show ") || !strings.Contains(out, commands["task show"].short) {
+		t.Errorf("task --help lacks its subcommands:\n%s", out)
+	}
+}
+
+// Completion offers the values of --state, --cap (each item of the list)
+// and --role.
+func TestCompletionValues(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+		not  string
+	}{
+		{[]string{"task", "list", "--state", ""}, []string{"open", "closed", "landed"}, ""},
+		{[]string{"grant", "--cap", ""}, []string{"git.push.working", "task.close", "session.launch"}, ""},
+		{[]string{"grant", "--cap", "git.push.working,"}, []string{"git.push.working,review.request", "git.push.working,task.land"}, "git.push.working,git.push.working"},
+		{[]string{"grant", "--role", ""}, []string{"worker", "reviewer", "lead"}, ""},
+		{[]string{"session", "launch", "--caps", ""}, []string{"review.request"}, ""},
+	} {
+		out, _, code := run(t, nil, append([]string{"__complete"}, tc.args...)...)
+		if code != 0 {
+			t.Errorf("%v: exit %d", tc.args, code)
+		}
+		lines := strings.Split(out, "\n")
+		for _, w := range tc.want {
+			if !slices.Contains(lines, w) {
+				t.Errorf("%v: %q not offered:\n%s", tc.args, w, out)
+			}
+		}
+		if tc.not != "" && slices.Contains(lines, tc.not) {
+			t.Errorf("%v: offered %q again", tc.args, tc.not)
+		}
 	}
 }

@@ -40,36 +40,42 @@ const gitChunk = 1 << 20
 func init() {
 	register(&command{
 		words: "push-working",
+		short: "push the work at HEAD to the task",
 		usage: "push-working [--repo DIR] [--bundle FILE]",
 		help:  "Push the work at DIR's HEAD (a bundle against the main fetched with fetch-main) to the task's refs/work/<task>, or send FILE as is (a regular file goes as its open descriptor, which the bus host reads); prints the commit pushed.",
 		setup: runPushWorking,
 	})
 	register(&command{
 		words: "fetch-main",
+		short: "fetch the bus host's main",
 		usage: "fetch-main --repo DIR",
 		help:  "Set DIR's refs/remotes/bushost/main to the bus host's main, and fast-forward main to it (a diverged main is left, with a message); DIR is made if absent or empty, else must be a repository's top.",
 		setup: runFetchMain,
 	})
 	register(&command{
 		words: "fetch-review",
+		short: "fetch the task's latest push, to review it",
 		usage: "fetch-review --repo DIR",
 		help:  "Fetch the task's latest push into DIR's refs/review/<task>, checked as the server checks pushes; prints the commit.",
 		setup: runFetchReview,
 	})
 	register(&command{
 		words: "fetch-work",
+		short: "fetch the task's latest push, to work on",
 		usage: "fetch-work --repo DIR",
 		help:  "Fetch the task's latest push into DIR's refs/work/<task> (a worker that lost its clone gets its work back); prints the commit.",
 		setup: runFetchWork,
 	})
 	register(&command{
 		words: "project add",
+		short: "make a project and seed main from a root",
 		usage: "project add --business B --project P --root DIR",
 		help:  "Host: make the project's repository and seed main from DIR (a git repository's HEAD, or its files as one commit). Idempotent.",
 		setup: runProjectAdd,
 	})
 	register(&command{
 		words: "project sync",
+		short: "fast-forward main from the project's root",
 		usage: "project sync --business B --project P",
 		help:  "Host: fast-forward main from the project's root; anything but a fast-forward is refused.",
 		setup: runProjectSync,
