@@ -223,7 +223,9 @@ type Review struct {
 }
 
 // RequestReview asks for a review of the task's latest push; asking again
-// for the same push returns the same request and appends nothing.
+// for the same push returns the same request and appends nothing, unless
+// that push was rejected: then it is refused (VERDICT_GIVEN), since only a
+// new push can be reviewed again.
 func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) (Review, error) {
 	if !g.Has(authz.CapReviewRequest) && !g.Has(authz.CapPushWorking) {
 		return Review{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s (or %s)", g.ID, authz.CapReviewRequest, authz.CapPushWorking)
@@ -243,6 +245,14 @@ func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) 
 		r, ok, err := q.requestForPush(ctx, t, t.LastPushSeq)
 		if err != nil {
 			return err
+		}
+		if ok && r.Verdict == Reject {
+			// One verdict per request: a rejected push is never reviewed
+			// again; the work goes on with a new push.
+			return errdefs.FailedPrecondition(errdefs.VerdictGiven,
+				"the latest push %s of task %s was rejected (request %s, event %d): push a new commit, then ask for its review; 'bushost task show' has the reviewer's comment",
+				r.Commit, scopeString(t.Business, t.Project, t.Task), r.ID, r.VerdictSeq).
+				With("request", r.ID).With("commit", r.Commit).With("verdict", r.Verdict)
 		}
 		if ok {
 			rv = Review{RequestID: r.ID, Commit: r.Commit}

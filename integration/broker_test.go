@@ -136,9 +136,9 @@ func TestBrokerWholeTask(t *testing.T) {
 	if got := strings.Join(types, " "); got != want {
 		t.Fatalf("events:\n got %s\nwant %s", got, want)
 	}
-	// A grant sees its own task's events.
+	// A grant sees its own task's events, under the listing's header.
 	out, _ := runAs(t, h, worker, 0, "events")
-	if strings.Count(out, "\n")+1 != len(types) {
+	if lines := strings.Split(out, "\n"); len(lines) != len(types)+1 || !strings.HasPrefix(lines[0], "SEQ\tTIME\t") {
 		t.Fatalf("worker's events:\n%s", out)
 	}
 	if out := h.Must(t, "log", "verify"); !strings.HasPrefix(out, "ok:") {

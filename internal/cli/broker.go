@@ -48,7 +48,7 @@ func init() {
 		words: "review request",
 		short: "ask for a review of the task's latest push",
 		usage: "review request",
-		help:  "Ask for a review of the task's latest push; prints the request id (the same one when asked again for the same push).",
+		help:  "Ask for a review of the task's latest push; prints the request id (the same one when asked again for the same push). Once that push is rejected, asking again is refused (VERDICT_GIVEN): push a new commit first; 'task show' has the reviewer's comment.",
 		setup: runReviewRequest,
 	})
 	register(&command{
@@ -191,8 +191,11 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 		if *out != "" {
 			var err error
 			f, err = os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if errors.Is(err, os.ErrExist) {
+				return usagef("--out %s exists: a token file is never overwritten; give a new path, or remove that file first", *out)
+			}
 			if err != nil {
-				return fmt.Errorf("token file: %w", err)
+				return usagef("--out: %v", err)
 			}
 			defer f.Close()
 		}
@@ -399,9 +402,20 @@ func runEvents(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		// The text listing is a table with a header, printed with the first
+		// event (so that a follow's first line still means it is streaming),
+		// or alone at the end of an empty listing.
+		header := !e.JSON
+		printHeader := func() {
+			if header {
+				fmt.Fprintln(e.Stdout, "SEQ\tTIME\tBUSINESS/PROJECT/TASK\tTYPE\tACTOR\tDATA")
+				header = false
+			}
+		}
 		for {
 			r, err := stream.Recv()
 			if errors.Is(err, io.EOF) {
+				printHeader()
 				return nil
 			}
 			if err != nil {
@@ -410,6 +424,7 @@ func runEvents(fs *pflag.FlagSet) runFunc {
 				}
 				return err
 			}
+			printHeader()
 			ev := r.GetEvent()
 			text := fmt.Sprintf("%d\t%s\t%s/%s/%s\t%s\t%s\t%s", ev.GetSeq(), ev.GetTime(), ev.GetBusiness(), ev.GetProject(), ev.GetTask(), ev.GetType(), ev.GetActor(), ev.GetData())
 			if err := brokerPrint(e, text, eventJSON(ev)); err != nil {
@@ -463,6 +478,10 @@ func runLogVerify(fs *pflag.FlagSet) runFunc {
 					return fmt.Errorf("the log breaks at event %d: %s", r.FirstBadSeq, r.Reason)
 				}
 				return fmt.Errorf("the derived tables differ from the log in %d rows (above); the gate decides from the log", len(r.Differences))
+			}
+			if len(heads) == 0 {
+				return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, derived tables agree; no recorded head was given to check the log against "+
+					"(record one with 'bushost log head', or run bushostd with --checkpoint-file; then --head SEQ:HASH or --checkpoint-file PATH)", r.Events), obj)
 			}
 			return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, %d recorded heads match, derived tables agree", r.Events, len(heads)), obj)
 		})

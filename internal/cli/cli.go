@@ -10,8 +10,10 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -56,6 +58,9 @@ type Env struct {
 	// tokenFrom says where the token came from, for the hint on an
 	// unknown token.
 	tokenFrom string
+	// dialed is the socket last dialed, for the hint on a server that
+	// does not answer (bushostd's sockets, or the launcher's).
+	dialed string
 }
 
 // runFunc runs a command once its flags are parsed; args are its
@@ -359,9 +364,10 @@ func (e *Env) classify(err error) *errdefs.Error {
 	switch {
 	case x.Code == codes.Unavailable && x.Reason == "":
 		// The transport failed: nothing answers on the socket.
+		who, start := serverOf(e.dialed, e.Home)
 		x = errdefs.Unavailable(errdefs.Unreachable,
-			"no bushostd serves on home %s (a stale socket, or a stopped daemon: %s); start one with 'bushostd serve --home %s'",
-			e.Home, x.Message, e.Home).With("home", e.Home).Wrap(err)
+			"no %s serves on home %s (a stale socket, or a stopped server: %s); start one with %s",
+			who, e.Home, x.Message, start).With("home", e.Home).Wrap(err)
 	case x.Reason == errdefs.TokenUnknown && e.tokenFrom == "BUS_TOKEN":
 		if t := strings.TrimSpace(e.Getenv("BUS_TOKEN")); strings.ContainsRune(t, '/') {
 			x.Message += fmt.Sprintf("; $BUS_TOKEN holds %q, which looks like a file's path: $BUS_TOKEN is the token itself, give a path as $BUS_TOKEN_FILE or --token-file", t)
@@ -397,6 +403,12 @@ func (e *Env) token() (string, error) {
 				"no bushostd serves on home %s (%v); start one with 'bushostd serve --home %s', or give --home or $BUSHOST_HOME", e.Home, serr, e.Home).
 				With("home", e.Home).Wrap(serr)
 		}
+		if errors.Is(err, fs.ErrNotExist) && !e.hasSocket() {
+			// Not a bus host's home at all: no daemon ever served there.
+			return "", errdefs.Unavailable(errdefs.Unreachable,
+				"no bushostd serves on home %s: it holds no admin.token and no socket; start one with 'bushostd serve --home %s', or give the home of a running one with --home or $BUSHOST_HOME", e.Home, e.Home).
+				With("home", e.Home).Wrap(err)
+		}
 		return "", errdefs.Unauthenticated(errdefs.TokenMissing,
 			"no token: give --token-file FILE, $BUS_TOKEN_FILE or $BUS_TOKEN (or run as the host, with %s readable): %v", path, err).Wrap(err)
 	}
@@ -412,9 +424,11 @@ func (e *Env) dial(ctx context.Context, socket string, opts ...grpc.DialOption) 
 		return nil, nil, err
 	}
 	path := filepath.Join(e.Home, socket)
+	e.dialed = socket
 	if _, err := os.Stat(path); err != nil {
+		who, start := serverOf(socket, e.Home)
 		return nil, nil, errdefs.Unavailable(errdefs.Unreachable,
-			"no bushostd serves on home %s (%v: a stopped daemon, or the wrong --home); start one with 'bushostd serve --home %s'", e.Home, err, e.Home).
+			"no %s serves on home %s (%v: a stopped server, or the wrong --home); start one with %s", who, e.Home, err, start).
 			With("home", e.Home).With("socket", path).Wrap(err)
 	}
 	abs, err := filepath.Abs(path)
@@ -430,6 +444,25 @@ func (e *Env) dial(ctx context.Context, socket string, opts ...grpc.DialOption) 
 	}
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
 	return conn, ctx, nil
+}
+
+// serverOf names what serves socket in home and how to start it:
+// bushostd for git.sock and broker.sock, the launcher for launch.sock.
+func serverOf(socket, home string) (who, start string) {
+	if socket == "launch.sock" {
+		return "launcher (sandbox serve)", fmt.Sprintf("'sandbox serve --home %s' as root, beside the bushostd serving there (docs/launch.md)", home)
+	}
+	return "bushostd", fmt.Sprintf("'bushostd serve --home %s'", home)
+}
+
+// hasSocket reports whether the home holds one of bushostd's sockets.
+func (e *Env) hasSocket() bool {
+	for _, s := range []string{"git.sock", "broker.sock"} {
+		if fi, err := os.Lstat(filepath.Join(e.Home, s)); err == nil && fi.Mode().Type() == fs.ModeSocket {
+			return true
+		}
+	}
+	return false
 }
 
 // gitClient dials git.sock.

@@ -43,7 +43,7 @@ func init() {
 		words: "task show",
 		short: "show a task: pushes, reviews, verdicts, landing",
 		usage: "task show [--business B --project P --task T]",
-		help: "Show one task from its log: state, latest push, every review request with its verdict, the commit judged and the reviewer's grant, " +
+		help: "Show one task from its log: state, latest push, every review request with its verdict, the commit judged, the reviewer's grant and comment, " +
 			"its landing, and whether it needs the host's repair (--json: one object, docs/broker.md). A session's grant shows its own task with no flags.",
 		setup: runTaskShow,
 	})
@@ -362,6 +362,17 @@ func printTaskShow(e *Env, st taskShowJSON) error {
 		}
 		if err := w.Flush(); err != nil {
 			return err
+		}
+		// The reviewers' comments, whole, under the table: each line of one
+		// indented, so that no comment can pass for a row.
+		for _, rv := range st.Reviews {
+			if rv.Comment == "" {
+				continue
+			}
+			fmt.Fprintf(e.Stdout, "\ncomment on %s (%s, event %d):\n", rv.RequestID, rv.Verdict, rv.VerdictSeq)
+			for _, line := range strings.Split(strings.TrimRight(rv.Comment, "\n"), "\n") {
+				fmt.Fprintf(e.Stdout, "    %s\n", line)
+			}
 		}
 	}
 	if l := st.Landing; l != nil {
