@@ -209,7 +209,7 @@ func TestBrokerRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, errs, code := h.Run(t, nil, "grant", "--business", "acme", "--project", "web", "--task", "t2", "--role", "w", "--cap", "event.record", "--out", tokFile)
-	if b, _ := os.ReadFile(tokFile); code != 1 || string(b) != "keep me" || !strings.Contains(errs, "exists") {
+	if b, _ := os.ReadFile(tokFile); code != 2 || string(b) != "keep me" || !strings.Contains(errs, "exists") {
 		t.Fatalf("grant --out over an existing file: exit %d, %q, file %q", code, errs, b)
 	}
 	if after := len(brokerEvents(t, h)); after != before {
