@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"crypto/rand"
 	"os"
 	"path/filepath"
 	"strings"
@@ -115,5 +116,38 @@ func TestHostHints(t *testing.T) {
 	}
 	if out := h.Must(t, "events", "--after", "100000"); out != "SEQ\tTIME\tBUSINESS/PROJECT/TASK\tTYPE\tACTOR\tDATA" {
 		t.Fatalf("an empty listing: %q", out)
+	}
+}
+
+// A push refused OBJECT_TOO_LARGE names, besides the pack entry, the
+// object and its path in the worker's repository, and leaves the bus
+// host's repositories as they were.
+func TestObjectTooLargeNamesThePath(t *testing.T) {
+	h := startHostWith(t, hostOpts{Args: []string{"--max-object-bytes", "4K"}})
+	f := newLandFixture(t, h, "web", "t1")
+	big := make([]byte, 64<<10)
+	if _, err := rand.Read(big); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(f.work, "assets"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.commit(t, "small.txt", "fits\n")
+	f.commit(t, "assets/big.bin", string(big))
+	blob := testGit(t, f.work, "rev-parse", "HEAD:assets/big.bin")
+	before := treesnap.Take(t, filepath.Join(h.Home, "repos"))
+
+	_, errs := runAs(t, h, f.worker, 7, "push-working", "--repo", f.work)
+	for _, want := range []string{"OBJECT_TOO_LARGE", "--max-object-bytes", "it is the blob " + blob + " at assets/big.bin"} {
+		if !strings.Contains(errs, want) {
+			t.Fatalf("push of a blob over the limit: %q lacks %q", errs, want)
+		}
+	}
+	_, errs = runAs(t, h, f.worker, 7, "--json", "push-working", "--repo", f.work)
+	if e := parseJSONError(t, errs); e.Error.Metadata["path"] != "assets/big.bin" || e.Error.Metadata["object"] != blob || e.Error.Metadata["type"] != "blob" {
+		t.Fatalf("--json metadata: %+v", e.Error)
+	}
+	if d := treesnap.Diff(before, treesnap.Take(t, filepath.Join(h.Home, "repos"))); d != "" {
+		t.Fatalf("a refused push changed the repositories:\n%s", d)
 	}
 }

@@ -112,8 +112,16 @@ func shortLived() {
 func runPushWorking(fs *pflag.FlagSet) runFunc {
 	repo := fs.String("repo", ".", "the worker's repository")
 	file := fs.String("bundle", "", "send this bundle file as is instead of bundling HEAD")
-	return func(ctx context.Context, e *Env, args []string) error {
+	return func(ctx context.Context, e *Env, args []string) (err error) {
 		shortLived()
+		// A refusal of an object over its limit is completed with the
+		// object's id and path, which only this repository knows.
+		var base, head string
+		defer func() {
+			if err != nil && head != "" {
+				err = nameTooLarge(ctx, err, *repo, base, head)
+			}
+		}()
 		// The connection comes first: its context (cctx, carrying the
 		// token) is for the calls only, and nothing local is started for a
 		// bus host that is not there.
@@ -153,13 +161,13 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			// HEAD and main are read in process; git only when go-git
 			// cannot answer.
 			w := openWorkRepo(*repo)
-			head := w.commit("HEAD")
+			head = w.commit("HEAD")
 			if head == "" {
 				if head, err = g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}}); err != nil {
 					return fmt.Errorf("%s has no commit at HEAD: %w", *repo, err)
 				}
 			}
-			base, err := pushBase(ctx, cctx, g, c, w, *repo)
+			base, err = pushBase(ctx, cctx, g, c, w, *repo)
 			if err != nil {
 				return err
 			}
