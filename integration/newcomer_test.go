@@ -2,11 +2,14 @@ package integration
 
 import (
 	"crypto/rand"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/bushost/bushost/internal/testenv"
 	"github.com/bushost/bushost/internal/treesnap"
 )
 
@@ -149,5 +152,47 @@ func TestObjectTooLargeNamesThePath(t *testing.T) {
 	}
 	if d := treesnap.Diff(before, treesnap.Take(t, filepath.Join(h.Home, "repos"))); d != "" {
 		t.Fatalf("a refused push changed the repositories:\n%s", d)
+	}
+}
+
+// bushostd, once it serves, prints the commands that come next (after its
+// "serving" line, with the home they need); with --log-format json its
+// stderr stays one JSON object a line.
+func TestServePrintsNextSteps(t *testing.T) {
+	h := startHost(t)
+	// The sockets answer a moment before the daemon logs that it serves.
+	var log string
+	testenv.WaitFor(t, 30*time.Second, "the next steps in bushostd's log", func() bool {
+		b, _ := os.ReadFile(h.Log)
+		log = string(b)
+		return strings.Contains(log, "sandbox serve --home")
+	})
+	serving := strings.Index(log, "msg=serving")
+	next := strings.Index(log, "export BUSHOST_HOME="+h.Home+"\n")
+	if serving < 0 || next < serving {
+		t.Fatalf("no next steps after the serving line:\n%s", log)
+	}
+	for _, want := range []string{"bushost project add --business", "bushost task add", "bushost grant", "sandbox serve --home " + h.Home} {
+		if !strings.Contains(log[next:], want) {
+			t.Fatalf("the next steps lack %q:\n%s", want, log[next:])
+		}
+	}
+
+	j := startHostWith(t, hostOpts{Args: []string{"--log-format", "json"}})
+	var b []byte
+	testenv.WaitFor(t, 30*time.Second, `the "serving" line of bushostd's JSON log`, func() bool {
+		b, _ = os.ReadFile(j.Log)
+		return strings.Contains(string(b), `"msg":"serving"`)
+	})
+	lines := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("--log-format json wrote a line that is not JSON: %q", line)
+		}
+		lines++
+	}
+	if lines == 0 || strings.Contains(string(b), "bushost project add") {
+		t.Fatalf("--log-format json log:\n%s", b)
 	}
 }
