@@ -406,7 +406,7 @@ func (e *Env) token() (string, error) {
 		if errors.Is(err, fs.ErrNotExist) && !e.hasSocket() {
 			// Not a bus host's home at all: no daemon ever served there.
 			return "", errdefs.Unavailable(errdefs.Unreachable,
-				"no bushostd serves on home %s: it holds no admin.token and no socket; start one with 'bushostd serve --home %s', or give the home of a running one with --home or $BUSHOST_HOME", e.Home, e.Home).
+				"no bushostd serves on home %s: it holds no admin.token and no socket; start one with 'bushostd serve --home %s', or give the home of a running one with --home or $BUSHOST_HOME (and, unless you are its host, your grant's token with --token-file, $BUS_TOKEN_FILE or $BUS_TOKEN)", e.Home, e.Home).
 				With("home", e.Home).Wrap(err)
 		}
 		return "", errdefs.Unauthenticated(errdefs.TokenMissing,

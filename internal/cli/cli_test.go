@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -132,9 +133,22 @@ func TestTokenSources(t *testing.T) {
 	if _, err := e.token(); errdefs.ReasonOf(err) != errdefs.TokenMissing {
 		t.Fatalf("missing token file: %v", err)
 	}
-	// No token anywhere: the message says where to put one.
+	// No token anywhere, in a directory no daemon ever served: it is no
+	// bus host's home, and the message says how to start one (or where a
+	// token goes).
 	e2 := &Env{Home: dir, Getenv: func(string) string { return "" }}
 	os.Remove(filepath.Join(dir, "admin.token"))
+	if _, err := e2.token(); errdefs.ReasonOf(err) != errdefs.Unreachable || !strings.Contains(err.Error(), "'bushostd serve --home "+dir+"'") ||
+		!strings.Contains(err.Error(), "--token-file") {
+		t.Fatalf("no token, no daemon: %v", err)
+	}
+	// No token in a home a daemon serves (its socket is there): the
+	// message says where to put one.
+	l, err := net.Listen("unix", filepath.Join(dir, "git.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
 	if _, err := e2.token(); err == nil || !strings.Contains(err.Error(), "--token-file") || errdefs.ExitCode(err) != errdefs.ExitDenied {
 		t.Fatalf("no token: %v", err)
 	}
