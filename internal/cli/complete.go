@@ -32,7 +32,6 @@ func completeFlagValues(cc *cobra.Command) {
 		if cc.Flags().Lookup(name) == nil {
 			continue
 		}
-		v := v
 		cc.RegisterFlagCompletionFunc(name, func(_ *cobra.Command, _ []string, typed string) ([]string, cobra.ShellCompDirective) {
 			if !v.list {
 				return v.values, cobra.ShellCompDirectiveNoFileComp

@@ -29,7 +29,7 @@ func FlagHint(cmd *cobra.Command, err error) string {
 	cmd.InheritedFlags().VisitAll(func(f *pflag.Flag) { inherited = append(inherited, f.Name) })
 	best := suggest(name, own, true)
 	for _, n := range suggest(name, inherited, false) {
-		if !contains(best, n) {
+		if !slices.Contains(best, n) {
 			best = append(best, n)
 		}
 	}
@@ -46,15 +46,6 @@ func suggest(name string, names []string, prefix bool) []string {
 		}
 	}
 	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func didYouMean(names []string) string {
