@@ -272,6 +272,7 @@ func TestCLIHelpVersionCompletion(t *testing.T) {
 	}{
 		{"bushostd", []string{"serve", "--hom", "x"}, "--home"},
 		{"sandbox", []string{"run", "--run-dr", "x"}, "--run-dir"},
+		{"sandbox", []string{"serve", "--max-session", "3"}, "--max-sessions"},
 		{"supervisor", []string{"run", "--confg", "x"}, "--config"},
 		{"supervisor", []string{"init", "--config", "x", "--sed", "y"}, "--seed"},
 	} {

@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -60,7 +61,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// The launcher is sandbox serve's: the sandbox binary, every session's
 	// pid 1, links no gRPC and becomes this verb.
 	launcher := cmdline.Passthrough("launcher", "serve launch.sock (started as sandbox serve)", "", nil,
-		func(args []string) int { return launch.Serve(args, stderr) })
+		func(args []string) int {
+			// A mistyped flag is the user's `sandbox serve`'s: named so.
+			if err := cmdline.CheckFlags(args, func(w io.Writer) { launch.ServeFlags([]string{"-h"}, w) }); err != nil {
+				fmt.Fprintf(stderr, "sandbox serve: %v\nRun 'sandbox serve --help' for usage.\n", err)
+				return 2
+			}
+			return launch.Serve(args, stderr)
+		})
 	launcher.Hidden = true
 	root.AddCommand(launcher)
 	return cmdline.Execute(root, args, stdout, stderr)

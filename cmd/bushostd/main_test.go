@@ -18,6 +18,9 @@ func TestCommandLine(t *testing.T) {
 		{"near flag", []string{"serve", "--hom", "x"}, 2, "unknown flag: --hom\n\nDid you mean this?\n\t--home\n"},
 		{"near command", []string{"serv"}, 2, "Did you mean this?\n\tserve"},
 		{"serve --help", []string{"serve", "--help"}, 0, "repos/<business>/<project>/pool.git"},
+		// sandbox serve execs `bushostd launcher --sandbox SELF ARGS`.
+		{"near flag of sandbox serve", []string{"launcher", "--sandbox", "/bin/sandbox", "--hom", "x"}, 2,
+			"sandbox serve: unknown flag: --hom\n\nDid you mean this?\n\t--home\nRun 'sandbox serve --help' for usage."},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer

@@ -75,7 +75,7 @@ func Passthrough(use, short, long string, flags func(w io.Writer), run func(args
 			return nil
 		}
 		if flags != nil {
-			if err := checkGoFlags(args, goFlags(flags)); err != nil {
+			if err := CheckFlags(args, flags); err != nil {
 				return err
 			}
 		}

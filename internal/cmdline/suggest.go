@@ -93,6 +93,14 @@ func goFlags(flags func(w io.Writer)) map[string]bool {
 	return known
 }
 
+// CheckFlags refuses the first flag of args that flags (a Go flag set's
+// PrintDefaults) does not list, as a UsageError naming the flags close to
+// it; nil when every flag is known. For a command whose flags another
+// process parses (sandbox serve, which bushostd serves).
+func CheckFlags(args []string, flags func(w io.Writer)) error {
+	return checkGoFlags(args, goFlags(flags))
+}
+
 // checkGoFlags finds, as Go's flag package will parse args (flags up to
 // the first argument that is not one, or "--"), the first flag that is
 // not in known, and returns it as a UsageError with the flags close to
