@@ -173,6 +173,23 @@ func TestNoDaemonIsAClearError(t *testing.T) {
 	if code != errdefs.ExitUnreachable || json.Unmarshal([]byte(errs), &obj) != nil || obj.Error.Reason != "UNREACHABLE" || obj.Error.Metadata["home"] != dir {
 		t.Fatalf("--json: exit %d: %s", code, errs)
 	}
+	// The launcher's socket, missing or stale, names the launcher and how
+	// to start it, not bushostd.
+	for _, stale := range []bool{false, true} {
+		if stale {
+			l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "launch.sock"), Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.SetUnlinkOnClose(false)
+			l.Close()
+		}
+		_, errs, code = run(t, nil, "--home", dir, "session", "list")
+		if code != errdefs.ExitUnreachable || !strings.Contains(errs, "no launcher (sandbox serve) serves on home "+dir) ||
+			!strings.Contains(errs, "'sandbox serve --home "+dir+"'") || strings.Contains(errs, "bushostd serve") {
+			t.Fatalf("session list, launch.sock stale=%v: exit %d: %s", stale, code, errs)
+		}
+	}
 }
 
 // --help lists each command once, with its usage line and a short text of
