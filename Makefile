@@ -20,12 +20,18 @@ BUILD_TAGS := grpcnotrace
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: binaries, systemd units
 # (with the binaries' path written in), the sysusers entry for the bushost
-# user and group, and the docs (docs/operations.md).
+# user and group, the docs with the supervisor's reference
+# (supervisor.md) and an example configuration and seed (examples/), and
+# that example as the supervisor unit's configuration and seed in
+# $(SYSCONFDIR)/bushost, only where there is none: an operator's edits are
+# never replaced (docs/operations.md).
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
 DOCDIR      ?= $(PREFIX)/share/doc/bushost
+EXAMPLEDIR  ?= $(DOCDIR)/examples
 UNITDIR     ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+SYSCONFDIR  ?= /etc
 
 # make container: the seed's container (deploy/container), built with
 # podman from a Debian base that scripts/container-base.sh makes.
@@ -33,7 +39,7 @@ PODMAN        ?= podman --runtime runc --cgroup-manager=cgroupfs
 IMAGE         ?= localhost/bushost-supervisor:latest
 CONTAINER_CTX ?= build/container
 
-.PHONY: all deps build install container run test bench soak fuzz generate clean tools
+.PHONY: all deps deps-run deps-container build install container run test bench soak fuzz generate clean tools
 
 all: build
 
@@ -42,16 +48,23 @@ build:
 	$(GO) build -tags $(BUILD_TAGS) -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
 install: build
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(EXAMPLEDIR)
 	install -m 0755 $(addprefix $(BIN)/,$(CMDS)) $(DESTDIR)$(BINDIR)/
 	for u in bushostd.service bushostd.socket supervisor.service sandbox-serve.service; do \
-		sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' deploy/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && \
+		sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' deploy/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && \
 		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
 	done
 	install -m 0644 deploy/systemd/bushost.sysusers $(DESTDIR)$(SYSUSERSDIR)/bushost.conf
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+	install -m 0644 internal/supervisor/README.md $(DESTDIR)$(DOCDIR)/supervisor.md
+	install -m 0644 deploy/supervisor/supervisor.toml $(DESTDIR)$(EXAMPLEDIR)/supervisor.toml
+	rm -rf $(DESTDIR)$(EXAMPLEDIR)/seed && cp -R deploy/supervisor/seed $(DESTDIR)$(EXAMPLEDIR)/seed
+	install -d $(DESTDIR)$(SYSCONFDIR)/bushost
+	[ -e $(DESTDIR)$(SYSCONFDIR)/bushost/supervisor.toml ] || \
+		install -m 0644 deploy/supervisor/supervisor.toml $(DESTDIR)$(SYSCONFDIR)/bushost/supervisor.toml
+	[ -e $(DESTDIR)$(SYSCONFDIR)/bushost/seed ] || cp -R deploy/supervisor/seed $(DESTDIR)$(SYSCONFDIR)/bushost/seed
 
-container: build
+container: deps-container build
 	scripts/container-base.sh
 	rm -rf $(CONTAINER_CTX) && mkdir -p $(CONTAINER_CTX)/bin
 	cp -r deploy/container/Dockerfile deploy/container/supervisor.toml deploy/container/seed $(CONTAINER_CTX)/
@@ -59,10 +72,19 @@ container: build
 	$(GO) build -o $(CONTAINER_CTX)/bin/hello ./deploy/container/hello
 	$(PODMAN) build -q --format docker -t $(IMAGE) $(CONTAINER_CTX)
 
+# What each use needs (scripts/deps.sh): running is git and bubblewrap;
+# the container adds podman, runc and debootstrap; the tests add those and
+# PostgreSQL, curl, python3, podman-compose, systemd-analyze.
 deps:
-	scripts/deps.sh
+	scripts/deps.sh test
 
-run: deps build
+deps-run:
+	scripts/deps.sh run
+
+deps-container:
+	scripts/deps.sh container
+
+run: deps-run build
 	./$(BIN)/bushostd serve --home $(HOME_DIR)
 
 # A -race binary sleeps a second at exit unless GORACE says

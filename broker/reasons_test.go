@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,6 +69,14 @@ func TestRefusalReasons(t *testing.T) {
 		reason(e.verdict(tm.reviewer, r2.RequestId, brokerv1.Verdict_VERDICT_APPROVE), errdefs.VerdictGiven, "second verdict")
 		if x := reason(e.close(tm.closer), errdefs.GateNoApproval, "close rejected"); x.Metadata["review"] != "rejected" {
 			t.Fatalf("gate metadata: %v", x.Metadata)
+		}
+		// Asking again for a review of the rejected push is refused, naming
+		// the reject and what comes next, rather than answering the same
+		// request id.
+		_, err = e.srv.RequestReview(tm.worker.ctx(), &brokerv1.RequestReviewRequest{})
+		if x := reason(err, errdefs.VerdictGiven, "review request of a rejected push"); x.Metadata["request"] != r2.RequestId ||
+			x.Metadata["verdict"] != Reject || x.Metadata["commit"] != commit(2) || !strings.Contains(x.Message, "push a new commit") {
+			t.Fatalf("review request of a rejected push: %v %q", x.Metadata, x.Message)
 		}
 
 		// Self-review: the agent pushed, and may not judge its own push.

@@ -46,6 +46,13 @@ func TestReopenWithdrawsApproval(t *testing.T) {
 		e.refused(err, codes.FailedPrecondition, before, "landing recorded on an approve given before the reopening")
 		// The same request takes no second verdict: the way on is a new push.
 		e.refused(e.verdict(tm.reviewer, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.FailedPrecondition, before, "second verdict after the reopening")
+		// Nor is it asked for again in silence: a review request names the
+		// withdrawn verdict and the new push it needs.
+		_, err = e.srv.RequestReview(tm.worker.ctx(), &brokerv1.RequestReviewRequest{})
+		e.refused(err, codes.FailedPrecondition, before, "review request of a push whose verdict the reopening withdrew")
+		if got := errdefs.FromGRPC(errdefs.ToGRPC(err)); got.Reason != errdefs.VerdictGiven || got.Metadata["request"] != r.RequestId || got.Metadata["reopened_seq"] == "" {
+			t.Fatalf("review request after reopen: %+v", got)
+		}
 
 		if err := e.push(tm.worker, 2); err != nil {
 			t.Fatal(err)

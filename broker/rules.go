@@ -260,7 +260,10 @@ type Review struct {
 }
 
 // RequestReview asks for a review of the task's latest push; asking again
-// for the same push returns the same request and appends nothing.
+// for the same push returns the same request and appends nothing, unless
+// that push was rejected, or its verdict given before the task's latest
+// reopening: then it is refused (VERDICT_GIVEN), since only a new push can
+// be reviewed again.
 func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) (Review, error) {
 	if !g.Has(authz.CapReviewRequest) && !g.Has(authz.CapPushWorking) {
 		return Review{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s lacks capability %s (or %s)", g.ID, authz.CapReviewRequest, authz.CapPushWorking)
@@ -280,6 +283,28 @@ func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) 
 		r, ok, err := q.requestForPush(ctx, t, t.LastPushSeq)
 		if err != nil {
 			return err
+		}
+		if ok && r.Verdict != "" {
+			// One verdict per request: a rejected push is never reviewed
+			// again, nor one whose verdict a reopening withdrew; the work
+			// goes on with a new push.
+			scope := scopeString(t.Business, t.Project, t.Task)
+			if r.Verdict == Reject {
+				return errdefs.FailedPrecondition(errdefs.VerdictGiven,
+					"the latest push %s of task %s was rejected (request %s, event %d): push a new commit, then ask for its review; 'bushost task show' has the reviewer's comment",
+					r.Commit, scope, r.ID, r.VerdictSeq).
+					With("request", r.ID).With("commit", r.Commit).With("verdict", r.Verdict)
+			}
+			reopened, err := q.latestReopened(ctx, t.Business, t.Project, t.Task)
+			if err != nil {
+				return err
+			}
+			if r.VerdictSeq < reopened {
+				return errdefs.FailedPrecondition(errdefs.VerdictGiven,
+					"the verdict on the latest push %s of task %s (request %s, event %d) was given before the task was reopened (event %d): push a new commit, then ask for its review",
+					r.Commit, scope, r.ID, r.VerdictSeq, reopened).
+					With("request", r.ID).With("commit", r.Commit).With("verdict", r.Verdict).With("reopened_seq", reopened)
+			}
 		}
 		if ok {
 			rv = Review{RequestID: r.ID, Commit: r.Commit}

@@ -459,9 +459,10 @@ func (s *Service) OptimizeProject(ctx context.Context, business, project string)
 
 // housekeep runs r's housekeeping: its numbers, the plan, the work. It
 // holds r (no other run, no archive) throughout, and the project's lock
-// only for pack-refs.
-func (s *Service) housekeep(ctx context.Context, r repo, force bool) HousekeepingRun {
-	run := HousekeepingRun{Repository: "pool", Outcome: HKClean}
+// only for pack-refs. The run is a named result so that its duration,
+// taken when it returns, is in what the caller gets.
+func (s *Service) housekeep(ctx context.Context, r repo, force bool) (run HousekeepingRun) {
+	run = HousekeepingRun{Repository: "pool", Outcome: HKClean}
 	kind := "pool"
 	if !r.isPool() {
 		run.Repository, kind = tasksDir+"/"+r.Task, "task"

@@ -110,6 +110,9 @@ func TestHousekeepingRepacksPushes(t *testing.T) {
 	if run.PacksBefore != 8 || run.PacksAfter != 1 || packCount(t, task) != 1 {
 		t.Fatalf("packs %d -> %d (%d on disk)", run.PacksBefore, run.PacksAfter, packCount(t, task))
 	}
+	if run.Duration <= 0 {
+		t.Fatalf("a repack of 8 packs reported a duration of %v", run.Duration)
+	}
 	if e.ref("refs/work/t1") != last {
 		t.Fatal("the ref moved")
 	}

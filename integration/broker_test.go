@@ -136,9 +136,9 @@ func TestBrokerWholeTask(t *testing.T) {
 	if got := strings.Join(types, " "); got != want {
 		t.Fatalf("events:\n got %s\nwant %s", got, want)
 	}
-	// A grant sees its own task's events.
+	// A grant sees its own task's events, under the listing's header.
 	out, _ := runAs(t, h, worker, 0, "events")
-	if strings.Count(out, "\n")+1 != len(types) {
+	if lines := strings.Split(out, "\n"); len(lines) != len(types)+1 || !strings.HasPrefix(lines[0], "SEQ\tTIME\t") {
 		t.Fatalf("worker's events:\n%s", out)
 	}
 	if out := h.Must(t, "log", "verify"); !strings.HasPrefix(out, "ok:") {
@@ -209,7 +209,7 @@ func TestBrokerRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, errs, code := h.Run(t, nil, "grant", "--business", "acme", "--project", "web", "--task", "t2", "--role", "w", "--cap", "event.record", "--out", tokFile)
-	if b, _ := os.ReadFile(tokFile); code != 1 || string(b) != "keep me" || !strings.Contains(errs, "exists") {
+	if b, _ := os.ReadFile(tokFile); code != 2 || string(b) != "keep me" || !strings.Contains(errs, "exists") {
 		t.Fatalf("grant --out over an existing file: exit %d, %q, file %q", code, errs, b)
 	}
 	if after := len(brokerEvents(t, h)); after != before {

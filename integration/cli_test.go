@@ -263,6 +263,24 @@ func TestCLIHelpVersionCompletion(t *testing.T) {
 	if code != 2 || !strings.Contains(errs, "--approve") {
 		t.Errorf("bushost review verdict --aprove: exit %d\n%s", code, errs)
 	}
+	// A mistyped flag says what was meant in every binary, before the
+	// command does anything.
+	for _, tc := range []struct {
+		bin  string
+		args []string
+		want string
+	}{
+		{"bushostd", []string{"serve", "--hom", "x"}, "--home"},
+		{"sandbox", []string{"run", "--run-dr", "x"}, "--run-dir"},
+		{"sandbox", []string{"serve", "--max-session", "3"}, "--max-sessions"},
+		{"supervisor", []string{"run", "--confg", "x"}, "--config"},
+		{"supervisor", []string{"init", "--config", "x", "--sed", "y"}, "--seed"},
+	} {
+		_, errs, code := runBin(t, bins[tc.bin], nil, tc.args...)
+		if code != 2 || !strings.Contains(errs, "Did you mean this?\n\t"+tc.want+"\n") {
+			t.Errorf("%s %v: exit %d\n%s", tc.bin, tc.args, code, errs)
+		}
+	}
 	for _, b := range []string{"bushostd", "sandbox", "supervisor"} {
 		_, errs, code := runBin(t, bins[b], nil, "nosuchcommand")
 		if code != 2 || !strings.Contains(errs, `unknown command "nosuchcommand"`) {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,7 +19,7 @@ type readmeLine struct {
 
 var (
 	readmeComment = regexp.MustCompile(`\s+#.*$`)
-	readmeRole    = regexp.MustCompile(`^As the (host|worker|reviewer)\b`)
+	readmeRole    = regexp.MustCompile(`^As the (host|worker|reviewer|lead)\b`)
 	readmeFlag    = regexp.MustCompile(`--[a-z][a-z-]*`)
 	readmeSpan    = regexp.MustCompile("`(bushost [a-z -]+?)(?: --[a-z-]+)*`")
 )
@@ -80,6 +81,7 @@ func TestREADMEUsage(t *testing.T) {
 	tokens := map[string][]string{
 		"worker":   {"BUS_TOKEN_FILE=" + filepath.Join(dir, "worker.token")},
 		"reviewer": {"BUS_TOKEN_FILE=" + filepath.Join(dir, "reviewer.token")},
+		"lead":     {"BUS_TOKEN_FILE=" + filepath.Join(dir, "lead.token")},
 	}
 	requestID := ""
 	ran := 0
@@ -112,6 +114,22 @@ func TestREADMEUsage(t *testing.T) {
 	}
 	if ran < 9 {
 		t.Fatalf("ran %d commands of the README's usage; its blocks were not found as written", ran)
+	}
+	// The flow as written ends with the task closed and landed, by the
+	// lead the README gives task.close and task.land.
+	var show struct {
+		State     string `json:"state"`
+		ClosedSeq int64  `json:"closed_seq"`
+		Landing   *struct {
+			MainNew string `json:"main_new"`
+		} `json:"landing"`
+	}
+	if err := json.Unmarshal([]byte(h.Must(t, "--json", "task", "show", "--business", "acme", "--project", "web", "--task", "t1")), &show); err != nil ||
+		show.State != "landed" || show.ClosedSeq == 0 || show.Landing == nil {
+		t.Fatalf("after the README's flow the task is not closed and landed: %+v (%v)", show, err)
+	}
+	if main := testGit(t, h.PoolRepo("acme", "web"), "rev-parse", "refs/heads/main"); main != show.Landing.MainNew {
+		t.Fatalf("main is %s, not what the landing made it, %s", main, show.Landing.MainNew)
 	}
 	for _, p := range prose {
 		if _, errs, code := h.Run(t, nil, append([]string{"help"}, strings.Fields(p)[1:]...)...); code != 0 {

@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -21,7 +22,8 @@ serves there:
   broker.sock   BrokerService (0660)
   admin.token   the host's credential (0600, made at first start)
   broker.db     the broker's store, unless --broker-dsn postgres://...
-  repos/<business>/<project>.git
+  repos/<business>/<project>/pool.git          main and what landed
+  repos/<business>/<project>/tasks/<task>.git  one task's pushes
 
 One bushostd per home: a second refuses to start and names the first.
 Sockets passed by a service manager (LISTEN_FDS, bound to HOME/git.sock
@@ -32,6 +34,7 @@ One log line per call (--log-format, --log-level); Prometheus metrics
 with --metrics-addr. SIGTERM or SIGINT drains: health turns NOT_SERVING
 and new calls get Unavailable for --drain-grace, then the sockets close,
 calls in flight finish (up to --drain-timeout), and bushostd exits 0.
+Once it serves, it prints the commands that come next (text logs only).
 See docs/operations.md.`
 
 func main() {
@@ -60,7 +63,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	launcher := cmdline.Passthrough("launcher", "serve launch.sock (started as sandbox serve)",
 		"usage: bushostd launcher --sandbox PATH [sandbox serve's flags]\n\nserve launch.sock: what `sandbox serve` becomes (docs/launch.md).",
 		func(w io.Writer) { launch.ServeFlags([]string{"-h"}, w) },
-		func(args []string) int { return launch.Serve(args, stderr) })
+		func(args []string) int {
+			// A mistyped flag is the user's `sandbox serve`'s: named so.
+			if err := cmdline.CheckFlags(args, func(w io.Writer) { launch.ServeFlags([]string{"-h"}, w) }); err != nil {
+				fmt.Fprintf(stderr, "sandbox serve: %v\nRun 'sandbox serve --help' for usage.\n", err)
+				return 2
+			}
+			return launch.Serve(args, stderr)
+		})
 	launcher.Hidden = true
 	root.AddCommand(launcher)
 	return cmdline.Execute(root, args, stdout, stderr)

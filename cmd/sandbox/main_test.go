@@ -18,6 +18,7 @@ func TestExitCodes(t *testing.T) {
 		{"unknown verb", []string{"escape"}, 2, `unknown command "escape"`},
 		{"near verb", []string{"rn"}, 2, "Did you mean this?\n\trun"},
 		{"bad flag", []string{"run", "--no-such-flag"}, 2, "no-such-flag"},
+		{"near flag", []string{"run", "--run-dr", "d"}, 2, "unknown flag: --run-dr\n\nDid you mean this?\n\t--run-dir\n"},
 		{"missing flags", []string{"explain"}, 2, "--run-dir is required"},
 		{"init outside a session", []string{"init", "/bin/true", "true"}, 125, "only as a session's pid 1"},
 	} {

@@ -23,9 +23,18 @@ const usage = `usage:
                                              then drop to user app and run
   (both take --log-format text|json and --log-level debug|info|warn|error)
   supervisor --version | --help | help COMMAND
-
-The configuration file is described in internal/supervisor/README.md.
 `
+
+// reference says where the configuration file is described: the
+// installed reference if there is one beside this binary, else where make
+// install and the source put it.
+func reference() string {
+	if p := cmdline.InstalledDoc("supervisor.md"); p != "" {
+		return "The configuration file is described in " + p + ";\nan example is in " + filepath.Join(filepath.Dir(p), "examples", "supervisor.toml") + ".\n"
+	}
+	return "The configuration file is described in supervisor.md of the installed docs\n" +
+		"(make install: /usr/local/share/doc/bushost), internal/supervisor/README.md in the source.\n"
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -36,10 +45,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == supervisor.ShimArg {
 		return supervisor.RunShim(args[1:])
 	}
-	root := cmdline.Root("supervisor", "supervisor: run the services an agent may edit", "supervisor: run the services an agent may edit.\n\n"+usage)
+	root := cmdline.Root("supervisor", "supervisor: run the services an agent may edit", "supervisor: run the services an agent may edit.\n\n"+usage+"\n"+reference())
 	root.AddCommand(
 		cmdline.Passthrough("run", "supervise the services of a workspace",
-			"usage: supervisor run --config FILE [--log-format text|json] [--log-level LEVEL]\n\nsupervise the services of FILE's workspace (internal/supervisor/README.md).",
+			"usage: supervisor run --config FILE [--log-format text|json] [--log-level LEVEL]\n\nsupervise the services of FILE's workspace.\n\n"+reference(),
 			func(w io.Writer) { fs, _, _ := flags("run", w); fs.PrintDefaults() },
 			func(args []string) int {
 				fs, config, lf := flags("run", io.Discard)
@@ -49,7 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 				return runSupervisor(*config, lf, stderr)
 			}),
 		cmdline.Passthrough("init", "as root: users, seed, ownership, then run as app",
-			"usage: supervisor init --config FILE --seed DIR [--log-format text|json] [--log-level LEVEL]\n\nas root: make the users, seed the workspace, hand it over, write AGENTS.md,\nthen drop to user app and run.",
+			"usage: supervisor init --config FILE --seed DIR [--log-format text|json] [--log-level LEVEL]\n\nas root: make the users, seed the workspace, hand it over, write AGENTS.md,\nthen drop to user app and run.\n\n"+reference(),
 			func(w io.Writer) { fs, _, _, _ := initFlags(w); fs.PrintDefaults() },
 			func(args []string) int {
 				fs, config, seed, lf := initFlags(io.Discard)

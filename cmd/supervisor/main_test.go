@@ -25,6 +25,8 @@ func TestCommandLine(t *testing.T) {
 		{"help run", []string{"help", "run"}, 0, "--config"},
 		{"run --help", []string{"run", "--help"}, 0, "--config"},
 		{"bad flag", []string{"run", "--bogus"}, 2, "Run 'supervisor run --help' for usage."},
+		{"near flag", []string{"run", "--confg", "x"}, 2, "unknown flag: --confg\n\nDid you mean this?\n\t--config\n"},
+		{"near flag of init", []string{"init", "--config", "x", "--sed", "y"}, 2, "Did you mean this?\n\t--seed\n"},
 		{"unknown command", []string{"serve"}, 2, `unknown command "serve"`},
 		{"run without config", []string{"run"}, 2, "--config FILE is required"},
 		{"init without seed", []string{"init", "--config", bad}, 2, "--seed DIR are required"},

@@ -12,6 +12,7 @@ import (
 func init() {
 	register(&command{
 		words: "task archive",
+		short: "remove a closed or landed task's repository",
 		usage: "task archive --business B --project P --task T",
 		help:  "Host: remove a closed or landed task's repository (its events stay in the log; what landed is in the project's pool). An open task is refused with TASK_NOT_CLOSED.",
 		setup: runTaskArchive,

@@ -25,18 +25,21 @@ import (
 func init() {
 	register(&command{
 		words: "task add",
+		short: "register a task of a project",
 		usage: "task add --business B --project P --task T",
 		help:  "Host: register task T of a project added with 'project add'. Idempotent.",
 		setup: runTaskAdd,
 	})
 	register(&command{
 		words: "grant",
+		short: "issue a token for one task, role and capabilities",
 		usage: "grant --business B --project P --task T --role R --cap C[,C...] [--launch ROLE=C[,C...]]... [--launch-net MODES] [--launch-max-LIMIT V]... [--launch-tasks PATTERN] [--launch-allow-domain D]... [--launch-allow-host H:P]... [--ttl D] [--out FILE]",
 		help:  "Host: issue a token for one task, role and capabilities; prints the token, or writes it to FILE (mode 0600, never overwritten) and prints the grant id. With --cap session.launch, each --launch ROLE=C,... names a role the grant may launch sessions of (bushost session launch) and the capabilities they may hold; --launch-net, --launch-max-LIMIT, --launch-tasks and --launch-allow-* bound the rest of what its launches may ask for (default: network none, sandbox serve's defaults as ceilings, the grant's own task).",
 		setup: runGrant,
 	})
 	register(&command{
 		words: "revoke",
+		short: "make a grant's token useless",
 		usage: "revoke GRANT_ID",
 		help:  "Host: make a grant's token useless from now on.",
 		args:  cobra.ArbitraryArgs,
@@ -44,36 +47,42 @@ func init() {
 	})
 	register(&command{
 		words: "review request",
+		short: "ask for a review of the task's latest push",
 		usage: "review request",
-		help:  "Ask for a review of the task's latest push; prints the request id (the same one when asked again for the same push).",
+		help:  "Ask for a review of the task's latest push; prints the request id (the same one when asked again for the same push). Once that push is rejected, asking again is refused (VERDICT_GIVEN): push a new commit first; 'task show' has the reviewer's comment.",
 		setup: runReviewRequest,
 	})
 	register(&command{
 		words: "review verdict",
+		short: "approve or reject the push under review",
 		usage: "review verdict --request ID (--approve | --reject) [--commit SHA] [--repo DIR] [--comment TEXT]",
 		help:  "Give the one verdict of a review request of the task's latest push, on the commit the reviewer saw: --commit, else DIR's refs/review/<task> (DIR default .).",
 		setup: runReviewVerdict,
 	})
 	register(&command{
 		words: "task close",
+		short: "close the task (its latest push approved)",
 		usage: "task close",
 		help:  "Close the task; with a push, only once its latest push is approved.",
 		setup: runTaskClose,
 	})
 	register(&command{
 		words: "event record",
+		short: "record a free-form event in the log",
 		usage: "event record --type TYPE [--data JSON | --batch FILE] [--key KEY]",
 		help:  "Record a free-form event (type like agent.step_done, data a JSON object); prints its sequence number. With --key, retrying with the same body returns the first event. With --batch FILE (- for stdin), each line of FILE is one event's data, all recorded in one call, all or none (at most 256 events, 512 KiB); prints one sequence number a line.",
 		setup: runEventRecord,
 	})
 	register(&command{
 		words: "events",
+		short: "list the log's events",
 		usage: "events [--task T] [--follow] [--json]",
 		help:  "List the log's events in order (a grant sees its own task's only); --follow keeps streaming new ones. --json prints one JSON object per line.",
 		setup: runEvents,
 	})
 	register(&command{
 		words: "log verify",
+		short: "check the log's hash chain and derived tables",
 		usage: "log verify [--head SEQ:HASH] [--checkpoint-file PATH]",
 		help:  "Host: recompute the log's hash chain, check each recorded head (--head, every line of a checkpoint file) is still in the log, and compare the derived tables with the log; exits 1 naming the first bad event and every differing row.",
 		setup: runLogVerify,
@@ -227,8 +236,11 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 		if *out != "" {
 			var err error
 			f, err = os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if errors.Is(err, os.ErrExist) {
+				return usagef("--out %s exists: a token file is never overwritten; give a new path, or remove that file first", *out)
+			}
 			if err != nil {
-				return fmt.Errorf("token file: %w", err)
+				return usagef("--out: %v", err)
 			}
 			defer f.Close()
 		}
@@ -435,9 +447,20 @@ func runEvents(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		// The text listing is a table with a header, printed with the first
+		// event (so that a follow's first line still means it is streaming),
+		// or alone at the end of an empty listing.
+		header := !e.JSON
+		printHeader := func() {
+			if header {
+				fmt.Fprintln(e.Stdout, "SEQ\tTIME\tBUSINESS/PROJECT/TASK\tTYPE\tACTOR\tDATA")
+				header = false
+			}
+		}
 		for {
 			r, err := stream.Recv()
 			if errors.Is(err, io.EOF) {
+				printHeader()
 				return nil
 			}
 			if err != nil {
@@ -446,6 +469,7 @@ func runEvents(fs *pflag.FlagSet) runFunc {
 				}
 				return err
 			}
+			printHeader()
 			ev := r.GetEvent()
 			text := fmt.Sprintf("%d\t%s\t%s/%s/%s\t%s\t%s\t%s", ev.GetSeq(), ev.GetTime(), ev.GetBusiness(), ev.GetProject(), ev.GetTask(), ev.GetType(), ev.GetActor(), ev.GetData())
 			if err := brokerPrint(e, text, eventJSON(ev)); err != nil {
@@ -499,6 +523,10 @@ func runLogVerify(fs *pflag.FlagSet) runFunc {
 					return fmt.Errorf("the log breaks at event %d: %s", r.FirstBadSeq, r.Reason)
 				}
 				return fmt.Errorf("the derived tables differ from the log in %d rows (above); the gate decides from the log", len(r.Differences))
+			}
+			if len(heads) == 0 {
+				return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, derived tables agree; no recorded head was given to check the log against "+
+					"(record one with 'bushost log head', or run bushostd with --checkpoint-file; then --head SEQ:HASH or --checkpoint-file PATH)", r.Events), obj)
 			}
 			return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, %d recorded heads match, derived tables agree", r.Events, len(heads)), obj)
 		})

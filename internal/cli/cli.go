@@ -10,8 +10,10 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -31,6 +33,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/textsafe"
 	"github.com/bushost/bushost/internal/version"
@@ -55,6 +58,9 @@ type Env struct {
 	// tokenFrom says where the token came from, for the hint on an
 	// unknown token.
 	tokenFrom string
+	// dialed is the socket last dialed, for the hint on a server that
+	// does not answer (bushostd's sockets, or the launcher's).
+	dialed string
 }
 
 // runFunc runs a command once its flags are parsed; args are its
@@ -64,6 +70,9 @@ type runFunc func(ctx context.Context, e *Env, args []string) error
 // command is one command line form, e.g. words "review verdict".
 type command struct {
 	words string
+	// short is one line (the command list of --help, completion);
+	// help is the whole story (the command's own --help).
+	short string
 	usage string
 	help  string
 	// args checks the positional arguments (default: none allowed).
@@ -143,6 +152,17 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	// The root's Long lists every command once, with its usage line;
+	// cobra's own list of the first words would repeat them. The other
+	// commands keep cobra's usage (a group lists its subcommands).
+	cobraUsage := root.UsageFunc()
+	root.SetUsageFunc(func(c *cobra.Command) error {
+		if c.HasParent() {
+			return cobraUsage(c)
+		}
+		_, err := fmt.Fprintf(c.OutOrStderr(), "Global flags:\n%s", c.LocalFlags().FlagUsages())
+		return err
+	})
 	home := e.Getenv("BUSHOST_HOME")
 	if home == "" {
 		home = "./bus-host"
@@ -159,7 +179,7 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 		return nil
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return usageError{flagHint(cmd, err)}
+		return usageError{cmdline.FlagHint(cmd, err)}
 	})
 
 	groups := map[string]*cobra.Command{"": root}
@@ -197,8 +217,9 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 		if args == nil {
 			args = cobra.NoArgs
 		}
-		cc := &cobra.Command{Use: use, Short: c.help, Long: c.help, Args: args}
+		cc := &cobra.Command{Use: use, Short: c.short, Long: c.help, Args: args}
 		run := c.setup(cc.Flags())
+		completeFlagValues(cc)
 		cc.RunE = func(cmd *cobra.Command, args []string) error {
 			*ran = true
 			return run(cmd.Context(), e, args)
@@ -237,10 +258,13 @@ Commands:
 	}
 	sort.Strings(names)
 	for _, k := range names {
-		fmt.Fprintf(&b, "  bushost %s\n      %s\n", commands[k].usage, commands[k].help)
+		fmt.Fprintf(&b, "  bushost %s\n      %s\n", commands[k].usage, commands[k].short)
 	}
-	b.WriteString(`
-'bushost help COMMAND' or 'bushost COMMAND --help' shows a command's flags.
+	b.WriteString(`  bushost completion bash|zsh|fish
+      print a shell completion script
+
+'bushost help COMMAND' or 'bushost COMMAND --help' says what a command
+does and lists its flags.
 Exit status: 0 ok, 1 refused by a rule, 2 usage, 3 bus host unreachable,
 4 not authenticated or not permitted, 5 conflict or stale, 6 invalid input,
 7 a limit was hit, 8 the bus host failed (docs/errors.md).`)
@@ -264,52 +288,6 @@ func unknownSub(cmd *cobra.Command, args []string) error {
 		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
 	}
 	return usageError{msg}
-}
-
-// flagHint adds "did you mean" to pflag's unknown-flag error when a flag of
-// cmd is close to the one given.
-func flagHint(cmd *cobra.Command, err error) string {
-	msg := err.Error()
-	name, ok := strings.CutPrefix(msg, "unknown flag: --")
-	if !ok {
-		return msg
-	}
-	var best []string
-	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if d := distance(name, f.Name); d <= 2 || strings.HasPrefix(f.Name, name) {
-			best = append(best, "--"+f.Name)
-		}
-	})
-	cmd.InheritedFlags().VisitAll(func(f *pflag.Flag) {
-		if d := distance(name, f.Name); d <= 2 {
-			best = append(best, "--"+f.Name)
-		}
-	})
-	if len(best) > 0 {
-		msg += "\n\nDid you mean this?\n\t" + strings.Join(best, "\n\t")
-	}
-	return msg
-}
-
-// distance is the Levenshtein distance of a and b.
-func distance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }
 
 // hasFlag reports whether args carry --name (or -name) before any "--".
@@ -386,9 +364,10 @@ func (e *Env) classify(err error) *errdefs.Error {
 	switch {
 	case x.Code == codes.Unavailable && x.Reason == "":
 		// The transport failed: nothing answers on the socket.
+		who, start := serverOf(e.dialed, e.Home)
 		x = errdefs.Unavailable(errdefs.Unreachable,
-			"no bushostd serves on home %s (a stale socket, or a stopped daemon: %s); start one with 'bushostd serve --home %s'",
-			e.Home, x.Message, e.Home).With("home", e.Home).Wrap(err)
+			"no %s serves on home %s (a stale socket, or a stopped server: %s); start one with %s",
+			who, e.Home, x.Message, start).With("home", e.Home).Wrap(err)
 	case x.Reason == errdefs.TokenUnknown && e.tokenFrom == "BUS_TOKEN":
 		if t := strings.TrimSpace(e.Getenv("BUS_TOKEN")); strings.ContainsRune(t, '/') {
 			x.Message += fmt.Sprintf("; $BUS_TOKEN holds %q, which looks like a file's path: $BUS_TOKEN is the token itself, give a path as $BUS_TOKEN_FILE or --token-file", t)
@@ -424,6 +403,12 @@ func (e *Env) token() (string, error) {
 				"no bushostd serves on home %s (%v); start one with 'bushostd serve --home %s', or give --home or $BUSHOST_HOME", e.Home, serr, e.Home).
 				With("home", e.Home).Wrap(serr)
 		}
+		if errors.Is(err, fs.ErrNotExist) && !e.hasSocket() {
+			// Not a bus host's home at all: no daemon ever served there.
+			return "", errdefs.Unavailable(errdefs.Unreachable,
+				"no bushostd serves on home %s: it holds no admin.token and no socket; start one with 'bushostd serve --home %s', or give the home of a running one with --home or $BUSHOST_HOME (and, unless you are its host, your grant's token with --token-file, $BUS_TOKEN_FILE or $BUS_TOKEN)", e.Home, e.Home).
+				With("home", e.Home).Wrap(err)
+		}
 		return "", errdefs.Unauthenticated(errdefs.TokenMissing,
 			"no token: give --token-file FILE, $BUS_TOKEN_FILE or $BUS_TOKEN (or run as the host, with %s readable): %v", path, err).Wrap(err)
 	}
@@ -439,9 +424,11 @@ func (e *Env) dial(ctx context.Context, socket string, opts ...grpc.DialOption) 
 		return nil, nil, err
 	}
 	path := filepath.Join(e.Home, socket)
+	e.dialed = socket
 	if _, err := os.Stat(path); err != nil {
+		who, start := serverOf(socket, e.Home)
 		return nil, nil, errdefs.Unavailable(errdefs.Unreachable,
-			"no bushostd serves on home %s (%v: a stopped daemon, or the wrong --home); start one with 'bushostd serve --home %s'", e.Home, err, e.Home).
+			"no %s serves on home %s (%v: a stopped server, or the wrong --home); start one with %s", who, e.Home, err, start).
 			With("home", e.Home).With("socket", path).Wrap(err)
 	}
 	abs, err := filepath.Abs(path)
@@ -457,6 +444,25 @@ func (e *Env) dial(ctx context.Context, socket string, opts ...grpc.DialOption) 
 	}
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
 	return conn, ctx, nil
+}
+
+// serverOf names what serves socket in home and how to start it:
+// bushostd for git.sock and broker.sock, the launcher for launch.sock.
+func serverOf(socket, home string) (who, start string) {
+	if socket == "launch.sock" {
+		return "launcher (sandbox serve)", fmt.Sprintf("'sandbox serve --home %s' as root, beside the bushostd serving there (docs/launch.md)", home)
+	}
+	return "bushostd", fmt.Sprintf("'bushostd serve --home %s'", home)
+}
+
+// hasSocket reports whether the home holds one of bushostd's sockets.
+func (e *Env) hasSocket() bool {
+	for _, s := range []string{"git.sock", "broker.sock"} {
+		if fi, err := os.Lstat(filepath.Join(e.Home, s)); err == nil && fi.Mode().Type() == fs.ModeSocket {
+			return true
+		}
+	}
+	return false
 }
 
 // gitClient dials git.sock.

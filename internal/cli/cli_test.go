@@ -3,8 +3,10 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -131,9 +133,22 @@ func TestTokenSources(t *testing.T) {
 	if _, err := e.token(); errdefs.ReasonOf(err) != errdefs.TokenMissing {
 		t.Fatalf("missing token file: %v", err)
 	}
-	// No token anywhere: the message says where to put one.
+	// No token anywhere, in a directory no daemon ever served: it is no
+	// bus host's home, and the message says how to start one (or where a
+	// token goes).
 	e2 := &Env{Home: dir, Getenv: func(string) string { return "" }}
 	os.Remove(filepath.Join(dir, "admin.token"))
+	if _, err := e2.token(); errdefs.ReasonOf(err) != errdefs.Unreachable || !strings.Contains(err.Error(), "'bushostd serve --home "+dir+"'") ||
+		!strings.Contains(err.Error(), "--token-file") {
+		t.Fatalf("no token, no daemon: %v", err)
+	}
+	// No token in a home a daemon serves (its socket is there): the
+	// message says where to put one.
+	l, err := net.Listen("unix", filepath.Join(dir, "git.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
 	if _, err := e2.token(); err == nil || !strings.Contains(err.Error(), "--token-file") || errdefs.ExitCode(err) != errdefs.ExitDenied {
 		t.Fatalf("no token: %v", err)
 	}
@@ -157,5 +172,80 @@ func TestNoDaemonIsAClearError(t *testing.T) {
 	}
 	if code != errdefs.ExitUnreachable || json.Unmarshal([]byte(errs), &obj) != nil || obj.Error.Reason != "UNREACHABLE" || obj.Error.Metadata["home"] != dir {
 		t.Fatalf("--json: exit %d: %s", code, errs)
+	}
+	// The launcher's socket, missing or stale, names the launcher and how
+	// to start it, not bushostd.
+	for _, stale := range []bool{false, true} {
+		if stale {
+			l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "launch.sock"), Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.SetUnlinkOnClose(false)
+			l.Close()
+		}
+		_, errs, code = run(t, nil, "--home", dir, "session", "list")
+		if code != errdefs.ExitUnreachable || !strings.Contains(errs, "no launcher (sandbox serve) serves on home "+dir) ||
+			!strings.Contains(errs, "'sandbox serve --home "+dir+"'") || strings.Contains(errs, "bushostd serve") {
+			t.Fatalf("session list, launch.sock stale=%v: exit %d: %s", stale, code, errs)
+		}
+	}
+}
+
+// --help lists each command once, with its usage line and a short text of
+// one line; a group's help lists its subcommands by those short texts.
+func TestHelpListsEachCommandOnce(t *testing.T) {
+	out, _, code := run(t, nil, "--help")
+	if code != 0 {
+		t.Fatalf("--help: exit %d", code)
+	}
+	for words, c := range commands {
+		if c.short == "" || strings.ContainsAny(c.short, "\n") || len(c.short) > 60 {
+			t.Errorf("%s: short text %q: want one line of at most 60 characters", words, c.short)
+		}
+		line := "  bushost " + c.usage + "\n      " + c.short + "\n"
+		if n := strings.Count(out, line); n != 1 {
+			t.Errorf("%s: listed %d times in --help", words, n)
+		}
+		if strings.Contains(out, c.help) && c.help != c.short {
+			t.Errorf("%s: its whole help is in the command list", words)
+		}
+	}
+	if strings.Contains(out, "Available Commands") {
+		t.Errorf("--help lists the commands twice:\n%s", out)
+	}
+	out, _, _ = run(t, nil, "task", "--help")
+	if !strings.Contains(out, "  show ") || !strings.Contains(out, commands["task show"].short) {
+		t.Errorf("task --help lacks its subcommands:\n%s", out)
+	}
+}
+
+// Completion offers the values of --state, --cap (each item of the list)
+// and --role.
+func TestCompletionValues(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+		not  string
+	}{
+		{[]string{"task", "list", "--state", ""}, []string{"open", "closed", "landed"}, ""},
+		{[]string{"grant", "--cap", ""}, []string{"git.push.working", "task.close", "session.launch"}, ""},
+		{[]string{"grant", "--cap", "git.push.working,"}, []string{"git.push.working,review.request", "git.push.working,task.land"}, "git.push.working,git.push.working"},
+		{[]string{"grant", "--role", ""}, []string{"worker", "reviewer", "lead"}, ""},
+		{[]string{"session", "launch", "--caps", ""}, []string{"review.request"}, ""},
+	} {
+		out, _, code := run(t, nil, append([]string{"__complete"}, tc.args...)...)
+		if code != 0 {
+			t.Errorf("%v: exit %d", tc.args, code)
+		}
+		lines := strings.Split(out, "\n")
+		for _, w := range tc.want {
+			if !slices.Contains(lines, w) {
+				t.Errorf("%v: %q not offered:\n%s", tc.args, w, out)
+			}
+		}
+		if tc.not != "" && slices.Contains(lines, tc.not) {
+			t.Errorf("%v: offered %q again", tc.args, tc.not)
+		}
 	}
 }

@@ -40,36 +40,42 @@ const gitChunk = 1 << 20
 func init() {
 	register(&command{
 		words: "push-working",
+		short: "push the work at HEAD to the task",
 		usage: "push-working [--repo DIR] [--bundle FILE]",
 		help:  "Push the work at DIR's HEAD (a bundle against the main fetched with fetch-main) to the task's refs/work/<task>, or send FILE as is (a regular file goes as its open descriptor, which the bus host reads); prints the commit pushed.",
 		setup: runPushWorking,
 	})
 	register(&command{
 		words: "fetch-main",
+		short: "fetch the bus host's main",
 		usage: "fetch-main --repo DIR",
 		help:  "Set DIR's refs/remotes/bushost/main to the bus host's main, and fast-forward main to it (a diverged main is left, with a message); DIR is made if absent or empty, else must be a repository's top.",
 		setup: runFetchMain,
 	})
 	register(&command{
 		words: "fetch-review",
+		short: "fetch the task's latest push, to review it",
 		usage: "fetch-review --repo DIR",
 		help:  "Fetch the task's latest push into DIR's refs/review/<task>, checked as the server checks pushes; prints the commit.",
 		setup: runFetchReview,
 	})
 	register(&command{
 		words: "fetch-work",
+		short: "fetch the task's latest push, to work on",
 		usage: "fetch-work --repo DIR",
 		help:  "Fetch the task's latest push into DIR's refs/work/<task> (a worker that lost its clone gets its work back); prints the commit.",
 		setup: runFetchWork,
 	})
 	register(&command{
 		words: "project add",
+		short: "make a project and seed main from a root",
 		usage: "project add --business B --project P --root DIR",
 		help:  "Host: make the project's repository and seed main from DIR (a git repository's HEAD, or its files as one commit). Idempotent.",
 		setup: runProjectAdd,
 	})
 	register(&command{
 		words: "project sync",
+		short: "fast-forward main from the project's root",
 		usage: "project sync --business B --project P",
 		help:  "Host: fast-forward main from the project's root; anything but a fast-forward is refused.",
 		setup: runProjectSync,
@@ -106,8 +112,16 @@ func shortLived() {
 func runPushWorking(fs *pflag.FlagSet) runFunc {
 	repo := fs.String("repo", ".", "the worker's repository")
 	file := fs.String("bundle", "", "send this bundle file as is instead of bundling HEAD")
-	return func(ctx context.Context, e *Env, args []string) error {
+	return func(ctx context.Context, e *Env, args []string) (err error) {
 		shortLived()
+		// A refusal of an object over its limit is completed with the
+		// object's id and path, which only this repository knows.
+		var base, head string
+		defer func() {
+			if err != nil && head != "" {
+				err = nameTooLarge(ctx, err, *repo, base, head)
+			}
+		}()
 		// The connection comes first: its context (cctx, carrying the
 		// token) is for the calls only, and nothing local is started for a
 		// bus host that is not there.
@@ -147,13 +161,13 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			// HEAD and main are read in process; git only when go-git
 			// cannot answer.
 			w := openWorkRepo(*repo)
-			head := w.commit("HEAD")
+			head = w.commit("HEAD")
 			if head == "" {
 				if head, err = g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}}); err != nil {
 					return fmt.Errorf("%s has no commit at HEAD: %w", *repo, err)
 				}
 			}
-			base, err := pushBase(ctx, cctx, g, c, w, *repo)
+			base, err = pushBase(ctx, cctx, g, c, w, *repo)
 			if err != nil {
 				return err
 			}

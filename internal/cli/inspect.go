@@ -26,6 +26,7 @@ import (
 func init() {
 	register(&command{
 		words: "project list",
+		short: "list projects: placement, size, latest push",
 		usage: "project list [--business B]",
 		help: "List projects: the bus host each is placed on (\"(moving)\" while an export awaits its import), the size of its repositories on this host, task count and latest push, as a table " +
 			"(--json: {\"projects\":[...]}, docs/broker.md). The host sees every project; a grant its own task's project only.",
@@ -33,6 +34,7 @@ func init() {
 	})
 	register(&command{
 		words: "grant list",
+		short: "list grants (never a token)",
 		usage: "grant list [--business B] [--project P] [--task T]",
 		help: "List grants: id, task, role, capabilities, expiry and revocation, never a token, as a table " +
 			"(--json: {\"grants\":[...]}, docs/broker.md). The host sees every grant; a grant those of its own task only.",
@@ -40,8 +42,9 @@ func init() {
 	})
 	register(&command{
 		words: "task show",
+		short: "show a task: pushes, reviews, verdicts, landing",
 		usage: "task show [--business B --project P --task T]",
-		help: "Show one task from its log: state, latest push, every review request with its verdict, the commit judged and the reviewer's grant, " +
+		help: "Show one task from its log: state, latest push, every review request with its verdict, the commit judged, the reviewer's grant and comment, " +
 			"its landing, and whether it needs the host's repair (--json: one object, docs/broker.md). A session's grant shows its own task with no flags.",
 		setup: runTaskShow,
 	})
@@ -365,6 +368,17 @@ func printTaskShow(e *Env, st taskShowJSON) error {
 		}
 		if err := w.Flush(); err != nil {
 			return err
+		}
+		// The reviewers' comments, whole, under the table: each line of one
+		// indented, so that no comment can pass for a row.
+		for _, rv := range st.Reviews {
+			if rv.Comment == "" {
+				continue
+			}
+			fmt.Fprintf(e.Stdout, "\ncomment on %s (%s, event %d):\n", rv.RequestID, rv.Verdict, rv.VerdictSeq)
+			for _, line := range strings.Split(strings.TrimRight(rv.Comment, "\n"), "\n") {
+				fmt.Fprintf(e.Stdout, "    %s\n", line)
+			}
 		}
 	}
 	if l := st.Landing; l != nil {

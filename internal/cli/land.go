@@ -16,6 +16,7 @@ import (
 func init() {
 	register(&command{
 		words: "task land",
+		short: "put the approved push on main and close the task",
 		usage: "task land [--business B --project P --task T] [--merge]",
 		help: "Put the task's approved latest push on main and close the task, under the same gate as 'task close'. " +
 			"The host names the task; a grant with task.land lands its own. main fast-forwards; if main moved, " +
@@ -81,6 +82,7 @@ func printConflicts(e *Env, paths string) {
 func init() {
 	register(&command{
 		words: "project publish",
+		short: "write main to a branch of the project's root",
 		usage: "project publish --business B --project P [--branch NAME] [--force]",
 		help: "Host: write main to a branch of the project's root (default bushost/main), never its checked-out branch; " +
 			"a fast-forward unless --force. The root's work tree and index are left alone: merge the branch there, then 'project sync'.",
@@ -115,6 +117,7 @@ func runProjectPublish(fs *pflag.FlagSet) runFunc {
 func init() {
 	register(&command{
 		words: "task reopen",
+		short: "reopen a closed task that did not land",
 		usage: "task reopen --business B --project P --task T",
 		help:  "Host: reopen a closed task (task.reopened) so that it takes pushes again; a landed task is refused TASK_LANDED.",
 		setup: runTaskReopen,

@@ -13,6 +13,7 @@ import (
 func init() {
 	register(&command{
 		words: "task list",
+		short: "list tasks with their state and latest push",
 		usage: "task list [--business B] [--project P] [--state open|closed|landed]",
 		help: "List tasks with their state and latest push, as a table (--json: {\"tasks\":[...]}, docs/broker.md). " +
 			"The host sees every task; a grant sees its own only.",

@@ -21,6 +21,7 @@ import (
 func init() {
 	register(&command{
 		words: "log head",
+		short: "print the log's head, to anchor it elsewhere",
 		usage: "log head",
 		help:  "Host: print the log's head, SEQ HASH (--json: {\"seq\":N,\"hash\":\"...\"}); record it off the machine and check it later with 'log verify --head SEQ:HASH'.",
 		setup: runLogHead,

@@ -22,6 +22,7 @@ import (
 func init() {
 	register(&command{
 		words: "project export",
+		short: "begin moving a project to another bus host",
 		usage: "project export --business B --project P (--to FILE | --cancel)",
 		help: "Host, on the host the project is placed on: begin moving the project to another bus host sharing the broker, and write its repositories " +
 			"(bundles, with a manifest naming the log's head) to FILE (0600; replaced if there). From then on its pushes, landings and syncs are refused " +
@@ -31,6 +32,7 @@ func init() {
 	})
 	register(&command{
 		words: "project import",
+		short: "place an exported project on this bus host",
 		usage: "project import --from FILE",
 		help: "Host, on the new host: verify FILE (each bundle against the manifest, the manifest against the broker, the refs against the log) and place " +
 			"its project here, in the transaction that ends the move; the old host then serves nothing of it. A stale file (EXPORT_STALE) or an altered " +

@@ -15,6 +15,7 @@ import (
 func init() {
 	register(&command{
 		words: "repo optimize",
+		short: "housekeep the project's repositories now",
 		usage: "repo optimize --business B --project P",
 		help: "Host: run housekeeping now on the project's pool and on every task repository (geometric repack, a bitmap and " +
 			"commit-graph in the pool, stale temporary files removed; docs/git-service.md, \"Housekeeping\") and print what it did for each.",

@@ -12,6 +12,7 @@ import (
 func init() {
 	register(&command{
 		words: "task repair",
+		short: "resolve a task marked TASK_NEEDS_REPAIR",
 		usage: "task repair --business B --project P --task T",
 		help:  "Host: resolve a task marked TASK_NEEDS_REPAIR by the log: restore its ref from the pack kept, or record that its push is lost.",
 		setup: runTaskRepair,

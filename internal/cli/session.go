@@ -21,6 +21,7 @@ import (
 func init() {
 	register(&command{
 		words: "session launch",
+		short: "launch a confined session (sandbox serve)",
 		usage: "session launch --task T --role R --caps C,... [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--net=MODE] [--allow-domain D]... [--allow-host H:P]... [--workspace DIR] -- COMMAND...",
 		help:  "Launch a session for task T of the launcher grant's project (sandbox serve on launch.sock), with a role and capabilities from the grant's --launch set; prints the session id. Its network and limits are at most what the grant's launch set allows and, from inside a session, what that session has; a limit not given gets sandbox serve's default, bounded the same way.",
 		args:  cobra.ArbitraryArgs,
@@ -28,12 +29,14 @@ func init() {
 	})
 	register(&command{
 		words: "session list",
+		short: "list launched sessions",
 		usage: "session list [--json]",
 		help:  "List the sessions the caller launched (the host: every session): id, task, role, uid, state, started, exit.",
 		setup: runSessionList,
 	})
 	register(&command{
 		words: "session wait",
+		short: "wait for a session and exit with its status",
 		usage: "session wait ID",
 		help:  "Wait for session ID to end and exit with its status (124 for a timeout, 128+n for a signal; 1 with a message for a lost session).",
 		args:  cobra.ArbitraryArgs,
@@ -41,6 +44,7 @@ func init() {
 	})
 	register(&command{
 		words: "session stop",
+		short: "stop a session",
 		usage: "session stop ID",
 		help:  "Stop session ID: SIGTERM, then SIGKILL after sandbox serve's --stop-grace; returns once it has ended.",
 		args:  cobra.ArbitraryArgs,
@@ -48,6 +52,7 @@ func init() {
 	})
 	register(&command{
 		words: "session logs",
+		short: "print a session's output",
 		usage: "session logs ID [--follow]",
 		help:  "Print session ID's stdout and then its stderr (to stderr), as kept by the launcher: the last 1 MiB of each. --follow keeps printing what it writes until it ends.",
 		args:  cobra.ArbitraryArgs,

@@ -1,7 +1,7 @@
 // Package cmdline is what the four binaries' command lines share on top of
 // spf13/cobra: --version from the build, --help and `help CMD` that exit
 // 0, and for an unknown command or flag a "did you mean" with a one-line
-// hint and exit 2. It also wraps commands whose flags an older parser
+// hint and exit 2 (suggest.go). It also wraps commands whose flags an older parser
 // reads (sandbox, supervisor): cobra routes and answers --help, the
 // command's own parser does the rest.
 //
@@ -46,14 +46,16 @@ func Root(name, short, long string) *cobra.Command {
 			return UsageError{"give a command; '" + name + " --help' lists them"}
 		},
 	}
-	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return UsageError{err.Error()} })
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return UsageError{FlagHint(cmd, err)} })
 	return root
 }
 
 // Passthrough is a command whose arguments, flags included, go unparsed to
 // run, which returns the exit status. --help (or -h, -help) before any
 // "--" prints the command's Long text and, when flags is set, what flags
-// writes (a Go flag set's defaults, respelled --flag), and exits 0.
+// writes (a Go flag set's defaults, respelled --flag), and exits 0. With
+// flags set, a flag it does not list is refused before run, as a usage
+// error naming the flags close to it.
 func Passthrough(use, short, long string, flags func(w io.Writer), run func(args []string) int) *cobra.Command {
 	c := &cobra.Command{Use: use, Short: short, Long: long, DisableFlagParsing: true}
 	help := func(cmd *cobra.Command, _ []string) {
@@ -71,6 +73,11 @@ func Passthrough(use, short, long string, flags func(w io.Writer), run func(args
 		if WantsHelp(args) {
 			help(cmd, args)
 			return nil
+		}
+		if flags != nil {
+			if err := CheckFlags(args, flags); err != nil {
+				return err
+			}
 		}
 		return exitStatus(run(args))
 	}

@@ -22,6 +22,7 @@ func TestExecute(t *testing.T) {
 					fs := flag.NewFlagSet("run", flag.ContinueOnError)
 					fs.SetOutput(w)
 					fs.String("config", "", "the file")
+					fs.Bool("verbose", false, "say more")
 					fs.PrintDefaults()
 				},
 				func(args []string) int { return len(args) }),
@@ -48,11 +49,47 @@ func TestExecute(t *testing.T) {
 		{[]string{"fail"}, errdefs.ExitLimit, "tool fail: too big"},
 		{[]string{"plain"}, 1, "tool plain: broke"},
 		{[]string{"fail", "--bogus"}, 2, "Run 'tool fail --help' for usage."},
+		// A mistyped flag of a Passthrough command is refused before it
+		// runs, with the flags close to it; a value, a flag after the
+		// first argument and one after "--" are not checked.
+		{[]string{"run", "--confg", "x"}, 2, "unknown flag: --confg\n\nDid you mean this?\n\t--config\nRun 'tool run --help' for usage."},
+		{[]string{"run", "-config=x", "--verbos"}, 2, "Did you mean this?\n\t--verbose"},
+		{[]string{"run", "--zzz"}, 2, "unknown flag: --zzz\nRun 'tool run --help'"},
+		{[]string{"run", "--config", "--confg", "b"}, 3, ""},
+		{[]string{"run", "--verbose", "a", "--confg"}, 3, ""},
+		{[]string{"run", "--", "--confg", "b"}, 3, ""},
 	} {
 		var out, errb bytes.Buffer
 		code := Execute(newRoot(), tc.args, &out, &errb)
 		if code != tc.code || !strings.Contains(out.String()+errb.String(), tc.out) {
 			t.Errorf("%v: exit %d, want %d; output %q lacks %q", tc.args, code, tc.code, out.String()+errb.String(), tc.out)
+		}
+	}
+}
+
+// A mistyped flag of a cobra command (bushostd serve --hom) names the
+// flags close to it; one far from every flag gets no list.
+func TestFlagHint(t *testing.T) {
+	root := Root("tool", "a tool", "a tool.")
+	serve := &cobra.Command{Use: "serve", RunE: func(*cobra.Command, []string) error { return nil }}
+	serve.Flags().String("home", "", "the home")
+	serve.Flags().String("broker-dsn", "", "the store")
+	root.PersistentFlags().Bool("json", false, "json")
+	root.AddCommand(serve)
+	for _, tc := range []struct {
+		args []string
+		want string
+		not  string
+	}{
+		{[]string{"serve", "--hom"}, "unknown flag: --hom\n\nDid you mean this?\n\t--home\n", ""},
+		{[]string{"serve", "--broker"}, "Did you mean this?\n\t--broker-dsn", ""},
+		{[]string{"serve", "--jsn"}, "Did you mean this?\n\t--json", ""},
+		{[]string{"serve", "--qqqqqq"}, "unknown flag: --qqqqqq\nRun 'tool serve --help'", "Did you mean"},
+	} {
+		var out, errb bytes.Buffer
+		code := Execute(root, tc.args, &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), tc.want) || (tc.not != "" && strings.Contains(errb.String(), tc.not)) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, errb.String(), tc.want)
 		}
 	}
 }

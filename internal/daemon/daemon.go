@@ -142,6 +142,8 @@ var ErrHomeBusy = errors.New("home is in use")
 // nil after a clean drain.
 func Serve(ctx context.Context, o Options) error {
 	o.fill()
+	// Text on stderr is for a person: the next steps go there too.
+	person := o.Logger == nil && o.Observe.LogFormat != "json"
 	if o.Logger == nil {
 		l, err := o.Observe.logger()
 		if err != nil {
@@ -292,6 +294,9 @@ func Serve(ctx context.Context, o Options) error {
 	go func() { errc <- gitSrv.Serve(gitL) }()
 	go func() { errc <- brokerSrv.Serve(brokerL) }()
 	log.Info("serving", "home", o.Home, "git", filepath.Join(o.Home, GitSocket), "broker", filepath.Join(o.Home, BrokerSocket), "pid", os.Getpid())
+	if person {
+		fmt.Fprint(os.Stderr, nextSteps(o.Home))
+	}
 
 	var serveErr error
 	select {

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -68,6 +69,23 @@ func (ob *Observe) addFlags(fs *pflag.FlagSet) {
 // logger builds the daemon's logger from the flags.
 func (ob *Observe) logger() (*slog.Logger, error) {
 	return cmdline.Logger(os.Stderr, ob.LogFormat, ob.LogLevel)
+}
+
+// nextSteps is what a person who just started bushostd does next, printed
+// once it serves (text logs only: a JSON log stays one object a line).
+func nextSteps(home string) string {
+	if abs, err := filepath.Abs(home); err == nil {
+		home = abs
+	}
+	return fmt.Sprintf(`
+bushostd serves on %[1]s. Next, as the host (who reads %[1]s/admin.token), in another shell:
+  export BUSHOST_HOME=%[1]s
+  bushost project add --business acme --project web --root /path/to/a/git/repository
+  bushost task add --business acme --project web --task t1
+  bushost grant --business acme --project web --task t1 --role worker --cap git.push.working,review.request --out worker.token
+The whole flow, and a session that uses the token: README.md, "Usage". Sessions launched by agents need the launcher beside it: sandbox serve --home %[1]s (as root).
+
+`, home)
 }
 
 // observer is the interceptor of one socket: it refuses new calls during a

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func newRunner(t *testing.T) *Runner {
@@ -189,7 +191,13 @@ func TestStderrBounded(t *testing.T) {
 
 // TestParentDeathKillsGit: a git started by a WithParentDeath runner dies
 // with the process that started it, and one started without it lives on
-// (so the test would see the difference).
+// and finishes its work (so the test would see the difference).
+//
+// Nothing here depends on timing: git is identified by its executable and
+// pinned with a pidfd before its parent is killed (a reused pid cannot
+// stand in for it), its end is waited for on that pidfd, and the one that
+// lives proves it by writing, after its parent's death, the object the
+// test feeds it only then.
 func TestParentDeathKillsGit(t *testing.T) {
 	if os.Getenv("GITCMD_TEST_PARENT") != "" {
 		parentDeathChild()
@@ -201,8 +209,12 @@ func TestParentDeathKillsGit(t *testing.T) {
 	}{{"die", false}, {"live", true}} {
 		t.Run(tc.mode, func(t *testing.T) {
 			home := t.TempDir()
+			r := newRunner(t)
+			repo := filepath.Join(home, "repo.git")
+			mustRun(t, r, Cmd{Dir: home, Sub: "init", Flags: []string{"-q", "--bare"}, Args: []string{repo}})
 			// git reads a FIFO this test holds open for writing, so git
-			// waits on it whether or not its parent lives.
+			// waits on it whether or not its parent lives, until the test
+			// writes and closes it.
 			fifo := filepath.Join(home, "stdin")
 			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 				t.Fatal(err)
@@ -221,57 +233,102 @@ func TestParentDeathKillsGit(t *testing.T) {
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			// The child prints git's pid once git runs.
+			// The child prints git's pid once git runs (its executable is
+			// git's, not the child's own before exec).
 			var gitPid int
 			if _, err := fmt.Fscan(out, &gitPid); err != nil {
 				cmd.Process.Kill()
 				cmd.Wait()
 				t.Fatalf("no pid from the child: %v", err)
 			}
+			// While the child lives, gitPid is its child and cannot be
+			// reused: pin it.
+			pidfd, err := unix.PidfdOpen(gitPid, 0)
+			if err != nil {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("pidfd of git %d: %v", gitPid, err)
+			}
+			defer unix.Close(pidfd)
+			defer unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
+			if ppid := parentOf(t, gitPid); ppid != cmd.Process.Pid {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("process %d is not the child's: its parent is %d", gitPid, ppid)
+			}
 			cmd.Process.Kill()
 			cmd.Wait()
-			defer syscall.Kill(-gitPid, syscall.SIGKILL)
-			gone := func() bool {
-				b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", gitPid))
-				// Dead, or a zombie waiting for init to reap it.
-				return err != nil || strings.Contains(string(b), ") Z ")
+			// The input git waits for, given only now that its parent is
+			// dead; its end closes git's stdin.
+			const content = "written after the parent died\n"
+			if _, err := hold.WriteString(content); err != nil {
+				t.Fatal(err)
 			}
-			if tc.wantAlive {
-				if gone() {
-					t.Fatalf("git %d died without the option: the test shows nothing", gitPid)
+			hold.Close()
+			// Ended, dead or done: the pidfd turns readable when git exits
+			// (the bound only keeps a broken build from hanging the suite).
+			fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+			for {
+				n, err := unix.Poll(fds, int(time.Minute/time.Millisecond))
+				if err == unix.EINTR {
+					continue
 				}
-				return
+				if err != nil || n != 1 {
+					t.Fatalf("git %d still runs a minute after its parent died and its input ended (poll: %d, %v)", gitPid, n, err)
+				}
+				break
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for !gone() {
-				if time.Now().After(deadline) {
-					t.Fatalf("git %d outlived its killed parent", gitPid)
-				}
-				time.Sleep(10 * time.Millisecond)
+			want := mustRun(t, r, Cmd{Dir: home, Sub: "hash-object", Flags: []string{"--stdin"}, Stdin: strings.NewReader(content)})
+			err = r.Run(context.Background(), Cmd{Dir: repo, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{want}})
+			switch {
+			case tc.wantAlive && err != nil:
+				t.Fatalf("git %d without the option did not outlive its parent to write %s: %v", gitPid, want, err)
+			case !tc.wantAlive && err == nil:
+				t.Fatalf("git %d with the option outlived its parent and wrote %s", gitPid, want)
 			}
 		})
 	}
 }
 
-// parentDeathChild starts git hash-object --stdin on the test's FIFO
-// through a Runner (with WithParentDeath when asked), prints git's pid and
-// waits to be killed.
+// parentOf returns pid's parent from /proc.
+func parentOf(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	var state string
+	var ppid int
+	fmt.Sscan(s[strings.LastIndexByte(s, ')')+1:], &state, &ppid)
+	return ppid
+}
+
+// parentDeathChild starts git hash-object -w --stdin (into the test's
+// repository, from the test's FIFO) through a Runner, with WithParentDeath
+// when asked, prints git's pid once git runs, and waits to be killed.
 func parentDeathChild() {
-	r, err := New(os.Getenv("GITCMD_TEST_HOME"))
+	home := os.Getenv("GITCMD_TEST_HOME")
+	r, err := New(filepath.Join(home, "childhome"))
 	if err != nil {
 		os.Exit(3)
 	}
 	if os.Getenv("GITCMD_TEST_PARENT") == "die" {
 		r = r.WithParentDeath()
 	}
-	in, err := os.Open(filepath.Join(os.Getenv("GITCMD_TEST_HOME"), "stdin"))
+	gitExe, err := filepath.EvalSymlinks(r.gitPath)
 	if err != nil {
 		os.Exit(3)
 	}
-	go r.Run(context.Background(), Cmd{Dir: os.TempDir(), Sub: "hash-object", Flags: []string{"--stdin"}, Stdin: in})
+	in, err := os.Open(filepath.Join(home, "stdin"))
+	if err != nil {
+		os.Exit(3)
+	}
+	go r.Run(context.Background(), Cmd{Dir: filepath.Join(home, "repo.git"), Sub: "hash-object", Flags: []string{"-w", "--stdin"}, Stdin: in})
 	self := os.Getpid()
 	for {
-		// git is the one child of this process.
+		// git is the one child of this process whose executable is git
+		// (before its exec, the child runs this binary).
 		ents, _ := os.ReadDir("/proc")
 		for _, e := range ents {
 			b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
@@ -280,13 +337,16 @@ func parentDeathChild() {
 			}
 			s := string(b)
 			i := strings.LastIndexByte(s, ')')
-			if i < 0 || !strings.Contains(s[:i], "(git") {
+			if i < 0 {
 				continue
 			}
 			var state string
 			var ppid int
 			fmt.Sscan(s[i+1:], &state, &ppid)
-			if ppid == self {
+			if ppid != self {
+				continue
+			}
+			if exe, err := os.Readlink("/proc/" + e.Name() + "/exe"); err == nil && exe == gitExe {
 				fmt.Println(e.Name())
 				select {}
 			}
