@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -60,9 +61,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.AddCommand(serve)
 	// The launcher is sandbox serve's: the sandbox binary, every session's
 	// pid 1, links no gRPC and becomes this verb.
+	// Its flags are listed in its help but checked in run, so that a
+	// mistyped one is named as `sandbox serve`'s, the command users type.
+	var flags strings.Builder
+	launch.ServeFlags([]string{"-h"}, &flags)
 	launcher := cmdline.Passthrough("launcher", "serve launch.sock (started as sandbox serve)",
-		"usage: bushostd launcher --sandbox PATH [sandbox serve's flags]\n\nserve launch.sock: what `sandbox serve` becomes (docs/launch.md).",
-		func(w io.Writer) { launch.ServeFlags([]string{"-h"}, w) },
+		"usage: bushostd launcher --sandbox PATH [sandbox serve's flags]\n\nserve launch.sock: what `sandbox serve` becomes (docs/launch.md).\n\nFlags:\n"+cmdline.DoubleDash(flags.String()),
+		nil,
 		func(args []string) int {
 			// A mistyped flag is the user's `sandbox serve`'s: named so.
 			if err := cmdline.CheckFlags(args, func(w io.Writer) { launch.ServeFlags([]string{"-h"}, w) }); err != nil {
