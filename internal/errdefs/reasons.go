@@ -11,6 +11,9 @@ const (
 	DeadlineReached Reason = "DEADLINE_EXCEEDED"
 	Unreachable     Reason = "UNREACHABLE"
 	ShuttingDown    Reason = "SHUTTING_DOWN"
+	// The broker's database is stopped, restarting, unreachable, or cut
+	// the call's session (ToGRPC, fault.go).
+	StoreUnavailable Reason = "STORE_UNAVAILABLE"
 
 	// The client's own outcomes, decided before or without a call.
 	Usage         Reason = "USAGE"
