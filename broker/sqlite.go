@@ -84,6 +84,9 @@ func openSQLite(ctx context.Context, path string) (*sqlStore, error) {
 		name:       "sqlite",
 		migrations: sqliteSchema,
 		lock:       func(context.Context, *sql.Tx) error { return nil },
+		// A deferred BEGIN (not the DSN's IMMEDIATE): under WAL, its first
+		// read fixes the snapshot, and it never takes the write lock.
+		snapshot: &sql.TxOptions{ReadOnly: true},
 	}}
 	var mode string
 	if err := db.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {

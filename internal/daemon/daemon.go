@@ -42,6 +42,9 @@ type Options struct {
 	// BrokerDSN selects the broker's store: "" for SQLite in
 	// <home>/broker.db, or postgres://... for a shared PostgreSQL.
 	BrokerDSN string
+	// BrokerPostgres bounds what this host's connections to a PostgreSQL
+	// broker may hold: transactions, lock waits, statements, silence.
+	BrokerPostgres broker.PostgresOptions
 	// HostID names this host for project placement ("" reads HOME/host-id,
 	// made at first start).
 	HostID string
@@ -206,7 +209,7 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate,
 		EgressRate: o.EgressRate, EgressBytesRate: o.EgressBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID,
-		ReposDir: filepath.Join(o.Home, ReposDir)})
+		ReposDir: filepath.Join(o.Home, ReposDir), Postgres: o.BrokerPostgres})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
 	}
