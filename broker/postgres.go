@@ -56,6 +56,12 @@ var postgresSchema = [][]string{{
 	`ALTER TABLE projects ADD COLUMN moving_id TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE projects ADD COLUMN moving_seq BIGINT NOT NULL DEFAULT 0`,
 	`ALTER TABLE projects ADD COLUMN moving_digest TEXT NOT NULL DEFAULT ''`,
+}, {
+	// The per-grant quotas of RecordEvent (quota.go), kept with the log so
+	// that they hold across every host sharing the store: what is left of
+	// a grant's minute of events and bytes, per kind, as of at (unix ns).
+	`CREATE TABLE quota_buckets (grant_id TEXT NOT NULL, kind TEXT NOT NULL,
+		events DOUBLE PRECISION NOT NULL, bytes DOUBLE PRECISION NOT NULL, at BIGINT NOT NULL, PRIMARY KEY (grant_id, kind))`,
 }}
 
 // writeLockKey, with the schema's name, is the advisory lock every write

@@ -53,6 +53,12 @@ var sqliteSchema = [][]string{{
 	`ALTER TABLE projects ADD COLUMN moving_id TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE projects ADD COLUMN moving_seq INTEGER NOT NULL DEFAULT 0`,
 	`ALTER TABLE projects ADD COLUMN moving_digest TEXT NOT NULL DEFAULT ''`,
+}, {
+	// The per-grant quotas of RecordEvent (quota.go), kept with the log so
+	// that they hold across every host sharing the store: what is left of
+	// a grant's minute of events and bytes, per kind, as of at (unix ns).
+	`CREATE TABLE quota_buckets (grant_id TEXT NOT NULL, kind TEXT NOT NULL,
+		events REAL NOT NULL, bytes REAL NOT NULL, at INTEGER NOT NULL, PRIMARY KEY (grant_id, kind))`,
 }}
 
 // sqliteDSN is the driver's DSN for the database file at path: WAL so
