@@ -67,6 +67,12 @@ type Options struct {
 	// Committer is "NAME <EMAIL>" of the merge commits `task land --merge`
 	// makes; "" -> DefaultCommitter.
 	Committer string
+	// MergeTimeout bounds the merge of `task land --merge` (0 ->
+	// DefaultMergeTimeout); MergeRenameLimit is its merge.renameLimit, the
+	// most files among which git looks for inexact renames (0 ->
+	// DefaultMergeRenameLimit).
+	MergeTimeout     time.Duration
+	MergeRenameLimit int
 
 	// Object bounds, checked on every pushed pack as it streams in, before
 	// git reads the object (see bundle.Limits). 0 -> the defaults.

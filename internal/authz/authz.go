@@ -136,8 +136,13 @@ type Landing struct {
 type Lander interface {
 	// LandApproved returns the commit of the task's latest push if the
 	// close gate (an approve verdict of that push, read from the log)
-	// lets it land; else the gate's refusal, TASK_LANDED or TASK_CLOSED.
-	LandApproved(ctx context.Context, g Grant, business, project, task string) (string, error)
+	// lets it land; else the gate's refusal, TASK_LANDED or TASK_CLOSED,
+	// or, unless force, LAND_REFUSED for a push whose landing was refused
+	// before (RecordLandRefusal).
+	LandApproved(ctx context.Context, g Grant, business, project, task string, force bool) (string, error)
+	// RecordLandRefusal appends task.land_refused {commit, main, reason}:
+	// l.Approved's merge onto l.Old was refused for reason.
+	RecordLandRefusal(ctx context.Context, g Grant, l Landing, reason string, peer Peer) (int64, error)
 	// RecordLanding checks the gate again and appends task.landed and
 	// task.closed in one transaction; it is durable when it returns nil.
 	RecordLanding(ctx context.Context, g Grant, l Landing, peer Peer) (int64, error)

@@ -89,6 +89,10 @@ type Options struct {
 	// Committer is "NAME <EMAIL>" of the merge commits `task land --merge`
 	// makes (gitd.DefaultCommitter when empty).
 	Committer string
+	// MergeTimeout and MergeRenameLimit bound the merge of `task land
+	// --merge` (gitd.Options).
+	MergeTimeout     time.Duration
+	MergeRenameLimit int
 	// Housekeeping is "auto" (the default; "" too): each push and landing
 	// queues its repository for the background housekeeping of
 	// docs/git-service.md; "off": only `bushost repo optimize` housekeeps.
@@ -155,7 +159,7 @@ func Serve(ctx context.Context, o Options) error {
 	log := o.Logger
 	if o.MaxBundleBytes < 0 || o.DrainTimeout < 0 ||
 		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxPackObjects < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
-		o.EventRate < 0 || o.EventBytesRate < 0 || o.EgressRate < 0 || o.EgressBytesRate < 0 || o.Observe.DrainGrace < 0 {
+		o.EventRate < 0 || o.EventBytesRate < 0 || o.MergeTimeout < 0 || o.MergeRenameLimit < 0 || o.EgressRate < 0 || o.EgressBytesRate < 0 || o.Observe.DrainGrace < 0 {
 		return errors.New("limits must not be negative")
 	}
 	if o.Housekeeping != "" && o.Housekeeping != "auto" && o.Housekeeping != "off" {
@@ -220,16 +224,18 @@ func Serve(ctx context.Context, o Options) error {
 	}
 
 	svc, err := gitd.New(gitd.Options{
-		ReposDir:       filepath.Join(o.Home, ReposDir),
-		GitHome:        filepath.Join(o.Home, gitHomeDir),
-		MaxBundleBytes: o.MaxBundleBytes,
-		IdleTimeout:    o.IdleTimeout,
-		PushTimeout:    o.PushTimeout,
-		MinPushRate:    o.MinPushRate,
-		PushRateGrace:  o.PushRateGrace,
-		Authority:      b,
-		Logger:         log,
-		Committer:      o.Committer,
+		ReposDir:         filepath.Join(o.Home, ReposDir),
+		GitHome:          filepath.Join(o.Home, gitHomeDir),
+		MaxBundleBytes:   o.MaxBundleBytes,
+		IdleTimeout:      o.IdleTimeout,
+		PushTimeout:      o.PushTimeout,
+		MinPushRate:      o.MinPushRate,
+		PushRateGrace:    o.PushRateGrace,
+		Authority:        b,
+		Logger:           log,
+		Committer:        o.Committer,
+		MergeTimeout:     o.MergeTimeout,
+		MergeRenameLimit: o.MergeRenameLimit,
 
 		MaxObjectBytes:  o.MaxObjectBytes,
 		MaxCommitBytes:  o.MaxCommitBytes,

@@ -23,6 +23,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HostID, "host-id", "", "this bus host's id, on which the projects it adds are placed when hosts share a broker (default: made at first start and kept in HOME/host-id)")
 	fs.StringVar(&o.CheckpointFile, "checkpoint-file", "", "append each new head of the broker's log to this file (SEQ HASH lines, fsynced) and check the log against it at start; ship it off the machine (docs/broker.md)")
 	fs.StringVar(&o.Committer, "committer", gitd.DefaultCommitter, "NAME <EMAIL> of the merge commits 'bushost task land --merge' makes")
+	fs.DurationVar(&o.MergeTimeout, "merge-timeout", gitd.DefaultMergeTimeout, "longest merge of 'bushost task land --merge'; past it the landing is refused MERGE_TIMEOUT and recorded")
+	fs.IntVar(&o.MergeRenameLimit, "merge-rename-limit", gitd.DefaultMergeRenameLimit, "merge.renameLimit of 'task land --merge': past this many files, git detects exact renames only")
 	fs.StringVar(&o.Housekeeping, "housekeeping", "auto", "auto: after each push and landing, repack and tidy the repository in the background when cheap heuristics call for it; off: only 'bushost repo optimize' does (docs/git-service.md, \"Housekeeping\")")
 	fs.BoolVar(&o.SkipBeyondGit, "bench-skip-beyond-git", false, "benchmark only: skip the beyond-git walk of pushed trees")
 	fs.MarkHidden("bench-skip-beyond-git")

@@ -148,6 +148,11 @@ const (
 	TaskLanded        Reason = "TASK_LANDED"
 	MainMoved         Reason = "MAIN_MOVED"
 	MergeConflict     Reason = "MERGE_CONFLICT"
+	// A landing's merge ran past bushostd --merge-timeout.
+	MergeTimeout Reason = "MERGE_TIMEOUT"
+	// The task's latest push was refused a landing before (its merge
+	// conflicted or timed out): a new push, or --force.
+	LandRefused Reason = "LAND_REFUSED"
 	NothingToLand     Reason = "NOTHING_TO_LAND"
 	MainHasLandedWork Reason = "MAIN_HAS_LANDED_WORK"
 	BranchCheckedOut  Reason = "BRANCH_CHECKED_OUT"
