@@ -152,7 +152,7 @@ const (
 	MergeTimeout Reason = "MERGE_TIMEOUT"
 	// The task's latest push was refused a landing before (its merge
 	// conflicted or timed out): a new push, or --force.
-	LandRefused Reason = "LAND_REFUSED"
+	LandRefused       Reason = "LAND_REFUSED"
 	NothingToLand     Reason = "NOTHING_TO_LAND"
 	MainHasLandedWork Reason = "MAIN_HAS_LANDED_WORK"
 	BranchCheckedOut  Reason = "BRANCH_CHECKED_OUT"
