@@ -257,6 +257,7 @@ func (s *Service) ExportProject(ctx context.Context, business, project string, s
 	if err := tarFile(tw, manifestName, bytes.NewReader(raw), int64(len(raw)), mtime); err != nil {
 		return res, err
 	}
+	crashpoint("export:sending")
 	for _, name := range files {
 		f, err := os.Open(filepath.Join(spool, name))
 		if err != nil {
