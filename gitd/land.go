@@ -151,8 +151,13 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 	}
 	defer unlock()
 	// Only the lock's holder moves main: unmoved now, it stays so until
-	// the update-ref below.
-	if cur, err := readRef(gg, MainRef); err != nil {
+	// the update-ref below. Read afresh, not through a handle opened
+	// before another landing may have moved it.
+	now, err := s.open(r)
+	if err != nil {
+		return LandResult{}, err
+	}
+	if cur, err := readRef(now, MainRef); err != nil {
 		return LandResult{}, err
 	} else if cur != old {
 		return LandResult{}, errdefs.Aborted(errdefs.MainMoved, "main moved to %s while the landing of %s was made on %s: land again", cur, approved, old).
