@@ -137,22 +137,32 @@ func (q *queries) landRefusal(ctx context.Context, t taskRow) (Event, bool, erro
 	return e, ok, err
 }
 
-// RecordLandRefusal implements authz.Lander.
-func (b *Broker) RecordLandRefusal(ctx context.Context, g authz.Grant, l authz.Landing, reason string, peer authz.Peer) (int64, error) {
+// landingActor checks what a landing's record needs before its
+// transaction (g may land l's task; commits are object ids) and returns
+// the actor of its events.
+func landingActor(g authz.Grant, l authz.Landing, commits ...string) (string, error) {
 	if err := mayLand(g, l.Business, l.Project, l.Task); err != nil {
-		return 0, err
+		return "", err
 	}
-	for _, c := range []string{l.Approved, l.Old} {
+	for _, c := range commits {
 		if !isObjectID(c) {
-			return 0, errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(c))
+			return "", errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(c))
 		}
 	}
-	actor := authz.HostID
-	if !g.Host {
-		actor = g.ID
+	if g.Host {
+		return authz.HostID, nil
+	}
+	return g.ID, nil
+}
+
+// RecordLandRefusal implements authz.Lander.
+func (b *Broker) RecordLandRefusal(ctx context.Context, g authz.Grant, l authz.Landing, reason string, peer authz.Peer) (int64, error) {
+	actor, err := landingActor(g, l, l.Approved, l.Old)
+	if err != nil {
+		return 0, err
 	}
 	var seq int64
-	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if !g.Host {
 			if err := recheck(ctx, q, g, authz.CapTaskLand); err != nil {
 				return err
@@ -175,20 +185,12 @@ func (b *Broker) RecordLandRefusal(ctx context.Context, g authz.Grant, l authz.L
 
 // RecordLanding implements authz.Lander.
 func (b *Broker) RecordLanding(ctx context.Context, g authz.Grant, l authz.Landing, peer authz.Peer) (int64, error) {
-	if err := mayLand(g, l.Business, l.Project, l.Task); err != nil {
+	actor, err := landingActor(g, l, l.Approved, l.Old, l.New)
+	if err != nil {
 		return 0, err
 	}
-	for _, c := range []string{l.Approved, l.Old, l.New} {
-		if !isObjectID(c) {
-			return 0, errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(c))
-		}
-	}
-	actor := authz.HostID
-	if !g.Host {
-		actor = g.ID
-	}
 	var seq int64
-	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if !g.Host {
 			if err := recheck(ctx, q, g, authz.CapTaskLand); err != nil {
 				return err
