@@ -145,16 +145,16 @@ func TestAttackRecordEventsBatch(t *testing.T) {
 		err := rec(&brokerv1.RecordEventRequest{Type: "note", Data: `{"a":1}`, IdempotencyKey: "k"},
 			&brokerv1.RecordEventRequest{Type: "note", Data: `{"a":2}`, IdempotencyKey: "k"})
 		e.refused(err, codesOf(err), before, "one key, two bodies, in one batch")
-		// The quota: the batches above that reached the write charged
-		// it (one of 2); what is left is 8. A batch of 9 is refused
-		// whole, a batch of 8 goes in, then nothing more.
-		nine := make([]*brokerv1.RecordEventRequest, 9)
-		for i := range nine {
-			nine[i] = &brokerv1.RecordEventRequest{Type: "note", Data: fmt.Sprintf(`{"i":%d}`, i)}
+		// The quota: a refused batch charged nothing, so all 10 are
+		// left. A batch of 11 is refused whole, a batch of 10 goes in,
+		// then nothing more.
+		eleven := make([]*brokerv1.RecordEventRequest, 11)
+		for i := range eleven {
+			eleven[i] = &brokerv1.RecordEventRequest{Type: "note", Data: fmt.Sprintf(`{"i":%d}`, i)}
 		}
 		before = e.head()
-		e.refused(rec(nine...), codes.ResourceExhausted, before, "a batch past the quota")
-		if err := rec(nine[:8]...); err != nil {
+		e.refused(rec(eleven...), codes.ResourceExhausted, before, "a batch past the quota")
+		if err := rec(eleven[:10]...); err != nil {
 			t.Fatalf("what is left of the quota: %v", err)
 		}
 		before = e.head()

@@ -50,6 +50,9 @@ type Options struct {
 	// placed on it, and calls for a project placed on another host are
 	// refused (placement.go). Empty means DefaultHostID.
 	HostID string
+	// Postgres bounds what this host's connections to a PostgreSQL store
+	// may hold (locks, transactions, silence); unused with SQLite.
+	Postgres PostgresOptions
 	// ReposDir is the git service's repository directory on this host
 	// (<home>/repos): `project list` sums the size of each project's
 	// repositories there. Empty: sizes are not known here.
@@ -96,7 +99,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	case o.DSN == "":
 		return nil, errors.New("broker: no DSN: give a SQLite file path or a postgres:// URL")
 	case strings.HasPrefix(o.DSN, "postgres://"), strings.HasPrefix(o.DSN, "postgresql://"):
-		st, err = openPostgres(ctx, o.DSN)
+		st, err = openPostgres(ctx, o.DSN, o.Postgres)
 	default:
 		st, err = openSQLite(ctx, strings.TrimPrefix(o.DSN, "sqlite:"))
 	}

@@ -47,6 +47,8 @@ const (
 	TypeTaskRepaired    = "task.repaired"
 	TypeTaskLanded      = "task.landed"
 	TypeTaskReopened    = "task.reopened"
+	// A landing whose merge was refused (land.go).
+	TypeTaskLandRefused = "task.land_refused"
 )
 
 var reservedPrefixes = []string{"action.", "review.", "task.", "grant.", "project.", "network.", SessionPrefix}

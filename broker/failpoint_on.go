@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Failpoints for tests of an unclear commit, built only with the tag
@@ -22,6 +23,10 @@ import (
 //	record-push:after   the commit reaches the store, then the connection is
 //	                    cut and the commit reports an error
 //	record-push:blind   as after, and the log cannot be read back either
+//	record-push:hold    with the write lock held, before the commit, the
+//	                    file $BUSHOST_FAILPOINT_FILE is written, and the
+//	                    commit waits until it is removed: a test freezes
+//	                    the process (SIGSTOP) while it holds the lock
 var (
 	failMode  = os.Getenv("BUSHOST_FAILPOINT")
 	failFired atomic.Bool
@@ -93,6 +98,10 @@ func failBeforeCommit(ctx context.Context, st store, tx *writeTx, batch []*op) e
 	failMu.Lock()
 	failPID = pid
 	failMu.Unlock()
+	if failMode == "record-push:hold" {
+		failFired.Store(true)
+		return hold(ctx, os.Getenv("BUSHOST_FAILPOINT_FILE"))
+	}
 	if failMode != "record-push:before" {
 		return nil
 	}
@@ -104,8 +113,28 @@ func failBeforeCommit(ctx context.Context, st store, tx *writeTx, batch []*op) e
 	return errors.New("failpoint: the write failed before it reached the file")
 }
 
+// hold writes file and waits until it is removed.
+func hold(ctx context.Context, file string) error {
+	if file == "" {
+		return errors.New("failpoint: record-push:hold needs $BUSHOST_FAILPOINT_FILE")
+	}
+	if err := os.WriteFile(file, []byte("holding the write lock\n"), 0o644); err != nil {
+		return err
+	}
+	for {
+		if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 func failAfterCommit(ctx context.Context, st store, batch []*op) error {
-	if failMode == "record-push:before" || !failArmed(batch) {
+	if (failMode != "record-push:after" && failMode != "record-push:blind") || !failArmed(batch) {
 		return nil
 	}
 	failFired.Store(true)

@@ -7,10 +7,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
+	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 )
 
@@ -217,4 +220,36 @@ func readHeads(t *testing.T, path string) []Head {
 		t.Fatal(err)
 	}
 	return hs
+}
+
+// log verify reads a snapshot and takes no lock: a write goes on while a
+// snapshot is open (on SQLite and on PostgreSQL, where the write lock is
+// the fleet's), and the snapshot does not see it.
+func TestSnapshotTakesNoWriteLock(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		e.project("acme", "web")
+		e.task("acme", "web", "t1")
+		g := e.grant("acme", "web", "t1", "agent", authz.CapEventRecord)
+		ctx := context.Background()
+		tx, err := e.b.st.snapshot(ctx, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.done()
+		seq, _, err := tx.head(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if _, err := e.srv.RecordEvent(metadata.NewIncomingContext(wctx, metadata.Pairs("authorization", "Bearer "+g.Token)), &brokerv1.RecordEventRequest{Type: "note"}); err != nil {
+			t.Fatalf("a write while a snapshot is open: %v", err)
+		}
+		if again, _, err := tx.head(ctx); err != nil || again != seq {
+			t.Fatalf("the snapshot's head moved from %d to %d (%v)", seq, again, err)
+		}
+		if e.head() != seq+1 {
+			t.Fatalf("the log's head is %d, want %d", e.head(), seq+1)
+		}
+	})
 }

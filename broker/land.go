@@ -89,33 +89,108 @@ func landable(ctx context.Context, q *queries, business, project, task string) (
 }
 
 // LandApproved implements authz.Lander.
-func (b *Broker) LandApproved(ctx context.Context, g authz.Grant, business, project, task string) (string, error) {
+func (b *Broker) LandApproved(ctx context.Context, g authz.Grant, business, project, task string, force bool) (string, error) {
 	if err := b.Halted(); err != nil {
 		return "", err
 	}
 	if err := mayLand(g, business, project, task); err != nil {
 		return "", err
 	}
-	_, commit, err := landable(ctx, b.st.read(), business, project, task)
-	return commit, err
+	q := b.st.read()
+	t, commit, err := landable(ctx, q, business, project, task)
+	if err != nil || force {
+		return commit, err
+	}
+	// A push whose landing was refused (its merge conflicted or ran out
+	// of time) is not tried again by itself: a loop of landings would
+	// hold a CPU. A new push is a new commit; --force says try anyway.
+	e, ok, err := q.landRefusal(ctx, t)
+	if err != nil {
+		return "", err
+	}
+	if ok {
+		var f landRefusalFields
+		_ = json.Unmarshal([]byte(e.Data), &f)
+		if f.Commit == commit {
+			return "", errdefs.FailedPrecondition(errdefs.LandRefused,
+				"landing %s of task %s was refused before (event %d: %s): push a new commit (rebased onto main) and get it approved, or land again with --force",
+				commit, scopeString(business, project, task), e.Seq, f.Reason).
+				With("seq", e.Seq).With("commit", commit).With("cause", f.Reason)
+		}
+	}
+	return commit, nil
+}
+
+// landRefusalFields are the fields of a task.land_refused event.
+type landRefusalFields struct {
+	Commit string `json:"commit"`
+	Main   string `json:"main"`
+	Reason string `json:"reason"`
+}
+
+// landRefusal returns the task's latest task.land_refused event after its
+// latest push, if any.
+func (q *queries) landRefusal(ctx context.Context, t taskRow) (Event, bool, error) {
+	e, err := scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 AND seq > $5 ORDER BY seq DESC LIMIT 1`,
+		t.Business, t.Project, t.Task, TypeTaskLandRefused, t.LastPushSeq))
+	ok, err := found(err)
+	return e, ok, err
+}
+
+// landingActor checks what a landing's record needs before its
+// transaction (g may land l's task; commits are object ids) and returns
+// the actor of its events.
+func landingActor(g authz.Grant, l authz.Landing, commits ...string) (string, error) {
+	if err := mayLand(g, l.Business, l.Project, l.Task); err != nil {
+		return "", err
+	}
+	for _, c := range commits {
+		if !isObjectID(c) {
+			return "", errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(c))
+		}
+	}
+	if g.Host {
+		return authz.HostID, nil
+	}
+	return g.ID, nil
+}
+
+// RecordLandRefusal implements authz.Lander.
+func (b *Broker) RecordLandRefusal(ctx context.Context, g authz.Grant, l authz.Landing, reason string, peer authz.Peer) (int64, error) {
+	actor, err := landingActor(g, l, l.Approved, l.Old)
+	if err != nil {
+		return 0, err
+	}
+	var seq int64
+	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
+		if !g.Host {
+			if err := recheck(ctx, q, g, authz.CapTaskLand); err != nil {
+				return err
+			}
+		}
+		t, err := openTask(ctx, &q.queries, l.Business, l.Project, l.Task, "landings")
+		if err != nil {
+			return err
+		}
+		e := Event{Business: t.Business, Project: t.Project, Task: t.Task, Type: TypeTaskLandRefused, Actor: actor, Peer: PeerString(peer, peer != authz.Peer{}),
+			Data: mustData(map[string]any{"commit": l.Approved, "main": l.Old, "reason": clip(reason)})}
+		if err := appendEvent(ctx, q, &e); err != nil {
+			return err
+		}
+		seq = e.Seq
+		return nil
+	})
+	return seq, err
 }
 
 // RecordLanding implements authz.Lander.
 func (b *Broker) RecordLanding(ctx context.Context, g authz.Grant, l authz.Landing, peer authz.Peer) (int64, error) {
-	if err := mayLand(g, l.Business, l.Project, l.Task); err != nil {
+	actor, err := landingActor(g, l, l.Approved, l.Old, l.New)
+	if err != nil {
 		return 0, err
 	}
-	for _, c := range []string{l.Approved, l.Old, l.New} {
-		if !isObjectID(c) {
-			return 0, errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(c))
-		}
-	}
-	actor := authz.HostID
-	if !g.Host {
-		actor = g.ID
-	}
 	var seq int64
-	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
+	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if !g.Host {
 			if err := recheck(ctx, q, g, authz.CapTaskLand); err != nil {
 				return err

@@ -62,7 +62,12 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 		}
 		business, project, task = g.Business, g.Project, g.Task
 	}
-	q := b.st.read()
+	tx, err := b.st.snapshot(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.done()
+	q := &tx.queries
 	landed := map[string]int64{}
 	lwhere, largs := scopeWhere(2, business, project, task)
 	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, seq FROM events WHERE `+strings.Join(append([]string{"type = $1"}, lwhere...), " AND "),
@@ -195,7 +200,35 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 	if err := checkFilterNames("business", business); err != nil {
 		return nil, err
 	}
-	q := b.st.read()
+	out, err := b.listProjects(ctx, g, business)
+	if err != nil {
+		return nil, err
+	}
+	// The sizes are walked after the snapshot ended: a walk of a large
+	// project must not hold a transaction open.
+	for i := range out {
+		p := &out[i]
+		// A session is told where its project is but not its size: the
+		// size sums every task's repository, so it would show the
+		// project's other tasks' pushes and their sizes, and the walk
+		// costs the daemon the project's whole tree at each call.
+		size, here, err := projectSize(b.reposDir, p.Business, p.Project, g.Host)
+		if err != nil {
+			return nil, fmt.Errorf("size of %s/%s: %w", p.Business, p.Project, err)
+		}
+		p.Here, p.SizeBytes = here, size
+	}
+	return out, nil
+}
+
+// listProjects reads ListProjects' rows from one snapshot of the store.
+func (b *Broker) listProjects(ctx context.Context, g authz.Grant, business string) ([]ProjectInfo, error) {
+	tx, err := b.st.snapshot(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.done()
+	q := &tx.queries
 	type pushOf struct {
 		tasks  int64
 		seq    int64
@@ -282,15 +315,6 @@ func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business strin
 				return nil, err
 			}
 		}
-		// A session is told where its project is but not its size: the
-		// size sums every task's repository, so it would show the
-		// project's other tasks' pushes and their sizes, and the walk
-		// costs the daemon the project's whole tree at each call.
-		size, here, err := projectSize(b.reposDir, p.Business, p.Project, g.Host)
-		if err != nil {
-			return nil, fmt.Errorf("size of %s/%s: %w", p.Business, p.Project, err)
-		}
-		p.Here, p.SizeBytes = here, size
 	}
 	return out, nil
 }
@@ -384,7 +408,12 @@ func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, projec
 	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth, launch_bounds FROM grants` + whereClause(where)
 	args = append(args, maxListGrants+1)
 	query += fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args))
-	rows, err := b.st.read().db.QueryContext(ctx, query, args...)
+	tx, err := b.st.snapshot(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.done()
+	rows, err := tx.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}

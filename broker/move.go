@@ -121,11 +121,14 @@ func (b *Broker) NotMoving(ctx context.Context, business, project string) error 
 // moving and appends project.moving, whose seq and hash are the head the
 // export names; it returns the project's tasks as the log has them then.
 // A task marked TASK_NEEDS_REPAIR is refused: the host repairs it first.
-func (b *Broker) BeginExport(ctx context.Context, business, project string) (authz.Export, error) {
+func (b *Broker) BeginExport(ctx context.Context, business, project, id string) (authz.Export, error) {
 	if err := checkProjectNames(business, project); err != nil {
 		return authz.Export{}, err
 	}
-	ex := authz.Export{ID: randomID("x", 12), Host: b.hostID}
+	if !authz.ValidExportID(id) {
+		return authz.Export{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "export id %q is not one authz.NewExportID makes", clip(id))
+	}
+	ex := authz.Export{ID: id, Host: b.hostID}
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		r, err := q.ownProject(ctx, b.hostID, business, project)
 		if err != nil {

@@ -57,12 +57,12 @@ func TestMoveStates(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			_, err := b.b.BeginExport(ctx, "acme", "web")
+			_, err := b.b.BeginExport(ctx, "acme", "web", authz.NewExportID())
 			wantReason(t, err, codes.FailedPrecondition, errdefs.ProjectOnOtherHost, "export on B")
-			_, err = a.b.BeginExport(ctx, "acme", "nothing")
+			_, err = a.b.BeginExport(ctx, "acme", "nothing", authz.NewExportID())
 			wantReason(t, err, codes.NotFound, errdefs.ProjectNotFound, "export of an unknown project")
 
-			ex, err := a.b.BeginExport(ctx, "acme", "web")
+			ex, err := a.b.BeginExport(ctx, "acme", "web", authz.NewExportID())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,7 +107,7 @@ func TestMoveStates(t *testing.T) {
 			b.refused(err, codes.FailedPrecondition, before, "CompleteImport of another export id")
 
 			// Exporting again makes the first file stale.
-			ex2, err := a.b.BeginExport(ctx, "acme", "web")
+			ex2, err := a.b.BeginExport(ctx, "acme", "web", authz.NewExportID())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -127,7 +127,7 @@ func TestMoveStates(t *testing.T) {
 				t.Fatalf("stale import does not name the event: %+v", e)
 			}
 
-			ex3, err := a.b.BeginExport(ctx, "acme", "web")
+			ex3, err := a.b.BeginExport(ctx, "acme", "web", authz.NewExportID())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -165,7 +165,7 @@ func TestMoveStates(t *testing.T) {
 			}
 
 			// A cancelled export: pushes again, and the file is stale.
-			ex4, err := b.b.BeginExport(ctx, "acme", "web")
+			ex4, err := b.b.BeginExport(ctx, "acme", "web", authz.NewExportID())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -210,11 +210,11 @@ func TestCancelReplacedExport(t *testing.T) {
 			ctx := context.Background()
 			a, b := hostEnv(t, dsn, "host-a"), hostEnv(t, dsn, "host-b")
 			a.project("acme", "web")
-			old, err := a.b.BeginExport(ctx, "acme", "web")
+			old, err := a.b.BeginExport(ctx, "acme", "web", authz.NewExportID())
 			if err != nil {
 				t.Fatal(err)
 			}
-			ex, err := a.b.BeginExport(ctx, "acme", "web")
+			ex, err := a.b.BeginExport(ctx, "acme", "web", authz.NewExportID())
 			if err != nil {
 				t.Fatal(err)
 			}

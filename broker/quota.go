@@ -1,9 +1,9 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"math"
-	"sync"
 	"time"
 
 	"github.com/bushost/bushost/internal/errdefs"
@@ -24,26 +24,25 @@ const (
 // bucket per grant for events and one for bytes, each refilled at its rate
 // per minute and holding at most one minute's worth, so a grant may burst
 // a minute's quota and then goes at the rate. One grant's use never
-// touches another's. It is kept in memory: a restart forgets it, which
-// costs at most one more minute's quota.
+// touches another's. The buckets are rows of the store (quota_buckets),
+// charged in the write transaction of the events they pay for: under the
+// write lock, so that every host sharing the store charges the same
+// bucket, and rolled back with a refused write.
 type eventQuota struct {
+	kind                string // the buckets' kind in quota_buckets
 	perMin, bytesPerMin float64
 	// flags name the bushostd flags that set the rates, for the refusal.
 	rateFlag, bytesFlag string
 	now                 func() time.Time
-
-	mu      sync.Mutex
-	buckets map[string]*bucket
 }
 
+// bucket is what is left of a grant's minute, as of at. Refills follow
+// the clock of the host that charges: a host whose clock is behind
+// refills nothing until it passes at, so skew delays refills, never adds.
 type bucket struct {
 	events, bytes float64
 	at            time.Time
 }
-
-// maxIdleBuckets is how many buckets are kept before full ones (grants idle
-// for a minute or more) are dropped.
-const maxIdleBuckets = 4096
 
 func newEventQuota(perMin int, bytesPerMin int64) *eventQuota {
 	if perMin <= 0 {
@@ -52,8 +51,8 @@ func newEventQuota(perMin int, bytesPerMin int64) *eventQuota {
 	if bytesPerMin <= 0 {
 		bytesPerMin = DefaultEventBytesRate
 	}
-	return &eventQuota{perMin: float64(perMin), bytesPerMin: float64(bytesPerMin),
-		rateFlag: "--event-rate", bytesFlag: "--event-bytes-rate", now: time.Now, buckets: map[string]*bucket{}}
+	return &eventQuota{kind: "event", perMin: float64(perMin), bytesPerMin: float64(bytesPerMin),
+		rateFlag: "--event-rate", bytesFlag: "--event-bytes-rate", now: time.Now}
 }
 
 // newEgressQuota is network.egress's own bound (Options.EgressRate).
@@ -65,32 +64,37 @@ func newEgressQuota(perMin int, bytesPerMin int64) *eventQuota {
 		bytesPerMin = DefaultEgressBytesRate
 	}
 	q := newEventQuota(perMin, bytesPerMin)
-	q.rateFlag, q.bytesFlag = "--egress-event-rate", "--egress-event-bytes-rate"
+	q.kind, q.rateFlag, q.bytesFlag = "egress", "--egress-event-rate", "--egress-event-bytes-rate"
 	return q
 }
 
-// take charges one event of size bytes to grant, or refuses it with
-// ResourceExhausted and the time after which it would pass.
-func (q *eventQuota) take(grant string, size int) error {
-	return q.takeN(grant, 1, size)
-}
-
-// takeN charges n events of size bytes in all to grant, all or nothing.
-func (q *eventQuota) takeN(grant string, n, size int) error {
+// charge takes n events of size bytes in all from grant's bucket in w,
+// all or nothing, or refuses them with ResourceExhausted and the time
+// after which they would pass.
+func (q *eventQuota) charge(ctx context.Context, w *writeTx, grant string, n, size int) error {
 	if n == 0 {
 		return nil
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
 	now := q.now()
-	b, ok := q.buckets[grant]
-	if !ok {
-		if len(q.buckets) >= maxIdleBuckets {
-			q.prune(now)
-		}
-		b = &bucket{events: q.perMin, bytes: q.bytesPerMin, at: now}
-		q.buckets[grant] = b
+	b, ok, err := w.bucket(ctx, grant, q.kind)
+	if err != nil {
+		return fmt.Errorf("read quota of grant %s: %w", grant, err)
 	}
+	if !ok {
+		b = bucket{events: q.perMin, bytes: q.bytesPerMin, at: now}
+	}
+	if err := q.spend(&b, now, grant, n, size); err != nil {
+		return err
+	}
+	if err := w.setBucket(ctx, grant, q.kind, b); err != nil {
+		return fmt.Errorf("charge quota of grant %s: %w", grant, err)
+	}
+	return nil
+}
+
+// spend refills b up to now and takes n events of size bytes from it, or
+// refuses them leaving b as it was.
+func (q *eventQuota) spend(b *bucket, now time.Time, grant string, n, size int) error {
 	if dt := now.Sub(b.at).Minutes(); dt > 0 {
 		b.events = math.Min(q.perMin, b.events+dt*q.perMin)
 		b.bytes = math.Min(q.bytesPerMin, b.bytes+dt*q.bytesPerMin)
@@ -126,24 +130,21 @@ func (q *eventQuota) takeN(grant string, n, size int) error {
 	return nil
 }
 
-// refund gives back what takeN charged, when the batch it charged is
-// refused by another bound before anything was written.
-func (q *eventQuota) refund(grant string, n, size int) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if b, ok := q.buckets[grant]; ok {
-		b.events = math.Min(q.perMin, b.events+float64(n))
-		b.bytes = math.Min(q.bytesPerMin, b.bytes+float64(size))
-	}
+// bucket reads grant's bucket of kind.
+func (q *queries) bucket(ctx context.Context, grant, kind string) (bucket, bool, error) {
+	var b bucket
+	var at int64
+	ok, err := found(q.db.QueryRowContext(ctx, `SELECT events, bytes, at FROM quota_buckets WHERE grant_id = $1 AND kind = $2`, grant, kind).Scan(&b.events, &b.bytes, &at))
+	b.at = time.Unix(0, at)
+	return b, ok, err
 }
 
-// prune drops the buckets that have refilled: their grants start afresh.
-func (q *eventQuota) prune(now time.Time) {
-	for id, b := range q.buckets {
-		if now.Sub(b.at) >= time.Minute {
-			delete(q.buckets, id)
-		}
-	}
+// setBucket writes grant's bucket of kind.
+func (q *queries) setBucket(ctx context.Context, grant, kind string, b bucket) error {
+	_, err := q.db.ExecContext(ctx, `INSERT INTO quota_buckets (grant_id, kind, events, bytes, at) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (grant_id, kind) DO UPDATE SET events = excluded.events, bytes = excluded.bytes, at = excluded.at`,
+		grant, kind, b.events, b.bytes, b.at.UnixNano())
+	return err
 }
 
 // minutes is m minutes, rounded up to a whole millisecond and at least one.

@@ -39,7 +39,7 @@ func TestReopenWithdrawsApproval(t *testing.T) {
 		if got := errdefs.FromGRPC(errdefs.ToGRPC(err)); got.Reason != errdefs.GateNoApproval || got.Metadata["review"] != "withdrawn" {
 			t.Fatalf("close after reopen: %+v", got)
 		}
-		_, err = e.b.LandApproved(ctx, authz.Grant{ID: authz.HostID, Host: true}, "acme", "web", "t1")
+		_, err = e.b.LandApproved(ctx, authz.Grant{ID: authz.HostID, Host: true}, "acme", "web", "t1", false)
 		e.refused(err, codes.FailedPrecondition, before, "land on an approve given before the reopening")
 		land := authz.Landing{Business: "acme", Project: "web", Task: "t1", Approved: commit(1), Old: commit(9), New: commit(1)}
 		_, err = e.b.RecordLanding(ctx, authz.Grant{ID: authz.HostID, Host: true}, land, authz.Peer{})
@@ -64,7 +64,7 @@ func TestReopenWithdrawsApproval(t *testing.T) {
 		if err := e.verdict(tm.reviewer, r2.RequestId, brokerv1.Verdict_VERDICT_APPROVE); err != nil {
 			t.Fatal(err)
 		}
-		if c, err := e.b.LandApproved(ctx, authz.Grant{ID: authz.HostID, Host: true}, "acme", "web", "t1"); err != nil || c != commit(2) {
+		if c, err := e.b.LandApproved(ctx, authz.Grant{ID: authz.HostID, Host: true}, "acme", "web", "t1", false); err != nil || c != commit(2) {
 			t.Fatalf("land after a new approve: %q %v", c, err)
 		}
 		if err := e.close(tm.closer); err != nil {

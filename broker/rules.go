@@ -510,15 +510,6 @@ func (b *Broker) RecordEvents(ctx context.Context, g authz.Grant, peer string, r
 		}
 		cs[i] = checked{need: need, typ: r.Type, data: data, key: r.Key, body: tokenHash(r.Type + "\x00" + data)}
 	}
-	if !g.Host {
-		if err := b.egressQuota.takeN(g.ID, nEgress, bEgress); err != nil {
-			return nil, err
-		}
-		if err := b.quota.takeN(g.ID, nOther, bOther); err != nil {
-			b.egressQuota.refund(g.ID, nEgress, bEgress)
-			return nil, err
-		}
-	}
 	var evs []Event
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		evs = evs[:0]
@@ -529,6 +520,16 @@ func (b *Broker) RecordEvents(ctx context.Context, g authz.Grant, peer string, r
 					return err
 				}
 				checkedCap[c.need] = true
+			}
+		}
+		// The quotas, charged with the events they pay for: a refused
+		// write charges nothing, and every host charges the same rows.
+		if !g.Host {
+			if err := b.egressQuota.charge(ctx, q, g.ID, nEgress, bEgress); err != nil {
+				return err
+			}
+			if err := b.quota.charge(ctx, q, g.ID, nOther, bOther); err != nil {
+				return err
 			}
 		}
 		t, ok, err := q.task(ctx, g.Business, g.Project, g.Task)

@@ -57,6 +57,12 @@ var sqliteSchema = [][]string{{
 	// What else a launch set bounds (JSON, bounds.Launch; session.launch):
 	// network modes, limit ceilings, tasks, egress.
 	`ALTER TABLE grants ADD COLUMN launch_bounds TEXT NOT NULL DEFAULT ''`,
+}, {
+	// The per-grant quotas of RecordEvent (quota.go), kept with the log so
+	// that they hold across every host sharing the store: what is left of
+	// a grant's minute of events and bytes, per kind, as of at (unix ns).
+	`CREATE TABLE quota_buckets (grant_id TEXT NOT NULL, kind TEXT NOT NULL,
+		events REAL NOT NULL, bytes REAL NOT NULL, at INTEGER NOT NULL, PRIMARY KEY (grant_id, kind))`,
 }}
 
 // sqliteDSN is the driver's DSN for the database file at path: WAL so
@@ -88,6 +94,9 @@ func openSQLite(ctx context.Context, path string) (*sqlStore, error) {
 		name:       "sqlite",
 		migrations: sqliteSchema,
 		lock:       func(context.Context, *sql.Tx) error { return nil },
+		// A deferred BEGIN (not the DSN's IMMEDIATE): under WAL, its first
+		// read fixes the snapshot, and it never takes the write lock.
+		snapshot: &sql.TxOptions{ReadOnly: true},
 	}}
 	var mode string
 	if err := db.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {

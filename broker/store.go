@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
+
+	"github.com/bushost/bushost/internal/metrics"
 )
 
 // store is where the broker keeps its state: the event log and the tables
@@ -23,6 +26,10 @@ type store interface {
 	// read returns queries outside any transaction, for reads that need no
 	// lock (each statement sees one consistent snapshot).
 	read() *queries
+	// snapshot starts a read-only transaction whose statements all see one
+	// state of the store, taking no lock a write waits for; whole is for a
+	// read of the whole log (log verify), whose statements may run long.
+	snapshot(ctx context.Context, whole bool) (*readTx, error)
 	close() error
 }
 
@@ -33,6 +40,11 @@ type dialect struct {
 	migrations [][]string
 	// lock takes the write lock inside tx (a no-op where BEGIN already did).
 	lock func(ctx context.Context, tx *sql.Tx) error
+	// snapshot are the options of a snapshot's transaction.
+	snapshot *sql.TxOptions
+	// long, when set, lifts a snapshot's statement bound to the one for a
+	// read of the whole log.
+	long func(ctx context.Context, tx *sql.Tx) error
 }
 
 type sqlStore struct {
@@ -45,6 +57,7 @@ func (s *sqlStore) read() *queries { return &queries{db: s.db} }
 func (s *sqlStore) close() error { return s.db.Close() }
 
 func (s *sqlStore) begin(ctx context.Context) (*writeTx, error) {
+	start := time.Now()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: begin: %w", s.d.name, err)
@@ -53,8 +66,30 @@ func (s *sqlStore) begin(ctx context.Context) (*writeTx, error) {
 		tx.Rollback()
 		return nil, fmt.Errorf("%s: take write lock: %w", s.d.name, err)
 	}
-	return &writeTx{queries: queries{db: tx}, tx: tx}, nil
+	return &writeTx{queries: queries{db: tx}, tx: tx, began: start, locked: time.Now()}, nil
 }
+
+func (s *sqlStore) snapshot(ctx context.Context, whole bool) (*readTx, error) {
+	tx, err := s.db.BeginTx(ctx, s.d.snapshot)
+	if err != nil {
+		return nil, fmt.Errorf("%s: begin snapshot: %w", s.d.name, err)
+	}
+	if whole && s.d.long != nil {
+		if err := s.d.long(ctx, tx); err != nil {
+			tx.Rollback()
+			return nil, fmt.Errorf("%s: begin snapshot: %w", s.d.name, err)
+		}
+	}
+	return &readTx{queries: queries{db: tx}, tx: tx}, nil
+}
+
+// readTx is a snapshot: read-only, ended by done (nothing to commit).
+type readTx struct {
+	queries
+	tx *sql.Tx
+}
+
+func (r *readTx) done() { r.tx.Rollback() }
 
 // migrate applies the dialect's migrations not yet applied, under the write
 // lock, so that several processes starting at once migrate exactly once.
@@ -98,6 +133,10 @@ type writeTx struct {
 	headSeq   int64
 	headHash  string
 	headKnown bool
+	// began and locked time the wait for the write lock and its hold
+	// (metrics.WriteLock, once the transaction ends).
+	began, locked time.Time
+	ended         bool
 }
 
 // head is queries.head, remembered across appends of one transaction.
@@ -138,9 +177,24 @@ func (w *writeTx) release(ctx context.Context) error {
 	return err
 }
 
-func (w *writeTx) commit() error { return w.tx.Commit() }
+func (w *writeTx) commit() error {
+	err := w.tx.Commit()
+	w.end()
+	return err
+}
 
-func (w *writeTx) rollback() error { return w.tx.Rollback() }
+func (w *writeTx) rollback() error {
+	err := w.tx.Rollback()
+	w.end()
+	return err
+}
+
+func (w *writeTx) end() {
+	if !w.ended {
+		w.ended = true
+		metrics.WriteLock(w.locked.Sub(w.began), time.Since(w.locked))
+	}
+}
 
 // dbtx is what a *sql.DB and a *sql.Tx have in common.
 type dbtx interface {

@@ -35,17 +35,19 @@ const maxDifferences = 100
 // still has that hash: a rewrite before it or a truncation below it
 // fails); and the derived tables against the state rebuilt from the
 // events. It names the first bad event and every differing row. It reads
-// under the write lock, so that tables and log are one consistent state.
+// one snapshot of the store (read only; on PostgreSQL REPEATABLE READ), so
+// that tables and log are one consistent state, and takes no lock: writes
+// go on while it reads, on this host and every other.
 func (b *Broker) VerifyLog(ctx context.Context, heads ...Head) (Verification, error) {
 	return b.verify(ctx, heads, true)
 }
 
 func (b *Broker) verify(ctx context.Context, heads []Head, derived bool) (Verification, error) {
-	tx, err := b.st.begin(ctx)
+	tx, err := b.st.snapshot(ctx, true)
 	if err != nil {
 		return Verification{}, err
 	}
-	defer tx.rollback()
+	defer tx.done()
 	q := &tx.queries
 
 	var v Verification

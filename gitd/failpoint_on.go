@@ -16,6 +16,8 @@ import (
 //	                   into place
 //	migrate:renamed    the new layout is in place, the old repository not
 //	                   yet removed
+//	export:sending     an export began and sent its manifest, not yet its
+//	                   bundles: the file is cut
 var failMode = os.Getenv("BUSHOST_FAILPOINT")
 
 func crashpoint(name string) {

@@ -115,13 +115,17 @@ type landAuth struct {
 	record func() error
 }
 
-func (l *landAuth) LandApproved(ctx context.Context, _ authz.Grant, b, p, task string) (string, error) {
+func (l *landAuth) LandApproved(ctx context.Context, _ authz.Grant, b, p, task string, _ bool) (string, error) {
 	c, _, err := l.LastPush(ctx, b, p, task)
 	return c, err
 }
 
 func (l *landAuth) RecordLanding(context.Context, authz.Grant, authz.Landing, authz.Peer) (int64, error) {
 	return 0, l.record()
+}
+
+func (l *landAuth) RecordLandRefusal(context.Context, authz.Grant, authz.Landing, string, authz.Peer) (int64, error) {
+	return 0, nil
 }
 
 func (l *landAuth) Landings(context.Context, string, string) ([]authz.Landing, error) {
@@ -149,7 +153,7 @@ func TestAttackRepackDuringRefusedLanding(t *testing.T) {
 		return refuseBesideHousekeeping(ctx, e, r, hkDone)
 	}
 	g := authz.Grant{ID: "lead", Business: testBusiness, Project: testProject, Task: "t1", Role: "lead", Caps: []string{authz.CapTaskLand}}
-	if _, err := e.svc.Land(ctx, g, authz.Peer{PID: 1}, testBusiness, testProject, "t1", false); errdefs.ReasonOf(err) != errdefs.TaskClosed {
+	if _, err := e.svc.Land(ctx, g, authz.Peer{PID: 1}, testBusiness, testProject, "t1", LandOptions{}); errdefs.ReasonOf(err) != errdefs.TaskClosed {
 		t.Fatalf("landing the broker refuses: %v", err)
 	}
 	if run := <-hkDone; run.Err != nil {

@@ -7,6 +7,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-git/go-git/v5/plumbing"
 
@@ -44,19 +45,40 @@ type LandResult struct {
 	Seq                             int64
 }
 
+// LandOptions are a landing's choices: Merge makes a merge commit when
+// main moved since the approved commit (else MAIN_MOVED); Force lands a
+// push whose earlier landing was refused (LAND_REFUSED otherwise).
+type LandOptions struct {
+	Merge, Force bool
+}
+
+// Defaults of a landing's merge (Options.MergeTimeout, MergeRenameLimit).
+const (
+	DefaultMergeTimeout = time.Minute
+	// DefaultMergeRenameLimit is diff.renameLimit's default: past it, git
+	// detects only exact renames, which costs no more than the trees.
+	DefaultMergeRenameLimit = 1000
+)
+
 // Land puts the task's approved latest push on main and closes the task.
 //
-// Order, as a push's: under the project's lock, the broker's gate (from
-// the log); the approved commit's objects fetched from the task's
-// repository into a quarantine of the pool (the pool must hold what main
-// names; the task repository may be archived later); the new main (the approved commit when main fast-forwards to
-// it, or a merge made with merge-tree --write-tree into a quarantine);
-// the broker records task.landed and task.closed, checking the gate again
-// in the same transaction; only then main moves, by one update-ref against
-// its old value. A crash between the record and the ref move is repaired by
+// Order: the broker's gate (from the log); main read; the approved
+// commit's objects fetched from the task's repository into a quarantine
+// of the pool (the pool must hold what main names; the task repository
+// may be archived later); the new main (the approved commit when main
+// fast-forwards to it, or a merge: newMain). All of that without the
+// project's lock, so that a long merge delays no push; the merge has a
+// deadline of its own (Options.MergeTimeout), and a merge refused or cut
+// by it is recorded (task.land_refused), so that the same push is not
+// tried again without a new push or Force. Then, under the project's
+// lock: main must still be what the merge was made on (MAIN_MOVED, land
+// again, otherwise); the objects leave quarantine; the broker records
+// task.landed and task.closed, checking the gate again in the same
+// transaction; only then main moves, by one update-ref against its old
+// value. A crash between the record and the ref move is repaired by
 // Reconcile, which moves main to the last landing's main while main is
 // still that landing's old main.
-func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, business, project, task string, merge bool) (LandResult, error) {
+func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, business, project, task string, o LandOptions) (LandResult, error) {
 	l, ok := s.o.Authority.(authz.Lander)
 	if !ok {
 		return LandResult{}, fmt.Errorf("this bus host's broker cannot land work")
@@ -75,12 +97,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 	if !r.exists() {
 		return LandResult{}, projectNotFound(business, project)
 	}
-	unlock, err := s.lock(ctx, r)
-	if err != nil {
-		return LandResult{}, err
-	}
-	defer unlock()
-	approved, err := l.LandApproved(ctx, g, business, project, task)
+	approved, err := l.LandApproved(ctx, g, business, project, task, o.Force)
 	if err != nil {
 		return LandResult{}, err
 	}
@@ -112,18 +129,39 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 		res.MainNew = old
 	case s.ancestor(ctx, r, q, old, approved):
 		res.MainNew = approved
-	case !merge:
+	case !o.Merge:
 		return LandResult{}, errdefs.Aborted(errdefs.MainMoved, "main moved to %s since %s was made: land with --merge, or rebase onto main, push and get a new approval", old, approved).
 			With("main", old).With("commit", approved)
 	default:
-		res.Merge, err = s.mergeCommit(ctx, r, q, old, approved, task)
+		res.Merge, err = s.newMain(ctx, r, q, old, approved, task)
 		if err != nil {
-			return LandResult{}, err
-		}
-		if err := s.checkMergeGitmodules(ctx, r, q, res.Merge); err != nil {
+			// A refusal of the merge (a conflict, the deadline, a
+			// .gitmodules the merge made) is recorded; a failure of
+			// git or of the call is not: the same landing may succeed.
+			if _, refused := errdefs.As(err); refused && ctx.Err() == nil {
+				s.recordRefusal(ctx, l, g, peer, authz.Landing{Business: business, Project: project, Task: task, Approved: approved, Old: old}, err)
+			}
 			return LandResult{}, err
 		}
 		res.MainNew = res.Merge
+	}
+	unlock, err := s.lock(ctx, r)
+	if err != nil {
+		return LandResult{}, err
+	}
+	defer unlock()
+	// Only the lock's holder moves main: unmoved now, it stays so until
+	// the update-ref below. Read afresh, not through a handle opened
+	// before another landing may have moved it.
+	now, err := s.open(r)
+	if err != nil {
+		return LandResult{}, err
+	}
+	if cur, err := readRef(now, MainRef); err != nil {
+		return LandResult{}, err
+	} else if cur != old {
+		return LandResult{}, errdefs.Aborted(errdefs.MainMoved, "main moved to %s while the landing of %s was made on %s: land again", cur, approved, old).
+			With("main", cur).With("commit", approved).Retry(time.Second)
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
@@ -153,6 +191,33 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 	}
 	s.hk.Notify(r)
 	return res, nil
+}
+
+// recordRefusal has the broker record that landing l's merge was refused
+// (cause), so that LandApproved refuses the same push until a new one or
+// Force. It is kept apart from the call's own refusal: a record that
+// fails is logged, and the caller still hears why its merge failed.
+func (s *Service) recordRefusal(ctx context.Context, l authz.Lander, g authz.Grant, peer authz.Peer, ld authz.Landing, cause error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
+	defer cancel()
+	if _, err := l.RecordLandRefusal(cctx, g, ld, string(errdefs.ReasonOf(cause)), peer); err != nil {
+		s.log.Warn("a landing's merge was refused, and recording the refusal failed", "business", ld.Business, "project", ld.Project, "task", ld.Task, "commit", ld.Approved, "cause", cause, "err", err)
+	}
+}
+
+// newMain is the merge commit that lands approved on main (old): the
+// merge computed (mergeCommit, bounded by Options.MergeTimeout and
+// MergeRenameLimit) and what it wrote checked, in q. Every check of a
+// merge's result belongs here, the one place a landing makes new trees.
+func (s *Service) newMain(ctx context.Context, r repo, q *bundle.Quarantine, old, approved, task string) (string, error) {
+	merge, err := s.mergeCommit(ctx, r, q, old, approved, task)
+	if err != nil {
+		return "", err
+	}
+	if err := s.checkMergeGitmodules(ctx, r, q, merge); err != nil {
+		return "", err
+	}
+	return merge, nil
 }
 
 // ancestor says whether a is an ancestor of b, reading through q (false
@@ -188,9 +253,29 @@ func (s *Service) intoPool(ctx context.Context, t repo, q *bundle.Quarantine, ap
 // mergeCommit merges approved into main (old) with merge-tree
 // --write-tree, writing the tree and the commit into q; conflicting paths
 // refuse with MERGE_CONFLICT naming them.
+//
+// The merge has a deadline of its own (Options.MergeTimeout: git's rename
+// detection over thousands of renamed and edited files runs for minutes)
+// and detects inexact renames only up to Options.MergeRenameLimit files;
+// past the deadline git is killed and the landing refused MERGE_TIMEOUT.
 func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine, old, approved, task string) (string, error) {
-	out, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-tree",
-		Flags: []string{"--write-tree", "--name-only", "--no-messages", "-z"}, Args: []string{old, approved}, Env: q.Env()})
+	timeout, limit := s.o.MergeTimeout, s.o.MergeRenameLimit
+	if timeout <= 0 {
+		timeout = DefaultMergeTimeout
+	}
+	if limit <= 0 {
+		limit = DefaultMergeRenameLimit
+	}
+	mctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out, err := s.git.Output(mctx, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-tree",
+		Config: []string{"merge.renameLimit=" + strconv.Itoa(limit)},
+		Flags:  []string{"--write-tree", "--name-only", "--no-messages", "-z"}, Args: []string{old, approved}, Env: q.Env()})
+	if mctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
+		return "", errdefs.ResourceExhausted(errdefs.MergeTimeout,
+			"merging %s into main (%s) took longer than %s (bushostd --merge-timeout), and was stopped: rebase onto main, push and get a new approval, or land again with --force",
+			approved, old, timeout).With("main", old).With("commit", approved).With("limit", timeout)
+	}
 	fields := bytes.Split(out, []byte{0})
 	if err != nil && gitcmd.ExitCode(err) != 1 {
 		return "", fmt.Errorf("merge main %s with %s: %w", old, approved, err)

@@ -36,7 +36,7 @@ func (sv *server) LandTask(ctx context.Context, req *gitv1.LandTaskRequest) (*gi
 		return nil, toStatus(err)
 	}
 	peer, _ := sock.PeerFromContext(ctx)
-	res, err := sv.s.Land(ctx, g, peer, business, project, task, req.GetMerge())
+	res, err := sv.s.Land(ctx, g, peer, business, project, task, LandOptions{Merge: req.GetMerge(), Force: req.GetForce()})
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -150,8 +150,28 @@ func (s *Service) ExportProject(ctx context.Context, business, project string, s
 	if err != nil {
 		return res, err
 	}
-	ex, err := m.BeginExport(ctx, business, project)
+	// The spool is made before the export begins and named by its id: a
+	// spool found at start is an export cut before its file was complete
+	// (the daemon killed), which settleExports cancels. It goes once the
+	// file is sent, or the export is cancelled.
+	id := authz.NewExportID()
+	spool := filepath.Join(filepath.Dir(p.Dir), exportSpoolPrefix+project+"-"+id)
+	if err := os.Mkdir(spool, 0o700); err != nil {
+		return res, err
+	}
+	keepSpool := false
+	defer func() {
+		if !keepSpool {
+			os.RemoveAll(spool)
+		}
+	}()
+	if err := os.Mkdir(filepath.Join(spool, "tasks"), 0o700); err != nil {
+		return res, err
+	}
+	ex, err := m.BeginExport(ctx, business, project, id)
 	if err != nil {
+		// Begun or not, unknown: the next start cancels it if it was.
+		keepSpool = errdefs.ReasonOf(err) == errdefs.CommitUnknown
 		return res, err
 	}
 	defer func() {
@@ -162,7 +182,8 @@ func (s *Service) ExportProject(ctx context.Context, business, project string, s
 		defer cancel()
 		// This export only: another may have replaced it meanwhile.
 		if _, cerr := m.CancelExport(cctx, business, project, ex.ID); cerr != nil {
-			s.log.Error("export failed, and cancelling it failed too: the project stays moving until 'bushost project export --cancel'", "business", business, "project", project, "err", cerr)
+			keepSpool = true
+			s.log.Error("export failed, and cancelling it failed too: the project stays moving until the next start of bushostd or 'bushost project export --cancel'", "business", business, "project", project, "err", cerr)
 			return
 		}
 		s.log.Warn("export failed and was cancelled: the project takes pushes again", "business", business, "project", project, "err", err)
@@ -176,14 +197,6 @@ func (s *Service) ExportProject(ctx context.Context, business, project string, s
 		}
 	}
 	if err := begun(ex); err != nil {
-		return res, err
-	}
-	spool, err := os.MkdirTemp(filepath.Dir(p.Dir), seedPrefix+"export-"+project+"-")
-	if err != nil {
-		return res, err
-	}
-	defer os.RemoveAll(spool)
-	if err := os.Mkdir(filepath.Join(spool, "tasks"), 0o700); err != nil {
 		return res, err
 	}
 	mf := manifest{Format: manifestFormat, Business: business, Project: project, From: ex.Host, ExportID: ex.ID,
@@ -244,6 +257,7 @@ func (s *Service) ExportProject(ctx context.Context, business, project string, s
 	if err := tarFile(tw, manifestName, bytes.NewReader(raw), int64(len(raw)), mtime); err != nil {
 		return res, err
 	}
+	crashpoint("export:sending")
 	for _, name := range files {
 		f, err := os.Open(filepath.Join(spool, name))
 		if err != nil {
@@ -262,6 +276,10 @@ func (s *Service) ExportProject(ctx context.Context, business, project string, s
 		return res, err
 	}
 	if err := w.Flush(); err != nil {
+		return res, err
+	}
+	// The file is whole: from here a crash leaves nothing to cancel.
+	if err := os.RemoveAll(spool); err != nil {
 		return res, err
 	}
 	res.Bytes, res.SHA256 = cw.n, hex.EncodeToString(h.Sum(nil))
@@ -446,6 +464,91 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
+}
+
+// exportSpoolPrefix starts the name of an export's spool, beside the
+// project's directory: exportSpoolPrefix + project + "-" + export id.
+const exportSpoolPrefix = seedPrefix + "export-"
+
+// cutExport is an export that a killed daemon left unfinished: its spool.
+type cutExport struct {
+	business, project, id, spool string
+}
+
+// findCutExports lists the export spools in the store: each is an export
+// cut before its file was complete (a finished or cancelled export removed
+// its own). cleanStale leaves them to settleExports.
+func findCutExports(reposDir string) ([]cutExport, error) {
+	bs, err := os.ReadDir(reposDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []cutExport
+	for _, b := range bs {
+		if !b.IsDir() || strings.HasPrefix(b.Name(), ".") {
+			continue
+		}
+		dir := filepath.Join(reposDir, b.Name())
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range ents {
+			rest, ok := strings.CutPrefix(e.Name(), exportSpoolPrefix)
+			if !ok {
+				continue
+			}
+			c := cutExport{business: b.Name(), spool: filepath.Join(dir, e.Name())}
+			if i := strings.LastIndexByte(rest, '-'); i > 0 {
+				c.project, c.id = rest[:i], rest[i+1:]
+			}
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// settleExports cancels each export a killed daemon left cut before its
+// file was complete, so that its project takes pushes again without a
+// manual step, and removes its spool. Only that export is cancelled: if
+// another replaced it, or an import ended the move, nothing is. A cancel
+// that fails keeps the spool for the next start. Called by Reconcile.
+func (s *Service) settleExports(ctx context.Context) {
+	cuts, err := findCutExports(s.o.ReposDir)
+	if err != nil {
+		s.log.Error("list the exports a killed daemon left", "err", err)
+		return
+	}
+	m, merr := s.mover()
+	for _, c := range cuts {
+		if names.CheckScope(names.Scope{Business: c.business, Project: c.project}) != nil || !authz.ValidExportID(c.id) || merr != nil {
+			// Not a spool this code made (an earlier layout, a hand-made
+			// directory): nothing to settle, only to remove.
+			os.RemoveAll(c.spool)
+			continue
+		}
+		seq, err := m.CancelExport(ctx, c.business, c.project, c.id)
+		if r := errdefs.ReasonOf(err); r == errdefs.ProjectOnOtherHost || r == errdefs.ProjectNotFound {
+			// An import placed it elsewhere, or it is gone: no move of
+			// this host's to end.
+			seq, err = 0, nil
+		}
+		if err != nil {
+			s.log.Error("an export cut before its file was complete could not be cancelled: the project stays moving until the next start or 'bushost project export --cancel'",
+				"business", c.business, "project", c.project, "export_id", c.id, "err", err)
+			continue
+		}
+		if seq != 0 {
+			s.log.Warn("an export cut before its file was complete (bushostd stopped during it) was cancelled: the project takes pushes again; export it again to move it",
+				"business", c.business, "project", c.project, "export_id", c.id, "seq", seq)
+		} else {
+			s.log.Info("an export cut before its file was complete had already ended (cancelled, replaced or imported): nothing to cancel",
+				"business", c.business, "project", c.project, "export_id", c.id)
+		}
+		if err := os.RemoveAll(c.spool); err != nil {
+			s.log.Error("remove a cut export's spool", "path", c.spool, "err", err)
+		}
+	}
 }
 
 // CancelExport ends a move of business/project begun on this host. It

@@ -22,7 +22,7 @@ import (
 )
 
 // fakeMover is the broker's side of a move for gitd's tests: an export is
-// always export x1 at head 7; an import is accepted when its digest is the
+// at head 7; an import is accepted when its digest is the
 // one sealed (the store's check is the broker's, tested there).
 type fakeMover struct {
 	*fakeAuth
@@ -32,6 +32,7 @@ type fakeMover struct {
 	digest      string
 	cancelled   int
 	cancelledID string // the last cancel's export id ("" for any)
+	begunID     string // the last export begun
 	completed   int
 }
 
@@ -43,9 +44,12 @@ func withMover(host string, m **fakeMover) func(*Options) {
 	}
 }
 
-func (m *fakeMover) BeginExport(ctx context.Context, b, p string) (authz.Export, error) {
+func (m *fakeMover) BeginExport(ctx context.Context, b, p, id string) (authz.Export, error) {
 	last, _ := m.LastPushes(ctx, b, p)
-	ex := authz.Export{ID: "x1", Host: m.host, HeadSeq: 7, HeadHash: "h7"}
+	m.mu.Lock()
+	m.begunID = id
+	m.mu.Unlock()
+	ex := authz.Export{ID: id, Host: m.host, HeadSeq: 7, HeadHash: "h7"}
 	for t, c := range last {
 		ex.Tasks = append(ex.Tasks, authz.ExportTask{Task: t, Commit: c, Closed: m.closed[t]})
 	}
@@ -309,10 +313,32 @@ func TestExportCancelledOnFailure(t *testing.T) {
 		t.Fatalf("export: %v, cancelled %d, digest %q", err, m.cancelled, m.digest)
 	}
 	// Its own export only, not whichever is current by then.
-	if m.cancelledID != "x1" {
-		t.Fatalf("the failed export cancelled %q, not its own x1", m.cancelledID)
+	if m.cancelledID != m.begunID || m.begunID == "" {
+		t.Fatalf("the failed export cancelled %q, not its own %q", m.cancelledID, m.begunID)
 	}
 	if found, _ := filepath.Glob(filepath.Join(e.svc.o.ReposDir, "*", seedPrefix+"*")); len(found) > 0 {
 		t.Fatalf("left behind: %v", found)
+	}
+}
+
+// An export cut before its file was complete (bushostd killed while it
+// bundled or sent) leaves its spool; the next start (Reconcile) cancels
+// that export, and only it, and removes the spool.
+func TestStartCancelsACutExport(t *testing.T) {
+	var m *fakeMover
+	e := newEnv(t, withMover("host-a", &m))
+	id := authz.NewExportID()
+	spool := filepath.Join(e.svc.o.ReposDir, testBusiness, exportSpoolPrefix+testProject+"-"+id)
+	if err := os.MkdirAll(filepath.Join(spool, "tasks"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.svc.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if m.cancelled != 1 || m.cancelledID != id {
+		t.Fatalf("cancelled %d exports, the last %q; want export %s cancelled", m.cancelled, m.cancelledID, id)
+	}
+	if _, err := os.Stat(spool); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the cut export's spool is still there: %v", err)
 	}
 }

@@ -22,7 +22,9 @@ import (
 // task with a recorded push, refs/work/<task> is set to that push's commit
 // (a crash between the record and the ref move leaves the ref behind). It
 // also removes git lock files a killed process left, which would block the
-// next ref move. Call it at start, before the service takes calls.
+// next ref move, and cancels the exports a killed daemon left cut before
+// their file was complete (settleExports). Call it at start, before the
+// service takes calls.
 //
 // One repository never takes the host down: a recorded push whose commit
 // is not in the repository marks its task (Authority.MarkNeedsRepair; the
@@ -30,6 +32,7 @@ import (
 // cannot be reconciled is reported in the log; the rest are served. Only a
 // store that cannot be listed is an error.
 func (s *Service) Reconcile(ctx context.Context) error {
+	s.settleExports(ctx)
 	rs, err := s.repos()
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)

@@ -67,6 +67,12 @@ type Options struct {
 	// Committer is "NAME <EMAIL>" of the merge commits `task land --merge`
 	// makes; "" -> DefaultCommitter.
 	Committer string
+	// MergeTimeout bounds the merge of `task land --merge` (0 ->
+	// DefaultMergeTimeout); MergeRenameLimit is its merge.renameLimit, the
+	// most files among which git looks for inexact renames (0 ->
+	// DefaultMergeRenameLimit).
+	MergeTimeout     time.Duration
+	MergeRenameLimit int
 
 	// Object bounds, checked on every pushed pack as it streams in, before
 	// git reads the object (see bundle.Limits). 0 -> the defaults.
@@ -300,8 +306,8 @@ func (s *Service) repos() ([]repo, error) {
 
 // cleanStale removes seeding directories and quarantines left by a killed
 // process: in the store (an import's staging), in each business (a
-// project's seeding, an export's spool), in the pools and in the task
-// repositories.
+// project's seeding; an export's spool is settleExports'), in the pools
+// and in the task repositories.
 func (s *Service) cleanStale() error {
 	if err := removeSeeding(s.o.ReposDir); err != nil {
 		return err
@@ -349,7 +355,8 @@ func removeSeeding(dir string) error {
 		return err
 	}
 	for _, p := range ps {
-		if strings.HasPrefix(p.Name(), seedPrefix) {
+		// An export's spool stays until settleExports has cancelled it.
+		if strings.HasPrefix(p.Name(), seedPrefix) && !strings.HasPrefix(p.Name(), exportSpoolPrefix) {
 			if err := os.RemoveAll(filepath.Join(dir, p.Name())); err != nil {
 				return err
 			}

@@ -38,6 +38,8 @@ type hostOpts struct {
 	// that measures the daemon's memory, which the race runtime's shadow
 	// memory would inflate.
 	Plain bool
+	// Daemon, when set, is the bushostd binary to run (failpointDaemon's).
+	Daemon string
 }
 
 // baseDir returns a new directory outside /tmp (a sandboxed session's /tmp
@@ -68,6 +70,9 @@ func startHostWith(t testing.TB, o hostOpts) *Host {
 	h := &Host{Home: o.Home, Args: o.Args, Env: o.Env, daemon: bin(t, "bushostd"), client: bin(t, "bushost")}
 	if o.Plain {
 		h.daemon = plainDaemon(t)
+	}
+	if o.Daemon != "" {
+		h.daemon = o.Daemon
 	}
 	if h.Home == "" {
 		h.Home = filepath.Join(baseDir(t), "home")

@@ -6,6 +6,9 @@ package authz
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
 	"strings"
 
 	"google.golang.org/grpc/metadata"
@@ -141,14 +144,37 @@ type Landing struct {
 type Lander interface {
 	// LandApproved returns the commit of the task's latest push if the
 	// close gate (an approve verdict of that push, read from the log)
-	// lets it land; else the gate's refusal, TASK_LANDED or TASK_CLOSED.
-	LandApproved(ctx context.Context, g Grant, business, project, task string) (string, error)
+	// lets it land; else the gate's refusal, TASK_LANDED or TASK_CLOSED,
+	// or, unless force, LAND_REFUSED for a push whose landing was refused
+	// before (RecordLandRefusal).
+	LandApproved(ctx context.Context, g Grant, business, project, task string, force bool) (string, error)
+	// RecordLandRefusal appends task.land_refused {commit, main, reason}:
+	// l.Approved's merge onto l.Old was refused for reason.
+	RecordLandRefusal(ctx context.Context, g Grant, l Landing, reason string, peer Peer) (int64, error)
 	// RecordLanding checks the gate again and appends task.landed and
 	// task.closed in one transaction; it is durable when it returns nil.
 	RecordLanding(ctx context.Context, g Grant, l Landing, peer Peer) (int64, error)
 	// Landings returns the project's landings in log order (used to
 	// reconcile main at start).
 	Landings(ctx context.Context, business, project string) ([]Landing, error)
+}
+
+// NewExportID returns a new export id: "x" and 24 hex digits, no '-'.
+func NewExportID() string {
+	buf := make([]byte, 12)
+	if _, err := rand.Read(buf); err != nil {
+		panic(fmt.Sprintf("authz: crypto/rand: %v", err))
+	}
+	return "x" + hex.EncodeToString(buf)
+}
+
+// ValidExportID says whether id is one NewExportID could have made.
+func ValidExportID(id string) bool {
+	if len(id) != 25 || id[0] != 'x' {
+		return false
+	}
+	_, err := hex.DecodeString(id[1:])
+	return err == nil && strings.ToLower(id) == id
 }
 
 // Export is a move begun on the project's owner: its id, the log's head
@@ -186,7 +212,10 @@ type Mover interface {
 	// BeginExport (on the owner) marks business/project moving and appends
 	// project.moving; exporting again while moving starts a new export,
 	// and an import of the earlier file is then refused as stale.
-	BeginExport(ctx context.Context, business, project string) (Export, error)
+	// id names the export (NewExportID): the caller makes it first, so
+	// that what it leaves on disk before asking names the export even if
+	// it never hears the answer (a crash), and its next start can cancel it.
+	BeginExport(ctx context.Context, business, project, id string) (Export, error)
 	// SealExport records the digest of export id's manifest.
 	SealExport(ctx context.Context, business, project, id, digest string) error
 	// CancelExport (on the owner) ends the move: the project takes pushes

@@ -17,10 +17,11 @@ func init() {
 	register(&command{
 		words: "task land",
 		short: "put the approved push on main and close the task",
-		usage: "task land [--business B --project P --task T] [--merge]",
+		usage: "task land [--business B --project P --task T] [--merge] [--force]",
 		help: "Put the task's approved latest push on main and close the task, under the same gate as 'task close'. " +
 			"The host names the task; a grant with task.land lands its own. main fast-forwards; if main moved, " +
-			"--merge has the server commit a merge (MERGE_CONFLICT lists the conflicting paths on stdout, one per line).",
+			"--merge has the server commit a merge (MERGE_CONFLICT lists the conflicting paths on stdout, one per line), " +
+			"bounded by bushostd --merge-timeout (MERGE_TIMEOUT). A refused merge is recorded: the same push lands only with --force (LAND_REFUSED).",
 		setup: runTaskLand,
 	})
 }
@@ -30,6 +31,7 @@ func runTaskLand(fs *pflag.FlagSet) runFunc {
 	project := fs.String("project", "", "project name (host)")
 	task := fs.String("task", "", "task name (host)")
 	merge := fs.Bool("merge", false, "if main moved since the approved commit, merge it on the server instead of refusing with MAIN_MOVED")
+	force := fs.Bool("force", false, "land a push whose earlier landing was refused (its merge conflicted or ran past bushostd --merge-timeout) instead of refusing with LAND_REFUSED")
 	return func(ctx context.Context, e *Env, args []string) error {
 		named := *business != "" || *project != "" || *task != ""
 		if named && (*business == "" || *project == "" || *task == "") {
@@ -42,7 +44,7 @@ func runTaskLand(fs *pflag.FlagSet) runFunc {
 		defer closeConn()
 		ctx, cancel := context.WithTimeout(ctx, callTimeout)
 		defer cancel()
-		res, err := c.LandTask(ctx, &gitv1.LandTaskRequest{Business: *business, Project: *project, Task: *task, Merge: *merge})
+		res, err := c.LandTask(ctx, &gitv1.LandTaskRequest{Business: *business, Project: *project, Task: *task, Merge: *merge, Force: *force})
 		if err != nil {
 			if x := errdefs.FromGRPC(err); x.Reason == errdefs.MergeConflict {
 				printConflicts(e, x.Metadata["paths"])

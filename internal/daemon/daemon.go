@@ -42,6 +42,9 @@ type Options struct {
 	// BrokerDSN selects the broker's store: "" for SQLite in
 	// <home>/broker.db, or postgres://... for a shared PostgreSQL.
 	BrokerDSN string
+	// BrokerPostgres bounds what this host's connections to a PostgreSQL
+	// broker may hold: transactions, lock waits, statements, silence.
+	BrokerPostgres broker.PostgresOptions
 	// HostID names this host for project placement ("" reads HOME/host-id,
 	// made at first start).
 	HostID string
@@ -86,6 +89,10 @@ type Options struct {
 	// Committer is "NAME <EMAIL>" of the merge commits `task land --merge`
 	// makes (gitd.DefaultCommitter when empty).
 	Committer string
+	// MergeTimeout and MergeRenameLimit bound the merge of `task land
+	// --merge` (gitd.Options).
+	MergeTimeout     time.Duration
+	MergeRenameLimit int
 	// Housekeeping is "auto" (the default; "" too): each push and landing
 	// queues its repository for the background housekeeping of
 	// docs/git-service.md; "off": only `bushost repo optimize` housekeeps.
@@ -154,7 +161,7 @@ func Serve(ctx context.Context, o Options) error {
 	log := o.Logger
 	if o.MaxBundleBytes < 0 || o.DrainTimeout < 0 ||
 		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxPackObjects < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
-		o.EventRate < 0 || o.EventBytesRate < 0 || o.EgressRate < 0 || o.EgressBytesRate < 0 || o.Observe.DrainGrace < 0 {
+		o.EventRate < 0 || o.EventBytesRate < 0 || o.MergeTimeout < 0 || o.MergeRenameLimit < 0 || o.EgressRate < 0 || o.EgressBytesRate < 0 || o.Observe.DrainGrace < 0 {
 		return errors.New("limits must not be negative")
 	}
 	if o.Housekeeping != "" && o.Housekeeping != "auto" && o.Housekeeping != "off" {
@@ -208,7 +215,7 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate,
 		EgressRate: o.EgressRate, EgressBytesRate: o.EgressBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID,
-		ReposDir: filepath.Join(o.Home, ReposDir)})
+		ReposDir: filepath.Join(o.Home, ReposDir), Postgres: o.BrokerPostgres})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
 	}
@@ -219,16 +226,18 @@ func Serve(ctx context.Context, o Options) error {
 	}
 
 	svc, err := gitd.New(gitd.Options{
-		ReposDir:       filepath.Join(o.Home, ReposDir),
-		GitHome:        filepath.Join(o.Home, gitHomeDir),
-		MaxBundleBytes: o.MaxBundleBytes,
-		IdleTimeout:    o.IdleTimeout,
-		PushTimeout:    o.PushTimeout,
-		MinPushRate:    o.MinPushRate,
-		PushRateGrace:  o.PushRateGrace,
-		Authority:      b,
-		Logger:         log,
-		Committer:      o.Committer,
+		ReposDir:         filepath.Join(o.Home, ReposDir),
+		GitHome:          filepath.Join(o.Home, gitHomeDir),
+		MaxBundleBytes:   o.MaxBundleBytes,
+		IdleTimeout:      o.IdleTimeout,
+		PushTimeout:      o.PushTimeout,
+		MinPushRate:      o.MinPushRate,
+		PushRateGrace:    o.PushRateGrace,
+		Authority:        b,
+		Logger:           log,
+		Committer:        o.Committer,
+		MergeTimeout:     o.MergeTimeout,
+		MergeRenameLimit: o.MergeRenameLimit,
 
 		MaxObjectBytes:  o.MaxObjectBytes,
 		MaxCommitBytes:  o.MaxCommitBytes,

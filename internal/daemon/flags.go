@@ -17,11 +17,14 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.BrokerDSN, "broker-dsn", "", "broker store: empty for SQLite in HOME/broker.db, or postgres://...")
 	fs.Var(size.Value{P: &o.MaxBundleBytes}, "max-bundle-bytes", "largest bundle a push may send (bytes, or 64M, 1G)")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, how long calls in flight may take to finish")
+	o.addPostgresFlags(fs)
 	o.Limits.addFlags(fs)
 	o.addBoundFlags(fs)
 	fs.StringVar(&o.HostID, "host-id", "", "this bus host's id, on which the projects it adds are placed when hosts share a broker (default: made at first start and kept in HOME/host-id)")
 	fs.StringVar(&o.CheckpointFile, "checkpoint-file", "", "append each new head of the broker's log to this file (SEQ HASH lines, fsynced) and check the log against it at start; ship it off the machine (docs/broker.md)")
 	fs.StringVar(&o.Committer, "committer", gitd.DefaultCommitter, "NAME <EMAIL> of the merge commits 'bushost task land --merge' makes")
+	fs.DurationVar(&o.MergeTimeout, "merge-timeout", gitd.DefaultMergeTimeout, "longest merge of 'bushost task land --merge'; past it the landing is refused MERGE_TIMEOUT and recorded")
+	fs.IntVar(&o.MergeRenameLimit, "merge-rename-limit", gitd.DefaultMergeRenameLimit, "merge.renameLimit of 'task land --merge': past this many files, git detects exact renames only")
 	fs.StringVar(&o.Housekeeping, "housekeeping", "auto", "auto: after each push and landing, repack and tidy the repository in the background when cheap heuristics call for it; off: only 'bushost repo optimize' does (docs/git-service.md, \"Housekeeping\")")
 	fs.BoolVar(&o.SkipBeyondGit, "bench-skip-beyond-git", false, "benchmark only: skip the beyond-git walk of pushed trees")
 	fs.MarkHidden("bench-skip-beyond-git")
@@ -50,4 +53,16 @@ func (o *Options) addBoundFlags(fs *pflag.FlagSet) {
 	fs.MarkHidden("bench-no-object-checks")
 	fs.BoolVar(&o.NoFDPassing, "test-no-fd-passing", false, "testing only: serve git.sock as a server without descriptor passing")
 	fs.MarkHidden("test-no-fd-passing")
+}
+
+// addPostgresFlags registers the bounds of the connections to a
+// PostgreSQL broker (docs/scaling.md, "What a host may hold").
+func (o *Options) addPostgresFlags(fs *pflag.FlagSet) {
+	p := &o.BrokerPostgres
+	fs.DurationVar(&p.IdleInTransaction, "broker-idle-in-transaction-timeout", broker.DefaultIdleInTransaction, "PostgreSQL: the server ends a session of this host idle inside a transaction this long, freeing its locks (a frozen host holds the fleet's write lock at most this long)")
+	fs.DurationVar(&p.LockTimeout, "broker-lock-timeout", broker.DefaultLockTimeout, "PostgreSQL: longest wait for a lock, the log's write lock first (keep it above --broker-idle-in-transaction-timeout); past it the call is Unavailable, retryable")
+	fs.DurationVar(&p.StatementTimeout, "broker-statement-timeout", broker.DefaultStatementTimeout, "PostgreSQL: longest statement of a write or a read")
+	fs.DurationVar(&p.VerifyTimeout, "broker-verify-timeout", broker.DefaultVerifyTimeout, "PostgreSQL: longest statement of 'log verify', which reads the whole log")
+	fs.DurationVar(&p.Keepalive, "broker-keepalive", broker.DefaultKeepalive, "PostgreSQL over TCP: keepalive probes after this much silence, both ways, every third of it, three of them; unacknowledged sends end the connection after twice it")
+	fs.DurationVar(&p.ConnectTimeout, "broker-connect-timeout", broker.DefaultConnectTimeout, "PostgreSQL: longest wait to connect (the DSN's connect_timeout wins)")
 }

@@ -136,7 +136,10 @@ func ReasonOf(err error) Reason {
 // ToGRPC is the one place where a server error becomes a gRPC status. An
 // *Error keeps its code, reason and metadata; a context error becomes
 // Canceled or DeadlineExceeded; an error that already is a status passes
-// through; anything else is Internal with reason INTERNAL.
+// through; a fault of the broker's store (storeFault: a database stopped,
+// restarting or unreachable, a session it cut) is Unavailable with reason
+// STORE_UNAVAILABLE and a retry hint, whichever call met it; anything else
+// is Internal with reason INTERNAL.
 func ToGRPC(err error) error {
 	if err == nil {
 		return nil
@@ -152,7 +155,9 @@ func ToGRPC(err error) error {
 			if s, isStatus := status.FromError(err); isStatus {
 				return s.Err()
 			}
-			e = New(codes.Internal, InternalError, "%s", err.Error())
+			if e = storeFault(err); e == nil {
+				e = New(codes.Internal, InternalError, "%s", err.Error())
+			}
 		}
 	}
 	st := status.New(e.Code, e.Message)

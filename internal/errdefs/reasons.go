@@ -11,6 +11,9 @@ const (
 	DeadlineReached Reason = "DEADLINE_EXCEEDED"
 	Unreachable     Reason = "UNREACHABLE"
 	ShuttingDown    Reason = "SHUTTING_DOWN"
+	// The broker's database is stopped, restarting, unreachable, or cut
+	// the call's session (ToGRPC, fault.go).
+	StoreUnavailable Reason = "STORE_UNAVAILABLE"
 
 	// The client's own outcomes, decided before or without a call.
 	Usage         Reason = "USAGE"
@@ -146,6 +149,11 @@ const (
 	TaskLanded        Reason = "TASK_LANDED"
 	MainMoved         Reason = "MAIN_MOVED"
 	MergeConflict     Reason = "MERGE_CONFLICT"
+	// A landing's merge ran past bushostd --merge-timeout.
+	MergeTimeout Reason = "MERGE_TIMEOUT"
+	// The task's latest push was refused a landing before (its merge
+	// conflicted or timed out): a new push, or --force.
+	LandRefused       Reason = "LAND_REFUSED"
 	NothingToLand     Reason = "NOTHING_TO_LAND"
 	MainHasLandedWork Reason = "MAIN_HAS_LANDED_WORK"
 	BranchCheckedOut  Reason = "BRANCH_CHECKED_OUT"

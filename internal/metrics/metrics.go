@@ -83,6 +83,16 @@ var (
 		Help:    "Append latency: from a broker write's call to its durable commit (group commit included).",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
 	})
+	lockWaitSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "broker_write_lock_wait_seconds",
+		Help:    "How long a broker write transaction waited for the log's write lock (on PostgreSQL, shared by every host of the fleet).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
+	})
+	lockHoldSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "broker_write_lock_hold_seconds",
+		Help:    "How long a broker write transaction held the log's write lock, its commit included.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
+	})
 	// Gate counts task.close decisions: "closed" or the refusal's reason.
 	Gate = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "gate_decisions_total",
@@ -124,7 +134,7 @@ var (
 
 func init() {
 	Registry.MustRegister(Calls, Pushes, PushSeconds, PushBytes, indexPackSeconds,
-		writes, writeSeconds, Gate, LimitRefusals, InFlight, Conns,
+		writes, writeSeconds, lockWaitSeconds, lockHoldSeconds, Gate, LimitRefusals, InFlight, Conns,
 		housekeepingRuns, housekeepingSeconds, housekeepingPacks)
 }
 
@@ -148,6 +158,13 @@ func Write(err error, d time.Duration) {
 	}
 	writes.WithLabelValues("committed").Inc()
 	writeSeconds.Observe(d.Seconds())
+}
+
+// WriteLock records one broker write transaction's wait for the log's
+// write lock, and how long it then held it (the broker's hook).
+func WriteLock(wait, hold time.Duration) {
+	lockWaitSeconds.Observe(wait.Seconds())
+	lockHoldSeconds.Observe(hold.Seconds())
 }
 
 // Call is what the daemon knows about one call as it runs; the interceptor

@@ -965,7 +965,10 @@ type LandTaskRequest struct {
 	Task     string `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
 	// When main moved since the approved commit: merge instead of refusing
 	// with MAIN_MOVED.
-	Merge         bool `protobuf:"varint,4,opt,name=merge,proto3" json:"merge,omitempty"`
+	Merge bool `protobuf:"varint,4,opt,name=merge,proto3" json:"merge,omitempty"`
+	// Land a push whose earlier landing was refused (its merge conflicted
+	// or timed out), instead of refusing with LAND_REFUSED.
+	Force         bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1024,6 +1027,13 @@ func (x *LandTaskRequest) GetTask() string {
 func (x *LandTaskRequest) GetMerge() bool {
 	if x != nil {
 		return x.Merge
+	}
+	return false
+}
+
+func (x *LandTaskRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
 	}
 	return false
 }
@@ -2328,12 +2338,13 @@ const file_bushost_git_v1_git_proto_rawDesc = "" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1d\n" +
 	"\n" +
 	"ref_commit\x18\x03 \x01(\tR\trefCommit\x12\x10\n" +
-	"\x03seq\x18\x04 \x01(\x03R\x03seq\"q\n" +
+	"\x03seq\x18\x04 \x01(\x03R\x03seq\"\x87\x01\n" +
 	"\x0fLandTaskRequest\x12\x1a\n" +
 	"\bbusiness\x18\x01 \x01(\tR\bbusiness\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
 	"\x04task\x18\x03 \x01(\tR\x04task\x12\x14\n" +
-	"\x05merge\x18\x04 \x01(\bR\x05merge\"\x88\x01\n" +
+	"\x05merge\x18\x04 \x01(\bR\x05merge\x12\x14\n" +
+	"\x05force\x18\x05 \x01(\bR\x05force\"\x88\x01\n" +
 	"\x10LandTaskResponse\x12\x16\n" +
 	"\x06commit\x18\x01 \x01(\tR\x06commit\x12\x19\n" +
 	"\bmain_old\x18\x02 \x01(\tR\amainOld\x12\x19\n" +
