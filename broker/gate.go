@@ -93,13 +93,25 @@ func (q *queries) reviewEventsAfter(ctx context.Context, business, project, task
 	return out, rows.Err()
 }
 
-// latestReopened returns the seq of the task's latest task.reopened
-// event, 0 if it was never reopened.
-func (q *queries) latestReopened(ctx context.Context, business, project, task string) (int64, error) {
-	var seq int64
-	_, err := found(q.db.QueryRowContext(ctx, `SELECT seq FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 ORDER BY seq DESC LIMIT 1`,
-		business, project, task, TypeTaskReopened).Scan(&seq))
-	return seq, err
+// latestReopened returns the task's latest task.reopened event, if any.
+func (q *queries) latestReopened(ctx context.Context, business, project, task string) (Event, bool, error) {
+	e, err := scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 ORDER BY seq DESC LIMIT 1`,
+		business, project, task, TypeTaskReopened))
+	ok, err := found(err)
+	return e, ok, err
+}
+
+// proven refuses, shutting the gate of task t, an event the gate read
+// that no trusted host signed (LOG_EVENT_UNPROVEN): a row written straight
+// into the database, whatever hash it carries, decides nothing.
+func proven(keys *Keyring, t taskRow, e Event) error {
+	err := keys.prove(e)
+	if err == nil {
+		return nil
+	}
+	return errdefs.FailedPrecondition(errdefs.LogEventUnproven,
+		"task %s: the gate reads %s, which %v; the gate stays shut: run 'bushost log verify' and see docs/broker.md, \"Who wrote an event\"",
+		scopeString(t.Business, t.Project, t.Task), describe(e), err).With("seq", e.Seq).With("type", e.Type)
 }
 
 // gate decides the close of task t from the log: a task with no push
@@ -107,20 +119,34 @@ func (q *queries) latestReopened(ctx context.Context, business, project, task st
 // latest push (same push event, same commit) approves it, and was recorded
 // after the task's latest task.reopened: a reopening withdraws the
 // approvals given before it, so the approve that closed the task once
-// cannot close (or land) it again. It returns the commit that closes with
-// the task ("" with no push).
-func gate(ctx context.Context, q *queries, t taskRow) (string, error) {
+// cannot close (or land) it again. Every event it reads must be proven by
+// keys (a few signatures, whatever the log's length). It returns the
+// commit that closes with the task ("" with no push).
+func gate(ctx context.Context, q *queries, keys *Keyring, t taskRow) (string, error) {
 	push, pf, ok, err := q.latestPush(ctx, t.Business, t.Project, t.Task)
 	if err != nil || !ok {
+		return "", err
+	}
+	if err := proven(keys, t, push); err != nil {
 		return "", err
 	}
 	evs, err := q.reviewEventsAfter(ctx, t.Business, t.Project, t.Task, push.Seq)
 	if err != nil {
 		return "", err
 	}
-	reopened, err := q.latestReopened(ctx, t.Business, t.Project, t.Task)
-	if err != nil {
+	for _, e := range evs {
+		if err := proven(keys, t, e); err != nil {
+			return "", err
+		}
+	}
+	var reopened int64
+	if re, ok, err := q.latestReopened(ctx, t.Business, t.Project, t.Task); err != nil {
 		return "", err
+	} else if ok {
+		if err := proven(keys, t, re); err != nil {
+			return "", err
+		}
+		reopened = re.Seq
 	}
 	withdrawn := false
 	forPush := func(f eventFields) bool { return f.PushSeq == push.Seq && f.Commit == pf.Commit }

@@ -49,6 +49,10 @@ var postgresSchema = [][]string{{
 	`ALTER TABLE projects ADD COLUMN moving_id TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE projects ADD COLUMN moving_seq BIGINT NOT NULL DEFAULT 0`,
 	`ALTER TABLE projects ADD COLUMN moving_digest TEXT NOT NULL DEFAULT ''`,
+}, {
+	// The appending host's signature of each event's hash (signing.go):
+	// "KEYID:BASE64"; '' in a log written before signing.
+	`ALTER TABLE events ADD COLUMN sig TEXT NOT NULL DEFAULT ''`,
 }}
 
 // writeLockKey, with the schema's name, is the advisory lock every write

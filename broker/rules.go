@@ -352,7 +352,7 @@ func (b *Broker) CloseTask(ctx context.Context, g authz.Grant, peer string) (int
 			return err
 		}
 		data := map[string]any{}
-		closing, err := gate(ctx, &q.queries, t)
+		closing, err := gate(ctx, &q.queries, b.keys, t)
 		if err != nil {
 			return err
 		}

@@ -53,6 +53,10 @@ var sqliteSchema = [][]string{{
 	`ALTER TABLE projects ADD COLUMN moving_id TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE projects ADD COLUMN moving_seq INTEGER NOT NULL DEFAULT 0`,
 	`ALTER TABLE projects ADD COLUMN moving_digest TEXT NOT NULL DEFAULT ''`,
+}, {
+	// The appending host's signature of each event's hash (signing.go):
+	// "KEYID:BASE64"; '' in a log written before signing.
+	`ALTER TABLE events ADD COLUMN sig TEXT NOT NULL DEFAULT ''`,
 }}
 
 // sqliteDSN is the driver's DSN for the database file at path: WAL so

@@ -80,6 +80,11 @@ const (
 	LogCheckpointMismatch Reason = "LOG_CHECKPOINT_MISMATCH"
 	LogCheckpointAppend   Reason = "LOG_CHECKPOINT_APPEND_FAILED"
 
+	// Who wrote an event (issue 31): the gate reads an event no trusted
+	// host signed; a broker will not anchor a head it cannot prove.
+	LogEventUnproven Reason = "LOG_EVENT_UNPROVEN"
+	LogHeadUnproven  Reason = "LOG_HEAD_UNPROVEN"
+
 	// What git 2.39 lets through but newer git, or a checkout, fears
 	// (issue 13; the rules and their sources are in gitd/beyondgit.go).
 	GitmodulesControlChar Reason = "GITMODULES_CONTROL_CHAR"
