@@ -194,7 +194,7 @@ func ParseTrustedKeys(data []byte) ([]ed25519.PublicKey, error) {
 		out = append(out, pub)
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no key: list each host's public key (HOME/log-key.pub)")
+		return nil, errors.New("no key: list each host's public key (its HOME/log.pub)")
 	}
 	return out, nil
 }
