@@ -58,8 +58,8 @@ type Options struct {
 	// SigningKey signs every event this broker appends (signing.go). It is
 	// required, and never written to the store.
 	SigningKey ed25519.PrivateKey
-	// TrustedKeys verify the events of every host sharing the store; it
-	// must hold SigningKey's public key. Empty: that key alone (one host).
+	// TrustedKeys verify the events of the other hosts sharing the store
+	// (SigningKey's own public key is always trusted, listed or not).
 	TrustedKeys []ed25519.PublicKey
 	// AdoptUnsigned is set at the start that made SigningKey: a log
 	// written before signing (no event in it signed) has its events, up to
@@ -133,17 +133,9 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		return nil, errors.New("broker: no signing key: every event a host appends is signed (Options.SigningKey)")
 	}
 	signer := NewSigner(o.SigningKey)
-	keys := NewKeyring(o.TrustedKeys...)
-	if len(o.TrustedKeys) == 0 {
-		keys = NewKeyring(signer.Public())
-	}
-	if !keys.has(signer.Public()) {
-		st.close()
-		return nil, fmt.Errorf("broker: the trusted keys do not list this host's own key %s: add it, or this host could not prove its own events", KeyID(signer.Public()))
-	}
 	b := &Broker{
 		signer:      signer,
-		keys:        keys,
+		keys:        NewKeyring(append([]ed25519.PublicKey{signer.Public()}, o.TrustedKeys...)...),
 		hostID:      hostID,
 		st:          st,
 		admin:       o.AdminToken,

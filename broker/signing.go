@@ -76,12 +76,6 @@ func NewKeyring(pubs ...ed25519.PublicKey) *Keyring {
 	return k
 }
 
-// has says whether pub is trusted.
-func (k *Keyring) has(pub ed25519.PublicKey) bool {
-	p, ok := k.keys[KeyID(pub)]
-	return ok && p.Equal(pub)
-}
-
 // ids lists the trusted keys' ids, sorted.
 func (k *Keyring) ids() []string {
 	out := make([]string, 0, len(k.keys))

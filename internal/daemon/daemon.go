@@ -86,8 +86,8 @@ type Options struct {
 	CheckpointFile string
 	// LogKey is the file holding the key this host signs the broker's
 	// events with ("": HOME/log.key), made 0600 at first start;
-	// LogTrustedKeys lists the public keys of every host sharing the
-	// store ("": this host's own key only). logkey.go.
+	// LogTrustedKeys lists the public keys of the other hosts sharing the
+	// store ("": none; this host's own key is always trusted). logkey.go.
 	LogKey         string
 	LogTrustedKeys string
 	// Committer is "NAME <EMAIL>" of the merge commits `task land --merge`
