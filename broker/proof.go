@@ -3,7 +3,11 @@ package broker
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"slices"
+	"sort"
 	"strings"
+	"sync"
 
 	"github.com/bushost/bushost/internal/errdefs"
 )
@@ -29,29 +33,88 @@ const (
 	proofPageBytes = 4 << 20
 )
 
-// unproven gathers the events a walk could not prove.
+// unproven gathers the events a walk could not prove: how many, and the
+// lowest seqs of them, described.
 type unproven struct {
-	first int64
-	named []string
 	n     int
+	named []unprovenEvent // in seq order, at most maxNamed
+}
+
+type unprovenEvent struct {
+	seq int64
+	why string
 }
 
 func (u *unproven) add(e Event, why string) {
-	if u.n == 0 {
-		u.first = e.Seq
-	}
 	u.n++
-	if len(u.named) < maxNamed {
-		u.named = append(u.named, describe(e)+" "+why)
+	i := sort.Search(len(u.named), func(i int) bool { return u.named[i].seq > e.Seq })
+	if i == maxNamed {
+		return
+	}
+	u.named = slices.Insert(u.named, i, unprovenEvent{e.Seq, describe(e) + " " + why})
+	if len(u.named) > maxNamed {
+		u.named = u.named[:maxNamed]
 	}
 }
 
-func (u *unproven) String() string {
-	s := strings.Join(u.named, "; ")
-	if u.n > len(u.named) {
-		s += fmt.Sprintf("; and %d more", u.n-len(u.named))
+// first is the lowest seq not proven (0: none).
+func (u *unproven) first() int64 {
+	if len(u.named) == 0 {
+		return 0
 	}
-	return s
+	return u.named[0].seq
+}
+
+func (u *unproven) String() string {
+	var b strings.Builder
+	for i, n := range u.named {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(n.why)
+	}
+	if u.n > len(u.named) {
+		fmt.Fprintf(&b, "; and %d more", u.n-len(u.named))
+	}
+	return b.String()
+}
+
+// prover proves events on every core while its caller walks the log in
+// order: proving a whole log is one signature check per event, many
+// times the chain's hash, and the checks are independent.
+type prover struct {
+	keys *Keyring
+	in   chan Event
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	u    unproven
+}
+
+func newProver(keys *Keyring) *prover {
+	p := &prover{keys: keys, in: make(chan Event, 256)}
+	for i := 0; i < runtime.GOMAXPROCS(0); i++ {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for e := range p.in {
+				if err := p.keys.prove(e); err != nil {
+					p.mu.Lock()
+					p.u.add(e, err.Error())
+					p.mu.Unlock()
+				}
+			}
+		}()
+	}
+	return p
+}
+
+func (p *prover) add(e Event) { p.in <- e }
+
+// done waits for every proof and returns what failed.
+func (p *prover) done() *unproven {
+	close(p.in)
+	p.wg.Wait()
+	return &p.u
 }
 
 // describe names an event for an operator: its seq, type and actor.
@@ -177,7 +240,7 @@ func (b *Broker) proveSinceAnchor(ctx context.Context, tx *writeTx) error {
 func (b *Broker) unprovenHalt(anchor Head, u *unproven) *errdefs.Error {
 	return errdefs.Unavailable(errdefs.LogHeadUnproven,
 		"the broker does not serve: %d events past event %d, the last head its checkpoint file %s anchored, are not proven: %s; see docs/broker.md, \"When the log does not match\"",
-		u.n, anchor.Seq, b.cp.path, u).With("first_bad_seq", u.first).With("path", b.cp.path).With("unproven", u.n)
+		u.n, anchor.Seq, b.cp.path, u).With("first_bad_seq", u.first()).With("path", b.cp.path).With("unproven", u.n)
 }
 
 // adopt signs the events of a log written before signing, once: at the

@@ -68,7 +68,10 @@ func (b *Broker) verify(ctx context.Context, heads []Head, full bool) (Verificat
 	prevHash := ""
 	chainOK := true
 	rb := newRebuild()
-	u := &unproven{}
+	var pv *prover
+	if full {
+		pv = newProver(b.keys)
+	}
 	err = q.eachEvent(ctx, func(e Event) error {
 		v.Events++
 		if chainOK {
@@ -85,9 +88,7 @@ func (b *Broker) verify(ctx context.Context, heads []Head, full bool) (Verificat
 			}
 		}
 		if full {
-			if err := b.keys.prove(e); err != nil {
-				u.add(e, err.Error())
-			}
+			pv.add(e)
 		}
 		for len(heads) > 0 && heads[0].Seq < e.Seq {
 			bad(heads[0].Seq, "recorded head %d is missing from the log", heads[0].Seq)
@@ -108,15 +109,17 @@ func (b *Broker) verify(ctx context.Context, heads []Head, full bool) (Verificat
 		}
 		return nil
 	})
+	if full {
+		if u := pv.done(); u.n > 0 {
+			bad(u.first(), "events not proven (%d): %s", u.n, u)
+		}
+	}
 	if err != nil {
 		return Verification{}, fmt.Errorf("read log: %w", err)
 	}
 	if len(heads) > 0 {
 		last := heads[len(heads)-1]
 		bad(v.HeadSeq+1, "the log ends at event %d, but a recorded head is event %d: events %d to %d were deleted", v.HeadSeq, last.Seq, v.HeadSeq+1, last.Seq)
-	}
-	if u.n > 0 {
-		bad(u.first, "events not proven (%d): %s", u.n, u)
 	}
 	if full {
 		if v.Differences, err = rb.compare(ctx, q); err != nil {
