@@ -55,6 +55,32 @@ func grantID(t *testing.T, h *Host, file string) string {
 	return ""
 }
 
+// review is a task whose push awaits its verdict: the grants' token files,
+// the request, and the reviewer's grant id.
+type review struct {
+	worker, reviewer, lead string
+	request, reviewerID    string
+}
+
+// awaitingReview adds acme/web on h, and a task t1 whose worker pushed
+// a commit and asked for its review; the lead may close and land.
+func awaitingReview(t *testing.T, h *Host) review {
+	t.Helper()
+	h.AddProject(t, "acme", "web")
+	r := review{
+		worker:   h.Grant(t, "acme", "web", "t1", "worker", "git.push.working", "review.request"),
+		reviewer: h.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict"),
+		lead:     h.Grant(t, "acme", "web", "t1", "lead", "task.close", "task.land"),
+	}
+	work := filepath.Join(filepath.Dir(h.Home), "work")
+	runAs(t, h, r.worker, 0, "fetch-main", "--repo", work)
+	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "unreviewed")
+	runAs(t, h, r.worker, 0, "push-working", "--repo", work)
+	r.request, _ = runAs(t, h, r.worker, 0, "review", "request")
+	r.reviewerID = grantID(t, h, r.reviewer)
+	return r
+}
+
 // forgeVerdict appends an approve of request id by reviewer straight
 // into the store: chained to the head, its hash from broker.HashEvent,
 // and the review_requests row made to agree. It returns the event's seq.
@@ -97,16 +123,8 @@ func TestForgedVerdictRefused(t *testing.T) {
 			base := baseDir(t)
 			cp := filepath.Join(base, "heads")
 			h := startHostWith(t, hostOpts{Home: filepath.Join(base, "home"), Args: append(append([]string{}, args...), "--checkpoint-file", cp)})
-			h.AddProject(t, "acme", "web")
-			worker := h.Grant(t, "acme", "web", "t1", "worker", "git.push.working", "review.request")
-			reviewer := h.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict")
-			lead := h.Grant(t, "acme", "web", "t1", "lead", "task.close", "task.land")
-			work := filepath.Join(base, "work")
-			runAs(t, h, worker, 0, "fetch-main", "--repo", work)
-			testGit(t, work, "commit", "-q", "--allow-empty", "-m", "unreviewed")
-			runAs(t, h, worker, 0, "push-working", "--repo", work)
-			id, _ := runAs(t, h, worker, 0, "review", "request")
-			rid := grantID(t, h, reviewer)
+			r := awaitingReview(t, h)
+			worker, lead, id, rid := r.worker, r.lead, r.request, r.reviewerID
 			h.Stop(t)
 			anchored := readText(t, cp)
 
@@ -210,16 +228,8 @@ func TestHostsProveEachOthersEvents(t *testing.T) {
 // written into broker.db after that stays unproven, and the gate shut.
 func TestUnsignedHomeIsAdoptedOnce(t *testing.T) {
 	h := startHost(t)
-	h.AddProject(t, "acme", "web")
-	worker := h.Grant(t, "acme", "web", "t1", "worker", "git.push.working", "review.request")
-	reviewer := h.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict")
-	lead := h.Grant(t, "acme", "web", "t1", "lead", "task.close")
-	work := filepath.Join(filepath.Dir(h.Home), "work")
-	runAs(t, h, worker, 0, "fetch-main", "--repo", work)
-	testGit(t, work, "commit", "-q", "--allow-empty", "-m", "work")
-	runAs(t, h, worker, 0, "push-working", "--repo", work)
-	id, _ := runAs(t, h, worker, 0, "review", "request")
-	rid := grantID(t, h, reviewer)
+	r := awaitingReview(t, h)
+	lead, id, rid := r.lead, r.request, r.reviewerID
 
 	// As the home was before this version: no key, no signature.
 	h.Stop(t)

@@ -20,7 +20,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Limits.addFlags(fs)
 	o.addBoundFlags(fs)
 	fs.StringVar(&o.HostID, "host-id", "", "this bus host's id, on which the projects it adds are placed when hosts share a broker (default: made at first start and kept in HOME/host-id)")
-	fs.StringVar(&o.CheckpointFile, "checkpoint-file", "", "append each new head of the broker's log to this file (SEQ HASH lines, fsynced) and check the log against it at start; ship it off the machine (docs/broker.md)")
+	fs.StringVar(&o.CheckpointFile, "checkpoint-file", "", "append each head of the broker's log that this host wrote or proved to this file (SEQ HASH lines, fsynced) and check the log against it at start, refusing events past its last head that no trusted host signed; ship it off the machine (docs/broker.md, \"Anchoring the log\")")
 	fs.StringVar(&o.LogKey, "log-key", "", "the Ed25519 key (PEM) this host signs the broker's events with, never stored in the database; made 0600 if missing (default HOME/log.key); its public key is written to HOME/log.pub (docs/broker.md, \"Who wrote an event\")")
 	fs.StringVar(&o.LogTrustedKeys, "log-trusted-keys", "", "PEM public keys of the hosts sharing the broker's store (their HOME/log.pub, concatenated; one file for all hosts may list this one's too): an event signed by any of them or by this host is accepted, any other is not (default: this host's own key only)")
 	fs.StringVar(&o.Committer, "committer", gitd.DefaultCommitter, "NAME <EMAIL> of the merge commits 'bushost task land --merge' makes")
