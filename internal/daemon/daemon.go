@@ -207,13 +207,9 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	signingKey, trusted, keyMade, err := logKeys(o.Home, o.LogKey, o.LogTrustedKeys, hostID)
+	signingKey, trusted, keyMade, keepKey, err := logKeys(o.Home, o.LogKey, o.LogTrustedKeys, hostID)
 	if err != nil {
 		return err
-	}
-	if keyMade {
-		log.Info("made the host's log signing key; list its public key in every host's --log-trusted-keys when hosts share the broker",
-			"key", broker.KeyID(signingKey.Public().(ed25519.PublicKey)), "public", filepath.Join(o.Home, LogPubFile))
 	}
 	dsn := o.BrokerDSN
 	if dsn == "" {
@@ -227,6 +223,15 @@ func Serve(ctx context.Context, o Options) error {
 		return fmt.Errorf("open broker: %w", err)
 	}
 	defer b.Close()
+	if keyMade {
+		// Kept only now that the broker opened with it, so that a start
+		// that failed before makes the same key again and adopts the log.
+		if err := keepKey(); err != nil {
+			return err
+		}
+		log.Info("made the host's log signing key; list its public key in every host's --log-trusted-keys when hosts share the broker",
+			"key", broker.KeyID(signingKey.Public().(ed25519.PublicKey)), "public", filepath.Join(o.Home, LogPubFile))
+	}
 	if n := b.Adopted(); n > 0 {
 		log.Info("signed the log's events written before signing", "through_seq", n)
 	}

@@ -29,59 +29,93 @@ const (
 // maxKeyFile bounds what is read of a key file or a trusted-keys file.
 const maxKeyFile = 1 << 20
 
-// logKeys returns the host's signing key (path, or HOME/log.key), made
-// (0600) when the file does not exist, with created set; the keys it
-// trusts (trustedPath's, or none for the broker's default of its own);
-// and writes the public key to HOME/log.pub.
-func logKeys(home, path, trustedPath, hostID string) (key ed25519.PrivateKey, trusted []ed25519.PublicKey, created bool, err error) {
+// logKeys returns the host's signing key (path, or HOME/log.key) and
+// the keys it trusts besides (trustedPath's, or none), and writes the
+// public key to HOME/log.pub. A key not made yet is made (below): then
+// made is true, and keep must be called once the broker opened with it.
+func logKeys(home, path, trustedPath, hostID string) (key ed25519.PrivateKey, trusted []ed25519.PublicKey, made bool, keep func() error, err error) {
 	if path == "" {
 		path = filepath.Join(home, LogKeyFile)
 	}
-	key, created, err = logKey(path)
+	key, made, keep, err = logKey(path)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, false, nil, err
 	}
 	if trustedPath != "" {
 		data, err := readKeyFile(trustedPath, 0o022, true)
 		if err != nil {
-			return nil, nil, false, fmt.Errorf("--log-trusted-keys %s: %w", trustedPath, err)
+			return nil, nil, false, nil, fmt.Errorf("--log-trusted-keys %s: %w", trustedPath, err)
 		}
 		if trusted, err = broker.ParseTrustedKeys(data); err != nil {
-			return nil, nil, false, fmt.Errorf("--log-trusted-keys %s: %w", trustedPath, err)
+			return nil, nil, false, nil, fmt.Errorf("--log-trusted-keys %s: %w", trustedPath, err)
 		}
 	}
 	pub := filepath.Join(home, LogPubFile)
 	if err := os.Remove(pub); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, false, fmt.Errorf("log public key %s: %w", pub, err)
+		return nil, nil, false, nil, fmt.Errorf("log public key %s: %w", pub, err)
 	}
 	if err := writeNew(pub, 0o644, string(broker.PublicKeyPEM(key.Public().(ed25519.PublicKey), "bus host "+hostID))); err != nil {
-		return nil, nil, false, fmt.Errorf("log public key %s: %w", pub, safepath.Linked(pub, err))
+		return nil, nil, false, nil, fmt.Errorf("log public key %s: %w", pub, safepath.Linked(pub, err))
 	}
-	return key, trusted, created, nil
+	return key, trusted, made, keep, nil
 }
 
-// logKey reads the signing key at path, making it first if it does not
-// exist. A key file that is a link, another user's, or readable by others
-// is refused: it is what proves this host's events.
-func logKey(path string) (ed25519.PrivateKey, bool, error) {
-	key, data, err := broker.NewSigningKey()
+// logKey reads the signing key at path. Without one, the key is made
+// into PATH.new first (or read from there: a start that made it failed
+// before it was kept), and keep moves it to path once the broker opened
+// with it: a key that exists is the sign that the broker took it, and
+// signed the log written before signing, if any (broker.Options.
+// AdoptUnsigned). A key file that is a link, another user's, or readable
+// by others is refused: it is what proves this host's events.
+func logKey(path string) (key ed25519.PrivateKey, made bool, keep func() error, err error) {
+	key, err = readSigningKey(path)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return key, false, nil, err
+	}
+	pending := path + ".new"
+	key, err = readSigningKey(pending)
+	if errors.Is(err, fs.ErrNotExist) {
+		var data []byte
+		if key, data, err = broker.NewSigningKey(); err != nil {
+			return nil, false, nil, err
+		}
+		if err = writeNew(pending, 0o600, string(data)); err != nil {
+			err = fmt.Errorf("log signing key %s: %w", pending, safepath.Linked(pending, err))
+		}
+	}
 	if err != nil {
-		return nil, false, err
+		return nil, false, nil, err
 	}
-	err = writeNew(path, 0o600, string(data))
-	if err == nil {
-		return key, true, nil
+	keep = func() error {
+		if err := os.Rename(pending, path); err != nil {
+			return fmt.Errorf("log signing key: %w", err)
+		}
+		return syncDir(filepath.Dir(path))
 	}
-	if !errors.Is(err, fs.ErrExist) {
-		return nil, false, fmt.Errorf("log signing key %s: %w", path, safepath.Linked(path, err))
+	return key, true, keep, nil
+}
+
+// readSigningKey reads and parses the key file at path.
+func readSigningKey(path string) (ed25519.PrivateKey, error) {
+	data, err := readKeyFile(path, 0o077, false)
+	if err != nil {
+		return nil, fmt.Errorf("log signing key %s: %w", path, err)
 	}
-	if data, err = readKeyFile(path, 0o077, false); err != nil {
-		return nil, false, fmt.Errorf("log signing key %s: %w", path, err)
+	key, err := broker.ParseSigningKey(data)
+	if err != nil {
+		return nil, fmt.Errorf("log signing key %s: %w", path, err)
 	}
-	if key, err = broker.ParseSigningKey(data); err != nil {
-		return nil, false, fmt.Errorf("log signing key %s: %w", path, err)
+	return key, nil
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
 	}
-	return key, false, nil
+	defer d.Close()
+	return d.Sync()
 }
 
 // readKeyFile reads path, opened once without following a link, after
