@@ -63,8 +63,8 @@ type Options struct {
 	TrustedKeys []ed25519.PublicKey
 	// AdoptUnsigned is set at the start that made SigningKey: a log
 	// written before signing (no event in it signed) has its events, up to
-	// the last head of CheckpointFile if one is given, signed with this
-	// key once the chain (and the checkpoint) verified (adopt.go).
+	// the last head of CheckpointFile if it holds one, signed with this
+	// key once the chain (and the checkpoint) verified (proof.go).
 	AdoptUnsigned bool
 }
 

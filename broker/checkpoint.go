@@ -15,9 +15,10 @@ import (
 )
 
 // A checkpoint file anchors the log outside the database (issue 13): the
-// broker appends the log's head to it, one "SEQ HASH" line per commit,
-// fsynced before the commit's callers hear back, so that no acknowledged
-// event is missing from it. Whoever can rewrite the database (and rehash
+// broker appends the head its commit left to it, one "SEQ HASH" line per
+// commit, fsynced before the commit's callers hear back, so that no
+// acknowledged event is missing from it; and it anchors nothing another
+// writer appended that it did not prove first (proof.go). Whoever can rewrite the database (and rehash
 // the whole chain, or delete its last events) cannot make the log agree
 // with heads already shipped off the machine. docs/broker.md says how an
 // operator ships the file and acts on a mismatch.

@@ -155,8 +155,8 @@ func (b *Broker) proveAfter(ctx context.Context, q *queries, anchor Head) (Head,
 // start checks the log as the broker opens. With a checkpoint file, the
 // chain must match every head in it (else the broker halts,
 // LOG_CHECKPOINT_MISMATCH). With adopt, a log written before signing is
-// signed up to the checkpoint's last head (without a checkpoint, up to
-// its head). Then, with a checkpoint, every event past its last head must
+// signed up to the checkpoint's last head (without one, or with a file
+// that holds none yet, up to the log's head). Then, with a checkpoint, every event past its last head must
 // be proven (else the broker halts, LOG_HEAD_UNPROVEN, naming them)
 // before the log's head is recorded in it.
 func (b *Broker) start(ctx context.Context, heads []Head, adopt bool) error {
@@ -182,7 +182,7 @@ func (b *Broker) start(ctx context.Context, heads []Head, adopt bool) error {
 	}
 	if adopt {
 		through := Head{v.HeadSeq, v.HeadHash}
-		if b.cp != nil {
+		if anchor.Seq > 0 {
 			through = anchor
 		}
 		if b.adopted, err = b.adopt(ctx, through); err != nil {

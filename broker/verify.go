@@ -31,24 +31,26 @@ type Verification struct {
 // maxDifferences bounds the differences reported; the rest are counted.
 const maxDifferences = 100
 
+// VerifyLog checks who wrote each event: a trusted host's signature of
+// its hash (signing.go), naming the events it cannot prove; and, from the
+// log alone, that each verdict's actor could give it (its grant held
+// review.verdict on that task, unrevoked and unexpired, and did not push
+// the commit it judges).
+//
 // VerifyLog checks the log: the hash chain from the first event (each seq
 // one more than the last, each prev_hash the last event's hash, each hash
-// the hash of its own canonical encoding); each event's proof (a trusted
-// host's signature of its hash, signing.go); each recorded head (event
-// SEQ still has that hash: a rewrite before it or a truncation below it
-// fails); each verdict's authority, from the log alone (its actor's grant
-// held review.verdict on that task, unrevoked and unexpired, and did not
-// push the commit); and the derived tables against the state rebuilt from
-// the events. It names the first bad event, the events it cannot prove,
-// and every differing row. It reads under the write lock, so that tables
-// and log are one consistent state.
+// the hash of its own canonical encoding); each recorded head (event SEQ
+// still has that hash: a rewrite before it or a truncation below it
+// fails); and the derived tables against the state rebuilt from the
+// events. It names the first bad event and every differing row. It reads
+// under the write lock, so that tables and log are one consistent state.
 func (b *Broker) VerifyLog(ctx context.Context, heads ...Head) (Verification, error) {
 	return b.verify(ctx, heads, true)
 }
 
-// verify checks the chain and heads; with full, also every event's proof,
-// the verdicts' authority and the derived tables.
-func (b *Broker) verify(ctx context.Context, heads []Head, full bool) (Verification, error) {
+// verify checks the chain and heads; with derived, also every event's
+// proof, the verdicts' authority and the derived tables.
+func (b *Broker) verify(ctx context.Context, heads []Head, derived bool) (Verification, error) {
 	tx, err := b.st.begin(ctx)
 	if err != nil {
 		return Verification{}, err
@@ -69,7 +71,7 @@ func (b *Broker) verify(ctx context.Context, heads []Head, full bool) (Verificat
 	chainOK := true
 	rb := newRebuild()
 	var pv *prover
-	if full {
+	if derived {
 		pv = newProver(b.keys)
 	}
 	err = q.eachEvent(ctx, func(e Event) error {
@@ -87,7 +89,7 @@ func (b *Broker) verify(ctx context.Context, heads []Head, full bool) (Verificat
 				chainOK = false
 			}
 		}
-		if full {
+		if derived {
 			pv.add(e)
 		}
 		for len(heads) > 0 && heads[0].Seq < e.Seq {
@@ -102,14 +104,14 @@ func (b *Broker) verify(ctx context.Context, heads []Head, full bool) (Verificat
 		}
 		prevSeq, prevHash = e.Seq, e.Hash
 		v.HeadSeq, v.HeadHash = e.Seq, e.Hash
-		if full {
+		if derived {
 			if why := rb.apply(e); why != "" {
 				bad(e.Seq, "%s %s", describe(e), why)
 			}
 		}
 		return nil
 	})
-	if full {
+	if derived {
 		if u := pv.done(); u.n > 0 {
 			bad(u.first(), "events not proven (%d): %s", u.n, u)
 		}
@@ -121,7 +123,7 @@ func (b *Broker) verify(ctx context.Context, heads []Head, full bool) (Verificat
 		last := heads[len(heads)-1]
 		bad(v.HeadSeq+1, "the log ends at event %d, but a recorded head is event %d: events %d to %d were deleted", v.HeadSeq, last.Seq, v.HeadSeq+1, last.Seq)
 	}
-	if full {
+	if derived {
 		if v.Differences, err = rb.compare(ctx, q); err != nil {
 			return Verification{}, fmt.Errorf("compare derived tables: %w", err)
 		}
