@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
 
 	"github.com/bushost/bushost/internal/authz"
 )
@@ -152,6 +153,7 @@ func gate(ctx context.Context, q *queries, keys *Keyring, t taskRow) (string, er
 	forPush := func(f eventFields) bool { return f.PushSeq == push.Seq && f.Commit == pf.Commit }
 	requests := map[string]bool{}
 	var requestID, verdict string
+	var approval Event
 scan:
 	for _, e := range evs {
 		f, err := fieldsOf(e)
@@ -169,7 +171,7 @@ scan:
 			// Given before the task was reopened: it no longer counts.
 			requestID, withdrawn = f.RequestID, true
 		case e.Type == TypeReviewVerdict && requests[f.RequestID]:
-			requestID, verdict = f.RequestID, f.Verdict
+			requestID, verdict, approval = f.RequestID, f.Verdict, e
 			if verdict != Approve {
 				// One verdict per request: a reject stands.
 				break scan
@@ -191,5 +193,61 @@ scan:
 		return "", errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: its latest push %s was rejected (request %s)", scope, pf.Commit, requestID).
 			With("commit", pf.Commit).With("request", requestID).With("review", "rejected")
 	}
+	if err := approvedBy(ctx, q, keys, t, push, evs, approval); err != nil {
+		return "", err
+	}
 	return pf.Commit, nil
+}
+
+// approvedBy checks, from the log, that the approving verdict's actor
+// could give it: the verdict is signed by a host, but the host decided
+// from the grants and review_requests tables, which a database writer can
+// edit (a grant row of its own making, a request's pusher changed). So
+// the gate replays the task's grant events before the verdict, its latest
+// push and the reviews after it, as log verify does (verdictAuthority),
+// at the cost of one more read of the task's events and a few proofs.
+func approvedBy(ctx context.Context, q *queries, keys *Keyring, t taskRow, push Event, reviews []Event, approval Event) error {
+	grants, err := q.grantEventsBefore(ctx, t.Business, t.Project, t.Task, approval.Seq)
+	if err != nil {
+		return err
+	}
+	for _, e := range grants {
+		if err := proven(keys, t, e); err != nil {
+			return err
+		}
+	}
+	replay := append(append(grants, push), reviews...)
+	sort.Slice(replay, func(i, j int) bool { return replay[i].Seq < replay[j].Seq })
+	rb := newRebuild()
+	for _, e := range replay {
+		if e.Seq > approval.Seq {
+			break
+		}
+		if why := rb.apply(e); why != "" && e.Seq == approval.Seq {
+			return errdefs.FailedPrecondition(errdefs.GateVerdictInvalid,
+				"task %s cannot close: its approve, %s, %s, as the log shows; the gate stays shut: run 'bushost log verify' and see docs/broker.md, \"Who wrote an event\"",
+				scopeString(t.Business, t.Project, t.Task), describe(approval), why).With("seq", approval.Seq)
+		}
+	}
+	return nil
+}
+
+// grantEventsBefore returns the task's grant.created and grant.revoked
+// events before seq, in order.
+func (q *queries) grantEventsBefore(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
+	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND seq < $4 AND type IN ($5, $6) ORDER BY seq`,
+		business, project, task, seq, TypeGrantCreated, TypeGrantRevoked)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		e, err := scanEvent(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -304,6 +305,66 @@ func TestVerifyChecksVerdictAuthority(t *testing.T) {
 			}
 			e.exec(`DELETE FROM events WHERE seq = $1`, seq)
 			e.exec(`UPDATE review_requests SET verdict = '', verdict_seq = 0, reviewer = '' WHERE id = $1`, r.RequestId)
+		}
+	})
+}
+
+// The host signs a verdict after checking the grants and review_requests
+// tables, which a database writer can edit; so the gate checks the
+// approve's authority from the log too. A grant row minted in the table
+// (its token the writer's), and a request whose pusher was blanked so its
+// pusher may judge it, both get a verdict through the API, signed; the
+// gate refuses both, and log verify names them.
+func TestGateChecksVerdictAuthority(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		e.project("acme", "web")
+
+		// A grant that only the table knows.
+		tm := e.team("minted")
+		if err := e.push(tm.worker, 1); err != nil {
+			t.Fatal(err)
+		}
+		r := e.request(tm.worker)
+		e.exec(`INSERT INTO grants (id, token_hash, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth)
+			VALUES ('g-minted', $1, 'acme', 'web', 'minted', 'reviewer', 'review.verdict', $2, 0, '', '', 0)`, tokenHash("bht_minted"), time.Now().Add(time.Hour).UnixNano())
+		minted := actor{ID: "g-minted", Token: "bht_minted", G: authz.Grant{ID: "g-minted", Business: "acme", Project: "web", Task: "minted", Role: "reviewer", Caps: []string{authz.CapReviewVerdict}}}
+		if err := e.verdict(minted, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE); err != nil {
+			t.Fatalf("the minted grant's verdict: %v", err)
+		}
+		mintedSeq := e.head()
+		before := e.head()
+		err := e.close(tm.closer)
+		e.refused(err, codes.FailedPrecondition, before, "close on a minted grant's approve")
+		if reasonOf(err) != errdefs.GateVerdictInvalid || !strings.Contains(err.Error(), `is by "g-minted", which no grant.created in the log names`) {
+			t.Fatalf("close on a minted grant's approve: %v", err)
+		}
+		_, err = e.b.LandApproved(context.Background(), authz.Grant{ID: authz.HostID, Host: true}, "acme", "web", "minted")
+		if reasonOf(err) != errdefs.GateVerdictInvalid {
+			t.Fatalf("land on a minted grant's approve: %v", err)
+		}
+
+		// A pusher that judges its own push, the request row edited.
+		e.task("acme", "web", "self")
+		both := e.grant("acme", "web", "self", "both", authz.CapPushWorking, authz.CapReviewVerdict)
+		closer := e.grant("acme", "web", "self", "closer", authz.CapTaskClose)
+		if err := e.push(both, 1); err != nil {
+			t.Fatal(err)
+		}
+		r = e.request(both)
+		e.exec(`UPDATE review_requests SET push_actor = '' WHERE id = $1`, r.RequestId)
+		if err := e.verdict(both, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE); err != nil {
+			t.Fatalf("the pusher's verdict on an edited request: %v", err)
+		}
+		before = e.head()
+		err = e.close(closer)
+		e.refused(err, codes.FailedPrecondition, before, "close on the pusher's own approve")
+		if reasonOf(err) != errdefs.GateVerdictInvalid || !strings.Contains(err.Error(), "which pushed the commit it judges") {
+			t.Fatalf("close on the pusher's own approve: %v", err)
+		}
+
+		v, err := e.b.VerifyLog(context.Background())
+		if err != nil || v.OK || v.FirstBadSeq != mintedSeq || !strings.Contains(v.Reason, `no grant.created in the log names`) {
+			t.Fatalf("log verify: %+v %v", v, err)
 		}
 	})
 }
