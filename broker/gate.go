@@ -77,8 +77,13 @@ func (q *queries) latestPush(ctx context.Context, business, project, task string
 // reviewEventsAfter returns the task's review.request and review.verdict
 // events after seq, in order.
 func (q *queries) reviewEventsAfter(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND seq > $4 AND type IN ($5, $6) ORDER BY seq`,
+	return q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq > $4 AND type IN ($5, $6)`,
 		business, project, task, seq, TypeReviewRequest, TypeReviewVerdict)
+}
+
+// eventsWhere returns the events that where selects, in order.
+func (q *queries) eventsWhere(ctx context.Context, where string, args ...any) ([]Event, error) {
+	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE `+where+` ORDER BY seq`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -235,19 +240,6 @@ func approvedBy(ctx context.Context, q *queries, keys *Keyring, t taskRow, push 
 // grantEventsBefore returns the task's grant.created and grant.revoked
 // events before seq, in order.
 func (q *queries) grantEventsBefore(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND seq < $4 AND type IN ($5, $6) ORDER BY seq`,
+	return q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq < $4 AND type IN ($5, $6)`,
 		business, project, task, seq, TypeGrantCreated, TypeGrantRevoked)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Event
-	for rows.Next() {
-		e, err := scanEvent(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	return out, rows.Err()
 }
