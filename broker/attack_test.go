@@ -173,7 +173,7 @@ func TestAttackSessionLearnsNoOtherHost(t *testing.T) {
 			dsn := k.dsn(t)
 			ctx := context.Background()
 			open := func(id string) *Broker {
-				b, err := Open(ctx, Options{DSN: dsn, AdminToken: adminToken, HostID: id, ReposDir: t.TempDir()})
+				b, err := Open(ctx, Options{DSN: dsn, AdminToken: adminToken, HostID: id, ReposDir: t.TempDir(), SigningKey: testKey})
 				if err != nil {
 					t.Fatalf("Open %s: %v", id, err)
 				}

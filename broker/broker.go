@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -57,6 +58,17 @@ type Options struct {
 	// (<home>/repos): `project list` sums the size of each project's
 	// repositories there. Empty: sizes are not known here.
 	ReposDir string
+	// SigningKey signs every event this broker appends (signing.go). It is
+	// required, and never written to the store.
+	SigningKey ed25519.PrivateKey
+	// TrustedKeys verify the events of the other hosts sharing the store
+	// (SigningKey's own public key is always trusted, listed or not).
+	TrustedKeys []ed25519.PublicKey
+	// AdoptUnsigned is set at the start that made SigningKey: a log
+	// written before signing (no event in it signed) has its events, up to
+	// the last head of CheckpointFile if it holds one, signed with this
+	// key once the chain (and the checkpoint) verified (proof.go).
+	AdoptUnsigned bool
 }
 
 // Broker is the broker. It implements authz.Authority; NewServer serves it
@@ -85,6 +97,11 @@ type Broker struct {
 
 	cp     *checkpoint                   // nil without Options.CheckpointFile
 	halted atomic.Pointer[errdefs.Error] // set when the log does not match cp
+
+	signer *Signer  // signs what this broker appends
+	keys   *Keyring // whose signatures prove an event
+	// adopted is the last event signed at adoption (0: none).
+	adopted int64
 }
 
 var _ authz.Authority = (*Broker)(nil)
@@ -114,7 +131,14 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	if hostID == "" {
 		hostID = DefaultHostID
 	}
+	if o.SigningKey == nil {
+		st.close()
+		return nil, errors.New("broker: no signing key: every event a host appends is signed (Options.SigningKey)")
+	}
+	signer := NewSigner(o.SigningKey)
 	b := &Broker{
+		signer:      signer,
+		keys:        NewKeyring(append([]ed25519.PublicKey{signer.Public()}, o.TrustedKeys...)...),
 		hostID:      hostID,
 		st:          st,
 		admin:       o.AdminToken,
@@ -126,18 +150,21 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		committed:   make(chan struct{}),
 		changed:     make(chan struct{}),
 	}
+	var heads []Head
 	if o.CheckpointFile != "" {
-		cp, heads, err := openCheckpoint(o.CheckpointFile)
+		cp, hs, err := openCheckpoint(o.CheckpointFile)
 		if err != nil {
 			st.close()
 			return nil, fmt.Errorf("broker: %w", err)
 		}
-		b.cp = cp
-		if err := b.checkCheckpoint(ctx, heads); err != nil {
-			cp.close()
-			st.close()
-			return nil, fmt.Errorf("broker: checkpoint file %s: %w", o.CheckpointFile, err)
+		b.cp, heads = cp, hs
+	}
+	if err := b.start(ctx, heads, o.AdoptUnsigned); err != nil {
+		if b.cp != nil {
+			b.cp.close()
 		}
+		st.close()
+		return nil, fmt.Errorf("broker: %w", err)
 	}
 	go b.commitLoop()
 	return b, nil
@@ -180,7 +207,7 @@ func (b *Broker) write(ctx context.Context, fn func(ctx context.Context, q *writ
 		return err
 	}
 	if b.cp != nil {
-		if err := b.catchUp(ctx); err != nil {
+		if err := b.catchUp(); err != nil {
 			return err
 		}
 	}
@@ -232,6 +259,17 @@ func (b *Broker) runBatch(batch []*op) {
 		}
 	}
 	tx, err := b.st.begin(ctx)
+	if err == nil {
+		tx.signer = b.signer
+		// The checkpoint anchors only heads this broker wrote or proved:
+		// whatever another writer appended since its last head must be
+		// proven before this batch chains onto it.
+		if b.cp != nil {
+			if err = b.proveSinceAnchor(ctx, tx); err != nil {
+				tx.rollback()
+			}
+		}
+	}
 	if err != nil {
 		for i := range errs {
 			errs[i] = err
@@ -288,6 +326,15 @@ func (b *Broker) runBatch(batch []*op) {
 		finish()
 		return
 	}
+	// The head this batch leaves, read under the write lock: what the
+	// checkpoint records once the commit is durable.
+	var head Head
+	if b.cp != nil {
+		if head.Seq, head.Hash, err = tx.head(ctx); err != nil {
+			abort(fmt.Errorf("read log head: %w", err))
+			return
+		}
+	}
 	if err := failBeforeCommit(ctx, b.st, tx, batch); err != nil {
 		tx.rollback()
 		for i := range errs {
@@ -316,7 +363,8 @@ func (b *Broker) runBatch(batch []*op) {
 	// No caller hears of its event before the head that holds it is in
 	// the checkpoint file: the log never runs ahead of its anchor.
 	if b.cp != nil {
-		if err := b.recordHead(ctx); err != nil {
+		if err := b.cp.record(head); err != nil {
+			err = b.cp.appendRefusal(err, true)
 			for i := range errs {
 				if errs[i] == nil {
 					errs[i] = err
@@ -352,6 +400,7 @@ func appendEvent(ctx context.Context, q *writeTx, e *Event) error {
 		e.Data = "{}"
 	}
 	e.Hash = HashEvent(*e)
+	e.Sig = q.signer.sign(e.Hash)
 	if err := q.insertEvent(ctx, *e); err != nil {
 		return fmt.Errorf("append event: %w", err)
 	}

@@ -3,7 +3,6 @@ package broker
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"os"
@@ -20,9 +19,10 @@ import (
 )
 
 // A checkpoint file anchors the log outside the database (issue 13): the
-// broker appends the log's head to it, one "SEQ HASH" line per commit,
-// fsynced before the commit's callers hear back, so that no acknowledged
-// event is missing from it. Whoever can rewrite the database (and rehash
+// broker appends the head its commit left to it, one "SEQ HASH" line per
+// commit, fsynced before the commit's callers hear back, so that no
+// acknowledged event is missing from it; and it anchors nothing another
+// writer appended that it did not prove first (proof.go). Whoever can rewrite the database (and rehash
 // the whole chain, or delete its last events) cannot make the log agree
 // with heads already shipped off the machine. docs/broker.md says how an
 // operator ships the file and acts on a mismatch.
@@ -83,8 +83,9 @@ type checkpoint struct {
 	f    *os.File
 	last Head
 	// failed is set when an append failed: the broker takes no new events
-	// until an append of the current head succeeds.
+	// until an append of want, the head it could not record, succeeds.
 	failed error
+	want   Head
 }
 
 // openCheckpoint opens (creating, 0600) the file at path for appending and
@@ -139,11 +140,11 @@ func (c *checkpoint) record(h Head) error {
 		return nil
 	}
 	if _, err := c.f.WriteString(h.String() + "\n"); err != nil {
-		c.failed = err
+		c.failed, c.want = err, h
 		return err
 	}
 	if err := c.f.Sync(); err != nil {
-		c.failed = err
+		c.failed, c.want = err, h
 		return err
 	}
 	c.last, c.failed = h, nil
@@ -165,53 +166,30 @@ func (c *checkpoint) appendRefusal(err error, committed bool) error {
 		With("path", c.path).Retry(5 * time.Second).Wrap(err)
 }
 
-// catchUp records the log's current head if an earlier append failed; it
-// returns the refusal while the file still cannot be written.
-func (b *Broker) catchUp(ctx context.Context) error {
+// catchUp records the head an earlier append failed to record (never the
+// database's head, which this broker may not have written); it returns
+// the refusal while the file still cannot be written.
+func (b *Broker) catchUp() error {
 	c := b.cp
 	c.mu.Lock()
-	failed := c.failed
+	failed, want := c.failed, c.want
 	c.mu.Unlock()
 	if failed == nil {
 		return nil
 	}
-	seq, hash, err := b.st.read().head(ctx)
-	if err != nil {
-		return fmt.Errorf("read log head: %w", err)
-	}
-	if err := c.record(Head{seq, hash}); err != nil {
+	if err := c.record(want); err != nil {
 		return c.appendRefusal(err, false)
 	}
 	return nil
 }
 
-// recordHead appends the log's head after a commit, before the commit's
-// callers hear back. It returns the refusal to give them if it cannot.
-func (b *Broker) recordHead(ctx context.Context) error {
-	seq, hash, err := b.st.read().head(ctx)
-	if err == nil {
-		err = b.cp.record(Head{seq, hash})
-	}
-	if err != nil {
-		return b.cp.appendRefusal(err, true)
-	}
-	return nil
-}
-
-// checkCheckpoint compares the log with every head of the checkpoint file
-// at start; a mismatch halts the broker.
-func (b *Broker) checkCheckpoint(ctx context.Context, heads []Head) error {
-	v, err := b.verify(ctx, heads, false)
-	if err != nil {
-		return err
-	}
-	if !v.OK {
-		b.halted.Store(errdefs.Unavailable(errdefs.LogCheckpointMismatch,
-			"the broker does not serve: the log does not match its checkpoint file %s at event %d (%s); see docs/broker.md, \"When the log does not match\"",
-			b.cp.path, v.FirstBadSeq, v.Reason).With("first_bad_seq", v.FirstBadSeq).With("path", b.cp.path))
-		return nil
-	}
-	return b.cp.record(Head{v.HeadSeq, v.HeadHash})
+// anchor returns the last head recorded: the head this broker last wrote
+// or proved (a head it failed to record is proven again, from its own
+// signatures).
+func (c *checkpoint) anchor() Head {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
 }
 
 // Halted returns why the broker refuses to serve (a log that does not match

@@ -30,6 +30,10 @@ type Event struct {
 	// PrevHash is the previous event's Hash ("" for the first); Hash is the
 	// hex SHA-256 of this event's canonical encoding, which includes PrevHash.
 	PrevHash, Hash string
+	// Sig is the appending host's Ed25519 signature of Hash, "KEYID:BASE64"
+	// (signing.go): the proof that a host, not a database writer, wrote
+	// the event. Hash does not cover it.
+	Sig string
 }
 
 // Event types the broker appends itself. Nobody else may append a type

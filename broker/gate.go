@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/bounds"
@@ -79,8 +80,13 @@ func (q *queries) latestPush(ctx context.Context, business, project, task string
 // reviewEventsAfter returns the task's review.request and review.verdict
 // events after seq, in order.
 func (q *queries) reviewEventsAfter(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND seq > $4 AND type IN ($5, $6) ORDER BY seq`,
+	return q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq > $4 AND type IN ($5, $6)`,
 		business, project, task, seq, TypeReviewRequest, TypeReviewVerdict)
+}
+
+// eventsWhere returns the events that where selects, in order.
+func (q *queries) eventsWhere(ctx context.Context, where string, args ...any) ([]Event, error) {
+	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE `+where+` ORDER BY seq`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -96,13 +102,25 @@ func (q *queries) reviewEventsAfter(ctx context.Context, business, project, task
 	return out, rows.Err()
 }
 
-// latestReopened returns the seq of the task's latest task.reopened
-// event, 0 if it was never reopened.
-func (q *queries) latestReopened(ctx context.Context, business, project, task string) (int64, error) {
-	var seq int64
-	_, err := found(q.db.QueryRowContext(ctx, `SELECT seq FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 ORDER BY seq DESC LIMIT 1`,
-		business, project, task, TypeTaskReopened).Scan(&seq))
-	return seq, err
+// latestReopened returns the task's latest task.reopened event, if any.
+func (q *queries) latestReopened(ctx context.Context, business, project, task string) (Event, bool, error) {
+	e, err := scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 ORDER BY seq DESC LIMIT 1`,
+		business, project, task, TypeTaskReopened))
+	ok, err := found(err)
+	return e, ok, err
+}
+
+// proven refuses, shutting the gate of task t, an event the gate read
+// that no trusted host signed (LOG_EVENT_UNPROVEN): a row written straight
+// into the database, whatever hash it carries, decides nothing.
+func proven(keys *Keyring, t taskRow, e Event) error {
+	err := keys.prove(e)
+	if err == nil {
+		return nil
+	}
+	return errdefs.FailedPrecondition(errdefs.LogEventUnproven,
+		"task %s: the gate reads %s, which %v; the gate stays shut: run 'bushost log verify' and see docs/broker.md, \"Who wrote an event\"",
+		scopeString(t.Business, t.Project, t.Task), describe(e), err).With("seq", e.Seq).With("type", e.Type)
 }
 
 // gate decides the close of task t from the log: a task with no push
@@ -110,25 +128,40 @@ func (q *queries) latestReopened(ctx context.Context, business, project, task st
 // latest push (same push event, same commit) approves it, and was recorded
 // after the task's latest task.reopened: a reopening withdraws the
 // approvals given before it, so the approve that closed the task once
-// cannot close (or land) it again. It returns the commit that closes with
-// the task ("" with no push).
-func gate(ctx context.Context, q *queries, t taskRow) (string, error) {
+// cannot close (or land) it again. Every event it reads must be proven by
+// keys (a few signatures, whatever the log's length). It returns the
+// commit that closes with the task ("" with no push).
+func gate(ctx context.Context, q *queries, keys *Keyring, t taskRow) (string, error) {
 	push, pf, ok, err := q.latestPush(ctx, t.Business, t.Project, t.Task)
 	if err != nil || !ok {
+		return "", err
+	}
+	if err := proven(keys, t, push); err != nil {
 		return "", err
 	}
 	evs, err := q.reviewEventsAfter(ctx, t.Business, t.Project, t.Task, push.Seq)
 	if err != nil {
 		return "", err
 	}
-	reopened, err := q.latestReopened(ctx, t.Business, t.Project, t.Task)
-	if err != nil {
+	for _, e := range evs {
+		if err := proven(keys, t, e); err != nil {
+			return "", err
+		}
+	}
+	var reopened int64
+	if re, ok, err := q.latestReopened(ctx, t.Business, t.Project, t.Task); err != nil {
 		return "", err
+	} else if ok {
+		if err := proven(keys, t, re); err != nil {
+			return "", err
+		}
+		reopened = re.Seq
 	}
 	withdrawn := false
 	forPush := func(f eventFields) bool { return f.PushSeq == push.Seq && f.Commit == pf.Commit }
 	requests := map[string]bool{}
 	var requestID, verdict string
+	var approval Event
 scan:
 	for _, e := range evs {
 		f, err := fieldsOf(e)
@@ -146,7 +179,7 @@ scan:
 			// Given before the task was reopened: it no longer counts.
 			requestID, withdrawn = f.RequestID, true
 		case e.Type == TypeReviewVerdict && requests[f.RequestID]:
-			requestID, verdict = f.RequestID, f.Verdict
+			requestID, verdict, approval = f.RequestID, f.Verdict, e
 			if verdict != Approve {
 				// One verdict per request: a reject stands.
 				break scan
@@ -168,5 +201,48 @@ scan:
 		return "", errdefs.FailedPrecondition(errdefs.GateNoApproval, "task %s cannot close: its latest push %s was rejected (request %s)", scope, pf.Commit, requestID).
 			With("commit", pf.Commit).With("request", requestID).With("review", "rejected")
 	}
+	if err := approvedBy(ctx, q, keys, t, push, evs, approval); err != nil {
+		return "", err
+	}
 	return pf.Commit, nil
+}
+
+// approvedBy checks, from the log, that the approving verdict's actor
+// could give it: the verdict is signed by a host, but the host decided
+// from the grants and review_requests tables, which a database writer can
+// edit (a grant row of its own making, a request's pusher changed). So
+// the gate replays the task's grant events before the verdict, its latest
+// push and the reviews after it, as log verify does (verdictAuthority),
+// at the cost of one more read of the task's events and a few proofs.
+func approvedBy(ctx context.Context, q *queries, keys *Keyring, t taskRow, push Event, reviews []Event, approval Event) error {
+	grants, err := q.grantEventsBefore(ctx, t.Business, t.Project, t.Task, approval.Seq)
+	if err != nil {
+		return err
+	}
+	for _, e := range grants {
+		if err := proven(keys, t, e); err != nil {
+			return err
+		}
+	}
+	replay := append(append(grants, push), reviews...)
+	sort.Slice(replay, func(i, j int) bool { return replay[i].Seq < replay[j].Seq })
+	rb := newRebuild()
+	for _, e := range replay {
+		if e.Seq > approval.Seq {
+			break
+		}
+		if why := rb.apply(e); why != "" && e.Seq == approval.Seq {
+			return errdefs.FailedPrecondition(errdefs.GateVerdictInvalid,
+				"task %s cannot close: its approve, %s, %s, as the log shows; the gate stays shut: run 'bushost log verify' and see docs/broker.md, \"Who wrote an event\"",
+				scopeString(t.Business, t.Project, t.Task), describe(approval), why).With("seq", approval.Seq)
+		}
+	}
+	return nil
+}
+
+// grantEventsBefore returns the task's grant.created and grant.revoked
+// events before seq, in order.
+func (q *queries) grantEventsBefore(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
+	return q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq < $4 AND type IN ($5, $6)`,
+		business, project, task, seq, TypeGrantCreated, TypeGrantRevoked)
 }

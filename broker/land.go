@@ -57,7 +57,7 @@ func (q *queries) landedEvent(ctx context.Context, business, project, task strin
 }
 
 // landable returns the commit the task may land: its latest push, approved.
-func landable(ctx context.Context, q *queries, business, project, task string) (taskRow, string, error) {
+func landable(ctx context.Context, q *queries, keys *Keyring, business, project, task string) (taskRow, string, error) {
 	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil || task == "" {
 		if err == nil {
 			err = fmt.Errorf("no task name")
@@ -69,6 +69,9 @@ func landable(ctx context.Context, q *queries, business, project, task string) (
 		return taskRow{}, "", err
 	}
 	if ok {
+		if err := proven(keys, taskRow{Business: business, Project: project, Task: task}, e); err != nil {
+			return taskRow{}, "", err
+		}
 		var f landingFields
 		_ = json.Unmarshal([]byte(e.Data), &f)
 		return taskRow{}, "", errdefs.FailedPrecondition(errdefs.TaskLanded, "task %s already landed %s on main (event %d)", scopeString(business, project, task), f.Commit, e.Seq).
@@ -78,7 +81,7 @@ func landable(ctx context.Context, q *queries, business, project, task string) (
 	if err != nil {
 		return t, "", err
 	}
-	commit, err := gate(ctx, q, t)
+	commit, err := gate(ctx, q, keys, t)
 	if err != nil {
 		return t, "", err
 	}
@@ -97,7 +100,7 @@ func (b *Broker) LandApproved(ctx context.Context, g authz.Grant, business, proj
 		return "", err
 	}
 	q := b.st.read()
-	t, commit, err := landable(ctx, q, business, project, task)
+	t, commit, err := landable(ctx, q, b.keys, business, project, task)
 	if err != nil || force {
 		return commit, err
 	}
@@ -199,7 +202,7 @@ func (b *Broker) RecordLanding(ctx context.Context, g authz.Grant, l authz.Landi
 		if err := writable(ctx, &q.queries, b.hostID, l.Business, l.Project); err != nil {
 			return err
 		}
-		t, commit, err := landable(ctx, &q.queries, l.Business, l.Project, l.Task)
+		t, commit, err := landable(ctx, &q.queries, b.keys, l.Business, l.Project, l.Task)
 		if err != nil {
 			return err
 		}

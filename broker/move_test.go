@@ -13,12 +13,7 @@ import (
 // hostEnv is newEnv for a broker that names its host.
 func hostEnv(t *testing.T, dsn, id string) *env {
 	t.Helper()
-	b, err := Open(context.Background(), Options{DSN: dsn, AdminToken: adminToken, HostID: id})
-	if err != nil {
-		t.Fatalf("Open %s: %v", id, err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return &env{t: t, b: b, srv: NewServer(b), admin: adminToken, dsn: dsn}
+	return newEnvWith(t, Options{DSN: dsn, AdminToken: adminToken, HostID: id})
 }
 
 // claim is what an export file of ex would say of itself.

@@ -18,7 +18,7 @@ func TestPlacement(t *testing.T) {
 			dsn := k.dsn(t)
 			ctx := context.Background()
 			open := func(id string) *Broker {
-				b, err := Open(ctx, Options{DSN: dsn, AdminToken: adminToken, HostID: id})
+				b, err := Open(ctx, Options{DSN: dsn, AdminToken: adminToken, HostID: id, SigningKey: testKey})
 				if err != nil {
 					t.Fatalf("Open %s: %v", id, err)
 				}

@@ -66,6 +66,10 @@ var postgresSchema = [][]string{{
 	// a grant's minute of events and bytes, per kind, as of at (unix ns).
 	`CREATE TABLE quota_buckets (grant_id TEXT NOT NULL, kind TEXT NOT NULL,
 		events DOUBLE PRECISION NOT NULL, bytes DOUBLE PRECISION NOT NULL, at BIGINT NOT NULL, PRIMARY KEY (grant_id, kind))`,
+}, {
+	// The appending host's signature of each event's hash (signing.go):
+	// "KEYID:BASE64"; '' in a log written before signing.
+	`ALTER TABLE events ADD COLUMN sig TEXT NOT NULL DEFAULT ''`,
 }}
 
 // writeLockKey, with the schema's name, is the advisory lock every write

@@ -295,11 +295,11 @@ func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) 
 					r.Commit, scope, r.ID, r.VerdictSeq).
 					With("request", r.ID).With("commit", r.Commit).With("verdict", r.Verdict)
 			}
-			reopened, err := q.latestReopened(ctx, t.Business, t.Project, t.Task)
+			re, hasReopen, err := q.latestReopened(ctx, t.Business, t.Project, t.Task)
 			if err != nil {
 				return err
 			}
-			if r.VerdictSeq < reopened {
+			if reopened := re.Seq; hasReopen && r.VerdictSeq < reopened {
 				return errdefs.FailedPrecondition(errdefs.VerdictGiven,
 					"the verdict on the latest push %s of task %s (request %s, event %d) was given before the task was reopened (event %d): push a new commit, then ask for its review",
 					r.Commit, scope, r.ID, r.VerdictSeq, reopened).
@@ -414,7 +414,7 @@ func (b *Broker) CloseTask(ctx context.Context, g authz.Grant, peer string) (int
 			return err
 		}
 		data := map[string]any{}
-		closing, err := gate(ctx, &q.queries, t)
+		closing, err := gate(ctx, &q.queries, b.keys, t)
 		if err != nil {
 			return err
 		}

@@ -63,6 +63,10 @@ var sqliteSchema = [][]string{{
 	// a grant's minute of events and bytes, per kind, as of at (unix ns).
 	`CREATE TABLE quota_buckets (grant_id TEXT NOT NULL, kind TEXT NOT NULL,
 		events REAL NOT NULL, bytes REAL NOT NULL, at INTEGER NOT NULL, PRIMARY KEY (grant_id, kind))`,
+}, {
+	// The appending host's signature of each event's hash (signing.go):
+	// "KEYID:BASE64"; '' in a log written before signing.
+	`ALTER TABLE events ADD COLUMN sig TEXT NOT NULL DEFAULT ''`,
 }}
 
 // sqliteDSN is the driver's DSN for the database file at path: WAL so

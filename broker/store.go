@@ -128,6 +128,9 @@ func (s *sqlStore) migrate(ctx context.Context) error {
 type writeTx struct {
 	queries
 	tx *sql.Tx
+	// signer signs each event appended (signing.go); nil in a
+	// transaction that appends nothing.
+	signer *Signer
 	// The log's head as this transaction last appended it: it holds the
 	// write lock, so nobody else can move it. Forgotten at a rollback.
 	headSeq   int64
@@ -356,16 +359,16 @@ func (q *queries) head(ctx context.Context) (int64, string, error) {
 }
 
 func (q *queries) insertEvent(ctx context.Context, e Event) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO events (seq, business, project, task, type, actor, data, time, peer, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
-		e.Seq, e.Business, e.Project, e.Task, e.Type, e.Actor, e.Data, e.Time, e.Peer, e.PrevHash, e.Hash)
+	_, err := q.db.ExecContext(ctx, `INSERT INTO events (`+eventCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		e.Seq, e.Business, e.Project, e.Task, e.Type, e.Actor, e.Data, e.Time, e.Peer, e.PrevHash, e.Hash, e.Sig)
 	return err
 }
 
-const eventCols = `seq, business, project, task, type, actor, data, time, peer, prev_hash, hash`
+const eventCols = `seq, business, project, task, type, actor, data, time, peer, prev_hash, hash, sig`
 
 func scanEvent(s interface{ Scan(...any) error }) (Event, error) {
 	var e Event
-	err := s.Scan(&e.Seq, &e.Business, &e.Project, &e.Task, &e.Type, &e.Actor, &e.Data, &e.Time, &e.Peer, &e.PrevHash, &e.Hash)
+	err := s.Scan(&e.Seq, &e.Business, &e.Project, &e.Task, &e.Type, &e.Actor, &e.Data, &e.Time, &e.Peer, &e.PrevHash, &e.Hash, &e.Sig)
 	return e, err
 }
 

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -67,13 +68,18 @@ func eachStore(t *testing.T, fn func(t *testing.T, e *env)) {
 
 func newEnv(t testing.TB, dsn string) *env {
 	t.Helper()
-	b, err := Open(context.Background(), Options{DSN: dsn, AdminToken: adminToken})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return &env{t: t, b: b, srv: NewServer(b), admin: adminToken, dsn: dsn}
+	return newEnvWith(t, Options{DSN: dsn, AdminToken: adminToken})
 }
+
+// testKey signs what the tests' brokers append, unless a test gives its
+// own (two hosts with keys of their own: signing_test.go).
+var testKey = func() ed25519.PrivateKey {
+	k, _, err := NewSigningKey()
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
 
 func withToken(tok string) context.Context {
 	return metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tok))

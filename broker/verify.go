@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/bushost/bushost/internal/authz"
 )
 
 // Verification is what VerifyLog found.
@@ -29,6 +31,12 @@ type Verification struct {
 // maxDifferences bounds the differences reported; the rest are counted.
 const maxDifferences = 100
 
+// VerifyLog checks who wrote each event: a trusted host's signature of
+// its hash (signing.go), naming the events it cannot prove; and, from the
+// log alone, that each verdict's actor could give it (its grant held
+// review.verdict on that task, unrevoked and unexpired, and did not push
+// the commit it judges).
+//
 // VerifyLog checks the log: the hash chain from the first event (each seq
 // one more than the last, each prev_hash the last event's hash, each hash
 // the hash of its own canonical encoding); each recorded head (event SEQ
@@ -42,6 +50,8 @@ func (b *Broker) VerifyLog(ctx context.Context, heads ...Head) (Verification, er
 	return b.verify(ctx, heads, true)
 }
 
+// verify checks the chain and heads; with derived, also every event's
+// proof, the verdicts' authority and the derived tables.
 func (b *Broker) verify(ctx context.Context, heads []Head, derived bool) (Verification, error) {
 	tx, err := b.st.snapshot(ctx, true)
 	if err != nil {
@@ -62,6 +72,10 @@ func (b *Broker) verify(ctx context.Context, heads []Head, derived bool) (Verifi
 	prevHash := ""
 	chainOK := true
 	rb := newRebuild()
+	var pv *prover
+	if derived {
+		pv = newProver(b.keys)
+	}
 	err = q.eachEvent(ctx, func(e Event) error {
 		v.Events++
 		if chainOK {
@@ -77,6 +91,9 @@ func (b *Broker) verify(ctx context.Context, heads []Head, derived bool) (Verifi
 				chainOK = false
 			}
 		}
+		if derived {
+			pv.add(e)
+		}
 		for len(heads) > 0 && heads[0].Seq < e.Seq {
 			bad(heads[0].Seq, "recorded head %d is missing from the log", heads[0].Seq)
 			heads = heads[1:]
@@ -90,10 +107,17 @@ func (b *Broker) verify(ctx context.Context, heads []Head, derived bool) (Verifi
 		prevSeq, prevHash = e.Seq, e.Hash
 		v.HeadSeq, v.HeadHash = e.Seq, e.Hash
 		if derived {
-			rb.apply(e)
+			if why := rb.apply(e); why != "" {
+				bad(e.Seq, "%s %s", describe(e), why)
+			}
 		}
 		return nil
 	})
+	if derived {
+		if u := pv.done(); u.n > 0 {
+			bad(u.first(), "events not proven (%d): %s", u.n, u)
+		}
+	}
 	if err != nil {
 		return Verification{}, fmt.Errorf("read log: %w", err)
 	}
@@ -132,16 +156,18 @@ func newRebuild() *rebuild {
 	return &rebuild{tasks: map[string]taskRow{}, grants: map[string]grantRow{}, requests: map[string]requestRow{}, pushActors: map[int64]string{}}
 }
 
-func (r *rebuild) apply(e Event) {
+// apply replays e onto the derived state. For a verdict it returns why
+// the log alone shows its actor could not give it ("" when it could).
+func (r *rebuild) apply(e Event) string {
 	key := scopeString(e.Business, e.Project, e.Task)
 	if e.Type != TypeTaskAdded && !strings.HasPrefix(e.Type, "action.") && !strings.HasPrefix(e.Type, "task.") &&
 		!strings.HasPrefix(e.Type, "grant.") && !strings.HasPrefix(e.Type, "review.") {
-		return
+		return ""
 	}
 	f, err := fieldsOf(e)
 	if err != nil {
 		r.problems = append(r.problems, err.Error())
-		return
+		return ""
 	}
 	switch {
 	case e.Type == TypeTaskAdded:
@@ -183,10 +209,49 @@ func (r *rebuild) apply(e Event) {
 		r.requests[f.RequestID] = requestRow{ID: f.RequestID, Business: e.Business, Project: e.Project, Task: e.Task,
 			PushSeq: f.PushSeq, Commit: f.Commit, PushActor: r.pushActors[f.PushSeq], RequestSeq: e.Seq}
 	case e.Type == TypeReviewVerdict:
+		why := r.verdictAuthority(e, f)
 		q := r.requests[f.RequestID]
 		q.Verdict, q.VerdictSeq, q.Reviewer = f.Verdict, e.Seq, e.Actor
 		r.requests[f.RequestID] = q
+		return why
 	}
+	return ""
+}
+
+// verdictAuthority says why verdict e could not have been given, from the
+// log replayed so far: its request must be of the same task and commit
+// and have no verdict yet, and its actor's grant must have been created
+// for that task with review.verdict, not revoked, not expired at the
+// verdict's time, and must not be the grant that pushed the commit.
+func (r *rebuild) verdictAuthority(e Event, f eventFields) string {
+	req, ok := r.requests[f.RequestID]
+	switch {
+	case !ok || scopeString(req.Business, req.Project, req.Task) != scopeString(e.Business, e.Project, e.Task):
+		return fmt.Sprintf("judges request %q, which the log holds for no such task", clip(f.RequestID))
+	case req.Verdict != "":
+		return fmt.Sprintf("is a second verdict on request %s (the first is event %d)", req.ID, req.VerdictSeq)
+	case f.Commit != req.Commit:
+		return fmt.Sprintf("judges commit %s, but request %s is for %s", clip(f.Commit), req.ID, req.Commit)
+	}
+	g, ok := r.grants[e.Actor]
+	switch {
+	case !ok:
+		return fmt.Sprintf("is by %q, which no grant.created in the log names", clip(e.Actor))
+	case scopeString(g.Business, g.Project, g.Task) != scopeString(e.Business, e.Project, e.Task):
+		return fmt.Sprintf("is by grant %s, which is for task %s", g.ID, scopeString(g.Business, g.Project, g.Task))
+	case !slices.Contains(g.Caps, authz.CapReviewVerdict):
+		return fmt.Sprintf("is by grant %s, which does not hold %s", g.ID, authz.CapReviewVerdict)
+	case g.RevokedSeq != 0:
+		return fmt.Sprintf("is by grant %s, revoked at event %d", g.ID, g.RevokedSeq)
+	case req.PushActor == e.Actor:
+		return fmt.Sprintf("is by grant %s, which pushed the commit it judges", g.ID)
+	}
+	// The log keeps the expiry to the second: the grant lived until the
+	// end of that second at most.
+	if at, err := time.Parse(time.RFC3339Nano, e.Time); err != nil || !at.Before(time.Unix(g.ExpiresAt+1, 0)) {
+		return fmt.Sprintf("is by grant %s at %s, after it expired (%s)", g.ID, clip(e.Time), time.Unix(g.ExpiresAt, 0).UTC().Format(time.RFC3339))
+	}
+	return ""
 }
 
 // compare reads the derived tables and lists every row that differs from

@@ -19,8 +19,8 @@ import (
 // other.
 func TestBrokerTwoHostsSharePostgres(t *testing.T) {
 	dsn := pgtest.SchemaDSN(t, "it", "two bushostd sharing PostgreSQL")
-	a := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
-	b := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
+	hosts := startSharing(t, 2, "--broker-dsn", dsn)
+	a, b := hosts[0], hosts[1]
 	if _, err := os.Stat(filepath.Join(a.Home, "broker.db")); err == nil {
 		t.Fatal("bushostd made broker.db although --broker-dsn names PostgreSQL")
 	}
@@ -111,9 +111,8 @@ func readHostID(t *testing.T, h *Host) string {
 // host (issue 19).
 func TestPushChainThroughTwoHosts(t *testing.T) {
 	dsn := pgtest.SchemaDSN(t, "chain", "eight workers through two hosts")
-	args := []string{"--broker-dsn", dsn, "--max-calls-per-grant", "32"}
-	a := startHostWith(t, hostOpts{Args: args})
-	b := startHostWith(t, hostOpts{Args: args})
+	hosts := startSharing(t, 2, "--broker-dsn", dsn, "--max-calls-per-grant", "32")
+	a, b := hosts[0], hosts[1]
 	a.AddProject(t, "acme", "web")
 	worker := a.Grant(t, "acme", "web", "t1", "worker", "git.push.working")
 
@@ -220,8 +219,8 @@ func TestPushChainThroughTwoHosts(t *testing.T) {
 // push recorded (issue 19).
 func TestKillOneHostMidPush(t *testing.T) {
 	dsn := pgtest.SchemaDSN(t, "killone", "one of two hosts killed mid-push")
-	a := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
-	b := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
+	hosts := startSharing(t, 2, "--broker-dsn", dsn)
+	a, b := hosts[0], hosts[1]
 	a.AddProject(t, "acme", "web")
 	b.AddProject(t, "acme", "api")
 	wa := a.Grant(t, "acme", "web", "t1", "worker", "git.push.working")

@@ -3,6 +3,8 @@ package integration
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -11,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bushost/bushost/broker"
 )
 
 // Host is a running bushostd on a home of its own, and the bushost client
@@ -91,6 +95,44 @@ func startHostWith(t testing.TB, o hostOpts) *Host {
 		}
 	})
 	return h
+}
+
+// startSharing starts n bushostd that share one broker store (args name
+// it, with any other flags), each with a log signing key of its own and
+// all trusting every one of those keys, as docs/scaling.md sets hosts up.
+func startSharing(t testing.TB, n int, args ...string) []*Host {
+	t.Helper()
+	var hosts []*Host
+	for _, a := range sharedLogKeys(t, n) {
+		hosts = append(hosts, startHostWith(t, hostOpts{Args: append(append([]string{}, args...), a...)}))
+	}
+	return hosts
+}
+
+// sharedLogKeys makes the signing keys of n hosts sharing one store and a
+// trusted-keys file listing them all, and returns each host's flags.
+func sharedLogKeys(t testing.TB, n int) [][]string {
+	t.Helper()
+	dir := baseDir(t)
+	trusted := filepath.Join(dir, "trusted-keys")
+	var list []byte
+	var out [][]string
+	for i := 0; i < n; i++ {
+		key, data, err := broker.NewSigningKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, fmt.Sprintf("log-%d.key", i))
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		list = append(list, broker.PublicKeyPEM(key.Public().(ed25519.PublicKey), fmt.Sprintf("host %d", i))...)
+		out = append(out, []string{"--log-key", path, "--log-trusted-keys", trusted})
+	}
+	if err := os.WriteFile(trusted, list, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func (h *Host) start(t testing.TB) {

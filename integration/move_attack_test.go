@@ -18,9 +18,8 @@ import (
 // third host and on the host that wrote it.
 func TestMoveHostile(t *testing.T) {
 	dsn := pgtest.SchemaDSN(t, "movehostile", "a move tried by a session and by two hosts at once")
-	a := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
-	b := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
-	c := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
+	started := startSharing(t, 3, "--broker-dsn", dsn)
+	a, b, c := started[0], started[1], started[2]
 	aID := readHostID(t, a)
 	base := filepath.Dir(a.Home)
 	a.AddProject(t, "acme", "web")

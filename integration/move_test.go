@@ -25,8 +25,8 @@ import (
 // whose old copy is replaced, and A serves it after a restart.
 func TestMoveProjectBetweenHosts(t *testing.T) {
 	dsn := pgtest.SchemaDSN(t, "move", "moving a project between two hosts")
-	a := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
-	b := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
+	hosts := startSharing(t, 2, "--broker-dsn", dsn)
+	a, b := hosts[0], hosts[1]
 	aID, bID := readHostID(t, a), readHostID(t, b)
 	base := filepath.Dir(a.Home)
 	root := a.AddProject(t, "acme", "web")

@@ -84,7 +84,7 @@ func init() {
 		words: "log verify",
 		short: "check the log's hash chain and derived tables",
 		usage: "log verify [--head SEQ:HASH] [--checkpoint-file PATH]",
-		help:  "Host: recompute the log's hash chain, check each recorded head (--head, every line of a checkpoint file) is still in the log, and compare the derived tables with the log; exits 1 naming the first bad event and every differing row.",
+		help:  "Host: recompute the log's hash chain, prove each event was signed by a trusted host (bushostd serve --log-trusted-keys), check each verdict's actor could give it, check each recorded head (--head, every line of a checkpoint file) is still in the log, and compare the derived tables with the log; exits 1 naming the first bad event, the unproven ones and every differing row.",
 		setup: runLogVerify,
 	})
 }
@@ -525,10 +525,10 @@ func runLogVerify(fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("the derived tables differ from the log in %d rows (above); the gate decides from the log", len(r.Differences))
 			}
 			if len(heads) == 0 {
-				return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, derived tables agree; no recorded head was given to check the log against "+
+				return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, each signed by a trusted host, derived tables agree; no recorded head was given to check the log against "+
 					"(record one with 'bushost log head', or run bushostd with --checkpoint-file; then --head SEQ:HASH or --checkpoint-file PATH)", r.Events), obj)
 			}
-			return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, %d recorded heads match, derived tables agree", r.Events, len(heads)), obj)
+			return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, each signed by a trusted host, %d recorded heads match, derived tables agree", r.Events, len(heads)), obj)
 		})
 	}
 }

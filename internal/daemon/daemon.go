@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -86,6 +87,12 @@ type Options struct {
 	// of its log ("SEQ HASH" lines, fsynced) and what it checks the log
 	// against at start (broker.Options.CheckpointFile).
 	CheckpointFile string
+	// LogKey is the file holding the key this host signs the broker's
+	// events with ("": HOME/log.key), made 0600 at first start;
+	// LogTrustedKeys lists the public keys of the other hosts sharing the
+	// store ("": none; this host's own key is always trusted). logkey.go.
+	LogKey         string
+	LogTrustedKeys string
 	// Committer is "NAME <EMAIL>" of the merge commits `task land --merge`
 	// makes (gitd.DefaultCommitter when empty).
 	Committer string
@@ -209,17 +216,34 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	signingKey, trusted, keyMade, keepKey, err := logKeys(o.Home, o.LogKey, o.LogTrustedKeys, hostID)
+	if err != nil {
+		return err
+	}
 	dsn := o.BrokerDSN
 	if dsn == "" {
 		dsn = filepath.Join(o.Home, BrokerDB)
 	}
 	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate,
 		EgressRate: o.EgressRate, EgressBytesRate: o.EgressBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID,
-		ReposDir: filepath.Join(o.Home, ReposDir), Postgres: o.BrokerPostgres})
+		ReposDir: filepath.Join(o.Home, ReposDir), Postgres: o.BrokerPostgres,
+		SigningKey: signingKey, TrustedKeys: trusted, AdoptUnsigned: keyMade})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
 	}
 	defer b.Close()
+	if keyMade {
+		// Kept only now that the broker opened with it, so that a start
+		// that failed before makes the same key again and adopts the log.
+		if err := keepKey(); err != nil {
+			return err
+		}
+		log.Info("made the host's log signing key; list its public key in every host's --log-trusted-keys when hosts share the broker",
+			"key", broker.KeyID(signingKey.Public().(ed25519.PublicKey)), "public", filepath.Join(o.Home, LogPubFile))
+	}
+	if n := b.Adopted(); n > 0 {
+		log.Info("signed the log's events written before signing", "through_seq", n)
+	}
 	halted := b.Halted()
 	if halted != nil {
 		log.Error("the broker refuses to serve; the git service serves fetches only (docs/broker.md, \"When the log does not match\")", "err", halted)
