@@ -25,6 +25,13 @@ const DefaultCommitter = "bushost <bushost@localhost>"
 // maxConflictPaths bounds the paths a MERGE_CONFLICT names.
 const maxConflictPaths = 100
 
+// maxMergeTreeOutput bounds what merge-tree's answer is read of: its tree
+// id, then the conflicting paths, of which a refusal names the first 100.
+const maxMergeTreeOutput = 1 << 20
+
+// maxTreeListing bounds the listing of a merge's whole tree.
+const maxTreeListing = 64 << 20
+
 // ParseCommitter splits "NAME <EMAIL>" for git's environment.
 func ParseCommitter(s string) (name, email string, err error) {
 	name, rest, ok := strings.Cut(s, "<")
@@ -190,9 +197,13 @@ func (s *Service) intoPool(ctx context.Context, t repo, q *bundle.Quarantine, ap
 // refuse with MERGE_CONFLICT naming them.
 func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine, old, approved, task string) (string, error) {
 	out, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-tree",
-		Flags: []string{"--write-tree", "--name-only", "--no-messages", "-z"}, Args: []string{old, approved}, Env: q.Env()})
+		Flags: []string{"--write-tree", "--name-only", "--no-messages", "-z"}, Args: []string{old, approved}, Env: q.Env()}, maxMergeTreeOutput)
 	fields := bytes.Split(out, []byte{0})
-	if err != nil && gitcmd.ExitCode(err) != 1 {
+	// A clean merge prints its tree's id alone: output past the cap is a
+	// list of conflicts, cut short (and its last path with it).
+	if errdefs.ReasonOf(err) == errdefs.GitOutputTooLarge && len(fields) > 1 {
+		fields = fields[:len(fields)-1]
+	} else if err != nil && gitcmd.ExitCode(err) != 1 {
 		return "", fmt.Errorf("merge main %s with %s: %w", old, approved, err)
 	}
 	if len(fields) == 0 || !plumbing.IsHash(string(fields[0])) {
@@ -221,7 +232,7 @@ func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 	env := append(q.Env(), "GIT_AUTHOR_NAME="+name, "GIT_AUTHOR_EMAIL="+email, "GIT_COMMITTER_NAME="+name, "GIT_COMMITTER_EMAIL="+email)
 	msg := fmt.Sprintf("Land task %s\n\nMerge approved commit %s into main.\n", task, approved)
 	return s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "commit-tree",
-		Flags: []string{"-p" + old, "-p" + approved, "-m" + msg}, Args: []string{tree}, Env: env})
+		Flags: []string{"-p" + old, "-p" + approved, "-m" + msg}, Args: []string{tree}, Env: env}, gitcmd.MaxLine)
 }
 
 // checkMergeGitmodules checks every .gitmodules blob of merge's tree that
@@ -234,7 +245,7 @@ func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 // fast-forward's trees are a push's, checked when they came in.
 func (s *Service) checkMergeGitmodules(ctx context.Context, r repo, q *bundle.Quarantine, merge string) error {
 	out, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "ls-tree",
-		Flags: []string{"-r", "-z", "--full-tree"}, Args: []string{merge}, Env: q.Env()})
+		Flags: []string{"-r", "-z", "--full-tree"}, Args: []string{merge}, Env: q.Env()}, maxTreeListing)
 	if err != nil {
 		return fmt.Errorf("read the merge's tree: %w", err)
 	}
@@ -250,14 +261,14 @@ func (s *Service) checkMergeGitmodules(ctx context.Context, r repo, q *bundle.Qu
 		if before(id) {
 			continue // the pool's: main's, or landed work's
 		}
-		size, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-s"}, Args: []string{f[2]}, Env: q.Env()})
+		size, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-s"}, Args: []string{f[2]}, Env: q.Env()}, gitcmd.MaxLine)
 		if err != nil {
 			return fmt.Errorf("read the merge's %s: %w", p, err)
 		}
 		if n, _ := strconv.ParseInt(size, 10, 64); n > maxGitmodulesBytes {
 			return refuseBeyond(errdefs.GitmodulesParse, id, "it is %d bytes, over %d", n, maxGitmodulesBytes)
 		}
-		data, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-p"}, Args: []string{f[2]}, Env: q.Env()})
+		data, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-p"}, Args: []string{f[2]}, Env: q.Env()}, maxGitmodulesBytes)
 		if err != nil {
 			return fmt.Errorf("read the merge's %s: %w", p, err)
 		}

@@ -246,7 +246,7 @@ func (s *Service) checkCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 		typ = t.String()
 	} else {
 		c := gitcmd.Cmd{GitDir: r.gitDir(), Sub: "cat-file", Flags: []string{"-t"}, Args: []string{commit}, Env: q.Env()}
-		if typ, err = s.git.Line(ctx, c); err != nil {
+		if typ, err = s.git.Line(ctx, c, gitcmd.MaxLine); err != nil {
 			return errdefs.InvalidArgument(errdefs.BundleInvalid, "the bundle's ref names %s, which neither the bundle nor the repository holds", commit).With("commit", commit)
 		}
 	}

@@ -46,7 +46,7 @@ func newPackRepo(t *testing.T) *packRepo {
 func (p *packRepo) object(typ string, content []byte) string {
 	p.t.Helper()
 	id, err := p.git.Line(context.Background(), gitcmd.Cmd{GitDir: p.dir, Sub: "hash-object",
-		Flags: []string{"-w", "--literally", "--stdin", "-t" + typ}, Stdin: bytes.NewReader(content)})
+		Flags: []string{"-w", "--literally", "--stdin", "-t" + typ}, Stdin: bytes.NewReader(content)}, gitcmd.MaxLine)
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -343,7 +343,7 @@ func BenchmarkScanPack(b *testing.B) {
 	var ids []string
 	for i := 0; i < 200; i++ {
 		id, err := g.Line(context.Background(), gitcmd.Cmd{GitDir: p.dir, Sub: "hash-object",
-			Flags: []string{"-w", "--stdin", "-tblob"}, Stdin: bytes.NewReader(randomBytes(35000))})
+			Flags: []string{"-w", "--stdin", "-tblob"}, Stdin: bytes.NewReader(randomBytes(35000))}, gitcmd.MaxLine)
 		if err != nil {
 			b.Fatal(err)
 		}

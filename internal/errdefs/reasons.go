@@ -105,6 +105,8 @@ const (
 	CommentTooLarge    Reason = "COMMENT_TOO_LARGE"
 	EventDataTooLarge  Reason = "EVENT_DATA_TOO_LARGE"
 	EventBatchTooLarge Reason = "EVENT_BATCH_TOO_LARGE"
+	// A git process printed more than its caller's cap (internal/gitcmd).
+	GitOutputTooLarge Reason = "GIT_OUTPUT_TOO_LARGE"
 
 	GitDirUnsafe        Reason = "GIT_DIR_UNSAFE"
 	AgentProcessRunning Reason = "AGENT_PROCESS_RUNNING"
