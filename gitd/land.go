@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"path"
-	"strconv"
 	"strings"
 
 	"github.com/go-git/go-git/v5/plumbing"
@@ -28,9 +26,6 @@ const maxConflictPaths = 100
 // maxMergeTreeOutput bounds what merge-tree's answer is read of: its tree
 // id, then the conflicting paths, of which a refusal names the first 100.
 const maxMergeTreeOutput = 1 << 20
-
-// maxTreeListing bounds the listing of a merge's whole tree.
-const maxTreeListing = 64 << 20
 
 // ParseCommitter splits "NAME <EMAIL>" for git's environment.
 func ParseCommitter(s string) (name, email string, err error) {
@@ -127,10 +122,12 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 		if err != nil {
 			return LandResult{}, err
 		}
-		if err := s.checkMergeGitmodules(ctx, r, q, res.Merge); err != nil {
+		res.MainNew = res.Merge
+	}
+	if res.MainNew != old {
+		if err := s.checkLanding(ctx, r, q, res.MainNew, res.Merge != ""); err != nil {
 			return LandResult{}, err
 		}
-		res.MainNew = res.Merge
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
@@ -233,53 +230,6 @@ func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 	msg := fmt.Sprintf("Land task %s\n\nMerge approved commit %s into main.\n", task, approved)
 	return s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "commit-tree",
 		Flags: []string{"-p" + old, "-p" + approved, "-m" + msg}, Args: []string{tree}, Env: env}, gitcmd.MaxLine)
-}
-
-// checkMergeGitmodules checks every .gitmodules blob of merge's tree that
-// the pool did not hold before the landing. merge-tree merges two sides'
-// .gitmodules as text into a new blob, which no push's checks (git's fsck
-// or the beyond-git walk) ever saw: two approved works, each with a sound
-// .gitmodules, could merge into one git refuses (submodule "a" beside a
-// nested "a/b"). Such a landing is refused with the walk's reason, before
-// anything is recorded. Only a --merge landing writes new blobs: a
-// fast-forward's trees are a push's, checked when they came in.
-func (s *Service) checkMergeGitmodules(ctx context.Context, r repo, q *bundle.Quarantine, merge string) error {
-	out, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "ls-tree",
-		Flags: []string{"-r", "-z", "--full-tree"}, Args: []string{merge}, Env: q.Env()}, maxTreeListing)
-	if err != nil {
-		return fmt.Errorf("read the merge's tree: %w", err)
-	}
-	before := objectsBefore([]string{r.objects()})
-	for _, e := range bytes.Split(out, []byte{0}) {
-		// "MODE TYPE ID\tPATH"
-		meta, p, ok := bytes.Cut(e, []byte{'\t'})
-		f := strings.Fields(string(meta))
-		if !ok || len(f) != 3 || f[1] != "blob" || !isDotfile(path.Base(string(p)), "gitmodules", "gi7eba") {
-			continue
-		}
-		id := plumbing.NewHash(f[2])
-		if before(id) {
-			continue // the pool's: main's, or landed work's
-		}
-		size, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-s"}, Args: []string{f[2]}, Env: q.Env()}, gitcmd.MaxLine)
-		if err != nil {
-			return fmt.Errorf("read the merge's %s: %w", p, err)
-		}
-		if n, _ := strconv.ParseInt(size, 10, 64); n > maxGitmodulesBytes {
-			return refuseBeyond(errdefs.GitmodulesParse, id, "it is %d bytes, over %d", n, maxGitmodulesBytes)
-		}
-		data, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-p"}, Args: []string{f[2]}, Env: q.Env()}, maxGitmodulesBytes)
-		if err != nil {
-			return fmt.Errorf("read the merge's %s: %w", p, err)
-		}
-		obj := &plumbing.MemoryObject{}
-		obj.SetType(plumbing.BlobObject)
-		obj.Write(data)
-		if err := checkGitmodulesBlob(obj); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // reconcileMain moves main to the last landing's new main when main is

@@ -94,6 +94,11 @@ func (s *Service) PublishProject(ctx context.Context, business, project, branch 
 	if err != nil {
 		return "", "", err
 	}
+	// The root's checkout and the host's tools expand what is published:
+	// held to the tree bounds as a push and a landing are.
+	if _, err := s.checkResultTree(ctx, gg, main, nil); err != nil {
+		return "", "", err
+	}
 	if head, err := s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "symbolic-ref", Flags: []string{"--quiet"}, Args: []string{"HEAD"}}, gitcmd.MaxLine); err == nil && head == ref {
 		return "", "", errdefs.FailedPrecondition(errdefs.BranchCheckedOut, "%s is the branch checked out in %s: publish to another branch (default %s) and merge it there", branch, root, DefaultPublishBranch).
 			With("branch", branch).With("root", root)

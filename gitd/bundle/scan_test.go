@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -326,6 +327,35 @@ func TestScanObjectCount(t *testing.T) {
 	out.Reset()
 	if err := scanPack(bytes.NewReader(pack), &out, Limits{Objects: 3}, nil); err != nil || !bytes.Equal(out.Bytes(), pack) {
 		t.Fatalf("3 of 3: %v", err)
+	}
+}
+
+// The sum of a pack's declared inflated sizes is bounded, a delta counted
+// by its result: deltas each under the object bound, against one base,
+// are refused once together they pass it, before the trailer (so before
+// git builds any of them); a pack at the bound passes.
+func TestScanInflatedSum(t *testing.T) {
+	base := randomBytes(60 << 10)
+	entries := []rawEntry{{typ: objBlob, data: base}}
+	for i := 0; i < 10; i++ {
+		entries = append(entries, rawEntry{typ: objOfsDelta, data: copyDelta(len(base), 10), ofsBack: 0})
+	}
+	pack := buildPack(entries)
+	total := int64(len(base)) * (1 + 10*10)
+	lim := Limits{BlobBytes: 1 << 20, CommitBytes: 1 << 20, TreeBytes: 1 << 20}
+	var out bytes.Buffer
+	lim.InflatedBytes = total - 1
+	err := scanPack(bytes.NewReader(pack), &out, lim, nil)
+	if e, ok := errdefs.As(err); !ok || e.Reason != errdefs.PushInflatedTooLarge || e.Metadata["entry"] != "11" || e.Metadata["size"] != fmt.Sprint(total) {
+		t.Fatalf("one byte over: %v", err)
+	}
+	if out.Len() > len(pack)-20 {
+		t.Fatalf("%d of %d bytes passed", out.Len(), len(pack))
+	}
+	out.Reset()
+	lim.InflatedBytes = total
+	if err := scanPack(bytes.NewReader(pack), &out, lim, nil); err != nil || !bytes.Equal(out.Bytes(), pack) {
+		t.Fatalf("at the bound: %v", err)
 	}
 }
 

@@ -121,10 +121,14 @@ const (
 
 	ObjectTooLarge     Reason = "OBJECT_TOO_LARGE"
 	PackTooManyObjects Reason = "PACK_TOO_MANY_OBJECTS"
-	EventRateExceeded  Reason = "EVENT_RATE_EXCEEDED"
-	EventBytesRate     Reason = "EVENT_BYTES_RATE_EXCEEDED"
-	TaskQuota          Reason = "TASK_QUOTA_EXCEEDED"
-	ProjectQuota       Reason = "PROJECT_QUOTA_EXCEEDED"
+	// A push's objects together, and what its trees expand to.
+	PushInflatedTooLarge Reason = "PUSH_INFLATED_TOO_LARGE"
+	TreeTooLarge         Reason = "TREE_TOO_LARGE"
+	PackUnreachable      Reason = "PACK_UNREACHABLE_OBJECTS"
+	EventRateExceeded    Reason = "EVENT_RATE_EXCEEDED"
+	EventBytesRate       Reason = "EVENT_BYTES_RATE_EXCEEDED"
+	TaskQuota            Reason = "TASK_QUOTA_EXCEEDED"
+	ProjectQuota         Reason = "PROJECT_QUOTA_EXCEEDED"
 
 	TooManyConnsPerUID   Reason = "TOO_MANY_CONNECTIONS_PER_UID"
 	TooManyCallsPerUID   Reason = "TOO_MANY_CALLS_PER_UID"
