@@ -169,6 +169,9 @@ func New(o Options) (*Service, error) {
 			*f.p = f.def
 		}
 	}
+	if o.MaxTreeDepth > MaxTreeDepthBound {
+		return nil, fmt.Errorf("gitd: MaxTreeDepth %d is over %d", o.MaxTreeDepth, MaxTreeDepthBound)
+	}
 	dir, err := filepath.Abs(o.ReposDir)
 	if err != nil {
 		return nil, fmt.Errorf("gitd: %w", err)

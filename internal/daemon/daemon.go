@@ -158,6 +158,9 @@ func Serve(ctx context.Context, o Options) error {
 		o.EventRate < 0 || o.EventBytesRate < 0 || o.EgressRate < 0 || o.EgressBytesRate < 0 || o.Observe.DrainGrace < 0 {
 		return errors.New("limits must not be negative")
 	}
+	if o.MaxTreeDepth > gitd.MaxTreeDepthBound {
+		return fmt.Errorf("--max-tree-depth: %d is over %d, git's own core.maxTreeDepth", o.MaxTreeDepth, gitd.MaxTreeDepthBound)
+	}
 	if o.Housekeeping != "" && o.Housekeeping != "auto" && o.Housekeeping != "off" {
 		return fmt.Errorf("--housekeeping: %q is neither auto nor off", o.Housekeeping)
 	}
