@@ -165,8 +165,8 @@ func TestPushTreeBounds(t *testing.T) {
 		if after := e.snapshot(); fmt.Sprint(after) != fmt.Sprint(before) {
 			t.Errorf("%s: the refused push left files behind", what)
 		}
-		if e.ref("refs/work/t1") != first {
-			t.Fatalf("%s: the ref moved", what)
+		if e.ref("refs/work/t1") != first || len(e.auth.recorded()) != 1 {
+			t.Fatalf("%s: the ref moved, or the push was recorded", what)
 		}
 	}
 	// b names a's tree again: 11 paths, 5 of them new. The daemon's
@@ -230,6 +230,9 @@ func TestAttackPushUnreachableObject(t *testing.T) {
 	}
 	if after := e.snapshot(); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Errorf("the refused push left files behind")
+	}
+	if len(e.auth.recorded()) != 0 {
+		t.Errorf("the refused push was recorded")
 	}
 	if _, err := e.push("t1", e.packOf(commit, commit, tree, blob)); err != nil {
 		t.Fatalf("the same pack without it: %v", err)
