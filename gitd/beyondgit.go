@@ -1,7 +1,9 @@
 package gitd
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 
 	"github.com/bushost/bushost/gitd/bundle"
@@ -103,17 +106,18 @@ const maxEntryName = 4096
 // goes on with its checks, its lock and moving the pack in meanwhile, and
 // waits before the push is recorded: a refused push is rolled back like
 // one the broker refuses, so the walk costs a push its CPU, not its time.
-// Unless the benchmark turned it off (Options.SkipBeyondGit).
+// The walk ends soon after ctx does (each tree and commit read checks
+// it). Unless the benchmark turned it off (Options.SkipBeyondGit).
 //
 // What the walk lets through for being there before (a tree it would
-// refuse, a .gitmodules of the pool's) it asks about before the push holds
-// its task's lock, while another push to the task may be between moving
-// its pack in and having it undone: that pack answers, then goes. So the
-// answer is asked again once the push holds the lock (the caller waits
-// for the walk only then), of what the repository and its pool hold now,
-// the push's own files (q.Added) left out
-// (TestAttackWalkTrustsARefusedPushInFlight).
-func (s *Service) startBeyondGit(r repo, q *bundle.Quarantine, objs *objectReader) func() error {
+// refuse, a .gitmodules of the pool's, an object no pushed commit
+// reaches) it asks about before the push holds its task's lock, while
+// another push to the task may be between moving its pack in and having
+// it undone: that pack answers, then goes. So the answer is asked again
+// once the push holds the lock (the caller waits for the walk only then),
+// of what the repository and its pool hold now, the push's own files
+// (q.Added) left out (TestAttackWalkTrustsARefusedPushInFlight).
+func (s *Service) startBeyondGit(ctx context.Context, r repo, q *bundle.Quarantine, objs *objectReader, tip string) func() error {
 	if s.o.SkipBeyondGit || objs.pack == nil {
 		return func() error { return nil }
 	}
@@ -121,12 +125,19 @@ func (s *Service) startBeyondGit(r repo, q *bundle.Quarantine, objs *objectReade
 	if err != nil {
 		return func() error { return fmt.Errorf("beyond-git walk: %w", err) }
 	}
+	// The walk reads the repository's trees on a view of its own: a view
+	// serves one goroutine.
+	vw, err := s.open(r)
+	if err != nil {
+		pack.Close()
+		return func() error { return fmt.Errorf("beyond-git walk: %w", err) }
+	}
 	// The pool is the last directory a task's repository sees.
 	vis := r.visible()
 	own, pooled := objectsBefore(vis[:len(vis)-1]), objectsBefore(vis[len(vis)-1:])
 	// What the walk let through, for the second asking; the walk's
 	// goroutine writes them, walked reads them once it is done.
-	var trees, blobs []plumbing.Hash
+	var trees, blobs, others []plumbing.Hash
 	has := func(h plumbing.Hash) bool {
 		if own(h) || pooled(h) {
 			trees = append(trees, h)
@@ -141,6 +152,13 @@ func (s *Service) startBeyondGit(r repo, q *bundle.Quarantine, objs *objectReade
 		}
 		return false
 	}
+	before := func(h plumbing.Hash) bool {
+		if own(h) || pooled(h) {
+			others = append(others, h)
+			return true
+		}
+		return false
+	}
 	type walkResult struct {
 		later []plumbing.Hash
 		err   error
@@ -148,7 +166,9 @@ func (s *Service) startBeyondGit(r repo, q *bundle.Quarantine, objs *objectReade
 	done := make(chan walkResult, 1)
 	go func() {
 		defer pack.Close()
-		later, err := walkBeyondGit(pack, has, pooledBlob)
+		p := pushedPack{pack: pack, idx: objs.idx, repo: vw, tip: plumbing.NewHash(tip),
+			has: has, pooled: pooledBlob, before: before, bounds: s.treeBounds()}
+		later, err := walkBeyondGit(ctx, p)
 		done <- walkResult{later, err}
 	}()
 	var result error
@@ -158,7 +178,7 @@ func (s *Service) startBeyondGit(r repo, q *bundle.Quarantine, objs *objectReade
 			res := <-done
 			result, waited = res.err, true
 			if result == nil {
-				result = stillBefore(r, q, objs.repo, trees, blobs, &res.later)
+				result = stillBefore(r, q, objs.repo, trees, blobs, others, &res.later)
 			}
 			if result == nil {
 				// Read here, by the push's goroutine, the one that
@@ -174,9 +194,10 @@ func (s *Service) startBeyondGit(r repo, q *bundle.Quarantine, objs *objectReade
 // let through for being there before: a tree no longer there outside the
 // push's own files is read from the repository (the push's pack, moved in
 // by now) and checked, its refusal stands; a .gitmodules the pool no
-// longer holds is checked like one of the task's (added to later).
-func stillBefore(r repo, q *bundle.Quarantine, repo objectStore, trees, blobs []plumbing.Hash, later *[]plumbing.Hash) error {
-	if len(trees) == 0 && len(blobs) == 0 {
+// longer holds is checked like one of the task's (added to later);
+// an object no pushed commit reaches that is gone refuses the push.
+func stillBefore(r repo, q *bundle.Quarantine, repo objectStore, trees, blobs, others []plumbing.Hash, later *[]plumbing.Hash) error {
+	if len(trees) == 0 && len(blobs) == 0 && len(others) == 0 {
 		return nil
 	}
 	skip := map[string]bool{}
@@ -203,6 +224,11 @@ func stillBefore(r repo, q *bundle.Quarantine, repo objectStore, trees, blobs []
 	for _, h := range blobs {
 		if !pooled(h) {
 			*later = append(*later, h)
+		}
+	}
+	for _, h := range others {
+		if !there(h) {
+			return unreachable(h)
 		}
 	}
 	return nil
@@ -269,44 +295,140 @@ func objectsIn(dirs []string, skip map[string]bool) func(plumbing.Hash) bool {
 	}
 }
 
-// walkBeyondGit checks the new trees of pack, and the .gitmodules blobs
-// they name, against the table. has reports whether the repository (or
-// its pool) already holds an object: a tree there entered before, and was
-// walked then (or is the pool's), so it is not the push's. A blob is not
-// like that: one that entered under another name (notes.txt) was checked
-// by nobody as a .gitmodules, neither by git's fsck nor by the walk, which
-// look only at blobs a tree names .gitmodules
+// pushedPack is what the walk reads: the push's pack (its index), the
+// repository behind it, the pushed commit, and the repository's answers
+// to "was this object here before the push?".
+type pushedPack struct {
+	pack *packfile.Packfile
+	idx  *idxfile.MemoryIndex
+	repo objectStore // the repository and its pool, for the trees the pack lacks
+	tip  plumbing.Hash
+	// has: a tree that fails a rule but was there before (walkBeyondGit);
+	// pooled: a .gitmodules the pool held before; before: an object no
+	// pushed commit reaches that was there before (a delta base
+	// index-pack --fix-thin appended).
+	has, pooled, before func(plumbing.Hash) bool
+	bounds              treeBounds
+}
+
+// treeBounds are the bounds on what a commit's tree expands to, and the
+// daemon's memory of tree sizes.
+type treeBounds struct {
+	maxPaths, maxDepth int64
+	known              *treeSizes
+}
+
+func (s *Service) treeBounds() treeBounds {
+	return treeBounds{maxPaths: s.o.MaxTreePaths, maxDepth: s.o.MaxTreeDepth, known: &s.treeSizes}
+}
+
+// walkBeyondGit walks what the push brings, from its commit: the commits
+// of the pack it reaches, and from each one's tree every tree once (a
+// tree the pack lacks is the repository's, read there or known by its
+// size). It refuses a commit whose tree expands past the tree bounds
+// (treeWalk, TREE_TOO_LARGE), checks each of the pack's trees against
+// the table, and then the .gitmodules blobs they name, and finally
+// refuses an object of the pack that no pushed commit reaches
+// (PACK_UNREACHABLE_OBJECTS) unless it was there before (the delta bases
+// index-pack --fix-thin appends to a thin pack are).
+//
+// A tree of the pack that fails a rule but that the repository (or its
+// pool) already holds entered before, and was walked then (or is the
+// pool's), so it is not the push's. A blob is not like that: one that
+// entered under another name (notes.txt) was checked by nobody as a
+// .gitmodules, neither by git's fsck nor by the walk, which look only at
+// blobs a tree names .gitmodules
 // (TestAttackGitmodulesBlobFromAnEarlierPush). So every .gitmodules blob a
 // new tree names is checked, wherever it is, unless the pool held it
 // before the push (pooled: main's, or landed work's, which every root
 // tree of a project with submodules names again); those the pack lacks
 // (the task's repository holds them) are returned as later, for the
 // caller to read from the repository.
-func walkBeyondGit(pack *packfile.Packfile, has, pooled func(plumbing.Hash) bool) (later []plumbing.Hash, err error) {
-	if pack == nil {
+//
+// Each read checks ctx: a cancelled push's walk ends within a read.
+func walkBeyondGit(ctx context.Context, p pushedPack) (later []plumbing.Hash, err error) {
+	if p.pack == nil {
 		return nil, nil
 	}
-	trees, err := pack.GetByType(plumbing.TreeObject)
-	if err != nil {
-		return nil, fmt.Errorf("beyond-git walk: %w", err)
+	inPack := func(h plumbing.Hash) bool {
+		ok, err := p.idx.Contains(h)
+		return err == nil && ok
 	}
-	defer trees.Close()
-	gitmodules := map[plumbing.Hash]plumbing.Hash{} // blob -> tree naming it
-	err = trees.ForEach(func(obj plumbing.EncodedObject) error {
-		err := checkTree(obj, gitmodules)
-		if err != nil && has(obj.Hash()) {
-			return nil // not the push's: it entered the repository before
+	reached := map[plumbing.Hash]bool{}
+	// The pushed commits: the pack's, down from the tip.
+	type pushed struct{ commit, tree plumbing.Hash }
+	var commits []pushed
+	queue := []plumbing.Hash{p.tip}
+	for len(queue) > 0 {
+		h := queue[0]
+		queue = queue[1:]
+		if reached[h] || !inPack(h) {
+			continue
 		}
-		return err
-	})
-	if err != nil {
-		return nil, err
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		obj, err := p.pack.Get(h)
+		if err != nil {
+			return nil, fmt.Errorf("beyond-git walk: read commit %s: %w", h, err)
+		}
+		tree, parents, err := commitLinks(obj)
+		if err != nil {
+			return nil, fmt.Errorf("beyond-git walk: %w", err)
+		}
+		reached[h] = true
+		commits = append(commits, pushed{h, tree})
+		queue = append(queue, parents...)
+	}
+	gitmodules := map[plumbing.Hash]plumbing.Hash{} // blob -> tree naming it
+	w := treeWalk{ctx: ctx, isNew: inPack, maxPaths: p.bounds.maxPaths, maxDepth: p.bounds.maxDepth, known: p.bounds.known,
+		read: func(h plumbing.Hash) ([]byte, error) {
+			var obj plumbing.EncodedObject
+			var err error
+			if inPack(h) {
+				obj, err = p.pack.Get(h)
+			} else {
+				obj, err = p.repo.EncodedObject(plumbing.TreeObject, h)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("beyond-git walk: read tree %s: %w", h, err)
+			}
+			data, err := readTree(obj)
+			if err != nil {
+				return nil, fmt.Errorf("beyond-git walk: read tree %s: %w", h, err)
+			}
+			return data, nil
+		},
+		visit: func(h plumbing.Hash, data []byte) error {
+			reached[h] = true
+			var broken error // the first rule broken; every entry is marked
+			err := treeEntries(h, data, func(mode, name []byte, id plumbing.Hash) error {
+				if string(mode) != "160000" && inPack(id) {
+					reached[id] = true
+				}
+				if broken == nil {
+					broken = checkEntry(h, string(mode), name, id, gitmodules)
+				}
+				return nil
+			})
+			if err == nil {
+				err = broken
+			}
+			if err != nil && p.has(h) {
+				return nil // not the push's: it entered the repository before
+			}
+			return err
+		}}
+	for _, c := range commits {
+		if err := w.check(c.commit, c.tree); err != nil {
+			return nil, err
+		}
 	}
 	for blob := range gitmodules {
-		if pooled(blob) {
+		if p.pooled(blob) {
 			continue // the pool's, there before the push
 		}
-		obj, err := pack.Get(blob)
+		obj, err := p.pack.Get(blob)
 		if errors.Is(err, plumbing.ErrObjectNotFound) {
 			later = append(later, blob) // the task's, from an earlier push
 			continue
@@ -318,53 +440,97 @@ func walkBeyondGit(pack *packfile.Packfile, has, pooled func(plumbing.Hash) bool
 			return nil, err
 		}
 	}
+	if n, err := p.idx.Count(); err != nil || n != int64(len(reached)) {
+		if err := unreached(ctx, p, reached); err != nil {
+			return nil, err
+		}
+	}
 	return later, nil
+}
+
+// unreached refuses the first object of the pack that no pushed commit
+// reaches and that was not there before.
+func unreached(ctx context.Context, p pushedPack, reached map[plumbing.Hash]bool) error {
+	iter, err := p.idx.Entries()
+	if err != nil {
+		return fmt.Errorf("beyond-git walk: %w", err)
+	}
+	defer iter.Close()
+	for {
+		e, err := iter.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("beyond-git walk: %w", err)
+		}
+		if reached[e.Hash] {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !p.before(e.Hash) {
+			return unreachable(e.Hash)
+		}
+	}
+}
+
+// unreachable is the refusal of an object of the pack no pushed commit
+// reaches.
+func unreachable(h plumbing.Hash) error {
+	return errdefs.InvalidArgument(errdefs.PackUnreachable,
+		"object %s of the pushed pack is reached by none of the pushed commits; push a bundle of the commit alone (git bundle create, or bushost push-working)", h).
+		With("object", h.String())
+}
+
+// commitLinks reads a commit's tree and parents from its header.
+func commitLinks(obj plumbing.EncodedObject) (tree plumbing.Hash, parents []plumbing.Hash, err error) {
+	if obj.Type() != plumbing.CommitObject {
+		return tree, nil, fmt.Errorf("object %s is a %s, not a commit", obj.Hash(), obj.Type())
+	}
+	rc, err := obj.Reader()
+	if err != nil {
+		return tree, nil, err
+	}
+	defer rc.Close()
+	br := bufio.NewReader(rc)
+	sawTree := false
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			// index-pack --strict parsed this commit: it has a tree
+			// line and a header that ends in a blank line.
+			return tree, nil, fmt.Errorf("commit %s: header cut short: %w", obj.Hash(), err)
+		}
+		key, val, _ := bytes.Cut(bytes.TrimSuffix(line, []byte{'\n'}), []byte{' '})
+		switch {
+		case len(line) == 1:
+			if !sawTree {
+				return tree, nil, fmt.Errorf("commit %s has no tree", obj.Hash())
+			}
+			return tree, parents, nil
+		case string(key) == "tree" && plumbing.IsHash(string(val)):
+			tree, sawTree = plumbing.NewHash(string(val)), true
+		case string(key) == "parent" && plumbing.IsHash(string(val)):
+			parents = append(parents, plumbing.NewHash(string(val)))
+		}
+	}
 }
 
 // The five modes git writes, as a tree spells them.
 var gitModes = map[string]bool{"100644": true, "100755": true, "120000": true, "40000": true, "160000": true}
 
-// checkTree reads one tree's raw entries ("MODE NAME\0" and a 20-byte id
-// each) and checks them; it adds the .gitmodules blobs it names.
+// checkTree reads one tree's raw entries and checks them; it adds the
+// .gitmodules blobs it names.
 func checkTree(obj plumbing.EncodedObject, gitmodules map[plumbing.Hash]plumbing.Hash) error {
-	rc, err := obj.Reader()
+	data, err := readTree(obj)
 	if err != nil {
 		return fmt.Errorf("beyond-git walk: read tree %s: %w", obj.Hash(), err)
 	}
-	defer rc.Close()
-	// The tree is read whole (its size is bounded by the push's tree
-	// limit, checked as the pack streamed in), not through a 64 KiB buffer
-	// per tree: most trees are a few KiB.
-	data := make([]byte, obj.Size())
-	if _, err := io.ReadFull(rc, data); err != nil {
-		return fmt.Errorf("beyond-git walk: read tree %s: %w", obj.Hash(), err)
-	}
-	for len(data) > 0 {
-		sp := bytes.IndexByte(data, ' ')
-		if sp < 0 {
-			// index-pack --strict parsed this tree; a tree it accepted
-			// and this cannot read is a bug here, not the push's.
-			return fmt.Errorf("beyond-git walk: tree %s: bad entry mode", obj.Hash())
-		}
-		m := string(data[:sp])
-		data = data[sp+1:]
-		nul := bytes.IndexByte(data, 0)
-		if nul < 0 {
-			return fmt.Errorf("beyond-git walk: tree %s: bad entry name", obj.Hash())
-		}
-		name := data[:nul]
-		data = data[nul+1:]
-		if len(data) < len(plumbing.Hash{}) {
-			return fmt.Errorf("beyond-git walk: tree %s: short entry id", obj.Hash())
-		}
-		var id plumbing.Hash
-		copy(id[:], data)
-		data = data[len(id):]
-		if err := checkEntry(obj.Hash(), m, name, id, gitmodules); err != nil {
-			return err
-		}
-	}
-	return nil
+	return treeEntries(obj.Hash(), data, func(mode, name []byte, id plumbing.Hash) error {
+		return checkEntry(obj.Hash(), string(mode), name, id, gitmodules)
+	})
 }
 
 // checkEntry applies the tree rules to one entry.

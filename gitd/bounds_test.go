@@ -136,7 +136,7 @@ func TestReviewHaveBounds(t *testing.T) {
 	tree := e.run(e.work, "rev-parse", nil, "--", "main^{tree}")
 	inRepo := func(typ string, body []byte) string {
 		id, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: e.repo, Sub: "hash-object",
-			Flags: []string{"--literally", "-t" + typ, "-w", "--stdin"}, Stdin: bytes.NewReader(body)})
+			Flags: []string{"--literally", "-t" + typ, "-w", "--stdin"}, Stdin: bytes.NewReader(body)}, gitcmd.MaxLine)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,9 +15,10 @@ import (
 	"github.com/bushost/bushost/internal/packidx"
 )
 
-// chainBundle is a bundle (on main) of one commit whose tree names, as f,
-// the last of a chain of blobs, each but the first an OFS_DELTA on the one
-// before: links deltas in all.
+// chainBundle is a bundle (on main) of one commit whose tree names a
+// chain of blobs (f00000, f00001, ...: a push's objects are all reached
+// by its commit), each but the first an OFS_DELTA on the one before:
+// links deltas in all.
 func chainBundle(main string, links int) []byte {
 	var pack bytes.Buffer
 	pack.WriteString("PACK")
@@ -32,9 +33,12 @@ func chainBundle(main string, links int) []byte {
 	const size = 64
 	blob := bytes.Repeat([]byte("x"), size)
 	prev := 0
+	var tree []byte
 	for i := 0; i <= links; i++ {
 		at := pack.Len()
 		binary.BigEndian.PutUint64(blob[size-8:], uint64(i))
+		id := plumbing.ComputeHash(plumbing.BlobObject, blob)
+		tree = append(append(tree, fmt.Sprintf("100644 f%05d\x00", i)...), id[:]...)
 		if i == 0 {
 			header(int(plumbing.BlobObject), size)
 			deflate(blob)
@@ -53,8 +57,6 @@ func chainBundle(main string, links int) []byte {
 		}
 		prev = at
 	}
-	tip := plumbing.ComputeHash(plumbing.BlobObject, blob)
-	tree := append([]byte("100644 f\x00"), tip[:]...)
 	header(int(plumbing.TreeObject), len(tree))
 	deflate(tree)
 	commit := []byte(fmt.Sprintf("tree %s\nparent %s\nauthor %s\ncommitter %s\n\ndeep\n",

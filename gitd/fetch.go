@@ -204,7 +204,7 @@ func (s *Service) haveFits(ctx context.Context, r repo, gg *view, have string) (
 		return false, notCommit
 	}
 	if size > s.o.MaxCommitBytes || size > maxCommitBytes {
-		typ, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{have}})
+		typ, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{have}}, gitcmd.MaxLine)
 		if err != nil || typ != "commit" {
 			return false, notCommit
 		}

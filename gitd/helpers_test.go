@@ -232,7 +232,7 @@ func (e *env) runErr(dir, sub string, stdin []byte, words ...string) (string, er
 	if stdin != nil {
 		c.Stdin = bytes.NewReader(stdin)
 	}
-	return e.git.Line(context.Background(), c)
+	return e.git.Line(context.Background(), c, 16<<20)
 }
 
 // commitAll commits everything in dir and returns the commit.
@@ -303,7 +303,7 @@ func (e *env) ref(name string) string {
 			return ""
 		}
 	}
-	out, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: dir, Sub: "for-each-ref", Flags: []string{"--format=%(objectname)"}, Args: []string{name}})
+	out, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: dir, Sub: "for-each-ref", Flags: []string{"--format=%(objectname)"}, Args: []string{name}}, gitcmd.MaxLine)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func (e *env) fsck() {
 	e.t.Helper()
 	tasks, _ := filepath.Glob(filepath.Join(filepath.Dir(e.repo), tasksDir, "*.git"))
 	for _, dir := range append([]string{e.repo}, tasks...) {
-		if out, err := e.git.Output(context.Background(), gitcmd.Cmd{GitDir: dir, Sub: "fsck", Flags: []string{"--strict", "--no-progress"}}); err != nil {
+		if out, err := e.git.Output(context.Background(), gitcmd.Cmd{GitDir: dir, Sub: "fsck", Flags: []string{"--strict", "--no-progress"}}, 16<<20); err != nil {
 			e.t.Fatalf("git fsck %s: %v\n%s", dir, err, out)
 		}
 	}

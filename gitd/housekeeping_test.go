@@ -216,7 +216,7 @@ func TestHousekeepingPoolKeepsBorrowed(t *testing.T) {
 			t.Fatalf("run %d: %+v", i, run)
 		}
 		e.fsck()
-		if _, err := e.git.Line(ctx, gitcmd.Cmd{GitDir: e.repo, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{x}}); err != nil {
+		if _, err := e.git.Line(ctx, gitcmd.Cmd{GitDir: e.repo, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{x}}, gitcmd.MaxLine); err != nil {
 			t.Fatalf("run %d dropped the borrowed commit %s: %v", i, x, err)
 		}
 		// New packs for the next run to roll up.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +24,10 @@ const DefaultCommitter = "bushost <bushost@localhost>"
 
 // maxConflictPaths bounds the paths a MERGE_CONFLICT names.
 const maxConflictPaths = 100
+
+// maxMergeTreeOutput bounds what merge-tree's answer is read of: its tree
+// id, then the conflicting paths, of which a refusal names the first 100.
+const maxMergeTreeOutput = 1 << 20
 
 // ParseCommitter splits "NAME <EMAIL>" for git's environment.
 func ParseCommitter(s string) (name, email string, err error) {
@@ -145,6 +148,13 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 		}
 		res.MainNew = res.Merge
 	}
+	// A fast-forward's new main is checked as a push's tree is (a merge
+	// was, in newMain): outside the lock, before anything is recorded.
+	if res.MainNew != old && res.Merge == "" {
+		if err := s.checkLanding(ctx, r, q, res.MainNew, false); err != nil {
+			return LandResult{}, err
+		}
+	}
 	unlock, err := s.lock(ctx, r)
 	if err != nil {
 		return LandResult{}, err
@@ -214,7 +224,7 @@ func (s *Service) newMain(ctx context.Context, r repo, q *bundle.Quarantine, old
 	if err != nil {
 		return "", err
 	}
-	if err := s.checkMergeGitmodules(ctx, r, q, merge); err != nil {
+	if err := s.checkLanding(ctx, r, q, merge, true); err != nil {
 		return "", err
 	}
 	return merge, nil
@@ -270,14 +280,18 @@ func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 	defer cancel()
 	out, err := s.git.Output(mctx, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-tree",
 		Config: []string{"merge.renameLimit=" + strconv.Itoa(limit)},
-		Flags:  []string{"--write-tree", "--name-only", "--no-messages", "-z"}, Args: []string{old, approved}, Env: q.Env()})
+		Flags:  []string{"--write-tree", "--name-only", "--no-messages", "-z"}, Args: []string{old, approved}, Env: q.Env()}, maxMergeTreeOutput)
 	if mctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
 		return "", errdefs.ResourceExhausted(errdefs.MergeTimeout,
 			"merging %s into main (%s) took longer than %s (bushostd --merge-timeout), and was stopped: rebase onto main, push and get a new approval, or land again with --force",
 			approved, old, timeout).With("main", old).With("commit", approved).With("limit", timeout)
 	}
 	fields := bytes.Split(out, []byte{0})
-	if err != nil && gitcmd.ExitCode(err) != 1 {
+	// A clean merge prints its tree's id alone: output past the cap is a
+	// list of conflicts, cut short (and its last path with it).
+	if errdefs.ReasonOf(err) == errdefs.GitOutputTooLarge && len(fields) > 1 {
+		fields = fields[:len(fields)-1]
+	} else if err != nil && gitcmd.ExitCode(err) != 1 {
 		return "", fmt.Errorf("merge main %s with %s: %w", old, approved, err)
 	}
 	if len(fields) == 0 || !plumbing.IsHash(string(fields[0])) {
@@ -306,54 +320,7 @@ func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 	env := append(q.Env(), "GIT_AUTHOR_NAME="+name, "GIT_AUTHOR_EMAIL="+email, "GIT_COMMITTER_NAME="+name, "GIT_COMMITTER_EMAIL="+email)
 	msg := fmt.Sprintf("Land task %s\n\nMerge approved commit %s into main.\n", task, approved)
 	return s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "commit-tree",
-		Flags: []string{"-p" + old, "-p" + approved, "-m" + msg}, Args: []string{tree}, Env: env})
-}
-
-// checkMergeGitmodules checks every .gitmodules blob of merge's tree that
-// the pool did not hold before the landing. merge-tree merges two sides'
-// .gitmodules as text into a new blob, which no push's checks (git's fsck
-// or the beyond-git walk) ever saw: two approved works, each with a sound
-// .gitmodules, could merge into one git refuses (submodule "a" beside a
-// nested "a/b"). Such a landing is refused with the walk's reason, before
-// anything is recorded. Only a --merge landing writes new blobs: a
-// fast-forward's trees are a push's, checked when they came in.
-func (s *Service) checkMergeGitmodules(ctx context.Context, r repo, q *bundle.Quarantine, merge string) error {
-	out, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "ls-tree",
-		Flags: []string{"-r", "-z", "--full-tree"}, Args: []string{merge}, Env: q.Env()})
-	if err != nil {
-		return fmt.Errorf("read the merge's tree: %w", err)
-	}
-	before := objectsBefore([]string{r.objects()})
-	for _, e := range bytes.Split(out, []byte{0}) {
-		// "MODE TYPE ID\tPATH"
-		meta, p, ok := bytes.Cut(e, []byte{'\t'})
-		f := strings.Fields(string(meta))
-		if !ok || len(f) != 3 || f[1] != "blob" || !isDotfile(path.Base(string(p)), "gitmodules", "gi7eba") {
-			continue
-		}
-		id := plumbing.NewHash(f[2])
-		if before(id) {
-			continue // the pool's: main's, or landed work's
-		}
-		size, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-s"}, Args: []string{f[2]}, Env: q.Env()})
-		if err != nil {
-			return fmt.Errorf("read the merge's %s: %w", p, err)
-		}
-		if n, _ := strconv.ParseInt(size, 10, 64); n > maxGitmodulesBytes {
-			return refuseBeyond(errdefs.GitmodulesParse, id, "it is %d bytes, over %d", n, maxGitmodulesBytes)
-		}
-		data, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-p"}, Args: []string{f[2]}, Env: q.Env()})
-		if err != nil {
-			return fmt.Errorf("read the merge's %s: %w", p, err)
-		}
-		obj := &plumbing.MemoryObject{}
-		obj.SetType(plumbing.BlobObject)
-		obj.Write(data)
-		if err := checkGitmodulesBlob(obj); err != nil {
-			return err
-		}
-	}
-	return nil
+		Flags: []string{"-p" + old, "-p" + approved, "-m" + msg}, Args: []string{tree}, Env: env}, gitcmd.MaxLine)
 }
 
 // reconcileMain moves main to the last landing's new main when main is

@@ -97,7 +97,7 @@ func (s *Service) migrateProject(ctx context.Context, business, project string) 
 	if err := s.git.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{pool}}); err != nil {
 		return err
 	}
-	if root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}); err == nil && root != "" {
+	if root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine); err == nil && root != "" {
 		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: pool, Sub: "config", Args: []string{rootKey, root}}); err != nil {
 			return err
 		}
@@ -106,12 +106,12 @@ func (s *Service) migrateProject(ctx context.Context, business, project string) 
 		return s.git.Run(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "fetch",
 			Flags: []string{"--quiet", "--no-tags", "--no-write-fetch-head"}, Args: []string{old, ref + ":" + ref}})
 	}
-	if main, _ := s.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "for-each-ref", Flags: []string{"--format=%(objectname)"}, Args: []string{MainRef}}); main != "" {
+	if main, _ := s.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "for-each-ref", Flags: []string{"--format=%(objectname)"}, Args: []string{MainRef}}, gitcmd.MaxLine); main != "" {
 		if err := fetch(pool, MainRef); err != nil {
 			return err
 		}
 	}
-	out, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "for-each-ref", Flags: []string{"--format=%(refname)"}, Args: []string{"refs/work/"}})
+	out, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "for-each-ref", Flags: []string{"--format=%(refname)"}, Args: []string{"refs/work/"}}, maxRefList)
 	if err != nil {
 		return err
 	}

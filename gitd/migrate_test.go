@@ -17,7 +17,7 @@ func oldLayout(t *testing.T, e *env, tasks ...string) string {
 	ctx := context.Background()
 	old := filepath.Join(e.svc.o.ReposDir, testBusiness, testProject+".git")
 	run := func(c gitcmd.Cmd) string {
-		out, err := e.git.Line(ctx, c)
+		out, err := e.git.Line(ctx, c, gitcmd.MaxLine)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +69,7 @@ func TestMigrate(t *testing.T) {
 	}
 	// Each task's repository holds its own work, not main's nor the other's.
 	all := func(repo string) string {
-		out, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: repo, Sub: "rev-list", Flags: []string{"--objects", "--all"}})
+		out, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: repo, Sub: "rev-list", Flags: []string{"--objects", "--all"}}, 16<<20)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -201,7 +201,7 @@ func (s *Service) ExportProject(ctx context.Context, business, project string, s
 	}
 	mf := manifest{Format: manifestFormat, Business: business, Project: project, From: ex.Host, ExportID: ex.ID,
 		Head: manifestHead{Seq: ex.HeadSeq, Hash: ex.HeadHash}, Created: time.Now().UTC().Format(time.RFC3339)}
-	if root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: p.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}); err == nil {
+	if root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: p.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine); err == nil {
 		mf.Root = root
 	}
 	step("bundle the pool")
@@ -385,12 +385,17 @@ func (s *Service) mainHasLandings(ctx context.Context, p repo, gitDir string) er
 }
 
 // refs lists r's refs (ref -> commit); none for a repository not made.
+// maxRefList bounds a listing of a repository's refs read from git: a
+// pool holds main, a task's repository its work ref, an old layout's
+// repository one per task (64 MiB is over 200,000 of them).
+const maxRefList = 64 << 20
+
 func (s *Service) refs(ctx context.Context, r repo) (map[string]string, error) {
 	out := map[string]string{}
 	if !r.exists() {
 		return out, nil
 	}
-	raw, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "for-each-ref", Flags: []string{"--format=%(objectname) %(refname)"}})
+	raw, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "for-each-ref", Flags: []string{"--format=%(objectname) %(refname)"}}, maxRefList)
 	if err != nil {
 		return nil, err
 	}
@@ -415,7 +420,7 @@ func (s *Service) bundleRepo(ctx context.Context, r repo, refs map[string]string
 	sort.Strings(revs)
 	revs = append(revs, not...)
 	if len(not) > 0 {
-		n, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "rev-list", Flags: []string{"--count"}, Args: revs})
+		n, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "rev-list", Flags: []string{"--count"}, Args: revs}, gitcmd.MaxLine)
 		if err != nil {
 			return mr, err
 		}
@@ -915,7 +920,7 @@ func (s *Service) importRepo(ctx context.Context, r repo, mr manifestRepo, files
 	sort.Strings(refs)
 	for _, ref := range refs {
 		oid := mr.Refs[ref]
-		typ, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{oid}})
+		typ, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{oid}}, gitcmd.MaxLine)
 		if err != nil || typ != "commit" {
 			return altered("%s of %s names %s, not a commit the file carries", ref, filepath.Base(r.Path), oid)
 		}

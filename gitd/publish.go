@@ -76,7 +76,7 @@ func (s *Service) PublishProject(ctx context.Context, business, project, branch 
 		return "", "", err
 	}
 	defer unlock()
-	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}})
+	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine)
 	if err != nil {
 		return "", "", fmt.Errorf("repository %s does not know its root: %w", r.Path, err)
 	}
@@ -94,11 +94,16 @@ func (s *Service) PublishProject(ctx context.Context, business, project, branch 
 	if err != nil {
 		return "", "", err
 	}
-	if head, err := s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "symbolic-ref", Flags: []string{"--quiet"}, Args: []string{"HEAD"}}); err == nil && head == ref {
+	// The root's checkout and the host's tools expand what is published:
+	// held to the tree bounds as a push and a landing are.
+	if _, err := s.checkResultTree(ctx, gg, main, nil); err != nil {
+		return "", "", err
+	}
+	if head, err := s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "symbolic-ref", Flags: []string{"--quiet"}, Args: []string{"HEAD"}}, gitcmd.MaxLine); err == nil && head == ref {
 		return "", "", errdefs.FailedPrecondition(errdefs.BranchCheckedOut, "%s is the branch checked out in %s: publish to another branch (default %s) and merge it there", branch, root, DefaultPublishBranch).
 			With("branch", branch).With("root", root)
 	}
-	previous, _ = s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{ref + "^{commit}"}})
+	previous, _ = s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{ref + "^{commit}"}}, gitcmd.MaxLine)
 	if previous == main {
 		return main, previous, nil
 	}

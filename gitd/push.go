@@ -105,7 +105,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	defer q.Remove()
 	if !s.o.NoObjectChecks {
 		q.Limits = bundle.Limits{BlobBytes: s.o.MaxObjectBytes, CommitBytes: s.o.MaxCommitBytes,
-			TreeBytes: s.o.MaxTreeBytes, Objects: s.o.MaxPackObjects}
+			TreeBytes: s.o.MaxTreeBytes, Objects: s.o.MaxPackObjects, InflatedBytes: s.o.MaxPushInflated}
 	}
 	// index-pack does not fsync: Migrate fsyncs the pack, its index and
 	// the directories in one concurrent batch (bundle.SyncAll), before
@@ -122,7 +122,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 	defer objs.Close()
-	walked := s.startBeyondGit(r, q, objs)
+	walked := s.startBeyondGit(ctx, r, q, objs, commit)
 	// Every return waits for the walk, so that it never reads a pack that
 	// is gone.
 	defer walked()
@@ -246,7 +246,7 @@ func (s *Service) checkCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 		typ = t.String()
 	} else {
 		c := gitcmd.Cmd{GitDir: r.gitDir(), Sub: "cat-file", Flags: []string{"-t"}, Args: []string{commit}, Env: q.Env()}
-		if typ, err = s.git.Line(ctx, c); err != nil {
+		if typ, err = s.git.Line(ctx, c, gitcmd.MaxLine); err != nil {
 			return errdefs.InvalidArgument(errdefs.BundleInvalid, "the bundle's ref names %s, which neither the bundle nor the repository holds", commit).With("commit", commit)
 		}
 	}

@@ -84,7 +84,7 @@ func (s *Service) AddProject(ctx context.Context, business, project, root string
 	if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: tmp, Sub: "config", Args: []string{rootKey, root}}); err != nil {
 		return "", false, err
 	}
-	commit, err = s.git.Line(ctx, gitcmd.Cmd{GitDir: tmp, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{MainRef + "^{commit}"}})
+	commit, err = s.git.Line(ctx, gitcmd.Cmd{GitDir: tmp, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{MainRef + "^{commit}"}}, gitcmd.MaxLine)
 	if err != nil {
 		return "", false, errdefs.InvalidArgument(errdefs.RootInvalid, "%s has no commit at HEAD: %v", root, err).With("root", root)
 	}
@@ -121,7 +121,7 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 			return "", "", err
 		}
 	}
-	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}})
+	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine)
 	if err != nil {
 		return "", "", fmt.Errorf("repository %s does not know its root: %w", r.Path, err)
 	}
@@ -143,7 +143,7 @@ func (s *Service) SyncProject(ctx context.Context, business, project string) (co
 	defer q.Remove()
 	var next string
 	if isGitRepo(root) {
-		next, err = s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}})
+		next, err = s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}}, gitcmd.MaxLine)
 		if err != nil {
 			return "", "", errdefs.InvalidArgument(errdefs.RootInvalid, "%s has no commit at HEAD: %v", root, err).With("root", root)
 		}
@@ -213,13 +213,13 @@ func (s *Service) commitDir(ctx context.Context, dir, root, parent string, env [
 	if err := s.git.Run(ctx, gitcmd.Cmd{Dir: root, GitDir: scratch, Sub: "add", Flags: []string{"--all", "--force"}, Env: env}); err != nil {
 		return "", false, fmt.Errorf("add files of %s: %w", root, err)
 	}
-	tree, err := s.git.Line(ctx, gitcmd.Cmd{Dir: root, GitDir: scratch, Sub: "write-tree", Env: env})
+	tree, err := s.git.Line(ctx, gitcmd.Cmd{Dir: root, GitDir: scratch, Sub: "write-tree", Env: env}, gitcmd.MaxLine)
 	if err != nil {
 		return "", false, err
 	}
 	flags := []string{"-m" + msg}
 	if parent != "" {
-		ptree, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{parent + "^{tree}"}, Env: env})
+		ptree, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{parent + "^{tree}"}, Env: env}, gitcmd.MaxLine)
 		if err != nil {
 			return "", false, err
 		}
@@ -230,7 +230,7 @@ func (s *Service) commitDir(ctx context.Context, dir, root, parent string, env [
 	}
 	env = append(env, "GIT_AUTHOR_NAME=bushost", "GIT_AUTHOR_EMAIL=bushost@localhost",
 		"GIT_COMMITTER_NAME=bushost", "GIT_COMMITTER_EMAIL=bushost@localhost")
-	commit, err = s.git.Line(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "commit-tree", Flags: flags, Args: []string{tree}, Env: env})
+	commit, err = s.git.Line(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "commit-tree", Flags: flags, Args: []string{tree}, Env: env}, gitcmd.MaxLine)
 	if err != nil {
 		return "", false, err
 	}
@@ -295,7 +295,7 @@ var errNoMergeBase = errors.New("no merge base")
 func (s *Service) mergeBase(ctx context.Context, r repo, q *bundle.Quarantine, a, b string) (string, error) {
 	c := gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Args: []string{a, b}}
 	c.Env = q.Env()
-	out, err := s.git.Line(ctx, c)
+	out, err := s.git.Line(ctx, c, gitcmd.MaxLine)
 	if err == nil {
 		return out, nil
 	}

@@ -44,6 +44,9 @@ const (
 	DefaultMaxCommitBytes  = 1 << 20
 	DefaultMaxTreeBytes    = 16 << 20
 	DefaultMaxPackObjects  = 1 << 20
+	DefaultMaxPushInflated = 4 << 30
+	DefaultMaxTreePaths    = 1_000_000
+	DefaultMaxTreeDepth    = 1024
 	DefaultMaxTaskBytes    = 1 << 30
 	DefaultMaxProjectBytes = 10 << 30
 )
@@ -80,6 +83,15 @@ type Options struct {
 	MaxCommitBytes int64 // a commit or a tag; 1 MiB
 	MaxTreeBytes   int64 // a tree; 16 MiB
 	MaxPackObjects int64 // the objects of one pushed pack; 1,048,576
+	// MaxPushInflated bounds the sum of a pushed pack's inflated sizes, a
+	// delta counted by its result; 4 GiB.
+	MaxPushInflated int64
+	// MaxTreePaths and MaxTreeDepth bound what a commit's tree expands
+	// to (the paths a checkout writes, and how deep they nest) for every
+	// commit a push brings, and the result of a landing and of a
+	// publish; 1,000,000 and 1024 (treesize.go).
+	MaxTreePaths int64
+	MaxTreeDepth int64
 	// NoObjectChecks turns the streaming object checks off: for the
 	// benchmark that measures their cost, never in service.
 	NoObjectChecks bool
@@ -126,6 +138,8 @@ type Service struct {
 	// may have read them (undoneCount).
 	undone map[string]uint64
 	hk     *housekeeper
+	// treeSizes remembers what the trees walked expand to (treesize.go).
+	treeSizes treeSizes
 }
 
 // New checks o and prepares ReposDir. It removes what a killed process may
@@ -153,11 +167,16 @@ func New(o Options) (*Service, error) {
 		{&o.MaxObjectBytes, DefaultMaxObjectBytes}, {&o.MaxCommitBytes, DefaultMaxCommitBytes},
 		{&o.MaxTreeBytes, DefaultMaxTreeBytes}, {&o.MaxTaskBytes, DefaultMaxTaskBytes},
 		{&o.MaxPackObjects, DefaultMaxPackObjects},
+		{&o.MaxPushInflated, DefaultMaxPushInflated},
+		{&o.MaxTreePaths, DefaultMaxTreePaths}, {&o.MaxTreeDepth, DefaultMaxTreeDepth},
 		{&o.MaxProjectBytes, DefaultMaxProjectBytes},
 	} {
 		if *f.p <= 0 {
 			*f.p = f.def
 		}
+	}
+	if o.MaxTreeDepth > MaxTreeDepthBound {
+		return nil, fmt.Errorf("gitd: MaxTreeDepth %d is over %d", o.MaxTreeDepth, MaxTreeDepthBound)
 	}
 	dir, err := filepath.Abs(o.ReposDir)
 	if err != nil {

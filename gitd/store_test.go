@@ -51,7 +51,7 @@ func TestAddProjectPlainDirectory(t *testing.T) {
 		t.Fatalf("%d calls created the project", n)
 	}
 	repo := filepath.Join(e.svc.o.ReposDir, "acme", "plain", poolName)
-	files, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: repo, Sub: "ls-tree", Flags: []string{"-r", "--name-only"}, Args: []string{commits[0]}})
+	files, err := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: repo, Sub: "ls-tree", Flags: []string{"-r", "--name-only"}, Args: []string{commits[0]}}, 16<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestAddProjectPlainDirectory(t *testing.T) {
 	if err != nil || prev != commits[0] || c == prev {
 		t.Fatalf("sync = %s %s %v", c, prev, err)
 	}
-	parent, _ := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: repo, Sub: "rev-parse", Args: []string{c + "^"}})
+	parent, _ := e.git.Line(context.Background(), gitcmd.Cmd{GitDir: repo, Sub: "rev-parse", Args: []string{c + "^"}}, gitcmd.MaxLine)
 	if parent != prev {
 		t.Fatalf("synced commit's parent = %s, want %s", parent, prev)
 	}

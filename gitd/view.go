@@ -24,7 +24,9 @@ import (
 type view struct {
 	r    repo
 	own  *git.Repository // refs; nil: a task repository not made yet
-	dirs []viewDir       // r.visible(), own first
+	dirs []viewDir       // front, then r.visible(), own first
+	// front are object directories read before r's own: a landing's
+	// quarantine (openWith).
 	// maxObject bounds EncodedObject: a larger object is not read here.
 	maxObject int64
 	// packs are the pack indexes listed when the view was opened (or last
@@ -33,6 +35,7 @@ type view struct {
 	// reload then lists them afresh, once per change.
 	packs string
 	bases cache.Object // delta bases, shared by the view's reads
+	front []string
 }
 
 // viewDir is one object directory of a view and its packs.
@@ -78,6 +81,26 @@ func (s *Service) open(r repo) (*view, error) {
 	return v, nil
 }
 
+// openWith returns a view of r that reads the object directories front
+// (a quarantine of r's) before r's own.
+func (s *Service) openWith(r repo, front ...string) (*view, error) {
+	v, err := s.open(r)
+	if err != nil {
+		return nil, err
+	}
+	v.front = front
+	v.list()
+	return v, nil
+}
+
+// visible is the object directories v reads, in order.
+func (v *view) visible() []string {
+	if len(v.front) == 0 {
+		return v.r.visible()
+	}
+	return append(v.front[:len(v.front):len(v.front)], v.r.visible()...)
+}
+
 // viewBaseCache bounds the delta bases one view keeps.
 const viewBaseCache = 16 * cache.MiByte
 
@@ -85,7 +108,7 @@ const viewBaseCache = 16 * cache.MiByte
 func (v *view) list() {
 	var names strings.Builder
 	v.dirs = v.dirs[:0]
-	for _, dir := range v.r.visible() {
+	for _, dir := range v.visible() {
 		d := viewDir{objects: dir}
 		for _, idx := range indexNames(dir, &names) {
 			pack := strings.TrimSuffix(idx, ".idx") + ".pack"
@@ -111,10 +134,10 @@ func indexNames(dir string, list *strings.Builder) []string {
 	return out
 }
 
-// packList names the pack indexes of r's visible object directories.
-func packList(r repo) string {
+// packList names the pack indexes of the object directories dirs.
+func packList(dirs []string) string {
 	var b strings.Builder
-	for _, dir := range r.visible() {
+	for _, dir := range dirs {
 		indexNames(dir, &b)
 	}
 	return b.String()
@@ -127,7 +150,7 @@ const maxReloads = 3
 // reload lists v's packs again when they changed since, and says whether
 // they did (then a failed read is worth a retry).
 func (v *view) reload() bool {
-	if packList(v.r) == v.packs && (v.own != nil || !v.r.exists()) {
+	if packList(v.visible()) == v.packs && (v.own != nil || !v.r.exists()) {
 		return false
 	}
 	if v.own == nil && v.r.exists() {

@@ -331,7 +331,7 @@ func (e *supEnv) git(sub string, flags []string, args ...string) string {
 	out, err := r.Line(context.Background(), gitcmd.Cmd{
 		Dir: e.ws, GitDir: e.gitDir, Sub: sub, Flags: flags, Args: args,
 		Config: []string{"safe.directory=" + e.ws},
-	})
+	}, 16<<20)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -153,7 +153,7 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 		Config: q.IndexConfig,
 		Env:    q.Env(),
 		Stdin:  pr,
-	})
+	}, gitcmd.MaxLine) // "pack\t<id>"
 	// With git gone, a copy still running fails its next write (EPIPE); one
 	// blocked reading pack is released by closing pack.
 	pr.Close()
@@ -208,7 +208,8 @@ func objectTypes(ctx context.Context, git *gitcmd.Runner, gitDir string, env, id
 		in.WriteString(id + "\n")
 	}
 	out, err := git.Output(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "cat-file", Env: env,
-		Flags: []string{"--batch-check=%(objectname) %(objecttype)"}, Stdin: strings.NewReader(in.String())})
+		Flags: []string{"--batch-check=%(objectname) %(objecttype)"}, Stdin: strings.NewReader(in.String())},
+		64*(len(ids)+1)) // "<id> <type>" a line
 	if err != nil {
 		return nil, err
 	}

@@ -27,11 +27,17 @@ type Limits struct {
 	// index-pack keeps some hundred bytes per object, and this scanner 32,
 	// so a pack of tiny objects would otherwise cost memory by its count.
 	Objects int64
+	// InflatedBytes bounds the sum of the inflated sizes the pack's
+	// entries declare, a delta counted by its result (--max-push-inflated):
+	// each object within its own bound, a pack of a few hundred KB of
+	// deltas against one base still declares gigabytes, which index-pack
+	// would build and hash one after another.
+	InflatedBytes int64
 }
 
 // Enabled reports whether any bound is set.
 func (l Limits) Enabled() bool {
-	return l.BlobBytes > 0 || l.CommitBytes > 0 || l.TreeBytes > 0 || l.Objects > 0
+	return l.BlobBytes > 0 || l.CommitBytes > 0 || l.TreeBytes > 0 || l.Objects > 0 || l.InflatedBytes > 0
 }
 
 // forType returns the bound of an object type and the flag that sets it.
@@ -127,6 +133,8 @@ type scanner struct {
 	entries []entry        // in pack order, so by ascending offset
 	refBase map[int]string // base id of each REF_DELTA entry of unknown type
 	pending []int          // large deltas of unknown type, checked at the end
+	// inflated sums the declared inflated sizes so far (Limits.InflatedBytes).
+	inflated int64
 }
 
 // entry is what the scanner keeps of each pack entry: 24 bytes, where
@@ -256,6 +264,9 @@ func (s *scanner) entry(i int) error {
 		if lim, flag := s.lim.forType(typ); lim > 0 && size > lim {
 			return tooLarge(i, off, typ, size, lim, flag)
 		}
+		if err := s.addInflated(i, off, size); err != nil {
+			return err
+		}
 	case objOfsDelta:
 		rel, err := s.ofsDeltaOffset()
 		if err != nil {
@@ -289,6 +300,11 @@ func (s *scanner) entry(i int) error {
 	}
 	e := entry{off: off, base: baseOff, size: size, typ: typ}
 	if typ == objOfsDelta || typ == objRefDelta {
+		// Counted before the trailer reaches git, so before index-pack
+		// builds any delta's result.
+		if err := s.addInflated(i, off, result); err != nil {
+			return err
+		}
 		e.typ, e.size = base, result
 		if lim, flag := s.lim.forType(base); base != objUnknown && lim > 0 && result > lim {
 			return tooLarge(i, off, base, result, lim, flag)
@@ -309,6 +325,19 @@ func (s *scanner) entry(i int) error {
 		}
 	}
 	s.entries = append(s.entries, e)
+	return nil
+}
+
+// addInflated adds entry i's declared inflated size to the pack's sum and
+// refuses the pack once the sum is over Limits.InflatedBytes.
+func (s *scanner) addInflated(i int, off, size int64) error {
+	s.inflated += size
+	if lim := s.lim.InflatedBytes; lim > 0 && s.inflated > lim {
+		return errdefs.ResourceExhausted(errdefs.PushInflatedTooLarge,
+			"the pushed objects inflate to more than %d bytes (bushostd --max-push-inflated): %d bytes by pack entry %d (offset %d), counting each delta by its result; push the history in parts, or ask the host to raise the bound",
+			lim, s.inflated, i+1, off).
+			With("limit", lim).With("size", s.inflated).With("entry", i+1).With("flag", "--max-push-inflated")
+	}
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -46,7 +47,7 @@ func newPackRepo(t *testing.T) *packRepo {
 func (p *packRepo) object(typ string, content []byte) string {
 	p.t.Helper()
 	id, err := p.git.Line(context.Background(), gitcmd.Cmd{GitDir: p.dir, Sub: "hash-object",
-		Flags: []string{"-w", "--literally", "--stdin", "-t" + typ}, Stdin: bytes.NewReader(content)})
+		Flags: []string{"-w", "--literally", "--stdin", "-t" + typ}, Stdin: bytes.NewReader(content)}, gitcmd.MaxLine)
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -329,6 +330,35 @@ func TestScanObjectCount(t *testing.T) {
 	}
 }
 
+// The sum of a pack's declared inflated sizes is bounded, a delta counted
+// by its result: deltas each under the object bound, against one base,
+// are refused once together they pass it, before the trailer (so before
+// git builds any of them); a pack at the bound passes.
+func TestScanInflatedSum(t *testing.T) {
+	base := randomBytes(60 << 10)
+	entries := []rawEntry{{typ: objBlob, data: base}}
+	for i := 0; i < 10; i++ {
+		entries = append(entries, rawEntry{typ: objOfsDelta, data: copyDelta(len(base), 10), ofsBack: 0})
+	}
+	pack := buildPack(entries)
+	total := int64(len(base)) * (1 + 10*10)
+	lim := Limits{BlobBytes: 1 << 20, CommitBytes: 1 << 20, TreeBytes: 1 << 20}
+	var out bytes.Buffer
+	lim.InflatedBytes = total - 1
+	err := scanPack(bytes.NewReader(pack), &out, lim, nil)
+	if e, ok := errdefs.As(err); !ok || e.Reason != errdefs.PushInflatedTooLarge || e.Metadata["entry"] != "11" || e.Metadata["size"] != fmt.Sprint(total) {
+		t.Fatalf("one byte over: %v", err)
+	}
+	if out.Len() > len(pack)-20 {
+		t.Fatalf("%d of %d bytes passed", out.Len(), len(pack))
+	}
+	out.Reset()
+	lim.InflatedBytes = total
+	if err := scanPack(bytes.NewReader(pack), &out, lim, nil); err != nil || !bytes.Equal(out.Bytes(), pack) {
+		t.Fatalf("at the bound: %v", err)
+	}
+}
+
 // BenchmarkScanPack is the scanner's own cost on a pack like the full push
 // of `make bench` (200 random 35,000-byte blobs), against a plain copy.
 func BenchmarkScanPack(b *testing.B) {
@@ -343,7 +373,7 @@ func BenchmarkScanPack(b *testing.B) {
 	var ids []string
 	for i := 0; i < 200; i++ {
 		id, err := g.Line(context.Background(), gitcmd.Cmd{GitDir: p.dir, Sub: "hash-object",
-			Flags: []string{"-w", "--stdin", "-tblob"}, Stdin: bytes.NewReader(randomBytes(35000))})
+			Flags: []string{"-w", "--stdin", "-tblob"}, Stdin: bytes.NewReader(randomBytes(35000))}, gitcmd.MaxLine)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -24,7 +24,7 @@ func TestStrictFlagRefusesWhatPlainStrictTakes(t *testing.T) {
 	repo := filepath.Join(t.TempDir(), "r.git")
 	run := func(c gitcmd.Cmd) string {
 		t.Helper()
-		out, err := g.Output(ctx, c)
+		out, err := g.Output(ctx, c, 16<<20)
 		if err != nil {
 			t.Fatalf("git %s: %v", c.Sub, err)
 		}
@@ -48,7 +48,7 @@ func TestStrictFlagRefusesWhatPlainStrictTakes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out, err := g.Output(ctx, gitcmd.Cmd{GitDir: repo, Sub: "index-pack", Flags: []string{"--stdin", flag, "--fix-thin"}, Env: q.Env(), Stdin: bytes.NewReader(pack.Bytes())})
+			out, err := g.Output(ctx, gitcmd.Cmd{GitDir: repo, Sub: "index-pack", Flags: []string{"--stdin", flag, "--fix-thin"}, Env: q.Env(), Stdin: bytes.NewReader(pack.Bytes())}, 16<<20)
 			q.Remove()
 			var fe *FsckError
 			switch {

@@ -163,7 +163,7 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			w := openWorkRepo(*repo)
 			head = w.commit("HEAD")
 			if head == "" {
-				if head, err = g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}}); err != nil {
+				if head, err = g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}}, gitcmd.MaxLine); err != nil {
 					return fmt.Errorf("%s has no commit at HEAD: %w", *repo, err)
 				}
 			}
@@ -333,7 +333,7 @@ func pushBase(ctx, cctx context.Context, g *gitcmd.Runner, c gitv1.GitServiceCli
 	if b := w.commit(gitBaseRef); b != "" {
 		return b, nil
 	}
-	if b, err := g.Line(ctx, gitcmd.Cmd{Dir: repo, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{gitBaseRef + "^{commit}"}}); err == nil && b != "" {
+	if b, err := g.Line(ctx, gitcmd.Cmd{Dir: repo, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{gitBaseRef + "^{commit}"}}, gitcmd.MaxLine); err == nil && b != "" {
 		return b, nil
 	}
 	main, err := serverMain(cctx, c)
@@ -370,12 +370,18 @@ func serverMain(ctx context.Context, c gitv1.GitServiceClient) (string, error) {
 // countUncommitted counts the working tree's changes that a push of HEAD
 // leaves out: none when the tree is provably clean in process, else what
 // `git status` lists (0 when it cannot say).
+// maxStatusBytes bounds the `git status` listing read to count changes.
+const maxStatusBytes = 16 << 20
+
 func countUncommitted(ctx context.Context, g *gitcmd.Runner, w *workRepo, repo, head string) int {
 	if w.clean(head) {
 		return 0
 	}
-	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "status", Flags: []string{"--porcelain", "--no-renames"}})
-	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "status", Flags: []string{"--porcelain", "--no-renames"}}, maxStatusBytes)
+	if errdefs.ReasonOf(err) == errdefs.GitOutputTooLarge {
+		// At least as many as the whole lines read: enough to warn.
+		out = out[:bytes.LastIndexByte(out, '\n')+1]
+	} else if err != nil || len(bytes.TrimSpace(out)) == 0 {
 		return 0
 	}
 	return bytes.Count(bytes.TrimRight(out, "\n"), []byte("\n")) + 1
@@ -488,7 +494,7 @@ func (r *gitRepo) receive(ctx context.Context, g *gitcmd.Runner, body io.Reader)
 		return bundle.Ref{}, err
 	}
 	ref := h.Refs[0]
-	typ, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{ref.Commit}, Env: q.Env()})
+	typ, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{ref.Commit}, Env: q.Env()}, gitcmd.MaxLine)
 	if err != nil || typ != "commit" {
 		return bundle.Ref{}, fmt.Errorf("the bundle's ref %s does not name a commit it carries", ref.Name)
 	}
@@ -660,7 +666,7 @@ func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp, prefix string, refOf func(
 		}
 		have := ""
 		for _, ref := range []string{gitBaseRef, "refs/heads/main"} {
-			if c, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{ref + "^{commit}"}}); err == nil && c != "" {
+			if c, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{ref + "^{commit}"}}, gitcmd.MaxLine); err == nil && c != "" {
 				have = c
 				break
 			}
@@ -670,7 +676,7 @@ func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp, prefix string, refOf func(
 		// what is new since.
 		var also []string
 		if out, err := g.Output(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "for-each-ref",
-			Flags: []string{"--count=" + strconv.Itoa(maxAlsoHave), "--sort=-committerdate", "--format=%(objectname)"}, Args: []string{prefix}}); err == nil {
+			Flags: []string{"--count=" + strconv.Itoa(maxAlsoHave), "--sort=-committerdate", "--format=%(objectname)"}, Args: []string{prefix}}, 64*(maxAlsoHave+1)); err == nil {
 			also = strings.Fields(string(out))
 		}
 		c, ctx, closeConn, err := e.gitClient(ctx)

@@ -51,11 +51,11 @@ func openOrInit(ctx context.Context, g *gitcmd.Runner, dir string) (*gitRepo, er
 	} else if err := atTop(ctx, g, dir, abs); err != nil {
 		return nil, err
 	}
-	gitDir, err := g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--absolute-git-dir"}})
+	gitDir, err := g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--absolute-git-dir"}}, gitcmd.MaxLine)
 	if err != nil {
 		return nil, fmt.Errorf("%s is not a git repository: %w", dir, err)
 	}
-	common, err := g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--path-format=absolute", "--git-common-dir"}})
+	common, err := g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--path-format=absolute", "--git-common-dir"}}, gitcmd.MaxLine)
 	if err != nil {
 		return nil, err
 	}
@@ -70,12 +70,12 @@ func atTop(ctx context.Context, g *gitcmd.Runner, dir, abs string) error {
 	if err != nil {
 		return err
 	}
-	bare, _ := g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--is-bare-repository"}})
+	bare, _ := g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--is-bare-repository"}}, gitcmd.MaxLine)
 	found := ""
 	if bare == "true" {
-		found, err = g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--absolute-git-dir"}})
+		found, err = g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--absolute-git-dir"}}, gitcmd.MaxLine)
 	} else {
-		found, err = g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--show-toplevel"}})
+		found, err = g.Line(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--show-toplevel"}}, gitcmd.MaxLine)
 	}
 	if err != nil || found == "" {
 		return errdefs.InvalidArgument(errdefs.RepoNotTopLevel,
@@ -97,7 +97,7 @@ func atTop(ctx context.Context, g *gitcmd.Runner, dir, abs string) error {
 // commits on an older main, or its work landed as a merge) is left as it
 // is, with a message on warn saying how to rebase.
 func (r *gitRepo) setMain(ctx context.Context, g *gitcmd.Runner, commit string, warn io.Writer) error {
-	old, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{"refs/heads/main"}})
+	old, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{"refs/heads/main"}}, gitcmd.MaxLine)
 	if err != nil {
 		old = ""
 	}
@@ -107,7 +107,7 @@ func (r *gitRepo) setMain(ctx context.Context, g *gitcmd.Runner, commit string, 
 	if old != "" {
 		// One merge-base says which of the three it is. It reads the
 		// commits between the two, from the commit-graph tidy keeps.
-		base, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "merge-base", Args: []string{old, commit}})
+		base, err := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "merge-base", Args: []string{old, commit}}, gitcmd.MaxLine)
 		if err != nil && gitcmd.ExitCode(err) != 1 {
 			return err
 		}
@@ -122,8 +122,8 @@ func (r *gitRepo) setMain(ctx context.Context, g *gitcmd.Runner, commit string, 
 			return nil
 		}
 	}
-	bare, _ := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--is-bare-repository"}})
-	head, _ := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "symbolic-ref", Flags: []string{"--quiet"}, Args: []string{"HEAD"}})
+	bare, _ := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--is-bare-repository"}}, gitcmd.MaxLine)
+	head, _ := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "symbolic-ref", Flags: []string{"--quiet"}, Args: []string{"HEAD"}}, gitcmd.MaxLine)
 	if bare == "true" || head != "refs/heads/main" {
 		oldArg := old
 		if oldArg == "" {

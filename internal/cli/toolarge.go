@@ -54,11 +54,15 @@ func nameTooLarge(ctx context.Context, err error, repo, base, head string) error
 	return &named
 }
 
+// maxObjectListing bounds what findObject reads of git: the name is a
+// courtesy, and a push whose listing is larger goes without it.
+const maxObjectListing = 64 << 20
+
 // findObject returns the object of type typ and size bytes among those in
 // head's history and not in base's, with the path rev-list gives it ("" for
 // a commit or tag).
 func findObject(ctx context.Context, g *gitcmd.Runner, repo, base, head, typ string, size int64) (oid, path string, ok bool) {
-	list, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "rev-list", Flags: []string{"--objects"}, Args: []string{head, "^" + base}})
+	list, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "rev-list", Flags: []string{"--objects"}, Args: []string{head, "^" + base}}, maxObjectListing)
 	if err != nil {
 		return "", "", false
 	}
@@ -70,7 +74,7 @@ func findObject(ctx context.Context, g *gitcmd.Runner, repo, base, head, typ str
 		paths[id] = p
 		ids.WriteString(id + "\n")
 	}
-	sizes, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "cat-file", Flags: []string{"--batch-check=%(objectname) %(objecttype) %(objectsize)"}, Stdin: &ids})
+	sizes, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "cat-file", Flags: []string{"--batch-check=%(objectname) %(objecttype) %(objectsize)"}, Stdin: &ids}, maxObjectListing)
 	if err != nil {
 		return "", "", false
 	}

@@ -18,7 +18,7 @@ func reviewedCommit(ctx context.Context, dir string) (string, error) {
 		return "", err
 	}
 	defer done()
-	out, err := g.Output(ctx, gitcmd.Cmd{Dir: dir, Sub: "for-each-ref", Flags: []string{"--format=%(objectname) %(refname)"}, Args: []string{"refs/review/"}})
+	out, err := g.Output(ctx, gitcmd.Cmd{Dir: dir, Sub: "for-each-ref", Flags: []string{"--format=%(objectname) %(refname)"}, Args: []string{"refs/review/"}}, 16<<20) // a ref a reviewed task
 	if err != nil {
 		return "", usagef("no --commit, and %s is not a git repository with refs/review/<task>: %v", dir, err)
 	}

@@ -68,6 +68,9 @@ type Options struct {
 	MaxCommitBytes  int64
 	MaxTreeBytes    int64
 	MaxPackObjects  int64
+	MaxPushInflated int64
+	MaxTreePaths    int64
+	MaxTreeDepth    int64
 	MaxTaskBytes    int64
 	MaxProjectBytes int64
 	EventRate       int
@@ -167,9 +170,12 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	log := o.Logger
 	if o.MaxBundleBytes < 0 || o.DrainTimeout < 0 ||
-		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxPackObjects < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
+		o.MaxObjectBytes < 0 || o.MaxCommitBytes < 0 || o.MaxTreeBytes < 0 || o.MaxPackObjects < 0 || o.MaxPushInflated < 0 || o.MaxTreePaths < 0 || o.MaxTreeDepth < 0 || o.MaxTaskBytes < 0 || o.MaxProjectBytes < 0 ||
 		o.EventRate < 0 || o.EventBytesRate < 0 || o.MergeTimeout < 0 || o.MergeRenameLimit < 0 || o.EgressRate < 0 || o.EgressBytesRate < 0 || o.Observe.DrainGrace < 0 {
 		return errors.New("limits must not be negative")
+	}
+	if o.MaxTreeDepth > gitd.MaxTreeDepthBound {
+		return fmt.Errorf("--max-tree-depth: %d is over %d, git's own core.maxTreeDepth", o.MaxTreeDepth, gitd.MaxTreeDepthBound)
 	}
 	if o.Housekeeping != "" && o.Housekeeping != "auto" && o.Housekeeping != "off" {
 		return fmt.Errorf("--housekeeping: %q is neither auto nor off", o.Housekeeping)
@@ -267,6 +273,9 @@ func Serve(ctx context.Context, o Options) error {
 		MaxCommitBytes:  o.MaxCommitBytes,
 		MaxTreeBytes:    o.MaxTreeBytes,
 		MaxPackObjects:  o.MaxPackObjects,
+		MaxPushInflated: o.MaxPushInflated,
+		MaxTreePaths:    o.MaxTreePaths,
+		MaxTreeDepth:    o.MaxTreeDepth,
 		NoObjectChecks:  o.NoObjectChecks,
 		NoFDPassing:     o.NoFDPassing,
 		MaxTaskBytes:    o.MaxTaskBytes,

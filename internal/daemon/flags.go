@@ -39,12 +39,16 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 func (o *Options) addBoundFlags(fs *pflag.FlagSet) {
 	o.MaxObjectBytes, o.MaxCommitBytes, o.MaxTreeBytes = gitd.DefaultMaxObjectBytes, gitd.DefaultMaxCommitBytes, gitd.DefaultMaxTreeBytes
 	o.MaxTaskBytes, o.MaxProjectBytes = gitd.DefaultMaxTaskBytes, gitd.DefaultMaxProjectBytes
+	o.MaxPushInflated = gitd.DefaultMaxPushInflated
 	o.EventBytesRate = broker.DefaultEventBytesRate
 	o.EgressBytesRate = broker.DefaultEgressBytesRate
 	fs.Var(size.Value{P: &o.MaxObjectBytes}, "max-object-bytes", "largest blob a push may carry, inflated")
 	fs.Var(size.Value{P: &o.MaxCommitBytes}, "max-commit-bytes", "largest commit or tag a push may carry, inflated")
 	fs.Var(size.Value{P: &o.MaxTreeBytes}, "max-tree-bytes", "largest tree a push may carry, inflated")
 	fs.Int64Var(&o.MaxPackObjects, "max-pack-objects", gitd.DefaultMaxPackObjects, "most objects one pushed pack may hold")
+	fs.Var(size.Value{P: &o.MaxPushInflated}, "max-push-inflated", "most bytes a push's objects may inflate to together, each delta counted by its result")
+	fs.Int64Var(&o.MaxTreePaths, "max-tree-paths", gitd.DefaultMaxTreePaths, "most paths (files, links, submodules) the tree of a pushed, landed or published commit may expand to")
+	fs.Int64Var(&o.MaxTreeDepth, "max-tree-depth", gitd.DefaultMaxTreeDepth, "deepest the tree of a pushed, landed or published commit may nest (a file at the top is depth 1)")
 	fs.Var(size.Value{P: &o.MaxTaskBytes}, "max-task-bytes", "total size of a task's accepted packs")
 	fs.Var(size.Value{P: &o.MaxProjectBytes}, "max-project-bytes", "size of a project's repository that pushes may reach")
 	fs.IntVar(&o.EventRate, "event-rate", broker.DefaultEventRate, "events one grant may record per minute")

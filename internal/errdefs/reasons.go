@@ -115,6 +115,8 @@ const (
 	CommentTooLarge    Reason = "COMMENT_TOO_LARGE"
 	EventDataTooLarge  Reason = "EVENT_DATA_TOO_LARGE"
 	EventBatchTooLarge Reason = "EVENT_BATCH_TOO_LARGE"
+	// A git process printed more than its caller's cap (internal/gitcmd).
+	GitOutputTooLarge Reason = "GIT_OUTPUT_TOO_LARGE"
 
 	GitDirUnsafe        Reason = "GIT_DIR_UNSAFE"
 	AgentProcessRunning Reason = "AGENT_PROCESS_RUNNING"
@@ -129,10 +131,14 @@ const (
 
 	ObjectTooLarge     Reason = "OBJECT_TOO_LARGE"
 	PackTooManyObjects Reason = "PACK_TOO_MANY_OBJECTS"
-	EventRateExceeded  Reason = "EVENT_RATE_EXCEEDED"
-	EventBytesRate     Reason = "EVENT_BYTES_RATE_EXCEEDED"
-	TaskQuota          Reason = "TASK_QUOTA_EXCEEDED"
-	ProjectQuota       Reason = "PROJECT_QUOTA_EXCEEDED"
+	// A push's objects together, and what its trees expand to.
+	PushInflatedTooLarge Reason = "PUSH_INFLATED_TOO_LARGE"
+	TreeTooLarge         Reason = "TREE_TOO_LARGE"
+	PackUnreachable      Reason = "PACK_UNREACHABLE_OBJECTS"
+	EventRateExceeded    Reason = "EVENT_RATE_EXCEEDED"
+	EventBytesRate       Reason = "EVENT_BYTES_RATE_EXCEEDED"
+	TaskQuota            Reason = "TASK_QUOTA_EXCEEDED"
+	ProjectQuota         Reason = "PROJECT_QUOTA_EXCEEDED"
 
 	TooManyConnsPerUID   Reason = "TOO_MANY_CONNECTIONS_PER_UID"
 	TooManyCallsPerUID   Reason = "TOO_MANY_CALLS_PER_UID"

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // DefaultTimeout bounds a git process whose caller set no deadline.
@@ -187,8 +189,9 @@ type Cmd struct {
 	Config []string
 	// Env adds allow-listed variables ("NAME=value").
 	Env []string
-	// Stdin, Stdout: optional; Stdout defaults to a buffer returned by
-	// Output. Stderr is always kept for errors.
+	// Stdin, Stdout: optional; Output and Line capture stdout themselves,
+	// up to the cap their caller gives. Stderr is always kept for errors
+	// (its first 64 KiB).
 	Stdin  io.Reader
 	Stdout io.Writer
 }
@@ -302,7 +305,13 @@ func (r *Runner) env(c Cmd) ([]string, error) {
 }
 
 // Run runs c and returns an *Error carrying git's stderr if it fails.
+// c.Stdout, when set, takes git's output as it comes (a pipe to another
+// process, a stream to a client): nothing is held here.
 func (r *Runner) Run(ctx context.Context, c Cmd) error {
+	return r.run(ctx, c, nil)
+}
+
+func (r *Runner) run(ctx context.Context, c Cmd, capped *cappedBuffer) error {
 	argv, err := r.Argv(c)
 	if err != nil {
 		return err
@@ -315,6 +324,15 @@ func (r *Runner) Run(ctx context.Context, c Cmd) error {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.timeout)
 		defer cancel()
+	}
+	if capped != nil {
+		// Past its cap the buffer cancels this context, which kills git:
+		// a process that keeps printing must not wait on a full pipe.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		capped.over = cancel
+		c.Stdout = capped
 	}
 	cmd := exec.CommandContext(ctx, r.gitPath, argv...)
 	cmd.Dir = c.Dir
@@ -331,7 +349,14 @@ func (r *Runner) Run(ctx context.Context, c Cmd) error {
 	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Run(); err != nil {
+	err = cmd.Run()
+	args := argv[2*len(fixedConfig):]
+	if capped != nil && capped.exceeded {
+		return errdefs.ResourceExhausted(errdefs.GitOutputTooLarge, "git %s printed more than %d bytes, the most this call reads; it was stopped", c.Sub, capped.limit).
+			With("limit", capped.limit).With("command", c.Sub).
+			Wrap(&Error{Args: args, ExitCode: -1, Stderr: stderr.String(), Err: errOutputTooLarge})
+	}
+	if err != nil {
 		code := -1
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -340,23 +365,59 @@ func (r *Runner) Run(ctx context.Context, c Cmd) error {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
 		}
-		return &Error{Args: argv[2*len(fixedConfig):], ExitCode: code, Stderr: stderr.String(), Err: err}
+		return &Error{Args: args, ExitCode: code, Stderr: stderr.String(), Err: err}
 	}
 	return nil
 }
 
-// Output runs c and returns its stdout.
-func (r *Runner) Output(ctx context.Context, c Cmd) ([]byte, error) {
-	var out bytes.Buffer
-	c.Stdout = &out
-	err := r.Run(ctx, c)
-	return out.Bytes(), err
+// errOutputTooLarge is the cause under a GIT_OUTPUT_TOO_LARGE refusal.
+var errOutputTooLarge = errors.New("output over its cap")
+
+// Output runs c and returns its stdout, which may be at most max bytes:
+// every caller says how much it is ready to hold. Past max, git is killed
+// and the call fails with reason GIT_OUTPUT_TOO_LARGE (metadata "limit",
+// "command"), whatever git would have said. c.Stdout must be unset.
+func (r *Runner) Output(ctx context.Context, c Cmd, max int) ([]byte, error) {
+	if c.Stdout != nil {
+		return nil, fmt.Errorf("gitcmd: Output of git %s with a Stdout of its own", c.Sub)
+	}
+	if max <= 0 {
+		return nil, fmt.Errorf("gitcmd: Output of git %s with no room (max %d)", c.Sub, max)
+	}
+	buf := &cappedBuffer{limit: max}
+	err := r.run(ctx, c, buf)
+	return buf.buf.Bytes(), err
 }
 
-// Line runs c and returns its stdout with surrounding space trimmed.
-func (r *Runner) Line(ctx context.Context, c Cmd) (string, error) {
-	out, err := r.Output(ctx, c)
+// Line runs c and returns its stdout, at most max bytes (as Output), with
+// surrounding space trimmed.
+func (r *Runner) Line(ctx context.Context, c Cmd, max int) (string, error) {
+	out, err := r.Output(ctx, c, max)
 	return strings.TrimSpace(string(out)), err
+}
+
+// MaxLine is room for what git prints as one line of an answer: an object
+// id, a type, a count, a ref name, a path or a config value (PATH_MAX,
+// with room to spare).
+const MaxLine = 8 << 10
+
+// cappedBuffer holds at most limit bytes; the first write past them marks
+// it exceeded, calls over (which kills git) and fails, so exec stops
+// copying.
+type cappedBuffer struct {
+	buf      bytes.Buffer
+	limit    int
+	exceeded bool
+	over     func()
+}
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	if b.exceeded || b.buf.Len()+len(p) > b.limit {
+		b.exceeded = true
+		b.over()
+		return 0, errOutputTooLarge
+	}
+	return b.buf.Write(p)
 }
 
 // tailBuffer keeps the first limit bytes written to it, so that a chatty

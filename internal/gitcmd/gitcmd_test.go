@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bushost/bushost/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,7 +26,7 @@ func newRunner(t *testing.T) *Runner {
 
 func mustRun(t *testing.T, r *Runner, c Cmd) string {
 	t.Helper()
-	out, err := r.Line(context.Background(), c)
+	out, err := r.Line(context.Background(), c, MaxLine)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,6 +178,47 @@ func TestTimeoutKillsGit(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("took %v", d)
+	}
+}
+
+// TestOutputCapped: Output reads at most its cap. Past it, git is killed
+// at once (here it would otherwise wait on a stdin nobody closes, and the
+// runner has no timeout) and the call fails GIT_OUTPUT_TOO_LARGE; an
+// answer of exactly the cap is whole.
+func TestOutputCapped(t *testing.T) {
+	r := newRunner(t).WithTimeout(0)
+	dir := initRepo(t, r)
+	blob := mustRun(t, r, Cmd{Dir: dir, Sub: "hash-object", Flags: []string{"-w", "--stdin"}, Stdin: strings.NewReader(strings.Repeat("x", 1<<20))})
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	if _, err := pw.WriteString(blob + "\n"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := r.Output(context.Background(), Cmd{Dir: dir, Sub: "cat-file", Flags: []string{"--batch"}, Stdin: pr}, 4096)
+	e, ok := errdefs.As(err)
+	if !ok || e.Reason != errdefs.GitOutputTooLarge || e.Metadata["limit"] != "4096" || e.Metadata["command"] != "cat-file" {
+		t.Fatalf("err = %v", err)
+	}
+	if len(out) > 4096 {
+		t.Fatalf("read %d bytes past a cap of 4096", len(out))
+	}
+	if ExitCode(err) != -1 {
+		t.Fatalf("exit = %d: git should have been killed", ExitCode(err))
+	}
+
+	id := mustRun(t, r, Cmd{Dir: dir, Sub: "rev-parse", Args: []string{"HEAD"}})
+	if got, err := r.Line(context.Background(), Cmd{Dir: dir, Sub: "rev-parse", Args: []string{"HEAD"}}, len(id)+1); err != nil || got != id {
+		t.Fatalf("an answer of exactly the cap: %q, %v", got, err)
+	}
+	if _, err := r.Line(context.Background(), Cmd{Dir: dir, Sub: "rev-parse", Args: []string{"HEAD"}}, len(id)); errdefs.ReasonOf(err) != errdefs.GitOutputTooLarge {
+		t.Fatalf("one byte over: %v", err)
+	}
+	if _, err := r.Output(context.Background(), Cmd{Dir: dir, Sub: "rev-parse", Stdout: pw}, 10); err == nil {
+		t.Fatal("Output took a Stdout of its own")
 	}
 }
 

@@ -36,6 +36,11 @@ const attributes = "# Written by the bushost supervisor: no conversion, no drive
 // Only the watched trees are ever staged, so a revert never has to touch a
 // file outside them (infra/, AGENTS.md stay untracked). The agent may keep a
 // git of its own in the workspace; the supervisor never reads it.
+// maxPathList bounds a listing of the watched trees' paths read from git
+// (some 500,000 paths): a tree the agent filled past it fails the commit
+// or revert with GIT_OUTPUT_TOO_LARGE instead of growing the supervisor.
+const maxPathList = 64 << 20
+
 type Repo struct {
 	dir    string
 	gitDir string
@@ -232,7 +237,7 @@ func globEscape(s string) string {
 
 // rev resolves rev to a commit id, or "" if it does not exist.
 func (r *Repo) rev(ctx context.Context, rev string) (string, error) {
-	out, err := r.git.Line(ctx, r.cmd("rev-parse", []string{"--verify", "-q"}, rev+"^{commit}"))
+	out, err := r.git.Line(ctx, r.cmd("rev-parse", []string{"--verify", "-q"}, rev+"^{commit}"), gitcmd.MaxLine)
 	if err != nil {
 		if gitcmd.ExitCode(err) == 1 {
 			return "", nil
@@ -250,7 +255,7 @@ func (r *Repo) Good(ctx context.Context) (string, error) { return r.rev(ctx, Goo
 
 // Tree is the tree id of commit.
 func (r *Repo) Tree(ctx context.Context, commit string) (string, error) {
-	return r.git.Line(ctx, r.cmd("rev-parse", []string{"--verify", "-q"}, commit+"^{tree}"))
+	return r.git.Line(ctx, r.cmd("rev-parse", []string{"--verify", "-q"}, commit+"^{tree}"), gitcmd.MaxLine)
 }
 
 // SetGood moves refs/supervisor/good to commit, if it still points at old
@@ -287,9 +292,9 @@ func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
 	}
 	var out []byte
 	if head == "" {
-		out, err = r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}))
+		out, err = r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}), maxPathList)
 	} else {
-		out, err = r.git.Output(ctx, r.cmd("diff-index", []string{"--cached", "--name-only", "--no-renames", "-z"}, head))
+		out, err = r.git.Output(ctx, r.cmd("diff-index", []string{"--cached", "--name-only", "--no-renames", "-z"}, head), maxPathList)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list staged changes: %w", err)
@@ -481,7 +486,7 @@ func short(id string) string {
 // as a link and never followed.
 func (r *Repo) removeUntracked(ctx context.Context, commit string) error {
 	args := append([]string{commit, "--"}, r.watch...)
-	out, err := r.git.Output(ctx, r.cmd("ls-tree", []string{"-r", "-z", "--name-only", "--full-tree"}, args...))
+	out, err := r.git.Output(ctx, r.cmd("ls-tree", []string{"-r", "-z", "--name-only", "--full-tree"}, args...), maxPathList)
 	if err != nil {
 		return fmt.Errorf("list %s: %w", short(commit), err)
 	}
@@ -549,7 +554,7 @@ func removeUntrackedIn(root *os.Root, w, dir string, files, dirs map[string]bool
 // gitlink; so they are left out of the commit, said loudly, and a revert
 // removes them with everything else the good commit does not hold.
 func (r *Repo) untrackedRepos(ctx context.Context) ([]string, error) {
-	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}))
+	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}), maxPathList)
 	if err != nil {
 		return nil, fmt.Errorf("list tracked files: %w", err)
 	}

@@ -46,7 +46,7 @@ func writeFile(t *testing.T, path, content string) {
 // authorOf returns "name <email>" of rev's author and committer.
 func authorOf(t *testing.T, r *Repo, rev string) (string, string) {
 	t.Helper()
-	out, err := r.git.Line(context.Background(), r.cmd("log", []string{"-1", "--format=%an <%ae>%n%cn <%ce>"}, rev))
+	out, err := r.git.Line(context.Background(), r.cmd("log", []string{"-1", "--format=%an <%ae>%n%cn <%ce>"}, rev), gitcmd.MaxLine)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestRepoCommitsOnlyWatchedTreesAsTheAgent(t *testing.T) {
 	if a, cm := authorOf(t, r, c); a != "agent <agent@localhost>" || cm != a {
 		t.Errorf("author %q committer %q", a, cm)
 	}
-	files, err := r.git.Line(ctx, r.cmd("ls-tree", []string{"-r", "--name-only"}, c))
+	files, err := r.git.Line(ctx, r.cmd("ls-tree", []string{"-r", "--name-only"}, c), 16<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestRepoRevert(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(ws, "AGENTS.md")); string(b) != "untracked, must survive\n" {
 		t.Errorf("AGENTS.md = %q", b)
 	}
-	parent, err := r.git.Line(ctx, r.cmd("rev-parse", nil, rev+"^"))
+	parent, err := r.git.Line(ctx, r.cmd("rev-parse", nil, rev+"^"), gitcmd.MaxLine)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestRepoIgnoresTheAgentsGitFiles(t *testing.T) {
 	if got := strings.Join(paths, ","); got != want {
 		t.Errorf("committed %s\nwant      %s", got, want)
 	}
-	blob, err := r.git.Output(ctx, r.cmd("cat-file", []string{"-p"}, c+":src/a.txt"))
+	blob, err := r.git.Output(ctx, r.cmd("cat-file", []string{"-p"}, c+":src/a.txt"), 16<<20)
 	if err != nil || string(blob) != "two\r\n$Id$\n" {
 		t.Errorf("a.txt committed as %q (%v): attributes converted it", blob, err)
 	}
@@ -249,14 +249,14 @@ func TestRepoCommitMessageQuotesPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trailers, err := r.git.Output(ctx, r.cmd("log", []string{"-1", "--format=%(trailers)"}, c))
+	trailers, err := r.git.Output(ctx, r.cmd("log", []string{"-1", "--format=%(trailers)"}, c), 16<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.TrimSpace(string(trailers)); got != RecordedTrailer {
 		t.Errorf("trailers %q, want only %q", got, RecordedTrailer)
 	}
-	msg, _ := r.git.Output(ctx, r.cmd("log", []string{"-1", "--format=%B"}, c))
+	msg, _ := r.git.Output(ctx, r.cmd("log", []string{"-1", "--format=%B"}, c), 16<<20)
 	if !strings.Contains(string(msg), "  "+QuotePath("src/"+evil)+"\n") {
 		t.Errorf("message does not hold the quoted path:\n%s", msg)
 	}
