@@ -43,6 +43,7 @@ import (
 	"github.com/bushost/bushost/internal/sandbox"
 	"github.com/bushost/bushost/internal/size"
 	"github.com/bushost/bushost/internal/sock"
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // Socket is the launcher's socket in its home.
@@ -256,6 +257,7 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 		if err := checkWorkspace(ws, peer); err != nil {
 			return record{}, err
 		}
+		testhook.Swap("launch.workspace")
 	}
 
 	id := randomID()

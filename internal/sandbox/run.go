@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // ExitSandbox is run's exit status when the sandbox itself failed and the
@@ -41,6 +43,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
+	testhook.Swap("run.workspace")
 	if p.User.Dynamic {
 		l, err := acquireUID(p.Config.StateDir, p.Config.UIDLow, p.Config.UIDHigh)
 		if err != nil {
