@@ -24,12 +24,13 @@ type launchEnv struct {
 	serve *exec.Cmd
 	log   string
 	args  []string
+	lead  string // token file of a lead grant: session.launch, --launch worker=git.push.working
+	other string // token file of a grant of project acme/api
+
 	// sandbox, when set, is the sandbox serve runs (a hooked build); env
 	// is added to its environment.
 	sandbox string
 	env     []string
-	lead  string // token file of a lead grant: session.launch, --launch worker=git.push.working
-	other string // token file of a grant of project acme/api
 }
 
 func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {

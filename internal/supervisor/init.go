@@ -82,7 +82,7 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.
 		return Account{}, err
 	}
 	defer unix.Close(wsfd)
-	testhook.Swap("init.workspace", ws)
+	testhook.Swap("init.workspace")
 	if fresh && seed != "" {
 		log.Info("first boot: seeding the workspace", "seed", seed, "workspace", ws)
 		if err := seedWorkspace(seed, wsfd, agent.UID); err != nil {
@@ -311,7 +311,7 @@ func seedWorkspace(seed string, wsfd, uid int) error {
 		return err
 	}
 	defer h.Close()
-	testhook.Swap("init.seed", abs)
+	testhook.Swap("init.seed")
 	return copyTree(h.Fd(), wsfd, abs, 0)
 }
 
