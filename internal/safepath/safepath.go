@@ -173,14 +173,14 @@ func (h *Handle) Recheck() error {
 		var e *Error
 		if errors.As(err, &e) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 			return &Error{Reason: ReasonChanged, Path: h.path, Owner: h.Owner(), Mode: modeOf(&h.st),
-				Msg: fmt.Sprintf("%s changed after it was checked (%v): refused, never followed", h.path, err)}
+				Msg: fmt.Sprintf("PATH_CHANGED: %s changed after it was checked (%v): refused, never followed", h.path, err)}
 		}
 		return err
 	}
 	defer again.Close()
 	if !h.Is(&again.st) {
 		return &Error{Reason: ReasonChanged, Path: h.path, Owner: again.Owner(), Mode: modeOf(&again.st),
-			Msg: fmt.Sprintf("%s is no longer the directory that was checked (now owner %s, mode %v): refused, never followed", h.path, Owner(again.Owner()), modeOf(&again.st))}
+			Msg: fmt.Sprintf("PATH_CHANGED: %s is no longer what was checked (now owner %s, mode %v): refused, never followed", h.path, Owner(again.Owner()), modeOf(&again.st))}
 	}
 	return nil
 }
@@ -229,6 +229,13 @@ func open(path string, uid int, flags int, k kind) (*Handle, error) {
 	return walk(path, uid, flags, k, nil)
 }
 
+// Trusted checks a file or directory opened under a directory already
+// checked (session.json in a run directory): not a link, owned by root or
+// uid, writable by nobody else.
+func Trusted(path string, st *unix.Stat_t, uid int) error {
+	return trusted(path, st, uid, true)
+}
+
 // trusted checks one component: owned by root or uid, writable by nobody
 // else unless last is false and it is a root-owned sticky directory.
 func trusted(path string, st *unix.Stat_t, uid int, last bool) error {
@@ -236,6 +243,8 @@ func trusted(path string, st *unix.Stat_t, uid int, last bool) error {
 	switch {
 	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
 		return refuseStat(path, st, "is a symbolic link: it is not followed")
+	case o != uid && o != 0 && uid == 0:
+		return refuseStat(path, st, "belongs to another user, not root")
 	case o != uid && o != 0:
 		return refuseStat(path, st, fmt.Sprintf("belongs to another user, neither root nor %s", Owner(uid)))
 	case st.Mode&0o022 != 0 && (last || o != 0 || st.Mode&unix.S_ISVTX == 0):
@@ -367,7 +376,7 @@ func openLast(dirfd int, name, path string, flags int, k kind, mkdir *uint32) (*
 		if h.st.Dev != pre.Dev || h.st.Ino != pre.Ino {
 			h.Close()
 			return nil, &Error{Reason: ReasonChanged, Path: path, Owner: int(pre.Uid), Mode: modeOf(&pre),
-				Msg: fmt.Sprintf("%s changed while it was opened: refused, never followed", path)}
+				Msg: fmt.Sprintf("PATH_CHANGED: %s changed while it was opened: refused, never followed", path)}
 		}
 		if flags&unix.O_NONBLOCK == 0 && f&unix.O_PATH == 0 {
 			// Regular files and directories do not block; the flag only
@@ -387,6 +396,21 @@ func held(fd int, path string) (*Handle, error) {
 		return nil, err
 	}
 	return h, nil
+}
+
+// OpenNoFollow opens the absolute path from / following no link on the
+// way (OpenBeneath from /), with no owner rule: for a path whose identity
+// the caller checks itself (a recorded device and inode).
+func OpenNoFollow(path string, flags int) (int, error) {
+	if !filepath.IsAbs(path) {
+		return -1, fmt.Errorf("%s: not an absolute path", path)
+	}
+	root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(root)
+	return OpenBeneath(root, strings.TrimPrefix(filepath.Clean(path), "/"), flags)
 }
 
 // noOpenat2 is set once the kernel (or a seccomp filter) says there is no

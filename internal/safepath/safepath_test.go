@@ -182,7 +182,7 @@ func TestRecheckSwap(t *testing.T) {
 	// Another directory in its place: the same refusal.
 	os.Remove(ws)
 	os.Mkdir(ws, 0o700)
-	wantRefusal(t, h.Recheck(), ReasonChanged, ws, "no longer the directory")
+	wantRefusal(t, h.Recheck(), ReasonChanged, ws, "no longer what was checked")
 	if _, err := unix.Openat(h.Fd(), "mine", unix.O_RDONLY, 0); err != nil {
 		t.Errorf("the handle lost what was checked: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bushost/bushost/internal/safepath"
 	"github.com/bushost/bushost/internal/testhook"
 )
 
@@ -43,7 +44,13 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
+	// The workspace was opened and checked once; from here on the
+	// session gets that descriptor. A path that no longer names it was
+	// swapped under the caller's eyes: refused, never followed.
 	testhook.Swap("run.workspace")
+	if err := p.ws.Recheck(); err != nil {
+		return 0, err
+	}
 	if p.User.Dynamic {
 		l, err := acquireUID(p.Config.StateDir, p.Config.UIDLow, p.Config.UIDHigh)
 		if err != nil {
@@ -62,11 +69,15 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		if err := p.prepareRunDir(); err != nil {
 			return 0, err
 		}
-		trees := []tree{{p.Workspace, true, true}, {p.RunDir, false, true}, {p.Home, true, true}, {p.Tmp, true, true}}
-		if p.Session.TokenFile != "" {
-			trees = append(trees, tree{filepath.Join(p.RunDir, p.Session.TokenFile), false, false})
+		trees, err := p.handedTrees()
+		if err != nil {
+			return 0, err
 		}
-		if err := l.handOver(trees...); err != nil {
+		err = l.handOver(trees...)
+		for _, t := range trees[2:] {
+			unix.Close(t.fd)
+		}
+		if err != nil {
 			return 0, err
 		}
 	} else if err := p.prepareRunDir(); err != nil {
@@ -178,6 +189,12 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		files = append(files, eg.child.Fd())
 		argv = append(argv, initRelay)
 	}
+	// fdWorkspace, for bwrap's --bind-fd, after closed ones in the places
+	// of those not used.
+	for len(files) < fdWorkspace {
+		files = append(files, ^uintptr(0))
+	}
+	files = append(files, uintptr(p.ws.Fd()))
 	argv = append(argv, exe)
 	argv = append(argv, p.Command...)
 	attr := &syscall.ProcAttr{
@@ -552,11 +569,7 @@ func (p *Plan) hostPath(inside string, depth int) string {
 // and bundle/. The run directory may be writable by the session user, so
 // every step refuses symlinks and works on the descriptor it opened.
 func (p *Plan) prepareRunDir() error {
-	runFD, err := unix.Open(p.RunDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open run directory %s: %w", p.RunDir, err)
-	}
-	defer unix.Close(runFD)
+	runFD := p.run.Fd()
 	for _, d := range []struct {
 		name  string
 		mode  uint32
@@ -608,6 +621,36 @@ func (p *Plan) prepareRunDir() error {
 		}
 	}
 	return nil
+}
+
+// handedTrees are what a session's own uid is given: the workspace and
+// the run directory by the descriptors opened and checked first, home/,
+// tmp/ and the token opened beneath the run directory following no link.
+// The caller closes the descriptors of all but the first two.
+func (p *Plan) handedTrees() ([]tree, error) {
+	trees := []tree{{p.ws.Fd(), p.Workspace, true, true}, {p.run.Fd(), p.RunDir, false, true}}
+	names := []struct {
+		name  string
+		flags int
+	}{{"home", unix.O_RDONLY | unix.O_DIRECTORY}, {"tmp", unix.O_RDONLY | unix.O_DIRECTORY}}
+	if p.Session.TokenFile != "" {
+		names = append(names, struct {
+			name  string
+			flags int
+		}{p.Session.TokenFile, unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY})
+	}
+	for _, n := range names {
+		fd, err := safepath.OpenBeneath(p.run.Fd(), n.name, n.flags)
+		if err != nil {
+			for _, t := range trees[2:] {
+				unix.Close(t.fd)
+			}
+			return nil, fmt.Errorf("open %s (never a symlink): %w", filepath.Join(p.RunDir, n.name), err)
+		}
+		dir := n.flags&unix.O_DIRECTORY != 0
+		trees = append(trees, tree{fd, filepath.Join(p.RunDir, n.name), dir, dir})
+	}
+	return trees, nil
 }
 
 // emptyDir removes everything in the directory f, through an os.Root on

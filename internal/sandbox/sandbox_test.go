@@ -471,9 +471,9 @@ func socketHome(t *testing.T, base string, gid uint32) {
 		}
 	}
 	must(os.Chmod(base, 0o755))
-	for _, d := range []string{"ws", "run"} {
-		must(os.Chown(filepath.Join(base, d), int(nobody.uid), int(nobody.gid)))
-	}
+	// The workspace is the session user's; the run directory stays
+	// root's, as run requires of one it is given as root.
+	must(os.Chown(filepath.Join(base, "ws"), int(nobody.uid), int(nobody.gid)))
 	bus := filepath.Join(base, "bus")
 	must(os.Chown(bus, 0, int(gid)))
 	must(os.Chmod(bus, 0o710))
