@@ -453,13 +453,15 @@ func prepareHome(home string, gid int) error {
 	}
 	// What the daemon opens at the top of the home, checked before
 	// anything is written there.
-	for _, name := range []string{LockFile, AdminToken, BrokerDB, BrokerDB + "-wal", BrokerDB + "-shm"} {
+	for _, name := range []string{LockFile, AdminToken, BrokerDB, BrokerDB + "-wal", BrokerDB + "-shm", HostIDFile} {
 		if err := safepath.IfExists(filepath.Join(home, name), uid, safepath.File); err != nil {
 			return err
 		}
 	}
-	if err := safepath.IfExists(filepath.Join(home, ReposDir), uid, safepath.Dir); err != nil {
-		return err
+	for _, name := range []string{ReposDir, gitHomeDir} {
+		if err := safepath.IfExists(filepath.Join(home, name), uid, safepath.Dir); err != nil {
+			return err
+		}
 	}
 	mode := os.FileMode(0o700)
 	if gid >= 0 {
