@@ -601,16 +601,19 @@ func (p *Plan) prepareRunDir() error {
 		}
 	}
 	if name := p.Session.TokenFile; name != "" {
-		// The token is the session user's to read, and no one else's.
-		fd, err := unix.Openat(runFD, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		// The token is the session user's to read, and no one else's;
+		// one another user owns or can write is not the host's grant.
+		// A fixed --user was given it by an earlier session.
+		uid := os.Geteuid()
+		if p.User.Drop && !p.User.Dynamic {
+			uid = int(p.User.UID)
+		}
+		f, err := openInRunDir(p.run, name, uid)
 		if err != nil {
-			return fmt.Errorf("open the token %s (a file, not a symlink): %w", filepath.Join(p.RunDir, name), err)
+			return fmt.Errorf("the token: %w", err)
 		}
-		defer unix.Close(fd)
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-			return fmt.Errorf("the token %s is not a regular file", filepath.Join(p.RunDir, name))
-		}
+		defer f.Close()
+		fd := int(f.Fd())
 		if p.User.Drop && !p.User.Dynamic {
 			if err := unix.Fchown(fd, int(p.User.UID), int(p.User.GID)); err != nil {
 				return fmt.Errorf("chown the token to %s: %w", p.User.Name, err)

@@ -107,7 +107,7 @@ func (g *GitIdentity) check() error {
 func readSessionFile(run *safepath.Handle) (*SessionFile, error) {
 	runDir := run.Path()
 	path := filepath.Join(runDir, "session.json")
-	f, err := openInRunDir(run, "session.json")
+	f, err := openInRunDir(run, "session.json", os.Geteuid())
 	if err != nil {
 		return nil, fmt.Errorf("run directory %s has no regular file session.json of its owner's (sandbox prepare writes it; the session may only read it): %w", runDir, err)
 	}
@@ -143,9 +143,9 @@ func readSessionFile(run *safepath.Handle) (*SessionFile, error) {
 }
 
 // openInRunDir opens name, a regular file in the run directory, following
-// no link and never blocking: a file root (or the caller) owns and nobody
-// else can write, or a refusal naming its owner.
-func openInRunDir(run *safepath.Handle, name string) (*os.File, error) {
+// no link and never blocking: a file root or uid owns and nobody else can
+// write, or a refusal naming its owner.
+func openInRunDir(run *safepath.Handle, name string, uid int) (*os.File, error) {
 	path := filepath.Join(run.Path(), name)
 	fd, err := safepath.OpenBeneath(run.Fd(), name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
@@ -161,7 +161,7 @@ func openInRunDir(run *safepath.Handle, name string) (*os.File, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s is not a regular file", path)
 	}
-	if err := safepath.Trusted(path, &st, os.Geteuid()); err != nil {
+	if err := safepath.Trusted(path, &st, uid); err != nil {
 		f.Close()
 		return nil, err
 	}
