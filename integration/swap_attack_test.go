@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -402,4 +404,148 @@ func TestSandboxRunWorkspaceSwapRace(t *testing.T) {
 	settle(t, s.p)
 	t.Logf("%d tries: %d ran in the lead's own workspace; %d swaps", swapTries, ran, x.swaps.Load())
 	s.v.untouched(t, "after the race")
+}
+
+// seedUnder moves the env's seed below a directory of the agent's (p),
+// which the test swaps for a link to a root-owned directory holding a
+// "seed" of root's only; it returns p and the victim.
+func seedUnder(t *testing.T, e *supEnv) (string, *victim) {
+	t.Helper()
+	// A first boot makes the users; the workspace goes, so that the
+	// next init seeds it again.
+	e.boot()
+	e.shutdown()
+	if err := os.RemoveAll(e.ws); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("id", "-u", e.agent).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	p := filepath.Join(e.base, "agent-seeds")
+	if err := os.Mkdir(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(p, agent, agent); err != nil {
+		t.Fatal(err)
+	}
+	seed := filepath.Join(p, "seed")
+	if err := os.Rename(e.seed, seed); err != nil {
+		t.Fatal(err)
+	}
+	e.seed = seed
+	parent := filepath.Join(e.base, "victim-parent")
+	if err := os.Mkdir(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	v := newVictim(t, filepath.Join(parent, "seed"))
+	swapLink(t, p, parent, agent)
+	return p, v
+}
+
+// grepTree fails the test if a file under dir holds the secret.
+func grepTree(t *testing.T, dir, secret string) {
+	t.Helper()
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if b, _ := os.ReadFile(p); strings.Contains(string(b), secret) {
+				t.Errorf("%s holds the root-only secret", p)
+			}
+		}
+		return nil
+	})
+}
+
+// The seed's directory swapped for a link right after init opened the
+// seed: the workspace gets the seed's files, never root's.
+func TestSupervisorInitSeedSwapAtCheck(t *testing.T) {
+	e := newSupEnv(t)
+	p, v := seedUnder(t, e)
+	e.exe = hookBin(t, "supervisor")
+	e.env = []string{"BUSHOST_TESTHOOK_SWAP=init.seed=" + p}
+	e.boot()
+	e.shutdown()
+	if fi, err := os.Lstat(p); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		t.Fatalf("the hook did not swap %s: %v %v\n%s", p, fi, err, e.out.String())
+	}
+	grepTree(t, e.ws, v.secret)
+	v.untouched(t, "init with the seed swapped after it was opened", e.out.String())
+	if _, err := os.Lstat(filepath.Join(e.ws, "src", "website", "serve.sh")); err != nil {
+		t.Errorf("the seed's own files were not copied: %v", err)
+	}
+}
+
+// The workspace swapped for a link to a root-only directory right after
+// init opened it: nothing is written there, and init refuses to run on
+// the path it no longer names.
+func TestSupervisorInitWorkspaceSwapAtCheck(t *testing.T) {
+	e := newSupEnv(t)
+	v := newVictim(t, filepath.Join(e.base, "victim"))
+	if err := os.Symlink(v.dir, e.ws+".swap"); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(hookBin(t, "supervisor"), "init", "--config", e.config, "--seed", e.seed)
+	cmd.Env = append(os.Environ(), "TMPDIR="+filepath.Join(e.base, "tmp"), "BUSHOST_TESTHOOK_SWAP=init.workspace="+e.ws)
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Errorf("init ran on a swapped workspace:\n%s", out)
+	}
+	if fi, lerr := os.Lstat(e.ws); lerr != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		t.Fatalf("the hook did not swap %s: %v %v\n%s", e.ws, fi, lerr, out)
+	}
+	v.untouched(t, "init with the workspace swapped after it was opened", string(out))
+	if !strings.Contains(string(out), "PATH_CHANGED") {
+		t.Errorf("the refusal does not say PATH_CHANGED:\n%s", out)
+	}
+}
+
+// The seed's directory exchanged with the link over and over while init
+// runs: no round copies root's files, none changes them.
+func TestSupervisorInitSeedSwapRace(t *testing.T) {
+	e := newSupEnv(t)
+	// No service: each round is init's seeding and the supervisor's start.
+	mustWrite(t, e.config, fmt.Sprintf("workspace = \"ws\"\ngit_dir = %q\napp_user = %q\nagent_user = %q\nservices_user = %q\nhealth_addr = %q\n",
+		e.gitDir, e.app, e.agent, e.svc, e.addr), 0o644)
+	p, v := seedUnder(t, e)
+	x := startExchanger(t, p)
+	var seeded int
+	for round := range swapTries {
+		// A fresh workspace each round: init seeds only an empty one.
+		if err := os.RemoveAll(e.ws); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin(t, "supervisor"), "init", "--config", e.config, "--seed", e.seed)
+		cmd.Env = append(os.Environ(), "TMPDIR="+filepath.Join(e.base, "tmp"))
+		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		// Stopped once it has seeded: the supervisor's run is not what
+		// this round tests.
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		testenv.WaitFor(t, time.Minute, "init to seed or stop", func() bool {
+			select {
+			case <-done:
+				return true
+			default:
+			}
+			_, err := os.Lstat(filepath.Join(e.ws, "AGENTS.md"))
+			return err == nil
+		})
+		cmd.Process.Kill()
+		<-done
+		if _, err := os.Lstat(filepath.Join(e.ws, "src", "website", "serve.sh")); err == nil {
+			seeded++
+		}
+		grepTree(t, e.ws, v.secret)
+		v.untouched(t, fmt.Sprintf("round %d", round))
+		if t.Failed() {
+			break
+		}
+	}
+	x.halt()
+	settle(t, p)
+	t.Logf("%d rounds: %d seeded from the agent's seed; %d swaps", swapTries, seeded, x.swaps.Load())
 }

@@ -110,6 +110,11 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.
 	if err := setOwnership(wsfd, ws, cfg.Watch, agent, log); err != nil {
 		return Account{}, err
 	}
+	// The supervisor runs on the path: it must still name what init
+	// prepared, or it was swapped, and is refused, never followed.
+	if err := stillNames(ws, wsfd); err != nil {
+		return Account{}, err
+	}
 	if err := trustWorkspaceForAgent(agent, ws); err != nil {
 		log.Warn("the agent's own git will refuse the workspace (dubious ownership)", "err", err)
 	}
@@ -166,6 +171,25 @@ func openWorkspace(ws string) (fd int, fresh bool, err error) {
 	names, _ := f.Readdirnames(1)
 	f.Close()
 	return fd, len(names) == 0, nil
+}
+
+// stillNames refuses (PATH_CHANGED) a workspace path that no longer leads,
+// through root's directories and no link, to the directory wsfd holds.
+func stillNames(ws string, wsfd int) error {
+	abs, err := filepath.Abs(ws)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.FcntlInt(uintptr(wsfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	h, err := safepath.FromFd(fd, abs, 0)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return h.Recheck()
 }
 
 // prepareGitDir makes the supervisor's git dir (its parents root's, no link
