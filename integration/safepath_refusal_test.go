@@ -186,24 +186,27 @@ func newRunDirEnv(t *testing.T) *runDirEnv {
 
 func (e *runDirEnv) prepare(t *testing.T, run, token string) (string, int) {
 	t.Helper()
-	return runBounded(t, bin(t, "sandbox"), "prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
+	return runBounded(t, nil, bin(t, "sandbox"), "prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
 		"--role", "worker", "--caps", "git.push.working", "--token-file", token)
 }
 
 func (e *runDirEnv) runIn(t *testing.T) (string, int) {
 	t.Helper()
-	return runBounded(t, bin(t, "sandbox"), "run", "--run-dir", e.run, "--workspace", e.ws, "--role", "worker", "--caps", "git.push.working",
+	return runBounded(t, nil, bin(t, "sandbox"), "run", "--run-dir", e.run, "--workspace", e.ws, "--role", "worker", "--caps", "git.push.working",
 		"--broker-socket", e.broker, "--", "touch", "ran")
 }
 
-// runBounded runs a command that must end by itself: a refusal that
-// blocked (a fifo opened for reading) is killed after a minute and fails
-// the test.
-func runBounded(t *testing.T, name string, args ...string) (string, int) {
+// runBounded runs a command (env added to the test's) that must end by
+// itself: a refusal that blocked (a fifo opened for reading) is killed
+// after a minute and fails the test. It returns the combined output and
+// the exit status.
+func runBounded(t *testing.T, env []string, name string, args ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	b, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
 		t.Fatalf("%s %v blocked: %s", name, args, b)
 	}

@@ -119,7 +119,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		return nil, err
 	}
 	p.Workspace = p.ws.Path()
-	if p.run, err = openRunDir(cfg.RunDir); err != nil {
+	if p.run, err = openRunDir(cfg); err != nil {
 		return nil, err
 	}
 	p.RunDir = p.run.Path()
@@ -132,7 +132,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if p.Session, err = readSessionFile(p.run); err != nil {
 		return nil, err
 	}
-	broker, err := callerPath("broker socket", cfg.BrokerSocket, false)
+	broker, err := callerPath("broker socket", cfg.BrokerSocket)
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +167,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case cfg.GitSocket == "":
 		p.Notes = append(p.Notes, fmt.Sprintf("no --git-socket given: role %s holds a git capability but the session cannot push or fetch", cfg.Role))
 	default:
-		gs, err := callerPath("git socket", cfg.GitSocket, false)
+		gs, err := callerPath("git socket", cfg.GitSocket)
 		if err != nil {
 			return nil, err
 		}
@@ -185,7 +185,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case cfg.LaunchSocket == "":
 		p.Notes = append(p.Notes, fmt.Sprintf("no --launch-socket given: role %s holds %s but the session cannot launch", cfg.Role, CapSessionLaunch))
 	default:
-		ls, err := callerPath("launch socket", cfg.LaunchSocket, false)
+		ls, err := callerPath("launch socket", cfg.LaunchSocket)
 		if err != nil {
 			return nil, err
 		}
@@ -198,7 +198,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 			fmt.Sprintf("the launch socket, because role %s holds %s: sessions from the grant's launch set, checked by sandbox serve", cfg.Role, CapSessionLaunch)})
 	}
 	for _, r := range cfg.RO {
-		rp, err := callerPath("--ro path", r, false)
+		rp, err := callerPath("--ro path", r)
 		if err != nil {
 			return nil, err
 		}
@@ -551,18 +551,27 @@ func openWorkspace(cfg *Config) (*safepath.Handle, error) {
 // openRunDir opens the run directory once, from /, following no link:
 // it and every directory on the way are root's or the caller's, writable
 // by nobody else (internal/safepath). session.json and the token are read
-// through it.
-func openRunDir(dir string) (*safepath.Handle, error) {
-	abs, err := callerDir("run directory", dir)
+// through it. As root giving sessions uids of their own, a run directory
+// a session uid still owns is the record of a launcher that died: it is
+// opened, and the hand-back of that record (or the refusal of a tree a
+// running session holds) decides.
+func openRunDir(cfg *Config) (*safepath.Handle, error) {
+	abs, err := callerDir("run directory", cfg.RunDir)
 	if err != nil {
 		return nil, err
 	}
-	return safepath.OpenDir(abs, os.Geteuid())
+	uid := os.Geteuid()
+	var st unix.Stat_t
+	if uid == 0 && cfg.User == "" && unix.Lstat(abs, &st) == nil && st.Uid >= cfg.UIDLow && st.Uid <= cfg.UIDHigh {
+		uid = int(st.Uid)
+	}
+	return safepath.OpenDir(abs, uid)
 }
 
-// callerPath resolves a path the caller gave to the absolute real path that
-// is both bind source and target (paths mean the same inside and out).
-func callerPath(what, path string, dir bool) (string, error) {
+// callerPath resolves a socket or --ro path the host gave to the absolute
+// real path that is both bind source and target (paths mean the same
+// inside and out).
+func callerPath(what, path string) (string, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return "", fmt.Errorf("%s %s: %w", what, path, err)
@@ -571,25 +580,10 @@ func callerPath(what, path string, dir bool) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s %s: %w", what, path, err)
 	}
-	st, err := os.Stat(real)
-	if err != nil {
+	if _, err := os.Stat(real); err != nil {
 		return "", fmt.Errorf("%s %s: %w", what, path, err)
 	}
-	if dir && !st.IsDir() {
-		return "", fmt.Errorf("%s %s is not a directory", what, path)
-	}
-	if real == "/" {
-		return "", fmt.Errorf("%s %s is the host's root", what, path)
-	}
-	for _, r := range reserved {
-		if within(real, r) {
-			if r == "/tmp" {
-				return "", fmt.Errorf("%s %s is under /tmp, which the session's private /tmp hides; put it outside /tmp (for example under /var/tmp)", what, path)
-			}
-			return "", fmt.Errorf("%s %s is under %s, which the sandbox builds itself for the session", what, path, r)
-		}
-	}
-	return real, nil
+	return callerDir(what, real)
 }
 
 func mustBeSocket(what, path string) error {
