@@ -206,9 +206,6 @@ func prepareGitDir(dir string, app Account, agentGID int) error {
 	}
 	defer ph.Close()
 	parent := ph.Fd()
-	if ph.Owner() != 0 {
-		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "the parent of git_dir, %s, must be root's and writable by root only", parentPath).With("path", parentPath)
-	}
 	if err := unix.Mkdirat(parent, filepath.Base(dir), 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("git_dir: %w", err)
 	}
@@ -647,9 +644,19 @@ func trustWorkspaceForAgent(agent Account, ws string) error {
 }
 
 // protectFile makes path root-owned and writable by root only, through a
-// descriptor opened without following a link at its last component.
+// descriptor opened beneath its directory (root's, reached through no
+// link: internal/safepath), never following a link.
 func protectFile(path string) error {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	dir, err := safepath.OpenDir(filepath.Dir(abs), 0)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	fd, err := safepath.OpenBeneath(dir.Fd(), filepath.Base(abs), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
 		return err
 	}
@@ -657,6 +664,9 @@ func protectFile(path string) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("%s is not a regular file", path)
 	}
 	if err := unix.Fchown(fd, 0, 0); err != nil {
 		return err
