@@ -496,7 +496,7 @@ func (p *Plan) lookCommand() (string, int, string) {
 		if !filepath.IsAbs(name) {
 			name = filepath.Join(p.Workspace, name)
 		}
-		status, msg := executable(p.hostPath(name, 0))
+		status, msg := p.executable(p.hostPath(name, 0))
 		return name, status, msg
 	}
 	path := ""
@@ -510,26 +510,45 @@ func (p *Plan) lookCommand() (string, int, string) {
 			continue
 		}
 		inside := filepath.Join(dir, name)
-		if status, _ := executable(p.hostPath(inside, 0)); status == 0 {
+		if status, _ := p.executable(p.hostPath(inside, 0)); status == 0 {
 			return inside, 0, ""
 		}
 	}
 	return "", 127, "command not found"
 }
 
-func executable(hostPath string) (int, string) {
+// executable says whether hostPath names a file the session may run. In
+// the workspace, which the caller controls, it looks beneath the
+// workspace's descriptor and follows no link: a link is left for pid 1
+// to follow inside, where it means what the session sees, so that root
+// never tells the caller about a file outside.
+func (p *Plan) executable(hostPath string) (int, string) {
 	if hostPath == "" {
 		return 127, "command not found"
 	}
-	st, err := os.Stat(hostPath)
+	var st unix.Stat_t
+	var err error
+	if rel, ok := strings.CutPrefix(hostPath, p.Workspace+"/"); ok && p.ws != nil {
+		var fd int
+		fd, err = safepath.OpenBeneath(p.ws.Fd(), rel, unix.O_PATH)
+		if errors.Is(err, unix.ELOOP) {
+			return 0, ""
+		}
+		if err == nil {
+			err = unix.Fstat(fd, &st)
+			unix.Close(fd)
+		}
+	} else {
+		err = unix.Stat(hostPath, &st)
+	}
 	switch {
-	case errors.Is(err, os.ErrNotExist):
+	case errors.Is(err, unix.ENOENT):
 		return 127, "command not found"
 	case err != nil:
 		return 126, err.Error()
-	case st.IsDir():
+	case st.Mode&unix.S_IFMT == unix.S_IFDIR:
 		return 126, "is a directory"
-	case st.Mode()&0o111 == 0:
+	case st.Mode&0o111 == 0:
 		return 126, "permission denied"
 	}
 	return 0, ""
