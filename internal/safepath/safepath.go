@@ -8,7 +8,9 @@
 // last one included, must belong to root or to the user root acts for, and
 // be writable by nobody else; a directory above the last may also be a
 // root-owned sticky directory (/tmp, /var/tmp), where only an entry's owner
-// may rename or remove it. The result is a Handle: the descriptor of what
+// may rename or remove it. Acting for a user other than root, every
+// directory must be one that user may search (by its owner's or others'
+// bits): root tells it nothing about what lies beyond one it may not. The result is a Handle: the descriptor of what
 // was checked, which whoever acts later acts on (fchown, openat, a bind of
 // the descriptor), never on the path again. A path that must be named again
 // later is compared with the handle (Handle.Recheck) and refused as
@@ -252,6 +254,10 @@ func trusted(path string, st *unix.Stat_t, uid int, last bool) error {
 			return refuseStat(path, st, "is writable by group or others")
 		}
 		return refuseStat(path, st, "is writable by group or others (and not a root-owned sticky directory like /tmp)")
+	case uid != 0 && st.Mode&unix.S_IFMT == unix.S_IFDIR && (o == uid && st.Mode&0o100 == 0 || o != uid && st.Mode&0o001 == 0):
+		// Root walks on behalf of uid only where uid could walk itself:
+		// what lies beyond is none of its business, not even its owner.
+		return refuseStat(path, st, fmt.Sprintf("is a directory %s may not search", Owner(uid)))
 	}
 	return nil
 }

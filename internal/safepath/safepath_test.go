@@ -28,6 +28,21 @@ func mkdir(t *testing.T, path string, mode os.FileMode, uid int) {
 	}
 }
 
+// openBase is a directory every user may search, as the way to a
+// user's files is.
+func openBase(t *testing.T) string {
+	t.Helper()
+	base, err := os.MkdirTemp("/var/tmp", "safepath-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return base
+}
+
 func wantRefusal(t *testing.T, err error, reason, path string, words ...string) {
 	t.Helper()
 	var e *Error
@@ -46,7 +61,7 @@ func wantRefusal(t *testing.T, err error, reason, path string, words ...string) 
 
 func TestOpenDirRules(t *testing.T) {
 	testenv.NeedRoot(t, "the rules are about other users' files")
-	base := t.TempDir()
+	base := openBase(t)
 	mine := filepath.Join(base, "mine")
 	mkdir(t, mine, 0o755, other)
 	ws := filepath.Join(mine, "ws")
@@ -102,6 +117,16 @@ func TestOpenDirRules(t *testing.T) {
 	mkdir(t, filepath.Join(stickyOther, "d"), 0o755, 0)
 	_, err = OpenDir(filepath.Join(stickyOther, "d"), 0)
 	wantRefusal(t, err, ReasonUnsafe, stickyOther, "belongs to another user")
+
+	// Acting for a user, a directory that user may not search is as far
+	// as root looks: nothing beyond it is named.
+	closed := filepath.Join(base, "closed")
+	mkdir(t, closed, 0o700, 0)
+	mkdir(t, filepath.Join(closed, "d"), 0o755, other)
+	_, err = OpenDir(filepath.Join(closed, "d"), other)
+	wantRefusal(t, err, ReasonUnsafe, closed, "may not search")
+	_, err = OpenDir(filepath.Join(closed, "missing"), other)
+	wantRefusal(t, err, ReasonUnsafe, closed, "may not search")
 
 	// A file where a directory is wanted.
 	f := filepath.Join(base, "file")
