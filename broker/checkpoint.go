@@ -7,12 +7,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // A checkpoint file anchors the log outside the database (issue 13): the
@@ -86,7 +90,20 @@ type checkpoint struct {
 // openCheckpoint opens (creating, 0600) the file at path for appending and
 // returns it with the heads it already holds.
 func openCheckpoint(path string) (*checkpoint, []Head, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
+	// Opened once from /, following no link, the file and every directory
+	// on the way ours or root's and writable by no one else: another
+	// user's file (or a link to one) could stop the broker from starting,
+	// or feed it heads.
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("checkpoint file: %w", err)
+	}
+	h, err := safepath.OpenFile(abs, os.Geteuid(), unix.O_RDWR|unix.O_APPEND|unix.O_CREAT)
+	if err != nil {
+		return nil, nil, fmt.Errorf("checkpoint file: %w", err)
+	}
+	f, err := h.File()
+	h.Close()
 	if err != nil {
 		return nil, nil, fmt.Errorf("checkpoint file: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // rootKey is the repository config entry that remembers the project's root
@@ -236,12 +237,25 @@ func (s *Service) commitDir(ctx context.Context, dir, root, parent string, env [
 	return commit, false, nil
 }
 
-// checkRoot requires an absolute path to an existing directory.
+// checkRoot requires an absolute path to an existing directory. A daemon
+// running as root, which git then reads and (publish) writes there by
+// path, takes only a root reached through no link and whose every
+// directory, itself included, is root's and writable by no one else
+// (internal/safepath): no other user can swap it for another tree under
+// git's feet.
 func checkRoot(root string) (string, error) {
 	if root == "" || !filepath.IsAbs(root) {
 		return "", errdefs.InvalidArgument(errdefs.RootInvalid, "root %q must be an absolute path", root)
 	}
 	root = filepath.Clean(root)
+	if os.Geteuid() == 0 {
+		h, err := safepath.OpenDir(root, 0)
+		var refused *safepath.Error
+		if errors.As(err, &refused) {
+			return "", err
+		}
+		h.Close()
+	}
 	fi, err := os.Stat(root)
 	if err != nil || !fi.IsDir() {
 		return "", errdefs.InvalidArgument(errdefs.RootInvalid, "root %s is not a directory", root).With("root", root)

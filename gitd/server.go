@@ -147,6 +147,10 @@ func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) 
 	if _, err := sv.authorize(ctx); err != nil {
 		return nil, toStatus(err)
 	}
+	// A root refused leaves nothing, not even the placement.
+	if _, err := checkRoot(req.GetRoot()); err != nil {
+		return nil, toStatus(err)
+	}
 	// The project is placed on this host before its repository is made, so
 	// a project another host owns gets no repository here; both steps are
 	// idempotent, so a retry after a failure in between completes it.

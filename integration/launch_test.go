@@ -27,6 +27,11 @@ type launchEnv struct {
 	args  []string
 	lead  string // token file of a lead grant: session.launch, --launch worker=git.push.working
 	other string // token file of a grant of project acme/api
+
+	// sandbox, when set, is the sandbox serve runs (a hooked build); env
+	// is added to its environment.
+	sandbox string
+	env     []string
 }
 
 func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
@@ -111,8 +116,13 @@ func (e *launchEnv) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin(t, "sandbox"), append([]string{"serve", "--home", e.h.Home, "--stop-grace", "2s"}, e.args...)...)
+	sb := e.sandbox
+	if sb == "" {
+		sb = bin(t, "sandbox")
+	}
+	cmd := exec.Command(sb, append([]string{"serve", "--home", e.h.Home, "--stop-grace", "2s"}, e.args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), e.env...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

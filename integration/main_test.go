@@ -70,17 +70,32 @@ func testdataBin(t testing.TB, name string) string {
 	return build(t, "./integration/testdata/"+name, name)
 }
 
+// hookBin builds ./cmd/<name> with the tag bushost_testhook
+// (internal/testhook: a path is swapped between root's check and its use)
+// into a directory of its own, where sandbox serve finds the hooked
+// bushostd beside it.
+func hookBin(t testing.TB, name string) string {
+	t.Helper()
+	return buildTags(t, "./cmd/"+name, filepath.Join("testhook", name), "grpcnotrace,bushost_testhook")
+}
+
 // build builds the package pkg (a path from the repository root) into the
 // binaries directory as out, once per test run.
 func build(t testing.TB, pkg, out string) string {
 	t.Helper()
+	// The tags of `make build`, so tests and benchmarks run what users run.
+	return buildTags(t, pkg, out, "grpcnotrace")
+}
+
+func buildTags(t testing.TB, pkg, out, tags string) string {
+	t.Helper()
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	path := filepath.Join(binDir, out)
-	err, done := built[pkg]
+	key := pkg + " " + tags
+	err, done := built[key]
 	if !done {
-		// The tags of `make build`, so tests and benchmarks run what users run.
-		args := []string{"build", "-tags", "grpcnotrace", "-o", path}
+		args := []string{"build", "-tags", tags, "-o", path}
 		if raceBuilt[pkg] && !benchmarking {
 			args = append(args, "-race")
 		}
@@ -90,7 +105,7 @@ func build(t testing.TB, pkg, out string) string {
 		if berr != nil {
 			err = &buildError{name: out, out: string(b), err: berr}
 		}
-		built[pkg] = err
+		built[key] = err
 	}
 	if err != nil {
 		t.Fatalf("build %s: %v", pkg, err)

@@ -86,8 +86,9 @@ func newSandboxEnv(t testing.TB) *sandboxEnv {
 	must(os.WriteFile(filepath.Join(e.busHost, "admin.token"), []byte(e.secret), 0o600))
 	must(os.WriteFile(filepath.Join(e.run, "session.json"), []byte(`{"task":"t1"}`), 0o644))
 	must(copyFile(helper, e.helper))
+	// The run directory stays its maker's: run refuses one another user
+	// owns or can write.
 	must(os.Chown(e.ws, e.uid, e.gid))
-	must(os.Chown(e.run, e.uid, e.gid))
 	e.broker = e.listen(t, e.broker)
 	e.gitSock = e.listen(t, e.gitSock)
 	// The first launch makes home/, tmp/ and bundle/; what follows must

@@ -126,8 +126,12 @@ type supEnv struct {
 	exited   chan struct{}
 	webPort  int
 	maxFails int
-	// initArgs are added to `supervisor init`'s command line.
+	// initArgs are added to `supervisor init`'s command line; exe, when
+	// set, is the supervisor run (a hooked build), env added to its
+	// environment.
 	initArgs []string
+	exe      string
+	env      []string
 	// The three users, named for this test only and removed after it.
 	app, agent, svc string
 	gitDir          string
@@ -229,8 +233,12 @@ func (e *supEnv) boot() {
 	t := e.t
 	t.Helper()
 	e.out = &syncBuf{}
-	e.cmd = exec.Command(bin(t, "supervisor"), append([]string{"init", "--config", e.config, "--seed", e.seed}, e.initArgs...)...)
-	e.cmd.Env = append(os.Environ(), "TMPDIR="+filepath.Join(e.base, "tmp"))
+	exe := e.exe
+	if exe == "" {
+		exe = bin(t, "supervisor")
+	}
+	e.cmd = exec.Command(exe, append([]string{"init", "--config", e.config, "--seed", e.seed}, e.initArgs...)...)
+	e.cmd.Env = append(append(os.Environ(), "TMPDIR="+filepath.Join(e.base, "tmp")), e.env...)
 	e.cmd.Stdout, e.cmd.Stderr = e.out, e.out
 	if err := e.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -23,6 +23,8 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
 	"golang.org/x/sys/unix"
+
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // push-working reads what it needs of the worker's repository in process,
@@ -328,7 +330,7 @@ func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad, racy *ato
 			// No directory from the top down may be a symbolic link:
 			// git takes an entry beyond one as deleted, and the link
 			// may lead to the very files the index recorded.
-			if fd, err = openDir(top, d); err != nil {
+			if fd, err = safepath.OpenBeneath(top, d, unix.O_RDONLY|unix.O_DIRECTORY); err != nil {
 				return false
 			}
 			dir = d
@@ -346,27 +348,6 @@ func (w *workRepo) statPart(entries []*idxEntry, indexNano int64, bad, racy *ato
 		}
 	}
 	return true
-}
-
-// openDir opens directory d (slash-separated, "" for the top) under top
-// without following a symbolic link on the way: in one call where the
-// kernel has openat2, else a component at a time.
-func openDir(top int, d string) (int, error) {
-	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	fd, err := unix.Openat2(top, "./"+d, &unix.OpenHow{Flags: flags, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH})
-	if err != unix.ENOSYS && err != unix.EPERM { // EPERM: a seccomp filter refusing it
-		return fd, err
-	}
-	fd, err = unix.Openat(top, ".", flags, 0)
-	for _, c := range strings.Split(strings.TrimSuffix(d, "/"), "/") {
-		if err != nil || c == "" {
-			break
-		}
-		next, oerr := unix.Openat(fd, c, flags, 0)
-		unix.Close(fd)
-		fd, err = next, oerr
-	}
-	return fd, err
 }
 
 // treeOf reads the tree of commit id from its loose object (a fresh

@@ -432,33 +432,25 @@ func lookupGroup(name string) (int, error) {
 // and repos/ inside it 0700, after the same checks on what is there.
 func prepareHome(home string, gid int) error {
 	uid := os.Geteuid()
-	if err := safepath.Parents(home, uid); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(filepath.Clean(home)), 0o755); err != nil {
-		return fmt.Errorf("home %s: %w", home, err)
-	}
-	if err := os.Mkdir(home, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("home %s: %w", home, err)
-	}
-	fi, err := os.Lstat(home)
+	abs, err := filepath.Abs(home)
 	if err != nil {
 		return fmt.Errorf("home %s: %w", home, err)
 	}
-	if fi.Mode().IsRegular() {
-		return fmt.Errorf("home %s is not a directory", home)
-	}
-	if err := safepath.Dir(home, fi, uid); err != nil {
+	// Opened once, from /, following no link, every directory on the way
+	// checked as given (what is missing is made); from here on, work on
+	// the descriptor, so that what was checked is what is changed.
+	h, err := safepath.MkdirAll(abs, uid, 0o700)
+	if err != nil {
 		return err
 	}
-	// From here on, work on the directory opened without following a
-	// link, so that what was checked is what is changed.
-	d, err := os.OpenFile(home, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	d, err := h.File()
+	h.Close()
 	if err != nil {
-		return safepath.Linked(home, err)
+		return err
 	}
 	defer d.Close()
-	if fi, err = d.Stat(); err != nil {
+	fi, err := d.Stat()
+	if err != nil {
 		return err
 	}
 	if err := safepath.Dir(home, fi, uid); err != nil {
@@ -466,13 +458,15 @@ func prepareHome(home string, gid int) error {
 	}
 	// What the daemon opens at the top of the home, checked before
 	// anything is written there.
-	for _, name := range []string{LockFile, AdminToken, BrokerDB, BrokerDB + "-wal", BrokerDB + "-shm"} {
+	for _, name := range []string{LockFile, AdminToken, BrokerDB, BrokerDB + "-wal", BrokerDB + "-shm", HostIDFile} {
 		if err := safepath.IfExists(filepath.Join(home, name), uid, safepath.File); err != nil {
 			return err
 		}
 	}
-	if err := safepath.IfExists(filepath.Join(home, ReposDir), uid, safepath.Dir); err != nil {
-		return err
+	for _, name := range []string{ReposDir, gitHomeDir} {
+		if err := safepath.IfExists(filepath.Join(home, name), uid, safepath.Dir); err != nil {
+			return err
+		}
 	}
 	mode := os.FileMode(0o700)
 	if gid >= 0 {

@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // Domain is the ErrorInfo domain of every bushost reason.
@@ -107,11 +109,18 @@ func DeadlineExceeded(r Reason, format string, a ...any) *Error {
 }
 func Internal(r Reason, format string, a ...any) *Error { return New(codes.Internal, r, format, a...) }
 
-// As returns the *Error in err's chain, if any.
+// As returns the *Error in err's chain, if any. A refusal of
+// internal/safepath (which knows no transport) becomes FailedPrecondition
+// with its reason and the path and owner as metadata.
 func As(err error) (*Error, bool) {
 	var e *Error
 	if errors.As(err, &e) {
 		return e, true
+	}
+	var p *safepath.Error
+	if errors.As(err, &p) {
+		return New(codes.FailedPrecondition, Reason(p.Reason), "%s", err.Error()).
+			With("path", p.Path).With("owner", p.Owner).With("mode", p.Mode.String()).Wrap(err), true
 	}
 	return nil, false
 }

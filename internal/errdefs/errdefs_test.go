@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -53,5 +55,21 @@ func TestToGRPCFallbacks(t *testing.T) {
 	}
 	if ExitCode(nil) != 0 || ToGRPC(nil) != nil || FromGRPC(nil) != nil {
 		t.Fatal("nil")
+	}
+}
+
+// TestSafepathReasons keeps internal/safepath's transport-free reasons
+// equal to the constants here, and its refusals mapped to
+// FailedPrecondition (exit 1).
+func TestSafepathReasons(t *testing.T) {
+	for got, want := range map[string]Reason{safepath.ReasonUnsafe: PathUnsafe, safepath.ReasonChanged: PathChanged} {
+		if got != string(want) {
+			t.Errorf("safepath reason %s, errdefs %s", got, want)
+		}
+	}
+	err := fmt.Errorf("home: %w", &safepath.Error{Reason: safepath.ReasonChanged, Path: "/x", Owner: 7, Msg: "/x changed"})
+	e, ok := As(err)
+	if !ok || e.Reason != PathChanged || e.Metadata["path"] != "/x" || e.Metadata["owner"] != "7" || ExitCode(ToGRPC(err)) != ExitRefused {
+		t.Errorf("As(%v) = %+v, %v", err, e, ok)
 	}
 }

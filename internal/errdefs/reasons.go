@@ -141,6 +141,7 @@ const (
 	RepairStale       Reason = "REPAIR_STALE"
 	RepoNotTopLevel   Reason = "REPO_NOT_TOP_LEVEL"
 	PathUnsafe        Reason = "PATH_UNSAFE"
+	PathChanged       Reason = "PATH_CHANGED"
 	CommitUnknown     Reason = "COMMIT_UNKNOWN"
 	TaskLanded        Reason = "TASK_LANDED"
 	MainMoved         Reason = "MAIN_MOVED"

@@ -41,8 +41,10 @@ import (
 	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/safepath"
 	"github.com/bushost/bushost/internal/sandbox"
 	"github.com/bushost/bushost/internal/sock"
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // Socket is the launcher's socket in its home.
@@ -273,10 +275,13 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 			With("missing", strings.Join(missing, "\n"))
 	}
 	limits, runFlags := set.limits.Strings(), set.runFlags()
-	if ws := r.GetWorkspace(); ws != "" {
-		if err := checkWorkspace(ws, peer); err != nil {
+	var ws *safepath.Handle
+	if path := r.GetWorkspace(); path != "" {
+		if ws, err = openWorkspace(path, peer); err != nil {
 			return record{}, err
 		}
+		defer ws.Close()
+		testhook.Swap("launch.workspace")
 	}
 
 	id := randomID()
@@ -309,7 +314,7 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 	s.sessions[id] = l
 	s.mu.Unlock()
 
-	grantID, err := s.start(ctx, l, g, r.GetWorkspace(), runFlags)
+	grantID, err := s.start(ctx, l, g, ws, runFlags)
 	if err != nil {
 		s.mu.Lock()
 		delete(s.sessions, id)
@@ -339,29 +344,34 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 	return rec, nil
 }
 
-// checkWorkspace accepts a directory (not a link) owned by the caller:
-// the session's uid is handed it for the session, so a caller may only
-// name its own.
-func checkWorkspace(ws string, peer authz.Peer) error {
+// openWorkspace opens the caller's workspace once, from /, following no
+// link, every directory on the way root's or the caller's and writable by
+// nobody else (internal/safepath), and accepts it if it is the caller's
+// own directory: the session's uid is handed it for the session. The
+// session is given this descriptor, never the path again (sandbox run
+// --workspace-fd).
+func openWorkspace(ws string, peer authz.Peer) (*safepath.Handle, error) {
 	if !filepath.IsAbs(ws) {
-		return errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s: give an absolute path", ws)
+		return nil, errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s: give an absolute path", ws)
 	}
-	st, err := os.Lstat(ws)
+	h, err := safepath.OpenDir(ws, int(peer.UID))
+	var refused *safepath.Error
+	if err != nil && !errors.As(err, &refused) {
+		return nil, errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace: %v", err)
+	}
 	if err != nil {
-		return errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace: %v", err)
+		return nil, err
 	}
-	if !st.IsDir() {
-		return errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s is not a directory", ws)
+	if uid := h.Owner(); int64(uid) != int64(peer.UID) {
+		h.Close()
+		return nil, errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s is uid %d's, not the caller's (%d)", ws, uid, peer.UID)
 	}
-	if uid := st.Sys().(*syscall.Stat_t).Uid; int64(uid) != int64(peer.UID) {
-		return errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s is uid %d's, not the caller's (%d)", ws, uid, peer.UID)
-	}
-	return nil
+	return h, nil
 }
 
 // start mints the session's grant, prepares its directory and starts it;
 // it returns the grant's id even on failure, for the caller to revoke.
-func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws string, runFlags []string) (string, error) {
+func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws *safepath.Handle, runFlags []string) (string, error) {
 	rec := l.snapshot()
 	cg := &brokerv1.CreateGrantRequest{Business: rec.Business, Project: rec.Project, Task: rec.Task, Role: rec.Role,
 		Capabilities: rec.Caps, LaunchedBy: g.ID}
@@ -393,13 +403,24 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws string, r
 	if err != nil {
 		return ig.GrantId, err
 	}
-	if ws == "" {
-		ws = filepath.Join(l.dir, wsName)
-		if err := os.Mkdir(ws, 0o755); err != nil {
+	if ws == nil {
+		path := filepath.Join(l.dir, wsName)
+		if err := os.Mkdir(path, 0o755); err != nil {
 			return ig.GrantId, err
 		}
+		if ws, err = safepath.OpenDir(path, 0); err != nil {
+			return ig.GrantId, err
+		}
+		defer ws.Close()
 	}
-	args := []string{"keep", filepath.Join(l.dir, exitName), "--run-dir", runDir, "--workspace", ws, "--role", rec.Role,
+	// The workspace goes to sandbox keep as the descriptor checked
+	// (its fd 3), never as a path to resolve again.
+	wsFile, err := ws.File()
+	if err != nil {
+		return ig.GrantId, err
+	}
+	defer wsFile.Close()
+	args := []string{"keep", filepath.Join(l.dir, exitName), "--run-dir", runDir, "--workspace", ws.Path(), "--workspace-fd", "3", "--role", rec.Role,
 		"--caps", strings.Join(rec.Caps, ","), "--broker-socket", filepath.Join(s.o.BusHome, "broker.sock")}
 	if _, err := os.Stat(filepath.Join(s.o.BusHome, "git.sock")); err == nil {
 		args = append(args, "--git-socket", filepath.Join(s.o.BusHome, "git.sock"))
@@ -431,6 +452,7 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws string, r
 	}
 	cmd := exec.Command(s.o.Sandbox, args...)
 	cmd.Stdout, cmd.Stderr = files[0], files[1]
+	cmd.ExtraFiles = []*os.File{wsFile}
 	cmd.Dir = "/"
 	// A session of its own (setsid): the launcher's death, its terminal
 	// or its process group reach no session.

@@ -17,6 +17,9 @@ const (
 	fdReady   = 6 // pid 1 writes a byte here once it forwards signals
 	fdGate    = 7 // with limits: run writes a byte here once the session is in its cgroup
 	fdRelay   = 8 // with --net=proxy: pid 1 sends the relay's listening socket here
+	// fdWorkspace is the workspace as opened and checked: bwrap binds it
+	// with --bind-fd (and closes it), so no path is resolved again.
+	fdWorkspace = 9
 )
 
 // bwrapArgs is the bwrap command line for the plan, up to and including
@@ -34,15 +37,19 @@ func (p *Plan) bwrapArgs() []string {
 		"--seccomp", fmt.Sprint(fdSeccomp),
 		"--json-status-fd", fmt.Sprint(fdStatus),
 	)
-	args = append(args, bindArgs(p.Binds)...)
+	args = append(args, bindArgs(p.Binds, p.Workspace)...)
 	return append(args, "--chdir", p.Workspace, "--")
 }
 
-func bindArgs(binds []Bind) []string {
+// bindArgs turns the bind table into bwrap's options; the workspace's
+// read-write bind is made from its descriptor.
+func bindArgs(binds []Bind, workspace string) []string {
 	var args []string
 	for _, b := range binds {
-		switch b.Kind {
-		case KindProc, KindDev, KindRemountRO:
+		switch {
+		case b.Kind == KindBind && b.Source == workspace:
+			args = append(args, "--bind-fd", fmt.Sprint(fdWorkspace), b.Target)
+		case b.Kind == KindProc, b.Kind == KindDev, b.Kind == KindRemountRO:
 			args = append(args, "--"+b.Kind, b.Target)
 		default:
 			args = append(args, "--"+b.Kind, b.Source, b.Target)

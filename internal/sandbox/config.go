@@ -45,8 +45,12 @@ var ErrUsage = errors.New("usage")
 
 // Config is what the caller asked for, before any path is checked.
 type Config struct {
-	RunDir       string
-	Workspace    string
+	RunDir    string
+	Workspace string
+	// WorkspaceFD, when not 0, is a descriptor of Workspace its caller
+	// (sandbox serve) opened and checked: run acts on it, never on the
+	// path, and refuses when the path no longer names it.
+	WorkspaceFD  int
 	Role         string
 	Caps         []string
 	BrokerSocket string
@@ -125,6 +129,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	c.Net = NetNone
 	fs.StringVar(&c.RunDir, "run-dir", "", "the run directory (session.json, bundle/, home/, tmp/)")
 	fs.StringVar(&c.Workspace, "workspace", "", "the workspace the session works in (read-write)")
+	fs.IntVar(&c.WorkspaceFD, "workspace-fd", 0, "a descriptor of --workspace that the caller (sandbox serve) opened and checked: run binds and hands over that directory, and refuses (PATH_CHANGED) if --workspace no longer names it")
 	fs.StringVar(&c.Role, "role", "", "the session's role name")
 	fs.StringVar(&caps, "caps", "", "the role's capabilities, comma-separated")
 	fs.StringVar(&c.BrokerSocket, "broker-socket", "", "the bus host's broker.sock")

@@ -9,6 +9,10 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // Where the sandbox puts its own files inside the session. They live in the
@@ -85,6 +89,16 @@ type Plan struct {
 	// busSockets are the bound broker and git sockets: the only binds
 	// whose group the session user is given.
 	busSockets []string
+	// ws and run are the workspace and the run directory, each opened
+	// once and checked (internal/safepath): what run hands over, binds
+	// and hands back.
+	ws, run *safepath.Handle
+}
+
+// Close lets go of the workspace's and the run directory's descriptors.
+func (p *Plan) Close() {
+	p.ws.Close()
+	p.run.Close()
 }
 
 // reserved are session paths the sandbox builds itself; a caller path on
@@ -101,22 +115,24 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if p.Bwrap, err = findBwrap(cfg.Bwrap); err != nil {
 		return nil, err
 	}
-	if p.Workspace, err = callerPath("workspace", cfg.Workspace, true); err != nil {
+	if p.ws, err = openWorkspace(cfg); err != nil {
 		return nil, err
 	}
-	if p.RunDir, err = callerPath("run directory", cfg.RunDir, true); err != nil {
+	p.Workspace = p.ws.Path()
+	if p.run, err = openRunDir(cfg); err != nil {
 		return nil, err
 	}
+	p.RunDir = p.run.Path()
 	if within(p.Workspace, p.RunDir) || within(p.RunDir, p.Workspace) {
 		return nil, fmt.Errorf("workspace %s and run directory %s must not contain one another: the workspace leaves as a bundle, the run directory must not go with it", p.Workspace, p.RunDir)
 	}
 	p.Home = filepath.Join(p.RunDir, "home")
 	p.Tmp = filepath.Join(p.RunDir, "tmp")
 	sessionJSON := filepath.Join(p.RunDir, "session.json")
-	if p.Session, err = readSessionFile(p.RunDir); err != nil {
+	if p.Session, err = readSessionFile(p.run); err != nil {
 		return nil, err
 	}
-	broker, err := callerPath("broker socket", cfg.BrokerSocket, false)
+	broker, err := callerPath("broker socket", cfg.BrokerSocket)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +152,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	)
 
 	caller := []Bind{
-		{KindBind, p.Workspace, p.Workspace, "the workspace: the session's work, which leaves only as a git bundle pushed through the git socket"},
+		{KindBind, p.Workspace, p.Workspace, "the workspace: the session's work, which leaves only as a git bundle pushed through the git socket; bound from the descriptor opened and checked first (bwrap --bind-fd), never from the path again"},
 		{KindBind, p.RunDir, p.RunDir, "the run directory: HOME (home/) and /tmp (tmp/) live here, so the host keeps them after the session"},
 		{KindROBind, filepath.Join(p.RunDir, "bundle"), filepath.Join(p.RunDir, "bundle"), "bundles the host hands to the session (a review's fetch); read-only so the session cannot forge them"},
 		{KindROBind, sessionJSON, sessionJSON, "the host's description of the session; read-only so the session cannot rewrite what the host will trust"},
@@ -151,7 +167,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case cfg.GitSocket == "":
 		p.Notes = append(p.Notes, fmt.Sprintf("no --git-socket given: role %s holds a git capability but the session cannot push or fetch", cfg.Role))
 	default:
-		gs, err := callerPath("git socket", cfg.GitSocket, false)
+		gs, err := callerPath("git socket", cfg.GitSocket)
 		if err != nil {
 			return nil, err
 		}
@@ -169,7 +185,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case cfg.LaunchSocket == "":
 		p.Notes = append(p.Notes, fmt.Sprintf("no --launch-socket given: role %s holds %s but the session cannot launch", cfg.Role, CapSessionLaunch))
 	default:
-		ls, err := callerPath("launch socket", cfg.LaunchSocket, false)
+		ls, err := callerPath("launch socket", cfg.LaunchSocket)
 		if err != nil {
 			return nil, err
 		}
@@ -182,7 +198,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 			fmt.Sprintf("the launch socket, because role %s holds %s: sessions from the grant's launch set, checked by sandbox serve", cfg.Role, CapSessionLaunch)})
 	}
 	for _, r := range cfg.RO {
-		rp, err := callerPath("--ro path", r, false)
+		rp, err := callerPath("--ro path", r)
 		if err != nil {
 			return nil, err
 		}
@@ -475,9 +491,87 @@ func systemBinds() ([]Bind, error) {
 	return binds, nil
 }
 
-// callerPath resolves a path the caller gave to the absolute real path that
-// is both bind source and target (paths mean the same inside and out).
-func callerPath(what, path string, dir bool) (string, error) {
+// callerDir makes a directory path the caller gave absolute, without
+// resolving links (safepath refuses them), and refuses the host's root and
+// the paths the sandbox builds itself.
+func callerDir(what, path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	if abs == "/" {
+		return "", fmt.Errorf("%s %s is the host's root", what, path)
+	}
+	for _, r := range reserved {
+		if within(abs, r) {
+			if r == "/tmp" {
+				return "", fmt.Errorf("%s %s is under /tmp, which the session's private /tmp hides; put it outside /tmp (for example under /var/tmp)", what, path)
+			}
+			return "", fmt.Errorf("%s %s is under %s, which the sandbox builds itself for the session", what, path, r)
+		}
+	}
+	return abs, nil
+}
+
+// openWorkspace opens the workspace once: the descriptor sandbox serve
+// opened and checked for its caller (--workspace-fd), or the path itself
+// from /, following no link, every directory on the way root's or the
+// user's root acts for (the caller, or as root the workspace's owner) and
+// writable by nobody else (internal/safepath). The session is given this
+// descriptor, and the hand-over acts on it.
+func openWorkspace(cfg *Config) (*safepath.Handle, error) {
+	abs, err := callerDir("workspace", cfg.Workspace)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.WorkspaceFD > 0 {
+		var st unix.Stat_t
+		if err := unix.Fstat(cfg.WorkspaceFD, &st); err != nil {
+			return nil, fmt.Errorf("--workspace-fd %d: %w", cfg.WorkspaceFD, err)
+		}
+		h, err := safepath.FromFd(cfg.WorkspaceFD, abs, int(st.Uid))
+		if err == nil && !h.IsDir() {
+			err = fmt.Errorf("--workspace-fd %d is not a directory", cfg.WorkspaceFD)
+		}
+		return h, err
+	}
+	uid := os.Geteuid()
+	if uid == 0 {
+		// Root acts for whoever owns the workspace: the directories on
+		// the way may be that user's. What a swap in between makes of
+		// this guess, the walk refuses.
+		var st unix.Stat_t
+		if err := unix.Lstat(abs, &st); err == nil {
+			uid = int(st.Uid)
+		}
+	}
+	return safepath.OpenDir(abs, uid)
+}
+
+// openRunDir opens the run directory once, from /, following no link:
+// it and every directory on the way are root's or the caller's, writable
+// by nobody else (internal/safepath). session.json and the token are read
+// through it. As root giving sessions uids of their own, a run directory
+// a session uid still owns is the record of a launcher that died: it is
+// opened, and the hand-back of that record (or the refusal of a tree a
+// running session holds) decides.
+func openRunDir(cfg *Config) (*safepath.Handle, error) {
+	abs, err := callerDir("run directory", cfg.RunDir)
+	if err != nil {
+		return nil, err
+	}
+	uid := os.Geteuid()
+	var st unix.Stat_t
+	if uid == 0 && cfg.User == "" && unix.Lstat(abs, &st) == nil && st.Uid >= cfg.UIDLow && st.Uid <= cfg.UIDHigh {
+		uid = int(st.Uid)
+	}
+	return safepath.OpenDir(abs, uid)
+}
+
+// callerPath resolves a socket or --ro path the host gave to the absolute
+// real path that is both bind source and target (paths mean the same
+// inside and out).
+func callerPath(what, path string) (string, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return "", fmt.Errorf("%s %s: %w", what, path, err)
@@ -486,25 +580,10 @@ func callerPath(what, path string, dir bool) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s %s: %w", what, path, err)
 	}
-	st, err := os.Stat(real)
-	if err != nil {
+	if _, err := os.Stat(real); err != nil {
 		return "", fmt.Errorf("%s %s: %w", what, path, err)
 	}
-	if dir && !st.IsDir() {
-		return "", fmt.Errorf("%s %s is not a directory", what, path)
-	}
-	if real == "/" {
-		return "", fmt.Errorf("%s %s is the host's root", what, path)
-	}
-	for _, r := range reserved {
-		if within(real, r) {
-			if r == "/tmp" {
-				return "", fmt.Errorf("%s %s is under /tmp, which the session's private /tmp hides; put it outside /tmp (for example under /var/tmp)", what, path)
-			}
-			return "", fmt.Errorf("%s %s is under %s, which the sandbox builds itself for the session", what, path, r)
-		}
-	}
-	return real, nil
+	return callerDir(what, real)
 }
 
 func mustBeSocket(what, path string) error {

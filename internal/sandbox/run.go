@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bushost/bushost/internal/safepath"
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // ExitSandbox is run's exit status when the sandbox itself failed and the
@@ -42,6 +45,13 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
 	var held *lease
+	// The workspace was opened and checked once; from here on the
+	// session gets that descriptor. A path that no longer names it was
+	// swapped under the caller's eyes: refused, never followed.
+	testhook.Swap("run.workspace")
+	if err := p.ws.Recheck(); err != nil {
+		return 0, err
+	}
 	if p.User.Dynamic {
 		l, err := acquireUID(p.Config.StateDir, p.Config.UIDLow, p.Config.UIDHigh)
 		if err != nil {
@@ -61,11 +71,15 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		if err := p.prepareRunDir(); err != nil {
 			return 0, err
 		}
-		trees := []tree{{p.Workspace, true, true}, {p.RunDir, false, true}, {p.Home, true, true}, {p.Tmp, true, true}}
-		if p.Session.TokenFile != "" {
-			trees = append(trees, tree{filepath.Join(p.RunDir, p.Session.TokenFile), false, false})
+		trees, err := p.handedTrees()
+		if err != nil {
+			return 0, err
 		}
-		if err := l.handOver(trees...); err != nil {
+		err = l.handOver(trees...)
+		for _, t := range trees[2:] {
+			unix.Close(t.fd)
+		}
+		if err != nil {
 			return 0, err
 		}
 	} else if err := p.prepareRunDir(); err != nil {
@@ -199,6 +213,12 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		files = append(files, eg.child.Fd())
 		argv = append(argv, initRelay)
 	}
+	// fdWorkspace, for bwrap's --bind-fd, after closed ones in the places
+	// of those not used.
+	for len(files) < fdWorkspace {
+		files = append(files, ^uintptr(0))
+	}
+	files = append(files, uintptr(p.ws.Fd()))
 	argv = append(argv, exe)
 	argv = append(argv, p.Command...)
 	attr := &syscall.ProcAttr{
@@ -503,7 +523,7 @@ func (p *Plan) lookCommand() (string, int, string) {
 		if !filepath.IsAbs(name) {
 			name = filepath.Join(p.Workspace, name)
 		}
-		status, msg := executable(p.hostPath(name, 0))
+		status, msg := p.executable(p.hostPath(name, 0))
 		return name, status, msg
 	}
 	path := ""
@@ -517,26 +537,45 @@ func (p *Plan) lookCommand() (string, int, string) {
 			continue
 		}
 		inside := filepath.Join(dir, name)
-		if status, _ := executable(p.hostPath(inside, 0)); status == 0 {
+		if status, _ := p.executable(p.hostPath(inside, 0)); status == 0 {
 			return inside, 0, ""
 		}
 	}
 	return "", 127, "command not found"
 }
 
-func executable(hostPath string) (int, string) {
+// executable says whether hostPath names a file the session may run. In
+// the workspace, which the caller controls, it looks beneath the
+// workspace's descriptor and follows no link: a link is left for pid 1
+// to follow inside, where it means what the session sees, so that root
+// never tells the caller about a file outside.
+func (p *Plan) executable(hostPath string) (int, string) {
 	if hostPath == "" {
 		return 127, "command not found"
 	}
-	st, err := os.Stat(hostPath)
+	var st unix.Stat_t
+	var err error
+	if rel, ok := strings.CutPrefix(hostPath, p.Workspace+"/"); ok && p.ws != nil {
+		var fd int
+		fd, err = safepath.OpenBeneath(p.ws.Fd(), rel, unix.O_PATH)
+		if errors.Is(err, unix.ELOOP) {
+			return 0, ""
+		}
+		if err == nil {
+			err = unix.Fstat(fd, &st)
+			unix.Close(fd)
+		}
+	} else {
+		err = unix.Stat(hostPath, &st)
+	}
 	switch {
-	case errors.Is(err, os.ErrNotExist):
+	case errors.Is(err, unix.ENOENT):
 		return 127, "command not found"
 	case err != nil:
 		return 126, err.Error()
-	case st.IsDir():
+	case st.Mode&unix.S_IFMT == unix.S_IFDIR:
 		return 126, "is a directory"
-	case st.Mode()&0o111 == 0:
+	case st.Mode&0o111 == 0:
 		return 126, "permission denied"
 	}
 	return 0, ""
@@ -576,11 +615,7 @@ func (p *Plan) hostPath(inside string, depth int) string {
 // and bundle/. The run directory may be writable by the session user, so
 // every step refuses symlinks and works on the descriptor it opened.
 func (p *Plan) prepareRunDir() error {
-	runFD, err := unix.Open(p.RunDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open run directory %s: %w", p.RunDir, err)
-	}
-	defer unix.Close(runFD)
+	runFD := p.run.Fd()
 	for _, d := range []struct {
 		name  string
 		mode  uint32
@@ -612,16 +647,19 @@ func (p *Plan) prepareRunDir() error {
 		}
 	}
 	if name := p.Session.TokenFile; name != "" {
-		// The token is the session user's to read, and no one else's.
-		fd, err := unix.Openat(runFD, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		// The token is the session user's to read, and no one else's;
+		// one another user owns or can write is not the host's grant.
+		// A fixed --user was given it by an earlier session.
+		uid := os.Geteuid()
+		if p.User.Drop && !p.User.Dynamic {
+			uid = int(p.User.UID)
+		}
+		f, err := openInRunDir(p.run, name, uid)
 		if err != nil {
-			return fmt.Errorf("open the token %s (a file, not a symlink): %w", filepath.Join(p.RunDir, name), err)
+			return fmt.Errorf("the token: %w", err)
 		}
-		defer unix.Close(fd)
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-			return fmt.Errorf("the token %s is not a regular file", filepath.Join(p.RunDir, name))
-		}
+		defer f.Close()
+		fd := int(f.Fd())
 		if p.User.Drop && !p.User.Dynamic {
 			if err := unix.Fchown(fd, int(p.User.UID), int(p.User.GID)); err != nil {
 				return fmt.Errorf("chown the token to %s: %w", p.User.Name, err)
@@ -632,6 +670,36 @@ func (p *Plan) prepareRunDir() error {
 		}
 	}
 	return nil
+}
+
+// handedTrees are what a session's own uid is given: the workspace and
+// the run directory by the descriptors opened and checked first, home/,
+// tmp/ and the token opened beneath the run directory following no link.
+// The caller closes the descriptors of all but the first two.
+func (p *Plan) handedTrees() ([]tree, error) {
+	trees := []tree{{p.ws.Fd(), p.Workspace, true, true}, {p.run.Fd(), p.RunDir, false, true}}
+	names := []struct {
+		name  string
+		flags int
+	}{{"home", unix.O_RDONLY | unix.O_DIRECTORY}, {"tmp", unix.O_RDONLY | unix.O_DIRECTORY}}
+	if p.Session.TokenFile != "" {
+		names = append(names, struct {
+			name  string
+			flags int
+		}{p.Session.TokenFile, unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY})
+	}
+	for _, n := range names {
+		fd, err := safepath.OpenBeneath(p.run.Fd(), n.name, n.flags)
+		if err != nil {
+			for _, t := range trees[2:] {
+				unix.Close(t.fd)
+			}
+			return nil, fmt.Errorf("open %s (never a symlink): %w", filepath.Join(p.RunDir, n.name), err)
+		}
+		dir := n.flags&unix.O_DIRECTORY != 0
+		trees = append(trees, tree{fd, filepath.Join(p.RunDir, n.name), dir, dir})
+	}
+	return trees, nil
 }
 
 // emptyDir removes everything in the directory f, through an os.Root on

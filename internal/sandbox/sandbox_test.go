@@ -409,6 +409,14 @@ func TestLookCommand(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ws, "notes"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Links the caller planted: run (root) does not look where they lead,
+	// which would tell the caller whether a file of root's exists; pid 1
+	// follows them inside.
+	for name, to := range map[string]string{"peek": "/etc/shadow", "gone": "/root/no-such"} {
+		if err := os.Symlink(to, filepath.Join(ws, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	p, err := plan(t, flags...)
 	if err != nil {
 		t.Fatal(err)
@@ -429,6 +437,8 @@ func TestLookCommand(t *testing.T) {
 		{"/etc/passwd", "/etc/passwd", 126},
 		{"/usr", "/usr", 126},
 		{"only-here", "", 127}, // not on PATH: the workspace is not
+		{"./peek", ws + "/peek", 0},
+		{"./gone", ws + "/gone", 0},
 	} {
 		p.Command = []string{tc.command}
 		if path, status, msg := p.lookCommand(); status != tc.status || path != tc.path {
@@ -471,9 +481,9 @@ func socketHome(t *testing.T, base string, gid uint32) {
 		}
 	}
 	must(os.Chmod(base, 0o755))
-	for _, d := range []string{"ws", "run"} {
-		must(os.Chown(filepath.Join(base, d), int(nobody.uid), int(nobody.gid)))
-	}
+	// The workspace is the session user's; the run directory stays
+	// root's, as run requires of one it is given as root.
+	must(os.Chown(filepath.Join(base, "ws"), int(nobody.uid), int(nobody.gid)))
 	bus := filepath.Join(base, "bus")
 	must(os.Chown(bus, 0, int(gid)))
 	must(os.Chmod(bus, 0o710))

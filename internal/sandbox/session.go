@@ -14,6 +14,8 @@ import (
 	"unicode"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // SessionVersion is the version of session.json this sandbox writes.
@@ -98,19 +100,18 @@ func (g *GitIdentity) check() error {
 	return nil
 }
 
-// readSessionFile reads session.json from the run directory without
-// following a link, bounded in size, and checks what run will act on.
-func readSessionFile(runDir string) (*SessionFile, error) {
+// readSessionFile reads session.json from the run directory's descriptor
+// without following a link, bounded in size, and checks what run will act
+// on: a file another user owns or can write is refused (it says what the
+// session may reach).
+func readSessionFile(run *safepath.Handle) (*SessionFile, error) {
+	runDir := run.Path()
 	path := filepath.Join(runDir, "session.json")
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	f, err := openInRunDir(run, "session.json", os.Geteuid())
 	if err != nil {
-		return nil, fmt.Errorf("run directory %s has no regular file session.json (sandbox prepare writes it; the session may only read it): %w", runDir, err)
+		return nil, fmt.Errorf("run directory %s has no regular file session.json of its owner's (sandbox prepare writes it; the session may only read it): %w", runDir, err)
 	}
-	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("run directory %s has no regular file session.json (sandbox prepare writes it; the session may only read it)", runDir)
-	}
 	data, err := io.ReadAll(io.LimitReader(f, maxSessionJSON+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
@@ -139,6 +140,32 @@ func readSessionFile(runDir string) (*SessionFile, error) {
 		}
 	}
 	return &s, nil
+}
+
+// openInRunDir opens name, a regular file in the run directory, following
+// no link and never blocking: a file root or uid owns and nobody else can
+// write, or a refusal naming its owner.
+func openInRunDir(run *safepath.Handle, name string, uid int) (*os.File, error) {
+	path := filepath.Join(run.Path(), name)
+	fd, err := safepath.OpenBeneath(run.Fd(), name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), path)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if err := safepath.Trusted(path, &st, uid); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // Prepare is `sandbox prepare`: it makes the run directory a session runs
@@ -178,31 +205,41 @@ func PrepareRunDir(cfg *PrepareConfig) (err error) {
 	if err != nil {
 		return err
 	}
-	abs, err := filepath.Abs(cfg.RunDir)
+	dir, err := callerDir("run directory", cfg.RunDir)
+	if err != nil {
+		return refuse(ReasonArgumentInvalid, exitInvalid, "%v", err)
+	}
+	// The directory it is made in, reached from / through no link and
+	// no directory another user controls; the run directory itself is
+	// made, or found, there and held by its descriptor.
+	parent, err := safepath.OpenDir(filepath.Dir(dir), os.Geteuid())
 	if err != nil {
 		return err
 	}
-	parent, err := filepath.EvalSymlinks(filepath.Dir(abs))
-	if err != nil {
-		return fmt.Errorf("run directory %s: %w", cfg.RunDir, err)
-	}
-	dir := filepath.Join(parent, filepath.Base(abs))
-	for _, r := range reserved {
-		if within(dir, r) {
-			return refuse(ReasonArgumentInvalid, exitInvalid, "run directory %s is under %s, which the session's own %s hides; put it elsewhere (for example under /var/tmp)", cfg.RunDir, r, r)
-		}
-	}
+	defer parent.Close()
+	base := filepath.Base(dir)
 	made := false
-	switch err := unix.Mkdir(dir, 0o755); {
+	switch err := unix.Mkdirat(parent.Fd(), base, 0o755); {
 	case err == nil:
 		made = true
 	case errors.Is(err, unix.EEXIST):
 	default:
 		return fmt.Errorf("make run directory %s: %w", dir, err)
 	}
-	runFD, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	runFD, err := safepath.OpenBeneath(parent.Fd(), base, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return fmt.Errorf("open run directory %s (a directory, not a symlink): %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(runFD, &st); err != nil {
+		unix.Close(runFD)
+		return err
+	}
+	// An existing one another user owns or can write is not the host's:
+	// that user could rewrite session.json or the token under the session.
+	if err := safepath.Trusted(dir, &st, os.Geteuid()); err != nil {
+		unix.Close(runFD)
+		return err
 	}
 	runDir := os.NewFile(uintptr(runFD), dir)
 	defer runDir.Close()
@@ -224,7 +261,7 @@ func PrepareRunDir(cfg *PrepareConfig) (err error) {
 			_ = unix.Unlinkat(runFD, created[i].name, created[i].flags)
 		}
 		if made {
-			_ = unix.Rmdir(dir)
+			_ = unix.Unlinkat(parent.Fd(), base, unix.AT_REMOVEDIR)
 		}
 	}()
 	for _, f := range []struct {
@@ -271,9 +308,21 @@ func PrepareRunDir(cfg *PrepareConfig) (err error) {
 	return nil
 }
 
-// readToken reads a grant's token: one line of printable ASCII, bounded.
+// readToken reads a grant's token: one line of printable ASCII, bounded,
+// from a regular file reached through no link and no directory another
+// user controls, and owned by root or the caller (a fifo is refused
+// before it is opened, so nothing blocks).
 func readToken(path string) (string, error) {
-	f, err := os.Open(path)
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	h, err := safepath.OpenFile(abs, os.Geteuid(), unix.O_RDONLY)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	f, err := h.File()
+	h.Close()
 	if err != nil {
 		return "", fmt.Errorf("--token-file: %w", err)
 	}

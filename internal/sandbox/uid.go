@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // The default range of session uids: systemd's dynamic users' range, which
@@ -36,6 +38,9 @@ type lease struct {
 	lo, hi uint32
 	lock   *os.File
 	rec    leaseRecord
+	// held are descriptors of rec.Handed's roots, one each, kept from the
+	// hand-over for the hand-back: it acts on them, not on their paths.
+	held []int
 }
 
 // leaseRecord is the lock file's content while a session holds the uid.
@@ -50,7 +55,12 @@ type leaseRecord struct {
 // handed is a tree (or one directory or file) given to the session's uid:
 // what was owned by UID:GID there and the root's mode, to put back.
 type handed struct {
-	Path    string `json:"path"`
+	Path string `json:"path"`
+	// Dev and Ino are the tree's root as handed over: a launcher that
+	// hands it back from the record finds it again only if the path still
+	// leads, through no link, to this very file.
+	Dev     uint64 `json:"dev"`
+	Ino     uint64 `json:"ino"`
 	UID     uint32 `json:"uid"`
 	GID     uint32 `json:"gid"`
 	Mode    uint32 `json:"mode"`
@@ -155,48 +165,44 @@ func (l *lease) save() error {
 	return err
 }
 
-// handOver gives path to the lease's uid: the root itself (whatever owns
-// it, mode 0700 for a directory so no other session may look in) and, with
-// recurse, every directory, regular file and symlink under it owned by the
-// root's owner. handBack walks the whole tree when recurse or back is
-// set: a directory whose root alone is handed over may still gain the
-// session's files. It never follows a link, leaves device nodes, fifos and
-// sockets alone, and skips files with more than one link (a hard link
-// would hand over a file outside the tree).
+// handOver gives each tree's root, held by its descriptor, to the lease's
+// uid: the root itself (whatever owns it, mode 0700 for a directory so no
+// other session may look in) and, with recurse, every directory, regular
+// file and symlink under it owned by the root's owner. handBack walks the
+// whole tree when recurse or back is set: a directory whose root alone is
+// handed over may still gain the session's files. It never resolves a
+// path: it acts on the descriptors it was given and on names beneath them
+// (fchownat without following), leaves device nodes, fifos and sockets
+// alone, and skips files with more than one link (a hard link would hand
+// over a file outside the tree).
 func (l *lease) handOver(trees ...tree) error {
 	type opened struct {
 		tree
-		fd    int
 		owner uint32
 		isDir bool
 	}
 	var open []opened
-	defer func() {
-		for _, o := range open {
-			unix.Close(o.fd)
-		}
-	}()
-	// Every root is opened and checked, and the record written once,
-	// before anything changes hands.
+	// Every root is checked, and the record written once, before
+	// anything changes hands.
 	for _, t := range trees {
-		fd, err := unix.Open(t.path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-		if err != nil {
-			return fmt.Errorf("open %s (never a symlink): %w", t.path, err)
-		}
 		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil {
-			unix.Close(fd)
+		if err := unix.Fstat(t.fd, &st); err != nil {
 			return err
 		}
 		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
-		open = append(open, opened{t, fd, st.Uid, isDir})
 		if st.Uid >= l.lo && st.Uid <= l.hi {
 			return fmt.Errorf("%s belongs to uid %d, another session's (still running, or its launcher died while it runs): it cannot be handed to this one", t.path, st.Uid)
 		}
 		if !isDir && st.Mode&unix.S_IFMT != unix.S_IFREG {
 			return fmt.Errorf("%s is neither a directory nor a regular file", t.path)
 		}
-		l.rec.Handed = append(l.rec.Handed, handed{Path: t.path, UID: st.Uid, GID: st.Gid, Mode: st.Mode & 0o7777, Recurse: (t.recurse || t.back) && isDir})
+		fd, err := unix.FcntlInt(uintptr(t.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		open = append(open, opened{t, st.Uid, isDir})
+		l.held = append(l.held, fd)
+		l.rec.Handed = append(l.rec.Handed, handed{Path: t.path, Dev: st.Dev, Ino: st.Ino, UID: st.Uid, GID: st.Gid, Mode: st.Mode & 0o7777, Recurse: (t.recurse || t.back) && isDir})
 	}
 	if err := l.save(); err != nil {
 		return fmt.Errorf("record the hand-over: %w", err)
@@ -236,9 +242,11 @@ func (l *lease) handOver(trees ...tree) error {
 	return nil
 }
 
-// tree is one root to hand over: recurse hands over what is under it too;
-// back makes handBack walk it even when only the root was handed over.
+// tree is one root to hand over, held by fd (named path): recurse hands
+// over what is under it too; back makes handBack walk it even when only
+// the root was handed over.
 type tree struct {
+	fd            int
 	path          string
 	recurse, back bool
 }
@@ -253,7 +261,7 @@ func (l *lease) handBack() error {
 		h := l.rec.Handed[i]
 		// A root the session moved away (and maybe put a link in its
 		// place) is found again by the walk of the directory it is in.
-		if err := l.handBackOne(h); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENOTDIR) {
+		if err := l.handBackOne(i); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENOTDIR) {
 			errs = append(errs, fmt.Errorf("hand %s back: %w", h.Path, err))
 		}
 	}
@@ -261,11 +269,42 @@ func (l *lease) handBack() error {
 		return err
 	}
 	l.rec.Handed = nil
+	l.closeHeld()
 	return l.lock.Truncate(0)
 }
 
-func (l *lease) handBackOne(h handed) error {
-	fd, err := unix.Open(h.Path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+func (l *lease) closeHeld() {
+	for _, fd := range l.held {
+		unix.Close(fd)
+	}
+	l.held = nil
+}
+
+// rootOf is the descriptor of handed root i: the one held since the
+// hand-over, or, for a record a dead launcher left, its path opened from /
+// through no link, if it still is the file handed over.
+func (l *lease) rootOf(i int) (int, error) {
+	if i < len(l.held) {
+		return unix.FcntlInt(uintptr(l.held[i]), unix.F_DUPFD_CLOEXEC, 0)
+	}
+	h := l.rec.Handed[i]
+	fd, err := safepath.OpenNoFollow(h.Path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || (h.Ino != 0 && (st.Dev != h.Dev || st.Ino != h.Ino)) {
+		// Another file there now: the tree moved away, and the walk of
+		// the one it is in finds it.
+		unix.Close(fd)
+		return -1, unix.ENOENT
+	}
+	return fd, nil
+}
+
+func (l *lease) handBackOne(i int) error {
+	h := l.rec.Handed[i]
+	fd, err := l.rootOf(i)
 	if err != nil {
 		return err
 	}
@@ -310,6 +349,7 @@ func (l *lease) release() error {
 	if err == nil {
 		err = unix.Unlink(l.path)
 	}
+	l.closeHeld()
 	l.lock.Close()
 	return err
 }

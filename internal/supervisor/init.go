@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -21,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/safepath"
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // seedSkip are names never copied from the seed, at any depth.
@@ -81,9 +82,10 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.
 		return Account{}, err
 	}
 	defer unix.Close(wsfd)
+	testhook.Swap("init.workspace")
 	if fresh && seed != "" {
 		log.Info("first boot: seeding the workspace", "seed", seed, "workspace", ws)
-		if err := seedWorkspace(seed, ws); err != nil {
+		if err := seedWorkspace(seed, wsfd, agent.UID); err != nil {
 			return Account{}, fmt.Errorf("seed %s: %w", seed, err)
 		}
 	}
@@ -108,6 +110,11 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.
 	if err := setOwnership(wsfd, ws, cfg.Watch, agent, log); err != nil {
 		return Account{}, err
 	}
+	// The supervisor runs on the path: it must still name what init
+	// prepared, or it was swapped, and is refused, never followed.
+	if err := stillNames(ws, wsfd); err != nil {
+		return Account{}, err
+	}
 	if err := trustWorkspaceForAgent(agent, ws); err != nil {
 		log.Warn("the agent's own git will refuse the workspace (dubious ownership)", "err", err)
 	}
@@ -123,21 +130,22 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.
 // root only before anything else happens in it. fresh reports a workspace
 // that was missing or empty.
 func openWorkspace(ws string) (fd int, fresh bool, err error) {
-	parent, err := openDirNoFollow(filepath.Dir(ws))
-	if errors.Is(err, unix.ENOENT) {
-		if err := os.MkdirAll(filepath.Dir(ws), 0o755); err != nil {
-			return -1, false, fmt.Errorf("workspace: %w", err)
-		}
-		parent, err = openDirNoFollow(filepath.Dir(ws))
-	}
+	abs, err := filepath.Abs(ws)
 	if err != nil {
-		return -1, false, unsafePath(filepath.Dir(ws), err)
+		return -1, false, err
 	}
-	defer unix.Close(parent)
+	// Every directory above it root's and writable by root only: no
+	// other user can swap the way to it.
+	ph, err := safepath.MkdirAll(filepath.Dir(abs), 0, 0o755)
+	if err != nil {
+		return -1, false, err
+	}
+	defer ph.Close()
+	parent := ph.Fd()
 	if err := unix.Mkdirat(parent, filepath.Base(ws), 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 		return -1, false, fmt.Errorf("workspace: %w", err)
 	}
-	fd, err = openBeneath(parent, filepath.Base(ws), unix.O_DIRECTORY|unix.O_RDONLY)
+	fd, err = safepath.OpenBeneath(parent, filepath.Base(ws), unix.O_DIRECTORY|unix.O_RDONLY)
 	if err != nil {
 		return -1, false, unsafePath(ws, err)
 	}
@@ -165,31 +173,43 @@ func openWorkspace(ws string) (fd int, fresh bool, err error) {
 	return fd, len(names) == 0, nil
 }
 
+// stillNames refuses (PATH_CHANGED) a workspace path that no longer leads,
+// through root's directories and no link, to the directory wsfd holds.
+func stillNames(ws string, wsfd int) error {
+	abs, err := filepath.Abs(ws)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.FcntlInt(uintptr(wsfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	h, err := safepath.FromFd(fd, abs, 0)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return h.Recheck()
+}
+
 // prepareGitDir makes the supervisor's git dir (its parents root's, no link
 // on the way) and gives it to app, group the agent's, mode 0750: the agent
 // may read the history, never write it; the services' user cannot enter.
 // An existing one must be app's or root's.
 func prepareGitDir(dir string, app Account, agentGID int) error {
 	parentPath := filepath.Dir(dir)
-	if err := os.MkdirAll(parentPath, 0o755); err != nil {
-		return fmt.Errorf("git_dir: %w", err)
-	}
-	parent, err := openDirNoFollow(parentPath)
+	// Root's, writable by root only, reached through no link and through
+	// no directory another user controls.
+	ph, err := safepath.MkdirAll(parentPath, 0, 0o755)
 	if err != nil {
-		return unsafePath(parentPath, err)
+		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "the parent of git_dir, %s, must be root's and writable by root only: %v", parentPath, err).With("path", parentPath)
 	}
-	defer unix.Close(parent)
-	var pst unix.Stat_t
-	if err := unix.Fstat(parent, &pst); err != nil {
-		return err
-	}
-	if pst.Uid != 0 || pst.Mode&0o022 != 0 && pst.Mode&unix.S_ISVTX == 0 {
-		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "the parent of git_dir, %s, must be root's and writable by root only", parentPath).With("path", parentPath)
-	}
+	defer ph.Close()
+	parent := ph.Fd()
 	if err := unix.Mkdirat(parent, filepath.Base(dir), 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("git_dir: %w", err)
 	}
-	fd, err := openBeneath(parent, filepath.Base(dir), unix.O_DIRECTORY|unix.O_RDONLY)
+	fd, err := safepath.OpenBeneath(parent, filepath.Base(dir), unix.O_DIRECTORY|unix.O_RDONLY)
 	if err != nil {
 		return unsafePath(dir, err)
 	}
@@ -295,66 +315,116 @@ func ensureInGroup(a Account, group string, gid int) (Account, error) {
 	return lookup(a.Name)
 }
 
-// seedWorkspace copies seed into ws, without seedSkip names. Modes keep their
-// permission bits only; symlinks are copied as links.
-func seedWorkspace(seed, ws string) error {
-	if err := os.MkdirAll(ws, 0o755); err != nil {
+// seedWorkspace copies seed into the workspace wsfd, without seedSkip
+// names. The seed is opened once from / following no link, every
+// directory on the way root's or the agent's (uid) and writable by no one
+// else (internal/safepath), and walked through descriptors: a name swapped
+// for a link while init copies is skipped, never followed. Modes keep their
+// permission bits only; symlinks are copied as links; anything but a
+// directory, a regular file or a link is left out.
+func seedWorkspace(seed string, wsfd, uid int) error {
+	abs, err := filepath.Abs(seed)
+	if err != nil {
 		return err
 	}
-	return filepath.WalkDir(seed, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(seed, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		if seedSkip[d.Name()] {
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		dst := filepath.Join(ws, rel)
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.IsDir():
-			return os.MkdirAll(dst, fi.Mode().Perm())
-		case fi.Mode()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			os.Remove(dst)
-			return os.Symlink(target, dst)
-		case fi.Mode().IsRegular():
-			return copyFile(p, dst, fi.Mode().Perm())
-		}
-		return nil
-	})
+	h, err := safepath.OpenDir(abs, uid)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	testhook.Swap("init.seed")
+	return copyTree(h.Fd(), wsfd, abs, 0)
 }
 
-func copyFile(src, dst string, mode fs.FileMode) error {
-	in, err := os.Open(src)
+// copyTree copies the entries of the directory src into dst.
+func copyTree(src, dst int, path string, depth int) error {
+	if depth > maxSeedDepth {
+		return fmt.Errorf("%s: more than %d directories deep", path, maxSeedDepth)
+	}
+	d, err := unix.Dup(src)
 	if err != nil {
 		return err
 	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, mode)
-	if err != nil {
+	if _, err := unix.Seek(d, 0, 0); err != nil {
+		unix.Close(d)
 		return err
 	}
-	_, err = io.Copy(out, in)
-	if cerr := out.Close(); err == nil {
-		err = cerr
+	f := os.NewFile(uintptr(d), path)
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
-	if err == nil {
-		err = os.Chmod(dst, mode)
+	for _, name := range names {
+		if seedSkip[name] {
+			continue
+		}
+		if err := copyEntry(src, dst, filepath.Join(path, name), name, depth); err != nil {
+			return err
+		}
 	}
-	return err
+	return nil
+}
+
+// maxSeedDepth bounds copyTree: each level holds two descriptors.
+const maxSeedDepth = 256
+
+func copyEntry(src, dst int, path, name string, depth int) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(src, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	perm := st.Mode & 0o777
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		sfd, err := safepath.OpenBeneath(src, name, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return fmt.Errorf("%s (a directory, never a link): %w", path, err)
+		}
+		defer unix.Close(sfd)
+		if err := unix.Mkdirat(dst, name, perm); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		dfd, err := safepath.OpenBeneath(dst, name, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return unsafePath(path, err)
+		}
+		defer unix.Close(dfd)
+		return copyTree(sfd, dfd, path, depth+1)
+	case unix.S_IFLNK:
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(src, name, buf)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		_ = unix.Unlinkat(dst, name, 0)
+		return unix.Symlinkat(string(buf[:n]), dst, name)
+	case unix.S_IFREG:
+		sfd, err := safepath.OpenBeneath(src, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+		if err != nil {
+			return fmt.Errorf("%s (a file, never a link): %w", path, err)
+		}
+		in := os.NewFile(uintptr(sfd), path)
+		defer in.Close()
+		var got unix.Stat_t
+		if err := unix.Fstat(sfd, &got); err != nil || got.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("%s is no longer a regular file", path)
+		}
+		dfd, err := unix.Openat(dst, name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		out := os.NewFile(uintptr(dfd), path)
+		_, err = io.Copy(out, in)
+		if err == nil {
+			err = unix.Fchmod(dfd, perm)
+		}
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	}
+	return nil
 }
 
 // writeAgentsFile regenerates AGENTS.md from infra/AGENTS.md and the agent's
@@ -461,7 +531,7 @@ func (o *owner) entry(dirfd int, path, rel, name string) error {
 	default:
 		// A fifo, socket or device: ownership through an O_PATH handle,
 		// no mode change.
-		fd, err := openBeneath(dirfd, name, unix.O_PATH)
+		fd, err := safepath.OpenBeneath(dirfd, name, unix.O_PATH)
 		if err != nil {
 			o.log.Warn("init: skipped a path that changed under it", "path", path, "err", err)
 			return nil
@@ -469,7 +539,7 @@ func (o *owner) entry(dirfd int, path, rel, name string) error {
 		defer unix.Close(fd)
 		return unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH)
 	}
-	fd, err := openBeneath(dirfd, name, flags)
+	fd, err := safepath.OpenBeneath(dirfd, name, flags)
 	if err != nil {
 		// Swapped for a link (ELOOP) or removed since the stat: never
 		// followed, nothing to hand over.
@@ -574,9 +644,19 @@ func trustWorkspaceForAgent(agent Account, ws string) error {
 }
 
 // protectFile makes path root-owned and writable by root only, through a
-// descriptor opened without following a link at its last component.
+// descriptor opened beneath its directory (root's, reached through no
+// link: internal/safepath), never following a link.
 func protectFile(path string) error {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	dir, err := safepath.OpenDir(filepath.Dir(abs), 0)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	fd, err := safepath.OpenBeneath(dir.Fd(), filepath.Base(abs), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
 		return err
 	}
@@ -584,6 +664,9 @@ func protectFile(path string) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("%s is not a regular file", path)
 	}
 	if err := unix.Fchown(fd, 0, 0); err != nil {
 		return err

@@ -8,82 +8,23 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // init runs as root in a workspace the agent has written. Everything it
-// changes there it changes through a file descriptor: each name is opened
-// relative to a directory it already holds, following no link (openat2 with
-// RESOLVE_NO_SYMLINKS|RESOLVE_BENEATH; on a kernel without openat2, openat
-// with O_NOFOLLOW on a single path component, which is the same for a name
-// read from the directory itself), and ownership and modes are set on what
-// was opened (fchown, fchmod, fsetxattr), never on a path that could have
-// been swapped for a link in between.
+// changes there it changes through a file descriptor: the workspace, its
+// parent, the seed and the git dir are opened from / following no link
+// (internal/safepath), each name below them relative to a directory it
+// already holds (safepath.OpenBeneath), and ownership and modes are set on
+// what was opened (fchown, fchmod, fsetxattr), never on a path that could
+// have been swapped for a link in between.
 
 // randReader names init's temporary files.
 var randReader = rand.Reader
-
-// noOpenat2 is set once the kernel says it has no openat2.
-var noOpenat2 atomic.Bool
-
-// openBeneath opens name (one or more components, none of them "..") under
-// dirfd following no link. flags gets O_NOFOLLOW and O_CLOEXEC.
-func openBeneath(dirfd int, name string, flags int) (int, error) {
-	flags |= unix.O_NOFOLLOW | unix.O_CLOEXEC
-	if !noOpenat2.Load() {
-		fd, err := unix.Openat2(dirfd, name, &unix.OpenHow{
-			Flags:   uint64(flags),
-			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
-		})
-		if !errors.Is(err, unix.ENOSYS) {
-			return fd, err
-		}
-		noOpenat2.Store(true)
-	}
-	// Without openat2: one component at a time, each with O_NOFOLLOW.
-	parts := strings.Split(name, "/")
-	cur := dirfd
-	for i, p := range parts {
-		if p == "" || p == "." || p == ".." {
-			if cur != dirfd {
-				unix.Close(cur)
-			}
-			return -1, unix.EXDEV
-		}
-		f := unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_RDONLY
-		if i == len(parts)-1 {
-			f = flags
-		}
-		fd, err := unix.Openat(cur, p, f, 0)
-		if cur != dirfd {
-			unix.Close(cur)
-		}
-		if err != nil {
-			return -1, err
-		}
-		cur = fd
-	}
-	return cur, nil
-}
-
-// openDirNoFollow opens the absolute directory path refusing a link in any
-// component.
-func openDirNoFollow(path string) (int, error) {
-	root, err := unix.Open("/", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, err
-	}
-	defer unix.Close(root)
-	rel := strings.TrimPrefix(filepath.Clean(path), "/")
-	if rel == "" {
-		return unix.Dup(root)
-	}
-	return openBeneath(root, rel, unix.O_DIRECTORY|unix.O_RDONLY)
-}
 
 // unsafePath is the refusal for a link or a non-directory where init needs
 // a directory of its own making.
@@ -104,7 +45,7 @@ func mkdirAllBeneath(dirfd int, base, rel string, mode uint32) (int, error) {
 			unix.Close(cur)
 			return -1, fmt.Errorf("%s: %w", filepath.Join(base, p), err)
 		}
-		next, err := openBeneath(cur, p, unix.O_DIRECTORY|unix.O_RDONLY)
+		next, err := safepath.OpenBeneath(cur, p, unix.O_DIRECTORY|unix.O_RDONLY)
 		unix.Close(cur)
 		if err != nil {
 			return -1, unsafePath(filepath.Join(base, rel), err)
@@ -117,7 +58,7 @@ func mkdirAllBeneath(dirfd int, base, rel string, mode uint32) (int, error) {
 // readFileBeneath reads name under dirfd if it is a single-link regular file
 // reached by no link; exists is false if there is nothing at name.
 func readFileBeneath(dirfd int, name string, limit int64) (data []byte, exists bool, err error) {
-	fd, err := openBeneath(dirfd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+	fd, err := safepath.OpenBeneath(dirfd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, false, nil
 	}

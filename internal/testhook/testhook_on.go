@@ -1,0 +1,27 @@
+//go:build bushost_testhook
+
+package testhook
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Env is POINT=PATH: at POINT, Swap exchanges PATH with PATH.swap.
+const Env = "BUSHOST_TESTHOOK_SWAP"
+
+// Swap, when $BUSHOST_TESTHOOK_SWAP names point, exchanges the path it
+// gives with that path + ".swap" (renameat2 RENAME_EXCHANGE), where the
+// test has put a link to a directory the caller must never reach.
+func Swap(point string) {
+	at, path, ok := strings.Cut(os.Getenv(Env), "=")
+	if !ok || at != point {
+		return
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, path+".swap", unix.RENAME_EXCHANGE); err != nil {
+		fmt.Fprintf(os.Stderr, "testhook %s: exchange %s: %v\n", point, path, err)
+	}
+}
