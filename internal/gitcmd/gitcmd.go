@@ -191,6 +191,10 @@ type Cmd struct {
 	// Output. Stderr is always kept for errors.
 	Stdin  io.Reader
 	Stdout io.Writer
+	// Stderr, optional, receives git's stderr as well, for warnings git
+	// gives without failing (the supervisor refuses a "could not open
+	// directory" while it stages).
+	Stderr io.Writer
 }
 
 // Error is a git process that failed. Stderr is git's own message, trimmed.
@@ -323,6 +327,9 @@ func (r *Runner) Run(ctx context.Context, c Cmd) error {
 	cmd.Stdout = c.Stdout
 	stderr := &tailBuffer{limit: stderrLimit}
 	cmd.Stderr = stderr
+	if c.Stderr != nil {
+		cmd.Stderr = io.MultiWriter(stderr, c.Stderr)
+	}
 	// git starts helpers of its own (index-pack under fetch, pack-objects
 	// under bundle): a process group lets a cancel take them all.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -104,6 +104,19 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.
 	if err := prepareGitDir(cfg.GitDir, app, agent.GID); err != nil {
 		return Account{}, err
 	}
+	if _, err := os.Lstat(filepath.Join(cfg.GitDir, "HEAD")); fresh && seed != "" && errors.Is(err, os.ErrNotExist) {
+		// The first commit will hold the seed just copied: it needs no
+		// acknowledgement, unlike files found in a workspace whose
+		// history is missing.
+		if err := markSeeded(cfg.GitDir, app.UID, app.GID); err != nil {
+			return Account{}, fmt.Errorf("git_dir: %w", err)
+		}
+	}
+	if cfg.HealthSocket != "" {
+		if err := prepareSocketDir(filepath.Dir(cfg.HealthSocket), app); err != nil {
+			return Account{}, fmt.Errorf("health_socket: %w", err)
+		}
+	}
 	if err := writeAgentsFile(wsfd, cfg.GitDir, log); err != nil {
 		return Account{}, err
 	}
@@ -225,6 +238,37 @@ func prepareGitDir(dir string, app Account, agentGID int) error {
 		return err
 	}
 	return unix.Fchmod(fd, 0o750)
+}
+
+// prepareSocketDir makes the directory of health_socket (its parents
+// root's, no link on the way) root's, group app's, mode 0770: the
+// supervisor makes its socket there and root (the container's
+// HEALTHCHECK) connects to it; the agent and the services cannot enter.
+func prepareSocketDir(dir string, app Account) error {
+	ph, err := safepath.MkdirAll(filepath.Dir(dir), 0, 0o755)
+	if err != nil {
+		return err
+	}
+	defer ph.Close()
+	if err := unix.Mkdirat(ph.Fd(), filepath.Base(dir), 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	fd, err := safepath.OpenBeneath(ph.Fd(), filepath.Base(dir), unix.O_DIRECTORY|unix.O_RDONLY)
+	if err != nil {
+		return unsafePath(dir, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Uid != 0 {
+		return unsafePath(dir, fmt.Errorf("belongs to uid %d, not root", st.Uid))
+	}
+	if err := unix.Fchown(fd, 0, app.GID); err != nil {
+		return err
+	}
+	return unix.Fchmod(fd, 0o770)
 }
 
 // refuseAgentProcesses fails, naming one, if any process runs with the
@@ -467,7 +511,14 @@ func setOwnership(wsfd int, ws string, watch []string, agent Account, log *slog.
 		return false
 	}
 	o := &owner{agent: agent, log: log, ownedByAgent: ownedByAgent}
-	return o.walk(wsfd, ws, "")
+	return walkTree(wsfd, walkFuncs{
+		visit: func(dirfd int, rel, name string, _ *unix.Stat_t, _ int) (bool, error) {
+			return o.entry(dirfd, filepath.Join(ws, rel), rel, name)
+		},
+		dirErr: func(rel string, err error) error {
+			return fmt.Errorf("%s: %w", filepath.Join(ws, rel), err)
+		},
+	})
 }
 
 type owner struct {
@@ -477,39 +528,15 @@ type owner struct {
 	aclWarned    bool
 }
 
-// walk hands over every entry of the directory dirfd (at rel, path for
-// messages).
-func (o *owner) walk(dirfd int, path, rel string) error {
-	d, err := unix.Dup(dirfd)
-	if err != nil {
-		return err
-	}
-	// A duplicate shares the directory offset: read from the start.
-	if _, err := unix.Seek(d, 0, 0); err != nil {
-		unix.Close(d)
-		return err
-	}
-	f := os.NewFile(uintptr(d), path)
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	for _, name := range names {
-		if err := o.entry(dirfd, filepath.Join(path, name), strings.TrimPrefix(rel+"/"+name, "/"), name); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (o *owner) entry(dirfd int, path, rel, name string) error {
+// entry hands over one entry of the directory dirfd, and reports whether
+// the walk should enter it (a directory it handed over).
+func (o *owner) entry(dirfd int, path, rel, name string) (bool, error) {
 	var lst unix.Stat_t
 	if err := unix.Fstatat(dirfd, name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return nil
+			return false, nil
 		}
-		return fmt.Errorf("%s: %w", path, err)
+		return false, fmt.Errorf("%s: %w", path, err)
 	}
 	agent := o.ownedByAgent(rel)
 	uid, gid := 0, 0
@@ -519,9 +546,9 @@ func (o *owner) entry(dirfd int, path, rel, name string) error {
 	if lst.Mode&unix.S_IFMT == unix.S_IFLNK {
 		// The link itself, never its target; a link has no mode.
 		if err := unix.Fchownat(dirfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("%s: %w", path, err)
+			return false, fmt.Errorf("%s: %w", path, err)
 		}
-		return nil
+		return false, nil
 	}
 	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY
 	switch lst.Mode & unix.S_IFMT {
@@ -533,61 +560,63 @@ func (o *owner) entry(dirfd int, path, rel, name string) error {
 		// no mode change.
 		fd, err := safepath.OpenBeneath(dirfd, name, unix.O_PATH)
 		if err != nil {
-			o.log.Warn("init: skipped a path that changed under it", "path", path, "err", err)
-			return nil
+			o.log.Warn("init: skipped a path that changed under it", "path", shortPath(path), "err", err)
+			return false, nil
 		}
 		defer unix.Close(fd)
-		return unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH)
+		return false, unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH)
 	}
 	fd, err := safepath.OpenBeneath(dirfd, name, flags)
 	if err != nil {
 		// Swapped for a link (ELOOP) or removed since the stat: never
 		// followed, nothing to hand over.
-		o.log.Warn("init: skipped a path that changed under it", "path", path, "err", err)
-		return nil
+		o.log.Warn("init: skipped a path that changed under it", "path", shortPath(path), "err", err)
+		return false, nil
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return false, fmt.Errorf("%s: %w", path, err)
 	}
 	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
 	perm := st.Mode & 0o777
 	if !agent {
 		if err := unix.Fchown(fd, 0, 0); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return false, fmt.Errorf("%s: %w", path, err)
 		}
 		if perm&0o022 != 0 {
 			if err := unix.Fchmod(fd, st.Mode&0o7777&^0o022); err != nil {
-				return fmt.Errorf("%s: %w", path, err)
+				return false, fmt.Errorf("%s: %w", path, err)
 			}
 		}
 	} else {
 		// A hard link the agent made to a file it does not own must not
 		// become its own by our chown.
 		if !isDir && st.Nlink > 1 && int(st.Uid) != o.agent.UID {
-			o.log.Warn("not taking ownership of a hard-linked file for the agent", "path", path)
-			return nil
+			o.log.Warn("not taking ownership of a hard-linked file for the agent", "path", shortPath(path))
+			return false, nil
 		}
 		if err := unix.Fchown(fd, uid, gid); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return false, fmt.Errorf("%s: %w", path, err)
+		}
+		// An access ACL the agent set (u:app:--- hides a directory from
+		// the supervisor) goes: the modes below say who may do what.
+		if err := unix.Fremovexattr(fd, "system.posix_acl_access"); err != nil && !errors.Is(err, unix.ENODATA) && !errors.Is(err, unix.EOPNOTSUPP) {
+			return false, fmt.Errorf("%s: remove its access ACL: %w", path, err)
 		}
 		if isDir {
 			if err := unix.Fchmod(fd, perm|0o770|unix.S_ISGID); err != nil {
-				return fmt.Errorf("%s: %w", path, err)
+				return false, fmt.Errorf("%s: %w", path, err)
 			}
 			if err := setDefaultACL(fd); err != nil && !o.aclWarned {
 				o.aclWarned = true
 				o.log.Warn("no default ACLs on this filesystem: files the agent creates follow its umask (use 002)", "err", err)
 			}
 		} else if err := unix.Fchmod(fd, perm|(perm&0o600)>>3); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return false, fmt.Errorf("%s: %w", path, err)
 		}
 	}
-	if isDir {
-		return o.walk(fd, path, rel)
-	}
-	return nil
+	return isDir, nil
 }
 
 // setDefaultACL sets the default ACL u::rwx,g::rwx,o::r-x on dir, written as
