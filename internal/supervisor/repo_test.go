@@ -1,8 +1,8 @@
 package supervisor
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
