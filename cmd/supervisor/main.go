@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -100,33 +101,45 @@ func exitParse(verb string, err error, stderr io.Writer) int {
 	return 2
 }
 
+// failer writes a failure of verb in the chosen log format (in JSON, a
+// record like every other line) and returns code.
+func failer(verb string, lf *logFlags, log *slog.Logger, stderr io.Writer) func(code int, err error) int {
+	return func(code int, err error) int {
+		if lf.format == "json" {
+			log.Error("supervisor "+verb+" failed", "err", err)
+		} else {
+			fmt.Fprintf(stderr, "supervisor %s: %v\n", verb, err)
+		}
+		return code
+	}
+}
+
 func runSupervisor(config string, lf *logFlags, stderr io.Writer) int {
 	if config == "" {
 		fmt.Fprint(stderr, "supervisor run: --config FILE is required\n")
 		return 2
 	}
-	if _, err := cmdline.Logger(io.Discard, lf.format, lf.level); err != nil {
+	log, err := supervisor.NewLogger(stderr, lf.format, lf.level)
+	if err != nil {
 		fmt.Fprintf(stderr, "supervisor run: %v\n", err)
 		return 2
 	}
+	fail := failer("run", lf, log, stderr)
 	cfg, err := supervisor.LoadConfig(config)
 	if err != nil {
-		fmt.Fprintf(stderr, "supervisor: %v\n", err)
-		return 2
+		return fail(2, err)
 	}
 	if os.Geteuid() == 0 {
-		fmt.Fprint(stderr, "supervisor: warning: running as root; services run as root too (use `supervisor init` to drop to user app)\n")
+		log.Warn("running as root; services run as root too (use `supervisor init` to drop to user app)")
 	}
 	s, err := supervisor.New(cfg, supervisor.Options{Log: stderr, LogFormat: lf.format, LogLevel: lf.level})
 	if err != nil {
-		fmt.Fprintf(stderr, "supervisor: %v\n", err)
-		return 1
+		return fail(1, err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := s.Run(ctx); err != nil {
-		fmt.Fprintf(stderr, "supervisor: %v\n", err)
-		return 1
+		return fail(1, err)
 	}
 	return 0
 }
@@ -136,26 +149,29 @@ func initWorkspace(config, seed string, lf *logFlags, stderr io.Writer) int {
 		fmt.Fprint(stderr, "supervisor init: --config FILE and --seed DIR are required\n")
 		return 2
 	}
-	if _, err := cmdline.Logger(io.Discard, lf.format, lf.level); err != nil {
+	log, err := supervisor.NewLogger(stderr, lf.format, lf.level)
+	if err != nil {
 		fmt.Fprintf(stderr, "supervisor init: %v\n", err)
 		return 2
 	}
+	// As a container's PID 1, init reaps: the work goes on in a child.
+	if code, ok := supervisor.ReapAsPID1(); ok {
+		return code
+	}
+	// Every line init writes is in the chosen format.
+	fail := failer("init", lf, log, stderr)
 	abs, err := filepath.Abs(config)
 	if err != nil {
-		fmt.Fprintf(stderr, "supervisor: %v\n", err)
-		return 2
+		return fail(2, err)
 	}
 	cfg, err := supervisor.LoadConfig(abs)
 	if err != nil {
-		fmt.Fprintf(stderr, "supervisor: %v\n", err)
-		return 2
+		return fail(2, err)
 	}
-	app, err := supervisor.Prepare(context.Background(), cfg, abs, seed, stderr)
+	app, err := supervisor.Prepare(context.Background(), cfg, abs, seed, log)
 	if err != nil {
-		fmt.Fprintf(stderr, "supervisor init: %v\n", err)
-		return 1
+		return fail(1, err)
 	}
 	err = supervisor.DropAndExec(app, append([]string{"run", "--config", abs}, lf.args()...))
-	fmt.Fprintf(stderr, "supervisor init: run as %s: %v\n", app.Name, err)
-	return 1
+	return fail(1, fmt.Errorf("run as %s: %w", app.Name, err))
 }

@@ -44,8 +44,7 @@ type Account struct {
 // drop to (DropAndExec). configPath is made root-owned and not writable by
 // others. It refuses to start while a process of the agent's user runs, and
 // changes nothing in the workspace through a path (see safefs.go).
-func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.Writer) (Account, error) {
-	log := slog.New(slog.NewTextHandler(logw, nil))
+func Prepare(ctx context.Context, cfg *Config, configPath, seed string, log *slog.Logger) (Account, error) {
 	if os.Geteuid() != 0 {
 		return Account{}, errors.New("init must run as root: it creates users and sets ownership (use `supervisor run` otherwise)")
 	}

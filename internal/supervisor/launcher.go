@@ -67,7 +67,7 @@ type procRunner interface {
 	// a new process group; under the shim if shim is set. done yields the
 	// exit status once.
 	start(shim bool, argv []string, dir string, env []string, out *os.File) (pid int, done <-chan int, err error)
-	// signal sends sig to the process group led by pid.
+	// signal sends sig to what it started as pid (signalService).
 	signal(pid int, sig syscall.Signal)
 }
 
@@ -84,7 +84,7 @@ func (l localRunner) start(shim bool, argv []string, dir string, env []string, o
 	return startGroup(argv, dir, env, out, pdeath)
 }
 
-func (localRunner) signal(pid int, sig syscall.Signal) { syscall.Kill(-pid, sig) }
+func (localRunner) signal(pid int, sig syscall.Signal) { signalService(pid, sig) }
 
 // startGroup starts argv as a process group leader with a parent-death
 // signal, from a locked thread (see startLocked).
@@ -389,7 +389,7 @@ func runLauncher() int {
 			pid, ok := pids[req.ID]
 			mu.Unlock()
 			if ok && req.Sig > 0 && req.Sig < 65 {
-				syscall.Kill(-pid, syscall.Signal(req.Sig))
+				signalService(pid, syscall.Signal(req.Sig))
 			}
 		default:
 			if out != nil {

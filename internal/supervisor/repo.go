@@ -97,14 +97,6 @@ func identityEnv(id Identity) []string {
 // if they are missing, refuses a git dir another user could write, and
 // writes the repository's attributes. It is idempotent.
 func (r *Repo) Ensure(ctx context.Context) error {
-	if err := os.MkdirAll(r.dir, 0o755); err != nil {
-		return fmt.Errorf("workspace: %w", err)
-	}
-	for i, w := range r.watch {
-		if err := os.MkdirAll(filepath.Join(r.dir, w), 0o775); err != nil {
-			return fmt.Errorf("watch[%d] %s: %w", i, w, err)
-		}
-	}
 	if _, err := os.Lstat(r.gitDir); errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(filepath.Dir(r.gitDir), 0o755); err != nil {
 			return fmt.Errorf("git_dir: %w", err)
@@ -125,6 +117,14 @@ func (r *Repo) Ensure(ctx context.Context) error {
 		}
 	} else if err := r.sameWorkspace(ctx); err != nil {
 		return err
+	}
+	if err := os.MkdirAll(r.dir, 0o755); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	for i, w := range r.watch {
+		if err := os.MkdirAll(filepath.Join(r.dir, w), 0o775); err != nil {
+			return fmt.Errorf("watch[%d] %s: %w", i, w, err)
+		}
 	}
 	// The repository's own config names the work tree: git takes it from
 	// there, not from -c, when the git dir is given explicitly.

@@ -38,6 +38,9 @@ type persisted struct {
 	// no history of: no commit becomes good until `supervisor ack`
 	// acknowledges it.
 	AwaitingAck string `json:"awaiting_ack,omitempty"`
+	// UnfinishedRevert is the reason of a revert that failed: the next
+	// start finishes it before the services run.
+	UnfinishedRevert string `json:"unfinished_revert,omitempty"`
 }
 
 // maxStateBytes bounds what is read from the git dir's state files.

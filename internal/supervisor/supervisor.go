@@ -146,6 +146,11 @@ type Supervisor struct {
 	// history: no commit becomes good until `supervisor ack`.
 	awaitingAck string
 	haltService string
+	// unfinished is the reason of a revert that failed and has not
+	// succeeded since: kept in the git dir, so that a restart (whose init
+	// restores what only root can, such as an ACL the agent set) finishes
+	// it before the services start.
+	unfinished string
 }
 
 // New checks the options; Run does the work.
@@ -161,7 +166,7 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 		opts.Shim = []string{exe}
 	}
 	sink := &logSink{w: opts.Log, json: opts.LogFormat == "json"}
-	log, err := cmdline.Logger(sinkWriter{sink}, opts.LogFormat, opts.LogLevel)
+	log, err := NewLogger(sinkWriter{sink}, opts.LogFormat, opts.LogLevel)
 	if err != nil {
 		return nil, err
 	}
@@ -190,6 +195,30 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 		})
 	}
 	return s, nil
+}
+
+// NewLogger is the supervisor's log (run's and init's): cmdline's formats
+// and levels, and in JSON a duration is written as a Go duration string
+// ("1.5s", "250ms"), as the text format writes it, not as nanoseconds.
+func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	l, err := cmdline.Logger(w, format, level)
+	if err != nil || format != "json" {
+		return l, err
+	}
+	var lvl slog.Level
+	if level != "" {
+		if err := lvl.UnmarshalText([]byte(level)); err != nil {
+			return nil, err
+		}
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl, ReplaceAttr: durationString})), nil
+}
+
+func durationString(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // sinkWriter lets slog share the services' serialised output.
@@ -306,6 +335,10 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	// retried until they can be (files changing under git, a tree that
 	// cannot be recorded must not keep the supervisor from starting).
 	s.commitEdits()
+	if state.UnfinishedRevert != "" {
+		s.troubled = state.HaltService
+		s.finishRevert(state.UnfinishedRevert)
+	}
 	s.log.Info("supervisor started", "workspace", cfg.Workspace, "head", short(s.head), "good", short(good), "health_addr", addr)
 	for _, svc := range s.services {
 		s.start(svc)
@@ -616,6 +649,10 @@ func (s *Supervisor) recover(svc *service, reason string) {
 		s.reverts = append(s.reverts, rec)
 		svc.revertsFailed++
 		s.fail("revert", err)
+		if s.unfinished == "" {
+			s.unfinished = reason
+			s.persist()
+		}
 		s.notify.send(s.notification(EventRevertFailed, svc.cfg.Name, rec))
 		// Try again later; each try counts toward max_failed_reverts.
 		svc.timer = s.after(s.cfg.RestartBackoff.Duration, func() {
@@ -627,6 +664,10 @@ func (s *Supervisor) recover(svc *service, reason string) {
 	}
 	s.reverts = append(s.reverts, rec)
 	svc.reverted++
+	if s.unfinished != "" {
+		s.unfinished = ""
+		s.persist()
+	}
 	s.log.Warn("reverted to the good commit", "commit", short(commit), "good", short(s.good), "reason", reason)
 	s.notify.send(s.notification(EventRevert, svc.cfg.Name, rec))
 	for _, other := range s.services {
@@ -634,6 +675,42 @@ func (s *Supervisor) recover(svc *service, reason string) {
 		other.backoff = s.cfg.RestartBackoff.Duration
 		s.restart(other)
 	}
+}
+
+// finishRevert does, at start, the revert that failed before the restart
+// (it was written to the git dir), so that the trees end as the good
+// commit before any service runs: what kept it from succeeding may have
+// been something only init, as root, could undo.
+func (s *Supervisor) finishRevert(reason string) {
+	s.unfinished = reason
+	if s.good == "" {
+		return
+	}
+	s.log.Warn("finishing the revert that failed before the restart", "good", short(s.good), "reason", reason)
+	ctx, cancel := s.gitCtx()
+	defer cancel()
+	rec := RevertRecord{At: time.Now(), Service: s.troubled, Reason: reason, From: s.head, To: s.good}
+	from, commit, err := s.repo.Revert(ctx, s.good, s.cfg.Agent, s.cfg.Supervisor, reason)
+	if from != "" {
+		rec.From = from
+		s.head = from
+	}
+	if err != nil && !errors.Is(err, ErrNothingToRevert) {
+		rec.Error = err.Error()
+		s.reverts = append(s.reverts, rec)
+		s.fail("finish the revert that failed before the restart", err)
+		s.notify.send(s.notification(EventRevertFailed, s.troubled, rec))
+		return
+	}
+	if commit != "" {
+		rec.Commit = commit
+		s.head, s.headChangedAt = commit, time.Now()
+		s.reverts = append(s.reverts, rec)
+		s.log.Warn("reverted to the good commit", "commit", short(commit), "good", short(s.good), "reason", reason)
+		s.notify.send(s.notification(EventRevert, s.troubled, rec))
+	}
+	s.unfinished = ""
+	s.persist()
 }
 
 // halt stops automatic recovery, loudly; svc's crash loop led to it.
@@ -658,7 +735,10 @@ func (s *Supervisor) halt(svc *service, reason string) {
 // persist writes the halt and the pending acknowledgement to the git dir,
 // so that a restart does not forget them.
 func (s *Supervisor) persist() {
-	p := persisted{AwaitingAck: s.awaitingAck}
+	p := persisted{AwaitingAck: s.awaitingAck, UnfinishedRevert: s.unfinished}
+	if s.unfinished != "" {
+		p.HaltService = s.troubled
+	}
 	if s.halted {
 		p.Halted, p.HaltReason, p.HaltService = true, s.haltReason, s.haltService
 	}
@@ -859,6 +939,10 @@ func (s *Supervisor) evaluateGood() {
 		s.notify.send(s.notification(EventRecovery, s.troubled, RevertRecord{Commit: s.head}))
 	}
 	s.failedReverts, s.revertPending = 0, false
+	if s.unfinished != "" {
+		s.unfinished = ""
+		s.persist()
+	}
 	if s.halted {
 		s.halted, s.haltReason, s.haltService = false, "", ""
 		s.persist()

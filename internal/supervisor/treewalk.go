@@ -70,7 +70,9 @@ func walkTree(root int, f walkFuncs) error {
 	return w.dir("", 0, f)
 }
 
-// fd returns the descriptor of frame i, opening it again if it was let go.
+// fd returns the descriptor of frame i, opening it again if it was let go,
+// with the frames above it that fit in heldDirs: the walk back up a deep
+// tree opens each directory again about depth/heldDirs times, not depth.
 func (w *dirWalk) fd(i int) (int, error) {
 	if w.frames[i].fd >= 0 {
 		return w.frames[i].fd, nil
@@ -79,10 +81,10 @@ func (w *dirWalk) fd(i int) (int, error) {
 	for w.frames[j].fd < 0 {
 		j--
 	}
-	cur := w.frames[j].fd
+	cur, curHeld := w.frames[j].fd, true
 	for k := j + 1; k <= i; k++ {
 		fd, err := safepath.OpenBeneath(cur, w.frames[k].name, unix.O_RDONLY|unix.O_DIRECTORY)
-		if cur != w.frames[j].fd {
+		if !curHeld {
 			unix.Close(cur)
 		}
 		if err != nil {
@@ -93,10 +95,12 @@ func (w *dirWalk) fd(i int) (int, error) {
 			unix.Close(fd)
 			return -1, errTreeChanged
 		}
-		cur = fd
+		cur, curHeld = fd, k > i-heldDirs
+		if curHeld {
+			w.frames[k].fd = fd
+			w.held++
+		}
 	}
-	w.frames[i].fd = cur
-	w.held++
 	w.trim()
 	return cur, nil
 }
