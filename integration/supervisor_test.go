@@ -132,6 +132,8 @@ type supEnv struct {
 	initArgs []string
 	exe      string
 	env      []string
+	// wrap, when set, runs the supervisor under it (prlimit ... --).
+	wrap []string
 	// The three users, named for this test only and removed after it.
 	app, agent, svc string
 	gitDir          string
@@ -237,7 +239,8 @@ func (e *supEnv) boot() {
 	if exe == "" {
 		exe = bin(t, "supervisor")
 	}
-	e.cmd = exec.Command(exe, append([]string{"init", "--config", e.config, "--seed", e.seed}, e.initArgs...)...)
+	argv := append(append(append([]string{}, e.wrap...), exe, "init", "--config", e.config, "--seed", e.seed), e.initArgs...)
+	e.cmd = exec.Command(argv[0], argv[1:]...)
 	e.cmd.Env = append(append(os.Environ(), "TMPDIR="+filepath.Join(e.base, "tmp")), e.env...)
 	e.cmd.Stdout, e.cmd.Stderr = e.out, e.out
 	if err := e.cmd.Start(); err != nil {
@@ -702,7 +705,7 @@ func TestSupervisorHaltsWithNothingToRevert(t *testing.T) {
 	if st.Services[0].State != supervisor.StateBricked {
 		t.Errorf("halted status %+v", st)
 	}
-	if n := strings.Count(e.out.String(), "RECOVERY HALTED"); n != 1 {
+	if n := strings.Count(e.out.String(), `msg="RECOVERY HALTED`); n != 1 {
 		t.Errorf("the halt said %d times, want once, loudly", n)
 	}
 

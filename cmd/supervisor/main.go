@@ -23,6 +23,8 @@ const usage = `usage:
   supervisor init --config FILE --seed DIR   as root: users, seed, ownership, AGENTS.md,
                                              then drop to user app and run
   (both take --log-format text|json and --log-level debug|info|warn|error)
+  supervisor ack  --config FILE              as root or the supervisor's user: acknowledge the
+                                             files a first commit adopted without history
   supervisor --version | --help | help COMMAND
 `
 
@@ -68,6 +70,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 				}
 				return initWorkspace(*config, *seed, lf, stderr)
 			}),
+		cmdline.Passthrough("ack", "acknowledge files adopted without history",
+			"usage: supervisor ack --config FILE\n\nas root or the supervisor's user (app): acknowledge the first commit of a\nworkspace whose git_dir held no history (/status awaiting_ack), so that it\nmay become good once healthy for good_after. The agent cannot: git_dir is\nnot its to write.\n\n"+reference(),
+			func(w io.Writer) { fs, _ := ackFlags(w); fs.PrintDefaults() },
+			func(args []string) int {
+				fs, config := ackFlags(io.Discard)
+				if err := fs.Parse(args); err != nil {
+					return exitParse("ack", err, stderr)
+				}
+				return ack(*config, stdout, stderr)
+			}),
 	)
 	return cmdline.Execute(root, args, stdout, stderr)
 }
@@ -94,6 +106,35 @@ func initFlags(out io.Writer) (*flag.FlagSet, *string, *string, *logFlags) {
 	fs, config, lf := flags("init", out)
 	seed := fs.String("seed", "", "directory that seeds the workspace on first boot")
 	return fs, config, seed, lf
+}
+
+func ackFlags(out io.Writer) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet("supervisor ack", flag.ContinueOnError)
+	fs.SetOutput(out)
+	return fs, fs.String("config", "", "TOML configuration file (required)")
+}
+
+func ack(config string, stdout, stderr io.Writer) int {
+	if config == "" {
+		fmt.Fprint(stderr, "supervisor ack: --config FILE is required\n")
+		return 2
+	}
+	cfg, err := supervisor.LoadConfig(config)
+	if err != nil {
+		fmt.Fprintf(stderr, "supervisor ack: %v\n", err)
+		return 2
+	}
+	commit, err := supervisor.Ack(cfg)
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "supervisor ack: %v\n", err)
+		return 1
+	case commit == "":
+		fmt.Fprintln(stdout, "nothing to acknowledge: no commit waits for one")
+	default:
+		fmt.Fprintf(stdout, "acknowledged %s: it becomes good once every service is healthy for good_after\n", commit)
+	}
+	return 0
 }
 
 func exitParse(verb string, err error, stderr io.Writer) int {
