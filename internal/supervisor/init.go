@@ -148,7 +148,7 @@ func openWorkspace(ws string) (fd int, fresh bool, err error) {
 	}
 	// Every directory above it root's and writable by root only: no
 	// other user can swap the way to it.
-	ph, err := safepath.MkdirAll(filepath.Dir(abs), 0, 0o755)
+	ph, err := rootParent(filepath.Dir(abs))
 	if err != nil {
 		return -1, false, err
 	}
@@ -185,6 +185,32 @@ func openWorkspace(ws string) (fd int, fresh bool, err error) {
 	return fd, len(names) == 0, nil
 }
 
+// rootParent opens (making what is missing, 0755) the directory dir under
+// which init makes something of its own: root's, writable by root only,
+// reached through no link and no directory another user controls. "/"
+// itself (the workspace /workspace of a container) is held to the same
+// rule.
+func rootParent(dir string) (*safepath.Handle, error) {
+	if filepath.Clean(dir) != "/" {
+		return safepath.MkdirAll(dir, 0, 0o755)
+	}
+	fd, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	h, err := safepath.FromFd(fd, "/", 0)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	st := h.Stat()
+	if err := safepath.Trusted("/", &st, 0); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
 // stillNames refuses (PATH_CHANGED) a workspace path that no longer leads,
 // through root's directories and no link, to the directory wsfd holds.
 func stillNames(ws string, wsfd int) error {
@@ -212,7 +238,7 @@ func prepareGitDir(dir string, app Account, agentGID int) error {
 	parentPath := filepath.Dir(dir)
 	// Root's, writable by root only, reached through no link and through
 	// no directory another user controls.
-	ph, err := safepath.MkdirAll(parentPath, 0, 0o755)
+	ph, err := rootParent(parentPath)
 	if err != nil {
 		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "the parent of git_dir, %s, must be root's and writable by root only: %v", parentPath, err).With("path", parentPath)
 	}
@@ -244,7 +270,7 @@ func prepareGitDir(dir string, app Account, agentGID int) error {
 // supervisor makes its socket there and root (the container's
 // HEALTHCHECK) connects to it; the agent and the services cannot enter.
 func prepareSocketDir(dir string, app Account) error {
-	ph, err := safepath.MkdirAll(filepath.Dir(dir), 0, 0o755)
+	ph, err := rootParent(filepath.Dir(dir))
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -291,6 +292,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fmt.Errorf("watch: %w", err)
 	}
 	defer w.close()
+	s.warnUnheard()
 	if s.notify != nil {
 		nctx, stop := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -374,6 +376,19 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.evaluateGood()
 			s.mu.Unlock()
 		}
+	}
+}
+
+// warnUnheard says loudly, at start, when no one will hear of a revert or
+// a halt: notify_url unset, or still a placeholder (a .invalid name, as in
+// the seed container's example, never resolves).
+func (s *Supervisor) warnUnheard() {
+	u, _ := url.Parse(s.cfg.NotifyURL)
+	switch {
+	case s.cfg.NotifyURL == "":
+		s.log.Warn("NO WEBHOOK: notify_url is not set, so reverts, halts and blocked commits reach nobody but this log; set notify_url")
+	case u != nil && strings.HasSuffix(u.Hostname(), ".invalid"):
+		s.log.Warn("NO WEBHOOK: notify_url is a placeholder that never resolves, so reverts, halts and blocked commits reach nobody but this log; replace it", "notify_url", s.cfg.NotifyURL)
 	}
 }
 
