@@ -102,7 +102,10 @@ func (b *seedBox) status() supervisor.Status {
 
 // healthy is what the container runtime would see: `podman healthcheck
 // run` exits 0 (without systemd podman runs no check by itself).
-func (b *seedBox) healthy() bool { _, err := podman(b.t, "healthcheck", "run", b.name); return err == nil }
+func (b *seedBox) healthy() bool {
+	_, err := podman(b.t, "healthcheck", "run", b.name)
+	return err == nil
+}
 
 func (b *seedBox) asAgent(script string) string {
 	b.t.Helper()
