@@ -757,11 +757,12 @@ func DropAndExec(app Account, args []string) error {
 		return fmt.Errorf("no_new_privs: %w", err)
 	}
 	if svc := app.services; svc != nil {
-		fd, err := startLauncher(exe, *svc, userEnv(*svc))
+		fd, pid, err := startLauncher(exe, *svc, userEnv(*svc))
 		if err != nil {
 			return err
 		}
 		os.Setenv(launcherEnv, strconv.Itoa(fd))
+		os.Setenv(launcherPidEnv, strconv.Itoa(pid))
 	}
 	if err := syscall.Setgroups(app.Groups); err != nil {
 		return fmt.Errorf("setgroups: %w", err)
