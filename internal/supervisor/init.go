@@ -238,24 +238,13 @@ func prepareGitDir(dir string, app Account, agentGID int) error {
 	parentPath := filepath.Dir(dir)
 	// Root's, writable by root only, reached through no link and through
 	// no directory another user controls.
-	ph, err := rootParent(parentPath)
-	if err != nil {
+	fd, st, err := ownDir(dir, func(err error) error {
 		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "the parent of git_dir, %s, must be root's and writable by root only: %v", parentPath, err).With("path", parentPath)
-	}
-	defer ph.Close()
-	parent := ph.Fd()
-	if err := unix.Mkdirat(parent, filepath.Base(dir), 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("git_dir: %w", err)
-	}
-	fd, err := safepath.OpenBeneath(parent, filepath.Base(dir), unix.O_DIRECTORY|unix.O_RDONLY)
+	})
 	if err != nil {
-		return unsafePath(dir, err)
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
+	defer unix.Close(fd)
 	if st.Uid != 0 && int(st.Uid) != app.UID {
 		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "git_dir %s belongs to uid %d, neither root nor %s", dir, st.Uid, app.Name).With("path", dir)
 	}
@@ -265,28 +254,41 @@ func prepareGitDir(dir string, app Account, agentGID int) error {
 	return unix.Fchmod(fd, 0o750)
 }
 
+// ownDir makes (0700, if missing) and opens the directory dir under its
+// parent, root's and reached through no link (rootParent; parentErr says
+// what a refused parent means), following no link, and returns it with
+// what it is.
+func ownDir(dir string, parentErr func(error) error) (int, unix.Stat_t, error) {
+	var st unix.Stat_t
+	ph, err := rootParent(filepath.Dir(dir))
+	if err != nil {
+		return -1, st, parentErr(err)
+	}
+	defer ph.Close()
+	if err := unix.Mkdirat(ph.Fd(), filepath.Base(dir), 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return -1, st, fmt.Errorf("%s: %w", dir, err)
+	}
+	fd, err := safepath.OpenBeneath(ph.Fd(), filepath.Base(dir), unix.O_DIRECTORY|unix.O_RDONLY)
+	if err != nil {
+		return -1, st, unsafePath(dir, err)
+	}
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, st, err
+	}
+	return fd, st, nil
+}
+
 // prepareSocketDir makes the directory of health_socket (its parents
 // root's, no link on the way) root's, group app's, mode 0770: the
 // supervisor makes its socket there and root (the container's
 // HEALTHCHECK) connects to it; the agent and the services cannot enter.
 func prepareSocketDir(dir string, app Account) error {
-	ph, err := rootParent(filepath.Dir(dir))
+	fd, st, err := ownDir(dir, func(err error) error { return err })
 	if err != nil {
 		return err
-	}
-	defer ph.Close()
-	if err := unix.Mkdirat(ph.Fd(), filepath.Base(dir), 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-		return err
-	}
-	fd, err := safepath.OpenBeneath(ph.Fd(), filepath.Base(dir), unix.O_DIRECTORY|unix.O_RDONLY)
-	if err != nil {
-		return unsafePath(dir, err)
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return err
-	}
 	if st.Uid != 0 {
 		return unsafePath(dir, fmt.Errorf("belongs to uid %d, not root", st.Uid))
 	}
