@@ -116,7 +116,7 @@ type remoteRunner struct {
 	conn *net.UnixConn
 	// pid is the launcher's, this process's child: waited for once gone.
 	pid int
-	wmu  sync.Mutex
+	wmu sync.Mutex
 
 	mu      sync.Mutex
 	next    uint64
