@@ -317,15 +317,13 @@ func TestComposeUp(t *testing.T) {
 		t.Errorf("uid map %q, want the container's own range at %d", m, base)
 	}
 
-	// The agent's edit, good; then an implant, recorded but not good.
+	// The agent's edit, good; then an implant, just before the container
+	// goes (not healthy for good_after yet).
 	first := b.good()
 	b.asAgent(`sed -i 's/website starting/website v2 starting/' /workspace/src/website/serve.sh`)
 	b.waitFor("the edit committed", 60*time.Second, func() bool { return b.status().Head != first })
 	edit := b.good()
 	b.asAgent(`echo implant > /workspace/src/website/implant.sh`)
-	implant := ""
-	b.waitFor("the implant recorded", 30*time.Second, func() bool { implant = b.status().Head; return implant != edit })
-	goodBefore := b.status().Good
 	if out, err := compose("down", "-t", "5"); err != nil {
 		t.Fatalf("podman-compose down: %v\n%s", err, out)
 	}
@@ -342,8 +340,12 @@ func TestComposeUp(t *testing.T) {
 		started = regexp.MustCompile(`msg="supervisor started" .* head=(\w+) good=(\w+)`).FindStringSubmatch(b.logs())
 		return started != nil
 	})
-	if !strings.HasPrefix(implant, started[1]) || !strings.HasPrefix(goodBefore, started[2]) {
-		t.Errorf("after down and up the supervisor started at head %s, good %s; want head %s (the history kept), good %s (as before)", started[1], started[2], implant, goodBefore)
+	implant := b.asRoot("git --git-dir=/var/lib/bushost-supervisor/git rev-parse " + started[1])
+	if parents := b.asRoot("git --git-dir=/var/lib/bushost-supervisor/git log -1 --format=%an:%P " + implant); parents != "agent:"+edit {
+		t.Errorf("after down and up HEAD %s (%s), want the implant recorded by the agent on top of %s: the history kept", implant, parents, edit)
+	}
+	if !strings.HasPrefix(edit, started[2]) {
+		t.Errorf("after down and up the supervisor started with good %s, want %s (as before, not the implant)", started[2], edit)
 	}
 	if st := b.status(); st.AwaitingAck != "" {
 		t.Errorf("awaiting_ack %q after down and up: the history was there", st.AwaitingAck)
