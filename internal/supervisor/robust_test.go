@@ -435,3 +435,39 @@ func childrenOf(pid int, state string) []int {
 func gitCmdConfig(gitDir, workspace string) gitcmd.Cmd {
 	return gitcmd.Cmd{Dir: "/", Sub: "config", Flags: []string{"--file=" + filepath.Join(gitDir, "config")}, Args: []string{"core.worktree", workspace}}
 }
+
+// Edits made while the supervisor was stopped are committed at its start,
+// and each service starts once: none is started twice, or restarted for
+// an edit older than itself.
+func TestSupervisorBootCommitsEditsStartsOnce(t *testing.T) {
+	r := startSupervisor(t, fmt.Sprintf(webService, "/nonexistent"))
+	waitFor(t, "running", 5*time.Second, func() bool { return r.service("web").PID != 0 })
+	head, cfg := r.s.Status().Head, r.s.cfg
+	r.stop()
+	writeFile(t, filepath.Join(r.ws, "src", "web", "while-stopped.txt"), "edit\n")
+
+	log := &syncBuffer{}
+	ready := make(chan string, 1)
+	s, err := New(cfg, Options{Shim: []string{os.Args[0]}, Log: log, Ready: func(a string) { ready <- a }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	<-ready
+	st := s.Status()
+	if st.Head == head || st.Unrecorded != "" {
+		t.Errorf("the edit made while stopped: head %s (was %s), unrecorded %q", st.Head, head, st.Unrecorded)
+	}
+	waitFor(t, "web running", 5*time.Second, func() bool { return s.Status().Services[0].PID != 0 })
+	if svc := s.Status().Services[0]; svc.Restarts != 0 {
+		t.Errorf("web started %d times more at the start, want once:\n%s", svc.Restarts, log.String())
+	}
+}

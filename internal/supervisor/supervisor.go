@@ -335,8 +335,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	// Edits made while the supervisor was stopped: committed now, or
 	// retried until they can be (files changing under git, a tree that
-	// cannot be recorded must not keep the supervisor from starting).
-	s.commitEdits()
+	// cannot be recorded must not keep the supervisor from starting). No
+	// service runs yet: each starts below.
+	s.record()
 	if state.UnfinishedRevert != "" {
 		s.troubled = state.HaltService
 		s.finishRevert(state.UnfinishedRevert)
@@ -789,19 +790,10 @@ func (s *Supervisor) noteDirty() {
 // commitEdits records the agent's edits and restarts the services they
 // touch, plus every bricked one (the edit may be its fix).
 func (s *Supervisor) commitEdits() {
-	ctx, cancel := s.gitCtx()
-	defer cancel()
-	commit, paths, err := s.repo.CommitPending(ctx, s.cfg.Agent)
-	if err != nil {
-		s.unrecordedBy(err)
+	paths := s.record()
+	if len(paths) == 0 {
 		return
 	}
-	s.recorded()
-	if commit == "" {
-		return
-	}
-	s.head, s.headChangedAt = commit, time.Now()
-	s.log.Info("committed agent edits", "commit", short(commit), "files", len(paths), "first", paths[0])
 	shared := false
 	for _, p := range paths {
 		inAny := false
@@ -824,6 +816,25 @@ func (s *Supervisor) commitEdits() {
 			s.restart(svc)
 		}
 	}
+}
+
+// record commits the agent's edits, or notes why it could not (and
+// retries); it returns the paths of a commit it made.
+func (s *Supervisor) record() []string {
+	ctx, cancel := s.gitCtx()
+	defer cancel()
+	commit, paths, err := s.repo.CommitPending(ctx, s.cfg.Agent)
+	if err != nil {
+		s.unrecordedBy(err)
+		return nil
+	}
+	s.recorded()
+	if commit == "" {
+		return nil
+	}
+	s.head, s.headChangedAt = commit, time.Now()
+	s.log.Info("committed agent edits", "commit", short(commit), "files", len(paths), "first", paths[0])
+	return paths
 }
 
 // maxCommitRetry bounds the delay between tries of a commit that failed.
