@@ -325,8 +325,12 @@ func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
 		if err != nil && !strings.Contains(err.Error(), "did not match any files") {
 			return nil, fmt.Errorf("stage %s: %w", w, err)
 		}
-		if skipped := gitSkipped(warn.String()); len(skipped) > 0 {
+		skipped, changed := gitSkipped(warn.String())
+		if len(skipped) > 0 {
 			return nil, &BlockedError{Problems: skipped}
+		}
+		if changed {
+			return nil, fmt.Errorf("stage %s: a directory went while git staged it (the agent at work): tried again", w)
 		}
 	}
 	var out []byte
@@ -359,15 +363,19 @@ func (e *BlockedError) Error() string {
 }
 
 // gitSkipped picks from git's stderr the directories it skipped without
-// failing ("warning: could not open directory 'x/': ...").
-func gitSkipped(stderr string) []string {
-	var skipped []string
+// failing ("warning: could not open directory 'x/': ..."); one that was
+// gone by then (removed while git walked) is a change, not a skip.
+func gitSkipped(stderr string) (skipped []string, changed bool) {
 	for _, line := range strings.Split(stderr, "\n") {
-		if strings.Contains(line, "could not open directory") {
+		switch {
+		case !strings.Contains(line, "could not open directory"):
+		case strings.HasSuffix(strings.TrimSpace(line), "No such file or directory"):
+			changed = true
+		default:
 			skipped = append(skipped, "git "+strings.TrimPrefix(strings.TrimSpace(line), "warning: "))
 		}
 	}
-	return skipped
+	return skipped, changed
 }
 
 // boundedBuffer keeps the first limit bytes written to it.
@@ -750,6 +758,10 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 				return true, nil
 			},
 			dirErr: func(rel string, err error) error {
+				if errors.Is(err, unix.ENOENT) {
+					// Removed while the walk went on: nothing to record.
+					return nil
+				}
 				problem(fmt.Sprintf("%s cannot be read by the supervisor (%v): the agent must make it readable to its group again (chmod g+rx, setfacl -b)", QuotePath(shortPath(path.Join(w, rel))), err))
 				return nil
 			},
