@@ -471,3 +471,20 @@ func TestSupervisorBootCommitsEditsStartsOnce(t *testing.T) {
 		t.Errorf("web started %d times more at the start, want once:\n%s", svc.Restarts, log.String())
 	}
 }
+
+// With no notify_url, or the example's placeholder, the start says loudly
+// that nobody hears of a revert; with a real one it says nothing of it.
+func TestSupervisorSaysWhenNobodyHears(t *testing.T) {
+	for _, tc := range []struct{ notify, want string }{
+		{"", "NO WEBHOOK: notify_url is not set"},
+		{`notify_url = "https://replace-me.invalid/bushost-webhook"` + "\n", "NO WEBHOOK: notify_url is a placeholder"},
+		{`notify_url = "http://127.0.0.1:9/hook"` + "\n", ""},
+	} {
+		r := startSupervisor(t, tc.notify+fmt.Sprintf(webService, "/nonexistent"))
+		log := r.log.String()
+		if tc.want != "" && !strings.Contains(log, tc.want) || tc.want == "" && strings.Contains(log, "NO WEBHOOK") {
+			t.Errorf("notify %q: log\n%s\nwant %q", tc.notify, log, tc.want)
+		}
+		r.stop()
+	}
+}
