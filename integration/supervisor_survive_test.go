@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
 	"sort"
@@ -244,5 +245,32 @@ func TestSupervisorInitLogsJSON(t *testing.T) {
 	var rec map[string]any
 	if code == 0 || json.Unmarshal([]byte(strings.TrimSpace(errs)), &rec) != nil || rec["level"] != "ERROR" {
 		t.Errorf("failing init with --log-format json: exit %d, %q", code, errs)
+	}
+}
+
+// health_socket is root's and app's: the agent cannot connect to it (so
+// cannot hold it), root can, as a container's HEALTHCHECK does.
+func TestSupervisorHealthSocketIsNotTheAgents(t *testing.T) {
+	e := newSupEnv(t)
+	sock := filepath.Join(e.base, "run", "health.sock")
+	cfg, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, e.config, fmt.Sprintf("health_socket = %q\n", sock)+string(cfg), 0o644)
+	e.boot()
+	e.waitFor("healthy", 15*time.Second, func() bool { return e.healthz() == 200 })
+	if out, err := exec.Command("curl", "-fsS", "--unix-socket", sock, "http://localhost/healthz").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "ok" {
+		t.Errorf("root on health_socket: %v %s", err, out)
+	}
+	if out, err := e.asAgent("curl -fsS --unix-socket " + sock + " http://localhost/healthz"); err == nil {
+		t.Errorf("the agent reached health_socket: %s", out)
+	}
+	fi, err := os.Stat(filepath.Dir(sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o770 {
+		t.Errorf("the socket's directory has mode %v, want 0770 root:app", fi.Mode().Perm())
 	}
 }
