@@ -239,7 +239,7 @@ func TestCLIHelpVersionCompletion(t *testing.T) {
 	for b, cmds := range map[string][][]string{
 		"bushostd":   {{"serve"}},
 		"sandbox":    {{"probe"}, {"explain"}, {"run"}},
-		"supervisor": {{"run"}, {"init"}},
+		"supervisor": {{"run"}, {"init"}, {"ack"}},
 		"bushost": {{"push-working"}, {"fetch-main"}, {"fetch-review"}, {"project", "add"}, {"project", "sync"},
 			{"task", "add"}, {"task", "close"}, {"grant"}, {"revoke"}, {"review", "request"}, {"review", "verdict"},
 			{"event", "record"}, {"events"}, {"log", "verify"}, {"completion"}},

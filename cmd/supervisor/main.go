@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -22,6 +23,8 @@ const usage = `usage:
   supervisor init --config FILE --seed DIR   as root: users, seed, ownership, AGENTS.md,
                                              then drop to user app and run
   (both take --log-format text|json and --log-level debug|info|warn|error)
+  supervisor ack  --config FILE              as root or the supervisor's user: acknowledge the
+                                             files a first commit adopted without history
   supervisor --version | --help | help COMMAND
 `
 
@@ -67,6 +70,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 				}
 				return initWorkspace(*config, *seed, lf, stderr)
 			}),
+		cmdline.Passthrough("ack", "acknowledge files adopted without history",
+			"usage: supervisor ack --config FILE\n\nas root or the supervisor's user (app): acknowledge the first commit of a\nworkspace whose git_dir held no history (/status awaiting_ack), so that it\nmay become good once healthy for good_after. The agent cannot: git_dir is\nnot its to write.\n\n"+reference(),
+			func(w io.Writer) { fs, _ := ackFlags(w); fs.PrintDefaults() },
+			func(args []string) int {
+				fs, config := ackFlags(io.Discard)
+				if err := fs.Parse(args); err != nil {
+					return exitParse("ack", err, stderr)
+				}
+				return ack(*config, stdout, stderr)
+			}),
 	)
 	return cmdline.Execute(root, args, stdout, stderr)
 }
@@ -95,9 +108,51 @@ func initFlags(out io.Writer) (*flag.FlagSet, *string, *string, *logFlags) {
 	return fs, config, seed, lf
 }
 
+func ackFlags(out io.Writer) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet("supervisor ack", flag.ContinueOnError)
+	fs.SetOutput(out)
+	return fs, fs.String("config", "", "TOML configuration file (required)")
+}
+
+func ack(config string, stdout, stderr io.Writer) int {
+	if config == "" {
+		fmt.Fprint(stderr, "supervisor ack: --config FILE is required\n")
+		return 2
+	}
+	cfg, err := supervisor.LoadConfig(config)
+	if err != nil {
+		fmt.Fprintf(stderr, "supervisor ack: %v\n", err)
+		return 2
+	}
+	commit, err := supervisor.Ack(cfg)
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "supervisor ack: %v\n", err)
+		return 1
+	case commit == "":
+		fmt.Fprintln(stdout, "nothing to acknowledge: no commit waits for one")
+	default:
+		fmt.Fprintf(stdout, "acknowledged %s: it becomes good once every service is healthy for good_after\n", commit)
+	}
+	return 0
+}
+
 func exitParse(verb string, err error, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "supervisor %s: %v\nRun 'supervisor %s --help' for usage.\n", verb, err, verb)
 	return 2
+}
+
+// failer writes a failure of verb in the chosen log format (in JSON, a
+// record like every other line) and returns code.
+func failer(verb string, lf *logFlags, log *slog.Logger, stderr io.Writer) func(code int, err error) int {
+	return func(code int, err error) int {
+		if lf.format == "json" {
+			log.Error("supervisor "+verb+" failed", "err", err)
+		} else {
+			fmt.Fprintf(stderr, "supervisor %s: %v\n", verb, err)
+		}
+		return code
+	}
 }
 
 func runSupervisor(config string, lf *logFlags, stderr io.Writer) int {
@@ -105,28 +160,27 @@ func runSupervisor(config string, lf *logFlags, stderr io.Writer) int {
 		fmt.Fprint(stderr, "supervisor run: --config FILE is required\n")
 		return 2
 	}
-	if _, err := cmdline.Logger(io.Discard, lf.format, lf.level); err != nil {
+	log, err := supervisor.NewLogger(stderr, lf.format, lf.level)
+	if err != nil {
 		fmt.Fprintf(stderr, "supervisor run: %v\n", err)
 		return 2
 	}
+	fail := failer("run", lf, log, stderr)
 	cfg, err := supervisor.LoadConfig(config)
 	if err != nil {
-		fmt.Fprintf(stderr, "supervisor: %v\n", err)
-		return 2
+		return fail(2, err)
 	}
 	if os.Geteuid() == 0 {
-		fmt.Fprint(stderr, "supervisor: warning: running as root; services run as root too (use `supervisor init` to drop to user app)\n")
+		log.Warn("running as root; services run as root too (use `supervisor init` to drop to user app)")
 	}
 	s, err := supervisor.New(cfg, supervisor.Options{Log: stderr, LogFormat: lf.format, LogLevel: lf.level})
 	if err != nil {
-		fmt.Fprintf(stderr, "supervisor: %v\n", err)
-		return 1
+		return fail(1, err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := s.Run(ctx); err != nil {
-		fmt.Fprintf(stderr, "supervisor: %v\n", err)
-		return 1
+		return fail(1, err)
 	}
 	return 0
 }
@@ -136,26 +190,29 @@ func initWorkspace(config, seed string, lf *logFlags, stderr io.Writer) int {
 		fmt.Fprint(stderr, "supervisor init: --config FILE and --seed DIR are required\n")
 		return 2
 	}
-	if _, err := cmdline.Logger(io.Discard, lf.format, lf.level); err != nil {
+	log, err := supervisor.NewLogger(stderr, lf.format, lf.level)
+	if err != nil {
 		fmt.Fprintf(stderr, "supervisor init: %v\n", err)
 		return 2
 	}
+	// As a container's PID 1, init reaps: the work goes on in a child.
+	if code, ok := supervisor.ReapAsPID1(); ok {
+		return code
+	}
+	// Every line init writes is in the chosen format.
+	fail := failer("init", lf, log, stderr)
 	abs, err := filepath.Abs(config)
 	if err != nil {
-		fmt.Fprintf(stderr, "supervisor: %v\n", err)
-		return 2
+		return fail(2, err)
 	}
 	cfg, err := supervisor.LoadConfig(abs)
 	if err != nil {
-		fmt.Fprintf(stderr, "supervisor: %v\n", err)
-		return 2
+		return fail(2, err)
 	}
-	app, err := supervisor.Prepare(context.Background(), cfg, abs, seed, stderr)
+	app, err := supervisor.Prepare(context.Background(), cfg, abs, seed, log)
 	if err != nil {
-		fmt.Fprintf(stderr, "supervisor init: %v\n", err)
-		return 1
+		return fail(1, err)
 	}
 	err = supervisor.DropAndExec(app, append([]string{"run", "--config", abs}, lf.args()...))
-	fmt.Fprintf(stderr, "supervisor init: run as %s: %v\n", app.Name, err)
-	return 1
+	return fail(1, fmt.Errorf("run as %s: %w", app.Name, err))
 }

@@ -5,6 +5,7 @@ package container
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/supervisor"
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // podman as this machine runs it: runc (crun refuses hybrid cgroups),
@@ -30,64 +32,158 @@ func podman(t *testing.T, args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-// The seed's container (deploy/container): built with podman from a Debian
-// base made with debootstrap, it turns healthy, commits an agent's edit,
-// and reverts an edit that makes the website crash in a loop.
-func TestSeedContainer(t *testing.T) {
-	image := seedImage(t, "the seed's container")
-	name := uniqueName()
-	t.Cleanup(func() { podman(t, "rm", "-f", "-t", "5", name) })
+// hardened is the documented run line's bounds and hardening
+// (docs/operations.md, and compose.yaml with --podman-run-args): a
+// container of its own uid range (uidBase, a multiple of 65536), process,
+// memory, CPU and log bounds, a small capability set, no new privileges.
+func hardened(uidBase int) []string {
+	return []string{
+		"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+		"--pids-limit", "4096", "--memory", "1g", "--cpus", "1", "--log-opt", "max-size=10mb",
+		"--cap-drop", "ALL", "--cap-add", "CHOWN,DAC_OVERRIDE,FOWNER,FSETID,SETGID,SETUID,SETPCAP",
+		"--security-opt", "no-new-privileges",
+		"--uidmap", fmt.Sprintf("0:%d:65536", uidBase), "--gidmap", fmt.Sprintf("0:%d:65536", uidBase),
+	}
+}
 
-	if out, err := podman(t, "run", "-d", "--name", name, "--network", "none",
-		"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", image); err != nil {
+// uidBase picks a uid range no other test container uses: the container's
+// ids are host ids uidBase..uidBase+65535, shared with nobody, and nothing
+// in /etc/subuid is needed (podman runs as root here).
+func uidBase() int {
+	var b [2]byte
+	rand.Read(b[:])
+	return 1<<28 + int(binary.BigEndian.Uint16(b[:])&0x0fff)*65536
+}
+
+// seedBox is one seed container of a test, on volumes of its own.
+type seedBox struct {
+	t       *testing.T
+	image   string
+	name    string
+	uidBase int
+}
+
+// startSeed runs the seed's image as the documented run line does, with
+// its workspace and history on volumes of its own, and removes the
+// container and the volumes when the test ends.
+func startSeed(t *testing.T, what string, tools ...string) *seedBox {
+	t.Helper()
+	b := &seedBox{t: t, image: seedImage(t, what, tools...), name: uniqueName(), uidBase: uidBase()}
+	t.Cleanup(func() {
+		podman(t, "rm", "-f", "-t", "5", b.name)
+		podman(t, "volume", "rm", "-f", b.name+"-ws", b.name+"-history")
+	})
+	args := append([]string{"run", "-d", "--name", b.name, "--network", "none"}, hardened(b.uidBase)...)
+	args = append(args, "-v", b.name+"-ws:/workspace", "-v", b.name+"-history:/var/lib/bushost-supervisor", b.image)
+	if out, err := podman(t, args...); err != nil {
 		t.Fatalf("podman run: %v\n%s", err, out)
 	}
-	logs := func() string { l, _ := podman(t, "logs", name); return l }
-	waitFor := func(what string, d time.Duration, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(d)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v; container log:\n%s", what, d, tail(logs(), 4000))
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-	status := func() supervisor.Status {
-		t.Helper()
-		var st supervisor.Status
-		out, err := podman(t, "exec", name, "curl", "-fsS", "http://127.0.0.1:3002/status")
-		if err == nil {
-			json.Unmarshal([]byte(out), &st)
-		}
-		return st
-	}
-	healthy := func() bool { _, err := podman(t, "healthcheck", "run", name); return err == nil }
-	asAgent := func(script string) {
-		t.Helper()
-		if out, err := podman(t, "exec", "--user", "agent", name, "bash", "-c", script); err != nil {
-			t.Fatalf("agent: %s: %v\n%s", script, err, out)
-		}
-	}
+	return b
+}
 
-	waitFor("healthy", 60*time.Second, healthy)
-	var first string
-	waitFor("first good commit", 30*time.Second, func() bool { st := status(); first = st.Head; return st.Good != "" && st.Good == st.Head })
+func (b *seedBox) logs() string { l, _ := podman(b.t, "logs", b.name); return l }
 
-	asAgent(`sed -i 's/website starting/website v2 starting/' /workspace/src/website/serve.sh`)
-	var edit string
-	waitFor("the agent's edit committed", 30*time.Second, func() bool { edit = status().Head; return edit != "" && edit != first })
-	waitFor("the edit good", 30*time.Second, func() bool { return status().Good == edit })
+func (b *seedBox) waitFor(what string, d time.Duration, ok func() bool) {
+	b.t.Helper()
+	if !testenv.Poll(d, ok) {
+		b.t.Fatalf("%s: not within %v; container log:\n%s", what, d, tail(b.logs(), 4000))
+	}
+}
 
-	asAgent(`printf '#!/bin/bash\necho broken\nexit 1\n' > /workspace/src/website/serve.sh`)
+func (b *seedBox) status() supervisor.Status {
+	b.t.Helper()
 	var st supervisor.Status
-	waitFor("the crash loop reverted", 60*time.Second, func() bool { st = status(); return len(st.Reverts) > 0 })
+	out, err := podman(b.t, "exec", b.name, "curl", "-fsS", "--unix-socket", "/run/bushost-supervisor/health.sock", "http://localhost/status")
+	if err == nil {
+		json.Unmarshal([]byte(out), &st)
+	}
+	return st
+}
+
+// healthy is what the container runtime would see: `podman healthcheck
+// run` exits 0 (without systemd podman runs no check by itself).
+func (b *seedBox) healthy() bool {
+	_, err := podman(b.t, "healthcheck", "run", b.name)
+	return err == nil
+}
+
+func (b *seedBox) asAgent(script string) string {
+	b.t.Helper()
+	out, err := podman(b.t, "exec", "--user", "agent", b.name, "bash", "-c", script)
+	if err != nil {
+		b.t.Fatalf("agent: %s: %v\n%s", script, err, out)
+	}
+	return out
+}
+
+func (b *seedBox) asRoot(script string) string {
+	b.t.Helper()
+	out, err := podman(b.t, "exec", b.name, "bash", "-c", script)
+	if err != nil {
+		b.t.Fatalf("root: %s: %v\n%s", script, err, out)
+	}
+	return out
+}
+
+// good waits for a good commit equal to HEAD and returns it.
+func (b *seedBox) good() string {
+	b.t.Helper()
+	var good string
+	b.waitFor("a good commit at HEAD", 60*time.Second, func() bool { st := b.status(); good = st.Good; return good != "" && good == st.Head })
+	return good
+}
+
+// exactlyGood fails unless the watched tree holds exactly good's files.
+func (b *seedBox) exactlyGood(good string) {
+	b.t.Helper()
+	want := b.asRoot("git --git-dir=/var/lib/bushost-supervisor/git ls-tree -r --name-only " + good + " -- src | sort")
+	got := b.asRoot("cd /workspace && find src -type f -o -type l | sort")
+	if got != want {
+		b.t.Errorf("the watched tree holds\n%s\nwant exactly the good commit's\n%s", got, want)
+	}
+}
+
+// The seed's container (deploy/container): built with podman from a Debian
+// base made with debootstrap and run as documented, it turns healthy,
+// commits an agent's edit, and reverts an edit that makes the website
+// crash in a loop. No program in it is setuid, and every bound of the run
+// line applies.
+func TestSeedContainer(t *testing.T) {
+	b := startSeed(t, "the seed's container")
+	b.waitFor("healthy", 60*time.Second, b.healthy)
+	first := b.good()
+
+	b.asAgent(`sed -i 's/website starting/website v2 starting/' /workspace/src/website/serve.sh`)
+	var edit string
+	b.waitFor("the agent's edit committed", 30*time.Second, func() bool { edit = b.status().Head; return edit != "" && edit != first })
+	b.waitFor("the edit good", 30*time.Second, func() bool { return b.status().Good == edit })
+
+	b.asAgent(`printf '#!/bin/bash\necho broken\nexit 1\n' > /workspace/src/website/serve.sh`)
+	var st supervisor.Status
+	b.waitFor("the crash loop reverted", 60*time.Second, func() bool { st = b.status(); return len(st.Reverts) > 0 })
 	if rev := st.Reverts[0]; rev.Error != "" || rev.To != edit || rev.Service != "website" {
 		t.Fatalf("revert %+v, want one to %s", rev, edit)
 	}
-	waitFor("healthy after the revert", 60*time.Second, healthy)
-	if out, err := podman(t, "exec", name, "cat", "/workspace/src/website/serve.sh"); err != nil || !strings.Contains(out, "website v2 starting") {
-		t.Fatalf("serve.sh after the revert: %v\n%s", err, out)
+	b.waitFor("healthy after the revert", 60*time.Second, b.healthy)
+	if out := b.asRoot("cat /workspace/src/website/serve.sh"); !strings.Contains(out, "website v2 starting") {
+		t.Fatalf("serve.sh after the revert:\n%s", out)
+	}
+
+	if out := b.asRoot("find / -xdev -type f -perm /6000"); out != "" {
+		t.Errorf("setuid or setgid programs in the image:\n%s", out)
+	}
+	if caps := b.asAgent("grep -E '^Cap(Eff|Bnd)' /proc/self/status"); !strings.Contains(caps, "CapEff:\t0000000000000000") || !strings.Contains(caps, "CapBnd:\t00000000000001db") {
+		t.Errorf("the agent's exec session has capabilities:\n%s", caps)
+	}
+	if nnp := b.asAgent("grep NoNewPrivs /proc/self/status"); !strings.Contains(nnp, "1") {
+		t.Errorf("the agent's exec session may gain privileges: %s", nnp)
+	}
+	inspect, _ := podman(t, "inspect", b.name, "--format", "{{.HostConfig.PidsLimit}} {{.HostConfig.Memory}} {{.HostConfig.NanoCpus}} {{.HostConfig.LogConfig.Size}}")
+	if inspect != "4096 1073741824 1000000000 10MB" {
+		t.Errorf("bounds %q, want pids 4096, 1 GiB, 1 CPU, a 10 MB log", inspect)
+	}
+	if m := b.asRoot("cat /proc/self/uid_map"); !strings.Contains(strings.Join(strings.Fields(m), " "), fmt.Sprintf("0 %d 65536", b.uidBase)) {
+		t.Errorf("uid map %q, want the container's own range at %d", m, b.uidBase)
 	}
 }
 

@@ -194,6 +194,10 @@ type Cmd struct {
 	// (its first 64 KiB).
 	Stdin  io.Reader
 	Stdout io.Writer
+	// Stderr, optional, receives git's stderr as well, for warnings git
+	// gives without failing (the supervisor refuses a "could not open
+	// directory" while it stages).
+	Stderr io.Writer
 }
 
 // Error is a git process that failed. Stderr is git's own message, trimmed.
@@ -341,6 +345,9 @@ func (r *Runner) run(ctx context.Context, c Cmd, capped *cappedBuffer) error {
 	cmd.Stdout = c.Stdout
 	stderr := &tailBuffer{limit: stderrLimit}
 	cmd.Stderr = stderr
+	if c.Stderr != nil {
+		cmd.Stderr = io.MultiWriter(stderr, c.Stderr)
+	}
 	// git starts helpers of its own (index-pack under fetch, pack-objects
 	// under bundle): a process group lets a cancel take them all.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

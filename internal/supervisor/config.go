@@ -78,6 +78,7 @@ type Config struct {
 	AgentUser        string          `toml:"agent_user"`
 	ServicesUser     string          `toml:"services_user"`
 	HealthAddr       string          `toml:"health_addr"`
+	HealthSocket     string          `toml:"health_socket"`
 	NotifyURL        string          `toml:"notify_url"`
 	Debounce         Duration        `toml:"debounce"`
 	GoodAfter        Duration        `toml:"good_after"`
@@ -196,7 +197,7 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 	for _, k := range []struct {
 		key string
 		p   *string
-	}{{"workspace", &cfg.Workspace}, {"git_dir", &cfg.GitDir}} {
+	}{{"workspace", &cfg.Workspace}, {"git_dir", &cfg.GitDir}, {"health_socket", &cfg.HealthSocket}} {
 		if *k.p != "" && !filepath.IsAbs(*k.p) {
 			abs, err := filepath.Abs(filepath.Join(filepath.Dir(path), *k.p))
 			if err != nil {
@@ -294,6 +295,15 @@ func (c *Config) check() error {
 	if c.HealthAddr != "" {
 		if _, _, err := net.SplitHostPort(c.HealthAddr); err != nil {
 			return bad("health_addr", "%q: %v", c.HealthAddr, err)
+		}
+	}
+	if c.HealthSocket != "" {
+		c.HealthSocket = filepath.Clean(c.HealthSocket)
+		if within(c.HealthSocket, c.Workspace) || within(c.HealthSocket, c.GitDir) {
+			return bad("health_socket", "%q must lie outside the workspace and git_dir: the agent must not reach it", c.HealthSocket)
+		}
+		if len(c.HealthSocket) > 100 {
+			return bad("health_socket", "%q is longer than a socket path may be (100 bytes)", c.HealthSocket)
 		}
 	}
 	if c.NotifyURL != "" {

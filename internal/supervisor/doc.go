@@ -16,7 +16,7 @@
 // agent can write as git configuration, attributes, ignore rules or refs;
 // take the revert target from anywhere but its own state; change a path in
 // the workspace as root except through a descriptor that followed no link;
-// write outside the workspace except its git dir and its temporary git
-// home; keep any privilege after init; let a service signal or trace it; or
+// write outside the workspace except its git dir, its health socket and
+// its temporary git home; keep any privilege after init; let a service signal or trace it; or
 // leave a service process alive after it exits.
 package supervisor

@@ -44,8 +44,7 @@ type Account struct {
 // drop to (DropAndExec). configPath is made root-owned and not writable by
 // others. It refuses to start while a process of the agent's user runs, and
 // changes nothing in the workspace through a path (see safefs.go).
-func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.Writer) (Account, error) {
-	log := slog.New(slog.NewTextHandler(logw, nil))
+func Prepare(ctx context.Context, cfg *Config, configPath, seed string, log *slog.Logger) (Account, error) {
 	if os.Geteuid() != 0 {
 		return Account{}, errors.New("init must run as root: it creates users and sets ownership (use `supervisor run` otherwise)")
 	}
@@ -104,6 +103,19 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, logw io.
 	if err := prepareGitDir(cfg.GitDir, app, agent.GID); err != nil {
 		return Account{}, err
 	}
+	if _, err := os.Lstat(filepath.Join(cfg.GitDir, "HEAD")); fresh && seed != "" && errors.Is(err, os.ErrNotExist) {
+		// The first commit will hold the seed just copied: it needs no
+		// acknowledgement, unlike files found in a workspace whose
+		// history is missing.
+		if err := markSeeded(cfg.GitDir, app.UID, app.GID); err != nil {
+			return Account{}, fmt.Errorf("git_dir: %w", err)
+		}
+	}
+	if cfg.HealthSocket != "" {
+		if err := prepareSocketDir(filepath.Dir(cfg.HealthSocket), app); err != nil {
+			return Account{}, fmt.Errorf("health_socket: %w", err)
+		}
+	}
 	if err := writeAgentsFile(wsfd, cfg.GitDir, log); err != nil {
 		return Account{}, err
 	}
@@ -136,7 +148,7 @@ func openWorkspace(ws string) (fd int, fresh bool, err error) {
 	}
 	// Every directory above it root's and writable by root only: no
 	// other user can swap the way to it.
-	ph, err := safepath.MkdirAll(filepath.Dir(abs), 0, 0o755)
+	ph, err := rootParent(filepath.Dir(abs))
 	if err != nil {
 		return -1, false, err
 	}
@@ -173,6 +185,32 @@ func openWorkspace(ws string) (fd int, fresh bool, err error) {
 	return fd, len(names) == 0, nil
 }
 
+// rootParent opens (making what is missing, 0755) the directory dir under
+// which init makes something of its own: root's, writable by root only,
+// reached through no link and no directory another user controls. "/"
+// itself (the workspace /workspace of a container) is held to the same
+// rule.
+func rootParent(dir string) (*safepath.Handle, error) {
+	if filepath.Clean(dir) != "/" {
+		return safepath.MkdirAll(dir, 0, 0o755)
+	}
+	fd, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	h, err := safepath.FromFd(fd, "/", 0)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	st := h.Stat()
+	if err := safepath.Trusted("/", &st, 0); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
 // stillNames refuses (PATH_CHANGED) a workspace path that no longer leads,
 // through root's directories and no link, to the directory wsfd holds.
 func stillNames(ws string, wsfd int) error {
@@ -200,24 +238,13 @@ func prepareGitDir(dir string, app Account, agentGID int) error {
 	parentPath := filepath.Dir(dir)
 	// Root's, writable by root only, reached through no link and through
 	// no directory another user controls.
-	ph, err := safepath.MkdirAll(parentPath, 0, 0o755)
-	if err != nil {
+	fd, st, err := ownDir(dir, func(err error) error {
 		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "the parent of git_dir, %s, must be root's and writable by root only: %v", parentPath, err).With("path", parentPath)
-	}
-	defer ph.Close()
-	parent := ph.Fd()
-	if err := unix.Mkdirat(parent, filepath.Base(dir), 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("git_dir: %w", err)
-	}
-	fd, err := safepath.OpenBeneath(parent, filepath.Base(dir), unix.O_DIRECTORY|unix.O_RDONLY)
+	})
 	if err != nil {
-		return unsafePath(dir, err)
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
+	defer unix.Close(fd)
 	if st.Uid != 0 && int(st.Uid) != app.UID {
 		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe, "git_dir %s belongs to uid %d, neither root nor %s", dir, st.Uid, app.Name).With("path", dir)
 	}
@@ -225,6 +252,50 @@ func prepareGitDir(dir string, app Account, agentGID int) error {
 		return err
 	}
 	return unix.Fchmod(fd, 0o750)
+}
+
+// ownDir makes (0700, if missing) and opens the directory dir under its
+// parent, root's and reached through no link (rootParent; parentErr says
+// what a refused parent means), following no link, and returns it with
+// what it is.
+func ownDir(dir string, parentErr func(error) error) (int, unix.Stat_t, error) {
+	var st unix.Stat_t
+	ph, err := rootParent(filepath.Dir(dir))
+	if err != nil {
+		return -1, st, parentErr(err)
+	}
+	defer ph.Close()
+	if err := unix.Mkdirat(ph.Fd(), filepath.Base(dir), 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return -1, st, fmt.Errorf("%s: %w", dir, err)
+	}
+	fd, err := safepath.OpenBeneath(ph.Fd(), filepath.Base(dir), unix.O_DIRECTORY|unix.O_RDONLY)
+	if err != nil {
+		return -1, st, unsafePath(dir, err)
+	}
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, st, err
+	}
+	return fd, st, nil
+}
+
+// prepareSocketDir makes the directory of health_socket (its parents
+// root's, no link on the way) root's, group app's, mode 0770: the
+// supervisor makes its socket there and root (the container's
+// HEALTHCHECK) connects to it; the agent and the services cannot enter.
+func prepareSocketDir(dir string, app Account) error {
+	fd, st, err := ownDir(dir, func(err error) error { return err })
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if st.Uid != 0 {
+		return unsafePath(dir, fmt.Errorf("belongs to uid %d, not root", st.Uid))
+	}
+	if err := unix.Fchown(fd, 0, app.GID); err != nil {
+		return err
+	}
+	return unix.Fchmod(fd, 0o770)
 }
 
 // refuseAgentProcesses fails, naming one, if any process runs with the
@@ -467,7 +538,14 @@ func setOwnership(wsfd int, ws string, watch []string, agent Account, log *slog.
 		return false
 	}
 	o := &owner{agent: agent, log: log, ownedByAgent: ownedByAgent}
-	return o.walk(wsfd, ws, "")
+	return walkTree(wsfd, walkFuncs{
+		visit: func(dirfd int, rel, name string, _ *unix.Stat_t, _ int) (bool, error) {
+			return o.entry(dirfd, filepath.Join(ws, rel), rel, name)
+		},
+		dirErr: func(rel string, err error) error {
+			return fmt.Errorf("%s: %w", filepath.Join(ws, rel), err)
+		},
+	})
 }
 
 type owner struct {
@@ -477,39 +555,15 @@ type owner struct {
 	aclWarned    bool
 }
 
-// walk hands over every entry of the directory dirfd (at rel, path for
-// messages).
-func (o *owner) walk(dirfd int, path, rel string) error {
-	d, err := unix.Dup(dirfd)
-	if err != nil {
-		return err
-	}
-	// A duplicate shares the directory offset: read from the start.
-	if _, err := unix.Seek(d, 0, 0); err != nil {
-		unix.Close(d)
-		return err
-	}
-	f := os.NewFile(uintptr(d), path)
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	for _, name := range names {
-		if err := o.entry(dirfd, filepath.Join(path, name), strings.TrimPrefix(rel+"/"+name, "/"), name); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (o *owner) entry(dirfd int, path, rel, name string) error {
+// entry hands over one entry of the directory dirfd, and reports whether
+// the walk should enter it (a directory it handed over).
+func (o *owner) entry(dirfd int, path, rel, name string) (bool, error) {
 	var lst unix.Stat_t
 	if err := unix.Fstatat(dirfd, name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return nil
+			return false, nil
 		}
-		return fmt.Errorf("%s: %w", path, err)
+		return false, fmt.Errorf("%s: %w", path, err)
 	}
 	agent := o.ownedByAgent(rel)
 	uid, gid := 0, 0
@@ -519,9 +573,9 @@ func (o *owner) entry(dirfd int, path, rel, name string) error {
 	if lst.Mode&unix.S_IFMT == unix.S_IFLNK {
 		// The link itself, never its target; a link has no mode.
 		if err := unix.Fchownat(dirfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("%s: %w", path, err)
+			return false, fmt.Errorf("%s: %w", path, err)
 		}
-		return nil
+		return false, nil
 	}
 	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY
 	switch lst.Mode & unix.S_IFMT {
@@ -533,61 +587,63 @@ func (o *owner) entry(dirfd int, path, rel, name string) error {
 		// no mode change.
 		fd, err := safepath.OpenBeneath(dirfd, name, unix.O_PATH)
 		if err != nil {
-			o.log.Warn("init: skipped a path that changed under it", "path", path, "err", err)
-			return nil
+			o.log.Warn("init: skipped a path that changed under it", "path", shortPath(path), "err", err)
+			return false, nil
 		}
 		defer unix.Close(fd)
-		return unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH)
+		return false, unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH)
 	}
 	fd, err := safepath.OpenBeneath(dirfd, name, flags)
 	if err != nil {
 		// Swapped for a link (ELOOP) or removed since the stat: never
 		// followed, nothing to hand over.
-		o.log.Warn("init: skipped a path that changed under it", "path", path, "err", err)
-		return nil
+		o.log.Warn("init: skipped a path that changed under it", "path", shortPath(path), "err", err)
+		return false, nil
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return false, fmt.Errorf("%s: %w", path, err)
 	}
 	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
 	perm := st.Mode & 0o777
 	if !agent {
 		if err := unix.Fchown(fd, 0, 0); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return false, fmt.Errorf("%s: %w", path, err)
 		}
 		if perm&0o022 != 0 {
 			if err := unix.Fchmod(fd, st.Mode&0o7777&^0o022); err != nil {
-				return fmt.Errorf("%s: %w", path, err)
+				return false, fmt.Errorf("%s: %w", path, err)
 			}
 		}
 	} else {
 		// A hard link the agent made to a file it does not own must not
 		// become its own by our chown.
 		if !isDir && st.Nlink > 1 && int(st.Uid) != o.agent.UID {
-			o.log.Warn("not taking ownership of a hard-linked file for the agent", "path", path)
-			return nil
+			o.log.Warn("not taking ownership of a hard-linked file for the agent", "path", shortPath(path))
+			return false, nil
 		}
 		if err := unix.Fchown(fd, uid, gid); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return false, fmt.Errorf("%s: %w", path, err)
+		}
+		// An access ACL the agent set (u:app:--- hides a directory from
+		// the supervisor) goes: the modes below say who may do what.
+		if err := unix.Fremovexattr(fd, "system.posix_acl_access"); err != nil && !errors.Is(err, unix.ENODATA) && !errors.Is(err, unix.EOPNOTSUPP) {
+			return false, fmt.Errorf("%s: remove its access ACL: %w", path, err)
 		}
 		if isDir {
 			if err := unix.Fchmod(fd, perm|0o770|unix.S_ISGID); err != nil {
-				return fmt.Errorf("%s: %w", path, err)
+				return false, fmt.Errorf("%s: %w", path, err)
 			}
 			if err := setDefaultACL(fd); err != nil && !o.aclWarned {
 				o.aclWarned = true
 				o.log.Warn("no default ACLs on this filesystem: files the agent creates follow its umask (use 002)", "err", err)
 			}
 		} else if err := unix.Fchmod(fd, perm|(perm&0o600)>>3); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return false, fmt.Errorf("%s: %w", path, err)
 		}
 	}
-	if isDir {
-		return o.walk(fd, path, rel)
-	}
-	return nil
+	return isDir, nil
 }
 
 // setDefaultACL sets the default ACL u::rwx,g::rwx,o::r-x on dir, written as
@@ -703,11 +759,12 @@ func DropAndExec(app Account, args []string) error {
 		return fmt.Errorf("no_new_privs: %w", err)
 	}
 	if svc := app.services; svc != nil {
-		fd, err := startLauncher(exe, *svc, userEnv(*svc))
+		fd, pid, err := startLauncher(exe, *svc, userEnv(*svc))
 		if err != nil {
 			return err
 		}
 		os.Setenv(launcherEnv, strconv.Itoa(fd))
+		os.Setenv(launcherPidEnv, strconv.Itoa(pid))
 	}
 	if err := syscall.Setgroups(app.Groups); err != nil {
 		return fmt.Errorf("setgroups: %w", err)

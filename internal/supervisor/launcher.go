@@ -32,6 +32,11 @@ import (
 // the launcher.
 const launcherEnv = "BUSHOST_SUPERVISOR_LAUNCHER_FD"
 
+// launcherPidEnv names, in `supervisor run`, the launcher's pid: its
+// parent is the supervisor (init execs into it), which waits for it once
+// it is gone.
+const launcherPidEnv = "BUSHOST_SUPERVISOR_LAUNCHER_PID"
+
 // launcherArg, after ShimArg, makes the shim entry point run the launcher:
 // `supervisor service-shim --launcher`, with the socket as descriptor 3.
 const launcherArg = "--launcher"
@@ -67,7 +72,7 @@ type procRunner interface {
 	// a new process group; under the shim if shim is set. done yields the
 	// exit status once.
 	start(shim bool, argv []string, dir string, env []string, out *os.File) (pid int, done <-chan int, err error)
-	// signal sends sig to the process group led by pid.
+	// signal sends sig to what it started as pid (signalService).
 	signal(pid int, sig syscall.Signal)
 }
 
@@ -84,7 +89,7 @@ func (l localRunner) start(shim bool, argv []string, dir string, env []string, o
 	return startGroup(argv, dir, env, out, pdeath)
 }
 
-func (localRunner) signal(pid int, sig syscall.Signal) { syscall.Kill(-pid, sig) }
+func (localRunner) signal(pid int, sig syscall.Signal) { signalService(pid, sig) }
 
 // startGroup starts argv as a process group leader with a parent-death
 // signal, from a locked thread (see startLocked).
@@ -109,7 +114,9 @@ func startGroup(argv []string, dir string, env []string, out *os.File, pdeath sy
 // remoteRunner asks the launcher.
 type remoteRunner struct {
 	conn *net.UnixConn
-	wmu  sync.Mutex
+	// pid is the launcher's, this process's child: waited for once gone.
+	pid int
+	wmu sync.Mutex
 
 	mu      sync.Mutex
 	next    uint64
@@ -128,6 +135,8 @@ func launcherFromEnv() (*remoteRunner, error) {
 		return nil, nil
 	}
 	os.Unsetenv(launcherEnv)
+	pid, _ := strconv.Atoi(os.Getenv(launcherPidEnv))
+	os.Unsetenv(launcherPidEnv)
 	fd, err := strconv.Atoi(v)
 	if err != nil || fd < 3 {
 		return nil, fmt.Errorf("%s=%q is not a descriptor", launcherEnv, v)
@@ -144,7 +153,7 @@ func launcherFromEnv() (*remoteRunner, error) {
 		c.Close()
 		return nil, errors.New("launcher socket is not a unix socket")
 	}
-	r := &remoteRunner{conn: uc, started: map[uint64]chan launchReply{}, exited: map[uint64]chan int{}, ids: map[int]uint64{}}
+	r := &remoteRunner{conn: uc, pid: pid, started: map[uint64]chan launchReply{}, exited: map[uint64]chan int{}, ids: map[int]uint64{}}
 	go r.read()
 	return r, nil
 }
@@ -263,16 +272,20 @@ func (r *remoteRunner) read() {
 		delete(r.exited, id)
 	}
 	r.mu.Unlock()
+	if r.pid > 0 {
+		// No zombie of it is left while the supervisor runs on.
+		syscall.Wait4(r.pid, nil, 0, nil)
+	}
 }
 
 // startLauncher starts the launcher as user svc with its end of a new socket
 // pair as descriptor 3, and returns the supervisor's end (inheritable, for
 // the exec that follows). It must run on the OS thread that will exec: the
 // launcher's parent-death signal follows that thread.
-func startLauncher(exe string, svc Account, env []string) (int, error) {
+func startLauncher(exe string, svc Account, env []string) (fd, pid int, err error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return -1, fmt.Errorf("launcher socket: %w", err)
+		return -1, 0, fmt.Errorf("launcher socket: %w", err)
 	}
 	theirs := os.NewFile(uintptr(fds[1]), "launcher")
 	defer theirs.Close()
@@ -292,16 +305,18 @@ func startLauncher(exe string, svc Account, env []string) (int, error) {
 	}
 	if err := cmd.Start(); err != nil {
 		unix.Close(fds[0])
-		return -1, fmt.Errorf("start the services' launcher as %s: %w", svc.Name, err)
+		return -1, 0, fmt.Errorf("start the services' launcher as %s: %w", svc.Name, err)
 	}
-	// Reaped by nobody: it lives as long as the supervisor, which execs
-	// over this process and so never waits for it; init (pid 1) reaps it.
+	// Waited for by the supervisor this process execs into, once the
+	// launcher is gone (remoteRunner.read); if the supervisor dies first,
+	// the launcher's orphan goes to PID 1, which reaps (ReapAsPID1).
+	pid = cmd.Process.Pid
 	cmd.Process.Release()
 	if _, err := unix.FcntlInt(uintptr(fds[0]), unix.F_SETFD, 0); err != nil {
 		unix.Close(fds[0])
-		return -1, err
+		return -1, 0, err
 	}
-	return fds[0], nil
+	return fds[0], pid, nil
 }
 
 // runLauncher is the launcher's main: it serves the supervisor on
@@ -389,7 +404,7 @@ func runLauncher() int {
 			pid, ok := pids[req.ID]
 			mu.Unlock()
 			if ok && req.Sig > 0 && req.Sig < 65 {
-				syscall.Kill(-pid, syscall.Signal(req.Sig))
+				signalService(pid, syscall.Signal(req.Sig))
 			}
 		default:
 			if out != nil {

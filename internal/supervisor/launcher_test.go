@@ -19,12 +19,14 @@ func TestLauncherStartsSignalsAndReports(t *testing.T) {
 	requireRoot(t)
 	runtime.LockOSThread() // the launcher's parent-death signal follows this thread
 	defer runtime.UnlockOSThread()
-	fd, err := startLauncher(os.Args[0], Account{Name: "root", UID: 0, GID: 0, Groups: []int{0}}, os.Environ())
+	fd, lpid, err := startLauncher(os.Args[0], Account{Name: "root", UID: 0, GID: 0, Groups: []int{0}}, os.Environ())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv(launcherEnv, "")
+	t.Setenv(launcherPidEnv, "")
 	os.Setenv(launcherEnv, strconv.Itoa(fd))
+	os.Setenv(launcherPidEnv, strconv.Itoa(lpid))
 	run, err := launcherFromEnv()
 	if err != nil || run == nil {
 		t.Fatalf("launcherFromEnv: %v %v", run, err)
@@ -87,6 +89,12 @@ func TestLauncherStartsSignalsAndReports(t *testing.T) {
 	if _, _, err := run.start(false, []string{"true"}, "/", nil, os.Stderr); err == nil {
 		t.Error("started without a launcher")
 	}
+	// Its parent (here the test, in init the supervisor) waited for it:
+	// no zombie is left.
+	waitFor(t, "the launcher reaped", 10*time.Second, func() bool {
+		_, err := os.Stat("/proc/" + strconv.Itoa(lpid))
+		return os.IsNotExist(err)
+	})
 }
 
 func wait(t *testing.T, done <-chan int) int {

@@ -20,6 +20,12 @@ const (
 	EventRevertFailed = "revert_failed" // a revert was tried and failed; it is retried
 	EventHalt         = "halt"          // automatic recovery halted
 	EventRecovery     = "recovery"      // a commit became good after a revert or a halt
+	// EventCommitBlocked: the watched trees cannot be recorded (a
+	// directory too deep or unreadable); commits are retried.
+	EventCommitBlocked = "commit_blocked"
+	// EventHistoryMissing: the workspace held files and git_dir no
+	// history; no commit becomes good until `supervisor ack`.
+	EventHistoryMissing = "history_missing"
 )
 
 // Notification is the JSON body POSTed to notify_url for each event.

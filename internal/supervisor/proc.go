@@ -16,13 +16,24 @@ import (
 	"time"
 )
 
+// signalService sends sig to what the supervisor started as pid: SIGKILL
+// to its whole process group, any other signal to pid alone, which for a
+// service is the shim, which passes it to the command.
+func signalService(pid int, sig syscall.Signal) {
+	if sig == syscall.SIGKILL {
+		syscall.Kill(-pid, sig)
+		return
+	}
+	syscall.Kill(pid, sig)
+}
+
 // ShimArg is the hidden subcommand that runs one service under the shim:
 //
 //	supervisor service-shim PARENT_PID -- COMMAND [ARG...]
 //
 // The supervisor starts the shim as the leader of a new process group with
 // SIGTERM as its parent-death signal; the shim starts the command in that
-// group. When the supervisor dies, even by SIGKILL, the shim kills the whole
+// group, and passes it the SIGTERM, SIGINT or SIGHUP the shim gets. When the supervisor dies, even by SIGKILL, the shim kills the whole
 // group, grandchildren included, which Pdeathsig alone (one process deep)
 // cannot do. When the command exits, the shim kills whatever it left behind
 // in the group and exits with the command's status.
@@ -64,13 +75,15 @@ func RunShim(args []string) int {
 	}()
 	for {
 		select {
-		case <-sigs:
+		case sig := <-sigs:
 			if os.Getppid() != parent {
 				// The supervisor is gone: take the group down, this shim too.
 				syscall.Kill(-syscall.Getpgrp(), syscall.SIGKILL)
 			}
-			// Otherwise the supervisor signalled the whole group, and the
-			// command got the signal as well; wait for it to act.
+			// The supervisor's stop, or anyone's lone signal to the pid
+			// /status shows: the command gets it, and what it leaves in
+			// the group goes when it exits.
+			cmd.Process.Signal(sig)
 		case <-done:
 			killRestOfGroup()
 			return exitStatus(cmd.ProcessState)

@@ -14,8 +14,11 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // GoodRef holds the last commit under which every revertable service stayed
@@ -99,14 +102,6 @@ func identityEnv(id Identity) []string {
 // if they are missing, refuses a git dir another user could write, and
 // writes the repository's attributes. It is idempotent.
 func (r *Repo) Ensure(ctx context.Context) error {
-	if err := os.MkdirAll(r.dir, 0o755); err != nil {
-		return fmt.Errorf("workspace: %w", err)
-	}
-	for i, w := range r.watch {
-		if err := os.MkdirAll(filepath.Join(r.dir, w), 0o775); err != nil {
-			return fmt.Errorf("watch[%d] %s: %w", i, w, err)
-		}
-	}
 	if _, err := os.Lstat(r.gitDir); errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(filepath.Dir(r.gitDir), 0o755); err != nil {
 			return fmt.Errorf("git_dir: %w", err)
@@ -125,6 +120,16 @@ func (r *Repo) Ensure(ctx context.Context) error {
 		if err := r.git.Run(ctx, c); err != nil {
 			return fmt.Errorf("git_dir: init repository: %w", err)
 		}
+	} else if err := r.sameWorkspace(ctx); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(r.dir, 0o755); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	for i, w := range r.watch {
+		if err := os.MkdirAll(filepath.Join(r.dir, w), 0o775); err != nil {
+			return fmt.Errorf("watch[%d] %s: %w", i, w, err)
+		}
 	}
 	// The repository's own config names the work tree: git takes it from
 	// there, not from -c, when the git dir is given explicitly.
@@ -139,6 +144,32 @@ func (r *Repo) Ensure(ctx context.Context) error {
 		return fmt.Errorf("git_dir: %w", err)
 	}
 	return writeFileAtomic(filepath.Join(info, "attributes"), []byte(attributes), 0o644)
+}
+
+// sameWorkspace refuses a git dir that records (core.worktree) another
+// workspace: two supervisors must not share one history, and git itself
+// would fail with "fatal: Invalid path" on one whose workspace is gone.
+// The record is read from the config file alone, outside any repository.
+func (r *Repo) sameWorkspace(ctx context.Context) error {
+	cfg := filepath.Join(r.gitDir, "config")
+	rec, err := r.git.Line(ctx, gitcmd.Cmd{Dir: "/", Sub: "config", Flags: []string{"--file=" + cfg, "--get"}, Args: []string{"core.worktree"}}, gitcmd.MaxLine)
+	if gitcmd.ExitCode(err) == 1 || (err == nil && rec == "") {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("git_dir: read its workspace: %w", err)
+	}
+	if filepath.Clean(rec) == filepath.Clean(r.dir) {
+		return nil
+	}
+	if _, err := os.Stat(rec); err == nil {
+		return errdefs.FailedPrecondition(errdefs.GitDirUnsafe,
+			"git_dir %s holds the history of another workspace, %s: two workspaces cannot share one git_dir (give %s a git_dir of its own)",
+			r.gitDir, rec, r.dir).With("path", r.gitDir)
+	}
+	return errdefs.FailedPrecondition(errdefs.GitDirUnsafe,
+		"git_dir %s holds the history of workspace %s, which no longer exists: give %s a git_dir of its own, or, if the workspace moved there, record it as the supervisor's user: git config --file=%s core.worktree %s",
+		r.gitDir, rec, r.dir, cfg, r.dir).With("path", r.gitDir)
 }
 
 // checkOwnDir refuses a git dir that is a link, or that belongs to or can be
@@ -271,11 +302,18 @@ func (r *Repo) SetGood(ctx context.Context, commit, old string) error {
 }
 
 // stage adds every change under the watched trees to the index and returns
-// the paths that differ from HEAD (head "" for an unborn branch).
+// the paths that differ from HEAD (head "" for an unborn branch). A tree
+// holding what git would skip without failing (a directory too deep, or
+// one the supervisor cannot read) is refused by name, a *BlockedError,
+// before git runs; a "could not open directory" git gives anyway is an
+// error too, never a silent skip.
 func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
-	nested, err := r.untrackedRepos(ctx)
+	nested, problems, err := r.scan(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if len(problems) > 0 {
+		return nil, &BlockedError{Problems: problems}
 	}
 	for _, w := range r.watch {
 		specs := r.pathspecs(w)
@@ -284,10 +322,20 @@ func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
 				specs = append(specs, ":(top,exclude,literal)"+d)
 			}
 		}
-		err = r.git.Run(ctx, r.cmd("add", []string{"-A", "--force"}, specs...))
+		warn := &boundedBuffer{limit: 16 << 10}
+		c := r.cmd("add", []string{"-A", "--force"}, specs...)
+		c.Stderr = warn
+		err = r.git.Run(ctx, c)
 		// An empty tree that was never committed matches nothing: no change.
 		if err != nil && !strings.Contains(err.Error(), "did not match any files") {
 			return nil, fmt.Errorf("stage %s: %w", w, err)
+		}
+		skipped, changed := gitSkipped(warn.String())
+		if len(skipped) > 0 {
+			return nil, &BlockedError{Problems: skipped}
+		}
+		if changed {
+			return nil, fmt.Errorf("stage %s: a directory went while git staged it (the agent at work): tried again", w)
 		}
 	}
 	var out []byte
@@ -309,6 +357,47 @@ func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
 	return paths, nil
 }
 
+// BlockedError is a watched tree that cannot be recorded as it is: each
+// problem names a path and what to do. Commits wait until it is fixed; a
+// revert removes what the good commit does not hold.
+type BlockedError struct{ Problems []string }
+
+func (e *BlockedError) Error() string {
+	msg := "the watched trees cannot be recorded: " + strings.Join(e.Problems, "; ")
+	return msg + " (commits wait until this is fixed; a revert removes it)"
+}
+
+// gitSkipped picks from git's stderr the directories it skipped without
+// failing ("warning: could not open directory 'x/': ..."); one that was
+// gone by then (removed while git walked) is a change, not a skip.
+func gitSkipped(stderr string) (skipped []string, changed bool) {
+	for _, line := range strings.Split(stderr, "\n") {
+		switch {
+		case !strings.Contains(line, "could not open directory"):
+		case strings.HasSuffix(strings.TrimSpace(line), "No such file or directory"):
+			changed = true
+		default:
+			skipped = append(skipped, "git "+strings.TrimPrefix(strings.TrimSpace(line), "warning: "))
+		}
+	}
+	return skipped, changed
+}
+
+// boundedBuffer keeps the first limit bytes written to it.
+type boundedBuffer struct {
+	buf   bytes.Buffer
+	limit int
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	if room := b.limit - b.buf.Len(); room > 0 {
+		b.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (b *boundedBuffer) String() string { return b.buf.String() }
+
 func (r *Repo) commit(ctx context.Context, who Identity, msg string, allowEmpty bool) (string, error) {
 	flags := []string{"-q", "--no-verify", "--cleanup=verbatim", "--message=" + msg}
 	if allowEmpty {
@@ -323,16 +412,37 @@ func (r *Repo) commit(ctx context.Context, who Identity, msg string, allowEmpty 
 }
 
 // InitialCommit makes the first commit of the watched trees, authored by
-// who, if the branch has none yet. It returns HEAD.
-func (r *Repo) InitialCommit(ctx context.Context, who Identity) (string, error) {
-	head, err := r.Head(ctx)
+// who, if the branch has none yet. It returns HEAD, and whether that first
+// commit adopted files the supervisor has no history of: the watched trees
+// held some, and init did not leave word (seededFile) that they are the
+// seed it copied this boot. A tree that cannot be recorded whole is left
+// out of the first commit (an empty one), to be committed when it can.
+func (r *Repo) InitialCommit(ctx context.Context, who Identity) (head string, adopted bool, err error) {
+	head, err = r.Head(ctx)
 	if err != nil || head != "" {
-		return head, err
+		return head, false, err
 	}
-	if _, err := r.stage(ctx, ""); err != nil {
-		return "", err
+	seeded := filepath.Join(r.gitDir, seededFile)
+	_, serr := os.Lstat(seeded)
+	paths, err := r.stage(ctx, "")
+	var be *BlockedError
+	blocked := errors.As(err, &be)
+	if blocked {
+		// Nothing half-staged goes into it: the index starts empty.
+		r.log.Error("the first commit is empty: the watched trees cannot be recorded yet", "err", err)
+		if err = r.git.Run(ctx, r.cmd("read-tree", []string{"--empty"})); err != nil {
+			return "", false, fmt.Errorf("empty the index: %w", err)
+		}
 	}
-	return r.commit(ctx, who, "supervisor: initial commit of the watched trees\n", true)
+	if err != nil {
+		return "", false, err
+	}
+	head, err = r.commit(ctx, who, "supervisor: initial commit of the watched trees\n", true)
+	if err != nil {
+		return "", false, err
+	}
+	os.Remove(seeded)
+	return head, (blocked || len(paths) > 0) && serr != nil, nil
 }
 
 // CommitPending commits every change under the watched trees as who. It
@@ -439,19 +549,27 @@ func (r *Repo) Revert(ctx context.Context, good string, agent, sup Identity, rea
 	if good == "" {
 		return "", "", errors.New("revert: no good commit")
 	}
-	if _, _, err := r.CommitPending(ctx, agent); err != nil {
+	_, _, pendingErr := r.CommitPending(ctx, agent)
+	if pendingErr != nil {
 		// A file the agent made unreadable, or one changing under git,
 		// must not keep the trees from going back: the revert goes on,
 		// and the log says what history missed.
-		r.log.Warn("revert: pending edits could not be recorded; reverting anyway", "err", err)
+		r.log.Warn("revert: pending edits could not be recorded; reverting anyway", "err", pendingErr)
 	}
 	if from, err = r.Head(ctx); err != nil {
 		return "", "", fmt.Errorf("revert: %w", err)
 	}
+	if pendingErr == nil {
+		if same, err := r.sameAsGood(ctx, from, good); err != nil {
+			return from, "", fmt.Errorf("revert: %w", err)
+		} else if same {
+			return from, "", ErrNothingToRevert
+		}
+	}
 	if err := r.git.Run(ctx, r.cmd("read-tree", []string{"-u", "--reset"}, good)); err != nil {
 		return from, "", fmt.Errorf("revert: reset to %s: %w", short(good), err)
 	}
-	if err := r.removeUntracked(ctx, good); err != nil {
+	if _, err := r.removeUntracked(ctx, good, false); err != nil {
 		return from, "", fmt.Errorf("revert: %w", err)
 	}
 	msg := fmt.Sprintf("supervisor: revert to %s\n\n%s\n\nReverted-from: %s\nGood: %s\n", short(good), reason, from, good)
@@ -472,6 +590,26 @@ func (r *Repo) Revert(ctx context.Context, good string, agent, sup Identity, rea
 	return from, commit, nil
 }
 
+// ErrNothingToRevert is a revert asked for while the watched trees are
+// already the good commit, all recorded and nothing else in them: what
+// fails is outside the agent's edits, and a revert would change nothing.
+var ErrNothingToRevert = errors.New("nothing to revert: the watched trees are the good commit; the failure is outside the agent's edits")
+
+// sameAsGood reports whether head has good's tree and the watched trees
+// hold nothing good does not (no ignored file, no nested repository).
+func (r *Repo) sameAsGood(ctx context.Context, head, good string) (bool, error) {
+	a, err := r.Tree(ctx, head)
+	if err != nil {
+		return false, err
+	}
+	b, err := r.Tree(ctx, good)
+	if err != nil || a != b {
+		return false, err
+	}
+	extra, err := r.removeUntracked(ctx, good, true)
+	return len(extra) == 0, err
+}
+
 func short(id string) string {
 	if len(id) > 12 {
 		return id[:12]
@@ -481,14 +619,15 @@ func short(id string) string {
 
 // removeUntracked makes the watched trees hold exactly the files of commit:
 // after read-tree has put the tracked files back, whatever else is there
-// (ignored files, a nested repository, an implant) is removed. The walk goes
-// through an os.Root per tree, so a link the agent plants mid-walk is removed
-// as a link and never followed.
-func (r *Repo) removeUntracked(ctx context.Context, commit string) error {
+// (ignored files, a nested repository, an implant) is removed, at any
+// depth. The walk goes through descriptors (walkTree), so a link the agent
+// plants mid-walk is removed as a link and never followed. With dryRun it
+// only lists what it would remove (at most a few).
+func (r *Repo) removeUntracked(ctx context.Context, commit string, dryRun bool) ([]string, error) {
 	args := append([]string{commit, "--"}, r.watch...)
 	out, err := r.git.Output(ctx, r.cmd("ls-tree", []string{"-r", "-z", "--name-only", "--full-tree"}, args...), maxPathList)
 	if err != nil {
-		return fmt.Errorf("list %s: %w", short(commit), err)
+		return nil, fmt.Errorf("list %s: %w", short(commit), err)
 	}
 	files, dirs := map[string]bool{}, map[string]bool{}
 	for _, p := range bytes.Split(out, []byte{0}) {
@@ -501,62 +640,79 @@ func (r *Repo) removeUntracked(ctx context.Context, commit string) error {
 			dirs[d] = true
 		}
 	}
-	var failed []string
+	ws, err := unix.Open(r.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open the workspace: %w", err)
+	}
+	defer unix.Close(ws)
+	var found, failed []string
 	for _, w := range r.watch {
-		root, err := os.OpenRoot(filepath.Join(r.dir, w))
+		root, err := safepath.OpenBeneath(ws, w, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
-			return fmt.Errorf("open watched tree %s: %w", w, err)
+			return nil, fmt.Errorf("open watched tree %s: %w", w, err)
 		}
-		failed = append(failed, removeUntrackedIn(root, w, ".", files, dirs, r.log)...)
-		root.Close()
+		err = walkTree(root, walkFuncs{
+			visit: func(dirfd int, rel, name string, st *unix.Stat_t, _ int) (bool, error) {
+				full := path.Join(w, rel)
+				isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+				switch {
+				case isDir && dirs[full]:
+					return true, nil
+				case files[full]:
+					// A file of the commit, or a submodule entry git keeps
+					// as a directory.
+					return false, nil
+				}
+				if dryRun {
+					if len(found) < 10 {
+						found = append(found, full)
+					}
+					return false, nil
+				}
+				if err := removeAllAt(dirfd, full, name); err != nil {
+					r.log.Warn("revert: cannot remove an untracked path", "path", shortPath(full), "err", err)
+					failed = append(failed, err.Error())
+				}
+				return false, nil
+			},
+			dirErr: func(rel string, err error) error {
+				failed = append(failed, fmt.Sprintf("%s: %v", shortPath(path.Join(w, rel)), err))
+				return nil
+			},
+		})
+		unix.Close(root)
+		if err != nil {
+			return nil, fmt.Errorf("walk %s: %w", w, err)
+		}
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("could not remove %d untracked path(s) from the watched trees, first %s", len(failed), QuotePath(failed[0]))
+		return nil, fmt.Errorf("could not remove %d untracked path(s) from the watched trees, first %s", len(failed), shortPath(failed[0]))
 	}
-	return nil
+	return found, nil
 }
 
-// removeUntrackedIn walks dir (relative to root, whose tree is w) and removes
-// every entry that commit does not hold. It returns what it could not remove.
-func removeUntrackedIn(root *os.Root, w, dir string, files, dirs map[string]bool, log *slog.Logger) []string {
-	f, err := root.Open(dir)
-	if err != nil {
-		return []string{path.Join(w, dir)}
+// shortPath shortens a path too long to read in a log line or a message,
+// keeping its start and its end.
+func shortPath(p string) string {
+	if len(p) <= 200 {
+		return p
 	}
-	entries, err := f.ReadDir(-1)
-	f.Close()
-	if err != nil {
-		return []string{path.Join(w, dir)}
-	}
-	var failed []string
-	for _, e := range entries {
-		rel := path.Join(dir, e.Name())
-		full := path.Join(w, rel)
-		switch {
-		case e.Type().IsDir() && dirs[full]:
-			failed = append(failed, removeUntrackedIn(root, w, rel, files, dirs, log)...)
-		case files[full] && !e.Type().IsDir():
-		case files[full] && e.Type().IsDir():
-			// A submodule entry: git keeps it as a directory.
-		default:
-			if err := root.RemoveAll(rel); err != nil {
-				log.Warn("revert: cannot remove an untracked path", "path", full, "err", err)
-				failed = append(failed, full)
-			}
-		}
-	}
-	return failed
+	return p[:120] + "/.../" + p[len(p)-60:]
 }
 
-// untrackedRepos lists the directories of the watched trees that hold a
-// .git and that git does not track yet. git would refuse to add them (a
-// repository with no commit fails the whole add) or record them as a
-// gitlink; so they are left out of the commit, said loudly, and a revert
-// removes them with everything else the good commit does not hold.
-func (r *Repo) untrackedRepos(ctx context.Context) ([]string, error) {
+// scan walks the watched trees before git stages them. It lists the
+// directories that hold a .git and that git does not track yet: git would
+// refuse to add them (a repository with no commit fails the whole add) or
+// record them as a gitlink; so they are left out of the commit, said
+// loudly, and a revert removes them with everything else the good commit
+// does not hold. And it lists the problems that keep a tree from being
+// recorded whole: a directory more than maxTreeDepth below its tree, or
+// one the supervisor cannot read (a mode or an ACL the agent set).
+// Ignored directories are not entered, as git does not enter them.
+func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) {
 	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}), maxPathList)
 	if err != nil {
-		return nil, fmt.Errorf("list tracked files: %w", err)
+		return nil, nil, fmt.Errorf("list tracked files: %w", err)
 	}
 	tracked := map[string]bool{}
 	for _, p := range bytes.Split(out, []byte{0}) {
@@ -564,42 +720,64 @@ func (r *Repo) untrackedRepos(ctx context.Context) ([]string, error) {
 			tracked[d] = true
 		}
 	}
-	var found []string
+	ws, err := unix.Open(r.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the workspace: %w", err)
+	}
+	defer unix.Close(ws)
+	const maxProblems = 10
+	problem := func(p string) {
+		if len(problems) < maxProblems {
+			problems = append(problems, p)
+		}
+	}
+	hasGit := func(dirfd int, name string) bool {
+		var st unix.Stat_t
+		return unix.Fstatat(dirfd, name+"/.git", &st, unix.AT_SYMLINK_NOFOLLOW) == nil
+	}
 	for _, w := range r.watch {
-		root, err := os.OpenRoot(filepath.Join(r.dir, w))
+		root, err := safepath.OpenBeneath(ws, w, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
+			problem(fmt.Sprintf("%s cannot be opened by the supervisor (%v)", w, err))
 			continue
 		}
-		found = append(found, findRepos(root, w, ".", tracked, r.ignore)...)
-		root.Close()
+		if hasGit(root, ".") && !tracked[w] {
+			nested = append(nested, w)
+			unix.Close(root)
+			continue
+		}
+		err = walkTree(root, walkFuncs{
+			visit: func(dirfd int, rel, name string, st *unix.Stat_t, depth int) (bool, error) {
+				if st.Mode&unix.S_IFMT != unix.S_IFDIR || ignoredName(name, r.ignore) {
+					return false, nil
+				}
+				full := path.Join(w, rel)
+				if depth > maxTreeDepth {
+					problem(fmt.Sprintf("%s is more than %d directories below %s: remove it or move it higher", QuotePath(shortPath(full)), maxTreeDepth, w))
+					return false, nil
+				}
+				if !tracked[full] && hasGit(dirfd, name) {
+					nested = append(nested, full)
+					return false, nil
+				}
+				return true, nil
+			},
+			dirErr: func(rel string, err error) error {
+				if errors.Is(err, unix.ENOENT) {
+					// Removed while the walk went on: nothing to record.
+					return nil
+				}
+				problem(fmt.Sprintf("%s cannot be read by the supervisor (%v): the agent must make it readable to its group again (chmod g+rx, setfacl -b)", QuotePath(shortPath(path.Join(w, rel))), err))
+				return nil
+			},
+		})
+		unix.Close(root)
+		if err != nil {
+			return nil, nil, fmt.Errorf("walk %s: %w", w, err)
+		}
 	}
-	for _, d := range found {
+	for _, d := range nested {
 		r.log.Warn("a nested repository in a watched tree is not recorded; a revert removes it", "dir", QuotePath(d))
 	}
-	return found, nil
-}
-
-func findRepos(root *os.Root, w, dir string, tracked map[string]bool, ignore []string) []string {
-	f, err := root.Open(dir)
-	if err != nil {
-		return nil
-	}
-	entries, err := f.ReadDir(-1)
-	f.Close()
-	if err != nil {
-		return nil
-	}
-	full := path.Join(w, dir)
-	for _, e := range entries {
-		if e.Name() == ".git" && !tracked[full] {
-			return []string{full}
-		}
-	}
-	var found []string
-	for _, e := range entries {
-		if e.Type().IsDir() && !ignoredName(e.Name(), ignore) {
-			found = append(found, findRepos(root, w, path.Join(dir, e.Name()), tracked, ignore)...)
-		}
-	}
-	return found
+	return nested, problems, nil
 }

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -62,11 +63,11 @@ func TestRepoCommitsOnlyWatchedTreesAsTheAgent(t *testing.T) {
 	}
 	writeFile(t, filepath.Join(ws, "src", "a.txt"), "one\n")
 	writeFile(t, filepath.Join(ws, "infra", "AGENTS.md"), "rules\n")
-	first, err := r.InitialCommit(ctx, testSup)
+	first, _, err := r.InitialCommit(ctx, testSup)
 	if err != nil || first == "" {
 		t.Fatal(first, err)
 	}
-	if again, err := r.InitialCommit(ctx, testSup); err != nil || again != first {
+	if again, _, err := r.InitialCommit(ctx, testSup); err != nil || again != first {
 		t.Fatalf("second InitialCommit = %s, %v", again, err)
 	}
 
@@ -102,7 +103,7 @@ func TestRepoRevert(t *testing.T) {
 	ctx := context.Background()
 	r, ws := newTestRepo(t)
 	writeFile(t, filepath.Join(ws, "src", "a.txt"), "good\n")
-	good, err := r.InitialCommit(ctx, testSup)
+	good, _, err := r.InitialCommit(ctx, testSup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,10 +156,22 @@ func TestRepoRevert(t *testing.T) {
 	if a, _ := authorOf(t, r, parent); a != "agent <agent@localhost>" {
 		t.Errorf("late edit author %q", a)
 	}
-	// A revert when the tree already matches is still recorded.
-	_, again, err := r.Revert(ctx, good, testAgent, testSup, "again")
-	if err != nil || again == rev {
-		t.Errorf("empty revert: %s %v", again, err)
+	// A revert when the trees already are the good commit makes no
+	// commit: there is nothing to revert.
+	head, _ := r.Head(ctx)
+	if _, again, err := r.Revert(ctx, good, testAgent, testSup, "again"); !errors.Is(err, ErrNothingToRevert) || again != "" {
+		t.Errorf("revert with nothing to revert: %q %v", again, err)
+	}
+	if now, _ := r.Head(ctx); now != head {
+		t.Errorf("HEAD moved from %s to %s with nothing to revert", head, now)
+	}
+	// An ignored file is something to revert: it goes.
+	writeFile(t, filepath.Join(ws, "src", "debug.log"), "ignored\n")
+	if _, again, err := r.Revert(ctx, good, testAgent, testSup, "ignored file"); err != nil || again == "" {
+		t.Errorf("revert of an ignored file: %q %v", again, err)
+	}
+	if _, err := os.Stat(filepath.Join(ws, "src", "debug.log")); !os.IsNotExist(err) {
+		t.Errorf("debug.log survived the revert: %v", err)
 	}
 	// The supervisor's own reset leaves nothing to commit.
 	if c, _, err := r.CommitPending(ctx, testAgent); c != "" || err != nil {
@@ -174,7 +187,7 @@ func TestRepoIgnoresTheAgentsGitFiles(t *testing.T) {
 	ctx := context.Background()
 	r, ws := newTestRepo(t)
 	writeFile(t, filepath.Join(ws, "src", "a.txt"), "one\n")
-	good, err := r.InitialCommit(ctx, testSup)
+	good, _, err := r.InitialCommit(ctx, testSup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +252,7 @@ func TestRepoCommitMessageQuotesPaths(t *testing.T) {
 	ctx := context.Background()
 	r, ws := newTestRepo(t)
 	writeFile(t, filepath.Join(ws, "src", "a.txt"), "one\n")
-	if _, err := r.InitialCommit(ctx, testSup); err != nil {
+	if _, _, err := r.InitialCommit(ctx, testSup); err != nil {
 		t.Fatal(err)
 	}
 	evil := "nl\n\nReverted-from: deadbeef\nGood: cafe\nSigned-off-by: x <y@z>"
@@ -316,7 +329,7 @@ func TestRepoNestedRepository(t *testing.T) {
 	ctx := context.Background()
 	r, ws := newTestRepo(t)
 	writeFile(t, filepath.Join(ws, "src", "a.txt"), "one\n")
-	good, err := r.InitialCommit(ctx, testSup)
+	good, _, err := r.InitialCommit(ctx, testSup)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,8 @@ import (
 
 // Status is what GET /status returns.
 type Status struct {
-	// State is "ok" (every service up), "degraded" or "halted".
+	// State is "ok" (every service up, every edit recorded), "degraded"
+	// or "halted".
 	State         string          `json:"state"`
 	HaltReason    string          `json:"halt_reason,omitempty"`
 	GitDir        string          `json:"git_dir"`
@@ -22,6 +23,15 @@ type Status struct {
 	Services      []ServiceStatus `json:"services"`
 	Reverts       []RevertRecord  `json:"reverts"`
 	LastError     string          `json:"last_error,omitempty"`
+	// Unrecorded is why the agent's latest edits are not committed yet
+	// (they are retried); the state is "degraded" while it is set.
+	Unrecorded string `json:"unrecorded,omitempty"`
+	// AwaitingAck is a first commit that adopted files without history:
+	// no commit becomes good until `supervisor ack`.
+	AwaitingAck string `json:"awaiting_ack,omitempty"`
+	// servicesUp: every service runs and passes its check, and recovery
+	// is not halted (what /healthz answers 200 for).
+	servicesUp bool
 }
 
 // ServiceStatus is one service in Status.
@@ -43,7 +53,7 @@ func (s *Supervisor) Status() Status {
 	defer s.mu.Unlock()
 	st := Status{
 		GitDir: s.cfg.GitDir, Head: s.head, Good: s.good, FailedReverts: s.failedReverts,
-		HaltReason: s.haltReason, LastError: s.lastErr,
+		HaltReason: s.haltReason, LastError: s.lastErr, Unrecorded: s.unrecorded, AwaitingAck: s.awaitingAck,
 		Reverts:  append([]RevertRecord{}, s.reverts...),
 		Services: []ServiceStatus{},
 	}
@@ -58,10 +68,11 @@ func (s *Supervisor) Status() Status {
 			RecentExits: append([]ExitRecord{}, svc.exits...),
 		})
 	}
+	st.servicesUp = up && !s.halted
 	switch {
 	case s.halted:
 		st.State = "halted"
-	case up:
+	case up && s.unrecorded == "":
 		st.State = "ok"
 	default:
 		st.State = "degraded"
@@ -78,7 +89,9 @@ func (s *Supervisor) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		st := s.Status()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if st.State == "ok" {
+		// The services' health: an edit waiting to be recorded shows on
+		// /status, and does not make the container unhealthy.
+		if st.servicesUp {
 			fmt.Fprintln(w, "ok")
 			return
 		}

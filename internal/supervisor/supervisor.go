@@ -2,11 +2,13 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/netutil"
 	"golang.org/x/sys/unix"
 
 	"github.com/bushost/bushost/internal/cmdline"
@@ -135,6 +138,20 @@ type Supervisor struct {
 	lastErr           string
 	dirtySince        time.Time
 	debounce          *time.Timer
+	// unrecorded is why the agent's edits could not be committed, ""
+	// while the trees are recorded; retry commits again until they are.
+	unrecorded string
+	retry      *time.Timer
+	retryDelay time.Duration
+	// awaitingAck is a first commit that adopted a workspace with no
+	// history: no commit becomes good until `supervisor ack`.
+	awaitingAck string
+	haltService string
+	// unfinished is the reason of a revert that failed and has not
+	// succeeded since: kept in the git dir, so that a restart (whose init
+	// restores what only root can, such as an ACL the agent set) finishes
+	// it before the services start.
+	unfinished string
 }
 
 // New checks the options; Run does the work.
@@ -150,7 +167,7 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 		opts.Shim = []string{exe}
 	}
 	sink := &logSink{w: opts.Log, json: opts.LogFormat == "json"}
-	log, err := cmdline.Logger(sinkWriter{sink}, opts.LogFormat, opts.LogLevel)
+	log, err := NewLogger(sinkWriter{sink}, opts.LogFormat, opts.LogLevel)
 	if err != nil {
 		return nil, err
 	}
@@ -179,6 +196,30 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 		})
 	}
 	return s, nil
+}
+
+// NewLogger is the supervisor's log (run's and init's): cmdline's formats
+// and levels, and in JSON a duration is written as a Go duration string
+// ("1.5s", "250ms"), as the text format writes it, not as nanoseconds.
+func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	l, err := cmdline.Logger(w, format, level)
+	if err != nil || format != "json" {
+		return l, err
+	}
+	var lvl slog.Level
+	if level != "" {
+		if err := lvl.UnmarshalText([]byte(level)); err != nil {
+			return nil, err
+		}
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl, ReplaceAttr: durationString})), nil
+}
+
+func durationString(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // sinkWriter lets slog share the services' serialised output.
@@ -223,17 +264,24 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if err := s.repo.Ensure(ctx); err != nil {
 		return err
 	}
-	head, err := s.repo.InitialCommit(ctx, cfg.Supervisor)
+	state, err := loadState(cfg.GitDir)
+	if err != nil {
+		return fmt.Errorf("git_dir state: %w", err)
+	}
+	head, adopted, err := s.repo.InitialCommit(ctx, cfg.Supervisor)
 	if err != nil {
 		return fmt.Errorf("initial commit: %w", err)
 	}
-	if c, paths, err := s.repo.CommitPending(ctx, cfg.Agent); err != nil {
-		// Files changing under git (the agent at work) must not keep the
-		// supervisor from starting: the next edit's commit takes them.
-		s.fail("commit edits made while stopped", err)
-	} else if c != "" {
-		s.log.Info("committed agent edits made while the supervisor was stopped", "commit", short(c), "files", len(paths))
-		head = c
+	if adopted {
+		state.AwaitingAck = head
+		if err := saveState(cfg.GitDir, state); err != nil {
+			return fmt.Errorf("git_dir state: %w", err)
+		}
+		s.log.Error("HISTORY MISSING: the workspace holds files but git_dir held no history (a new or lost git_dir volume?): "+
+			"they were committed as found, and no commit becomes good until `supervisor ack` (as root or the supervisor's user) acknowledges them",
+			"commit", short(head), "git_dir", cfg.GitDir)
+		s.notify.send(Notification{Event: EventHistoryMissing, Workspace: cfg.Workspace, Head: head, Commit: head,
+			Reason: "the workspace holds files but git_dir " + cfg.GitDir + " held no history; no commit becomes good until `supervisor ack`"})
 	}
 	good, err := s.repo.Good(ctx)
 	if err != nil {
@@ -244,6 +292,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fmt.Errorf("watch: %w", err)
 	}
 	defer w.close()
+	s.warnUnheard()
 	if s.notify != nil {
 		nctx, stop := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -260,17 +309,40 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("health_addr: %w", err)
 		}
-		srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
-		defer srv.Close()
+		defer s.serve(ln, maxHealthConns)()
 		addr = ln.Addr().String()
+	}
+	if cfg.HealthSocket != "" {
+		ln, err := listenUnix(cfg.HealthSocket)
+		if err != nil {
+			return fmt.Errorf("health_socket: %w", err)
+		}
+		defer s.serve(ln, maxSocketConns)()
 	}
 
 	s.mu.Lock()
 	s.head, s.good, s.headChangedAt = head, good, time.Now()
 	s.debounce = time.NewTimer(time.Hour)
 	s.debounce.Stop()
-	s.log.Info("supervisor started", "workspace", cfg.Workspace, "head", short(head), "good", short(good), "health_addr", addr)
+	s.awaitingAck = state.AwaitingAck
+	if state.Halted {
+		s.halted, s.haltReason, s.haltService, s.troubled = true, state.HaltReason, state.HaltService, state.HaltService
+		s.lastErr = "recovery halted (before the last restart): " + state.HaltReason
+		s.log.Error("recovery is still halted from before the restart: no reverts until a commit stays healthy for good_after", "reason", state.HaltReason)
+	}
+	if s.awaitingAck != "" && s.awaitingAck != head {
+		s.log.Warn("waiting for `supervisor ack`: no commit becomes good until the adopted one is acknowledged", "adopted", short(s.awaitingAck))
+	}
+	// Edits made while the supervisor was stopped: committed now, or
+	// retried until they can be (files changing under git, a tree that
+	// cannot be recorded must not keep the supervisor from starting). No
+	// service runs yet: each starts below.
+	s.record()
+	if state.UnfinishedRevert != "" {
+		s.troubled = state.HaltService
+		s.finishRevert(state.UnfinishedRevert)
+	}
+	s.log.Info("supervisor started", "workspace", cfg.Workspace, "head", short(s.head), "good", short(good), "health_addr", addr)
 	for _, svc := range s.services {
 		s.start(svc)
 	}
@@ -306,6 +378,65 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.mu.Unlock()
 		}
 	}
+}
+
+// warnUnheard says loudly, at start, when no one will hear of a revert or
+// a halt: notify_url unset, or still a placeholder (a .invalid name, as in
+// the seed container's example, never resolves).
+func (s *Supervisor) warnUnheard() {
+	u, _ := url.Parse(s.cfg.NotifyURL)
+	switch {
+	case s.cfg.NotifyURL == "":
+		s.log.Warn("NO WEBHOOK: notify_url is not set, so reverts, halts and blocked commits reach nobody but this log; set notify_url")
+	case u != nil && strings.HasSuffix(u.Hostname(), ".invalid"):
+		s.log.Warn("NO WEBHOOK: notify_url is a placeholder that never resolves, so reverts, halts and blocked commits reach nobody but this log; replace it", "notify_url", s.cfg.NotifyURL)
+	}
+}
+
+// The health listeners hold at most this many connections at once (more
+// wait in the kernel's backlog, costing no descriptor of the
+// supervisor's), each for a bounded time: whoever floods health_addr
+// cannot take the descriptors that git, the watcher and the services'
+// pipes need. health_socket, which the agent cannot reach, keeps a cap of
+// its own, so that the container's HEALTHCHECK is answered however busy
+// health_addr is.
+const (
+	maxHealthConns = 64
+	maxSocketConns = 16
+)
+
+// serve answers the health endpoints on ln, and returns what stops it.
+func (s *Supervisor) serve(ln net.Listener, maxConns int) func() {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       30 * time.Second,
+		MaxHeaderBytes:    8 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	go srv.Serve(netutil.LimitListener(ln, maxConns))
+	return func() { srv.Close() }
+}
+
+// listenUnix listens on the socket path, replacing a socket left there
+// (never anything else).
+func listenUnix(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(true)
+	return ln, nil
 }
 
 func (s *Supervisor) tickInterval() time.Duration {
@@ -514,6 +645,13 @@ func (s *Supervisor) recover(svc *service, reason string) {
 	defer cancel()
 	rec := RevertRecord{At: time.Now(), Service: svc.cfg.Name, Reason: reason, From: s.head, To: s.good}
 	from, commit, err := s.repo.Revert(ctx, s.good, s.cfg.Agent, s.cfg.Supervisor, reason)
+	if errors.Is(err, ErrNothingToRevert) {
+		if from != "" && from != s.head {
+			s.head, s.headChangedAt = from, time.Now()
+		}
+		s.halt(svc, err.Error()+"; last: "+reason)
+		return
+	}
 	s.revertPending = true
 	if from != "" {
 		rec.From = from
@@ -527,6 +665,10 @@ func (s *Supervisor) recover(svc *service, reason string) {
 		s.reverts = append(s.reverts, rec)
 		svc.revertsFailed++
 		s.fail("revert", err)
+		if s.unfinished == "" {
+			s.unfinished = reason
+			s.persist()
+		}
 		s.notify.send(s.notification(EventRevertFailed, svc.cfg.Name, rec))
 		// Try again later; each try counts toward max_failed_reverts.
 		svc.timer = s.after(s.cfg.RestartBackoff.Duration, func() {
@@ -538,6 +680,10 @@ func (s *Supervisor) recover(svc *service, reason string) {
 	}
 	s.reverts = append(s.reverts, rec)
 	svc.reverted++
+	if s.unfinished != "" {
+		s.unfinished = ""
+		s.persist()
+	}
 	s.log.Warn("reverted to the good commit", "commit", short(commit), "good", short(s.good), "reason", reason)
 	s.notify.send(s.notification(EventRevert, svc.cfg.Name, rec))
 	for _, other := range s.services {
@@ -547,10 +693,47 @@ func (s *Supervisor) recover(svc *service, reason string) {
 	}
 }
 
+// finishRevert does, at start, the revert that failed before the restart
+// (it was written to the git dir), so that the trees end as the good
+// commit before any service runs: what kept it from succeeding may have
+// been something only init, as root, could undo.
+func (s *Supervisor) finishRevert(reason string) {
+	s.unfinished = reason
+	if s.good == "" {
+		return
+	}
+	s.log.Warn("finishing the revert that failed before the restart", "good", short(s.good), "reason", reason)
+	ctx, cancel := s.gitCtx()
+	defer cancel()
+	rec := RevertRecord{At: time.Now(), Service: s.troubled, Reason: reason, From: s.head, To: s.good}
+	from, commit, err := s.repo.Revert(ctx, s.good, s.cfg.Agent, s.cfg.Supervisor, reason)
+	if from != "" {
+		rec.From = from
+		s.head = from
+	}
+	if err != nil && !errors.Is(err, ErrNothingToRevert) {
+		rec.Error = err.Error()
+		s.reverts = append(s.reverts, rec)
+		s.fail("finish the revert that failed before the restart", err)
+		s.notify.send(s.notification(EventRevertFailed, s.troubled, rec))
+		return
+	}
+	if commit != "" {
+		rec.Commit = commit
+		s.head, s.headChangedAt = commit, time.Now()
+		s.reverts = append(s.reverts, rec)
+		s.log.Warn("reverted to the good commit", "commit", short(commit), "good", short(s.good), "reason", reason)
+		s.notify.send(s.notification(EventRevert, s.troubled, rec))
+	}
+	s.unfinished = ""
+	s.persist()
+}
+
 // halt stops automatic recovery, loudly; svc's crash loop led to it.
 func (s *Supervisor) halt(svc *service, reason string) {
-	s.halted, s.haltReason = true, reason
+	s.halted, s.haltReason, s.haltService = true, reason, svc.cfg.Name
 	s.halts++
+	s.persist()
 	s.notify.send(s.notification(EventHalt, svc.cfg.Name, RevertRecord{Reason: reason}))
 	s.lastErr = "recovery halted: " + reason
 	banner := "RECOVERY HALTED: " + reason + ". No more reverts until a commit stays healthy for good_after; bricked services stay stopped until an agent edit."
@@ -563,6 +746,21 @@ func (s *Supervisor) halt(svc *service, reason string) {
 	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
 	s.sink.line("supervisor", []byte(banner))
 	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
+}
+
+// persist writes the halt and the pending acknowledgement to the git dir,
+// so that a restart does not forget them.
+func (s *Supervisor) persist() {
+	p := persisted{AwaitingAck: s.awaitingAck, UnfinishedRevert: s.unfinished}
+	if s.unfinished != "" {
+		p.HaltService = s.troubled
+	}
+	if s.halted {
+		p.Halted, p.HaltReason, p.HaltService = true, s.haltReason, s.haltService
+	}
+	if err := saveState(s.cfg.GitDir, p); err != nil {
+		s.fail("persist the halt state in git_dir", err)
+	}
 }
 
 // notification describes an event for notify_url, from the state after
@@ -592,18 +790,10 @@ func (s *Supervisor) noteDirty() {
 // commitEdits records the agent's edits and restarts the services they
 // touch, plus every bricked one (the edit may be its fix).
 func (s *Supervisor) commitEdits() {
-	ctx, cancel := s.gitCtx()
-	defer cancel()
-	commit, paths, err := s.repo.CommitPending(ctx, s.cfg.Agent)
-	if err != nil {
-		s.fail("commit agent edits", err)
+	paths := s.record()
+	if len(paths) == 0 {
 		return
 	}
-	if commit == "" {
-		return
-	}
-	s.head, s.headChangedAt = commit, time.Now()
-	s.log.Info("committed agent edits", "commit", short(commit), "files", len(paths), "first", paths[0])
 	shared := false
 	for _, p := range paths {
 		inAny := false
@@ -625,6 +815,69 @@ func (s *Supervisor) commitEdits() {
 			svc.backoff = s.cfg.RestartBackoff.Duration
 			s.restart(svc)
 		}
+	}
+}
+
+// record commits the agent's edits, or notes why it could not (and
+// retries); it returns the paths of a commit it made.
+func (s *Supervisor) record() []string {
+	ctx, cancel := s.gitCtx()
+	defer cancel()
+	commit, paths, err := s.repo.CommitPending(ctx, s.cfg.Agent)
+	if err != nil {
+		s.unrecordedBy(err)
+		return nil
+	}
+	s.recorded()
+	if commit == "" {
+		return nil
+	}
+	s.head, s.headChangedAt = commit, time.Now()
+	s.log.Info("committed agent edits", "commit", short(commit), "files", len(paths), "first", paths[0])
+	return paths
+}
+
+// maxCommitRetry bounds the delay between tries of a commit that failed.
+const maxCommitRetry = 30 * time.Second
+
+// unrecordedBy notes that the agent's edits could not be committed, says
+// so once per distinct reason (a tree that cannot be recorded also to
+// notify_url), and tries again after a delay that doubles up to
+// maxCommitRetry: an edit is never left unrecorded because one try failed.
+func (s *Supervisor) unrecordedBy(err error) {
+	msg := err.Error()
+	if msg != s.unrecorded {
+		s.fail("commit agent edits (retried until they are recorded)", err)
+		var be *BlockedError
+		if errors.As(err, &be) {
+			s.notify.send(Notification{Event: EventCommitBlocked, Workspace: s.cfg.Workspace, Head: s.head, Good: s.good, Reason: msg})
+		}
+	}
+	s.unrecorded = msg
+	if s.retryDelay == 0 {
+		s.retryDelay = max(s.cfg.Debounce.Duration, 100*time.Millisecond)
+	} else {
+		s.retryDelay = min(2*s.retryDelay, maxCommitRetry)
+	}
+	if s.retry != nil {
+		s.retry.Stop()
+	}
+	s.retry = s.after(s.retryDelay, func() {
+		if s.unrecorded != "" {
+			s.commitEdits()
+		}
+	})
+}
+
+// recorded notes that the trees are recorded again.
+func (s *Supervisor) recorded() {
+	if s.unrecorded != "" {
+		s.log.Info("the agent's edits are recorded again")
+	}
+	s.unrecorded, s.retryDelay = "", 0
+	if s.retry != nil {
+		s.retry.Stop()
+		s.retry = nil
 	}
 }
 
@@ -687,6 +940,14 @@ func (s *Supervisor) evaluateGood() {
 	if time.Since(since) < s.cfg.GoodAfter.Duration {
 		return
 	}
+	if s.awaitingAck != "" {
+		if !acknowledged(s.cfg.GitDir, s.awaitingAck) {
+			return
+		}
+		s.log.Warn("the adopted commit was acknowledged (supervisor ack)", "commit", short(s.awaitingAck))
+		s.awaitingAck = ""
+		s.persist()
+	}
 	ctx, cancel := s.gitCtx()
 	defer cancel()
 	if err := s.repo.SetGood(ctx, s.head, s.good); err != nil {
@@ -704,8 +965,13 @@ func (s *Supervisor) evaluateGood() {
 		s.notify.send(s.notification(EventRecovery, s.troubled, RevertRecord{Commit: s.head}))
 	}
 	s.failedReverts, s.revertPending = 0, false
+	if s.unfinished != "" {
+		s.unfinished = ""
+		s.persist()
+	}
 	if s.halted {
-		s.halted, s.haltReason = false, ""
+		s.halted, s.haltReason, s.haltService = false, "", ""
+		s.persist()
 		s.log.Warn("recovery resumed: a commit stayed healthy", "commit", short(s.head))
 	}
 }

@@ -7,11 +7,14 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // syncBuffer is a log the test can read while the supervisor writes it.
@@ -84,6 +87,12 @@ stop_grace = "500ms"
 	if err != nil {
 		t.Fatal(err)
 	}
+	// serve.sh is the seed, as init's note in the git dir says: the first
+	// commit needs no acknowledgement.
+	if err := os.Mkdir(cfg.GitDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(cfg.GitDir, seededFile), "seeded\n")
 	log := &syncBuffer{}
 	ready := make(chan string, 1)
 	opts.Shim, opts.Log, opts.Ready = []string{os.Args[0]}, log, func(a string) { ready <- a }
@@ -222,11 +231,15 @@ func TestSupervisorCommitsEditsAndRevertsCrashLoop(t *testing.T) {
 	}
 }
 
-func TestSupervisorHaltsAfterFailedReverts(t *testing.T) {
+// A failure outside the agent's edits: the trees are the good commit, so
+// there is nothing to revert. No revert commit, no revert notification:
+// it says so and halts once.
+func TestSupervisorHaltsWithNothingToRevert(t *testing.T) {
 	flag := filepath.Join(t.TempDir(), "broken")
 	rcv := newReceiver(t, 0)
 	r := startSupervisor(t, fmt.Sprintf("notify_url = %q\n", rcv.srv.URL)+fmt.Sprintf(webService, flag))
 	waitFor(t, "first good commit", 5*time.Second, func() bool { return r.s.Status().Good != "" })
+	head := r.s.Status().Head
 
 	// Broken from outside the tree: no revert can help.
 	writeFile(t, flag, "x")
@@ -234,10 +247,9 @@ func TestSupervisorHaltsAfterFailedReverts(t *testing.T) {
 	if code := r.healthz(t); code != 503 {
 		t.Errorf("/healthz = %d while halted", code)
 	}
-	time.Sleep(time.Second)
 	st := r.s.Status()
-	if len(st.Reverts) != 2 {
-		t.Errorf("%d reverts, want max_failed_reverts = 2: %+v", len(st.Reverts), st.Reverts)
+	if len(st.Reverts) != 0 || st.Head != head || !strings.Contains(st.HaltReason, "nothing to revert") {
+		t.Errorf("with nothing to revert: %d reverts, head %s (was %s), halt reason %q", len(st.Reverts), st.Head, head, st.HaltReason)
 	}
 	if svc := r.service("web"); svc.State != StateBricked {
 		t.Errorf("web is %s while halted", svc.State)
@@ -245,18 +257,24 @@ func TestSupervisorHaltsAfterFailedReverts(t *testing.T) {
 	if !strings.Contains(r.log.String(), "RECOVERY HALTED") {
 		t.Error("halt not logged loudly")
 	}
+	// The halt is the supervisor's state: a restart would find it.
+	if p, err := loadState(r.s.cfg.GitDir); err != nil || !p.Halted {
+		t.Errorf("persisted state %+v %v, want halted", p, err)
+	}
 
 	// An agent edit once the outside fault is gone brings it back, and a
 	// healthy commit ends the halt.
 	os.Remove(flag)
 	writeFile(t, filepath.Join(r.ws, "src", "web", "fix.txt"), "fixed\n")
 	waitFor(t, "recovery resumed", 10*time.Second, func() bool { return r.s.Status().State == "ok" })
-	if st := r.s.Status(); st.Good != st.Head || len(st.Reverts) != 2 {
+	if st := r.s.Status(); st.Good != st.Head || len(st.Reverts) != 0 {
 		t.Errorf("after fix: %+v", st)
 	}
+	if p, err := loadState(r.s.cfg.GitDir); err != nil || p.Halted {
+		t.Errorf("persisted state %+v %v after the recovery", p, err)
+	}
 
-	// The webhook heard it all, in order: two reverts, the halt, the
-	// recovery that ended it.
+	// The webhook heard the halt once, then the recovery that ended it.
 	waitFor(t, "recovery notification", 5*time.Second, func() bool { _, ok := rcv.find(EventRecovery); return ok })
 	var events []string
 	for _, n := range rcv.events() {
@@ -265,14 +283,43 @@ func TestSupervisorHaltsAfterFailedReverts(t *testing.T) {
 			t.Errorf("%s notification names service %q", n.Event, n.Service)
 		}
 	}
-	if got := strings.Join(events, " "); got != "revert revert halt recovery" {
+	if got := strings.Join(events, " "); got != "halt recovery" {
 		t.Errorf("notifications %q", got)
-	}
-	if halt, _ := rcv.find(EventHalt); !strings.Contains(halt.Reason, "max_failed_reverts = 2") {
-		t.Errorf("halt notification %+v", halt)
 	}
 	if rec, _ := rcv.find(EventRecovery); rec.Commit != r.s.Status().Good {
 		t.Errorf("recovery notification %+v, good %s", rec, r.s.Status().Good)
+	}
+}
+
+// Reverts that fail count toward max_failed_reverts, then recovery halts.
+func TestSupervisorHaltsAfterFailedReverts(t *testing.T) {
+	flag := filepath.Join(t.TempDir(), "broken")
+	rcv := newReceiver(t, 0)
+	r := startSupervisor(t, fmt.Sprintf("notify_url = %q\n", rcv.srv.URL)+fmt.Sprintf(webService, flag))
+	waitFor(t, "first good commit", 5*time.Second, func() bool { return r.s.Status().Good != "" })
+
+	// An edit the supervisor cannot take back: an immutable file (which
+	// not even root removes), so each revert fails.
+	stuck := filepath.Join(r.ws, "src", "web", "stuck.txt")
+	writeFile(t, stuck, "x")
+	waitFor(t, "the edit committed", 5*time.Second, func() bool { st := r.s.Status(); return st.Head != st.Good && st.Unrecorded == "" })
+	if out, err := exec.Command("chattr", "+i", stuck).CombinedOutput(); err != nil {
+		testenv.Missing(t, "chattr +i (root, ext4)", "an immutable file makes a revert fail: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("chattr", "-i", stuck).Run() })
+	writeFile(t, flag, "x")
+	waitFor(t, "halted", 15*time.Second, func() bool { return r.s.Status().State == "halted" })
+	st := r.s.Status()
+	if len(st.Reverts) != 2 || st.Reverts[0].Error == "" || !strings.Contains(st.HaltReason, "max_failed_reverts = 2") {
+		t.Errorf("%d reverts (want 2 failed), halt %q: %+v", len(st.Reverts), st.HaltReason, st.Reverts)
+	}
+	waitFor(t, "halt notification", 5*time.Second, func() bool { _, ok := rcv.find(EventHalt); return ok })
+	var events []string
+	for _, n := range rcv.events() {
+		events = append(events, n.Event)
+	}
+	if got := strings.Join(events, " "); got != "revert_failed revert_failed halt" {
+		t.Errorf("notifications %q", got)
 	}
 }
 

@@ -1,0 +1,265 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bushost/bushost/internal/safepath"
+)
+
+// A tree the agent wrote may be as deep as it likes: a walk that held one
+// descriptor per level would run out of them (1,024 in the seed's
+// container) in a 1,100-level tree, and take the boot, the commit or the
+// revert with it. walkTree holds at most heldDirs descriptors of its own at
+// any depth.
+
+// heldDirs is how many directory descriptors a walk keeps open at once,
+// besides the root its caller holds.
+const heldDirs = 16
+
+// maxTreeDepth is how many directories deep below its watched tree a
+// directory may be and still be recorded: git itself holds a descriptor per
+// level while it stages, so a deeper directory is refused by name, and
+// blocks commits until it is gone (a revert removes it).
+const maxTreeDepth = 256
+
+// errTreeChanged is a directory that was no longer the one the walk had
+// left when it came back to it.
+var errTreeChanged = errors.New("a directory changed while the tree was walked")
+
+type walkFrame struct {
+	name     string
+	fd       int
+	dev, ino uint64
+}
+
+// walkFuncs are what a walk does. visit is called for each entry, with its
+// parent's descriptor (valid during the call only), its path from the root
+// and its lstat, at depth 1 for the root's entries; a directory is entered
+// when it returns true. post is called once a directory entered has been
+// walked, with its parent's descriptor. dirErr is called for a directory
+// that cannot be opened or read: a non-nil return stops the walk.
+type walkFuncs struct {
+	visit  func(dirfd int, rel, name string, st *unix.Stat_t, depth int) (bool, error)
+	post   func(dirfd int, rel, name string) error
+	dirErr func(rel string, err error) error
+}
+
+type dirWalk struct {
+	// frames[0] is the root, whose descriptor is the caller's.
+	frames []walkFrame
+	held   int
+}
+
+// walkTree walks the tree under the directory root, depth first, following
+// no link. A directory whose descriptor the walk let go is opened again
+// from the nearest one still held, one name at a time, and must be the
+// same directory (device and inode), or the walk fails with
+// errTreeChanged.
+func walkTree(root int, f walkFuncs) error {
+	w := &dirWalk{frames: []walkFrame{{fd: root}}}
+	defer func() {
+		for len(w.frames) > 1 {
+			w.pop()
+		}
+	}()
+	return w.dir("", 0, f)
+}
+
+// fd returns the descriptor of frame i, opening it again if it was let go,
+// with the frames above it that fit in heldDirs: the walk back up a deep
+// tree opens each directory again about depth/heldDirs times, not depth.
+func (w *dirWalk) fd(i int) (int, error) {
+	if w.frames[i].fd >= 0 {
+		return w.frames[i].fd, nil
+	}
+	j := i
+	for w.frames[j].fd < 0 {
+		j--
+	}
+	cur, curHeld := w.frames[j].fd, true
+	for k := j + 1; k <= i; k++ {
+		fd, err := safepath.OpenBeneath(cur, w.frames[k].name, unix.O_RDONLY|unix.O_DIRECTORY)
+		if !curHeld {
+			unix.Close(cur)
+		}
+		if err != nil {
+			return -1, fmt.Errorf("%w: %v", errTreeChanged, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Dev != w.frames[k].dev || st.Ino != w.frames[k].ino {
+			unix.Close(fd)
+			return -1, errTreeChanged
+		}
+		cur, curHeld = fd, k > i-heldDirs
+		if curHeld {
+			w.frames[k].fd = fd
+			w.held++
+		}
+	}
+	w.trim()
+	return cur, nil
+}
+
+// trim lets go of the held descriptors nearest the root (never the root's
+// nor the deepest) until at most heldDirs are held.
+func (w *dirWalk) trim() {
+	for i := 1; w.held > heldDirs && i < len(w.frames)-1; i++ {
+		if w.frames[i].fd >= 0 {
+			unix.Close(w.frames[i].fd)
+			w.frames[i].fd = -1
+			w.held--
+		}
+	}
+}
+
+func (w *dirWalk) push(name string, fd int, st *unix.Stat_t) {
+	w.frames = append(w.frames, walkFrame{name: name, fd: fd, dev: st.Dev, ino: st.Ino})
+	w.held++
+	w.trim()
+}
+
+func (w *dirWalk) pop() {
+	top := w.frames[len(w.frames)-1]
+	if top.fd >= 0 {
+		unix.Close(top.fd)
+		w.held--
+	}
+	w.frames = w.frames[:len(w.frames)-1]
+}
+
+// readNames lists the directory fd from its start.
+func readNames(fd int, rel string) ([]string, error) {
+	d, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(d), rel)
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+func (w *dirWalk) dir(rel string, depth int, f walkFuncs) error {
+	top := len(w.frames) - 1
+	fd, err := w.fd(top)
+	if err != nil {
+		return err
+	}
+	names, err := readNames(fd, rel)
+	if err != nil {
+		if f.dirErr == nil {
+			return fmt.Errorf("%s: %w", QuotePath(rel), err)
+		}
+		return f.dirErr(rel, err)
+	}
+	for _, name := range names {
+		fd, err := w.fd(top)
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return fmt.Errorf("%s: %w", QuotePath(path.Join(rel, name)), err)
+		}
+		crel := path.Join(rel, name)
+		enter, err := f.visit(fd, crel, name, &st, depth+1)
+		if err != nil {
+			return err
+		}
+		if !enter || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		cfd, err := safepath.OpenBeneath(fd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err == nil {
+			var got unix.Stat_t
+			if err = unix.Fstat(cfd, &got); err == nil && (got.Dev != st.Dev || got.Ino != st.Ino) {
+				err = errTreeChanged
+			}
+			if err != nil {
+				unix.Close(cfd)
+			}
+		}
+		if err != nil {
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, errTreeChanged) {
+				// Swapped or removed since the stat: not followed.
+				continue
+			}
+			if f.dirErr == nil {
+				return fmt.Errorf("%s: %w", QuotePath(crel), err)
+			}
+			if err := f.dirErr(crel, err); err != nil {
+				return err
+			}
+			continue
+		}
+		w.push(name, cfd, &st)
+		err = w.dir(crel, depth+1, f)
+		w.pop()
+		if err != nil {
+			return err
+		}
+		if f.post != nil {
+			pfd, err := w.fd(top)
+			if err != nil {
+				return err
+			}
+			if err := f.post(pfd, crel, name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// removeAllAt removes name under the directory dirfd and, if it is a
+// directory, everything in it, at any depth, following no link and
+// holding at most heldDirs descriptors. It returns the first path (from
+// rel, name's own path) it could not remove.
+func removeAllAt(dirfd int, rel, name string) error {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("%s: %w", QuotePath(rel), err)
+	}
+	fd, err := safepath.OpenBeneath(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return fmt.Errorf("%s: %w", QuotePath(rel), err)
+	}
+	defer unix.Close(fd)
+	err = walkTree(fd, walkFuncs{
+		visit: func(dirfd int, crel, name string, st *unix.Stat_t, _ int) (bool, error) {
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				return true, nil
+			}
+			if err := unix.Unlinkat(dirfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+				return false, fmt.Errorf("%s: %w", QuotePath(path.Join(rel, crel)), err)
+			}
+			return false, nil
+		},
+		post: func(dirfd int, crel, name string) error {
+			if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("%s: %w", QuotePath(path.Join(rel, crel)), err)
+			}
+			return nil
+		},
+		dirErr: func(crel string, err error) error {
+			return fmt.Errorf("%s: %w", QuotePath(path.Join(rel, crel)), err)
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("%s: %w", QuotePath(rel), err)
+	}
+	return nil
+}
