@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // requireTools fails under CI and skips elsewhere when a program a session
@@ -73,10 +75,11 @@ func TestSandboxNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := egressDirs(t)
-	proxy := []string{"--net=proxy", "--allow-host", allowed, "--allow-domain", "*.allowed.test", "--allow-domain", "localhost", "--resolve-file", hosts}
+	_, port, _ := net.SplitHostPort(allowed)
+	// With the server's port: a name alone opens 443 and 80 only.
+	proxy := []string{"--net=proxy", "--allow-host", allowed, "--allow-domain", "*.allowed.test:" + port, "--allow-domain", "localhost:" + port, "--resolve-file", hosts}
 
 	t.Run("proxy", func(t *testing.T) {
-		_, port, _ := net.SplitHostPort(allowed)
 		script := `
 curl -sS http://` + allowed + `/; echo "via-relay=$?"
 curl -sS -x socks5h://127.0.0.1:3128 http://` + allowed + `/; echo "via-socks=$?"
@@ -156,7 +159,7 @@ curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
 		if code != 0 {
 			t.Fatalf("explain: exit %d\n%s%s", code, out, errOut)
 		}
-		for _, want := range []string{"network: proxy:", "relay: 127.0.0.1:3128", "allowed: --allow-host " + allowed, "allowed: --allow-domain *.allowed.test", "hands it to the egress proxy",
+		for _, want := range []string{"network: proxy:", "relay: 127.0.0.1:3128", "allowed: --allow-host " + allowed, "allowed: --allow-domain *.allowed.test:" + port, "hands it to the egress proxy",
 			"egress limits: at most 64 connections at once", "egress decisions: to sandbox run's stderr"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("explain lacks %q:\n%s", want, out)
@@ -170,6 +173,99 @@ curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
 		if !slices.Contains(before, d) {
 			t.Errorf("left behind: %s", d)
 		}
+	}
+}
+
+// hostAddress is an address of one of the host's interfaces other than
+// loopback, one in no private or reserved range if there is one.
+func hostAddress(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := ""
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok || n.IP.To4() == nil || n.IP.IsLoopback() {
+			continue
+		}
+		if found == "" || net.ParseIP(found).IsPrivate() && !n.IP.IsPrivate() {
+			found = n.IP.String()
+		}
+	}
+	if found == "" {
+		testenv.Missing(t, "a non-loopback IPv4 address on this host", "to resolve a name to")
+	}
+	return found
+}
+
+// anyServer serves "hello from PORT" on every address of the host
+// (0.0.0.0), as a host service bound to all interfaces does, and counts
+// the requests; it returns the port.
+func anyServer(t *testing.T) (string, *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	var n atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		fmt.Fprintf(w, "hello from %s\n", port)
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return port, &n
+}
+
+// TestSandboxNetworkHostAddress: a name the allow-list allows that
+// resolves to one of the host's own addresses (not loopback: the
+// interface a service bound to 0.0.0.0 answers on) is refused, unless
+// --allow-host-address names it; and NAME:PORT reaches that port alone.
+func TestSandboxNetworkHostAddress(t *testing.T) {
+	requireTools(t, "/usr/bin/curl")
+	e := newSandboxEnv(t)
+	addr := hostAddress(t)
+	named, namedHits := anyServer(t)
+	other, otherHits := anyServer(t)
+	hosts := filepath.Join(e.base, "hosts-self")
+	if err := os.WriteFile(hosts, []byte(addr+" self.host.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := `
+curl -sS -w ' code=%{http_code}' http://self.host.test:` + named + `/; echo " named=$?"
+curl -sS -w ' code=%{http_code}' http://self.host.test:` + other + `/; echo " other=$?"
+`
+	base := []string{"--net=proxy", "--allow-domain", "self.host.test:" + named, "--resolve-file", hosts}
+
+	out, errOut, code := e.runIn(t, base, "sh", "-c", script)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "EGRESS_DENIED: self.host.test resolves to "+addr) || !strings.Contains(out, "code=403 named=0") {
+		t.Errorf("a name resolving to the host's %s was not refused:\n%s\nstderr:\n%s", addr, out, errOut)
+	}
+	if namedHits.Load() != 0 || otherHits.Load() != 0 {
+		t.Fatalf("the host's services were reached: %d and %d requests", namedHits.Load(), otherHits.Load())
+	}
+	t.Logf("refused: %s", out)
+
+	out, errOut, code = e.runIn(t, append(base, "--allow-host-address", addr), "sh", "-c", script)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{
+		"hello from " + named + "\n code=200 named=0",
+		"EGRESS_DENIED: self.host.test:" + other + " is not named by --allow-domain",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("with --allow-host-address %s: output lacks %q:\n%s\nstderr:\n%s", addr, want, out, errOut)
+		}
+	}
+	if namedHits.Load() != 1 || otherHits.Load() != 0 {
+		t.Errorf("requests: %d to the port named, %d to the other; want 1 and 0", namedHits.Load(), otherHits.Load())
 	}
 }
 

@@ -97,7 +97,7 @@ func runSessionLaunch(fs *pflag.FlagSet) runFunc {
 		limits[l.Name] = fs.String(l.Name, "", l.Help+" (default sandbox serve's --default-"+l.Name+", within the grant's and the calling session's)")
 	}
 	net := fs.String("net", "none", "the session's network: none, proxy or host (one the grant's --launch-net names)")
-	domains := fs.StringArray("allow-domain", nil, "with --net=proxy: a domain (or *.NAME) the session may reach, within the grant's --launch-allow-domain (repeatable; default the grant's)")
+	domains := fs.StringArray("allow-domain", nil, "with --net=proxy: a domain (or *.NAME), with :PORT or else 443 and 80, the session may reach, within the grant's --launch-allow-domain (repeatable; default the grant's)")
 	hosts := fs.StringArray("allow-host", nil, "with --net=proxy: a HOST:PORT the session may reach, within the grant's --launch-allow-host (repeatable; default the grant's)")
 	ws := fs.String("workspace", "", "the session's workspace: an existing directory of yours (default: an empty one the launcher makes)")
 	fs.StringVar(&business, "business", "", "the task's business (default the launcher grant's)")

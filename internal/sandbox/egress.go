@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,7 +31,11 @@ import (
 type egressProxy struct {
 	allowDomains []string
 	allowHosts   []string
-	hosts        map[string][]net.IP // from --resolve-file, looked at first
+	// allowHostAddrs are the host's own addresses an --allow-domain name
+	// may resolve to (--allow-host-address); hostAddrs lists the host's.
+	allowHostAddrs []net.IP
+	hostAddrs      func() ([]net.IP, error)
+	hosts          map[string][]net.IP // from --resolve-file, looked at first
 	maxConns     int
 	idle         time.Duration
 	log          io.Writer // one line per decision and per close, without audit
@@ -79,7 +84,10 @@ const maxRequestHead = 64 << 10
 // launched starts waiting for it.
 func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, error) {
 	e := &egressProxy{allowDomains: cfg.AllowDomains, allowHosts: cfg.AllowHosts, maxConns: cfg.EgressConns,
-		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}, relayPort: relayPort}
+		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}, relayPort: relayPort, hostAddrs: hostAddrs}
+	for _, a := range cfg.AllowHostAddrs {
+		e.allowHostAddrs = append(e.allowHostAddrs, net.ParseIP(a))
+	}
 	if e.maxConns <= 0 {
 		e.maxConns = DefaultEgressConns
 	}
@@ -539,22 +547,30 @@ func (e *egressProxy) decide(t target) ([]net.IP, string, string) {
 	rule := ""
 	if exact != "" {
 		rule = "--allow-host " + exact
-	} else if p := domainAllowed(e.allowDomains, t.host); p != "" {
+	} else if p := domainAllowed(e.allowDomains, t.host, t.port); p != "" {
 		rule = "--allow-domain " + p
 	} else {
-		return nil, "", fmt.Sprintf("%s: %s is not named by --allow-domain or --allow-host", ReasonEgressDenied, t)
+		return nil, "", fmt.Sprintf("%s: %s is not named by --allow-domain (NAME opens 443 and 80, NAME:PORT that port) or --allow-host", ReasonEgressDenied, t)
 	}
 	ips, err := e.resolve(t.host)
 	if err != nil || len(ips) == 0 {
 		return nil, "", fmt.Sprintf("%s is allowed (%s) but does not resolve: %v", t.host, rule, err)
 	}
 	if exact == "" {
-		// Every address must be public: a name that resolves to the
-		// host's loopback, the metadata service or the local network
-		// is refused, whatever its domain.
+		// Every address must be public and not the host's own: a name
+		// that resolves to the host (any of its interfaces), the
+		// metadata service or the local network is refused, whatever
+		// its domain.
+		own, err := e.hostAddrs()
+		if err != nil {
+			return nil, "", fmt.Sprintf("%s: %s: the host's own addresses cannot be listed to rule them out: %v", ReasonEgressDenied, t.host, err)
+		}
 		for _, ip := range ips {
 			if r := blockedIP(ip); r != "" {
 				return nil, "", fmt.Sprintf("%s: %s resolves to %s, in %s, which only an --allow-host naming it exactly reaches", ReasonEgressDenied, t.host, ip, r)
+			}
+			if slices.ContainsFunc(own, ip.Equal) && !slices.ContainsFunc(e.allowHostAddrs, ip.Equal) {
+				return nil, "", fmt.Sprintf("%s: %s resolves to %s, one of this host's own addresses, which only --allow-host-address %s or an --allow-host naming it exactly reaches", ReasonEgressDenied, t.host, ip, ip)
 			}
 		}
 	}

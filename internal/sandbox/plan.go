@@ -240,15 +240,18 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 			p.Network.Audit = "the broker: a network.egress event per decision and per close, on the task of " + cfg.AuditTokenFile + "'s grant (network.audit), written in batches; the session cannot read that token"
 		}
 		for _, d := range cfg.AllowDomains {
-			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "given on the command line: the name (or every name under *.), any port, when it resolves to public addresses only"})
+			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "given on the command line: " + domainWhat})
 		}
 		for _, h := range cfg.AllowHosts {
 			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host " + h, "given on the command line: exactly this host and port, even a loopback or private address"})
 		}
+		for _, a := range cfg.AllowHostAddrs {
+			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host-address " + a, "given on the command line: an --allow-domain name may resolve to this address of the host's own (a name resolving to any other is refused)"})
+		}
 		if n := p.Session.Network; n != nil {
 			for _, d := range n.AllowDomains {
 				cfg.AllowDomains = append(cfg.AllowDomains, d)
-				p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "from session.json (sandbox prepare --allow-domain): the name (or every name under *.), any port, when it resolves to public addresses only"})
+				p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "from session.json (sandbox prepare --allow-domain): " + domainWhat})
 			}
 			for _, h := range n.AllowHosts {
 				cfg.AllowHosts = append(cfg.AllowHosts, h)
@@ -303,6 +306,9 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	p.checkAccess()
 	return p, nil
 }
+
+// domainWhat is what an --allow-domain rule allows, for explain.
+const domainWhat = "the name (or every name under *.), on its :PORT or else on 443 and 80, when it resolves to public addresses only, none of them the host's own"
 
 // Network is what explain says of the session's network.
 type Network struct {

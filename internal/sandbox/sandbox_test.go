@@ -685,7 +685,7 @@ func TestExplainNetwork(t *testing.T) {
 		}, nil},
 		{"proxy, audited", []string{"--net=proxy", "--allow-domain", "*.example.com", "--allow-host", "127.0.0.1:8080",
 			"--egress-conns", "3", "--egress-idle", "2s", "--audit-token-file", token}, []string{
-			"allowed: --allow-domain *.example.com: given on the command line: the name (or every name under *.), any port, when it resolves to public addresses only",
+			"allowed: --allow-domain *.example.com: given on the command line: the name (or every name under *.), on its :PORT or else on 443 and 80, when it resolves to public addresses only, none of them the host's own",
 			"allowed: --allow-host 127.0.0.1:8080: given on the command line: exactly this host and port, even a loopback or private address",
 			"egress limits: at most 3 connections at once",
 			"idle both ways for 2s (--egress-idle)",
