@@ -36,10 +36,10 @@ type egressProxy struct {
 	allowHostAddrs []net.IP
 	hostAddrs      func() ([]net.IP, error)
 	hosts          map[string][]net.IP // from --resolve-file, looked at first
-	maxConns     int
-	idle         time.Duration
-	log          io.Writer // one line per decision and per close, without audit
-	audit        *auditor  // nil: decisions go to log only
+	maxConns       int
+	idle           time.Duration
+	log            io.Writer // one line per decision and per close, without audit
+	audit          *auditor  // nil: decisions go to log only
 
 	// ctl receives the relay's socket from pid 1; child is its other end,
 	// which run hands to the session as fdRelay and then closes.
