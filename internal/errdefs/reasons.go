@@ -116,6 +116,7 @@ const (
 	SessionUIDsExhausted Reason = "SESSION_UIDS_EXHAUSTED"
 	EgressDenied         Reason = "EGRESS_DENIED"
 	EgressConnections    Reason = "EGRESS_CONNECTIONS_EXHAUSTED"
+	EgressUnrecorded     Reason = "EGRESS_UNRECORDED"
 
 	ObjectTooLarge     Reason = "OBJECT_TOO_LARGE"
 	PackTooManyObjects Reason = "PACK_TOO_MANY_OBJECTS"

@@ -237,7 +237,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		p.Network.Limits = fmt.Sprintf("at most %d connections at once (--egress-conns; one more gets HTTP 503 EGRESS_CONNECTIONS_EXHAUSTED), each closed once idle both ways for %s (--egress-idle)", cfg.EgressConns, cfg.EgressIdle)
 		p.Network.Audit = "sandbox run's stderr, a line per decision and per close (no --audit-token-file)"
 		if cfg.AuditTokenFile != "" {
-			p.Network.Audit = "the broker: a network.egress event per decision and per close, on the task of " + cfg.AuditTokenFile + "'s grant (network.audit), written in batches; the session cannot read that token"
+			p.Network.Audit = "the broker: a network.egress event per decision and per close, on the task of " + cfg.AuditTokenFile + "'s grant (network.audit), written in batches, a connection's before it is made (and not made if it cannot be), denials past 20 a second counted in one summary a second; the session cannot read that token"
 		}
 		for _, d := range cfg.AllowDomains {
 			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "given on the command line: " + domainWhat})
@@ -417,7 +417,7 @@ func (p *Plan) checkAuditToken() {
 		return
 	}
 	p.Config.AuditTokenFile = real
-	p.Notes = append(p.Notes, "--audit-token-file: every egress decision is a network.egress event on the audit grant's task, recorded by sandbox run in batches (a second or 64 decisions)")
+	p.Notes = append(p.Notes, "--audit-token-file: every egress decision is a network.egress event on the audit grant's task, recorded by sandbox run in batches: an allowed connection's before it is made, the rest each second")
 }
 
 // checkAccess records what the session user could not reach.
