@@ -57,10 +57,10 @@ type egressProxy struct {
 	// denials paces the session's denied attempts.
 	denials *pacer
 	wg      sync.WaitGroup
-	mu       sync.Mutex
-	ln       net.Listener // the relay's socket, once pid 1 sent it
-	conns    map[net.Conn]bool
-	logMu    sync.Mutex
+	mu      sync.Mutex
+	ln      net.Listener // the relay's socket, once pid 1 sent it
+	conns   map[net.Conn]bool
+	logMu   sync.Mutex
 	// lastConn numbers the session's connections to the proxy (the
 	// decision's conn).
 	lastConn atomic.Int64
