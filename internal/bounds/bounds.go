@@ -59,6 +59,7 @@ var Limits = []Limit{
 	{Name: "nofile", Kind: Count, Default: "1024", Min: 1, Help: "RLIMIT_NOFILE: the open files of each session process"},
 	{Name: "fsize", Kind: Size, Default: "4G", Min: 1, Help: "RLIMIT_FSIZE: the largest file a session process may write"},
 	{Name: "timeout", Kind: Duration, Default: "2h", Min: 1, Help: "how long the session may run (SIGTERM, then SIGKILL; its status is 124)"},
+	{Name: "disk", Kind: Size, Default: "1G", Min: 1 << 20, Help: "what the session may write to its /tmp, HOME and a workspace the launcher made, together: one tmpfs of this size (charged to its memory)"},
 }
 
 // Lookup returns the limit called name.

@@ -163,6 +163,7 @@ const (
 	LaunchSetInvalid Reason = "LAUNCH_SET_INVALID"
 	SessionLimit     Reason = "SESSION_LIMIT"
 	SessionNotFound  Reason = "SESSION_NOT_FOUND"
+	SessionRunning   Reason = "SESSION_RUNNING"
 	WorkspaceInvalid Reason = "WORKSPACE_INVALID"
 	// sandbox run --end-with: the session that launched this one has ended.
 	LaunchingSessionEnded Reason = "LAUNCHING_SESSION_ENDED"

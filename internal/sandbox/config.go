@@ -162,6 +162,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.Float64Var(&c.Limits.CPU, "cpu", 0, "the CPU time the session may use, in CPUs (0.5 = half of one), through a cgroup")
 	fs.Uint64Var(&c.Limits.NoFile, "nofile", 0, "RLIMIT_NOFILE: the most open files per session process")
 	fs.Var(size.Value{P: &c.Limits.FSize}, "fsize", "RLIMIT_FSIZE: the largest file a session process may write (64M, 1G)")
+	fs.Var(size.Value{P: &c.Limits.Disk}, "disk", "what the session may write to its run directory (HOME, /tmp) and a workspace on the same file system, together (64M, 1G): run checks the run directory is on a tmpfs of at most this size (sandbox serve mounts one per session) and refuses otherwise; a workspace elsewhere is outside it")
 	fs.DurationVar(&c.Limits.Timeout, "timeout", 0, "end the session after this long (SIGTERM, SIGKILL 5s later); run exits 124")
 	fs.Var(&cgroupParents, "cgroup-parent", "a cgroup directory (of the session that launched this one) this session's cgroup nests in, one per cgroup v1 controller; set by sandbox serve (repeatable)")
 	fs.StringVar(&c.EndWith, "end-with", "", "PID:STARTTIME of a process (the launching session's sandbox run): end this session when it ends; set by sandbox serve")

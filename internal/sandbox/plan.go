@@ -302,6 +302,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	}
 	p.addSocketGroups()
 	p.checkSession()
+	p.checkDisk()
 	p.Env = cfg.sessionEnv(p)
 	p.checkAccess()
 	return p, nil
