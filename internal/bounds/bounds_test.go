@@ -41,7 +41,7 @@ func TestParseFormat(t *testing.T) {
 			t.Errorf("%s of a 60000-byte value: an error of %d bytes", l.Name, len(fmt.Sprint(err)))
 		}
 	}
-	if _, err := ParseValues(map[string]string{"disk": "1G"}); err == nil {
+	if _, err := ParseValues(map[string]string{"swap": "1G"}); err == nil {
 		t.Error("an unknown limit was accepted")
 	}
 	// Every default parses: sandbox serve's flags start from them.

@@ -85,6 +85,12 @@ func TestSettle(t *testing.T) {
 		// more than the grant's.
 		{"a port outside the grant's", nil, &launchv1.LaunchRequest{Net: "proxy", AllowDomains: []string{"api.example.com:8443", "api.example.com:443"}},
 			nil, []string{"--allow-domain api.example.com:8443 (not in the grant's --launch-allow-domain)"}},
+		// --disk is one limit of the table: a worker of a lead with a
+		// disk gets no more than it, asked for or not.
+		{"a lead's disk", &sandbox.SessionBounds{Net: "none", Limits: map[string]string{"disk": "256M"}, Cgroup: []string{"/sys/fs/cgroup/pids/bushost-sandbox-1"}, PID: 42, Start: 7}, &launchv1.LaunchRequest{},
+			map[string]string{"memory": "1G", "pids": "256", "timeout": "2h0m0s", "disk": "256M"}, nil},
+		{"over a lead's disk", &sandbox.SessionBounds{Net: "none", Limits: map[string]string{"disk": "256M"}, PID: 42, Start: 7}, &launchv1.LaunchRequest{Limits: map[string]string{"disk": "512M"}},
+			nil, []string{"--disk 512M (above the calling session's own 256M)"}},
 		{"a none lead", &sandbox.SessionBounds{Net: "none"}, &launchv1.LaunchRequest{Net: "proxy"}, nil, []string{"--net=proxy (the calling session has --net=none)"}},
 		{"a proxy lead, no allow-list asked", &sandbox.SessionBounds{Net: "proxy", AllowDomains: []string{"api.example.com", "example.org"}, AllowHosts: []string{"db:5432"},
 			Cgroup: []string{"/sys/fs/cgroup/pids/bushost-sandbox-1"}, PID: 42, Start: 7},
