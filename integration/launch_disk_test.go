@@ -81,11 +81,17 @@ func TestLaunchDisk(t *testing.T) {
 	}
 
 	three := launch("64M", `
+head -c 1048576 /dev/zero > /dev/shm/s && [ -f /tmp/s ]; echo "shm=$?"
+touch /dev/x 2>/dev/null; echo "dev=$?"
 head -c 31457280 /dev/zero > /tmp/a; echo "tmp=$?"
 head -c 31457280 /dev/zero > "$HOME/b"; echo "home=$?"
 head -c 31457280 /dev/zero > "$PWD/c"; echo "ws=$?"
 exit 0`)
 	out := logs(three)
+	// /dev/shm is on the disk too, and /dev's own tmpfs is read-only.
+	if !strings.Contains(out, "shm=0") || !strings.Contains(out, "dev=1") {
+		t.Errorf("/dev/shm on the disk, /dev not writable: want shm=0 and dev=1:\n%s", out)
+	}
 	if !strings.Contains(out, "tmp=0") || !strings.Contains(out, "home=0") || !strings.Contains(out, "ws=1") || !strings.Contains(out, "No space left on device") {
 		t.Fatalf("30 MB each to /tmp, HOME and the workspace on a 64M disk: want the third refused with ENOSPC:\n%s", out)
 	}

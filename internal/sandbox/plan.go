@@ -150,6 +150,14 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		Bind{KindDev, "", "/dev", "a minimal /dev (null, zero, full, random, urandom, tty, a private pts): no host device"},
 		Bind{KindBind, p.Tmp, "/tmp", "the session's private /tmp, on disk in the run directory so the host can read it after the session"},
 	)
+	if cfg.Limits.Disk > 0 {
+		// bwrap's /dev is a tmpfs of its own, writable by the session:
+		// with a disk, everything it writes is on that disk.
+		p.Binds = append(p.Binds,
+			Bind{KindBind, p.Tmp, "/dev/shm", "--disk: POSIX shared memory in the session's /tmp, on its disk, so that it counts against --disk"},
+			Bind{KindRemountRO, "", "/dev", "--disk: nothing else is written to /dev's own tmpfs, which --disk would not bound"},
+		)
+	}
 
 	caller := []Bind{
 		{KindBind, p.Workspace, p.Workspace, "the workspace: the session's work, which leaves only as a git bundle pushed through the git socket; bound from the descriptor opened and checked first (bwrap --bind-fd), never from the path again"},
