@@ -15,9 +15,9 @@ import (
 // bounded, and writes past it fail with ENOSPC inside; nothing on the
 // host's own file systems fills (they have no quotas here). Its pages are
 // charged to the memory cgroup of the process that wrote them, so a
-// session with --memory M writes at most about M of it while it runs (its
-// writer is OOM-killed first), and what it left stays in the host's
-// memory until the file system is unmounted.
+// session with --memory M writes at most about M of it while it runs (the
+// OOM killer ends one of its processes first), and what it left stays in
+// the host's memory until the file system is unmounted.
 
 // diskInodes bounds a disk's files: one per 8 KiB of it, at least 4096.
 func diskInodes(size int64) int64 { return max(size/8192, 4096) }
