@@ -94,6 +94,33 @@ func TestSupervisorRestoresRules(t *testing.T) {
 		t.Fatalf("agent edit: %v: %s", err, out)
 	}
 	e.waitFor("the second forgery written back", 10*time.Second, func() bool { return read() == want && len(restored()) == 2 })
+
+	// The agent takes the group's write away (it owns the file), then
+	// forges: the supervisor cannot write it back, and says so once.
+	mustWrite(t, filepath.Join(e.base, "forged"), strings.Replace(read(), "Never edit infra/.", "Edit infra/.", 1), 0o644)
+	if out, err := e.asAgent("chmod 0644 " + agents + " && cat " + filepath.Join(e.base, "forged") + " > " + agents); err != nil {
+		t.Fatalf("agent edit: %v: %s", err, out)
+	}
+	failed := func() []supervisor.Notification {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []supervisor.Notification
+		for _, n := range got {
+			if n.Event == supervisor.EventRulesRestoreFailed {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	e.waitFor("the rules_restore_failed notification", 10*time.Second, func() bool { return len(failed()) > 0 })
+	if n := failed(); len(n) != 1 || !strings.Contains(n[0].Error, "permission denied") {
+		t.Errorf("rules_restore_failed: %+v, want one naming the permission", n)
+	}
+	// Writable again: written back.
+	if out, err := e.asAgent("chmod 0664 " + agents); err != nil {
+		t.Fatalf("agent chmod: %v: %s", err, out)
+	}
+	e.waitFor("the third forgery written back", 10*time.Second, func() bool { return read() == want && len(restored()) == 3 })
 	if !strings.Contains(e.out.String(), "AGENTS.md's rules part was changed") {
 		t.Errorf("the restore is not in the log:\n%s", e.out.String())
 	}

@@ -109,9 +109,14 @@ func notesBelowSentinel(old []byte) (string, bool) {
 	return "", false
 }
 
-// EventRulesRestored is the notification of a rules part of AGENTS.md the
-// agent changed and the supervisor wrote back.
-const EventRulesRestored = "rules_restored"
+// The notifications of the rules part of AGENTS.md: the agent changed it
+// and the supervisor wrote it back, or could not (the agent made the file
+// one the supervisor cannot write: init puts the rules back at the next
+// boot).
+const (
+	EventRulesRestored      = "rules_restored"
+	EventRulesRestoreFailed = "rules_restore_failed"
+)
 
 // rulesGuard keeps the rules part of AGENTS.md the host's while the
 // supervisor runs: the agent may edit the file (its notes), and a change
@@ -262,6 +267,7 @@ func (s *Supervisor) guardRules() {
 		if err.Error() != s.rules.failed {
 			s.rules.failed = err.Error()
 			s.fail("keep the rules part of AGENTS.md", err)
+			s.notify.send(Notification{Event: EventRulesRestoreFailed, Workspace: s.cfg.Workspace, Reason: "AGENTS.md could not be checked or written back", Error: err.Error(), Head: s.head, Good: s.good})
 		}
 		return
 	}
