@@ -116,7 +116,7 @@ func TestLaunchBeyondGrant(t *testing.T) {
 
 	// Every limit of sandbox run can be asked for through the launcher.
 	all, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",
-		"--memory", "128M", "--pids", "64", "--cpu", "0.5", "--nofile", "64", "--fsize", "1M", "--timeout", "10m", "--", "sh", "-c", "echo nofile $(ulimit -n) fsize $(ulimit -f)")
+		"--memory", "128M", "--pids", "64", "--cpu", "0.5", "--nofile", "64", "--fsize", "1M", "--timeout", "10m", "--disk", "64M", "--", "sh", "-c", "echo nofile $(ulimit -n) fsize $(ulimit -f)")
 	all = strings.TrimSpace(all)
 	if code != 0 {
 		t.Fatalf("session launch with every limit: exit %d\n%s", code, errOut)
@@ -127,7 +127,7 @@ func TestLaunchBeyondGrant(t *testing.T) {
 	if logs := e.h.Must(t, "session", "logs", all); !strings.Contains(logs, "nofile 64 fsize 2048") {
 		t.Errorf("a session launched with --nofile 64 --fsize 1M sees:\n%s", logs)
 	}
-	if got, _ := e.launchedEvent(t, all)["limits"].(map[string]any); fmt.Sprint(got) != "map[cpu:0.5 fsize:1M memory:128M nofile:64 pids:64 timeout:10m0s]" {
+	if got, _ := e.launchedEvent(t, all)["limits"].(map[string]any); fmt.Sprint(got) != "map[cpu:0.5 disk:64M fsize:1M memory:128M nofile:64 pids:64 timeout:10m0s]" {
 		t.Errorf("session.launched limits %v", got)
 	}
 

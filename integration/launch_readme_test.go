@@ -16,7 +16,7 @@ func TestLaunchREADME(t *testing.T) {
 		t.Skip("the README's launch is run as root")
 	}
 	text, errOut := runREADMESection(t, "A lead that launches a worker", "/var/tmp/bushost-launch-")
-	for _, want := range []string{"launched s-", "worker ended", "\nreview ", "session.launched", "session.ended", "action.allowed", "exited"} {
+	for _, want := range []string{"launched s-", "worker ended", "\nreview ", "session.launched", "session.ended", "action.allowed", "exited", "removed session s-"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the README's launch printed no %q:\n%s\n%s", want, text, errOut)
 		}

@@ -70,6 +70,14 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 			}
 		}
 		e.stop(t)
+		// The disks of sessions whose workspace is still kept (sandbox
+		// serve --keep-workspaces) are tmpfs mounts: gone with the test.
+		disks, _ := filepath.Glob(filepath.Join(h.Home, "sessions", "*", "disk"))
+		for _, d := range disks {
+			if err := syscall.Unmount(d, syscall.MNT_DETACH); err != nil && err != syscall.EINVAL {
+				t.Errorf("unmount %s: %v", d, err)
+			}
+		}
 		// A failed test may leave what the launcher no longer follows:
 		// every recorded process still there is killed.
 		recs, _ := filepath.Glob(filepath.Join(h.Home, "sessions", "*", "record.json"))

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // requireTools fails under CI and skips elsewhere when a program a session
@@ -73,10 +75,11 @@ func TestSandboxNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := egressDirs(t)
-	proxy := []string{"--net=proxy", "--allow-host", allowed, "--allow-domain", "*.allowed.test", "--allow-domain", "localhost", "--resolve-file", hosts}
+	_, port, _ := net.SplitHostPort(allowed)
+	// With the server's port: a name alone opens 443 and 80 only.
+	proxy := []string{"--net=proxy", "--allow-host", allowed, "--allow-domain", "*.allowed.test:" + port, "--allow-domain", "localhost:" + port, "--resolve-file", hosts}
 
 	t.Run("proxy", func(t *testing.T) {
-		_, port, _ := net.SplitHostPort(allowed)
 		script := `
 curl -sS http://` + allowed + `/; echo "via-relay=$?"
 curl -sS -x socks5h://127.0.0.1:3128 http://` + allowed + `/; echo "via-socks=$?"
@@ -156,7 +159,7 @@ curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
 		if code != 0 {
 			t.Fatalf("explain: exit %d\n%s%s", code, out, errOut)
 		}
-		for _, want := range []string{"network: proxy:", "relay: 127.0.0.1:3128", "allowed: --allow-host " + allowed, "allowed: --allow-domain *.allowed.test", "hands it to the egress proxy",
+		for _, want := range []string{"network: proxy:", "relay: 127.0.0.1:3128", "allowed: --allow-host " + allowed, "allowed: --allow-domain *.allowed.test:" + port, "hands it to the egress proxy",
 			"egress limits: at most 64 connections at once", "egress decisions: to sandbox run's stderr"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("explain lacks %q:\n%s", want, out)
@@ -170,6 +173,99 @@ curl -sS -m 5 -x http://127.0.0.1:3128 http://`+allowed+`/; echo "relay=$?"
 		if !slices.Contains(before, d) {
 			t.Errorf("left behind: %s", d)
 		}
+	}
+}
+
+// hostAddress is an address of one of the host's interfaces other than
+// loopback, one in no private or reserved range if there is one.
+func hostAddress(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := ""
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok || n.IP.To4() == nil || n.IP.IsLoopback() {
+			continue
+		}
+		if found == "" || net.ParseIP(found).IsPrivate() && !n.IP.IsPrivate() {
+			found = n.IP.String()
+		}
+	}
+	if found == "" {
+		testenv.Missing(t, "a non-loopback IPv4 address on this host", "to resolve a name to")
+	}
+	return found
+}
+
+// anyServer serves "hello from PORT" on every address of the host
+// (0.0.0.0), as a host service bound to all interfaces does, and counts
+// the requests; it returns the port.
+func anyServer(t *testing.T) (string, *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	var n atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		fmt.Fprintf(w, "hello from %s\n", port)
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return port, &n
+}
+
+// TestSandboxNetworkHostAddress: a name the allow-list allows that
+// resolves to one of the host's own addresses (not loopback: the
+// interface a service bound to 0.0.0.0 answers on) is refused, unless
+// --allow-host-address names it; and NAME:PORT reaches that port alone.
+func TestSandboxNetworkHostAddress(t *testing.T) {
+	requireTools(t, "/usr/bin/curl")
+	e := newSandboxEnv(t)
+	addr := hostAddress(t)
+	named, namedHits := anyServer(t)
+	other, otherHits := anyServer(t)
+	hosts := filepath.Join(e.base, "hosts-self")
+	if err := os.WriteFile(hosts, []byte(addr+" self.host.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := `
+curl -sS -w ' code=%{http_code}' http://self.host.test:` + named + `/; echo " named=$?"
+curl -sS -w ' code=%{http_code}' http://self.host.test:` + other + `/; echo " other=$?"
+`
+	base := []string{"--net=proxy", "--allow-domain", "self.host.test:" + named, "--resolve-file", hosts}
+
+	out, errOut, code := e.runIn(t, base, "sh", "-c", script)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "EGRESS_DENIED: self.host.test resolves to "+addr) || !strings.Contains(out, "code=403 named=0") {
+		t.Errorf("a name resolving to the host's %s was not refused:\n%s\nstderr:\n%s", addr, out, errOut)
+	}
+	if namedHits.Load() != 0 || otherHits.Load() != 0 {
+		t.Fatalf("the host's services were reached: %d and %d requests", namedHits.Load(), otherHits.Load())
+	}
+	t.Logf("refused: %s", out)
+
+	out, errOut, code = e.runIn(t, append(base, "--allow-host-address", addr), "sh", "-c", script)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{
+		"hello from " + named + "\n code=200 named=0",
+		"EGRESS_DENIED: self.host.test:" + other + " is not named by --allow-domain",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("with --allow-host-address %s: output lacks %q:\n%s\nstderr:\n%s", addr, want, out, errOut)
+		}
+	}
+	if namedHits.Load() != 1 || otherHits.Load() != 0 {
+		t.Errorf("requests: %d to the port named, %d to the other; want 1 and 0", namedHits.Load(), otherHits.Load())
 	}
 }
 
@@ -546,14 +642,22 @@ i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do curl -s -o /dev/null -w '%{http_co
 		t.Errorf("decisions the broker refused:\n%s", errOut)
 	}
 	decisions, peers := egressEvents(t, h)
-	denied := 0
+	denied, summarised, connEvents := 0, 0, 0
 	for _, d := range decisions {
-		if d["decision"] == "denied" {
+		switch d["decision"] {
+		case "denied":
 			denied++
+		case "denied_summary":
+			n, _ := d["denied"].(float64)
+			summarised += int(n)
+		default:
+			connEvents++
 		}
 	}
-	if denied != n || len(decisions) != n+2 {
-		t.Errorf("%d network.egress events, %d of them denied; want %d, %d (each decision and close its own event)", len(decisions), denied, n+2, n)
+	// Each denial is an event of its own, or counted in the summary of
+	// its second past the bound of those.
+	if denied+summarised != n || connEvents != 2 {
+		t.Errorf("%d denials one by one and %d in summaries, want %d in all; %d events of the allowed connection, want 2", denied, summarised, n, connEvents)
 	}
 	// Each bushost call the launcher made is one peer: fewer calls than
 	// events means the writes were batched.
@@ -600,6 +704,118 @@ i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do curl -s -o /dev/null -w '%{http_co
 		t.Errorf("the log says %v decisions were not recorded; stderr has %d", told, onStderr)
 	}
 	t.Logf("%d decisions in the log, %d on stderr; events: %v", inLog, onStderr, decisions)
+}
+
+// floodClient, in a session, sends denied CONNECTs from four threads for
+// 14 s and, 7 s in, one GET through the proxy to the allowed server; it
+// prints the GET's status and how many denials the threads saw.
+const floodClient = `
+import socket, sys, threading, time, urllib.request
+allowed, denied = sys.argv[1], sys.argv[2]
+end = time.time() + 14
+counts = [0, 0, 0, 0]
+def flood(i):
+    while time.time() < end:
+        try:
+            s = socket.create_connection(("127.0.0.1", 3128), 10)
+            s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (denied, denied)).encode())
+            s.settimeout(30)
+            if s.recv(4096).startswith(b"HTTP/1.1 403"):
+                counts[i] += 1
+            s.close()
+        except OSError:
+            pass
+threads = [threading.Thread(target=flood, args=(i,)) for i in range(4)]
+for t in threads:
+    t.start()
+time.sleep(7)
+try:
+    body = urllib.request.urlopen("http://%s/" % allowed, timeout=30).read().decode()
+    print("get: 200 %s" % body.strip())
+except Exception as e:
+    print("get: %s" % e)
+for t in threads:
+    t.join()
+print("denials: %d" % sum(counts))
+`
+
+// TestSandboxNetworkAuditFlood: denied CONNECTs from four threads for
+// 14 s cannot make the audit lose the allowed GET made in the middle: its
+// allowed and closed events are in the log, every denial is an event or
+// counted in a denied_summary, and none of it was dropped. With the
+// broker unreachable, the allowed connection is not made at all.
+func TestSandboxNetworkAuditFlood(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes a group and runs the session as a uid of its own")
+	}
+	requireTools(t, "/usr/bin/python3")
+	h, flags, allowed := auditedSession(t)
+	other, otherHits := countingServer(t)
+	out, errOut, code := runSandbox(t, bin(t, "sandbox"), append(flags, "/usr/bin/python3", "-c", floodClient, allowed, other)...)
+	if code != 0 || !strings.Contains(out, "get: 200 hello from "+allowed) {
+		t.Fatalf("exit %d: want the allowed GET answered\n%s%s", code, out, errOut)
+	}
+	var sent int64
+	if _, err := fmt.Sscanf(out[strings.Index(out, "denials: "):], "denials: %d", &sent); err != nil || sent == 0 {
+		t.Fatalf("no denials counted: %v\n%s", err, out)
+	}
+	if otherHits.Load() != 0 {
+		t.Errorf("the server not allowed was reached")
+	}
+	decisions, _ := egressEvents(t, h)
+	allowedPort, _ := strconv.Atoi(allowed[strings.LastIndex(allowed, ":")+1:])
+	var nAllowed, nClosed, nDenied, summarised, summaries int64
+	for _, d := range decisions {
+		port, _ := d["port"].(float64)
+		switch d["decision"] {
+		case "allowed":
+			if int(port) == allowedPort {
+				nAllowed++
+			}
+		case "closed":
+			if int(port) == allowedPort {
+				nClosed++
+			}
+		case "denied":
+			nDenied++
+		case "denied_summary":
+			summaries++
+			n, _ := d["denied"].(float64)
+			summarised += int64(n)
+			if top, _ := d["top"].([]any); len(top) == 0 || !strings.Contains(fmt.Sprint(top[0]), other) {
+				t.Errorf("a summary without the denied destination first: %v", d)
+			}
+		default:
+			t.Errorf("unexpected event %v", d)
+		}
+	}
+	if nAllowed != 1 || nClosed != 1 {
+		t.Errorf("the allowed GET: %d allowed and %d closed events, want 1 each", nAllowed, nClosed)
+	}
+	if nDenied+summarised != sent || summaries == 0 {
+		t.Errorf("%d denials seen by the session; the log has %d one by one and %d in %d summaries", sent, nDenied, summarised, summaries)
+	}
+	if strings.Contains(errOut, "unrecorded") {
+		t.Errorf("decisions the broker did not take:\n%s", errOut)
+	}
+	t.Logf("%d denials in 14 s (paced): %d events of their own, %d in %d summaries; %d network.egress events in all", sent, nDenied, summarised, summaries, len(decisions))
+
+	// The broker gone (its socket left behind, as a crash leaves it): the
+	// allowed connection cannot be recorded, so it is not made.
+	h.Kill()
+	second, secondHits := countingServer(t)
+	flags = append(slices.Clone(flags[:len(flags)-1]), "--allow-host", second, "--")
+	out, errOut, code = runSandbox(t, bin(t, "sandbox"), append(flags, "sh", "-c",
+		`curl -sS -w ' code=%{http_code}' http://`+second+`/; echo " get=$?"`)...)
+	if code != 0 || !strings.Contains(out, "EGRESS_UNRECORDED") || !strings.Contains(out, "code=503 get=0") {
+		t.Errorf("with the broker unreachable: exit %d, want the allowed GET refused 503 EGRESS_UNRECORDED\n%s%s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "network.egress refused "+second+": EGRESS_UNRECORDED") {
+		t.Errorf("the refusal is not on stderr:\n%s", errOut)
+	}
+	if n := secondHits.Load(); n != 0 {
+		t.Errorf("the server was reached %d times although the connection could not be recorded", n)
+	}
 }
 
 // hostileClient is run in a --net=proxy session and tries to get at the

@@ -138,3 +138,43 @@ func TestSandboxTIOCSETD(t *testing.T) {
 	}
 	e.assertUnchanged(t, snap)
 }
+
+// TestSandboxTermiosRestored: a session given the caller's terminal as its
+// stdin switches echo and canonical mode off (`stty -echo -icanon`) and
+// exits; the caller's termios is as it was before the session.
+func TestSandboxTermiosRestored(t *testing.T) {
+	e := newSandboxEnv(t)
+	termios := func(slave *os.File) unix.Termios {
+		t.Helper()
+		tio, err := unix.IoctlGetTermios(int(slave.Fd()), unix.TCGETS)
+		if err != nil {
+			t.Fatalf("TCGETS: %v", err)
+		}
+		return *tio
+	}
+	// The control: outside the sandbox, stty changes the terminal for good.
+	_, slave := openPty(t)
+	before := termios(slave)
+	if before.Lflag&(unix.ECHO|unix.ICANON) != unix.ECHO|unix.ICANON {
+		t.Fatalf("a new pty without echo or canonical mode: lflag %#x", before.Lflag)
+	}
+	if out, code := runOnTty(t, slave, "/usr/bin/stty", "-echo", "-icanon"); code != 0 {
+		t.Fatalf("control: stty: exit %d: %s", code, out)
+	}
+	if after := termios(slave); after.Lflag&(unix.ECHO|unix.ICANON) != 0 {
+		t.Fatalf("control: stty -echo -icanon left lflag %#x", after.Lflag)
+	}
+
+	_, slave = openPty(t)
+	before = termios(slave)
+	snap := e.snapshot(t)
+	args := append([]string{e.sandbox, "run"}, e.flags("git.push.working")...)
+	out, code := runOnTty(t, slave, append(args, "--", "/bin/sh", "-c", "stty -echo -icanon && stty -a")...)
+	if code != 0 || !strings.Contains(out, "-icanon") || !strings.Contains(out, "-echo ") {
+		t.Fatalf("the session's stty: exit %d: %s", code, out)
+	}
+	if after := termios(slave); after != before {
+		t.Errorf("the caller's termios changed: %+v -> %+v", before, after)
+	}
+	e.assertUnchanged(t, snap)
+}

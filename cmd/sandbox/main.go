@@ -32,12 +32,12 @@ const usage = `usage:
   sandbox prepare --run-dir D --business B --project P --task T --role R --caps C,... --token-file F [--git-name N --git-email E]
   sandbox explain [--json] --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--launch-socket L] [--net=none|proxy|host] [--ro PATH]...
   sandbox run --run-dir D --workspace W --role R --caps C,... --broker-socket S [--git-socket G] [--launch-socket L] [--net=none|proxy|host] [--ro PATH]...
-              [--allow-domain PATTERN]... [--allow-host HOST:PORT]... [--resolve-file F] [--audit-token-file F] [--egress-conns N] [--egress-idle D]
-              [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--fresh-home]
+              [--allow-domain NAME[:PORT]]... [--allow-host HOST:PORT]... [--allow-host-address ADDR]... [--resolve-file F] [--audit-token-file F] [--egress-conns N] [--egress-idle D]
+              [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--disk SIZE] [--fresh-home]
               [--user U | --uid-range LOW-HIGH] [--state-dir DIR] [--allow-abstract-sockets]
               [--cgroup-parent DIR]... [--end-with PID:START] -- COMMAND...
   sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N]
-              [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D] [--default-LIMIT V]... [socket limits...]
+              [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D] [--keep-workspaces D] [--default-LIMIT V]... [socket limits...]
   (sandbox run -h lists every flag)
 `
 
@@ -72,7 +72,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	)
 	root.AddCommand(cmdline.Passthrough("serve", "serve the launch socket: sessions launched by a grant with session.launch",
 		"usage: sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]\n"+
-			"                     [--default-memory SIZE] [--default-pids N] [--default-cpu F] [--default-nofile N] [--default-fsize SIZE] [--default-timeout D]\n"+
+			"                     [--keep-workspaces D] [--default-memory SIZE] [--default-pids N] [--default-cpu F] [--default-nofile N] [--default-fsize SIZE]\n"+
+			"                     [--default-timeout D] [--default-disk SIZE]\n"+
 			"                     [--max-conns N] [--max-in-flight N] [--max-conns-per-uid N] [--max-calls-per-uid N] [--reserved-conns N] [--reserved-calls N]\n"+
 			"                     [--max-calls-per-grant N] [--request-timeout D] [--idle-timeout D]\n\n"+
 			"serve LaunchService on DIR/launch.sock (docs/launch.md), as root. The server is bushostd's\n"+

@@ -59,6 +59,7 @@ var Limits = []Limit{
 	{Name: "nofile", Kind: Count, Default: "1024", Min: 1, Help: "RLIMIT_NOFILE: the open files of each session process"},
 	{Name: "fsize", Kind: Size, Default: "4G", Min: 1, Help: "RLIMIT_FSIZE: the largest file a session process may write"},
 	{Name: "timeout", Kind: Duration, Default: "2h", Min: 1, Help: "how long the session may run (SIGTERM, then SIGKILL; its status is 124)"},
+	{Name: "disk", Kind: Size, Default: "1G", Min: 1 << 20, Help: "what the session may write to its /tmp, HOME and a workspace the launcher made, together: one tmpfs of this size (charged to its memory)"},
 }
 
 // Lookup returns the limit called name.
@@ -274,11 +275,34 @@ func TaskAllowed(pattern, own, task string) bool {
 	return err == nil && ok
 }
 
-// CheckDomainPattern accepts "api.example.com" and "*.example.com".
+// DefaultDomainPorts are the ports an --allow-domain NAME without :PORT
+// opens: HTTPS and HTTP, nothing else.
+var DefaultDomainPorts = []int{443, 80}
+
+// SplitDomainPattern splits NAME[:PORT] into the name pattern and the
+// ports it opens (DefaultDomainPorts without a port).
+func SplitDomainPattern(p string) (string, []int, error) {
+	name, port, hasPort := strings.Cut(p, ":")
+	if !hasPort {
+		return name, DefaultDomainPorts, nil
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != port {
+		return "", nil, fmt.Errorf("--allow-domain %q: want NAME[:PORT] with a port from 1 to 65535", clip(p))
+	}
+	return name, []int{n}, nil
+}
+
+// CheckDomainPattern accepts "api.example.com" and "*.example.com", each
+// with an optional ":PORT" (without one, DefaultDomainPorts).
 func CheckDomainPattern(p string) error {
-	name := strings.TrimPrefix(p, "*.")
+	name, _, err := SplitDomainPattern(p)
+	if err != nil {
+		return err
+	}
+	name = strings.TrimPrefix(name, "*.")
 	if name == "" || len(name) > 253 || strings.Contains(name, "*") || strings.HasPrefix(name, ".") || strings.HasSuffix(name, ".") {
-		return fmt.Errorf("--allow-domain %q: want a name (api.example.com) or *.NAME (*.example.com)", clip(p))
+		return fmt.Errorf("--allow-domain %q: want a name (api.example.com) or *.NAME (*.example.com), then :PORT if not 443 and 80", clip(p))
 	}
 	for _, label := range strings.Split(name, ".") {
 		if label == "" || len(label) > 63 {
@@ -291,6 +315,20 @@ func CheckDomainPattern(p string) error {
 		}
 	}
 	return nil
+}
+
+// DomainAllows reports whether the domain pattern p (NAME[:PORT]) lets a
+// connection to name:port through.
+func DomainAllows(p, name string, port int) bool {
+	pname, ports, err := SplitDomainPattern(strings.ToLower(p))
+	if err != nil || !slices.Contains(ports, port) {
+		return false
+	}
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	if rest, ok := strings.CutPrefix(pname, "*."); ok {
+		return strings.HasSuffix(name, "."+rest)
+	}
+	return name == pname
 }
 
 // CheckHostPort accepts HOST:PORT with a port from 1 to 65535.
@@ -306,17 +344,33 @@ func CheckHostPort(s string) error {
 }
 
 // DomainCovered reports whether the domain pattern p allows no more than
-// one of patterns does: p itself is there, or a *.NAME there covers it
-// (api.example.com and *.api.example.com under *.example.com).
+// one of patterns does: its name is there, or under a *.NAME there
+// (api.example.com and *.api.example.com under *.example.com), with every
+// port p opens (api.example.com, 443 and 80, is not under
+// *.example.com:443).
 func DomainCovered(patterns []string, p string) bool {
-	p = strings.ToLower(p)
-	name := strings.TrimPrefix(p, "*.")
+	name, ports, err := SplitDomainPattern(strings.ToLower(p))
+	if err != nil {
+		return false
+	}
+	bare := strings.TrimPrefix(name, "*.")
 	for _, q := range patterns {
-		q = strings.ToLower(q)
-		if q == p {
+		qname, qports, err := SplitDomainPattern(strings.ToLower(q))
+		if err != nil {
+			continue
+		}
+		for _, port := range ports {
+			if !slices.Contains(qports, port) {
+				qname = ""
+			}
+		}
+		if qname == "" {
+			continue
+		}
+		if qname == name {
 			return true
 		}
-		if rest, ok := strings.CutPrefix(q, "*."); ok && strings.HasSuffix(name, "."+rest) {
+		if rest, ok := strings.CutPrefix(qname, "*."); ok && strings.HasSuffix(bare, "."+rest) {
 			return true
 		}
 	}

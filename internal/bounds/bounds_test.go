@@ -41,7 +41,7 @@ func TestParseFormat(t *testing.T) {
 			t.Errorf("%s of a 60000-byte value: an error of %d bytes", l.Name, len(fmt.Sprint(err)))
 		}
 	}
-	if _, err := ParseValues(map[string]string{"disk": "1G"}); err == nil {
+	if _, err := ParseValues(map[string]string{"swap": "1G"}); err == nil {
 		t.Error("an unknown limit was accepted")
 	}
 	// Every default parses: sandbox serve's flags start from them.
@@ -64,7 +64,7 @@ func TestLaunchCheck(t *testing.T) {
 		t.Fatalf("Check = %+v %v, want %+v", got, err, want)
 	}
 	for _, bad := range []Launch{
-		{Nets: []string{"everything"}}, {Max: map[string]string{"pids": "many"}}, {Max: map[string]string{"disk": "1G"}},
+		{Nets: []string{"everything"}}, {Max: map[string]string{"pids": "many"}}, {Max: map[string]string{"swap": "1G"}},
 		{Tasks: "../x"}, {Tasks: "T1"}, {AllowDomains: []string{"*"}}, {AllowHosts: []string{"db"}},
 		{AllowHosts: make([]string, maxAllow+1)},
 	} {
@@ -82,6 +82,36 @@ func TestCovered(t *testing.T) {
 	} {
 		if got := DomainCovered(lead, p); got != want {
 			t.Errorf("DomainCovered(%q) = %v, want %v", p, got, want)
+		}
+	}
+	// A port is part of what a pattern allows: a name without one opens
+	// 443 and 80, and is covered only where both are.
+	ported := []string{"*.example.com:8443", "api.other.org", "*.web.org:443"}
+	for p, want := range map[string]bool{
+		"api.example.com:8443": true, "api.example.com": false, "api.example.com:443": false,
+		"api.other.org:443": true, "api.other.org:80": true, "api.other.org:8443": false,
+		"x.web.org:443": true, "x.web.org": false,
+	} {
+		if got := DomainCovered(ported, p); got != want {
+			t.Errorf("DomainCovered(%q, %q) = %v, want %v", ported, p, got, want)
+		}
+	}
+	for _, c := range []struct {
+		p, name string
+		port    int
+		want    bool
+	}{
+		{"api.example.com", "API.example.com.", 443, true}, {"api.example.com", "api.example.com", 80, true},
+		{"api.example.com", "api.example.com", 8443, false}, {"*.example.com:8443", "a.example.com", 8443, true},
+		{"*.example.com:8443", "a.example.com", 443, false}, {"*.example.com", "example.com", 443, false},
+	} {
+		if got := DomainAllows(c.p, c.name, c.port); got != c.want {
+			t.Errorf("DomainAllows(%q, %q, %d) = %v, want %v", c.p, c.name, c.port, got, c.want)
+		}
+	}
+	for _, bad := range []string{"a.example.com:0", "a.example.com:65536", "a.example.com:08443", "a.example.com:", "a.example.com:x", ":443"} {
+		if CheckDomainPattern(bad) == nil {
+			t.Errorf("CheckDomainPattern(%q) accepted", bad)
 		}
 	}
 	if !HostCovered([]string{"db:5432"}, "DB:5432") || HostCovered([]string{"db:5432"}, "db:5433") {

@@ -179,7 +179,7 @@ func launchBoundsFlags(fs *pflag.FlagSet) *launchBoundsFlag {
 		l.max[lim.Name] = fs.String("launch-max-"+lim.Name, "", fmt.Sprintf("with --cap session.launch: the most --%s its launches may ask for: %s (default sandbox serve's --default-%s)", lim.Name, lim.Help, lim.Name))
 	}
 	fs.StringVar(&l.tasks, "launch-tasks", "", "with --cap session.launch: a pattern ('*' for any run of name characters) of the tasks of its project it may launch for (default its own task only)")
-	fs.StringArrayVar(&l.domains, "launch-allow-domain", nil, "with --cap session.launch: a domain (or *.NAME) a --net=proxy launch may be allowed (repeatable)")
+	fs.StringArrayVar(&l.domains, "launch-allow-domain", nil, "with --cap session.launch: a domain (or *.NAME), with :PORT or else 443 and 80, a --net=proxy launch may be allowed (repeatable)")
 	fs.StringArrayVar(&l.hosts, "launch-allow-host", nil, "with --cap session.launch: a HOST:PORT a --net=proxy launch may be allowed (repeatable)")
 	return l
 }

@@ -22,7 +22,7 @@ func init() {
 	register(&command{
 		words: "session launch",
 		short: "launch a confined session (sandbox serve)",
-		usage: "session launch --task T --role R --caps C,... [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--net=MODE] [--allow-domain D]... [--allow-host H:P]... [--workspace DIR] -- COMMAND...",
+		usage: "session launch --task T --role R --caps C,... [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--disk SIZE] [--net=MODE] [--allow-domain D]... [--allow-host H:P]... [--workspace DIR] -- COMMAND...",
 		help:  "Launch a session for task T of the launcher grant's project (sandbox serve on launch.sock), with a role and capabilities from the grant's --launch set; prints the session id. Its network and limits are at most what the grant's launch set allows and, from inside a session, what that session has; a limit not given gets sandbox serve's default, bounded the same way.",
 		args:  cobra.ArbitraryArgs,
 		setup: runSessionLaunch,
@@ -49,6 +49,14 @@ func init() {
 		help:  "Stop session ID: SIGTERM, then SIGKILL after sandbox serve's --stop-grace; returns once it has ended.",
 		args:  cobra.ArbitraryArgs,
 		setup: runSessionStop,
+	})
+	register(&command{
+		words: "session rm",
+		short: "remove an ended session and its workspace",
+		usage: "session rm ID",
+		help:  "Remove session ID, which has ended: the workspace the launcher made for it (with --disk, its whole disk), its output and its record; it is listed no more. A workspace of the caller's own (--workspace) is left alone. Without it, the launcher removes that workspace sandbox serve's --keep-workspaces after the session ended.",
+		args:  cobra.ArbitraryArgs,
+		setup: runSessionRm,
 	})
 	register(&command{
 		words: "session logs",
@@ -97,7 +105,7 @@ func runSessionLaunch(fs *pflag.FlagSet) runFunc {
 		limits[l.Name] = fs.String(l.Name, "", l.Help+" (default sandbox serve's --default-"+l.Name+", within the grant's and the calling session's)")
 	}
 	net := fs.String("net", "none", "the session's network: none, proxy or host (one the grant's --launch-net names)")
-	domains := fs.StringArray("allow-domain", nil, "with --net=proxy: a domain (or *.NAME) the session may reach, within the grant's --launch-allow-domain (repeatable; default the grant's)")
+	domains := fs.StringArray("allow-domain", nil, "with --net=proxy: a domain (or *.NAME), with :PORT or else 443 and 80, the session may reach, within the grant's --launch-allow-domain (repeatable; default the grant's)")
 	hosts := fs.StringArray("allow-host", nil, "with --net=proxy: a HOST:PORT the session may reach, within the grant's --launch-allow-host (repeatable; default the grant's)")
 	ws := fs.String("workspace", "", "the session's workspace: an existing directory of yours (default: an empty one the launcher makes)")
 	fs.StringVar(&business, "business", "", "the task's business (default the launcher grant's)")
@@ -225,6 +233,22 @@ func runSessionStop(fs *pflag.FlagSet) runFunc {
 				return err
 			}
 			return brokerPrint(e, fmt.Sprintf("session %s %s (exit %d)", r.Session.Id, r.Session.State, r.Session.Exit), sessionJSON(r.Session))
+		})
+	}
+}
+
+func runSessionRm(fs *pflag.FlagSet) runFunc {
+	return func(ctx context.Context, e *Env, args []string) error {
+		id, err := oneID(args)
+		if err != nil {
+			return err
+		}
+		return launchCall(ctx, e, true, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
+			r, err := c.Remove(ctx, &launchv1.RemoveRequest{Id: id})
+			if err != nil {
+				return err
+			}
+			return brokerPrint(e, "removed session "+r.Session.Id, sessionJSON(r.Session))
 		})
 	}
 }

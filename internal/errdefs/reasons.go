@@ -128,6 +128,7 @@ const (
 	SessionUIDsExhausted Reason = "SESSION_UIDS_EXHAUSTED"
 	EgressDenied         Reason = "EGRESS_DENIED"
 	EgressConnections    Reason = "EGRESS_CONNECTIONS_EXHAUSTED"
+	EgressUnrecorded     Reason = "EGRESS_UNRECORDED"
 
 	ObjectTooLarge     Reason = "OBJECT_TOO_LARGE"
 	PackTooManyObjects Reason = "PACK_TOO_MANY_OBJECTS"
@@ -183,6 +184,7 @@ const (
 	LaunchSetInvalid Reason = "LAUNCH_SET_INVALID"
 	SessionLimit     Reason = "SESSION_LIMIT"
 	SessionNotFound  Reason = "SESSION_NOT_FOUND"
+	SessionRunning   Reason = "SESSION_RUNNING"
 	WorkspaceInvalid Reason = "WORKSPACE_INVALID"
 	// sandbox run --end-with: the session that launched this one has ended.
 	LaunchingSessionEnded Reason = "LAUNCHING_SESSION_ENDED"

@@ -69,6 +69,9 @@ type Options struct {
 	StopGrace time.Duration
 	// LogBytes bounds what Logs returns of each stream (its tail).
 	LogBytes int64
+	// KeepWorkspaces is how long a workspace the launcher made (ws/) is
+	// kept after its session ended (0: until session rm).
+	KeepWorkspaces time.Duration
 	// Defaults are the limits a launch naming none gets, and the ceilings
 	// of a grant naming none (sandbox serve --default-NAME).
 	Defaults bounds.Values
@@ -87,6 +90,8 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[string]*live
+	// quit ends the sweep of workspaces kept past --keep-workspaces.
+	quit chan struct{}
 }
 
 // live is a session this launcher follows.
@@ -133,7 +138,7 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{o: o, admin: strings.TrimSpace(string(tok)), conn: conn, bc: brokerv1.NewBrokerServiceClient(conn), sessions: map[string]*live{}}
+	s := &Server{o: o, admin: strings.TrimSpace(string(tok)), conn: conn, bc: brokerv1.NewBrokerServiceClient(conn), sessions: map[string]*live{}, quit: make(chan struct{})}
 	if err := os.MkdirAll(s.sessionsDir(), 0o711); err != nil {
 		conn.Close()
 		return nil, err
@@ -143,11 +148,17 @@ func New(o Options) (*Server, error) {
 		return nil, err
 	}
 	s.adopt()
+	if o.KeepWorkspaces > 0 {
+		go s.sweep()
+	}
 	return s, nil
 }
 
 // Close lets go of the broker connection; running sessions keep running.
-func (s *Server) Close() error { return s.conn.Close() }
+func (s *Server) Close() error {
+	close(s.quit)
+	return s.conn.Close()
+}
 
 func (s *Server) logf(format string, args ...any) {
 	fmt.Fprintf(s.o.Log, "sandbox serve: "+format+"\n", args...)
@@ -319,7 +330,9 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 		s.mu.Lock()
 		delete(s.sessions, id)
 		s.mu.Unlock()
-		os.RemoveAll(l.dir)
+		if err := removeSessionDir(l.dir); err != nil {
+			s.logf("remove the directory of session %s that did not start: %v", id, err)
+		}
 		if grantID != "" {
 			// The session never ran: its grant goes with it.
 			if _, rerr := s.bc.RevokeGrant(withToken(context.Background(), s.admin), &brokerv1.RevokeGrantRequest{GrantId: grantID}); rerr != nil {
@@ -392,11 +405,31 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws *safepath
 	if err := os.Mkdir(l.dir, 0o711); err != nil {
 		return ig.GrantId, err
 	}
+	if disk := rec.Limits["disk"]; disk != "" {
+		// One tmpfs of the session's --disk holds its run directory and
+		// the workspace made here: what it writes there is bounded
+		// together, and outlives the session until ws/ is removed.
+		n, err := bounds.ParseValues(map[string]string{"disk": disk})
+		if err != nil {
+			return ig.GrantId, err
+		}
+		path := filepath.Join(l.dir, diskName)
+		if err := os.Mkdir(path, 0o711); err != nil {
+			return ig.GrantId, err
+		}
+		if err := sandbox.MountDisk(path, n["disk"]); err != nil {
+			return ig.GrantId, err
+		}
+		l.mu.Lock()
+		l.rec.Disk = true
+		l.mu.Unlock()
+		rec.Disk = true
+	}
 	tokFile := filepath.Join(l.dir, tokenName)
 	if err := os.WriteFile(tokFile, []byte(ig.Token+"\n"), 0o600); err != nil {
 		return ig.GrantId, err
 	}
-	runDir := filepath.Join(l.dir, runName)
+	runDir := filepath.Join(rec.under(l.dir), runName)
 	err = sandbox.PrepareRunDir(&sandbox.PrepareConfig{RunDir: runDir, TokenFile: tokFile, Session: sandbox.SessionFile{
 		Version: sandbox.SessionVersion, Business: rec.Business, Project: rec.Project, Task: rec.Task, Role: rec.Role, Caps: rec.Caps, TokenFile: "token"}})
 	os.Remove(tokFile)
@@ -404,10 +437,13 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws *safepath
 		return ig.GrantId, err
 	}
 	if ws == nil {
-		path := filepath.Join(l.dir, wsName)
+		path := filepath.Join(rec.under(l.dir), wsName)
 		if err := os.Mkdir(path, 0o755); err != nil {
 			return ig.GrantId, err
 		}
+		l.mu.Lock()
+		l.rec.OwnWorkspace = true
+		l.mu.Unlock()
 		if ws, err = safepath.OpenDir(path, 0); err != nil {
 			return ig.GrantId, err
 		}
@@ -625,7 +661,7 @@ func (s *Server) finish(l *live, status int, known bool) {
 		}
 		time.Sleep(time.Duration(attempt+1) * time.Second)
 	}
-	if err := os.RemoveAll(filepath.Join(l.dir, runName)); err != nil {
+	if err := os.RemoveAll(filepath.Join(rec.under(l.dir), runName)); err != nil {
 		s.logf("remove the run directory of %s: %v", rec.ID, err)
 	}
 	l.mu.Lock()
@@ -651,7 +687,9 @@ func (s *Server) adopt() {
 			// A launch cut before its process started (no stdout yet):
 			// nothing ran. Anything else is left for the host to look at.
 			if _, serr := os.Stat(filepath.Join(dir, stdoutName)); errors.Is(err, os.ErrNotExist) && errors.Is(serr, os.ErrNotExist) {
-				os.RemoveAll(dir)
+				if err := removeSessionDir(dir); err != nil {
+					s.logf("remove %s, a launch cut short: %v", dir, err)
+				}
 			} else {
 				s.logf("session directory %s has no usable record, left alone: %v", dir, err)
 			}

@@ -81,6 +81,16 @@ func TestSettle(t *testing.T) {
 			map[string]string{"memory": "256M", "pids": "40", "timeout": "2h0m0s"}, nil},
 		{"over the lead's own", lead, &launchv1.LaunchRequest{Net: "proxy", Pids: 100, AllowDomains: []string{"www.example.com"}, AllowHosts: []string{"db:5432", "cache:6379"}},
 			nil, []string{"--allow-domain www.example.com (not in the calling session's", "--allow-host db:5432 (not in the calling session's", "--allow-host cache:6379 (not in the grant's", "--allow-host cache:6379 (not in the calling session's", "--pids 100 (above the calling session's own 40)"}},
+		// *.example.com opens 443 and 80 only: a port beyond them is
+		// more than the grant's.
+		{"a port outside the grant's", nil, &launchv1.LaunchRequest{Net: "proxy", AllowDomains: []string{"api.example.com:8443", "api.example.com:443"}},
+			nil, []string{"--allow-domain api.example.com:8443 (not in the grant's --launch-allow-domain)"}},
+		// --disk is one limit of the table: a worker of a lead with a
+		// disk gets no more than it, asked for or not.
+		{"a lead's disk", &sandbox.SessionBounds{Net: "none", Limits: map[string]string{"disk": "256M"}, Cgroup: []string{"/sys/fs/cgroup/pids/bushost-sandbox-1"}, PID: 42, Start: 7}, &launchv1.LaunchRequest{},
+			map[string]string{"memory": "1G", "pids": "256", "timeout": "2h0m0s", "disk": "256M"}, nil},
+		{"over a lead's disk", &sandbox.SessionBounds{Net: "none", Limits: map[string]string{"disk": "256M"}, PID: 42, Start: 7}, &launchv1.LaunchRequest{Limits: map[string]string{"disk": "512M"}},
+			nil, []string{"--disk 512M (above the calling session's own 256M)"}},
 		{"a none lead", &sandbox.SessionBounds{Net: "none"}, &launchv1.LaunchRequest{Net: "proxy"}, nil, []string{"--net=proxy (the calling session has --net=none)"}},
 		{"a proxy lead, no allow-list asked", &sandbox.SessionBounds{Net: "proxy", AllowDomains: []string{"api.example.com", "example.org"}, AllowHosts: []string{"db:5432"},
 			Cgroup: []string{"/sys/fs/cgroup/pids/bushost-sandbox-1"}, PID: 42, Start: 7},
@@ -113,7 +123,7 @@ func TestSettle(t *testing.T) {
 			}
 		})
 	}
-	for _, r := range []*launchv1.LaunchRequest{{Net: "everything"}, {Limits: map[string]string{"memory": "lots"}}, {Limits: map[string]string{"disk": "1G"}},
+	for _, r := range []*launchv1.LaunchRequest{{Net: "everything"}, {Limits: map[string]string{"memory": "lots"}}, {Limits: map[string]string{"swap": "1G"}},
 		{Pids: -1}, {Memory: "1G", Limits: map[string]string{"memory": "2G"}}, {Net: "none", AllowDomains: []string{"x.org"}}} {
 		if _, _, err := s.settle(grant, r, nil); err == nil {
 			t.Errorf("settle(%v) accepted", r)

@@ -28,8 +28,9 @@ const (
 	exitName   = "exit"        // the status, written by `sandbox keep` as it ends
 	stdoutName = "stdout"
 	stderrName = "stderr"
-	runName    = "run" // the run directory (sandbox prepare)
-	wsName     = "ws"  // the workspace the launcher made, when none was given
+	runName    = "run"  // the run directory (sandbox prepare)
+	wsName     = "ws"   // the workspace the launcher made, when none was given
+	diskName   = "disk" // with --disk: the session's tmpfs, holding run/ and ws/
 	tokenName  = "token.in"
 )
 
@@ -70,6 +71,22 @@ type record struct {
 	// Revoked is true once the session's grant is revoked: a grant ends
 	// with its session.
 	Revoked bool `json:"revoked"`
+	// Disk is true when run/ and ws/ are on the session's disk (disk/,
+	// a tmpfs of its --disk); OwnWorkspace when the launcher made ws/,
+	// which it removes (WorkspaceRemoved) --keep-workspaces after the
+	// session ended, or on session rm.
+	Disk             bool `json:"disk,omitempty"`
+	OwnWorkspace     bool `json:"own_workspace,omitempty"`
+	WorkspaceRemoved bool `json:"workspace_removed,omitempty"`
+}
+
+// under is where run/ and ws/ are in the session's directory dir: on its
+// disk, or in dir itself.
+func (r *record) under(dir string) string {
+	if r.Disk {
+		return filepath.Join(dir, diskName)
+	}
+	return dir
 }
 
 func (r *record) fill() { r.Business, r.Project, r.Task = r.Scope[0], r.Scope[1], r.Scope[2] }

@@ -35,6 +35,7 @@ func ServeFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.UIDRange, "uid-range", "", "passed to sandbox run: the range sessions' uids come from")
 	fs.StringVar(&o.StateDir, "state-dir", "", "passed to sandbox run: where uid leases are kept")
 	fs.DurationVar(&o.StopGrace, "stop-grace", 10*time.Second, "session stop: how long after SIGTERM before SIGKILL")
+	fs.DurationVar(&o.KeepWorkspaces, "keep-workspaces", 24*time.Hour, "how long the workspace the launcher made for a session (and, with --disk, its disk) is kept after the session ended; 0 keeps it until session rm")
 	defaults := map[string]*string{}
 	for _, l := range bounds.Limits {
 		defaults[l.Name] = fs.String("default-"+l.Name, l.Default, fmt.Sprintf("the --%s a launch naming none gets, and the ceiling of a grant that names none (--launch-max-%s): %s; 'none' for no default", l.Name, l.Name, l.Help))
@@ -75,6 +76,9 @@ func ServeFlags(args []string, stderr io.Writer) (*Options, error) {
 	}
 	if o.Sandbox == "" {
 		return nil, errors.New("--sandbox is required: start the launcher as `sandbox serve`")
+	}
+	if o.KeepWorkspaces < 0 {
+		return nil, errors.New("--keep-workspaces must not be negative")
 	}
 	if o.MaxPerGrant < 1 || o.MaxSessions < 0 || o.MaxDepth < 1 {
 		return nil, errors.New("--max-sessions-per-grant and --max-launch-depth must be at least 1, --max-sessions at least 0")
@@ -122,6 +126,13 @@ func serve(o *Options, stderr io.Writer) error {
 	defer lock.Close()
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return fmt.Errorf("another sandbox serve runs on %s: %w", o.Home, err)
+	}
+	if disk, ok := o.Defaults["disk"]; ok {
+		// As for the cgroup: a default disk that cannot be mounted here
+		// would refuse every launch naming none.
+		if err := sandbox.ProbeDisk(filepath.Join(o.Home, "probe-disk"), disk); err != nil {
+			return fmt.Errorf("the default --disk cannot be applied on this host (%v): give sandbox serve --default-disk none, or let it mount a tmpfs", err)
+		}
 	}
 	s, err := New(*o)
 	if err != nil {

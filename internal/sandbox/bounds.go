@@ -49,13 +49,14 @@ func (l Limits) Values() bounds.Values {
 	set("nofile", int64(l.NoFile))
 	set("fsize", l.FSize)
 	set("timeout", int64((l.Timeout+time.Second-1)/time.Second))
+	set("disk", l.Disk)
 	return v
 }
 
 // LimitsOf is the Limits of values by bounds name (Values' inverse).
 func LimitsOf(v bounds.Values) Limits {
 	return Limits{Memory: v["memory"], Pids: int(v["pids"]), CPU: float64(v["cpu"]) / 1000, NoFile: uint64(v["nofile"]),
-		FSize: v["fsize"], Timeout: time.Duration(v["timeout"]) * time.Second}
+		FSize: v["fsize"], Timeout: time.Duration(v["timeout"]) * time.Second, Disk: v["disk"]}
 }
 
 // ProbeCgroup makes and removes a cgroup carrying l's cgroup limits, as

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -65,7 +66,11 @@ type Config struct {
 	// ResolveFile a hosts file the proxy reads before the host's resolver.
 	AllowDomains []string
 	AllowHosts   []string
-	ResolveFile  string
+	// AllowHostAddrs are the host's own addresses an --allow-domain name
+	// may resolve to (by default none: the host is refused like a
+	// private range).
+	AllowHostAddrs []string
+	ResolveFile    string
 	// AuditTokenFile is a grant with network.audit the launcher records
 	// the egress decisions with; "" logs them to stderr.
 	AuditTokenFile string
@@ -125,7 +130,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs := flag.NewFlagSet("sandbox "+verb, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var caps string
-	var ro, env, domains, hosts, cgroupParents listFlag
+	var ro, env, domains, hosts, hostAddrs, cgroupParents listFlag
 	c.Net = NetNone
 	fs.StringVar(&c.RunDir, "run-dir", "", "the run directory (session.json, bundle/, home/, tmp/)")
 	fs.StringVar(&c.Workspace, "workspace", "", "the workspace the session works in (read-write)")
@@ -136,7 +141,8 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&c.GitSocket, "git-socket", "", "the bus host's git.sock (bound only for git.push.working or review.verdict)")
 	fs.StringVar(&c.LaunchSocket, "launch-socket", "", "sandbox serve's launch.sock (bound only for session.launch)")
 	fs.Var(netFlag{&c.Net}, "net", "the session's network, always with '=': none (the default: loopback only), proxy (loopback and a relay to an egress proxy that allows only --allow-domain and --allow-host), host (the host's network; --net alone means host; needs Landlock ABI 6 to keep off the host's abstract Unix sockets)")
-	fs.Var(&domains, "allow-domain", "with --net=proxy: let the session reach NAME (api.example.com) or every name under it (*.example.com), on any port, if it resolves to public addresses only (repeatable)")
+	fs.Var(&domains, "allow-domain", "with --net=proxy: let the session reach NAME[:PORT]: the name (api.example.com) or every name under it (*.example.com), on PORT, or without one on 443 and 80, if it resolves to public addresses only, none of them the host's own (repeatable)")
+	fs.Var(&hostAddrs, "allow-host-address", "with --net=proxy: let an --allow-domain name resolve to ADDR, one of the host's own addresses (refused by default, as a private range is) (repeatable)")
 	fs.Var(&hosts, "allow-host", "with --net=proxy: let the session reach exactly HOST:PORT, even a loopback or private address (repeatable)")
 	fs.StringVar(&c.ResolveFile, "resolve-file", "", "with --net=proxy: a hosts(5) file the proxy looks names up in before the host's resolver (tests, air-gapped sites)")
 	fs.StringVar(&c.AuditTokenFile, "audit-token-file", "", "with --net=proxy: a grant holding network.audit (bushost grant --cap network.audit --out F) that run records every egress decision with, as network.egress events on its task; the session cannot read it (default: decisions go to stderr)")
@@ -156,6 +162,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.Float64Var(&c.Limits.CPU, "cpu", 0, "the CPU time the session may use, in CPUs (0.5 = half of one), through a cgroup")
 	fs.Uint64Var(&c.Limits.NoFile, "nofile", 0, "RLIMIT_NOFILE: the most open files per session process")
 	fs.Var(size.Value{P: &c.Limits.FSize}, "fsize", "RLIMIT_FSIZE: the largest file a session process may write (64M, 1G)")
+	fs.Var(size.Value{P: &c.Limits.Disk}, "disk", "what the session may write to its run directory (HOME, /tmp) and a workspace on the same file system, together (64M, 1G): run checks the run directory is on a tmpfs of at most this size (sandbox serve mounts one per session) and refuses otherwise; a workspace elsewhere is outside it")
 	fs.DurationVar(&c.Limits.Timeout, "timeout", 0, "end the session after this long (SIGTERM, SIGKILL 5s later); run exits 124")
 	fs.Var(&cgroupParents, "cgroup-parent", "a cgroup directory (of the session that launched this one) this session's cgroup nests in, one per cgroup v1 controller; set by sandbox serve (repeatable)")
 	fs.StringVar(&c.EndWith, "end-with", "", "PID:STARTTIME of a process (the launching session's sandbox run): end this session when it ends; set by sandbox serve")
@@ -166,9 +173,14 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	c.RO, c.Env, c.AllowDomains, c.AllowHosts, c.CgroupParents = ro, env, domains, hosts, cgroupParents
-	if c.Net != NetProxy && (len(domains) > 0 || len(hosts) > 0 || c.ResolveFile != "" || c.AuditTokenFile != "") {
-		return nil, fmt.Errorf("%w: --allow-domain, --allow-host, --resolve-file and --audit-token-file need --net=proxy", ErrUsage)
+	c.RO, c.Env, c.AllowDomains, c.AllowHosts, c.AllowHostAddrs, c.CgroupParents = ro, env, domains, hosts, hostAddrs, cgroupParents
+	if c.Net != NetProxy && (len(domains) > 0 || len(hosts) > 0 || len(hostAddrs) > 0 || c.ResolveFile != "" || c.AuditTokenFile != "") {
+		return nil, fmt.Errorf("%w: --allow-domain, --allow-host, --allow-host-address, --resolve-file and --audit-token-file need --net=proxy", ErrUsage)
+	}
+	for _, a := range hostAddrs {
+		if net.ParseIP(a) == nil {
+			return nil, fmt.Errorf("%w: --allow-host-address %q: want an IP address", ErrUsage, a)
+		}
 	}
 	for _, d := range domains {
 		if err := checkDomainPattern(d); err != nil {

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,11 +31,15 @@ import (
 type egressProxy struct {
 	allowDomains []string
 	allowHosts   []string
-	hosts        map[string][]net.IP // from --resolve-file, looked at first
-	maxConns     int
-	idle         time.Duration
-	log          io.Writer // one line per decision and per close, without audit
-	audit        *auditor  // nil: decisions go to log only
+	// allowHostAddrs are the host's own addresses an --allow-domain name
+	// may resolve to (--allow-host-address); hostAddrs lists the host's.
+	allowHostAddrs []net.IP
+	hostAddrs      func() ([]net.IP, error)
+	hosts          map[string][]net.IP // from --resolve-file, looked at first
+	maxConns       int
+	idle           time.Duration
+	log            io.Writer // one line per decision and per close, without audit
+	audit          *auditor  // nil: decisions go to log only
 
 	// ctl receives the relay's socket from pid 1; child is its other end,
 	// which run hands to the session as fdRelay and then closes.
@@ -49,11 +54,13 @@ type egressProxy struct {
 	// refusing bounds the connections over --egress-conns held while
 	// they are told why (maxRefusing); the rest are closed at once.
 	refusing chan struct{}
-	wg       sync.WaitGroup
-	mu       sync.Mutex
-	ln       net.Listener // the relay's socket, once pid 1 sent it
-	conns    map[net.Conn]bool
-	logMu    sync.Mutex
+	// denials paces the session's denied attempts.
+	denials *pacer
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	ln      net.Listener // the relay's socket, once pid 1 sent it
+	conns   map[net.Conn]bool
+	logMu   sync.Mutex
 	// lastConn numbers the session's connections to the proxy (the
 	// decision's conn).
 	lastConn atomic.Int64
@@ -79,7 +86,10 @@ const maxRequestHead = 64 << 10
 // launched starts waiting for it.
 func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, error) {
 	e := &egressProxy{allowDomains: cfg.AllowDomains, allowHosts: cfg.AllowHosts, maxConns: cfg.EgressConns,
-		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}, relayPort: relayPort}
+		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}, relayPort: relayPort, hostAddrs: hostAddrs}
+	for _, a := range cfg.AllowHostAddrs {
+		e.allowHostAddrs = append(e.allowHostAddrs, net.ParseIP(a))
+	}
 	if e.maxConns <= 0 {
 		e.maxConns = DefaultEgressConns
 	}
@@ -100,6 +110,7 @@ func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, erro
 	e.slots = make(chan struct{}, e.maxConns)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.refusing = make(chan struct{}, maxRefusing)
+	e.denials = newPacer(egressDenyRate, egressDenyBurst)
 	e.handed = make(chan struct{})
 	return e, nil
 }
@@ -160,29 +171,54 @@ func (e *egressProxy) logf(format string, a ...any) {
 	fmt.Fprintf(e.log, "sandbox: network.egress "+format+"\n", a...)
 }
 
-// record logs d: in the broker with --audit-token-file, else on stderr.
-func (e *egressProxy) record(d decision) {
+// deny records a denial: in the broker with --audit-token-file (one by
+// one up to a bound, then counted), else on stderr (bounded).
+func (e *egressProxy) deny(d decision) {
+	d.Decision, d.Time = "denied", time.Now().UTC().Format(time.RFC3339Nano)
+	if e.audit != nil {
+		e.audit.deny(d)
+		return
+	}
+	if d.Host == "" {
+		// Refused before it said where it goes.
+		e.logf("denied connection %d: %s", d.Conn, d.Why)
+		return
+	}
+	e.logf("denied %s: %s", target{d.Host, d.Port}, d.Why)
+}
+
+// allow records d, a connection the policy allows, before it is made: in
+// the broker with --audit-token-file, waiting until the broker holds it
+// (an error: it does not, and the connection is not made), else on
+// stderr, past the lines' bound.
+func (e *egressProxy) allow(d decision) error {
+	d.Decision, d.Time = "allowed", time.Now().UTC().Format(time.RFC3339Nano)
+	if e.audit != nil {
+		return e.audit.allow(e.ctx, d)
+	}
+	e.logAlways("allowed %s (%s)", target{d.Host, d.Port}, d.Rule)
+	return nil
+}
+
+// note records an allowed connection's end (unreachable, closed), never
+// dropped: in the broker's next batch, or on stderr past the bound.
+func (e *egressProxy) note(d decision) {
 	d.Time = time.Now().UTC().Format(time.RFC3339Nano)
 	if e.audit != nil {
-		e.audit.add(d)
+		e.audit.note(d)
 		return
 	}
 	t := target{d.Host, d.Port}
 	switch d.Decision {
-	case "allowed":
-		e.logf("allowed %s via %s (%s)", t, d.Addr, d.Rule)
 	case "closed":
-		e.logf("closed %s: %d bytes out, %d bytes in", t, d.BytesOut, d.BytesIn)
+		e.logAlways("closed %s: %d bytes out, %d bytes in, via %s", t, d.BytesOut, d.BytesIn, d.Addr)
 	case "unreachable":
-		e.logf("allowed %s (%s) but unreachable: %s", t, d.Rule, d.Why)
-	default:
-		if d.Host == "" {
-			// Refused before it said where it goes.
-			e.logf("%s connection %d: %s", d.Decision, d.Conn, d.Why)
-			return
-		}
-		e.logf("%s %s: %s", d.Decision, t, d.Why)
+		e.logAlways("allowed %s (%s) but unreachable: %s", t, d.Rule, d.Why)
 	}
+}
+
+func (e *egressProxy) logAlways(format string, a ...any) {
+	writeAlways(e.log, fmt.Appendf(nil, "sandbox: network.egress "+format+"\n", a...))
 }
 
 func (e *egressProxy) track(c net.Conn, on bool) bool {
@@ -216,7 +252,7 @@ func (e *egressProxy) serve(ln net.Listener) {
 		case e.slots <- struct{}{}:
 		default:
 			// Over the bound: the client gets the reason in its protocol.
-			e.record(decision{Conn: id, Decision: "denied", Why: fmt.Sprintf("%s: over --egress-conns %d", ReasonEgressConnections, e.maxConns)})
+			e.deny(decision{Conn: id, Why: fmt.Sprintf("%s: over --egress-conns %d", ReasonEgressConnections, e.maxConns)})
 			select {
 			case e.refusing <- struct{}{}:
 			default:
@@ -371,9 +407,12 @@ func (e *egressProxy) socks(c net.Conn, br *bufio.Reader, id int64) {
 	t.port = int(binary.BigEndian.Uint16(port[:]))
 	up, why := e.connect(id, t)
 	if up == nil {
-		if strings.HasPrefix(why, ReasonEgressDenied) {
+		switch {
+		case strings.HasPrefix(why, ReasonEgressDenied):
 			reply(2) // connection not allowed by ruleset
-		} else {
+		case strings.HasPrefix(why, ReasonEgressUnrecorded):
+			reply(1) // general failure
+		default:
 			reply(5)
 		}
 		return
@@ -425,8 +464,11 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 	up, why := e.connect(id, t)
 	if up == nil {
 		code := http.StatusBadGateway
-		if strings.HasPrefix(why, ReasonEgressDenied) {
+		switch {
+		case strings.HasPrefix(why, ReasonEgressDenied):
 			code = http.StatusForbidden
+		case strings.HasPrefix(why, ReasonEgressUnrecorded):
+			code = http.StatusServiceUnavailable
 		}
 		writeHTTPRefusal(c, code, "sandbox: "+why)
 		return
@@ -498,12 +540,20 @@ func writeHTTPRefusal(c net.Conn, code int, msg string) {
 		code, http.StatusText(code), len(body), body)
 }
 
-// connect decides, resolves and dials. It returns the connection, or nil
-// and why not; a refusal by the policy starts with ReasonEgressDenied.
+// connect decides, records and dials. It returns the connection, or nil
+// and why not; a refusal by the policy starts with ReasonEgressDenied. A
+// denial waits its turn (e.denials); an allowed connection is recorded
+// before it is made, and not made if it cannot be.
 func (e *egressProxy) connect(id int64, t target) (net.Conn, string) {
 	ips, rule, why := e.decide(t)
 	if ips == nil {
-		e.record(decision{Conn: id, Host: t.host, Port: t.port, Decision: "denied", Why: why})
+		e.denials.wait(e.ctx)
+		e.deny(decision{Conn: id, Host: t.host, Port: t.port, Why: why})
+		return nil, why
+	}
+	if err := e.allow(decision{Conn: id, Host: t.host, Port: t.port, Rule: rule}); err != nil {
+		why := fmt.Sprintf("%s: %s is allowed (%s) but its record could not be written, so it is not made: %v", ReasonEgressUnrecorded, t, rule, err)
+		e.logAlways("refused %s: %s", t, why)
 		return nil, why
 	}
 	var lastErr error
@@ -511,13 +561,60 @@ func (e *egressProxy) connect(id int64, t target) (net.Conn, string) {
 		d := net.Dialer{Timeout: egressHandshake}
 		up, err := d.DialContext(e.ctx, "tcp", net.JoinHostPort(ip.String(), strconv.Itoa(t.port)))
 		if err == nil {
-			e.record(decision{Conn: id, Host: t.host, Port: t.port, Addr: ip.String(), Decision: "allowed", Rule: rule})
 			return up, ""
 		}
 		lastErr = err
 	}
-	e.record(decision{Conn: id, Host: t.host, Port: t.port, Decision: "unreachable", Rule: rule, Why: lastErr.Error()})
+	e.note(decision{Conn: id, Host: t.host, Port: t.port, Decision: "unreachable", Rule: rule, Why: lastErr.Error()})
 	return nil, fmt.Sprintf("%s is allowed (%s) but could not be reached: %v", t, rule, lastErr)
+}
+
+// The session's denied attempts are rate limited: egressDenyBurst at
+// once, then egressDenyRate a second. A denial over it is answered when
+// its turn comes (at most egressHandshake later), its connection holding
+// its slot meanwhile, so a session flooding refused requests slows itself
+// and nothing else.
+const (
+	egressDenyRate  = 50
+	egressDenyBurst = 100
+)
+
+// pacer spaces calls of wait to rate a second after burst at once.
+type pacer struct {
+	mu           sync.Mutex
+	rate, tokens float64
+	burst        float64
+	last         time.Time
+}
+
+func newPacer(rate, burst float64) *pacer {
+	return &pacer{rate: rate, burst: burst, tokens: burst, last: time.Now()}
+}
+
+// wait returns once the caller's turn has come, at most egressHandshake
+// from now, or when ctx ends.
+func (p *pacer) wait(ctx context.Context) {
+	p.mu.Lock()
+	now := time.Now()
+	p.tokens = min(p.burst, p.tokens+now.Sub(p.last).Seconds()*p.rate)
+	p.last = now
+	p.tokens--
+	d := time.Duration(-p.tokens / p.rate * float64(time.Second))
+	if d > egressHandshake {
+		// Past the longest wait: this one does not queue.
+		p.tokens++
+		d = egressHandshake
+	}
+	p.mu.Unlock()
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // decide applies the policy: the addresses to dial and the rule that
@@ -539,22 +636,30 @@ func (e *egressProxy) decide(t target) ([]net.IP, string, string) {
 	rule := ""
 	if exact != "" {
 		rule = "--allow-host " + exact
-	} else if p := domainAllowed(e.allowDomains, t.host); p != "" {
+	} else if p := domainAllowed(e.allowDomains, t.host, t.port); p != "" {
 		rule = "--allow-domain " + p
 	} else {
-		return nil, "", fmt.Sprintf("%s: %s is not named by --allow-domain or --allow-host", ReasonEgressDenied, t)
+		return nil, "", fmt.Sprintf("%s: %s is not named by --allow-domain (NAME opens 443 and 80, NAME:PORT that port) or --allow-host", ReasonEgressDenied, t)
 	}
 	ips, err := e.resolve(t.host)
 	if err != nil || len(ips) == 0 {
 		return nil, "", fmt.Sprintf("%s is allowed (%s) but does not resolve: %v", t.host, rule, err)
 	}
 	if exact == "" {
-		// Every address must be public: a name that resolves to the
-		// host's loopback, the metadata service or the local network
-		// is refused, whatever its domain.
+		// Every address must be public and not the host's own: a name
+		// that resolves to the host (any of its interfaces), the
+		// metadata service or the local network is refused, whatever
+		// its domain.
+		own, err := e.hostAddrs()
+		if err != nil {
+			return nil, "", fmt.Sprintf("%s: %s: the host's own addresses cannot be listed to rule them out: %v", ReasonEgressDenied, t.host, err)
+		}
 		for _, ip := range ips {
 			if r := blockedIP(ip); r != "" {
 				return nil, "", fmt.Sprintf("%s: %s resolves to %s, in %s, which only an --allow-host naming it exactly reaches", ReasonEgressDenied, t.host, ip, r)
+			}
+			if slices.ContainsFunc(own, ip.Equal) && !slices.ContainsFunc(e.allowHostAddrs, ip.Equal) {
+				return nil, "", fmt.Sprintf("%s: %s resolves to %s, one of this host's own addresses, which only --allow-host-address %s or an --allow-host naming it exactly reaches", ReasonEgressDenied, t.host, ip, ip)
 			}
 		}
 	}
@@ -657,7 +762,7 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 			}
 		}
 	}
-	e.record(decision{Conn: id, Host: t.host, Port: t.port, Decision: "closed", BytesOut: out.Load(), BytesIn: in.Load()})
+	e.note(decision{Conn: id, Host: t.host, Port: t.port, Addr: up.RemoteAddr().String(), Decision: "closed", BytesOut: out.Load(), BytesIn: in.Load()})
 }
 
 // readHostsFile reads a hosts(5) file: ADDRESS NAME... per line, # starts

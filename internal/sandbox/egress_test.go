@@ -52,14 +52,19 @@ func TestNetFlag(t *testing.T) {
 
 func TestEgressDecide(t *testing.T) {
 	hosts := filepath.Join(t.TempDir(), "hosts")
-	if err := os.WriteFile(hosts, []byte("# test\n93.184.215.14 api.example.com\n10.0.0.5 internal.example.com\n::ffff:127.0.0.1 mapped.example.com\nfd00::1 ula.example.com\n169.254.169.254 meta.example.com\n10.0.0.7 exact.example.com\n"), 0o644); err != nil {
+	if err := os.WriteFile(hosts, []byte("# test\n93.184.215.14 api.example.com\n10.0.0.5 internal.example.com\n::ffff:127.0.0.1 mapped.example.com\nfd00::1 ula.example.com\n169.254.169.254 meta.example.com\n10.0.0.7 exact.example.com\n198.51.100.7 self.example.com\n198.51.100.8 allowed-self.example.com\n93.184.215.14 api.ported.test\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	h, err := readHostsFile(hosts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &egressProxy{allowDomains: []string{"*.example.com", "Plain.test"}, allowHosts: []string{"127.0.0.1:8080", "exact.example.com:443"}, hosts: h, ctx: context.Background()}
+	// 198.51.100.7 (a public range) stands for an address of the host's
+	// own interfaces; 198.51.100.8 is one too, allowed by
+	// --allow-host-address.
+	own := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("198.51.100.7"), net.ParseIP("198.51.100.8")}
+	e := &egressProxy{allowDomains: []string{"*.example.com", "Plain.test", "*.ported.test:8443"}, allowHosts: []string{"127.0.0.1:8080", "exact.example.com:443", "self.example.com:8080"},
+		hosts: h, ctx: context.Background(), hostAddrs: func() ([]net.IP, error) { return own, nil }, allowHostAddrs: []net.IP{net.ParseIP("198.51.100.8")}}
 	for _, c := range []struct {
 		host string
 		port int
@@ -69,7 +74,19 @@ func TestEgressDecide(t *testing.T) {
 		{"127.0.0.1", 8081, "EGRESS_DENIED: 127.0.0.1:8081 is not named"},
 		{"93.184.215.14", 443, "EGRESS_DENIED"}, // a literal address needs --allow-host
 		{"api.example.com", 443, "--allow-domain *.example.com"},
-		{"API.Example.COM.", 8443, "--allow-domain *.example.com"},
+		{"API.Example.COM.", 80, "--allow-domain *.example.com"},
+		// A pattern without a port opens 443 and 80 only: 8443 through
+		// *.example.com, allowed when a pattern opened every port, is
+		// refused now; *.ported.test:8443 opens 8443 and nothing else.
+		{"api.example.com", 8443, "EGRESS_DENIED: api.example.com:8443 is not named"},
+		{"api.ported.test", 8443, "--allow-domain *.ported.test:8443"},
+		{"api.ported.test", 443, "EGRESS_DENIED: api.ported.test:443 is not named"},
+		// The host's own addresses are refused like a private range,
+		// but for the one --allow-host-address names, or an exact
+		// --allow-host.
+		{"self.example.com", 443, "EGRESS_DENIED: self.example.com resolves to 198.51.100.7, one of this host's own addresses"},
+		{"allowed-self.example.com", 443, "--allow-domain *.example.com"},
+		{"self.example.com", 8080, "--allow-host self.example.com:8080"},
 		{"example.com", 443, "EGRESS_DENIED"}, // *. is below the name only
 		{"internal.example.com", 443, "EGRESS_DENIED: internal.example.com resolves to 10.0.0.5, in 10.0.0.0/8"},
 		{"mapped.example.com", 443, "EGRESS_DENIED: mapped.example.com resolves to 127.0.0.1"},

@@ -26,6 +26,9 @@ type Limits struct {
 	NoFile  uint64        // RLIMIT_NOFILE
 	FSize   int64         // RLIMIT_FSIZE, bytes
 	Timeout time.Duration // SIGTERM, then SIGKILL after timeoutGrace; run exits 124
+	// Disk is the size of the one file system (a tmpfs) holding the run
+	// directory, so HOME and /tmp, and a workspace the launcher made.
+	Disk int64
 }
 
 // ExitTimeout is run's status when --timeout ended the session, as
@@ -55,6 +58,9 @@ func (l Limits) String() string {
 	}
 	if l.Timeout > 0 {
 		s = append(s, "--timeout "+l.Timeout.String())
+	}
+	if l.Disk > 0 {
+		s = append(s, "--disk "+strconv.FormatInt(l.Disk, 10))
 	}
 	return strings.Join(s, " ")
 }

@@ -7,14 +7,16 @@ import (
 	"time"
 )
 
-// The egress proxy's lines on sandbox run's stderr (every decision without
-// --audit-token-file, and each decision of a batch the broker refused) are
-// the session's to cause: a session opening refused connection after
+// The egress proxy's lines on sandbox run's stderr (denials without
+// --audit-token-file, and denials of a batch the broker refused) are the
+// session's to cause: a session opening refused connection after
 // connection would otherwise write without bound to wherever that stderr
 // goes. egressLogBurst lines pass at once and egressLogRate a second after
 // that, the same rate as the broker's bound on network.egress events
 // (6000 a minute); the lines over it are counted, and the count is a line
-// of its own when lines pass again and when the session ends.
+// of its own when lines pass again and when the session ends. A
+// connection's lines (allowed, unreachable, closed) are never held back
+// (writeAlways): a connection the session made is always on record.
 const (
 	egressLogBurst = 1000
 	egressLogRate  = 100
@@ -66,4 +68,22 @@ func (l *lineLimiter) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.report()
+}
+
+// always writes p past the bound.
+func (l *lineLimiter) always(p []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.report()
+	l.w.Write(p)
+}
+
+// writeAlways writes p to w, past w's bound if it is a lineLimiter: the
+// lines of connections the session made.
+func writeAlways(w io.Writer, p []byte) {
+	if l, ok := w.(*lineLimiter); ok {
+		l.always(p)
+		return
+	}
+	w.Write(p)
 }

@@ -32,8 +32,16 @@ func TestEgressLogBounded(t *testing.T) {
 	if !strings.Contains(out.String(), "2000 lines over 100 a second were not written") {
 		t.Fatalf("no count of the lines left out:\n%s", out.String()[len(out.String())-300:])
 	}
+	// A connection's line passes whatever the bound, after the count.
+	writeAlways(l, []byte("sandbox: network.egress allowed example.com:443\n"))
+	if !strings.HasSuffix(out.String(), "2900 lines over 100 a second were not written\nsandbox: network.egress allowed example.com:443\n") {
+		t.Fatalf("a connection's line was held back:\n%s", out.String()[len(out.String())-300:])
+	}
+	for i := 0; i < 10; i++ {
+		l.Write([]byte("sandbox: network.egress denied connection\n"))
+	}
 	l.close()
-	if !strings.HasSuffix(out.String(), "2900 lines over 100 a second were not written\n") {
+	if !strings.HasSuffix(out.String(), "10 lines over 100 a second were not written\n") {
 		t.Fatalf("no count at the end:\n%s", out.String()[len(out.String())-300:])
 	}
 }

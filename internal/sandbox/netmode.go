@@ -3,7 +3,6 @@ package sandbox
 import (
 	"fmt"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/bushost/bushost/internal/bounds"
@@ -69,20 +68,30 @@ var (
 	checkHostPort      = bounds.CheckHostPort
 )
 
-// domainAllowed reports which pattern allows name, or "".
-func domainAllowed(patterns []string, name string) string {
-	name = strings.ToLower(strings.TrimSuffix(name, "."))
+// domainAllowed reports which pattern (NAME[:PORT]) allows name:port, or "".
+func domainAllowed(patterns []string, name string, port int) string {
 	for _, p := range patterns {
-		lp := strings.ToLower(p)
-		if rest, ok := strings.CutPrefix(lp, "*."); ok {
-			if strings.HasSuffix(name, "."+rest) {
-				return p
-			}
-		} else if name == lp {
+		if bounds.DomainAllows(p, name, port) {
 			return p
 		}
 	}
 	return ""
+}
+
+// hostAddrs lists the addresses of the host's own interfaces (all of
+// them, not only loopback): a service bound to 0.0.0.0 answers on each.
+func hostAddrs() ([]net.IP, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var ips []net.IP
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			ips = append(ips, n.IP)
+		}
+	}
+	return ips, nil
 }
 
 // blockedRanges are the addresses the proxy never connects to unless a

@@ -150,6 +150,14 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		Bind{KindDev, "", "/dev", "a minimal /dev (null, zero, full, random, urandom, tty, a private pts): no host device"},
 		Bind{KindBind, p.Tmp, "/tmp", "the session's private /tmp, on disk in the run directory so the host can read it after the session"},
 	)
+	if cfg.Limits.Disk > 0 {
+		// bwrap's /dev is a tmpfs of its own, writable by the session:
+		// with a disk, everything it writes is on that disk.
+		p.Binds = append(p.Binds,
+			Bind{KindBind, p.Tmp, "/dev/shm", "--disk: POSIX shared memory in the session's /tmp, on its disk, so that it counts against --disk"},
+			Bind{KindRemountRO, "", "/dev", "--disk: nothing else is written to /dev's own tmpfs, which --disk would not bound"},
+		)
+	}
 
 	caller := []Bind{
 		{KindBind, p.Workspace, p.Workspace, "the workspace: the session's work, which leaves only as a git bundle pushed through the git socket; bound from the descriptor opened and checked first (bwrap --bind-fd), never from the path again"},
@@ -237,18 +245,21 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		p.Network.Limits = fmt.Sprintf("at most %d connections at once (--egress-conns; one more gets HTTP 503 EGRESS_CONNECTIONS_EXHAUSTED), each closed once idle both ways for %s (--egress-idle)", cfg.EgressConns, cfg.EgressIdle)
 		p.Network.Audit = "sandbox run's stderr, a line per decision and per close (no --audit-token-file)"
 		if cfg.AuditTokenFile != "" {
-			p.Network.Audit = "the broker: a network.egress event per decision and per close, on the task of " + cfg.AuditTokenFile + "'s grant (network.audit), written in batches; the session cannot read that token"
+			p.Network.Audit = "the broker: a network.egress event per decision and per close, on the task of " + cfg.AuditTokenFile + "'s grant (network.audit), written in batches, a connection's before it is made (and not made if it cannot be), denials past 20 a second counted in one summary a second; the session cannot read that token"
 		}
 		for _, d := range cfg.AllowDomains {
-			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "given on the command line: the name (or every name under *.), any port, when it resolves to public addresses only"})
+			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "given on the command line: " + domainWhat})
 		}
 		for _, h := range cfg.AllowHosts {
 			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host " + h, "given on the command line: exactly this host and port, even a loopback or private address"})
 		}
+		for _, a := range cfg.AllowHostAddrs {
+			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host-address " + a, "given on the command line: an --allow-domain name may resolve to this address of the host's own (a name resolving to any other is refused)"})
+		}
 		if n := p.Session.Network; n != nil {
 			for _, d := range n.AllowDomains {
 				cfg.AllowDomains = append(cfg.AllowDomains, d)
-				p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "from session.json (sandbox prepare --allow-domain): the name (or every name under *.), any port, when it resolves to public addresses only"})
+				p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "from session.json (sandbox prepare --allow-domain): " + domainWhat})
 			}
 			for _, h := range n.AllowHosts {
 				cfg.AllowHosts = append(cfg.AllowHosts, h)
@@ -299,10 +310,14 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	}
 	p.addSocketGroups()
 	p.checkSession()
+	p.checkDisk()
 	p.Env = cfg.sessionEnv(p)
 	p.checkAccess()
 	return p, nil
 }
+
+// domainWhat is what an --allow-domain rule allows, for explain.
+const domainWhat = "the name (or every name under *.), on its :PORT or else on 443 and 80, when it resolves to public addresses only, none of them the host's own"
 
 // Network is what explain says of the session's network.
 type Network struct {
@@ -411,7 +426,7 @@ func (p *Plan) checkAuditToken() {
 		return
 	}
 	p.Config.AuditTokenFile = real
-	p.Notes = append(p.Notes, "--audit-token-file: every egress decision is a network.egress event on the audit grant's task, recorded by sandbox run in batches (a second or 64 decisions)")
+	p.Notes = append(p.Notes, "--audit-token-file: every egress decision is a network.egress event on the audit grant's task, recorded by sandbox run in batches: an allowed connection's before it is made, the rest each second")
 }
 
 // checkAccess records what the session user could not reach.

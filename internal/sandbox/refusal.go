@@ -25,6 +25,7 @@ const (
 	ReasonSessionUIDsExhausted  = "SESSION_UIDS_EXHAUSTED"
 	ReasonEgressDenied          = "EGRESS_DENIED"
 	ReasonEgressConnections     = "EGRESS_CONNECTIONS_EXHAUSTED"
+	ReasonEgressUnrecorded      = "EGRESS_UNRECORDED"
 	ReasonLaunchingSessionEnded = "LAUNCHING_SESSION_ENDED"
 )
 

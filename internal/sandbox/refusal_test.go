@@ -17,6 +17,7 @@ func TestReasonsAreErrdefs(t *testing.T) {
 		ReasonSessionUIDsExhausted:  errdefs.SessionUIDsExhausted,
 		ReasonEgressDenied:          errdefs.EgressDenied,
 		ReasonEgressConnections:     errdefs.EgressConnections,
+		ReasonEgressUnrecorded:      errdefs.EgressUnrecorded,
 		ReasonLaunchingSessionEnded: errdefs.LaunchingSessionEnded,
 	} {
 		if got != string(want) {

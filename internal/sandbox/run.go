@@ -112,6 +112,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		}
 		stdio[i] = f.Fd()
 	}
+	// Last but the uid's hand-back: the session, and every process that
+	// held the terminal, is gone by then.
+	defer keepTerminal(stdin)()
 	filter, err := Filter()
 	if err != nil {
 		return 0, &UnavailableError{Reason: err.Error()}

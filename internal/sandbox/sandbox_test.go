@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -685,7 +687,7 @@ func TestExplainNetwork(t *testing.T) {
 		}, nil},
 		{"proxy, audited", []string{"--net=proxy", "--allow-domain", "*.example.com", "--allow-host", "127.0.0.1:8080",
 			"--egress-conns", "3", "--egress-idle", "2s", "--audit-token-file", token}, []string{
-			"allowed: --allow-domain *.example.com: given on the command line: the name (or every name under *.), any port, when it resolves to public addresses only",
+			"allowed: --allow-domain *.example.com: given on the command line: the name (or every name under *.), on its :PORT or else on 443 and 80, when it resolves to public addresses only, none of them the host's own",
 			"allowed: --allow-host 127.0.0.1:8080: given on the command line: exactly this host and port, even a loopback or private address",
 			"egress limits: at most 3 connections at once",
 			"idle both ways for 2s (--egress-idle)",
@@ -712,5 +714,66 @@ func TestExplainNetwork(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPlanDisk: --disk holds only when the run directory is on a tmpfs of
+// at most its size, which the plan checks (a problem, so run refuses,
+// otherwise); explain says whether the workspace shares it.
+func TestPlanDisk(t *testing.T) {
+	base, flags := layout(t)
+	p, err := plan(t, append(flags, "--disk", "64M")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(p.Problems, "\n"), "LIMIT_UNAVAILABLE: --disk 67108864: the run directory "+filepath.Join(base, "run")+" is not on a tmpfs of at most that size") {
+		t.Errorf("a run directory on the host's disk: problems %q", p.Problems)
+	}
+	p.Close()
+	testenv.NeedRoot(t, "mounts a tmpfs")
+	disk := filepath.Join(base, "disk")
+	if err := os.Mkdir(disk, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := MountDisk(disk, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	defer UnmountDisk(disk)
+	for _, d := range []string{"run", "ws"} {
+		if err := os.Mkdir(filepath.Join(disk, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(disk, "run", "session.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	on := slices.Clone(flags)
+	on[slices.Index(on, "--run-dir")+1] = filepath.Join(disk, "run")
+	for _, c := range []struct {
+		ws, size, problem, note string
+	}{
+		{filepath.Join(disk, "ws"), "64M", "", "the run directory (HOME, /tmp) and the workspace share one tmpfs"},
+		{filepath.Join(base, "ws"), "64M", "", "the workspace " + filepath.Join(base, "ws") + " is the caller's own, outside it"},
+		{filepath.Join(disk, "ws"), "32M", "is not on a tmpfs of at most that size", ""},
+	} {
+		args := slices.Clone(on)
+		args[slices.Index(args, "--workspace")+1] = c.ws
+		p, err := plan(t, append(args, "--disk", c.size)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Only the disk's: the layout's broker socket is not the
+		// session user's to reach, which is another problem.
+		var problems string
+		for _, pr := range p.Problems {
+			if strings.Contains(pr, "--disk") {
+				problems += pr
+			}
+		}
+		notes := strings.Join(p.Notes, "\n")
+		p.Close()
+		if c.problem == "" && problems != "" || !strings.Contains(problems, c.problem) || !strings.Contains(notes, c.note) {
+			t.Errorf("--disk %s, workspace %s: problems %q, notes %q", c.size, c.ws, problems, notes)
+		}
 	}
 }

@@ -152,6 +152,8 @@ type Supervisor struct {
 	// restores what only root can, such as an ACL the agent set) finishes
 	// it before the services start.
 	unfinished string
+	// rules keeps AGENTS.md's rules part the host's (nil: not guarded).
+	rules *rulesGuard
 }
 
 // New checks the options; Run does the work.
@@ -293,6 +295,13 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	defer w.close()
 	s.warnUnheard()
+	if s.rules, err = newRulesGuard(cfg.Workspace, cfg.GitDir); err != nil {
+		s.log.Warn("AGENTS.md's rules part is not guarded", "err", err)
+	} else if s.rules != nil {
+		defer s.rules.close()
+	}
+	guard := time.NewTicker(rulesEvery(cfg.Debounce.Duration))
+	defer guard.Stop()
 	if s.notify != nil {
 		nctx, stop := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -370,6 +379,10 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.mu.Lock()
 			s.dirtySince = time.Time{}
 			s.commitEdits()
+			s.mu.Unlock()
+		case <-guard.C:
+			s.mu.Lock()
+			s.guardRules()
 			s.mu.Unlock()
 		case <-tick.C:
 			s.mu.Lock()

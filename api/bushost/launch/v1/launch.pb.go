@@ -809,6 +809,95 @@ func (x *LogsResponse) GetEnded() bool {
 	return false
 }
 
+type RemoveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveRequest) Reset() {
+	*x = RemoveRequest{}
+	mi := &file_bushost_launch_v1_launch_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveRequest) ProtoMessage() {}
+
+func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_launch_v1_launch_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
+func (*RemoveRequest) Descriptor() ([]byte, []int) {
+	return file_bushost_launch_v1_launch_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RemoveRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RemoveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session as it was when removed.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveResponse) Reset() {
+	*x = RemoveResponse{}
+	mi := &file_bushost_launch_v1_launch_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveResponse) ProtoMessage() {}
+
+func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bushost_launch_v1_launch_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
+func (*RemoveResponse) Descriptor() ([]byte, []int) {
+	return file_bushost_launch_v1_launch_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RemoveResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
 var File_bushost_launch_v1_launch_proto protoreflect.FileDescriptor
 
 const file_bushost_launch_v1_launch_proto_rawDesc = "" +
@@ -881,13 +970,18 @@ const file_bushost_launch_v1_launch_proto_rawDesc = "" +
 	"stdoutNext\x12\x1f\n" +
 	"\vstderr_next\x18\x05 \x01(\x03R\n" +
 	"stderrNext\x12\x14\n" +
-	"\x05ended\x18\x06 \x01(\bR\x05ended2\x82\x03\n" +
+	"\x05ended\x18\x06 \x01(\bR\x05ended\"\x1f\n" +
+	"\rRemoveRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"F\n" +
+	"\x0eRemoveResponse\x124\n" +
+	"\asession\x18\x01 \x01(\v2\x1a.bushost.launch.v1.SessionR\asession2\xd1\x03\n" +
 	"\rLaunchService\x12M\n" +
 	"\x06Launch\x12 .bushost.launch.v1.LaunchRequest\x1a!.bushost.launch.v1.LaunchResponse\x12G\n" +
 	"\x04List\x12\x1e.bushost.launch.v1.ListRequest\x1a\x1f.bushost.launch.v1.ListResponse\x12G\n" +
 	"\x04Wait\x12\x1e.bushost.launch.v1.WaitRequest\x1a\x1f.bushost.launch.v1.WaitResponse\x12G\n" +
 	"\x04Stop\x12\x1e.bushost.launch.v1.StopRequest\x1a\x1f.bushost.launch.v1.StopResponse\x12G\n" +
-	"\x04Logs\x12\x1e.bushost.launch.v1.LogsRequest\x1a\x1f.bushost.launch.v1.LogsResponseB;Z9github.com/bushost/bushost/api/bushost/launch/v1;launchv1b\x06proto3"
+	"\x04Logs\x12\x1e.bushost.launch.v1.LogsRequest\x1a\x1f.bushost.launch.v1.LogsResponse\x12M\n" +
+	"\x06Remove\x12 .bushost.launch.v1.RemoveRequest\x1a!.bushost.launch.v1.RemoveResponseB;Z9github.com/bushost/bushost/api/bushost/launch/v1;launchv1b\x06proto3"
 
 var (
 	file_bushost_launch_v1_launch_proto_rawDescOnce sync.Once
@@ -901,7 +995,7 @@ func file_bushost_launch_v1_launch_proto_rawDescGZIP() []byte {
 	return file_bushost_launch_v1_launch_proto_rawDescData
 }
 
-var file_bushost_launch_v1_launch_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_bushost_launch_v1_launch_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_bushost_launch_v1_launch_proto_goTypes = []any{
 	(*LaunchRequest)(nil),  // 0: bushost.launch.v1.LaunchRequest
 	(*LaunchResponse)(nil), // 1: bushost.launch.v1.LaunchResponse
@@ -914,31 +1008,36 @@ var file_bushost_launch_v1_launch_proto_goTypes = []any{
 	(*StopResponse)(nil),   // 8: bushost.launch.v1.StopResponse
 	(*LogsRequest)(nil),    // 9: bushost.launch.v1.LogsRequest
 	(*LogsResponse)(nil),   // 10: bushost.launch.v1.LogsResponse
-	nil,                    // 11: bushost.launch.v1.LaunchRequest.LimitsEntry
-	nil,                    // 12: bushost.launch.v1.Session.LimitsEntry
+	(*RemoveRequest)(nil),  // 11: bushost.launch.v1.RemoveRequest
+	(*RemoveResponse)(nil), // 12: bushost.launch.v1.RemoveResponse
+	nil,                    // 13: bushost.launch.v1.LaunchRequest.LimitsEntry
+	nil,                    // 14: bushost.launch.v1.Session.LimitsEntry
 }
 var file_bushost_launch_v1_launch_proto_depIdxs = []int32{
-	11, // 0: bushost.launch.v1.LaunchRequest.limits:type_name -> bushost.launch.v1.LaunchRequest.LimitsEntry
+	13, // 0: bushost.launch.v1.LaunchRequest.limits:type_name -> bushost.launch.v1.LaunchRequest.LimitsEntry
 	2,  // 1: bushost.launch.v1.LaunchResponse.session:type_name -> bushost.launch.v1.Session
-	12, // 2: bushost.launch.v1.Session.limits:type_name -> bushost.launch.v1.Session.LimitsEntry
+	14, // 2: bushost.launch.v1.Session.limits:type_name -> bushost.launch.v1.Session.LimitsEntry
 	2,  // 3: bushost.launch.v1.ListResponse.sessions:type_name -> bushost.launch.v1.Session
 	2,  // 4: bushost.launch.v1.WaitResponse.session:type_name -> bushost.launch.v1.Session
 	2,  // 5: bushost.launch.v1.StopResponse.session:type_name -> bushost.launch.v1.Session
-	0,  // 6: bushost.launch.v1.LaunchService.Launch:input_type -> bushost.launch.v1.LaunchRequest
-	3,  // 7: bushost.launch.v1.LaunchService.List:input_type -> bushost.launch.v1.ListRequest
-	5,  // 8: bushost.launch.v1.LaunchService.Wait:input_type -> bushost.launch.v1.WaitRequest
-	7,  // 9: bushost.launch.v1.LaunchService.Stop:input_type -> bushost.launch.v1.StopRequest
-	9,  // 10: bushost.launch.v1.LaunchService.Logs:input_type -> bushost.launch.v1.LogsRequest
-	1,  // 11: bushost.launch.v1.LaunchService.Launch:output_type -> bushost.launch.v1.LaunchResponse
-	4,  // 12: bushost.launch.v1.LaunchService.List:output_type -> bushost.launch.v1.ListResponse
-	6,  // 13: bushost.launch.v1.LaunchService.Wait:output_type -> bushost.launch.v1.WaitResponse
-	8,  // 14: bushost.launch.v1.LaunchService.Stop:output_type -> bushost.launch.v1.StopResponse
-	10, // 15: bushost.launch.v1.LaunchService.Logs:output_type -> bushost.launch.v1.LogsResponse
-	11, // [11:16] is the sub-list for method output_type
-	6,  // [6:11] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	2,  // 6: bushost.launch.v1.RemoveResponse.session:type_name -> bushost.launch.v1.Session
+	0,  // 7: bushost.launch.v1.LaunchService.Launch:input_type -> bushost.launch.v1.LaunchRequest
+	3,  // 8: bushost.launch.v1.LaunchService.List:input_type -> bushost.launch.v1.ListRequest
+	5,  // 9: bushost.launch.v1.LaunchService.Wait:input_type -> bushost.launch.v1.WaitRequest
+	7,  // 10: bushost.launch.v1.LaunchService.Stop:input_type -> bushost.launch.v1.StopRequest
+	9,  // 11: bushost.launch.v1.LaunchService.Logs:input_type -> bushost.launch.v1.LogsRequest
+	11, // 12: bushost.launch.v1.LaunchService.Remove:input_type -> bushost.launch.v1.RemoveRequest
+	1,  // 13: bushost.launch.v1.LaunchService.Launch:output_type -> bushost.launch.v1.LaunchResponse
+	4,  // 14: bushost.launch.v1.LaunchService.List:output_type -> bushost.launch.v1.ListResponse
+	6,  // 15: bushost.launch.v1.LaunchService.Wait:output_type -> bushost.launch.v1.WaitResponse
+	8,  // 16: bushost.launch.v1.LaunchService.Stop:output_type -> bushost.launch.v1.StopResponse
+	10, // 17: bushost.launch.v1.LaunchService.Logs:output_type -> bushost.launch.v1.LogsResponse
+	12, // 18: bushost.launch.v1.LaunchService.Remove:output_type -> bushost.launch.v1.RemoveResponse
+	13, // [13:19] is the sub-list for method output_type
+	7,  // [7:13] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_bushost_launch_v1_launch_proto_init() }
@@ -952,7 +1051,7 @@ func file_bushost_launch_v1_launch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bushost_launch_v1_launch_proto_rawDesc), len(file_bushost_launch_v1_launch_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

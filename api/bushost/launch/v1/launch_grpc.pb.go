@@ -24,6 +24,7 @@ const (
 	LaunchService_Wait_FullMethodName   = "/bushost.launch.v1.LaunchService/Wait"
 	LaunchService_Stop_FullMethodName   = "/bushost.launch.v1.LaunchService/Stop"
 	LaunchService_Logs_FullMethodName   = "/bushost.launch.v1.LaunchService/Logs"
+	LaunchService_Remove_FullMethodName = "/bushost.launch.v1.LaunchService/Remove"
 )
 
 // LaunchServiceClient is the client API for LaunchService service.
@@ -47,6 +48,9 @@ type LaunchServiceClient interface {
 	Stop(ctx context.Context, in *StopRequest, opts ...grpc.CallOption) (*StopResponse, error)
 	// Logs returns the session's stdout and stderr as kept (bounded).
 	Logs(ctx context.Context, in *LogsRequest, opts ...grpc.CallOption) (*LogsResponse, error)
+	// Remove removes an ended session: the workspace the launcher made for
+	// it, its output and its record.
+	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
 }
 
 type launchServiceClient struct {
@@ -107,6 +111,16 @@ func (c *launchServiceClient) Logs(ctx context.Context, in *LogsRequest, opts ..
 	return out, nil
 }
 
+func (c *launchServiceClient) Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveResponse)
+	err := c.cc.Invoke(ctx, LaunchService_Remove_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LaunchServiceServer is the server API for LaunchService service.
 // All implementations must embed UnimplementedLaunchServiceServer
 // for forward compatibility.
@@ -128,6 +142,9 @@ type LaunchServiceServer interface {
 	Stop(context.Context, *StopRequest) (*StopResponse, error)
 	// Logs returns the session's stdout and stderr as kept (bounded).
 	Logs(context.Context, *LogsRequest) (*LogsResponse, error)
+	// Remove removes an ended session: the workspace the launcher made for
+	// it, its output and its record.
+	Remove(context.Context, *RemoveRequest) (*RemoveResponse, error)
 	mustEmbedUnimplementedLaunchServiceServer()
 }
 
@@ -152,6 +169,9 @@ func (UnimplementedLaunchServiceServer) Stop(context.Context, *StopRequest) (*St
 }
 func (UnimplementedLaunchServiceServer) Logs(context.Context, *LogsRequest) (*LogsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Logs not implemented")
+}
+func (UnimplementedLaunchServiceServer) Remove(context.Context, *RemoveRequest) (*RemoveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Remove not implemented")
 }
 func (UnimplementedLaunchServiceServer) mustEmbedUnimplementedLaunchServiceServer() {}
 func (UnimplementedLaunchServiceServer) testEmbeddedByValue()                       {}
@@ -264,6 +284,24 @@ func _LaunchService_Logs_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LaunchService_Remove_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LaunchServiceServer).Remove(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LaunchService_Remove_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LaunchServiceServer).Remove(ctx, req.(*RemoveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LaunchService_ServiceDesc is the grpc.ServiceDesc for LaunchService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -290,6 +328,10 @@ var LaunchService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Logs",
 			Handler:    _LaunchService_Logs_Handler,
+		},
+		{
+			MethodName: "Remove",
+			Handler:    _LaunchService_Remove_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

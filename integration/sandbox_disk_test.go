@@ -1,0 +1,64 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/bushost/bushost/internal/testenv"
+)
+
+// TestSandboxDisk: `sandbox run --disk` as the host runs it by hand. A run
+// directory on the host's own disk is refused before anything starts;
+// one on a tmpfs of the size (mounted as docs/sandbox.md says) bounds
+// HOME, /tmp and /dev/shm together, with ENOSPC past it, while the
+// caller's own workspace elsewhere is outside it.
+func TestSandboxDisk(t *testing.T) {
+	testenv.NeedRoot(t, "mounts a tmpfs")
+	e := newSandboxEnv(t)
+	snap := e.snapshot(t)
+	out, errOut, code := e.runIn(t, []string{"--disk", "16M"}, "true")
+	if code != 125 || !strings.Contains(errOut, "LIMIT_UNAVAILABLE: --disk 16777216: the run directory "+e.run+" is not on a tmpfs of at most that size") {
+		t.Errorf("--disk with the run directory on the host's disk: exit %d, want 125 naming it\n%s%s", code, out, errOut)
+	}
+	e.assertUnchanged(t, snap)
+
+	disk := filepath.Join(e.base, "disk")
+	if err := os.Mkdir(disk, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", disk, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "size=16M,mode=0711"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(disk, syscall.MNT_DETACH) })
+	run := filepath.Join(disk, "run")
+	if err := os.Mkdir(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flags := e.flags("git.push.working")
+	flags[slices.Index(flags, "--run-dir")+1] = run
+	out, errOut, code = runSandbox(t, e.sandbox, append(append([]string{"run"}, flags...), "--disk", "16M", "--", "sh", "-c", `
+head -c 6291456 /dev/zero > /tmp/a; echo "tmp=$?"
+head -c 6291456 /dev/zero > "$HOME/b"; echo "home=$?"
+head -c 6291456 /dev/zero > /dev/shm/c; echo "shm=$?"
+head -c 6291456 /dev/zero > ws-file; echo "ws=$?"
+rm -f ws-file`)...)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{"tmp=0", "home=0", "shm=1", "No space left on device", "ws=0"} {
+		if !strings.Contains(out+errOut, want) {
+			t.Errorf("6 MB each to /tmp, HOME, /dev/shm (all on a 16M disk) and the caller's workspace: no %q\n%s%s", want, out, errOut)
+		}
+	}
+	out, _, _ = runSandbox(t, e.sandbox, append(append([]string{"explain"}, flags...), "--disk", "16M")...)
+	if !strings.Contains(out, "the workspace "+e.ws+" is the caller's own, outside it") {
+		t.Errorf("explain does not say the caller's workspace is outside --disk:\n%s", out)
+	}
+}
