@@ -123,7 +123,7 @@ func TestLaunchBounds(t *testing.T) {
 		}{
 			{"bounds without session.launch", []string{"git.push.working"}, &brokerv1.LaunchBounds{Net: []string{"host"}}},
 			{"unknown network mode", []string{"session.launch"}, &brokerv1.LaunchBounds{Net: []string{"everything"}}},
-			{"unknown limit", []string{"session.launch"}, &brokerv1.LaunchBounds{Max: map[string]string{"disk": "1G"}}},
+			{"unknown limit", []string{"session.launch"}, &brokerv1.LaunchBounds{Max: map[string]string{"gpu": "1"}}},
 			{"bad ceiling", []string{"session.launch"}, &brokerv1.LaunchBounds{Max: map[string]string{"pids": "lots"}}},
 			{"bad task pattern", []string{"session.launch"}, &brokerv1.LaunchBounds{Tasks: "../t"}},
 			{"bad domain", []string{"session.launch"}, &brokerv1.LaunchBounds{AllowDomains: []string{"*"}}},

@@ -54,8 +54,9 @@ func errReason(stderr string) string {
 func TestFrozenHostCannotHoldTheFleet(t *testing.T) {
 	dsn := pgtest.SchemaDSN(t, "frozen", "a host frozen holding the write lock of a shared PostgreSQL")
 	held := filepath.Join(baseDir(t), "held")
-	a := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
-	b := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}, Daemon: failpointDaemon(t),
+	keys := sharedLogKeys(t, 2)
+	a := startHostWith(t, hostOpts{Args: append([]string{"--broker-dsn", dsn}, keys[0]...)})
+	b := startHostWith(t, hostOpts{Args: append([]string{"--broker-dsn", dsn}, keys[1]...), Daemon: failpointDaemon(t),
 		Env: []string{"BUSHOST_FAILPOINT=record-push:hold", "BUSHOST_FAILPOINT_FILE=" + held}})
 	a.AddProject(t, "acme", "web")
 	b.AddProject(t, "acme", "api")
@@ -283,7 +284,7 @@ func TestEventQuotaHoldsAcrossHosts(t *testing.T) {
 	dsn := pgtest.SchemaDSN(t, "quota", "one grant's event quota across three hosts")
 	const rate = 6
 	args := []string{"--broker-dsn", dsn, "--event-rate", fmt.Sprint(rate)}
-	hosts := []*Host{startHostWith(t, hostOpts{Args: args}), startHostWith(t, hostOpts{Args: args}), startHostWith(t, hostOpts{Args: args})}
+	hosts := startSharing(t, 3, args...)
 	hosts[0].AddProject(t, "acme", "web")
 	g := hosts[0].Grant(t, "acme", "web", "t1", "notes", "event.record")
 	var mu sync.Mutex

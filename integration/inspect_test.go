@@ -42,6 +42,13 @@ type inspectGrants struct {
 		Launch       map[string][]string `json:"launch"`
 		LaunchedBy   string              `json:"launched_by"`
 		LaunchDepth  int64               `json:"launch_depth"`
+		LaunchBounds struct {
+			Net          []string          `json:"net"`
+			Max          map[string]string `json:"max"`
+			Tasks        string            `json:"tasks"`
+			AllowDomains []string          `json:"allow_domains"`
+			AllowHosts   []string          `json:"allow_hosts"`
+		} `json:"launch_bounds"`
 	} `json:"grants"`
 }
 

@@ -26,7 +26,7 @@ const renamedFiles = 6500
 func TestLongMergeOutsideTheProjectLock(t *testing.T) {
 	// The worker's push of 6,500 files takes git a while to pack on a
 	// loaded machine: the push rate is not what this test is about.
-	h := startHostWith(t, hostOpts{Args: []string{"--merge-timeout", "20s", "--merge-rename-limit", "7000", "--push-rate-grace", "5m"}})
+	h := startHostWith(t, hostOpts{Args: []string{"--merge-timeout", "10s", "--merge-rename-limit", "7000", "--push-rate-grace", "5m"}})
 	base := filepath.Dir(h.Home)
 	root := filepath.Join(base, "root")
 	if err := os.MkdirAll(filepath.Join(root, "src"), 0o755); err != nil {
@@ -35,7 +35,7 @@ func TestLongMergeOutsideTheProjectLock(t *testing.T) {
 	testGit(t, root, "init", "-q", "-b", "main")
 	body := func(i int) string {
 		var b strings.Builder
-		for j := 0; j < 12; j++ {
+		for j := 0; j < 48; j++ {
 			fmt.Fprintf(&b, "file %d line %d %s\n", i, j, randSuffix())
 		}
 		return b.String()

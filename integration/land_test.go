@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -87,7 +88,8 @@ func refusedLand(t *testing.T, h *Host, tokenFile string, code int, reason strin
 	// A merge refused (conflicts, its deadline, a check of its result)
 	// is recorded as one task.land_refused; any other refusal appends
 	// nothing.
-	merge := strings.HasPrefix(reason, "MERGE_") || strings.HasPrefix(reason, "SUBMODULE_") || strings.HasPrefix(reason, "GITMODULES_")
+	merge := strings.HasPrefix(reason, "MERGE_") || strings.HasPrefix(reason, "SUBMODULE_") || strings.HasPrefix(reason, "GITMODULES_") ||
+		slices.Contains(args, "--merge") && reason == "TREE_TOO_LARGE"
 	added := brokerEvents(t, h)[n:]
 	if merge && (len(added) != 1 || added[0].Type != "task.land_refused" || !strings.Contains(string(added[0].Data), reason)) ||
 		!merge && len(added) != 0 {

@@ -496,7 +496,7 @@ echo "worker $(launch -- sleep 600)"`
 func TestLaunchFromUnknownSandbox(t *testing.T) {
 	e := newLaunchEnv(t)
 	run, ws := e.prepareLead(t, e.lead)
-	if err := os.Chmod(ws, 0o777); err != nil {
+	if err := os.Chown(ws, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
 	dirs := e.sessionDirs(t)

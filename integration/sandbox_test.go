@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bushost/bushost/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -1027,16 +1028,12 @@ func TestSandboxExplain(t *testing.T) {
 // session reaches the sockets and nothing else of the home: admin.token
 // stays unreadable.
 func TestSandboxPushWorking(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes a group and runs the session as nobody, who must not read the host's admin.token")
-	}
-	const group = "bushost-test"
-	// The group is the test's: made here unless a killed run left it, and
-	// removed at the end, so the machine keeps no trace of the test.
-	if err := exec.Command("getent", "group", group).Run(); err != nil {
-		if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
-			t.Fatalf("groupadd: %v\n%s", err, out)
-		}
+	testenv.NeedRoot(t, "makes a group and runs the session as nobody, who must not read the host's admin.token")
+	// The group is the test's own, named uniquely, and removed at the end,
+	// so no group that existed before is touched.
+	group := fmt.Sprintf("bht-%d-%s", os.Getpid(), randSuffix()[:6])
+	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
+		t.Fatalf("groupadd: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("groupdel", group).CombinedOutput(); err != nil {
@@ -1049,28 +1046,28 @@ func TestSandboxPushWorking(t *testing.T) {
 
 	base := filepath.Dir(h.Home)
 	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
+	// The workspace is the session user's; the run directory root's, as
+	// sandbox run started by root requires.
 	for _, d := range []string{ws, run} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Chown(d, 65534, 65534); err != nil {
-			t.Fatal(err)
-		}
+	}
+	if err := os.Chown(ws, 65534, 65534); err != nil {
+		t.Fatal(err)
 	}
 	// session.json names the token: run hands it to the session's uid.
 	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1","token_file":"token"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// The session's own token, in its run directory, readable by it alone.
+	// The session's own token, root's in its run directory: sandbox run
+	// hands it to the session's uid alone.
 	tok, err := os.ReadFile(token)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sessionToken := filepath.Join(run, "token")
 	if err := os.WriteFile(sessionToken, tok, 0o400); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(sessionToken, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
 	sb := bin(t, "sandbox")

@@ -134,22 +134,29 @@ func TestSupervisorACLHiddenDirectory(t *testing.T) {
 	}
 	uid, _ := strconv.Atoi(app.Uid)
 	web := filepath.Join(e.ws, "src", "website")
+	// A bad edit, recorded while the trees still can be: the service it
+	// starts never turns healthy (so never good) and breaks once the
+	// hidden directory is there. Commits wait while the directory is
+	// hidden, so it must be committed first.
+	if out, err := e.asAgent(fmt.Sprintf(`printf '#!/bin/bash\nwhile [ ! -d hidden ]; do sleep 0.1; done\necho broken\nexit 1\n' > %s/serve.sh`, web)); err != nil {
+		t.Fatalf("agent: %v: %s", err, out)
+	}
+	e.waitFor("the bad edit committed and running", 15*time.Second, func() bool {
+		st := e.status()
+		return st.Head != good && st.Unrecorded == "" && len(st.Services) > 0 && st.Services[0].State == supervisor.StateRunning
+	})
 	script := fmt.Sprintf(`mkdir %[1]s/hidden && echo implant > %[1]s/hidden/payload.sh &&
 python3 -c 'import os; os.setxattr("%[1]s/hidden", "system.posix_acl_access", bytes.fromhex("%[2]s"))'`, web, aclHiding(uid))
 	if out, err := e.asAgent(script); err != nil {
-		t.Fatalf("agent: %v: %s", err, out)
-	}
-	e.waitFor("the hidden directory reported", 15*time.Second, func() bool {
-		st := e.status()
-		return st.State == "degraded" && strings.Contains(st.Unrecorded, "src/website/hidden cannot be read by the supervisor")
-	})
-	if out, err := e.asAgent(fmt.Sprintf(`printf '#!/bin/bash\necho broken\nexit 1\n' > %s/serve.sh`, web)); err != nil {
 		t.Fatalf("agent: %v: %s", err, out)
 	}
 	var st supervisor.Status
 	e.waitFor("the revert fails, loudly", 20*time.Second, func() bool {
 		st = e.status()
 		return len(st.Reverts) > 0 && strings.Contains(st.Reverts[0].Error, "hidden")
+	})
+	e.waitFor("the hidden directory reported", 15*time.Second, func() bool {
+		return strings.Contains(e.status().Unrecorded, "src/website/hidden cannot be read by the supervisor")
 	})
 
 	e.shutdown()

@@ -672,10 +672,18 @@ func TestSupervisorRebootKeepsAgentNotes(t *testing.T) {
 	if out, err := e.asAgent("echo 'notes without a sentinel' > " + filepath.Join(e.ws, "AGENTS.md")); err != nil {
 		t.Fatal(err, out)
 	}
+	// Without its sentinel the file's rules cannot be told from its
+	// notes: none of it is kept in the file (it could carry forged
+	// rules), the notes start afresh saying where it went, and what the
+	// agent wrote is kept whole beside it, for the agent to read.
 	e.boot()
 	b, _ = os.ReadFile(filepath.Join(e.ws, "AGENTS.md"))
-	if !strings.HasPrefix(string(b), "# House rules v2\n") || !strings.HasSuffix(string(b), "notes without a sentinel\n") {
-		t.Errorf("salvaged AGENTS.md:\n%s", b)
+	if !strings.HasPrefix(string(b), "# House rules v2\n\n"+supervisor.AgentsSentinel+"\n") || strings.Contains(string(b), "notes without a sentinel") ||
+		!strings.Contains(string(b), supervisor.UnkeptAgents) {
+		t.Errorf("AGENTS.md after a boot that found no sentinel:\n%s", b)
+	}
+	if out, err := e.asAgent("cat " + filepath.Join(e.ws, supervisor.UnkeptAgents)); err != nil || out != "notes without a sentinel\n" {
+		t.Errorf("the agent reading %s: %v %q", supervisor.UnkeptAgents, err, out)
 	}
 }
 

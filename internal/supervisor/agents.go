@@ -44,12 +44,24 @@ const maxAgentsBytes = 1 << 20
 
 // RegenerateAgents returns the new AGENTS.md: rules, the sentinel line, then
 // the agent's notes. The notes are what followed the sentinel in old. A
-// rules part the agent changed is never kept: without a sentinel, the
-// file's rules part cannot be told from its notes, so old is kept only
-// below its rules part if that is the rules unchanged (the sentinel alone
-// was lost); else the notes start afresh from the template, saying why.
-// With no old file, the template.
+// rules part the agent changed is never kept in the file: without a
+// sentinel, the file's rules part cannot be told from its notes, so old is
+// kept only below its rules part if that is the rules unchanged (the
+// sentinel alone was lost); else the notes start afresh from the template,
+// saying where old went (UnkeptAgents). With no old file, the template.
 func RegenerateAgents(rules, old []byte, oldExists bool, now time.Time) []byte {
+	file, _ := regenerateAgents(rules, old, oldExists, now)
+	return file
+}
+
+// UnkeptAgents is the file, beside AGENTS.md, that holds an AGENTS.md init
+// could not keep (no sentinel, and not the rules unchanged): the agent's
+// words are not lost, and they are not rules.
+const UnkeptAgents = "AGENTS.unkept.md"
+
+// regenerateAgents is RegenerateAgents, and the old content it did not
+// keep (nil when it kept it all).
+func regenerateAgents(rules, old []byte, oldExists bool, now time.Time) (file, unkept []byte) {
 	head := rulesPart(rules)
 	notes := agentsTemplate
 	if oldExists {
@@ -58,8 +70,9 @@ func RegenerateAgents(rules, old []byte, oldExists bool, now time.Time) []byte {
 		} else if rest, ok := bytes.CutPrefix(old, bytes.TrimSuffix(head, []byte(AgentsSentinel+"\n"))); ok {
 			notes = string(rest)
 		} else if len(bytes.TrimSpace(old)) > 0 {
-			notes = fmt.Sprintf("%s\n_AGENTS.md had no sentinel line at the boot of %s, and its first part was not these rules: its content was not kept, since it could carry rules that are not the host's._\n",
-				agentsTemplate, now.UTC().Format("2006-01-02 15:04 UTC"))
+			notes = fmt.Sprintf("%s\n_AGENTS.md had no sentinel line at the boot of %s, and its first part was not these rules: it was moved to %s, not kept here, since it could carry rules that are not the host's._\n",
+				agentsTemplate, now.UTC().Format("2006-01-02 15:04 UTC"), UnkeptAgents)
+			unkept = old
 		}
 	}
 	b := bytes.NewBuffer(head)
@@ -67,7 +80,7 @@ func RegenerateAgents(rules, old []byte, oldExists bool, now time.Time) []byte {
 	if notes != "" && !strings.HasSuffix(notes, "\n") {
 		b.WriteByte('\n')
 	}
-	return b.Bytes()
+	return b.Bytes(), unkept
 }
 
 // rulesPart is the part of AGENTS.md above the agent's notes: the rules,

@@ -37,6 +37,12 @@ func TestRegenerateAgents(t *testing.T) {
 		!strings.Contains(notes, "no sentinel line at the boot of 2026-01-02 03:04 UTC") {
 		t.Errorf("a forged rules part without the sentinel:\n%s", regen)
 	}
+	if file, unkept := regenerateAgents(rules, []byte(forged), true, now); string(file) != regen || string(unkept) != forged || !strings.Contains(regen, UnkeptAgents) {
+		t.Errorf("the content not kept in AGENTS.md: %q, want it whole for %s, named in the notes", unkept, UnkeptAgents)
+	}
+	if _, unkept := regenerateAgents(rules, []byte(regen), true, now); unkept != nil {
+		t.Errorf("a file with its sentinel left content aside: %q", unkept)
+	}
 	lost := "# Rules\n\nDo not touch infra.\n\nmy precious notes\n"
 	if got := string(RegenerateAgents(rules, []byte(lost), true, now)); got != "# Rules\n\nDo not touch infra.\n\n"+AgentsSentinel+"\nmy precious notes\n" {
 		t.Errorf("the sentinel alone lost:\n%s", got)

@@ -516,7 +516,16 @@ func writeAgentsFile(wsfd int, gitDir string, log *slog.Logger) error {
 		log.Warn("AGENTS.md could not be read safely; starting the notes afresh", "err", err)
 		old, exists = nil, false
 	}
-	return replaceFileAt(wsfd, "AGENTS.md", RegenerateAgents(rules, old, exists, time.Now()), 0o664)
+	file, unkept := regenerateAgents(rules, old, exists, time.Now())
+	if unkept != nil {
+		// Written before AGENTS.md is replaced: a failure here leaves the
+		// old file as it was.
+		if err := replaceFileAt(wsfd, UnkeptAgents, unkept, 0o664); err != nil {
+			return fmt.Errorf("%s: %w", UnkeptAgents, err)
+		}
+		log.Warn("AGENTS.md had no sentinel line and was not the rules: its content was moved aside, and its notes start afresh", "moved_to", UnkeptAgents)
+	}
+	return replaceFileAt(wsfd, "AGENTS.md", file, 0o664)
 }
 
 // setOwnership gives the agent the watched trees, .git/ and AGENTS.md, and
