@@ -37,7 +37,7 @@ func TestLaunchSockStalledLogs(t *testing.T) {
 	lines := he.attack(t, attacker, "logs", filepath.Join(e.h.Home, "launch.sock"), strings.TrimSpace(string(tok)), id, "12", "16")
 	t.Logf("hostile: %s", <-lines)
 	kb := rssKiB(t, e.serve.Process.Pid)
-	t.Logf("launcher RSS %d KiB with 192 stalled Logs answers (%d KiB before)", kb, before)
+	t.Logf("launcher RSS %d KiB after 192 Logs calls whose answers are not read (%d KiB before)", kb, before)
 	if kb > 128<<10 {
 		t.Errorf("launcher RSS %d KiB with stalled Logs answers, want under 128 MiB", kb)
 	}

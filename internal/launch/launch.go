@@ -29,6 +29,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -67,7 +68,8 @@ type Options struct {
 	UIDRange, StateDir string
 	// StopGrace is how long Stop waits after SIGTERM before SIGKILL.
 	StopGrace time.Duration
-	// LogBytes bounds what Logs returns of each stream (its tail).
+	// LogBytes is how far back from its end Logs reads each stream (its
+	// tail), in answers of at most logChunk each.
 	LogBytes int64
 	// Defaults are the limits a launch naming none gets, and the ceilings
 	// of a grant naming none (sandbox serve --default-NAME).
@@ -747,6 +749,26 @@ func (s *Server) find(ctx context.Context, id string) (*live, error) {
 	return l, nil
 }
 
+// listCommandBytes bounds the command List shows of each session.
+const listCommandBytes = 512
+
+// clipCommand keeps the arguments of cmd that fit in n bytes, the last
+// one cut, and "..." after them when anything was left out.
+func clipCommand(cmd []string, n int) []string {
+	var out []string
+	for _, a := range cmd {
+		if len(a) > n {
+			for n > 0 && !utf8.RuneStart(a[n]) {
+				n-- // a string field of protobuf is UTF-8
+			}
+			return append(out, a[:n], "...")
+		}
+		n -= len(a)
+		out = append(out, a)
+	}
+	return out
+}
+
 func clip(s string) string {
 	if len(s) > 64 {
 		return s[:64] + "..."
@@ -771,7 +793,11 @@ func (s *Server) List(ctx context.Context, _ *launchv1.ListRequest) (*launchv1.L
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Started.Before(recs[j].Started) })
 	out := &launchv1.ListResponse{}
 	for _, r := range recs {
-		out.Sessions = append(out.Sessions, sessionProto(r))
+		p := sessionProto(r)
+		// An overview: a command of up to 64 KiB each would make the
+		// answer as large as the number of sessions (see maxAnswer).
+		p.Command = clipCommand(p.Command, listCommandBytes)
+		out.Sessions = append(out.Sessions, p)
 	}
 	return out, nil
 }
@@ -826,6 +852,11 @@ func (s *Server) Stop(ctx context.Context, r *launchv1.StopRequest) (*launchv1.S
 	return &launchv1.StopResponse{Session: sessionProto(l.snapshot())}, nil
 }
 
+// logChunk bounds what one Logs answer carries of each stream: an answer
+// the caller does not read stays in the launcher (launch.sock's Budget),
+// so the client reads the tail in chunks, from the offsets each gives.
+const logChunk = 32 << 10
+
 // Logs implements LaunchService.
 func (s *Server) Logs(ctx context.Context, r *launchv1.LogsRequest) (*launchv1.LogsResponse, error) {
 	l, err := s.find(ctx, r.GetId())
@@ -840,11 +871,11 @@ func (s *Server) Logs(ctx context.Context, r *launchv1.LogsRequest) (*launchv1.L
 		ended = true
 	default:
 	}
-	out, t1, n1, err := tail(filepath.Join(l.dir, stdoutName), s.o.LogBytes, r.GetFromOffsets(), r.GetStdoutOffset())
+	out, t1, n1, err := tail(filepath.Join(l.dir, stdoutName), s.o.LogBytes, logChunk, r.GetFromOffsets(), r.GetStdoutOffset())
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	errb, t2, n2, err := tail(filepath.Join(l.dir, stderrName), s.o.LogBytes, r.GetFromOffsets(), r.GetStderrOffset())
+	errb, t2, n2, err := tail(filepath.Join(l.dir, stderrName), s.o.LogBytes, logChunk, r.GetFromOffsets(), r.GetStderrOffset())
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}

@@ -108,6 +108,8 @@ type conn struct {
 	// onHeaders, when set, is told of each stream whose response the
 	// server has begun (its headers, ahead of the message).
 	onHeaders func(id uint32)
+	// onReset, when set, is told of each stream the server resets.
+	onReset func(id uint32, code string)
 }
 
 func dial(sock string, settings ...http2.Setting) (*conn, error) {
@@ -177,6 +179,9 @@ func (c *conn) drain(done chan<- struct{}) {
 			}
 		case *http2.RSTStreamFrame:
 			c.dead[f.StreamID] = true
+			if c.onReset != nil {
+				c.onReset(f.StreamID, f.ErrCode.String())
+			}
 		case *http2.MetaHeadersFrame:
 			if !f.StreamEnded() && c.onHeaders != nil {
 				c.onHeaders(f.StreamID)
@@ -525,6 +530,7 @@ func logs(sock, token, id string, nconns, streams int) error {
 		}
 		c.onHeaders = func(uint32) { answered <- "" }
 		c.onEnd = func(_ uint32, status string) { answered <- status }
+		c.onReset = func(_ uint32, code string) { answered <- "reset " + code }
 		go c.drain(nil)
 		for j := 0; j < streams; j++ {
 			block := headerBlock("/bushost.launch.v1.LaunchService/Logs", hpack.HeaderField{Name: "authorization", Value: "Bearer " + token})
