@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // TestLaunchSockStalledLogs: a lead that asks launch.sock for a
@@ -43,5 +46,57 @@ func TestLaunchSockStalledLogs(t *testing.T) {
 	}
 	if out, errOut, code := e.h.Run(t, nil, "session", "list"); code != 0 {
 		t.Errorf("the host's session list under the attack: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// TestLaunchEndedSessionsKept: a lead that launches session after
+// session, each leaving output behind, must not grow the launcher's disk
+// and memory without end: only the latest ended sessions of a grant are
+// kept (their directories and records), the older ones are forgotten,
+// and a session still running is never.
+func TestLaunchEndedSessionsKept(t *testing.T) {
+	e := newLaunchEnv(t)
+	const n = 20 // beyond the 16 kept by default
+	var ids []string
+	for i := 0; i < n; i++ {
+		id, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working", "--",
+			"sh", "-c", "head -c 65536 /dev/zero")
+		id = strings.TrimSpace(id)
+		if code != 0 {
+			t.Fatalf("launch %d: exit %d\n%s", i, code, errOut)
+		}
+		if _, errOut, code := e.as(t, e.lead, "session", "wait", id); code != 0 {
+			t.Fatalf("session wait %d: exit %d\n%s", i, code, errOut)
+		}
+		ids = append(ids, id)
+	}
+	// The last one's end is recorded once its wait returns; the launcher
+	// forgets the oldest as each one ends.
+	kept := func() []string {
+		var out []string
+		for _, id := range ids {
+			if _, err := os.Stat(filepath.Join(e.h.Home, "sessions", id)); err == nil {
+				out = append(out, id)
+			}
+		}
+		return out
+	}
+	testenv.WaitFor(t, 30*time.Second, "the oldest ended sessions forgotten", func() bool { return len(kept()) <= 16 })
+	if got := kept(); len(got) != 16 || got[0] != ids[n-16] {
+		t.Errorf("session directories kept: %v, want the last 16 of %v", got, ids)
+	}
+	out, errOut, code := e.as(t, e.lead, "session", "list", "--json")
+	if rows := decodeSessions(t, out); code != 0 || len(rows) != 16 {
+		t.Errorf("session list: exit %d, %d sessions, want the 16 kept\n%s%s", code, len(rows), out, errOut)
+	}
+	if _, errOut, code := e.as(t, e.lead, "session", "wait", ids[0]); code == 0 || !strings.Contains(errOut, "SESSION_NOT_FOUND") {
+		t.Errorf("session wait of a forgotten session: exit %d\n%s", code, errOut)
+	}
+	// A restarted launcher keeps the same ones.
+	e.stop(t)
+	e.start(t)
+	out, _, _ = e.as(t, e.lead, "session", "list", "--json")
+	if rows := decodeSessions(t, out); len(rows) != 16 || len(kept()) != 16 {
+		t.Errorf("after a restart: %d sessions listed, %d directories kept, want 16", len(rows), len(kept()))
 	}
 }
