@@ -51,6 +51,9 @@ import (
 // Socket is the launcher's socket in its home.
 const Socket = "launch.sock"
 
+// DefaultKeepEnded is sandbox serve's --keep-ended.
+const DefaultKeepEnded = 16
+
 // Options configure a launcher.
 type Options struct {
 	// Home holds launch.sock and sessions/ (the state directory).
@@ -64,6 +67,10 @@ type Options struct {
 	// deep session.launch may be handed on (1: only the host's grants
 	// launch).
 	MaxPerGrant, MaxSessions, MaxDepth int
+	// KeepEnded is how many ended sessions of each launcher grant are
+	// kept (listed, waited for, their logs served); older ones are
+	// forgotten and their directories removed.
+	KeepEnded int
 	// UIDRange and StateDir are passed to sandbox run ("" for its defaults).
 	UIDRange, StateDir string
 	// StopGrace is how long Stop waits after SIGTERM before SIGKILL.
@@ -123,6 +130,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.LogBytes <= 0 {
 		o.LogBytes = 1 << 20
+	}
+	if o.KeepEnded <= 0 {
+		o.KeepEnded = DefaultKeepEnded
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -635,6 +645,45 @@ func (s *Server) finish(l *live, status int, known bool) {
 	_ = l.rec.save(l.dir)
 	l.mu.Unlock()
 	close(l.done)
+	s.prune(rec.Launcher)
+}
+
+// prune forgets the oldest ended sessions of launcher grant g beyond
+// KeepEnded, and removes their directories, so that a grant launching
+// session after session does not fill the launcher's disk and memory. A
+// session is forgotten only once finished: session.ended recorded and its
+// grant revoked (else the next start still has work to do with it).
+func (s *Server) prune(g string) {
+	s.mu.Lock()
+	var ended []*live
+	for _, l := range s.sessions {
+		select {
+		case <-l.done:
+		default:
+			continue
+		}
+		if r := l.snapshot(); r.Launcher == g && r.Recorded && r.Revoked {
+			ended = append(ended, l)
+		}
+	}
+	if len(ended) <= s.o.KeepEnded {
+		s.mu.Unlock()
+		return
+	}
+	sort.Slice(ended, func(i, j int) bool {
+		a, b := ended[i].snapshot(), ended[j].snapshot()
+		return a.Ended.Before(b.Ended) || a.Ended.Equal(b.Ended) && a.ID < b.ID
+	})
+	drop := ended[:len(ended)-s.o.KeepEnded]
+	for _, l := range drop {
+		delete(s.sessions, l.snapshot().ID)
+	}
+	s.mu.Unlock()
+	for _, l := range drop {
+		if err := os.RemoveAll(l.dir); err != nil {
+			s.logf("remove the directory of ended session %s: %v", l.snapshot().ID, err)
+		}
+	}
 }
 
 // adopt reads the state directory: a session still running (same pid,
@@ -660,12 +709,17 @@ func (s *Server) adopt() {
 			continue
 		}
 		l := &live{rec: *rec, dir: dir, done: make(chan struct{}), exited: make(chan struct{})}
+		// Locked: the sessions adopted before this one may already be
+		// finishing, and pruning, on their own goroutines.
+		s.mu.Lock()
 		s.sessions[rec.ID] = l
+		s.mu.Unlock()
 		if rec.Recorded {
 			// Ended and recorded; its grant may not have been revoked yet.
 			go func() {
 				s.revoke(l)
 				close(l.done)
+				s.prune(rec.Launcher)
 			}()
 			continue
 		}
