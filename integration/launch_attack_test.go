@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -98,5 +100,82 @@ func TestLaunchEndedSessionsKept(t *testing.T) {
 	out, _, _ = e.as(t, e.lead, "session", "list", "--json")
 	if rows := decodeSessions(t, out); len(rows) != 16 || len(kept()) != 16 {
 		t.Errorf("after a restart: %d sessions listed, %d directories kept, want 16", len(rows), len(kept()))
+	}
+}
+
+// TestSandboxRunHandOverEntrySwap: the hand-over walks the workspace and
+// gives the session's uid what the workspace's owner owns there. The
+// owner, still holding the workspace, exchanges an entry of its own with
+// a file of root's it was left (a root-owned file in a directory of the
+// user's, as sudo leaves them) between the walk's look at the entry and
+// its chown (a hooked build swaps at that exact point). The session must
+// not be given root's file, and nothing may be left with the session's
+// uid or with another owner than before.
+func TestSandboxRunHandOverEntrySwap(t *testing.T) {
+	testenv.NeedRoot(t, "sandbox run hands the workspace to a uid of its own")
+	base := baseDir(t)
+	_, uid := otherUser(t)
+	ws := filepath.Join(base, "ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mine, secret := filepath.Join(ws, "f"), "root-only-"+randomHex(t)
+	if err := os.WriteFile(mine, []byte("mine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{ws, mine} {
+		if err := os.Chown(p, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(mine+".swap", []byte(secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(base, "broker.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if err := os.Chmod(l.Addr().String(), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	tok := filepath.Join(base, "token")
+	if err := os.WriteFile(tok, []byte("t0k3n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := filepath.Join(base, "run")
+	if out, code := runCmd(t, bin(t, "sandbox"), "prepare", "--run-dir", run, "--business", "acme", "--project", "web", "--task", "t1",
+		"--role", "worker", "--caps", "git.push.working", "--token-file", tok); code != 0 {
+		t.Fatalf("sandbox prepare: exit %d\n%s", code, out)
+	}
+	out, code := runBounded(t, []string{"BUSHOST_TESTHOOK_SWAP=walk.entry=" + mine}, hookBin(t, "sandbox"), "run", "--run-dir", run,
+		"--workspace", ws, "--role", "worker", "--caps", "git.push.working", "--broker-socket", l.Addr().String(), "--",
+		"sh", "-c", "cat f f.swap; id -u")
+	t.Logf("sandbox run: exit %d\n%s", code, out)
+	if strings.Contains(out, secret) {
+		t.Errorf("the session read root's file swapped in during the hand-over:\n%s", out)
+	}
+	// Whichever name each has now: root's file is root's, 0600, as it
+	// was; the user's is the user's; nothing else is anyone else's.
+	err = filepath.Walk(base, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		b, _ := os.ReadFile(p)
+		switch {
+		case fi.Mode().IsRegular() && strings.Contains(string(b), secret):
+			if st.Uid != 0 || fi.Mode().Perm() != 0o600 {
+				t.Errorf("root's file %s is now uid %d's, mode %v", p, st.Uid, fi.Mode())
+			}
+		case strings.HasPrefix(p, ws) && st.Uid != uint32(uid):
+			t.Errorf("%s of the workspace is uid %d's, want the user's %d", p, st.Uid, uid)
+		case st.Uid != 0 && st.Uid != uint32(uid):
+			t.Errorf("%s left with uid %d", p, st.Uid)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

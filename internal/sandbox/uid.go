@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bushost/bushost/internal/safepath"
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // The default range of session uids: systemd's dynamic users' range, which
@@ -390,6 +391,7 @@ func walkDepth(dirfd int, path string, fn func(dirfd int, name string, st *unix.
 			}
 			return err
 		}
+		testhook.SwapEntry("walk.entry", name)
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
 			sub, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
