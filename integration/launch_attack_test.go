@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,5 +179,53 @@ func TestSandboxRunHandOverEntrySwap(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLaunchWorkerInLeadWorkspace: a lead session names a directory of
+// its own workspace (its uid's, as the launcher asks) as a worker's
+// workspace. Handing it to the worker's uid would leave two hand-backs
+// racing over one tree when the lead ends, so the worker's sandbox run
+// refuses a tree a session uid owns: the worker never runs, and nothing
+// stays with either uid.
+func TestLaunchWorkerInLeadWorkspace(t *testing.T) {
+	e := newLaunchEnv(t)
+	run, ws := e.prepareLead(t, e.lead)
+	script := `mkdir sub
+id=$(bushost session launch --task t1 --role worker --caps git.push.working --workspace "$PWD/sub" -- sh -c 'touch a; echo ran')
+echo "worker $id"
+bushost session wait "$id"
+echo "waited $?"
+bushost session logs "$id"
+echo "uid $(id -u)"`
+	out, code := runCmd(t, bin(t, "sandbox"), "run", "--run-dir", run, "--workspace", ws, "--role", "lead", "--caps", "session.launch",
+		"--broker-socket", filepath.Join(e.h.Home, "broker.sock"), "--launch-socket", filepath.Join(e.h.Home, "launch.sock"),
+		"--pids", "200", "--", "sh", "-c", script)
+	if code != 0 || !strings.Contains(out, "worker s-") || !strings.Contains(out, "waited 125") || strings.Contains(out, "\nran") ||
+		!strings.Contains(out, "another session's") {
+		t.Fatalf("the lead: exit %d, want its worker refused (125) for a tree of another session's uid\n%s", code, out)
+	}
+	var leadUID, id string
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(l, "worker "); ok {
+			id = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(l, "uid "); ok {
+			leadUID = strings.TrimSpace(v)
+		}
+	}
+	var rec struct {
+		UID int `json:"uid"`
+	}
+	b, err := os.ReadFile(filepath.Join(e.h.Home, "sessions", id, "record.json"))
+	if err != nil || json.Unmarshal(b, &rec) != nil {
+		t.Fatalf("the worker's record: %v\n%s", err, b)
+	}
+	ids := []string{leadUID}
+	if rec.UID > 0 {
+		ids = append(ids, strconv.Itoa(rec.UID))
+	}
+	if left := ownedBy(t, filepath.Dir(ws), ids...); len(left) > 0 {
+		t.Errorf("left with the session uids %v: %v", ids, left)
 	}
 }
