@@ -36,7 +36,7 @@ const usage = `usage:
               [--memory SIZE] [--pids N] [--cpu F] [--nofile N] [--fsize SIZE] [--timeout D] [--disk SIZE] [--fresh-home]
               [--user U | --uid-range LOW-HIGH] [--state-dir DIR] [--allow-abstract-sockets]
               [--cgroup-parent DIR]... [--end-with PID:START] -- COMMAND...
-  sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N]
+  sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--keep-ended N]
               [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D] [--keep-workspaces D] [--default-LIMIT V]... [socket limits...]
   (sandbox run -h lists every flag)
 `
@@ -71,7 +71,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr, nil) }),
 	)
 	root.AddCommand(cmdline.Passthrough("serve", "serve the launch socket: sessions launched by a grant with session.launch",
-		"usage: sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]\n"+
+		"usage: sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--keep-ended N] [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]\n"+
 			"                     [--keep-workspaces D] [--default-memory SIZE] [--default-pids N] [--default-cpu F] [--default-nofile N] [--default-fsize SIZE]\n"+
 			"                     [--default-timeout D] [--default-disk SIZE]\n"+
 			"                     [--max-conns N] [--max-in-flight N] [--max-conns-per-uid N] [--max-calls-per-uid N] [--reserved-conns N] [--reserved-calls N]\n"+

@@ -261,6 +261,9 @@ func runSessionLogs(fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		return launchCall(ctx, e, !*follow, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
+			if !*follow {
+				return sessionTail(ctx, e, c, id)
+			}
 			req := &launchv1.LogsRequest{Id: id}
 			for {
 				r, err := c.Logs(ctx, req)
@@ -279,7 +282,7 @@ func runSessionLogs(fs *pflag.FlagSet) runFunc {
 						return err
 					}
 				}
-				if !*follow || r.Ended {
+				if r.Ended {
 					return nil
 				}
 				req = &launchv1.LogsRequest{Id: id, FromOffsets: true, StdoutOffset: r.StdoutNext, StderrOffset: r.StderrNext}
@@ -294,4 +297,36 @@ func runSessionLogs(fs *pflag.FlagSet) runFunc {
 			}
 		})
 	}
+}
+
+// sessionTail prints the tail of a session's output: an answer carries a
+// chunk of each stream, and the next ones follow its offsets until one
+// says nothing more is there (a session writes at most 16 MiB of each).
+func sessionTail(ctx context.Context, e *Env, c launchv1.LaunchServiceClient, id string) error {
+	var out, errb []byte
+	req := &launchv1.LogsRequest{Id: id}
+	truncated := false
+	for first := true; ; first = false {
+		r, err := c.Logs(ctx, req)
+		if err != nil {
+			return err
+		}
+		if first {
+			// Whatever lies before the first chunk was left out.
+			truncated = r.StdoutNext > int64(len(r.Stdout)) || r.StderrNext > int64(len(r.Stderr))
+		}
+		out, errb = append(out, r.Stdout...), append(errb, r.Stderr...)
+		if !r.Truncated || len(r.Stdout)+len(r.Stderr) == 0 {
+			break
+		}
+		req = &launchv1.LogsRequest{Id: id, FromOffsets: true, StdoutOffset: r.StdoutNext, StderrOffset: r.StderrNext}
+	}
+	if e.JSON {
+		return brokerPrint(e, "", map[string]any{"stdout": string(out), "stderr": string(errb), "truncated": truncated})
+	}
+	if _, err := e.Stdout.Write(out); err != nil {
+		return err
+	}
+	_, err := e.Stderr.Write(errb)
+	return err
 }

@@ -29,6 +29,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -50,6 +51,9 @@ import (
 // Socket is the launcher's socket in its home.
 const Socket = "launch.sock"
 
+// DefaultKeepEnded is sandbox serve's --keep-ended.
+const DefaultKeepEnded = 16
+
 // Options configure a launcher.
 type Options struct {
 	// Home holds launch.sock and sessions/ (the state directory).
@@ -63,11 +67,16 @@ type Options struct {
 	// deep session.launch may be handed on (1: only the host's grants
 	// launch).
 	MaxPerGrant, MaxSessions, MaxDepth int
+	// KeepEnded is how many ended sessions of each launcher grant are
+	// kept (listed, waited for, their logs served); older ones are
+	// forgotten and their directories removed.
+	KeepEnded int
 	// UIDRange and StateDir are passed to sandbox run ("" for its defaults).
 	UIDRange, StateDir string
 	// StopGrace is how long Stop waits after SIGTERM before SIGKILL.
 	StopGrace time.Duration
-	// LogBytes bounds what Logs returns of each stream (its tail).
+	// LogBytes is how far back from its end Logs reads each stream (its
+	// tail), in answers of at most logChunk each.
 	LogBytes int64
 	// KeepWorkspaces is how long a workspace the launcher made (ws/) is
 	// kept after its session ended (0: until session rm).
@@ -126,6 +135,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.LogBytes <= 0 {
 		o.LogBytes = 1 << 20
+	}
+	if o.KeepEnded <= 0 {
+		o.KeepEnded = DefaultKeepEnded
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -669,6 +681,45 @@ func (s *Server) finish(l *live, status int, known bool) {
 	_ = l.rec.save(l.dir)
 	l.mu.Unlock()
 	close(l.done)
+	s.prune(rec.Launcher)
+}
+
+// prune forgets the oldest ended sessions of launcher grant g beyond
+// KeepEnded, and removes their directories, so that a grant launching
+// session after session does not fill the launcher's disk and memory. A
+// session is forgotten only once finished: session.ended recorded and its
+// grant revoked (else the next start still has work to do with it).
+func (s *Server) prune(g string) {
+	s.mu.Lock()
+	var ended []*live
+	for _, l := range s.sessions {
+		select {
+		case <-l.done:
+		default:
+			continue
+		}
+		if r := l.snapshot(); r.Launcher == g && r.Recorded && r.Revoked {
+			ended = append(ended, l)
+		}
+	}
+	if len(ended) <= s.o.KeepEnded {
+		s.mu.Unlock()
+		return
+	}
+	sort.Slice(ended, func(i, j int) bool {
+		a, b := ended[i].snapshot(), ended[j].snapshot()
+		return a.Ended.Before(b.Ended) || a.Ended.Equal(b.Ended) && a.ID < b.ID
+	})
+	drop := ended[:len(ended)-s.o.KeepEnded]
+	for _, l := range drop {
+		delete(s.sessions, l.snapshot().ID)
+	}
+	s.mu.Unlock()
+	for _, l := range drop {
+		if err := removeSessionDir(l.dir); err != nil {
+			s.logf("remove the directory of ended session %s: %v", l.snapshot().ID, err)
+		}
+	}
 }
 
 // adopt reads the state directory: a session still running (same pid,
@@ -696,12 +747,17 @@ func (s *Server) adopt() {
 			continue
 		}
 		l := &live{rec: *rec, dir: dir, done: make(chan struct{}), exited: make(chan struct{})}
+		// Locked: the sessions adopted before this one may already be
+		// finishing, and pruning, on their own goroutines.
+		s.mu.Lock()
 		s.sessions[rec.ID] = l
+		s.mu.Unlock()
 		if rec.Recorded {
 			// Ended and recorded; its grant may not have been revoked yet.
 			go func() {
 				s.revoke(l)
 				close(l.done)
+				s.prune(rec.Launcher)
 			}()
 			continue
 		}
@@ -785,6 +841,26 @@ func (s *Server) find(ctx context.Context, id string) (*live, error) {
 	return l, nil
 }
 
+// listCommandBytes bounds the command List shows of each session.
+const listCommandBytes = 512
+
+// clipCommand keeps the arguments of cmd that fit in n bytes, the last
+// one cut, and "..." after them when anything was left out.
+func clipCommand(cmd []string, n int) []string {
+	var out []string
+	for _, a := range cmd {
+		if len(a) > n {
+			for n > 0 && !utf8.RuneStart(a[n]) {
+				n-- // a string field of protobuf is UTF-8
+			}
+			return append(out, a[:n], "...")
+		}
+		n -= len(a)
+		out = append(out, a)
+	}
+	return out
+}
+
 func clip(s string) string {
 	if len(s) > 64 {
 		return s[:64] + "..."
@@ -809,7 +885,11 @@ func (s *Server) List(ctx context.Context, _ *launchv1.ListRequest) (*launchv1.L
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Started.Before(recs[j].Started) })
 	out := &launchv1.ListResponse{}
 	for _, r := range recs {
-		out.Sessions = append(out.Sessions, sessionProto(r))
+		p := sessionProto(r)
+		// An overview: a command of up to 64 KiB each would make the
+		// answer as large as the number of sessions (see maxAnswer).
+		p.Command = clipCommand(p.Command, listCommandBytes)
+		out.Sessions = append(out.Sessions, p)
 	}
 	return out, nil
 }
@@ -864,6 +944,11 @@ func (s *Server) Stop(ctx context.Context, r *launchv1.StopRequest) (*launchv1.S
 	return &launchv1.StopResponse{Session: sessionProto(l.snapshot())}, nil
 }
 
+// logChunk bounds what one Logs answer carries of each stream: an answer
+// the caller does not read stays in the launcher (launch.sock's Budget),
+// so the client reads the tail in chunks, from the offsets each gives.
+const logChunk = 32 << 10
+
 // Logs implements LaunchService.
 func (s *Server) Logs(ctx context.Context, r *launchv1.LogsRequest) (*launchv1.LogsResponse, error) {
 	l, err := s.find(ctx, r.GetId())
@@ -878,11 +963,11 @@ func (s *Server) Logs(ctx context.Context, r *launchv1.LogsRequest) (*launchv1.L
 		ended = true
 	default:
 	}
-	out, t1, n1, err := tail(filepath.Join(l.dir, stdoutName), s.o.LogBytes, r.GetFromOffsets(), r.GetStdoutOffset())
+	out, t1, n1, err := tail(filepath.Join(l.dir, stdoutName), s.o.LogBytes, logChunk, r.GetFromOffsets(), r.GetStdoutOffset())
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	errb, t2, n2, err := tail(filepath.Join(l.dir, stderrName), s.o.LogBytes, r.GetFromOffsets(), r.GetStderrOffset())
+	errb, t2, n2, err := tail(filepath.Join(l.dir, stderrName), s.o.LogBytes, logChunk, r.GetFromOffsets(), r.GetStderrOffset())
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}

@@ -4,8 +4,11 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
 	"github.com/bushost/bushost/internal/authz"
@@ -160,5 +163,58 @@ func TestStartTime(t *testing.T) {
 	}
 	if self, err := startTime(os.Getpid()); err != nil || self == 0 {
 		t.Errorf("startTime(self) = %d %v", self, err)
+	}
+}
+
+// TestClipCommand: List shows at most listCommandBytes of a command, cut
+// on a character, with "..." where something was left out.
+func TestClipCommand(t *testing.T) {
+	long := strings.Repeat("é", 400) // 800 bytes
+	for _, c := range []struct {
+		in, want []string
+	}{
+		{[]string{"sh", "-c", "true"}, []string{"sh", "-c", "true"}},
+		{[]string{"sh", "-c", long}, []string{"sh", "-c", strings.Repeat("é", 254), "..."}},
+		{[]string{long, "x"}, []string{strings.Repeat("é", 256), "..."}},
+		{[]string{"x", long}, []string{"x", strings.Repeat("é", 255), "..."}},
+	} {
+		got := clipCommand(c.in, listCommandBytes)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("clipCommand(%.20q...) = %.40q, want %.40q", c.in, got, c.want)
+		}
+		for _, a := range got {
+			if !utf8.ValidString(a) {
+				t.Errorf("clipCommand(%.20q...) cut a character: %q", c.in, a)
+			}
+		}
+	}
+}
+
+// TestTailChunks: an answer carries at most a chunk, and says more is
+// there until the reads from its offsets have reached the end.
+func TestTailChunks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stdout")
+	data := make([]byte, 100)
+	for i := range data {
+		data[i] = byte('a' + i%26)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The last 70 bytes, in chunks of 32.
+	b, more, next, err := tail(path, 70, 32, false, 0)
+	if err != nil || string(b) != string(data[30:62]) || !more || next != 62 {
+		t.Fatalf("tail: %q %v %d %v", b, more, next, err)
+	}
+	var got []byte
+	got = append(got, b...)
+	for more {
+		if b, more, next, err = tail(path, 70, 32, true, next); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, b...)
+	}
+	if string(got) != string(data[30:]) || next != 100 {
+		t.Errorf("the chunks read %q up to %d, want %q", got, next, data[30:])
 	}
 }

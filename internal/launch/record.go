@@ -212,9 +212,10 @@ func childOf(pid int) (child, uid int, ok bool) {
 	return 0, 0, false
 }
 
-// tail reads at most n bytes from the end of path, or with from, from
-// offset; truncated says there was more, next is where the read stopped.
-func tail(path string, n int64, from bool, offset int64) (b []byte, truncated bool, next int64, err error) {
+// tail reads at most chunk bytes of the last n of path, or with from,
+// from offset; truncated says there was more (before what it read, or
+// after it), next is where the read stopped.
+func tail(path string, n, chunk int64, from bool, offset int64) (b []byte, truncated bool, next int64, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, false, offset, nil
@@ -235,10 +236,7 @@ func tail(path string, n int64, from bool, offset int64) (b []byte, truncated bo
 	if _, err := f.Seek(off, io.SeekStart); err != nil {
 		return nil, false, offset, err
 	}
-	b, err = io.ReadAll(io.LimitReader(f, n))
+	b, err = io.ReadAll(io.LimitReader(f, min(n, chunk)))
 	next = off + int64(len(b))
-	if from {
-		return b, next < size, next, err
-	}
-	return b, off > 0, next, err
+	return b, next < size || (!from && off > 0), next, err
 }

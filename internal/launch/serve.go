@@ -31,6 +31,7 @@ func ServeFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.BusHome, "bus-home", "", "bushostd's home: broker.sock, git.sock and the host's admin.token (default --home)")
 	fs.IntVar(&o.MaxPerGrant, "max-sessions-per-grant", 8, "sessions one launcher grant may run at once")
 	fs.IntVar(&o.MaxSessions, "max-sessions", 64, "sessions the host runs at once (0: no bound)")
+	fs.IntVar(&o.KeepEnded, "keep-ended", DefaultKeepEnded, "ended sessions kept per launcher grant (listed, waited for, their logs served); older ones are forgotten and their directories removed")
 	fs.IntVar(&o.MaxDepth, "max-launch-depth", 1, "how deep launches may go: 1 lets only the host's grants launch; 2 lets a session they launch hold session.launch too")
 	fs.StringVar(&o.UIDRange, "uid-range", "", "passed to sandbox run: the range sessions' uids come from")
 	fs.StringVar(&o.StateDir, "state-dir", "", "passed to sandbox run: where uid leases are kept")
@@ -80,8 +81,8 @@ func ServeFlags(args []string, stderr io.Writer) (*Options, error) {
 	if o.KeepWorkspaces < 0 {
 		return nil, errors.New("--keep-workspaces must not be negative")
 	}
-	if o.MaxPerGrant < 1 || o.MaxSessions < 0 || o.MaxDepth < 1 {
-		return nil, errors.New("--max-sessions-per-grant and --max-launch-depth must be at least 1, --max-sessions at least 0")
+	if o.MaxPerGrant < 1 || o.MaxSessions < 0 || o.MaxDepth < 1 || o.KeepEnded < 1 {
+		return nil, errors.New("--max-sessions-per-grant, --max-launch-depth and --keep-ended must be at least 1, --max-sessions at least 0")
 	}
 	return o, nil
 }

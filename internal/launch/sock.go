@@ -65,8 +65,15 @@ func (l SockLimits) check() error {
 }
 
 // Transport sizes: a launch request is a command line and a few names
-// (a command of 64 KiB is refused ResourceExhausted by grpc).
+// (a command of 64 KiB is refused ResourceExhausted by grpc). An answer
+// holds at most one session with its command (maxRecvMsg), two chunks of
+// logs, or a list of sessions with their commands clipped, within
+// maxAnswer. grpc keeps an answer the caller does not read for as long as
+// the stream lasts, and a stream lasts until its answer is read, past the
+// end of the call: a connection holds maxStreams of them at most.
 const (
+	maxStreams   = 2
+	maxAnswer    = maxRecvMsg + 4<<10
 	maxRecvMsg   = 64 << 10
 	streamWindow = 64 << 10
 	connWindow   = 256 << 10
@@ -75,10 +82,10 @@ const (
 )
 
 // Budget is the bound on the launcher's live memory: a baseline, each
-// connection at its buffers and one header list, each call in flight at
-// a request buffered and decoded.
+// connection at its buffers, one header list and the answers its streams
+// may hold unread, each call in flight at a request buffered and decoded.
 func (l SockLimits) Budget() int64 {
-	const baseline, perConn, perCall = 32 << 20, 3*ioBuffer + maxHeader, 2*maxRecvMsg + streamWindow
+	const baseline, perConn, perCall = 32 << 20, 3*ioBuffer + maxHeader + maxStreams*maxAnswer, 2*maxRecvMsg + streamWindow
 	return baseline + int64(l.MaxConns)*perConn + int64(l.MaxCalls)*perCall
 }
 
@@ -94,7 +101,7 @@ func newServer(l SockLimits, adminToken string) (*grpc.Server, *sock.Admission) 
 	srv := grpc.NewServer(
 		grpc.Creds(sock.PeerCred{}),
 		grpc.MaxRecvMsgSize(maxRecvMsg),
-		grpc.MaxConcurrentStreams(16),
+		grpc.MaxConcurrentStreams(maxStreams),
 		grpc.MaxHeaderListSize(maxHeader),
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bushost/bushost/internal/safepath"
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // The default range of session uids: systemd's dynamic users' range, which
@@ -220,7 +221,7 @@ func (l *lease) handOver(trees ...tree) error {
 		if !o.recurse {
 			continue
 		}
-		err := walkAt(o.fd, o.path, func(dirfd int, name string, st *unix.Stat_t) error {
+		err := walkAt(o.fd, o.path, func(fd int, st *unix.Stat_t) error {
 			switch st.Mode & unix.S_IFMT {
 			case unix.S_IFDIR, unix.S_IFLNK:
 			case unix.S_IFREG:
@@ -233,7 +234,7 @@ func (l *lease) handOver(trees ...tree) error {
 			if st.Uid != o.owner {
 				return nil
 			}
-			return unix.Fchownat(dirfd, name, int(l.uid), -1, unix.AT_SYMLINK_NOFOLLOW)
+			return chownFd(fd, int(l.uid), -1)
 		})
 		if err != nil {
 			return err
@@ -324,9 +325,9 @@ func (l *lease) handBackOne(i int) error {
 		return err
 	}
 	if h.Recurse {
-		err := walkAt(fd, h.Path, func(dirfd int, name string, st *unix.Stat_t) error {
+		err := walkAt(fd, h.Path, func(fd int, st *unix.Stat_t) error {
 			if uid, gid := back(st); uid >= 0 || gid >= 0 {
-				return unix.Fchownat(dirfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW)
+				return chownFd(fd, uid, gid)
 			}
 			return nil
 		})
@@ -358,14 +359,18 @@ func (l *lease) release() error {
 // may nest directories as deep as it likes.
 const maxDepth = 4096
 
-// walkAt calls fn for every entry of any type under the directory dirfd (depth first,
-// a directory's entries before it), opening each subdirectory through its
-// parent's descriptor without following a link.
-func walkAt(dirfd int, path string, fn func(dirfd int, name string, st *unix.Stat_t) error) error {
+// walkAt calls fn for every entry of any type under the directory dirfd
+// (depth first, a directory's entries before it) with a descriptor of
+// the entry and what that descriptor says of it. Each entry is opened
+// once through its parent's descriptor without following a link (O_PATH,
+// so that a fifo or a device is never opened for real), and what fn
+// checks and does is on that descriptor: an entry renamed or swapped
+// after the walk looked at it is not the one acted on.
+func walkAt(dirfd int, path string, fn func(fd int, st *unix.Stat_t) error) error {
 	return walkDepth(dirfd, path, fn, 0)
 }
 
-func walkDepth(dirfd int, path string, fn func(dirfd int, name string, st *unix.Stat_t) error, depth int) error {
+func walkDepth(dirfd int, path string, fn func(fd int, st *unix.Stat_t) error, depth int) error {
 	if depth > maxDepth {
 		return fmt.Errorf("%s: more than %d directories deep", path, maxDepth)
 	}
@@ -383,30 +388,52 @@ func walkDepth(dirfd int, path string, fn func(dirfd int, name string, st *unix.
 		return fmt.Errorf("read %s: %w", path, err)
 	}
 	for _, name := range names {
-		var st unix.Stat_t
-		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				continue
-			}
+		if err := walkEntry(dirfd, path, name, fn, depth); err != nil {
 			return err
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			sub, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return fmt.Errorf("open %s: %w", filepath.Join(path, name), err)
-			}
-			err = walkDepth(sub, filepath.Join(path, name), fn, depth+1)
-			unix.Close(sub)
-			if err != nil {
-				return err
-			}
-		}
-		if err := fn(dirfd, name, &st); err != nil {
-			return fmt.Errorf("%s: %w", filepath.Join(path, name), err)
 		}
 	}
 	return nil
+}
+
+func walkEntry(dirfd int, path, name string, fn func(fd int, st *unix.Stat_t) error, depth int) error {
+	sub := filepath.Join(path, name)
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: %w", sub, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	testhook.SwapEntry("walk.entry", name)
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		// The directory itself, read through this descriptor.
+		dfd, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", sub, err)
+		}
+		fd = dfd
+		if err := walkDepth(fd, sub, fn, depth+1); err != nil {
+			unix.Close(fd)
+			return err
+		}
+	}
+	defer unix.Close(fd)
+	if err := fn(fd, &st); err != nil {
+		return fmt.Errorf("%s: %w", sub, err)
+	}
+	return nil
+}
+
+// chownFd changes the owner of what fd (a walkAt descriptor) holds, a
+// link itself rather than what it points to; -1 leaves an id.
+func chownFd(fd, uid, gid int) error {
+	return unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
 }
 
 // namedIDs are the ids /etc/passwd names as a uid or /etc/group as a gid:

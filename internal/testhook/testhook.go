@@ -9,3 +9,7 @@ package testhook
 
 // Swap marks a point between a check and its use.
 func Swap(point string) {}
+
+// SwapEntry marks a point between a check of the entry name of a
+// directory and its use.
+func SwapEntry(point, name string) {}

@@ -5,6 +5,7 @@ package testhook
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -24,4 +25,14 @@ func Swap(point string) {
 	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, path+".swap", unix.RENAME_EXCHANGE); err != nil {
 		fmt.Fprintf(os.Stderr, "testhook %s: exchange %s: %v\n", point, path, err)
 	}
+}
+
+// SwapEntry is Swap at an entry of a directory being walked: it exchanges
+// the path $BUSHOST_TESTHOOK_SWAP gives only at the entry of that name.
+func SwapEntry(point, name string) {
+	at, path, ok := strings.Cut(os.Getenv(Env), "=")
+	if !ok || at != point || filepath.Base(path) != name {
+		return
+	}
+	Swap(point)
 }

@@ -12,6 +12,7 @@
 //	hostile follow       SOCK TOKEN N              N `events --follow` streams
 //	hostile noread       SOCK TOKEN N              N ListEvents streams with a zero receive window
 //	hostile trickle      SOCK TOKEN                a push sending one byte a second
+//	hostile logs         SOCK TOKEN ID CONNS STREAMS  launch.sock Logs calls of session ID, one at a time, on CONNS connections with a zero receive window, STREAMS each
 package main
 
 import (
@@ -35,6 +36,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
 )
 
 func main() {
@@ -69,6 +71,8 @@ func main() {
 		err = noread(sock, args[0], n(1))
 	case "trickle":
 		err = trickle(sock, args[0])
+	case "logs":
+		err = logs(sock, args[0], args[1], n(2), n(3))
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
@@ -101,6 +105,11 @@ type conn struct {
 	// onEnd, when set, is told the grpc-status of each stream the server
 	// ends.
 	onEnd func(id uint32, status string)
+	// onHeaders, when set, is told of each stream whose response the
+	// server has begun (its headers, ahead of the message).
+	onHeaders func(id uint32)
+	// onReset, when set, is told of each stream the server resets.
+	onReset func(id uint32, code string)
 }
 
 func dial(sock string, settings ...http2.Setting) (*conn, error) {
@@ -170,7 +179,13 @@ func (c *conn) drain(done chan<- struct{}) {
 			}
 		case *http2.RSTStreamFrame:
 			c.dead[f.StreamID] = true
+			if c.onReset != nil {
+				c.onReset(f.StreamID, f.ErrCode.String())
+			}
 		case *http2.MetaHeadersFrame:
+			if !f.StreamEnded() && c.onHeaders != nil {
+				c.onHeaders(f.StreamID)
+			}
 			if f.StreamEnded() {
 				c.dead[f.StreamID] = true
 				if c.onEnd != nil {
@@ -493,4 +508,51 @@ func trickle(sock, token string) error {
 	}
 	fmt.Printf("cut after %s: %v\n", time.Since(start).Round(time.Millisecond), err)
 	return nil
+}
+
+// logs asks launch.sock for the logs of session id on conns connections
+// that grant no receive window: the server answers each call (its
+// response headers arrive), and can send none of the message. Calls go
+// one at a time, each once the previous one is answered, so that no
+// bound on calls in flight is met. It prints "ready" once all are
+// answered, with how many ended instead (refused).
+func logs(sock, token, id string, nconns, streams int) error {
+	req, _ := proto.Marshal(&launchv1.LogsRequest{Id: id})
+	msg := make([]byte, 5+len(req))
+	binary.BigEndian.PutUint32(msg[1:], uint32(len(req)))
+	copy(msg[5:], req)
+	answered := make(chan string, 1)
+	refused := map[string]int{}
+	for i := 0; i < nconns; i++ {
+		c, err := dial(sock, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+		if err != nil {
+			return err
+		}
+		c.onHeaders = func(uint32) { answered <- "" }
+		c.onEnd = func(_ uint32, status string) { answered <- status }
+		c.onReset = func(_ uint32, code string) { answered <- "reset " + code }
+		go c.drain(nil)
+		for j := 0; j < streams; j++ {
+			block := headerBlock("/bushost.launch.v1.LaunchService/Logs", hpack.HeaderField{Name: "authorization", Value: "Bearer " + token})
+			if err := c.writeHeaders(uint32(2*j+1), block, false); err != nil {
+				return err
+			}
+			c.wmu.Lock()
+			err := c.fr.WriteData(uint32(2*j+1), true, msg)
+			c.wmu.Unlock()
+			if err != nil {
+				return err
+			}
+			select {
+			case st := <-answered:
+				if st != "" {
+					refused[st]++
+				}
+			case <-time.After(time.Minute):
+				return fmt.Errorf("connection %d stream %d: no answer in a minute", i, j)
+			}
+		}
+	}
+	fmt.Printf("ready\nrefused %v\n", refused)
+	return forever()
 }
