@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,6 +46,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
 	var held *lease
+	var share *idmapped
 	// The workspace was opened and checked once; from here on the
 	// session gets that descriptor. A path that no longer names it was
 	// swapped under the caller's eyes: refused, never followed.
@@ -75,12 +77,15 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		err = l.handOver(trees...)
+		share, err = p.share(l, trees, stderr)
 		for _, t := range trees[2:] {
 			unix.Close(t.fd)
 		}
 		if err != nil {
 			return 0, err
+		}
+		if share != nil {
+			defer share.close()
 		}
 	} else if err := p.prepareRunDir(); err != nil {
 		return 0, err
@@ -157,6 +162,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		// What the session is given, for sandbox serve to bound the
 		// sessions it launches by; written before anything of it runs.
 		b, err := p.sessionBounds(cg)
+		if err == nil && share != nil {
+			b.Mapped = share.mapped()
+		}
 		if err == nil {
 			held.rec.Session = b
 			err = held.save()
@@ -243,7 +251,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	// support by starting a throwaway child, one more process per session.
 	var bwrapPid int
 	startErr := limits.withRlimits(func() (err error) {
-		bwrapPid, err = syscall.ForkExec(p.Bwrap, argv, attr)
+		bwrapPid, err = startBwrap(share, p.Bwrap, argv, attr)
 		return err
 	})
 	statusW.Close()
@@ -346,6 +354,59 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		return 0, perr
 	}
 	return 0, fmt.Errorf("bwrap could not build the session or start %s (exit %d): its message is above", p.Command[0], ws.ExitStatus())
+}
+
+// startBwrap starts bwrap; with idmapped mounts, from a thread of its own
+// that attaches them in a mount namespace of its own first (bwrap starts
+// in it and binds them), and ends with this call, taking the namespace
+// with it once bwrap is gone too.
+func startBwrap(share *idmapped, bwrap string, argv []string, attr *syscall.ProcAttr) (int, error) {
+	if share == nil {
+		return syscall.ForkExec(bwrap, argv, attr)
+	}
+	type started struct {
+		pid int
+		err error
+	}
+	done := make(chan started, 1)
+	go func() {
+		// Never unlocked: the thread, in its own mount namespace, exits
+		// with this goroutine.
+		runtime.LockOSThread()
+		if err := share.attach(); err != nil {
+			done <- started{0, err}
+			return
+		}
+		pid, err := syscall.ForkExec(bwrap, argv, attr)
+		done <- started{pid, err}
+	}()
+	s := <-done
+	return s.pid, s.err
+}
+
+// share gives the session's uid its trees: through idmapped mounts, or
+// where this kernel or file system has none, by handing them over (and
+// back at the end), which it says once on stderr. A tree another session's
+// uid owns is refused either way.
+func (p *Plan) share(l *lease, trees []tree, stderr io.Writer) (*idmapped, error) {
+	for _, t := range trees {
+		var st unix.Stat_t
+		if err := unix.Fstat(t.fd, &st); err != nil {
+			return nil, err
+		}
+		if st.Uid >= l.lo && st.Uid <= l.hi {
+			return nil, fmt.Errorf("%s belongs to uid %d, another session's (still running, or its launcher died while it runs): it cannot be given to this one", t.path, st.Uid)
+		}
+	}
+	m, err := p.idmapTrees(trees, l.uid)
+	var no *errNoIDMap
+	if err == nil || !errors.As(err, &no) {
+		return m, err
+	}
+	if stderr != nil {
+		fmt.Fprintf(stderr, "sandbox: no idmapped mounts here (%s): the workspace and run directory are handed to uid %d by walking them, before and after the session\n", no.why, l.uid)
+	}
+	return nil, l.handOver(trees...)
 }
 
 // bwrapStatus is one thing bwrap reported on --json-status-fd.

@@ -25,3 +25,10 @@ func Swap(point string) {
 		fmt.Fprintf(os.Stderr, "testhook %s: exchange %s: %v\n", point, path, err)
 	}
 }
+
+// NoIDMapEnv, set to 1, makes sandbox run take its fallback for a kernel
+// or file system without idmapped mounts.
+const NoIDMapEnv = "BUSHOST_TESTHOOK_NO_IDMAP"
+
+// NoIDMap reports whether $BUSHOST_TESTHOOK_NO_IDMAP is 1.
+func NoIDMap() bool { return os.Getenv(NoIDMapEnv) == "1" }
