@@ -285,7 +285,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		{Flag: "--new-session", Why: "the session has no controlling terminal, so TIOCSTI cannot push keystrokes into the caller's terminal"},
 		{Flag: "--disable-userns", Why: "no nested user namespace, whose capabilities could undo a read-only bind"},
 		{Flag: "--cap-drop ALL", Why: "no capability inside the session's user namespace either"},
-		{Flag: "--seccomp", Why: "refuses TIOCSTI/TIOCLINUX/TIOCSETD, socket families other than unix, inet, inet6 and netlink route (EAFNOSUPPORT), keyctl, ptrace, mount and the new mount API, listmount/statmount, io_uring, unshare/setns and namespace clones, bpf, userfaultfd, perf_event_open, module and kexec calls"},
+		{Flag: "--seccomp", Why: "refuses TIOCSTI/TIOCLINUX/TIOCSETD, socket families other than unix, inet, inet6 and netlink route (EAFNOSUPPORT), keyctl, ptrace, mount and the new mount API, listmount/statmount, io_uring, unshare/setns and namespace clones, bpf, userfaultfd, perf_event_open, module and kexec calls, and a set-user-ID or set-group-ID bit in chmod, open, mknod (openat2, whose mode it cannot read, gets ENOSYS)"},
 		{Flag: "--as-pid-1", Why: "the sandbox's own init is pid 1, with SIGKILL as its parent-death signal, so the session dies with the bwrap process outside even when sandbox run is gone too; bwrap's own reaper would outlive it"},
 		{Flag: "--json-status-fd", Why: "bwrap reports pid 1, which sandbox run passes its signals to and makes sure is gone once bwrap has exited, and the command's status"},
 	}
