@@ -74,11 +74,8 @@ func (e *errNoIDMap) Error() string { return e.why }
 // through it), mapping the uid and gid owning its root to id. An
 // *errNoIDMap says this kernel or file system cannot; run then walks.
 func (p *Plan) idmapTrees(trees []tree, id uint32) (*idmapped, error) {
-	if testhook.NoIDMap() {
-		return nil, &errNoIDMap{"idmapped mounts turned off for this test"}
-	}
-	if st := p.run.Stat(); st.Mode&0o001 == 0 {
-		return nil, &errNoIDMap{fmt.Sprintf("the run directory %s is not searchable by others (mode %o), so the session could not reach its HOME through it", p.RunDir, st.Mode&0o777)}
+	if why := p.idmapBlocked(); why != "" {
+		return nil, &errNoIDMap{why}
 	}
 	m := &idmapped{}
 	userns := map[[2]uint32]int{}
@@ -114,6 +111,17 @@ func (p *Plan) idmapTrees(trees []tree, id uint32) (*idmapped, error) {
 		m.mounts = append(m.mounts, idmount{mfd: mfd, path: t.path, st: st})
 	}
 	return m, nil
+}
+
+// idmapBlocked is why run would not try idmapped mounts, or "".
+func (p *Plan) idmapBlocked() string {
+	if testhook.NoIDMap() {
+		return "idmapped mounts turned off for this test"
+	}
+	if st := p.run.Stat(); st.Mode&0o001 == 0 {
+		return fmt.Sprintf("the run directory %s is not searchable by others (mode %o), so the session could not reach its HOME through it", p.RunDir, st.Mode&0o777)
+	}
+	return ""
 }
 
 // idmapClone clones the mount of what fd holds (with the mounts under it,
@@ -261,4 +269,26 @@ func (m *idmapped) mapped() []Mapped {
 		}
 	}
 	return out
+}
+
+// shareMode says how run would give a session's uid its trees here: it
+// makes (and drops) an idmapped clone of the workspace, as run would.
+func (p *Plan) shareMode() string {
+	const mapped = "idmapped mounts: the session sees the workspace, HOME, /tmp and its token as its own, and what it writes is their owner's on disk; files of other owners are the overflow uid inside, never writable; nothing is chowned"
+	why := p.idmapBlocked()
+	if why == "" {
+		st := p.ws.Stat()
+		ns, err := usernsMapping(st.Uid, st.Gid, p.Config.UIDLow)
+		if err == nil {
+			var mfd int
+			mfd, err = idmapClone(p.ws.Fd(), ns, true)
+			unix.Close(ns)
+			if err == nil {
+				unix.Close(mfd)
+				return mapped
+			}
+		}
+		why = err.Error()
+	}
+	return fmt.Sprintf("walked (no idmapped mounts here: %s): the workspace, the run directory, HOME, /tmp and the token are handed to the session's uid by chowning every entry before the session and back after, which takes time with their size", why)
 }

@@ -78,6 +78,9 @@ type Plan struct {
 	Limits Limits `json:"limits"`
 	// ScopeAbstract: pid 1 scopes the command off abstract Unix sockets.
 	ScopeAbstract bool `json:"scope_abstract_unix,omitempty"`
+	// Share says how a session with a uid of its own is given its trees
+	// (idmapped mounts, or the walk and why), as explain finds it.
+	Share string `json:"share,omitempty"`
 	// Network is the session's network mode and egress policy.
 	Network Network `json:"network"`
 	// Session is the run directory's session.json.
@@ -293,7 +296,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		p.Hardening = append(p.Hardening, Flag{Flag: "landlock " + initScopeAbstract, Why: "--net shares the host's network namespace, where abstract Unix socket names live: pid 1 starts the command in a Landlock domain (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET) that cannot connect to one made outside the session"})
 	}
 	if u.Dynamic {
-		p.Hardening = append(p.Hardening, Flag{Flag: fmt.Sprintf("uid %d-%d", cfg.UIDLow, cfg.UIDHigh), Why: fmt.Sprintf("started as root: bwrap and the session run as a uid (and gid) of their own, free in /etc/passwd, /etc/group and among running processes, locked in %s; the workspace and run directory are handed to it for the session and back after, so no other session can read, write or signal this one", cfg.StateDir)})
+		p.Hardening = append(p.Hardening, Flag{Flag: fmt.Sprintf("uid %d-%d", cfg.UIDLow, cfg.UIDHigh), Why: fmt.Sprintf("started as root: bwrap and the session run as a uid (and gid) of their own, free in /etc/passwd, /etc/group and among running processes, locked in %s, so no other session can read, write or signal this one", cfg.StateDir)})
 	} else if u.Drop {
 		p.Hardening = append(p.Hardening, Flag{Flag: "--user " + u.Name, Why: fmt.Sprintf("started as root: bwrap and the session run as uid %d gid %d, never as host root", u.UID, u.GID)})
 	}
