@@ -45,6 +45,12 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
+	// From here on the signals run forwards are held for the session,
+	// not acted on: one that comes while the session is being built (or
+	// its trees handed over) reaches the command once pid 1 is ready.
+	sigc := make(chan os.Signal, 8)
+	signal.Notify(sigc, forwarded...)
+	defer signal.Stop(sigc)
 	var held *lease
 	var share *idmapped
 	// The workspace was opened and checked once; from here on the
@@ -242,10 +248,6 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if p.User.Drop {
 		attr.Sys.Credential = &syscall.Credential{Uid: p.User.UID, Gid: p.User.GID, Groups: p.User.Groups}
 	}
-
-	sigc := make(chan os.Signal, 8)
-	signal.Notify(sigc, forwarded...)
-	defer signal.Stop(sigc)
 
 	// syscall.ForkExec rather than os/exec: os.StartProcess probes pidfd
 	// support by starting a throwaway child, one more process per session.
