@@ -60,17 +60,20 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if err := p.ws.Recheck(); err != nil {
 		return 0, err
 	}
+	testhook.Step("recheck")
 	if p.User.Dynamic {
 		l, err := acquireUID(p.Config.StateDir, p.Config.UIDLow, p.Config.UIDHigh)
 		if err != nil {
 			return 0, err
 		}
 		held = l
+		testhook.Step("uid")
 		// Last of all: the session is gone by the time this runs.
 		defer func() {
 			if err := l.release(); err != nil && stderr != nil {
 				fmt.Fprintf(stderr, "sandbox: hand the session's files back from uid %d: %v\n", l.uid, err)
 			}
+			testhook.Step("released")
 		}()
 		p.User.UID, p.User.GID, p.User.Name = l.uid, l.uid, fmt.Sprintf("%s-%d", dynamicName, l.uid)
 		p.Env = p.Config.sessionEnv(p)
@@ -79,6 +82,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		if err := p.prepareRunDir(); err != nil {
 			return 0, err
 		}
+		testhook.Step("run-dir")
 		trees, err := p.handedTrees()
 		if err != nil {
 			return 0, err
@@ -93,10 +97,12 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		if share != nil {
 			defer share.close()
 		}
+		testhook.Step("share")
 	} else if err := p.prepareRunDir(); err != nil {
 		return 0, err
 	}
 	exe, status, msg := p.lookCommand()
+	testhook.Step("command")
 	if status != 0 {
 		// bwrap would only say "execvp: ..." and exit 1; the shell's
 		// statuses tell a caller what went wrong.
@@ -132,6 +138,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		return 0, err
 	}
 	defer seccompR.Close()
+	testhook.Step("seccomp")
 	statusR, statusW, err := os.Pipe()
 	if err != nil {
 		return 0, err
@@ -154,6 +161,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if cg != nil {
 		defer cg.remove()
 	}
+	testhook.Step("cgroup")
 	// A session launched from inside another ends when that one does.
 	var leadGone <-chan struct{}
 	if p.Config.EndWith != "" {
@@ -252,6 +260,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	// syscall.ForkExec rather than os/exec: os.StartProcess probes pidfd
 	// support by starting a throwaway child, one more process per session.
 	var bwrapPid int
+	testhook.Step("fork")
 	startErr := limits.withRlimits(func() (err error) {
 		bwrapPid, err = startBwrap(share, p.Bwrap, argv, attr)
 		return err
@@ -265,6 +274,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if startErr != nil {
 		return 0, &UnavailableError{Reason: fmt.Sprintf("start %s: %v", p.Bwrap, startErr)}
 	}
+	testhook.Step("forked")
 
 	// The status pipe reaches end of file when bwrap exits: only bwrap
 	// holds its write end (it closes it in the session before the setup).
@@ -332,8 +342,10 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 			break
 		}
 	}
+	testhook.Step("bwrap-exited")
 	// bwrap is gone: so is the session, whatever the command left behind.
 	s.end()
+	testhook.Step("ended")
 	if cg != nil {
 		p.PeakMemory = cg.peakMemory()
 	}

@@ -16,3 +16,6 @@ func Swap(point string) {}
 // by walking them, as where idmapped mounts are missing: never, but in a
 // test's build.
 func NoIDMap() bool { return false }
+
+// Step marks a step of a session's start, which a test's build can time.
+func Step(name string) {}
