@@ -34,6 +34,10 @@ import (
 // the launch, attached only in the private mount namespace bwrap starts in.
 type idmapped struct {
 	mounts []idmount
+	// helpers are the killed children whose user namespaces the mounts
+	// map through, reaped by close: waiting for each to die would make
+	// every start wait on the scheduler.
+	helpers []int
 }
 
 // idmount is one tree: mfd is the idmapped clone of the tree held by fd
@@ -62,6 +66,19 @@ func (m *idmapped) close() {
 		unix.Close(x.mfd)
 	}
 	m.mounts = nil
+	for _, pid := range m.helpers {
+		reapHelper(pid)
+	}
+	m.helpers = nil
+}
+
+// reapHelper waits for the (killed) helper child pid to be gone.
+func reapHelper(pid int) {
+	for {
+		if _, err := unix.Wait4(pid, nil, 0, nil); err != unix.EINTR {
+			return
+		}
+	}
 }
 
 // errNoIDMap marks why the idmapped mounts cannot be used here.
@@ -96,8 +113,13 @@ func (p *Plan) idmapTrees(trees []tree, id uint32) (*idmapped, error) {
 		key := [2]uint32{st.Uid, st.Gid}
 		ns, ok := userns[key]
 		if !ok {
+			var pid int
 			var err error
-			if ns, err = usernsMapping(st.Uid, st.Gid, id); err != nil {
+			ns, pid, err = usernsMapping(st.Uid, st.Gid, id)
+			if pid > 0 {
+				m.helpers = append(m.helpers, pid)
+			}
+			if err != nil {
 				m.close()
 				return nil, &errNoIDMap{fmt.Sprintf("make a user namespace for the mapping: %v", err)}
 			}
@@ -154,13 +176,14 @@ var holdSignals = ^uint64(0)
 // returns its descriptor, what mount_setattr reads an idmap from. The
 // namespace is a child's, cloned straight into it; the child waits in
 // ppoll, touching nothing of the Go runtime it was copied from, until it is
-// killed once the descriptor is open.
-func usernsMapping(uid, gid, id uint32) (int, error) {
+// killed once the descriptor is open. The caller reaps the child, whose
+// pid it gets whenever there is one (reapHelper).
+func usernsMapping(uid, gid, id uint32) (int, int, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var old uint64
 	if _, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, uintptr(unsafe.Pointer(&holdSignals)), uintptr(unsafe.Pointer(&old)), 8, 0, 0); errno != 0 {
-		return -1, errno
+		return -1, 0, errno
 	}
 	pid, _, errno := unix.RawSyscall6(unix.SYS_CLONE, uintptr(unix.CLONE_NEWUSER|unix.SIGCHLD), 0, 0, 0, 0, 0)
 	if pid == 0 && errno == 0 {
@@ -168,24 +191,18 @@ func usernsMapping(uid, gid, id uint32) (int, error) {
 	}
 	unix.RawSyscall6(unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, uintptr(unsafe.Pointer(&old)), 0, 8, 0, 0)
 	if errno != 0 {
-		return -1, fmt.Errorf("clone: %w", errno)
+		return -1, 0, fmt.Errorf("clone: %w", errno)
 	}
-	defer func() {
-		_ = unix.Kill(int(pid), unix.SIGKILL)
-		for {
-			if _, err := unix.Wait4(int(pid), nil, 0, nil); err != unix.EINTR {
-				break
-			}
-		}
-	}()
+	defer unix.Kill(int(pid), unix.SIGKILL)
 	dir := "/proc/" + strconv.Itoa(int(pid)) + "/"
 	if err := os.WriteFile(dir+"uid_map", []byte(fmt.Sprintf("%d %d 1\n", uid, id)), 0); err != nil {
-		return -1, err
+		return -1, int(pid), err
 	}
 	if err := os.WriteFile(dir+"gid_map", []byte(gidMap(gid, id)), 0); err != nil {
-		return -1, err
+		return -1, int(pid), err
 	}
-	return unix.Open(dir+"ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(dir+"ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	return fd, int(pid), err
 }
 
 // waitToBeKilled is all the cloned child does: it dies with its parent
@@ -278,7 +295,10 @@ func (p *Plan) shareMode() string {
 	why := p.idmapBlocked()
 	if why == "" {
 		st := p.ws.Stat()
-		ns, err := usernsMapping(st.Uid, st.Gid, p.Config.UIDLow)
+		ns, pid, err := usernsMapping(st.Uid, st.Gid, p.Config.UIDLow)
+		if pid > 0 {
+			defer reapHelper(pid)
+		}
 		if err == nil {
 			var mfd int
 			mfd, err = idmapClone(p.ws.Fd(), ns, true)
