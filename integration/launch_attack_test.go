@@ -150,7 +150,9 @@ func TestSandboxRunHandOverEntrySwap(t *testing.T) {
 		"--role", "worker", "--caps", "git.push.working", "--token-file", tok); code != 0 {
 		t.Fatalf("sandbox prepare: exit %d\n%s", code, out)
 	}
-	out, code := runBounded(t, []string{"BUSHOST_TESTHOOK_SWAP=walk.entry=" + mine}, hookBin(t, "sandbox"), "run", "--run-dir", run,
+	// The walk is the fallback where idmapped mounts are missing: the
+	// hooked build is told to take it.
+	out, code := runBounded(t, []string{"BUSHOST_TESTHOOK_SWAP=walk.entry=" + mine, "BUSHOST_TESTHOOK_NO_IDMAP=1"}, hookBin(t, "sandbox"), "run", "--run-dir", run,
 		"--workspace", ws, "--role", "worker", "--caps", "git.push.working", "--broker-socket", l.Addr().String(), "--",
 		"sh", "-c", "cat f f.swap; id -u")
 	t.Logf("sandbox run: exit %d\n%s", code, out)

@@ -76,7 +76,7 @@ func testdataBin(t testing.TB, name string) string {
 // bushostd beside it.
 func hookBin(t testing.TB, name string) string {
 	t.Helper()
-	return buildTags(t, "./cmd/"+name, filepath.Join("testhook", name), "grpcnotrace,bushost_testhook")
+	return buildTags(t, "./cmd/"+name, filepath.Join("testhook", name), "grpcnotrace,netgo,bushost_testhook")
 }
 
 // build builds the package pkg (a path from the repository root) into the
@@ -84,7 +84,7 @@ func hookBin(t testing.TB, name string) string {
 func build(t testing.TB, pkg, out string) string {
 	t.Helper()
 	// The tags of `make build`, so tests and benchmarks run what users run.
-	return buildTags(t, pkg, out, "grpcnotrace")
+	return buildTags(t, pkg, out, "grpcnotrace,netgo")
 }
 
 func buildTags(t testing.TB, pkg, out, tags string) string {

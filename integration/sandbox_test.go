@@ -1504,72 +1504,126 @@ func ownedBy(t *testing.T, dir string, ids ...string) []string {
 	return found
 }
 
+// shareModes runs f once with idmapped mounts and once with the fallback
+// a kernel without them takes (a hooked build told to walk), each new env
+// of the subtest using the sandbox binary given.
+func shareModes(t *testing.T, f func(t *testing.T, walk bool, sandbox string)) {
+	for _, walk := range []bool{false, true} {
+		name := "idmap"
+		if walk {
+			name = "walk"
+		}
+		t.Run(name, func(t *testing.T) {
+			sb := bin(t, "sandbox")
+			if walk {
+				sb = hookBin(t, "sandbox")
+				t.Setenv("BUSHOST_TESTHOOK_NO_IDMAP", "1")
+			}
+			f(t, walk, sb)
+		})
+	}
+}
+
+// inSession runs argv inside the running session s (its user, mount and
+// pid namespaces, as its uid), as a process of that session would.
+func inSession(t *testing.T, s *sessionProc, argv ...string) (string, bool) {
+	t.Helper()
+	args := append([]string{"-t", strconv.Itoa(s.pid), "-U", "-m", "-p", "-S", s.uid, "-G", s.uid, "--"}, argv...)
+	out, err := exec.Command("nsenter", args...).CombinedOutput()
+	return string(out), err == nil
+}
+
 // TestSandboxSessionUIDs runs two sessions at once, as root: each runs as
 // a uid of its own, neither can read or write the other's workspace or run
 // directory nor signal its processes, and once both end no file on the
-// host is owned by either uid.
+// host is owned by either uid. From inside, a session has nothing of the
+// other's to name. On the host, the walk hands each tree to its session's
+// uid at 0700; through idmapped mounts nothing changes hands, and who on
+// the host may read a workspace is up to its owner's modes, as always.
 func TestSandboxSessionUIDs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: only root gives a session a uid of its own")
 	}
-	a, b := newSandboxEnv(t), newSandboxEnv(t)
-	sa, sb := startSession(t, a), startSession(t, b)
-	t.Logf("session A uid %s pid %d, session B uid %s pid %d", sa.uid, sa.pid, sb.uid, sb.pid)
-	for _, s := range []*sessionProc{sa, sb} {
-		if n, _ := strconv.Atoi(s.uid); n < 61184 || n > 65519 {
-			t.Errorf("session uid %s is outside 61184-65519", s.uid)
-		}
-	}
-	if sa.uid == sb.uid {
-		t.Fatalf("both sessions run as uid %s", sa.uid)
-	}
-	for _, x := range []struct {
-		me, other *sessionProc
-		env       *sandboxEnv
-	}{{sa, sb, b}, {sb, sa, a}} {
-		for _, argv := range [][]string{
-			{"ls", x.env.ws},
-			{"cat", filepath.Join(x.env.ws, "mine.txt")},
-			{"touch", filepath.Join(x.env.ws, "from-the-other")},
-			{"ls", x.env.run},
-			{"ls", filepath.Join(x.env.run, "home")},
-			{"cat", filepath.Join(x.env.run, "home", "mine")},
-			{"kill", "-0", strconv.Itoa(x.other.pid)},
-		} {
-			if out, ok := asUID(t, x.me.uid, argv...); ok || strings.Contains(out, "secret-") {
-				t.Errorf("as uid %s, %q worked: %s", x.me.uid, argv, out)
+	shareModes(t, func(t *testing.T, walk bool, sandbox string) {
+		a, b := newSandboxEnv(t), newSandboxEnv(t)
+		a.sandbox, b.sandbox = sandbox, sandbox
+		sa, sb := startSession(t, a), startSession(t, b)
+		t.Logf("session A uid %s pid %d, session B uid %s pid %d", sa.uid, sa.pid, sb.uid, sb.pid)
+		for _, s := range []*sessionProc{sa, sb} {
+			if n, _ := strconv.Atoi(s.uid); n < 61184 || n > 65519 {
+				t.Errorf("session uid %s is outside 61184-65519", s.uid)
 			}
 		}
-		// The control: the session's own uid may.
-		if out, ok := asUID(t, x.other.uid, "cat", filepath.Join(x.env.ws, "mine.txt")); !ok {
-			t.Errorf("control: uid %s cannot read its own workspace: %s", x.other.uid, out)
+		if sa.uid == sb.uid {
+			t.Fatalf("both sessions run as uid %s", sa.uid)
 		}
-		if out, ok := asUID(t, x.other.uid, "kill", "-0", strconv.Itoa(x.other.pid)); !ok {
-			t.Errorf("control: uid %s cannot signal its own process: %s", x.other.uid, out)
+		for _, x := range []struct {
+			me, other *sessionProc
+			env       *sandboxEnv
+		}{{sa, sb, b}, {sb, sa, a}} {
+			attempts := [][]string{
+				{"ls", x.env.ws},
+				{"cat", filepath.Join(x.env.ws, "mine.txt")},
+				{"touch", filepath.Join(x.env.ws, "from-the-other")},
+				{"ls", filepath.Join(x.env.run, "home")},
+				{"cat", filepath.Join(x.env.run, "home", "mine")},
+				{"kill", "-0", strconv.Itoa(x.other.pid)},
+			}
+			for _, argv := range attempts {
+				if out, ok := inSession(t, x.me, argv...); ok || strings.Contains(out, "secret-") {
+					t.Errorf("inside session uid %s, %q worked: %s", x.me.uid, argv, out)
+				}
+			}
+			host := [][]string{
+				{"cat", filepath.Join(x.env.run, "home", "mine")},
+				{"kill", "-0", strconv.Itoa(x.other.pid)},
+			}
+			if walk {
+				host = append(host, attempts[:3]...)
+				host = append(host, []string{"ls", x.env.run})
+			}
+			for _, argv := range host {
+				if out, ok := asUID(t, x.me.uid, argv...); ok || strings.Contains(out, "secret-") {
+					t.Errorf("as uid %s, %q worked: %s", x.me.uid, argv, out)
+				}
+			}
+			// The control: the session itself may.
+			if out, ok := inSession(t, x.other, "cat", filepath.Join(x.env.ws, "mine.txt"), filepath.Join(x.env.run, "home", "mine")); !ok {
+				t.Errorf("control: session uid %s cannot read its own workspace and HOME: %s", x.other.uid, out)
+			}
+			if out, ok := inSession(t, x.other, "kill", "-0", "1"); !ok {
+				t.Errorf("control: session uid %s cannot signal its own pid 1: %s", x.other.uid, out)
+			}
 		}
-	}
-	for _, s := range []*sessionProc{sa, sb} {
-		s.cmd.Process.Signal(syscall.SIGTERM)
-		s.cmd.Wait()
-	}
-	for _, e := range []*sandboxEnv{a, b} {
-		if left := ownedBy(t, e.base, sa.uid, sb.uid); len(left) > 0 {
-			t.Errorf("files left owned by a session uid: %v", left)
+		for _, s := range []*sessionProc{sa, sb} {
+			s.cmd.Process.Signal(syscall.SIGTERM)
+			s.cmd.Wait()
 		}
-		if st, err := os.Stat(filepath.Join(e.ws, "mine.txt")); err != nil || st.Sys().(*syscall.Stat_t).Uid != uint32(e.uid) {
-			t.Errorf("mine.txt was not handed back to the workspace's owner %d: %v", e.uid, err)
+		for _, e := range []*sandboxEnv{a, b} {
+			if left := ownedBy(t, e.base, sa.uid, sb.uid); len(left) > 0 {
+				t.Errorf("files left owned by a session uid: %v", left)
+			}
+			if st, err := os.Stat(filepath.Join(e.ws, "mine.txt")); err != nil || st.Sys().(*syscall.Stat_t).Uid != uint32(e.uid) {
+				t.Errorf("mine.txt is not the workspace's owner's (%d): %v", e.uid, err)
+			}
 		}
-	}
+	})
 }
 
 // TestSandboxUIDReclaimed: a launcher that dies leaves its session
 // running under its uid, which no other launcher takes; once the session
-// is gone, the next launcher given that uid hands its files back first.
+// is gone, the next launcher given that uid takes it (after handing its
+// files back first, where they were handed over by a walk).
 func TestSandboxUIDReclaimed(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: only root gives a session a uid of its own")
 	}
+	shareModes(t, testUIDReclaimed)
+}
+
+func testUIDReclaimed(t *testing.T, walk bool, sandbox string) {
 	e := newSandboxEnv(t)
+	e.sandbox = sandbox
 	const rng = "65500-65519"
 	s := startSession(t, e, "--uid-range", rng)
 	if err := s.cmd.Process.Kill(); err != nil {
@@ -1579,13 +1633,17 @@ func TestSandboxUIDReclaimed(t *testing.T) {
 	if !alive(s.pid) {
 		t.Fatalf("the session died with its launcher")
 	}
-	// A second launcher while the session runs: another uid, and the
-	// workspace, still the first session's, is not taken from it.
-	_, errOut, code := e.runIn(t, []string{"--uid-range", rng, "--fresh-home"}, "true")
-	if code != 125 || !strings.Contains(errOut, "belongs to uid "+s.uid) {
+	// A second launcher while the session runs: another uid. Handed over
+	// by a walk, the workspace, still the first session's, is not taken
+	// from it; through idmapped mounts both see it, each as its own.
+	out, errOut, code := e.runIn(t, []string{"--uid-range", rng, "--fresh-home"}, "id", "-u")
+	switch {
+	case walk && (code != 125 || !strings.Contains(errOut, "belongs to uid "+s.uid)):
 		t.Errorf("a launch on a workspace a running session holds: exit %d %q; want a refusal naming uid %s", code, errOut, s.uid)
+	case !walk && (code != 0 || strings.TrimSpace(out) == s.uid):
+		t.Errorf("a second session on the workspace: exit %d, uid %q (the first is %s)\n%s", code, out, s.uid, errOut)
 	}
-	if len(ownedBy(t, e.ws, s.uid)) == 0 {
+	if walk && len(ownedBy(t, e.ws, s.uid)) == 0 {
 		t.Fatalf("the running session's workspace is no longer its own")
 	}
 	// End the orphaned session: kill its pid 1, and with it the pid
@@ -1606,7 +1664,7 @@ func TestSandboxUIDReclaimed(t *testing.T) {
 			t.Fatalf("the orphaned session did not end")
 		}
 	}
-	out, errOut, code := e.runIn(t, []string{"--uid-range", s.uid + "-" + s.uid, "--fresh-home"}, "id", "-u")
+	out, errOut, code = e.runIn(t, []string{"--uid-range", s.uid + "-" + s.uid, "--fresh-home"}, "id", "-u")
 	if code != 0 || strings.TrimSpace(out) != s.uid {
 		t.Fatalf("launch on the reclaimed uid: exit %d %q %s", code, out, errOut)
 	}
@@ -1619,16 +1677,28 @@ func TestSandboxUIDReclaimed(t *testing.T) {
 // handed (moves its HOME away and leaves a link to /etc in its place,
 // makes files beside session.json, links and fifos in the workspace),
 // nothing stays owned by its uid once it ends, and the uid is free again.
+//
+// Through idmapped mounts the run directory stays the host's, which the
+// session cannot write: there, the same is done to the workspace, HOME
+// and /tmp alone.
 func TestSandboxHandBackHostile(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: only root gives a session a uid of its own")
 	}
+	shareModes(t, testHandBackHostile)
+}
+
+func testHandBackHostile(t *testing.T, walk bool, sandbox string) {
 	e := newSandboxEnv(t)
+	e.sandbox = sandbox
 	state := filepath.Join(e.base, "state")
-	script := `id -u; mv "$HOME" ` + e.run + `/moved && ln -s /etc "$HOME" &&
-mkdir -p ` + e.run + `/top/deep && touch ` + e.run + `/top/deep/f &&
-ln -s /etc/shadow link && mkfifo fifo && mkdir -p a/b/c && touch a/b/c/d`
-	out, errOut, code := e.runIn(t, []string{"--state-dir", state}, "sh", "-c", script)
+	script := `id -u; ln -s /etc/shadow link && mkfifo fifo && mkdir -p a/b/c && touch a/b/c/d &&
+mkfifo "$HOME/fifo" && ln -s /etc "$HOME/etc" && mkdir -p /tmp/x/y && touch /tmp/x/y/z`
+	if walk {
+		script += ` && mv "$HOME" ` + e.run + `/moved && ln -s /etc "$HOME" &&
+mkdir -p ` + e.run + `/top/deep && touch ` + e.run + `/top/deep/f`
+	}
+	out, errOut, code := e.runIn(t, []string{"--state-dir", state, "--fresh-home"}, "sh", "-c", script)
 	uid := strings.TrimSpace(out)
 	if code != 0 || uid == "" {
 		t.Fatalf("the session: exit %d %q %s", code, out, errOut)

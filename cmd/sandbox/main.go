@@ -24,6 +24,7 @@ import (
 
 	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/sandbox"
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 const usage = `usage:
@@ -47,7 +48,10 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == sandbox.InitVerb {
 		os.Exit(sandbox.Init(os.Args[2:], os.Stderr))
 	}
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	testhook.Step("main")
+	status := run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	testhook.Step("exit")
+	os.Exit(status)
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -193,7 +197,9 @@ func runOrExplain(verb string, args []string, stdin io.Reader, stdout, stderr io
 		fmt.Fprintf(stderr, "sandbox %s: %v\nRun 'sandbox %s --help' for usage.\n", verb, err, verb)
 		return 2
 	}
+	testhook.Step("flags")
 	plan, err = sandbox.BuildPlan(cfg)
+	testhook.Step("plan")
 	if err != nil {
 		fmt.Fprintf(stderr, "sandbox %s: %v\n", verb, err)
 		if verb == "run" {

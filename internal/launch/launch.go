@@ -300,7 +300,7 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 	limits, runFlags := set.limits.Strings(), set.runFlags()
 	var ws *safepath.Handle
 	if path := r.GetWorkspace(); path != "" {
-		if ws, err = openWorkspace(path, peer); err != nil {
+		if ws, err = openWorkspace(path, peer, from); err != nil {
 			return record{}, err
 		}
 		defer ws.Close()
@@ -372,14 +372,30 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 // openWorkspace opens the caller's workspace once, from /, following no
 // link, every directory on the way root's or the caller's and writable by
 // nobody else (internal/safepath), and accepts it if it is the caller's
-// own directory: the session's uid is handed it for the session. The
+// own directory: the session's uid is given it for the session. The
 // session is given this descriptor, never the path again (sandbox run
 // --workspace-fd).
-func openWorkspace(ws string, peer authz.Peer) (*safepath.Handle, error) {
+//
+// A caller in a session (from) that sees a directory as its own through
+// an idmapped mount (its workspace, HOME or /tmp) is, there, the uid that
+// owns it on disk: a directory in one of those trees is opened under that
+// uid's rule, through the tree's root as the session's sandbox run
+// recorded it (the same directory, by device and inode), and must be that
+// uid's. Outside them the caller is its own uid, as anyone else.
+func openWorkspace(ws string, peer authz.Peer, from *sandbox.SessionBounds) (*safepath.Handle, error) {
 	if !filepath.IsAbs(ws) {
 		return nil, errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s: give an absolute path", ws)
 	}
-	h, err := safepath.OpenDir(ws, int(peer.UID))
+	ws = filepath.Clean(ws)
+	uid, whose := int(peer.UID), fmt.Sprintf("the caller's (%d)", peer.UID)
+	var h *safepath.Handle
+	var err error
+	if m, ok := mappedFor(ws, from); ok {
+		uid, whose = int(m.UID), fmt.Sprintf("uid %d's, whom the calling session (uid %d) is in %s", m.UID, peer.UID, m.Path)
+		h, err = openMapped(ws, m)
+	} else {
+		h, err = safepath.OpenDir(ws, uid)
+	}
 	var refused *safepath.Error
 	if err != nil && !errors.As(err, &refused) {
 		return nil, errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace: %v", err)
@@ -387,11 +403,45 @@ func openWorkspace(ws string, peer authz.Peer) (*safepath.Handle, error) {
 	if err != nil {
 		return nil, err
 	}
-	if uid := h.Owner(); int64(uid) != int64(peer.UID) {
+	if owner := h.Owner(); owner != uid {
 		h.Close()
-		return nil, errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s is uid %d's, not the caller's (%d)", ws, uid, peer.UID)
+		return nil, errdefs.InvalidArgument(errdefs.WorkspaceInvalid, "--workspace %s is uid %d's, not %s", ws, owner, whose)
 	}
 	return h, nil
+}
+
+// mappedFor is the calling session's idmapped tree ws lies in, if any.
+func mappedFor(ws string, from *sandbox.SessionBounds) (sandbox.Mapped, bool) {
+	if from == nil {
+		return sandbox.Mapped{}, false
+	}
+	best, found := sandbox.Mapped{}, false
+	for _, m := range from.Mapped {
+		if (ws == m.Path || strings.HasPrefix(ws, m.Path+"/")) && len(m.Path) >= len(best.Path) {
+			best, found = m, true
+		}
+	}
+	return best, found
+}
+
+// openMapped opens ws, in the tree m, under the rule of the tree's owner:
+// the tree's root from / (and only if it is still the directory the
+// session was given), then what is beneath it.
+func openMapped(ws string, m sandbox.Mapped) (*safepath.Handle, error) {
+	root, err := safepath.OpenDir(m.Path, int(m.UID))
+	if err != nil {
+		return nil, err
+	}
+	if st := root.Stat(); st.Dev != m.Dev || st.Ino != m.Ino {
+		root.Close()
+		return nil, &safepath.Error{Reason: safepath.ReasonChanged, Path: m.Path, Owner: int(m.UID), Mode: 0,
+			Msg: fmt.Sprintf("PATH_CHANGED: %s is no longer the directory the calling session was given: refused, never followed", m.Path)}
+	}
+	if ws == m.Path {
+		return root, nil
+	}
+	defer root.Close()
+	return safepath.OpenDirBeneath(root, strings.TrimPrefix(ws, m.Path+"/"))
 }
 
 // start mints the session's grant, prepares its directory and starts it;

@@ -287,8 +287,31 @@ func walk(path string, uid int, flags int, k kind, mkdir *uint32) (*Handle, erro
 		closeCur()
 		return nil, err
 	}
-	parts := strings.Split(strings.TrimPrefix(path, "/"), "/")
-	sofar := ""
+	return walkFrom(cur, "", strings.Split(strings.TrimPrefix(path, "/"), "/"), uid, flags, k, mkdir)
+}
+
+// OpenDirBeneath opens the directory rel (slash-separated names, none of
+// them "." or "..") beneath the directory h holds, one component at a time
+// following no link, each component checked under h's rule as OpenDir
+// checks those of a path. The handle's path is h's joined with rel.
+func OpenDirBeneath(h *Handle, rel string) (*Handle, error) {
+	parts := strings.Split(strings.Trim(rel, "/"), "/")
+	if rel == "" || slices.ContainsFunc(parts, func(p string) bool { return p == "" || p == "." || p == ".." }) {
+		return nil, fmt.Errorf("%s: %q is not a plain relative path", h.path, rel)
+	}
+	cur, err := unix.FcntlInt(uintptr(h.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return walkFrom(cur, h.path, parts, h.uid, unix.O_RDONLY|unix.O_DIRECTORY, kindDir, nil)
+}
+
+// walkFrom goes down parts from the directory cur (which it closes), named
+// sofar ("" for /), under uid's rule.
+func walkFrom(cur int, sofar string, parts []string, uid int, flags int, k kind, mkdir *uint32) (*Handle, error) {
+	closeCur := func() { unix.Close(cur) }
+	var st unix.Stat_t
+	path := sofar + "/" + strings.Join(parts, "/")
 	for i, name := range parts {
 		sofar += "/" + name
 		if i == len(parts)-1 {

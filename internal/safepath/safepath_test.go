@@ -272,3 +272,49 @@ func TestOpenBeneath(t *testing.T) {
 	}
 	noOpenat2.Store(false)
 }
+
+func TestOpenDirBeneath(t *testing.T) {
+	testenv.NeedRoot(t, "the rules are about other users' files")
+	base := openBase(t)
+	ws := filepath.Join(base, "ws")
+	mkdir(t, ws, 0o755, other)
+	for _, d := range []string{"a", "a/b", "shared", "theirs"} {
+		mkdir(t, filepath.Join(ws, d), 0o755, other)
+	}
+	if err := os.Chmod(filepath.Join(ws, "shared"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	mkdir(t, filepath.Join(ws, "shared", "x"), 0o755, other)
+	if err := os.Chown(filepath.Join(ws, "theirs"), other+1, other+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("a", filepath.Join(ws, "link")); err != nil {
+		t.Fatal(err)
+	}
+	h, err := OpenDir(ws, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	sub, err := OpenDirBeneath(h, "a/b")
+	if err != nil {
+		t.Fatalf("the user's directory beneath: %v", err)
+	}
+	if sub.Path() != filepath.Join(ws, "a", "b") || sub.Owner() != other {
+		t.Errorf("handle: path %s owner %d", sub.Path(), sub.Owner())
+	}
+	sub.Close()
+	_, err = OpenDirBeneath(h, "shared/x")
+	wantRefusal(t, err, ReasonUnsafe, filepath.Join(ws, "shared"), "writable by group or others")
+	_, err = OpenDirBeneath(h, "theirs")
+	wantRefusal(t, err, ReasonUnsafe, filepath.Join(ws, "theirs"), "belongs to another user")
+	_, err = OpenDirBeneath(h, "link/b")
+	wantRefusal(t, err, ReasonUnsafe, filepath.Join(ws, "link"), "symbolic link")
+	_, err = OpenDirBeneath(h, "link")
+	wantRefusal(t, err, ReasonUnsafe, filepath.Join(ws, "link"), "symbolic link")
+	for _, bad := range []string{"", "a/../..", "./a", "a//b"} {
+		if _, err := OpenDirBeneath(h, bad); err == nil {
+			t.Errorf("%q opened", bad)
+		}
+	}
+}

@@ -33,6 +33,10 @@ type SessionBounds struct {
 	// of /proc/PID/stat): the session has ended once that process is gone.
 	PID   int    `json:"pid"`
 	Start uint64 `json:"start"`
+	// Mapped are the directories it sees as its own through idmapped
+	// mounts (none when run handed them over instead): a directory in
+	// one, owned on disk by its UID, is the session's to launch on.
+	Mapped []Mapped `json:"mapped,omitempty"`
 }
 
 // Values are the limits set, by bounds name.

@@ -21,6 +21,9 @@ func Explain(out io.Writer, p *Plan, asJSON bool) error {
 }
 
 func explain(w io.Writer, p *Plan, asJSON bool) error {
+	if p.User.Dynamic {
+		p.Share = p.shareMode()
+	}
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -45,6 +48,9 @@ func explain(w io.Writer, p *Plan, asJSON bool) error {
 		fmt.Fprintf(w, "\nuser: a uid of its own from %d-%d, picked at launch (groups %s)\n", p.Config.UIDLow, p.Config.UIDHigh, joinGIDs(p.User.Groups))
 	} else {
 		fmt.Fprintf(w, "\nuser: %s (uid %d, gid %d, groups %s)\n", p.User.Name, p.User.UID, p.User.GID, joinGIDs(p.User.Groups))
+	}
+	if p.Share != "" {
+		fmt.Fprintf(w, "share: %s\n", p.Share)
 	}
 	for _, g := range p.SocketGroups {
 		name := g.Name

@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // initPath is where the sandbox binary is bound in the session, to be run
@@ -55,6 +57,7 @@ func Init(args []string, stderr io.Writer) int {
 		}
 		args = args[1:]
 	}
+	testhook.Step("init")
 	if os.Getpid() != 1 || len(args) < 2 {
 		initFailed(stderr, "runs only as a session's pid 1 (sandbox run starts it)", nil)
 		return ExitSandbox
@@ -138,6 +141,7 @@ func Init(args []string, stderr io.Writer) int {
 			return ExitSandbox
 		}
 	}
+	testhook.Step("init-exec")
 	// The command gets no parent-death signal of its own: when pid 1 dies,
 	// the kernel kills every process of its pid namespace.
 	command, err := syscall.ForkExec(args[0], args[1:], &syscall.ProcAttr{
@@ -158,6 +162,7 @@ func Init(args []string, stderr io.Writer) int {
 			_ = syscall.Kill(command, sig.(syscall.Signal))
 		case <-chld:
 			if status, done := reap(command); done {
+				testhook.Step("init-reaped")
 				return status
 			}
 		case <-dropped:

@@ -78,6 +78,9 @@ type Plan struct {
 	Limits Limits `json:"limits"`
 	// ScopeAbstract: pid 1 scopes the command off abstract Unix sockets.
 	ScopeAbstract bool `json:"scope_abstract_unix,omitempty"`
+	// Share says how a session with a uid of its own is given its trees
+	// (idmapped mounts, or the walk and why), as explain finds it.
+	Share string `json:"share,omitempty"`
 	// Network is the session's network mode and egress policy.
 	Network Network `json:"network"`
 	// Session is the run directory's session.json.
@@ -296,7 +299,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		{Flag: "--new-session", Why: "the session has no controlling terminal, so TIOCSTI cannot push keystrokes into the caller's terminal"},
 		{Flag: "--disable-userns", Why: "no nested user namespace, whose capabilities could undo a read-only bind"},
 		{Flag: "--cap-drop ALL", Why: "no capability inside the session's user namespace either"},
-		{Flag: "--seccomp", Why: "refuses TIOCSTI/TIOCLINUX/TIOCSETD, socket families other than unix, inet, inet6 and netlink route (EAFNOSUPPORT), keyctl, ptrace, mount and the new mount API, listmount/statmount, io_uring, unshare/setns and namespace clones, bpf, userfaultfd, perf_event_open, module and kexec calls"},
+		{Flag: "--seccomp", Why: "refuses TIOCSTI/TIOCLINUX/TIOCSETD, socket families other than unix, inet, inet6 and netlink route (EAFNOSUPPORT), keyctl, ptrace, mount and the new mount API, listmount/statmount, io_uring, unshare/setns and namespace clones, bpf, userfaultfd, perf_event_open, module and kexec calls, and a set-user-ID or set-group-ID bit in chmod, open, mknod (openat2, whose mode it cannot read, gets ENOSYS)"},
 		{Flag: "--as-pid-1", Why: "the sandbox's own init is pid 1, with SIGKILL as its parent-death signal, so the session dies with the bwrap process outside even when sandbox run is gone too; bwrap's own reaper would outlive it"},
 		{Flag: "--json-status-fd", Why: "bwrap reports pid 1, which sandbox run passes its signals to and makes sure is gone once bwrap has exited, and the command's status"},
 	}
@@ -304,7 +307,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		p.Hardening = append(p.Hardening, Flag{Flag: "landlock " + initScopeAbstract, Why: "--net shares the host's network namespace, where abstract Unix socket names live: pid 1 starts the command in a Landlock domain (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET) that cannot connect to one made outside the session"})
 	}
 	if u.Dynamic {
-		p.Hardening = append(p.Hardening, Flag{Flag: fmt.Sprintf("uid %d-%d", cfg.UIDLow, cfg.UIDHigh), Why: fmt.Sprintf("started as root: bwrap and the session run as a uid (and gid) of their own, free in /etc/passwd, /etc/group and among running processes, locked in %s; the workspace and run directory are handed to it for the session and back after, so no other session can read, write or signal this one", cfg.StateDir)})
+		p.Hardening = append(p.Hardening, Flag{Flag: fmt.Sprintf("uid %d-%d", cfg.UIDLow, cfg.UIDHigh), Why: fmt.Sprintf("started as root: bwrap and the session run as a uid (and gid) of their own, free in /etc/passwd, /etc/group and among running processes, locked in %s, so no other session can read, write or signal this one", cfg.StateDir)})
 	} else if u.Drop {
 		p.Hardening = append(p.Hardening, Flag{Flag: "--user " + u.Name, Why: fmt.Sprintf("started as root: bwrap and the session run as uid %d gid %d, never as host root", u.UID, u.GID)})
 	}

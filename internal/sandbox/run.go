@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,7 +45,14 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
+	// From here on the signals run forwards are held for the session,
+	// not acted on: one that comes while the session is being built (or
+	// its trees handed over) reaches the command once pid 1 is ready.
+	sigc := make(chan os.Signal, 8)
+	signal.Notify(sigc, forwarded...)
+	defer signal.Stop(sigc)
 	var held *lease
+	var share *idmapped
 	// The workspace was opened and checked once; from here on the
 	// session gets that descriptor. A path that no longer names it was
 	// swapped under the caller's eyes: refused, never followed.
@@ -52,17 +60,20 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if err := p.ws.Recheck(); err != nil {
 		return 0, err
 	}
+	testhook.Step("recheck")
 	if p.User.Dynamic {
 		l, err := acquireUID(p.Config.StateDir, p.Config.UIDLow, p.Config.UIDHigh)
 		if err != nil {
 			return 0, err
 		}
 		held = l
+		testhook.Step("uid")
 		// Last of all: the session is gone by the time this runs.
 		defer func() {
 			if err := l.release(); err != nil && stderr != nil {
 				fmt.Fprintf(stderr, "sandbox: hand the session's files back from uid %d: %v\n", l.uid, err)
 			}
+			testhook.Step("released")
 		}()
 		p.User.UID, p.User.GID, p.User.Name = l.uid, l.uid, fmt.Sprintf("%s-%d", dynamicName, l.uid)
 		p.Env = p.Config.sessionEnv(p)
@@ -71,21 +82,27 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		if err := p.prepareRunDir(); err != nil {
 			return 0, err
 		}
+		testhook.Step("run-dir")
 		trees, err := p.handedTrees()
 		if err != nil {
 			return 0, err
 		}
-		err = l.handOver(trees...)
+		share, err = p.share(l, trees, stderr)
 		for _, t := range trees[2:] {
 			unix.Close(t.fd)
 		}
 		if err != nil {
 			return 0, err
 		}
+		if share != nil {
+			defer share.close()
+		}
+		testhook.Step("share")
 	} else if err := p.prepareRunDir(); err != nil {
 		return 0, err
 	}
 	exe, status, msg := p.lookCommand()
+	testhook.Step("command")
 	if status != 0 {
 		// bwrap would only say "execvp: ..." and exit 1; the shell's
 		// statuses tell a caller what went wrong.
@@ -124,6 +141,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		return 0, err
 	}
 	defer seccompR.Close()
+	testhook.Step("seccomp")
 	statusR, statusW, err := os.Pipe()
 	if err != nil {
 		return 0, err
@@ -146,6 +164,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if cg != nil {
 		defer cg.remove()
 	}
+	testhook.Step("cgroup")
 	// A session launched from inside another ends when that one does.
 	var leadGone <-chan struct{}
 	if p.Config.EndWith != "" {
@@ -160,6 +179,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		// What the session is given, for sandbox serve to bound the
 		// sessions it launches by; written before anything of it runs.
 		b, err := p.sessionBounds(cg)
+		if err == nil && share != nil {
+			b.Mapped = share.mapped()
+		}
 		if err == nil {
 			held.rec.Session = b
 			err = held.save()
@@ -238,15 +260,12 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		attr.Sys.Credential = &syscall.Credential{Uid: p.User.UID, Gid: p.User.GID, Groups: p.User.Groups}
 	}
 
-	sigc := make(chan os.Signal, 8)
-	signal.Notify(sigc, forwarded...)
-	defer signal.Stop(sigc)
-
 	// syscall.ForkExec rather than os/exec: os.StartProcess probes pidfd
 	// support by starting a throwaway child, one more process per session.
 	var bwrapPid int
+	testhook.Step("fork")
 	startErr := limits.withRlimits(func() (err error) {
-		bwrapPid, err = syscall.ForkExec(p.Bwrap, argv, attr)
+		bwrapPid, err = startBwrap(share, p.Bwrap, argv, attr)
 		return err
 	})
 	statusW.Close()
@@ -258,6 +277,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if startErr != nil {
 		return 0, &UnavailableError{Reason: fmt.Sprintf("start %s: %v", p.Bwrap, startErr)}
 	}
+	testhook.Step("forked")
 
 	// The status pipe reaches end of file when bwrap exits: only bwrap
 	// holds its write end (it closes it in the session before the setup).
@@ -325,8 +345,10 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 			break
 		}
 	}
+	testhook.Step("bwrap-exited")
 	// bwrap is gone: so is the session, whatever the command left behind.
 	s.end()
+	testhook.Step("ended")
 	if cg != nil {
 		p.PeakMemory = cg.peakMemory()
 	}
@@ -349,6 +371,59 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		return 0, perr
 	}
 	return 0, fmt.Errorf("bwrap could not build the session or start %s (exit %d): its message is above", p.Command[0], ws.ExitStatus())
+}
+
+// startBwrap starts bwrap; with idmapped mounts, from a thread of its own
+// that attaches them in a mount namespace of its own first (bwrap starts
+// in it and binds them), and ends with this call, taking the namespace
+// with it once bwrap is gone too.
+func startBwrap(share *idmapped, bwrap string, argv []string, attr *syscall.ProcAttr) (int, error) {
+	if share == nil {
+		return syscall.ForkExec(bwrap, argv, attr)
+	}
+	type started struct {
+		pid int
+		err error
+	}
+	done := make(chan started, 1)
+	go func() {
+		// Never unlocked: the thread, in its own mount namespace, exits
+		// with this goroutine.
+		runtime.LockOSThread()
+		if err := share.attach(); err != nil {
+			done <- started{0, err}
+			return
+		}
+		pid, err := syscall.ForkExec(bwrap, argv, attr)
+		done <- started{pid, err}
+	}()
+	s := <-done
+	return s.pid, s.err
+}
+
+// share gives the session's uid its trees: through idmapped mounts, or
+// where this kernel or file system has none, by handing them over (and
+// back at the end), which it says once on stderr. A tree another session's
+// uid owns is refused either way.
+func (p *Plan) share(l *lease, trees []tree, stderr io.Writer) (*idmapped, error) {
+	for _, t := range trees {
+		var st unix.Stat_t
+		if err := unix.Fstat(t.fd, &st); err != nil {
+			return nil, err
+		}
+		if st.Uid >= l.lo && st.Uid <= l.hi {
+			return nil, fmt.Errorf("%s belongs to uid %d, another session's (still running, or its launcher died while it runs): it cannot be given to this one", t.path, st.Uid)
+		}
+	}
+	m, err := p.idmapTrees(trees, l.uid)
+	var no *errNoIDMap
+	if err == nil || !errors.As(err, &no) {
+		return m, err
+	}
+	if stderr != nil {
+		fmt.Fprintf(stderr, "sandbox: no idmapped mounts here (%s): the workspace and run directory are handed to uid %d by walking them, before and after the session\n", no.why, l.uid)
+	}
+	return nil, l.handOver(trees...)
 }
 
 // bwrapStatus is one thing bwrap reported on --json-status-fd.

@@ -267,7 +267,10 @@ func TestSeccompFilter(t *testing.T) {
 		"socket AF_NETLINK audit " + unix.EAFNOSUPPORT.Error(), "socket AF_VSOCK " + unix.EAFNOSUPPORT.Error(),
 		"socket AF_PACKET " + unix.EAFNOSUPPORT.Error(), "socket AF_ALG " + unix.EAFNOSUPPORT.Error(),
 		"socket AF_KEY " + unix.EAFNOSUPPORT.Error(), "socket AF_VSOCK high bits " + unix.EAFNOSUPPORT.Error(),
-		"socketpair AF_UNIX ok", "socketpair AF_VSOCK " + unix.EAFNOSUPPORT.Error()} {
+		"socketpair AF_UNIX ok", "socketpair AF_VSOCK " + unix.EAFNOSUPPORT.Error(),
+		"chmod 0755 ok", "chmod 04755 EPERM", "fchmod 02755 EPERM", "fchmodat 04700 EPERM", "fchmodat2 02700 EPERM",
+		"openat O_CREAT 0644 ok", "openat O_CREAT 04755 EPERM", "openat2 ENOSYS", "mknodat 02644 EPERM",
+		"setuid bit after the attempts false"} {
 		if !strings.Contains(string(out), want+"\n") {
 			t.Errorf("child did not report %q:\n%s", want, out)
 		}
@@ -276,6 +279,19 @@ func TestSeccompFilter(t *testing.T) {
 
 func seccompChild() {
 	prog, err := filterProgram()
+	if err != nil {
+		panic(err)
+	}
+	dir, err := os.MkdirTemp("", "seccomp-")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+	file := filepath.Join(dir, "f")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		panic(err)
+	}
+	fd, err := unix.Open(file, unix.O_RDONLY, 0)
 	if err != nil {
 		panic(err)
 	}
@@ -320,6 +336,38 @@ func seccompChild() {
 	call("listmount", unix.SYS_LISTMOUNT)
 	call("statmount", unix.SYS_STATMOUNT)
 	call("open_tree_attr", unix.SYS_OPEN_TREE_ATTR)
+	path := func(p string) uintptr {
+		b, err := unix.BytePtrFromString(p)
+		if err != nil {
+			panic(err)
+		}
+		return uintptr(unsafe.Pointer(b))
+	}
+	cwd := unix.AT_FDCWD
+	at := uintptr(cwd)
+	call6 := func(name string, nr uintptr, a ...uintptr) {
+		a = append(a, 0, 0, 0, 0, 0, 0)
+		r, _, e := unix.Syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5])
+		if e == 0 && (nr == unix.SYS_OPENAT || nr == unix.SYS_OPENAT2) {
+			unix.Close(int(r))
+		}
+		report(name, e)
+	}
+	call6("chmod 0755", unix.SYS_FCHMODAT, at, path(file), 0o755)
+	call6("chmod 04755", unix.SYS_FCHMODAT, at, path(file), 0o4755)
+	call6("fchmod 02755", unix.SYS_FCHMOD, uintptr(fd), 0o2755)
+	call6("fchmodat 04700", unix.SYS_FCHMODAT, at, path(file), 0o4700)
+	call6("fchmodat2 02700", unix.SYS_FCHMODAT2, at, path(file), 0o2700, 0)
+	call6("openat O_CREAT 0644", unix.SYS_OPENAT, at, path(filepath.Join(dir, "g")), unix.O_CREAT|unix.O_WRONLY, 0o644)
+	call6("openat O_CREAT 04755", unix.SYS_OPENAT, at, path(filepath.Join(dir, "h")), unix.O_CREAT|unix.O_WRONLY, 0o4755)
+	how := unix.OpenHow{Flags: unix.O_CREAT | unix.O_WRONLY, Mode: 0o4755}
+	call6("openat2", unix.SYS_OPENAT2, at, path(filepath.Join(dir, "i")), uintptr(unsafe.Pointer(&how)), unsafe.Sizeof(how))
+	call6("mknodat 02644", unix.SYS_MKNODAT, at, path(filepath.Join(dir, "j")), unix.S_IFREG|0o2644, 0)
+	var st unix.Stat_t
+	if err := unix.Stat(file, &st); err != nil {
+		panic(err)
+	}
+	os.Stdout.WriteString(fmt.Sprintf("setuid bit after the attempts %v\n", st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0))
 	sock := func(name string, nr, family, typ, proto uintptr) {
 		var fds [2]int32
 		r, _, e := unix.Syscall6(nr, family, typ, proto, uintptr(unsafe.Pointer(&fds)), 0, 0)

@@ -17,7 +17,21 @@ const (
 	offArg0 = 16
 	offArg1 = 24
 	offArg2 = 32
+	offArg3 = 40
 )
+
+// setIDBits are the mode bits no file the session makes or changes may
+// carry. Through an idmapped mount a file the session writes is its
+// owner's on disk, root's in a root-owned workspace: a set-user-ID bit
+// there would make it a way into that owner for anyone on the host who can
+// reach it, after the session as during it.
+const setIDBits = unix.S_ISUID | unix.S_ISGID
+
+// modeArg is a call taking a file mode, and which argument holds it.
+type modeArg struct {
+	nr  uintptr
+	off uint32
+}
 
 // nsCloneFlags are the clone(2) flags that would make a new namespace.
 const nsCloneFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
@@ -145,6 +159,20 @@ func filterProgram() ([]unix.SockFilter, error) {
 	}
 	a.jump(jeqK, unix.SYS_CLONE3, 0, 1)
 	a.stmt(retK, retENOSYS)
+	// openat2 passes its mode in memory too: ENOSYS makes callers fall
+	// back to openat, whose mode it can read.
+	a.jump(jeqK, unix.SYS_OPENAT2, 0, 1)
+	a.stmt(retK, retENOSYS)
+	// chmod, open with O_CREAT, mknod and the like: EPERM for a mode with
+	// a set-user-ID or set-group-ID bit (a mode_t: its low 32 bits are all
+	// the kernel reads).
+	for _, m := range modeCalls {
+		a.jump(jeqK, uint32(m.nr), 0, 4)
+		a.stmt(ldW, m.off)
+		a.jump(jsK, setIDBits, 0, 1)
+		a.stmt(retK, retEPERM)
+		a.stmt(retK, retAllow)
+	}
 
 	// clone with a namespace flag. The accumulator holds nr after this.
 	a.jump(jeqK, unix.SYS_CLONE, 0, 4)

@@ -8,3 +8,5 @@ const (
 	auditArch = 0
 	x32Bit    = 0
 )
+
+var modeCalls []modeArg

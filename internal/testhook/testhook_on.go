@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,4 +37,22 @@ func SwapEntry(point, name string) {
 		return
 	}
 	Swap(point)
+}
+
+// NoIDMapEnv, set to 1, makes sandbox run take its fallback for a kernel
+// or file system without idmapped mounts.
+const NoIDMapEnv = "BUSHOST_TESTHOOK_NO_IDMAP"
+
+// NoIDMap reports whether $BUSHOST_TESTHOOK_NO_IDMAP is 1.
+func NoIDMap() bool { return os.Getenv(NoIDMapEnv) == "1" }
+
+// StepsEnv, set to 1, makes Step write "testhook step NAME UNIXNANO" on
+// stderr: a benchmark lines them up with its own clock.
+const StepsEnv = "BUSHOST_TESTHOOK_STEPS"
+
+// Step writes when the step named was reached, with $BUSHOST_TESTHOOK_STEPS=1.
+func Step(name string) {
+	if os.Getenv(StepsEnv) == "1" {
+		os.Stderr.WriteString("testhook step " + name + " " + strconv.FormatInt(time.Now().UnixNano(), 10) + "\n")
+	}
 }
