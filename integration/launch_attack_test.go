@@ -184,14 +184,24 @@ func TestSandboxRunHandOverEntrySwap(t *testing.T) {
 	}
 }
 
-// TestLaunchWorkerInLeadWorkspace: a lead session names a directory of
-// its own workspace (its uid's, as the launcher asks) as a worker's
-// workspace. Handing it to the worker's uid would leave two hand-backs
-// racing over one tree when the lead ends, so the worker's sandbox run
-// refuses a tree a session uid owns: the worker never runs, and nothing
-// stays with either uid.
+// TestLaunchWorkerInLeadWorkspace: where trees are handed over by a walk
+// (no idmapped mounts: the hooked build is told so), a lead session names
+// a directory of its own workspace (its uid's, as the launcher asks) as a
+// worker's workspace. Handing it to the worker's uid would leave two
+// hand-backs racing over one tree when the lead ends, so the worker's
+// sandbox run refuses a tree a session uid owns: the worker never runs,
+// and nothing stays with either uid. (Through idmapped mounts nothing is
+// handed over, and the worker runs: TestLaunchWorkerInLeadSubdir.)
 func TestLaunchWorkerInLeadWorkspace(t *testing.T) {
 	e := newLaunchEnv(t)
+	noIDMap := "BUSHOST_TESTHOOK_NO_IDMAP=1"
+	e.stop(t)
+	// The hooked launcher runs the bushostd, and binds the bushost,
+	// beside it.
+	hookBin(t, "bushostd")
+	hookBin(t, "bushost")
+	e.sandbox, e.env = hookBin(t, "sandbox"), []string{noIDMap}
+	e.start(t)
 	run, ws := e.prepareLead(t, e.lead)
 	script := `mkdir sub
 id=$(bushost session launch --task t1 --role worker --caps git.push.working --workspace "$PWD/sub" -- sh -c 'touch a; echo ran')
@@ -200,7 +210,7 @@ bushost session wait "$id"
 echo "waited $?"
 bushost session logs "$id"
 echo "uid $(id -u)"`
-	out, code := runCmd(t, bin(t, "sandbox"), "run", "--run-dir", run, "--workspace", ws, "--role", "lead", "--caps", "session.launch",
+	out, code := runBounded(t, []string{noIDMap}, hookBin(t, "sandbox"), "run", "--run-dir", run, "--workspace", ws, "--role", "lead", "--caps", "session.launch",
 		"--broker-socket", filepath.Join(e.h.Home, "broker.sock"), "--launch-socket", filepath.Join(e.h.Home, "launch.sock"),
 		"--pids", "200", "--", "sh", "-c", script)
 	if code != 0 || !strings.Contains(out, "worker s-") || !strings.Contains(out, "waited 125") || strings.Contains(out, "\nran") ||
