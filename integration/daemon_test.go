@@ -19,6 +19,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // The home's files have the modes docs/architecture.md gives them.
@@ -160,14 +161,18 @@ func TestSigtermDrains(t *testing.T) {
 	if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Chunk{Chunk: data[:half]}}); err != nil {
 		t.Fatal(err)
 	}
-	// The push is in flight: now ask the daemon to stop.
-	time.Sleep(100 * time.Millisecond)
+	// The push is in flight (its quarantine made): now ask the daemon to
+	// stop, and go on once it says it drains.
+	testenv.WaitFor(t, 20*time.Second, "the push's quarantine", func() bool { return found(filepath.Join(h.Home, "repos"), bundlePrefix) })
 	start := time.Now()
 	var stopErr error
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); stopErr = h.Stop(t) }()
-	time.Sleep(200 * time.Millisecond)
+	testenv.WaitFor(t, 20*time.Second, "bushostd to say it drains", func() bool {
+		b, _ := os.ReadFile(h.Log)
+		return strings.Contains(string(b), "msg=draining")
+	})
 
 	// A new call on a new connection is not served.
 	bconn, bctx := dialHome(t, h.Home, "broker.sock", adminTokenOf(t, h))

@@ -18,6 +18,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // treeState lists every file under dir with its size, for "nothing left
@@ -45,13 +46,11 @@ func treeState(t *testing.T, dir string) string {
 // it left in the repositories), and the next push after space is freed
 // succeeds. The home is on a small tmpfs the test mounts (root only).
 func TestDiskFullDuringPush(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
+	testenv.NeedRoot(t, "mounting a tmpfs needs root")
 	mnt := filepath.Join(baseDir(t), "mnt")
 	os.MkdirAll(mnt, 0o755)
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=24m,mode=0755", "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs here: %v %s", err, out)
+		testenv.Missing(t, "tmpfs", "a push onto a full disk (mount: %v %s)", err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
 

@@ -7,15 +7,15 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // otherUser makes a uniquely named user for the test and removes it at the
 // end; it returns the name and uid.
 func otherUser(t *testing.T) (string, int) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("making another user needs root")
-	}
+	testenv.NeedRoot(t, "making another user needs root")
 	name := "bhx" + randSuffix()
 	if out, err := exec.Command("useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
 		t.Fatalf("useradd %s: %v\n%s", name, err, out)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // Owners of workspace files in these tests: uids no passwd entry names,
@@ -49,9 +51,7 @@ func ownWorkspace(t *testing.T, e *sandboxEnv) {
 // turned off, as on a kernel without them) hands the trees over and back,
 // says so once, and leaves nothing either.
 func TestSandboxIDMapOwnership(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: only root gives a session a uid of its own")
-	}
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
 	script := `id -u
 echo new > made.txt && mkdir -p d/e && echo x > d/e/f && echo home > "$HOME/h" && echo tmp > /tmp/t
 echo "own $(stat -c %u . made.txt "$HOME" /tmp | sort -u | tr '\n' ' ')"

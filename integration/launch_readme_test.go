@@ -1,9 +1,10 @@
 package integration
 
 import (
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // TestLaunchREADME runs the README's "A lead that launches a worker"
@@ -12,9 +13,7 @@ import (
 // the lead waited for it and asked for a review, and the log holds the
 // session's records.
 func TestLaunchREADME(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the README's launch is run as root")
-	}
+	testenv.NeedRoot(t, "the README's launch is run as root")
 	text, errOut := runREADMESection(t, "A lead that launches a worker", "/var/tmp/bushost-launch-")
 	for _, want := range []string{"launched s-", "worker ended", "\nreview ", "session.launched", "session.ended", "action.allowed", "exited", "removed session s-"} {
 		if !strings.Contains(text, want) {

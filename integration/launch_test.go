@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // launchEnv is a bushostd with a socket group (so that sessions reach its
@@ -36,9 +38,7 @@ type launchEnv struct {
 
 func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: sandbox serve gives each session a uid of its own")
-	}
+	testenv.NeedRoot(t, "sandbox serve gives each session a uid of its own")
 	// A group of the test's own, removed at the end.
 	group := "bhl" + randSuffix()
 	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {

@@ -26,6 +26,7 @@ import (
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/pgtest"
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // dialPlain connects to a socket of h without any token: health and
@@ -306,7 +307,7 @@ func TestHealthFollowsBrokerStore(t *testing.T) {
 	q := u.Query()
 	pgDir := q.Get("host")
 	if !strings.HasPrefix(pgDir, "/") {
-		t.Skipf("*** %s names no Unix socket directory: health following the store NOT TESTED ***", pgtest.Env)
+		testenv.Missing(t, "PostgreSQL on a Unix socket", "health following the store: %s names no Unix socket directory", pgtest.Env)
 	}
 	port := q.Get("port")
 	if port == "" {

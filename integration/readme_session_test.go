@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // runREADMESection runs the first ```sh block of the README's section
@@ -66,9 +68,7 @@ func runREADMESection(t *testing.T, heading, demoPrefix string) (stdout, stderr 
 // session, from prepare to push") exactly as written, with the built
 // binaries in ./bin, and checks what it says happened.
 func TestREADMESession(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the README's session is run as root")
-	}
+	testenv.NeedRoot(t, "the README's session is run as root")
 	text, errOut := runREADMESection(t, "A whole session, from prepare to push", "/var/tmp/bushost-demo-")
 	var pushed string
 	for _, line := range strings.Split(text, "\n") {

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // Issue 30's finding 6: what root (or the daemon) opens for itself,
@@ -163,9 +165,7 @@ type runDirEnv struct {
 
 func newRunDirEnv(t *testing.T) *runDirEnv {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the rules are about what root opens for another user")
-	}
+	testenv.NeedRoot(t, "the rules are about what root opens for another user")
 	base := baseDir(t)
 	e := &runDirEnv{base: base, ws: filepath.Join(base, "ws"), run: filepath.Join(base, "run"), token: filepath.Join(base, "token")}
 	if err := os.Mkdir(e.ws, 0o755); err != nil {
@@ -348,9 +348,7 @@ func TestSandboxRunRefusesForeignRunFiles(t *testing.T) {
 // it under git's feet, and whom publish would write for) is refused,
 // naming the directory and its owner; no project is made.
 func TestProjectRootThroughOthersRefused(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the rule is for a daemon running as root")
-	}
+	testenv.NeedRoot(t, "the rule is for a daemon running as root")
 	h := startHost(t)
 	name, uid := otherUser(t)
 	dir := filepath.Join(filepath.Dir(h.Home), "their-dir")

@@ -26,10 +26,7 @@ func requireTools(t *testing.T, paths ...string) {
 	t.Helper()
 	for _, p := range paths {
 		if _, err := os.Stat(p); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is missing: scripts/deps.sh installs it", p)
-			}
-			t.Skipf("*** %s is missing (scripts/deps.sh installs it): the session's network NOT TESTED ***", p)
+			testenv.Missing(t, p, "the session's network (scripts/deps.sh installs it)")
 		}
 	}
 }
@@ -289,9 +286,7 @@ func tempGroup(t *testing.T, prefix string) string {
 // is in the broker as network.egress on the session's task, recorded by
 // the launcher; the session's own grant cannot record that type.
 func TestSandboxNetworkAudit(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes a group and runs the session as a uid of its own")
-	}
+	testenv.NeedRoot(t, "makes a group and runs the session as a uid of its own")
 	requireTools(t, "/usr/bin/curl")
 	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", tempGroup(t, "bh-net-")}})
 	h.AddProject(t, "acme", "web")
@@ -614,9 +609,7 @@ func egressEvents(t *testing.T, h *Host) (decisions []map[string]any, peers map[
 // peer, holds many), and counted against network.egress's own bound: the
 // session past its own event quota (--event-rate 1) loses none of them.
 func TestSandboxNetworkAuditBatched(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes a group and runs the session as a uid of its own")
-	}
+	testenv.NeedRoot(t, "makes a group and runs the session as a uid of its own")
 	requireTools(t, "/usr/bin/curl")
 	h, flags, allowed := auditedSession(t, "--event-rate", "1")
 	other, otherHits := countingServer(t)
@@ -672,9 +665,7 @@ i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do curl -s -o /dev/null -w '%{http_co
 // its decisions is a line on run's stderr, so every decision is in the
 // log or there, and the session's connections go on as before.
 func TestSandboxNetworkAuditOverBound(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes a group and runs the session as a uid of its own")
-	}
+	testenv.NeedRoot(t, "makes a group and runs the session as a uid of its own")
 	requireTools(t, "/usr/bin/curl")
 	h, flags, _ := auditedSession(t, "--egress-event-rate", "4")
 	other, _ := countingServer(t)
@@ -745,9 +736,7 @@ print("denials: %d" % sum(counts))
 // counted in a denied_summary, and none of it was dropped. With the
 // broker unreachable, the allowed connection is not made at all.
 func TestSandboxNetworkAuditFlood(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes a group and runs the session as a uid of its own")
-	}
+	testenv.NeedRoot(t, "makes a group and runs the session as a uid of its own")
 	requireTools(t, "/usr/bin/python3")
 	h, flags, allowed := auditedSession(t)
 	other, otherHits := countingServer(t)

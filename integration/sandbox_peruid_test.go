@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // connHolder runs in a session: it opens argv[2] connections to the broker
@@ -46,9 +48,7 @@ record(who + "-after")
 // session B, holding as many, still connects; once A lets go, A connects
 // again.
 func TestSandboxSessionConnsPerUID(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: only root gives a session a uid of its own")
-	}
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
 	requireTools(t, "/usr/bin/python3")
 	const limit = 2
 	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", tempGroup(t, "bh-uid-"), "--max-conns-per-uid", strconv.Itoa(limit)}})

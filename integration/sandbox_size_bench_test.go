@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // fillWorkspace makes n small files under dir, a thousand a directory,
@@ -46,9 +48,7 @@ func fillWorkspace(b *testing.B, dir string, n int) {
 // most 1.5x the empty workspace's time at either size. The walk runs fewer
 // rounds (and, with -short, not on 500,000 files): it takes seconds each.
 func BenchmarkSandboxWorkspaceSize(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("needs root: only root gives a session a uid of its own")
-	}
+	testenv.NeedRoot(b, "only root gives a session a uid of its own")
 	e := newSandboxEnv(b)
 	hooked := hookBin(b, "sandbox")
 	sizes := []int{0, 50000, 500000}

@@ -542,7 +542,7 @@ git log --format=%s`
 
 	t.Run("gcc and fork/exec", func(t *testing.T) {
 		if _, err := exec.LookPath("gcc"); err != nil {
-			t.Skip("no gcc on this host")
+			testenv.Missing(t, "gcc", "building C inside the session")
 		}
 		if err := os.WriteFile(filepath.Join(e.ws, "hello.c"), []byte("#include <stdio.h>\nint main(void){puts(\"hello from c\");return 0;}\n"), 0o644); err != nil {
 			t.Fatal(err)
@@ -556,10 +556,10 @@ git log --format=%s`
 	t.Run("go build", func(t *testing.T) {
 		goBin, err := exec.LookPath("go")
 		if err != nil {
-			t.Skip("no go on PATH")
+			testenv.Missing(t, "go", "building Go inside the session")
 		}
 		if goBin, err = filepath.EvalSymlinks(goBin); err != nil || !strings.HasPrefix(goBin, "/usr/") {
-			t.Skipf("go at %s is not under /usr, so the session does not see it", goBin)
+			testenv.Missing(t, "go under /usr", "building Go inside the session: go at %s is not under /usr, so the session does not see it", goBin)
 		}
 		if testing.Short() {
 			t.Skip("builds the standard library from scratch in the session's empty HOME")
@@ -844,16 +844,10 @@ func withArg(t *testing.T, args ...string) []int {
 
 func waitFor(t *testing.T, path string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never appeared", path)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 20*time.Second, path+" to appear", func() bool {
+		_, err := os.Stat(path)
+		return err == nil
+	})
 }
 
 // childrenOf reads every thread's children list: a Go parent forks from
@@ -1161,9 +1155,7 @@ func listDir(t *testing.T, dir string) string {
 // holds: the broker socket's group, never that of a socket bound with --ro
 // (a docker.sock would hand the session the docker group, which is root).
 func TestSandboxGroups(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: only a session started by root is given groups")
-	}
+	testenv.NeedRoot(t, "only a session started by root is given groups")
 	e := newSandboxEnv(t)
 	busGID, otherGID := unusedGID(t, 0), unusedGID(t, 1)
 	other := e.listen(t, filepath.Join(e.base, "other.sock"))
@@ -1331,9 +1323,7 @@ func TestSandboxPrepare(t *testing.T) {
 // session with 124, the rlimits hold, and no cgroup is left behind.
 func TestSandboxLimits(t *testing.T) {
 	e := newSandboxEnv(t)
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: cgroups are made by root")
-	}
+	testenv.NeedRoot(t, "cgroups are made by root")
 	run := func(t *testing.T, limits []string, command ...string) (string, string, int) {
 		t.Helper()
 		before := e.snapshot(t)
@@ -1541,9 +1531,7 @@ func inSession(t *testing.T, s *sessionProc, argv ...string) (string, bool) {
 // uid at 0700; through idmapped mounts nothing changes hands, and who on
 // the host may read a workspace is up to its owner's modes, as always.
 func TestSandboxSessionUIDs(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: only root gives a session a uid of its own")
-	}
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
 	shareModes(t, func(t *testing.T, walk bool, sandbox string) {
 		a, b := newSandboxEnv(t), newSandboxEnv(t)
 		a.sandbox, b.sandbox = sandbox, sandbox
@@ -1615,9 +1603,7 @@ func TestSandboxSessionUIDs(t *testing.T) {
 // is gone, the next launcher given that uid takes it (after handing its
 // files back first, where they were handed over by a walk).
 func TestSandboxUIDReclaimed(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: only root gives a session a uid of its own")
-	}
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
 	shareModes(t, testUIDReclaimed)
 }
 
@@ -1682,9 +1668,7 @@ func testUIDReclaimed(t *testing.T, walk bool, sandbox string) {
 // session cannot write: there, the same is done to the workspace, HOME
 // and /tmp alone.
 func TestSandboxHandBackHostile(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: only root gives a session a uid of its own")
-	}
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
 	shareModes(t, testHandBackHostile)
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/supervisor"
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // helloServer is the website the supervised service runs: it answers HTTP
@@ -141,9 +142,7 @@ type supEnv struct {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the supervisor's init needs root (users, ownership)")
-	}
+	testenv.NeedRoot(t, "the supervisor's init needs root (users, ownership)")
 }
 
 func freePort(t *testing.T) int {
@@ -289,13 +288,7 @@ func (e *supEnv) shutdown() {
 
 func (e *supEnv) waitFor(what string, timeout time.Duration, cond func() bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(e.t, timeout, what, cond)
 }
 
 func (e *supEnv) status() supervisor.Status {

@@ -21,6 +21,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // hostileEnv is a bushostd serving with a socket group of the test's own,
@@ -41,9 +42,7 @@ type hostileEnv struct {
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes a user and a group and runs peers as that user")
-	}
+	testenv.NeedRoot(t, "makes a user and a group and runs peers as that user")
 }
 
 // makeUser makes a uniquely named user in group (no home, no login) and
@@ -501,11 +500,5 @@ func TestNonReadingListStreamsAreCut(t *testing.T) {
 // waitUntil polls cond until it holds or d passes.
 func waitUntil(t *testing.T, d time.Duration, cond func() bool, msg string) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal(msg)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.WaitFor(t, d, msg, cond)
 }

@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/bushost/bushost/internal/supervisor"
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // composeFile is the part of deploy/container/compose.yaml the test reads.
@@ -189,10 +190,7 @@ func TestComposeFile(t *testing.T) {
 	}
 
 	if _, err := exec.LookPath("podman-compose"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("podman-compose is missing: scripts/deps.sh installs it")
-		}
-		t.Skip("*** podman-compose is missing (scripts/deps.sh installs it): its translation NOT TESTED ***")
+		testenv.Missing(t, "podman-compose", "its translation of compose.yaml (scripts/deps.sh installs it)")
 	}
 	project := fmt.Sprintf("bhcompose%d", os.Getpid())
 	// podman-compose 1.0.3's dry run still makes the volume and the

@@ -221,18 +221,10 @@ var built struct {
 // fails instead.
 func seedImage(t *testing.T, what string, tools ...string) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s needs root (podman, users)", what)
-		}
-		t.Skipf("*** %s needs root: NOT TESTED ***", what)
-	}
+	testenv.NeedRoot(t, what+" (podman, users)")
 	for _, tool := range append([]string{"podman", "runc", "debootstrap", "make"}, tools...) {
 		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is missing: scripts/deps.sh installs it", tool)
-			}
-			t.Skipf("*** %s is missing (scripts/deps.sh installs it): %s NOT TESTED ***", tool, what)
+			testenv.Missing(t, tool, "%s (scripts/deps.sh installs it)", what)
 		}
 	}
 	built.once.Do(func() {

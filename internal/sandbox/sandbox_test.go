@@ -225,9 +225,7 @@ func TestPlanBushostNote(t *testing.T) {
 }
 
 func TestPlanAccessProblems(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to plan a session for nobody")
-	}
+	testenv.NeedRoot(t, "needs root to plan a session for nobody")
 	base, flags := layout(t)
 	// Owned by root, 0755: nobody cannot write the workspace or connect.
 	// (A session of its own uid is handed its workspace instead.)
@@ -544,9 +542,7 @@ func socketHome(t *testing.T, base string, gid uint32) {
 }
 
 func TestPlanSocketGroups(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: only a session started by root is given groups")
-	}
+	testenv.NeedRoot(t, "only a session started by root is given groups")
 	t.Run("the sockets' group is added, once", func(t *testing.T) {
 		base, flags := layout(t)
 		gid := freeGID(t)

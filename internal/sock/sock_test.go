@@ -21,6 +21,7 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 func shortDir(t *testing.T) string {
@@ -296,9 +297,5 @@ func TestRequestTimeout(t *testing.T) {
 // waitFor polls cond until it holds, failing after ten seconds.
 func waitFor(t *testing.T, cond func() bool, msg string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal(msg)
-		}
-	}
+	testenv.WaitFor(t, 10*time.Second, msg, cond)
 }

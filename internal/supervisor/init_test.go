@@ -15,13 +15,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: it changes ownership")
-	}
+	testenv.NeedRoot(t, "it changes ownership")
 }
 
 // A directory of the agent's swapped for a link to a root-only directory
