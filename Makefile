@@ -97,12 +97,14 @@ export GORACE ?= atexit_sleep_ms=0
 
 # The broker's PostgreSQL half needs a server: BUSHOST_TEST_PG_DSN, or a
 # throwaway cluster that scripts/pg.sh starts under /var/tmp/bushost-pg.
+# scripts/test.sh runs every package with -race, the integration tests in
+# BUSHOST_TEST_SHARDS (default 2) processes beside the rest.
 test: deps
 	@dsn="$${BUSHOST_TEST_PG_DSN:-$$(scripts/pg.sh start 2>/dev/null || true)}"; \
 	if [ -z "$$dsn" ] && [ "$$BUSHOST_TEST_REQUIRE_ALL" = 1 ]; then echo "make test: no PostgreSQL started (scripts/pg.sh start) and BUSHOST_TEST_REQUIRE_ALL=1 needs one" >&2; exit 1; fi; \
 	if [ -z "$$dsn" ]; then echo "!!! NO POSTGRESQL: the PostgreSQL half of the broker suite will be SKIPPED !!!" >&2; \
 	else echo "PostgreSQL for tests: $$dsn"; fi; \
-	BUSHOST_TEST_PG_DSN="$$dsn" $(GO) test -race -timeout 90m ./...
+	BUSHOST_TEST_PG_DSN="$$dsn" GO=$(GO) scripts/test.sh -timeout 90m
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./...

@@ -1682,7 +1682,10 @@ mkfifo "$HOME/fifo" && ln -s /etc "$HOME/etc" && mkdir -p /tmp/x/y && touch /tmp
 		script += ` && mv "$HOME" ` + e.run + `/moved && ln -s /etc "$HOME" &&
 mkdir -p ` + e.run + `/top/deep && touch ` + e.run + `/top/deep/f`
 	}
-	out, errOut, code := e.runIn(t, []string{"--state-dir", state, "--fresh-home"}, "sh", "-c", script)
+	// A state directory of its own does not see the uids other runs
+	// hold: its range is kept apart from the default's low end, which
+	// tests running beside this one take first.
+	out, errOut, code := e.runIn(t, []string{"--state-dir", state, "--uid-range", "65400-65519", "--fresh-home"}, "sh", "-c", script)
 	uid := strings.TrimSpace(out)
 	if code != 0 || uid == "" {
 		t.Fatalf("the session: exit %d %q %s", code, out, errOut)
