@@ -160,7 +160,8 @@ func readText(t testing.TB, path string) string {
 // Beyond the in-flight limit a caller gets ResourceExhausted at once, and
 // the daemon stays responsive to others when the flood ends.
 func TestInFlightLimitThroughDaemon(t *testing.T) {
-	h := startHostWith(t, hostOpts{Args: []string{"--max-in-flight", "2", "--idle-timeout", "10s"}})
+	metricsSock := filepath.Join(baseDir(t), "metrics.sock")
+	h := startHostWith(t, hostOpts{Args: []string{"--max-in-flight", "2", "--idle-timeout", "10s", "--metrics-addr", "unix:" + metricsSock}})
 	h.AddProject(t, "acme", "web")
 	worker := h.Grant(t, "acme", "web", "t1", "worker", "git.push.working")
 	tok := strings.TrimSpace(readText(t, worker))
@@ -175,7 +176,9 @@ func TestInFlightLimitThroughDaemon(t *testing.T) {
 		}
 		s.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Header{Header: &gitv1.PushHeader{}}})
 	}
-	time.Sleep(200 * time.Millisecond)
+	testenv.WaitFor(t, 20*time.Second, "the two pushes served at once", func() bool {
+		return strings.Contains(scrapeUnix(t, metricsSock), `bushost_calls_in_flight{socket="git"} 2`)
+	})
 	s, err := c.PushWorking(ctx)
 	if err == nil {
 		s.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Header{Header: &gitv1.PushHeader{}}})
@@ -192,15 +195,12 @@ func TestInFlightLimitThroughDaemon(t *testing.T) {
 	}
 	cancel()
 	// Once the flood ends, calls get through again.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, errs, code := h.Run(t, nil, "--token-file", worker, "fetch-main", "--repo", filepath.Join(baseDir(t), "w"))
-		if code == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("git socket still refusing after the flood: %s", errs)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var errs string
+	if !testenv.Poll(10*time.Second, func() bool {
+		var code int
+		_, errs, code = h.Run(t, nil, "--token-file", worker, "fetch-main", "--repo", filepath.Join(baseDir(t), "w"))
+		return code == 0
+	}) {
+		t.Fatalf("git socket still refusing after the flood: %s", errs)
 	}
 }

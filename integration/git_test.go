@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bushost/bushost/internal/testenv"
 	"github.com/bushost/bushost/internal/treesnap"
 )
 
@@ -321,12 +322,8 @@ func TestPushNothingNew(t *testing.T) {
 		}
 	}
 	// The bus host ends the cancelled push on its own time: wait for it.
-	deadline := time.Now().Add(20 * time.Second)
-	for treesnap.Diff(before, storeSnapshot(t, w.h)) != "" {
-		if time.Now().After(deadline) {
-			t.Fatalf("a refused push left:\n%s", treesnap.Diff(before, storeSnapshot(t, w.h)))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testenv.Poll(20*time.Second, func() bool { return treesnap.Diff(before, storeSnapshot(t, w.h)) == "" }) {
+		t.Fatalf("a refused push left:\n%s", treesnap.Diff(before, storeSnapshot(t, w.h)))
 	}
 	if n := len(brokerEvents(t, w.h)); n != events {
 		t.Fatalf("the log grew from %d to %d events", events, n)

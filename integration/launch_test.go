@@ -433,11 +433,13 @@ func TestLaunchSurvivesServeKill(t *testing.T) {
 	}
 	readRecord := func(id string) record {
 		var rec record
-		for deadline := time.Now().Add(30 * time.Second); rec.BwrapPID == 0; time.Sleep(20 * time.Millisecond) {
-			b, err := os.ReadFile(filepath.Join(e.h.Home, "sessions", id, "record.json"))
-			if err != nil || json.Unmarshal(b, &rec) != nil || rec.PID == 0 || time.Now().After(deadline) {
-				t.Fatalf("record.json of %s: %v %s", id, err, b)
-			}
+		var b []byte
+		if !testenv.Poll(30*time.Second, func() bool {
+			rec = record{}
+			b, _ = os.ReadFile(filepath.Join(e.h.Home, "sessions", id, "record.json"))
+			return json.Unmarshal(b, &rec) == nil && rec.PID != 0 && rec.BwrapPID != 0
+		}) {
+			t.Fatalf("record.json of %s names no pid and bwrap pid: %s", id, b)
 		}
 		return rec
 	}
@@ -451,11 +453,7 @@ func TestLaunchSurvivesServeKill(t *testing.T) {
 	// One loses its sandbox keep (and so its status) but not its bwrap:
 	// the next launcher follows it, and records it lost.
 	syscall.Kill(orphanRec.PID, syscall.SIGKILL)
-	for deadline := time.Now().Add(30 * time.Second); alive(orphanRec.PID); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("sandbox keep survived SIGKILL")
-		}
-	}
+	testenv.WaitFor(t, 30*time.Second, "sandbox keep to die of SIGKILL", func() bool { return !alive(orphanRec.PID) })
 	if !alive(orphanRec.BwrapPID) {
 		t.Fatalf("the orphaned session's bwrap (pid %d) died with its sandbox keep", orphanRec.BwrapPID)
 	}

@@ -125,12 +125,8 @@ func TestHealthReflectionAndDrainGrace(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); stopErr = h.Stop(t) }()
 	for sock, conn := range conns {
-		deadline := time.Now().Add(grace)
-		for healthOf(t, conn, "") != healthpb.HealthCheckResponse_NOT_SERVING {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: health still SERVING %v after SIGTERM", sock, time.Since(start))
-			}
-			time.Sleep(20 * time.Millisecond)
+		if !testenv.Poll(grace, func() bool { return healthOf(t, conn, "") == healthpb.HealthCheckResponse_NOT_SERVING }) {
+			t.Fatalf("%s: health still SERVING %v after SIGTERM", sock, time.Since(start))
 		}
 		if st := healthOf(t, conn, services[sock]); st != healthpb.HealthCheckResponse_NOT_SERVING {
 			t.Fatalf("%s: health of %s = %v during the drain", sock, services[sock], st)

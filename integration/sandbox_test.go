@@ -1437,15 +1437,15 @@ func startSession(t *testing.T, e *sandboxEnv, extra ...string) *sessionProc {
 	}
 	s := &sessionProc{cmd: cmd, mark: mark}
 	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if pids := withArg(t, mark); len(pids) == 1 {
+	if !testenv.Poll(20*time.Second, func() bool {
+		pids := withArg(t, mark)
+		if len(pids) == 1 {
 			s.pid = pids[0]
-			break
 		}
-		if time.Now().After(deadline) {
-			data, _ := os.ReadFile(out.Name())
-			t.Fatalf("the session never started: %s", data)
-		}
+		return len(pids) == 1
+	}) {
+		data, _ := os.ReadFile(out.Name())
+		t.Fatalf("the session never started: %s", data)
 	}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid))
 	if err != nil {
@@ -1645,11 +1645,7 @@ func testUIDReclaimed(t *testing.T, walk bool, sandbox string) {
 		t.Fatalf("no pid 1 above the session's command %d", s.pid)
 	}
 	syscall.Kill(pid1, syscall.SIGKILL)
-	for deadline := time.Now().Add(10 * time.Second); alive(s.pid) || alive(pid1); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the orphaned session did not end")
-		}
-	}
+	testenv.WaitFor(t, 10*time.Second, "the orphaned session to end", func() bool { return !alive(s.pid) && !alive(pid1) })
 	out, errOut, code = e.runIn(t, []string{"--uid-range", s.uid + "-" + s.uid, "--fresh-home"}, "id", "-u")
 	if code != 0 || strings.TrimSpace(out) != s.uid {
 		t.Fatalf("launch on the reclaimed uid: exit %d %q %s", code, out, errOut)

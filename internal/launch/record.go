@@ -193,8 +193,10 @@ func procUIDs(pid int) (ppid, uid int, ok bool) {
 	return ppid, uid, ppid >= 0 && uid >= 0
 }
 
-// childOf returns a child of pid (bwrap, under `sandbox keep`) and its
-// real uid: the session's uid, since sandbox run starts bwrap as it.
+// childOf returns the child of pid that is not root's (bwrap, under
+// `sandbox keep`) and its real uid: the session's uid, since sandbox run
+// starts bwrap as it. sandbox run's other children (the helpers that made
+// its idmapped mounts, reaped at its end) are root's and passed over.
 func childOf(pid int) (child, uid int, ok bool) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -205,7 +207,7 @@ func childOf(pid int) (child, uid int, ok bool) {
 		if err != nil {
 			continue
 		}
-		if ppid, u, ok := procUIDs(c); ok && ppid == pid {
+		if ppid, u, ok := procUIDs(c); ok && ppid == pid && u != 0 {
 			return c, u, true
 		}
 	}
