@@ -26,21 +26,7 @@ func TestSandboxDisk(t *testing.T) {
 	}
 	e.assertUnchanged(t, snap)
 
-	disk := filepath.Join(e.base, "disk")
-	if err := os.Mkdir(disk, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", disk, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "size=16M,mode=0711"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Unmount(disk, syscall.MNT_DETACH) })
-	run := filepath.Join(disk, "run")
-	if err := os.Mkdir(run, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	run := tmpfsRunDir(t, e, "size=16M,mode=0711")
 	flags := e.flags("git.push.working")
 	flags[slices.Index(flags, "--run-dir")+1] = run
 	out, errOut, code = runSandbox(t, e.sandbox, append(append([]string{"run"}, flags...), "--disk", "16M", "--", "sh", "-c", `
@@ -71,21 +57,7 @@ rm -f ws-file`)...)
 func TestSandboxDiskUnboundedTmpfs(t *testing.T) {
 	testenv.NeedRoot(t, "mounts a tmpfs")
 	e := newSandboxEnv(t)
-	disk := filepath.Join(e.base, "disk")
-	if err := os.Mkdir(disk, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", disk, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "size=0,mode=0711"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Unmount(disk, syscall.MNT_DETACH) })
-	run := filepath.Join(disk, "run")
-	if err := os.Mkdir(run, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	run := tmpfsRunDir(t, e, "size=0,mode=0711")
 	snap := e.snapshot(t)
 	flags := e.flags("git.push.working")
 	flags[slices.Index(flags, "--run-dir")+1] = run
@@ -98,4 +70,26 @@ func TestSandboxDiskUnboundedTmpfs(t *testing.T) {
 		t.Errorf("the session wrote past --disk 16M: %s", filepath.Join(run, "tmp", "a"))
 	}
 	e.assertUnchanged(t, snap)
+}
+
+// tmpfsRunDir mounts a tmpfs with opts under the test's base (unmounted
+// at its end) and makes a run directory in it.
+func tmpfsRunDir(t *testing.T, e *sandboxEnv, opts string) string {
+	t.Helper()
+	disk := filepath.Join(e.base, "disk")
+	if err := os.Mkdir(disk, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", disk, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, opts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(disk, syscall.MNT_DETACH) })
+	run := filepath.Join(disk, "run")
+	if err := os.Mkdir(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return run
 }
