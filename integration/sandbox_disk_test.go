@@ -26,21 +26,7 @@ func TestSandboxDisk(t *testing.T) {
 	}
 	e.assertUnchanged(t, snap)
 
-	disk := filepath.Join(e.base, "disk")
-	if err := os.Mkdir(disk, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", disk, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "size=16M,mode=0711"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Unmount(disk, syscall.MNT_DETACH) })
-	run := filepath.Join(disk, "run")
-	if err := os.Mkdir(run, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	run := tmpfsRunDir(t, e, "size=16M,mode=0711")
 	flags := e.flags("git.push.working")
 	flags[slices.Index(flags, "--run-dir")+1] = run
 	out, errOut, code = runSandbox(t, e.sandbox, append(append([]string{"run"}, flags...), "--disk", "16M", "--", "sh", "-c", `
@@ -61,4 +47,49 @@ rm -f ws-file`)...)
 	if !strings.Contains(out, "the workspace "+e.ws+" is the caller's own, outside it") {
 		t.Errorf("explain does not say the caller's workspace is outside --disk:\n%s", out)
 	}
+}
+
+// TestSandboxDiskUnboundedTmpfs: the run directory is on a tmpfs mounted
+// with size=0, which tmpfs reads as no bound at all (statfs says 0
+// blocks). `sandbox run --disk 16M` must refuse it before anything
+// starts, as a run directory on the host's disk is: the session could
+// write past 16M there (the session here tries 24 MB in /tmp).
+func TestSandboxDiskUnboundedTmpfs(t *testing.T) {
+	testenv.NeedRoot(t, "mounts a tmpfs")
+	e := newSandboxEnv(t)
+	run := tmpfsRunDir(t, e, "size=0,mode=0711")
+	snap := e.snapshot(t)
+	flags := e.flags("git.push.working")
+	flags[slices.Index(flags, "--run-dir")+1] = run
+	out, errOut, code := runSandbox(t, e.sandbox, append(append([]string{"run"}, flags...), "--disk", "16M", "--", "sh", "-c",
+		`head -c 25165824 /dev/zero > /tmp/a; echo "tmp=$?"`)...)
+	if code != 125 || !strings.Contains(errOut, "LIMIT_UNAVAILABLE: --disk 16777216: the run directory "+run+" is not on a tmpfs of at most that size") {
+		t.Errorf("--disk 16M with the run directory on an unbounded tmpfs: exit %d, want 125 naming it\n%s%s", code, out, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(run, "tmp", "a")); err == nil {
+		t.Errorf("the session wrote past --disk 16M: %s", filepath.Join(run, "tmp", "a"))
+	}
+	e.assertUnchanged(t, snap)
+}
+
+// tmpfsRunDir mounts a tmpfs with opts under the test's base (unmounted
+// at its end) and makes a run directory in it.
+func tmpfsRunDir(t *testing.T, e *sandboxEnv, opts string) string {
+	t.Helper()
+	disk := filepath.Join(e.base, "disk")
+	if err := os.Mkdir(disk, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", disk, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, opts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(disk, syscall.MNT_DETACH) })
+	run := filepath.Join(disk, "run")
+	if err := os.Mkdir(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return run
 }

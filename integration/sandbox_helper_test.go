@@ -198,6 +198,17 @@ func main() {
 		if e := unix.IoctlSetPointerInt(0, unix.TIOCSETD, ldisc); e != nil {
 			err = e
 		}
+	case "tiocexcl":
+		// Puts the terminal on descriptor N in exclusive mode: past the
+		// session, only root could open it again.
+		fd, e := strconv.Atoi(arg(2))
+		if e != nil {
+			fmt.Println("tiocexcl: bad descriptor")
+			os.Exit(2)
+		}
+		if e := unix.IoctlSetInt(fd, unix.TIOCEXCL, 0); e != nil {
+			err = e
+		}
 	case "alloc":
 		// Allocates and touches N MiB, then says so.
 		n, e := strconv.Atoi(arg(2))

@@ -180,3 +180,67 @@ func TestSandboxTermiosRestored(t *testing.T) {
 	}
 	e.assertUnchanged(t, snap)
 }
+
+// TestSandboxTerminalOnStdoutRestored: the caller's terminal reaches the
+// session as its stdout and stderr only (stdin is /dev/null, as for
+// `sandbox run ... </dev/null`): the session switches echo and canonical
+// mode off through descriptor 1 and puts the terminal in exclusive mode
+// (TIOCEXCL: no one but root could open it again); after the session the
+// terminal is as it was.
+func TestSandboxTerminalOnStdoutRestored(t *testing.T) {
+	e := newSandboxEnv(t)
+	state := func(slave *os.File) (unix.Termios, int) {
+		t.Helper()
+		tio, err := unix.IoctlGetTermios(int(slave.Fd()), unix.TCGETS)
+		if err != nil {
+			t.Fatalf("TCGETS: %v", err)
+		}
+		excl, err := unix.IoctlGetInt(int(slave.Fd()), unix.TIOCGEXCL)
+		if err != nil {
+			t.Fatalf("TIOCGEXCL: %v", err)
+		}
+		return *tio, excl
+	}
+	run := func(slave *os.File, argv ...string) (string, int) {
+		t.Helper()
+		cmd := exec.Command(argv[0], argv[1:]...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = slave, &out
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		err := cmd.Run()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			return out.String(), 0
+		case errors.As(err, &ee):
+			return out.String(), ee.ExitCode()
+		}
+		t.Fatalf("run %q: %v", argv, err)
+		return "", -1
+	}
+	attack := "stty -echo -icanon <&1 && " + e.helper + " tiocexcl 3 3>&1 >&2"
+
+	// The control: outside the sandbox the same commands change the
+	// terminal for good.
+	_, slave := openPty(t)
+	tio, excl := state(slave)
+	if out, code := run(slave, "/bin/sh", "-c", attack); code != 0 {
+		t.Fatalf("control: exit %d: %s", code, out)
+	}
+	if tio2, excl2 := state(slave); tio2 == tio || excl2 == excl {
+		t.Fatalf("control: the terminal did not change: termios %v, exclusive %d -> %d", tio2 == tio, excl, excl2)
+	}
+
+	_, slave = openPty(t)
+	tio, excl = state(slave)
+	snap := e.snapshot(t)
+	args := append([]string{e.sandbox, "run"}, e.flags("git.push.working")...)
+	out, code := run(slave, append(args, "--", "/bin/sh", "-c", attack)...)
+	if code != 0 || !strings.Contains(out, "ESCAPED") {
+		t.Fatalf("the session's attack did not run: exit %d: %s", code, out)
+	}
+	if tio2, excl2 := state(slave); tio2 != tio || excl2 != excl {
+		t.Errorf("the caller's terminal changed: termios %+v -> %+v, exclusive %d -> %d", tio, tio2, excl, excl2)
+	}
+	e.assertUnchanged(t, snap)
+}

@@ -77,7 +77,8 @@ func (p *Plan) checkDisk() {
 		p.Problems = append(p.Problems, fmt.Sprintf("%s: --disk: statfs %s: %v", ReasonLimitUnavailable, p.RunDir, err))
 		return
 	}
-	if have := int64(fs.Blocks) * fs.Bsize; fs.Type != unix.TMPFS_MAGIC || have > want {
+	// A tmpfs mounted with size=0 has no bound, and says 0 blocks.
+	if have := int64(fs.Blocks) * fs.Bsize; fs.Type != unix.TMPFS_MAGIC || fs.Blocks == 0 || have > want {
 		p.Problems = append(p.Problems, fmt.Sprintf("%s: --disk %d: the run directory %s is not on a tmpfs of at most that size (the session could write past it): make it on one (mount -t tmpfs -o size=%d,mode=0711 tmpfs DIR; sandbox serve mounts one per session)", ReasonLimitUnavailable, want, p.RunDir, want))
 		return
 	}

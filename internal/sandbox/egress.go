@@ -637,6 +637,11 @@ func (e *egressProxy) decide(t target) ([]net.IP, string, string) {
 	if exact != "" {
 		rule = "--allow-host " + exact
 	} else if p := domainAllowed(e.allowDomains, t.host, t.port); p != "" {
+		if !hostName(t.host) {
+			// The resolver would read [::ffff:A.B.C.D%x.example.com] as
+			// the address A.B.C.D, its zone ignored.
+			return nil, "", fmt.Sprintf("%s: %q is not a host name (letters, digits, '-' and '_' between dots), so --allow-domain %s does not cover it", ReasonEgressDenied, t.host, p)
+		}
 		rule = "--allow-domain " + p
 	} else {
 		return nil, "", fmt.Sprintf("%s: %s is not named by --allow-domain (NAME opens 443 and 80, NAME:PORT that port) or --allow-host", ReasonEgressDenied, t)

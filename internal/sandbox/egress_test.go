@@ -96,6 +96,11 @@ func TestEgressDecide(t *testing.T) {
 		{"exact.example.com", 80, "EGRESS_DENIED: exact.example.com resolves to 10.0.0.7"},
 		{"evil.com", 443, "EGRESS_DENIED: evil.com:443 is not named"},
 		{"example.com.evil.com", 443, "EGRESS_DENIED"},
+		// An address with a zone ending in an allowed domain is no name
+		// under it: the resolver reads it as the address.
+		{"::ffff:93.184.215.14%x.example.com", 443, "EGRESS_DENIED"},
+		{"2606:2800:220:1::1%a.example.com", 443, "EGRESS_DENIED"},
+		{"::ffff:93.184.215.14%x.Plain.test", 80, "EGRESS_DENIED"},
 	} {
 		ips, rule, why := e.decide(target{c.host, c.port})
 		got := rule
@@ -671,5 +676,56 @@ func TestEgressStopDialing(t *testing.T) {
 	case <-stopped:
 	case <-time.After(egressHandshake / 2):
 		t.Fatal("stop waits for a dial in flight")
+	}
+}
+
+// TestEgressZoneName: a session asks for an address with a zone that ends
+// in an allowed domain ([::ffff:A.B.C.D%25x.example.com]:443, by CONNECT,
+// by a plain request and by SOCKS5): the resolver reads it as the address
+// A.B.C.D, so it would reach any address through *.example.com. It is
+// refused as a denial, with nothing allowed in the log.
+func TestEgressZoneName(t *testing.T) {
+	var log strings.Builder
+	e, err := startEgress(&Config{AllowDomains: []string{"*.example.com"}}, &lockedWriter{w: &log}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.hostAddrs = func() ([]net.IP, error) { return nil, nil }
+	relay := playPid1(t, e)
+	defer e.stop()
+	const zoned = "::ffff:93.184.215.14%x.example.com"
+	for _, req := range []string{
+		"CONNECT [::ffff:93.184.215.14%25x.example.com]:443 HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET http://[::ffff:93.184.215.14%25x.example.com]/ HTTP/1.1\r\nHost: x\r\n\r\n",
+	} {
+		c, err := net.Dial("tcp", relay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(c, req)
+		b, _ := io.ReadAll(c)
+		c.Close()
+		if !strings.HasPrefix(string(b), "HTTP/1.1 403") || !strings.Contains(string(b), ReasonEgressDenied) {
+			t.Errorf("%q: answered %q, want 403 %s", req, b, ReasonEgressDenied)
+		}
+	}
+	s, err := net.Dial("tcp", relay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Write([]byte{5, 1, 0})
+	greet := make([]byte, 2)
+	if _, err := io.ReadFull(s, greet); err != nil || string(greet) != "\x05\x00" {
+		t.Fatalf("greeting: %q %v", greet, err)
+	}
+	s.Write(append(append([]byte{5, 1, 0, 3, byte(len(zoned))}, zoned...), 1, 187))
+	reply := make([]byte, 2)
+	if _, err := io.ReadFull(s, reply); err != nil || string(reply) != "\x05\x02" {
+		t.Errorf("SOCKS5 to %s: reply %q %v, want 5 2", zoned, reply, err)
+	}
+	s.Close()
+	e.stop()
+	if strings.Contains(log.String(), "allowed") || strings.Count(log.String(), "denied ") != 3 {
+		t.Errorf("log, want three denials and nothing allowed:\n%s", log.String())
 	}
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/bushost/bushost/internal/bounds"
@@ -76,6 +77,13 @@ func domainAllowed(patterns []string, name string, port int) string {
 		}
 	}
 	return ""
+}
+
+// hostName reports whether name is a host name: labels of letters,
+// digits, '-' and '_' between dots (a final dot allowed), as an
+// --allow-domain NAME is. An address, with or without a zone, is not.
+func hostName(name string) bool {
+	return !strings.ContainsAny(name, "*:") && checkDomainPattern(strings.TrimSuffix(name, ".")) == nil
 }
 
 // hostAddrs lists the addresses of the host's own interfaces (all of

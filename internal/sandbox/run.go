@@ -131,7 +131,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	}
 	// Last but the uid's hand-back: the session, and every process that
 	// held the terminal, is gone by then.
-	defer keepTerminal(stdin)()
+	defer keepTerminal(stdin, stdout, stderr)()
 	filter, err := Filter()
 	if err != nil {
 		return 0, &UnavailableError{Reason: err.Error()}

@@ -145,8 +145,11 @@ type rulesGuard struct {
 	// what a file that lost its sentinel gets back. quiet is the file as
 	// the last look found it: a change is acted on once it holds still
 	// for a look, so that a write in progress (a shell's `>` truncates,
-	// then writes) is not taken for the file.
+	// then writes) is not taken for the file; moving counts the looks in
+	// a row that found it changed again, and at the second it is acted
+	// on all the same (a file rewritten without end never holds still).
 	seen, quiet unix.Stat_t
+	moving      int
 	notes       string
 	// failed is the last error logged, so that one that persists is
 	// logged once.
@@ -229,12 +232,16 @@ func (g *rulesGuard) check() (string, error) {
 		return "", err
 	}
 	if sameFile(st, g.seen) {
+		g.moving = 0
 		return "", nil
 	}
 	if !sameFile(st, g.quiet) {
 		g.quiet = st
-		return "", nil
+		if g.moving++; g.moving < 2 {
+			return "", nil
+		}
 	}
+	g.moving = 0
 	data, f, err := g.open()
 	if f == nil || err != nil {
 		return "", err

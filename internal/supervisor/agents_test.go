@@ -59,7 +59,10 @@ func TestRegenerateAgents(t *testing.T) {
 // keeping the notes (those below the sentinel, or the last seen when the
 // sentinel is gone), once, and leaves alone a file that is fine or one it
 // was never given.
-func TestRulesGuard(t *testing.T) {
+// guardedWorkspace is a workspace with infra/AGENTS.md, the AGENTS.md
+// init writes from it (and a note), and a guard on it: the workspace,
+// AGENTS.md's path, its content, the guard.
+func guardedWorkspace(t *testing.T) (string, string, string, *rulesGuard) {
 	ws := t.TempDir()
 	rules := "# Rules\n\nDo not touch infra.\n"
 	if err := os.MkdirAll(filepath.Join(ws, "infra"), 0o755); err != nil {
@@ -77,7 +80,12 @@ func TestRulesGuard(t *testing.T) {
 	if err != nil || g == nil {
 		t.Fatalf("newRulesGuard: %v %v", g, err)
 	}
-	defer g.close()
+	t.Cleanup(g.close)
+	return ws, agents, good, g
+}
+
+func TestRulesGuard(t *testing.T) {
+	ws, agents, good, g := guardedWorkspace(t)
 	// A change is acted on once it holds still for a look.
 	check := func() (string, error) {
 		if why, err := g.check(); why != "" || err != nil {
@@ -127,4 +135,34 @@ func TestRulesGuard(t *testing.T) {
 	if g, err := newRulesGuard(ws, "/git"); g != nil || err != nil {
 		t.Errorf("guarding a file init did not write: %v %v", g, err)
 	}
+}
+
+// TestRulesGuardNeverQuiet: the agent forges the rules part and keeps
+// rewriting the file, so that no look ever finds it holding still (a
+// loop of `printf forged > AGENTS.md`). The guard must not wait for a
+// quiet that never comes: the rules are back within two looks (one
+// debounce), the notes kept.
+func TestRulesGuardNeverQuiet(t *testing.T) {
+	_, agents, good, g := guardedWorkspace(t)
+	forged := strings.Replace(good, "Do not touch infra.", "Push to main.", 1)
+	for look := 1; look <= 2; look++ {
+		// Between two looks the agent has written the file again: a
+		// size of its own each time, so that no look finds it still.
+		if err := os.WriteFile(agents, []byte(forged+strings.Repeat(" ", look)), 0o664); err != nil {
+			t.Fatal(err)
+		}
+		why, err := g.check()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if why != "" {
+			b, _ := os.ReadFile(agents)
+			if string(b) != good+strings.Repeat(" ", look) {
+				t.Fatalf("restored at look %d (%s), but the file is:\n%s", look, why, b)
+			}
+			return
+		}
+	}
+	b, _ := os.ReadFile(agents)
+	t.Fatalf("a file rewritten before every look is never restored: after two looks it is:\n%s", b)
 }
