@@ -194,3 +194,57 @@ done`
 		t.Errorf("worker uid %q", workerUID)
 	}
 }
+
+// TestSandboxIDMapRootSetIDRewrite: a root-owned workspace holding a
+// set-user-ID and a set-group-ID file of root's. Through an idmapped mount
+// the session would be their owner and could rewrite their content
+// through a shared writable mapping, which (unlike write(2)) strips no
+// set-id bit: a root set-user-ID program of the session's, which anyone on
+// the host may run. No such file may be left with session content and its
+// bit; each stays root's, and nothing is left owned by the session's uid.
+func TestSandboxIDMapRootSetIDRewrite(t *testing.T) {
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
+	e := newSandboxEnv(t)
+	files := map[string]os.FileMode{"su": 0o755 | os.ModeSetuid, "sg": 0o755 | os.ModeSetgid}
+	for name, mode := range files {
+		p := filepath.Join(e.ws, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(e.ws, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	script := `id -u; for f in su sg; do ` + e.helper + ` mmapwrite "$PWD/$f"; done; true`
+	out, errOut, code := e.runIn(t, []string{"--fresh-home"}, "sh", "-c", script)
+	if code != 0 {
+		t.Fatalf("the session: exit %d\n%s%s", code, out, errOut)
+	}
+	uid, _, _ := strings.Cut(out, "\n")
+	if strings.Contains(out, "ESCAPED") {
+		t.Errorf("the session rewrote a set-id file of root's and kept its bit:\n%s", out)
+	}
+	for name := range files {
+		p := filepath.Join(e.ws, name)
+		st, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := os.ReadFile(p)
+		if strings.HasPrefix(string(data), "MARK") && st.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 {
+			t.Errorf("%s on disk: the session's content with mode %v", name, st.Mode())
+		}
+		if s := st.Sys().(*syscall.Stat_t); s.Uid != 0 {
+			t.Errorf("%s on disk is uid %d's, want root's as before", name, s.Uid)
+		}
+	}
+	if left := ownedBy(t, e.base, uid); len(left) > 0 {
+		t.Errorf("files left owned by the session's uid %s: %v", uid, left)
+	}
+}
