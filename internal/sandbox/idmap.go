@@ -143,7 +143,34 @@ func (p *Plan) idmapBlocked() string {
 	if st := p.run.Stat(); st.Mode&0o001 == 0 {
 		return fmt.Sprintf("the run directory %s is not searchable by others (mode %o), so the session could not reach its HOME through it", p.RunDir, st.Mode&0o777)
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(p.ws.Fd(), &st); err == nil && st.Uid == 0 && !dirEmpty(p.ws.Fd()) {
+		return fmt.Sprintf("the workspace %s is root's and not empty: through an idmapped mount the session would own root's files there, and could rewrite a set-user-ID program of root's through a shared mapping, which strips no set-id bit (the walk's chown strips them)", p.Workspace)
+	}
 	return ""
+}
+
+// dirEmpty says whether the directory fd holds no entry; an error reads
+// as not empty.
+func dirEmpty(fd int) bool {
+	d, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(d)
+	buf := make([]byte, 4096)
+	for {
+		n, err := unix.Getdents(d, buf)
+		if err != nil {
+			return false
+		}
+		if n <= 0 {
+			return true
+		}
+		if _, count, _ := unix.ParseDirent(buf[:n], 1, nil); count > 0 {
+			return false
+		}
+	}
 }
 
 // idmapClone clones the mount of what fd holds (with the mounts under it,
