@@ -248,3 +248,47 @@ func TestSandboxIDMapRootSetIDRewrite(t *testing.T) {
 		t.Errorf("files left owned by the session's uid %s: %v", uid, left)
 	}
 }
+
+// TestSandboxIDMapRootModesLeftOpen: a session, owner of its workspace,
+// HOME and /tmp inside, opens their roots to everyone (0777). After it
+// they must have their modes back, as the walk's hand-back gives them:
+// left so, the run directory's home/ and tmp/ (root's) and the owner's
+// workspace would be world-writable on the host, for any local user to
+// plant files and links in before root or the owner uses them again.
+func TestSandboxIDMapRootModesLeftOpen(t *testing.T) {
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
+	for _, mode := range []string{"idmap", "walk"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newSandboxEnv(t)
+			var env []string
+			if mode == "walk" {
+				e.sandbox = hookBin(t, "sandbox")
+				env = []string{"BUSHOST_TESTHOOK_NO_IDMAP=1"}
+			}
+			ownWorkspace(t, e)
+			want := map[string]os.FileMode{}
+			for _, p := range []string{e.ws, filepath.Join(e.run, "home"), filepath.Join(e.run, "tmp")} {
+				st, err := os.Lstat(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want[p] = st.Mode()
+			}
+			args := append(append([]string{"run"}, e.flags("git.push.working")...), "--fresh-home", "--",
+				"sh", "-c", `chmod 0777 . "$HOME" /tmp && stat -c '%a %n' . "$HOME" /tmp`)
+			out, errOut, code := runBin(t, e.sandbox, env, args...)
+			if code != 0 || strings.Count(out, "777 ") != 3 {
+				t.Fatalf("the session: exit %d, want its three roots opened inside\n%s%s", code, out, errOut)
+			}
+			for p, m := range want {
+				st, err := os.Lstat(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.Mode() != m {
+					t.Errorf("%s after the session: mode %v, want %v as before", p, st.Mode(), m)
+				}
+			}
+		})
+	}
+}
