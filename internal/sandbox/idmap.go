@@ -42,9 +42,12 @@ type idmapped struct {
 
 // idmount is one tree: mfd is the idmapped clone of the tree held by fd
 // (named path), attached over the tree itself in the launching thread's
-// own mount namespace.
+// own mount namespace. fd is kept to give the tree's root its mode (st)
+// back at the end: the session owns the root inside, and may open it to
+// everyone.
 type idmount struct {
 	mfd  int
+	fd   int
 	path string
 	st   unix.Stat_t
 }
@@ -59,17 +62,25 @@ type Mapped struct {
 	UID  uint32 `json:"uid"`
 }
 
-// close lets go of the mounts: those not attached vanish with their
-// descriptors, those attached stay in the namespace that holds them.
-func (m *idmapped) close() {
+// close lets go of the mounts (those not attached vanish with their
+// descriptors, those attached stay in the namespace that holds them) and
+// gives each tree's root the mode it had: what the session did to a
+// root's mode would stay on the host, world-writable maybe.
+func (m *idmapped) close() error {
+	var errs []error
 	for _, x := range m.mounts {
 		unix.Close(x.mfd)
+		if err := unix.Fchmod(x.fd, x.st.Mode&0o7777); err != nil {
+			errs = append(errs, fmt.Errorf("give %s its mode %o back: %w", x.path, x.st.Mode&0o7777, err))
+		}
+		unix.Close(x.fd)
 	}
 	m.mounts = nil
 	for _, pid := range m.helpers {
 		reapHelper(pid)
 	}
 	m.helpers = nil
+	return errors.Join(errs...)
 }
 
 // reapHelper waits for the (killed) helper child pid to be gone.
@@ -130,7 +141,13 @@ func (p *Plan) idmapTrees(trees []tree, id uint32) (*idmapped, error) {
 			m.close()
 			return nil, &errNoIDMap{fmt.Sprintf("%s: %v", t.path, err)}
 		}
-		m.mounts = append(m.mounts, idmount{mfd: mfd, path: t.path, st: st})
+		fd, err := unix.FcntlInt(uintptr(t.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			unix.Close(mfd)
+			m.close()
+			return nil, err
+		}
+		m.mounts = append(m.mounts, idmount{mfd: mfd, fd: fd, path: t.path, st: st})
 	}
 	return m, nil
 }
