@@ -1,12 +1,15 @@
 package integration
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/bushost/bushost/internal/testenv"
 )
@@ -290,5 +293,75 @@ func TestSandboxIDMapRootModesLeftOpen(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSandboxIDMapModesAfterLauncherDied: as above, but the session's
+// sandbox run is killed while it runs (the session outlives it), so it
+// cannot give the roots their modes back itself. The next launcher that
+// takes the uid, once the session is gone, does, from the lock file's
+// record, as it hands a walk's trees back: until then the owner's
+// workspace and root's HOME would stay open to every local user.
+func TestSandboxIDMapModesAfterLauncherDied(t *testing.T) {
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
+	e := newSandboxEnv(t)
+	ownWorkspace(t, e)
+	roots := []string{e.ws, filepath.Join(e.run, "home")}
+	want := map[string]os.FileMode{}
+	for _, p := range roots {
+		st, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[p] = st.Mode()
+	}
+	const rng = "65500-65519"
+	mark := "3600." + strconv.Itoa(os.Getpid()) + strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
+	args := append(append([]string{"run"}, e.flags("git.push.working")...), "--uid-range", rng, "--fresh-home", "--",
+		"sh", "-c", `chmod 0777 . "$HOME" && exec sleep `+mark)
+	cmd := exec.Command(e.sandbox, args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var pid int
+	testenv.WaitFor(t, 20*time.Second, "the session's command to start", func() bool {
+		pids := withArg(t, mark)
+		if len(pids) == 1 {
+			pid = pids[0]
+		}
+		return pid > 0
+	})
+	testenv.WaitFor(t, 10*time.Second, "the session to open its workspace to everyone", func() bool {
+		st, err := os.Lstat(e.ws)
+		return err == nil && st.Mode().Perm() == 0o777
+	})
+	cmd.Process.Kill()
+	cmd.Wait()
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	uid, pid1 := "", 0
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			pid1, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+		if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+			uid = strings.Fields(v)[0]
+		}
+	}
+	if pid1 <= 1 || uid == "" {
+		t.Fatalf("no pid 1 or uid for the session's command %d", pid)
+	}
+	syscall.Kill(pid1, syscall.SIGKILL)
+	testenv.WaitFor(t, 10*time.Second, "the orphaned session to end", func() bool { return !alive(pid) && !alive(pid1) })
+	// Another run (on another workspace: sandbox run refuses one left
+	// writable by others) takes the uid.
+	out, errOut, code := newSandboxEnv(t).runIn(t, []string{"--uid-range", uid + "-" + uid, "--fresh-home"}, "id", "-u")
+	if code != 0 || strings.TrimSpace(out) != uid {
+		t.Fatalf("launch on the reclaimed uid %s: exit %d %q %s", uid, code, out, errOut)
+	}
+	for _, p := range roots {
+		if st, err := os.Lstat(p); err != nil || st.Mode() != want[p] {
+			t.Errorf("%s after the reclaim: %v %v, want mode %v as before the session", p, st.Mode(), err, want[p])
+		}
 	}
 }
