@@ -54,12 +54,35 @@ type idmount struct {
 
 // Mapped is a directory a session sees as its own through an idmapped
 // mount, as run records it for sandbox serve: the session's uid stands
-// there for UID, who owns it on disk.
+// there for UID, who owns it on disk. Mode is its mode before the
+// session, which a launcher that reclaims the uid of a dead one gives it
+// back.
 type Mapped struct {
 	Path string `json:"path"`
 	Dev  uint64 `json:"dev"`
 	Ino  uint64 `json:"ino"`
 	UID  uint32 `json:"uid"`
+	Mode uint32 `json:"mode,omitempty"`
+}
+
+// restoreModes gives each directory a dead launcher's session saw as its
+// own the mode it had, if its path still leads, through no link, to that
+// very directory (one moved away is left as it is).
+func restoreModes(mapped []Mapped) {
+	for _, m := range mapped {
+		if m.Mode == 0 {
+			continue
+		}
+		fd, err := safepath.OpenNoFollow(m.Path, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil && st.Dev == m.Dev && st.Ino == m.Ino {
+			unix.Fchmod(fd, m.Mode)
+		}
+		unix.Close(fd)
+	}
 }
 
 // close lets go of the mounts (those not attached vanish with their
@@ -326,7 +349,7 @@ func (m *idmapped) mapped() []Mapped {
 	var out []Mapped
 	for _, x := range m.mounts {
 		if x.st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			out = append(out, Mapped{Path: x.path, Dev: x.st.Dev, Ino: x.st.Ino, UID: x.st.Uid})
+			out = append(out, Mapped{Path: x.path, Dev: x.st.Dev, Ino: x.st.Ino, UID: x.st.Uid, Mode: x.st.Mode & 0o7777})
 		}
 	}
 	return out
