@@ -365,3 +365,41 @@ func TestSandboxIDMapModesAfterLauncherDied(t *testing.T) {
 		}
 	}
 }
+
+// TestSandboxIDMapRootGroupWorkspace: a workspace of another user's in
+// group root (what `chown USER DIR` of a directory root made leaves), with
+// files of root's that only group root may read. Its owner cannot read
+// them; through an idmapped mount mapping the workspace's group to the
+// session's gid, the session would be in group root there and could.
+func TestSandboxIDMapRootGroupWorkspace(t *testing.T) {
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
+	e := newSandboxEnv(t)
+	secret := randomHex(t)
+	if err := os.Mkdir(filepath.Join(e.ws, "rootdir"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"secret", "rootdir/secret"} {
+		if err := os.WriteFile(filepath.Join(e.ws, p), []byte(secret+"\n"), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(e.ws, wsOwner, 0); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := e.runIn(t, []string{"--fresh-home"}, "sh", "-c", "id -u; cat secret rootdir/secret; ls rootdir; true")
+	if code != 0 {
+		t.Fatalf("the session: exit %d\n%s%s", code, out, errOut)
+	}
+	uid, _, _ := strings.Cut(out, "\n")
+	if strings.Contains(out, secret) {
+		t.Errorf("the session read root's group-only files its workspace's owner (uid %d, not in group root) cannot:\n%s", wsOwner, out)
+	}
+	if left := ownedBy(t, e.base, uid); len(left) > 0 {
+		t.Errorf("files left owned by the session's uid %s: %v", uid, left)
+	}
+	for _, p := range []string{"secret", "rootdir/secret"} {
+		if st, err := os.Lstat(filepath.Join(e.ws, p)); err != nil || st.Sys().(*syscall.Stat_t).Uid != 0 || st.Mode().Perm() != 0o640 {
+			t.Errorf("%s after the session: %v, want root's 0640 as before", p, err)
+		}
+	}
+}
