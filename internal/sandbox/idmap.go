@@ -184,8 +184,14 @@ func (p *Plan) idmapBlocked() string {
 		return fmt.Sprintf("the run directory %s is not searchable by others (mode %o), so the session could not reach its HOME through it", p.RunDir, st.Mode&0o777)
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(p.ws.Fd(), &st); err == nil && st.Uid == 0 && !dirEmpty(p.ws.Fd()) {
+	if err := unix.Fstat(p.ws.Fd(), &st); err != nil {
+		return err.Error()
+	}
+	if st.Uid == 0 && !dirEmpty(p.ws.Fd()) {
 		return fmt.Sprintf("the workspace %s is root's and not empty: through an idmapped mount the session would own root's files there, and could rewrite a set-user-ID program of root's through a shared mapping, which strips no set-id bit (the walk's chown strips them)", p.Workspace)
+	}
+	if st.Uid != 0 && st.Gid == 0 {
+		return fmt.Sprintf("the workspace %s is uid %d's in group root: through an idmapped mount, which maps its group to the session's, the session would be in group root there and read what only that group may (give it its owner's group)", p.Workspace, st.Uid)
 	}
 	return ""
 }
