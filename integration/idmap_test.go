@@ -260,40 +260,32 @@ func TestSandboxIDMapRootSetIDRewrite(t *testing.T) {
 // plant files and links in before root or the owner uses them again.
 func TestSandboxIDMapRootModesLeftOpen(t *testing.T) {
 	testenv.NeedRoot(t, "only root gives a session a uid of its own")
-	for _, mode := range []string{"idmap", "walk"} {
-		t.Run(mode, func(t *testing.T) {
-			e := newSandboxEnv(t)
-			var env []string
-			if mode == "walk" {
-				e.sandbox = hookBin(t, "sandbox")
-				env = []string{"BUSHOST_TESTHOOK_NO_IDMAP=1"}
+	shareModes(t, func(t *testing.T, walk bool, sandbox string) {
+		e := newSandboxEnv(t)
+		e.sandbox = sandbox
+		ownWorkspace(t, e)
+		want := map[string]os.FileMode{}
+		for _, p := range []string{e.ws, filepath.Join(e.run, "home"), filepath.Join(e.run, "tmp")} {
+			st, err := os.Lstat(p)
+			if err != nil {
+				t.Fatal(err)
 			}
-			ownWorkspace(t, e)
-			want := map[string]os.FileMode{}
-			for _, p := range []string{e.ws, filepath.Join(e.run, "home"), filepath.Join(e.run, "tmp")} {
-				st, err := os.Lstat(p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want[p] = st.Mode()
+			want[p] = st.Mode()
+		}
+		out, errOut, code := e.runIn(t, []string{"--fresh-home"}, "sh", "-c", `chmod 0777 . "$HOME" /tmp && stat -c '%a %n' . "$HOME" /tmp`)
+		if code != 0 || strings.Count(out, "777 ") != 3 {
+			t.Fatalf("the session: exit %d, want its three roots opened inside\n%s%s", code, out, errOut)
+		}
+		for p, m := range want {
+			st, err := os.Lstat(p)
+			if err != nil {
+				t.Fatal(err)
 			}
-			args := append(append([]string{"run"}, e.flags("git.push.working")...), "--fresh-home", "--",
-				"sh", "-c", `chmod 0777 . "$HOME" /tmp && stat -c '%a %n' . "$HOME" /tmp`)
-			out, errOut, code := runBin(t, e.sandbox, env, args...)
-			if code != 0 || strings.Count(out, "777 ") != 3 {
-				t.Fatalf("the session: exit %d, want its three roots opened inside\n%s%s", code, out, errOut)
+			if st.Mode() != m {
+				t.Errorf("%s after the session: mode %v, want %v as before", p, st.Mode(), m)
 			}
-			for p, m := range want {
-				st, err := os.Lstat(p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if st.Mode() != m {
-					t.Errorf("%s after the session: mode %v, want %v as before", p, st.Mode(), m)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // TestSandboxIDMapModesAfterLauncherDied: as above, but the session's
