@@ -1,12 +1,15 @@
 package integration
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/bushost/bushost/internal/testenv"
 )
@@ -192,5 +195,203 @@ done`
 	}
 	if _, err := strconv.Atoi(strings.TrimSpace(workerUID)); err != nil {
 		t.Errorf("worker uid %q", workerUID)
+	}
+}
+
+// TestSandboxIDMapRootSetIDRewrite: a root-owned workspace holding a
+// set-user-ID and a set-group-ID file of root's. Through an idmapped mount
+// the session would be their owner and could rewrite their content
+// through a shared writable mapping, which (unlike write(2)) strips no
+// set-id bit: a root set-user-ID program of the session's, which anyone on
+// the host may run. No such file may be left with session content and its
+// bit; each stays root's, and nothing is left owned by the session's uid.
+func TestSandboxIDMapRootSetIDRewrite(t *testing.T) {
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
+	e := newSandboxEnv(t)
+	files := map[string]os.FileMode{"su": 0o755 | os.ModeSetuid, "sg": 0o755 | os.ModeSetgid}
+	for name, mode := range files {
+		p := filepath.Join(e.ws, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(e.ws, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	script := `id -u; for f in su sg; do ` + e.helper + ` mmapwrite "$PWD/$f"; done; true`
+	out, errOut, code := e.runIn(t, []string{"--fresh-home"}, "sh", "-c", script)
+	if code != 0 {
+		t.Fatalf("the session: exit %d\n%s%s", code, out, errOut)
+	}
+	uid, _, _ := strings.Cut(out, "\n")
+	if strings.Contains(out, "ESCAPED") {
+		t.Errorf("the session rewrote a set-id file of root's and kept its bit:\n%s", out)
+	}
+	for name := range files {
+		p := filepath.Join(e.ws, name)
+		st, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := os.ReadFile(p)
+		if strings.HasPrefix(string(data), "MARK") && st.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 {
+			t.Errorf("%s on disk: the session's content with mode %v", name, st.Mode())
+		}
+		if s := st.Sys().(*syscall.Stat_t); s.Uid != 0 {
+			t.Errorf("%s on disk is uid %d's, want root's as before", name, s.Uid)
+		}
+	}
+	if left := ownedBy(t, e.base, uid); len(left) > 0 {
+		t.Errorf("files left owned by the session's uid %s: %v", uid, left)
+	}
+}
+
+// TestSandboxIDMapRootModesLeftOpen: a session, owner of its workspace,
+// HOME and /tmp inside, opens their roots to everyone (0777). After it
+// they must have their modes back, as the walk's hand-back gives them:
+// left so, the run directory's home/ and tmp/ (root's) and the owner's
+// workspace would be world-writable on the host, for any local user to
+// plant files and links in before root or the owner uses them again.
+func TestSandboxIDMapRootModesLeftOpen(t *testing.T) {
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
+	shareModes(t, func(t *testing.T, walk bool, sandbox string) {
+		e := newSandboxEnv(t)
+		e.sandbox = sandbox
+		ownWorkspace(t, e)
+		want := map[string]os.FileMode{}
+		for _, p := range []string{e.ws, filepath.Join(e.run, "home"), filepath.Join(e.run, "tmp")} {
+			st, err := os.Lstat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want[p] = st.Mode()
+		}
+		out, errOut, code := e.runIn(t, []string{"--fresh-home"}, "sh", "-c", `chmod 0777 . "$HOME" /tmp && stat -c '%a %n' . "$HOME" /tmp`)
+		if code != 0 || strings.Count(out, "777 ") != 3 {
+			t.Fatalf("the session: exit %d, want its three roots opened inside\n%s%s", code, out, errOut)
+		}
+		for p, m := range want {
+			st, err := os.Lstat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Mode() != m {
+				t.Errorf("%s after the session: mode %v, want %v as before", p, st.Mode(), m)
+			}
+		}
+	})
+}
+
+// TestSandboxIDMapModesAfterLauncherDied: as above, but the session's
+// sandbox run is killed while it runs (the session outlives it), so it
+// cannot give the roots their modes back itself. The next launcher that
+// takes the uid, once the session is gone, does, from the lock file's
+// record, as it hands a walk's trees back: until then the owner's
+// workspace and root's HOME would stay open to every local user.
+func TestSandboxIDMapModesAfterLauncherDied(t *testing.T) {
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
+	e := newSandboxEnv(t)
+	ownWorkspace(t, e)
+	roots := []string{e.ws, filepath.Join(e.run, "home")}
+	want := map[string]os.FileMode{}
+	for _, p := range roots {
+		st, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[p] = st.Mode()
+	}
+	const rng = "65500-65519"
+	mark := "3600." + strconv.Itoa(os.Getpid()) + strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
+	args := append(append([]string{"run"}, e.flags("git.push.working")...), "--uid-range", rng, "--fresh-home", "--",
+		"sh", "-c", `chmod 0777 . "$HOME" && exec sleep `+mark)
+	cmd := exec.Command(e.sandbox, args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var pid int
+	testenv.WaitFor(t, 20*time.Second, "the session's command to start", func() bool {
+		pids := withArg(t, mark)
+		if len(pids) == 1 {
+			pid = pids[0]
+		}
+		return pid > 0
+	})
+	testenv.WaitFor(t, 10*time.Second, "the session to open its workspace to everyone", func() bool {
+		st, err := os.Lstat(e.ws)
+		return err == nil && st.Mode().Perm() == 0o777
+	})
+	cmd.Process.Kill()
+	cmd.Wait()
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	uid, pid1 := "", 0
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			pid1, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+		if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+			uid = strings.Fields(v)[0]
+		}
+	}
+	if pid1 <= 1 || uid == "" {
+		t.Fatalf("no pid 1 or uid for the session's command %d", pid)
+	}
+	syscall.Kill(pid1, syscall.SIGKILL)
+	testenv.WaitFor(t, 10*time.Second, "the orphaned session to end", func() bool { return !alive(pid) && !alive(pid1) })
+	// Another run (on another workspace: sandbox run refuses one left
+	// writable by others) takes the uid.
+	out, errOut, code := newSandboxEnv(t).runIn(t, []string{"--uid-range", uid + "-" + uid, "--fresh-home"}, "id", "-u")
+	if code != 0 || strings.TrimSpace(out) != uid {
+		t.Fatalf("launch on the reclaimed uid %s: exit %d %q %s", uid, code, out, errOut)
+	}
+	for _, p := range roots {
+		if st, err := os.Lstat(p); err != nil || st.Mode() != want[p] {
+			t.Errorf("%s after the reclaim: %v %v, want mode %v as before the session", p, st.Mode(), err, want[p])
+		}
+	}
+}
+
+// TestSandboxIDMapRootGroupWorkspace: a workspace of another user's in
+// group root (what `chown USER DIR` of a directory root made leaves), with
+// files of root's that only group root may read. Its owner cannot read
+// them; through an idmapped mount mapping the workspace's group to the
+// session's gid, the session would be in group root there and could.
+func TestSandboxIDMapRootGroupWorkspace(t *testing.T) {
+	testenv.NeedRoot(t, "only root gives a session a uid of its own")
+	e := newSandboxEnv(t)
+	secret := randomHex(t)
+	if err := os.Mkdir(filepath.Join(e.ws, "rootdir"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"secret", "rootdir/secret"} {
+		if err := os.WriteFile(filepath.Join(e.ws, p), []byte(secret+"\n"), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(e.ws, wsOwner, 0); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := e.runIn(t, []string{"--fresh-home"}, "sh", "-c", "id -u; cat secret rootdir/secret; ls rootdir; true")
+	if code != 0 {
+		t.Fatalf("the session: exit %d\n%s%s", code, out, errOut)
+	}
+	uid, _, _ := strings.Cut(out, "\n")
+	if strings.Contains(out, secret) {
+		t.Errorf("the session read root's group-only files its workspace's owner (uid %d, not in group root) cannot:\n%s", wsOwner, out)
+	}
+	if left := ownedBy(t, e.base, uid); len(left) > 0 {
+		t.Errorf("files left owned by the session's uid %s: %v", uid, left)
+	}
+	for _, p := range []string{"secret", "rootdir/secret"} {
+		if st, err := os.Lstat(filepath.Join(e.ws, p)); err != nil || st.Sys().(*syscall.Stat_t).Uid != 0 || st.Mode().Perm() != 0o640 {
+			t.Errorf("%s after the session: %v, want root's 0640 as before", p, err)
+		}
 	}
 }

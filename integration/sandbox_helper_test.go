@@ -252,6 +252,35 @@ func main() {
 			k.Wait()
 		}
 		os.Exit(0)
+	case "mmapwrite":
+		// Writes MARK at the start of an existing file through a shared
+		// writable mapping (no write(2), which would strip a set-id bit):
+		// ESCAPED if the file still has a set-user-ID or set-group-ID bit
+		// afterwards.
+		f, e := os.OpenFile(arg(2), os.O_RDWR, 0)
+		if e != nil {
+			err = e
+			break
+		}
+		m, e := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if e != nil {
+			err = e
+			break
+		}
+		copy(m, "MARK")
+		unix.Msync(m, unix.MS_SYNC)
+		unix.Munmap(m)
+		var st unix.Stat_t
+		if e := unix.Fstat(int(f.Fd()), &st); e != nil {
+			fmt.Println("fstat:", e)
+			os.Exit(2)
+		}
+		if st.Mode&(unix.S_ISUID|unix.S_ISGID) == 0 {
+			fmt.Printf("REFUSED: mmapwrite %s: written, its set-id bits gone (mode %o)\n", arg(2), st.Mode&0o7777)
+			os.Exit(3)
+		}
+		fmt.Printf("ESCAPED: mmapwrite %s: written, mode %o\n", arg(2), st.Mode&0o7777)
+		os.Exit(0)
 	case "fork":
 		out, e := exec.Command("/bin/sh", "-c", "echo forked").Output()
 		if e != nil {

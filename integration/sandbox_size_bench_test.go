@@ -17,24 +17,30 @@ import (
 )
 
 // fillWorkspace makes n small files under dir, a thousand a directory,
-// as root (the workspace's owner here, so the walk hands every one over).
+// all of wsOwner's, as the workspace is (so the walk hands every one
+// over; a root-owned workspace that is not empty is always walked).
 func fillWorkspace(b *testing.B, dir string, n int) {
 	b.Helper()
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		b.Fatal(err)
+	mkdir := func(d string) {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.Chown(d, wsOwner, wsOwner); err != nil {
+			b.Fatal(err)
+		}
 	}
+	mkdir(dir)
 	for i := 0; i < n; i++ {
 		sub := filepath.Join(dir, fmt.Sprintf("d%04d", i/1000))
 		if i%1000 == 0 {
-			if err := os.Mkdir(sub, 0o755); err != nil {
-				b.Fatal(err)
-			}
+			mkdir(sub)
 		}
 		fd, err := unix.Open(filepath.Join(sub, strconv.Itoa(i)), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
 		if err != nil {
 			b.Fatal(err)
 		}
 		unix.Write(fd, []byte("x\n"))
+		unix.Fchown(fd, wsOwner, wsOwner)
 		unix.Close(fd)
 	}
 }

@@ -42,34 +42,68 @@ type idmapped struct {
 
 // idmount is one tree: mfd is the idmapped clone of the tree held by fd
 // (named path), attached over the tree itself in the launching thread's
-// own mount namespace.
+// own mount namespace. fd is kept to give the tree's root its mode (st)
+// back at the end: the session owns the root inside, and may open it to
+// everyone.
 type idmount struct {
 	mfd  int
+	fd   int
 	path string
 	st   unix.Stat_t
 }
 
 // Mapped is a directory a session sees as its own through an idmapped
 // mount, as run records it for sandbox serve: the session's uid stands
-// there for UID, who owns it on disk.
+// there for UID, who owns it on disk. Mode is its mode before the
+// session, which a launcher that reclaims the uid of a dead one gives it
+// back.
 type Mapped struct {
 	Path string `json:"path"`
 	Dev  uint64 `json:"dev"`
 	Ino  uint64 `json:"ino"`
 	UID  uint32 `json:"uid"`
+	Mode uint32 `json:"mode,omitempty"`
 }
 
-// close lets go of the mounts: those not attached vanish with their
-// descriptors, those attached stay in the namespace that holds them.
-func (m *idmapped) close() {
+// restoreModes gives each directory a dead launcher's session saw as its
+// own the mode it had, if its path still leads, through no link, to that
+// very directory (one moved away is left as it is).
+func restoreModes(mapped []Mapped) {
+	for _, m := range mapped {
+		if m.Mode == 0 {
+			continue
+		}
+		fd, err := safepath.OpenNoFollow(m.Path, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil && st.Dev == m.Dev && st.Ino == m.Ino {
+			unix.Fchmod(fd, m.Mode)
+		}
+		unix.Close(fd)
+	}
+}
+
+// close lets go of the mounts (those not attached vanish with their
+// descriptors, those attached stay in the namespace that holds them) and
+// gives each tree's root the mode it had: what the session did to a
+// root's mode would stay on the host, world-writable maybe.
+func (m *idmapped) close() error {
+	var errs []error
 	for _, x := range m.mounts {
 		unix.Close(x.mfd)
+		if err := unix.Fchmod(x.fd, x.st.Mode&0o7777); err != nil {
+			errs = append(errs, fmt.Errorf("give %s its mode %o back: %w", x.path, x.st.Mode&0o7777, err))
+		}
+		unix.Close(x.fd)
 	}
 	m.mounts = nil
 	for _, pid := range m.helpers {
 		reapHelper(pid)
 	}
 	m.helpers = nil
+	return errors.Join(errs...)
 }
 
 // reapHelper waits for the (killed) helper child pid to be gone.
@@ -130,7 +164,13 @@ func (p *Plan) idmapTrees(trees []tree, id uint32) (*idmapped, error) {
 			m.close()
 			return nil, &errNoIDMap{fmt.Sprintf("%s: %v", t.path, err)}
 		}
-		m.mounts = append(m.mounts, idmount{mfd: mfd, path: t.path, st: st})
+		fd, err := unix.FcntlInt(uintptr(t.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			unix.Close(mfd)
+			m.close()
+			return nil, err
+		}
+		m.mounts = append(m.mounts, idmount{mfd: mfd, fd: fd, path: t.path, st: st})
 	}
 	return m, nil
 }
@@ -143,7 +183,40 @@ func (p *Plan) idmapBlocked() string {
 	if st := p.run.Stat(); st.Mode&0o001 == 0 {
 		return fmt.Sprintf("the run directory %s is not searchable by others (mode %o), so the session could not reach its HOME through it", p.RunDir, st.Mode&0o777)
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(p.ws.Fd(), &st); err != nil {
+		return err.Error()
+	}
+	if st.Uid == 0 && !dirEmpty(p.ws.Fd()) {
+		return fmt.Sprintf("the workspace %s is root's and not empty: through an idmapped mount the session would own root's files there, and could rewrite a set-user-ID program of root's through a shared mapping, which strips no set-id bit (the walk's chown strips them)", p.Workspace)
+	}
+	if st.Uid != 0 && st.Gid == 0 {
+		return fmt.Sprintf("the workspace %s is uid %d's in group root: through an idmapped mount, which maps its group to the session's, the session would be in group root there and read what only that group may (give it its owner's group)", p.Workspace, st.Uid)
+	}
 	return ""
+}
+
+// dirEmpty says whether the directory fd holds no entry; an error reads
+// as not empty.
+func dirEmpty(fd int) bool {
+	d, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(d)
+	buf := make([]byte, 4096)
+	for {
+		n, err := unix.Getdents(d, buf)
+		if err != nil {
+			return false
+		}
+		if n <= 0 {
+			return true
+		}
+		if _, count, _ := unix.ParseDirent(buf[:n], 1, nil); count > 0 {
+			return false
+		}
+	}
 }
 
 // idmapClone clones the mount of what fd holds (with the mounts under it,
@@ -282,7 +355,7 @@ func (m *idmapped) mapped() []Mapped {
 	var out []Mapped
 	for _, x := range m.mounts {
 		if x.st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			out = append(out, Mapped{Path: x.path, Dev: x.st.Dev, Ino: x.st.Ino, UID: x.st.Uid})
+			out = append(out, Mapped{Path: x.path, Dev: x.st.Dev, Ino: x.st.Ino, UID: x.st.Uid, Mode: x.st.Mode & 0o7777})
 		}
 	}
 	return out

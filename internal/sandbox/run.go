@@ -95,7 +95,11 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 			return 0, err
 		}
 		if share != nil {
-			defer share.close()
+			defer func() {
+				if err := share.close(); err != nil && stderr != nil {
+					fmt.Fprintf(stderr, "sandbox: %v\n", err)
+				}
+			}()
 		}
 		testhook.Step("share")
 	} else if err := p.prepareRunDir(); err != nil {

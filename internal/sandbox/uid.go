@@ -145,6 +145,9 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 			f.Close()
 			return nil, nil
 		}
+		if old.Session != nil {
+			restoreModes(old.Session.Mapped)
+		}
 	}
 	return l, nil
 }
