@@ -31,6 +31,7 @@ type eventFields struct {
 	Role       string   `json:"role"`
 	Caps       []string `json:"capabilities"`
 	ExpiresAt  string   `json:"expires_at"`
+	TokenHash  string   `json:"token_hash"`
 	// A grant's launch set and place in a chain of launches.
 	Launch      map[string][]string `json:"launch"`
 	LaunchedBy  string              `json:"launched_by"`
@@ -245,4 +246,33 @@ func approvedBy(ctx context.Context, q *queries, keys *Keyring, t taskRow, push 
 func (q *queries) grantEventsBefore(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
 	return q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq < $4 AND type IN ($5, $6)`,
 		business, project, task, seq, TypeGrantCreated, TypeGrantRevoked)
+}
+
+// tokenOfRecord refuses g's call unless the token it presented is the one
+// its grant was created with, as the grant's signed grant.created event
+// records it (GRANT_TOKEN_MISMATCH). The grants table maps a token to a
+// grant, and a database writer can point the task's reviewer grant at a
+// token of its own: the verdict the host would sign carries the
+// reviewer's id, whose authority the log shows, so neither the gate's
+// replay nor log verify could tell. A grant created before grant.created
+// recorded its token's hash has none to check against, and gives no
+// verdict either: issue a new one.
+func tokenOfRecord(ctx context.Context, q *queries, keys *Keyring, g authz.Grant) error {
+	evs, err := q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND type = $4`,
+		g.Business, g.Project, g.Task, TypeGrantCreated)
+	if err != nil {
+		return err
+	}
+	for _, e := range evs {
+		f, err := fieldsOf(e)
+		if err != nil || f.GrantID != g.ID || keys.prove(e) != nil {
+			continue
+		}
+		if f.TokenHash == "" || f.TokenHash != g.TokenHash {
+			break
+		}
+		return nil
+	}
+	return errdefs.Unauthenticated(errdefs.GrantTokenMismatch,
+		"grant %s: the token presented is not the one its grant.created event records (the grants table was edited, or the grant predates recorded tokens): no verdict is given with it; issue a new grant, and see docs/broker.md, \"Who wrote an event\"", g.ID)
 }
