@@ -263,15 +263,25 @@ func tokenOfRecord(ctx context.Context, q *queries, keys *Keyring, g authz.Grant
 	if err != nil {
 		return err
 	}
+	var unprovenErr error
 	for _, e := range evs {
 		f, err := fieldsOf(e)
-		if err != nil || f.GrantID != g.ID || keys.prove(e) != nil {
+		if err != nil || f.GrantID != g.ID {
+			continue
+		}
+		if err := keys.prove(e); err != nil {
+			unprovenErr = errdefs.FailedPrecondition(errdefs.LogEventUnproven,
+				"grant %s: its %s, which %v, cannot vouch for its token: no verdict is given with it; run 'bushost log verify' and see docs/broker.md, \"Who wrote an event\"",
+				g.ID, describe(e), err).With("seq", e.Seq).With("type", e.Type)
 			continue
 		}
 		if f.TokenHash == "" || f.TokenHash != g.TokenHash {
 			break
 		}
 		return nil
+	}
+	if unprovenErr != nil {
+		return unprovenErr
 	}
 	return errdefs.Unauthenticated(errdefs.GrantTokenMismatch,
 		"grant %s: the token presented is not the one its grant.created event records (the grants table was edited, or the grant predates recorded tokens): no verdict is given with it; issue a new grant, and see docs/broker.md, \"Who wrote an event\"", g.ID)

@@ -3,11 +3,13 @@ package broker
 import (
 	"context"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // A database writer that cannot sign can still rewrite the grants table:
@@ -32,6 +34,23 @@ func TestSwappedTokenGivesNoVerdict(t *testing.T) {
 		before := e.head()
 		err := e.verdict(intruder, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE)
 		e.refused(err, codes.Unauthenticated, before, "a verdict with a token swapped into the reviewer's grant")
+		if reasonOf(err) != errdefs.GrantTokenMismatch {
+			t.Fatalf("a verdict with a token swapped into the reviewer's grant: %v", err)
+		}
+
+		// A grant.created of its own too, recording its token: unsigned,
+		// it vouches for nothing.
+		e.forge(Event{Business: "acme", Project: "web", Task: "t1", Type: TypeGrantCreated, Actor: authz.HostID,
+			Data: mustData(map[string]any{"grant_id": tm.reviewer.ID, "role": "reviewer", "capabilities": []string{authz.CapReviewVerdict},
+				"expires_at": time.Now().Add(time.Hour).UTC().Format(time.RFC3339), "token_hash": tokenHash(forged)})})
+		before = e.head()
+		err = e.verdict(intruder, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE)
+		e.refused(err, codes.Unauthenticated, before, "a verdict with a swapped token and a forged grant.created")
+		if reasonOf(err) != errdefs.GrantTokenMismatch {
+			t.Fatalf("a verdict with a swapped token and a forged grant.created: %v", err)
+		}
+		e.exec(`DELETE FROM events WHERE seq = $1`, before)
+		before = e.head()
 
 		// Put back, the row is the reviewer's again: no verdict was
 		// recorded, so the gate stays shut and the real reviewer may judge.

@@ -186,7 +186,6 @@ func TestHostsProveEachOthersEvents(t *testing.T) {
 	c := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
 	a.AddProject(t, "acme", "web")
 	worker := a.Grant(t, "acme", "web", "t1", "worker", "git.push.working", "review.request", "event.record")
-	reviewer := a.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict")
 	lead := b.Grant(t, "acme", "web", "t1", "lead", "task.close")
 	work := filepath.Join(filepath.Dir(a.Home), "work")
 	runAs(t, a, worker, 0, "fetch-main", "--repo", work)
@@ -200,6 +199,9 @@ func TestHostsProveEachOthersEvents(t *testing.T) {
 		}
 	}
 
+	// Made through C: a host gives a verdict only with a grant whose
+	// grant.created (which records its token) it proves.
+	reviewer := c.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict")
 	id, _ := runAs(t, c, worker, 0, "review", "request")
 	runAs(t, c, reviewer, 0, "review", "verdict", "--request", id, "--approve", "--commit", head)
 	cKey := strings.TrimSpace(readText(t, filepath.Join(c.Home, "log.pub")))
