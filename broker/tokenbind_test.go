@@ -65,3 +65,31 @@ func TestSwappedTokenGivesNoVerdict(t *testing.T) {
 		e.verify()
 	})
 }
+
+// The same swap on the worker's row lets a reviewer push as the worker
+// and then approve what it pushed itself, with its own token: the log
+// would show a push by the worker and a verdict by another grant. So a
+// push, too, is recorded only with the token its grant was created with.
+func TestSwappedTokenPushesAsNoOne(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		e.project("acme", "web")
+		tm := e.team("t1")
+		const forged = "bht_the_reviewer_pushing_as_the_worker"
+		e.exec(`UPDATE grants SET token_hash = $1 WHERE id = $2`, tokenHash(forged), tm.worker.ID)
+		g, err := e.b.Authorize(context.Background(), forged, authz.CapPushWorking)
+		if err != nil || g.ID != tm.worker.ID {
+			t.Fatalf("the swapped row does not answer the token: %v %v", g, err)
+		}
+		before := e.head()
+		err = e.b.RecordPush(context.Background(), g, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: commit(1), Ref: "refs/work/t1"}, authz.Peer{})
+		e.refused(err, codes.Unauthenticated, before, "a push with a token swapped into the worker's grant")
+		if reasonOf(err) != errdefs.GrantTokenMismatch {
+			t.Fatalf("a push with a token swapped into the worker's grant: %v", err)
+		}
+		e.exec(`UPDATE grants SET token_hash = $1 WHERE id = $2`, tokenHash(tm.worker.Token), tm.worker.ID)
+		if err := e.push(tm.worker, 1); err != nil {
+			t.Fatalf("the real worker's push: %v", err)
+		}
+		e.verify()
+	})
+}
