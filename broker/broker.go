@@ -620,6 +620,9 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 		if err := recheck(ctx, q, g, authz.CapPushWorking); err != nil {
 			return err
 		}
+		if err := tokenOfRecord(ctx, &q.queries, b.keys, g); err != nil {
+			return err
+		}
 		// The project's placement, read at the append: a push through a
 		// host whose cache missed a move is refused here.
 		if err := writable(ctx, &q.queries, b.hostID, g.Business, g.Project); err != nil {

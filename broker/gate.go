@@ -251,12 +251,13 @@ func (q *queries) grantEventsBefore(ctx context.Context, business, project, task
 // tokenOfRecord refuses g's call unless the token it presented is the one
 // its grant was created with, as the grant's signed grant.created event
 // records it (GRANT_TOKEN_MISMATCH). The grants table maps a token to a
-// grant, and a database writer can point the task's reviewer grant at a
-// token of its own: the verdict the host would sign carries the
-// reviewer's id, whose authority the log shows, so neither the gate's
-// replay nor log verify could tell. A grant created before grant.created
-// recorded its token's hash has none to check against, and gives no
-// verdict either: issue a new one.
+// grant, and a database writer can point a grant's row at a token of its
+// own: the verdict (or push) the host would sign carries that grant's id,
+// whose authority the log shows, so neither the gate's replay nor log
+// verify could tell; with the worker's row, a reviewer could push as the
+// worker and approve its own push. So a verdict and a push are checked.
+// A grant created before grant.created recorded its token's hash has none
+// to check against, and gives neither: issue a new one.
 func tokenOfRecord(ctx context.Context, q *queries, keys *Keyring, g authz.Grant) error {
 	evs, err := q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND type = $4`,
 		g.Business, g.Project, g.Task, TypeGrantCreated)
@@ -271,7 +272,7 @@ func tokenOfRecord(ctx context.Context, q *queries, keys *Keyring, g authz.Grant
 		}
 		if err := keys.prove(e); err != nil {
 			unprovenErr = errdefs.FailedPrecondition(errdefs.LogEventUnproven,
-				"grant %s: its %s, which %v, cannot vouch for its token: no verdict is given with it; run 'bushost log verify' and see docs/broker.md, \"Who wrote an event\"",
+				"grant %s: its %s, which %v, cannot vouch for its token: nothing is recorded with it; run 'bushost log verify' and see docs/broker.md, \"Who wrote an event\"",
 				g.ID, describe(e), err).With("seq", e.Seq).With("type", e.Type)
 			continue
 		}
@@ -284,5 +285,5 @@ func tokenOfRecord(ctx context.Context, q *queries, keys *Keyring, g authz.Grant
 		return unprovenErr
 	}
 	return errdefs.Unauthenticated(errdefs.GrantTokenMismatch,
-		"grant %s: the token presented is not the one its grant.created event records (the grants table was edited, or the grant predates recorded tokens): no verdict is given with it; issue a new grant, and see docs/broker.md, \"Who wrote an event\"", g.ID)
+		"grant %s: the token presented is not the one its grant.created event records (the grants table was edited, or the grant predates recorded tokens): nothing is recorded with it; issue a new grant, and see docs/broker.md, \"Who wrote an event\"", g.ID)
 }
