@@ -460,7 +460,7 @@ func (b *Broker) authorize(ctx context.Context, token string, caps ...string) (a
 	if err := usable(g); err != nil {
 		return authz.Grant{}, err
 	}
-	ag := authz.Grant{ID: g.ID, Business: g.Business, Project: g.Project, Task: g.Task, Role: g.Role, Caps: g.Caps}
+	ag := authz.Grant{ID: g.ID, Business: g.Business, Project: g.Project, Task: g.Task, Role: g.Role, Caps: g.Caps, TokenHash: g.TokenHash}
 	if len(caps) == 0 {
 		return authz.Grant{}, errdefs.PermissionDenied(errdefs.HostOnly, "only the host (admin.token) may do this; grant %s is a task's grant", g.ID)
 	}
@@ -618,6 +618,9 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 	ctx = context.WithValue(ctx, recordPushKey{}, true)
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if err := recheck(ctx, q, g, authz.CapPushWorking); err != nil {
+			return err
+		}
+		if err := tokenOfRecord(ctx, &q.queries, b.keys, g); err != nil {
 			return err
 		}
 		// The project's placement, read at the append: a push through a

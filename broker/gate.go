@@ -31,6 +31,7 @@ type eventFields struct {
 	Role       string   `json:"role"`
 	Caps       []string `json:"capabilities"`
 	ExpiresAt  string   `json:"expires_at"`
+	TokenHash  string   `json:"token_hash"`
 	// A grant's launch set and place in a chain of launches.
 	Launch      map[string][]string `json:"launch"`
 	LaunchedBy  string              `json:"launched_by"`
@@ -245,4 +246,44 @@ func approvedBy(ctx context.Context, q *queries, keys *Keyring, t taskRow, push 
 func (q *queries) grantEventsBefore(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
 	return q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq < $4 AND type IN ($5, $6)`,
 		business, project, task, seq, TypeGrantCreated, TypeGrantRevoked)
+}
+
+// tokenOfRecord refuses g's call unless the token it presented is the one
+// its grant was created with, as the grant's signed grant.created event
+// records it (GRANT_TOKEN_MISMATCH). The grants table maps a token to a
+// grant, and a database writer can point a grant's row at a token of its
+// own: the verdict (or push) the host would sign carries that grant's id,
+// whose authority the log shows, so neither the gate's replay nor log
+// verify could tell; with the worker's row, a reviewer could push as the
+// worker and approve its own push. So a verdict and a push are checked.
+// A grant created before grant.created recorded its token's hash has none
+// to check against, and gives neither: issue a new one.
+func tokenOfRecord(ctx context.Context, q *queries, keys *Keyring, g authz.Grant) error {
+	evs, err := q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND type = $4`,
+		g.Business, g.Project, g.Task, TypeGrantCreated)
+	if err != nil {
+		return err
+	}
+	var unprovenErr error
+	for _, e := range evs {
+		f, err := fieldsOf(e)
+		if err != nil || f.GrantID != g.ID {
+			continue
+		}
+		if err := keys.prove(e); err != nil {
+			unprovenErr = errdefs.FailedPrecondition(errdefs.LogEventUnproven,
+				"grant %s: its %s, which %v, cannot vouch for its token: nothing is recorded with it; run 'bushost log verify' and see docs/broker.md, \"Who wrote an event\"",
+				g.ID, describe(e), err).With("seq", e.Seq).With("type", e.Type)
+			continue
+		}
+		if f.TokenHash == "" || f.TokenHash != g.TokenHash {
+			break
+		}
+		return nil
+	}
+	if unprovenErr != nil {
+		return unprovenErr
+	}
+	return errdefs.Unauthenticated(errdefs.GrantTokenMismatch,
+		"grant %s: the token presented is not the one its grant.created event records (the grants table was edited, or the grant predates recorded tokens): nothing is recorded with it; issue a new grant, and see docs/broker.md, \"Who wrote an event\"", g.ID)
 }

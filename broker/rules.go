@@ -191,7 +191,8 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 		}
 		g := grantRow{ID: ig.ID, TokenHash: tokenHash(ig.Token), Business: r.Business, Project: r.Project, Task: r.Task,
 			Role: r.Role, Caps: caps, ExpiresAt: ig.ExpiresAt.UnixNano(), Launch: launch, LaunchedBy: r.LaunchedBy, LaunchBounds: lb}
-		data := map[string]any{"grant_id": ig.ID, "role": r.Role, "capabilities": caps, "expires_at": ig.ExpiresAt.Format(time.RFC3339)}
+		data := map[string]any{"grant_id": ig.ID, "role": r.Role, "capabilities": caps, "expires_at": ig.ExpiresAt.Format(time.RFC3339),
+			"token_hash": g.TokenHash}
 		if launch != "" {
 			data["launch"] = ParseLaunchSet(launch)
 		}
@@ -355,6 +356,9 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if err := recheck(ctx, q, g, authz.CapReviewVerdict); err != nil {
+			return err
+		}
+		if err := tokenOfRecord(ctx, &q.queries, b.keys, g); err != nil {
 			return err
 		}
 		r, ok, err := q.request(ctx, requestID)

@@ -328,12 +328,21 @@ func TestGateChecksVerdictAuthority(t *testing.T) {
 		e.exec(`INSERT INTO grants (id, token_hash, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth)
 			VALUES ('g-minted', $1, 'acme', 'web', 'minted', 'reviewer', 'review.verdict', $2, 0, '', '', 0)`, tokenHash("bht_minted"), time.Now().Add(time.Hour).UnixNano())
 		minted := actor{ID: "g-minted", Token: "bht_minted", G: authz.Grant{ID: "g-minted", Business: "acme", Project: "web", Task: "minted", Role: "reviewer", Caps: []string{authz.CapReviewVerdict}}}
-		if err := e.verdict(minted, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE); err != nil {
+		// The host gives it no verdict: its token is none a grant.created
+		// records (tokenbind_test.go)...
+		before := e.head()
+		err := e.verdict(minted, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE)
+		e.refused(err, codes.Unauthenticated, before, "the minted grant's verdict")
+		if reasonOf(err) != errdefs.GrantTokenMismatch {
 			t.Fatalf("the minted grant's verdict: %v", err)
 		}
-		mintedSeq := e.head()
-		before := e.head()
-		err := e.close(tm.closer)
+		// ... and one signed with the host's key, as a thief of it would,
+		// the gate refuses from the log.
+		ev := e.forgeVerdict(minted, r.RequestId)
+		e.exec(`UPDATE events SET sig = $1 WHERE seq = $2`, NewSigner(testKey).sign(ev.Hash), ev.Seq)
+		mintedSeq := ev.Seq
+		before = e.head()
+		err = e.close(tm.closer)
 		e.refused(err, codes.FailedPrecondition, before, "close on a minted grant's approve")
 		if reasonOf(err) != errdefs.GateVerdictInvalid || !strings.Contains(err.Error(), `is by "g-minted", which no grant.created in the log names`) {
 			t.Fatalf("close on a minted grant's approve: %v", err)

@@ -186,7 +186,6 @@ func TestHostsProveEachOthersEvents(t *testing.T) {
 	c := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
 	a.AddProject(t, "acme", "web")
 	worker := a.Grant(t, "acme", "web", "t1", "worker", "git.push.working", "review.request", "event.record")
-	reviewer := a.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict")
 	lead := b.Grant(t, "acme", "web", "t1", "lead", "task.close")
 	work := filepath.Join(filepath.Dir(a.Home), "work")
 	runAs(t, a, worker, 0, "fetch-main", "--repo", work)
@@ -200,6 +199,9 @@ func TestHostsProveEachOthersEvents(t *testing.T) {
 		}
 	}
 
+	// Made through C: a host gives a verdict only with a grant whose
+	// grant.created (which records its token) it proves.
+	reviewer := c.Grant(t, "acme", "web", "t1", "reviewer", "review.verdict")
 	id, _ := runAs(t, c, worker, 0, "review", "request")
 	runAs(t, c, reviewer, 0, "review", "verdict", "--request", id, "--approve", "--commit", head)
 	cKey := strings.TrimSpace(readText(t, filepath.Join(c.Home, "log.pub")))
@@ -255,4 +257,31 @@ func TestUnsignedHomeIsAdoptedOnce(t *testing.T) {
 		t.Fatalf("log verify after a forged verdict and a new key: exit %d\n%s", code, errs)
 	}
 	runAs(t, h, lead, 1, "task", "close")
+}
+
+// A host joining a shared store makes its key at its first start. A
+// database writer that slipped an approve in and stripped every
+// signature first must not get the newcomer to sign the log it finds:
+// the newcomer's key is then listed on every host, and its signature
+// would open their gates too.
+func TestJoiningHostAdoptsNothing(t *testing.T) {
+	dsn := pgtest.SchemaDSN(t, "join", "a host joining a stripped store")
+	a := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
+	r := awaitingReview(t, a)
+	db := storeDB(t, a, dsn)
+	seq := forgeVerdict(t, db, r.reviewerID, r.request)
+	mustExec(t, db, `UPDATE events SET sig = ''`)
+
+	c := startHostWith(t, hostOpts{Args: []string{"--broker-dsn", dsn}})
+	if b, _ := os.ReadFile(c.Log); strings.Contains(string(b), "signed the log's events written before signing") {
+		t.Fatalf("a new home signed the log it found")
+	}
+	_, errs, code := c.Run(t, nil, "log", "verify")
+	if code != 1 || !strings.Contains(errs, fmt.Sprintf("event %d (review.verdict by %s) carries no signature", seq, r.reviewerID)) {
+		t.Fatalf("log verify on the new host: exit %d\n%s", code, errs)
+	}
+	_, errs = runAs(t, c, r.lead, 1, "--json", "task", "close")
+	if !strings.Contains(errs, `"reason":"LOG_EVENT_UNPROVEN"`) {
+		t.Fatalf("close on the new host: %s", errs)
+	}
 }

@@ -176,7 +176,8 @@ func TestLargeTreePushLandPublish(t *testing.T) {
 type rawEntry struct {
 	typ  int
 	data []byte
-	base int // OFS_DELTA: the index of its base entry
+	base int    // OFS_DELTA: the index of its base entry
+	ref  string // REF_DELTA: its base's id
 }
 
 func writeRawBundle(t *testing.T, path, base, tip string, entries []rawEntry) int64 {
@@ -198,6 +199,13 @@ func writeRawBundle(t *testing.T, path, base, tip string, entries []rawEntry) in
 				ofs = append([]byte{byte(0x80 | back&0x7f)}, ofs...)
 			}
 			pack.Write(ofs)
+		}
+		if e.typ == 7 {
+			id, err := hex.DecodeString(e.ref)
+			if err != nil || len(id) != 20 {
+				t.Fatalf("REF_DELTA base %q", e.ref)
+			}
+			pack.Write(id)
 		}
 		zw.Reset(&pack)
 		zw.Write(e.data)
@@ -442,5 +450,67 @@ func TestAttackCancelledPushStops(t *testing.T) {
 				t.Fatalf("the cut push appended to the log: %d -> %d events", events, m)
 			}
 		})
+	}
+}
+
+// A thin pack's REF_DELTA entries make index-pack read their bases from
+// the repository and append them to the pack (--fix-thin): a delta of a
+// few bytes against each large blob of main's history costs what those
+// blobs inflate to, and stores them again in the task's repository. So a
+// base counts toward --max-push-inflated too (each once, by the size the
+// delta's header declares): 24 deltas of a few bytes each against 24
+// blobs of 1 MiB of main are refused under a bound of 8 MiB, nothing
+// left behind.
+func TestAttackThinBasesCountTowardTheInflatedBound(t *testing.T) {
+	h := startHostWith(t, hostOpts{Args: []string{"--max-push-inflated", "8M"}})
+	root := filepath.Join(filepath.Dir(h.Home), "root-acme-web")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	testGit(t, root, "init", "-q", "-b", "main")
+	const bases = 24
+	var ids []string
+	var firsts []byte
+	for i := 0; i < bases; i++ {
+		b := make([]byte, 1<<20)
+		rand.Read(b)
+		name := fmt.Sprintf("asset%02d.bin", i)
+		if err := os.WriteFile(filepath.Join(root, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ids, firsts = append(ids, objectID("blob", b)), append(firsts, b[0])
+	}
+	testGit(t, root, "add", ".")
+	testGit(t, root, "commit", "-q", "-m", "assets")
+	h.Must(t, "project", "add", "--business", "acme", "--project", "web", "--root", root)
+	main := testGit(t, root, "rev-parse", "HEAD")
+	tok := h.Grant(t, "acme", "web", "t1", "worker", "git.push.working")
+
+	var entries []rawEntry
+	var tree [][3]string
+	for i, id := range ids {
+		add := []byte(fmt.Sprintf("-%02d", i))
+		d := delta(1<<20, 1+len(add), 1, add)
+		entries = append(entries, rawEntry{typ: 7, data: d, ref: id})
+		tree = append(tree, [3]string{"100644", fmt.Sprintf("f%02d", i), objectID("blob", append([]byte{firsts[i]}, add...))})
+	}
+	tb := treeBody(tree...)
+	c := commitBody(objectID("tree", tb), main, "thin")
+	entries = append(entries, rawEntry{typ: 2, data: tb}, rawEntry{typ: 1, data: c})
+	b := filepath.Join(filepath.Dir(h.Home), "thin.bundle")
+	n := writeRawBundle(t, b, main, objectID("commit", c), entries)
+	t.Logf("a %d-byte bundle of %d deltas against %d MiB of main's blobs", n, bases, bases)
+
+	before := treesnap.Take(t, filepath.Join(h.Home, "repos"))
+	events := len(brokerEvents(t, h))
+	_, errs := runAs(t, h, tok, 7, "push-working", "--bundle", b)
+	if !strings.Contains(errs, "PUSH_INFLATED_TOO_LARGE") || !strings.Contains(errs, "--max-push-inflated") {
+		t.Fatalf("the thin push: %s", errs)
+	}
+	if d := treesnap.Diff(before, treesnap.Take(t, filepath.Join(h.Home, "repos"))); d != "" {
+		t.Fatalf("the refused push changed the store:\n%s", d)
+	}
+	if m := len(brokerEvents(t, h)); m != events {
+		t.Fatalf("the refused push appended to the log: %d -> %d events", events, m)
 	}
 }

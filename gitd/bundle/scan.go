@@ -135,6 +135,8 @@ type scanner struct {
 	pending []int          // large deltas of unknown type, checked at the end
 	// inflated sums the declared inflated sizes so far (Limits.InflatedBytes).
 	inflated int64
+	// refCounted: the REF_DELTA bases already counted in inflated.
+	refCounted map[string]bool
 }
 
 // entry is what the scanner keeps of each pack entry: 24 bytes, where
@@ -294,7 +296,7 @@ func (s *scanner) entry(i int) error {
 	}
 	// The header passed: git may read it.
 	s.rec.safe = s.consumed()
-	result, err := s.inflate(i, off, size, typ == objOfsDelta || typ == objRefDelta)
+	baseSize, result, err := s.inflate(i, off, size, typ == objOfsDelta || typ == objRefDelta)
 	if err != nil {
 		return err
 	}
@@ -304,6 +306,21 @@ func (s *scanner) entry(i int) error {
 		// builds any delta's result.
 		if err := s.addInflated(i, off, result); err != nil {
 			return err
+		}
+		// A REF_DELTA's base is read by index-pack, and one the
+		// repository holds is appended to the pack (--fix-thin): it counts
+		// too, once, by the size the delta declares for it (index-pack
+		// refuses a delta whose base is of another size). Else a few
+		// bytes of deltas would make it inflate and store again every
+		// large object of the repository.
+		if typ == objRefDelta && !s.refCounted[baseID] {
+			if s.refCounted == nil {
+				s.refCounted = map[string]bool{}
+			}
+			s.refCounted[baseID] = true
+			if err := s.addInflated(i, off, baseSize); err != nil {
+				return err
+			}
 		}
 		e.typ, e.size = base, result
 		if lim, flag := s.lim.forType(base); base != objUnknown && lim > 0 && result > lim {
@@ -376,56 +393,55 @@ func (s *scanner) indexAt(off int64) (int, bool) {
 
 // inflate reads past an entry's zlib stream, which must inflate to exactly
 // size bytes, approving its bytes as it goes. For a delta it returns the
-// result size from the delta's own header.
-func (s *scanner) inflate(i int, off, size int64, delta bool) (int64, error) {
-	var err error
+// base and result sizes from the delta's own header.
+func (s *scanner) inflate(i int, off, size int64, delta bool) (base, result int64, err error) {
 	if s.zr == nil {
 		s.zr, err = zlib.NewReader(s.br)
 	} else {
 		err = s.zr.(zlib.Resetter).Reset(s.br, nil)
 	}
 	if err != nil {
-		return 0, packErr(err, fmt.Sprintf("entry %d at offset %d", i+1, off))
+		return 0, 0, packErr(err, fmt.Sprintf("entry %d at offset %d", i+1, off))
 	}
 	var out int64
-	result := int64(-1)
+	result = -1
 	for {
 		n, err := s.zr.Read(s.buf)
 		if delta && out == 0 && n > 0 {
-			result = deltaResultSize(s.buf[:n])
+			base, result = deltaHeader(s.buf[:n])
 		}
 		out += int64(n)
 		if out > size {
-			return 0, &PackError{Msg: fmt.Sprintf("entry %d at offset %d inflates past its declared %d bytes", i+1, off, size)}
+			return 0, 0, &PackError{Msg: fmt.Sprintf("entry %d at offset %d inflates past its declared %d bytes", i+1, off, size)}
 		}
 		s.rec.safe = s.consumed()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return 0, packErr(err, fmt.Sprintf("entry %d at offset %d", i+1, off))
+			return 0, 0, packErr(err, fmt.Sprintf("entry %d at offset %d", i+1, off))
 		}
 	}
 	if out != size {
-		return 0, &PackError{Msg: fmt.Sprintf("entry %d at offset %d inflates to %d bytes, not its declared %d", i+1, off, out, size)}
+		return 0, 0, &PackError{Msg: fmt.Sprintf("entry %d at offset %d inflates to %d bytes, not its declared %d", i+1, off, out, size)}
 	}
-	if delta && result < 0 {
-		return 0, &PackError{Msg: fmt.Sprintf("entry %d at offset %d: delta without a header", i+1, off)}
+	if delta && (result < 0 || base < 0) {
+		return 0, 0, &PackError{Msg: fmt.Sprintf("entry %d at offset %d: delta without a header", i+1, off)}
 	}
-	return result, nil
+	return base, result, nil
 }
 
-// deltaResultSize reads a delta's header (base size, then result size, as
-// little-endian base-128 numbers) from its first inflated bytes; -1 if they
-// do not hold it.
-func deltaResultSize(b []byte) int64 {
+// deltaHeader reads a delta's header (base size, then result size, as
+// little-endian base-128 numbers) from its first inflated bytes; -1, -1 if
+// they do not hold it.
+func deltaHeader(b []byte) (base, result int64) {
 	var vals [2]int64
 	p := 0
 	for k := range vals {
 		shift := 0
 		for {
 			if p >= len(b) || shift > 63 {
-				return -1
+				return -1, -1
 			}
 			c := b[p]
 			p++
@@ -436,7 +452,7 @@ func deltaResultSize(b []byte) int64 {
 			}
 		}
 	}
-	return vals[1]
+	return vals[0], vals[1]
 }
 
 // resolvePending checks the large deltas whose type was unknown when they

@@ -359,6 +359,45 @@ func TestScanInflatedSum(t *testing.T) {
 	}
 }
 
+// A REF_DELTA's base counts toward the sum once, by the size its delta
+// declares: index-pack reads it (and appends one the repository holds), so
+// deltas of a few bytes against large objects of the repository are not
+// free. A base size past what a 64-bit number holds, which would lower
+// the sum, is refused as a malformed delta.
+func TestScanInflatedSumCountsRefBases(t *testing.T) {
+	const baseSize = 1 << 20
+	a, b := strings.Repeat("ab", 20), strings.Repeat("cd", 20)
+	one := copyDelta(baseSize, 0) // a delta of a 1 MiB base to nothing
+	pack := buildPack([]rawEntry{
+		{typ: objRefDelta, data: one, refBase: a},
+		{typ: objRefDelta, data: one, refBase: a},
+		{typ: objRefDelta, data: one, refBase: b},
+	})
+	lim := Limits{BlobBytes: 1 << 20, CommitBytes: 1 << 20, TreeBytes: 1 << 20, InflatedBytes: 2*baseSize - 1}
+	var out bytes.Buffer
+	err := scanPack(bytes.NewReader(pack), &out, lim, nil)
+	if e, ok := errdefs.As(err); !ok || e.Reason != errdefs.PushInflatedTooLarge || e.Metadata["entry"] != "3" || e.Metadata["size"] != fmt.Sprint(2*baseSize) {
+		t.Fatalf("two bases of 1 MiB under a bound of 2 MiB - 1: %v", err)
+	}
+	if out.Len() > len(pack)-20 {
+		t.Fatalf("%d of %d bytes passed", out.Len(), len(pack))
+	}
+	out.Reset()
+	lim.InflatedBytes = 2 * baseSize
+	if err := scanPack(bytes.NewReader(pack), &out, lim, nil); err != nil || !bytes.Equal(out.Bytes(), pack) {
+		t.Fatalf("at the bound (base a counted once): %v", err)
+	}
+
+	// 2^63 as a varint: ten bytes, the last with bit 63 set.
+	negative := append(bytes.Repeat([]byte{0x80}, 9), 0x01, 0x00)
+	bad := buildPack([]rawEntry{{typ: objRefDelta, data: negative, refBase: a}})
+	out.Reset()
+	var pe *PackError
+	if err := scanPack(bytes.NewReader(bad), &out, lim, nil); !errors.As(err, &pe) || !strings.Contains(pe.Msg, "delta without a header") {
+		t.Fatalf("a base size of 2^63: %v", err)
+	}
+}
+
 // BenchmarkScanPack is the scanner's own cost on a pack like the full push
 // of `make bench` (200 random 35,000-byte blobs), against a plain copy.
 func BenchmarkScanPack(b *testing.B) {

@@ -51,6 +51,10 @@ type Grant struct {
 	Business, Project, Task string
 	Role                    string
 	Caps                    []string
+	// TokenHash is the hex SHA-256 of the token presented ("" for the
+	// admin token): the broker checks it against the grant's
+	// grant.created event before it signs a verdict.
+	TokenHash string
 	// Launch is what a grant with session.launch may start: role name to
 	// the capabilities a session of that role may hold.
 	Launch map[string][]string

@@ -210,14 +210,13 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	defer lock.Unlock()
 
-	token, created, err := adminToken(filepath.Join(o.Home, AdminToken))
-	if err != nil {
-		return err
-	}
-	if created {
-		log.Info("made the host's admin token", "path", filepath.Join(o.Home, AdminToken))
-	}
-
+	// A home without an admin token is new: it served no log before
+	// signing, so it vouches for none. Its key is kept at once and signs
+	// nothing at start, whatever the store holds: a database writer that
+	// stripped every signature does not get a joining host to sign what
+	// it wrote (docs/broker.md, "A log written before signing").
+	_, err = os.Lstat(filepath.Join(o.Home, AdminToken))
+	newHome := errors.Is(err, fs.ErrNotExist)
 	hostID, err := hostID(o.Home, o.HostID)
 	if err != nil {
 		return err
@@ -226,6 +225,20 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	adopt := keyMade && !newHome
+	if keyMade && newHome {
+		if err := keepKey(); err != nil {
+			return err
+		}
+	}
+
+	token, created, err := adminToken(filepath.Join(o.Home, AdminToken))
+	if err != nil {
+		return err
+	}
+	if created {
+		log.Info("made the host's admin token", "path", filepath.Join(o.Home, AdminToken))
+	}
 	dsn := o.BrokerDSN
 	if dsn == "" {
 		dsn = filepath.Join(o.Home, BrokerDB)
@@ -233,7 +246,7 @@ func Serve(ctx context.Context, o Options) error {
 	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate,
 		EgressRate: o.EgressRate, EgressBytesRate: o.EgressBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID,
 		ReposDir: filepath.Join(o.Home, ReposDir), Postgres: o.BrokerPostgres,
-		SigningKey: signingKey, TrustedKeys: trusted, AdoptUnsigned: keyMade})
+		SigningKey: signingKey, TrustedKeys: trusted, AdoptUnsigned: adopt})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
 	}
@@ -241,8 +254,10 @@ func Serve(ctx context.Context, o Options) error {
 	if keyMade {
 		// Kept only now that the broker opened with it, so that a start
 		// that failed before makes the same key again and adopts the log.
-		if err := keepKey(); err != nil {
-			return err
+		if adopt {
+			if err := keepKey(); err != nil {
+				return err
+			}
 		}
 		log.Info("made the host's log signing key; list its public key in every host's --log-trusted-keys when hosts share the broker",
 			"key", broker.KeyID(signingKey.Public().(ed25519.PublicKey)), "public", filepath.Join(o.Home, LogPubFile))

@@ -46,7 +46,7 @@ func (o *Options) addBoundFlags(fs *pflag.FlagSet) {
 	fs.Var(size.Value{P: &o.MaxCommitBytes}, "max-commit-bytes", "largest commit or tag a push may carry, inflated")
 	fs.Var(size.Value{P: &o.MaxTreeBytes}, "max-tree-bytes", "largest tree a push may carry, inflated")
 	fs.Int64Var(&o.MaxPackObjects, "max-pack-objects", gitd.DefaultMaxPackObjects, "most objects one pushed pack may hold")
-	fs.Var(size.Value{P: &o.MaxPushInflated}, "max-push-inflated", "most bytes a push's objects may inflate to together, each delta counted by its result")
+	fs.Var(size.Value{P: &o.MaxPushInflated}, "max-push-inflated", "most bytes a push's objects may inflate to together, each delta counted by its result, each base a REF_DELTA names once by its size")
 	fs.Int64Var(&o.MaxTreePaths, "max-tree-paths", gitd.DefaultMaxTreePaths, "most paths (files, links, submodules) the tree of a pushed, landed or published commit may expand to")
 	fs.Int64Var(&o.MaxTreeDepth, "max-tree-depth", gitd.DefaultMaxTreeDepth, "deepest the tree of a pushed, landed or published commit may nest (a file at the top is depth 1)")
 	fs.Var(size.Value{P: &o.MaxTaskBytes}, "max-task-bytes", "total size of a task's accepted packs")

@@ -89,6 +89,8 @@ const (
 	LogHeadUnproven  Reason = "LOG_HEAD_UNPROVEN"
 	// The approve's actor could not give it, as the log shows.
 	GateVerdictInvalid Reason = "GATE_VERDICT_INVALID"
+	// A verdict's token is not the one its grant's grant.created records.
+	GrantTokenMismatch Reason = "GRANT_TOKEN_MISMATCH"
 
 	// What git 2.39 lets through but newer git, or a checkout, fears
 	// (issue 13; the rules and their sources are in gitd/beyondgit.go).
