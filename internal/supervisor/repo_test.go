@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
@@ -354,5 +355,41 @@ func TestRepoNestedRepository(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(ws, "src", "evil")); !os.IsNotExist(err) {
 		t.Errorf("the nested repository survived the revert: %v", err)
+	}
+}
+
+// A sparse file of a terabyte costs the agent nothing to make and git
+// hours to read: staging it would hold the supervisor (and its health
+// answers, which wait for the same lock) for the whole of gitTimeout at
+// every try. It is refused by name before git runs, and a revert removes
+// it. The runner's timeout only keeps a supervisor without the bound from
+// hanging this test.
+func TestRepoRefusesAHugeSparseFile(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	r.git = r.git.WithTimeout(20 * time.Second)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "good\n")
+	good, _, err := r.InitialCommit(ctx, testSup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(ws, "src", "lib", "big.bin")
+	writeFile(t, big, "")
+	if err := os.Truncate(big, 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "an edit beside it\n")
+	var be *BlockedError
+	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), "src/lib/big.bin") {
+		t.Fatalf("commit with a 1 TiB file: %v, want it refused by name", err)
+	}
+	if head, _ := r.Head(ctx); head != good {
+		t.Errorf("HEAD moved to %s", head)
+	}
+	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "huge file"); err != nil {
+		t.Fatal(err)
+	}
+	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "a.txt" {
+		t.Errorf("after the revert the tree holds %q, want a.txt alone", got)
 	}
 }
