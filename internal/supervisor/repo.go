@@ -700,14 +700,25 @@ func shortPath(p string) string {
 	return p[:120] + "/.../" + p[len(p)-60:]
 }
 
+// maxFileSize and maxTreeBytes bound what git is asked to read at a
+// commit: a sparse file costs the agent nothing whatever its size, and
+// git reads every byte of it while the supervisor waits (its health
+// answers included). A larger file, or watched trees holding more in all
+// (apparent sizes, ignored names left out), block commits by name.
+const (
+	maxFileSize  = 100 << 20
+	maxTreeBytes = 1 << 30
+)
+
 // scan walks the watched trees before git stages them. It lists the
 // directories that hold a .git and that git does not track yet: git would
 // refuse to add them (a repository with no commit fails the whole add) or
 // record them as a gitlink; so they are left out of the commit, said
 // loudly, and a revert removes them with everything else the good commit
 // does not hold. And it lists the problems that keep a tree from being
-// recorded whole: a directory more than maxTreeDepth below its tree, or
-// one the supervisor cannot read (a mode or an ACL the agent set).
+// recorded whole: a directory more than maxTreeDepth below its tree, one
+// the supervisor cannot read (a mode or an ACL the agent set), a file
+// larger than maxFileSize, or more than maxTreeBytes of files in all.
 // Ignored directories are not entered, as git does not enter them.
 func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) {
 	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}), maxPathList)
@@ -735,6 +746,7 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 		var st unix.Stat_t
 		return unix.Fstatat(dirfd, name+"/.git", &st, unix.AT_SYMLINK_NOFOLLOW) == nil
 	}
+	var total int64
 	for _, w := range r.watch {
 		root, err := safepath.OpenBeneath(ws, w, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
@@ -748,10 +760,20 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 		}
 		err = walkTree(root, walkFuncs{
 			visit: func(dirfd int, rel, name string, st *unix.Stat_t, depth int) (bool, error) {
-				if st.Mode&unix.S_IFMT != unix.S_IFDIR || ignoredName(name, r.ignore) {
+				if ignoredName(name, r.ignore) {
 					return false, nil
 				}
 				full := path.Join(w, rel)
+				if st.Mode&unix.S_IFMT == unix.S_IFREG {
+					total += st.Size
+					if st.Size > maxFileSize {
+						problem(fmt.Sprintf("%s is %d bytes, more than the %d a file may hold to be recorded: remove it or add its name to ignore", QuotePath(shortPath(full)), st.Size, int64(maxFileSize)))
+					}
+					return false, nil
+				}
+				if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+					return false, nil
+				}
 				if depth > maxTreeDepth {
 					problem(fmt.Sprintf("%s is more than %d directories below %s: remove it or move it higher", QuotePath(shortPath(full)), maxTreeDepth, w))
 					return false, nil
@@ -775,6 +797,9 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 		if err != nil {
 			return nil, nil, fmt.Errorf("walk %s: %w", w, err)
 		}
+	}
+	if total > maxTreeBytes {
+		problem(fmt.Sprintf("the watched trees hold %d bytes of files, more than the %d that are recorded: remove what is not source, or add its name to ignore", total, int64(maxTreeBytes)))
 	}
 	for _, d := range nested {
 		r.log.Warn("a nested repository in a watched tree is not recorded; a revert removes it", "dir", QuotePath(d))

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -391,5 +392,23 @@ func TestRepoRefusesAHugeSparseFile(t *testing.T) {
 	}
 	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "a.txt" {
 		t.Errorf("after the revert the tree holds %q, want a.txt alone", got)
+	}
+
+	// The same terabyte in files each under the bound: the sum is refused.
+	for i := range maxTreeBytes/maxFileSize + 1 {
+		p := filepath.Join(ws, "src", fmt.Sprintf("part%02d.bin", i))
+		writeFile(t, p, "")
+		if err := os.Truncate(p, maxFileSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), "bytes of files") {
+		t.Fatalf("commit of %d bytes of files: %v, want it refused", maxTreeBytes+maxFileSize, err)
+	}
+	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "huge files"); err != nil {
+		t.Fatal(err)
+	}
+	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "a.txt" {
+		t.Errorf("after the second revert the tree holds %q, want a.txt alone", got)
 	}
 }
