@@ -412,3 +412,31 @@ func TestRepoRefusesAHugeSparseFile(t *testing.T) {
 		t.Errorf("after the second revert the tree holds %q, want a.txt alone", got)
 	}
 }
+
+// Names git refuses to record (git~1 and ".git " under core.protectNTFS, a
+// .gitmodules that is a link) fail the whole git add. With the history
+// lost, that was every boot's first commit failing: the supervisor never
+// started. They block commits by name instead, like a tree too deep.
+func TestRepoNamesGitRefusesBlockNotBoot(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "the agent's work\n")
+	writeFile(t, filepath.Join(ws, "src", "lib", "git~1"), "x\n")
+	if err := os.Symlink("a.txt", filepath.Join(ws, "src", ".gitmodules")); err != nil {
+		t.Fatal(err)
+	}
+	head, adopted, err := r.InitialCommit(ctx, testSup)
+	if err != nil || head == "" || !adopted {
+		t.Fatalf("first commit next to names git refuses: %q adopted=%v %v", head, adopted, err)
+	}
+	var be *BlockedError
+	_, _, err = r.CommitPending(ctx, testAgent)
+	if !errors.As(err, &be) || !strings.Contains(err.Error(), "src/lib/git~1") || !strings.Contains(err.Error(), "src/.gitmodules") {
+		t.Fatalf("commit with names git refuses: %v, want them refused by name", err)
+	}
+	os.Remove(filepath.Join(ws, "src", "lib", "git~1"))
+	os.Remove(filepath.Join(ws, "src", ".gitmodules"))
+	if c, paths, err := r.CommitPending(ctx, testAgent); err != nil || c == "" || strings.Join(paths, ",") != "src/a.txt" {
+		t.Errorf("commit once they are gone: %q %v %v", c, paths, err)
+	}
+}
