@@ -326,6 +326,9 @@ func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
 		c := r.cmd("add", []string{"-A", "--force"}, specs...)
 		c.Stderr = warn
 		err = r.git.Run(ctx, c)
+		if refused := gitRefused(warn.String()); err != nil && len(refused) > 0 {
+			return nil, &BlockedError{Problems: refused}
+		}
 		// An empty tree that was never committed matches nothing: no change.
 		if err != nil && !strings.Contains(err.Error(), "did not match any files") {
 			return nil, fmt.Errorf("stage %s: %w", w, err)
@@ -381,6 +384,19 @@ func gitSkipped(stderr string) (skipped []string, changed bool) {
 		}
 	}
 	return skipped, changed
+}
+
+// gitRefused picks from git's stderr the paths it refuses to record at
+// all ("error: invalid path 'x'": git~1 or ".git " under core.protectNTFS,
+// a .gitmodules that is a link), each of which fails the whole add.
+func gitRefused(stderr string) (refused []string) {
+	for _, line := range strings.Split(stderr, "\n") {
+		p, ok := strings.CutPrefix(strings.TrimSpace(line), "error: invalid path ")
+		if ok && len(refused) < 10 {
+			refused = append(refused, fmt.Sprintf("%s is a name git refuses to record: rename or remove it", shortPath(p)))
+		}
+	}
+	return refused
 }
 
 // boundedBuffer keeps the first limit bytes written to it.
