@@ -488,3 +488,39 @@ func TestSupervisorSaysWhenNobodyHears(t *testing.T) {
 		r.stop()
 	}
 }
+
+// The loop holds the supervisor's lock for the length of each git command,
+// and the agent can make one last the whole gitTimeout: a file grown to a
+// sparse terabyte between the walk that bounds sizes and git's read of it,
+// or a gigabyte of files touched at once. The health endpoints answer
+// meanwhile (a container's health check gives up after 3 s), with the
+// state as of before the command. The test holds the lock as such a
+// command would: a real one's length is not something a test can wait for.
+func TestSupervisorHealthAnswersWhileGitRuns(t *testing.T) {
+	r := startSupervisor(t, fmt.Sprintf(webService, "/nonexistent"))
+	waitFor(t, "healthy", 5*time.Second, func() bool { return r.healthz(t) == 200 })
+
+	r.s.mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			r.s.mu.Unlock()
+		}
+	}()
+	client := &http.Client{Timeout: 5 * time.Second}
+	for _, p := range []string{"/healthz", "/status"} {
+		resp, err := client.Get("http://" + r.addr + p)
+		if err != nil {
+			t.Fatalf("%s while the loop runs git: %v", p, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s while the loop runs git: %s", p, resp.Status)
+		}
+	}
+	r.s.mu.Unlock()
+	locked = false
+	if st := r.s.Status(); st.State != "ok" {
+		t.Errorf("state %q once the loop is free", st.State)
+	}
+}
