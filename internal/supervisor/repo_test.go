@@ -444,3 +444,32 @@ func TestRepoNamesGitRefusesBlockNotBoot(t *testing.T) {
 		t.Errorf("commit once they are gone: %q %v %v", c, paths, err)
 	}
 }
+
+// Each repository the agent makes in a watched tree becomes an exclude
+// pathspec on git's command line: ten thousand of them with long names
+// are more than exec takes (E2BIG), and every commit failed, the first
+// commit of a lost history too, so the supervisor never started. Past a
+// bound they block commits by name instead; a revert removes them.
+func TestRepoManyNestedRepositories(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "the agent's work\n")
+	long := strings.Repeat("r", 200)
+	for i := range 10000 {
+		writeFile(t, filepath.Join(ws, "src", "repos", fmt.Sprintf("%s%05d", long, i), ".git"), "gitdir: x\n")
+	}
+	head, adopted, err := r.InitialCommit(ctx, testSup)
+	if err != nil || head == "" || !adopted {
+		t.Fatalf("first commit next to 10,000 repositories: %q adopted=%v %v", head, adopted, err)
+	}
+	var be *BlockedError
+	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), "repositories") {
+		t.Fatalf("commit next to 10,000 repositories: %v, want it refused", err)
+	}
+	if _, _, err := r.Revert(ctx, head, testAgent, testSup, "repositories"); err != nil {
+		t.Fatal(err)
+	}
+	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "" {
+		t.Errorf("after the revert to the empty first commit the tree holds %.200q", got)
+	}
+}
