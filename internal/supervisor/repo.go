@@ -726,6 +726,11 @@ const (
 	maxTreeBytes = 1 << 30
 )
 
+// maxNested bounds the repositories in the watched trees that a commit
+// leaves out: each is an exclude pathspec on git's command line, and
+// thousands are more than exec takes.
+const maxNested = 64
+
 // scan walks the watched trees before git stages them. It lists the
 // directories that hold a .git and that git does not track yet: git would
 // refuse to add them (a repository with no commit fails the whole add) or
@@ -734,7 +739,8 @@ const (
 // does not hold. And it lists the problems that keep a tree from being
 // recorded whole: a directory more than maxTreeDepth below its tree, one
 // the supervisor cannot read (a mode or an ACL the agent set), a file
-// larger than maxFileSize, or more than maxTreeBytes of files in all.
+// larger than maxFileSize, more than maxTreeBytes of files in all, or
+// more than maxNested repositories.
 // Ignored directories are not entered, as git does not enter them.
 func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) {
 	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}), maxPathList)
@@ -763,6 +769,7 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 		return unix.Fstatat(dirfd, name+"/.git", &st, unix.AT_SYMLINK_NOFOLLOW) == nil
 	}
 	var total int64
+	nestedSeen := 0
 	for _, w := range r.watch {
 		root, err := safepath.OpenBeneath(ws, w, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
@@ -770,6 +777,7 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 			continue
 		}
 		if hasGit(root, ".") && !tracked[w] {
+			nestedSeen++
 			nested = append(nested, w)
 			unix.Close(root)
 			continue
@@ -795,7 +803,10 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 					return false, nil
 				}
 				if !tracked[full] && hasGit(dirfd, name) {
-					nested = append(nested, full)
+					nestedSeen++
+					if nestedSeen <= maxNested {
+						nested = append(nested, full)
+					}
 					return false, nil
 				}
 				return true, nil
@@ -813,6 +824,9 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 		if err != nil {
 			return nil, nil, fmt.Errorf("walk %s: %w", w, err)
 		}
+	}
+	if nestedSeen > maxNested {
+		problem(fmt.Sprintf("the watched trees hold %d repositories (the first %s), more than the %d left out of commits one by one: remove them", nestedSeen, QuotePath(shortPath(nested[0])), maxNested))
 	}
 	if total > maxTreeBytes {
 		problem(fmt.Sprintf("the watched trees hold %d bytes of files, more than the %d that are recorded: remove what is not source, or add its name to ignore", total, int64(maxTreeBytes)))
