@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 )
@@ -471,5 +473,42 @@ func TestRepoManyNestedRepositories(t *testing.T) {
 	}
 	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "" {
 		t.Errorf("after the revert to the empty first commit the tree holds %.200q", got)
+	}
+}
+
+// Names cost the agent no inode (hard links), and git holds an index
+// entry for each: millions of them take git's memory at every commit (and
+// the first commit of a lost history with it). More than maxTreeEntries
+// entries in the watched trees block commits by count, before git runs.
+func TestRepoRefusesTooManyEntries(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "good\n")
+	good, _, err := r.InitialCommit(ctx, testSup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	many := filepath.Join(ws, "src", "many")
+	writeFile(t, filepath.Join(many, "f0"), "x")
+	writeFile(t, filepath.Join(many, "f1"), "x")
+	fd, err := os.Open(many)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	for i := range 100000 {
+		if err := unix.Linkat(int(fd.Fd()), fmt.Sprintf("f%d", i%2), int(fd.Fd()), fmt.Sprintf("l%06d", i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var be *BlockedError
+	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), "entries") {
+		t.Fatalf("commit of 100,000 hard links: %v, want it refused", err)
+	}
+	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "many"); err != nil {
+		t.Fatal(err)
+	}
+	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "a.txt" {
+		t.Errorf("after the revert the tree holds %.100q", got)
 	}
 }
