@@ -726,6 +726,11 @@ const (
 	maxTreeBytes = 1 << 30
 )
 
+// maxTreeEntries bounds the files, links and directories of the watched
+// trees (ignored names left out): a hard link costs the agent no inode,
+// and git holds an index entry for each name at every commit.
+const maxTreeEntries = 100000
+
 // maxNested bounds the repositories in the watched trees that a commit
 // leaves out: each is an exclude pathspec on git's command line, and
 // thousands are more than exec takes.
@@ -739,8 +744,8 @@ const maxNested = 64
 // does not hold. And it lists the problems that keep a tree from being
 // recorded whole: a directory more than maxTreeDepth below its tree, one
 // the supervisor cannot read (a mode or an ACL the agent set), a file
-// larger than maxFileSize, more than maxTreeBytes of files in all, or
-// more than maxNested repositories.
+// larger than maxFileSize, more than maxTreeBytes of files or
+// maxTreeEntries entries in all, or more than maxNested repositories.
 // Ignored directories are not entered, as git does not enter them.
 func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) {
 	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}), maxPathList)
@@ -769,7 +774,7 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 		return unix.Fstatat(dirfd, name+"/.git", &st, unix.AT_SYMLINK_NOFOLLOW) == nil
 	}
 	var total int64
-	nestedSeen := 0
+	entries, nestedSeen := 0, 0
 	for _, w := range r.watch {
 		root, err := safepath.OpenBeneath(ws, w, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
@@ -787,6 +792,7 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 				if ignoredName(name, r.ignore) {
 					return false, nil
 				}
+				entries++
 				full := path.Join(w, rel)
 				if st.Mode&unix.S_IFMT == unix.S_IFREG {
 					total += st.Size
@@ -827,6 +833,9 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 	}
 	if nestedSeen > maxNested {
 		problem(fmt.Sprintf("the watched trees hold %d repositories (the first %s), more than the %d left out of commits one by one: remove them", nestedSeen, QuotePath(shortPath(nested[0])), maxNested))
+	}
+	if entries > maxTreeEntries {
+		problem(fmt.Sprintf("the watched trees hold %d files and directories, more than the %d entries that are recorded: remove what is not source, or add its name to ignore", entries, maxTreeEntries))
 	}
 	if total > maxTreeBytes {
 		problem(fmt.Sprintf("the watched trees hold %d bytes of files, more than the %d that are recorded: remove what is not source, or add its name to ignore", total, int64(maxTreeBytes)))
