@@ -302,8 +302,10 @@ func TestSupervisorUnreadableFileDoesNotStopABoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.boot()
-	st := e.status()
-	if st.AwaitingAck == "" || st.AwaitingAck != st.Head || !strings.Contains(st.Unrecorded, "src/website/locked") {
+	e.waitFor("the unreadable file named after the boot", 10*time.Second, func() bool {
+		return strings.Contains(e.status().Unrecorded, "src/website/locked' cannot be read by the supervisor")
+	})
+	if st := e.status(); st.AwaitingAck == "" || st.AwaitingAck != st.Head {
 		t.Fatalf("after the git dir was lost: %+v", st)
 	}
 	e.waitFor("healthy", 10*time.Second, func() bool { return e.healthz() == 200 })

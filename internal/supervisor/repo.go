@@ -386,14 +386,21 @@ func gitSkipped(stderr string) (skipped []string, changed bool) {
 	return skipped, changed
 }
 
-// gitRefused picks from git's stderr the paths it refuses to record at
-// all ("error: invalid path 'x'": git~1 or ".git " under core.protectNTFS,
-// a .gitmodules that is a link), each of which fails the whole add.
+// gitRefused picks from git's stderr the paths that fail the whole add:
+// those it refuses to record at all ("error: invalid path 'x'": git~1 or
+// ".git " under core.protectNTFS, a .gitmodules that is a link) and files
+// the supervisor cannot read ("error: unable to index file 'x'": a mode or
+// an access ACL the agent set).
 func gitRefused(stderr string) (refused []string) {
 	for _, line := range strings.Split(stderr, "\n") {
-		p, ok := strings.CutPrefix(strings.TrimSpace(line), "error: invalid path ")
-		if ok && len(refused) < 10 {
+		line = strings.TrimSpace(line)
+		if len(refused) >= 10 {
+			break
+		}
+		if p, ok := strings.CutPrefix(line, "error: invalid path "); ok {
 			refused = append(refused, fmt.Sprintf("%s is a name git refuses to record: rename or remove it", shortPath(p)))
+		} else if p, ok := strings.CutPrefix(line, "error: unable to index file "); ok {
+			refused = append(refused, fmt.Sprintf("%s cannot be read by the supervisor: the agent must make it readable to its group again (chmod g+r, setfacl -b)", shortPath(p)))
 		}
 	}
 	return refused
