@@ -512,3 +512,33 @@ func TestRepoRefusesTooManyEntries(t *testing.T) {
 		t.Errorf("after the revert the tree holds %.100q", got)
 	}
 }
+
+// A commit's message lists up to 50 changed paths, each quoted: a byte
+// above 0x7f takes four characters, so ten paths of 3,750 such bytes made
+// a --message of 150,000 characters, past what exec takes in one argument
+// (128 KiB): every commit failed, and the agent's edits stayed unrecorded
+// with nothing named. Each path in the message is shortened.
+func TestRepoCommitMessageOfLongPaths(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "one\n")
+	if _, _, err := r.InitialCommit(ctx, testSup); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("\xff", 250)
+	for i := range 10 {
+		dir := filepath.Join(ws, "src", fmt.Sprintf("d%d", i))
+		for range 15 {
+			dir = filepath.Join(dir, long)
+		}
+		writeFile(t, filepath.Join(dir, "f"), "x\n")
+	}
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "two\n")
+	c, paths, err := r.CommitPending(ctx, testAgent)
+	if err != nil || c == "" || len(paths) != 11 {
+		t.Fatalf("commit of ten long paths: %q, %d paths, %.300v", c, len(paths), err)
+	}
+	if a, _ := authorOf(t, r, c); a != "agent <agent@localhost>" {
+		t.Errorf("author %q", a)
+	}
+}
