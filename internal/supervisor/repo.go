@@ -497,10 +497,13 @@ const RecordedTrailer = "Recorded-by: bushost-supervisor"
 // line, a trailer or an identity to the message.
 func editMessage(paths []string) string {
 	var b strings.Builder
+	// Each quoted path is shortened: the message is one argument of
+	// git's command line, which exec takes only up to 128 KiB.
+	quote := func(p string) string { return shortPath(QuotePath(p)) }
 	if len(paths) == 1 {
-		fmt.Fprintf(&b, "agent: edit %s\n", QuotePath(paths[0]))
+		fmt.Fprintf(&b, "agent: edit %s\n", quote(paths[0]))
 	} else {
-		fmt.Fprintf(&b, "agent: edit %s and %d more\n", QuotePath(paths[0]), len(paths)-1)
+		fmt.Fprintf(&b, "agent: edit %s and %d more\n", quote(paths[0]), len(paths)-1)
 	}
 	b.WriteString("\nRecorded by the supervisor after the debounce.\n\n")
 	for i, p := range paths {
@@ -508,7 +511,7 @@ func editMessage(paths []string) string {
 			fmt.Fprintf(&b, "... and %d more\n", len(paths)-50)
 			break
 		}
-		fmt.Fprintf(&b, "  %s\n", QuotePath(p))
+		fmt.Fprintf(&b, "  %s\n", quote(p))
 	}
 	b.WriteString("\n" + RecordedTrailer + "\n")
 	return b.String()
