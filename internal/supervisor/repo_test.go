@@ -542,3 +542,46 @@ func TestRepoCommitMessageOfLongPaths(t *testing.T) {
 		t.Errorf("author %q", a)
 	}
 }
+
+// A file whose path from the workspace is longer than PATH_MAX, in a
+// directory whose own path is not: git cannot stat it, and fails the whole
+// add ("fatal: unable to stat"), the first commit of a lost history too,
+// so the supervisor never started. It blocks commits by name instead, and
+// a revert removes it.
+func TestRepoPathPastPathMax(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "the agent's work\n")
+	cur := unixOpen(t, filepath.Join(ws, "src"))
+	long := strings.Repeat("d", 250)
+	for range 16 {
+		if err := unix.Mkdirat(cur, long, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(cur, long, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(next) })
+		cur = next
+	}
+	fd, err := unix.Openat(cur, strings.Repeat("f", 250), unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	head, adopted, err := r.InitialCommit(ctx, testSup)
+	if err != nil || head == "" || !adopted {
+		t.Fatalf("first commit next to a path past PATH_MAX: %q adopted=%v %.300v", head, adopted, err)
+	}
+	var be *BlockedError
+	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), "fffff") {
+		t.Fatalf("commit with a path past PATH_MAX: %.300v, want it refused by name", err)
+	}
+	if _, _, err := r.Revert(ctx, head, testAgent, testSup, "long path"); err != nil {
+		t.Fatal(err)
+	}
+	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "" {
+		t.Errorf("after the revert to the empty first commit the tree holds %.100q", got)
+	}
+}
