@@ -754,8 +754,9 @@ const maxNested = 64
 // does not hold. And it lists the problems that keep a tree from being
 // recorded whole: a directory more than maxTreeDepth below its tree, one
 // the supervisor cannot read (a mode or an ACL the agent set), a file
-// larger than maxFileSize, more than maxTreeBytes of files or
-// maxTreeEntries entries in all, or more than maxNested repositories.
+// larger than maxFileSize, a path past PATH_MAX, more than maxTreeBytes
+// of files or maxTreeEntries entries in all, or more than maxNested
+// repositories.
 // Ignored directories are not entered, as git does not enter them.
 func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) {
 	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}), maxPathList)
@@ -804,6 +805,12 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 				}
 				entries++
 				full := path.Join(w, rel)
+				if len(full) >= unix.PathMax {
+					// git reaches each path from the workspace root, and
+					// fails the whole add on one it cannot stat.
+					problem(fmt.Sprintf("%s is a path longer than %d bytes, which git cannot reach: move it higher or shorten its names", QuotePath(shortPath(full)), unix.PathMax-1))
+					return false, nil
+				}
 				if st.Mode&unix.S_IFMT == unix.S_IFREG {
 					total += st.Size
 					if st.Size > maxFileSize {
