@@ -495,11 +495,18 @@ func TestSupervisorSaysWhenNobodyHears(t *testing.T) {
 // sparse terabyte between the walk that bounds sizes and git's read of it,
 // or a gigabyte of files touched at once. The health endpoints answer
 // meanwhile (a container's health check gives up after 3 s), with the
-// state as of before the command. The test holds the lock as such a
+// state as of before the command; /metrics too, or scrapes held on
+// health_addr's 64 connections would starve it. The test holds the lock as such a
 // command would: a real one's length is not something a test can wait for.
 func TestSupervisorHealthAnswersWhileGitRuns(t *testing.T) {
 	r := startSupervisor(t, fmt.Sprintf(webService, "/nonexistent"))
 	waitFor(t, "healthy", 5*time.Second, func() bool { return r.healthz(t) == 200 })
+	// A scrape before, as Prometheus makes them all the time.
+	if resp, err := http.Get("http://" + r.addr + "/metrics"); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
 
 	r.s.mu.Lock()
 	locked := true
@@ -509,7 +516,7 @@ func TestSupervisorHealthAnswersWhileGitRuns(t *testing.T) {
 		}
 	}()
 	client := &http.Client{Timeout: 5 * time.Second}
-	for _, p := range []string{"/healthz", "/status"} {
+	for _, p := range []string{"/healthz", "/status", "/metrics"} {
 		resp, err := client.Get("http://" + r.addr + p)
 		if err != nil {
 			t.Fatalf("%s while the loop runs git: %v", p, err)
