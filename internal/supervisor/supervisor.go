@@ -125,6 +125,8 @@ type Supervisor struct {
 	// status is the state as of the last time the loop was free (see
 	// Status): what the health endpoints give while it runs git.
 	status atomic.Pointer[Status]
+	// metrics: the same for GET /metrics (see stateMetrics).
+	metrics atomic.Pointer[[]prometheus.Metric]
 
 	mu            sync.Mutex
 	services      []*service
