@@ -361,6 +361,24 @@ func TestRepoNestedRepository(t *testing.T) {
 	}
 }
 
+// blockedThenReverted checks that the agent's pending edits are refused
+// as a tree that cannot be recorded, with want in the reason, and that a
+// revert to good leaves src holding left (filesUnderTree) and nothing else.
+func blockedThenReverted(t *testing.T, r *Repo, ws, good, want, left string) {
+	t.Helper()
+	ctx := context.Background()
+	var be *BlockedError
+	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("commit: %.300v, want it refused for %q", err, want)
+	}
+	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "blocked"); err != nil {
+		t.Fatal(err)
+	}
+	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != left {
+		t.Errorf("after the revert src holds %.200q, want %q", got, left)
+	}
+}
+
 // A sparse file of a terabyte costs the agent nothing to make and git
 // hours to read: staging it would hold the supervisor (and its health
 // answers, which wait for the same lock) for the whole of gitTimeout at
@@ -382,19 +400,7 @@ func TestRepoRefusesAHugeSparseFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, filepath.Join(ws, "src", "a.txt"), "an edit beside it\n")
-	var be *BlockedError
-	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), "src/lib/big.bin") {
-		t.Fatalf("commit with a 1 TiB file: %v, want it refused by name", err)
-	}
-	if head, _ := r.Head(ctx); head != good {
-		t.Errorf("HEAD moved to %s", head)
-	}
-	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "huge file"); err != nil {
-		t.Fatal(err)
-	}
-	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "a.txt" {
-		t.Errorf("after the revert the tree holds %q, want a.txt alone", got)
-	}
+	blockedThenReverted(t, r, ws, good, "src/lib/big.bin", "a.txt")
 
 	// The same terabyte in files each under the bound: the sum is refused.
 	for i := range maxTreeBytes/maxFileSize + 1 {
@@ -404,15 +410,7 @@ func TestRepoRefusesAHugeSparseFile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), "bytes of files") {
-		t.Fatalf("commit of %d bytes of files: %v, want it refused", maxTreeBytes+maxFileSize, err)
-	}
-	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "huge files"); err != nil {
-		t.Fatal(err)
-	}
-	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "a.txt" {
-		t.Errorf("after the second revert the tree holds %q, want a.txt alone", got)
-	}
+	blockedThenReverted(t, r, ws, good, "bytes of files", "a.txt")
 }
 
 // Names git refuses to record (git~1 and ".git " under core.protectNTFS, a
@@ -464,16 +462,7 @@ func TestRepoManyNestedRepositories(t *testing.T) {
 	if err != nil || head == "" || !adopted {
 		t.Fatalf("first commit next to 10,000 repositories: %q adopted=%v %v", head, adopted, err)
 	}
-	var be *BlockedError
-	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), "repositories") {
-		t.Fatalf("commit next to 10,000 repositories: %v, want it refused", err)
-	}
-	if _, _, err := r.Revert(ctx, head, testAgent, testSup, "repositories"); err != nil {
-		t.Fatal(err)
-	}
-	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "" {
-		t.Errorf("after the revert to the empty first commit the tree holds %.200q", got)
-	}
+	blockedThenReverted(t, r, ws, head, "repositories", "")
 }
 
 // Names cost the agent no inode (hard links), and git holds an index
@@ -501,16 +490,7 @@ func TestRepoRefusesTooManyEntries(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var be *BlockedError
-	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), "entries") {
-		t.Fatalf("commit of 100,000 hard links: %v, want it refused", err)
-	}
-	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "many"); err != nil {
-		t.Fatal(err)
-	}
-	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "a.txt" {
-		t.Errorf("after the revert the tree holds %.100q", got)
-	}
+	blockedThenReverted(t, r, ws, good, "entries", "a.txt")
 }
 
 // A commit's message lists up to 50 changed paths, each quoted: a byte
@@ -574,14 +554,5 @@ func TestRepoPathPastPathMax(t *testing.T) {
 	if err != nil || head == "" || !adopted {
 		t.Fatalf("first commit next to a path past PATH_MAX: %q adopted=%v %.300v", head, adopted, err)
 	}
-	var be *BlockedError
-	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), "fffff") {
-		t.Fatalf("commit with a path past PATH_MAX: %.300v, want it refused by name", err)
-	}
-	if _, _, err := r.Revert(ctx, head, testAgent, testSup, "long path"); err != nil {
-		t.Fatal(err)
-	}
-	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != "" {
-		t.Errorf("after the revert to the empty first commit the tree holds %.100q", got)
-	}
+	blockedThenReverted(t, r, ws, head, "fffff", "")
 }
