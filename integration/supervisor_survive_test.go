@@ -281,3 +281,32 @@ func TestSupervisorHealthSocketIsNotTheAgents(t *testing.T) {
 		t.Errorf("the socket's directory has mode %v, want 0770 root:app", fi.Mode().Perm())
 	}
 }
+
+// A file the agent makes unreadable to the supervisor (mode 000: init
+// gives the group only what the owner has) fails git's add. With the
+// history lost, that failed the first commit at every boot: the
+// supervisor never started. It is named on /status as the reason the
+// edits are unrecorded, and the boot goes on with an empty first commit.
+func TestSupervisorUnreadableFileDoesNotStopABoot(t *testing.T) {
+	e := newSupEnv(t)
+	e.boot()
+	e.waitFor("first good commit", 10*time.Second, func() bool { return e.status().Good != "" })
+	if out, err := e.asAgent(fmt.Sprintf(`cd %s/src/website && echo secret > locked && chmod 000 locked`, e.ws)); err != nil {
+		t.Fatalf("agent: %v: %s", err, out)
+	}
+	e.waitFor("the unreadable file named", 10*time.Second, func() bool {
+		return strings.Contains(e.status().Unrecorded, "src/website/locked")
+	})
+	e.shutdown()
+	if err := os.RemoveAll(e.gitDir); err != nil {
+		t.Fatal(err)
+	}
+	e.boot()
+	e.waitFor("the unreadable file named after the boot", 10*time.Second, func() bool {
+		return strings.Contains(e.status().Unrecorded, "src/website/locked' cannot be read by the supervisor")
+	})
+	if st := e.status(); st.AwaitingAck == "" || st.AwaitingAck != st.Head {
+		t.Fatalf("after the git dir was lost: %+v", st)
+	}
+	e.waitFor("healthy", 10*time.Second, func() bool { return e.healthz() == 200 })
+}

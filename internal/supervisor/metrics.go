@@ -7,7 +7,8 @@ import (
 )
 
 // The supervisor's metrics are read from its state at each scrape (one
-// lock, like GET /status), so nothing on the loop's path counts twice.
+// lock, like GET /status, and like it not waited for while the loop runs
+// git), so nothing on the loop's path counts twice.
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "supervisor", name), help, labels, nil)
@@ -52,37 +53,55 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
-	counter := func(d *prometheus.Desc, v int, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	for _, m := range s.stateMetrics() {
+		ch <- m
 	}
-	gauge := func(d *prometheus.Desc, v bool, labels ...string) {
-		f := 0.0
-		if v {
-			f = 1
+	sent, failed, dropped, queued := s.notify.counts()
+	ch <- counterOf(descNotifications, sent, "sent")
+	ch <- counterOf(descNotifications, failed, "failed")
+	ch <- counterOf(descNotifications, dropped, "dropped")
+	ch <- prometheus.MustNewConstMetric(descNotifyQueue, prometheus.GaugeValue, float64(queued))
+}
+
+// stateMetrics reads the metrics of the supervisor's state. While the loop
+// runs git (see Status) it does not wait: it gives those of the last read
+// that found the loop free, so scrapes held on health_addr's connections
+// cannot fill them.
+func (s *Supervisor) stateMetrics() []prometheus.Metric {
+	if !s.mu.TryLock() {
+		if last := s.metrics.Load(); last != nil {
+			return *last
 		}
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, f, labels...)
+		s.mu.Lock()
 	}
-	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ms []prometheus.Metric
 	for _, svc := range s.services {
 		name := svc.cfg.Name
-		counter(descRestarts, svc.restarts, name)
-		counter(descExits, svc.exitsZero, name, "zero")
-		counter(descExits, svc.exitsNonZero, name, "nonzero")
+		ms = append(ms, counterOf(descRestarts, svc.restarts, name),
+			counterOf(descExits, svc.exitsZero, name, "zero"),
+			counterOf(descExits, svc.exitsNonZero, name, "nonzero"))
 		for _, st := range serviceStates {
-			gauge(descState, svc.state == st, name, st)
+			ms = append(ms, gaugeOf(descState, svc.state == st, name, st))
 		}
-		gauge(descHealthy, svc.state == StateRunning && !svc.healthySince.IsZero(), name)
-		counter(descReverts, svc.reverted, name, "reverted")
-		counter(descReverts, svc.revertsFailed, name, "failed")
+		ms = append(ms, gaugeOf(descHealthy, svc.state == StateRunning && !svc.healthySince.IsZero(), name),
+			counterOf(descReverts, svc.reverted, name, "reverted"),
+			counterOf(descReverts, svc.revertsFailed, name, "failed"))
 	}
-	gauge(descHalted, s.halted)
-	counter(descHalts, s.halts)
-	counter(descRecoveries, s.recoveries)
-	ch <- prometheus.MustNewConstMetric(descFailedReverts, prometheus.GaugeValue, float64(s.failedReverts))
-	s.mu.Unlock()
-	sent, failed, dropped, queued := s.notify.counts()
-	counter(descNotifications, sent, "sent")
-	counter(descNotifications, failed, "failed")
-	counter(descNotifications, dropped, "dropped")
-	ch <- prometheus.MustNewConstMetric(descNotifyQueue, prometheus.GaugeValue, float64(queued))
+	ms = append(ms, gaugeOf(descHalted, s.halted), counterOf(descHalts, s.halts), counterOf(descRecoveries, s.recoveries),
+		prometheus.MustNewConstMetric(descFailedReverts, prometheus.GaugeValue, float64(s.failedReverts)))
+	s.metrics.Store(&ms)
+	return ms
+}
+
+func counterOf(d *prometheus.Desc, v int, labels ...string) prometheus.Metric {
+	return prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+}
+
+func gaugeOf(d *prometheus.Desc, v bool, labels ...string) prometheus.Metric {
+	f := 0.0
+	if v {
+		f = 1
+	}
+	return prometheus.MustNewConstMetric(d, prometheus.GaugeValue, f, labels...)
 }

@@ -326,6 +326,9 @@ func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
 		c := r.cmd("add", []string{"-A", "--force"}, specs...)
 		c.Stderr = warn
 		err = r.git.Run(ctx, c)
+		if refused := gitRefused(warn.String()); err != nil && len(refused) > 0 {
+			return nil, &BlockedError{Problems: refused}
+		}
 		// An empty tree that was never committed matches nothing: no change.
 		if err != nil && !strings.Contains(err.Error(), "did not match any files") {
 			return nil, fmt.Errorf("stage %s: %w", w, err)
@@ -381,6 +384,26 @@ func gitSkipped(stderr string) (skipped []string, changed bool) {
 		}
 	}
 	return skipped, changed
+}
+
+// gitRefused picks from git's stderr the paths that fail the whole add:
+// those it refuses to record at all ("error: invalid path 'x'": git~1 or
+// ".git " under core.protectNTFS, a .gitmodules that is a link) and files
+// the supervisor cannot read ("error: unable to index file 'x'": a mode or
+// an access ACL the agent set).
+func gitRefused(stderr string) (refused []string) {
+	for _, line := range strings.Split(stderr, "\n") {
+		line = strings.TrimSpace(line)
+		if len(refused) >= 10 {
+			break
+		}
+		if p, ok := strings.CutPrefix(line, "error: invalid path "); ok {
+			refused = append(refused, fmt.Sprintf("%s is a name git refuses to record: rename or remove it", shortPath(p)))
+		} else if p, ok := strings.CutPrefix(line, "error: unable to index file "); ok {
+			refused = append(refused, fmt.Sprintf("%s cannot be read by the supervisor: the agent must make it readable to its group again (chmod g+r, setfacl -b)", shortPath(p)))
+		}
+	}
+	return refused
 }
 
 // boundedBuffer keeps the first limit bytes written to it.
@@ -474,10 +497,13 @@ const RecordedTrailer = "Recorded-by: bushost-supervisor"
 // line, a trailer or an identity to the message.
 func editMessage(paths []string) string {
 	var b strings.Builder
+	// Each quoted path is shortened: the message is one argument of
+	// git's command line, which exec takes only up to 128 KiB.
+	quote := func(p string) string { return shortPath(QuotePath(p)) }
 	if len(paths) == 1 {
-		fmt.Fprintf(&b, "agent: edit %s\n", QuotePath(paths[0]))
+		fmt.Fprintf(&b, "agent: edit %s\n", quote(paths[0]))
 	} else {
-		fmt.Fprintf(&b, "agent: edit %s and %d more\n", QuotePath(paths[0]), len(paths)-1)
+		fmt.Fprintf(&b, "agent: edit %s and %d more\n", quote(paths[0]), len(paths)-1)
 	}
 	b.WriteString("\nRecorded by the supervisor after the debounce.\n\n")
 	for i, p := range paths {
@@ -485,7 +511,7 @@ func editMessage(paths []string) string {
 			fmt.Fprintf(&b, "... and %d more\n", len(paths)-50)
 			break
 		}
-		fmt.Fprintf(&b, "  %s\n", QuotePath(p))
+		fmt.Fprintf(&b, "  %s\n", quote(p))
 	}
 	b.WriteString("\n" + RecordedTrailer + "\n")
 	return b.String()
@@ -700,14 +726,37 @@ func shortPath(p string) string {
 	return p[:120] + "/.../" + p[len(p)-60:]
 }
 
+// maxFileSize and maxTreeBytes bound what git is asked to read at a
+// commit: a sparse file costs the agent nothing whatever its size, and
+// git reads every byte of it while the supervisor waits (its health
+// answers included). A larger file, or watched trees holding more in all
+// (apparent sizes, ignored names left out), block commits by name.
+const (
+	maxFileSize  = 100 << 20
+	maxTreeBytes = 1 << 30
+)
+
+// maxTreeEntries bounds the files, links and directories of the watched
+// trees (ignored names left out): a hard link costs the agent no inode,
+// and git holds an index entry for each name at every commit.
+const maxTreeEntries = 100000
+
+// maxNested bounds the repositories in the watched trees that a commit
+// leaves out: each is an exclude pathspec on git's command line, and
+// thousands are more than exec takes.
+const maxNested = 64
+
 // scan walks the watched trees before git stages them. It lists the
 // directories that hold a .git and that git does not track yet: git would
 // refuse to add them (a repository with no commit fails the whole add) or
 // record them as a gitlink; so they are left out of the commit, said
 // loudly, and a revert removes them with everything else the good commit
 // does not hold. And it lists the problems that keep a tree from being
-// recorded whole: a directory more than maxTreeDepth below its tree, or
-// one the supervisor cannot read (a mode or an ACL the agent set).
+// recorded whole: a directory more than maxTreeDepth below its tree, one
+// the supervisor cannot read (a mode or an ACL the agent set), a file
+// larger than maxFileSize, a path past PATH_MAX, more than maxTreeBytes
+// of files or maxTreeEntries entries in all, or more than maxNested
+// repositories.
 // Ignored directories are not entered, as git does not enter them.
 func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) {
 	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}), maxPathList)
@@ -735,6 +784,8 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 		var st unix.Stat_t
 		return unix.Fstatat(dirfd, name+"/.git", &st, unix.AT_SYMLINK_NOFOLLOW) == nil
 	}
+	var total int64
+	entries, nestedSeen := 0, 0
 	for _, w := range r.watch {
 		root, err := safepath.OpenBeneath(ws, w, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
@@ -742,22 +793,43 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 			continue
 		}
 		if hasGit(root, ".") && !tracked[w] {
+			nestedSeen++
 			nested = append(nested, w)
 			unix.Close(root)
 			continue
 		}
 		err = walkTree(root, walkFuncs{
 			visit: func(dirfd int, rel, name string, st *unix.Stat_t, depth int) (bool, error) {
-				if st.Mode&unix.S_IFMT != unix.S_IFDIR || ignoredName(name, r.ignore) {
+				if ignoredName(name, r.ignore) {
 					return false, nil
 				}
+				entries++
 				full := path.Join(w, rel)
+				if len(full) >= unix.PathMax {
+					// git reaches each path from the workspace root, and
+					// fails the whole add on one it cannot stat.
+					problem(fmt.Sprintf("%s is a path longer than %d bytes, which git cannot reach: move it higher or shorten its names", QuotePath(shortPath(full)), unix.PathMax-1))
+					return false, nil
+				}
+				if st.Mode&unix.S_IFMT == unix.S_IFREG {
+					total += st.Size
+					if st.Size > maxFileSize {
+						problem(fmt.Sprintf("%s is %d bytes, more than the %d a file may hold to be recorded: remove it or add its name to ignore", QuotePath(shortPath(full)), st.Size, int64(maxFileSize)))
+					}
+					return false, nil
+				}
+				if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+					return false, nil
+				}
 				if depth > maxTreeDepth {
 					problem(fmt.Sprintf("%s is more than %d directories below %s: remove it or move it higher", QuotePath(shortPath(full)), maxTreeDepth, w))
 					return false, nil
 				}
 				if !tracked[full] && hasGit(dirfd, name) {
-					nested = append(nested, full)
+					nestedSeen++
+					if nestedSeen <= maxNested {
+						nested = append(nested, full)
+					}
 					return false, nil
 				}
 				return true, nil
@@ -775,6 +847,15 @@ func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) 
 		if err != nil {
 			return nil, nil, fmt.Errorf("walk %s: %w", w, err)
 		}
+	}
+	if nestedSeen > maxNested {
+		problem(fmt.Sprintf("the watched trees hold %d repositories (the first %s), more than the %d left out of commits one by one: remove them", nestedSeen, QuotePath(shortPath(nested[0])), maxNested))
+	}
+	if entries > maxTreeEntries {
+		problem(fmt.Sprintf("the watched trees hold %d files and directories, more than the %d entries that are recorded: remove what is not source, or add its name to ignore", entries, maxTreeEntries))
+	}
+	if total > maxTreeBytes {
+		problem(fmt.Sprintf("the watched trees hold %d bytes of files, more than the %d that are recorded: remove what is not source, or add its name to ignore", total, int64(maxTreeBytes)))
 	}
 	for _, d := range nested {
 		r.log.Warn("a nested repository in a watched tree is not recorded; a revert removes it", "dir", QuotePath(d))

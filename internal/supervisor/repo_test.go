@@ -3,12 +3,16 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
@@ -355,4 +359,200 @@ func TestRepoNestedRepository(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(ws, "src", "evil")); !os.IsNotExist(err) {
 		t.Errorf("the nested repository survived the revert: %v", err)
 	}
+}
+
+// blockedThenReverted checks that the agent's pending edits are refused
+// as a tree that cannot be recorded, with want in the reason, and that a
+// revert to good leaves src holding left (filesUnderTree) and nothing else.
+func blockedThenReverted(t *testing.T, r *Repo, ws, good, want, left string) {
+	t.Helper()
+	ctx := context.Background()
+	var be *BlockedError
+	if _, _, err := r.CommitPending(ctx, testAgent); !errors.As(err, &be) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("commit: %.300v, want it refused for %q", err, want)
+	}
+	if _, _, err := r.Revert(ctx, good, testAgent, testSup, "blocked"); err != nil {
+		t.Fatal(err)
+	}
+	if got := filesUnderTree(t, filepath.Join(ws, "src")); got != left {
+		t.Errorf("after the revert src holds %.200q, want %q", got, left)
+	}
+}
+
+// A sparse file of a terabyte costs the agent nothing to make and git
+// hours to read: staging it would hold the supervisor (and its health
+// answers, which wait for the same lock) for the whole of gitTimeout at
+// every try. It is refused by name before git runs, and a revert removes
+// it. The runner's timeout only keeps a supervisor without the bound from
+// hanging this test.
+func TestRepoRefusesAHugeSparseFile(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	r.git = r.git.WithTimeout(20 * time.Second)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "good\n")
+	good, _, err := r.InitialCommit(ctx, testSup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(ws, "src", "lib", "big.bin")
+	writeFile(t, big, "")
+	if err := os.Truncate(big, 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "an edit beside it\n")
+	blockedThenReverted(t, r, ws, good, "src/lib/big.bin", "a.txt")
+
+	// The same terabyte in files each under the bound: the sum is refused.
+	for i := range maxTreeBytes/maxFileSize + 1 {
+		p := filepath.Join(ws, "src", fmt.Sprintf("part%02d.bin", i))
+		writeFile(t, p, "")
+		if err := os.Truncate(p, maxFileSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blockedThenReverted(t, r, ws, good, "bytes of files", "a.txt")
+}
+
+// Names git refuses to record (git~1 and ".git " under core.protectNTFS, a
+// .gitmodules that is a link) fail the whole git add. With the history
+// lost, that was every boot's first commit failing: the supervisor never
+// started. They block commits by name instead, like a tree too deep.
+func TestRepoNamesGitRefusesBlockNotBoot(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "the agent's work\n")
+	writeFile(t, filepath.Join(ws, "src", "lib", "git~1"), "x\n")
+	if err := os.Symlink("a.txt", filepath.Join(ws, "src", ".gitmodules")); err != nil {
+		t.Fatal(err)
+	}
+	head, adopted, err := r.InitialCommit(ctx, testSup)
+	if err != nil || head == "" || !adopted {
+		t.Fatalf("first commit next to names git refuses: %q adopted=%v %v", head, adopted, err)
+	}
+	// git stops at the first it meets: each is named in turn.
+	for _, name := range []string{"src/.gitmodules", "src/lib/git~1"} {
+		var be *BlockedError
+		_, _, err = r.CommitPending(ctx, testAgent)
+		if !errors.As(err, &be) || !strings.Contains(err.Error(), "'"+name+"' is a name git refuses") {
+			t.Fatalf("commit with %s: %v, want it refused by name", name, err)
+		}
+		if err := os.Remove(filepath.Join(ws, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c, paths, err := r.CommitPending(ctx, testAgent); err != nil || c == "" || strings.Join(paths, ",") != "src/a.txt" {
+		t.Errorf("commit once they are gone: %q %v %v", c, paths, err)
+	}
+}
+
+// Each repository the agent makes in a watched tree becomes an exclude
+// pathspec on git's command line: ten thousand of them with long names
+// are more than exec takes (E2BIG), and every commit failed, the first
+// commit of a lost history too, so the supervisor never started. Past a
+// bound they block commits by name instead; a revert removes them.
+func TestRepoManyNestedRepositories(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "the agent's work\n")
+	long := strings.Repeat("r", 200)
+	for i := range 10000 {
+		writeFile(t, filepath.Join(ws, "src", "repos", fmt.Sprintf("%s%05d", long, i), ".git"), "gitdir: x\n")
+	}
+	head, adopted, err := r.InitialCommit(ctx, testSup)
+	if err != nil || head == "" || !adopted {
+		t.Fatalf("first commit next to 10,000 repositories: %q adopted=%v %v", head, adopted, err)
+	}
+	blockedThenReverted(t, r, ws, head, "repositories", "")
+}
+
+// Names cost the agent no inode (hard links), and git holds an index
+// entry for each: millions of them take git's memory at every commit (and
+// the first commit of a lost history with it). More than maxTreeEntries
+// entries in the watched trees block commits by count, before git runs.
+func TestRepoRefusesTooManyEntries(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "good\n")
+	good, _, err := r.InitialCommit(ctx, testSup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	many := filepath.Join(ws, "src", "many")
+	writeFile(t, filepath.Join(many, "f0"), "x")
+	writeFile(t, filepath.Join(many, "f1"), "x")
+	fd, err := os.Open(many)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	for i := range 100000 {
+		if err := unix.Linkat(int(fd.Fd()), fmt.Sprintf("f%d", i%2), int(fd.Fd()), fmt.Sprintf("l%06d", i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blockedThenReverted(t, r, ws, good, "entries", "a.txt")
+}
+
+// A commit's message lists up to 50 changed paths, each quoted: a byte
+// above 0x7f takes four characters, so ten paths of 3,750 such bytes made
+// a --message of 150,000 characters, past what exec takes in one argument
+// (128 KiB): every commit failed, and the agent's edits stayed unrecorded
+// with nothing named. Each path in the message is shortened.
+func TestRepoCommitMessageOfLongPaths(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "one\n")
+	if _, _, err := r.InitialCommit(ctx, testSup); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("\xff", 250)
+	for i := range 10 {
+		dir := filepath.Join(ws, "src", fmt.Sprintf("d%d", i))
+		for range 15 {
+			dir = filepath.Join(dir, long)
+		}
+		writeFile(t, filepath.Join(dir, "f"), "x\n")
+	}
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "two\n")
+	c, paths, err := r.CommitPending(ctx, testAgent)
+	if err != nil || c == "" || len(paths) != 11 {
+		t.Fatalf("commit of ten long paths: %q, %d paths, %.300v", c, len(paths), err)
+	}
+	if a, _ := authorOf(t, r, c); a != "agent <agent@localhost>" {
+		t.Errorf("author %q", a)
+	}
+}
+
+// A file whose path from the workspace is longer than PATH_MAX, in a
+// directory whose own path is not: git cannot stat it, and fails the whole
+// add ("fatal: unable to stat"), the first commit of a lost history too,
+// so the supervisor never started. It blocks commits by name instead, and
+// a revert removes it.
+func TestRepoPathPastPathMax(t *testing.T) {
+	ctx := context.Background()
+	r, ws := newTestRepo(t)
+	writeFile(t, filepath.Join(ws, "src", "a.txt"), "the agent's work\n")
+	cur := unixOpen(t, filepath.Join(ws, "src"))
+	long := strings.Repeat("d", 250)
+	for range 16 {
+		if err := unix.Mkdirat(cur, long, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(cur, long, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(next) })
+		cur = next
+	}
+	fd, err := unix.Openat(cur, strings.Repeat("f", 250), unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	head, adopted, err := r.InitialCommit(ctx, testSup)
+	if err != nil || head == "" || !adopted {
+		t.Fatalf("first commit next to a path past PATH_MAX: %q adopted=%v %.300v", head, adopted, err)
+	}
+	blockedThenReverted(t, r, ws, head, "fffff", "")
 }

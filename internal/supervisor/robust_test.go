@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -486,5 +487,99 @@ func TestSupervisorSaysWhenNobodyHears(t *testing.T) {
 			t.Errorf("notify %q: log\n%s\nwant %q", tc.notify, log, tc.want)
 		}
 		r.stop()
+	}
+}
+
+// The loop holds the supervisor's lock for the length of each git command,
+// and the agent can make one last the whole gitTimeout: a file grown to a
+// sparse terabyte between the walk that bounds sizes and git's read of it,
+// or a gigabyte of files touched at once. The health endpoints answer
+// meanwhile (a container's health check gives up after 3 s), with the
+// state as of before the command; /metrics too, or scrapes held on
+// health_addr's 64 connections would starve it. The test holds the lock as such a
+// command would: a real one's length is not something a test can wait for.
+func TestSupervisorHealthAnswersWhileGitRuns(t *testing.T) {
+	r := startSupervisor(t, fmt.Sprintf(webService, "/nonexistent"))
+	waitFor(t, "healthy", 5*time.Second, func() bool { return r.healthz(t) == 200 })
+	// A scrape before, as Prometheus makes them all the time.
+	if resp, err := http.Get("http://" + r.addr + "/metrics"); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+
+	r.s.mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			r.s.mu.Unlock()
+		}
+	}()
+	client := &http.Client{Timeout: 5 * time.Second}
+	for _, p := range []string{"/healthz", "/status", "/metrics"} {
+		resp, err := client.Get("http://" + r.addr + p)
+		if err != nil {
+			t.Fatalf("%s while the loop runs git: %v", p, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s while the loop runs git: %s", p, resp.Status)
+		}
+	}
+	r.s.mu.Unlock()
+	locked = false
+	if st := r.s.Status(); st.State != "ok" {
+		t.Errorf("state %q once the loop is free", st.State)
+	}
+}
+
+// A directory's names cost the agent a directory entry each (a hard link
+// makes one without an inode); a walk that listed them all before going
+// on held them all in memory, in init (root, at every boot) as in the
+// supervisor: three million long names are more than a container's
+// gigabyte, and the boot died every time. The walk reads a directory a
+// bounded batch at a time: in the middle of a directory of 100,000 names
+// of 240 bytes (24 MB of names), it holds a small part of them.
+func TestWalkTreeMemoryFlatInAWideDirectory(t *testing.T) {
+	const n = 100000
+	dir := t.TempDir()
+	wide := filepath.Join(dir, "wide")
+	// Two files, each linked under half the names (ext4 allows 65,000
+	// links to one inode).
+	writeFile(t, filepath.Join(wide, "f0"), "x")
+	writeFile(t, filepath.Join(wide, "f1"), "x")
+	wfd := unixOpen(t, wide)
+	long := strings.Repeat("w", 234)
+	for i := range n {
+		if err := unix.Linkat(wfd, fmt.Sprintf("f%d", i%2), wfd, fmt.Sprintf("%s%06d", long, i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	root := unixOpen(t, dir)
+	var before, during runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	seen := 0
+	err := walkTree(root, walkFuncs{visit: func(_ int, _, _ string, _ *unix.Stat_t, _ int) (bool, error) {
+		if seen++; seen == n/2 {
+			runtime.GC()
+			runtime.ReadMemStats(&during)
+		}
+		return true, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen != n+3 {
+		t.Fatalf("the walk saw %d entries, want %d", seen, n+3)
+	}
+	if grew := int64(during.HeapAlloc) - int64(before.HeapAlloc); grew > 4<<20 {
+		t.Errorf("half way through the directory the walk holds %d MB more heap, want under 4 MB", grew>>20)
+	}
+	if err := removeAllAt(root, "wide", "wide"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(wide); !os.IsNotExist(err) {
+		t.Errorf("the wide directory survived removeAllAt: %v", err)
 	}
 }

@@ -47,10 +47,24 @@ type ServiceStatus struct {
 	RecentExits []ExitRecord `json:"recent_exits"`
 }
 
-// Status returns a snapshot of the supervisor's state.
+// Status returns a snapshot of the supervisor's state. While the loop is
+// busy (a git command, which the agent can make last up to gitTimeout) it
+// does not wait: it gives the state as of the loop's last free moment (at
+// most a tick before the command began), so a health check is answered
+// within its timeout whatever the agent put in the trees.
 func (s *Supervisor) Status() Status {
-	s.mu.Lock()
+	if !s.mu.TryLock() {
+		if st := s.status.Load(); st != nil {
+			return *st
+		}
+		s.mu.Lock()
+	}
 	defer s.mu.Unlock()
+	return s.snapshot()
+}
+
+// snapshot reads the state (s.mu held) and keeps it for Status.
+func (s *Supervisor) snapshot() Status {
 	st := Status{
 		GitDir: s.cfg.GitDir, Head: s.head, Good: s.good, FailedReverts: s.failedReverts,
 		HaltReason: s.haltReason, LastError: s.lastErr, Unrecorded: s.unrecorded, AwaitingAck: s.awaitingAck,
@@ -77,6 +91,7 @@ func (s *Supervisor) Status() Status {
 	default:
 		st.State = "degraded"
 	}
+	s.status.Store(&st)
 	return st
 }
 

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -120,6 +121,12 @@ type Supervisor struct {
 
 	events chan func()
 	closed chan struct{}
+
+	// status is the state as of the last time the loop was free (see
+	// Status): what the health endpoints give while it runs git.
+	status atomic.Pointer[Status]
+	// metrics: the same for GET /metrics (see stateMetrics).
+	metrics atomic.Pointer[[]prometheus.Metric]
 
 	mu            sync.Mutex
 	services      []*service
@@ -342,6 +349,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if s.awaitingAck != "" && s.awaitingAck != head {
 		s.log.Warn("waiting for `supervisor ack`: no commit becomes good until the adopted one is acknowledged", "adopted", short(s.awaitingAck))
 	}
+	s.snapshot()
 	// Edits made while the supervisor was stopped: committed now, or
 	// retried until they can be (files changing under git, a tree that
 	// cannot be recorded must not keep the supervisor from starting). No
@@ -388,6 +396,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.mu.Lock()
 			s.checkHealth()
 			s.evaluateGood()
+			s.snapshot()
 			s.mu.Unlock()
 		}
 	}

@@ -3,7 +3,7 @@ package supervisor
 import (
 	"errors"
 	"fmt"
-	"os"
+	"io"
 	"path"
 
 	"golang.org/x/sys/unix"
@@ -132,30 +132,67 @@ func (w *dirWalk) pop() {
 	w.frames = w.frames[:len(w.frames)-1]
 }
 
-// readNames lists the directory fd from its start.
-func readNames(fd int, rel string) ([]string, error) {
+// readBatch is how many bytes of a directory's entries a walk reads at a
+// time: a directory's names cost the agent a directory entry each (a hard
+// link needs no inode), so a walk holds a batch of them per level, never
+// the whole list of a directory of millions.
+const readBatch = 8 << 10
+
+// readNames lists the directory fd from the position pos (0: its start),
+// one batch of entries, and returns the position after them; no names at
+// its end. A position is the file system's own (lseek on the directory),
+// which stays valid while entries are added and removed.
+func readNames(fd int, pos int64) ([]string, int64, error) {
 	d, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	f := os.NewFile(uintptr(d), rel)
-	defer f.Close()
-	return f.Readdirnames(-1)
+	defer unix.Close(d)
+	if _, err := unix.Seek(d, pos, io.SeekStart); err != nil {
+		return nil, 0, err
+	}
+	buf := make([]byte, readBatch)
+	for {
+		n, err := unix.Getdents(d, buf)
+		if err != nil || n <= 0 {
+			return nil, 0, err
+		}
+		// ParseDirent leaves out "." and "..".
+		_, _, names := unix.ParseDirent(buf[:n], -1, nil)
+		if len(names) > 0 {
+			next, err := unix.Seek(d, 0, io.SeekCurrent)
+			return names, next, err
+		}
+	}
 }
 
 func (w *dirWalk) dir(rel string, depth int, f walkFuncs) error {
 	top := len(w.frames) - 1
-	fd, err := w.fd(top)
-	if err != nil {
-		return err
-	}
-	names, err := readNames(fd, rel)
-	if err != nil {
-		if f.dirErr == nil {
-			return fmt.Errorf("%s: %w", QuotePath(rel), err)
+	var pos int64
+	for {
+		fd, err := w.fd(top)
+		if err != nil {
+			return err
 		}
-		return f.dirErr(rel, err)
+		names, next, err := readNames(fd, pos)
+		if err != nil {
+			if f.dirErr == nil {
+				return fmt.Errorf("%s: %w", QuotePath(rel), err)
+			}
+			return f.dirErr(rel, err)
+		}
+		if len(names) == 0 {
+			return nil
+		}
+		pos = next
+		if err := w.entries(rel, depth, top, names, f); err != nil {
+			return err
+		}
 	}
+}
+
+// entries walks names, one batch of the directory frames[top].
+func (w *dirWalk) entries(rel string, depth, top int, names []string, f walkFuncs) error {
 	for _, name := range names {
 		fd, err := w.fd(top)
 		if err != nil {

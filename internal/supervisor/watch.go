@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/fsnotify/fsnotify"
+	"golang.org/x/sys/unix"
 )
 
 // watcher turns file events under the watched trees into a "dirty" signal.
@@ -52,38 +53,61 @@ func (w *watcher) close() {
 }
 
 // addTree watches dir and every directory below it, except ignored ones,
-// which can hold more files than inotify has watches.
-// fsnotify does not recurse on its own.
+// which can hold more files than inotify has watches. fsnotify does not
+// recurse on its own. The walk is walkTree's: bounded descriptors at any
+// depth, a batch of a directory's names at a time whatever its width. A
+// directory that cannot be watched (out of inotify watches, a path past
+// PATH_MAX) is not entered, and said once per call, not once per
+// directory.
 func (w *watcher) addTree(dir string) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			// A directory that vanished, or that the agent swapped for
-			// something the supervisor cannot read, while we walked is no
-			// reason to stop watching the rest.
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			if p != dir {
-				w.log.Warn("watch: skipping a directory", "dir", p, "err", err)
-				return nil
-			}
-			return err
-		}
-		if !d.IsDir() {
-			return nil
-		}
-		if p != dir && ignoredName(d.Name(), w.ignore) {
-			return filepath.SkipDir
-		}
-		if err := w.w.Add(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			if p != dir {
-				w.log.Warn("watch: skipping a directory", "dir", p, "err", err)
-				return nil
-			}
-			return err
-		}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
 		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := w.w.Add(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	skipped, first, firstErr := 0, "", error(nil)
+	skip := func(p string, err error) {
+		skipped++
+		if skipped == 1 {
+			first, firstErr = p, err
+		}
+	}
+	err = walkTree(fd, walkFuncs{
+		visit: func(_ int, rel, name string, st *unix.Stat_t, _ int) (bool, error) {
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR || ignoredName(name, w.ignore) {
+				return false, nil
+			}
+			p := filepath.Join(dir, rel)
+			if err := w.w.Add(p); err != nil {
+				if !errors.Is(err, fs.ErrNotExist) {
+					skip(p, err)
+				}
+				return false, nil
+			}
+			return true, nil
+		},
+		dirErr: func(rel string, err error) error {
+			// Vanished, or made unreadable by the agent while we walked:
+			// no reason to stop watching the rest.
+			if !errors.Is(err, unix.ENOENT) {
+				skip(filepath.Join(dir, rel), err)
+			}
+			return nil
+		},
 	})
+	if err != nil {
+		w.log.Warn("watch: the walk stopped (the tree changed under it)", "dir", dir, "err", err)
+	}
+	if skipped > 0 {
+		w.log.Warn("watch: skipping directories", "count", skipped, "first", shortPath(first), "err", firstErr)
+	}
+	return nil
 }
 
 func (w *watcher) signal() {
