@@ -750,9 +750,9 @@ func TestSandboxSignals(t *testing.T) {
 		cmdMark, orphanMark := "300."+mark, "301."+mark
 		cmd, _ := start(t, `sh -c 'sleep `+orphanMark+` & exit 0'; touch started; exec sleep `+cmdMark)
 		defer cmd.Process.Kill()
-		bwrap := childrenOf(t, cmd.Process.Pid)
+		bwrap := unprivilegedChildrenOf(t, cmd.Process.Pid)
 		if len(bwrap) != 1 {
-			t.Fatalf("sandbox run has children %v, want bwrap alone", bwrap)
+			t.Fatalf("sandbox run has children %v not root's, want bwrap alone", bwrap)
 		}
 		bwrapFD, err := unix.PidfdOpen(bwrap[0], 0)
 		if err != nil {
@@ -793,9 +793,9 @@ func TestSandboxSignals(t *testing.T) {
 	t.Run("session dies with bwrap", func(t *testing.T) {
 		cmd, _ := start(t, `touch started; exec sleep 3600`)
 		defer cmd.Process.Kill()
-		bwrap := childrenOf(t, cmd.Process.Pid)
+		bwrap := unprivilegedChildrenOf(t, cmd.Process.Pid)
 		if len(bwrap) != 1 {
-			t.Fatalf("sandbox run has children %v, want bwrap alone", bwrap)
+			t.Fatalf("sandbox run has children %v not root's, want bwrap alone", bwrap)
 		}
 		session := descendants(t, bwrap[0])
 		if len(session) == 0 {
@@ -867,6 +867,28 @@ func childrenOf(t *testing.T, pid int) []int {
 		for _, f := range strings.Fields(string(data)) {
 			n, _ := strconv.Atoi(f)
 			pids = append(pids, n)
+		}
+	}
+	return pids
+}
+
+// unprivilegedChildrenOf is childrenOf without root's: sandbox run's
+// bwrap runs as the session's uid, and the helpers that made its
+// idmapped mounts (killed, reaped at its end) are root's.
+func unprivilegedChildrenOf(t *testing.T, pid int) []int {
+	t.Helper()
+	var pids []int
+	for _, c := range childrenOf(t, pid) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+				if f := strings.Fields(v); len(f) > 0 && f[0] != "0" {
+					pids = append(pids, c)
+				}
+			}
 		}
 	}
 	return pids
