@@ -665,6 +665,17 @@ func TestSandboxSignals(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+		// The session outlives a killed sandbox run by design: whatever
+		// the test does, its bwrap (and with it the session) is killed at
+		// the end, through a pidfd taken while it is sure to be bwrap.
+		for _, c := range unprivilegedChildrenOf(t, cmd.Process.Pid) {
+			if fd, err := unix.PidfdOpen(c, 0); err == nil {
+				t.Cleanup(func() {
+					unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+					unix.Close(fd)
+				})
+			}
+		}
 		return cmd, func() string {
 			data, _ := os.ReadFile(out.Name())
 			return string(data)
