@@ -32,6 +32,7 @@ import (
 	"github.com/bushost/bushost/broker"
 	"github.com/bushost/bushost/gitd"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/safepath"
 	"github.com/bushost/bushost/internal/sock"
 )
@@ -119,25 +120,13 @@ type Options struct {
 
 // Defaults for Options.
 const (
-	DefaultHome         = "./bus-host"
 	DefaultMaxBundle    = 256 << 20
 	DefaultDrainTimeout = 30 * time.Second
 )
 
-// File names inside the home (docs/architecture.md).
-const (
-	GitSocket    = "git.sock"
-	BrokerSocket = "broker.sock"
-	AdminToken   = "admin.token"
-	BrokerDB     = "broker.db"
-	ReposDir     = "repos"
-	LockFile     = "bushostd.lock"
-	gitHomeDir   = "git-home"
-)
-
 func (o *Options) fill() {
 	if o.Home == "" {
-		o.Home = DefaultHome
+		o.Home = home.Default
 	}
 	if o.MaxBundleBytes == 0 {
 		o.MaxBundleBytes = DefaultMaxBundle
@@ -201,10 +190,11 @@ func Serve(ctx context.Context, o Options) error {
 		}
 		gid = g
 	}
-	if err := prepareHome(o.Home, gid); err != nil {
+	h := home.At(o.Home)
+	if err := prepareHome(h, gid); err != nil {
 		return err
 	}
-	lock, err := lockHome(o.Home)
+	lock, err := lockHome(h)
 	if err != nil {
 		return err
 	}
@@ -215,13 +205,13 @@ func Serve(ctx context.Context, o Options) error {
 	// nothing at start, whatever the store holds: a database writer that
 	// stripped every signature does not get a joining host to sign what
 	// it wrote (docs/broker.md, "A log written before signing").
-	_, err = os.Lstat(filepath.Join(o.Home, AdminToken))
+	_, err = os.Lstat(h.AdminToken())
 	newHome := errors.Is(err, fs.ErrNotExist)
-	hostID, err := hostID(o.Home, o.HostID)
+	hostID, err := hostID(h, o.HostID)
 	if err != nil {
 		return err
 	}
-	signingKey, trusted, keyMade, keepKey, err := logKeys(o.Home, o.LogKey, o.LogTrustedKeys, hostID)
+	signingKey, trusted, keyMade, keepKey, err := logKeys(h, o.LogKey, o.LogTrustedKeys, hostID)
 	if err != nil {
 		return err
 	}
@@ -232,20 +222,20 @@ func Serve(ctx context.Context, o Options) error {
 		}
 	}
 
-	token, created, err := adminToken(filepath.Join(o.Home, AdminToken))
+	token, created, err := adminToken(h.AdminToken())
 	if err != nil {
 		return err
 	}
 	if created {
-		log.Info("made the host's admin token", "path", filepath.Join(o.Home, AdminToken))
+		log.Info("made the host's admin token", "path", h.AdminToken())
 	}
 	dsn := o.BrokerDSN
 	if dsn == "" {
-		dsn = filepath.Join(o.Home, BrokerDB)
+		dsn = h.BrokerDB()
 	}
 	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate,
 		EgressRate: o.EgressRate, EgressBytesRate: o.EgressBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID,
-		ReposDir: filepath.Join(o.Home, ReposDir), Postgres: o.BrokerPostgres,
+		ReposDir: h.Repos(), Postgres: o.BrokerPostgres,
 		SigningKey: signingKey, TrustedKeys: trusted, AdoptUnsigned: adopt})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
@@ -260,7 +250,7 @@ func Serve(ctx context.Context, o Options) error {
 			}
 		}
 		log.Info("made the host's log signing key; list its public key in every host's --log-trusted-keys when hosts share the broker",
-			"key", broker.KeyID(signingKey.Public().(ed25519.PublicKey)), "public", filepath.Join(o.Home, LogPubFile))
+			"key", broker.KeyID(signingKey.Public().(ed25519.PublicKey)), "public", h.LogPub())
 	}
 	if n := b.Adopted(); n > 0 {
 		log.Info("signed the log's events written before signing", "through_seq", n)
@@ -271,8 +261,8 @@ func Serve(ctx context.Context, o Options) error {
 	}
 
 	svc, err := gitd.New(gitd.Options{
-		ReposDir:         filepath.Join(o.Home, ReposDir),
-		GitHome:          filepath.Join(o.Home, gitHomeDir),
+		ReposDir:         h.Repos(),
+		GitHome:          h.GitHome(),
 		MaxBundleBytes:   o.MaxBundleBytes,
 		IdleTimeout:      o.IdleTimeout,
 		PushTimeout:      o.PushTimeout,
@@ -324,15 +314,15 @@ func Serve(ctx context.Context, o Options) error {
 	defer stopWatch()
 	go watchStore(wctx, log, b.Ping, healths)
 
-	inherited, err := inheritedSockets(o.Home)
+	inherited, err := inheritedSockets(h)
 	if err != nil {
 		return err
 	}
-	gitL, err := listen(o, GitSocket, gid, inherited, gitAdm)
+	gitL, err := listen(h, home.GitSockName, gid, inherited, gitAdm)
 	if err != nil {
 		return err
 	}
-	brokerL, err := listen(o, BrokerSocket, gid, inherited, brokerAdm)
+	brokerL, err := listen(h, home.BrokerSockName, gid, inherited, brokerAdm)
 	if err != nil {
 		gitL.Close()
 		return err
@@ -350,7 +340,7 @@ func Serve(ctx context.Context, o Options) error {
 	errc := make(chan error, 2)
 	go func() { errc <- gitSrv.Serve(gitL) }()
 	go func() { errc <- brokerSrv.Serve(brokerL) }()
-	log.Info("serving", "home", o.Home, "git", filepath.Join(o.Home, GitSocket), "broker", filepath.Join(o.Home, BrokerSocket), "pid", os.Getpid())
+	log.Info("serving", "home", o.Home, "git", h.GitSock(), "broker", h.BrokerSock(), "pid", os.Getpid())
 	if person {
 		fmt.Fprint(os.Stderr, nextSteps(o.Home))
 	}
@@ -441,11 +431,11 @@ func newServer(o Options, grants *grantLimiter, ob *observer, passFDs bool) (*gr
 // listen makes the socket name in the home, or takes the one the service
 // manager passed (its unit sets the mode and group); adm admits its
 // connections.
-func listen(o Options, name string, gid int, inherited map[string]net.Listener, adm *sock.Admission) (net.Listener, error) {
+func listen(h home.Home, name string, gid int, inherited map[string]net.Listener, adm *sock.Admission) (net.Listener, error) {
 	if l, ok := inherited[name]; ok {
 		return adm.Listener(countConns(l, strings.TrimSuffix(name, ".sock"))), nil
 	}
-	path := filepath.Join(o.Home, name)
+	path := h.Path(name)
 	l, err := sock.Listen(path, 0o660)
 	if err != nil {
 		return nil, err
@@ -487,21 +477,22 @@ func lookupGroup(name string) (int, error) {
 // and writable by nobody else. Then it makes the home 0700 (0710 with the
 // socket group, so that the group can reach the sockets but list nothing),
 // and repos/ inside it 0700, after the same checks on what is there.
-func prepareHome(home string, gid int) error {
+func prepareHome(h home.Home, gid int) error {
+	dir := h.Dir()
 	uid := os.Geteuid()
-	abs, err := filepath.Abs(home)
+	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return fmt.Errorf("home %s: %w", home, err)
+		return fmt.Errorf("home %s: %w", dir, err)
 	}
 	// Opened once, from /, following no link, every directory on the way
 	// checked as given (what is missing is made); from here on, work on
 	// the descriptor, so that what was checked is what is changed.
-	h, err := safepath.MkdirAll(abs, uid, 0o700)
+	dh, err := safepath.MkdirAll(abs, uid, 0o700)
 	if err != nil {
 		return err
 	}
-	d, err := h.File()
-	h.Close()
+	d, err := dh.File()
+	dh.Close()
 	if err != nil {
 		return err
 	}
@@ -510,34 +501,34 @@ func prepareHome(home string, gid int) error {
 	if err != nil {
 		return err
 	}
-	if err := safepath.Dir(home, fi, uid); err != nil {
+	if err := safepath.Dir(dir, fi, uid); err != nil {
 		return err
 	}
 	// What the daemon opens at the top of the home, checked before
 	// anything is written there.
-	for _, name := range []string{LockFile, AdminToken, BrokerDB, BrokerDB + "-wal", BrokerDB + "-shm", HostIDFile} {
-		if err := safepath.IfExists(filepath.Join(home, name), uid, safepath.File); err != nil {
+	for _, path := range []string{h.Lock(), h.AdminToken(), h.BrokerDB(), h.BrokerDB() + "-wal", h.BrokerDB() + "-shm", h.HostID()} {
+		if err := safepath.IfExists(path, uid, safepath.File); err != nil {
 			return err
 		}
 	}
-	for _, name := range []string{ReposDir, gitHomeDir} {
-		if err := safepath.IfExists(filepath.Join(home, name), uid, safepath.Dir); err != nil {
+	for _, path := range []string{h.Repos(), h.GitHome()} {
+		if err := safepath.IfExists(path, uid, safepath.Dir); err != nil {
 			return err
 		}
 	}
 	mode := os.FileMode(0o700)
 	if gid >= 0 {
 		if err := d.Chown(-1, gid); err != nil {
-			return fmt.Errorf("home %s: give it to group %d: %w", home, gid, err)
+			return fmt.Errorf("home %s: give it to group %d: %w", dir, gid, err)
 		}
 		mode = 0o710
 	}
 	if fi.Mode().Perm() != mode {
 		if err := d.Chmod(mode); err != nil {
-			return fmt.Errorf("home %s: make it %04o: %w", home, mode, err)
+			return fmt.Errorf("home %s: make it %04o: %w", dir, mode, err)
 		}
 	}
-	repos := filepath.Join(home, ReposDir)
+	repos := h.Repos()
 	if err := os.Mkdir(repos, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
@@ -563,8 +554,8 @@ func (l *homeLock) Unlock() {
 // lockHome takes the home's lock for the daemon's lifetime and writes our
 // pid into it, so that a second daemon can say who holds it. The lock file
 // is opened without following a link and must be ours.
-func lockHome(home string) (*homeLock, error) {
-	path := filepath.Join(home, LockFile)
+func lockHome(h home.Home) (*homeLock, error) {
+	dir, path := h.Dir(), h.Lock()
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", path, safepath.Linked(path, err))
@@ -588,8 +579,8 @@ func lockHome(home string) (*homeLock, error) {
 				holder = fmt.Sprintf("bushostd pid %d", pid)
 			}
 		}
-		return nil, errdefs.FailedPrecondition(errdefs.HomeInUse, "%v: %s is served by %s (lock %s)", ErrHomeBusy, home, holder, path).
-			With("home", home).With("holder", holder).Wrap(ErrHomeBusy)
+		return nil, errdefs.FailedPrecondition(errdefs.HomeInUse, "%v: %s is served by %s (lock %s)", ErrHomeBusy, dir, holder, path).
+			With("home", dir).With("holder", holder).Wrap(ErrHomeBusy)
 	}
 	l := &homeLock{f: f}
 	if err := f.Truncate(0); err == nil {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/bushost/bushost/broker"
 	"github.com/bushost/bushost/gitd"
+	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/size"
 )
 
@@ -13,7 +14,7 @@ import (
 // the docs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.MaxBundleBytes = DefaultMaxBundle
-	fs.StringVar(&o.Home, "home", DefaultHome, "the bus host's home")
+	fs.StringVar(&o.Home, "home", home.Default, "the bus host's home")
 	fs.StringVar(&o.BrokerDSN, "broker-dsn", "", "broker store: empty for SQLite in HOME/broker.db, or postgres://...")
 	fs.Var(size.Value{P: &o.MaxBundleBytes}, "max-bundle-bytes", "largest bundle a push may send (bytes, or 64M, 1G)")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, how long calls in flight may take to finish")
