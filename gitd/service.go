@@ -34,6 +34,7 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // Defaults for zero Options fields.
@@ -92,21 +93,12 @@ type Options struct {
 	// publish; 1,000,000 and 1024 (treesize.go).
 	MaxTreePaths int64
 	MaxTreeDepth int64
-	// NoObjectChecks turns the streaming object checks off: for the
-	// benchmark that measures their cost, never in service.
-	NoObjectChecks bool
-	// NoFDPassing ignores a push's offer of a passed descriptor, as a
-	// server from before it did: for the tests of old and new ends.
-	NoFDPassing bool
 
 	// Quotas on what pushes may store: a task's accepted packs (1 GiB), a
 	// project's repository (10 GiB). A push past one is refused before its
 	// objects leave quarantine. 0 -> the defaults.
 	MaxTaskBytes    int64
 	MaxProjectBytes int64
-	// SkipBeyondGit turns off the beyond-git walk (beyondgit.go). Only the
-	// benchmark sets it, to measure what the walk costs.
-	SkipBeyondGit bool
 	// Housekeeping queues a repository after each push and landing for
 	// the background housekeeping (housekeeping.go) that StartHousekeeping
 	// runs; off, only OptimizeProject housekeeps.
@@ -140,6 +132,8 @@ type Service struct {
 	hk     *housekeeper
 	// treeSizes remembers what the trees walked expand to (treesize.go).
 	treeSizes treeSizes
+	// skip is what a test's build turned off (the zero value in service).
+	skip testhook.Skips
 }
 
 // New checks o and prepares ReposDir. It removes what a killed process may
@@ -198,7 +192,7 @@ func New(o Options) (*Service, error) {
 		log = slog.Default()
 	}
 	s := &Service{o: o, git: g, log: log.With("service", "gitd"), locks: map[string]*semaphore.Weighted{},
-		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}, undone: map[string]uint64{}}
+		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}, undone: map[string]uint64{}, skip: testhook.Skipped()}
 	s.hk = newHousekeeper(s, o.Housekeeping)
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)

@@ -35,6 +35,7 @@ import (
 	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/safepath"
 	"github.com/bushost/bushost/internal/sock"
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // Options configure a daemon. Zero values mean the documented defaults.
@@ -80,13 +81,6 @@ type Options struct {
 	// launcher grant and minute.
 	EgressRate      int
 	EgressBytesRate int64
-	// NoObjectChecks turns the streaming object checks off, for the
-	// benchmark that measures what they cost; never in service.
-	NoObjectChecks bool
-	// NoFDPassing makes git.sock a server from before descriptor passing:
-	// it takes no descriptor and ignores a push's offer of one. For the
-	// tests that show old and new ends still work together.
-	NoFDPassing bool
 	// CheckpointFile, when set, is where the broker appends each new head
 	// of its log ("SEQ HASH" lines, fsynced) and what it checks the log
 	// against at start (broker.Options.CheckpointFile).
@@ -108,9 +102,6 @@ type Options struct {
 	// queues its repository for the background housekeeping of
 	// docs/git-service.md; "off": only `bushost repo optimize` housekeeps.
 	Housekeeping string
-	// SkipBeyondGit turns off gitd's beyond-git walk: for the benchmark
-	// only (a hidden flag), never for a bus host in use.
-	SkipBeyondGit bool
 	// Logger receives the daemon's log (default: Observe's format and
 	// level on stderr).
 	Logger *slog.Logger
@@ -281,11 +272,8 @@ func Serve(ctx context.Context, o Options) error {
 		MaxPushInflated: o.MaxPushInflated,
 		MaxTreePaths:    o.MaxTreePaths,
 		MaxTreeDepth:    o.MaxTreeDepth,
-		NoObjectChecks:  o.NoObjectChecks,
-		NoFDPassing:     o.NoFDPassing,
 		MaxTaskBytes:    o.MaxTaskBytes,
 		MaxProjectBytes: o.MaxProjectBytes,
-		SkipBeyondGit:   o.SkipBeyondGit,
 		Housekeeping:    o.Housekeeping != "off",
 	})
 	if err != nil {
@@ -305,7 +293,9 @@ func Serve(ctx context.Context, o Options) error {
 
 	ds := newDrainState()
 	grants := newGrantLimiter(o.Limits, token)
-	gitSrv, gitAdm := newServer(o, grants, newObserver("git", log, ds), !o.NoFDPassing)
+	// git.sock takes a pushed bundle's descriptor, unless a test's build
+	// plays a daemon from before descriptor passing.
+	gitSrv, gitAdm := newServer(o, grants, newObserver("git", log, ds), !testhook.Skipped().FDPassing)
 	gitv1.RegisterGitServiceServer(gitSrv, gitd.NewServer(svc))
 	brokerSrv, brokerAdm := newServer(o, grants, newObserver("broker", log, ds), false)
 	brokerv1.RegisterBrokerServiceServer(brokerSrv, broker.NewServer(b))

@@ -29,8 +29,6 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.MergeTimeout, "merge-timeout", gitd.DefaultMergeTimeout, "longest merge of 'bushost task land --merge'; past it the landing is refused MERGE_TIMEOUT and recorded")
 	fs.IntVar(&o.MergeRenameLimit, "merge-rename-limit", gitd.DefaultMergeRenameLimit, "merge.renameLimit of 'task land --merge': past this many files, git detects exact renames only")
 	fs.StringVar(&o.Housekeeping, "housekeeping", "auto", "auto: after each push and landing, repack and tidy the repository in the background when cheap heuristics call for it; off: only 'bushost repo optimize' does (docs/git-service.md, \"Housekeeping\")")
-	fs.BoolVar(&o.SkipBeyondGit, "bench-skip-beyond-git", false, "benchmark only: skip the beyond-git walk of pushed trees")
-	fs.MarkHidden("bench-skip-beyond-git")
 	fs.StringVar(&o.SocketGroup, "socket-group", "", "group (name or gid) given the sockets; the home becomes 0710 so that members (sandboxed sessions) reach the sockets and nothing else")
 	o.Observe.addFlags(fs)
 }
@@ -56,10 +54,6 @@ func (o *Options) addBoundFlags(fs *pflag.FlagSet) {
 	fs.Var(size.Value{P: &o.EventBytesRate}, "event-bytes-rate", "bytes (type and data) one grant may record per minute")
 	fs.IntVar(&o.EgressRate, "egress-event-rate", broker.DefaultEgressRate, "network.egress events one launcher grant may record per minute, apart from --event-rate")
 	fs.Var(size.Value{P: &o.EgressBytesRate}, "egress-event-bytes-rate", "bytes of network.egress events one launcher grant may record per minute, apart from --event-bytes-rate")
-	fs.BoolVar(&o.NoObjectChecks, "bench-no-object-checks", false, "benchmark only: skip the streaming object size checks")
-	fs.MarkHidden("bench-no-object-checks")
-	fs.BoolVar(&o.NoFDPassing, "test-no-fd-passing", false, "testing only: serve git.sock as a server without descriptor passing")
-	fs.MarkHidden("test-no-fd-passing")
 }
 
 // addPostgresFlags registers the bounds of the connections to a
