@@ -33,23 +33,9 @@ import (
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/limits"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/testhook"
-)
-
-// Defaults for zero Options fields.
-const (
-	DefaultMaxBundleBytes  = 256 << 20
-	DefaultIdleTimeout     = 30 * time.Second
-	DefaultMaxObjectBytes  = 100 << 20
-	DefaultMaxCommitBytes  = 1 << 20
-	DefaultMaxTreeBytes    = 16 << 20
-	DefaultMaxPackObjects  = 1 << 20
-	DefaultMaxPushInflated = 4 << 30
-	DefaultMaxTreePaths    = 1_000_000
-	DefaultMaxTreeDepth    = 1024
-	DefaultMaxTaskBytes    = 1 << 30
-	DefaultMaxProjectBytes = 10 << 30
 )
 
 // MainRef is the branch every project's work starts from.
@@ -57,14 +43,17 @@ const MainRef = "refs/heads/main"
 
 // Options configure a Service.
 type Options struct {
-	ReposDir       string        // <home>/repos
-	GitHome        string        // private HOME for git processes (gitcmd.New(GitHome))
-	MaxBundleBytes int64         // 0 -> 256 MiB
-	IdleTimeout    time.Duration // a push stream that sends nothing this long is cut; 0 -> 30s
-	PushTimeout    time.Duration // a whole push ends within it; 0 -> none
-	MinPushRate    int64         // bytes/s a push must average once PushRateGrace old; 0 -> none
-	PushRateGrace  time.Duration
-	Authority      authz.Authority
+	ReposDir  string // <home>/repos
+	GitHome   string // private HOME for git processes (gitcmd.New(GitHome))
+	Authority authz.Authority
+	// Limits bound what a push may send and store (internal/limits). The
+	// service reads MaxBundleBytes, IdleTimeout (a push stream that sends
+	// nothing this long is cut), PushTimeout and MinPushRate after
+	// PushRateGrace (0: none), the object bounds, checked on every pushed
+	// pack as it streams in before git reads the object (bundle.Limits),
+	// and the quotas, checked before a push's objects leave quarantine.
+	// Zero: the defaults, but for PushTimeout and MinPushRate.
+	limits.Limits
 	// Logger receives the service's log; nil -> slog's default. bushostd
 	// passes its own, so --log-level and --log-format hold here too.
 	Logger *slog.Logger
@@ -77,28 +66,6 @@ type Options struct {
 	// DefaultMergeRenameLimit).
 	MergeTimeout     time.Duration
 	MergeRenameLimit int
-
-	// Object bounds, checked on every pushed pack as it streams in, before
-	// git reads the object (see bundle.Limits). 0 -> the defaults.
-	MaxObjectBytes int64 // a blob; 100 MiB
-	MaxCommitBytes int64 // a commit or a tag; 1 MiB
-	MaxTreeBytes   int64 // a tree; 16 MiB
-	MaxPackObjects int64 // the objects of one pushed pack; 1,048,576
-	// MaxPushInflated bounds the sum of a pushed pack's inflated sizes, a
-	// delta counted by its result; 4 GiB.
-	MaxPushInflated int64
-	// MaxTreePaths and MaxTreeDepth bound what a commit's tree expands
-	// to (the paths a checkout writes, and how deep they nest) for every
-	// commit a push brings, and the result of a landing and of a
-	// publish; 1,000,000 and 1024 (treesize.go).
-	MaxTreePaths int64
-	MaxTreeDepth int64
-
-	// Quotas on what pushes may store: a task's accepted packs (1 GiB), a
-	// project's repository (10 GiB). A push past one is refused before its
-	// objects leave quarantine. 0 -> the defaults.
-	MaxTaskBytes    int64
-	MaxProjectBytes int64
 	// Housekeeping queues a repository after each push and landing for
 	// the background housekeeping (housekeeping.go) that StartHousekeeping
 	// runs; off, only OptimizeProject housekeeps.
@@ -149,26 +116,13 @@ func New(o Options) (*Service, error) {
 		return nil, errors.New("gitd: Authority is required")
 	}
 	if o.MaxBundleBytes <= 0 {
-		o.MaxBundleBytes = DefaultMaxBundleBytes
+		o.MaxBundleBytes = limits.DefaultMaxBundleBytes
 	}
 	if o.IdleTimeout <= 0 {
-		o.IdleTimeout = DefaultIdleTimeout
+		o.IdleTimeout = limits.DefaultIdleTimeout
 	}
-	for _, f := range []struct {
-		p   *int64
-		def int64
-	}{
-		{&o.MaxObjectBytes, DefaultMaxObjectBytes}, {&o.MaxCommitBytes, DefaultMaxCommitBytes},
-		{&o.MaxTreeBytes, DefaultMaxTreeBytes}, {&o.MaxTaskBytes, DefaultMaxTaskBytes},
-		{&o.MaxPackObjects, DefaultMaxPackObjects},
-		{&o.MaxPushInflated, DefaultMaxPushInflated},
-		{&o.MaxTreePaths, DefaultMaxTreePaths}, {&o.MaxTreeDepth, DefaultMaxTreeDepth},
-		{&o.MaxProjectBytes, DefaultMaxProjectBytes},
-	} {
-		if *f.p <= 0 {
-			*f.p = f.def
-		}
-	}
+	o.Objects.Fill()
+	o.Quotas.Fill()
 	if o.MaxTreeDepth > MaxTreeDepthBound {
 		return nil, fmt.Errorf("gitd: MaxTreeDepth %d is over %d", o.MaxTreeDepth, MaxTreeDepthBound)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/bushost/bushost/gitd"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/home"
+	"github.com/bushost/bushost/internal/limits"
 	"github.com/bushost/bushost/internal/safepath"
 	"github.com/bushost/bushost/internal/sock"
 	"github.com/bushost/bushost/internal/testhook"
@@ -51,36 +52,18 @@ type Options struct {
 	// HostID names this host for project placement ("" reads HOME/host-id,
 	// made at first start).
 	HostID string
-	// MaxBundleBytes bounds one pushed bundle (default 256 MiB).
-	MaxBundleBytes int64
 	// DrainTimeout bounds how long a stop waits for calls in flight.
 	DrainTimeout time.Duration
-	// Limits bound connections, calls, bytes and time per socket, uid,
-	// connection and grant (limits.go, docs/limits.md).
-	Limits
+	// Limits are every bound the daemon, its git service and its broker
+	// keep (internal/limits, docs/limits.md): the transport per socket,
+	// uid, connection and grant, the objects a push may carry, the quotas
+	// on what pushes store and the rates of recorded events. Zero: the
+	// defaults.
+	limits.Limits
 	// SocketGroup, when set, is the group (name or number) given to both
 	// sockets and to the home, which becomes 0710: members may reach the
 	// sockets (a sandboxed session's user gets it) and nothing else there.
 	SocketGroup string
-	// Objects and quotas (docs/limits.md): the inflated size of one pushed
-	// blob, commit or tag, and tree; what a task's accepted packs and a
-	// project's repository may hold; what one grant may append through
-	// RecordEvent per minute. Zero: the defaults.
-	MaxObjectBytes  int64
-	MaxCommitBytes  int64
-	MaxTreeBytes    int64
-	MaxPackObjects  int64
-	MaxPushInflated int64
-	MaxTreePaths    int64
-	MaxTreeDepth    int64
-	MaxTaskBytes    int64
-	MaxProjectBytes int64
-	EventRate       int
-	EventBytesRate  int64
-	// EgressRate and EgressBytesRate: network.egress's own bound, per
-	// launcher grant and minute.
-	EgressRate      int
-	EgressBytesRate int64
 	// CheckpointFile, when set, is where the broker appends each new head
 	// of its log ("SEQ HASH" lines, fsynced) and what it checks the log
 	// against at start (broker.Options.CheckpointFile).
@@ -110,22 +93,16 @@ type Options struct {
 }
 
 // Defaults for Options.
-const (
-	DefaultMaxBundle    = 256 << 20
-	DefaultDrainTimeout = 30 * time.Second
-)
+const DefaultDrainTimeout = 30 * time.Second
 
 func (o *Options) fill() {
 	if o.Home == "" {
 		o.Home = home.Default
 	}
-	if o.MaxBundleBytes == 0 {
-		o.MaxBundleBytes = DefaultMaxBundle
-	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
-	o.Limits.fill()
+	o.Limits.Fill()
 	if o.Observe.DrainGrace == 0 {
 		o.Observe.DrainGrace = DefaultDrainGrace
 	}
@@ -165,13 +142,13 @@ func Serve(ctx context.Context, o Options) error {
 			return fmt.Errorf("--committer: %w", err)
 		}
 	}
-	if err := o.Limits.check(); err != nil {
+	if err := o.Limits.Check(); err != nil {
 		return err
 	}
 	// Go's collector would let the heap grow to twice what is live; keep
 	// it near the budget instead (unless the operator set GOMEMLIMIT).
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(o.Limits.Budget() + o.Limits.Budget()/4)
+		debug.SetMemoryLimit(budget(o.Limits) + budget(o.Limits)/4)
 	}
 	gid := -1
 	if o.SocketGroup != "" {
@@ -224,8 +201,7 @@ func Serve(ctx context.Context, o Options) error {
 	if dsn == "" {
 		dsn = h.BrokerDB()
 	}
-	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate,
-		EgressRate: o.EgressRate, EgressBytesRate: o.EgressBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID,
+	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, Limits: o.Limits, CheckpointFile: o.CheckpointFile, HostID: hostID,
 		ReposDir: h.Repos(), Postgres: o.BrokerPostgres,
 		SigningKey: signingKey, TrustedKeys: trusted, AdoptUnsigned: adopt})
 	if err != nil {
@@ -254,27 +230,13 @@ func Serve(ctx context.Context, o Options) error {
 	svc, err := gitd.New(gitd.Options{
 		ReposDir:         h.Repos(),
 		GitHome:          h.GitHome(),
-		MaxBundleBytes:   o.MaxBundleBytes,
-		IdleTimeout:      o.IdleTimeout,
-		PushTimeout:      o.PushTimeout,
-		MinPushRate:      o.MinPushRate,
-		PushRateGrace:    o.PushRateGrace,
+		Limits:           o.Limits,
 		Authority:        b,
 		Logger:           log,
 		Committer:        o.Committer,
 		MergeTimeout:     o.MergeTimeout,
 		MergeRenameLimit: o.MergeRenameLimit,
-
-		MaxObjectBytes:  o.MaxObjectBytes,
-		MaxCommitBytes:  o.MaxCommitBytes,
-		MaxTreeBytes:    o.MaxTreeBytes,
-		MaxPackObjects:  o.MaxPackObjects,
-		MaxPushInflated: o.MaxPushInflated,
-		MaxTreePaths:    o.MaxTreePaths,
-		MaxTreeDepth:    o.MaxTreeDepth,
-		MaxTaskBytes:    o.MaxTaskBytes,
-		MaxProjectBytes: o.MaxProjectBytes,
-		Housekeeping:    o.Housekeeping != "off",
+		Housekeeping:     o.Housekeeping != "off",
 	})
 	if err != nil {
 		return fmt.Errorf("git service: %w", err)
