@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
@@ -356,6 +357,13 @@ func (e *Env) classify(err error) *errdefs.Error {
 	x, ok := errdefs.As(err)
 	if !ok {
 		return errdefs.New(errdefs.KindUnknown, errdefs.LocalFailed, "%s", err.Error()).Wrap(err)
+	}
+	if _, wire := status.FromError(x.Unwrap()); wire && x.Unwrap() != nil && error(x) != err {
+		// The bus host's answer, wrapped by the command ("fetch main:
+		// ..."): the message says where it came.
+		named := *x
+		named.Message = err.Error()
+		x = &named
 	}
 	switch {
 	case x.Kind == errdefs.KindUnavailable && x.Reason == "":
