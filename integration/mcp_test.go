@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -406,5 +407,72 @@ func TestMCPCancelPush(t *testing.T) {
 	head := testGit(t, w, "rev-parse", "HEAD")
 	if got := callOK(t, cs, "push_working", map[string]any{"repo": "w"})["commit"]; got != head {
 		t.Fatalf("push_working after the cancel returned %v, want %s", got, head)
+	}
+}
+
+// TestMCPInSandbox runs `bushost mcp` as a session of `sandbox run`, with
+// no flag: the session's environment gives the home and the token, and
+// the tools work on the session's workspace.
+func TestMCPInSandbox(t *testing.T) {
+	testenv.NeedRoot(t, "sandbox run starts the session as nobody, with a group that opens the bus host's sockets")
+	group := fmt.Sprintf("bhm-%d-%s", os.Getpid(), randSuffix()[:6])
+	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
+		t.Fatalf("groupadd: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("groupdel", group).CombinedOutput(); err != nil {
+			t.Errorf("groupdel %s: %v\n%s", group, err, out)
+		}
+	})
+	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
+	h.AddProject(t, "acme", "web")
+	token := h.Grant(t, "acme", "web", "t1", "coder", "git.push.working", "review.request")
+	base := filepath.Dir(h.Home)
+	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
+	for _, d := range []string{ws, run} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(ws, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1","token_file":"token"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := os.ReadFile(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(run, "token"), tok, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin(t, "sandbox"), "run", "--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "git.push.working,review.request",
+		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--git-socket", filepath.Join(h.Home, "git.sock"), "--", "bushost", "mcp")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	c := sdk.NewClient(&sdk.Implementation{Name: "bushost-test", Version: "1"}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cs, err := c.Connect(ctx, &sdk.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connect to bushost mcp in the session: %v\nstderr: %s", err, stderr.String())
+	}
+	names := toolNames(t, cs)
+	if !slices.Contains(names, "push_working") || slices.Contains(names, "review_verdict") {
+		t.Errorf("the session's tools: %v", names)
+	}
+	main := callOK(t, cs, "fetch_main", map[string]any{"repo": "repo"})["commit"]
+	if s := callOK(t, cs, "task_show", nil); s["task"] != "t1" {
+		t.Errorf("task_show in the session: %v", s)
+	}
+	if err := cs.Close(); err != nil {
+		t.Logf("close: %v", err)
+	}
+	if got := testGit(t, filepath.Join(ws, "repo"), "-c", "safe.directory=*", "rev-parse", "refs/remotes/bushost/main"); got != main {
+		t.Fatalf("the workspace's refs/remotes/bushost/main is %s, want main %v", got, main)
+	}
+	if strings.Contains(stderr.String(), raceReport) {
+		t.Errorf("a data race in the session:\n%s", stderr.String())
 	}
 }
