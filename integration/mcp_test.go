@@ -241,6 +241,9 @@ func TestMCPToolsByGrant(t *testing.T) {
 		{lead, []string{"task_show", "events", "session_launch", "session_list", "session_wait", "session_logs", "session_stop"}},
 	} {
 		cs := mcpSession(t, h, c.token, dir, nil)
+		if v := cs.InitializeResult().ProtocolVersion; v < "2025-06-18" {
+			t.Errorf("negotiated protocol version %s, want 2025-06-18 or newer", v)
+		}
 		slices.Sort(c.want)
 		if got := toolNames(t, cs); !slices.Equal(got, c.want) {
 			t.Errorf("%s sees tools %v, want %v", filepath.Base(c.token), got, c.want)

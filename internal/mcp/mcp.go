@@ -163,6 +163,10 @@ func define[In, Out any](name, desc string, k kind, idempotent bool, caps []stri
 	}
 	// Every argument must be known: a misspelt one is refused, not ignored.
 	in.AdditionalProperties = &jsonschema.Schema{Not: &jsonschema.Schema{}}
+	check, err := in.Resolve(nil)
+	if err != nil {
+		panic(fmt.Sprintf("mcp: tool %s: input schema: %v", name, err))
+	}
 	out, err := jsonschema.For[Out](nil)
 	if err != nil {
 		panic(fmt.Sprintf("mcp: tool %s: output schema: %v", name, err))
@@ -177,7 +181,7 @@ func define[In, Out any](name, desc string, k kind, idempotent bool, caps []stri
 	return tool{def: def, caps: caps, add: func(s *sdk.Server, sv *server) {
 		s.AddTool(def, func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
 			var v In
-			if err := decodeArgs(name, req.Params.Arguments, &v); err != nil {
+			if err := decodeArgs(name, check, req.Params.Arguments, &v); err != nil {
 				return refusal(err), nil
 			}
 			c := &call{req: req}
@@ -197,13 +201,21 @@ func define[In, Out any](name, desc string, k kind, idempotent bool, caps []stri
 }
 
 // decodeArgs decodes a call's arguments into v: at most maxArguments
-// bytes, one JSON object, no field v does not have.
-func decodeArgs(tool string, raw json.RawMessage, v any) error {
+// bytes, one JSON object valid against the tool's input schema (each
+// required argument there, each of its type, none the tool does not have).
+func decodeArgs(tool string, schema *jsonschema.Resolved, raw json.RawMessage, v any) error {
 	if len(raw) > maxArguments {
 		return errdefs.InvalidArgument(errdefs.Usage, "%s: the arguments are %d bytes, over the limit of %d", tool, len(raw), maxArguments).With("limit", fmt.Sprint(maxArguments))
 	}
 	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
 		raw = []byte("{}")
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return errdefs.InvalidArgument(errdefs.Usage, "%s: arguments: want one JSON object: %v", tool, err)
+	}
+	if err := schema.Validate(obj); err != nil {
+		return errdefs.InvalidArgument(errdefs.Usage, "%s: arguments: %v (tools/list gives each tool's input schema)", tool, err)
 	}
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.DisallowUnknownFields()
