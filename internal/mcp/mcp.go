@@ -230,7 +230,7 @@ func decodeArgs(tool string, schema *jsonschema.Resolved, raw json.RawMessage, v
 
 // refusalJSON is a refusal's structured content.
 type refusalJSON struct {
-	Code     string            `json:"code" jsonschema:"the error's class, as gRPC names it: FailedPrecondition, PermissionDenied, ..."`
+	Code     string            `json:"code" jsonschema:"the error's kind: FailedPrecondition, PermissionDenied, ... (docs/errors.md)"`
 	Reason   string            `json:"reason" jsonschema:"what was refused, in UPPER_SNAKE (docs/errors.md): NON_FAST_FORWARD, GATE_NO_APPROVAL, ..."`
 	Message  string            `json:"message" jsonschema:"what happened and what to do, as the CLI prints it"`
 	Metadata map[string]string `json:"metadata" jsonschema:"the refusal's details, e.g. the commits involved"`
@@ -247,7 +247,7 @@ func refusal(err error) *sdk.CallToolResult {
 	if x.RetryAfter > 0 {
 		md["retry_after"] = x.RetryAfter.String()
 	}
-	r := refusalJSON{Code: x.Code.String(), Reason: string(x.Reason), Message: x.Message, Metadata: md}
+	r := refusalJSON{Code: x.Kind.String(), Reason: string(x.Reason), Message: x.Message, Metadata: md}
 	text := x.Message
 	if r.Reason != "" && r.Reason != string(errdefs.LocalFailed) {
 		text = fmt.Sprintf("%s (%s): %s", r.Code, r.Reason, x.Message)
@@ -257,13 +257,14 @@ func refusal(err error) *sdk.CallToolResult {
 }
 
 // decode is the one place this package turns an error into the domain's
-// vocabulary: the Runner's errors are the CLI's own, already classified;
-// anything else is decoded as the CLI decodes the bus host's.
+// vocabulary: the Runner's errors are the CLI's own, already classified
+// (the bus host's decoded by the client's interceptors); anything else is
+// this server's own failure, LOCAL_FAILED as the CLI has it.
 func decode(err error) *errdefs.Error {
 	if x, ok := errdefs.As(err); ok {
 		return x
 	}
-	return errdefs.FromGRPC(err)
+	return errdefs.New(errdefs.KindUnknown, errdefs.LocalFailed, "%s", err.Error()).Wrap(err)
 }
 
 // call is one tool call in progress.
