@@ -14,8 +14,7 @@ CMDS := bushostd bushost sandbox supervisor
 
 # grpcnotrace leaves golang.org/x/net/trace (and html/template with it) out
 # of the binaries: nothing here uses gRPC's request tracing, and every
-# `bushost` call would pay for its package initialisation (about 2 ms of
-# the client's start on the 2-core VM; docs/git-service.md). netgo keeps
+# `bushost` call would pay for its package initialisation. netgo keeps
 # the binaries static: with Go's own resolver (which reads /etc/hosts and
 # /etc/resolv.conf, as nsswitch's files and dns do) `net` links no C
 # library, and no start loads one: the sandbox starts twice per session,
