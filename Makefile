@@ -105,8 +105,11 @@ test: deps
 	else echo "PostgreSQL for tests: $$dsn"; fi; \
 	BUSHOST_TEST_PG_DSN="$$dsn" GO=$(GO) scripts/test.sh -timeout 90m
 
+# Every benchmark once; each prints its figures as metrics named as
+# docs/performance.md's tables name them. BenchmarkPushGrowth at full size
+# alone takes about an hour on a loaded 2-core VM.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./...
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 3h ./...
 
 soak:
 	BUSHOST_SOAK=1 $(GO) test -race -run 'Crash|Soak' -timeout 60m ./integration/
