@@ -10,7 +10,7 @@ import (
 
 	"github.com/bushost/bushost/internal/errdefs"
 
-	"github.com/bushost/bushost/internal/packidx"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // maxDeltaDepth bounds the delta chains of a pushed pack. go-git resolves
@@ -47,7 +47,7 @@ func checkDeltaDepth(path string, idx *idxfile.MemoryIndex) error {
 	}
 	iter.Close()
 	sort.Slice(offsets, func(a, b int) bool { return offsets[a] < offsets[b] })
-	data, err := packidx.MapFile(path, 32)
+	data, err := gitobj.MapFile(path, 32)
 	if err != nil {
 		return fmt.Errorf("delta depth: %w", err)
 	}
@@ -60,15 +60,15 @@ func checkDeltaDepth(path string, idx *idxfile.MemoryIndex) error {
 		if off >= end {
 			return corrupt(off)
 		}
-		e, ok := packidx.ParseEntry(data[off:end])
+		e, ok := gitobj.ParseEntry(data[off:end])
 		if !ok {
 			return corrupt(off)
 		}
 		var at int64
 		switch e.Type {
-		case packidx.EntryOfsDelta:
+		case gitobj.EntryOfsDelta:
 			at = off - e.Back
-		case packidx.EntryRefDelta:
+		case gitobj.EntryRefDelta:
 			o, err := idx.FindOffset(plumbing.Hash(e.Base))
 			if err != nil {
 				return corrupt(off)
