@@ -376,11 +376,7 @@ func (s *scanner) inflate(i int, off, size int64, delta bool) (base, result int6
 		s.rec.safe = s.consumed()
 		return nil
 	})
-	var pe *PackError
-	if errors.As(err, &pe) {
-		return 0, 0, err
-	}
-	if err != nil {
+	if err != nil { // a *PackError of the callback's passes packErr as is
 		return 0, 0, packErr(err, fmt.Sprintf("entry %d at offset %d", i+1, off))
 	}
 	if out != size {
