@@ -18,7 +18,7 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 
-	"github.com/bushost/bushost/internal/packidx"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // A small push is packed in process, without pack-objects. What git's
@@ -63,8 +63,8 @@ const (
 	objTree   objType = 2
 	objBlob   objType = 3
 	objTag    objType = 4
-	objOfs    objType = packidx.EntryOfsDelta
-	objRef    objType = packidx.EntryRefDelta
+	objOfs    objType = gitobj.EntryOfsDelta
+	objRef    objType = gitobj.EntryRefDelta
 )
 
 var typeNames = map[objType]string{objCommit: "commit", objTree: "tree", objBlob: "blob", objTag: "tag"}
@@ -224,7 +224,7 @@ func (p *packList) write() ([]byte, error) {
 	// than anything it saves.
 	z, _ := zlib.NewWriterLevel(nil, zlib.NoCompression)
 	for _, o := range p.objs {
-		buf.Write(packidx.AppendEntryHeader(nil, int(o.typ), uint64(len(o.data))))
+		buf.Write(gitobj.AppendEntryHeader(nil, int(o.typ), uint64(len(o.data))))
 		z.Reset(&buf)
 		if _, err := z.Write(o.data); err != nil {
 			return nil, err
@@ -248,11 +248,11 @@ func parseTree(data []byte) ([]treeEntry, error) {
 	for len(data) > 0 {
 		sp := bytes.IndexByte(data, ' ')
 		nul := bytes.IndexByte(data, 0)
-		if sp <= 0 || nul < sp || len(data) < nul+1+packidx.HashLen {
+		if sp <= 0 || nul < sp || len(data) < nul+1+gitobj.HashLen {
 			return nil, fmt.Errorf("%w: a malformed tree", errNotSmall)
 		}
-		ents = append(ents, treeEntry{mode: string(data[:sp]), name: string(data[sp+1 : nul]), id: hex.EncodeToString(data[nul+1 : nul+1+packidx.HashLen])})
-		data = data[nul+1+packidx.HashLen:]
+		ents = append(ents, treeEntry{mode: string(data[:sp]), name: string(data[sp+1 : nul]), id: hex.EncodeToString(data[nul+1 : nul+1+gitobj.HashLen])})
+		data = data[nul+1+gitobj.HashLen:]
 	}
 	return ents, nil
 }
@@ -283,7 +283,7 @@ func parseCommit(data []byte) (tree string, parents []string, err error) {
 }
 
 // objectStore reads a worker's objects in process: loose ones from their
-// files, packed ones through each pack's mapped index (internal/packidx).
+// files, packed ones through each pack's mapped index (internal/gitobj).
 type objectStore struct {
 	dir    string // <common>/objects
 	packs  []*storePack
@@ -309,7 +309,7 @@ type entryKey struct {
 }
 
 type storePack struct {
-	idx *packidx.Index
+	idx *gitobj.Index
 	f   *os.File
 }
 
@@ -347,12 +347,12 @@ func (s *objectStore) readAs(id string, want objType) ([]byte, error) {
 		return o.data, nil
 	}
 	h, err := hex.DecodeString(id)
-	if err != nil || len(h) != packidx.HashLen {
+	if err != nil || len(h) != gitobj.HashLen {
 		return nil, fmt.Errorf("%w: object id %q", errNotSmall, id)
 	}
 	typ, data, err := s.loose(id)
 	if errors.Is(err, os.ErrNotExist) {
-		typ, data, err = s.packed([packidx.HashLen]byte(h), 0)
+		typ, data, err = s.packed([gitobj.HashLen]byte(h), 0)
 	}
 	if err != nil {
 		return nil, err
@@ -412,9 +412,9 @@ func (s *objectStore) loose(id string) (objType, []byte, error) {
 	return typ, data, nil
 }
 
-// openRegular opens the regular file at path (packidx.OpenRegular).
+// openRegular opens the regular file at path (gitobj.OpenRegular).
 func openRegular(path string) (*os.File, error) {
-	f, _, err := packidx.OpenRegular(path)
+	f, _, err := gitobj.OpenRegular(path)
 	return f, err
 }
 
@@ -427,7 +427,7 @@ func (s *objectStore) spend(n int) error {
 }
 
 // packed reads object h from the first pack that holds it.
-func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byte, error) {
+func (s *objectStore) packed(h [gitobj.HashLen]byte, depth int) (objType, []byte, error) {
 	if !s.listed {
 		s.listed = true
 		idxs, _ := filepath.Glob(filepath.Join(s.dir, "pack", "pack-*.idx"))
@@ -435,10 +435,10 @@ func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byt
 			return 0, nil, fmt.Errorf("%w: %d packs", errNotSmall, len(idxs))
 		}
 		for _, path := range idxs {
-			var ix *packidx.Index
+			var ix *gitobj.Index
 			// Open reads the fan-out it mapped: truncated meanwhile, it
 			// faults too.
-			if err := mapped(path, func() (err error) { ix, err = packidx.Open(path); return err }); err != nil {
+			if err := mapped(path, func() (err error) { ix, err = gitobj.Open(path); return err }); err != nil {
 				return 0, nil, err
 			}
 			f, err := openRegular(strings.TrimSuffix(path, ".idx") + ".pack")
@@ -461,7 +461,7 @@ func (s *objectStore) packed(h [packidx.HashLen]byte, depth int) (objType, []byt
 }
 
 // find is h's offset in pack p, -1 when p does not hold it.
-func (p *storePack) find(h [packidx.HashLen]byte) (off int64, err error) {
+func (p *storePack) find(h [gitobj.HashLen]byte) (off int64, err error) {
 	err = mapped(p.idx.Path, func() error {
 		pos := p.idx.Find(h)
 		if pos < 0 {
@@ -515,7 +515,7 @@ func (s *objectStore) readEntry(p *storePack, off int64, depth int) (objType, []
 	if n == 0 {
 		return 0, nil, fmt.Errorf("%w: %v", errNotSmall, err)
 	}
-	e, ok := packidx.ParseEntry(hdr[:n])
+	e, ok := gitobj.ParseEntry(hdr[:n])
 	if !ok || e.Size > smallPackRead {
 		return 0, nil, errNotSmall
 	}

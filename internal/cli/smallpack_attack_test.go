@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bushost/bushost/internal/packidx"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // Attacks on the in-process pack and the cleanliness proof by a worker
@@ -457,13 +457,13 @@ func TestAttackSmallPackHostilePack(t *testing.T) {
 		}
 		const copies = 100000
 		blob := make([]byte, 1<<16)
-		body := packidx.AppendEntryHeader(nil, int(objBlob), uint64(len(blob)))
+		body := gitobj.AppendEntryHeader(nil, int(objBlob), uint64(len(blob)))
 		body = append(body, deflate(blob)...)
 		deltaAt := uint64(12 + len(body))
 		delta := binary.AppendUvarint(nil, uint64(len(blob)))
 		delta = binary.AppendUvarint(delta, copies<<16)
 		delta = append(delta, bytes.Repeat([]byte{0x80}, copies)...) // copy 64 KiB from 0
-		body = packidx.AppendEntryHeader(body, int(objOfs), uint64(len(delta)))
+		body = gitobj.AppendEntryHeader(body, int(objOfs), uint64(len(delta)))
 		// How far back the blob is (right after the pack's header), as
 		// git writes it: big-endian 7-bit groups, each but the last one
 		// less, the high bit set on all but the last.
