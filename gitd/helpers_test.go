@@ -15,6 +15,7 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/treesnap"
 )
 
@@ -193,7 +194,7 @@ func newEnv(t *testing.T, opts ...func(*Options)) *env {
 	os.WriteFile(filepath.Join(e.root, "README"), []byte("hello\n"), 0o644)
 	e.run(e.root, "add", nil, "--all")
 	e.commitAll(e.root, "initial")
-	e.main, _, err = e.svc.AddProject(context.Background(), testBusiness, testProject, e.root)
+	e.main, _, err = e.svc.AddProject(context.Background(), testScope(), e.root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +278,7 @@ func (e *env) grant(task string) authz.Grant {
 }
 
 func (e *env) push(task string, b []byte) (PushResult, error) {
-	return e.svc.Push(context.Background(), e.grant(task), authz.Peer{PID: 1}, 0, bytes.NewReader(b))
+	return e.svc.Push(context.Background(), e.grant(task), testTask(task), authz.Peer{PID: 1}, 0, bytes.NewReader(b))
 }
 
 // snapshot records every file and directory under the store, so that a
@@ -373,4 +374,24 @@ func bareGit(t *testing.T, repo string) func(stdin string, args ...string) strin
 	}
 	git("", "init", "-q", "--bare")
 	return git
+}
+
+// testScope is the test project, parsed as the server parses a request.
+func testScope() names.Project { return mustProject(testBusiness, testProject) }
+
+// testTask is task of the test project, parsed.
+func testTask(task string) names.Task {
+	t, err := testScope().Task(task)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+func mustProject(business, project string) names.Project {
+	p, err := names.ParseProject(business, project)
+	if err != nil {
+		panic(err)
+	}
+	return p
 }

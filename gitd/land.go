@@ -81,18 +81,13 @@ const (
 // value. A crash between the record and the ref move is repaired by
 // Reconcile, which moves main to the last landing's main while main is
 // still that landing's old main.
-func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, business, project, task string, o LandOptions) (LandResult, error) {
+func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scope names.Task, o LandOptions) (LandResult, error) {
 	l, ok := s.o.Authority.(authz.Lander)
 	if !ok {
 		return LandResult{}, fmt.Errorf("this bus host's broker cannot land work")
 	}
-	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil || task == "" {
-		if err == nil {
-			err = fmt.Errorf("no task name")
-		}
-		return LandResult{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
-	}
-	t, err := s.task(business, project, task)
+	business, project, task := scope.Business(), scope.Project().Name(), scope.Name()
+	t, err := s.task(scope)
 	if err != nil {
 		return LandResult{}, err
 	}
@@ -245,10 +240,7 @@ func (s *Service) intoPool(ctx context.Context, t repo, q *bundle.Quarantine, ap
 	if !t.exists() {
 		return fmt.Errorf("task %s has no repository", t.Task)
 	}
-	ref, err := names.WorkRef(t.Task)
-	if err != nil {
-		return err
-	}
+	ref := t.task.WorkRef()
 	r := t.pool()
 	if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "fetch",
 		Flags: []string{"--quiet", "--no-tags", "--no-write-fetch-head"}, Args: []string{t.Path, ref}}); err != nil {

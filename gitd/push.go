@@ -33,7 +33,8 @@ type PushResult struct {
 const criticalTimeout = time.Minute
 
 // Push ingests one bundle (body, the whole bundle as sent) as the work of
-// g's task. size is the client's announced size, 0 if unknown.
+// task t, g's task as the server parsed it. size is the client's announced
+// size, 0 if unknown.
 //
 // Order, for crash safety and nothing left behind: header checks; the pack
 // through index-pack --strict in quarantine (in parallel with other
@@ -46,12 +47,9 @@ const criticalTimeout = time.Minute
 // migration, so that its fsync joins the pack's; renamed into place after
 // the record). A crash between the record and the ref move is
 // repaired by Reconcile.
-func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size int64, body io.Reader) (PushResult, error) {
-	ref, err := names.WorkRef(g.Task)
-	if err != nil {
-		return PushResult{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	r, err := s.task(g.Business, g.Project, g.Task)
+func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer authz.Peer, size int64, body io.Reader) (PushResult, error) {
+	ref := t.WorkRef()
+	r, err := s.task(t)
 	if err != nil {
 		return PushResult{}, err
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
@@ -257,7 +258,7 @@ func TestPushRefusals(t *testing.T) {
 			b := tc.bundle(e)
 			before := e.snapshot()
 			recs := len(e.auth.recorded())
-			_, err := e.svc.Push(context.Background(), e.grant("t1"), authz.Peer{}, tc.size, bytes.NewReader(b))
+			_, err := e.svc.Push(context.Background(), e.grant("t1"), testTask("t1"), authz.Peer{}, tc.size, bytes.NewReader(b))
 			if err == nil {
 				t.Fatal("push accepted")
 			}
@@ -309,8 +310,13 @@ func randomText(n int) string {
 	return string(b)
 }
 
+// TestPushBadNames sends a push whose grant names a hostile business,
+// project or task to the server, and hostile project names to AddProject:
+// each is refused NAME_INVALID where the call enters, before anything is
+// read or made.
 func TestPushBadNames(t *testing.T) {
 	e := newEnv(t)
+	c := serve(t, e)
 	e.commitFile("a.txt", "one\n")
 	b := e.bundle("HEAD", "^main")
 	before := e.snapshot()
@@ -325,8 +331,9 @@ func TestPushBadNames(t *testing.T) {
 			case "task":
 				g.Task = bad
 			}
-			_, err := e.svc.Push(context.Background(), g, authz.Peer{}, 0, bytes.NewReader(b))
-			if errdefs.ReasonOf(err) != errdefs.NameInvalid || !strings.Contains(err.Error(), "invalid "+which+" name") {
+			e.auth.grant("bad", g)
+			_, err := pushStream(t, c, "bad", b)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid "+which+" name") {
 				t.Errorf("%s %q: %v", which, bad, err)
 			}
 		}
@@ -335,15 +342,14 @@ func TestPushBadNames(t *testing.T) {
 		t.Fatalf("store changed:\n%s", d)
 	}
 	for _, bad := range []string{"../x", "a/b", "", strings.Repeat("a", 200), "ünï"} {
-		if _, _, err := e.svc.AddProject(context.Background(), bad, "p", e.root); errdefs.ReasonOf(err) != errdefs.NameInvalid {
+		if _, err := c.AddProject(withToken("admin"), &gitv1.AddProjectRequest{Business: bad, Project: "p", Root: e.root}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid business name") {
 			t.Errorf("AddProject business %q: %v", bad, err)
 		}
-		if _, _, err := e.svc.AddProject(context.Background(), "b", bad, e.root); errdefs.ReasonOf(err) != errdefs.NameInvalid {
+		if _, err := c.AddProject(withToken("admin"), &gitv1.AddProjectRequest{Business: "b", Project: bad, Root: e.root}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid project name") {
 			t.Errorf("AddProject project %q: %v", bad, err)
 		}
 	}
 	if d := treesnap.Diff(before, e.snapshot()); d != "" {
 		t.Fatalf("store changed:\n%s", d)
 	}
-	_ = fmt.Sprint
 }

@@ -66,12 +66,9 @@ type RepairResult struct {
 // logged push's commit is in the repository (its pack was kept, or put
 // back), the ref is set to it; else the push is recorded as lost and the
 // task's latest push becomes what its ref holds.
-func (s *Service) RepairTask(ctx context.Context, business, project, task string) (RepairResult, error) {
-	ref, err := names.WorkRef(task)
-	if err != nil {
-		return RepairResult{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	r, err := s.task(business, project, task)
+func (s *Service) RepairTask(ctx context.Context, t names.Task) (RepairResult, error) {
+	business, project, task, ref := t.Business(), t.Project().Name(), t.Name(), t.WorkRef()
+	r, err := s.task(t)
 	if err != nil {
 		return RepairResult{}, err
 	}
