@@ -22,14 +22,20 @@ import (
 // fakeAuth is a test double of the broker: tokens map to grants, closed
 // tasks refuse, pushes are kept in memory.
 type fakeAuth struct {
-	mu        sync.Mutex
-	grants    map[string]authz.Grant
-	closed    map[string]bool
-	refuse    error // RecordPush returns it when set
-	pushes    []authz.Push
-	projects  map[string]bool
-	lastExtra map[string]string // task -> commit, recorded without a ref move
-	repair    map[string]string // task -> why it needs repair
+	mu     sync.Mutex
+	grants map[string]authz.Grant
+	closed map[string]bool
+	refuse error // RecordPush returns it when set
+	// unclear is the COMMIT_UNKNOWN RecordPush returns when set, having
+	// recorded the push first if unclearCommitted; readBack, when set,
+	// is PushRecorded's failure to read the log back.
+	unclear          error
+	unclearCommitted bool
+	readBack         error
+	pushes           []authz.Push
+	projects         map[string]bool
+	lastExtra        map[string]string // task -> commit, recorded without a ref move
+	repair           map[string]string // task -> why it needs repair
 }
 
 func newFakeAuth() *fakeAuth {
@@ -94,13 +100,22 @@ func (f *fakeAuth) RecordPush(_ context.Context, g authz.Grant, p authz.Push, _ 
 	if f.closed[g.Task] {
 		return errdefs.FailedPrecondition(errdefs.TaskClosed, "task %s is closed", g.Task)
 	}
+	if f.unclear != nil && !f.unclearCommitted {
+		return f.unclear
+	}
 	f.pushes = append(f.pushes, p)
-	return nil
+	return f.unclear
 }
 
 func (f *fakeAuth) GrantValid(context.Context, authz.Grant) error { return nil }
 
 func (f *fakeAuth) PushRecorded(_ context.Context, b, p, task, commit string) (bool, error) {
+	f.mu.Lock()
+	readBack := f.readBack
+	f.mu.Unlock()
+	if readBack != nil {
+		return false, readBack
+	}
 	last, _ := f.LastPushes(context.Background(), b, p)
 	return last[task] == commit, nil
 }

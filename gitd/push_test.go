@@ -3,6 +3,7 @@ package gitd
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -352,4 +353,103 @@ func TestPushBadNames(t *testing.T) {
 	if d := treesnap.Diff(before, e.snapshot()); d != "" {
 		t.Fatalf("store changed:\n%s", d)
 	}
+}
+
+// TestPushUnclearRecord: the broker's commit of a push's record fails in
+// flight (COMMIT_UNKNOWN). Read back as not recorded, the push is rolled
+// back whole (no pack, no repository, no ref); as recorded, it completes;
+// not read back, its pack is kept for Reconcile and its ref not moved.
+func TestPushUnclearRecord(t *testing.T) {
+	unclear := errdefs.Unavailable(errdefs.CommitUnknown, "the test's store lost the answer")
+	t.Run("not recorded", func(t *testing.T) {
+		e := newEnv(t)
+		e.commitFile("a.txt", "one\n")
+		e.auth.unclear = unclear
+		before := e.snapshot()
+		_, err := e.push("t1", e.bundle("HEAD", "^main"))
+		if got := errdefs.FromGRPC(toStatus(err)); got.Reason != errdefs.CommitUnknown || got.Metadata["recorded"] != "false" {
+			t.Fatalf("push: %v (%+v)", err, got)
+		}
+		if d := treesnap.Diff(before, e.snapshot()); d != "" {
+			t.Fatalf("a push not recorded left:\n%s", d)
+		}
+	})
+	t.Run("recorded", func(t *testing.T) {
+		e := newEnv(t)
+		c := e.commitFile("a.txt", "one\n")
+		e.auth.unclear, e.auth.unclearCommitted = unclear, true
+		if res, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil || res.Commit != c {
+			t.Fatalf("push: %+v %v", res, err)
+		}
+		if got := e.ref("refs/work/t1"); got != c {
+			t.Fatalf("refs/work/t1 = %q, want %s", got, c)
+		}
+		e.fsck()
+	})
+	t.Run("not read back", func(t *testing.T) {
+		e := newEnv(t)
+		c := e.commitFile("a.txt", "one\n")
+		e.auth.unclear, e.auth.unclearCommitted = unclear, true
+		e.auth.readBack = errors.New("the test's store is down")
+		_, err := e.push("t1", e.bundle("HEAD", "^main"))
+		if got := errdefs.FromGRPC(toStatus(err)); got.Reason != errdefs.CommitUnknown || got.Metadata["recorded"] != "" {
+			t.Fatalf("push: %v (%+v)", err, got)
+		}
+		if got := e.ref("refs/work/t1"); got != "" {
+			t.Fatalf("refs/work/t1 moved to %s before the log was read back", got)
+		}
+		if _, err := e.runErr(e.taskRepo("t1"), "cat-file", nil, "-e", "--", c); err != nil {
+			t.Fatalf("the pack of a push whose record may have committed is gone: %v", err)
+		}
+		// Nothing but the pack and its repository: no lock, no quarantine.
+		e.fsck()
+		if err := e.svc.Reconcile(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.ref("refs/work/t1"); got != c {
+			t.Fatalf("after Reconcile refs/work/t1 = %q, want %s", got, c)
+		}
+	})
+}
+
+// TestPushRefLockHeld: a push whose ref move cannot be prepared (a lock
+// on the ref another process holds) is rolled back after its checks,
+// quota reservation and lock: nothing is recorded or left, and the next
+// push, the lock gone, goes through.
+func TestPushRefLockHeld(t *testing.T) {
+	e := newEnv(t)
+	e.commitFile("a.txt", "one\n")
+	if _, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil {
+		t.Fatal(err)
+	}
+	c := e.commitFile("a.txt", "two\n")
+	lock := filepath.Join(e.taskRepo("t1"), "refs", "work", "t1.lock")
+	if err := os.WriteFile(lock, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, recs := e.snapshot(), len(e.auth.recorded())
+	if _, err := e.push("t1", e.bundle("HEAD", "^main")); err == nil || !strings.Contains(err.Error(), "t1.lock exists") {
+		t.Fatalf("push with the ref locked: %v", err)
+	}
+	if d := treesnap.Diff(before, e.snapshot()); d != "" {
+		t.Fatalf("a push refused at its ref move left:\n%s", d)
+	}
+	if len(e.auth.recorded()) != recs {
+		t.Fatal("a push refused at its ref move was recorded")
+	}
+	if err := os.Remove(lock); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil || res.Commit != c {
+		t.Fatalf("push after the lock is gone: %+v %v", res, err)
+	}
+	// The project's reservation was released: the figure is the
+	// repository's, not twice the refused pack.
+	e.svc.mu.Lock()
+	reserved := e.svc.reserved
+	e.svc.mu.Unlock()
+	if len(reserved) != 0 {
+		t.Fatalf("reservations left: %v", reserved)
+	}
+	e.fsck()
 }
