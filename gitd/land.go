@@ -110,11 +110,12 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	if old == "" {
 		return LandResult{}, errdefs.FailedPrecondition(errdefs.MainNotFound, "project %s/%s has no main", business, project)
 	}
-	q, err := bundle.NewQuarantine(r.objects())
+	tx, err := s.beginLand(r)
 	if err != nil {
 		return LandResult{}, err
 	}
-	defer q.Remove()
+	defer tx.Rollback()
+	q := tx.q
 	if err := s.intoPool(ctx, t, q, approved); err != nil {
 		return LandResult{}, err
 	}
@@ -150,11 +151,9 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 			return LandResult{}, err
 		}
 	}
-	unlock, err := s.lock(ctx, r)
-	if err != nil {
+	if err := tx.lockProject(ctx); err != nil {
 		return LandResult{}, err
 	}
-	defer unlock()
 	// Only the lock's holder moves main: unmoved now, it stays so until
 	// the update-ref below. Read afresh, not through a handle opened
 	// before another landing may have moved it.
@@ -170,22 +169,21 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
-	if err := q.Migrate(); err != nil {
-		s.markUndone(r)
+	if err := tx.moveIn(); err != nil {
 		return LandResult{}, err
 	}
 	res.Seq, err = l.RecordLanding(cctx, g, authz.Landing{Business: business, Project: project, Task: task,
 		Approved: approved, Old: old, New: res.MainNew, Merge: res.Merge}, peer)
 	if err != nil {
-		if rerr := s.undo(r, q); rerr != nil {
-			s.log.Error("remove refused merge", "repo", r.Path, "err", rerr)
-		}
 		return LandResult{}, err
 	}
 	// The project's cached size grows by what the landing added (reading
 	// the whole project again would make the next push's quota check cost
-	// as much as the project has tasks).
-	s.account(r, 0, q)
+	// as much as the project has tasks). Main moves by UpdateRef after
+	// the commit, not by a prepared move: nothing is left to undo.
+	if err := tx.Commit(cctx); err != nil {
+		return LandResult{}, err
+	}
 	if res.MainNew == old {
 		return res, nil
 	}

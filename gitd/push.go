@@ -129,7 +129,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 		return PushResult{}, err
 	}
 
-	if err := tx.lock(ctx, commit); err != nil {
+	if err := tx.lockTask(ctx, commit); err != nil {
 		return PushResult{}, err
 	}
 	cur, err := readRef(gg, ref)
@@ -152,7 +152,10 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 	// The ref move is prepared (old value checked, new one written into
 	// <ref>.lock) so that its fsync joins the pack's; it is put in place
 	// only after the record.
-	if err := tx.migrate(cctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur)); err != nil {
+	if err := tx.prepareRef(cctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur)); err != nil {
+		return PushResult{}, err
+	}
+	if err := tx.moveIn(); err != nil {
 		return PushResult{}, err
 	}
 	if err := tx.wait(); err != nil {
@@ -175,20 +178,21 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 	return PushResult{Commit: commit, Previous: cur, Ref: ref}, nil
 }
 
-// pushTx is one push's write into its task's repository, and everything
-// it holds while it writes: the quarantine (with the pack's reader and
-// the beyond-git walk reading it), the task's lock, the bytes reserved
+// writeTx is one write into a repository, a push (beginPush) or a
+// landing (beginLand), and everything it holds while it writes: the
+// quarantine (for a push with the pack's reader and the beyond-git walk
+// reading it), the task's or the project's lock, the bytes reserved
 // against the project's quota, a repository made for a first push, the
-// prepared ref move and, once migrated, the pack in the repository.
-// Commit puts the ref in place; Rollback, deferred right after
-// beginPush, undoes whatever Commit did not make final, in order, and
-// only releases after a Commit.
-type pushTx struct {
+// prepared ref move and, once moved in, the objects in the repository.
+// Commit accounts the objects and puts a prepared ref in place; Rollback,
+// deferred right after begin, undoes whatever Commit did not make final,
+// in order, and only releases after a Commit.
+type writeTx struct {
 	s *Service
 	r repo
 	q *bundle.Quarantine
-	// objs reads the quarantined pack; walked waits for the beyond-git
-	// walk over it (both set once the pack is indexed).
+	// objs reads a push's quarantined pack; walked waits for the
+	// beyond-git walk over it (both set once the pack is indexed).
 	objs   *objectReader
 	walked func() error
 	// undone is the repository's undoneCount when the push began: a
@@ -211,8 +215,8 @@ type pushTx struct {
 // meanwhile (its prerequisite, index-pack's connectivity, the ancestry
 // and the walk's "there before"). Counted now and again under the lock,
 // such an undo refuses this push (TestAttackPushOnARefusedPushInFlight).
-func (s *Service) beginPush(r repo) (*pushTx, error) {
-	tx := &pushTx{s: s, r: r, undone: s.undoneCount(r)}
+func (s *Service) beginPush(r repo) (*writeTx, error) {
+	tx := &writeTx{s: s, r: r, undone: s.undoneCount(r)}
 	q, err := r.quarantine()
 	if err != nil {
 		return nil, err
@@ -221,9 +225,30 @@ func (s *Service) beginPush(r repo) (*pushTx, error) {
 	return tx, nil
 }
 
-// lock takes the task's lock (lockTask) and refuses the push if objects
-// its checks may have read were removed since it began.
-func (tx *pushTx) lock(ctx context.Context, commit string) error {
+// beginLand starts a landing's write into the pool r: a quarantine of
+// its objects.
+func (s *Service) beginLand(r repo) (*writeTx, error) {
+	q, err := bundle.NewQuarantine(r.objects())
+	if err != nil {
+		return nil, err
+	}
+	return &writeTx{s: s, r: r, q: q}, nil
+}
+
+// lockProject takes the whole project's lock (Service.lock), as a landing
+// does.
+func (tx *writeTx) lockProject(ctx context.Context) error {
+	unlock, err := tx.s.lock(ctx, tx.r)
+	if err != nil {
+		return err
+	}
+	tx.unlock = unlock
+	return nil
+}
+
+// lockTask takes the task's lock (Service.lockTask) and refuses the push
+// if objects its checks may have read were removed since it began.
+func (tx *writeTx) lockTask(ctx context.Context, commit string) error {
 	unlock, err := tx.s.lockTask(ctx, tx.r)
 	if err != nil {
 		return err
@@ -238,7 +263,7 @@ func (tx *pushTx) lock(ctx context.Context, commit string) error {
 
 // reserve checks the quotas and reserves the pack's bytes in the
 // project's figure until the push is accounted or rolled back.
-func (tx *pushTx) reserve() error {
+func (tx *writeTx) reserve() error {
 	n, err := tx.s.checkQuotas(tx.r, tx.q)
 	if err != nil {
 		return err
@@ -247,10 +272,9 @@ func (tx *pushTx) reserve() error {
 	return nil
 }
 
-// migrate makes the task's repository on its first push, prepares the ref
-// move from old to newID, and moves the pack in, its fsyncs and the ref
-// lock's in one batch.
-func (tx *pushTx) migrate(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
+// prepareRef makes the task's repository on its first push and prepares
+// the ref move from old to newID, for moveIn to fsync with the objects.
+func (tx *writeTx) prepareRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
 	made, err := tx.s.ensure(ctx, tx.r)
 	if err != nil {
 		return err
@@ -265,17 +289,25 @@ func (tx *pushTx) migrate(ctx context.Context, ref gitid.ReferenceName, newID, o
 	if f := tx.mv.Pending(); f != "" {
 		tx.q.AlsoSync = append(tx.q.AlsoSync, f)
 	}
+	return nil
+}
+
+// moveIn moves the quarantined objects into the repository, their fsyncs
+// (and a prepared ref lock's) in one batch.
+func (tx *writeTx) moveIn() error {
 	if err := tx.q.Migrate(); err != nil {
 		tx.s.markUndone(tx.r) // Migrate removed what it had moved in
 		return err
 	}
 	tx.migrated = true
-	tx.mv.Synced()
+	if tx.mv != nil {
+		tx.mv.Synced()
+	}
 	return nil
 }
 
 // wait waits for the beyond-git walk and returns its verdict.
-func (tx *pushTx) wait() error {
+func (tx *writeTx) wait() error {
 	if tx.walked == nil {
 		return nil
 	}
@@ -285,13 +317,16 @@ func (tx *pushTx) wait() error {
 // keep leaves the migrated pack in the repository on Rollback: the
 // record's fate is unknown, and Reconcile moves the ref at the next start
 // if it did commit.
-func (tx *pushTx) keep() { tx.kept = true }
+func (tx *writeTx) keep() { tx.kept = true }
 
-// Commit accounts the pack's bytes to the project and puts the ref in
-// place. After it, Rollback only releases.
-func (tx *pushTx) Commit(ctx context.Context) error {
+// Commit accounts the objects moved in to the project and puts a prepared
+// ref in place. After it, Rollback only releases.
+func (tx *writeTx) Commit(ctx context.Context) error {
 	tx.done = true
 	tx.s.account(tx.r, tx.reserved, tx.q)
+	if tx.mv == nil {
+		return nil
+	}
 	return tx.mv.Commit(ctx)
 }
 
@@ -299,7 +334,7 @@ func (tx *pushTx) Commit(ctx context.Context) error {
 // the migrated pack (counted for undoneCount), a repository made for
 // this push; then releases the reservation and the task's lock, waits for
 // the walk and removes the quarantine. It may be called more than once.
-func (tx *pushTx) Rollback() {
+func (tx *writeTx) Rollback() {
 	if tx.mv != nil {
 		tx.mv.Abort()
 	}
@@ -307,7 +342,7 @@ func (tx *pushTx) Rollback() {
 		removed := !tx.migrated
 		if tx.migrated && !tx.kept {
 			if err := tx.s.undo(tx.r, tx.q); err != nil {
-				tx.s.log.Error("remove refused pack", "repo", tx.r.Path, "err", err)
+				tx.s.log.Error("remove the objects of a refused write", "repo", tx.r.Path, "err", err)
 			} else {
 				removed = true
 			}

@@ -19,7 +19,7 @@ import (
 // client told to push again; not learned, the pack is kept (Reconcile moves
 // the ref at the next start if the record did commit) and the client gets
 // a retryable Unavailable.
-func (s *Service) settleUnclear(ctx context.Context, tx *pushTx, g authz.Grant, commit string, cause error) error {
+func (s *Service) settleUnclear(ctx context.Context, tx *writeTx, g authz.Grant, commit string, cause error) error {
 	r := tx.r
 	recorded, err := s.o.Authority.PushRecorded(ctx, g.Business, g.Project, g.Task, commit)
 	switch {
