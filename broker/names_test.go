@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
@@ -72,7 +70,7 @@ func TestTaskScopedCallsRefuseBadNames(t *testing.T) {
 			for _, c := range calls {
 				before := e.head()
 				err := c.call()
-				wantReason(t, err, codes.InvalidArgument, errdefs.NameInvalid, c.name+" "+bad)
+				wantReason(t, err, errdefs.KindInvalidArgument, errdefs.NameInvalid, c.name+" "+bad)
 				if e.head() != before {
 					t.Fatalf("%s %q: the log grew", c.name, bad)
 				}
@@ -94,7 +92,7 @@ func TestTaskScopedCallsRefuseBadNames(t *testing.T) {
 			"MarkNeedsRepair": func() error { return e.b.MarkNeedsRepair(ctx, "acme", "web", "", "why", commit(1)) },
 		} {
 			before := e.head()
-			wantReason(t, call(), codes.InvalidArgument, errdefs.NameInvalid, name+" with no task")
+			wantReason(t, call(), errdefs.KindInvalidArgument, errdefs.NameInvalid, name+" with no task")
 			if e.head() != before {
 				t.Fatalf("%s with no task: the log grew", name)
 			}

@@ -24,25 +24,25 @@ func (sv *server) LandTask(ctx context.Context, req *gitv1.LandTaskRequest) (*gi
 		g, err = sv.authorize(ctx, authz.CapTaskLand)
 	}
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	t := g.task
 	if !named {
 		if g.Host {
-			return nil, toStatus(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "the host names the task: --business, --project and --task"))
+			return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "the host names the task: --business, --project and --task")
 		}
 	} else {
 		if t, err = names.ParseTask(req.GetBusiness(), req.GetProject(), req.GetTask()); err != nil {
-			return nil, toStatus(err)
+			return nil, err
 		}
 		if err := sv.s.o.Authority.CheckPlacement(ctx, t.Business(), t.Project().Name()); err != nil {
-			return nil, toStatus(err)
+			return nil, err
 		}
 	}
 	peer, _ := sock.PeerFromContext(ctx)
 	res, err := sv.s.Land(ctx, g.Grant, peer, t, LandOptions{Merge: req.GetMerge(), Force: req.GetForce()})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gitv1.LandTaskResponse{Commit: res.Commit, MainOld: res.MainOld, MainNew: res.MainNew, Merge: res.Merge, Seq: res.Seq}, nil
 }
@@ -50,7 +50,7 @@ func (sv *server) LandTask(ctx context.Context, req *gitv1.LandTaskRequest) (*gi
 func (sv *server) PublishProject(ctx context.Context, req *gitv1.PublishProjectRequest) (*gitv1.PublishProjectResponse, error) {
 	p, err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	branch := req.GetBranch()
 	if branch == "" {
@@ -58,7 +58,7 @@ func (sv *server) PublishProject(ctx context.Context, req *gitv1.PublishProjectR
 	}
 	commit, previous, err := sv.s.PublishProject(ctx, p, branch, req.GetForce())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gitv1.PublishProjectResponse{Commit: commit, Previous: previous, Branch: branch}, nil
 }
@@ -69,10 +69,10 @@ func (sv *server) FetchWork(req *gitv1.FetchWorkRequest, stream grpc.ServerStrea
 	ctx := stream.Context()
 	g, err := sv.authorize(ctx, authz.CapPushWorking)
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	if err := sv.s.notMarked(ctx, g.Grant); err != nil {
-		return toStatus(err)
+		return err
 	}
 	still := sv.stillValid(ctx, g.Grant)
 	w := newChunkWriter(func(b []byte) error {
@@ -85,7 +85,7 @@ func (sv *server) FetchWork(req *gitv1.FetchWorkRequest, stream grpc.ServerStrea
 		return stream.Send(&gitv1.FetchWorkResponse{Msg: &gitv1.FetchWorkResponse_Commit{Commit: c}})
 	}
 	if err := sv.s.WriteReviewBundle(ctx, g.task, req.GetHave(), req.GetAlsoHave(), begin, w); err != nil {
-		return toStatus(still.first(err))
+		return still.first(err)
 	}
-	return toStatus(still.first(w.Flush()))
+	return still.first(w.Flush())
 }

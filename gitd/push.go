@@ -163,7 +163,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 	}
 	p := authz.Push{Business: g.Business, Project: g.Project, Task: g.Task, Commit: commit, Previous: cur, Ref: ref}
 	if err := s.o.Authority.RecordPush(cctx, g, p, peer); err != nil {
-		if errdefs.FromGRPC(err).Reason != errdefs.CommitUnknown {
+		if errdefs.ReasonOf(err) != errdefs.CommitUnknown {
 			return PushResult{}, err
 		}
 		if err := s.settleUnclear(cctx, tx, g, commit, err); err != nil {
