@@ -77,7 +77,7 @@ container: deps-container build
 
 # What each use needs (scripts/deps.sh): running is git and bubblewrap;
 # the container adds podman, runc and debootstrap; the tests add those and
-# PostgreSQL, curl, python3, podman-compose, systemd-analyze.
+# PostgreSQL, curl, python3, podman-compose, systemd-analyze, nodejs, npm.
 deps:
 	scripts/deps.sh test
 
