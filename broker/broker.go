@@ -536,8 +536,8 @@ func (b *Broker) EnsureProject(ctx context.Context, business, project string) er
 }
 
 func (b *Broker) ensureProject(ctx context.Context, business, project string) error {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
-		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	if _, err := names.ParseProject(business, project); err != nil {
+		return err
 	}
 	return b.place(ctx, business, project)
 }
@@ -676,8 +676,8 @@ func isObjectID(s string) bool { return gitid.Valid(s) }
 
 // LastPushes implements authz.Authority.
 func (b *Broker) LastPushes(ctx context.Context, business, project string) (map[string]string, error) {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
-		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	if _, err := names.ParseProject(business, project); err != nil {
+		return nil, err
 	}
 	m, err := b.st.read().lastPushes(ctx, business, project)
 	if err != nil {

@@ -58,11 +58,8 @@ func (q *queries) landedEvent(ctx context.Context, business, project, task strin
 
 // landable returns the commit the task may land: its latest push, approved.
 func landable(ctx context.Context, q *queries, keys *Keyring, business, project, task string) (taskRow, string, error) {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil || task == "" {
-		if err == nil {
-			err = fmt.Errorf("no task name")
-		}
-		return taskRow{}, "", errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	if _, err := names.ParseTask(business, project, task); err != nil {
+		return taskRow{}, "", err
 	}
 	e, ok, err := q.landedEvent(ctx, business, project, task)
 	if err != nil {
@@ -229,8 +226,8 @@ func (b *Broker) RecordLanding(ctx context.Context, g authz.Grant, l authz.Landi
 
 // Landings implements authz.Lander.
 func (b *Broker) Landings(ctx context.Context, business, project string) ([]authz.Landing, error) {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
-		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	if _, err := names.ParseProject(business, project); err != nil {
+		return nil, err
 	}
 	rows, err := b.st.read().db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND type = $3 ORDER BY seq`,
 		business, project, TypeTaskLanded)
@@ -257,11 +254,8 @@ func (b *Broker) Landings(ctx context.Context, business, project string) ([]auth
 // pushes, reviews and a close or a landing again. A landed task stays
 // closed (TASK_LANDED): its work is on main.
 func (b *Broker) ReopenTask(ctx context.Context, peer, business, project, task string) (int64, error) {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil || task == "" {
-		if err == nil {
-			err = fmt.Errorf("no task name")
-		}
-		return 0, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	if _, err := names.ParseTask(business, project, task); err != nil {
+		return 0, err
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {

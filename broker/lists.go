@@ -40,13 +40,8 @@ type TaskInfo struct {
 // maxListTasks, ordered by business, project, task. A grant sees its own
 // task only, whatever the filters say.
 func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project, state string) ([]TaskInfo, error) {
-	for _, n := range [][2]string{{"business", business}, {"project", project}} {
-		if n[1] == "" {
-			continue
-		}
-		if err := names.Check(n[0], n[1]); err != nil {
-			return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
-		}
+	if err := names.CheckFilter("business", business, "project", project); err != nil {
+		return nil, err
 	}
 	switch state {
 	case "", StateOpen, StateClosed, StateLanded:
@@ -150,19 +145,6 @@ func whereClause(where []string) string {
 	return ` WHERE ` + strings.Join(where, " AND ")
 }
 
-// checkFilterNames refuses a filter that is not a valid name ("" passes).
-func checkFilterNames(kv ...string) error {
-	for i := 0; i+1 < len(kv); i += 2 {
-		if kv[i+1] == "" {
-			continue
-		}
-		if err := names.Check(kv[i], kv[i+1]); err != nil {
-			return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
-		}
-	}
-	return nil
-}
-
 // maxListProjects and maxListGrants bound one listing.
 const (
 	maxListProjects = 10000
@@ -197,7 +179,7 @@ type ProjectInfo struct {
 // their repositories on this host and their latest push. A grant sees its
 // own project only, with its own task's count and latest push and no size.
 func (b *Broker) ListProjects(ctx context.Context, g authz.Grant, business string) ([]ProjectInfo, error) {
-	if err := checkFilterNames("business", business); err != nil {
+	if err := names.CheckFilter("business", business); err != nil {
 		return nil, err
 	}
 	out, err := b.listProjects(ctx, g, business)
@@ -393,7 +375,7 @@ type GrantInfo struct {
 // by business, project, task and id. A grant sees the grants of its own
 // task only: a filter naming another is refused (OTHER_TASK).
 func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, project, task string) ([]GrantInfo, error) {
-	if err := checkFilterNames("business", business, "project", project, "task", task); err != nil {
+	if err := names.CheckFilter("business", business, "project", project, "task", task); err != nil {
 		return nil, err
 	}
 	if !g.Host {

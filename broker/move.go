@@ -100,13 +100,8 @@ func projectMoving(business, project string, r projectRow) error {
 }
 
 func checkProjectNames(business, project string) error {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil || project == "" {
-		if err == nil {
-			err = errors.New("no project name")
-		}
-		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
-	}
-	return nil
+	_, err := names.ParseProject(business, project)
+	return err
 }
 
 // NotMoving implements authz.Mover.

@@ -93,8 +93,8 @@ func (b *Broker) forgetPlacement(business, project string) {
 // later, by whatever needs it), or registered before placement existed;
 // PROJECT_ON_OTHER_HOST naming the owner when it lives elsewhere.
 func (b *Broker) CheckPlacement(ctx context.Context, business, project string) error {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
-		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	if _, err := names.ParseProject(business, project); err != nil {
+		return err
 	}
 	if _, ok := b.placedHere.Load(business + "/" + project); ok {
 		return nil

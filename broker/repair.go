@@ -35,8 +35,8 @@ func needsRepair(t taskRow) error {
 // that cannot be read is retried a few times over a few seconds (a cut
 // connection is replaced by the pool) before the error is returned.
 func (b *Broker) PushRecorded(ctx context.Context, business, project, task, commit string) (bool, error) {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil {
-		return false, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	if _, err := names.ParseTask(business, project, task); err != nil {
+		return false, err
 	}
 	var lastErr error
 	for i := 0; i < 5; i++ {
@@ -65,8 +65,8 @@ func (b *Broker) PushRecorded(ctx context.Context, business, project, task, comm
 // (actor host) with why and the commit the log has, and marks the task.
 // A task already marked is left as it is.
 func (b *Broker) MarkNeedsRepair(ctx context.Context, business, project, task, why, commit string) error {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil {
-		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	if _, err := names.ParseTask(business, project, task); err != nil {
+		return err
 	}
 	return b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		t, ok, err := q.task(ctx, business, project, task)
@@ -89,8 +89,8 @@ func (b *Broker) MarkNeedsRepair(ctx context.Context, business, project, task, w
 // lost and the task's latest push becomes refCommit, what its ref holds
 // ("" for none), which needs a review of its own before the task closes.
 func (b *Broker) Repaired(ctx context.Context, business, project, task string, restored bool, commit, refCommit string) (int64, error) {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil {
-		return 0, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+	if _, err := names.ParseTask(business, project, task); err != nil {
+		return 0, err
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
@@ -139,6 +139,9 @@ func (b *Broker) Repaired(ctx context.Context, business, project, task string, r
 // LastPush returns the commit of the task's latest recorded push ("" for
 // none) and why the task needs repair ("" if it does not).
 func (b *Broker) LastPush(ctx context.Context, business, project, task string) (commit, needsRepair string, err error) {
+	if _, err := names.ParseTask(business, project, task); err != nil {
+		return "", "", err
+	}
 	t, ok, err := b.st.read().task(ctx, business, project, task)
 	if err != nil {
 		return "", "", err

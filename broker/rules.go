@@ -17,11 +17,11 @@ import (
 // AddTask (host) registers a task of a known project; created is false if
 // it already existed.
 func (b *Broker) AddTask(ctx context.Context, peer, business, project, task string) (created bool, err error) {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil {
-		return false, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
-	}
 	if task == "" {
 		return false, errdefs.InvalidArgument(errdefs.NameInvalid, "no task name")
+	}
+	if _, err := names.ParseTask(business, project, task); err != nil {
+		return false, err
 	}
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		ok, err := q.projectExists(ctx, business, project)
@@ -147,11 +147,11 @@ type IssuedGrant struct {
 // CreateGrant (host) issues a token for one task, role and set of
 // capabilities from the vocabulary.
 func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (IssuedGrant, error) {
-	if err := names.CheckScope(names.Scope{Business: r.Business, Project: r.Project, Task: r.Task}); err != nil {
-		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
-	}
 	if r.Task == "" {
 		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.NameInvalid, "a grant is for one task: give its name")
+	}
+	if _, err := names.ParseTask(r.Business, r.Project, r.Task); err != nil {
+		return IssuedGrant{}, err
 	}
 	if err := names.Check("role", r.Role); err != nil {
 		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
@@ -595,6 +595,10 @@ func (b *Broker) RecordEvents(ctx context.Context, g authz.Grant, peer string, r
 // follow it then waits for new ones until ctx ends. A grant's filter is its
 // own task, whatever it asks.
 func (b *Broker) Events(ctx context.Context, f Filter, after int64, follow bool, send func(Event) error) error {
+	// A name no task can have is refused, not answered with no events.
+	if err := names.CheckFilter("business", f.Business, "project", f.Project, "task", f.Task); err != nil {
+		return err
+	}
 	// A page is bounded by count and by bytes, so that a stream whose
 	// reader is slow holds at most one page: 500 events of 60 KiB would
 	// be 30 MB.
@@ -643,8 +647,8 @@ func (b *Broker) RecordSessionEvent(ctx context.Context, peer, business, project
 	if !strings.HasPrefix(typ, SessionPrefix) || len(typ) > maxTypeLen || !eventTypeRE.MatchString(typ) {
 		return Event{}, errdefs.InvalidArgument(errdefs.EventTypeInvalid, "the host records only %s* events here, not %q", SessionPrefix, clip(typ))
 	}
-	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil || task == "" {
-		return Event{}, errdefs.InvalidArgument(errdefs.NameInvalid, "a session event is about one task: give business, project and task")
+	if _, err := names.ParseTask(business, project, task); err != nil {
+		return Event{}, err
 	}
 	data, err := canonicalData(data)
 	if err != nil {

@@ -38,7 +38,7 @@ func TestReviewBundleAlsoHave(t *testing.T) {
 	}
 	fetch := func(also ...string) ([]byte, []string, error) {
 		var out bytes.Buffer
-		err := e.svc.WriteReviewBundle(context.Background(), testBusiness, testProject, "t1", e.main, also, func(string) error { return nil }, &out)
+		err := e.svc.WriteReviewBundle(context.Background(), testTask("t1"), e.main, also, func(string) error { return nil }, &out)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -85,7 +85,7 @@ func TestMainBundleHave(t *testing.T) {
 		t.Helper()
 		var out bytes.Buffer
 		commit := ""
-		if err := e.svc.WriteMainBundle(ctx, testBusiness, testProject, have, func(c string) error { commit = c; return nil }, &out); err != nil {
+		if err := e.svc.WriteMainBundle(ctx, testScope(), have, func(c string) error { commit = c; return nil }, &out); err != nil {
 			t.Fatal(err)
 		}
 		if out.Len() == 0 {
@@ -103,7 +103,7 @@ func TestMainBundleHave(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(e.root, "more.txt"), []byte("more\n"), 0o644)
 	e.commitAll(e.root, "more")
-	newMain, _, err := e.svc.SyncProject(ctx, testBusiness, testProject)
+	newMain, _, err := e.svc.SyncProject(ctx, testScope())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestAlsoHavePastTheWalk(t *testing.T) {
 	}
 	for _, have := range []string{"", e.main} {
 		var out bytes.Buffer
-		err := e.svc.WriteReviewBundle(context.Background(), testBusiness, testProject, "t1", have, []string{last}, func(string) error { return nil }, &out)
+		err := e.svc.WriteReviewBundle(context.Background(), testTask("t1"), have, []string{last}, func(string) error { return nil }, &out)
 		if err != nil {
 			t.Fatal(err)
 		}

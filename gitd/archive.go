@@ -9,6 +9,7 @@ import (
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/names"
 )
 
 // ArchiveResult is what ArchiveTask did.
@@ -22,8 +23,9 @@ type ArchiveResult struct {
 // the log, and what landed is in the pool (Land copies it there first). An
 // open task is refused with TASK_NOT_CLOSED: its worker may still push and
 // its reviewer fetch. Archiving twice is no error (Removed is false).
-func (s *Service) ArchiveTask(ctx context.Context, business, project, task string) (ArchiveResult, error) {
-	r, err := s.task(business, project, task)
+func (s *Service) ArchiveTask(ctx context.Context, t names.Task) (ArchiveResult, error) {
+	business, project, task := t.Business(), t.Project().Name(), t.Name()
+	r, err := s.task(t)
 	if err != nil {
 		return ArchiveResult{}, err
 	}

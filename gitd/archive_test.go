@@ -20,7 +20,7 @@ func TestArchiveTask(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := e.snapshot()
-	_, err := e.svc.ArchiveTask(ctx, testBusiness, testProject, "t1")
+	_, err := e.svc.ArchiveTask(ctx, testTask("t1"))
 	if x, ok := errdefs.As(err); !ok || x.Reason != errdefs.TaskNotClosed {
 		t.Fatalf("archive of an open task: %v", err)
 	}
@@ -30,14 +30,14 @@ func TestArchiveTask(t *testing.T) {
 	e.auth.mu.Lock()
 	e.auth.closed["t1"] = true
 	e.auth.mu.Unlock()
-	res, err := e.svc.ArchiveTask(ctx, testBusiness, testProject, "t1")
+	res, err := e.svc.ArchiveTask(ctx, testTask("t1"))
 	if err != nil || !res.Removed || res.Bytes == 0 {
 		t.Fatalf("archive: %+v %v", res, err)
 	}
 	if _, err := os.Stat(e.taskRepo("t1")); !os.IsNotExist(err) {
 		t.Fatalf("task repository kept: %v", err)
 	}
-	if res, err := e.svc.ArchiveTask(ctx, testBusiness, testProject, "t1"); err != nil || res.Removed {
+	if res, err := e.svc.ArchiveTask(ctx, testTask("t1")); err != nil || res.Removed {
 		t.Fatalf("second archive: %+v %v", res, err)
 	}
 	svc, err := New(e.svc.o)

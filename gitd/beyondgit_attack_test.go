@@ -53,7 +53,7 @@ func TestAttackGitmodulesBlobFromAnEarlierPush(t *testing.T) {
 	// the pool's: a push whose new root tree names it again is taken.
 	os.WriteFile(filepath.Join(e.root, ".gitmodules"), []byte(evil), 0o644)
 	e.commitAll(e.root, "legacy .gitmodules")
-	newMain, _, err := e.svc.SyncProject(context.Background(), testBusiness, testProject)
+	newMain, _, err := e.svc.SyncProject(context.Background(), testScope())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,7 +92,7 @@ func TestPushQuotas(t *testing.T) {
 		}
 		// Another task of the project has its own quota.
 		e.run(e.work, "update-ref", nil, "--", "refs/heads/first", "HEAD~1")
-		if _, err := e.svc.Push(context.Background(), e.grant("t2"), authz.Peer{}, 0, bytes.NewReader(e.bundle("refs/heads/first", "^main"))); err != nil {
+		if _, err := e.svc.Push(context.Background(), e.grant("t2"), testTask("t2"), authz.Peer{}, 0, bytes.NewReader(e.bundle("refs/heads/first", "^main"))); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -117,7 +117,7 @@ func TestPushQuotas(t *testing.T) {
 }
 
 func (s *Service) mustTask(t *testing.T, task string) repo {
-	r, err := s.task(testBusiness, testProject, task)
+	r, err := s.task(testTask(task))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestReviewHaveBounds(t *testing.T) {
 	blob := inRepo("blob", []byte("just a blob\n"))
 	write := func(have string) (string, error) {
 		var out bytes.Buffer
-		err := e.svc.WriteReviewBundle(context.Background(), testBusiness, testProject, "t1", have, nil, func(string) error { return nil }, &out)
+		err := e.svc.WriteReviewBundle(context.Background(), testTask("t1"), have, nil, func(string) error { return nil }, &out)
 		head, _, _ := strings.Cut(out.String(), "\n\n")
 		return head, err
 	}

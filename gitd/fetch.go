@@ -40,8 +40,8 @@ func (s *Service) refToSend(r repo, ref string, reason errdefs.Reason, missing s
 // WriteMainBundle writes a bundle of business/project's main (one ref,
 // refs/heads/main, full history) to w, calling begin with main's commit
 // before the first byte.
-func (s *Service) WriteMainBundle(ctx context.Context, business, project, have string, begin func(commit string) error, w io.Writer) error {
-	r, err := s.project(business, project)
+func (s *Service) WriteMainBundle(ctx context.Context, p names.Project, have string, begin func(commit string) error, w io.Writer) error {
+	r, err := s.project(p)
 	if err != nil {
 		return err
 	}
@@ -83,7 +83,7 @@ const alsoHaveWalk = 64
 // "" for none) and against those of also (earlier pushes the client holds,
 // at most MaxAlsoHave) the task's repository holds, calling begin with the
 // push's commit before the first byte.
-func (s *Service) WriteReviewBundle(ctx context.Context, business, project, task, have string, also []string, begin func(commit string) error, w io.Writer) error {
+func (s *Service) WriteReviewBundle(ctx context.Context, t names.Task, have string, also []string, begin func(commit string) error, w io.Writer) error {
 	if len(also) > MaxAlsoHave {
 		return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "%d also-haves; at most %d", len(also), MaxAlsoHave).With("limit", MaxAlsoHave)
 	}
@@ -92,17 +92,14 @@ func (s *Service) WriteReviewBundle(ctx context.Context, business, project, task
 			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "also-have %q is not a full object id", a)
 		}
 	}
-	ref, err := names.WorkRef(task)
-	if err != nil {
-		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	r, err := s.task(business, project, task)
+	ref := t.WorkRef()
+	r, err := s.task(t)
 	if err != nil {
 		return err
 	}
 	// The task's repository and the pool are all the fetch sees: a have
 	// naming another task's commit is answered as one naming nothing.
-	gg, commit, err := s.refToSend(r, ref, errdefs.PushNotFound, "task "+task+" has no push yet")
+	gg, commit, err := s.refToSend(r, ref, errdefs.PushNotFound, "task "+t.Name()+" has no push yet")
 	if err != nil {
 		return err
 	}

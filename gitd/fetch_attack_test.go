@@ -43,7 +43,7 @@ func TestAttackFetchHaveOracle(t *testing.T) {
 
 	review := func(have string, also ...string) ([]byte, error) {
 		var out bytes.Buffer
-		err := e.svc.WriteReviewBundle(ctx, testBusiness, testProject, "t1", have, also, func(string) error { return nil }, &out)
+		err := e.svc.WriteReviewBundle(ctx, testTask("t1"), have, also, func(string) error { return nil }, &out)
 		return out.Bytes(), err
 	}
 	// have: another task's objects are answered as nothing.
@@ -78,7 +78,7 @@ func TestAttackFetchHaveOracle(t *testing.T) {
 	// fetch-main: a have of t2's commit gets main whole, as nothing does.
 	mainOf := func(have string) []byte {
 		var out bytes.Buffer
-		if err := e.svc.WriteMainBundle(ctx, testBusiness, testProject, have, func(string) error { return nil }, &out); err != nil {
+		if err := e.svc.WriteMainBundle(ctx, testScope(), have, func(string) error { return nil }, &out); err != nil {
 			t.Fatal(err)
 		}
 		return out.Bytes()

@@ -15,20 +15,27 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/treesnap"
 )
 
 // fakeAuth is a test double of the broker: tokens map to grants, closed
 // tasks refuse, pushes are kept in memory.
 type fakeAuth struct {
-	mu        sync.Mutex
-	grants    map[string]authz.Grant
-	closed    map[string]bool
-	refuse    error // RecordPush returns it when set
-	pushes    []authz.Push
-	projects  map[string]bool
-	lastExtra map[string]string // task -> commit, recorded without a ref move
-	repair    map[string]string // task -> why it needs repair
+	mu     sync.Mutex
+	grants map[string]authz.Grant
+	closed map[string]bool
+	refuse error // RecordPush returns it when set
+	// unclear is the COMMIT_UNKNOWN RecordPush returns when set, having
+	// recorded the push first if unclearCommitted; readBack, when set,
+	// is PushRecorded's failure to read the log back.
+	unclear          error
+	unclearCommitted bool
+	readBack         error
+	pushes           []authz.Push
+	projects         map[string]bool
+	lastExtra        map[string]string // task -> commit, recorded without a ref move
+	repair           map[string]string // task -> why it needs repair
 }
 
 func newFakeAuth() *fakeAuth {
@@ -93,13 +100,22 @@ func (f *fakeAuth) RecordPush(_ context.Context, g authz.Grant, p authz.Push, _ 
 	if f.closed[g.Task] {
 		return errdefs.FailedPrecondition(errdefs.TaskClosed, "task %s is closed", g.Task)
 	}
+	if f.unclear != nil && !f.unclearCommitted {
+		return f.unclear
+	}
 	f.pushes = append(f.pushes, p)
-	return nil
+	return f.unclear
 }
 
 func (f *fakeAuth) GrantValid(context.Context, authz.Grant) error { return nil }
 
 func (f *fakeAuth) PushRecorded(_ context.Context, b, p, task, commit string) (bool, error) {
+	f.mu.Lock()
+	readBack := f.readBack
+	f.mu.Unlock()
+	if readBack != nil {
+		return false, readBack
+	}
 	last, _ := f.LastPushes(context.Background(), b, p)
 	return last[task] == commit, nil
 }
@@ -193,7 +209,7 @@ func newEnv(t *testing.T, opts ...func(*Options)) *env {
 	os.WriteFile(filepath.Join(e.root, "README"), []byte("hello\n"), 0o644)
 	e.run(e.root, "add", nil, "--all")
 	e.commitAll(e.root, "initial")
-	e.main, _, err = e.svc.AddProject(context.Background(), testBusiness, testProject, e.root)
+	e.main, _, err = e.svc.AddProject(context.Background(), testScope(), e.root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +293,7 @@ func (e *env) grant(task string) authz.Grant {
 }
 
 func (e *env) push(task string, b []byte) (PushResult, error) {
-	return e.svc.Push(context.Background(), e.grant(task), authz.Peer{PID: 1}, 0, bytes.NewReader(b))
+	return e.svc.Push(context.Background(), e.grant(task), testTask(task), authz.Peer{PID: 1}, 0, bytes.NewReader(b))
 }
 
 // snapshot records every file and directory under the store, so that a
@@ -373,4 +389,24 @@ func bareGit(t *testing.T, repo string) func(stdin string, args ...string) strin
 	}
 	git("", "init", "-q", "--bare")
 	return git
+}
+
+// testScope is the test project, parsed as the server parses a request.
+func testScope() names.Project { return mustProject(testBusiness, testProject) }
+
+// testTask is task of the test project, parsed.
+func testTask(task string) names.Task {
+	t, err := testScope().Task(task)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+func mustProject(business, project string) names.Project {
+	p, err := names.ParseProject(business, project)
+	if err != nil {
+		panic(err)
+	}
+	return p
 }

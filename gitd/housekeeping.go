@@ -20,6 +20,7 @@ import (
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/metrics"
+	"github.com/bushost/bushost/internal/names"
 )
 
 // Housekeeping (docs/git-service.md, "Housekeeping"). Every accepted push
@@ -435,13 +436,13 @@ func (s *Service) StartHousekeeping(ctx context.Context) (stop func()) {
 // every task repository (`bushost repo optimize`), waiting for a run in
 // progress on each first. A failed repository does not stop the others;
 // its run says why.
-func (s *Service) OptimizeProject(ctx context.Context, business, project string) ([]HousekeepingRun, error) {
-	p, err := s.project(business, project)
+func (s *Service) OptimizeProject(ctx context.Context, scope names.Project) ([]HousekeepingRun, error) {
+	p, err := s.project(scope)
 	if err != nil {
 		return nil, err
 	}
 	if !p.exists() {
-		return nil, projectNotFound(business, project)
+		return nil, projectNotFound(p.Business, p.Project)
 	}
 	ts, err := s.tasks(p)
 	if err != nil {

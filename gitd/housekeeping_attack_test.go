@@ -153,7 +153,7 @@ func TestAttackRepackDuringRefusedLanding(t *testing.T) {
 		return refuseBesideHousekeeping(ctx, e, r, hkDone)
 	}
 	g := authz.Grant{ID: "lead", Business: testBusiness, Project: testProject, Task: "t1", Role: "lead", Caps: []string{authz.CapTaskLand}}
-	if _, err := e.svc.Land(ctx, g, authz.Peer{PID: 1}, testBusiness, testProject, "t1", LandOptions{}); errdefs.ReasonOf(err) != errdefs.TaskClosed {
+	if _, err := e.svc.Land(ctx, g, authz.Peer{PID: 1}, testTask("t1"), LandOptions{}); errdefs.ReasonOf(err) != errdefs.TaskClosed {
 		t.Fatalf("landing the broker refuses: %v", err)
 	}
 	if run := <-hkDone; run.Err != nil {

@@ -122,7 +122,7 @@ func TestHousekeepingRepacksPushes(t *testing.T) {
 	}
 	// The pool: a forced run leaves one pack with a bitmap and a
 	// commit-graph.
-	runs, err := e.svc.OptimizeProject(ctx, testBusiness, testProject)
+	runs, err := e.svc.OptimizeProject(ctx, testScope())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestHousekeepingPoolKeepsBorrowed(t *testing.T) {
 	if e.ref("refs/work/t1") != y {
 		t.Fatal("push not taken")
 	}
-	p, _ := e.svc.project(testBusiness, testProject)
+	p, _ := e.svc.project(testScope())
 	for i := range 3 {
 		run := e.svc.housekeep(ctx, p, true)
 		if run.Err != nil {
@@ -282,7 +282,7 @@ func TestHousekeepingRacesPushes(t *testing.T) {
 				return
 			default:
 			}
-			rs, err := e.svc.OptimizeProject(ctx, testBusiness, testProject)
+			rs, err := e.svc.OptimizeProject(ctx, testScope())
 			if err != nil {
 				t.Error(err)
 				return
@@ -358,7 +358,7 @@ func TestViewAfterRepack(t *testing.T) {
 // call for no pack-refs.
 func TestHousekeepingLocksAreNotRefs(t *testing.T) {
 	e := newEnv(t)
-	r, err := e.svc.project(testBusiness, testProject)
+	r, err := e.svc.project(testScope())
 	if err != nil {
 		t.Fatal(err)
 	}

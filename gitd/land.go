@@ -81,18 +81,13 @@ const (
 // value. A crash between the record and the ref move is repaired by
 // Reconcile, which moves main to the last landing's main while main is
 // still that landing's old main.
-func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, business, project, task string, o LandOptions) (LandResult, error) {
+func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scope names.Task, o LandOptions) (LandResult, error) {
 	l, ok := s.o.Authority.(authz.Lander)
 	if !ok {
 		return LandResult{}, fmt.Errorf("this bus host's broker cannot land work")
 	}
-	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: task}); err != nil || task == "" {
-		if err == nil {
-			err = fmt.Errorf("no task name")
-		}
-		return LandResult{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
-	}
-	t, err := s.task(business, project, task)
+	business, project, task := scope.Business(), scope.Project().Name(), scope.Name()
+	t, err := s.task(scope)
 	if err != nil {
 		return LandResult{}, err
 	}
@@ -115,11 +110,12 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 	if old == "" {
 		return LandResult{}, errdefs.FailedPrecondition(errdefs.MainNotFound, "project %s/%s has no main", business, project)
 	}
-	q, err := bundle.NewQuarantine(r.objects())
+	tx, err := s.beginLand(r)
 	if err != nil {
 		return LandResult{}, err
 	}
-	defer q.Remove()
+	defer tx.Rollback()
+	q := tx.q
 	if err := s.intoPool(ctx, t, q, approved); err != nil {
 		return LandResult{}, err
 	}
@@ -155,11 +151,9 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 			return LandResult{}, err
 		}
 	}
-	unlock, err := s.lock(ctx, r)
-	if err != nil {
+	if err := tx.lockProject(ctx); err != nil {
 		return LandResult{}, err
 	}
-	defer unlock()
 	// Only the lock's holder moves main: unmoved now, it stays so until
 	// the update-ref below. Read afresh, not through a handle opened
 	// before another landing may have moved it.
@@ -175,22 +169,21 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, busi
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
-	if err := q.Migrate(); err != nil {
-		s.markUndone(r)
+	if err := tx.moveIn(); err != nil {
 		return LandResult{}, err
 	}
 	res.Seq, err = l.RecordLanding(cctx, g, authz.Landing{Business: business, Project: project, Task: task,
 		Approved: approved, Old: old, New: res.MainNew, Merge: res.Merge}, peer)
 	if err != nil {
-		if rerr := s.undo(r, q); rerr != nil {
-			s.log.Error("remove refused merge", "repo", r.Path, "err", rerr)
-		}
 		return LandResult{}, err
 	}
 	// The project's cached size grows by what the landing added (reading
 	// the whole project again would make the next push's quota check cost
-	// as much as the project has tasks).
-	s.account(r, 0, q)
+	// as much as the project has tasks). Main moves by UpdateRef after
+	// the commit, not by a prepared move: nothing is left to undo.
+	if err := tx.Commit(cctx); err != nil {
+		return LandResult{}, err
+	}
 	if res.MainNew == old {
 		return res, nil
 	}
@@ -245,10 +238,7 @@ func (s *Service) intoPool(ctx context.Context, t repo, q *bundle.Quarantine, ap
 	if !t.exists() {
 		return fmt.Errorf("task %s has no repository", t.Task)
 	}
-	ref, err := names.WorkRef(t.Task)
-	if err != nil {
-		return err
-	}
+	ref := t.task.WorkRef()
 	r := t.pool()
 	if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "fetch",
 		Flags: []string{"--quiet", "--no-tags", "--no-write-fetch-head"}, Args: []string{t.Path, ref}}); err != nil {

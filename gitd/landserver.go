@@ -16,7 +16,7 @@ import (
 // with task.land lands its own and may name nothing else.
 func (sv *server) LandTask(ctx context.Context, req *gitv1.LandTaskRequest) (*gitv1.LandTaskResponse, error) {
 	named := req.GetBusiness() != "" || req.GetProject() != "" || req.GetTask() != ""
-	var g authz.Grant
+	var g caller
 	var err error
 	if named {
 		g, err = sv.authorize(ctx)
@@ -26,17 +26,21 @@ func (sv *server) LandTask(ctx context.Context, req *gitv1.LandTaskRequest) (*gi
 	if err != nil {
 		return nil, err
 	}
-	business, project, task := req.GetBusiness(), req.GetProject(), req.GetTask()
+	t := g.task
 	if !named {
 		if g.Host {
 			return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "the host names the task: --business, --project and --task")
 		}
-		business, project, task = g.Business, g.Project, g.Task
-	} else if err := sv.s.o.Authority.CheckPlacement(ctx, business, project); err != nil {
-		return nil, err
+	} else {
+		if t, err = names.ParseTask(req.GetBusiness(), req.GetProject(), req.GetTask()); err != nil {
+			return nil, err
+		}
+		if err := sv.s.o.Authority.CheckPlacement(ctx, t.Business(), t.Project().Name()); err != nil {
+			return nil, err
+		}
 	}
 	peer, _ := sock.PeerFromContext(ctx)
-	res, err := sv.s.Land(ctx, g, peer, business, project, task, LandOptions{Merge: req.GetMerge(), Force: req.GetForce()})
+	res, err := sv.s.Land(ctx, g.Grant, peer, t, LandOptions{Merge: req.GetMerge(), Force: req.GetForce()})
 	if err != nil {
 		return nil, err
 	}
@@ -44,17 +48,15 @@ func (sv *server) LandTask(ctx context.Context, req *gitv1.LandTaskRequest) (*gi
 }
 
 func (sv *server) PublishProject(ctx context.Context, req *gitv1.PublishProjectRequest) (*gitv1.PublishProjectResponse, error) {
-	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
+	p, err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject())
+	if err != nil {
 		return nil, err
 	}
 	branch := req.GetBranch()
 	if branch == "" {
 		branch = DefaultPublishBranch
 	}
-	commit, previous, err := sv.s.PublishProject(ctx, req.GetBusiness(), req.GetProject(), branch, req.GetForce())
+	commit, previous, err := sv.s.PublishProject(ctx, p, branch, req.GetForce())
 	if err != nil {
 		return nil, err
 	}
@@ -69,10 +71,10 @@ func (sv *server) FetchWork(req *gitv1.FetchWorkRequest, stream grpc.ServerStrea
 	if err != nil {
 		return err
 	}
-	if err := sv.s.notMarked(ctx, g); err != nil {
+	if err := sv.s.notMarked(ctx, g.Grant); err != nil {
 		return err
 	}
-	still := sv.stillValid(ctx, g)
+	still := sv.stillValid(ctx, g.Grant)
 	w := newChunkWriter(func(b []byte) error {
 		if err := still.check(); err != nil {
 			return err
@@ -82,7 +84,7 @@ func (sv *server) FetchWork(req *gitv1.FetchWorkRequest, stream grpc.ServerStrea
 	begin := func(c string) error {
 		return stream.Send(&gitv1.FetchWorkResponse{Msg: &gitv1.FetchWorkResponse_Commit{Commit: c}})
 	}
-	if err := sv.s.WriteReviewBundle(ctx, g.Business, g.Project, g.Task, req.GetHave(), req.GetAlsoHave(), begin, w); err != nil {
+	if err := sv.s.WriteReviewBundle(ctx, g.task, req.GetHave(), req.GetAlsoHave(), begin, w); err != nil {
 		return still.first(err)
 	}
 	return still.first(w.Flush())

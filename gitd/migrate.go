@@ -63,10 +63,14 @@ func (s *Service) migrate(ctx context.Context) error {
 		}
 		for _, e := range ents {
 			project, ok := strings.CutSuffix(e.Name(), ".git")
-			if !ok || !e.IsDir() || names.Check("project", project) != nil {
+			if !ok || !e.IsDir() {
 				continue
 			}
-			if err := s.migrateProject(ctx, b.Name(), project); err != nil {
+			scope, err := names.ParseProject(b.Name(), project)
+			if err != nil {
+				continue
+			}
+			if err := s.migrateProject(ctx, scope); err != nil {
 				return fmt.Errorf("migrate %s/%s: %w", b.Name(), project, err)
 			}
 		}
@@ -74,8 +78,9 @@ func (s *Service) migrate(ctx context.Context) error {
 	return nil
 }
 
-func (s *Service) migrateProject(ctx context.Context, business, project string) error {
-	p, err := s.project(business, project)
+func (s *Service) migrateProject(ctx context.Context, scope names.Project) error {
+	business, project := scope.Business(), scope.Name()
+	p, err := s.project(scope)
 	if err != nil {
 		return err
 	}

@@ -83,7 +83,7 @@ func TestMigrate(t *testing.T) {
 	}
 	e.fsck()
 	var out strings.Builder
-	if err := e.svc.WriteReviewBundle(context.Background(), testBusiness, testProject, "t2", "", nil, func(string) error { return nil }, &out); err != nil || !strings.Contains(out.String(), c2) {
+	if err := e.svc.WriteReviewBundle(context.Background(), testTask("t2"), "", nil, func(string) error { return nil }, &out); err != nil || !strings.Contains(out.String(), c2) {
 		t.Fatalf("review bundle of t2: %v", err)
 	}
 

@@ -62,6 +62,8 @@ type manifest struct {
 	Root     string         `json:"root,omitempty"` // the project's root on the exporting host
 	Pool     manifestRepo   `json:"pool"`
 	Tasks    []manifestTask `json:"tasks"`
+	// scope is Business/Project as check parsed them.
+	scope names.Project
 }
 
 type manifestHead struct {
@@ -86,6 +88,8 @@ type manifestTask struct {
 	// Repository is nil for a task with no repository (no push yet, or a
 	// closed task the host archived).
 	Repository *manifestRepo `json:"repository,omitempty"`
+	// scope is Task as the manifest's check parsed it.
+	scope names.Task
 }
 
 func taskBundleName(task string) string { return "tasks/" + task + ".bundle" }
@@ -123,12 +127,13 @@ func (s *Service) mover() (authz.Mover, error) {
 // names what it is doing, for a caller that reports progress. If the
 // export fails after it began, it is cancelled: the project takes pushes
 // again.
-func (s *Service) ExportProject(ctx context.Context, business, project string, step func(string), begun func(authz.Export) error, w Flusher) (res ExportResult, err error) {
+func (s *Service) ExportProject(ctx context.Context, scope names.Project, step func(string), begun func(authz.Export) error, w Flusher) (res ExportResult, err error) {
+	business, project := scope.Business(), scope.Name()
 	m, err := s.mover()
 	if err != nil {
 		return res, err
 	}
-	p, err := s.project(business, project)
+	p, err := s.project(scope)
 	if err != nil {
 		return res, err
 	}
@@ -217,7 +222,11 @@ func (s *Service) ExportProject(ctx context.Context, business, project string, s
 		mt := manifestTask{Task: t.Task, LastPush: t.Commit, Closed: t.Closed}
 		if refs, ok := repos.tasks[t.Task]; ok {
 			step("bundle task " + t.Task)
-			r, err := s.task(business, project, t.Task)
+			tn, err := scope.Task(t.Task)
+			if err != nil {
+				return res, err
+			}
+			r, err := s.task(tn)
 			if err != nil {
 				return res, err
 			}
@@ -330,7 +339,7 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 		if err != nil {
 			return out, err
 		}
-		ref, _ := names.WorkRef(t.Task)
+		ref := t.task.WorkRef()
 		if refs[ref] != out.last[t.Task] {
 			return out, disagree(t.Task, refs[ref], out.last[t.Task])
 		}
@@ -558,12 +567,12 @@ func (s *Service) settleExports(ctx context.Context) {
 
 // CancelExport ends a move of business/project begun on this host. It
 // returns the project.move_cancelled event (0: nothing was moving).
-func (s *Service) CancelExport(ctx context.Context, business, project string) (int64, error) {
+func (s *Service) CancelExport(ctx context.Context, p names.Project) (int64, error) {
 	m, err := s.mover()
 	if err != nil {
 		return 0, err
 	}
-	return m.CancelExport(ctx, business, project, "")
+	return m.CancelExport(ctx, p.Business(), p.Name(), "")
 }
 
 // ImportResult is what ImportProject placed here.
@@ -625,7 +634,7 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 	if err := os.Mkdir(proj, 0o700); err != nil {
 		return res, err
 	}
-	p := repo{Business: mf.Business, Project: mf.Project, Dir: proj, Path: filepath.Join(proj, poolName), git: s.git}
+	p := repo{Business: mf.Business, Project: mf.Project, Dir: proj, Path: filepath.Join(proj, poolName), git: s.git, proj: mf.scope}
 	step("verify the pool")
 	if err := s.git.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{p.Path}}); err != nil {
 		return res, err
@@ -645,7 +654,7 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 		}
 		step("verify task " + t.Task)
 		r := p
-		r.Task, r.Path = t.Task, filepath.Join(proj, tasksDir, t.Task+".git")
+		r.Task, r.task, r.Path = t.Task, t.scope, filepath.Join(proj, tasksDir, t.Task+".git")
 		if err := os.MkdirAll(filepath.Dir(r.Path), 0o700); err != nil {
 			return res, err
 		}
@@ -664,7 +673,7 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 		return res, err
 	}
 	step("place the project")
-	res.Seq, err = s.placeImport(ctx, m, c, proj)
+	res.Seq, err = s.placeImport(ctx, m, c, mf.scope, proj)
 	if err != nil {
 		return res, err
 	}
@@ -729,9 +738,11 @@ func (mf *manifest) check() error {
 	if mf.Format != manifestFormat {
 		return altered("its format is %q, not %q", mf.Format, manifestFormat)
 	}
-	if err := names.CheckScope(names.Scope{Business: mf.Business, Project: mf.Project}); err != nil || mf.Project == "" {
+	scope, err := names.ParseProject(mf.Business, mf.Project)
+	if err != nil {
 		return altered("its project %q/%q: %v", mf.Business, mf.Project, err)
 	}
+	mf.scope = scope
 	if mf.From == "" || mf.ExportID == "" || mf.Head.Seq <= 0 || mf.Head.Hash == "" {
 		return altered("its manifest names no exporting host, export or head")
 	}
@@ -746,8 +757,10 @@ func (mf *manifest) check() error {
 		return altered("its pool has no %s", MainRef)
 	}
 	seen := map[string]bool{}
-	for _, t := range mf.Tasks {
-		if err := names.Check("task", t.Task); err != nil {
+	for i := range mf.Tasks {
+		t := &mf.Tasks[i]
+		var err error
+		if t.scope, err = scope.Task(t.Task); err != nil {
 			return altered("a task %q: %v", t.Task, err)
 		}
 		if seen[t.Task] {
@@ -765,7 +778,7 @@ func (mf *manifest) check() error {
 			// (a push sets only that): no other ref, and none for a task
 			// the log does not know (its work ref must then be the log's
 			// latest push, and there is none).
-			if ref, _ := names.WorkRef(t.Task); len(t.Repository.Refs) != 1 || t.Repository.Refs[ref] == "" {
+			if ref := t.scope.WorkRef(); len(t.Repository.Refs) != 1 || t.Repository.Refs[ref] == "" {
 				return altered("task %s's repository has refs other than %s", t.Task, ref)
 			}
 		}
@@ -943,7 +956,7 @@ func (s *Service) manifestAgrees(ctx context.Context, mf manifest) error {
 	listed := map[string]manifestTask{}
 	for _, t := range mf.Tasks {
 		listed[t.Task] = t
-		ref, _ := names.WorkRef(t.Task)
+		ref := t.scope.WorkRef()
 		var at string
 		if t.Repository != nil {
 			at = t.Repository.Refs[ref]
@@ -980,11 +993,11 @@ func (s *Service) importAgrees(ctx context.Context, p repo) error {
 // (this host owned the project before, and kept its repositories when it
 // moved away) is set aside and removed once the placement is here, or put
 // back if it is refused.
-func (s *Service) placeImport(ctx context.Context, m authz.Mover, c authz.ImportClaim, proj string) (int64, error) {
+func (s *Service) placeImport(ctx context.Context, m authz.Mover, c authz.ImportClaim, scope names.Project, proj string) (int64, error) {
 	bdir := filepath.Join(s.o.ReposDir, c.Business)
 	_, err := os.Stat(bdir)
 	madeBusiness := errors.Is(err, os.ErrNotExist)
-	p, err := s.project(c.Business, c.Project)
+	p, err := s.project(scope)
 	if err != nil {
 		return 0, err
 	}

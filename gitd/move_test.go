@@ -104,7 +104,7 @@ func export(t *testing.T, e *env) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	w := bufio.NewWriter(&buf)
-	if _, err := e.svc.ExportProject(context.Background(), testBusiness, testProject, func(string) {}, func(authz.Export) error { return nil }, w); err != nil {
+	if _, err := e.svc.ExportProject(context.Background(), testScope(), func(string) {}, func(authz.Export) error { return nil }, w); err != nil {
 		t.Fatalf("export: %v", err)
 	}
 	return buf.Bytes()
@@ -163,7 +163,7 @@ func TestExportRefusesRefsAgainstLog(t *testing.T) {
 	}
 	e.auth.lastExtra = map[string]string{"t1": e.main}
 	var buf bytes.Buffer
-	_, err := e.svc.ExportProject(context.Background(), testBusiness, testProject, func(string) {}, func(authz.Export) error { return nil }, bufio.NewWriter(&buf))
+	_, err := e.svc.ExportProject(context.Background(), testScope(), func(string) {}, func(authz.Export) error { return nil }, bufio.NewWriter(&buf))
 	if errdefs.ReasonOf(err) != errdefs.RepoDisagreesWithLog || buf.Len() != 0 || m.digest != "" {
 		t.Fatalf("export: %v (%d bytes, digest %q)", err, buf.Len(), m.digest)
 	}
@@ -171,7 +171,7 @@ func TestExportRefusesRefsAgainstLog(t *testing.T) {
 	// refuse it) is refused too.
 	e.auth.lastExtra = nil
 	e.run(e.taskRepo("t1"), "update-ref", nil, "--", "refs/heads/stray", e.ref("refs/work/t1"))
-	_, err = e.svc.ExportProject(context.Background(), testBusiness, testProject, func(string) {}, func(authz.Export) error { return nil }, bufio.NewWriter(&buf))
+	_, err = e.svc.ExportProject(context.Background(), testScope(), func(string) {}, func(authz.Export) error { return nil }, bufio.NewWriter(&buf))
 	if errdefs.ReasonOf(err) != errdefs.RepoDisagreesWithLog || buf.Len() != 0 || m.digest != "" {
 		t.Fatalf("export with a stray ref: %v (%d bytes, digest %q)", err, buf.Len(), m.digest)
 	}
@@ -308,7 +308,7 @@ func TestExportCancelledOnFailure(t *testing.T) {
 	e := newEnv(t, withMover("host-a", &m))
 	gone := errors.New("client went away")
 	var buf bytes.Buffer
-	_, err := e.svc.ExportProject(context.Background(), testBusiness, testProject, func(string) {}, func(authz.Export) error { return gone }, bufio.NewWriter(&buf))
+	_, err := e.svc.ExportProject(context.Background(), testScope(), func(string) {}, func(authz.Export) error { return gone }, bufio.NewWriter(&buf))
 	if !errors.Is(err, gone) || m.cancelled != 1 || m.digest != "" {
 		t.Fatalf("export: %v, cancelled %d, digest %q", err, m.cancelled, m.digest)
 	}

@@ -2,7 +2,6 @@ package gitd
 
 import (
 	"context"
-	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -12,8 +11,6 @@ import (
 
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/authz"
-	"github.com/bushost/bushost/internal/errdefs"
-	"github.com/bushost/bushost/internal/names"
 )
 
 // heartbeat is how often a move's stream tells the client it is still at
@@ -62,22 +59,10 @@ func (st *stepper) end() {
 	<-st.done
 }
 
-func checkProject(business, project string) error {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil || project == "" {
-		if err == nil {
-			err = errors.New("no project name")
-		}
-		return errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	return nil
-}
-
 func (sv *server) ExportProject(req *gitv1.ExportProjectRequest, stream grpc.ServerStreamingServer[gitv1.ExportProjectResponse]) error {
 	ctx := stream.Context()
-	if err := checkProject(req.GetBusiness(), req.GetProject()); err != nil {
-		return err
-	}
-	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
+	p, err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject())
+	if err != nil {
 		return err
 	}
 	var mu sync.Mutex
@@ -110,7 +95,7 @@ func (sv *server) ExportProject(req *gitv1.ExportProjectRequest, stream grpc.Ser
 		}
 		return stream.Send(&gitv1.ExportProjectResponse{Msg: &gitv1.ExportProjectResponse_Chunk{Chunk: b}})
 	})
-	res, err := sv.s.ExportProject(ctx, req.GetBusiness(), req.GetProject(), st.set, begun, w)
+	res, err := sv.s.ExportProject(ctx, p, st.set, begun, w)
 	if err != nil {
 		return err
 	}
@@ -120,13 +105,11 @@ func (sv *server) ExportProject(req *gitv1.ExportProjectRequest, stream grpc.Ser
 }
 
 func (sv *server) CancelExport(ctx context.Context, req *gitv1.CancelExportRequest) (*gitv1.CancelExportResponse, error) {
-	if err := checkProject(req.GetBusiness(), req.GetProject()); err != nil {
+	p, err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject())
+	if err != nil {
 		return nil, err
 	}
-	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
-		return nil, err
-	}
-	seq, err := sv.s.CancelExport(ctx, req.GetBusiness(), req.GetProject())
+	seq, err := sv.s.CancelExport(ctx, p)
 	if err != nil {
 		return nil, err
 	}

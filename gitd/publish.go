@@ -10,6 +10,7 @@ import (
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
+	"github.com/bushost/bushost/internal/names"
 )
 
 // DefaultPublishBranch is the root's branch `project publish` writes.
@@ -56,7 +57,7 @@ func clipName(s string) string {
 // moves by the fetch), then one update-ref against the branch's old value.
 // The root's checked-out branch is refused, so its work tree and index are
 // never touched. Without force the branch only fast-forwards.
-func (s *Service) PublishProject(ctx context.Context, business, project, branch string, force bool) (commit, previous string, err error) {
+func (s *Service) PublishProject(ctx context.Context, p names.Project, branch string, force bool) (commit, previous string, err error) {
 	if branch == "" {
 		branch = DefaultPublishBranch
 	}
@@ -64,12 +65,12 @@ func (s *Service) PublishProject(ctx context.Context, business, project, branch 
 		return "", "", err
 	}
 	ref := "refs/heads/" + branch
-	r, err := s.project(business, project)
+	r, err := s.project(p)
 	if err != nil {
 		return "", "", err
 	}
 	if !r.exists() {
-		return "", "", projectNotFound(business, project)
+		return "", "", projectNotFound(r.Business, r.Project)
 	}
 	unlock, err := s.lock(ctx, r)
 	if err != nil {

@@ -33,7 +33,8 @@ type PushResult struct {
 const criticalTimeout = time.Minute
 
 // Push ingests one bundle (body, the whole bundle as sent) as the work of
-// g's task. size is the client's announced size, 0 if unknown.
+// task t, g's task as the server parsed it. size is the client's announced
+// size, 0 if unknown.
 //
 // Order, for crash safety and nothing left behind: header checks; the pack
 // through index-pack --strict in quarantine (in parallel with other
@@ -46,12 +47,9 @@ const criticalTimeout = time.Minute
 // migration, so that its fsync joins the pack's; renamed into place after
 // the record). A crash between the record and the ref move is
 // repaired by Reconcile.
-func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size int64, body io.Reader) (PushResult, error) {
-	ref, err := names.WorkRef(g.Task)
-	if err != nil {
-		return PushResult{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	r, err := s.task(g.Business, g.Project, g.Task)
+func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer authz.Peer, size int64, body io.Reader) (PushResult, error) {
+	ref := t.WorkRef()
+	r, err := s.task(t)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -77,13 +75,12 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	// Every read from here on sees the pool and this task's repository
 	// only: another task's objects are neither a prerequisite, a delta
 	// base nor a tree entry here, and no answer depends on them.
-	// A push to the task moves its pack in under the task's lock and
-	// removes it again if refused: this push's checks, which run before
-	// it holds that lock, may read that pack meanwhile (its prerequisite,
-	// index-pack's connectivity, the ancestry and the walk's "there
-	// before"). Counted now and again under the lock, such an undo
-	// refuses this push (TestAttackPushOnARefusedPushInFlight).
-	undone := s.undoneCount(r)
+	tx, err := s.beginPush(r)
+	if err != nil {
+		return PushResult{}, err
+	}
+	defer tx.Rollback()
+	q := tx.q
 	gg, err := s.open(r)
 	if err != nil {
 		return PushResult{}, err
@@ -98,11 +95,6 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		}
 	}
 
-	q, err := r.quarantine()
-	if err != nil {
-		return PushResult{}, err
-	}
-	defer q.Remove()
 	if !s.skip.ObjectChecks {
 		q.Limits = bundle.Limits{BlobBytes: s.o.MaxObjectBytes, CommitBytes: s.o.MaxCommitBytes,
 			TreeBytes: s.o.MaxTreeBytes, Objects: s.o.MaxPackObjects, InflatedBytes: s.o.MaxPushInflated}
@@ -121,11 +113,8 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	if err != nil {
 		return PushResult{}, err
 	}
-	defer objs.Close()
-	walked := s.startBeyondGit(ctx, r, q, objs, commit)
-	// Every return waits for the walk, so that it never reads a pack that
-	// is gone.
-	defer walked()
+	tx.objs = objs
+	tx.walked = s.startBeyondGit(ctx, r, q, objs, commit)
 	if err := s.checkCommit(ctx, r, q, objs, commit); err != nil {
 		return PushResult{}, err
 	}
@@ -140,18 +129,12 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 		return PushResult{}, err
 	}
 
-	unlock, err := s.lockTask(ctx, r)
-	if err != nil {
+	if err := tx.lockTask(ctx, commit); err != nil {
 		return PushResult{}, err
 	}
-	defer unlock()
 	cur, err := readRef(gg, ref)
 	if err != nil {
 		return PushResult{}, err
-	}
-	if s.undoneCount(r) != undone {
-		return PushResult{}, errdefs.Aborted(errdefs.ObjectsUndone, "while push %s was checked, another push to task %s (or a landing) was refused and its objects removed, which the checks may have read: push again", commit, g.Task).
-			With("commit", commit).With("task", g.Task)
 	}
 	if cur == commit {
 		return PushResult{Commit: commit, Previous: cur, Ref: ref}, nil
@@ -161,77 +144,230 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 			return PushResult{}, err
 		}
 	}
-	packBytes, err := s.checkQuotas(r, q)
-	if err != nil {
+	if err := tx.reserve(); err != nil {
 		return PushResult{}, err
 	}
-	defer s.release(r, packBytes)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 	defer cancel()
-	made, err := s.ensure(cctx, r)
-	if err != nil {
-		return PushResult{}, err
-	}
-	if made {
-		q.AlsoSync = []string{filepath.Dir(r.Path)}
-	}
 	// The ref move is prepared (old value checked, new one written into
 	// <ref>.lock) so that its fsync joins the pack's; it is put in place
 	// only after the record.
-	mv, err := r.PrepareRef(cctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur))
-	if err != nil {
-		if made {
-			s.dropNew(r)
-		}
+	if err := tx.prepareRef(cctx, gitid.ReferenceName(ref), gitid.ObjectID(commit), gitid.ObjectID(cur)); err != nil {
 		return PushResult{}, err
 	}
-	defer mv.Abort()
-	if f := mv.Pending(); f != "" {
-		q.AlsoSync = append(q.AlsoSync, f)
-	}
-	if err := q.Migrate(); err != nil {
-		s.markUndone(r) // Migrate removed what it had moved in
-		mv.Abort()
-		if made {
-			s.dropNew(r)
-		}
+	if err := tx.moveIn(); err != nil {
 		return PushResult{}, err
 	}
-	mv.Synced()
-	// refused undoes a push refused after its pack moved in (by the walk
-	// or the broker): the prepared move, the pack, a repository it made.
-	refused := func(err error) (PushResult, error) {
-		mv.Abort()
-		if rerr := s.undo(r, q); rerr != nil {
-			s.log.Error("remove refused pack", "repo", r.Path, "err", rerr)
-		} else if made {
-			s.dropNew(r)
-		}
+	if err := tx.wait(); err != nil {
 		return PushResult{}, err
-	}
-	if err := walked(); err != nil {
-		return refused(err)
 	}
 	p := authz.Push{Business: g.Business, Project: g.Project, Task: g.Task, Commit: commit, Previous: cur, Ref: ref}
 	if err := s.o.Authority.RecordPush(cctx, g, p, peer); err != nil {
 		if errdefs.ReasonOf(err) != errdefs.CommitUnknown {
-			return refused(err)
+			return PushResult{}, err
 		}
-		if err := s.settleUnclear(cctx, r, q, g, commit, err); err != nil {
-			mv.Abort()
-			if e, ok := errdefs.As(err); ok && e.Metadata["recorded"] == "false" && made {
-				s.dropNew(r)
-			}
+		if err := s.settleUnclear(cctx, tx, g, commit, err); err != nil {
 			return PushResult{}, err
 		}
 	}
-	s.account(r, packBytes, q)
-	if err := mv.Commit(cctx); err != nil {
+	if err := tx.Commit(cctx); err != nil {
 		s.log.Error("push recorded but ref not moved; Reconcile repairs it at next start", "repo", r.Path, "ref", ref, "commit", commit, "err", err)
 		return PushResult{}, fmt.Errorf("push recorded, but moving %s failed (repaired at the next start of bushostd): %w", ref, err)
 	}
 	s.hk.Notify(r)
 	return PushResult{Commit: commit, Previous: cur, Ref: ref}, nil
+}
+
+// writeTx is one write into a repository, a push (beginPush) or a
+// landing (beginLand), and everything it holds while it writes: the
+// quarantine (for a push with the pack's reader and the beyond-git walk
+// reading it), the task's or the project's lock, the bytes reserved
+// against the project's quota, a repository made for a first push, the
+// prepared ref move and, once moved in, the objects in the repository.
+// Commit accounts the objects and puts a prepared ref in place; Rollback,
+// deferred right after begin, undoes whatever Commit did not make final,
+// in order, and only releases after a Commit.
+type writeTx struct {
+	s *Service
+	r repo
+	q *bundle.Quarantine
+	// objs reads a push's quarantined pack; walked waits for the
+	// beyond-git walk over it (both set once the pack is indexed).
+	objs   *objectReader
+	walked func() error
+	// undone is the repository's undoneCount when the push began: a
+	// push whose checks may have read objects removed since is refused
+	// (lock).
+	undone   uint64
+	unlock   func()
+	reserved int64
+	made     bool // ensure made the task's repository
+	mv       *RefMove
+	migrated bool // the pack is in the repository
+	kept     bool // leave the migrated pack (its record's fate is unknown)
+	done     bool // committed
+}
+
+// beginPush starts a push into r: its quarantine, and the count of undone
+// objects its checks are read against. A push to the task moves its pack
+// in under the task's lock and removes it again if refused: this push's
+// checks, which run before it holds that lock, may read that pack
+// meanwhile (its prerequisite, index-pack's connectivity, the ancestry
+// and the walk's "there before"). Counted now and again under the lock,
+// such an undo refuses this push (TestAttackPushOnARefusedPushInFlight).
+func (s *Service) beginPush(r repo) (*writeTx, error) {
+	tx := &writeTx{s: s, r: r, undone: s.undoneCount(r)}
+	q, err := r.quarantine()
+	if err != nil {
+		return nil, err
+	}
+	tx.q = q
+	return tx, nil
+}
+
+// beginLand starts a landing's write into the pool r: a quarantine of
+// its objects.
+func (s *Service) beginLand(r repo) (*writeTx, error) {
+	q, err := bundle.NewQuarantine(r.objects())
+	if err != nil {
+		return nil, err
+	}
+	return &writeTx{s: s, r: r, q: q}, nil
+}
+
+// lockProject takes the whole project's lock (Service.lock), as a landing
+// does.
+func (tx *writeTx) lockProject(ctx context.Context) error {
+	unlock, err := tx.s.lock(ctx, tx.r)
+	if err != nil {
+		return err
+	}
+	tx.unlock = unlock
+	return nil
+}
+
+// lockTask takes the task's lock (Service.lockTask) and refuses the push
+// if objects its checks may have read were removed since it began.
+func (tx *writeTx) lockTask(ctx context.Context, commit string) error {
+	unlock, err := tx.s.lockTask(ctx, tx.r)
+	if err != nil {
+		return err
+	}
+	tx.unlock = unlock
+	if tx.s.undoneCount(tx.r) != tx.undone {
+		return errdefs.Aborted(errdefs.ObjectsUndone, "while push %s was checked, another push to task %s (or a landing) was refused and its objects removed, which the checks may have read: push again", commit, tx.r.Task).
+			With("commit", commit).With("task", tx.r.Task)
+	}
+	return nil
+}
+
+// reserve checks the quotas and reserves the pack's bytes in the
+// project's figure until the push is accounted or rolled back.
+func (tx *writeTx) reserve() error {
+	n, err := tx.s.checkQuotas(tx.r, tx.q)
+	if err != nil {
+		return err
+	}
+	tx.reserved = n
+	return nil
+}
+
+// prepareRef makes the task's repository on its first push and prepares
+// the ref move from old to newID, for moveIn to fsync with the objects.
+func (tx *writeTx) prepareRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
+	made, err := tx.s.ensure(ctx, tx.r)
+	if err != nil {
+		return err
+	}
+	tx.made = made
+	if made {
+		tx.q.AlsoSync = []string{filepath.Dir(tx.r.Path)}
+	}
+	if tx.mv, err = tx.r.PrepareRef(ctx, ref, newID, old); err != nil {
+		return err
+	}
+	if f := tx.mv.Pending(); f != "" {
+		tx.q.AlsoSync = append(tx.q.AlsoSync, f)
+	}
+	return nil
+}
+
+// moveIn moves the quarantined objects into the repository, their fsyncs
+// (and a prepared ref lock's) in one batch.
+func (tx *writeTx) moveIn() error {
+	if err := tx.q.Migrate(); err != nil {
+		tx.s.markUndone(tx.r) // Migrate removed what it had moved in
+		return err
+	}
+	tx.migrated = true
+	if tx.mv != nil {
+		tx.mv.Synced()
+	}
+	return nil
+}
+
+// wait waits for the beyond-git walk and returns its verdict.
+func (tx *writeTx) wait() error {
+	if tx.walked == nil {
+		return nil
+	}
+	return tx.walked()
+}
+
+// keep leaves the migrated pack in the repository on Rollback: the
+// record's fate is unknown, and Reconcile moves the ref at the next start
+// if it did commit.
+func (tx *writeTx) keep() { tx.kept = true }
+
+// Commit accounts the objects moved in to the project and puts a prepared
+// ref in place. After it, Rollback only releases.
+func (tx *writeTx) Commit(ctx context.Context) error {
+	tx.done = true
+	tx.s.account(tx.r, tx.reserved, tx.q)
+	if tx.mv == nil {
+		return nil
+	}
+	return tx.mv.Commit(ctx)
+}
+
+// Rollback undoes what Commit did not make final: the prepared ref move,
+// the migrated pack (counted for undoneCount), a repository made for
+// this push; then releases the reservation and the task's lock, waits for
+// the walk and removes the quarantine. It may be called more than once.
+func (tx *writeTx) Rollback() {
+	if tx.mv != nil {
+		tx.mv.Abort()
+	}
+	if !tx.done {
+		removed := !tx.migrated
+		if tx.migrated && !tx.kept {
+			if err := tx.s.undo(tx.r, tx.q); err != nil {
+				tx.s.log.Error("remove the objects of a refused write", "repo", tx.r.Path, "err", err)
+			} else {
+				removed = true
+			}
+		}
+		if tx.made && removed {
+			tx.s.dropNew(tx.r)
+		}
+	}
+	tx.done = true
+	if tx.reserved != 0 {
+		tx.s.release(tx.r, tx.reserved)
+		tx.reserved = 0
+	}
+	if tx.unlock != nil {
+		tx.unlock()
+		tx.unlock = nil
+	}
+	// Every return waits for the walk, so that it never reads a pack
+	// that is gone.
+	tx.wait()
+	if tx.objs != nil {
+		tx.objs.Close()
+		tx.objs = nil
+	}
+	tx.q.Remove()
 }
 
 // checkCommit requires the bundle's ref to name a commit. Its history is

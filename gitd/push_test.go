@@ -3,12 +3,17 @@ package gitd
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
@@ -254,7 +259,7 @@ func TestPushRefusals(t *testing.T) {
 			b := tc.bundle(e)
 			before := e.snapshot()
 			recs := len(e.auth.recorded())
-			_, err := e.svc.Push(context.Background(), e.grant("t1"), authz.Peer{}, tc.size, bytes.NewReader(b))
+			_, err := e.svc.Push(context.Background(), e.grant("t1"), testTask("t1"), authz.Peer{}, tc.size, bytes.NewReader(b))
 			if err == nil {
 				t.Fatal("push accepted")
 			}
@@ -305,8 +310,13 @@ func randomText(n int) string {
 	return string(b)
 }
 
+// TestPushBadNames sends a push whose grant names a hostile business,
+// project or task to the server, and hostile project names to AddProject:
+// each is refused NAME_INVALID where the call enters, before anything is
+// read or made.
 func TestPushBadNames(t *testing.T) {
 	e := newEnv(t)
+	c := serve(t, e)
 	e.commitFile("a.txt", "one\n")
 	b := e.bundle("HEAD", "^main")
 	before := e.snapshot()
@@ -321,8 +331,9 @@ func TestPushBadNames(t *testing.T) {
 			case "task":
 				g.Task = bad
 			}
-			_, err := e.svc.Push(context.Background(), g, authz.Peer{}, 0, bytes.NewReader(b))
-			if errdefs.ReasonOf(err) != errdefs.NameInvalid || !strings.Contains(err.Error(), "invalid "+which+" name") {
+			e.auth.grant("bad", g)
+			_, err := pushStream(t, c, "bad", b)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid "+which+" name") {
 				t.Errorf("%s %q: %v", which, bad, err)
 			}
 		}
@@ -331,15 +342,113 @@ func TestPushBadNames(t *testing.T) {
 		t.Fatalf("store changed:\n%s", d)
 	}
 	for _, bad := range []string{"../x", "a/b", "", strings.Repeat("a", 200), "ünï"} {
-		if _, _, err := e.svc.AddProject(context.Background(), bad, "p", e.root); errdefs.ReasonOf(err) != errdefs.NameInvalid {
+		if _, err := c.AddProject(withToken("admin"), &gitv1.AddProjectRequest{Business: bad, Project: "p", Root: e.root}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid business name") {
 			t.Errorf("AddProject business %q: %v", bad, err)
 		}
-		if _, _, err := e.svc.AddProject(context.Background(), "b", bad, e.root); errdefs.ReasonOf(err) != errdefs.NameInvalid {
+		if _, err := c.AddProject(withToken("admin"), &gitv1.AddProjectRequest{Business: "b", Project: bad, Root: e.root}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid project name") {
 			t.Errorf("AddProject project %q: %v", bad, err)
 		}
 	}
 	if d := treesnap.Diff(before, e.snapshot()); d != "" {
 		t.Fatalf("store changed:\n%s", d)
 	}
-	_ = fmt.Sprint
+}
+
+// TestPushUnclearRecord: the broker's commit of a push's record fails in
+// flight (COMMIT_UNKNOWN). Read back as not recorded, the push is rolled
+// back whole (no pack, no repository, no ref); as recorded, it completes;
+// not read back, its pack is kept for Reconcile and its ref not moved.
+func TestPushUnclearRecord(t *testing.T) {
+	unclear := errdefs.Unavailable(errdefs.CommitUnknown, "the test's store lost the answer")
+	t.Run("not recorded", func(t *testing.T) {
+		e := newEnv(t)
+		e.commitFile("a.txt", "one\n")
+		e.auth.unclear = unclear
+		before := e.snapshot()
+		_, err := e.push("t1", e.bundle("HEAD", "^main"))
+		if got := errdefs.Of(err); got.Reason != errdefs.CommitUnknown || got.Metadata["recorded"] != "false" {
+			t.Fatalf("push: %v (%+v)", err, got)
+		}
+		if d := treesnap.Diff(before, e.snapshot()); d != "" {
+			t.Fatalf("a push not recorded left:\n%s", d)
+		}
+	})
+	t.Run("recorded", func(t *testing.T) {
+		e := newEnv(t)
+		c := e.commitFile("a.txt", "one\n")
+		e.auth.unclear, e.auth.unclearCommitted = unclear, true
+		if res, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil || res.Commit != c {
+			t.Fatalf("push: %+v %v", res, err)
+		}
+		if got := e.ref("refs/work/t1"); got != c {
+			t.Fatalf("refs/work/t1 = %q, want %s", got, c)
+		}
+		e.fsck()
+	})
+	t.Run("not read back", func(t *testing.T) {
+		e := newEnv(t)
+		c := e.commitFile("a.txt", "one\n")
+		e.auth.unclear, e.auth.unclearCommitted = unclear, true
+		e.auth.readBack = errors.New("the test's store is down")
+		_, err := e.push("t1", e.bundle("HEAD", "^main"))
+		if got := errdefs.Of(err); got.Reason != errdefs.CommitUnknown || got.Metadata["recorded"] != "" {
+			t.Fatalf("push: %v (%+v)", err, got)
+		}
+		if got := e.ref("refs/work/t1"); got != "" {
+			t.Fatalf("refs/work/t1 moved to %s before the log was read back", got)
+		}
+		if _, err := e.runErr(e.taskRepo("t1"), "cat-file", nil, "-e", "--", c); err != nil {
+			t.Fatalf("the pack of a push whose record may have committed is gone: %v", err)
+		}
+		// Nothing but the pack and its repository: no lock, no quarantine.
+		e.fsck()
+		if err := e.svc.Reconcile(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.ref("refs/work/t1"); got != c {
+			t.Fatalf("after Reconcile refs/work/t1 = %q, want %s", got, c)
+		}
+	})
+}
+
+// TestPushRefLockHeld: a push whose ref move cannot be prepared (a lock
+// on the ref another process holds) is rolled back after its checks,
+// quota reservation and lock: nothing is recorded or left, and the next
+// push, the lock gone, goes through.
+func TestPushRefLockHeld(t *testing.T) {
+	e := newEnv(t)
+	e.commitFile("a.txt", "one\n")
+	if _, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil {
+		t.Fatal(err)
+	}
+	c := e.commitFile("a.txt", "two\n")
+	lock := filepath.Join(e.taskRepo("t1"), "refs", "work", "t1.lock")
+	if err := os.WriteFile(lock, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, recs := e.snapshot(), len(e.auth.recorded())
+	if _, err := e.push("t1", e.bundle("HEAD", "^main")); err == nil || !strings.Contains(err.Error(), "t1.lock exists") {
+		t.Fatalf("push with the ref locked: %v", err)
+	}
+	if d := treesnap.Diff(before, e.snapshot()); d != "" {
+		t.Fatalf("a push refused at its ref move left:\n%s", d)
+	}
+	if len(e.auth.recorded()) != recs {
+		t.Fatal("a push refused at its ref move was recorded")
+	}
+	if err := os.Remove(lock); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil || res.Commit != c {
+		t.Fatalf("push after the lock is gone: %+v %v", res, err)
+	}
+	// The project's reservation was released: the figure is the
+	// repository's, not twice the refused pack.
+	e.svc.mu.Lock()
+	reserved := e.svc.reserved
+	e.svc.mu.Unlock()
+	if len(reserved) != 0 {
+		t.Fatalf("reservations left: %v", reserved)
+	}
+	e.fsck()
 }

@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
-	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/metrics"
 	"github.com/bushost/bushost/internal/sock"
@@ -30,7 +29,7 @@ import (
 // is refused. PushWorking closes the descriptor when the call ends,
 // whatever happened.
 func (sv *server) pushPassed(ctx context.Context, stream grpc.ClientStreamingServer[gitv1.PushWorkingRequest, gitv1.PushWorkingResponse],
-	g authz.Grant, rr *recvReader, f *os.File, offerErr error) error {
+	g caller, rr *recvReader, f *os.File, offerErr error) error {
 	if offerErr != nil {
 		return errdefs.FailedPrecondition(errdefs.PushFDDeclined, "the push named a passed descriptor this connection does not hold (%v); send the bundle's bytes", offerErr).Wrap(offerErr)
 	}
@@ -55,7 +54,7 @@ func (sv *server) pushPassed(ctx context.Context, stream grpc.ClientStreamingSer
 	body := &passedBody{f: f, pf: pf, r: io.NewSectionReader(f, 0, pf.Size)}
 	defer func() { metrics.NotePassed(ctx, body.n) }()
 	peer, _ := sock.PeerFromContext(ctx)
-	res, err := sv.s.Push(ctx, g, peer, pf.Size, body)
+	res, err := sv.s.Push(ctx, g.Grant, g.task, peer, pf.Size, body)
 	if err != nil {
 		return err
 	}

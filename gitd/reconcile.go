@@ -15,7 +15,6 @@ import (
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
-	"github.com/bushost/bushost/internal/names"
 )
 
 // Reconcile makes every repository agree with the broker's log: for each
@@ -78,12 +77,15 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 		errs = append(errs, fmt.Errorf("main: %w", err))
 	}
 	for task, commit := range last {
-		ref, err := names.WorkRef(task)
+		// The log's task names were checked when they entered it; they
+		// are parsed again here as any name the store is built from.
+		tn, err := r.scope().Task(task)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		t, err := s.task(r.Business, r.Project, task)
+		ref := tn.WorkRef()
+		t, err := s.task(tn)
 		if err != nil {
 			errs = append(errs, err)
 			continue

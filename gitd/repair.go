@@ -6,7 +6,6 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 
-	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitid"
@@ -20,20 +19,20 @@ import (
 // client told to push again; not learned, the pack is kept (Reconcile moves
 // the ref at the next start if the record did commit) and the client gets
 // a retryable Unavailable.
-func (s *Service) settleUnclear(ctx context.Context, r repo, q *bundle.Quarantine, g authz.Grant, commit string, cause error) error {
+func (s *Service) settleUnclear(ctx context.Context, tx *writeTx, g authz.Grant, commit string, cause error) error {
+	r := tx.r
 	recorded, err := s.o.Authority.PushRecorded(ctx, g.Business, g.Project, g.Task, commit)
 	switch {
 	case err != nil:
+		tx.keep()
 		s.log.Warn("a push's record may or may not have committed and the log could not be read back; its pack is kept, and the next start settles the ref by the log",
 			"repo", r.Path, "task", g.Task, "commit", commit, "cause", cause, "err", err)
 		return errdefs.Unavailable(errdefs.CommitUnknown,
 			"the record of push %s may or may not have committed, and the log could not be read back: push again (its pack is kept)", commit).
 			With("commit", commit).Retry(time.Second).Wrap(err)
 	case !recorded:
-		if rerr := s.undo(r, q); rerr != nil {
-			s.log.Error("remove the pack of a push that was not recorded", "repo", r.Path, "err", rerr)
-		}
-		s.log.Warn("a push's record did not commit (the log has no such push); its pack was removed", "repo", r.Path, "task", g.Task, "commit", commit, "cause", cause)
+		// The caller's Rollback removes the pack.
+		s.log.Warn("a push's record did not commit (the log has no such push); its pack is removed", "repo", r.Path, "task", g.Task, "commit", commit, "cause", cause)
 		return errdefs.Unavailable(errdefs.CommitUnknown,
 			"the record of push %s did not commit (the store's connection failed; the log has no such push): push again", commit).
 			With("commit", commit).With("recorded", false).Retry(time.Second).Wrap(cause)
@@ -66,12 +65,9 @@ type RepairResult struct {
 // logged push's commit is in the repository (its pack was kept, or put
 // back), the ref is set to it; else the push is recorded as lost and the
 // task's latest push becomes what its ref holds.
-func (s *Service) RepairTask(ctx context.Context, business, project, task string) (RepairResult, error) {
-	ref, err := names.WorkRef(task)
-	if err != nil {
-		return RepairResult{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	r, err := s.task(business, project, task)
+func (s *Service) RepairTask(ctx context.Context, t names.Task) (RepairResult, error) {
+	business, project, task, ref := t.Business(), t.Project().Name(), t.Name(), t.WorkRef()
+	r, err := s.task(t)
 	if err != nil {
 		return RepairResult{}, err
 	}

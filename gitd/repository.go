@@ -11,7 +11,6 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 
 	"github.com/bushost/bushost/gitd/bundle"
-	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/gitobj"
@@ -50,14 +49,21 @@ type repo struct {
 	Path                    string // the bare repository
 	LockPath                string // the project's flock, beside Dir
 	git                     *gitcmd.Runner
+	// proj and task are the names above as validated where the call
+	// entered (task is zero for a pool): a repo is made only from them.
+	proj names.Project
+	task names.Task
 }
 
 func (r repo) isPool() bool { return r.Task == "" }
 
+// scope is r's project, as validated where the call entered.
+func (r repo) scope() names.Project { return r.proj }
+
 // pool is the pool of r's project (r itself for the pool).
 func (r repo) pool() repo {
 	p := r
-	p.Task, p.Path = "", filepath.Join(r.Dir, poolName)
+	p.Task, p.task, p.Path = "", names.Task{}, filepath.Join(r.Dir, poolName)
 	return p
 }
 
@@ -116,15 +122,15 @@ func (r repo) UpdateRef(ctx context.Context, ref gitid.ReferenceName, newID, old
 	return m.Commit(ctx)
 }
 
-// project returns business/project's pool, its names validated and its
-// directories checked to be the daemon's.
-func (s *Service) project(business, project string) (repo, error) {
-	if err := names.CheckScope(names.Scope{Business: business, Project: project}); err != nil {
-		return repo{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
+// project returns p's pool, its directories checked to be the daemon's.
+func (s *Service) project(p names.Project) (repo, error) {
+	if p.IsZero() {
+		return repo{}, errors.New("gitd: a repository of no project")
 	}
+	business, project := p.Business(), p.Name()
 	dir := filepath.Join(s.o.ReposDir, business, project)
 	r := repo{Business: business, Project: project, Dir: dir, Path: filepath.Join(dir, poolName),
-		LockPath: filepath.Join(s.o.ReposDir, business, project+".flock"), git: s.git}
+		LockPath: filepath.Join(s.o.ReposDir, business, project+".flock"), git: s.git, proj: p}
 	// The directories, as they are opened, must be the daemon's (not
 	// links, writable by nobody else).
 	for _, d := range []string{filepath.Dir(dir), dir, r.Path, filepath.Join(dir, tasksDir)} {
@@ -135,18 +141,17 @@ func (s *Service) project(business, project string) (repo, error) {
 	return r, nil
 }
 
-// task returns task's repository in business/project (it may not exist
-// yet: ensure makes it).
-func (s *Service) task(business, project, task string) (repo, error) {
-	if err := names.Check("task", task); err != nil {
-		return repo{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
+// task returns t's repository (it may not exist yet: ensure makes it).
+func (s *Service) task(t names.Task) (repo, error) {
+	if t.IsZero() {
+		return repo{}, errors.New("gitd: a repository of no task")
 	}
-	p, err := s.project(business, project)
+	p, err := s.project(t.Project())
 	if err != nil {
 		return repo{}, err
 	}
 	r := p
-	r.Task, r.Path = task, filepath.Join(p.Dir, tasksDir, task+".git")
+	r.Task, r.task, r.Path = t.Name(), t, filepath.Join(p.Dir, tasksDir, t.Name()+".git")
 	if err := safepath.IfExists(r.Path, os.Geteuid(), safepath.Dir); err != nil {
 		return repo{}, err
 	}
@@ -258,10 +263,16 @@ func (s *Service) tasks(p repo) ([]repo, error) {
 	var out []repo
 	for _, e := range ents {
 		name, ok := strings.CutSuffix(e.Name(), ".git")
-		if !ok || !e.IsDir() || names.Check("task", name) != nil {
+		if !ok || !e.IsDir() {
 			continue
 		}
-		t, err := s.task(p.Business, p.Project, name)
+		// A directory's name is checked as a request's would be: what
+		// is not a task's name is not a task's repository.
+		tn, err := p.scope().Task(name)
+		if err != nil {
+			continue
+		}
+		t, err := s.task(tn)
 		if err != nil {
 			continue
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
+	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/safepath"
 )
 
@@ -26,8 +27,8 @@ const rootKey = "bushost.root"
 // The project's directory (its pool, with main) appears whole or not at
 // all: it is built beside its final path and renamed into place under the
 // project's lock.
-func (s *Service) AddProject(ctx context.Context, business, project, root string) (commit string, created bool, err error) {
-	r, err := s.project(business, project)
+func (s *Service) AddProject(ctx context.Context, p names.Project, root string) (commit string, created bool, err error) {
+	r, err := s.project(p)
 	if err != nil {
 		return "", false, err
 	}
@@ -55,7 +56,7 @@ func (s *Service) AddProject(ctx context.Context, business, project, root string
 		return commit, false, nil
 	}
 	dir := filepath.Dir(r.Dir)
-	tmpDir, err := os.MkdirTemp(dir, seedPrefix+project+"-")
+	tmpDir, err := os.MkdirTemp(dir, seedPrefix+p.Name()+"-")
 	if err != nil {
 		return "", false, err
 	}
@@ -100,13 +101,14 @@ func (s *Service) AddProject(ctx context.Context, business, project, root string
 // SyncProject fast-forwards main from the project's root and refuses
 // anything else. A plain-directory root becomes a new commit on top of main
 // when its files changed.
-func (s *Service) SyncProject(ctx context.Context, business, project string) (commit, previous string, err error) {
-	r, err := s.project(business, project)
+func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, previous string, err error) {
+	business, project := p.Business(), p.Name()
+	r, err := s.project(p)
 	if err != nil {
 		return "", "", err
 	}
 	if !r.exists() {
-		return "", "", projectNotFound(business, project)
+		return "", "", projectNotFound(r.Business, r.Project)
 	}
 	unlock, err := s.lock(ctx, r)
 	if err != nil {

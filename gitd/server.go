@@ -3,7 +3,7 @@ package gitd
 import (
 	"bufio"
 	"context"
-	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync/atomic"
@@ -30,29 +30,56 @@ type server struct {
 // NewServer returns the gRPC GitService backed by s.
 func NewServer(s *Service) gitv1.GitServiceServer { return &server{s: s} }
 
-func (sv *server) authorize(ctx context.Context, caps ...string) (authz.Grant, error) {
-	g, err := sv.s.o.Authority.Authorize(ctx, authz.TokenFromContext(ctx), caps...)
-	if err != nil {
-		return g, err
-	}
-	if len(caps) > 0 {
-		if err := names.CheckScope(names.Scope{Business: g.Business, Project: g.Project, Task: g.Task}); err != nil {
-			return g, errdefs.InvalidArgument(errdefs.NameInvalid, "grant scope: %v", err).Wrap(err)
-		}
-		if err := sv.s.o.Authority.CheckPlacement(ctx, g.Business, g.Project); err != nil {
-			return g, err
-		}
-	}
-	return g, nil
+// caller is an authorized call: its grant and, for a session's grant, the
+// grant's task, its names parsed once here (zero for the host).
+type caller struct {
+	authz.Grant
+	task names.Task
 }
 
-// authorizeHost requires the admin token for a call naming
-// business/project, and that the project is not placed on another host.
-func (sv *server) authorizeHost(ctx context.Context, business, project string) error {
+func (sv *server) authorize(ctx context.Context, caps ...string) (caller, error) {
+	g, err := sv.s.o.Authority.Authorize(ctx, authz.TokenFromContext(ctx), caps...)
+	c := caller{Grant: g}
+	if err != nil {
+		return c, err
+	}
+	if len(caps) > 0 {
+		if c.task, err = names.ParseTask(g.Business, g.Project, g.Task); err != nil {
+			return c, fmt.Errorf("grant scope: %w", err)
+		}
+		if err := sv.s.o.Authority.CheckPlacement(ctx, g.Business, g.Project); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// authorizeHost parses business/project, requires the admin token for a
+// call naming them, and that the project is not placed on another host.
+func (sv *server) authorizeHost(ctx context.Context, business, project string) (names.Project, error) {
+	p, err := names.ParseProject(business, project)
+	if err != nil {
+		return p, err
+	}
+	return p, sv.hostOf(ctx, p)
+}
+
+// authorizeHostTask is authorizeHost for a call naming a task.
+func (sv *server) authorizeHostTask(ctx context.Context, business, project, task string) (names.Task, error) {
+	t, err := names.ParseTask(business, project, task)
+	if err != nil {
+		return t, err
+	}
+	return t, sv.hostOf(ctx, t.Project())
+}
+
+// hostOf requires the admin token, and that p is not placed on another
+// host.
+func (sv *server) hostOf(ctx context.Context, p names.Project) error {
 	if _, err := sv.authorize(ctx); err != nil {
 		return err
 	}
-	return sv.s.o.Authority.CheckPlacement(ctx, business, project)
+	return sv.s.o.Authority.CheckPlacement(ctx, p.Business(), p.Name())
 }
 
 func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkingRequest, gitv1.PushWorkingResponse]) error {
@@ -87,7 +114,7 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 		return rr.why(sv.pushPassed(ctx, stream, g, rr, passed, offerErr))
 	}
 	peer, _ := sock.PeerFromContext(ctx)
-	res, err := sv.s.Push(ctx, g, peer, hdr.GetSize(), rr)
+	res, err := sv.s.Push(ctx, g.Grant, g.task, peer, hdr.GetSize(), rr)
 	if err != nil {
 		return rr.why(err)
 	}
@@ -100,7 +127,7 @@ func (sv *server) FetchMain(req *gitv1.FetchMainRequest, stream grpc.ServerStrea
 	if err != nil {
 		return err
 	}
-	still := sv.stillValid(ctx, g)
+	still := sv.stillValid(ctx, g.Grant)
 	w := newChunkWriter(func(b []byte) error {
 		if err := still.check(); err != nil {
 			return err
@@ -110,7 +137,7 @@ func (sv *server) FetchMain(req *gitv1.FetchMainRequest, stream grpc.ServerStrea
 	begin := func(c string) error {
 		return stream.Send(&gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Commit{Commit: c}})
 	}
-	if err := sv.s.WriteMainBundle(ctx, g.Business, g.Project, req.GetHave(), begin, w); err != nil {
+	if err := sv.s.WriteMainBundle(ctx, g.task.Project(), req.GetHave(), begin, w); err != nil {
 		return still.first(err)
 	}
 	return still.first(w.Flush())
@@ -122,10 +149,10 @@ func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerS
 	if err != nil {
 		return err
 	}
-	if err := sv.s.notMarked(ctx, g); err != nil {
+	if err := sv.s.notMarked(ctx, g.Grant); err != nil {
 		return err
 	}
-	still := sv.stillValid(ctx, g)
+	still := sv.stillValid(ctx, g.Grant)
 	w := newChunkWriter(func(b []byte) error {
 		if err := still.check(); err != nil {
 			return err
@@ -135,15 +162,16 @@ func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerS
 	begin := func(c string) error {
 		return stream.Send(&gitv1.FetchReviewResponse{Msg: &gitv1.FetchReviewResponse_Commit{Commit: c}})
 	}
-	if err := sv.s.WriteReviewBundle(ctx, g.Business, g.Project, g.Task, req.GetHave(), req.GetAlsoHave(), begin, w); err != nil {
+	if err := sv.s.WriteReviewBundle(ctx, g.task, req.GetHave(), req.GetAlsoHave(), begin, w); err != nil {
 		return still.first(err)
 	}
 	return still.first(w.Flush())
 }
 
 func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) (*gitv1.AddProjectResponse, error) {
-	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
+	p, err := names.ParseProject(req.GetBusiness(), req.GetProject())
+	if err != nil {
+		return nil, err
 	}
 	if _, err := sv.authorize(ctx); err != nil {
 		return nil, err
@@ -158,7 +186,7 @@ func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) 
 	if err := sv.s.o.Authority.EnsureProject(ctx, req.GetBusiness(), req.GetProject()); err != nil {
 		return nil, err
 	}
-	commit, created, err := sv.s.AddProject(ctx, req.GetBusiness(), req.GetProject(), req.GetRoot())
+	commit, created, err := sv.s.AddProject(ctx, p, req.GetRoot())
 	if err != nil {
 		return nil, err
 	}
@@ -166,13 +194,11 @@ func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) 
 }
 
 func (sv *server) SyncProject(ctx context.Context, req *gitv1.SyncProjectRequest) (*gitv1.SyncProjectResponse, error) {
-	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
+	p, err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject())
+	if err != nil {
 		return nil, err
 	}
-	commit, previous, err := sv.s.SyncProject(ctx, req.GetBusiness(), req.GetProject())
+	commit, previous, err := sv.s.SyncProject(ctx, p)
 	if err != nil {
 		return nil, err
 	}
@@ -180,16 +206,11 @@ func (sv *server) SyncProject(ctx context.Context, req *gitv1.SyncProjectRequest
 }
 
 func (sv *server) RepairTask(ctx context.Context, req *gitv1.RepairTaskRequest) (*gitv1.RepairTaskResponse, error) {
-	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject(), Task: req.GetTask()}); err != nil || req.GetTask() == "" {
-		if err == nil {
-			err = errors.New("no task name")
-		}
-		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
+	t, err := sv.authorizeHostTask(ctx, req.GetBusiness(), req.GetProject(), req.GetTask())
+	if err != nil {
 		return nil, err
 	}
-	res, err := sv.s.RepairTask(ctx, req.GetBusiness(), req.GetProject(), req.GetTask())
+	res, err := sv.s.RepairTask(ctx, t)
 	if err != nil {
 		return nil, err
 	}
@@ -197,16 +218,11 @@ func (sv *server) RepairTask(ctx context.Context, req *gitv1.RepairTaskRequest) 
 }
 
 func (sv *server) ArchiveTask(ctx context.Context, req *gitv1.ArchiveTaskRequest) (*gitv1.ArchiveTaskResponse, error) {
-	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject(), Task: req.GetTask()}); err != nil || req.GetTask() == "" {
-		if err == nil {
-			err = errors.New("no task name")
-		}
-		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
+	t, err := sv.authorizeHostTask(ctx, req.GetBusiness(), req.GetProject(), req.GetTask())
+	if err != nil {
 		return nil, err
 	}
-	res, err := sv.s.ArchiveTask(ctx, req.GetBusiness(), req.GetProject(), req.GetTask())
+	res, err := sv.s.ArchiveTask(ctx, t)
 	if err != nil {
 		return nil, err
 	}
@@ -214,13 +230,11 @@ func (sv *server) ArchiveTask(ctx context.Context, req *gitv1.ArchiveTaskRequest
 }
 
 func (sv *server) OptimizeProject(ctx context.Context, req *gitv1.OptimizeProjectRequest) (*gitv1.OptimizeProjectResponse, error) {
-	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
-	}
-	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
+	p, err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject())
+	if err != nil {
 		return nil, err
 	}
-	runs, err := sv.s.OptimizeProject(ctx, req.GetBusiness(), req.GetProject())
+	runs, err := sv.s.OptimizeProject(ctx, p)
 	if err != nil {
 		return nil, err
 	}

@@ -258,10 +258,14 @@ func (s *Service) repos() ([]repo, error) {
 			return nil, err
 		}
 		for _, p := range ps {
-			if !p.IsDir() || names.Check("project", p.Name()) != nil {
+			if !p.IsDir() {
 				continue
 			}
-			r, err := s.project(b.Name(), p.Name())
+			scope, err := names.ParseProject(b.Name(), p.Name())
+			if err != nil {
+				continue
+			}
+			r, err := s.project(scope)
 			if err != nil || !r.exists() {
 				continue
 			}

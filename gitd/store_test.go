@@ -31,7 +31,7 @@ func TestAddProjectPlainDirectory(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			commits[i], created[i], errs[i] = e.svc.AddProject(context.Background(), "acme", "plain", plain)
+			commits[i], created[i], errs[i] = e.svc.AddProject(context.Background(), mustProject("acme", "plain"), plain)
 		}()
 	}
 	wg.Wait()
@@ -64,12 +64,12 @@ func TestAddProjectPlainDirectory(t *testing.T) {
 	assertNoSeedingLeftovers(t, e)
 
 	// Sync: unchanged root is a no-op; a change is one commit on top.
-	c, prev, err := e.svc.SyncProject(context.Background(), "acme", "plain")
+	c, prev, err := e.svc.SyncProject(context.Background(), mustProject("acme", "plain"))
 	if err != nil || c != commits[0] || prev != commits[0] {
 		t.Fatalf("no-op sync = %s %s %v", c, prev, err)
 	}
 	os.WriteFile(filepath.Join(plain, "NEW"), []byte("new\n"), 0o644)
-	c, prev, err = e.svc.SyncProject(context.Background(), "acme", "plain")
+	c, prev, err = e.svc.SyncProject(context.Background(), mustProject("acme", "plain"))
 	if err != nil || prev != commits[0] || c == prev {
 		t.Fatalf("sync = %s %s %v", c, prev, err)
 	}
@@ -95,7 +95,7 @@ func TestSyncProjectGitRoot(t *testing.T) {
 	ctx := context.Background()
 	os.WriteFile(filepath.Join(e.root, "more"), []byte("more\n"), 0o644)
 	next := e.commitAll(e.root, "more")
-	c, prev, err := e.svc.SyncProject(ctx, testBusiness, testProject)
+	c, prev, err := e.svc.SyncProject(ctx, testScope())
 	if err != nil || c != next || prev != e.main {
 		t.Fatalf("sync = %s %s %v, want %s after %s", c, prev, err, next, e.main)
 	}
@@ -104,7 +104,7 @@ func TestSyncProjectGitRoot(t *testing.T) {
 	os.WriteFile(filepath.Join(e.root, "other"), []byte("other\n"), 0o644)
 	e.commitAll(e.root, "rewrite")
 	before := e.snapshot()
-	_, _, err = e.svc.SyncProject(ctx, testBusiness, testProject)
+	_, _, err = e.svc.SyncProject(ctx, testScope())
 	if errdefs.ReasonOf(err) != errdefs.NonFastForward {
 		t.Fatalf("non-fast-forward sync: %v", err)
 	}

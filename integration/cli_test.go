@@ -159,6 +159,10 @@ func TestCLIRefusalClasses(t *testing.T) {
 		{"denied: token a path in BUS_TOKEN", []string{"task", "close"}, []string{"BUS_TOKEN=" + worker}, 4, "TOKEN_UNKNOWN", "BUS_TOKEN_FILE"},
 		{"conflict: non-fast-forward", as(worker, "push-working", "--repo", other), nil, 5, "NON_FAST_FORWARD", "rebase"},
 		{"invalid: name", []string{"task", "add", "--business", "acme", "--project", "web", "--task", "Bad!"}, nil, 6, "NAME_INVALID", "must match"},
+		{"invalid: task show of a path", []string{"task", "show", "--task", "../z"}, nil, 6, "NAME_INVALID", "must match"},
+		{"invalid: task show of a scope", []string{"task", "show", "--business", "acme", "--project", "web", "--task", "a/b"}, nil, 6, "NAME_INVALID", "must match"},
+		{"invalid: task show of a long name", []string{"task", "show", "--business", "acme", "--project", "web", "--task", strings.Repeat("z", 64)}, nil, 6, "NAME_INVALID", "must match"},
+		{"invalid: task show of a bad project", as(worker, "task", "show", "--business", "acme", "--project", "../web"), nil, 6, "NAME_INVALID", "must match"},
 		{"limit: event data", as(worker, "event", "record", "--type", "note", "--data", `{"x":"`+big+`"}`), nil, 7, "EVENT_DATA_TOO_LARGE", "at most"},
 		{"host failed: objects gone", as(brokenTok, "fetch-main", "--repo", filepath.Join(filepath.Dir(h.Home), "broken")), nil, 8, "INTERNAL", ""},
 	} {

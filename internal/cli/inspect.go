@@ -16,6 +16,7 @@ import (
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/names"
 )
 
 // The inspection commands beside task list (lists.go): project list, grant
@@ -224,6 +225,12 @@ type taskShowJSON struct {
 func runTaskShow(fs *pflag.FlagSet) runFunc {
 	business, project, task := scopeFlags(fs)
 	return func(ctx context.Context, e *Env, args []string) error {
+		// The broker lists tasks by business and project only: a task
+		// name no task can have is refused here, as the broker refuses
+		// it, not looked for and reported missing.
+		if err := names.CheckFilter("business", *business, "project", *project, "task", *task); err != nil {
+			return err
+		}
 		c, ctx, done, err := e.brokerClient(ctx)
 		if err != nil {
 			return err
