@@ -72,19 +72,19 @@ func TestObjectIDCase(t *testing.T) {
 	for name, spell := range spellings {
 		var out bytes.Buffer
 		nop := func(string) error { return nil }
-		if err := e.svc.WriteReviewBundle(ctx, testBusiness, testProject, "t1", spell(e.main), nil, nop, &out); errdefs.ReasonOf(err) != errdefs.ObjectIDInvalid {
+		if err := e.svc.WriteReviewBundle(ctx, testTask("t1"), spell(e.main), nil, nop, &out); errdefs.ReasonOf(err) != errdefs.ObjectIDInvalid {
 			t.Errorf("%s have: %v, want %s", name, err, errdefs.ObjectIDInvalid)
 		}
-		if err := e.svc.WriteReviewBundle(ctx, testBusiness, testProject, "t1", "", []string{spell(e.main)}, nop, &out); errdefs.ReasonOf(err) != errdefs.ObjectIDInvalid {
+		if err := e.svc.WriteReviewBundle(ctx, testTask("t1"), "", []string{spell(e.main)}, nop, &out); errdefs.ReasonOf(err) != errdefs.ObjectIDInvalid {
 			t.Errorf("%s also-have: %v, want %s", name, err, errdefs.ObjectIDInvalid)
 		}
 		// main's have is advice: one that names nothing the host knows
 		// gets main whole, and so does one in upper case.
 		var whole, got bytes.Buffer
-		if err := e.svc.WriteMainBundle(ctx, testBusiness, testProject, "", nop, &whole); err != nil {
+		if err := e.svc.WriteMainBundle(ctx, testScope(), "", nop, &whole); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.svc.WriteMainBundle(ctx, testBusiness, testProject, spell(e.main), nop, &got); err != nil || !bytes.Equal(got.Bytes(), whole.Bytes()) {
+		if err := e.svc.WriteMainBundle(ctx, testScope(), spell(e.main), nop, &got); err != nil || !bytes.Equal(got.Bytes(), whole.Bytes()) {
 			t.Errorf("%s main have: %v, %d bytes, want main whole (%d bytes)", name, err, got.Len(), whole.Len())
 		}
 	}
