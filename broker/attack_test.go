@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
@@ -153,12 +152,12 @@ func TestAttackRecordEventsBatch(t *testing.T) {
 			eleven[i] = &brokerv1.RecordEventRequest{Type: "note", Data: fmt.Sprintf(`{"i":%d}`, i)}
 		}
 		before = e.head()
-		e.refused(rec(eleven...), codes.ResourceExhausted, before, "a batch past the quota")
+		e.refused(rec(eleven...), errdefs.KindResourceExhausted, before, "a batch past the quota")
 		if err := rec(eleven[:10]...); err != nil {
 			t.Fatalf("what is left of the quota: %v", err)
 		}
 		before = e.head()
-		e.refused(rec(note), codes.ResourceExhausted, before, "one past the quota")
+		e.refused(rec(note), errdefs.KindResourceExhausted, before, "one past the quota")
 		e.verify()
 	})
 }

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 )
 
@@ -69,7 +67,7 @@ func BenchmarkCloseDecision(b *testing.B) {
 		const decisions = 2000
 		start := time.Now()
 		for i := 0; i < decisions*b.N; i++ {
-			if _, err := e.b.CloseTask(context.Background(), pending.closer.G, ""); codesOf(errdefs.ToGRPC(err)) != codes.FailedPrecondition {
+			if _, err := e.b.CloseTask(context.Background(), pending.closer.G, ""); codesOf(err) != errdefs.KindFailedPrecondition {
 				b.Fatalf("close of a task pending review: %v", err)
 			}
 		}

@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -24,36 +24,36 @@ func TestRecordEventRules(t *testing.T) {
 		before := e.head()
 		for _, c := range []struct {
 			typ, data string
-			code      codes.Code
+			code      errdefs.Kind
 		}{
-			{"", "", codes.InvalidArgument},
-			{"Note", "", codes.InvalidArgument},
-			{"note ", "", codes.InvalidArgument},
-			{" note", "", codes.InvalidArgument},
-			{"no te", "", codes.InvalidArgument},
-			{"note.", "", codes.InvalidArgument},
-			{".note", "", codes.InvalidArgument},
-			{"note..x", "", codes.InvalidArgument},
-			{"1note", "", codes.InvalidArgument},
-			{"note-x", "", codes.InvalidArgument},
-			{"nоte", "", codes.InvalidArgument}, // Cyrillic o
-			{"note\n", "", codes.InvalidArgument},
-			{"note\x00", "", codes.InvalidArgument},
-			{strings.Repeat("a", 200), "", codes.InvalidArgument},
-			{"action.allowed", "", codes.PermissionDenied},
-			{"review.verdict", "", codes.PermissionDenied},
-			{"task.closed", "", codes.PermissionDenied},
-			{"grant.created", "", codes.PermissionDenied},
-			{"task", "", codes.PermissionDenied},
-			{"note", "[]", codes.InvalidArgument},
-			{"note", `"x"`, codes.InvalidArgument},
-			{"note", "null", codes.InvalidArgument},
-			{"note", "{", codes.InvalidArgument},
-			{"note", "{} {}", codes.InvalidArgument},
-			{"note", "{\"a\":\"\xff\"}", codes.InvalidArgument},
-			{"note", `{"":10e700}`, codes.InvalidArgument},
-			{"note", `{"a":[{"b":-1e309}]}`, codes.InvalidArgument},
-			{"note", `{"a":"` + strings.Repeat("x", MaxDataBytes) + `"}`, codes.ResourceExhausted},
+			{"", "", errdefs.KindInvalidArgument},
+			{"Note", "", errdefs.KindInvalidArgument},
+			{"note ", "", errdefs.KindInvalidArgument},
+			{" note", "", errdefs.KindInvalidArgument},
+			{"no te", "", errdefs.KindInvalidArgument},
+			{"note.", "", errdefs.KindInvalidArgument},
+			{".note", "", errdefs.KindInvalidArgument},
+			{"note..x", "", errdefs.KindInvalidArgument},
+			{"1note", "", errdefs.KindInvalidArgument},
+			{"note-x", "", errdefs.KindInvalidArgument},
+			{"nоte", "", errdefs.KindInvalidArgument}, // Cyrillic o
+			{"note\n", "", errdefs.KindInvalidArgument},
+			{"note\x00", "", errdefs.KindInvalidArgument},
+			{strings.Repeat("a", 200), "", errdefs.KindInvalidArgument},
+			{"action.allowed", "", errdefs.KindPermissionDenied},
+			{"review.verdict", "", errdefs.KindPermissionDenied},
+			{"task.closed", "", errdefs.KindPermissionDenied},
+			{"grant.created", "", errdefs.KindPermissionDenied},
+			{"task", "", errdefs.KindPermissionDenied},
+			{"note", "[]", errdefs.KindInvalidArgument},
+			{"note", `"x"`, errdefs.KindInvalidArgument},
+			{"note", "null", errdefs.KindInvalidArgument},
+			{"note", "{", errdefs.KindInvalidArgument},
+			{"note", "{} {}", errdefs.KindInvalidArgument},
+			{"note", "{\"a\":\"\xff\"}", errdefs.KindInvalidArgument},
+			{"note", `{"":10e700}`, errdefs.KindInvalidArgument},
+			{"note", `{"a":[{"b":-1e309}]}`, errdefs.KindInvalidArgument},
+			{"note", `{"a":"` + strings.Repeat("x", MaxDataBytes) + `"}`, errdefs.KindResourceExhausted},
 		} {
 			_, err := e.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: c.typ, Data: c.data})
 			e.refused(err, c.code, before, "type "+clip(c.typ)+" data "+clip(c.data))
@@ -89,9 +89,9 @@ func TestRecordEventRules(t *testing.T) {
 			t.Fatalf("same key and body: %v %v", again, err)
 		}
 		_, err = e.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: "step", Data: `{"n":2}`, IdempotencyKey: "k1"})
-		e.refused(err, codes.AlreadyExists, before, "same key, other data")
+		e.refused(err, errdefs.KindAlreadyExists, before, "same key, other data")
 		_, err = e.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: "other", Data: `{"m":2,"n":1}`, IdempotencyKey: "k1"})
-		e.refused(err, codes.AlreadyExists, before, "same key, other type")
+		e.refused(err, errdefs.KindAlreadyExists, before, "same key, other type")
 		e.verify()
 	})
 }
@@ -192,7 +192,7 @@ func TestListEvents(t *testing.T) {
 
 		// A grant sees its own task and may not ask for another.
 		s := &eventStream{ctx: a.ctx(), got: make(chan *brokerv1.Event, 100)}
-		if err := e.srv.ListEvents(&brokerv1.ListEventsRequest{Task: "t2"}, s); codesOf(err) != codes.PermissionDenied {
+		if err := e.srv.ListEvents(&brokerv1.ListEventsRequest{Task: "t2"}, s); codesOf(err) != errdefs.KindPermissionDenied {
 			t.Fatalf("listing another task: %v", err)
 		}
 		if err := e.srv.ListEvents(&brokerv1.ListEventsRequest{}, s); err != nil {

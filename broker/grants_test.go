@@ -8,22 +8,21 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 func TestProjectsAndTasks(t *testing.T) {
 	eachStore(t, func(t *testing.T, e *env) {
 		before := e.head()
 		_, err := e.srv.AddTask(e.host(), &brokerv1.AddTaskRequest{Business: "acme", Project: "web", Task: "t1"})
-		e.refused(err, codes.NotFound, before, "task of an unknown project")
+		e.refused(err, errdefs.KindNotFound, before, "task of an unknown project")
 
 		e.project("acme", "web")
 		e.project("acme", "web") // idempotent
 		err = e.b.EnsureProject(context.Background(), "acme", "../etc")
-		e.refused(err, codes.InvalidArgument, before, "project with a bad name")
+		e.refused(err, errdefs.KindInvalidArgument, before, "project with a bad name")
 
 		r, err := e.srv.AddTask(e.host(), &brokerv1.AddTaskRequest{Business: "acme", Project: "web", Task: "t1"})
 		if err != nil || !r.Created {
@@ -39,7 +38,7 @@ func TestProjectsAndTasks(t *testing.T) {
 		}
 		for _, bad := range []string{"", "T1", "..", "a/b", "t1.lock", " t1"} {
 			_, err = e.srv.AddTask(e.host(), &brokerv1.AddTaskRequest{Business: "acme", Project: "web", Task: bad})
-			e.refused(err, codes.InvalidArgument, before, "task name "+bad)
+			e.refused(err, errdefs.KindInvalidArgument, before, "task name "+bad)
 		}
 		evs := e.events(Filter{Task: "t1"})
 		if len(evs) != 1 || evs[0].Type != TypeTaskAdded || evs[0].Actor != authz.HostID {
@@ -57,14 +56,14 @@ func TestGrants(t *testing.T) {
 		for _, c := range []struct {
 			name string
 			req  *brokerv1.CreateGrantRequest
-			code codes.Code
+			code errdefs.Kind
 		}{
-			{"unknown capability", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "w", Capabilities: []string{"git.push.everything"}}, codes.InvalidArgument},
-			{"no capability", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "w"}, codes.InvalidArgument},
-			{"unknown task", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t2", Role: "w", Capabilities: []string{authz.CapPushWorking}}, codes.NotFound},
-			{"no task", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Role: "w", Capabilities: []string{authz.CapPushWorking}}, codes.InvalidArgument},
-			{"bad role", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "Worker!", Capabilities: []string{authz.CapPushWorking}}, codes.InvalidArgument},
-			{"negative ttl", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "w", Capabilities: []string{authz.CapPushWorking}, TtlSeconds: -1}, codes.InvalidArgument},
+			{"unknown capability", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "w", Capabilities: []string{"git.push.everything"}}, errdefs.KindInvalidArgument},
+			{"no capability", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "w"}, errdefs.KindInvalidArgument},
+			{"unknown task", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t2", Role: "w", Capabilities: []string{authz.CapPushWorking}}, errdefs.KindNotFound},
+			{"no task", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Role: "w", Capabilities: []string{authz.CapPushWorking}}, errdefs.KindInvalidArgument},
+			{"bad role", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "Worker!", Capabilities: []string{authz.CapPushWorking}}, errdefs.KindInvalidArgument},
+			{"negative ttl", &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "w", Capabilities: []string{authz.CapPushWorking}, TtlSeconds: -1}, errdefs.KindInvalidArgument},
 		} {
 			_, err := e.srv.CreateGrant(e.host(), c.req)
 			e.refused(err, c.code, before, c.name)
@@ -79,21 +78,21 @@ func TestGrants(t *testing.T) {
 		// A grant's token on a host call, the host's token on a grant's call.
 		before = e.head()
 		_, err := e.srv.CreateGrant(w.ctx(), &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "w", Capabilities: []string{authz.CapTaskClose}})
-		e.refused(err, codes.PermissionDenied, before, "grant issuing a grant")
+		e.refused(err, errdefs.KindPermissionDenied, before, "grant issuing a grant")
 		_, err = e.srv.AddTask(w.ctx(), &brokerv1.AddTaskRequest{Business: "acme", Project: "web", Task: "t9"})
-		e.refused(err, codes.PermissionDenied, before, "grant adding a task")
+		e.refused(err, errdefs.KindPermissionDenied, before, "grant adding a task")
 		_, err = e.srv.VerifyLog(w.ctx(), &brokerv1.VerifyLogRequest{})
-		e.refused(err, codes.PermissionDenied, before, "grant verifying the log")
+		e.refused(err, errdefs.KindPermissionDenied, before, "grant verifying the log")
 		_, err = e.srv.CloseTask(e.host(), &brokerv1.CloseTaskRequest{})
-		e.refused(err, codes.PermissionDenied, before, "host closing a task without a grant")
+		e.refused(err, errdefs.KindPermissionDenied, before, "host closing a task without a grant")
 		_, err = e.srv.CloseTask(w.ctx(), &brokerv1.CloseTaskRequest{})
-		e.refused(err, codes.PermissionDenied, before, "close without task.close")
+		e.refused(err, errdefs.KindPermissionDenied, before, "close without task.close")
 		_, err = e.srv.RecordEvent(w.ctx(), &brokerv1.RecordEventRequest{Type: "note"})
-		e.refused(err, codes.PermissionDenied, before, "record without event.record")
+		e.refused(err, errdefs.KindPermissionDenied, before, "record without event.record")
 		_, err = e.srv.RecordEvent(withToken("bht_not-a-token"), &brokerv1.RecordEventRequest{Type: "note"})
-		e.refused(err, codes.Unauthenticated, before, "unknown token")
+		e.refused(err, errdefs.KindUnauthenticated, before, "unknown token")
 		_, err = e.srv.RecordEvent(context.Background(), &brokerv1.RecordEventRequest{Type: "note"})
-		e.refused(err, codes.Unauthenticated, before, "no token")
+		e.refused(err, errdefs.KindUnauthenticated, before, "no token")
 		if _, err := e.b.Authorize(ctx, w.Token); err == nil {
 			t.Fatal("a grant passed as the host")
 		}
@@ -105,8 +104,8 @@ func TestGrants(t *testing.T) {
 		}
 		before = e.head()
 		_, err = e.b.Authorize(ctx, w.Token, authz.CapPushWorking)
-		e.refused(err, codes.Unauthenticated, before, "revoked token")
-		e.refused(e.push(w, 1), codes.Unauthenticated, before, "push with a grant revoked after Authorize")
+		e.refused(err, errdefs.KindUnauthenticated, before, "revoked token")
+		e.refused(e.push(w, 1), errdefs.KindUnauthenticated, before, "push with a grant revoked after Authorize")
 		if _, err := e.srv.RevokeGrant(e.host(), &brokerv1.RevokeGrantRequest{GrantId: w.ID}); err != nil {
 			t.Fatalf("revoking twice: %v", err)
 		}
@@ -114,7 +113,7 @@ func TestGrants(t *testing.T) {
 			t.Fatal("revoking twice appended")
 		}
 		_, err = e.srv.RevokeGrant(e.host(), &brokerv1.RevokeGrantRequest{GrantId: "g-nope"})
-		e.refused(err, codes.NotFound, before, "revoke unknown grant")
+		e.refused(err, errdefs.KindNotFound, before, "revoke unknown grant")
 
 		// Expired.
 		ig, err := e.b.CreateGrant(ctx, "", GrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "w", Caps: []string{authz.CapEventRecord}, TTL: time.Nanosecond})
@@ -123,7 +122,7 @@ func TestGrants(t *testing.T) {
 		}
 		before = e.head()
 		_, err = e.srv.RecordEvent(withToken(ig.Token), &brokerv1.RecordEventRequest{Type: "note"})
-		e.refused(err, codes.Unauthenticated, before, "expired token")
+		e.refused(err, errdefs.KindUnauthenticated, before, "expired token")
 
 		kinds := map[string]bool{}
 		for _, ev := range e.events(Filter{}) {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
@@ -41,12 +40,12 @@ func TestGateReadsTheLog(t *testing.T) {
 		e.exec(`UPDATE review_requests SET verdict = 'approve', verdict_seq = 1, reviewer = $1 WHERE id = $2`, tm.reviewer.ID, r.RequestId)
 		before := e.head()
 		err := e.close(tm.closer)
-		e.refused(err, codes.FailedPrecondition, before, "close with a forged approve row")
+		e.refused(err, errdefs.KindFailedPrecondition, before, "close with a forged approve row")
 		if !strings.Contains(err.Error(), "no verdict yet") {
 			t.Fatalf("close with a forged row: %v", err)
 		}
 		e.exec(`UPDATE tasks SET last_push_seq = 0, last_push_commit = '' WHERE task = 't1'`)
-		e.refused(e.close(tm.closer), codes.FailedPrecondition, before, "close with the last push erased from the row")
+		e.refused(e.close(tm.closer), errdefs.KindFailedPrecondition, before, "close with the last push erased from the row")
 
 		v, err := e.b.VerifyLog(context.Background())
 		if err != nil {
@@ -158,12 +157,12 @@ func TestCheckpointFile(t *testing.T) {
 			// until the file can be written again.
 			e.b.cp.f.Close()
 			_, err := e.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: "agent.note"})
-			if errdefs.FromGRPC(err).Reason != errdefs.LogCheckpointAppend {
+			if errdefs.Of(err).Reason != errdefs.LogCheckpointAppend {
 				t.Fatalf("append failed: %v", err)
 			}
 			before := e.head()
 			_, err = e.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: "agent.note"})
-			e.refused(err, codes.Unavailable, before, "event while the checkpoint cannot be written")
+			e.refused(err, errdefs.KindUnavailable, before, "event while the checkpoint cannot be written")
 			f, err := os.OpenFile(cpPath, os.O_WRONLY|os.O_APPEND, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -178,12 +177,12 @@ func TestCheckpointFile(t *testing.T) {
 			// Delete the last two events: the broker opened again halts.
 			newEnv(t, dsn).exec(`DELETE FROM events WHERE seq > $1`, last-2)
 			h := newEnvWith(t, Options{DSN: dsn, AdminToken: adminToken, CheckpointFile: cpPath})
-			herr := errdefs.FromGRPC(errdefs.ToGRPC(h.b.Halted()))
+			herr := errdefs.Of(h.b.Halted())
 			if herr == nil || herr.Reason != errdefs.LogCheckpointMismatch || herr.Metadata["first_bad_seq"] != strconv.FormatInt(last-1, 10) {
 				t.Fatalf("opened on a truncated log: %+v", herr)
 			}
 			_, err = h.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: "agent.note"})
-			if errdefs.FromGRPC(err).Reason != errdefs.LogCheckpointMismatch || codesOf(err) != codes.Unavailable {
+			if errdefs.Of(err).Reason != errdefs.LogCheckpointMismatch || codesOf(err) != errdefs.KindUnavailable {
 				t.Fatalf("RecordEvent on a halted broker: %v", err)
 			}
 			if _, err := h.b.Authorize(context.Background(), a.Token, "event.record"); err != nil {

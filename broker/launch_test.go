@@ -6,10 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // TestLaunchSets: a grant with session.launch carries its launch set
@@ -37,7 +36,7 @@ func TestLaunchSets(t *testing.T) {
 			{"role given twice", []string{"session.launch"}, []*brokerv1.LaunchRole{lr("worker", "git.push.working"), lr("worker", "review.request")}},
 		} {
 			_, err := e.srv.CreateGrant(e.host(), &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "lead", Capabilities: c.caps, Launch: c.launch})
-			e.refused(err, codes.InvalidArgument, before, c.name)
+			e.refused(err, errdefs.KindInvalidArgument, before, c.name)
 		}
 
 		r, err := e.srv.CreateGrant(e.host(), &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "lead",
@@ -78,11 +77,11 @@ func TestLaunchSets(t *testing.T) {
 		ev := e.grant("acme", "web", "t1", "agent", authz.CapEventRecord)
 		before = e.head()
 		_, err = e.srv.RecordEvent(ev.ctx(), &brokerv1.RecordEventRequest{Type: "session.ended", Data: `{}`})
-		e.refused(err, codes.PermissionDenied, before, "a grant recording session.ended")
+		e.refused(err, errdefs.KindPermissionDenied, before, "a grant recording session.ended")
 		_, err = e.srv.RecordEvent(ev.ctx(), &brokerv1.RecordEventRequest{Type: "session.ended", Business: "acme", Project: "web", Task: "t1"})
-		e.refused(err, codes.PermissionDenied, before, "a grant recording a host session event")
+		e.refused(err, errdefs.KindPermissionDenied, before, "a grant recording a host session event")
 		_, err = e.srv.RecordEvent(e.host(), &brokerv1.RecordEventRequest{Type: "agent.step", Business: "acme", Project: "web", Task: "t1"})
-		e.refused(err, codes.InvalidArgument, before, "the host recording a non-session event")
+		e.refused(err, errdefs.KindInvalidArgument, before, "the host recording a non-session event")
 		for range 2 {
 			if _, err := e.srv.RecordEvent(e.host(), &brokerv1.RecordEventRequest{Type: "session.ended", Data: `{"id":"s-1"}`, Business: "acme", Project: "web", Task: "t1", IdempotencyKey: "s-1"}); err != nil {
 				t.Fatalf("host session.ended: %v", err)
@@ -129,7 +128,7 @@ func TestLaunchBounds(t *testing.T) {
 			{"bad domain", []string{"session.launch"}, &brokerv1.LaunchBounds{AllowDomains: []string{"*"}}},
 		} {
 			_, err := e.srv.CreateGrant(e.host(), &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "lead", Capabilities: c.caps, Launch: worker, LaunchBounds: c.lb})
-			e.refused(err, codes.InvalidArgument, before, c.name)
+			e.refused(err, errdefs.KindInvalidArgument, before, c.name)
 		}
 		r, err := e.srv.CreateGrant(e.host(), &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "lead",
 			Capabilities: []string{"session.launch"}, Launch: worker,

@@ -7,10 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // project list sums both repository layouts of a project; a grant sees its
@@ -119,9 +118,9 @@ func TestListProjectsAndGrants(t *testing.T) {
 		}
 		before := e.head()
 		_, err = e.srv.ListGrants(tm.worker.ctx(), &brokerv1.ListGrantsRequest{Task: "t9"})
-		e.refused(err, codes.PermissionDenied, before, "a grant's grant list of another task")
+		e.refused(err, errdefs.KindPermissionDenied, before, "a grant's grant list of another task")
 		_, err = e.srv.ListGrants(e.host(), &brokerv1.ListGrantsRequest{Task: "../x"})
-		e.refused(err, codes.InvalidArgument, before, "a grant list with a bad name")
+		e.refused(err, errdefs.KindInvalidArgument, before, "a grant list with a bad name")
 
 		// No listing carries a token or a token's hash.
 		var seen []string
@@ -134,7 +133,7 @@ func TestListProjectsAndGrants(t *testing.T) {
 				t.Fatalf("a listing shows the token of grant %s", a.ID)
 			}
 		}
-		if _, err := e.b.ListProjects(context.Background(), authz.Grant{ID: authz.HostID, Host: true}, "Bad Name"); codesOf(err) != codes.InvalidArgument {
+		if _, err := e.b.ListProjects(context.Background(), authz.Grant{ID: authz.HostID, Host: true}, "Bad Name"); codesOf(err) != errdefs.KindInvalidArgument {
 			t.Fatalf("project list with a bad business: %v", err)
 		}
 	})

@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 )
@@ -21,10 +19,10 @@ func claim(ex authz.Export, digest string) authz.ImportClaim {
 	return authz.ImportClaim{Business: "acme", Project: "web", From: ex.Host, ID: ex.ID, Digest: digest, HeadSeq: ex.HeadSeq, HeadHash: ex.HeadHash}
 }
 
-func wantReason(t *testing.T, err error, code codes.Code, reason errdefs.Reason, what string) {
+func wantReason(t *testing.T, err error, code errdefs.Kind, reason errdefs.Reason, what string) {
 	t.Helper()
-	e := errdefs.FromGRPC(errdefs.ToGRPC(err))
-	if err == nil || e.Code != code || e.Reason != reason {
+	e := errdefs.Of(err)
+	if err == nil || e.Kind != code || e.Reason != reason {
 		t.Fatalf("%s: %v, want %s %s", what, err, code, reason)
 	}
 }
@@ -53,9 +51,9 @@ func TestMoveStates(t *testing.T) {
 			}
 
 			_, err := b.b.BeginExport(ctx, "acme", "web", authz.NewExportID())
-			wantReason(t, err, codes.FailedPrecondition, errdefs.ProjectOnOtherHost, "export on B")
+			wantReason(t, err, errdefs.KindFailedPrecondition, errdefs.ProjectOnOtherHost, "export on B")
 			_, err = a.b.BeginExport(ctx, "acme", "nothing", authz.NewExportID())
-			wantReason(t, err, codes.NotFound, errdefs.ProjectNotFound, "export of an unknown project")
+			wantReason(t, err, errdefs.KindNotFound, errdefs.ProjectNotFound, "export of an unknown project")
 
 			ex, err := a.b.BeginExport(ctx, "acme", "web", authz.NewExportID())
 			if err != nil {
@@ -66,19 +64,19 @@ func TestMoveStates(t *testing.T) {
 			}
 			before := a.head()
 			err = a.push(tm.worker, 2)
-			a.refused(err, codes.Unavailable, before, "a push while moving")
-			wantReason(t, err, codes.Unavailable, errdefs.ProjectMoving, "a push while moving")
+			a.refused(err, errdefs.KindUnavailable, before, "a push while moving")
+			wantReason(t, err, errdefs.KindUnavailable, errdefs.ProjectMoving, "a push while moving")
 			if e, _ := errdefs.As(err); e.RetryAfter == 0 || e.Metadata["host"] != "host-a" {
 				t.Fatalf("PROJECT_MOVING is not retryable or names no host: %+v", e)
 			}
-			wantReason(t, a.b.NotMoving(ctx, "acme", "web"), codes.Unavailable, errdefs.ProjectMoving, "NotMoving on A")
-			wantReason(t, b.b.NotMoving(ctx, "acme", "web"), codes.FailedPrecondition, errdefs.ProjectOnOtherHost, "NotMoving on B")
+			wantReason(t, a.b.NotMoving(ctx, "acme", "web"), errdefs.KindUnavailable, errdefs.ProjectMoving, "NotMoving on A")
+			wantReason(t, b.b.NotMoving(ctx, "acme", "web"), errdefs.KindFailedPrecondition, errdefs.ProjectOnOtherHost, "NotMoving on B")
 			if err := a.b.CheckPlacement(ctx, "acme", "web"); err != nil {
 				t.Fatalf("reads on the owner while it moves: %v", err)
 			}
 
 			// Not sealed yet: the file was never finished.
-			wantReason(t, b.b.CheckImport(ctx, claim(ex, "d1")), codes.FailedPrecondition, errdefs.ExportStale, "import of an unsealed export")
+			wantReason(t, b.b.CheckImport(ctx, claim(ex, "d1")), errdefs.KindFailedPrecondition, errdefs.ExportStale, "import of an unsealed export")
 			if err := a.b.SealExport(ctx, "acme", "web", ex.ID, "d1"); err != nil {
 				t.Fatal(err)
 			}
@@ -86,20 +84,20 @@ func TestMoveStates(t *testing.T) {
 				t.Fatalf("the export's own claim: %v", err)
 			}
 			bad := claim(ex, "d2")
-			wantReason(t, b.b.CheckImport(ctx, bad), codes.InvalidArgument, errdefs.ExportAltered, "another digest")
+			wantReason(t, b.b.CheckImport(ctx, bad), errdefs.KindInvalidArgument, errdefs.ExportAltered, "another digest")
 			bad = claim(ex, "d1")
 			bad.HeadHash = "00"
-			wantReason(t, b.b.CheckImport(ctx, bad), codes.InvalidArgument, errdefs.ExportAltered, "another head hash")
+			wantReason(t, b.b.CheckImport(ctx, bad), errdefs.KindInvalidArgument, errdefs.ExportAltered, "another head hash")
 			bad = claim(ex, "d1")
 			bad.HeadSeq--
-			wantReason(t, b.b.CheckImport(ctx, bad), codes.InvalidArgument, errdefs.ExportAltered, "another head seq")
+			wantReason(t, b.b.CheckImport(ctx, bad), errdefs.KindInvalidArgument, errdefs.ExportAltered, "another head seq")
 			bad = claim(ex, "d1")
 			bad.ID = "x0"
-			wantReason(t, b.b.CheckImport(ctx, bad), codes.FailedPrecondition, errdefs.ExportStale, "another export id")
-			wantReason(t, a.b.CheckImport(ctx, claim(ex, "d1")), codes.FailedPrecondition, errdefs.ExportStale, "import on the exporting host")
+			wantReason(t, b.b.CheckImport(ctx, bad), errdefs.KindFailedPrecondition, errdefs.ExportStale, "another export id")
+			wantReason(t, a.b.CheckImport(ctx, claim(ex, "d1")), errdefs.KindFailedPrecondition, errdefs.ExportStale, "import on the exporting host")
 			before = a.head()
 			_, err = b.b.CompleteImport(ctx, bad)
-			b.refused(err, codes.FailedPrecondition, before, "CompleteImport of another export id")
+			b.refused(err, errdefs.KindFailedPrecondition, before, "CompleteImport of another export id")
 
 			// Exporting again makes the first file stale.
 			ex2, err := a.b.BeginExport(ctx, "acme", "web", authz.NewExportID())
@@ -112,12 +110,12 @@ func TestMoveStates(t *testing.T) {
 			if err := a.b.SealExport(ctx, "acme", "web", ex2.ID, "d2"); err != nil {
 				t.Fatal(err)
 			}
-			wantReason(t, b.b.CheckImport(ctx, claim(ex, "d1")), codes.FailedPrecondition, errdefs.ExportStale, "the replaced export")
+			wantReason(t, b.b.CheckImport(ctx, claim(ex, "d1")), errdefs.KindFailedPrecondition, errdefs.ExportStale, "the replaced export")
 
 			// An event of the project after the head makes the file stale.
 			a.task("acme", "web", "t2")
 			err = b.b.CheckImport(ctx, claim(ex2, "d2"))
-			wantReason(t, err, codes.FailedPrecondition, errdefs.ExportStale, "an event after the head")
+			wantReason(t, err, errdefs.KindFailedPrecondition, errdefs.ExportStale, "an event after the head")
 			if e, _ := errdefs.As(err); e.Metadata["type"] != TypeTaskAdded {
 				t.Fatalf("stale import does not name the event: %+v", e)
 			}
@@ -146,15 +144,15 @@ func TestMoveStates(t *testing.T) {
 				t.Fatalf("placed on %q after the import", host)
 			}
 			// The old owner serves nothing of it, its cache notwithstanding.
-			wantReason(t, a.b.CheckPlacement(ctx, "acme", "web"), codes.FailedPrecondition, errdefs.ProjectOnOtherHost, "A after the move")
+			wantReason(t, a.b.CheckPlacement(ctx, "acme", "web"), errdefs.KindFailedPrecondition, errdefs.ProjectOnOtherHost, "A after the move")
 			before = a.head()
 			err = a.push(tm.worker, 2)
-			a.refused(err, codes.FailedPrecondition, before, "a push through A after the move")
+			a.refused(err, errdefs.KindFailedPrecondition, before, "a push through A after the move")
 			if err := b.b.CheckPlacement(ctx, "acme", "web"); err != nil {
 				t.Fatalf("B after the move: %v", err)
 			}
 			_, err = b.b.CompleteImport(ctx, claim(ex3, "d3"))
-			wantReason(t, err, codes.FailedPrecondition, errdefs.ExportStale, "a second import")
+			wantReason(t, err, errdefs.KindFailedPrecondition, errdefs.ExportStale, "a second import")
 			if err := b.push(tm.worker, 2); err != nil {
 				t.Fatalf("a push through B after the move: %v", err)
 			}
@@ -168,14 +166,14 @@ func TestMoveStates(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err = a.b.CancelExport(ctx, "acme", "web", "")
-			wantReason(t, err, codes.FailedPrecondition, errdefs.ProjectOnOtherHost, "cancel on A")
+			wantReason(t, err, errdefs.KindFailedPrecondition, errdefs.ProjectOnOtherHost, "cancel on A")
 			if seq, err := b.b.CancelExport(ctx, "acme", "web", ""); err != nil || seq == 0 {
 				t.Fatalf("cancel: %d %v", seq, err)
 			}
 			if seq, err := b.b.CancelExport(ctx, "acme", "web", ""); err != nil || seq != 0 {
 				t.Fatalf("cancel again: %d %v", seq, err)
 			}
-			wantReason(t, a.b.CheckImport(ctx, claim(ex4, "d4")), codes.FailedPrecondition, errdefs.ExportStale, "import of a cancelled export")
+			wantReason(t, a.b.CheckImport(ctx, claim(ex4, "d4")), errdefs.KindFailedPrecondition, errdefs.ExportStale, "import of a cancelled export")
 			if err := b.push(tm.worker, 3); err != nil {
 				t.Fatalf("a push after the cancel: %v", err)
 			}
@@ -223,14 +221,14 @@ func TestCancelReplacedExport(t *testing.T) {
 			if a.head() != head {
 				t.Fatal("cancelling a replaced export appended an event")
 			}
-			wantReason(t, a.b.NotMoving(ctx, "acme", "web"), codes.Unavailable, errdefs.ProjectMoving, "NotMoving after the replaced export's cancel")
+			wantReason(t, a.b.NotMoving(ctx, "acme", "web"), errdefs.KindUnavailable, errdefs.ProjectMoving, "NotMoving after the replaced export's cancel")
 			if err := b.b.CheckImport(ctx, claim(ex, "d2")); err != nil {
 				t.Fatalf("the newer export's file: %v", err)
 			}
 			if seq, err := a.b.CancelExport(ctx, "acme", "web", ""); err != nil || seq == 0 {
 				t.Fatalf("the operator's cancel: %d %v", seq, err)
 			}
-			wantReason(t, b.b.CheckImport(ctx, claim(ex, "d2")), codes.FailedPrecondition, errdefs.ExportStale, "import after the cancel")
+			wantReason(t, b.b.CheckImport(ctx, claim(ex, "d2")), errdefs.KindFailedPrecondition, errdefs.ExportStale, "import after the cancel")
 			a.verify()
 		})
 	}

@@ -8,7 +8,6 @@ import (
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
-	"google.golang.org/grpc/codes"
 )
 
 // network.egress comes only from a grant holding network.audit (a
@@ -22,13 +21,13 @@ func TestNetworkAuditOnly(t *testing.T) {
 		launcher := e.grant("acme", "web", "t1", "launcher", authz.CapNetworkAudit)
 		before := e.head()
 		_, err := e.srv.RecordEvent(session.ctx(), &brokerv1.RecordEventRequest{Type: TypeNetworkEgress, Data: `{"decisions":[]}`})
-		e.refused(err, codes.PermissionDenied, before, "network.egress from event.record")
+		e.refused(err, errdefs.KindPermissionDenied, before, "network.egress from event.record")
 		_, err = e.srv.RecordEvent(session.ctx(), &brokerv1.RecordEventRequest{Type: "network.other"})
-		e.refused(err, codes.PermissionDenied, before, "network.other from event.record")
+		e.refused(err, errdefs.KindPermissionDenied, before, "network.other from event.record")
 		_, err = e.srv.RecordEvent(launcher.ctx(), &brokerv1.RecordEventRequest{Type: "note"})
-		e.refused(err, codes.PermissionDenied, before, "note from network.audit")
+		e.refused(err, errdefs.KindPermissionDenied, before, "note from network.audit")
 		_, err = e.srv.RecordEvent(launcher.ctx(), &brokerv1.RecordEventRequest{Type: "network.other"})
-		e.refused(err, codes.PermissionDenied, before, "network.other from network.audit")
+		e.refused(err, errdefs.KindPermissionDenied, before, "network.other from network.audit")
 		r, err := e.srv.RecordEvent(launcher.ctx(), &brokerv1.RecordEventRequest{Type: TypeNetworkEgress, Data: `{"conn":1,"decision":"allowed","host":"a.test","port":443}`})
 		if err != nil {
 			t.Fatal(err)
@@ -66,7 +65,7 @@ func TestNetworkAuditBatch(t *testing.T) {
 		}
 		before := e.head()
 		_, err := e.srv.RecordEvent(session.ctx(), &brokerv1.RecordEventRequest{Type: "note"})
-		e.refused(err, codes.ResourceExhausted, before, "the session past its quota")
+		e.refused(err, errdefs.KindResourceExhausted, before, "the session past its quota")
 
 		// Its audit still goes in, one event per decision, in order.
 		r, err := e.srv.RecordEvents(launcher.ctx(), egress(
@@ -92,8 +91,8 @@ func TestNetworkAuditBatch(t *testing.T) {
 		// refused whole, with the flag that sets it.
 		before = e.head()
 		_, err = e.srv.RecordEvents(launcher.ctx(), egress(`{"conn":3}`, `{"conn":4}`, `{"conn":5}`))
-		e.refused(err, codes.ResourceExhausted, before, "a batch past the egress bound")
-		if got := errdefs.FromGRPC(err); got.Reason != errdefs.EventRateExceeded || !strings.Contains(got.Message, "--egress-event-rate") {
+		e.refused(err, errdefs.KindResourceExhausted, before, "a batch past the egress bound")
+		if got := errdefs.Of(err); got.Reason != errdefs.EventRateExceeded || !strings.Contains(got.Message, "--egress-event-rate") {
 			t.Fatalf("%+v", got)
 		}
 		if _, err := e.srv.RecordEvents(launcher.ctx(), egress(`{"conn":3}`, `{"conn":4}`)); err != nil {
@@ -107,20 +106,20 @@ func TestNetworkAuditBatch(t *testing.T) {
 		mixed := egress(`{"conn":1}`)
 		mixed.Events = append(mixed.Events, &brokerv1.RecordEventRequest{Type: "note"})
 		_, err = e.srv.RecordEvents(other.ctx(), mixed)
-		e.refused(err, codes.PermissionDenied, before, "a note in the launcher's batch")
+		e.refused(err, errdefs.KindPermissionDenied, before, "a note in the launcher's batch")
 		_, err = e.srv.RecordEvents(session.ctx(), egress(`{"conn":1}`))
-		e.refused(err, codes.PermissionDenied, before, "network.egress in the session's batch")
+		e.refused(err, errdefs.KindPermissionDenied, before, "network.egress in the session's batch")
 		big := make([]string, MaxBatchEvents+1)
 		for i := range big {
 			big[i] = fmt.Sprintf(`{"conn":%d}`, i)
 		}
 		_, err = e.srv.RecordEvents(other.ctx(), egress(big...))
-		e.refused(err, codes.ResourceExhausted, before, "a batch of 257")
-		if got := errdefs.FromGRPC(err); got.Reason != errdefs.EventBatchTooLarge {
+		e.refused(err, errdefs.KindResourceExhausted, before, "a batch of 257")
+		if got := errdefs.Of(err); got.Reason != errdefs.EventBatchTooLarge {
 			t.Fatalf("%+v", got)
 		}
 		_, err = e.srv.RecordEvents(other.ctx(), egress(`{"conn":1}`, `not json`))
-		e.refused(err, codes.InvalidArgument, before, "a batch with one bad event")
+		e.refused(err, errdefs.KindInvalidArgument, before, "a batch with one bad event")
 		// The refusals charged nothing: other's bound is whole.
 		if _, err := e.srv.RecordEvents(other.ctx(), egress(`{"a":1}`, `{"a":2}`, `{"a":3}`, `{"a":4}`, `{"a":5}`)); err != nil {
 			t.Fatalf("a whole bound after refusals: %v", err)
@@ -148,12 +147,12 @@ func TestClosedTaskTakesNoEvents(t *testing.T) {
 		}
 		before := e.head()
 		_, err = e.srv.RecordEvent(session.ctx(), &brokerv1.RecordEventRequest{Type: "note", Data: `{"n":2}`})
-		e.refused(err, codes.FailedPrecondition, before, "an event on a closed task")
-		if errdefs.FromGRPC(err).Reason != errdefs.TaskClosed {
+		e.refused(err, errdefs.KindFailedPrecondition, before, "an event on a closed task")
+		if errdefs.Of(err).Reason != errdefs.TaskClosed {
 			t.Fatalf("reason %v, want %s", err, errdefs.TaskClosed)
 		}
 		_, err = e.srv.RecordEvents(session.ctx(), &brokerv1.RecordEventsRequest{Events: []*brokerv1.RecordEventRequest{{Type: "note", Data: `{"n":3}`}}})
-		e.refused(err, codes.FailedPrecondition, before, "a batch on a closed task")
+		e.refused(err, errdefs.KindFailedPrecondition, before, "a batch on a closed task")
 		again, err := e.srv.RecordEvent(session.ctx(), &brokerv1.RecordEventRequest{Type: "note", Data: `{"n":1}`, IdempotencyKey: "k1"})
 		if err != nil || again.Event.Seq != first.Event.Seq {
 			t.Fatalf("retry of an event recorded before the close: %v, %v", again, err)

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/bushost/bushost/internal/errdefs"
-	"google.golang.org/grpc/codes"
 )
 
 // TestPushExtendsLatestRecorded: recording a push is a compare-and-swap on
@@ -21,7 +20,7 @@ func TestPushExtendsLatestRecorded(t *testing.T) {
 		// The fork: another first push of the same task.
 		before := e.head()
 		err := e.pushFrom(tm.worker, 2, "")
-		e.refused(err, codes.Aborted, before, "a second first push")
+		e.refused(err, errdefs.KindAborted, before, "a second first push")
 		if r := errdefs.ReasonOf(err); r != errdefs.PushConflict {
 			t.Fatalf("reason %s, want PUSH_CONFLICT", r)
 		}
@@ -29,7 +28,7 @@ func TestPushExtendsLatestRecorded(t *testing.T) {
 			t.Fatalf("conflict does not name the latest push: %+v", ee)
 		}
 		// A push from a commit that was never the latest.
-		e.refused(e.pushFrom(tm.worker, 3, commit(9)), codes.Aborted, before, "a push from an unrecorded commit")
+		e.refused(e.pushFrom(tm.worker, 3, commit(9)), errdefs.KindAborted, before, "a push from an unrecorded commit")
 		// The retry of the first push (same commit, same previous) is
 		// accepted without a second record.
 		if err := e.pushFrom(tm.worker, 1, ""); err != nil {
@@ -43,7 +42,7 @@ func TestPushExtendsLatestRecorded(t *testing.T) {
 		}
 		// An old push replayed after a newer one is a conflict, not a retry.
 		before = e.head()
-		e.refused(e.pushFrom(tm.worker, 1, ""), codes.Aborted, before, "a replay of an older push")
+		e.refused(e.pushFrom(tm.worker, 1, ""), errdefs.KindAborted, before, "a replay of an older push")
 		// The task's pushes form one chain.
 		prev := ""
 		for _, ev := range e.events(Filter{Task: "t1"}) {

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
@@ -81,8 +79,8 @@ func TestRecordEventQuota(t *testing.T) {
 		}
 		before := e.head()
 		_, err := e.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: "note"})
-		e.refused(err, codes.ResourceExhausted, before, "past the quota")
-		got := errdefs.FromGRPC(err)
+		e.refused(err, errdefs.KindResourceExhausted, before, "past the quota")
+		got := errdefs.Of(err)
 		if got.Reason != errdefs.EventRateExceeded || got.RetryAfter <= 0 || !strings.Contains(got.Message, "--event-rate") {
 			t.Fatalf("%+v", got)
 		}
@@ -121,7 +119,7 @@ func TestEventQuotaHeldInTheStore(t *testing.T) {
 						switch {
 						case err == nil:
 							ok++
-						case errdefs.FromGRPC(err).Reason == errdefs.EventRateExceeded:
+						case errdefs.Of(err).Reason == errdefs.EventRateExceeded:
 							refused++
 						default:
 							t.Error(err)

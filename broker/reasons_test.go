@@ -23,7 +23,7 @@ func TestRefusalReasons(t *testing.T) {
 		reason := func(err error, want errdefs.Reason, what string) *errdefs.Error {
 			t.Helper()
 			before := e.head()
-			got := errdefs.FromGRPC(errdefs.ToGRPC(err))
+			got := errdefs.Of(err)
 			if err == nil || got.Reason != want {
 				t.Fatalf("%s: reason %q (%v), want %s", what, got.Reason, err, want)
 			}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
@@ -35,22 +33,22 @@ func TestReopenWithdrawsApproval(t *testing.T) {
 
 		before := e.head()
 		err := e.close(tm.closer)
-		e.refused(err, codes.FailedPrecondition, before, "close on an approve given before the reopening")
-		if got := errdefs.FromGRPC(errdefs.ToGRPC(err)); got.Reason != errdefs.GateNoApproval || got.Metadata["review"] != "withdrawn" {
+		e.refused(err, errdefs.KindFailedPrecondition, before, "close on an approve given before the reopening")
+		if got := errdefs.Of(err); got.Reason != errdefs.GateNoApproval || got.Metadata["review"] != "withdrawn" {
 			t.Fatalf("close after reopen: %+v", got)
 		}
 		_, err = e.b.LandApproved(ctx, authz.Grant{ID: authz.HostID, Host: true}, "acme", "web", "t1", false)
-		e.refused(err, codes.FailedPrecondition, before, "land on an approve given before the reopening")
+		e.refused(err, errdefs.KindFailedPrecondition, before, "land on an approve given before the reopening")
 		land := authz.Landing{Business: "acme", Project: "web", Task: "t1", Approved: commit(1), Old: commit(9), New: commit(1)}
 		_, err = e.b.RecordLanding(ctx, authz.Grant{ID: authz.HostID, Host: true}, land, authz.Peer{})
-		e.refused(err, codes.FailedPrecondition, before, "landing recorded on an approve given before the reopening")
+		e.refused(err, errdefs.KindFailedPrecondition, before, "landing recorded on an approve given before the reopening")
 		// The same request takes no second verdict: the way on is a new push.
-		e.refused(e.verdict(tm.reviewer, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.FailedPrecondition, before, "second verdict after the reopening")
+		e.refused(e.verdict(tm.reviewer, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), errdefs.KindFailedPrecondition, before, "second verdict after the reopening")
 		// Nor is it asked for again in silence: a review request names the
 		// withdrawn verdict and the new push it needs.
 		_, err = e.srv.RequestReview(tm.worker.ctx(), &brokerv1.RequestReviewRequest{})
-		e.refused(err, codes.FailedPrecondition, before, "review request of a push whose verdict the reopening withdrew")
-		if got := errdefs.FromGRPC(errdefs.ToGRPC(err)); got.Reason != errdefs.VerdictGiven || got.Metadata["request"] != r.RequestId || got.Metadata["reopened_seq"] == "" {
+		e.refused(err, errdefs.KindFailedPrecondition, before, "review request of a push whose verdict the reopening withdrew")
+		if got := errdefs.Of(err); got.Reason != errdefs.VerdictGiven || got.Metadata["request"] != r.RequestId || got.Metadata["reopened_seq"] == "" {
 			t.Fatalf("review request after reopen: %+v", got)
 		}
 

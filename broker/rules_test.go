@@ -6,10 +6,9 @@ import (
 	"sync"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // team is one task with a worker, a reviewer and a closer.
@@ -74,14 +73,14 @@ func TestPushes(t *testing.T) {
 			name string
 			g    authz.Grant
 			p    authz.Push
-			code codes.Code
+			code errdefs.Kind
 		}{
-			{"another task", g, authz.Push{Business: "acme", Project: "web", Task: "t2", Commit: commit(2)}, codes.PermissionDenied},
-			{"another ref", g, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: commit(2), Ref: "refs/heads/main"}, codes.InvalidArgument},
-			{"short commit", g, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: "abc"}, codes.InvalidArgument},
-			{"no push capability", tm.reviewer.G, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: commit(2)}, codes.PermissionDenied},
-			{"host", authz.Grant{ID: authz.HostID, Host: true}, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: commit(2)}, codes.PermissionDenied},
-			{"forged grant struct", authz.Grant{ID: tm.reviewer.ID, Business: "acme", Project: "web", Task: "t1", Caps: []string{authz.CapPushWorking}}, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: commit(2)}, codes.PermissionDenied},
+			{"another task", g, authz.Push{Business: "acme", Project: "web", Task: "t2", Commit: commit(2)}, errdefs.KindPermissionDenied},
+			{"another ref", g, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: commit(2), Ref: "refs/heads/main"}, errdefs.KindInvalidArgument},
+			{"short commit", g, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: "abc"}, errdefs.KindInvalidArgument},
+			{"no push capability", tm.reviewer.G, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: commit(2)}, errdefs.KindPermissionDenied},
+			{"host", authz.Grant{ID: authz.HostID, Host: true}, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: commit(2)}, errdefs.KindPermissionDenied},
+			{"forged grant struct", authz.Grant{ID: tm.reviewer.ID, Business: "acme", Project: "web", Task: "t1", Caps: []string{authz.CapPushWorking}}, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: commit(2)}, errdefs.KindPermissionDenied},
 		} {
 			e.refused(e.b.RecordPush(ctx, c.g, c.p, authz.Peer{}), c.code, before, c.name)
 		}
@@ -107,9 +106,9 @@ func TestReviewRules(t *testing.T) {
 		tm := e.team("t1")
 		before := e.head()
 		_, err := e.srv.RequestReview(tm.worker.ctx(), &brokerv1.RequestReviewRequest{})
-		e.refused(err, codes.FailedPrecondition, before, "review of no push")
+		e.refused(err, errdefs.KindFailedPrecondition, before, "review of no push")
 		_, err = e.srv.RequestReview(tm.closer.ctx(), &brokerv1.RequestReviewRequest{})
-		e.refused(err, codes.PermissionDenied, before, "review request without the capability")
+		e.refused(err, errdefs.KindPermissionDenied, before, "review request without the capability")
 
 		if err := e.push(tm.worker, 1); err != nil {
 			t.Fatal(err)
@@ -124,16 +123,16 @@ func TestReviewRules(t *testing.T) {
 			t.Fatalf("asking again: %+v, log %d -> %d", again, before, e.head())
 		}
 
-		e.refused(e.verdict(tm.reviewer, r1.RequestId, brokerv1.Verdict_VERDICT_UNSPECIFIED), codes.InvalidArgument, before, "unspecified verdict")
-		e.refused(e.verdict(tm.reviewer, "r-0000000000000000", brokerv1.Verdict_VERDICT_APPROVE), codes.NotFound, before, "unknown request")
-		e.refused(e.verdict(tm.worker, r1.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.PermissionDenied, before, "verdict without the capability")
+		e.refused(e.verdict(tm.reviewer, r1.RequestId, brokerv1.Verdict_VERDICT_UNSPECIFIED), errdefs.KindInvalidArgument, before, "unspecified verdict")
+		e.refused(e.verdict(tm.reviewer, "r-0000000000000000", brokerv1.Verdict_VERDICT_APPROVE), errdefs.KindNotFound, before, "unknown request")
+		e.refused(e.verdict(tm.worker, r1.RequestId, brokerv1.Verdict_VERDICT_APPROVE), errdefs.KindPermissionDenied, before, "verdict without the capability")
 
 		// Stale: a newer push makes r1's verdict meaningless.
 		if err := e.push(tm.worker, 2); err != nil {
 			t.Fatal(err)
 		}
 		before = e.head()
-		e.refused(e.verdict(tm.reviewer, r1.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.FailedPrecondition, before, "stale verdict")
+		e.refused(e.verdict(tm.reviewer, r1.RequestId, brokerv1.Verdict_VERDICT_APPROVE), errdefs.KindFailedPrecondition, before, "stale verdict")
 		r2 := e.request(tm.worker)
 		if r2.RequestId == r1.RequestId || r2.Commit != commit(2) {
 			t.Fatalf("request after a new push: %+v", r2)
@@ -142,8 +141,8 @@ func TestReviewRules(t *testing.T) {
 			t.Fatal(err)
 		}
 		before = e.head()
-		e.refused(e.verdict(tm.reviewer, r2.RequestId, brokerv1.Verdict_VERDICT_REJECT), codes.FailedPrecondition, before, "second verdict, same")
-		e.refused(e.verdict(tm.reviewer, r2.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.FailedPrecondition, before, "second verdict, changed")
+		e.refused(e.verdict(tm.reviewer, r2.RequestId, brokerv1.Verdict_VERDICT_REJECT), errdefs.KindFailedPrecondition, before, "second verdict, same")
+		e.refused(e.verdict(tm.reviewer, r2.RequestId, brokerv1.Verdict_VERDICT_APPROVE), errdefs.KindFailedPrecondition, before, "second verdict, changed")
 		e.verify()
 	})
 }
@@ -163,15 +162,15 @@ func TestCloseGate(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := e.head()
-		e.refused(e.close(tm.closer), codes.FailedPrecondition, before, "close with no review")
+		e.refused(e.close(tm.closer), errdefs.KindFailedPrecondition, before, "close with no review")
 		r := e.request(tm.worker)
 		before = e.head()
-		e.refused(e.close(tm.closer), codes.FailedPrecondition, before, "close with a pending review")
+		e.refused(e.close(tm.closer), errdefs.KindFailedPrecondition, before, "close with a pending review")
 		if err := e.verdict(tm.reviewer, r.RequestId, brokerv1.Verdict_VERDICT_REJECT); err != nil {
 			t.Fatal(err)
 		}
 		before = e.head()
-		e.refused(e.close(tm.closer), codes.FailedPrecondition, before, "close with a reject")
+		e.refused(e.close(tm.closer), errdefs.KindFailedPrecondition, before, "close with a reject")
 
 		if err := e.push(tm.worker, 2); err != nil {
 			t.Fatal(err)
@@ -186,16 +185,16 @@ func TestCloseGate(t *testing.T) {
 
 		// Closed: no more pushes, reviews, verdicts or closes.
 		before = e.head()
-		e.refused(e.push(tm.worker, 3), codes.FailedPrecondition, before, "push to a closed task")
+		e.refused(e.push(tm.worker, 3), errdefs.KindFailedPrecondition, before, "push to a closed task")
 		if err := e.b.TaskOpen(context.Background(), tm.worker.G); err == nil {
 			t.Fatal("TaskOpen of a closed task")
 		}
 		_, err := e.srv.RequestReview(tm.worker.ctx(), &brokerv1.RequestReviewRequest{})
-		e.refused(err, codes.FailedPrecondition, before, "review of a closed task")
-		e.refused(e.verdict(tm.reviewer, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.FailedPrecondition, before, "verdict on a closed task")
-		e.refused(e.close(tm.closer), codes.FailedPrecondition, before, "second close")
+		e.refused(err, errdefs.KindFailedPrecondition, before, "review of a closed task")
+		e.refused(e.verdict(tm.reviewer, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), errdefs.KindFailedPrecondition, before, "verdict on a closed task")
+		e.refused(e.close(tm.closer), errdefs.KindFailedPrecondition, before, "second close")
 		_, err = e.srv.CreateGrant(e.host(), &brokerv1.CreateGrantRequest{Business: "acme", Project: "web", Task: "t1", Role: "late", Capabilities: []string{authz.CapPushWorking}})
-		e.refused(err, codes.FailedPrecondition, before, "grant for a closed task")
+		e.refused(err, errdefs.KindFailedPrecondition, before, "grant for a closed task")
 
 		var types []string
 		for _, ev := range e.events(Filter{Task: "t1"}) {
@@ -230,14 +229,14 @@ func TestCannotForgeApproval(t *testing.T) {
 				t.Fatalf("forged %q accepted", typ)
 			}
 			e.refused(err, codesOf(err), before, "forged "+typ)
-			if c := codesOf(err); c != codes.PermissionDenied && c != codes.InvalidArgument {
+			if c := codesOf(err); c != errdefs.KindPermissionDenied && c != errdefs.KindInvalidArgument {
 				t.Fatalf("forged %q: %v", typ, err)
 			}
 		}
-		e.refused(e.close(agent), codes.FailedPrecondition, before, "close after forged events")
+		e.refused(e.close(agent), errdefs.KindFailedPrecondition, before, "close after forged events")
 
 		// Its own approval.
-		e.refused(e.verdict(agent, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.FailedPrecondition, before, "self-review")
+		e.refused(e.verdict(agent, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), errdefs.KindFailedPrecondition, before, "self-review")
 
 		// An approval of another task, and a request id of another task.
 		if err := e.push(other.worker, 9); err != nil {
@@ -248,9 +247,9 @@ func TestCannotForgeApproval(t *testing.T) {
 			t.Fatal(err)
 		}
 		before = e.head()
-		e.refused(e.verdict(agent, ro.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.NotFound, before, "request id of another task")
-		e.refused(e.verdict(other.reviewer, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), codes.NotFound, before, "reviewer of another task")
-		e.refused(e.close(agent), codes.FailedPrecondition, before, "close with another task's approve")
+		e.refused(e.verdict(agent, ro.RequestId, brokerv1.Verdict_VERDICT_APPROVE), errdefs.KindNotFound, before, "request id of another task")
+		e.refused(e.verdict(other.reviewer, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE), errdefs.KindNotFound, before, "reviewer of another task")
+		e.refused(e.close(agent), errdefs.KindFailedPrecondition, before, "close with another task's approve")
 
 		// An approval of an older push.
 		reviewer := e.grant("acme", "web", "t1", "reviewer", authz.CapReviewVerdict)
@@ -261,7 +260,7 @@ func TestCannotForgeApproval(t *testing.T) {
 			t.Fatal(err)
 		}
 		before = e.head()
-		e.refused(e.close(agent), codes.FailedPrecondition, before, "close with an approve of an older push")
+		e.refused(e.close(agent), errdefs.KindFailedPrecondition, before, "close with an approve of an older push")
 		r2 := e.request(agent)
 		if err := e.verdict(reviewer, r2.RequestId, brokerv1.Verdict_VERDICT_APPROVE); err != nil {
 			t.Fatal(err)
@@ -302,12 +301,12 @@ func TestCloseRacesPush(t *testing.T) {
 			case pushErr != nil && closeErr != nil:
 				t.Fatalf("round %d: both refused: push %v, close %v", i, pushErr, closeErr)
 			case closeErr == nil:
-				if codesOf(pushErr) != codes.FailedPrecondition {
+				if codesOf(pushErr) != errdefs.KindFailedPrecondition {
 					t.Fatalf("round %d: push refused with %v", i, pushErr)
 				}
 				closedFirst++
 			default:
-				if codesOf(closeErr) != codes.FailedPrecondition {
+				if codesOf(closeErr) != errdefs.KindFailedPrecondition {
 					t.Fatalf("round %d: close refused with %v", i, closeErr)
 				}
 				pushedFirst++

@@ -16,7 +16,8 @@ import (
 
 // NewServer serves b as BrokerService. Every call resolves its token first;
 // a grant's business, project and task come from the grant, never from the
-// request. Errors become status codes in errdefs.ToGRPC, nowhere else.
+// request. Handlers return errdefs errors as they are; the server's
+// interceptors (internal/grpcerr) make them statuses, nowhere else.
 func NewServer(b *Broker) brokerv1.BrokerServiceServer {
 	return &server{b: b}
 }
@@ -46,11 +47,11 @@ func (s *server) hostCaller(ctx context.Context, caps ...string) (authz.Grant, s
 func (s *server) AddTask(ctx context.Context, r *brokerv1.AddTaskRequest) (*brokerv1.AddTaskResponse, error) {
 	_, peer, err := s.caller(ctx)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	created, err := s.b.AddTask(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.AddTaskResponse{Created: created}, nil
 }
@@ -58,10 +59,10 @@ func (s *server) AddTask(ctx context.Context, r *brokerv1.AddTaskRequest) (*brok
 func (s *server) CreateGrant(ctx context.Context, r *brokerv1.CreateGrantRequest) (*brokerv1.CreateGrantResponse, error) {
 	_, peer, err := s.caller(ctx)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	if r.GetTtlSeconds() < 0 || r.GetTtlSeconds() > int64(100*365*24*time.Hour/time.Second) {
-		return nil, errdefs.ToGRPC(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "ttl_seconds %d out of range", r.GetTtlSeconds()))
+		return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "ttl_seconds %d out of range", r.GetTtlSeconds())
 	}
 	ig, err := s.b.CreateGrant(ctx, peer, GrantRequest{
 		Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask(),
@@ -69,7 +70,7 @@ func (s *server) CreateGrant(ctx context.Context, r *brokerv1.CreateGrantRequest
 		Launch: launchSet(r.GetLaunch()), LaunchedBy: r.GetLaunchedBy(), LaunchBounds: launchBounds(r.GetLaunchBounds()),
 	})
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.CreateGrantResponse{GrantId: ig.ID, Token: ig.Token, ExpiresAt: ig.ExpiresAt.Format(time.RFC3339)}, nil
 }
@@ -77,10 +78,10 @@ func (s *server) CreateGrant(ctx context.Context, r *brokerv1.CreateGrantRequest
 func (s *server) RevokeGrant(ctx context.Context, r *brokerv1.RevokeGrantRequest) (*brokerv1.RevokeGrantResponse, error) {
 	_, peer, err := s.caller(ctx)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	if err := s.b.RevokeGrant(ctx, peer, r.GetGrantId()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.RevokeGrantResponse{}, nil
 }
@@ -88,11 +89,11 @@ func (s *server) RevokeGrant(ctx context.Context, r *brokerv1.RevokeGrantRequest
 func (s *server) RequestReview(ctx context.Context, _ *brokerv1.RequestReviewRequest) (*brokerv1.RequestReviewResponse, error) {
 	g, peer, err := s.caller(ctx, authz.CapReviewRequest, authz.CapPushWorking)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	rv, err := s.b.RequestReview(ctx, g, peer)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.RequestReviewResponse{RequestId: rv.RequestID, Commit: rv.Commit, Created: rv.Created}, nil
 }
@@ -100,7 +101,7 @@ func (s *server) RequestReview(ctx context.Context, _ *brokerv1.RequestReviewReq
 func (s *server) SubmitVerdict(ctx context.Context, r *brokerv1.SubmitVerdictRequest) (*brokerv1.SubmitVerdictResponse, error) {
 	g, peer, err := s.caller(ctx, authz.CapReviewVerdict)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	var verdict string
 	switch r.GetVerdict() {
@@ -109,11 +110,11 @@ func (s *server) SubmitVerdict(ctx context.Context, r *brokerv1.SubmitVerdictReq
 	case brokerv1.Verdict_VERDICT_REJECT:
 		verdict = Reject
 	default:
-		return nil, errdefs.ToGRPC(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "verdict must be approve or reject"))
+		return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "verdict must be approve or reject")
 	}
 	seq, err := s.b.SubmitVerdict(ctx, g, peer, r.GetRequestId(), r.GetCommit(), verdict, r.GetComment())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.SubmitVerdictResponse{Seq: seq}, nil
 }
@@ -121,11 +122,11 @@ func (s *server) SubmitVerdict(ctx context.Context, r *brokerv1.SubmitVerdictReq
 func (s *server) CloseTask(ctx context.Context, _ *brokerv1.CloseTaskRequest) (*brokerv1.CloseTaskResponse, error) {
 	g, peer, err := s.caller(ctx, authz.CapTaskClose)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	seq, err := s.b.CloseTask(ctx, g, peer)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.CloseTaskResponse{Seq: seq}, nil
 }
@@ -133,11 +134,11 @@ func (s *server) CloseTask(ctx context.Context, _ *brokerv1.CloseTaskRequest) (*
 func (s *server) ReopenTask(ctx context.Context, r *brokerv1.ReopenTaskRequest) (*brokerv1.ReopenTaskResponse, error) {
 	_, peer, err := s.caller(ctx)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	seq, err := s.b.ReopenTask(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.ReopenTaskResponse{Seq: seq}, nil
 }
@@ -145,11 +146,11 @@ func (s *server) ReopenTask(ctx context.Context, r *brokerv1.ReopenTaskRequest) 
 func (s *server) ListTasks(ctx context.Context, r *brokerv1.ListTasksRequest) (*brokerv1.ListTasksResponse, error) {
 	g, err := s.listCaller(ctx)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	ts, err := s.b.ListTasks(ctx, g, r.GetBusiness(), r.GetProject(), r.GetState())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	out := &brokerv1.ListTasksResponse{}
 	for _, t := range ts {
@@ -176,11 +177,11 @@ func (s *server) listCaller(ctx context.Context) (authz.Grant, error) {
 func (s *server) ListProjects(ctx context.Context, r *brokerv1.ListProjectsRequest) (*brokerv1.ListProjectsResponse, error) {
 	g, err := s.listCaller(ctx)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	ps, err := s.b.ListProjects(ctx, g, r.GetBusiness())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	out := &brokerv1.ListProjectsResponse{}
 	for _, p := range ps {
@@ -193,11 +194,11 @@ func (s *server) ListProjects(ctx context.Context, r *brokerv1.ListProjectsReque
 func (s *server) ListGrants(ctx context.Context, r *brokerv1.ListGrantsRequest) (*brokerv1.ListGrantsResponse, error) {
 	g, err := s.listCaller(ctx)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	gs, err := s.b.ListGrants(ctx, g, r.GetBusiness(), r.GetProject(), r.GetTask())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	out := &brokerv1.ListGrantsResponse{}
 	for _, gi := range gs {
@@ -251,11 +252,11 @@ func LaunchRoles(m map[string][]string) []*brokerv1.LaunchRole {
 func (s *server) Whoami(ctx context.Context, _ *brokerv1.WhoamiRequest) (*brokerv1.WhoamiResponse, error) {
 	g, _, err := s.caller(ctx, authz.Capabilities...)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	g, err = s.b.Whoami(ctx, g)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.WhoamiResponse{GrantId: g.ID, Business: g.Business, Project: g.Project, Task: g.Task, Role: g.Role,
 		Capabilities: g.Caps, Launch: LaunchRoles(g.Launch), LaunchedBy: g.LaunchedBy, LaunchDepth: int64(g.LaunchDepth),
@@ -267,11 +268,11 @@ func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest
 		// The host's record of a launched session, on the session's task.
 		_, peer, err := s.caller(ctx)
 		if err != nil {
-			return nil, errdefs.ToGRPC(err)
+			return nil, err
 		}
 		e, err := s.b.RecordSessionEvent(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask(), r.GetType(), r.GetData(), r.GetIdempotencyKey())
 		if err != nil {
-			return nil, errdefs.ToGRPC(err)
+			return nil, err
 		}
 		return &brokerv1.RecordEventResponse{Event: eventProto(e)}, nil
 	}
@@ -279,11 +280,11 @@ func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest
 	// type needs.
 	g, peer, err := s.caller(ctx, authz.CapEventRecord, authz.CapNetworkAudit)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	e, err := s.b.RecordEvent(ctx, g, peer, r.GetType(), r.GetData(), r.GetIdempotencyKey())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.RecordEventResponse{Event: eventProto(e)}, nil
 }
@@ -291,7 +292,7 @@ func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest
 func (s *server) RecordEvents(ctx context.Context, r *brokerv1.RecordEventsRequest) (*brokerv1.RecordEventsResponse, error) {
 	g, peer, err := s.caller(ctx, authz.CapEventRecord, authz.CapNetworkAudit)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	rs := make([]Record, len(r.GetEvents()))
 	for i, e := range r.GetEvents() {
@@ -299,7 +300,7 @@ func (s *server) RecordEvents(ctx context.Context, r *brokerv1.RecordEventsReque
 	}
 	evs, err := s.b.RecordEvents(ctx, g, peer, rs)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	out := &brokerv1.RecordEventsResponse{Events: make([]*brokerv1.Event, len(evs))}
 	for i, e := range evs {
@@ -311,7 +312,7 @@ func (s *server) RecordEvents(ctx context.Context, r *brokerv1.RecordEventsReque
 func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.BrokerService_ListEventsServer) error {
 	ctx := stream.Context()
 	if err := s.b.Halted(); err != nil {
-		return errdefs.ToGRPC(err)
+		return err
 	}
 	tok := authz.TokenFromContext(ctx)
 	g, err := s.b.authorize(ctx, tok)
@@ -319,7 +320,7 @@ func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.Broke
 		// Not the host: any valid grant may read its own task's events.
 		g, err = s.b.authorize(ctx, tok, authz.Capabilities...)
 		if err != nil {
-			return errdefs.ToGRPC(err)
+			return err
 		}
 	}
 	f := Filter{Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask()}
@@ -327,7 +328,7 @@ func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.Broke
 		own := Filter{Business: g.Business, Project: g.Project, Task: g.Task}
 		for _, c := range [][2]string{{f.Business, own.Business}, {f.Project, own.Project}, {f.Task, own.Task}} {
 			if c[0] != "" && c[0] != c[1] {
-				return errdefs.ToGRPC(errdefs.PermissionDenied(errdefs.OtherTask, "grant %s sees only task %s", g.ID, scopeString(own.Business, own.Project, own.Task)))
+				return errdefs.PermissionDenied(errdefs.OtherTask, "grant %s sees only task %s", g.ID, scopeString(own.Business, own.Project, own.Task))
 			}
 		}
 		f = own
@@ -340,7 +341,7 @@ func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.Broke
 		// The follower hung up: that is how a follow ends.
 		return nil
 	}
-	return errdefs.ToGRPC(err)
+	return err
 }
 
 // maxHeads bounds the recorded heads one VerifyLog checks.
@@ -348,22 +349,22 @@ const maxHeads = 1 << 20
 
 func (s *server) VerifyLog(ctx context.Context, r *brokerv1.VerifyLogRequest) (*brokerv1.VerifyLogResponse, error) {
 	if _, _, err := s.hostCaller(ctx); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	if len(r.GetHeads()) > maxHeads {
-		return nil, errdefs.ToGRPC(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "%d recorded heads; at most %d", len(r.GetHeads()), maxHeads))
+		return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "%d recorded heads; at most %d", len(r.GetHeads()), maxHeads)
 	}
 	heads := make([]Head, 0, len(r.GetHeads()))
 	for _, h := range r.GetHeads() {
 		hd, err := ParseHead(fmt.Sprintf("%d %s", h.GetSeq(), h.GetHash()))
 		if err != nil {
-			return nil, errdefs.ToGRPC(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "%v", err))
+			return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "%v", err)
 		}
 		heads = append(heads, hd)
 	}
 	v, err := s.b.VerifyLog(ctx, heads...)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.VerifyLogResponse{Ok: v.OK, Events: v.Events, FirstBadSeq: v.FirstBadSeq, Reason: v.Reason,
 		Differences: v.Differences, HeadSeq: v.HeadSeq, HeadHash: v.HeadHash}, nil
@@ -371,11 +372,11 @@ func (s *server) VerifyLog(ctx context.Context, r *brokerv1.VerifyLogRequest) (*
 
 func (s *server) LogHead(ctx context.Context, _ *brokerv1.LogHeadRequest) (*brokerv1.LogHeadResponse, error) {
 	if _, _, err := s.hostCaller(ctx); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	seq, hash, err := s.b.LogHead(ctx)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &brokerv1.LogHeadResponse{Seq: seq, Hash: hash}, nil
 }

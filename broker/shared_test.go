@@ -6,10 +6,9 @@ import (
 	"sync"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/errdefs"
 )
 
 // Two brokers on one store, as two bushostd sharing a PostgreSQL database
@@ -70,7 +69,7 @@ func TestTwoBrokersShareOneStore(t *testing.T) {
 					t.Fatalf("round %d: push %v, close %v: exactly one must win", i, pushErr, closeErr)
 				}
 				for _, err := range []error{pushErr, closeErr} {
-					if err != nil && codesOf(err) != codes.FailedPrecondition {
+					if err != nil && codesOf(err) != errdefs.KindFailedPrecondition {
 						t.Fatalf("round %d: refused with %v", i, err)
 					}
 				}

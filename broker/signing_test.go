@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
@@ -61,7 +59,7 @@ func pubOf(k ed25519.PrivateKey) ed25519.PublicKey { return k.Public().(ed25519.
 
 // reasonOf is err's reason once sent.
 func reasonOf(err error) errdefs.Reason {
-	if e := errdefs.FromGRPC(errdefs.ToGRPC(err)); e != nil {
+	if e := errdefs.Of(err); e != nil {
 		return e.Reason
 	}
 	return ""
@@ -101,7 +99,7 @@ func TestForgedVerdictIsUnproven(t *testing.T) {
 			}
 
 			err = e.close(tm.closer)
-			e.refused(err, codes.FailedPrecondition, before, "close on a forged verdict")
+			e.refused(err, errdefs.KindFailedPrecondition, before, "close on a forged verdict")
 			if reasonOf(err) != errdefs.LogEventUnproven || !strings.Contains(err.Error(), "event "+strconv.FormatInt(forged.Seq, 10)) {
 				t.Fatalf("close on a forged verdict: %v", err)
 			}
@@ -112,12 +110,12 @@ func TestForgedVerdictIsUnproven(t *testing.T) {
 			}
 			_, err = e.b.RecordLanding(context.Background(), host, authz.Landing{Business: "acme", Project: "web", Task: "t1",
 				Approved: commit(1), Old: commit(2), New: commit(1)}, authz.Peer{})
-			e.refused(err, codes.FailedPrecondition, before, "landing recorded on a forged verdict")
+			e.refused(err, errdefs.KindFailedPrecondition, before, "landing recorded on a forged verdict")
 
 			// The broker that was running when the row went in: its next
 			// write finds an event past its anchor it cannot prove.
 			_, err = running.srv.RecordEvent(a.ctx(), &brokerv1.RecordEventRequest{Type: "agent.note"})
-			running.refused(err, codes.Unavailable, before, "a running broker writing past a forged event")
+			running.refused(err, errdefs.KindUnavailable, before, "a running broker writing past a forged event")
 			if reasonOf(err) != errdefs.LogHeadUnproven || !strings.Contains(err.Error(), "event "+strconv.FormatInt(forged.Seq, 10)+" (review.verdict") {
 				t.Fatalf("a running broker writing past a forged event: %v", err)
 			}
@@ -163,7 +161,7 @@ func TestSignerMustBeTrusted(t *testing.T) {
 
 			before := a.head()
 			err := a.close(tm.closer)
-			a.refused(err, codes.FailedPrecondition, before, "close on a verdict signed by an untrusted key")
+			a.refused(err, errdefs.KindFailedPrecondition, before, "close on a verdict signed by an untrusted key")
 			untrusted := "key " + KeyID(pubOf(kb)) + ", which is not a trusted host's key"
 			if reasonOf(err) != errdefs.LogEventUnproven || !strings.Contains(err.Error(), untrusted) {
 				t.Fatalf("close on a verdict signed by an untrusted key: %v", err)
@@ -332,7 +330,7 @@ func TestGateChecksVerdictAuthority(t *testing.T) {
 		// records (tokenbind_test.go)...
 		before := e.head()
 		err := e.verdict(minted, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE)
-		e.refused(err, codes.Unauthenticated, before, "the minted grant's verdict")
+		e.refused(err, errdefs.KindUnauthenticated, before, "the minted grant's verdict")
 		if reasonOf(err) != errdefs.GrantTokenMismatch {
 			t.Fatalf("the minted grant's verdict: %v", err)
 		}
@@ -343,7 +341,7 @@ func TestGateChecksVerdictAuthority(t *testing.T) {
 		mintedSeq := ev.Seq
 		before = e.head()
 		err = e.close(tm.closer)
-		e.refused(err, codes.FailedPrecondition, before, "close on a minted grant's approve")
+		e.refused(err, errdefs.KindFailedPrecondition, before, "close on a minted grant's approve")
 		if reasonOf(err) != errdefs.GateVerdictInvalid || !strings.Contains(err.Error(), `is by "g-minted", which no grant.created in the log names`) {
 			t.Fatalf("close on a minted grant's approve: %v", err)
 		}
@@ -366,7 +364,7 @@ func TestGateChecksVerdictAuthority(t *testing.T) {
 		}
 		before = e.head()
 		err = e.close(closer)
-		e.refused(err, codes.FailedPrecondition, before, "close on the pusher's own approve")
+		e.refused(err, errdefs.KindFailedPrecondition, before, "close on the pusher's own approve")
 		if reasonOf(err) != errdefs.GateVerdictInvalid || !strings.Contains(err.Error(), "which pushed the commit it judges") {
 			t.Fatalf("close on the pusher's own approve: %v", err)
 		}

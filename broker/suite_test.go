@@ -10,7 +10,6 @@ import (
 	"sync"
 	"testing"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
@@ -157,7 +156,7 @@ func (e *env) head() int64 {
 
 // refused checks that err has code want and that the log did not grow
 // from before.
-func (e *env) refused(err error, want codes.Code, before int64, what string) {
+func (e *env) refused(err error, want errdefs.Kind, before int64, what string) {
 	e.t.Helper()
 	if err == nil {
 		e.t.Fatalf("%s: accepted, want %s", what, want)
@@ -192,4 +191,4 @@ func (e *env) verify() {
 
 // codesOf is the code err has, or would have once sent: a domain error of
 // the Broker's own methods or a status from the service alike.
-func codesOf(err error) codes.Code { return errdefs.FromGRPC(errdefs.ToGRPC(err)).Code }
+func codesOf(err error) errdefs.Kind { return errdefs.Of(err).Kind }

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
@@ -33,7 +31,7 @@ func TestSwappedTokenGivesNoVerdict(t *testing.T) {
 		intruder := actor{ID: tm.reviewer.ID, Token: forged}
 		before := e.head()
 		err := e.verdict(intruder, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE)
-		e.refused(err, codes.Unauthenticated, before, "a verdict with a token swapped into the reviewer's grant")
+		e.refused(err, errdefs.KindUnauthenticated, before, "a verdict with a token swapped into the reviewer's grant")
 		if reasonOf(err) != errdefs.GrantTokenMismatch {
 			t.Fatalf("a verdict with a token swapped into the reviewer's grant: %v", err)
 		}
@@ -45,7 +43,7 @@ func TestSwappedTokenGivesNoVerdict(t *testing.T) {
 				"expires_at": time.Now().Add(time.Hour).UTC().Format(time.RFC3339), "token_hash": tokenHash(forged)})})
 		before = e.head()
 		err = e.verdict(intruder, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE)
-		e.refused(err, codes.Unauthenticated, before, "a verdict with a swapped token and a forged grant.created")
+		e.refused(err, errdefs.KindUnauthenticated, before, "a verdict with a swapped token and a forged grant.created")
 		if reasonOf(err) != errdefs.GrantTokenMismatch {
 			t.Fatalf("a verdict with a swapped token and a forged grant.created: %v", err)
 		}
@@ -55,8 +53,8 @@ func TestSwappedTokenGivesNoVerdict(t *testing.T) {
 		// Put back, the row is the reviewer's again: no verdict was
 		// recorded, so the gate stays shut and the real reviewer may judge.
 		e.exec(`UPDATE grants SET token_hash = $1 WHERE id = $2`, tokenHash(tm.reviewer.Token), tm.reviewer.ID)
-		e.refused(e.close(tm.closer), codes.FailedPrecondition, before, "close after the refused verdict")
-		if _, err := e.b.LandApproved(context.Background(), authz.Grant{ID: authz.HostID, Host: true}, "acme", "web", "t1", false); codesOf(err) != codes.FailedPrecondition {
+		e.refused(e.close(tm.closer), errdefs.KindFailedPrecondition, before, "close after the refused verdict")
+		if _, err := e.b.LandApproved(context.Background(), authz.Grant{ID: authz.HostID, Host: true}, "acme", "web", "t1", false); codesOf(err) != errdefs.KindFailedPrecondition {
 			t.Fatalf("land after the refused verdict: %v", err)
 		}
 		if err := e.verdict(tm.reviewer, r.RequestId, brokerv1.Verdict_VERDICT_APPROVE); err != nil {
@@ -82,7 +80,7 @@ func TestSwappedTokenPushesAsNoOne(t *testing.T) {
 		}
 		before := e.head()
 		err = e.b.RecordPush(context.Background(), g, authz.Push{Business: "acme", Project: "web", Task: "t1", Commit: commit(1), Ref: "refs/work/t1"}, authz.Peer{})
-		e.refused(err, codes.Unauthenticated, before, "a push with a token swapped into the worker's grant")
+		e.refused(err, errdefs.KindUnauthenticated, before, "a push with a token swapped into the worker's grant")
 		if reasonOf(err) != errdefs.GrantTokenMismatch {
 			t.Fatalf("a push with a token swapped into the worker's grant: %v", err)
 		}

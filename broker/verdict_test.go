@@ -3,8 +3,6 @@ package broker
 import (
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/errdefs"
 )
@@ -29,26 +27,26 @@ func TestVerdictNamesTheCommitSeen(t *testing.T) {
 		for _, c := range []struct {
 			name   string
 			commit string
-			code   codes.Code
+			code   errdefs.Kind
 			reason errdefs.Reason
 		}{
-			{"no commit", "", codes.InvalidArgument, errdefs.VerdictCommitMissing},
-			{"short commit", "abc", codes.InvalidArgument, errdefs.VerdictCommitMissing},
-			{"the commit seen before the push", seen, codes.FailedPrecondition, errdefs.VerdictCommitMismatch},
+			{"no commit", "", errdefs.KindInvalidArgument, errdefs.VerdictCommitMissing},
+			{"short commit", "abc", errdefs.KindInvalidArgument, errdefs.VerdictCommitMissing},
+			{"the commit seen before the push", seen, errdefs.KindFailedPrecondition, errdefs.VerdictCommitMismatch},
 		} {
 			_, err := e.srv.SubmitVerdict(tm.reviewer.ctx(), &brokerv1.SubmitVerdictRequest{RequestId: r.RequestId, Verdict: brokerv1.Verdict_VERDICT_APPROVE, Commit: c.commit})
 			e.refused(err, c.code, before, c.name)
-			if got := errdefs.FromGRPC(err); got.Reason != c.reason {
+			if got := errdefs.Of(err); got.Reason != c.reason {
 				t.Fatalf("%s: reason %q, want %q (%v)", c.name, got.Reason, c.reason, err)
 			}
 			if c.reason == errdefs.VerdictCommitMismatch {
-				got := errdefs.FromGRPC(err)
+				got := errdefs.Of(err)
 				if got.Metadata["request_commit"] != commit(2) || got.Metadata["verdict_commit"] != seen {
 					t.Fatalf("mismatch names %v, want both commits", got.Metadata)
 				}
 			}
 		}
-		e.refused(e.close(tm.closer), codes.FailedPrecondition, before, "close after the refused verdicts")
+		e.refused(e.close(tm.closer), errdefs.KindFailedPrecondition, before, "close after the refused verdicts")
 		if _, err := e.srv.SubmitVerdict(tm.reviewer.ctx(), &brokerv1.SubmitVerdictRequest{RequestId: r.RequestId, Verdict: brokerv1.Verdict_VERDICT_APPROVE, Commit: commit(2)}); err != nil {
 			t.Fatalf("verdict on the commit seen: %v", err)
 		}

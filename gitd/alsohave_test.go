@@ -67,10 +67,10 @@ func TestReviewBundleAlsoHave(t *testing.T) {
 	for i := range many {
 		many[i] = c1
 	}
-	if _, _, err := fetch(many...); errdefs.FromGRPC(err).Reason != errdefs.ObjectIDInvalid {
+	if _, _, err := fetch(many...); errdefs.Of(err).Reason != errdefs.ObjectIDInvalid {
 		t.Errorf("%d also-haves: %v, want %s", len(many), err, errdefs.ObjectIDInvalid)
 	}
-	if _, _, err := fetch("HEAD"); errdefs.FromGRPC(err).Reason != errdefs.ObjectIDInvalid {
+	if _, _, err := fetch("HEAD"); errdefs.Of(err).Reason != errdefs.ObjectIDInvalid {
 		t.Errorf("an also-have that is not an object id: %v", err)
 	}
 }

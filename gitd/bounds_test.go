@@ -22,7 +22,7 @@ func (e *env) refusedWith(b []byte, reason errdefs.Reason) *errdefs.Error {
 	before := e.snapshot()
 	recs := len(e.auth.recorded())
 	_, err := e.push("t1", b)
-	got := errdefs.FromGRPC(toStatus(err))
+	got := errdefs.Of(err)
 	if err == nil || got.Reason != reason || got.Metadata["limit"] == "" {
 		e.t.Fatalf("push: got %v (%+v), want %s", err, got, reason)
 	}

@@ -51,12 +51,12 @@ func TestAttackFetchHaveOracle(t *testing.T) {
 	if want == nil {
 		t.Fatal("a have of nothing was taken")
 	}
-	we := errdefs.FromGRPC(want)
+	we := errdefs.Of(want)
 	for name, id := range map[string]string{"commit": other, "tree": otherTree, "blob": otherBlob} {
 		_, err := review(id)
-		ge := errdefs.FromGRPC(err)
-		if ge.Code != we.Code || ge.Reason != we.Reason || strings.ReplaceAll(err.Error(), id, nothing) != want.Error() {
-			t.Errorf("have = t2's %s: %v (%s %s); a have of nothing: %v (%s %s)", name, err, ge.Code, ge.Reason, want, we.Code, we.Reason)
+		ge := errdefs.Of(err)
+		if ge.Kind != we.Kind || ge.Reason != we.Reason || strings.ReplaceAll(err.Error(), id, nothing) != want.Error() {
+			t.Errorf("have = t2's %s: %v (%s %s); a have of nothing: %v (%s %s)", name, err, ge.Kind, ge.Reason, want, we.Kind, we.Reason)
 		}
 	}
 	// also_have: the same bundle with another task's ids, with ids that

@@ -24,31 +24,31 @@ func (sv *server) LandTask(ctx context.Context, req *gitv1.LandTaskRequest) (*gi
 		g, err = sv.authorize(ctx, authz.CapTaskLand)
 	}
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	business, project, task := req.GetBusiness(), req.GetProject(), req.GetTask()
 	if !named {
 		if g.Host {
-			return nil, toStatus(errdefs.InvalidArgument(errdefs.ArgumentInvalid, "the host names the task: --business, --project and --task"))
+			return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "the host names the task: --business, --project and --task")
 		}
 		business, project, task = g.Business, g.Project, g.Task
 	} else if err := sv.s.o.Authority.CheckPlacement(ctx, business, project); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	peer, _ := sock.PeerFromContext(ctx)
 	res, err := sv.s.Land(ctx, g, peer, business, project, task, LandOptions{Merge: req.GetMerge(), Force: req.GetForce()})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gitv1.LandTaskResponse{Commit: res.Commit, MainOld: res.MainOld, MainNew: res.MainNew, Merge: res.Merge, Seq: res.Seq}, nil
 }
 
 func (sv *server) PublishProject(ctx context.Context, req *gitv1.PublishProjectRequest) (*gitv1.PublishProjectResponse, error) {
 	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
+		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
 	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	branch := req.GetBranch()
 	if branch == "" {
@@ -56,7 +56,7 @@ func (sv *server) PublishProject(ctx context.Context, req *gitv1.PublishProjectR
 	}
 	commit, previous, err := sv.s.PublishProject(ctx, req.GetBusiness(), req.GetProject(), branch, req.GetForce())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gitv1.PublishProjectResponse{Commit: commit, Previous: previous, Branch: branch}, nil
 }
@@ -67,10 +67,10 @@ func (sv *server) FetchWork(req *gitv1.FetchWorkRequest, stream grpc.ServerStrea
 	ctx := stream.Context()
 	g, err := sv.authorize(ctx, authz.CapPushWorking)
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	if err := sv.s.notMarked(ctx, g); err != nil {
-		return toStatus(err)
+		return err
 	}
 	still := sv.stillValid(ctx, g)
 	w := newChunkWriter(func(b []byte) error {
@@ -83,7 +83,7 @@ func (sv *server) FetchWork(req *gitv1.FetchWorkRequest, stream grpc.ServerStrea
 		return stream.Send(&gitv1.FetchWorkResponse{Msg: &gitv1.FetchWorkResponse_Commit{Commit: c}})
 	}
 	if err := sv.s.WriteReviewBundle(ctx, g.Business, g.Project, g.Task, req.GetHave(), req.GetAlsoHave(), begin, w); err != nil {
-		return toStatus(still.first(err))
+		return still.first(err)
 	}
-	return toStatus(still.first(w.Flush()))
+	return still.first(w.Flush())
 }

@@ -907,7 +907,7 @@ func (s *Service) importRepo(ctx context.Context, r repo, mr manifestRepo, files
 		defer q.Remove()
 		q.IndexConfig = indexPackConfig
 		if _, err := q.IndexPack(ctx, s.git, r.gitDir(), br); err != nil {
-			return bundleError(err)
+			return err
 		}
 		if err := q.Migrate(); err != nil {
 			return err

@@ -90,7 +90,7 @@ func importRefusedIn(t *testing.T, e *env, m *fakeMover, raw []byte, reason errd
 	before := e.snapshot()
 	_, err := importArchive(e, raw)
 	t.Logf("refused: %v", err)
-	if got := errdefs.ReasonOf(bundleError(err)); got != reason {
+	if got := errdefs.ReasonOf(err); got != reason {
 		t.Fatalf("import: %v, want %s", err, reason)
 	}
 	if d := treesnap.Diff(before, e.snapshot()); d != "" {

@@ -285,7 +285,7 @@ func TestImportRefusesHostileArchive(t *testing.T) {
 			before := e.snapshot()
 			_, err := importArchive(e, tc.build())
 			t.Logf("refused: %v", err)
-			if got := errdefs.ReasonOf(bundleError(err)); got != tc.reason {
+			if got := errdefs.ReasonOf(err); got != tc.reason {
 				t.Fatalf("import: %v, want %s", err, tc.reason)
 			}
 			if d := treesnap.Diff(before, e.snapshot()); d != "" {

@@ -75,10 +75,10 @@ func checkProject(business, project string) error {
 func (sv *server) ExportProject(req *gitv1.ExportProjectRequest, stream grpc.ServerStreamingServer[gitv1.ExportProjectResponse]) error {
 	ctx := stream.Context()
 	if err := checkProject(req.GetBusiness(), req.GetProject()); err != nil {
-		return toStatus(err)
+		return err
 	}
 	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
-		return toStatus(err)
+		return err
 	}
 	var mu sync.Mutex
 	send := func(m *gitv1.ExportProjectResponse) error {
@@ -112,23 +112,23 @@ func (sv *server) ExportProject(req *gitv1.ExportProjectRequest, stream grpc.Ser
 	})
 	res, err := sv.s.ExportProject(ctx, req.GetBusiness(), req.GetProject(), st.set, begun, w)
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	stop()
-	return toStatus(stream.Send(&gitv1.ExportProjectResponse{Msg: &gitv1.ExportProjectResponse_Done{Done: &gitv1.ExportDone{
-		Bytes: res.Bytes, Sha256: res.SHA256, Tasks: int32(res.Tasks), Bundles: int32(res.Bundles), ManifestSha256: res.ManifestSHA256}}}))
+	return stream.Send(&gitv1.ExportProjectResponse{Msg: &gitv1.ExportProjectResponse_Done{Done: &gitv1.ExportDone{
+		Bytes: res.Bytes, Sha256: res.SHA256, Tasks: int32(res.Tasks), Bundles: int32(res.Bundles), ManifestSha256: res.ManifestSHA256}}})
 }
 
 func (sv *server) CancelExport(ctx context.Context, req *gitv1.CancelExportRequest) (*gitv1.CancelExportResponse, error) {
 	if err := checkProject(req.GetBusiness(), req.GetProject()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	seq, err := sv.s.CancelExport(ctx, req.GetBusiness(), req.GetProject())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gitv1.CancelExportResponse{Cancelled: seq != 0, Seq: seq}, nil
 }
@@ -138,7 +138,7 @@ func (sv *server) CancelExport(ctx context.Context, req *gitv1.CancelExportReque
 func (sv *server) ImportProject(stream grpc.BidiStreamingServer[gitv1.ImportProjectRequest, gitv1.ImportProjectResponse]) error {
 	ctx := stream.Context()
 	if _, err := sv.authorize(ctx); err != nil {
-		return toStatus(err)
+		return err
 	}
 	var mu sync.Mutex
 	st := startStepper(func(step string) error {
@@ -147,11 +147,11 @@ func (sv *server) ImportProject(stream grpc.BidiStreamingServer[gitv1.ImportProj
 	res, err := sv.s.ImportProject(ctx, &importReader{stream: stream}, st.set)
 	st.end()
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
-	return toStatus(stream.Send(&gitv1.ImportProjectResponse{Msg: &gitv1.ImportProjectResponse_Done{Done: &gitv1.ImportDone{
+	return stream.Send(&gitv1.ImportProjectResponse{Msg: &gitv1.ImportProjectResponse_Done{Done: &gitv1.ImportDone{
 		Business: res.Business, Project: res.Project, From: res.From, ExportId: res.ExportID, Seq: res.Seq,
-		Tasks: int32(res.Tasks), Bundles: int32(res.Bundles)}}}))
+		Tasks: int32(res.Tasks), Bundles: int32(res.Bundles)}}})
 }
 
 // importReader is an import stream's chunks as one io.Reader.

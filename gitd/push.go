@@ -214,12 +214,12 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, peer authz.Peer, size
 	}
 	p := authz.Push{Business: g.Business, Project: g.Project, Task: g.Task, Commit: commit, Previous: cur, Ref: ref}
 	if err := s.o.Authority.RecordPush(cctx, g, p, peer); err != nil {
-		if errdefs.FromGRPC(err).Reason != errdefs.CommitUnknown {
+		if errdefs.ReasonOf(err) != errdefs.CommitUnknown {
 			return refused(err)
 		}
 		if err := s.settleUnclear(cctx, r, q, g, commit, err); err != nil {
 			mv.Abort()
-			if errdefs.FromGRPC(err).Metadata["recorded"] == "false" && made {
+			if e, ok := errdefs.As(err); ok && e.Metadata["recorded"] == "false" && made {
 				s.dropNew(r)
 			}
 			return PushResult{}, err

@@ -9,9 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
@@ -87,7 +84,7 @@ type refusal struct {
 	// setup prepares the world (optional) and returns the bundle to push.
 	bundle func(e *env) []byte
 	size   int64
-	code   codes.Code
+	code   errdefs.Kind
 	reason errdefs.Reason
 	want   string
 	opts   []func(*Options)
@@ -118,7 +115,7 @@ func TestPushRefusals(t *testing.T) {
 		return append([]byte(newHeader), b[i+2:]...)
 	}
 	cases := []refusal{
-		{name: "non-fast-forward", reason: errdefs.NonFastForward, code: codes.FailedPrecondition, want: "non-fast-forward", bundle: func(e *env) []byte {
+		{name: "non-fast-forward", reason: errdefs.NonFastForward, code: errdefs.KindFailedPrecondition, want: "non-fast-forward", bundle: func(e *env) []byte {
 			e.commitFile("a.txt", "one\n")
 			if _, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil {
 				e.t.Fatal(err)
@@ -127,63 +124,63 @@ func TestPushRefusals(t *testing.T) {
 			e.commitFile("a.txt", "other\n")
 			return e.bundle("HEAD", "^main")
 		}},
-		{name: "unrelated history", reason: errdefs.UnrelatedHistory, code: codes.FailedPrecondition, want: "shares no history with main", bundle: func(e *env) []byte {
+		{name: "unrelated history", reason: errdefs.UnrelatedHistory, code: errdefs.KindFailedPrecondition, want: "shares no history with main", bundle: func(e *env) []byte {
 			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "orphan\n")}))
 			c := e.run(e.work, "commit-tree", nil, "-morphan", "--", tree)
 			e.run(e.work, "update-ref", nil, "--", "refs/heads/orphan", c)
 			return e.bundle("refs/heads/orphan")
 		}},
-		{name: "no ref", reason: errdefs.BundleInvalid, code: codes.InvalidArgument, want: "bundle has 0 refs", bundle: func(e *env) []byte {
+		{name: "no ref", reason: errdefs.BundleInvalid, code: errdefs.KindInvalidArgument, want: "bundle has 0 refs", bundle: func(e *env) []byte {
 			e.commitFile("a.txt", "one\n")
 			b := e.bundle("HEAD", "^main")
 			return header(e, b, "# v2 git bundle\n-"+e.main+"\n\n")
 		}},
-		{name: "two refs", code: codes.InvalidArgument, want: "bundle has 2 refs", bundle: func(e *env) []byte {
+		{name: "two refs", code: errdefs.KindInvalidArgument, want: "bundle has 2 refs", bundle: func(e *env) []byte {
 			e.commitFile("a.txt", "one\n")
 			e.run(e.work, "update-ref", nil, "--", "refs/heads/second", "HEAD")
 			return e.bundle("HEAD", "refs/heads/second", "^main")
 		}},
-		{name: "missing prerequisite", reason: errdefs.PrerequisiteMissing, code: codes.FailedPrecondition, want: "which the bus host does not have", bundle: func(e *env) []byte {
+		{name: "missing prerequisite", reason: errdefs.PrerequisiteMissing, code: errdefs.KindFailedPrecondition, want: "which the bus host does not have", bundle: func(e *env) []byte {
 			e.commitFile("local.txt", "never pushed\n")
 			e.run(e.work, "update-ref", nil, "--", "refs/heads/base", "HEAD")
 			e.commitFile("a.txt", "one\n")
 			return e.bundle("HEAD", "^refs/heads/base")
 		}},
-		{name: "truncated pack", reason: errdefs.PackInvalid, code: codes.InvalidArgument, want: "bad pack", bundle: func(e *env) []byte {
+		{name: "truncated pack", reason: errdefs.PackInvalid, code: errdefs.KindInvalidArgument, want: "bad pack", bundle: func(e *env) []byte {
 			e.commitFile("a.txt", strings.Repeat("some content\n", 100))
 			b := e.bundle("HEAD", "^main")
 			return b[:len(b)-30]
 		}},
-		{name: "not a bundle", reason: errdefs.BundleInvalid, code: codes.InvalidArgument, want: "not a v2 or v3 git bundle", bundle: func(e *env) []byte {
+		{name: "not a bundle", reason: errdefs.BundleInvalid, code: errdefs.KindInvalidArgument, want: "not a v2 or v3 git bundle", bundle: func(e *env) []byte {
 			return []byte("PACK garbage\n\n")
 		}},
-		{name: "header without end", code: codes.InvalidArgument, want: "truncated bundle", bundle: func(e *env) []byte {
+		{name: "header without end", code: errdefs.KindInvalidArgument, want: "truncated bundle", bundle: func(e *env) []byte {
 			return []byte("# v2 git bundle\n" + e.main + " HEAD\n")
 		}},
-		{name: "v3 with filter", code: codes.InvalidArgument, want: "@filter", bundle: func(e *env) []byte {
+		{name: "v3 with filter", code: errdefs.KindInvalidArgument, want: "@filter", bundle: func(e *env) []byte {
 			e.commitFile("a.txt", "one\n")
 			b := e.bundle("HEAD", "^main")
 			i := bytes.IndexByte(b, '\n')
 			return append([]byte("# v3 git bundle\n@object-format=sha1\n@filter=blob:none\n"), b[i+1:]...)
 		}},
-		{name: "v3 sha256", code: codes.InvalidArgument, want: "sha256", bundle: func(e *env) []byte {
+		{name: "v3 sha256", code: errdefs.KindInvalidArgument, want: "sha256", bundle: func(e *env) []byte {
 			e.commitFile("a.txt", "one\n")
 			b := e.bundle("HEAD", "^main")
 			i := bytes.IndexByte(b, '\n')
 			return append([]byte("# v3 git bundle\n@object-format=sha256\n"), b[i+1:]...)
 		}},
-		{name: "1 MiB header line", code: codes.InvalidArgument, want: "header line longer than", bundle: func(e *env) []byte {
+		{name: "1 MiB header line", code: errdefs.KindInvalidArgument, want: "header line longer than", bundle: func(e *env) []byte {
 			return []byte("# v2 git bundle\n" + e.main + " refs/heads/" + strings.Repeat("x", 1<<20) + "\n\n")
 		}},
-		{name: "oversized", reason: errdefs.BundleTooLarge, code: codes.ResourceExhausted, want: "over the limit", opts: []func(*Options){func(o *Options) { o.MaxBundleBytes = 4096 }}, bundle: func(e *env) []byte {
+		{name: "oversized", reason: errdefs.BundleTooLarge, code: errdefs.KindResourceExhausted, want: "over the limit", opts: []func(*Options){func(o *Options) { o.MaxBundleBytes = 4096 }}, bundle: func(e *env) []byte {
 			e.commitFile("big.txt", strings.Repeat("incompressible? no, but big enough ", 2000)+randomText(8192))
 			return e.bundle("HEAD", "^main")
 		}},
-		{name: "oversized announced", reason: errdefs.BundleTooLarge, code: codes.ResourceExhausted, want: "over the limit", size: 1 << 40, bundle: func(e *env) []byte {
+		{name: "oversized announced", reason: errdefs.BundleTooLarge, code: errdefs.KindResourceExhausted, want: "over the limit", size: 1 << 40, bundle: func(e *env) []byte {
 			e.commitFile("a.txt", "one\n")
 			return e.bundle("HEAD", "^main")
 		}},
-		{name: "ref names a tree", reason: errdefs.BundleRefNotCommit, code: codes.InvalidArgument, want: "not a commit", bundle: func(e *env) []byte {
+		{name: "ref names a tree", reason: errdefs.BundleRefNotCommit, code: errdefs.KindInvalidArgument, want: "not a commit", bundle: func(e *env) []byte {
 			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "t\n")}))
 			b := e.bundle("main")
 			i := bytes.Index(b, []byte("\n\n"))
@@ -193,57 +190,57 @@ func TestPushRefusals(t *testing.T) {
 			e.run(e.work, "update-ref", nil, "--", "refs/tags/tree", tree)
 			return e.bundle("refs/tags/tree")
 		}},
-		{name: "fsck .git", reason: errdefs.FsckFailed, code: codes.InvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".git")},
-		{name: "fsck .GIT", code: codes.InvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".GIT")},
-		{name: "fsck .git.", code: codes.InvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".git.")},
-		{name: "fsck ..", code: codes.InvalidArgument, want: "hasDotdot", bundle: withEntry("100644", "..")},
-		{name: "fsck zero-padded mode", code: codes.InvalidArgument, want: "zeroPaddedFilemode", bundle: withEntry("0100644", "f")},
-		{name: "fsck unsorted tree", code: codes.InvalidArgument, want: "treeNotSorted", bundle: badTree(func(e *env) []treeEntry {
+		{name: "fsck .git", reason: errdefs.FsckFailed, code: errdefs.KindInvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".git")},
+		{name: "fsck .GIT", code: errdefs.KindInvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".GIT")},
+		{name: "fsck .git.", code: errdefs.KindInvalidArgument, want: "hasDotgit", bundle: withEntry("100644", ".git.")},
+		{name: "fsck ..", code: errdefs.KindInvalidArgument, want: "hasDotdot", bundle: withEntry("100644", "..")},
+		{name: "fsck zero-padded mode", code: errdefs.KindInvalidArgument, want: "zeroPaddedFilemode", bundle: withEntry("0100644", "f")},
+		{name: "fsck unsorted tree", code: errdefs.KindInvalidArgument, want: "treeNotSorted", bundle: badTree(func(e *env) []treeEntry {
 			return []treeEntry{{"100644", "b", blob(e, "b\n")}, {"100644", "a", blob(e, "a\n")}}
 		})},
-		{name: "fsck bad author", code: codes.InvalidArgument, want: "badEmail", bundle: func(e *env) []byte {
+		{name: "fsck bad author", code: errdefs.KindInvalidArgument, want: "badEmail", bundle: func(e *env) []byte {
 			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "f\n")}))
 			c := e.rawCommit(tree, "Bad Author <bad@example.com 1700000000 +0000")
 			e.run(e.work, "update-ref", nil, "--", "refs/heads/bad", c)
 			return e.bundle("refs/heads/bad", "^main")
 		}},
-		{name: "fsck .gitmodules ../ name", code: codes.InvalidArgument, want: "gitmodulesName", bundle: gitmodules("[submodule \"../evil\"]\n\tpath = evil\n\turl = https://example.com/evil\n")},
-		{name: "fsck .gitmodules - url", code: codes.InvalidArgument, want: "gitmodulesUrl", bundle: gitmodules("[submodule \"x\"]\n\tpath = x\n\turl = --upload-pack=touch${IFS}/tmp/pwned\n")},
-		{name: "fsck .gitmodules symlink", code: codes.InvalidArgument, want: "gitmodulesSymlink", bundle: badTree(func(e *env) []treeEntry {
+		{name: "fsck .gitmodules ../ name", code: errdefs.KindInvalidArgument, want: "gitmodulesName", bundle: gitmodules("[submodule \"../evil\"]\n\tpath = evil\n\turl = https://example.com/evil\n")},
+		{name: "fsck .gitmodules - url", code: errdefs.KindInvalidArgument, want: "gitmodulesUrl", bundle: gitmodules("[submodule \"x\"]\n\tpath = x\n\turl = --upload-pack=touch${IFS}/tmp/pwned\n")},
+		{name: "fsck .gitmodules symlink", code: errdefs.KindInvalidArgument, want: "gitmodulesSymlink", bundle: badTree(func(e *env) []treeEntry {
 			return []treeEntry{{"120000", ".gitmodules", blob(e, "/etc/passwd")}}
 		})},
 		// No separate connectivity walk runs after index-pack: these show
 		// that index-pack --strict alone refuses a pack whose objects link
 		// to objects that are neither in it nor in the repository.
-		{name: "tree names a missing blob", code: codes.InvalidArgument, want: "did not receive expected object", bundle: func(e *env) []byte {
+		{name: "tree names a missing blob", code: errdefs.KindInvalidArgument, want: "did not receive expected object", bundle: func(e *env) []byte {
 			missing := e.run(e.work, "hash-object", []byte("never written\n"), "--stdin")
 			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", missing}))
 			c := e.rawCommit(tree, goodAuthor)
 			return e.handBundle(c, c, tree)
 		}},
-		{name: "commit names a missing tree", code: codes.InvalidArgument, want: "did not receive expected object", bundle: func(e *env) []byte {
+		{name: "commit names a missing tree", code: errdefs.KindInvalidArgument, want: "did not receive expected object", bundle: func(e *env) []byte {
 			c := e.rawCommit(strings.Repeat("2", 40), goodAuthor)
 			return e.handBundle(c, c)
 		}},
-		{name: "commit names a missing parent", code: codes.InvalidArgument, want: "did not receive expected object", bundle: func(e *env) []byte {
+		{name: "commit names a missing parent", code: errdefs.KindInvalidArgument, want: "did not receive expected object", bundle: func(e *env) []byte {
 			tree := e.rawObject("tree", rawTree(treeEntry{"100644", "f", blob(e, "p\n")}))
 			body := fmt.Sprintf("tree %s\nparent %s\nparent %s\nauthor %s\ncommitter %s\n\nx\n", tree, e.main, strings.Repeat("1", 40), goodAuthor, goodAuthor)
 			c := e.rawObject("commit", []byte(body))
 			return e.handBundle(c, c, tree, blob(e, "p\n"))
 		}},
-		{name: "ref names an object the bundle lacks", code: codes.InvalidArgument, want: "neither the bundle nor the repository holds", bundle: func(e *env) []byte {
+		{name: "ref names an object the bundle lacks", code: errdefs.KindInvalidArgument, want: "neither the bundle nor the repository holds", bundle: func(e *env) []byte {
 			c := e.commitFile("a.txt", "one\n")
 			tree := e.run(e.work, "rev-parse", nil, "--", "HEAD^{tree}")
 			return e.handBundle(strings.Repeat("3", 40), c, tree, e.run(e.work, "rev-parse", nil, "--", "HEAD:a.txt"))
 		}},
-		{name: "closed task", reason: errdefs.TaskClosed, code: codes.FailedPrecondition, want: "is closed", bundle: func(e *env) []byte {
+		{name: "closed task", reason: errdefs.TaskClosed, code: errdefs.KindFailedPrecondition, want: "is closed", bundle: func(e *env) []byte {
 			e.auth.mu.Lock()
 			e.auth.closed["t1"] = true
 			e.auth.mu.Unlock()
 			e.commitFile("a.txt", "one\n")
 			return e.bundle("HEAD", "^main")
 		}},
-		{name: "record refused", code: codes.FailedPrecondition, want: "closed while pushing", bundle: func(e *env) []byte {
+		{name: "record refused", code: errdefs.KindFailedPrecondition, want: "closed while pushing", bundle: func(e *env) []byte {
 			e.auth.mu.Lock()
 			e.auth.refuse = errdefs.FailedPrecondition(errdefs.TaskClosed, "task t1 closed while pushing")
 			e.auth.mu.Unlock()
@@ -261,16 +258,15 @@ func TestPushRefusals(t *testing.T) {
 			if err == nil {
 				t.Fatal("push accepted")
 			}
-			st := toStatus(err)
-			s, _ := status.FromError(st)
-			if s.Code() != tc.code || !strings.Contains(s.Message(), tc.want) {
-				t.Fatalf("refusal = %v %q, want %v containing %q", s.Code(), s.Message(), tc.code, tc.want)
+			back := errdefs.Of(err)
+			if back.Kind != tc.code || !strings.Contains(back.Message, tc.want) {
+				t.Fatalf("refusal = %v %q, want %v containing %q", back.Kind, back.Message, tc.code, tc.want)
 			}
-			if back := errdefs.FromGRPC(st); tc.reason != "" && back.Reason != tc.reason {
+			if tc.reason != "" && back.Reason != tc.reason {
 				t.Fatalf("reason %s, want %s", back.Reason, tc.reason)
 			}
-			if tc.reason == errdefs.FsckFailed && errdefs.FromGRPC(st).Metadata["fsck_id"] != "hasDotgit" {
-				t.Fatalf("fsck_id = %q", errdefs.FromGRPC(st).Metadata["fsck_id"])
+			if tc.reason == errdefs.FsckFailed && back.Metadata["fsck_id"] != "hasDotgit" {
+				t.Fatalf("fsck_id = %q", back.Metadata["fsck_id"])
 			}
 			if d := treesnap.Diff(before, e.snapshot()); d != "" {
 				t.Fatalf("store changed by a refused push:\n%s", d)

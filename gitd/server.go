@@ -19,8 +19,9 @@ import (
 )
 
 // server is the GitService on git.sock. The caller's grant, never the
-// request, decides business, project and task; every error leaves through
-// toStatus.
+// request, decides business, project and task; its methods return
+// errdefs errors as they are, and the server's interceptors
+// (internal/grpcerr) send them.
 type server struct {
 	gitv1.UnimplementedGitServiceServer
 	s *Service
@@ -68,7 +69,7 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	}
 	g, err := sv.authorize(ctx, authz.CapPushWorking)
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	rr := newRecvReader(stream, sv.s.o.IdleTimeout)
 	defer rr.stop()
@@ -76,28 +77,28 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	defer cancel()
 	first, err := rr.next()
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	hdr := first.GetHeader()
 	if hdr == nil {
-		return toStatus(errdefs.InvalidArgument(errdefs.PushProtocol, "the first message of a push must be its header"))
+		return errdefs.InvalidArgument(errdefs.PushProtocol, "the first message of a push must be its header")
 	}
 	if offered {
-		return toStatus(rr.why(sv.pushPassed(ctx, stream, g, rr, passed, offerErr)))
+		return rr.why(sv.pushPassed(ctx, stream, g, rr, passed, offerErr))
 	}
 	peer, _ := sock.PeerFromContext(ctx)
 	res, err := sv.s.Push(ctx, g, peer, hdr.GetSize(), rr)
 	if err != nil {
-		return toStatus(rr.why(err))
+		return rr.why(err)
 	}
-	return toStatus(stream.SendAndClose(&gitv1.PushWorkingResponse{Commit: res.Commit, Previous: res.Previous, Ref: res.Ref}))
+	return stream.SendAndClose(&gitv1.PushWorkingResponse{Commit: res.Commit, Previous: res.Previous, Ref: res.Ref})
 }
 
 func (sv *server) FetchMain(req *gitv1.FetchMainRequest, stream grpc.ServerStreamingServer[gitv1.FetchMainResponse]) error {
 	ctx := stream.Context()
 	g, err := sv.authorize(ctx, authz.CapPushWorking, authz.CapReviewVerdict)
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	still := sv.stillValid(ctx, g)
 	w := newChunkWriter(func(b []byte) error {
@@ -110,19 +111,19 @@ func (sv *server) FetchMain(req *gitv1.FetchMainRequest, stream grpc.ServerStrea
 		return stream.Send(&gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Commit{Commit: c}})
 	}
 	if err := sv.s.WriteMainBundle(ctx, g.Business, g.Project, req.GetHave(), begin, w); err != nil {
-		return toStatus(still.first(err))
+		return still.first(err)
 	}
-	return toStatus(still.first(w.Flush()))
+	return still.first(w.Flush())
 }
 
 func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerStreamingServer[gitv1.FetchReviewResponse]) error {
 	ctx := stream.Context()
 	g, err := sv.authorize(ctx, authz.CapReviewVerdict)
 	if err != nil {
-		return toStatus(err)
+		return err
 	}
 	if err := sv.s.notMarked(ctx, g); err != nil {
-		return toStatus(err)
+		return err
 	}
 	still := sv.stillValid(ctx, g)
 	w := newChunkWriter(func(b []byte) error {
@@ -135,45 +136,45 @@ func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerS
 		return stream.Send(&gitv1.FetchReviewResponse{Msg: &gitv1.FetchReviewResponse_Commit{Commit: c}})
 	}
 	if err := sv.s.WriteReviewBundle(ctx, g.Business, g.Project, g.Task, req.GetHave(), req.GetAlsoHave(), begin, w); err != nil {
-		return toStatus(still.first(err))
+		return still.first(err)
 	}
-	return toStatus(still.first(w.Flush()))
+	return still.first(w.Flush())
 }
 
 func (sv *server) AddProject(ctx context.Context, req *gitv1.AddProjectRequest) (*gitv1.AddProjectResponse, error) {
 	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
+		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
 	if _, err := sv.authorize(ctx); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	// A root refused leaves nothing, not even the placement.
 	if _, err := checkRoot(req.GetRoot()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	// The project is placed on this host before its repository is made, so
 	// a project another host owns gets no repository here; both steps are
 	// idempotent, so a retry after a failure in between completes it.
 	if err := sv.s.o.Authority.EnsureProject(ctx, req.GetBusiness(), req.GetProject()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	commit, created, err := sv.s.AddProject(ctx, req.GetBusiness(), req.GetProject(), req.GetRoot())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gitv1.AddProjectResponse{Commit: commit, Created: created}, nil
 }
 
 func (sv *server) SyncProject(ctx context.Context, req *gitv1.SyncProjectRequest) (*gitv1.SyncProjectResponse, error) {
 	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
+		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
 	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	commit, previous, err := sv.s.SyncProject(ctx, req.GetBusiness(), req.GetProject())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gitv1.SyncProjectResponse{Commit: commit, Previous: previous}, nil
 }
@@ -183,14 +184,14 @@ func (sv *server) RepairTask(ctx context.Context, req *gitv1.RepairTaskRequest) 
 		if err == nil {
 			err = errors.New("no task name")
 		}
-		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
+		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
 	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	res, err := sv.s.RepairTask(ctx, req.GetBusiness(), req.GetProject(), req.GetTask())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gitv1.RepairTaskResponse{Outcome: res.Outcome, Commit: res.Commit, RefCommit: res.RefCommit, Seq: res.Seq}, nil
 }
@@ -200,28 +201,28 @@ func (sv *server) ArchiveTask(ctx context.Context, req *gitv1.ArchiveTaskRequest
 		if err == nil {
 			err = errors.New("no task name")
 		}
-		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
+		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
 	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	res, err := sv.s.ArchiveTask(ctx, req.GetBusiness(), req.GetProject(), req.GetTask())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &gitv1.ArchiveTaskResponse{Removed: res.Removed, Bytes: res.Bytes}, nil
 }
 
 func (sv *server) OptimizeProject(ctx context.Context, req *gitv1.OptimizeProjectRequest) (*gitv1.OptimizeProjectResponse, error) {
 	if err := names.CheckScope(names.Scope{Business: req.GetBusiness(), Project: req.GetProject()}); err != nil {
-		return nil, toStatus(errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err))
+		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err).Wrap(err)
 	}
 	if err := sv.authorizeHost(ctx, req.GetBusiness(), req.GetProject()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	runs, err := sv.s.OptimizeProject(ctx, req.GetBusiness(), req.GetProject())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	res := &gitv1.OptimizeProjectResponse{}
 	for _, r := range runs {

@@ -20,6 +20,7 @@ import (
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/testenv"
 	"github.com/bushost/bushost/internal/treesnap"
 )
@@ -32,7 +33,7 @@ func serve(t *testing.T, e *env) gitv1.GitServiceClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcerr.UnaryServer), grpc.ChainStreamInterceptor(grpcerr.StreamServer))
 	gitv1.RegisterGitServiceServer(srv, NewServer(e.svc))
 	go srv.Serve(l)
 	t.Cleanup(srv.Stop)

@@ -10,6 +10,7 @@ import (
 
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/treesnap"
 )
 
@@ -33,7 +34,7 @@ func pushRPC(t *testing.T, h *Host, tokenFile string, bundle []byte) *errdefs.Er
 		bundle = bundle[n:]
 	}
 	_, err = stream.CloseAndRecv()
-	return errdefs.FromGRPC(err)
+	return grpcerr.FromStatus(err)
 }
 
 // beyondWorld is a task with one accepted push that each case builds on.
@@ -183,10 +184,10 @@ func TestBeyondGitRefusals(t *testing.T) {
 				t.Fatalf("accepted")
 			}
 			if string(e.Reason) != tc.want && !strings.Contains(e.Message, tc.want+":") {
-				t.Fatalf("refused with %s %q: %s; want %s", e.Code, e.Reason, e.Message, tc.want)
+				t.Fatalf("refused with %s %q: %s; want %s", e.Kind, e.Reason, e.Message, tc.want)
 			}
-			if e.Code.String() != "InvalidArgument" {
-				t.Fatalf("code %s, want InvalidArgument: %s", e.Code, e.Message)
+			if e.Kind.String() != "InvalidArgument" {
+				t.Fatalf("code %s, want InvalidArgument: %s", e.Kind, e.Message)
 			}
 			if d := treesnap.Diff(before, storeSnapshot(t, w.h)); d != "" {
 				t.Fatalf("store changed:\n%s", d)

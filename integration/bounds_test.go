@@ -19,11 +19,10 @@ import (
 	"sync"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/treesnap"
 
 	"github.com/bushost/bushost/internal/packidx"
@@ -271,8 +270,8 @@ func pushFile(t *testing.T, h *Host, tokenFile, path string) (*gitv1.PushWorking
 // limit in its metadata.
 func refusedWith(t *testing.T, err error, reason errdefs.Reason, limit int64) *errdefs.Error {
 	t.Helper()
-	e := errdefs.FromGRPC(err)
-	if err == nil || e.Code != codes.ResourceExhausted || e.Reason != reason || e.Metadata["limit"] != strconv.FormatInt(limit, 10) {
+	e := grpcerr.FromStatus(err)
+	if err == nil || e.Kind != errdefs.KindResourceExhausted || e.Reason != reason || e.Metadata["limit"] != strconv.FormatInt(limit, 10) {
 		t.Fatalf("got %v (%+v), want ResourceExhausted %s with limit %d", err, e, reason, limit)
 	}
 	return e
@@ -416,7 +415,7 @@ func TestBoundsHaveHugeObject(t *testing.T) {
 		}
 	}
 	before := runs()
-	if _, err := fetch(blobID); codeOf(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "not a commit") {
+	if _, err := fetch(blobID); codeOf(err) != errdefs.KindInvalidArgument || !strings.Contains(err.Error(), "not a commit") {
 		t.Fatalf("have naming the gigabyte blob: %v", err)
 	}
 	if n, err := fetch(main); err != nil || n > 64<<10 {
@@ -428,7 +427,7 @@ func TestBoundsHaveHugeObject(t *testing.T) {
 	checkMemory(t, h, runs())
 }
 
-func codeOf(err error) codes.Code { return errdefs.FromGRPC(err).Code }
+func codeOf(err error) errdefs.Kind { return grpcerr.FromStatus(err).Kind }
 
 func TestBoundsEventQuota(t *testing.T) {
 	h := startHostWith(t, hostOpts{Args: []string{"--event-rate", "3"}})

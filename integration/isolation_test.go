@@ -17,6 +17,7 @@ import (
 
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/treesnap"
 
 	"github.com/bushost/bushost/internal/packidx"
@@ -150,9 +151,9 @@ func sameRefusal(t *testing.T, what string, a, b *errdefs.Error) {
 		t.Fatalf("%s: accepted (%v / %v); want both refused", what, a, b)
 	}
 	ma, mb := hexID.ReplaceAllString(a.Message, "<id>"), hexID.ReplaceAllString(b.Message, "<id>")
-	t.Logf("%s: %v %s %q", what, a.Code, a.Reason, ma)
-	if a.Code != b.Code || a.Reason != b.Reason || ma != mb {
-		t.Fatalf("%s: the answer depends on another task's objects:\n  B's object: %v %s %q\n  no object:  %v %s %q", what, a.Code, a.Reason, ma, b.Code, b.Reason, mb)
+	t.Logf("%s: %v %s %q", what, a.Kind, a.Reason, ma)
+	if a.Kind != b.Kind || a.Reason != b.Reason || ma != mb {
+		t.Fatalf("%s: the answer depends on another task's objects:\n  B's object: %v %s %q\n  no object:  %v %s %q", what, a.Kind, a.Reason, ma, b.Kind, b.Reason, mb)
 	}
 }
 
@@ -231,7 +232,7 @@ func TestIsolationHaveOracle(t *testing.T) {
 		conn, ctx := dialHome(t, w.h.Home, "git.sock", strings.TrimSpace(readText(t, w.reviewer)))
 		st, err := gitv1.NewGitServiceClient(conn).FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have})
 		if err != nil {
-			return errdefs.FromGRPC(err)
+			return grpcerr.FromStatus(err)
 		}
 		var got bytes.Buffer
 		for {
@@ -240,7 +241,7 @@ func TestIsolationHaveOracle(t *testing.T) {
 				break
 			}
 			if err != nil {
-				return errdefs.FromGRPC(err)
+				return grpcerr.FromStatus(err)
 			}
 			got.Write(m.GetChunk())
 		}

@@ -25,6 +25,7 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/pgtest"
 	"github.com/bushost/bushost/internal/testenv"
 )
@@ -134,7 +135,7 @@ func TestHealthReflectionAndDrainGrace(t *testing.T) {
 	}
 	bconn, bctx := dialHome(t, h.Home, "broker.sock", adminTokenOf(t, h))
 	_, err = brokerv1.NewBrokerServiceClient(bconn).VerifyLog(bctx, &brokerv1.VerifyLogRequest{})
-	if e := errdefs.FromGRPC(err); status.Code(err) != codes.Unavailable || e.Reason != errdefs.ShuttingDown {
+	if e := grpcerr.FromStatus(err); status.Code(err) != codes.Unavailable || e.Reason != errdefs.ShuttingDown {
 		t.Fatalf("call during the drain grace: %v (reason %q), want Unavailable SHUTTING_DOWN", err, e.Reason)
 	}
 	if r, err := watch.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {

@@ -15,12 +15,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/testenv"
 )
 
@@ -366,9 +366,9 @@ func TestFairnessFollowStreamsPerGrant(t *testing.T) {
 			_, err = s.Recv()
 		}
 		cancel()
-		r := errdefs.FromGRPC(err)
+		r := grpcerr.FromStatus(err)
 		if r.Reason == errdefs.TooManyFollows || r.Reason == errdefs.TooManyCallsPerGrant {
-			if r.Code != codes.ResourceExhausted || r.Metadata["limit"] == "" {
+			if r.Kind != errdefs.KindResourceExhausted || r.Metadata["limit"] == "" {
 				t.Fatalf("refusal %+v: want ResourceExhausted with the limit", r)
 			}
 			break

@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitid"
 	"io"
 	"strings"
@@ -45,6 +46,11 @@ type Ref struct {
 type FormatError struct{ Msg string }
 
 func (e *FormatError) Error() string { return "malformed bundle: " + e.Msg }
+
+// Classify names the refusal: BUNDLE_INVALID.
+func (e *FormatError) Classify() *errdefs.Error {
+	return errdefs.InvalidArgument(errdefs.BundleInvalid, "%s", e.Error())
+}
 
 func formatErr(format string, a ...any) error {
 	return &FormatError{Msg: fmt.Sprintf(format, a...)}

@@ -87,14 +87,34 @@ func (e *FsckError) Error() string {
 	return fmt.Sprintf("fsck refused object %s: %s: %s", e.Object, e.ID, e.Detail)
 }
 
+// Classify names the refusal: FSCK_FAILED, git's message id in metadata
+// "fsck_id".
+func (e *FsckError) Classify() *errdefs.Error {
+	return errdefs.InvalidArgument(errdefs.FsckFailed, "%s", e.Error()).With("fsck_id", e.ID).With("object", e.Object)
+}
+
 // PackError is a pack that git could not read: truncated, corrupt, or
 // missing a base.
 type PackError struct{ Msg string }
 
 func (e *PackError) Error() string { return "bad pack: " + e.Msg }
 
-// ErrNoSpace is a disk that filled up while the pack was written.
-var ErrNoSpace = errors.New("no space left on device")
+// Classify names the refusal: PACK_INVALID.
+func (e *PackError) Classify() *errdefs.Error {
+	return errdefs.InvalidArgument(errdefs.PackInvalid, "%s", e.Error())
+}
+
+// ErrNoSpace is a disk that filled up while the pack was written
+// (DISK_FULL).
+var ErrNoSpace error = noSpace{}
+
+type noSpace struct{}
+
+func (noSpace) Error() string { return "no space left on device" }
+
+func (noSpace) Classify() *errdefs.Error {
+	return errdefs.ResourceExhausted(errdefs.DiskFull, "no space left on device")
+}
 
 // fsckLineRE is compiled on first use: the client imports this package and
 // should not pay for it at every start.

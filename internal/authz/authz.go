@@ -92,7 +92,8 @@ type Push struct {
 // Authority is what gitd asks of the broker. Its refusals are domain errors
 // (*errdefs.Error: TOKEN_UNKNOWN, TOKEN_EXPIRED, GRANT_REVOKED,
 // CAPABILITY_MISSING, TASK_CLOSED, ...), not gRPC statuses; the service
-// that asked maps them with errdefs.ToGRPC, like its own.
+// that asked returns them as they are, like its own (internal/grpcerr
+// sends them).
 type Authority interface {
 	// Authorize resolves token and requires that its grant hold at least one
 	// of caps. With no caps it requires the admin token.

@@ -26,7 +26,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -35,6 +34,7 @@ import (
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/textsafe"
 	"github.com/bushost/bushost/internal/version"
 )
@@ -304,8 +304,8 @@ func hasFlag(args []string, name string) bool {
 }
 
 // report prints err for cmd and returns the exit status. A usage error
-// gets a one-line hint; any other error is classified (errdefs.FromGRPC
-// for the bus host's, LOCAL_FAILED for the client's own) and printed as
+// gets a one-line hint; any other error is classified (the bus host's as
+// it sent it, LOCAL_FAILED for the client's own) and printed as
 // "bushost WORDS: message", or with --json as one JSON object.
 func (e *Env) report(cmd *cobra.Command, err error) int {
 	path := "bushost"
@@ -332,11 +332,11 @@ func (e *Env) report(cmd *cobra.Command, err error) int {
 	case x.Reason == errdefs.LocalFailed:
 		fmt.Fprintf(e.Stderr, "%s: %s\n", path, x.Message)
 	case x.Reason == "":
-		fmt.Fprintf(e.Stderr, "%s: %s: %s\n", path, x.Code, x.Message)
+		fmt.Fprintf(e.Stderr, "%s: %s: %s\n", path, x.Kind, x.Message)
 	default:
 		// "Code (REASON): message": the words for people, the reason
 		// for scripts (--json gives it as a field).
-		fmt.Fprintf(e.Stderr, "%s: %s (%s): %s\n", path, x.Code, x.Reason, x.Message)
+		fmt.Fprintf(e.Stderr, "%s: %s (%s): %s\n", path, x.Kind, x.Reason, x.Message)
 	}
 	return errdefs.ExitCode(x)
 }
@@ -350,19 +350,23 @@ func asUsage(err error, ue *usageError) bool {
 }
 
 // classify turns any error a command returned into an *errdefs.Error: the
-// bus host's status as it sent it, with the words a user needs added for an
-// unreachable daemon and an unknown token; the client's own failures as
-// LOCAL_FAILED.
+// bus host's as it sent it (the connection's interceptors decoded it),
+// with the words a user needs added for an unreachable daemon and an
+// unknown token; the client's own failures as LOCAL_FAILED.
 func (e *Env) classify(err error) *errdefs.Error {
-	if x, ok := errdefs.As(err); ok {
-		return x
+	x, ok := errdefs.As(err)
+	if !ok {
+		return errdefs.New(errdefs.KindUnknown, errdefs.LocalFailed, "%s", err.Error()).Wrap(err)
 	}
-	if _, isStatus := status.FromError(err); !isStatus {
-		return errdefs.New(codes.Unknown, errdefs.LocalFailed, "%s", err.Error()).Wrap(err)
+	if _, wire := status.FromError(x.Unwrap()); wire && x.Unwrap() != nil && error(x) != err {
+		// The bus host's answer, wrapped by the command ("fetch main:
+		// ..."): the message says where it came.
+		named := *x
+		named.Message = err.Error()
+		x = &named
 	}
-	x := errdefs.FromGRPC(err)
 	switch {
-	case x.Code == codes.Unavailable && x.Reason == "":
+	case x.Kind == errdefs.KindUnavailable && x.Reason == "":
 		// The transport failed: nothing answers on the socket.
 		who, start := serverOf(e.dialed, e.Home)
 		x = errdefs.Unavailable(errdefs.Unreachable,
@@ -435,10 +439,13 @@ func (e *Env) dial(ctx context.Context, socket string, opts ...grpc.DialOption) 
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := grpc.NewClient("unix://"+abs, append([]grpc.DialOption{
+	// grpcerr's interceptors come first: every call's error reaches the
+	// command as an *errdefs.Error, whatever the others return.
+	dopts := append(grpcerr.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4 << 20)),
-	}, append(e.timeouts(), opts...)...)...)
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20)))
+	dopts = append(append(dopts, e.timeouts()...), opts...)
+	conn, err := grpc.NewClient("unix://"+abs, dopts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect %s: %w", path, err)
 	}
@@ -494,7 +501,7 @@ func writeJSONError(w io.Writer, x *errdefs.Error) {
 		md["retry_after"] = x.RetryAfter.String()
 	}
 	b, err := json.Marshal(map[string]any{"error": map[string]any{
-		"code": x.Code.String(), "reason": string(x.Reason), "message": x.Message, "metadata": md,
+		"code": x.Kind.String(), "reason": string(x.Reason), "message": x.Message, "metadata": md,
 	}})
 	if err != nil {
 		b = []byte(`{"error":{"code":"Internal","reason":"INTERNAL","message":"cannot print the error as JSON","metadata":{}}}`)

@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 )
 
 func run(t *testing.T, env map[string]string, args ...string) (string, string, int) {
@@ -247,5 +250,24 @@ func TestCompletionValues(t *testing.T) {
 		if tc.not != "" && slices.Contains(lines, tc.not) {
 			t.Errorf("%v: offered %q again", tc.args, tc.not)
 		}
+	}
+}
+
+// classify reports the bus host's answer as it sent it, with what the
+// command wrapped around it; the client's own refusal keeps its message,
+// and any other failure of its own is LOCAL_FAILED.
+func TestClassify(t *testing.T) {
+	e := &Env{Home: t.TempDir(), Getenv: func(string) string { return "" }}
+	wire := grpcerr.FromStatus(grpcerr.ToStatus(errdefs.NotFound(errdefs.TaskNotFound, "no task t9").With("task", "t9")))
+	if x := e.classify(fmt.Errorf("fetch main: %w", wire)); x.Kind != errdefs.KindNotFound || x.Reason != errdefs.TaskNotFound ||
+		x.Message != "fetch main: no task t9" || x.Metadata["task"] != "t9" || wire.Message != "no task t9" {
+		t.Errorf("wrapped answer: %+v", x)
+	}
+	own := errdefs.FailedPrecondition(errdefs.NothingToPush, "HEAD is main")
+	if x := e.classify(fmt.Errorf("push: %w", own)); x != own {
+		t.Errorf("own refusal: %+v", x)
+	}
+	if x := e.classify(errors.New("disk full")); x.Reason != errdefs.LocalFailed || x.Message != "disk full" || errdefs.ExitCode(x) != errdefs.ExitRefused {
+		t.Errorf("local failure: %+v", x)
 	}
 }

@@ -46,7 +46,7 @@ func runTaskLand(fs *pflag.FlagSet) runFunc {
 		defer cancel()
 		res, err := c.LandTask(ctx, &gitv1.LandTaskRequest{Business: *business, Project: *project, Task: *task, Merge: *merge, Force: *force})
 		if err != nil {
-			if x := errdefs.FromGRPC(err); x.Reason == errdefs.MergeConflict {
+			if x, ok := errdefs.As(err); ok && x.Reason == errdefs.MergeConflict {
 				printConflicts(e, x.Metadata["paths"])
 			}
 			return err

@@ -84,7 +84,7 @@ func fdTaken(stream grpc.ClientStream, err error) bool {
 	if md, _ := stream.Header(); len(md.Get(sock.PushFDKey)) > 0 && md.Get(sock.PushFDKey)[0] == sock.FDAccepted {
 		return true
 	}
-	switch errdefs.FromGRPC(err).Reason {
+	switch errdefs.ReasonOf(err) {
 	case errdefs.PushFDDeclined, errdefs.BundleInvalid:
 		return false
 	}

@@ -22,8 +22,8 @@ import (
 // against base from repo the object's id and path (metadata "object" and
 // "path"); any other error, or one it cannot name, is returned as it was.
 func nameTooLarge(ctx context.Context, err error, repo, base, head string) error {
-	x := errdefs.FromGRPC(err)
-	if x == nil || x.Reason != errdefs.ObjectTooLarge || x.Metadata["type"] == "" {
+	x, ok := errdefs.As(err)
+	if !ok || x.Reason != errdefs.ObjectTooLarge || x.Metadata["type"] == "" {
 		return err
 	}
 	size, perr := strconv.ParseInt(x.Metadata["size"], 10, 64)

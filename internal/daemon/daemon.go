@@ -32,6 +32,7 @@ import (
 	"github.com/bushost/bushost/broker"
 	"github.com/bushost/bushost/gitd"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/safepath"
 	"github.com/bushost/bushost/internal/sock"
 )
@@ -432,8 +433,10 @@ func newServer(o Options, grants *grantLimiter, ob *observer, passFDs bool) (*gr
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
 		grpc.InTapHandle(adm.Tap),
-		grpc.ChainUnaryInterceptor(ob.unary, adm.Unary, grants.unary),
-		grpc.ChainStreamInterceptor(ob.stream, adm.Stream, grants.stream),
+		// grpcerr runs first: every error any handler or interceptor
+		// returns leaves as its status.
+		grpc.ChainUnaryInterceptor(grpcerr.UnaryServer, ob.unary, adm.Unary, grants.unary),
+		grpc.ChainStreamInterceptor(grpcerr.StreamServer, ob.stream, adm.Stream, grants.stream),
 	)
 	return srv, adm
 }

@@ -75,7 +75,7 @@ func (g *grantLimiter) unary(ctx context.Context, req any, _ *grpc.UnaryServerIn
 	}
 	release, err := g.acquire(g.calls, k, g.maxCalls, errdefs.TooManyCallsPerGrant, "calls in flight (--max-calls-per-grant)")
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	defer release()
 	return h(ctx, req)
@@ -92,7 +92,7 @@ func (g *grantLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 	if counted {
 		r, err := g.acquire(g.calls, k, g.maxCalls, errdefs.TooManyCallsPerGrant, "calls in flight (--max-calls-per-grant)")
 		if err != nil {
-			return errdefs.ToGRPC(err)
+			return err
 		}
 		release = append(release, r)
 	}
@@ -102,7 +102,7 @@ func (g *grantLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 	ls := &listStream{ServerStream: ss, g: g, key: k, counted: counted, release: &release}
 	err := h(srv, ls)
 	if ls.refused != nil {
-		return errdefs.ToGRPC(ls.refused)
+		return ls.refused
 	}
 	return err
 }
@@ -143,7 +143,7 @@ func (s *listStream) RecvMsg(m any) error {
 	r, err := s.g.acquire(s.g.follows, s.key, s.g.maxFollows, errdefs.TooManyFollows, "'events --follow' streams (--max-streams-per-grant)")
 	if err != nil {
 		s.refused = err
-		return errdefs.ToGRPC(err)
+		return err
 	}
 	*s.release = append(*s.release, r)
 	return nil

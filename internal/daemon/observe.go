@@ -22,17 +22,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/metrics"
 	"github.com/bushost/bushost/internal/sock"
 )
@@ -165,18 +164,19 @@ func (ob *observer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 }
 
 func shuttingDown() error {
-	return errdefs.ToGRPC(errdefs.Unavailable(errdefs.ShuttingDown, "bushostd is shutting down; retry when it is back"))
+	return errdefs.Unavailable(errdefs.ShuttingDown, "bushostd is shutting down; retry when it is back")
 }
 
 // done counts the call and writes its log line.
 func (ob *observer) done(ctx context.Context, method string, c *metrics.Call, start time.Time, err error) {
 	d := time.Since(start)
-	outcome, code := "OK", codes.OK
+	outcome, kind := "OK", errdefs.KindOK
+	var e *errdefs.Error
 	if err != nil {
-		e := errdefs.FromGRPC(err)
-		code, outcome = e.Code, string(e.Reason)
+		e = grpcerr.Of(err)
+		kind, outcome = e.Kind, string(e.Reason)
 		if outcome == "" {
-			outcome = e.Code.String()
+			outcome = e.Kind.String()
 		}
 	}
 	metrics.Calls.WithLabelValues(ob.socket, method, outcome).Inc()
@@ -192,11 +192,11 @@ func (ob *observer) done(ctx context.Context, method string, c *metrics.Call, st
 		}
 		metrics.Gate.WithLabelValues(decision).Inc()
 	}
-	if code == codes.ResourceExhausted {
+	if kind == errdefs.KindResourceExhausted {
 		metrics.LimitRefusals.WithLabelValues(ob.socket, outcome).Inc()
 	}
 	lvl := slog.LevelInfo
-	if code == codes.Internal || code == codes.Unknown || code == codes.DataLoss {
+	if kind == errdefs.KindInternal || kind == errdefs.KindUnknown || kind == errdefs.KindDataLoss {
 		lvl = slog.LevelError
 	}
 	if !ob.log.Enabled(ctx, lvl) {
@@ -212,15 +212,15 @@ func (ob *observer) done(ctx context.Context, method string, c *metrics.Call, st
 		slog.String("grant", grant),
 		slog.String("task", task),
 		slog.String("outcome", outcome),
-		slog.String("code", code.String()),
+		slog.String("code", kind.String()),
 		slog.Int64("bytes", c.Bytes.Load()),
 		slog.Duration("duration", d),
 	}
 	if n := c.Passed.Load(); n > 0 {
 		attrs = append(attrs, slog.Int64("passed", n))
 	}
-	if err != nil {
-		attrs = append(attrs, slog.String("error", status.Convert(err).Message()))
+	if e != nil {
+		attrs = append(attrs, slog.String("error", e.Message))
 	}
 	ob.log.LogAttrs(ctx, lvl, "call", attrs...)
 }

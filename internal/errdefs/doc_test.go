@@ -10,13 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"google.golang.org/grpc/codes"
 )
 
 // TestReasonsDocumented keeps reasons.go and docs/errors.md equal: every
 // Reason constant has a row, every row names a constant, and the row's exit
-// status is what ExitCode gives for its code and reason. reasons.go is read
+// status is what ExitCode gives for its kind and reason. reasons.go is read
 // with go/parser, so adding a reason is adding a const and a row.
 func TestReasonsDocumented(t *testing.T) {
 	fset := token.NewFileSet()
@@ -56,9 +54,9 @@ func TestReasonsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	codeByName := map[string]codes.Code{}
-	for c := codes.OK; c <= codes.Unauthenticated; c++ {
-		codeByName[c.String()] = c
+	kindByName := map[string]Kind{}
+	for k := KindOK; k <= KindUnauthenticated; k++ {
+		kindByName[k.String()] = k
 	}
 	row := regexp.MustCompile("^\\| `([A-Z0-9_]+)` \\| ([A-Za-z]+) \\| ([0-9]) \\|")
 	inDoc := map[string]bool{}
@@ -76,13 +74,13 @@ func TestReasonsDocumented(t *testing.T) {
 			t.Errorf("docs/errors.md lists %s, which internal/errdefs/reasons.go does not define", r)
 			continue
 		}
-		code, ok := codeByName[m[2]]
+		kind, ok := kindByName[m[2]]
 		if !ok {
-			t.Errorf("%s: %q is no gRPC code", r, m[2])
+			t.Errorf("%s: %q is no kind", r, m[2])
 			continue
 		}
-		if want := ExitCode(New(code, Reason(r), "x")); strconv.Itoa(want) != m[3] {
-			t.Errorf("docs/errors.md: %s with code %s says exit %s; the table in exit.go gives %d", r, m[2], m[3], want)
+		if want := ExitCode(New(kind, Reason(r), "x")); strconv.Itoa(want) != m[3] {
+			t.Errorf("docs/errors.md: %s with kind %s says exit %s; the table in exit.go gives %d", r, m[2], m[3], want)
 		}
 	}
 	for r := range inCode {

@@ -1,48 +1,100 @@
 // Package errdefs is bushost's one error vocabulary. A refusal or failure
-// is an *Error carrying a gRPC code and a stable UPPER_SNAKE reason (the
+// is an *Error carrying a Kind (the class of outcome: not found, refused
+// by a rule, a limit hit...) and a stable UPPER_SNAKE reason (the
 // constants in reasons.go, each listed in docs/errors.md), plus metadata a
-// client can act on (the limit, the size, the conflicting commit).
+// client can act on (the limit, the size, the conflicting commit) and, for
+// a retryable outcome, when to retry.
 //
-// The server builds its refusals here and turns them into a gRPC status in
-// one place, ToGRPC, which attaches a google.rpc.ErrorInfo detail (domain
-// bushost.dev). The client reads them back with FromGRPC and picks its exit
-// status with ExitCode; it branches on the reason, never on the message.
-// Nothing here decides a rule: it only names the outcome.
+// The package knows no transport: internal/grpcerr carries an *Error over
+// gRPC (its server interceptors send what a handler returns, its client
+// interceptors give the caller an *Error back), and ExitCode turns one into
+// the exit status of the command-line tools. A client branches on the
+// reason, never on the message. Nothing here decides a rule: it only names
+// the outcome.
 package errdefs
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
-
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/bushost/bushost/internal/safepath"
 )
 
-// Domain is the ErrorInfo domain of every bushost reason.
+// Domain is the domain of every bushost reason (gRPC's ErrorInfo carries
+// it beside the reason).
 const Domain = "bushost.dev"
 
 // Reason is a stable, machine-readable cause. Clients and scripts branch on
 // it; its words never change once released.
 type Reason string
 
-// Error is one refusal or failure: what the client sees as status code,
-// reason, message and metadata.
+// Kind is the class of an outcome. The kinds and their names are gRPC's
+// status codes (internal/grpcerr maps one to the other, a test keeps them
+// equal), so a Kind prints as the code a gRPC client sees.
+type Kind int
+
+// The kinds, in gRPC's order: KindOK to KindUnauthenticated.
+const (
+	KindOK Kind = iota
+	KindCanceled
+	KindUnknown
+	KindInvalidArgument
+	KindDeadlineExceeded
+	KindNotFound
+	KindAlreadyExists
+	KindPermissionDenied
+	KindResourceExhausted
+	KindFailedPrecondition
+	KindAborted
+	KindOutOfRange
+	KindUnimplemented
+	KindInternal
+	KindUnavailable
+	KindDataLoss
+	KindUnauthenticated
+)
+
+var kindNames = [...]string{
+	KindOK:                 "OK",
+	KindCanceled:           "Canceled",
+	KindUnknown:            "Unknown",
+	KindInvalidArgument:    "InvalidArgument",
+	KindDeadlineExceeded:   "DeadlineExceeded",
+	KindNotFound:           "NotFound",
+	KindAlreadyExists:      "AlreadyExists",
+	KindPermissionDenied:   "PermissionDenied",
+	KindResourceExhausted:  "ResourceExhausted",
+	KindFailedPrecondition: "FailedPrecondition",
+	KindAborted:            "Aborted",
+	KindOutOfRange:         "OutOfRange",
+	KindUnimplemented:      "Unimplemented",
+	KindInternal:           "Internal",
+	KindUnavailable:        "Unavailable",
+	KindDataLoss:           "DataLoss",
+	KindUnauthenticated:    "Unauthenticated",
+}
+
+func (k Kind) String() string {
+	if k >= 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Error is one refusal or failure: what the client sees as kind, reason,
+// message and metadata.
 type Error struct {
-	Code   codes.Code
+	Kind   Kind
 	Reason Reason
 	// Message names the cause in words a user can act on.
 	Message string
 	// Metadata holds the facts behind the refusal (limit, size, commit...).
 	Metadata map[string]string
-	// RetryAfter, when set, tells a client when a retry may succeed; it is
-	// sent as a google.rpc.RetryInfo detail and as metadata "retry_after".
+	// RetryAfter, when set, tells a client when a retry may succeed; over
+	// gRPC it is sent as a google.rpc.RetryInfo detail and as metadata
+	// "retry_after".
 	RetryAfter time.Duration
 	cause      error
 }
@@ -52,9 +104,9 @@ func (e *Error) Error() string { return e.Message }
 // Unwrap returns the cause given to Wrap, so errors.Is still finds it.
 func (e *Error) Unwrap() error { return e.cause }
 
-// New returns an Error with code, reason and a formatted message.
-func New(code codes.Code, reason Reason, format string, a ...any) *Error {
-	return &Error{Code: code, Reason: reason, Message: fmt.Sprintf(format, a...)}
+// New returns an Error with kind, reason and a formatted message.
+func New(kind Kind, reason Reason, format string, a ...any) *Error {
+	return &Error{Kind: kind, Reason: reason, Message: fmt.Sprintf(format, a...)}
 }
 
 // With adds one metadata entry and returns e, for chaining.
@@ -79,47 +131,63 @@ func (e *Error) Retry(after time.Duration) *Error {
 	return e
 }
 
-// Shorthands for the codes bushost uses.
+// Shorthands for the kinds bushost uses.
 
 func InvalidArgument(r Reason, format string, a ...any) *Error {
-	return New(codes.InvalidArgument, r, format, a...)
+	return New(KindInvalidArgument, r, format, a...)
 }
-func NotFound(r Reason, format string, a ...any) *Error { return New(codes.NotFound, r, format, a...) }
+func NotFound(r Reason, format string, a ...any) *Error { return New(KindNotFound, r, format, a...) }
 func FailedPrecondition(r Reason, format string, a ...any) *Error {
-	return New(codes.FailedPrecondition, r, format, a...)
+	return New(KindFailedPrecondition, r, format, a...)
 }
 func PermissionDenied(r Reason, format string, a ...any) *Error {
-	return New(codes.PermissionDenied, r, format, a...)
+	return New(KindPermissionDenied, r, format, a...)
 }
 func Unauthenticated(r Reason, format string, a ...any) *Error {
-	return New(codes.Unauthenticated, r, format, a...)
+	return New(KindUnauthenticated, r, format, a...)
 }
 func ResourceExhausted(r Reason, format string, a ...any) *Error {
-	return New(codes.ResourceExhausted, r, format, a...)
+	return New(KindResourceExhausted, r, format, a...)
 }
 func AlreadyExists(r Reason, format string, a ...any) *Error {
-	return New(codes.AlreadyExists, r, format, a...)
+	return New(KindAlreadyExists, r, format, a...)
 }
-func Aborted(r Reason, format string, a ...any) *Error { return New(codes.Aborted, r, format, a...) }
+func Aborted(r Reason, format string, a ...any) *Error { return New(KindAborted, r, format, a...) }
 func Unavailable(r Reason, format string, a ...any) *Error {
-	return New(codes.Unavailable, r, format, a...)
+	return New(KindUnavailable, r, format, a...)
 }
 func DeadlineExceeded(r Reason, format string, a ...any) *Error {
-	return New(codes.DeadlineExceeded, r, format, a...)
+	return New(KindDeadlineExceeded, r, format, a...)
 }
-func Internal(r Reason, format string, a ...any) *Error { return New(codes.Internal, r, format, a...) }
+func Internal(r Reason, format string, a ...any) *Error { return New(KindInternal, r, format, a...) }
 
-// As returns the *Error in err's chain, if any. A refusal of
-// internal/safepath (which knows no transport) becomes FailedPrecondition
-// with its reason and the path and owner as metadata.
+// Classifier is a typed error of a package that keeps its own error types
+// (so that callers can still errors.As them) and knows their kind and
+// reason: As gives it the *Error that Classify returns.
+type Classifier interface {
+	error
+	Classify() *Error
+}
+
+// As returns the *Error in err's chain, if any. A Classifier in the chain
+// becomes the *Error it names, with the whole chain's text as its message.
+// A refusal of internal/safepath (which may not import this package)
+// becomes FailedPrecondition with its reason and the path and owner as
+// metadata.
 func As(err error) (*Error, bool) {
 	var e *Error
 	if errors.As(err, &e) {
 		return e, true
 	}
+	var c Classifier
+	if errors.As(err, &c) {
+		e := c.Classify()
+		e.Message = err.Error()
+		return e.Wrap(err), true
+	}
 	var p *safepath.Error
 	if errors.As(err, &p) {
-		return New(codes.FailedPrecondition, Reason(p.Reason), "%s", err.Error()).
+		return New(KindFailedPrecondition, Reason(p.Reason), "%s", err.Error()).
 			With("path", p.Path).With("owner", p.Owner).With("mode", p.Mode.String()).Wrap(err), true
 	}
 	return nil, false
@@ -133,81 +201,27 @@ func ReasonOf(err error) Reason {
 	return ""
 }
 
-// ToGRPC is the one place where a server error becomes a gRPC status. An
-// *Error keeps its code, reason and metadata; a context error becomes
-// Canceled or DeadlineExceeded; an error that already is a status passes
-// through; a fault of the broker's store (storeFault: a database stopped,
-// restarting or unreachable, a session it cut) is Unavailable with reason
+// Of returns err as an *Error, as a client would be told it: the *Error in
+// its chain (As); a context error as Canceled or DeadlineExceeded; a
+// fault of the broker's store (storeFault: a database stopped, restarting
+// or unreachable, a session it cut) as Unavailable with reason
 // STORE_UNAVAILABLE and a retry hint, whichever call met it; anything else
-// is Internal with reason INTERNAL.
-func ToGRPC(err error) error {
-	if err == nil {
-		return nil
-	}
-	e, ok := As(err)
-	if !ok {
-		switch {
-		case errors.Is(err, context.Canceled):
-			e = New(codes.Canceled, Canceled, "%s", err.Error())
-		case errors.Is(err, context.DeadlineExceeded):
-			e = New(codes.DeadlineExceeded, DeadlineReached, "%s", err.Error())
-		default:
-			if s, isStatus := status.FromError(err); isStatus {
-				return s.Err()
-			}
-			if e = storeFault(err); e == nil {
-				e = New(codes.Internal, InternalError, "%s", err.Error())
-			}
-		}
-	}
-	st := status.New(e.Code, e.Message)
-	md := maps.Clone(e.Metadata)
-	if e.RetryAfter > 0 {
-		if md == nil {
-			md = map[string]string{}
-		}
-		md["retry_after"] = e.RetryAfter.String()
-	}
-	info := &errdetails.ErrorInfo{Domain: Domain, Reason: string(e.Reason), Metadata: md}
-	var withDetails *status.Status
-	var derr error
-	if e.RetryAfter > 0 {
-		withDetails, derr = st.WithDetails(info, &errdetails.RetryInfo{RetryDelay: durationpb.New(e.RetryAfter)})
-	} else {
-		withDetails, derr = st.WithDetails(info)
-	}
-	if derr != nil {
-		return st.Err()
-	}
-	return withDetails.Err()
-}
-
-// FromGRPC reads a status error back into an *Error: the code, the
-// message, and the reason and metadata of a bushost ErrorInfo detail. An
-// error that is no status (the connection failed before any call) comes
-// back as Unavailable with reason UNREACHABLE.
-func FromGRPC(err error) *Error {
+// as Internal with reason INTERNAL. Of(nil) is nil.
+func Of(err error) *Error {
 	if err == nil {
 		return nil
 	}
 	if e, ok := As(err); ok {
 		return e
 	}
-	st, ok := status.FromError(err)
-	if !ok {
-		return &Error{Code: codes.Unavailable, Reason: Unreachable, Message: err.Error(), cause: err}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return New(KindCanceled, Canceled, "%s", err.Error()).Wrap(err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return New(KindDeadlineExceeded, DeadlineReached, "%s", err.Error()).Wrap(err)
 	}
-	e := &Error{Code: st.Code(), Message: st.Message(), cause: err}
-	for _, d := range st.Details() {
-		switch d := d.(type) {
-		case *errdetails.ErrorInfo:
-			if d.GetDomain() == Domain {
-				e.Reason = Reason(d.GetReason())
-				e.Metadata = d.GetMetadata()
-			}
-		case *errdetails.RetryInfo:
-			e.RetryAfter = d.GetRetryDelay().AsDuration()
-		}
+	if e := storeFault(err); e != nil {
+		return e
 	}
-	return e
+	return New(KindInternal, InternalError, "%s", err.Error()).Wrap(err)
 }

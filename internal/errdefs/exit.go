@@ -1,7 +1,5 @@
 package errdefs
 
-import "google.golang.org/grpc/codes"
-
 // Exit statuses of the command-line tools, by class (docs/errors.md).
 const (
 	ExitOK          = 0
@@ -15,31 +13,31 @@ const (
 	ExitHostFailed  = 8 // the bus host failed
 )
 
-// exitByCode is the one table from a gRPC code to an exit status.
-var exitByCode = map[codes.Code]int{
-	codes.OK:                 ExitOK,
-	codes.FailedPrecondition: ExitRefused,
-	codes.Canceled:           ExitUnreachable,
-	codes.Unavailable:        ExitUnreachable,
-	codes.DeadlineExceeded:   ExitUnreachable,
-	codes.Unauthenticated:    ExitDenied,
-	codes.PermissionDenied:   ExitDenied,
-	codes.Aborted:            ExitConflict,
-	codes.AlreadyExists:      ExitConflict,
-	codes.InvalidArgument:    ExitInvalid,
-	codes.NotFound:           ExitInvalid,
-	codes.OutOfRange:         ExitInvalid,
-	codes.ResourceExhausted:  ExitLimit,
-	codes.Internal:           ExitHostFailed,
-	codes.Unknown:            ExitHostFailed,
-	codes.DataLoss:           ExitHostFailed,
-	codes.Unimplemented:      ExitHostFailed,
+// exitByKind is the one table from a kind to an exit status.
+var exitByKind = map[Kind]int{
+	KindOK:                 ExitOK,
+	KindFailedPrecondition: ExitRefused,
+	KindCanceled:           ExitUnreachable,
+	KindUnavailable:        ExitUnreachable,
+	KindDeadlineExceeded:   ExitUnreachable,
+	KindUnauthenticated:    ExitDenied,
+	KindPermissionDenied:   ExitDenied,
+	KindAborted:            ExitConflict,
+	KindAlreadyExists:      ExitConflict,
+	KindInvalidArgument:    ExitInvalid,
+	KindNotFound:           ExitInvalid,
+	KindOutOfRange:         ExitInvalid,
+	KindResourceExhausted:  ExitLimit,
+	KindInternal:           ExitHostFailed,
+	KindUnknown:            ExitHostFailed,
+	KindDataLoss:           ExitHostFailed,
+	KindUnimplemented:      ExitHostFailed,
 }
 
-// exitByReason overrides the code's class for the reasons that say a
-// conflict or a stale view although their code is FailedPrecondition, and
+// exitByReason overrides the kind's class for the reasons that say a
+// conflict or a stale view although their kind is FailedPrecondition, and
 // for the client's own outcomes (a malformed command line; a local step
-// that failed), which no server code describes.
+// that failed), which no server's kind describes.
 var exitByReason = map[Reason]int{
 	NonFastForward:     ExitConflict,
 	ReviewStale:        ExitConflict,
@@ -50,17 +48,17 @@ var exitByReason = map[Reason]int{
 }
 
 // ExitCode returns the exit status for err: 0 for nil, else by reason where
-// the table says so, else by code (an error that is no status counts as an
-// unreachable bus host).
+// the table says so, else by kind; an error that is no *Error counts as
+// what Of makes of it.
 func ExitCode(err error) int {
 	if err == nil {
 		return ExitOK
 	}
-	e := FromGRPC(err)
+	e := Of(err)
 	if x, ok := exitByReason[e.Reason]; ok {
 		return x
 	}
-	if x, ok := exitByCode[e.Code]; ok {
+	if x, ok := exitByKind[e.Kind]; ok {
 		return x
 	}
 	return ExitHostFailed

@@ -7,8 +7,6 @@ import (
 	"net"
 	"syscall"
 	"testing"
-
-	"google.golang.org/grpc/codes"
 )
 
 // sqlStateError is an error as a PostgreSQL driver reports the server's.
@@ -48,15 +46,15 @@ func TestStoreFaultsAreUnavailable(t *testing.T) {
 		{"plain", errors.New("something broke"), false, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e := FromGRPC(ToGRPC(c.err))
+			e := Of(c.err)
 			if !c.fault {
-				if e.Code != codes.Internal || e.Reason != InternalError {
-					t.Fatalf("%v: %v %s, want Internal", c.err, e.Code, e.Reason)
+				if e.Kind != KindInternal || e.Reason != InternalError {
+					t.Fatalf("%v: %v %s, want Internal", c.err, e.Kind, e.Reason)
 				}
 				return
 			}
-			if e.Code != codes.Unavailable || e.Reason != StoreUnavailable || e.RetryAfter <= 0 || ExitCode(ToGRPC(c.err)) != ExitUnreachable {
-				t.Fatalf("%v: %v %s retry %v, want Unavailable STORE_UNAVAILABLE with a retry hint", c.err, e.Code, e.Reason, e.RetryAfter)
+			if e.Kind != KindUnavailable || e.Reason != StoreUnavailable || e.RetryAfter <= 0 || ExitCode(c.err) != ExitUnreachable {
+				t.Fatalf("%v: %v %s retry %v, want Unavailable STORE_UNAVAILABLE with a retry hint", c.err, e.Kind, e.Reason, e.RetryAfter)
 			}
 			if e.Metadata["sqlstate"] != c.state {
 				t.Fatalf("sqlstate %q, want %q", e.Metadata["sqlstate"], c.state)

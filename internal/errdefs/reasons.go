@@ -5,14 +5,14 @@ package errdefs
 // user should do; a test keeps the two lists equal. Add a reason here and a
 // row there together.
 const (
-	// Generic outcomes ToGRPC and FromGRPC fill in.
+	// Generic outcomes Of and internal/grpcerr fill in.
 	InternalError   Reason = "INTERNAL"
 	Canceled        Reason = "CANCELED"
 	DeadlineReached Reason = "DEADLINE_EXCEEDED"
 	Unreachable     Reason = "UNREACHABLE"
 	ShuttingDown    Reason = "SHUTTING_DOWN"
 	// The broker's database is stopped, restarting, unreachable, or cut
-	// the call's session (ToGRPC, fault.go).
+	// the call's session (Of, fault.go).
 	StoreUnavailable Reason = "STORE_UNAVAILABLE"
 
 	// The client's own outcomes, decided before or without a call.

@@ -41,6 +41,7 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/safepath"
 	"github.com/bushost/bushost/internal/sandbox"
@@ -146,7 +147,8 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the host's admin token (--bus-home %s): %w", o.BusHome, err)
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(o.BusHome, "broker.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(o.BusHome, "broker.sock"),
+		append(grpcerr.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +194,7 @@ func (s *Server) caller(ctx context.Context) (authz.Grant, error) {
 	}
 	w, err := s.bc.Whoami(withToken(ctx, tok), &brokerv1.WhoamiRequest{})
 	if err != nil {
-		return authz.Grant{}, errdefs.FromGRPC(err)
+		return authz.Grant{}, err
 	}
 	lb := w.GetLaunchBounds()
 	g := authz.Grant{ID: w.GrantId, Business: w.Business, Project: w.Project, Task: w.Task, Role: w.Role, Caps: w.Capabilities,
@@ -242,7 +244,7 @@ func randomID() string {
 func (s *Server) Launch(ctx context.Context, r *launchv1.LaunchRequest) (*launchv1.LaunchResponse, error) {
 	rec, err := s.launch(ctx, r)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &launchv1.LaunchResponse{Session: sessionProto(rec)}, nil
 }
@@ -462,7 +464,7 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws *safepath
 	}
 	ig, err := s.bc.CreateGrant(withToken(ctx, s.admin), cg)
 	if err != nil {
-		return "", errdefs.FromGRPC(err)
+		return "", err
 	}
 	if err := os.Mkdir(l.dir, 0o711); err != nil {
 		return ig.GrantId, err
@@ -662,7 +664,7 @@ func (s *Server) revoke(l *live) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		_, err := s.bc.RevokeGrant(withToken(ctx, s.admin), &brokerv1.RevokeGrantRequest{GrantId: rec.GrantID})
 		cancel()
-		if err == nil || errdefs.ReasonOf(errdefs.FromGRPC(err)) == errdefs.GrantNotFound {
+		if err == nil || errdefs.ReasonOf(err) == errdefs.GrantNotFound {
 			l.mu.Lock()
 			l.rec.Revoked = true
 			if err := l.rec.save(l.dir); err != nil {
@@ -922,7 +924,7 @@ func clip(s string) string {
 func (s *Server) List(ctx context.Context, _ *launchv1.ListRequest) (*launchv1.ListResponse, error) {
 	g, err := s.caller(ctx)
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	s.mu.Lock()
 	var recs []record
@@ -948,12 +950,12 @@ func (s *Server) List(ctx context.Context, _ *launchv1.ListRequest) (*launchv1.L
 func (s *Server) Wait(ctx context.Context, r *launchv1.WaitRequest) (*launchv1.WaitResponse, error) {
 	l, err := s.find(ctx, r.GetId())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	select {
 	case <-l.done:
 	case <-ctx.Done():
-		return nil, errdefs.ToGRPC(errdefs.Unavailable(errdefs.NoAnswer, "session %s still runs: %v", r.GetId(), ctx.Err()))
+		return nil, errdefs.Unavailable(errdefs.NoAnswer, "session %s still runs: %v", r.GetId(), ctx.Err())
 	}
 	return &launchv1.WaitResponse{Session: sessionProto(l.snapshot())}, nil
 }
@@ -964,7 +966,7 @@ func (s *Server) Wait(ctx context.Context, r *launchv1.WaitRequest) (*launchv1.W
 func (s *Server) Stop(ctx context.Context, r *launchv1.StopRequest) (*launchv1.StopResponse, error) {
 	l, err := s.find(ctx, r.GetId())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	rec := l.snapshot()
 	if fd, ok := openIfSame(rec.BwrapPID, rec.BwrapStart); ok && !alive(rec.PID, rec.StartTime) {
@@ -989,7 +991,7 @@ func (s *Server) Stop(ctx context.Context, r *launchv1.StopRequest) (*launchv1.S
 	select {
 	case <-l.done:
 	case <-ctx.Done():
-		return nil, errdefs.ToGRPC(errdefs.Unavailable(errdefs.NoAnswer, "session %s did not end yet: %v", r.GetId(), ctx.Err()))
+		return nil, errdefs.Unavailable(errdefs.NoAnswer, "session %s did not end yet: %v", r.GetId(), ctx.Err())
 	}
 	return &launchv1.StopResponse{Session: sessionProto(l.snapshot())}, nil
 }
@@ -1003,7 +1005,7 @@ const logChunk = 32 << 10
 func (s *Server) Logs(ctx context.Context, r *launchv1.LogsRequest) (*launchv1.LogsResponse, error) {
 	l, err := s.find(ctx, r.GetId())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	// Whether it had ended is learned before reading, so that an answer
 	// saying ended holds everything the session wrote.
@@ -1015,11 +1017,11 @@ func (s *Server) Logs(ctx context.Context, r *launchv1.LogsRequest) (*launchv1.L
 	}
 	out, t1, n1, err := tail(filepath.Join(l.dir, stdoutName), s.o.LogBytes, logChunk, r.GetFromOffsets(), r.GetStdoutOffset())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	errb, t2, n2, err := tail(filepath.Join(l.dir, stderrName), s.o.LogBytes, logChunk, r.GetFromOffsets(), r.GetStderrOffset())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &launchv1.LogsResponse{Stdout: out, Stderr: errb, Truncated: t1 || t2, StdoutNext: n1, StderrNext: n2, Ended: ended && !t1 && !t2}, nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -111,7 +112,9 @@ func newServer(l SockLimits, adminToken string) (*grpc.Server, *sock.Admission) 
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.IdleTimeout, Time: l.IdleTimeout, Timeout: l.RequestTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
 		grpc.InTapHandle(adm.Tap),
-		grpc.ChainUnaryInterceptor(adm.Unary, grants.unary),
+		// grpcerr runs first: every error a handler or interceptor
+		// returns leaves as its status (the LaunchService has no stream).
+		grpc.ChainUnaryInterceptor(grpcerr.UnaryServer, adm.Unary, grants.unary),
 	)
 	return srv, adm
 }
@@ -136,8 +139,8 @@ func (g *grantCalls) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo
 	if g.n[k] >= g.max {
 		n := g.n[k]
 		g.mu.Unlock()
-		return nil, errdefs.ToGRPC(errdefs.ResourceExhausted(errdefs.TooManyCallsPerGrant, "this grant already has %d calls in flight on launch.sock (limit %d, sandbox serve --max-calls-per-grant); end some and retry", n, g.max).
-			With("limit", g.max).Retry(time.Second))
+		return nil, errdefs.ResourceExhausted(errdefs.TooManyCallsPerGrant, "this grant already has %d calls in flight on launch.sock (limit %d, sandbox serve --max-calls-per-grant); end some and retry", n, g.max).
+			With("limit", g.max).Retry(time.Second)
 	}
 	g.n[k]++
 	g.mu.Unlock()

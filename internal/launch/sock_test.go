@@ -37,7 +37,7 @@ func TestGrantCalls(t *testing.T) {
 	<-entered
 	<-entered
 	quick := func(context.Context, any) (any, error) { return nil, nil }
-	if _, err := g.unary(with("lead"), nil, &grpc.UnaryServerInfo{}, quick); errdefs.ReasonOf(errdefs.FromGRPC(err)) != errdefs.TooManyCallsPerGrant {
+	if _, err := g.unary(with("lead"), nil, &grpc.UnaryServerInfo{}, quick); errdefs.ReasonOf(err) != errdefs.TooManyCallsPerGrant {
 		t.Fatalf("a third call of the grant: %v, want TOO_MANY_CALLS_PER_GRANT", err)
 	}
 	for _, tok := range []string{"other", "admin"} {

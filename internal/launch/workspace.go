@@ -84,19 +84,19 @@ func (s *Server) sweep() {
 func (s *Server) Remove(ctx context.Context, r *launchv1.RemoveRequest) (*launchv1.RemoveResponse, error) {
 	l, err := s.find(ctx, r.GetId())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	select {
 	case <-l.done:
 	default:
-		return nil, errdefs.ToGRPC(errdefs.FailedPrecondition(errdefs.SessionRunning, "session %s has not ended (or its end is not recorded yet): session stop %s first", r.GetId(), r.GetId()))
+		return nil, errdefs.FailedPrecondition(errdefs.SessionRunning, "session %s has not ended (or its end is not recorded yet): session stop %s first", r.GetId(), r.GetId())
 	}
 	rec := l.snapshot()
 	if err := s.removeWorkspace(l); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	if err := removeSessionDir(l.dir); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	s.mu.Lock()
 	delete(s.sessions, rec.ID)

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 )
 
 // AdmitLimits bound one socket. Connections are counted at accept, calls
@@ -249,9 +250,10 @@ const (
 var lingering = make(chan struct{}, maxLingering)
 
 // grpcRefusal is the header block of a trailers-only gRPC response
-// carrying e as its status, as errdefs.ToGRPC would send it.
+// carrying e as its status, as a handler's error is sent: no handler runs
+// here, so this is one of the few places that call grpcerr itself.
 func grpcRefusal(e *errdefs.Error) []byte {
-	st := status.Convert(errdefs.ToGRPC(e))
+	st := status.Convert(grpcerr.ToStatus(e))
 	var b bytes.Buffer
 	enc := hpack.NewEncoder(&b)
 	fields := [][2]string{
@@ -319,16 +321,17 @@ type guardKey struct{}
 // Tap is a grpc.InTapHandle: it admits a stream when its headers arrive,
 // before any of its messages is read, or refuses it with
 // ResourceExhausted. The slot is freed when the stream ends, whatever
-// ends it.
+// ends it. A refusal here comes before any interceptor, so it is a status
+// already (grpcerr.ToStatus).
 func (a *Admission) Tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
 	ai, ok := authInfo(ctx)
 	if !ok {
-		return ctx, errdefs.ToGRPC(errdefs.PermissionDenied(errdefs.InternalError, "no peer credentials on this connection"))
+		return ctx, grpcerr.ToStatus(errdefs.PermissionDenied(errdefs.InternalError, "no peer credentials on this connection"))
 	}
 	uid := uint32(ai.Peer.UID)
 	if err := a.admitCall(uid); err != nil {
 		a.refused(errdefs.ReasonOf(err))
-		return ctx, errdefs.ToGRPC(err)
+		return ctx, grpcerr.ToStatus(err)
 	}
 	cctx, cancel := context.WithCancelCause(ctx)
 	ctx = cutCtx{cctx}
@@ -399,14 +402,14 @@ func (a *Admission) Stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerIn
 }
 
 // why turns the cut of a guarded stream (a timer of its guard, or Cut)
-// into the cause's status; any other error passes unchanged.
+// into the cause (an *errdefs.Error); any other error passes unchanged.
 func (a *Admission) why(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
 	if e, ok := context.Cause(ctx).(*errdefs.Error); ok {
 		a.refused(e.Reason)
-		return errdefs.ToGRPC(e)
+		return e
 	}
 	return err
 }

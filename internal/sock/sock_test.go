@@ -21,6 +21,7 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/testenv"
 )
 
@@ -106,7 +107,7 @@ func serveWith(t *testing.T, lim AdmitLimits) *server {
 		}
 		return h(ctx, req)
 	}
-	s.srv = grpc.NewServer(grpc.Creds(PeerCred{}), grpc.InTapHandle(s.adm.Tap), grpc.ChainUnaryInterceptor(s.adm.Unary, record), grpc.StreamInterceptor(s.adm.Stream))
+	s.srv = grpc.NewServer(grpc.Creds(PeerCred{}), grpc.InTapHandle(s.adm.Tap), grpc.ChainUnaryInterceptor(grpcerr.UnaryServer, s.adm.Unary, record), grpc.ChainStreamInterceptor(grpcerr.StreamServer, s.adm.Stream))
 	healthpb.RegisterHealthServer(s.srv, health.NewServer())
 	go s.srv.Serve(s.adm.Listener(l))
 	t.Cleanup(s.srv.Stop)
@@ -187,7 +188,7 @@ func TestConnectionLimit(t *testing.T) {
 	// The refused connection's call gets the refusal as its status: the
 	// reason, the limit and when to retry, not "the connection is
 	// draining".
-	if e := errdefs.FromGRPC(err); e.Code != codes.ResourceExhausted || e.Reason != errdefs.TooManyConns || e.Metadata["limit"] != "1" || e.RetryAfter != time.Second {
+	if e := grpcerr.FromStatus(err); e.Kind != errdefs.KindResourceExhausted || e.Reason != errdefs.TooManyConns || e.Metadata["limit"] != "1" || e.RetryAfter != time.Second {
 		t.Fatalf("call past the connection limit: %v (%+v), want TOO_MANY_CONNECTIONS limit 1", err, e)
 	}
 	waitFor(t, func() bool { return len(lingering) == 0 }, "the refused connection still lingers")
@@ -226,8 +227,8 @@ func TestReservedRoomForOwnUID(t *testing.T) {
 				t.Fatalf("second call of the own uid: %v", err)
 			}
 			if !c.ok {
-				e := errdefs.FromGRPC(err)
-				if e.Code != codes.ResourceExhausted || e.Reason != errdefs.TooManyCalls || e.Metadata["limit"] != "1" {
+				e := grpcerr.FromStatus(err)
+				if e.Kind != errdefs.KindResourceExhausted || e.Reason != errdefs.TooManyCalls || e.Metadata["limit"] != "1" {
 					t.Fatalf("second call of another uid: %v (%+v), want TOO_MANY_CALLS limit 1", err, e)
 				}
 			}
