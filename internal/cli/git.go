@@ -436,9 +436,10 @@ func baseOf(ctx context.Context, g *gitcmd.Runner, dir string) string {
 		return ""
 	}
 	out, _ := g.Output(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--absolute-git-dir", "--is-inside-work-tree", "--show-prefix", "--verify", "--quiet"},
-		Args: []string{gitBaseRef + "^{commit}"}}, 4*gitcmd.MaxLine)
+		Args: []string{gitBaseRef}}, 4*gitcmd.MaxLine)
 	// The git directory, whether dir is in a work tree, dir's path below
-	// its top, the commit.
+	// its top, the id the ref names (which the repository may lack: the
+	// bus host then sends nothing, and the fetch says to remove the ref).
 	f := strings.Split(string(out), "\n")
 	if len(f) < 4 || !gitid.Valid(f[3]) {
 		return ""
