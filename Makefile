@@ -14,8 +14,7 @@ CMDS := bushostd bushost sandbox supervisor
 
 # grpcnotrace leaves golang.org/x/net/trace (and html/template with it) out
 # of the binaries: nothing here uses gRPC's request tracing, and every
-# `bushost` call would pay for its package initialisation (about 2 ms of
-# the client's start on the 2-core VM; docs/git-service.md). netgo keeps
+# `bushost` call would pay for its package initialisation. netgo keeps
 # the binaries static: with Go's own resolver (which reads /etc/hosts and
 # /etc/resolv.conf, as nsswitch's files and dns do) `net` links no C
 # library, and no start loads one: the sandbox starts twice per session,
@@ -78,7 +77,7 @@ container: deps-container build
 
 # What each use needs (scripts/deps.sh): running is git and bubblewrap;
 # the container adds podman, runc and debootstrap; the tests add those and
-# PostgreSQL, curl, python3, podman-compose, systemd-analyze.
+# PostgreSQL, curl, python3, podman-compose, systemd-analyze, nodejs, npm.
 deps:
 	scripts/deps.sh test
 
@@ -106,8 +105,11 @@ test: deps
 	else echo "PostgreSQL for tests: $$dsn"; fi; \
 	BUSHOST_TEST_PG_DSN="$$dsn" GO=$(GO) scripts/test.sh -timeout 90m
 
+# Every benchmark once; each prints its figures as metrics named as
+# docs/performance.md's tables name them. BenchmarkPushGrowth at full size
+# alone takes about an hour on a loaded 2-core VM.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./...
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 3h ./...
 
 soak:
 	BUSHOST_SOAK=1 $(GO) test -race -run 'Crash|Soak|AgainstGit' -timeout 120m ./integration/

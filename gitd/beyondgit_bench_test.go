@@ -119,6 +119,9 @@ func BenchmarkBeyondGitWalk(b *testing.B) {
 	walk := b.Elapsed() / time.Duration(b.N)
 	line := fmt.Sprintf("beyond-git walk of the incremental push's pack: %.3f ms (opening the pack, which the push does anyway: %.3f ms); index-pack of it here %.1f ms",
 		float64(walk.Microseconds())/1000, float64((opening/time.Duration(b.N)).Microseconds())/1000, float64(indexPack.Microseconds())/1000)
+	b.ReportMetric(float64(walk.Microseconds())/1000, "ms-walk")
+	b.ReportMetric(float64((opening/time.Duration(b.N)).Microseconds())/1000, "ms-open-pack")
+	b.ReportMetric(float64(indexPack.Microseconds())/1000, "ms-index-pack")
 	fmt.Println(line)
 	b.Log(line)
 }

@@ -83,6 +83,8 @@ func BenchmarkPushVsGitPush(b *testing.B) {
 		}
 		ratio := medianFloat(ratios)
 		b.ReportMetric(ratio, "x-git-push")
+		b.ReportMetric(ms(median(oursD)), "ms-bushost")
+		b.ReportMetric(ms(median(gitD)), "ms-git-push")
 		verdict := verdictOf(ratio, target)
 		line := fmt.Sprintf("push vs git push: bushost push-working --repo %.1f ms, git push (receive.fsckObjects) %.1f ms, ratio %.2f (target %.2f) %s [median of %d interleaved pairs; ratios %s]",
 			ms(median(oursD)), ms(median(gitD)), ratio, target, verdict, pairs, fmtRatios(ratios))
@@ -171,7 +173,10 @@ func BenchmarkPushConcurrent(b *testing.B) {
 		}
 		ratio := float64(conW) / float64(seqW)
 		b.ReportMetric(ratio, "x-sequential")
+		b.ReportMetric(ms(conW), "ms-all-at-once")
+		b.ReportMetric(ms(seqW), "ms-one-after-another")
 		b.ReportMetric(ms(seqC)/pushes, "daemon-cpu-ms/push")
+		b.ReportMetric(ms(conC)/pushes, "daemon-cpu-ms/push-all-at-once")
 		verdict := verdictOf(ratio, target)
 		line := fmt.Sprintf("%d concurrent pushes to %d tasks of one project: all at once %.0f ms, one after another %.0f ms, ratio %.2f (target %.2f) %s; bushostd+children CPU per push %.1f ms one after another, %.1f ms all at once",
 			pushes, pushes, ms(conW), ms(seqW), ratio, target, verdict, ms(seqC)/pushes, ms(conC)/pushes)

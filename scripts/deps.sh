@@ -23,8 +23,9 @@ container_pkgs=(podman runc debootstrap)
 # run inside sessions by the --net=proxy tests, and python3 serves the
 # installed supervisor example; podman-compose translates
 # deploy/container/compose.yaml in its test; the tests run su and mount
-# (util-linux).
-test_pkgs=(gcc postgresql systemd curl python3 podman-compose util-linux)
+# (util-linux); nodejs and npm run the official TypeScript MCP client
+# against bushost mcp (integration/mcp_ts_test.go).
+test_pkgs=(gcc postgresql systemd curl python3 podman-compose util-linux nodejs npm)
 
 list=false
 if [ "${1:-}" = "--list" ]; then
