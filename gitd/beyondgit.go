@@ -19,6 +19,7 @@ import (
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/gitid"
 )
 
 // The beyond-git walk (issue 13). index-pack --strict in git 2.39 refuses
@@ -510,10 +511,19 @@ func commitLinks(obj plumbing.EncodedObject) (tree plumbing.Hash, parents []plum
 				return tree, nil, fmt.Errorf("commit %s has no tree", obj.Hash())
 			}
 			return tree, parents, nil
-		case string(key) == "tree" && plumbing.IsHash(string(val)):
-			tree, sawTree = plumbing.NewHash(string(val)), true
-		case string(key) == "parent" && plumbing.IsHash(string(val)):
-			parents = append(parents, plumbing.NewHash(string(val)))
+		case string(key) == "tree" || string(key) == "parent":
+			// git reads hex of either case here; the bus host takes no
+			// id but a canonical one (gitid).
+			if _, err := gitid.ParseObjectID(string(val)); err != nil {
+				return tree, nil, errdefs.InvalidArgument(errdefs.ObjectIDInvalid,
+					"commit %s names its %s by %v; git writes no such commit: make it again with git commit", obj.Hash(), key, err).
+					With("object", obj.Hash().String())
+			}
+			if string(key) == "tree" {
+				tree, sawTree = plumbing.NewHash(string(val)), true
+			} else {
+				parents = append(parents, plumbing.NewHash(string(val)))
+			}
 		}
 	}
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/bushost/bushost/internal/errdefs"
 
-	"github.com/bushost/bushost/internal/packidx"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // chainBundle is a bundle (on main) of one commit whose tree names a
@@ -24,7 +24,7 @@ func chainBundle(main string, links int) []byte {
 	pack.WriteString("PACK")
 	binary.Write(&pack, binary.BigEndian, uint32(2))
 	binary.Write(&pack, binary.BigEndian, uint32(links+3))
-	header := func(typ, size int) { pack.Write(packidx.AppendEntryHeader(nil, typ, uint64(size))) }
+	header := func(typ, size int) { pack.Write(gitobj.AppendEntryHeader(nil, typ, uint64(size))) }
 	deflate := func(p []byte) {
 		w := zlib.NewWriter(&pack)
 		w.Write(p)

@@ -294,7 +294,7 @@ func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 	} else if err != nil && gitcmd.ExitCode(err) != 1 {
 		return "", fmt.Errorf("merge main %s with %s: %w", old, approved, err)
 	}
-	if len(fields) == 0 || !plumbing.IsHash(string(fields[0])) {
+	if len(fields) == 0 || !gitid.Valid(string(fields[0])) {
 		return "", fmt.Errorf("merge main %s with %s: merge-tree printed no tree", old, approved)
 	}
 	tree := string(fields[0])

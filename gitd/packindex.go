@@ -12,7 +12,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
 
-	"github.com/bushost/bushost/internal/packidx"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // A pack index is read in place: mapped read-only, looked up through its
@@ -23,11 +23,11 @@ import (
 // its repository and its pool held: 30 ms and 6 MB for a pool of 200,000
 // objects, on every request (docs/git-service.md, "Object reads").
 
-// packIndex is one mapped version-2 pack index (internal/packidx). It
+// packIndex is one mapped version-2 pack index (internal/gitobj). It
 // implements idxfile.Index for go-git's packfile reader, except for the
 // iterations, which the reads here never use.
 type packIndex struct {
-	*packidx.Index
+	*gitobj.Index
 	path string
 	// byOffset lists positions in pack order, made on the first FindHash
 	// (a delta's base is named by its offset).
@@ -37,11 +37,11 @@ type packIndex struct {
 }
 
 // errIndexCorrupt is a pack index whose layout does not hold together.
-var errIndexCorrupt = packidx.ErrCorrupt
+var errIndexCorrupt = gitobj.ErrCorrupt
 
 // openPackIndex maps the index at path and checks its layout.
 func openPackIndex(path string) (*packIndex, error) {
-	ix, err := packidx.Open(path)
+	ix, err := gitobj.Open(path)
 	if err != nil {
 		return nil, err
 	}

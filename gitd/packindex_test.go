@@ -13,7 +13,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
 
-	"github.com/bushost/bushost/internal/packidx"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // packFixture makes a bare repository with one pack of n blobs (and a
@@ -127,7 +127,7 @@ func TestPackIndexCorrupt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := int(binary.BigEndian.Uint32(good[packidx.HeaderLen+4*255:]))
+	n := int(binary.BigEndian.Uint32(good[gitobj.HeaderLen+4*255:]))
 	write := func(b []byte) string {
 		p := filepath.Join(t.TempDir(), "pack-x.idx")
 		if err := os.WriteFile(p, b, 0o444); err != nil {
@@ -143,12 +143,12 @@ func TestPackIndexCorrupt(t *testing.T) {
 		"truncated": mutate(func(b []byte) []byte { return b[:len(b)-7] }),
 		"version 1": mutate(func(b []byte) []byte { b[7] = 1; return b }),
 		"fan-out decreases": mutate(func(b []byte) []byte {
-			binary.BigEndian.PutUint32(b[packidx.HeaderLen+4*10:], 0xffff)
+			binary.BigEndian.PutUint32(b[gitobj.HeaderLen+4*10:], 0xffff)
 			return b
 		}),
 		"count over the size": mutate(func(b []byte) []byte {
 			for i := 0; i < 256; i++ {
-				binary.BigEndian.PutUint32(b[packidx.HeaderLen+4*i:], uint32(n+1000))
+				binary.BigEndian.PutUint32(b[gitobj.HeaderLen+4*i:], uint32(n+1000))
 			}
 			return b
 		}),
@@ -162,7 +162,7 @@ func TestPackIndexCorrupt(t *testing.T) {
 	}
 	// Every offset pointed into a 64-bit table that has no entries.
 	p := mutate(func(b []byte) []byte {
-		base := packidx.HeaderLen + packidx.FanoutLen + n*(packidx.HashLen+4)
+		base := gitobj.HeaderLen + gitobj.FanoutLen + n*(gitobj.HashLen+4)
 		for i := range n {
 			binary.BigEndian.PutUint32(b[base+4*i:], 0x80000005)
 		}

@@ -1,8 +1,6 @@
 package gitd
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // A ref move is git's lock-file protocol, done here rather than by a `git
@@ -40,9 +39,6 @@ const refLockWait = time.Second
 // errRefMoved is a ref move refused because the ref is not at the
 // expected old value.
 var errRefMoved = errors.New("the ref is not at its expected old value")
-
-// errGitMoves says a ref is one git moves (symbolic, or with a reflog).
-var errGitMoves = errors.New("moved by git update-ref")
 
 // RefMove is a ref move prepared under <ref>.lock: the old value checked
 // and the new one written, not yet fsynced nor in place. Commit puts it in
@@ -102,8 +98,8 @@ func (r repo) PrepareRef(ctx context.Context, ref gitid.ReferenceName, newID, ol
 			os.Remove(m.lock)
 		}
 	}()
-	cur, err := r.refValue(string(ref), m.path)
-	if errors.Is(err, errGitMoves) {
+	cur, err := gitobj.ReadRef(r.Path, string(ref))
+	if errors.Is(err, gitobj.ErrSymbolic) {
 		m.byGit = true
 		return m, nil // the deferred func drops the lock
 	}
@@ -209,45 +205,6 @@ func createRefLock(ctx context.Context, lock string) (*os.File, error) {
 		}
 		wait = min(2*wait, 50*time.Millisecond)
 	}
-}
-
-// refValue reads ref (loose at path p, else in packed-refs), "" when it
-// does not exist.
-func (r repo) refValue(ref, p string) (string, error) {
-	b, err := os.ReadFile(p)
-	if err == nil {
-		v := string(bytes.TrimRight(b, "\n"))
-		if bytes.HasPrefix(b, []byte("ref:")) {
-			return "", errGitMoves
-		}
-		if !gitid.Valid(v) || v == string(gitid.Zero) {
-			return "", fmt.Errorf("ref %s in %s holds %q, not an object id", ref, r.Path, v)
-		}
-		return v, nil
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return "", err
-	}
-	pf, err := os.Open(filepath.Join(r.Path, "packed-refs"))
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", nil
-	}
-	if err != nil {
-		return "", err
-	}
-	defer pf.Close()
-	sc := bufio.NewScanner(pf)
-	sc.Buffer(make([]byte, 64<<10), 64<<10)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if len(line) < 42 || line[0] == '#' || line[0] == '^' || line[40] != ' ' {
-			continue
-		}
-		if string(line[41:]) == ref {
-			return string(line[:40]), nil
-		}
-	}
-	return "", sc.Err()
 }
 
 // gitUpdateRef moves a ref with `git update-ref`: for the refs git must

@@ -14,6 +14,7 @@ import (
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
+	"github.com/bushost/bushost/internal/gitobj"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/safepath"
 )
@@ -278,7 +279,7 @@ func (v *view) readRef(ref string) (string, error) {
 	g := v.own
 	if g == nil {
 		var err error
-		if g, err = openGoGit(v.r.Path); err != nil {
+		if g, err = gitobj.OpenRepository(v.r.Path); err != nil {
 			return "", err
 		}
 	}

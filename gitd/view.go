@@ -2,7 +2,6 @@ package gitd
 
 import (
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,8 +10,9 @@ import (
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/cache"
-	"github.com/go-git/go-git/v5/plumbing/format/objfile"
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // view is one request's reads of a repository's objects: its own, then
@@ -71,7 +71,7 @@ func (p *viewPack) index() *packIndex {
 func (s *Service) open(r repo) (*view, error) {
 	v := &view{r: r, maxObject: s.o.MaxObjectBytes, bases: cache.NewObjectLRU(viewBaseCache)}
 	if r.exists() {
-		g, err := openGoGit(r.Path)
+		g, err := gitobj.OpenRepository(r.Path)
 		if err != nil {
 			return nil, err
 		}
@@ -154,7 +154,7 @@ func (v *view) reload() bool {
 		return false
 	}
 	if v.own == nil && v.r.exists() {
-		if g, err := openGoGit(v.r.Path); err == nil {
+		if g, err := gitobj.OpenRepository(v.r.Path); err == nil {
 			v.own = g
 		}
 	}
@@ -168,7 +168,7 @@ func (v *view) poolView() *view {
 		return v
 	}
 	p := &view{r: v.r.pool(), maxObject: v.maxObject, bases: v.bases}
-	if g, err := openGoGit(p.r.Path); err == nil {
+	if g, err := gitobj.OpenRepository(p.r.Path); err == nil {
 		p.own = g
 	}
 	// The pool is v's last directory: its packs as v listed them.
@@ -252,7 +252,7 @@ func (v *view) header(h plumbing.Hash) (int64, where, error) {
 		return 0, w, err
 	}
 	if w.loose != "" {
-		_, n, err := looseHeader(w.loose)
+		_, n, err := gitobj.LooseHeader(w.loose)
 		return n, w, err
 	}
 	var n int64
@@ -278,7 +278,7 @@ func (v *view) EncodedObject(t plumbing.ObjectType, h plumbing.Hash) (plumbing.E
 			return errUndecided
 		}
 		if w.loose != "" {
-			obj, err = readLoose(w.loose, n)
+			obj, err = gitobj.ReadLoose(w.loose, n)
 		} else {
 			err = v.withPack(w.pack, func(p *packfile.Packfile) error {
 				var err error
@@ -311,56 +311,4 @@ func (v *view) withPack(p *viewPack, read func(*packfile.Packfile) error) error 
 	pf := packfile.NewPackfileWithCache(p.idx, nil, f, v.bases, 0)
 	defer pf.Close()
 	return read(pf)
-}
-
-// looseHeader is the type and size of the loose object at path.
-func looseHeader(path string) (plumbing.ObjectType, int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		if os.IsNotExist(err) {
-			return 0, 0, plumbing.ErrObjectNotFound
-		}
-		return 0, 0, err
-	}
-	defer f.Close()
-	r, err := objfile.NewReader(f)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer r.Close()
-	return r.Header()
-}
-
-// readLoose reads the loose object at path, of n bytes by its header.
-func readLoose(path string, n int64) (plumbing.EncodedObject, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		if os.IsNotExist(err) {
-			return nil, plumbing.ErrObjectNotFound
-		}
-		return nil, err
-	}
-	defer f.Close()
-	r, err := objfile.NewReader(f)
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	t, size, err := r.Header()
-	if err != nil {
-		return nil, err
-	}
-	if size != n {
-		return nil, plumbing.ErrObjectNotFound // replaced meanwhile
-	}
-	obj := &plumbing.MemoryObject{}
-	obj.SetType(t)
-	got, err := io.Copy(obj, io.LimitReader(r, size))
-	if err != nil {
-		return nil, err
-	}
-	if got != size {
-		return nil, plumbing.ErrObjectNotFound // cut short
-	}
-	return obj, nil
 }

@@ -25,7 +25,7 @@ import (
 	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/treesnap"
 
-	"github.com/bushost/bushost/internal/packidx"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // The bounds of issue 11, as an attacker meets them: a bundle of about a
@@ -120,7 +120,7 @@ func writeHugeBundle(t *testing.T, path, base, ref string, objs ...hugeObject) i
 	binary.Write(w, binary.BigEndian, uint32(len(objs)))
 	types := map[string]byte{"commit": 1, "tree": 2, "blob": 3}
 	for _, o := range objs {
-		w.Write(packidx.AppendEntryHeader(nil, int(types[o.typ]), uint64(o.size)))
+		w.Write(gitobj.AppendEntryHeader(nil, int(types[o.typ]), uint64(o.size)))
 		if err := o.writeZlib(w); err != nil {
 			t.Fatal(err)
 		}

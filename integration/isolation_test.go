@@ -20,7 +20,7 @@ import (
 	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/treesnap"
 
-	"github.com/bushost/bushost/internal/packidx"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // The attacks of issue 12: a worker of task A, with nothing but its own
@@ -80,7 +80,7 @@ func rawBundle(prereq []string, tip string, entries ...packEntry) []byte {
 	binary.Write(&pack, binary.BigEndian, uint32(len(entries)))
 	types := map[string]byte{"commit": 1, "tree": 2, "blob": 3, "": 7}
 	for _, e := range entries {
-		pack.Write(packidx.AppendEntryHeader(nil, int(types[e.typ]), uint64(len(e.data))))
+		pack.Write(gitobj.AppendEntryHeader(nil, int(types[e.typ]), uint64(len(e.data))))
 		if e.typ == "" {
 			id, _ := hex.DecodeString(e.base)
 			pack.Write(id)

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bushost/bushost/internal/packidx"
+	"github.com/bushost/bushost/internal/gitobj"
 	"github.com/bushost/bushost/internal/testenv"
 	"github.com/bushost/bushost/internal/treesnap"
 )
@@ -190,7 +190,7 @@ func writeRawBundle(t *testing.T, path, base, tip string, entries []rawEntry) in
 	zw, _ := zlib.NewWriterLevel(&pack, zlib.BestSpeed)
 	for i, e := range entries {
 		offs[i] = pack.Len()
-		pack.Write(packidx.AppendEntryHeader(nil, e.typ, uint64(len(e.data))))
+		pack.Write(gitobj.AppendEntryHeader(nil, e.typ, uint64(len(e.data))))
 		if e.typ == 6 {
 			back := offs[i] - offs[e.base]
 			ofs := []byte{byte(back & 0x7f)}

@@ -56,10 +56,6 @@ func formatErr(format string, a ...any) error {
 	return &FormatError{Msg: fmt.Sprintf(format, a...)}
 }
 
-// ValidOID reports whether s is a full lowercase sha1 object id
-// (gitid.Valid, the one validator).
-func ValidOID(s string) bool { return gitid.Valid(s) }
-
 // ReadHeader reads a bundle header from r up to and including the blank
 // line that ends it, leaving r at the first byte of the pack. It accepts a
 // v2 bundle, or a v3 bundle whose only capability is object-format=sha1,
@@ -104,13 +100,13 @@ func ReadHeader(r *bufio.Reader) (*Header, error) {
 				return nil, formatErr("prerequisite after a ref line")
 			}
 			oid, _, _ := strings.Cut(line[1:], " ")
-			if !ValidOID(oid) {
+			if !gitid.Valid(oid) {
 				return nil, formatErr("bad prerequisite line %q", clip(line))
 			}
 			h.Prerequisites = append(h.Prerequisites, oid)
 		default:
 			oid, name, ok := strings.Cut(line, " ")
-			if !ok || !ValidOID(oid) || name == "" {
+			if !ok || !gitid.Valid(oid) || name == "" {
 				return nil, formatErr("bad ref line %q", clip(line))
 			}
 			h.Refs = append(h.Refs, Ref{Name: name, Commit: oid})

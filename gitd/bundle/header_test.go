@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/bushost/bushost/internal/gitid"
 )
 
 const oid1 = "1111111111111111111111111111111111111111"
@@ -45,6 +47,9 @@ func TestReadHeader(t *testing.T) {
 		{"# v2 git bundle\n-xyz\n\n", "bad prerequisite"},
 		{"# v2 git bundle\n" + oid1 + "\n\n", "bad ref line"},
 		{"# v2 git bundle\n" + "ABCDEF" + oid1[6:] + " HEAD\n\n", "bad ref line"},
+		// Hex in upper or mixed case is no object id (gitid).
+		{"# v2 git bundle\n" + strings.ToUpper(oid2[:20]) + oid2[20:] + "\n\n", "bad ref line"},
+		{"# v2 git bundle\n-" + "AbCdEf" + oid2[6:] + "\n" + oid1 + " HEAD\n\n", "bad prerequisite"},
 		{"# v2 git bundle\n" + oid1 + " HEAD\n-" + oid2 + "\n\n", "prerequisite after a ref"},
 		{"# v2 git bundle\n" + oid1 + " refs/heads/" + strings.Repeat("x", 1<<20) + "\n\n", "header line longer"},
 		{"# v2 git bundle\n" + strings.Repeat("-"+oid1+"\n", 30000) + "\n", "header longer"},
@@ -106,12 +111,12 @@ func FuzzReadHeader(f *testing.F) {
 			return
 		}
 		for _, r := range h.Refs {
-			if !ValidOID(r.Commit) || r.Name == "" {
+			if !gitid.Valid(r.Commit) || r.Name == "" {
 				t.Fatalf("accepted ref %+v", r)
 			}
 		}
 		for _, p := range h.Prerequisites {
-			if !ValidOID(p) {
+			if !gitid.Valid(p) {
 				t.Fatalf("accepted prerequisite %q", p)
 			}
 		}

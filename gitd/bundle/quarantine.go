@@ -15,6 +15,7 @@ import (
 
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
 )
 
 // QuarantinePrefix starts the name of every quarantine directory made in a
@@ -203,7 +204,7 @@ func (q *Quarantine) IndexPack(ctx context.Context, git *gitcmd.Runner, gitDir s
 		return "", err
 	}
 	kind, name, ok := strings.Cut(strings.TrimSpace(string(out)), "\t")
-	if !ok || kind != "pack" || len(name) != 40 {
+	if !ok || kind != "pack" || !gitid.Valid(name) {
 		return "", fmt.Errorf("index-pack: unexpected output %q", out)
 	}
 	written = name
@@ -222,7 +223,7 @@ func (q *Quarantine) alternateEnv() []string {
 func objectTypes(ctx context.Context, git *gitcmd.Runner, gitDir string, env, ids []string) (map[string]string, error) {
 	var in strings.Builder
 	for _, id := range ids {
-		if !ValidOID(id) {
+		if !gitid.Valid(id) {
 			return nil, fmt.Errorf("object id %q", id)
 		}
 		in.WriteString(id + "\n")

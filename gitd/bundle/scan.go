@@ -2,8 +2,6 @@ package bundle
 
 import (
 	"bufio"
-	"compress/flate"
-	"compress/zlib"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -12,6 +10,7 @@ import (
 	"sort"
 
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // Limits bound the inflated size of each object a pack may carry, by type.
@@ -88,8 +87,8 @@ const (
 	objTree     objType = 2
 	objBlob     objType = 3
 	objTag      objType = 4
-	objOfsDelta objType = 6
-	objRefDelta objType = 7
+	objOfsDelta objType = gitobj.EntryOfsDelta
+	objRefDelta objType = gitobj.EntryRefDelta
 	objUnknown  objType = 0 // a delta whose base's type is not known
 )
 
@@ -118,7 +117,8 @@ type BaseTypes func(ids []string) (map[string]string, error)
 // scanner reads a pack stream, checks every entry's inflated size against
 // its Limits, and passes on to dst only the bytes it has approved: an entry
 // header reaches git only after its size passed, so git never allocates an
-// object the limits refuse. The pack's trailing checksum is held back until
+// object the limits refuse (gitobj's stream.go says why this is not
+// go-git's packfile.Scanner). The pack's trailing checksum is held back until
 // the whole pack passed: index-pack resolves deltas only after it, so a
 // delta's result, whose type may be known only at the end, is checked before
 // git builds it.
@@ -127,8 +127,7 @@ type scanner struct {
 	bases BaseTypes
 	rec   *recorder
 	br    *bufio.Reader
-	zr    io.ReadCloser // reused zlib reader
-	buf   []byte
+	z     *gitobj.Inflater
 
 	entries []entry        // in pack order, so by ascending offset
 	refBase map[int]string // base id of each REF_DELTA entry of unknown type
@@ -198,7 +197,7 @@ func (e *writeError) Unwrap() error { return e.err }
 // scanPack copies the pack from src to dst, checking it as it goes.
 func scanPack(src io.Reader, dst io.Writer, lim Limits, bases BaseTypes) error {
 	rec := &recorder{src: src, dst: dst}
-	s := &scanner{lim: lim, bases: bases, rec: rec, br: bufio.NewReaderSize(rec, 64<<10), buf: make([]byte, 32<<10)}
+	s := &scanner{lim: lim, bases: bases, rec: rec, br: bufio.NewReaderSize(rec, 64<<10), z: gitobj.NewInflater(32 << 10)}
 	if err := s.scan(); err != nil {
 		return err
 	}
@@ -244,20 +243,16 @@ func (s *scanner) scan() error {
 // entry checks pack entry i (0-based) and reads past it.
 func (s *scanner) entry(i int) error {
 	off := s.consumed()
-	c, err := s.br.ReadByte()
+	h, err := gitobj.ReadEntry(s.br)
+	if errors.Is(err, gitobj.ErrEntryHeader) {
+		return &PackError{Msg: fmt.Sprintf("entry %d at offset %d: %v", i+1, off, err)}
+	}
 	if err != nil {
 		return packErr(err, fmt.Sprintf("entry %d", i+1))
 	}
-	typ := objType(c >> 4 & 7)
-	size := int64(c & 15)
-	for shift := 4; c&0x80 != 0; shift += 7 {
-		if shift > 60 {
-			return &PackError{Msg: fmt.Sprintf("entry %d at offset %d: size header too long", i+1, off)}
-		}
-		if c, err = s.br.ReadByte(); err != nil {
-			return packErr(err, fmt.Sprintf("entry %d", i+1))
-		}
-		size |= int64(c&0x7f) << shift
+	typ, size := objType(h.Type), int64(h.Size)
+	if h.Size >= 1<<63 {
+		return &PackError{Msg: fmt.Sprintf("entry %d at offset %d: size header too long", i+1, off)}
 	}
 	base, baseOff := objUnknown, int64(-1)
 	var baseID string
@@ -270,21 +265,13 @@ func (s *scanner) entry(i int) error {
 			return err
 		}
 	case objOfsDelta:
-		rel, err := s.ofsDeltaOffset()
-		if err != nil {
-			return packErr(err, fmt.Sprintf("entry %d", i+1))
-		}
-		if rel <= 0 || rel > off {
+		if rel := h.Back; rel <= 0 || rel > off {
 			return &PackError{Msg: fmt.Sprintf("entry %d at offset %d: delta base offset out of the pack", i+1, off)}
 		}
-		baseOff = off - rel
+		baseOff = off - h.Back
 		base = s.typeAt(baseOff)
 	case objRefDelta:
-		var id [20]byte
-		if _, err := io.ReadFull(s.br, id[:]); err != nil {
-			return packErr(err, fmt.Sprintf("entry %d", i+1))
-		}
-		baseID = hex.EncodeToString(id[:])
+		baseID = hex.EncodeToString(h.Base[:])
 	default:
 		return &PackError{Msg: fmt.Sprintf("entry %d at offset %d has unknown type %d", i+1, off, typ)}
 	}
@@ -358,25 +345,6 @@ func (s *scanner) addInflated(i int, off, size int64) error {
 	return nil
 }
 
-// ofsDeltaOffset reads an OFS_DELTA's base offset (relative, backwards).
-func (s *scanner) ofsDeltaOffset() (int64, error) {
-	c, err := s.br.ReadByte()
-	if err != nil {
-		return 0, err
-	}
-	rel := int64(c & 0x7f)
-	for n := 0; c&0x80 != 0; n++ {
-		if n > 8 {
-			return 0, errors.New("delta base offset too long")
-		}
-		if c, err = s.br.ReadByte(); err != nil {
-			return 0, err
-		}
-		rel = (rel+1)<<7 | int64(c&0x7f)
-	}
-	return rel, nil
-}
-
 // typeAt is the type of the entry at offset off, objUnknown if none starts
 // there or its type is not known yet.
 func (s *scanner) typeAt(off int64) objType {
@@ -395,32 +363,21 @@ func (s *scanner) indexAt(off int64) (int, bool) {
 // size bytes, approving its bytes as it goes. For a delta it returns the
 // base and result sizes from the delta's own header.
 func (s *scanner) inflate(i int, off, size int64, delta bool) (base, result int64, err error) {
-	if s.zr == nil {
-		s.zr, err = zlib.NewReader(s.br)
-	} else {
-		err = s.zr.(zlib.Resetter).Reset(s.br, nil)
-	}
-	if err != nil {
-		return 0, 0, packErr(err, fmt.Sprintf("entry %d at offset %d", i+1, off))
-	}
 	var out int64
 	result = -1
-	for {
-		n, err := s.zr.Read(s.buf)
-		if delta && out == 0 && n > 0 {
-			base, result = deltaHeader(s.buf[:n])
+	err = s.z.Inflate(s.br, func(b []byte) error {
+		if delta && out == 0 && len(b) > 0 {
+			base, result = gitobj.DeltaSizes(b)
 		}
-		out += int64(n)
+		out += int64(len(b))
 		if out > size {
-			return 0, 0, &PackError{Msg: fmt.Sprintf("entry %d at offset %d inflates past its declared %d bytes", i+1, off, size)}
+			return &PackError{Msg: fmt.Sprintf("entry %d at offset %d inflates past its declared %d bytes", i+1, off, size)}
 		}
 		s.rec.safe = s.consumed()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return 0, 0, packErr(err, fmt.Sprintf("entry %d at offset %d", i+1, off))
-		}
+		return nil
+	})
+	if err != nil { // a *PackError of the callback's passes packErr as is
+		return 0, 0, packErr(err, fmt.Sprintf("entry %d at offset %d", i+1, off))
 	}
 	if out != size {
 		return 0, 0, &PackError{Msg: fmt.Sprintf("entry %d at offset %d inflates to %d bytes, not its declared %d", i+1, off, out, size)}
@@ -429,30 +386,6 @@ func (s *scanner) inflate(i int, off, size int64, delta bool) (base, result int6
 		return 0, 0, &PackError{Msg: fmt.Sprintf("entry %d at offset %d: delta without a header", i+1, off)}
 	}
 	return base, result, nil
-}
-
-// deltaHeader reads a delta's header (base size, then result size, as
-// little-endian base-128 numbers) from its first inflated bytes; -1, -1 if
-// they do not hold it.
-func deltaHeader(b []byte) (base, result int64) {
-	var vals [2]int64
-	p := 0
-	for k := range vals {
-		shift := 0
-		for {
-			if p >= len(b) || shift > 63 {
-				return -1, -1
-			}
-			c := b[p]
-			p++
-			vals[k] |= int64(c&0x7f) << shift
-			shift += 7
-			if c&0x80 == 0 {
-				break
-			}
-		}
-	}
-	return vals[0], vals[1]
 }
 
 // resolvePending checks the large deltas whose type was unknown when they
@@ -536,8 +469,7 @@ func packErr(err error, where string) error {
 	if errors.As(err, &we) {
 		return err
 	}
-	var ce flate.CorruptInputError
-	if errors.Is(err, zlib.ErrChecksum) || errors.Is(err, zlib.ErrHeader) || errors.Is(err, zlib.ErrDictionary) || errors.As(err, &ce) {
+	if gitobj.Corrupt(err) {
 		return &PackError{Msg: where + ": " + err.Error()}
 	}
 	return err

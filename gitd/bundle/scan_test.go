@@ -20,7 +20,7 @@ import (
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 
-	"github.com/bushost/bushost/internal/packidx"
+	"github.com/bushost/bushost/internal/gitobj"
 )
 
 // packRepo is a scratch bare repository that makes packs with real git.
@@ -219,7 +219,7 @@ func buildPack(entries []rawEntry) []byte {
 	offs := make([]int, len(entries))
 	for i, e := range entries {
 		offs[i] = b.Len()
-		b.Write(packidx.AppendEntryHeader(nil, int(e.typ), uint64(len(e.data))))
+		b.Write(gitobj.AppendEntryHeader(nil, int(e.typ), uint64(len(e.data))))
 		switch e.typ {
 		case objOfsDelta:
 			rel := offs[i] - offs[e.ofsBack]

@@ -1,8 +1,17 @@
 // Package gitid is the one validator of git object ids and reference names
 // for the whole project: the bus host is SHA-1 only (40 lowercase hex
 // digits), and the refs it moves are full names under refs/. The broker,
-// the bundle reader and gitd all call it; it imports nothing of bushost,
-// so any package may.
+// the bundle reader, gitd and the reader of git's storage (gitobj) all
+// call it; it imports nothing of bushost, so any package may.
+//
+// An object id is canonical or it is not one: upper-case or mixed-case hex
+// is refused wherever an id enters (a request, a bundle's header, a ref
+// file, a commit's tree and parent lines), never folded to lower case.
+// git itself reads hex in either case, but writes only lower case, so an
+// id in upper case comes from a person typing it or from a crafted object;
+// folding it would make two spellings of one id, and records and refs
+// that compare ids as strings would disagree about them. The refusal says
+// to give the id as git prints it (git rev-parse).
 package gitid
 
 import (
@@ -34,9 +43,12 @@ func Valid(s string) bool {
 }
 
 // ParseObjectID returns s as an ObjectID, or an error that quotes at most
-// 80 bytes of it.
+// 80 bytes of it (and, for hex in upper case, says to give it in lower).
 func ParseObjectID(s string) (ObjectID, error) {
 	if !Valid(s) {
+		if Valid(strings.ToLower(s)) {
+			return "", fmt.Errorf("%q is not a full object id: ids are 40 lowercase hex digits, as git rev-parse prints them", clip(s))
+		}
 		return "", fmt.Errorf("%q is not a full object id (40 lowercase hex digits)", clip(s))
 	}
 	return ObjectID(s), nil

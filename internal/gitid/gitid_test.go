@@ -12,7 +12,8 @@ func TestObjectID(t *testing.T) {
 		ok bool
 	}{
 		{good, true}, {string(Zero), true},
-		{strings.ToUpper(good), false}, {good[:39], false}, {good + "0", false},
+		{strings.ToUpper(good), false}, {strings.ToUpper(good[:20]) + good[20:], false},
+		{good[:39] + "A", false}, {good[:39], false}, {good + "0", false},
 		{strings.Repeat("a", 64), false}, {"", false}, {good[:39] + "g", false},
 	} {
 		if Valid(tc.s) != tc.ok {
@@ -21,6 +22,10 @@ func TestObjectID(t *testing.T) {
 		if _, err := ParseObjectID(tc.s); (err == nil) != tc.ok {
 			t.Errorf("ParseObjectID(%q) = %v", tc.s, err)
 		}
+	}
+	// Upper case is refused, never folded, with a word on what to give.
+	if _, err := ParseObjectID(strings.ToUpper(good)); err == nil || !strings.Contains(err.Error(), "lowercase") || !strings.Contains(err.Error(), "rev-parse") {
+		t.Errorf("upper case: %v", err)
 	}
 }
 

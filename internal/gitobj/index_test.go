@@ -1,4 +1,4 @@
-package packidx
+package gitobj
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 	"testing"
 )
 
-func git(t *testing.T, dir string, stdin []byte, args ...string) string {
+func git(t testing.TB, dir string, stdin []byte, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir

@@ -1,10 +1,8 @@
-// Package packidx reads a version-2 git pack index in place: the file is
-// mapped read-only, checked for a layout that holds together, and looked
-// up through its fan-out table and a binary search of its names. Nothing
-// is decoded ahead, so opening an index costs the same whatever its size.
-// The bus host's views (gitd) and push-working's in-process pack (the
-// client) read packed objects through it.
-package packidx
+// A version-2 pack index is read in place: the file is mapped read-only,
+// checked for a layout that holds together, and looked up through its
+// fan-out table and a binary search of its names. Nothing is decoded
+// ahead, so opening an index costs the same whatever its size.
+package gitobj
 
 import (
 	"bytes"
@@ -220,44 +218,9 @@ func AppendEntryHeader(b []byte, typ int, size uint64) []byte {
 	return append(b, c)
 }
 
-// ParseEntry reads the entry header at the start of b; false when b ends
-// inside it or a number in it runs past what a pack can hold.
+// ParseEntry reads the entry header at the start of b (ReadEntry); false
+// when b ends inside it or a number in it runs past what a pack can hold.
 func ParseEntry(b []byte) (Entry, bool) {
-	if len(b) == 0 {
-		return Entry{}, false
-	}
-	c := b[0]
-	e := Entry{Type: int(c >> 4 & 7), Size: uint64(c & 15)}
-	i := 1
-	for shift := 4; c&0x80 != 0; shift += 7 {
-		if i >= len(b) || shift > 60 {
-			return Entry{}, false
-		}
-		c = b[i]
-		e.Size |= uint64(c&0x7f) << shift
-		i++
-	}
-	switch e.Type {
-	case EntryOfsDelta:
-		if i >= len(b) {
-			return Entry{}, false
-		}
-		c = b[i]
-		e.Back = int64(c & 0x7f)
-		for i++; c&0x80 != 0; i++ {
-			if i >= len(b) || e.Back >= 1<<50 {
-				return Entry{}, false
-			}
-			c = b[i]
-			e.Back = (e.Back+1)<<7 | int64(c&0x7f)
-		}
-	case EntryRefDelta:
-		if i+HashLen > len(b) {
-			return Entry{}, false
-		}
-		e.Base = [HashLen]byte(b[i : i+HashLen])
-		i += HashLen
-	}
-	e.Len = i
-	return e, true
+	e, err := ReadEntry(bytes.NewReader(b))
+	return e, err == nil
 }
