@@ -112,7 +112,7 @@ bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 3h ./...
 
 soak:
-	BUSHOST_SOAK=1 $(GO) test -race -run 'Crash|Soak' -timeout 60m ./integration/
+	BUSHOST_SOAK=1 $(GO) test -race -run 'Crash|Soak|AgainstGit' -timeout 120m ./integration/
 
 fuzz:
 	./scripts/fuzz.sh 60s

@@ -21,6 +21,7 @@ import (
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -158,18 +159,16 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 				return err
 			}
 			defer done()
-			// HEAD and main are read in process; git only when go-git
-			// cannot answer.
-			w := openWorkRepo(*repo)
-			head = w.commit("HEAD")
-			if head == "" {
-				if head, err = g.Line(ctx, gitcmd.Cmd{Dir: *repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}}, gitcmd.MaxLine); err != nil {
-					return fmt.Errorf("%s has no commit at HEAD: %w", *repo, err)
-				}
-			}
-			base, err = pushBase(ctx, cctx, g, c, w, *repo)
+			// Git finds the repository --repo is in and reads HEAD and the
+			// recorded main, as it would for any other command.
+			head, base, err = pushHeads(ctx, g, *repo)
 			if err != nil {
 				return err
+			}
+			if base == "" {
+				if base, err = pushBase(ctx, cctx, g, c, *repo); err != nil {
+					return err
+				}
 			}
 			if base == head {
 				return errdefs.FailedPrecondition(errdefs.NothingToPush, "HEAD is main's commit %s: commit your work, then push", head).With("commit", head)
@@ -177,7 +176,7 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			// Whether the working tree has changes this push leaves out is
 			// found beside the push (its warning printed at the end).
 			uncommitted := make(chan int, 1)
-			go func() { uncommitted <- countUncommitted(ctx, g, w, *repo, head) }()
+			go func() { uncommitted <- countUncommitted(ctx, g, *repo) }()
 			warned := false
 			defer func() {
 				if !warned {
@@ -199,14 +198,6 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			pr, pw := io.Pipe()
 			errc := make(chan error, 1)
 			go func() {
-				// A small push is packed here (smallpack.go); any other by
-				// pack-objects.
-				if pack, err := w.smallPack(head, base); err == nil {
-					_, err = pw.Write(pack)
-					pw.CloseWithError(err)
-					errc <- err
-					return
-				}
 				pc := &packCount{w: pw}
 				err := g.Run(bctx, gitcmd.Cmd{Dir: *repo, Sub: "pack-objects", Flags: []string{"--revs", "--thin", "--stdout", "--delta-base-offset", "-q"},
 					Stdin: strings.NewReader(head + "\n^" + base + "\n"), Stdout: pc})
@@ -326,22 +317,36 @@ func (p *packCount) Write(b []byte) (int, error) {
 	return p.w.Write(b)
 }
 
-// pushBase returns the commit DIR's HEAD is bundled against: the main
-// fetch-main recorded (refs/remotes/bushost/main), else, in a repository
-// fetch-main did not make, the bus host's main itself when DIR has it.
-func pushBase(ctx, cctx context.Context, g *gitcmd.Runner, c gitv1.GitServiceClient, w *workRepo, repo string) (string, error) {
-	if b := w.commit(gitBaseRef); b != "" {
-		return b, nil
+// pushHeads asks git for the commit HEAD names in the repository repo is
+// in and the commit refs/remotes/bushost/main names there ("" when it
+// names none): one cat-file for both, which resolves them as every git
+// command does (HEAD symbolic or detached, loose refs or packed-refs).
+func pushHeads(ctx context.Context, g *gitcmd.Runner, repo string) (head, base string, err error) {
+	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "cat-file", Flags: []string{"--batch-check=%(objectname)"},
+		Stdin: strings.NewReader("HEAD^{commit}\n" + gitBaseRef + "^{commit}\n")}, 2*gitcmd.MaxLine)
+	lines := strings.Split(string(out), "\n")
+	if err == nil && len(lines) >= 2 && gitid.Valid(lines[0]) {
+		if gitid.Valid(lines[1]) {
+			base = lines[1]
+		}
+		return lines[0], base, nil
 	}
-	if b, err := g.Line(ctx, gitcmd.Cmd{Dir: repo, Sub: "rev-parse", Flags: []string{"--verify", "--quiet"}, Args: []string{gitBaseRef + "^{commit}"}}, gitcmd.MaxLine); err == nil && b != "" {
-		return b, nil
+	// git's own words for what HEAD lacks.
+	if _, rerr := g.Line(ctx, gitcmd.Cmd{Dir: repo, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}}, gitcmd.MaxLine); rerr != nil {
+		err = rerr
 	}
+	if err == nil {
+		err = errors.New("git named no commit")
+	}
+	return "", "", fmt.Errorf("%s has no commit at HEAD: %w", repo, err)
+}
+
+// pushBase returns the commit a repository fetch-main did not make is
+// bundled against: the bus host's main itself, when repo has it.
+func pushBase(ctx, cctx context.Context, g *gitcmd.Runner, c gitv1.GitServiceClient, repo string) (string, error) {
 	main, err := serverMain(cctx, c)
 	if err != nil {
 		return "", err
-	}
-	if w.hasCommit(main) {
-		return main, nil
 	}
 	if err := g.Run(ctx, gitcmd.Cmd{Dir: repo, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{main + "^{commit}"}}); err != nil {
 		return "", errdefs.FailedPrecondition(errdefs.NoBase,
@@ -367,24 +372,22 @@ func serverMain(ctx context.Context, c gitv1.GitServiceClient) (string, error) {
 	return first.GetCommit(), nil
 }
 
-// countUncommitted counts the working tree's changes that a push of HEAD
-// leaves out: none when the tree is provably clean in process, else what
-// `git status` lists (0 when it cannot say).
 // maxStatusBytes bounds the `git status` listing read to count changes.
 const maxStatusBytes = 16 << 20
 
-func countUncommitted(ctx context.Context, g *gitcmd.Runner, w *workRepo, repo, head string) int {
-	if w.clean(head) {
-		return 0
-	}
-	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "status", Flags: []string{"--porcelain", "--no-renames"}}, maxStatusBytes)
+// countUncommitted counts the working tree's changes that a push of HEAD
+// leaves out, as `git status` lists them (0 when it cannot say, or the
+// repository is bare).
+func countUncommitted(ctx context.Context, g *gitcmd.Runner, repo string) int {
+	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "status", Flags: []string{"--porcelain", "-z", "--no-renames"}}, maxStatusBytes)
 	if errdefs.ReasonOf(err) == errdefs.GitOutputTooLarge {
-		// At least as many as the whole lines read: enough to warn.
-		out = out[:bytes.LastIndexByte(out, '\n')+1]
-	} else if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		// At least as many as the whole entries read: enough to warn.
+		out = out[:bytes.LastIndexByte(out, 0)+1]
+	} else if err != nil {
 		return 0
 	}
-	return bytes.Count(bytes.TrimRight(out, "\n"), []byte("\n")) + 1
+	// Each entry ends in a NUL (no renames: one path each).
+	return bytes.Count(out, []byte{0})
 }
 
 // warnUncommitted says on stderr when the working tree has n changes that
@@ -422,17 +425,30 @@ type gitRepo struct {
 
 // baseOf is the commit refs/remotes/bushost/main names in the repository
 // dir itself (its top or, bare, its git directory; never a repository
-// above it), "" when it has none or cannot say.
-func baseOf(dir string) string {
+// above it), "" when it has none or git cannot say. One rev-parse says
+// where dir is and what the ref names.
+func baseOf(ctx context.Context, g *gitcmd.Runner, dir string) string {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return ""
 	}
-	w := openWorkRepo(abs)
-	if w == nil || w.top != abs && w.gitDir != abs {
+	if abs, err = filepath.EvalSymlinks(abs); err != nil {
 		return ""
 	}
-	return w.commit(gitBaseRef)
+	out, _ := g.Output(ctx, gitcmd.Cmd{Dir: dir, Sub: "rev-parse", Flags: []string{"--absolute-git-dir", "--is-inside-work-tree", "--show-prefix", "--verify", "--quiet"},
+		Args: []string{gitBaseRef}}, 4*gitcmd.MaxLine)
+	// The git directory, whether dir is in a work tree, dir's path below
+	// its top, the id the ref names (which the repository may lack: the
+	// bus host then sends nothing, and the fetch says to remove the ref).
+	f := strings.Split(string(out), "\n")
+	if len(f) < 4 || !gitid.Valid(f[3]) {
+		return ""
+	}
+	gitDir, _ := filepath.EvalSymlinks(f[0])
+	if f[1] == "true" && f[2] == "" || f[1] == "false" && gitDir == abs {
+		return f[3]
+	}
+	return ""
 }
 
 // clientPackLimit is how many packs the client's repository may hold
@@ -537,9 +553,14 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		defer closeConn()
+		g, done, err := gitRunner()
+		if err != nil {
+			return err
+		}
+		defer done()
 		// main as this repository last fetched it: the server then sends
 		// only what main gained since, or nothing.
-		have := baseOf(*dir)
+		have := baseOf(ctx, g, *dir)
 		stream, err := c.FetchMain(ctx, &gitv1.FetchMainRequest{Have: have})
 		if err != nil {
 			return err
@@ -549,11 +570,6 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		commit := first.GetCommit()
-		g, done, err := gitRunner()
-		if err != nil {
-			return err
-		}
-		defer done()
 		r, err := openOrInit(ctx, g, *dir)
 		if err != nil {
 			return err
