@@ -116,7 +116,7 @@ func TestPushWorkingAgainstGit(t *testing.T) {
 // costs about 0.8 s of CPU, most of it git's and the daemon's), 30 with
 // -short, 2,000 under `make soak` (BUSHOST_SOAK=1).
 func pushdiffCases() []uint64 {
-	n := 60
+	n := 200
 	if testing.Short() {
 		n = 30
 	}
