@@ -18,6 +18,7 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/limits"
 	"github.com/bushost/bushost/internal/metrics"
 	"github.com/bushost/bushost/internal/names"
 )
@@ -32,17 +33,10 @@ type Options struct {
 	AdminToken string
 	// DefaultTTL is a grant's lifetime when none is asked for; 0 means 24h.
 	DefaultTTL time.Duration
-	// EventRate and EventBytesRate bound what one grant appends through
-	// RecordEvent, per minute (events; bytes of type and data); 0 means
-	// the defaults, 600 and 1 MiB.
-	EventRate      int
-	EventBytesRate int64
-	// EgressRate and EgressBytesRate are network.egress's own bound, per
-	// grant and minute, apart from the event quota: a session's launcher
-	// records one event per connection decision and per close. 0 means
-	// the defaults, 6000 and 4 MiB.
-	EgressRate      int
-	EgressBytesRate int64
+	// Limits: the broker reads the Rates, what one grant appends through
+	// RecordEvent per minute (events; bytes of type and data), and
+	// network.egress's own bound apart from them. Zero: the defaults.
+	limits.Limits
 	// CheckpointFile, when set, is where each new head of the log is
 	// appended (checkpoint.go); at Open the log is compared with every
 	// head in it, and a mismatch halts the broker (see Halted).

@@ -7,17 +7,7 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/errdefs"
-)
-
-// Defaults of the per-grant quotas on RecordEvent.
-const (
-	DefaultEventRate      = 600     // events per minute
-	DefaultEventBytesRate = 1 << 20 // bytes (type and data) per minute
-	// network.egress has a bound of its own (Options.EgressRate): one
-	// event per connection decision and one per close, so a session
-	// making a few connections a second needs more than a grant's notes.
-	DefaultEgressRate      = 6000    // events per minute
-	DefaultEgressBytesRate = 4 << 20 // bytes per minute
+	"github.com/bushost/bushost/internal/limits"
 )
 
 // eventQuota bounds what one grant may append through RecordEvent: a token
@@ -46,10 +36,10 @@ type bucket struct {
 
 func newEventQuota(perMin int, bytesPerMin int64) *eventQuota {
 	if perMin <= 0 {
-		perMin = DefaultEventRate
+		perMin = limits.DefaultEventRate
 	}
 	if bytesPerMin <= 0 {
-		bytesPerMin = DefaultEventBytesRate
+		bytesPerMin = limits.DefaultEventBytesRate
 	}
 	return &eventQuota{kind: "event", perMin: float64(perMin), bytesPerMin: float64(bytesPerMin),
 		rateFlag: "--event-rate", bytesFlag: "--event-bytes-rate", now: time.Now}
@@ -58,10 +48,10 @@ func newEventQuota(perMin int, bytesPerMin int64) *eventQuota {
 // newEgressQuota is network.egress's own bound (Options.EgressRate).
 func newEgressQuota(perMin int, bytesPerMin int64) *eventQuota {
 	if perMin <= 0 {
-		perMin = DefaultEgressRate
+		perMin = limits.DefaultEgressRate
 	}
 	if bytesPerMin <= 0 {
-		bytesPerMin = DefaultEgressBytesRate
+		bytesPerMin = limits.DefaultEgressBytesRate
 	}
 	q := newEventQuota(perMin, bytesPerMin)
 	q.kind, q.rateFlag, q.bytesFlag = "egress", "--egress-event-rate", "--egress-event-bytes-rate"

@@ -108,7 +108,7 @@ const maxEntryName = 4096
 // waits before the push is recorded: a refused push is rolled back like
 // one the broker refuses, so the walk costs a push its CPU, not its time.
 // The walk ends soon after ctx does (each tree and commit read checks
-// it). Unless the benchmark turned it off (Options.SkipBeyondGit).
+// it). Unless a benchmark's build turned it off (testhook.Skips).
 //
 // What the walk lets through for being there before (a tree it would
 // refuse, a .gitmodules of the pool's, an object no pushed commit
@@ -119,7 +119,7 @@ const maxEntryName = 4096
 // of what the repository and its pool hold now, the push's own files
 // (q.Added) left out (TestAttackWalkTrustsARefusedPushInFlight).
 func (s *Service) startBeyondGit(ctx context.Context, r repo, q *bundle.Quarantine, objs *objectReader, tip string) func() error {
-	if s.o.SkipBeyondGit || objs.pack == nil {
+	if s.skip.BeyondGit || objs.pack == nil {
 		return func() error { return nil }
 	}
 	pack, err := objs.reopen()

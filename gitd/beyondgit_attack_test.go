@@ -83,8 +83,8 @@ func TestAttackWalkTrustsARefusedPushInFlight(t *testing.T) {
 	e := newEnv(t, func(o *Options) {
 		ha = &hookAuth{fakeAuth: o.Authority.(*fakeAuth)}
 		o.Authority = ha
-		o.SkipBeyondGit = true // for the first push: the broker refuses it
 	})
+	e.svc.skip.BeyondGit = true // for the first push: the broker refuses it
 	last := e.pushChain("t1", 1)
 	before := e.snapshot()
 	readme := e.run(e.work, "rev-parse", nil, "--", "HEAD:README")
@@ -101,7 +101,7 @@ func TestAttackWalkTrustsARefusedPushInFlight(t *testing.T) {
 	e.run(e.work, "update-ref", nil, "--", "refs/heads/work", first)
 	firstBundle := e.bundle("HEAD", "^"+last)
 
-	secondDone := refuseOnceSecondWaits(e, ha, first, secondBundle, func() { e.svc.o.SkipBeyondGit = false })
+	secondDone := refuseOnceSecondWaits(e, ha, first, secondBundle, func() { e.svc.skip.BeyondGit = false })
 	if _, err := e.push("t1", firstBundle); errdefs.ReasonOf(err) != errdefs.TaskClosed {
 		t.Fatalf("the push the broker refuses: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/limits"
 )
 
 // BenchmarkBeyondGitWalk times the walk alone on the pack of the
@@ -107,7 +108,7 @@ func BenchmarkBeyondGitWalk(b *testing.B) {
 		}
 		p := pushedPack{pack: objs.pack, idx: objs.idx, repo: v, tip: plumbing.NewHash(h.Refs[0].Commit),
 			has: has, pooled: has, before: has,
-			bounds: treeBounds{maxPaths: DefaultMaxTreePaths, maxDepth: DefaultMaxTreeDepth, known: &treeSizes{}}}
+			bounds: treeBounds{maxPaths: limits.DefaultMaxTreePaths, maxDepth: limits.DefaultMaxTreeDepth, known: &treeSizes{}}}
 		if _, err := walkBeyondGit(context.Background(), p); err != nil {
 			b.Fatal(err)
 		}

@@ -65,7 +65,8 @@ func TestPushObjectBounds(t *testing.T) {
 		}
 	})
 	t.Run("checks off", func(t *testing.T) {
-		e := newEnv(t, small, func(o *Options) { o.NoObjectChecks = true })
+		e := newEnv(t, small)
+		e.svc.skip.ObjectChecks = true
 		e.commitFile("big.bin", strings.Repeat("a", 300<<10))
 		if _, err := e.push("t1", e.bundle("HEAD", "^main")); err != nil {
 			t.Fatal(err)

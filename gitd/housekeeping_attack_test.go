@@ -59,8 +59,8 @@ func TestAttackRepackKeepsRefusedPush(t *testing.T) {
 	e := newEnv(t, func(o *Options) {
 		ha = &hookAuth{fakeAuth: o.Authority.(*fakeAuth)}
 		o.Authority = ha
-		o.SkipBeyondGit = true
 	})
+	e.svc.skip.BeyondGit = true
 	ctx := context.Background()
 	last := e.pushChain("t1", 2)
 	r := e.svc.mustTask(t, "t1")
@@ -90,7 +90,7 @@ func TestAttackRepackKeepsRefusedPush(t *testing.T) {
 	}
 
 	// The walk refuses that push when it runs.
-	e.svc.o.SkipBeyondGit = false
+	e.svc.skip.BeyondGit = false
 	if _, err := e.push("t1", e.bundle("HEAD", "^"+last)); err == nil {
 		t.Fatal("the walk took the .gitmodules it must refuse")
 	}

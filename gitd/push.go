@@ -95,7 +95,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 		}
 	}
 
-	if !s.o.NoObjectChecks {
+	if !s.skip.ObjectChecks {
 		q.Limits = bundle.Limits{BlobBytes: s.o.MaxObjectBytes, CommitBytes: s.o.MaxCommitBytes,
 			TreeBytes: s.o.MaxTreeBytes, Objects: s.o.MaxPackObjects, InflatedBytes: s.o.MaxPushInflated}
 	}

@@ -88,7 +88,7 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	// the call ends (refused grant included).
 	var passed *os.File
 	offered, offerErr := false, error(nil)
-	if !sv.s.o.NoFDPassing {
+	if !sv.s.skip.FDPassing {
 		passed, offered, offerErr = sock.PassedFD(ctx)
 		if passed != nil {
 			defer passed.Close()

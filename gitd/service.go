@@ -33,22 +33,9 @@ import (
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/limits"
 	"github.com/bushost/bushost/internal/names"
-)
-
-// Defaults for zero Options fields.
-const (
-	DefaultMaxBundleBytes  = 256 << 20
-	DefaultIdleTimeout     = 30 * time.Second
-	DefaultMaxObjectBytes  = 100 << 20
-	DefaultMaxCommitBytes  = 1 << 20
-	DefaultMaxTreeBytes    = 16 << 20
-	DefaultMaxPackObjects  = 1 << 20
-	DefaultMaxPushInflated = 4 << 30
-	DefaultMaxTreePaths    = 1_000_000
-	DefaultMaxTreeDepth    = 1024
-	DefaultMaxTaskBytes    = 1 << 30
-	DefaultMaxProjectBytes = 10 << 30
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // MainRef is the branch every project's work starts from.
@@ -56,14 +43,17 @@ const MainRef = "refs/heads/main"
 
 // Options configure a Service.
 type Options struct {
-	ReposDir       string        // <home>/repos
-	GitHome        string        // private HOME for git processes (gitcmd.New(GitHome))
-	MaxBundleBytes int64         // 0 -> 256 MiB
-	IdleTimeout    time.Duration // a push stream that sends nothing this long is cut; 0 -> 30s
-	PushTimeout    time.Duration // a whole push ends within it; 0 -> none
-	MinPushRate    int64         // bytes/s a push must average once PushRateGrace old; 0 -> none
-	PushRateGrace  time.Duration
-	Authority      authz.Authority
+	ReposDir  string // <home>/repos
+	GitHome   string // private HOME for git processes (gitcmd.New(GitHome))
+	Authority authz.Authority
+	// Limits bound what a push may send and store (internal/limits). The
+	// service reads MaxBundleBytes, IdleTimeout (a push stream that sends
+	// nothing this long is cut), PushTimeout and MinPushRate after
+	// PushRateGrace (0: none), the object bounds, checked on every pushed
+	// pack as it streams in before git reads the object (bundle.Limits),
+	// and the quotas, checked before a push's objects leave quarantine.
+	// Zero: the defaults, but for PushTimeout and MinPushRate.
+	limits.Limits
 	// Logger receives the service's log; nil -> slog's default. bushostd
 	// passes its own, so --log-level and --log-format hold here too.
 	Logger *slog.Logger
@@ -76,37 +66,6 @@ type Options struct {
 	// DefaultMergeRenameLimit).
 	MergeTimeout     time.Duration
 	MergeRenameLimit int
-
-	// Object bounds, checked on every pushed pack as it streams in, before
-	// git reads the object (see bundle.Limits). 0 -> the defaults.
-	MaxObjectBytes int64 // a blob; 100 MiB
-	MaxCommitBytes int64 // a commit or a tag; 1 MiB
-	MaxTreeBytes   int64 // a tree; 16 MiB
-	MaxPackObjects int64 // the objects of one pushed pack; 1,048,576
-	// MaxPushInflated bounds the sum of a pushed pack's inflated sizes, a
-	// delta counted by its result; 4 GiB.
-	MaxPushInflated int64
-	// MaxTreePaths and MaxTreeDepth bound what a commit's tree expands
-	// to (the paths a checkout writes, and how deep they nest) for every
-	// commit a push brings, and the result of a landing and of a
-	// publish; 1,000,000 and 1024 (treesize.go).
-	MaxTreePaths int64
-	MaxTreeDepth int64
-	// NoObjectChecks turns the streaming object checks off: for the
-	// benchmark that measures their cost, never in service.
-	NoObjectChecks bool
-	// NoFDPassing ignores a push's offer of a passed descriptor, as a
-	// server from before it did: for the tests of old and new ends.
-	NoFDPassing bool
-
-	// Quotas on what pushes may store: a task's accepted packs (1 GiB), a
-	// project's repository (10 GiB). A push past one is refused before its
-	// objects leave quarantine. 0 -> the defaults.
-	MaxTaskBytes    int64
-	MaxProjectBytes int64
-	// SkipBeyondGit turns off the beyond-git walk (beyondgit.go). Only the
-	// benchmark sets it, to measure what the walk costs.
-	SkipBeyondGit bool
 	// Housekeeping queues a repository after each push and landing for
 	// the background housekeeping (housekeeping.go) that StartHousekeeping
 	// runs; off, only OptimizeProject housekeeps.
@@ -140,6 +99,8 @@ type Service struct {
 	hk     *housekeeper
 	// treeSizes remembers what the trees walked expand to (treesize.go).
 	treeSizes treeSizes
+	// skip is what a test's build turned off (the zero value in service).
+	skip testhook.Skips
 }
 
 // New checks o and prepares ReposDir. It removes what a killed process may
@@ -155,26 +116,13 @@ func New(o Options) (*Service, error) {
 		return nil, errors.New("gitd: Authority is required")
 	}
 	if o.MaxBundleBytes <= 0 {
-		o.MaxBundleBytes = DefaultMaxBundleBytes
+		o.MaxBundleBytes = limits.DefaultMaxBundleBytes
 	}
 	if o.IdleTimeout <= 0 {
-		o.IdleTimeout = DefaultIdleTimeout
+		o.IdleTimeout = limits.DefaultIdleTimeout
 	}
-	for _, f := range []struct {
-		p   *int64
-		def int64
-	}{
-		{&o.MaxObjectBytes, DefaultMaxObjectBytes}, {&o.MaxCommitBytes, DefaultMaxCommitBytes},
-		{&o.MaxTreeBytes, DefaultMaxTreeBytes}, {&o.MaxTaskBytes, DefaultMaxTaskBytes},
-		{&o.MaxPackObjects, DefaultMaxPackObjects},
-		{&o.MaxPushInflated, DefaultMaxPushInflated},
-		{&o.MaxTreePaths, DefaultMaxTreePaths}, {&o.MaxTreeDepth, DefaultMaxTreeDepth},
-		{&o.MaxProjectBytes, DefaultMaxProjectBytes},
-	} {
-		if *f.p <= 0 {
-			*f.p = f.def
-		}
-	}
+	o.Objects.Fill()
+	o.Quotas.Fill()
 	if o.MaxTreeDepth > MaxTreeDepthBound {
 		return nil, fmt.Errorf("gitd: MaxTreeDepth %d is over %d", o.MaxTreeDepth, MaxTreeDepthBound)
 	}
@@ -198,7 +146,7 @@ func New(o Options) (*Service, error) {
 		log = slog.Default()
 	}
 	s := &Service{o: o, git: g, log: log.With("service", "gitd"), locks: map[string]*semaphore.Weighted{},
-		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}, undone: map[string]uint64{}}
+		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}, undone: map[string]uint64{}, skip: testhook.Skipped()}
 	s.hk = newHousekeeper(s, o.Housekeeping)
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)

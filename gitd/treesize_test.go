@@ -14,6 +14,7 @@ import (
 
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/limits"
 )
 
 // memTrees is a set of trees in memory, by id, for the walk alone.
@@ -46,7 +47,7 @@ func TestTreeWalkMemoised(t *testing.T) {
 	reads := 0
 	walk := func(maxPaths int64) *treeWalk {
 		reads = 0
-		return &treeWalk{ctx: context.Background(), maxPaths: maxPaths, maxDepth: DefaultMaxTreeDepth,
+		return &treeWalk{ctx: context.Background(), maxPaths: maxPaths, maxDepth: limits.DefaultMaxTreeDepth,
 			isNew: func(plumbing.Hash) bool { return true },
 			read: func(h plumbing.Hash) ([]byte, error) {
 				reads++
@@ -59,7 +60,7 @@ func TestTreeWalkMemoised(t *testing.T) {
 		t.Fatalf("the bomb: %+v, %v after %d reads; want 2^30 paths, 31 deep, 31 reads", s, err, reads)
 	}
 	commit := plumbing.NewHash("3333333333333333333333333333333333333333")
-	err = walk(DefaultMaxTreePaths).check(commit, root)
+	err = walk(limits.DefaultMaxTreePaths).check(commit, root)
 	if e, ok := errdefs.As(err); !ok || e.Reason != errdefs.TreeTooLarge || e.Metadata["flag"] != "--max-tree-paths" || e.Metadata["commit"] != commit.String() {
 		t.Fatalf("the bomb at the default bound: %v", err)
 	}

@@ -135,16 +135,18 @@ func fullPush(b *testing.B) (dir, root, bundle string) {
 
 // BenchmarkGitPushObjectChecks: what the streaming object size checks
 // (issue 11) cost a push: the full and the incremental push, each through
-// two daemons in one run, one with the checks and one with
-// --bench-no-object-checks, alternating. Target: within 1.05x.
+// two daemons in one run, one with the checks and one without
+// (BUSHOST_TESTHOOK_SKIP=object-checks; both the test's build of bushostd,
+// internal/testhook), alternating. Target: within 1.05x.
 func BenchmarkGitPushObjectChecks(b *testing.B) {
 	for _, sc := range []struct {
 		name string
 		make func(*testing.B) (string, string, string)
 	}{{"full push", fullPush}, {"incremental push", incrementalPush}} {
 		dir, root, bundle := sc.make(b)
-		on := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home-on")})
-		off := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home-off"), Args: []string{"--bench-no-object-checks"}})
+		hooked := hookBin(b, "bushostd")
+		on := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home-on"), Daemon: hooked})
+		off := startHostWith(b, hostOpts{Home: filepath.Join(dir, "home-off"), Daemon: hooked, Env: []string{"BUSHOST_TESTHOOK_SKIP=object-checks"}})
 		commit := bundleRef(b, bundle)
 		push := func(h *Host, task string) time.Duration {
 			return timedPush(b, h, task, root, commit, "--bundle", bundle)
@@ -472,9 +474,9 @@ func vmHWM(b testing.TB, pid int) int64 {
 
 // BenchmarkGitPushBeyondGitWalk: the incremental push of
 // BenchmarkGitPushIncremental with gitd's beyond-git walk on and off
-// (bushostd serve --bench-skip-beyond-git, a switch for this benchmark
-// only), in one run, alternating which goes first. Target: at most 5%
-// apart. The figure is the ratio of the two medians: on this shared
+// (BUSHOST_TESTHOOK_SKIP=beyond-git, read only by the test's build of
+// bushostd, which both sides run: internal/testhook), in one run,
+// alternating which goes first. Target: at most 5% apart. The figure is the ratio of the two medians: on this shared
 // machine single pairs swing by 3x either way, which a median of each side
 // absorbs better than a median of per-pair ratios (both are printed).
 //
@@ -496,8 +498,9 @@ func BenchmarkGitPushBeyondGitWalk(b *testing.B) {
 	}
 	bundle := bundleFile(b, work, dir, "incr", "HEAD", "^origin/main")
 	commit := bundleRef(b, bundle)
-	on := startHostWith(b, hostOpts{Home: filepath.Join(dir, "on")})
-	off := startHostWith(b, hostOpts{Home: filepath.Join(dir, "off"), Args: []string{"--bench-skip-beyond-git"}})
+	hooked := hookBin(b, "bushostd")
+	on := startHostWith(b, hostOpts{Home: filepath.Join(dir, "on"), Daemon: hooked})
+	off := startHostWith(b, hostOpts{Home: filepath.Join(dir, "off"), Daemon: hooked, Env: []string{"BUSHOST_TESTHOOK_SKIP=beyond-git"}})
 	push := func(h *Host, project string) time.Duration {
 		return timedPush(b, h, project, root, commit, "--bundle", bundle)
 	}

@@ -42,7 +42,8 @@ type hostOpts struct {
 	// that measures the daemon's memory, which the race runtime's shadow
 	// memory would inflate.
 	Plain bool
-	// Daemon, when set, is the bushostd binary to run (failpointDaemon's).
+	// Daemon, when set, is the bushostd binary to run (failpointDaemon's,
+	// hookBin's).
 	Daemon string
 }
 

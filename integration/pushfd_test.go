@@ -222,13 +222,14 @@ func TestPushDescriptorHostile(t *testing.T) {
 	})
 }
 
-// A daemon from before descriptor passing (--test-no-fd-passing: it takes
-// no descriptor and ignores the offer) still gets the push from the new
+// A daemon from before descriptor passing (a test's build with
+// BUSHOST_TESTHOOK_SKIP=fd-passing: it takes no descriptor and ignores the
+// offer) still gets the push from the new
 // CLI, which falls back to streaming the bytes; a new daemon declines a
 // descriptor the connection does not hold, and the CLI's byte stream (the
 // only thing an old client sends) still works on it.
 func TestPushDescriptorFallback(t *testing.T) {
-	old := startHostWith(t, hostOpts{Args: []string{"--test-no-fd-passing"}})
+	old := startHostWith(t, hostOpts{Daemon: hookBin(t, "bushostd"), Env: []string{"BUSHOST_TESTHOOK_SKIP=fd-passing"}})
 	bundle, commit, tok := fdWork(t, old, "p")
 	f, err := os.Open(bundle)
 	if err != nil {

@@ -35,6 +35,7 @@ import (
 	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
+	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/textsafe"
 	"github.com/bushost/bushost/internal/version"
 )
@@ -163,12 +164,12 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 		_, err := fmt.Fprintf(c.OutOrStderr(), "Global flags:\n%s", c.LocalFlags().FlagUsages())
 		return err
 	})
-	home := e.Getenv("BUSHOST_HOME")
-	if home == "" {
-		home = "./bus-host"
+	dir := e.Getenv(home.Env)
+	if dir == "" {
+		dir = home.Default
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&e.Home, "home", home, "the bus host's home with git.sock, broker.sock and admin.token ($BUSHOST_HOME)")
+	pf.StringVar(&e.Home, "home", dir, "the bus host's home with git.sock, broker.sock and admin.token ($BUSHOST_HOME)")
 	pf.StringVar(&e.TokenFile, "token-file", "", "the session's grant token (else $BUS_TOKEN_FILE, $BUS_TOKEN, or the host's <home>/admin.token)")
 	pf.BoolVar(&e.JSON, "json", false, "machine-readable output, and errors as one JSON object on stderr")
 	pf.DurationVar(&e.Timeout, "timeout", 0, "give up on a call with no answer, or a transfer with no progress, after this long (default 2m a call, 60s without progress)")
@@ -399,7 +400,7 @@ func (e *Env) token() (string, error) {
 		e.tokenFrom = "BUS_TOKEN"
 		return t, nil
 	}
-	path := filepath.Join(e.Home, "admin.token")
+	path := home.At(e.Home).AdminToken()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		if _, serr := os.Stat(e.Home); serr != nil {
@@ -416,7 +417,7 @@ func (e *Env) token() (string, error) {
 		return "", errdefs.Unauthenticated(errdefs.TokenMissing,
 			"no token: give --token-file FILE, $BUS_TOKEN_FILE or $BUS_TOKEN (or run as the host, with %s readable): %v", path, err).Wrap(err)
 	}
-	e.tokenFrom = "admin.token"
+	e.tokenFrom = home.AdminTokenName
 	return strings.TrimSpace(string(b)), nil
 }
 
@@ -427,7 +428,7 @@ func (e *Env) dial(ctx context.Context, socket string, opts ...grpc.DialOption) 
 	if err != nil {
 		return nil, nil, err
 	}
-	path := filepath.Join(e.Home, socket)
+	path := home.At(e.Home).Path(socket)
 	e.dialed = socket
 	if _, err := os.Stat(path); err != nil {
 		who, start := serverOf(socket, e.Home)
@@ -455,17 +456,18 @@ func (e *Env) dial(ctx context.Context, socket string, opts ...grpc.DialOption) 
 
 // serverOf names what serves socket in home and how to start it:
 // bushostd for git.sock and broker.sock, the launcher for launch.sock.
-func serverOf(socket, home string) (who, start string) {
-	if socket == "launch.sock" {
-		return "launcher (sandbox serve)", fmt.Sprintf("'sandbox serve --home %s' as root, beside the bushostd serving there (docs/launch.md)", home)
+func serverOf(socket, dir string) (who, start string) {
+	if socket == home.LaunchSockName {
+		return "launcher (sandbox serve)", fmt.Sprintf("'sandbox serve --home %s' as root, beside the bushostd serving there (docs/launch.md)", dir)
 	}
-	return "bushostd", fmt.Sprintf("'bushostd serve --home %s'", home)
+	return "bushostd", fmt.Sprintf("'bushostd serve --home %s'", dir)
 }
 
 // hasSocket reports whether the home holds one of bushostd's sockets.
 func (e *Env) hasSocket() bool {
-	for _, s := range []string{"git.sock", "broker.sock"} {
-		if fi, err := os.Lstat(filepath.Join(e.Home, s)); err == nil && fi.Mode().Type() == fs.ModeSocket {
+	h := home.At(e.Home)
+	for _, path := range []string{h.GitSock(), h.BrokerSock()} {
+		if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
 			return true
 		}
 	}
@@ -474,7 +476,7 @@ func (e *Env) hasSocket() bool {
 
 // gitClient dials git.sock.
 func (e *Env) gitClient(ctx context.Context) (gitv1.GitServiceClient, context.Context, func(), error) {
-	conn, ctx, err := e.dial(ctx, "git.sock")
+	conn, ctx, err := e.dial(ctx, home.GitSockName)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -483,7 +485,7 @@ func (e *Env) gitClient(ctx context.Context) (gitv1.GitServiceClient, context.Co
 
 // brokerClient dials broker.sock.
 func (e *Env) brokerClient(ctx context.Context) (brokerv1.BrokerServiceClient, context.Context, func(), error) {
-	conn, ctx, err := e.dial(ctx, "broker.sock")
+	conn, ctx, err := e.dial(ctx, home.BrokerSockName)
 	if err != nil {
 		return nil, nil, nil, err
 	}

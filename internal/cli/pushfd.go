@@ -12,6 +12,7 @@ import (
 
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -23,12 +24,12 @@ import (
 // gitClientFD dials git.sock like gitClient, through a dialer that can
 // pass descriptors on the connection.
 func (e *Env) gitClientFD(ctx context.Context) (gitv1.GitServiceClient, context.Context, *sock.FDDialer, func(), error) {
-	path, err := filepath.Abs(filepath.Join(e.Home, "git.sock"))
+	path, err := filepath.Abs(home.At(e.Home).GitSock())
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
 	d := &sock.FDDialer{Path: path}
-	conn, ctx, err := e.dial(ctx, "git.sock", grpc.WithContextDialer(d.Dial))
+	conn, ctx, err := e.dial(ctx, home.GitSockName, grpc.WithContextDialer(d.Dial))
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}

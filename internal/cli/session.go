@@ -12,6 +12,7 @@ import (
 
 	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
 	"github.com/bushost/bushost/internal/bounds"
+	"github.com/bushost/bushost/internal/home"
 )
 
 // The session commands talk to sandbox serve's launch.sock in the home:
@@ -86,7 +87,7 @@ func launchCall(ctx context.Context, e *Env, bounded bool, call func(ctx context
 		ctx, cancel = context.WithTimeout(ctx, e.Timeout)
 		defer cancel()
 	}
-	conn, ctx, err := e.dial(ctx, "launch.sock")
+	conn, ctx, err := e.dial(ctx, home.LaunchSockName)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+
+	"github.com/bushost/bushost/internal/home"
 )
 
 // Socket activation (sd_listen_fds(3)): a service manager that made the
@@ -21,7 +23,7 @@ const listenFDsStart = 3
 
 // inheritedSockets returns the listeners the service manager passed, by
 // socket file name; none when the daemon was not socket-activated.
-func inheritedSockets(home string) (map[string]net.Listener, error) {
+func inheritedSockets(h home.Home) (map[string]net.Listener, error) {
 	pid, nfds := os.Getenv("LISTEN_PID"), os.Getenv("LISTEN_FDS")
 	os.Unsetenv("LISTEN_PID")
 	os.Unsetenv("LISTEN_FDS")
@@ -31,9 +33,9 @@ func inheritedSockets(home string) (map[string]net.Listener, error) {
 	}
 	n, err := strconv.Atoi(nfds)
 	if err != nil || n < 1 || n > 2 {
-		return nil, fmt.Errorf("LISTEN_FDS=%q: want 1 or 2 sockets (%s, %s)", nfds, GitSocket, BrokerSocket)
+		return nil, fmt.Errorf("LISTEN_FDS=%q: want 1 or 2 sockets (%s, %s)", nfds, home.GitSockName, home.BrokerSockName)
 	}
-	abs, err := filepath.Abs(home)
+	abs, err := filepath.Abs(h.Dir())
 	if err != nil {
 		return nil, err
 	}
@@ -60,9 +62,9 @@ func inheritedSockets(home string) (map[string]net.Listener, error) {
 		}
 		path := ul.Addr().String()
 		name := filepath.Base(path)
-		if filepath.Dir(path) != abs || (name != GitSocket && name != BrokerSocket) {
+		if filepath.Dir(path) != abs || (name != home.GitSockName && name != home.BrokerSockName) {
 			l.Close()
-			return fail(fmt.Errorf("inherited socket %s: want %s or %s", path, filepath.Join(abs, GitSocket), filepath.Join(abs, BrokerSocket)))
+			return fail(fmt.Errorf("inherited socket %s: want %s or %s", path, home.At(abs).GitSock(), home.At(abs).BrokerSock()))
 		}
 		if _, dup := out[name]; dup {
 			l.Close()

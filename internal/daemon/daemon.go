@@ -33,8 +33,11 @@ import (
 	"github.com/bushost/bushost/gitd"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
+	"github.com/bushost/bushost/internal/home"
+	"github.com/bushost/bushost/internal/limits"
 	"github.com/bushost/bushost/internal/safepath"
 	"github.com/bushost/bushost/internal/sock"
+	"github.com/bushost/bushost/internal/testhook"
 )
 
 // Options configure a daemon. Zero values mean the documented defaults.
@@ -50,43 +53,18 @@ type Options struct {
 	// HostID names this host for project placement ("" reads HOME/host-id,
 	// made at first start).
 	HostID string
-	// MaxBundleBytes bounds one pushed bundle (default 256 MiB).
-	MaxBundleBytes int64
 	// DrainTimeout bounds how long a stop waits for calls in flight.
 	DrainTimeout time.Duration
-	// Limits bound connections, calls, bytes and time per socket, uid,
-	// connection and grant (limits.go, docs/limits.md).
-	Limits
+	// Limits are every bound the daemon, its git service and its broker
+	// keep (internal/limits, docs/limits.md): the transport per socket,
+	// uid, connection and grant, the objects a push may carry, the quotas
+	// on what pushes store and the rates of recorded events. Zero: the
+	// defaults.
+	limits.Limits
 	// SocketGroup, when set, is the group (name or number) given to both
 	// sockets and to the home, which becomes 0710: members may reach the
 	// sockets (a sandboxed session's user gets it) and nothing else there.
 	SocketGroup string
-	// Objects and quotas (docs/limits.md): the inflated size of one pushed
-	// blob, commit or tag, and tree; what a task's accepted packs and a
-	// project's repository may hold; what one grant may append through
-	// RecordEvent per minute. Zero: the defaults.
-	MaxObjectBytes  int64
-	MaxCommitBytes  int64
-	MaxTreeBytes    int64
-	MaxPackObjects  int64
-	MaxPushInflated int64
-	MaxTreePaths    int64
-	MaxTreeDepth    int64
-	MaxTaskBytes    int64
-	MaxProjectBytes int64
-	EventRate       int
-	EventBytesRate  int64
-	// EgressRate and EgressBytesRate: network.egress's own bound, per
-	// launcher grant and minute.
-	EgressRate      int
-	EgressBytesRate int64
-	// NoObjectChecks turns the streaming object checks off, for the
-	// benchmark that measures what they cost; never in service.
-	NoObjectChecks bool
-	// NoFDPassing makes git.sock a server from before descriptor passing:
-	// it takes no descriptor and ignores a push's offer of one. For the
-	// tests that show old and new ends still work together.
-	NoFDPassing bool
 	// CheckpointFile, when set, is where the broker appends each new head
 	// of its log ("SEQ HASH" lines, fsynced) and what it checks the log
 	// against at start (broker.Options.CheckpointFile).
@@ -108,9 +86,6 @@ type Options struct {
 	// queues its repository for the background housekeeping of
 	// docs/git-service.md; "off": only `bushost repo optimize` housekeeps.
 	Housekeeping string
-	// SkipBeyondGit turns off gitd's beyond-git walk: for the benchmark
-	// only (a hidden flag), never for a bus host in use.
-	SkipBeyondGit bool
 	// Logger receives the daemon's log (default: Observe's format and
 	// level on stderr).
 	Logger *slog.Logger
@@ -119,34 +94,16 @@ type Options struct {
 }
 
 // Defaults for Options.
-const (
-	DefaultHome         = "./bus-host"
-	DefaultMaxBundle    = 256 << 20
-	DefaultDrainTimeout = 30 * time.Second
-)
-
-// File names inside the home (docs/architecture.md).
-const (
-	GitSocket    = "git.sock"
-	BrokerSocket = "broker.sock"
-	AdminToken   = "admin.token"
-	BrokerDB     = "broker.db"
-	ReposDir     = "repos"
-	LockFile     = "bushostd.lock"
-	gitHomeDir   = "git-home"
-)
+const DefaultDrainTimeout = 30 * time.Second
 
 func (o *Options) fill() {
 	if o.Home == "" {
-		o.Home = DefaultHome
-	}
-	if o.MaxBundleBytes == 0 {
-		o.MaxBundleBytes = DefaultMaxBundle
+		o.Home = home.Default
 	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
-	o.Limits.fill()
+	o.Limits.Fill()
 	if o.Observe.DrainGrace == 0 {
 		o.Observe.DrainGrace = DefaultDrainGrace
 	}
@@ -186,13 +143,13 @@ func Serve(ctx context.Context, o Options) error {
 			return fmt.Errorf("--committer: %w", err)
 		}
 	}
-	if err := o.Limits.check(); err != nil {
+	if err := o.Limits.Check(); err != nil {
 		return err
 	}
 	// Go's collector would let the heap grow to twice what is live; keep
 	// it near the budget instead (unless the operator set GOMEMLIMIT).
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(o.Limits.Budget() + o.Limits.Budget()/4)
+		debug.SetMemoryLimit(budget(o.Limits) + budget(o.Limits)/4)
 	}
 	gid := -1
 	if o.SocketGroup != "" {
@@ -202,10 +159,11 @@ func Serve(ctx context.Context, o Options) error {
 		}
 		gid = g
 	}
-	if err := prepareHome(o.Home, gid); err != nil {
+	h := home.At(o.Home)
+	if err := prepareHome(h, gid); err != nil {
 		return err
 	}
-	lock, err := lockHome(o.Home)
+	lock, err := lockHome(h)
 	if err != nil {
 		return err
 	}
@@ -216,13 +174,13 @@ func Serve(ctx context.Context, o Options) error {
 	// nothing at start, whatever the store holds: a database writer that
 	// stripped every signature does not get a joining host to sign what
 	// it wrote (docs/broker.md, "A log written before signing").
-	_, err = os.Lstat(filepath.Join(o.Home, AdminToken))
+	_, err = os.Lstat(h.AdminToken())
 	newHome := errors.Is(err, fs.ErrNotExist)
-	hostID, err := hostID(o.Home, o.HostID)
+	hostID, err := hostID(h, o.HostID)
 	if err != nil {
 		return err
 	}
-	signingKey, trusted, keyMade, keepKey, err := logKeys(o.Home, o.LogKey, o.LogTrustedKeys, hostID)
+	signingKey, trusted, keyMade, keepKey, err := logKeys(h, o.LogKey, o.LogTrustedKeys, hostID)
 	if err != nil {
 		return err
 	}
@@ -233,20 +191,19 @@ func Serve(ctx context.Context, o Options) error {
 		}
 	}
 
-	token, created, err := adminToken(filepath.Join(o.Home, AdminToken))
+	token, created, err := adminToken(h.AdminToken())
 	if err != nil {
 		return err
 	}
 	if created {
-		log.Info("made the host's admin token", "path", filepath.Join(o.Home, AdminToken))
+		log.Info("made the host's admin token", "path", h.AdminToken())
 	}
 	dsn := o.BrokerDSN
 	if dsn == "" {
-		dsn = filepath.Join(o.Home, BrokerDB)
+		dsn = h.BrokerDB()
 	}
-	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, EventRate: o.EventRate, EventBytesRate: o.EventBytesRate,
-		EgressRate: o.EgressRate, EgressBytesRate: o.EgressBytesRate, CheckpointFile: o.CheckpointFile, HostID: hostID,
-		ReposDir: filepath.Join(o.Home, ReposDir), Postgres: o.BrokerPostgres,
+	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, Limits: o.Limits, CheckpointFile: o.CheckpointFile, HostID: hostID,
+		ReposDir: h.Repos(), Postgres: o.BrokerPostgres,
 		SigningKey: signingKey, TrustedKeys: trusted, AdoptUnsigned: adopt})
 	if err != nil {
 		return fmt.Errorf("open broker: %w", err)
@@ -261,7 +218,7 @@ func Serve(ctx context.Context, o Options) error {
 			}
 		}
 		log.Info("made the host's log signing key; list its public key in every host's --log-trusted-keys when hosts share the broker",
-			"key", broker.KeyID(signingKey.Public().(ed25519.PublicKey)), "public", filepath.Join(o.Home, LogPubFile))
+			"key", broker.KeyID(signingKey.Public().(ed25519.PublicKey)), "public", h.LogPub())
 	}
 	if n := b.Adopted(); n > 0 {
 		log.Info("signed the log's events written before signing", "through_seq", n)
@@ -272,32 +229,15 @@ func Serve(ctx context.Context, o Options) error {
 	}
 
 	svc, err := gitd.New(gitd.Options{
-		ReposDir:         filepath.Join(o.Home, ReposDir),
-		GitHome:          filepath.Join(o.Home, gitHomeDir),
-		MaxBundleBytes:   o.MaxBundleBytes,
-		IdleTimeout:      o.IdleTimeout,
-		PushTimeout:      o.PushTimeout,
-		MinPushRate:      o.MinPushRate,
-		PushRateGrace:    o.PushRateGrace,
+		ReposDir:         h.Repos(),
+		GitHome:          h.GitHome(),
+		Limits:           o.Limits,
 		Authority:        b,
 		Logger:           log,
 		Committer:        o.Committer,
 		MergeTimeout:     o.MergeTimeout,
 		MergeRenameLimit: o.MergeRenameLimit,
-
-		MaxObjectBytes:  o.MaxObjectBytes,
-		MaxCommitBytes:  o.MaxCommitBytes,
-		MaxTreeBytes:    o.MaxTreeBytes,
-		MaxPackObjects:  o.MaxPackObjects,
-		MaxPushInflated: o.MaxPushInflated,
-		MaxTreePaths:    o.MaxTreePaths,
-		MaxTreeDepth:    o.MaxTreeDepth,
-		NoObjectChecks:  o.NoObjectChecks,
-		NoFDPassing:     o.NoFDPassing,
-		MaxTaskBytes:    o.MaxTaskBytes,
-		MaxProjectBytes: o.MaxProjectBytes,
-		SkipBeyondGit:   o.SkipBeyondGit,
-		Housekeeping:    o.Housekeeping != "off",
+		Housekeeping:     o.Housekeeping != "off",
 	})
 	if err != nil {
 		return fmt.Errorf("git service: %w", err)
@@ -316,7 +256,9 @@ func Serve(ctx context.Context, o Options) error {
 
 	ds := newDrainState()
 	grants := newGrantLimiter(o.Limits, token)
-	gitSrv, gitAdm := newServer(o, grants, newObserver("git", log, ds), !o.NoFDPassing)
+	// git.sock takes a pushed bundle's descriptor, unless a test's build
+	// plays a daemon from before descriptor passing.
+	gitSrv, gitAdm := newServer(o, grants, newObserver("git", log, ds), !testhook.Skipped().FDPassing)
 	gitv1.RegisterGitServiceServer(gitSrv, gitd.NewServer(svc))
 	brokerSrv, brokerAdm := newServer(o, grants, newObserver("broker", log, ds), false)
 	brokerv1.RegisterBrokerServiceServer(brokerSrv, broker.NewServer(b))
@@ -325,15 +267,15 @@ func Serve(ctx context.Context, o Options) error {
 	defer stopWatch()
 	go watchStore(wctx, log, b.Ping, healths)
 
-	inherited, err := inheritedSockets(o.Home)
+	inherited, err := inheritedSockets(h)
 	if err != nil {
 		return err
 	}
-	gitL, err := listen(o, GitSocket, gid, inherited, gitAdm)
+	gitL, err := listen(h, home.GitSockName, gid, inherited, gitAdm)
 	if err != nil {
 		return err
 	}
-	brokerL, err := listen(o, BrokerSocket, gid, inherited, brokerAdm)
+	brokerL, err := listen(h, home.BrokerSockName, gid, inherited, brokerAdm)
 	if err != nil {
 		gitL.Close()
 		return err
@@ -351,7 +293,7 @@ func Serve(ctx context.Context, o Options) error {
 	errc := make(chan error, 2)
 	go func() { errc <- gitSrv.Serve(gitL) }()
 	go func() { errc <- brokerSrv.Serve(brokerL) }()
-	log.Info("serving", "home", o.Home, "git", filepath.Join(o.Home, GitSocket), "broker", filepath.Join(o.Home, BrokerSocket), "pid", os.Getpid())
+	log.Info("serving", "home", o.Home, "git", h.GitSock(), "broker", h.BrokerSock(), "pid", os.Getpid())
 	if person {
 		fmt.Fprint(os.Stderr, nextSteps(o.Home))
 	}
@@ -444,11 +386,11 @@ func newServer(o Options, grants *grantLimiter, ob *observer, passFDs bool) (*gr
 // listen makes the socket name in the home, or takes the one the service
 // manager passed (its unit sets the mode and group); adm admits its
 // connections.
-func listen(o Options, name string, gid int, inherited map[string]net.Listener, adm *sock.Admission) (net.Listener, error) {
+func listen(h home.Home, name string, gid int, inherited map[string]net.Listener, adm *sock.Admission) (net.Listener, error) {
 	if l, ok := inherited[name]; ok {
 		return adm.Listener(countConns(l, strings.TrimSuffix(name, ".sock"))), nil
 	}
-	path := filepath.Join(o.Home, name)
+	path := h.Path(name)
 	l, err := sock.Listen(path, 0o660)
 	if err != nil {
 		return nil, err
@@ -490,21 +432,22 @@ func lookupGroup(name string) (int, error) {
 // and writable by nobody else. Then it makes the home 0700 (0710 with the
 // socket group, so that the group can reach the sockets but list nothing),
 // and repos/ inside it 0700, after the same checks on what is there.
-func prepareHome(home string, gid int) error {
+func prepareHome(h home.Home, gid int) error {
+	dir := h.Dir()
 	uid := os.Geteuid()
-	abs, err := filepath.Abs(home)
+	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return fmt.Errorf("home %s: %w", home, err)
+		return fmt.Errorf("home %s: %w", dir, err)
 	}
 	// Opened once, from /, following no link, every directory on the way
 	// checked as given (what is missing is made); from here on, work on
 	// the descriptor, so that what was checked is what is changed.
-	h, err := safepath.MkdirAll(abs, uid, 0o700)
+	dh, err := safepath.MkdirAll(abs, uid, 0o700)
 	if err != nil {
 		return err
 	}
-	d, err := h.File()
-	h.Close()
+	d, err := dh.File()
+	dh.Close()
 	if err != nil {
 		return err
 	}
@@ -513,34 +456,34 @@ func prepareHome(home string, gid int) error {
 	if err != nil {
 		return err
 	}
-	if err := safepath.Dir(home, fi, uid); err != nil {
+	if err := safepath.Dir(dir, fi, uid); err != nil {
 		return err
 	}
 	// What the daemon opens at the top of the home, checked before
 	// anything is written there.
-	for _, name := range []string{LockFile, AdminToken, BrokerDB, BrokerDB + "-wal", BrokerDB + "-shm", HostIDFile} {
-		if err := safepath.IfExists(filepath.Join(home, name), uid, safepath.File); err != nil {
+	for _, path := range []string{h.Lock(), h.AdminToken(), h.BrokerDB(), h.BrokerDB() + "-wal", h.BrokerDB() + "-shm", h.HostID()} {
+		if err := safepath.IfExists(path, uid, safepath.File); err != nil {
 			return err
 		}
 	}
-	for _, name := range []string{ReposDir, gitHomeDir} {
-		if err := safepath.IfExists(filepath.Join(home, name), uid, safepath.Dir); err != nil {
+	for _, path := range []string{h.Repos(), h.GitHome()} {
+		if err := safepath.IfExists(path, uid, safepath.Dir); err != nil {
 			return err
 		}
 	}
 	mode := os.FileMode(0o700)
 	if gid >= 0 {
 		if err := d.Chown(-1, gid); err != nil {
-			return fmt.Errorf("home %s: give it to group %d: %w", home, gid, err)
+			return fmt.Errorf("home %s: give it to group %d: %w", dir, gid, err)
 		}
 		mode = 0o710
 	}
 	if fi.Mode().Perm() != mode {
 		if err := d.Chmod(mode); err != nil {
-			return fmt.Errorf("home %s: make it %04o: %w", home, mode, err)
+			return fmt.Errorf("home %s: make it %04o: %w", dir, mode, err)
 		}
 	}
-	repos := filepath.Join(home, ReposDir)
+	repos := h.Repos()
 	if err := os.Mkdir(repos, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
@@ -566,8 +509,8 @@ func (l *homeLock) Unlock() {
 // lockHome takes the home's lock for the daemon's lifetime and writes our
 // pid into it, so that a second daemon can say who holds it. The lock file
 // is opened without following a link and must be ours.
-func lockHome(home string) (*homeLock, error) {
-	path := filepath.Join(home, LockFile)
+func lockHome(h home.Home) (*homeLock, error) {
+	dir, path := h.Dir(), h.Lock()
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", path, safepath.Linked(path, err))
@@ -591,8 +534,8 @@ func lockHome(home string) (*homeLock, error) {
 				holder = fmt.Sprintf("bushostd pid %d", pid)
 			}
 		}
-		return nil, errdefs.FailedPrecondition(errdefs.HomeInUse, "%v: %s is served by %s (lock %s)", ErrHomeBusy, home, holder, path).
-			With("home", home).With("holder", holder).Wrap(ErrHomeBusy)
+		return nil, errdefs.FailedPrecondition(errdefs.HomeInUse, "%v: %s is served by %s (lock %s)", ErrHomeBusy, dir, holder, path).
+			With("home", dir).With("holder", holder).Wrap(ErrHomeBusy)
 	}
 	l := &homeLock{f: f}
 	if err := f.Truncate(0); err == nil {

@@ -12,6 +12,7 @@ import (
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/limits"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -32,7 +33,7 @@ type grantLimiter struct {
 	follows map[[sha256.Size]byte]int
 }
 
-func newGrantLimiter(l Limits, adminToken string) *grantLimiter {
+func newGrantLimiter(l limits.Limits, adminToken string) *grantLimiter {
 	return &grantLimiter{
 		maxCalls: l.MaxCallsPerGrant, maxFollows: l.MaxStreamsPerGrant, listTimeout: l.ListTimeout,
 		admin: sha256.Sum256([]byte(adminToken)),

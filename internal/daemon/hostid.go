@@ -7,29 +7,26 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 
+	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/safepath"
 )
-
-// HostIDFile, in the home, keeps the id made at first start.
-const HostIDFile = "host-id"
 
 // hostID returns the host's id for project placement: flag when given
 // (it must be a valid name), else the one kept in HOME/host-id, made at
 // first start from the machine's name and random bytes, so that a host
 // keeps its id across restarts and two hosts never share one by accident.
-func hostID(home, flag string) (string, error) {
+func hostID(h home.Home, flag string) (string, error) {
 	if flag != "" {
 		if err := names.Check("host id", flag); err != nil {
 			return "", fmt.Errorf("--host-id: %w", err)
 		}
 		return flag, nil
 	}
-	path := filepath.Join(home, HostIDFile)
+	path := h.HostID()
 	raw, err := readSmall(path)
 	if err == nil {
 		id := strings.TrimSpace(raw)

@@ -5,32 +5,34 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/bushost/bushost/internal/home"
 )
 
 // The host id: a flag must be a valid name; without one the id is made at
 // first start and kept; a kept id that is not a name, or a link, is
 // refused and left as it was.
 func TestHostID(t *testing.T) {
-	home := t.TempDir()
-	if _, err := hostID(home, "Bad/Name"); err == nil || !strings.Contains(err.Error(), "--host-id") {
+	h := home.At(t.TempDir())
+	if _, err := hostID(h, "Bad/Name"); err == nil || !strings.Contains(err.Error(), "--host-id") {
 		t.Fatalf("invalid --host-id: %v", err)
 	}
-	if id, err := hostID(home, "host-a"); err != nil || id != "host-a" {
+	if id, err := hostID(h, "host-a"); err != nil || id != "host-a" {
 		t.Fatalf("--host-id host-a: %q %v", id, err)
 	}
-	if _, err := os.Stat(filepath.Join(home, HostIDFile)); err == nil {
+	if _, err := os.Stat(h.HostID()); err == nil {
 		t.Fatal("--host-id wrote HOME/host-id")
 	}
-	made, err := hostID(home, "")
+	made, err := hostID(h, "")
 	if err != nil || made == "" {
 		t.Fatalf("first start: %q %v", made, err)
 	}
-	if again, err := hostID(home, ""); err != nil || again != made {
+	if again, err := hostID(h, ""); err != nil || again != made {
 		t.Fatalf("second start: %q %v, want %q", again, err, made)
 	}
 
-	bad := t.TempDir()
-	path := filepath.Join(bad, HostIDFile)
+	bad := home.At(t.TempDir())
+	path := bad.HostID()
 	if err := os.WriteFile(path, []byte("../other\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -41,9 +43,9 @@ func TestHostID(t *testing.T) {
 		t.Fatalf("the refused file changed: %q", b)
 	}
 
-	linked := t.TempDir()
+	linked := home.At(t.TempDir())
 	target := filepath.Join(t.TempDir(), "elsewhere")
-	if err := os.Symlink(target, filepath.Join(linked, HostIDFile)); err != nil {
+	if err := os.Symlink(target, linked.HostID()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := hostID(linked, ""); err == nil {

@@ -11,20 +11,17 @@ import (
 	"syscall"
 
 	"github.com/bushost/bushost/broker"
+	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/safepath"
 )
 
 // The broker signs every event it appends with this host's key, which
 // never enters the store; it accepts the events of the hosts whose public
 // keys it is given (docs/broker.md, "Who wrote an event").
-const (
-	// LogKeyFile, in the home, is the host's signing key (PEM, 0600),
-	// made at first start unless --log-key names another file.
-	LogKeyFile = "log.key"
-	// LogPubFile, in the home, is its public key, written at each start:
-	// the line to add to every host's --log-trusted-keys.
-	LogPubFile = "log.pub"
-)
+// Its files in the home are home.LogKey (PEM, 0600, made at first start
+// unless --log-key names another file) and home.LogPub, its public key,
+// written at each start: the line to add to every host's
+// --log-trusted-keys.
 
 // maxKeyFile bounds what is read of a key file or a trusted-keys file.
 const maxKeyFile = 1 << 20
@@ -33,9 +30,9 @@ const maxKeyFile = 1 << 20
 // the keys it trusts besides (trustedPath's, or none), and writes the
 // public key to HOME/log.pub. A key not made yet is made (below): then
 // made is true, and keep must be called once the broker opened with it.
-func logKeys(home, path, trustedPath, hostID string) (key ed25519.PrivateKey, trusted []ed25519.PublicKey, made bool, keep func() error, err error) {
+func logKeys(h home.Home, path, trustedPath, hostID string) (key ed25519.PrivateKey, trusted []ed25519.PublicKey, made bool, keep func() error, err error) {
 	if path == "" {
-		path = filepath.Join(home, LogKeyFile)
+		path = h.LogKey()
 	}
 	key, made, keep, err = logKey(path)
 	if err != nil {
@@ -50,7 +47,7 @@ func logKeys(home, path, trustedPath, hostID string) (key ed25519.PrivateKey, tr
 			return nil, nil, false, nil, fmt.Errorf("--log-trusted-keys %s: %w", trustedPath, err)
 		}
 	}
-	pub := filepath.Join(home, LogPubFile)
+	pub := h.LogPub()
 	if err := os.Remove(pub); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, false, nil, fmt.Errorf("log public key %s: %w", pub, err)
 	}

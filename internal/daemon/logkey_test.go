@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/bushost/bushost/broker"
+	"github.com/bushost/bushost/internal/home"
 )
 
 // The log signing key: made 0600 at first start, kept (HOME/log.key) only
@@ -22,16 +23,16 @@ import (
 // public key in HOME/log.pub. A key file that is a link, readable by
 // others or not a key is refused and left as it was.
 func TestLogKey(t *testing.T) {
-	home := t.TempDir()
-	path := filepath.Join(home, LogKeyFile)
-	key, trusted, made, _, err := logKeys(home, "", "", "host-a")
+	h := home.At(t.TempDir())
+	path := h.LogKey()
+	key, trusted, made, _, err := logKeys(h, "", "", "host-a")
 	if err != nil || !made || trusted != nil {
 		t.Fatalf("first start: made %v, trusted %v, %v", made, trusted, err)
 	}
 	if _, err := os.Stat(path); err == nil {
 		t.Fatal("the key was kept before the broker took it")
 	}
-	failed, _, made, keep, err := logKeys(home, "", "", "host-a")
+	failed, _, made, keep, err := logKeys(h, "", "", "host-a")
 	if err != nil || !made || !failed.Equal(key) {
 		t.Fatalf("a start after one that failed: made %v, same key %v, %v", made, failed.Equal(key), err)
 	}
@@ -41,11 +42,11 @@ func TestLogKey(t *testing.T) {
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("key file: %v %v", fi, err)
 	}
-	again, _, made, _, err := logKeys(home, "", "", "host-a")
+	again, _, made, _, err := logKeys(h, "", "", "host-a")
 	if err != nil || made || !again.Equal(key) {
 		t.Fatalf("the next start: made %v, same key %v, %v", made, again.Equal(key), err)
 	}
-	pub, err := os.ReadFile(filepath.Join(home, LogPubFile))
+	pub, err := os.ReadFile(h.LogPub())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +61,7 @@ func TestLogKey(t *testing.T) {
 		p := filepath.Join(dir, "k")
 		setup(p)
 		before, _ := os.ReadFile(p)
-		if _, _, _, _, err := logKeys(t.TempDir(), p, "", "host-a"); err == nil {
+		if _, _, _, _, err := logKeys(home.At(t.TempDir()), p, "", "host-a"); err == nil {
 			t.Fatalf("%s: accepted", name)
 		}
 		if after, _ := os.ReadFile(p); !bytes.Equal(before, after) {
@@ -108,7 +109,7 @@ func TestLogTrustedKeys(t *testing.T) {
 		os.Chmod(f.Name(), mode)
 		return f.Name()
 	}
-	_, trusted, _, _, err := logKeys(t.TempDir(), "", file(list, 0o644), "host-a")
+	_, trusted, _, _, err := logKeys(home.At(t.TempDir()), "", file(list, 0o644), "host-a")
 	if err != nil || len(trusted) != 3 {
 		t.Fatalf("three keys: %v %v", trusted, err)
 	}
@@ -135,7 +136,7 @@ func TestLogTrustedKeys(t *testing.T) {
 		{"too many", many, 0o644, "more than 1024 keys"},
 		{"writable by others", list, 0o666, "writable by group or others"},
 	} {
-		_, _, _, _, err := logKeys(t.TempDir(), "", file(c.data, c.mode), "host-a")
+		_, _, _, _, err := logKeys(home.At(t.TempDir()), "", file(c.data, c.mode), "host-a")
 		if err == nil || !strings.Contains(err.Error(), "--log-trusted-keys") || !strings.Contains(err.Error(), c.wants) {
 			t.Fatalf("%s: %v", c.name, err)
 		}

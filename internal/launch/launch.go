@@ -42,15 +42,13 @@ import (
 	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
+	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/safepath"
 	"github.com/bushost/bushost/internal/sandbox"
 	"github.com/bushost/bushost/internal/sock"
 	"github.com/bushost/bushost/internal/testhook"
 )
-
-// Socket is the launcher's socket in its home.
-const Socket = "launch.sock"
 
 // DefaultKeepEnded is sandbox serve's --keep-ended.
 const DefaultKeepEnded = 16
@@ -123,7 +121,7 @@ func (l *live) snapshot() record {
 	return l.rec
 }
 
-func (s *Server) sessionsDir() string { return filepath.Join(s.o.Home, "sessions") }
+func (s *Server) sessionsDir() string { return home.At(s.o.Home).Sessions() }
 
 // New opens the launcher's state: it reads the admin token, connects to
 // the broker, and re-adopts every session its state directory records.
@@ -143,11 +141,12 @@ func New(o Options) (*Server, error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
-	tok, err := os.ReadFile(filepath.Join(o.BusHome, "admin.token"))
+	bus := home.At(o.BusHome)
+	tok, err := os.ReadFile(bus.AdminToken())
 	if err != nil {
 		return nil, fmt.Errorf("the host's admin token (--bus-home %s): %w", o.BusHome, err)
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(o.BusHome, "broker.sock"),
+	conn, err := grpc.NewClient("unix://"+bus.BrokerSock(),
 		append(grpcerr.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return nil, err
@@ -520,13 +519,14 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws *safepath
 		return ig.GrantId, err
 	}
 	defer wsFile.Close()
+	bus := home.At(s.o.BusHome)
 	args := []string{"keep", filepath.Join(l.dir, exitName), "--run-dir", runDir, "--workspace", ws.Path(), "--workspace-fd", "3", "--role", rec.Role,
-		"--caps", strings.Join(rec.Caps, ","), "--broker-socket", filepath.Join(s.o.BusHome, "broker.sock")}
-	if _, err := os.Stat(filepath.Join(s.o.BusHome, "git.sock")); err == nil {
-		args = append(args, "--git-socket", filepath.Join(s.o.BusHome, "git.sock"))
+		"--caps", strings.Join(rec.Caps, ","), "--broker-socket", bus.BrokerSock()}
+	if _, err := os.Stat(bus.GitSock()); err == nil {
+		args = append(args, "--git-socket", bus.GitSock())
 	}
 	if slices.Contains(rec.Caps, authz.CapSessionLaunch) {
-		args = append(args, "--launch-socket", filepath.Join(s.o.Home, Socket))
+		args = append(args, "--launch-socket", home.At(s.o.Home).LaunchSock())
 	}
 	if s.o.UIDRange != "" {
 		args = append(args, "--uid-range", s.o.UIDRange)

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -17,6 +16,7 @@ import (
 
 	launchv1 "github.com/bushost/bushost/api/bushost/launch/v1"
 	"github.com/bushost/bushost/internal/bounds"
+	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/sandbox"
 	"github.com/bushost/bushost/internal/sock"
 )
@@ -70,10 +70,10 @@ func ServeFlags(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if o.Home == "" {
-		o.Home = os.Getenv("BUSHOST_HOME")
+		o.Home = os.Getenv(home.Env)
 	}
 	if o.Home == "" {
-		o.Home = "/var/lib/bushost"
+		o.Home = home.LauncherDefault
 	}
 	if o.Sandbox == "" {
 		return nil, errors.New("--sandbox is required: start the launcher as `sandbox serve`")
@@ -120,7 +120,7 @@ func serve(o *Options, stderr io.Writer) error {
 		return err
 	}
 	// One launcher per home: two would both adopt the same sessions.
-	lock, err := os.OpenFile(filepath.Join(o.Home, "launch.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	lock, err := os.OpenFile(home.At(o.Home).LaunchLock(), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
 	}
@@ -131,7 +131,7 @@ func serve(o *Options, stderr io.Writer) error {
 	if disk, ok := o.Defaults["disk"]; ok {
 		// As for the cgroup: a default disk that cannot be mounted here
 		// would refuse every launch naming none.
-		if err := sandbox.ProbeDisk(filepath.Join(o.Home, "probe-disk"), disk); err != nil {
+		if err := sandbox.ProbeDisk(home.At(o.Home).ProbeDisk(), disk); err != nil {
 			return fmt.Errorf("the default --disk cannot be applied on this host (%v): give sandbox serve --default-disk none, or let it mount a tmpfs", err)
 		}
 	}
@@ -140,14 +140,14 @@ func serve(o *Options, stderr io.Writer) error {
 		return err
 	}
 	defer s.Close()
-	path := filepath.Join(o.Home, Socket)
+	path := home.At(o.Home).LaunchSock()
 	l, err := sock.Listen(path, 0o660)
 	if err != nil {
 		return err
 	}
 	// The socket group is bushostd's: whoever may reach broker.sock may
 	// reach the launcher, whose every call the broker's grant then rules.
-	if st, err := os.Stat(filepath.Join(s.o.BusHome, "broker.sock")); err == nil {
+	if st, err := os.Stat(home.At(s.o.BusHome).BrokerSock()); err == nil {
 		if err := os.Lchown(path, -1, int(st.Sys().(*syscall.Stat_t).Gid)); err != nil {
 			l.Close()
 			return err

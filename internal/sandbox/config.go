@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/size"
 )
@@ -262,7 +263,7 @@ func (c *Config) sessionEnv(p *Plan) []string {
 	// bushost inside needs neither --home nor --token-file: the broker
 	// socket's directory is the home it sees (the sockets keep their host
 	// paths inside), and the token is the run directory's.
-	env = append(env, "BUSHOST_HOME="+filepath.Dir(p.brokerSocket()))
+	env = append(env, home.Env+"="+filepath.Dir(p.brokerSocket()))
 	if s := p.Session; s != nil {
 		if s.TokenFile != "" {
 			env = append(env, "BUS_TOKEN_FILE="+filepath.Join(p.RunDir, s.TokenFile))

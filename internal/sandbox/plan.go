@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/safepath"
 )
 
@@ -205,7 +206,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		}
 		p.busSockets = append(p.busSockets, ls)
 		// Beside the broker socket, in the home bushost sees inside.
-		caller = append(caller, Bind{KindROBind, ls, filepath.Join(filepath.Dir(broker), "launch.sock"),
+		caller = append(caller, Bind{KindROBind, ls, home.At(filepath.Dir(broker)).LaunchSock(),
 			fmt.Sprintf("the launch socket, because role %s holds %s: sessions from the grant's launch set, checked by sandbox serve", cfg.Role, CapSessionLaunch)})
 	}
 	for _, r := range cfg.RO {

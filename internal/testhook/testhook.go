@@ -5,8 +5,8 @@
 // it: a binary built with the tag bushost_testhook (the integration tests
 // build one) can swap a path there, as a caller racing root would at the
 // worst moment. Such a binary can also be made to take the fallback a
-// machine without idmapped mounts takes. In every other build these do
-// nothing and read nothing.
+// machine without idmapped mounts takes, and bushostd to skip a check
+// (Skips). In every other build these do nothing and read nothing.
 package testhook
 
 // Swap marks a point between a check and its use.
@@ -23,3 +23,6 @@ func NoIDMap() bool { return false }
 
 // Step marks a step of a session's start, which a test's build can time.
 func Step(name string) {}
+
+// Skipped is what a test's build turns off in bushostd: nothing.
+func Skipped() Skips { return Skips{} }

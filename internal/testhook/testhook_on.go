@@ -56,3 +56,28 @@ func Step(name string) {
 		os.Stderr.WriteString("testhook step " + name + " " + strconv.FormatInt(time.Now().UnixNano(), 10) + "\n")
 	}
 }
+
+// SkipEnv lists, comma-separated, what bushostd skips: beyond-git,
+// object-checks, fd-passing (Skips).
+const SkipEnv = "BUSHOST_TESTHOOK_SKIP"
+
+// Skipped reads $BUSHOST_TESTHOOK_SKIP; a name it does not know is said on
+// stderr, so that a test with a typo does not measure the wrong daemon
+// unawares.
+func Skipped() Skips {
+	var s Skips
+	for _, name := range strings.Split(os.Getenv(SkipEnv), ",") {
+		switch name {
+		case "":
+		case "beyond-git":
+			s.BeyondGit = true
+		case "object-checks":
+			s.ObjectChecks = true
+		case "fd-passing":
+			s.FDPassing = true
+		default:
+			fmt.Fprintf(os.Stderr, "testhook: %s: no such skip %q\n", SkipEnv, name)
+		}
+	}
+	return s
+}
