@@ -46,8 +46,22 @@ if $list; then
   exit 0
 fi
 
+# A command that may come from outside Debian's package (nodesource's
+# nodejs carries npm, and conflicts with Debian's npm): present on PATH,
+# its package is not needed.
+command_of() {
+  case "$1" in
+    nodejs) echo node ;;
+    npm) echo npm ;;
+  esac
+}
+
 need=()
 for pkg in "${pkgs[@]}"; do
+  cmd=$(command_of "$pkg")
+  if [ -n "$cmd" ] && command -v "$cmd" >/dev/null 2>&1; then
+    continue
+  fi
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
