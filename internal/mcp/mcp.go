@@ -22,6 +22,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -29,6 +30,7 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/textsafe"
 )
 
 // Grant is what the server learns of its token once, at start: which
@@ -191,7 +193,7 @@ func define[In, Out any](name, desc string, k kind, idempotent bool, caps []stri
 			if err != nil {
 				return refusal(err), nil
 			}
-			b, err := json.Marshal(o)
+			b, err := safeJSON(o)
 			if err != nil {
 				return nil, fmt.Errorf("%s: encode the result: %w", name, err)
 			}
@@ -252,8 +254,58 @@ func refusal(err error) *sdk.CallToolResult {
 	if r.Reason != "" && r.Reason != string(errdefs.LocalFailed) {
 		text = fmt.Sprintf("%s (%s): %s", r.Code, r.Reason, x.Message)
 	}
-	b, _ := json.Marshal(r)
+	b, _ := safeJSON(r)
+	text = safeText(text)
 	return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: text}}, StructuredContent: json.RawMessage(b)}
+}
+
+// safeJSON is v as JSON with every string in it (keys too) escaped as the
+// CLI prints text (safeText): a client that decodes the result, and the
+// model it hands the text to, gets no control character raw. JSON alone
+// would not do: it leaves C1 controls and bidirectional overrides as they
+// are, and a decoded \u001b is ESC again.
+func safeJSON(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var x any
+	if err := d.Decode(&x); err != nil {
+		return nil, err
+	}
+	return json.Marshal(escapeStrings(x))
+}
+
+func escapeStrings(v any) any {
+	switch v := v.(type) {
+	case string:
+		return safeText(v)
+	case map[string]any:
+		m := make(map[string]any, len(v))
+		for k, x := range v {
+			m[safeText(k)] = escapeStrings(x)
+		}
+		return m
+	case []any:
+		for i, x := range v {
+			v[i] = escapeStrings(x)
+		}
+		return v
+	}
+	return v
+}
+
+// safeText is s as the CLI prints it (internal/textsafe): each control
+// character but newline and tab as \uXXXX, a byte that is not UTF-8 as
+// \xNN.
+func safeText(s string) string {
+	var b strings.Builder
+	w := textsafe.NewWriter(&b)
+	w.Write([]byte(s))
+	w.Flush()
+	return b.String()
 }
 
 // decode is the one place this package turns an error into the domain's
