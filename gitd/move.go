@@ -605,11 +605,11 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 	if err != nil {
 		return res, err
 	}
-	stage, err := os.MkdirTemp(s.o.ReposDir, seedPrefix+"import-")
+	tx, err := s.beginImport()
 	if err != nil {
 		return res, err
 	}
-	defer os.RemoveAll(stage)
+	defer tx.Rollback()
 	step("read the manifest")
 	tr := tar.NewReader(body)
 	mf, digest, err := readManifest(tr)
@@ -626,11 +626,11 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 		return res, err
 	}
 	step("read the bundles")
-	files := filepath.Join(stage, "files")
+	files := filepath.Join(tx.stage, "files")
 	if err := readBundles(ctx, tr, mf, files); err != nil {
 		return res, err
 	}
-	proj := filepath.Join(stage, "project")
+	proj := tx.built()
 	if err := os.Mkdir(proj, 0o700); err != nil {
 		return res, err
 	}
@@ -673,7 +673,7 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 		return res, err
 	}
 	step("place the project")
-	res.Seq, err = s.placeImport(ctx, m, c, mf.scope, proj)
+	res.Seq, err = s.placeImport(ctx, tx, m, c, mf.scope)
 	if err != nil {
 		return res, err
 	}
@@ -988,34 +988,15 @@ func (s *Service) importAgrees(ctx context.Context, p repo) error {
 	return nil
 }
 
-// placeImport renames the built project (proj) into the store and has the
+// placeImport renames the project tx built into the store and has the
 // broker place it here, under the project's lock. A copy already there
 // (this host owned the project before, and kept its repositories when it
-// moved away) is set aside and removed once the placement is here, or put
-// back if it is refused.
-func (s *Service) placeImport(ctx context.Context, m authz.Mover, c authz.ImportClaim, scope names.Project, proj string) (int64, error) {
-	bdir := filepath.Join(s.o.ReposDir, c.Business)
-	_, err := os.Stat(bdir)
-	madeBusiness := errors.Is(err, os.ErrNotExist)
-	p, err := s.project(scope)
-	if err != nil {
+// moved away) is set aside and removed once the placement is here (Commit),
+// or put back if it is refused (Rollback).
+func (s *Service) placeImport(ctx context.Context, tx *importTx, m authz.Mover, c authz.ImportClaim, scope names.Project) (int64, error) {
+	if err := tx.lock(ctx, scope); err != nil {
 		return 0, err
 	}
-	_, err = os.Stat(p.LockPath)
-	madeLock := errors.Is(err, os.ErrNotExist)
-	unlock, err := s.lock(ctx, p)
-	if err != nil {
-		return 0, err
-	}
-	defer func() {
-		unlock()
-		if madeLock && !p.exists() {
-			os.Remove(p.LockPath)
-		}
-		if madeBusiness {
-			os.Remove(bdir) // only when empty
-		}
-	}()
 	// Again under the lock, before the copy here is touched: another
 	// import of this file on this host may have placed the project since
 	// CheckImport, and its repositories are live now (serving fetches, and
@@ -1024,39 +1005,7 @@ func (s *Service) placeImport(ctx context.Context, m authz.Mover, c authz.Import
 	if err := m.CheckImport(ctx, c); err != nil {
 		return 0, err
 	}
-	aside := ""
-	if _, err := os.Stat(p.Dir); err == nil {
-		if aside, err = os.MkdirTemp(bdir, seedPrefix+"replaced-"+c.Project+"-"); err != nil {
-			return 0, err
-		}
-		if err := os.Rename(p.Dir, filepath.Join(aside, "project")); err != nil {
-			os.Remove(aside)
-			return 0, err
-		}
-	}
-	// putBack undoes the rename of a refused import: the built project
-	// leaves (placed says it got in), the copy set aside returns.
-	putBack := func(placed bool) {
-		if placed {
-			if err := os.Rename(p.Dir, proj); err != nil {
-				os.RemoveAll(p.Dir)
-			}
-		}
-		if aside != "" {
-			if err := os.Rename(filepath.Join(aside, "project"), p.Dir); err != nil {
-				s.log.Error("import refused, and putting back the copy set aside failed", "dir", aside, "err", err)
-				return
-			}
-			os.Remove(aside)
-		}
-		bundle.SyncDir(bdir)
-	}
-	if err := os.Rename(proj, p.Dir); err != nil {
-		putBack(false)
-		return 0, err
-	}
-	if err := bundle.SyncDir(bdir); err != nil {
-		putBack(true)
+	if err := tx.place(); err != nil {
 		return 0, err
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
@@ -1072,23 +1021,121 @@ func (s *Service) placeImport(ctx context.Context, m authz.Mover, c authz.Import
 			// Still unknown: the repositories stay, since the project may
 			// be placed here now. If it is not, nothing serves them, and
 			// a retry of the import replaces them.
-			s.log.Error("import: whether the placement moved is unknown; the repositories are left in place", "dir", p.Dir, "err", perr)
-			if aside != "" {
-				os.RemoveAll(aside)
-			}
-			s.forgetUsage(p)
+			s.log.Error("import: whether the placement moved is unknown; the repositories are left in place", "dir", tx.p.Dir, "err", perr)
+			tx.Commit()
 			return 0, err
 		}
 	}
 	if err != nil {
-		putBack(true)
 		return 0, err
 	}
-	if aside != "" {
-		if err := os.RemoveAll(aside); err != nil {
-			s.log.Error("import: remove the copy set aside (cleaned at the next start)", "dir", aside, "err", err)
+	tx.Commit()
+	return seq, nil
+}
+
+// importTx is an import's write into the store: the staging directory
+// the project is built in, then what placing it did under the project's
+// lock (its business's directory and lock file made, a copy already there
+// set aside, the built project renamed into place). Commit removes the
+// copy set aside; Rollback, deferred right after beginImport, undoes what
+// Commit did not make final, in reverse order, releases the lock and
+// removes the staging directory. It may be called more than once.
+type importTx struct {
+	s                      *Service
+	stage                  string
+	p                      repo // the project's place in the store
+	unlock                 func()
+	madeBusiness, madeLock bool
+	aside                  string // holds the copy set aside as aside/project
+	placed, done           bool
+}
+
+// beginImport makes an import's staging directory in the store.
+func (s *Service) beginImport() (*importTx, error) {
+	stage, err := os.MkdirTemp(s.o.ReposDir, seedPrefix+"import-")
+	if err != nil {
+		return nil, err
+	}
+	return &importTx{s: s, stage: stage}, nil
+}
+
+// built is where the project is built before it is placed.
+func (tx *importTx) built() string { return filepath.Join(tx.stage, "project") }
+
+// lock takes the project's lock, noting whether its business's directory
+// and its lock file were there before.
+func (tx *importTx) lock(ctx context.Context, scope names.Project) (err error) {
+	if tx.p, err = tx.s.project(scope); err != nil {
+		return err
+	}
+	_, err = os.Stat(filepath.Dir(tx.p.Dir))
+	tx.madeBusiness = errors.Is(err, os.ErrNotExist)
+	_, err = os.Stat(tx.p.LockPath)
+	tx.madeLock = errors.Is(err, os.ErrNotExist)
+	tx.unlock, err = tx.s.lock(ctx, tx.p)
+	return err
+}
+
+// place sets the project's copy in the store aside, if there is one, and
+// renames the built project into its place.
+func (tx *importTx) place() error {
+	bdir := filepath.Dir(tx.p.Dir)
+	if _, err := os.Stat(tx.p.Dir); err == nil {
+		aside, err := os.MkdirTemp(bdir, seedPrefix+"replaced-"+tx.p.Project+"-")
+		if err != nil {
+			return err
+		}
+		if err := os.Rename(tx.p.Dir, filepath.Join(aside, "project")); err != nil {
+			os.Remove(aside)
+			return err
+		}
+		tx.aside = aside
+	}
+	if err := os.Rename(tx.built(), tx.p.Dir); err != nil {
+		return err
+	}
+	tx.placed = true
+	return bundle.SyncDir(bdir)
+}
+
+// Commit makes the placement final: the copy set aside goes, and the
+// project's size is read afresh.
+func (tx *importTx) Commit() {
+	tx.done = true
+	if err := os.RemoveAll(tx.aside); err != nil {
+		tx.s.log.Error("import: remove the copy set aside (cleaned at the next start)", "dir", tx.aside, "err", err)
+	}
+	tx.s.forgetUsage(tx.p)
+}
+
+// Rollback puts the store back as the import found it (importTx).
+func (tx *importTx) Rollback() {
+	bdir := filepath.Dir(tx.p.Dir)
+	if !tx.done && (tx.placed || tx.aside != "") {
+		if tx.placed {
+			if err := os.Rename(tx.p.Dir, tx.built()); err != nil {
+				os.RemoveAll(tx.p.Dir)
+			}
+		}
+		if tx.aside != "" {
+			if err := os.Rename(filepath.Join(tx.aside, "project"), tx.p.Dir); err != nil {
+				tx.s.log.Error("import refused, and putting back the copy set aside failed", "dir", tx.aside, "err", err)
+			} else {
+				os.Remove(tx.aside)
+			}
+		}
+		bundle.SyncDir(bdir)
+	}
+	tx.done = true
+	if tx.unlock != nil {
+		tx.unlock()
+		tx.unlock = nil
+		if tx.madeLock && !tx.p.exists() {
+			os.Remove(tx.p.LockPath)
+		}
+		if tx.madeBusiness {
+			os.Remove(bdir) // only when empty
 		}
 	}
-	s.forgetUsage(p)
-	return seq, nil
+	os.RemoveAll(tx.stage)
 }

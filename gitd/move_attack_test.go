@@ -356,6 +356,66 @@ func TestImportTwiceOnOneHost(t *testing.T) {
 	}
 }
 
+// refusingMover is a fakeMover whose store refuses the placement once the
+// project is renamed into place: CompleteImport answers err, and Placement
+// names host.
+type refusingMover struct {
+	*fakeMover
+	err  error
+	host string
+}
+
+func (m *refusingMover) CompleteImport(context.Context, authz.ImportClaim) (int64, error) {
+	return 0, m.err
+}
+
+func (m *refusingMover) Placement(context.Context, string, string) (string, bool, error) {
+	return m.host, true, nil
+}
+
+// An import refused by the store after the built project was renamed
+// into place (CompleteImport refuses, or its answer is lost and the
+// project turns out placed elsewhere) leaves the store as it was: the
+// built project leaves, the copy set aside returns, and into a store
+// that had no such business, no business directory or lock file stays.
+func TestImportRefusedAfterPlacing(t *testing.T) {
+	var ma *fakeMover
+	a := newEnv(t, withMover("host-a", &ma))
+	a.commitFile("t1.txt", "one\n")
+	if _, err := a.push("t1", a.bundle("HEAD", "^main")); err != nil {
+		t.Fatal(err)
+	}
+	raw := export(t, a)
+	for _, tc := range []struct {
+		name     string
+		err      error
+		host     string
+		business bool // the store holds the business (and a copy of the project)
+	}{
+		{"refused, a copy here", errdefs.FailedPrecondition(errdefs.ExportStale, "moved on"), "host-b", true},
+		{"refused, a new business", errdefs.FailedPrecondition(errdefs.ExportStale, "moved on"), "host-b", false},
+		{"answer lost, placed elsewhere", errdefs.Unavailable(errdefs.CommitUnknown, "lost"), "host-c", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fb *fakeMover
+			b := newEnv(t, withMover("host-b", &fb), func(o *Options) {
+				o.Authority = &refusingMover{fakeMover: fb, err: tc.err, host: tc.host}
+			})
+			fb.digest = ma.digest
+			fb.pushes = a.auth.recorded()
+			if !tc.business {
+				if err := os.RemoveAll(filepath.Join(b.svc.o.ReposDir, testBusiness)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			importRefusedIn(t, b, fb, raw, errdefs.ReasonOf(tc.err))
+			if tc.business {
+				b.fsck()
+			}
+		})
+	}
+}
+
 // A manifest listing tasks the log does not have is refused before any
 // bundle is read or repository built: here the archive ends after the
 // manifest, and the refusal is the log's, not the truncation's.

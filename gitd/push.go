@@ -179,7 +179,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 }
 
 // writeTx is one write into a repository, a push (beginPush) or a
-// landing (beginLand), and everything it holds while it writes: the
+// landing or sync of main (beginLand), and everything it holds while it writes: the
 // quarantine (for a push with the pack's reader and the beyond-git walk
 // reading it), the task's or the project's lock, the bytes reserved
 // against the project's quota, a repository made for a first push, the
@@ -225,8 +225,8 @@ func (s *Service) beginPush(r repo) (*writeTx, error) {
 	return tx, nil
 }
 
-// beginLand starts a landing's write into the pool r: a quarantine of
-// its objects.
+// beginLand starts a landing's or a sync's write into the pool r: a
+// quarantine of its objects.
 func (s *Service) beginLand(r repo) (*writeTx, error) {
 	q, err := bundle.NewQuarantine(r.objects())
 	if err != nil {

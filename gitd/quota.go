@@ -95,7 +95,7 @@ func (s *Service) account(r repo, n int64, q *bundle.Quarantine) {
 }
 
 // forgetUsage drops a repository's cached size after a write that did not
-// go through a push (a sync of main).
+// go through a push (an import).
 func (s *Service) forgetUsage(r repo) {
 	s.mu.Lock()
 	delete(s.usage, r.Dir)

@@ -110,11 +110,14 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 	if !r.exists() {
 		return "", "", projectNotFound(r.Business, r.Project)
 	}
-	unlock, err := s.lock(ctx, r)
+	tx, err := s.beginLand(r)
 	if err != nil {
 		return "", "", err
 	}
-	defer unlock()
+	defer tx.Rollback()
+	if err := tx.lockProject(ctx); err != nil {
+		return "", "", err
+	}
 	// main moves without a record in the log: while the project moves
 	// (its export names the main it carries), under the lock the export
 	// holds, the store refuses it.
@@ -138,11 +141,7 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 	if err != nil {
 		return "", "", err
 	}
-	q, err := bundle.NewQuarantine(r.objects())
-	if err != nil {
-		return "", "", err
-	}
-	defer q.Remove()
+	q := tx.q
 	var next string
 	if isGitRepo(root) {
 		next, err = s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{"HEAD^{commit}"}}, gitcmd.MaxLine)
@@ -181,13 +180,15 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 			return old, old, nil
 		}
 	}
-	defer s.forgetUsage(r)
-	if err := q.Migrate(); err != nil {
-		s.markUndone(r)
+	if err := tx.moveIn(); err != nil {
 		return "", "", err
 	}
 	if err := r.UpdateRef(ctx, MainRef, gitid.ObjectID(next), gitid.ObjectID(old)); err != nil {
-		s.undo(r, q)
+		return "", "", err
+	}
+	// Commit adds what the sync brought to the project's cached size, as
+	// a landing's does.
+	if err := tx.Commit(ctx); err != nil {
 		return "", "", err
 	}
 	return next, old, nil

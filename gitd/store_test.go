@@ -278,3 +278,28 @@ func TestConcurrentPushesManyTasks(t *testing.T) {
 }
 
 func taskName(i int) string { return "t" + string(rune('a'+i)) }
+
+// A sync whose objects moved in but whose main cannot move (here: a
+// main.lock another writer holds) is undone: its objects leave the pool
+// and main stays.
+func TestSyncUndoneWhenMainCannotMove(t *testing.T) {
+	e := newEnv(t)
+	os.WriteFile(filepath.Join(e.root, "more"), []byte("more\n"), 0o644)
+	e.commitAll(e.root, "more")
+	lock := filepath.Join(e.repo, MainRef+".lock")
+	if err := os.WriteFile(lock, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := e.snapshot()
+	_, _, err := e.svc.SyncProject(context.Background(), testScope())
+	if err == nil {
+		t.Fatal("the sync moved main past a held main.lock")
+	}
+	t.Logf("refused: %v", err)
+	if d := treesnap.Diff(before, e.snapshot()); d != "" {
+		t.Fatalf("a refused sync changed the store:\n%s", d)
+	}
+	if got := e.ref(MainRef); got != e.main {
+		t.Fatalf("main = %s, want %s", got, e.main)
+	}
+}
