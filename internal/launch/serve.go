@@ -116,15 +116,13 @@ func serve(o *Options, stderr io.Writer) error {
 	if err := sandbox.ProbeCgroup(sandbox.LimitsOf(o.Defaults)); err != nil {
 		return fmt.Errorf("the default limits cannot be applied on this host (%v): give sandbox serve --default-memory none --default-pids none --default-cpu none, or make a cgroup available", err)
 	}
-	if err := os.MkdirAll(o.Home, 0o700); err != nil {
-		return err
-	}
 	// One launcher per home: two would both adopt the same sessions.
-	lock, err := os.OpenFile(home.At(o.Home).LaunchLock(), os.O_RDWR|os.O_CREATE, 0o600)
+	abs, lock, err := openHome(o.Home)
 	if err != nil {
 		return err
 	}
 	defer lock.Close()
+	o.Home = abs
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return fmt.Errorf("another sandbox serve runs on %s: %w", o.Home, err)
 	}
