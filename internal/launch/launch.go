@@ -286,6 +286,9 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 	if err != nil {
 		return record{}, err
 	}
+	if err := s.fromOwnSession(g, from); err != nil {
+		return record{}, err
+	}
 	set, over, err := s.settle(g, r, from)
 	if err != nil {
 		return record{}, err
