@@ -111,6 +111,11 @@ func serve(o *Options, stderr io.Writer) error {
 		return errors.New("must run as root: it gives each session a uid of its own")
 	}
 	o.Log = stderr
+	// Root's files here, and the sessions it starts (which inherit it),
+	// are never group- or world-writable by a umask it was given: with
+	// 000, what a session made in its workspace was anyone's to rewrite.
+	// A stricter umask is kept.
+	syscall.Umask(syscall.Umask(0o022) | 0o022)
 	// The defaults are given to every launch naming none: a host that
 	// cannot apply them would start sessions that are refused at once.
 	if err := sandbox.ProbeCgroup(sandbox.LimitsOf(o.Defaults)); err != nil {
