@@ -26,7 +26,7 @@ func TestDaemonHomeModesHostileUmask(t *testing.T) {
 	}
 	t.Cleanup(func() { exec.Command("groupdel", group).Run() })
 	wrapper := filepath.Join(baseDir(t), "bushostd-umask0")
-	writeMode(t, wrapper, "#!/bin/sh\numask 000\nexec "+bin(t, "bushostd")+" \"$@\"\n", 0o755)
+	mustWrite(t, wrapper, "#!/bin/sh\numask 000\nexec "+bin(t, "bushostd")+" \"$@\"\n", 0o755)
 	w := newGitWorld(t, hostOpts{Daemon: wrapper, Args: []string{"--socket-group", group}})
 	w.commit(t, "a.txt", "one\n")
 	w.as(t, w.worker, "push-working", "--repo", w.work)

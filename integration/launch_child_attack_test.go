@@ -54,7 +54,7 @@ func TestLaunchedTokenOutsideItsSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeMode(t, filepath.Join(ws, "stolen.token"), string(b), 0o644)
+	mustWrite(t, filepath.Join(ws, "stolen.token"), string(b), 0o644)
 	before := e.h.Must(t, "events", "--json")
 	dirs := e.sessionDirs(t)
 	out, code := runCmd(t, bin(t, "sandbox"), "run", "--run-dir", run, "--workspace", ws, "--role", "lead", "--caps", "session.launch",

@@ -33,7 +33,7 @@ func TestLaunchHomeAttack(t *testing.T) {
 	base := baseDir(t)
 	victim := filepath.Join(base, "victim") // stands for /root, /etc
 	mkdirMode(t, victim, 0o700)
-	writeMode(t, filepath.Join(victim, "secret"), "root's secret\n", 0o600)
+	mustWrite(t, filepath.Join(victim, "secret"), "root's secret\n", 0o600)
 	token := "0123456789abcdef0123456789abcdef0123456789abcdef\n"
 
 	serve := func(t *testing.T, env []string, args ...string) (string, int) {
@@ -67,7 +67,7 @@ func TestLaunchHomeAttack(t *testing.T) {
 		{"a user's home in a directory anyone may write", func(t *testing.T, dir string) ([]string, []string) {
 			// /var/tmp is 1777: the user made it, and filled it.
 			home := evilDir(t, base)
-			writeMode(t, filepath.Join(home, "admin.token"), token, 0o600)
+			mustWrite(t, filepath.Join(home, "admin.token"), token, 0o600)
 			os.Symlink(victim, filepath.Join(home, "sessions"))
 			os.Symlink(filepath.Join(victim, "made"), filepath.Join(home, "launch.lock"))
 			chownAll(t, home, 65534)
@@ -108,7 +108,7 @@ func TestLaunchHomeAttack(t *testing.T) {
 		}, "launch.lock is a symbolic link"},
 		{"sessions a link", func(t *testing.T, dir string) ([]string, []string) {
 			mkdirMode(t, dir, 0o700)
-			writeMode(t, filepath.Join(dir, "admin.token"), token, 0o600)
+			mustWrite(t, filepath.Join(dir, "admin.token"), token, 0o600)
 			os.Symlink(victim, filepath.Join(dir, "sessions"))
 			return nil, []string{"--home", dir}
 		}, "sessions is a symbolic link"},
@@ -120,7 +120,7 @@ func TestLaunchHomeAttack(t *testing.T) {
 		{"a bus home a user made in a directory anyone may write", func(t *testing.T, dir string) ([]string, []string) {
 			mkdirMode(t, dir, 0o700)
 			bus := evilDir(t, base)
-			writeMode(t, filepath.Join(bus, "admin.token"), token, 0o600)
+			mustWrite(t, filepath.Join(bus, "admin.token"), token, 0o600)
 			chownAll(t, bus, 65534)
 			return nil, []string{"--home", dir, "--bus-home", bus}
 		}, "--bus-home " + filepath.Dir(base)},
@@ -160,7 +160,7 @@ func TestLaunchHomeAttack(t *testing.T) {
 		os.Chmod(lib, 0o755)
 		home := filepath.Join(lib, "home")
 		mkdirMode(t, home, 0o710)
-		writeMode(t, filepath.Join(home, "admin.token"), token, 0o600)
+		mustWrite(t, filepath.Join(home, "admin.token"), token, 0o600)
 		chownAll(t, home, 65534)
 		cmd := exec.Command(sb, append([]string{"serve", "--home", home}, noDefaults...)...)
 		cmd.Env = cleanEnv()
@@ -194,13 +194,6 @@ func mkdirMode(t *testing.T, dir string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(dir, mode); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func writeMode(t *testing.T, path, content string, mode os.FileMode) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(content), mode); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -18,7 +18,7 @@ func TestLaunchHostileUmask(t *testing.T) {
 	e := newLaunchEnv(t)
 	e.stop(t)
 	wrapper := filepath.Join(filepath.Dir(e.h.Home), "sandbox-umask0")
-	writeMode(t, wrapper, "#!/bin/sh\numask 000\nexec "+bin(t, "sandbox")+" \"$@\"\n", 0o755)
+	mustWrite(t, wrapper, "#!/bin/sh\numask 000\nexec "+bin(t, "sandbox")+" \"$@\"\n", 0o755)
 	e.sandbox = wrapper
 	e.start(t)
 	id, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",
