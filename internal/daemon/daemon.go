@@ -117,6 +117,12 @@ var ErrHomeBusy = errors.New("home is in use")
 // nil after a clean drain.
 func Serve(ctx context.Context, o Options) error {
 	o.fill()
+	// What the daemon makes with a mode of its own (repositories made by
+	// git, the broker's files) is never group- or world-writable, whatever
+	// umask it was started with: with 000, a project's pool.git came out
+	// 0777, and the daemon then refused to serve it. A stricter umask is
+	// kept.
+	syscall.Umask(syscall.Umask(0o022) | 0o022)
 	// Text on stderr is for a person: the next steps go there too.
 	person := o.Logger == nil && o.Observe.LogFormat != "json"
 	if o.Logger == nil {

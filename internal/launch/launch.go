@@ -142,7 +142,7 @@ func New(o Options) (*Server, error) {
 		o.Log = io.Discard
 	}
 	bus := home.At(o.BusHome)
-	tok, err := os.ReadFile(bus.AdminToken())
+	tok, err := readAdminToken(o.BusHome)
 	if err != nil {
 		return nil, fmt.Errorf("the host's admin token (--bus-home %s): %w", o.BusHome, err)
 	}
@@ -151,12 +151,8 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{o: o, admin: strings.TrimSpace(string(tok)), conn: conn, bc: brokerv1.NewBrokerServiceClient(conn), sessions: map[string]*live{}, quit: make(chan struct{})}
-	if err := os.MkdirAll(s.sessionsDir(), 0o711); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	if err := os.Chmod(s.sessionsDir(), 0o711); err != nil {
+	s := &Server{o: o, admin: tok, conn: conn, bc: brokerv1.NewBrokerServiceClient(conn), sessions: map[string]*live{}, quit: make(chan struct{})}
+	if err := makeSessionsDir(s.sessionsDir()); err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -288,6 +284,9 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 	}
 	from, err := s.callerSession(peer)
 	if err != nil {
+		return record{}, err
+	}
+	if err := s.fromOwnSession(g, from); err != nil {
 		return record{}, err
 	}
 	set, over, err := s.settle(g, r, from)

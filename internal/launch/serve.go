@@ -111,20 +111,23 @@ func serve(o *Options, stderr io.Writer) error {
 		return errors.New("must run as root: it gives each session a uid of its own")
 	}
 	o.Log = stderr
+	// Root's files here, and the sessions it starts (which inherit it),
+	// are never group- or world-writable by a umask it was given: with
+	// 000, what a session made in its workspace was anyone's to rewrite.
+	// A stricter umask is kept.
+	syscall.Umask(syscall.Umask(0o022) | 0o022)
 	// The defaults are given to every launch naming none: a host that
 	// cannot apply them would start sessions that are refused at once.
 	if err := sandbox.ProbeCgroup(sandbox.LimitsOf(o.Defaults)); err != nil {
 		return fmt.Errorf("the default limits cannot be applied on this host (%v): give sandbox serve --default-memory none --default-pids none --default-cpu none, or make a cgroup available", err)
 	}
-	if err := os.MkdirAll(o.Home, 0o700); err != nil {
-		return err
-	}
 	// One launcher per home: two would both adopt the same sessions.
-	lock, err := os.OpenFile(home.At(o.Home).LaunchLock(), os.O_RDWR|os.O_CREATE, 0o600)
+	abs, lock, err := openHome(o.Home)
 	if err != nil {
 		return err
 	}
 	defer lock.Close()
+	o.Home = abs
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return fmt.Errorf("another sandbox serve runs on %s: %w", o.Home, err)
 	}

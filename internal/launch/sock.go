@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
+	"github.com/bushost/bushost/internal/limits"
 	"github.com/bushost/bushost/internal/sock"
 )
 
@@ -61,6 +63,11 @@ func (l SockLimits) check() error {
 	}
 	if l.ReservedConns < 0 || l.ReservedCalls < 0 {
 		return errors.New("--reserved-conns and --reserved-calls must not be negative")
+	}
+	for _, n := range []int{l.MaxConns, l.MaxCalls, l.MaxConnsPerUID, l.MaxCallsPerUID, l.MaxCallsPerGrant, l.ReservedConns, l.ReservedCalls} {
+		if n > limits.MaxCount {
+			return fmt.Errorf("--max-conns, --max-in-flight, --max-conns-per-uid, --max-calls-per-uid, --max-calls-per-grant, --reserved-conns and --reserved-calls must be at most %d, not %d", limits.MaxCount, n)
+		}
 	}
 	return nil
 }

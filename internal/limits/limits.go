@@ -226,6 +226,13 @@ func (r *Rates) Fill() {
 	orDefault(&r.EgressBytesRate, d.EgressBytesRate)
 }
 
+// MaxCount bounds every count of the transport (connections, calls,
+// streams): far above what one host serves, and low enough that a count
+// reaches HTTP/2's 32-bit settings whole and the memory budget of all of
+// them together stays an int64. Without it, --max-streams-per-conn
+// 4294967296 became 0 on the wire, which gRPC takes for no bound.
+const MaxCount = 1 << 20
+
 // Check refuses transport limits that cannot work, naming the flag.
 func (l Limits) Check() error {
 	for _, v := range []struct {
@@ -247,6 +254,20 @@ func (l Limits) Check() error {
 	}
 	if l.ReservedConns < 0 || l.ReservedCalls < 0 {
 		return errors.New("--reserved-conns and --reserved-calls must not be negative")
+	}
+	for _, v := range []struct {
+		name string
+		n    int
+	}{
+		{"--max-conns", l.MaxConns}, {"--max-in-flight", l.MaxInFlight},
+		{"--max-conns-per-uid", l.MaxConnsPerUID}, {"--max-calls-per-uid", l.MaxCallsPerUID},
+		{"--reserved-conns", l.ReservedConns}, {"--reserved-calls", l.ReservedCalls},
+		{"--max-streams-per-conn", l.MaxStreamsPerConn},
+		{"--max-calls-per-grant", l.MaxCallsPerGrant}, {"--max-streams-per-grant", l.MaxStreamsPerGrant},
+	} {
+		if v.n > MaxCount {
+			return fmt.Errorf("%s must be at most %d, not %d", v.name, MaxCount, v.n)
+		}
 	}
 	if l.MaxHeaderBytes > 1<<20 {
 		return errors.New("--max-header-bytes must be at most 1M")
