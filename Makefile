@@ -10,7 +10,7 @@ BUF_VERSION          := v1.75.0
 PROTOC_GEN_GO        := v1.36.12
 PROTOC_GEN_GO_GRPC   := v1.6.2
 
-CMDS := bushostd bushost sandbox supervisor
+CMDS := bushostd bushost sandbox sandbox-init supervisor
 
 # grpcnotrace leaves golang.org/x/net/trace (and html/template with it) out
 # of the binaries: nothing here uses gRPC's request tracing, and every

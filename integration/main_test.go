@@ -60,6 +60,10 @@ func TestMain(m *testing.M) {
 // bin builds ./cmd/<name> once per test run and returns the binary's path.
 func bin(t testing.TB, name string) string {
 	t.Helper()
+	if name == "sandbox" {
+		// Its small pid 1 beside it, as make install puts it.
+		build(t, "./cmd/sandbox-init", "sandbox-init")
+	}
 	return build(t, "./cmd/"+name, name)
 }
 
@@ -76,7 +80,11 @@ func testdataBin(t testing.TB, name string) string {
 // bushostd beside it.
 func hookBin(t testing.TB, name string) string {
 	t.Helper()
-	return buildTags(t, "./cmd/"+name, filepath.Join("testhook", name), "grpcnotrace,netgo,bushost_testhook")
+	const tags = "grpcnotrace,netgo,bushost_testhook"
+	if name == "sandbox" {
+		buildTags(t, "./cmd/sandbox-init", filepath.Join("testhook", "sandbox-init"), tags)
+	}
+	return buildTags(t, "./cmd/"+name, filepath.Join("testhook", name), tags)
 }
 
 // build builds the package pkg (a path from the repository root) into the

@@ -7,8 +7,10 @@
 //	sandbox run RUN-FLAGS -- COMMAND...
 //	sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] ...
 //
-// and, started by bwrap inside a session only, `sandbox init` as its pid 1;
-// started by sandbox serve only, `sandbox keep EXIT-FILE RUN-FLAGS`.
+// and, started by bwrap inside a session only, `sandbox init` as its pid 1
+// where no sandbox-init lies beside it (cmd/sandbox-init is the same pid 1
+// in a binary that starts faster); started by sandbox serve only,
+// `sandbox keep EXIT-FILE RUN-FLAGS`.
 package main
 
 import (
@@ -24,6 +26,7 @@ import (
 
 	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/sandbox"
+	"github.com/bushost/bushost/internal/sandbox/pid1"
 	"github.com/bushost/bushost/internal/testhook"
 )
 
@@ -45,8 +48,8 @@ const usage = `usage:
 func main() {
 	// The session's pid 1 is this binary too: it goes first, before any
 	// other setup, since every session's start waits for it.
-	if len(os.Args) > 1 && os.Args[1] == sandbox.InitVerb {
-		os.Exit(sandbox.Init(os.Args[2:], os.Stderr))
+	if len(os.Args) > 1 && os.Args[1] == pid1.Verb {
+		os.Exit(pid1.Main(os.Args[2:], os.Stderr))
 	}
 	testhook.Step("main")
 	status := run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
@@ -97,10 +100,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		})
 	keep.Hidden = true
 	root.AddCommand(keep)
-	pid1 := cmdline.Passthrough(sandbox.InitVerb, "a session's pid 1 (started by bwrap only)", "", nil,
-		func(args []string) int { return sandbox.Init(args, stderr) })
-	pid1.Hidden = true
-	root.AddCommand(pid1)
+	initCmd := cmdline.Passthrough(pid1.Verb, "a session's pid 1 (started by bwrap only)", "", nil,
+		func(args []string) int { return pid1.Main(args, stderr) })
+	initCmd.Hidden = true
+	root.AddCommand(initCmd)
 	return cmdline.Execute(root, args, stdout, stderr)
 }
 

@@ -18,6 +18,7 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/spf13/cobra"
 
@@ -102,12 +103,15 @@ func WantsHelp(args []string) bool {
 	return false
 }
 
-var goFlagLine = regexp.MustCompile(`(?m)^  -([A-Za-z])`)
+// goFlagLine is compiled at its first use, not at package
+// initialisation: every start of every command would pay for it, among
+// them the sandbox's, which every session's start waits for.
+var goFlagLine = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?m)^  -([A-Za-z])`) })
 
 // DoubleDash respells the flag names of a Go flag set's PrintDefaults
 // ("  -run-dir string") as they are written here ("  --run-dir string").
 func DoubleDash(defaults string) string {
-	s := goFlagLine.ReplaceAllString(defaults, "  --$1")
+	s := goFlagLine().ReplaceAllString(defaults, "  --$1")
 	if i := strings.Index(s, "\n"); strings.HasPrefix(s, "Usage of ") && i >= 0 {
 		s = s[i+1:]
 	}

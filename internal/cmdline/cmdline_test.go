@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"maps"
 	"strings"
 	"testing"
 
@@ -90,6 +91,43 @@ func TestFlagHint(t *testing.T) {
 		code := Execute(root, tc.args, &out, &errb)
 		if code != 2 || !strings.Contains(errb.String(), tc.want) || (tc.not != "" && strings.Contains(errb.String(), tc.not)) {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, errb.String(), tc.want)
+		}
+	}
+}
+
+// TestCheckFlags: the flags of a Go flag set are read from its
+// PrintDefaults, those taking a value told from booleans (one-letter ones
+// too), and the first unknown flag is refused with the close ones named.
+func TestCheckFlags(t *testing.T) {
+	flags := func(w io.Writer) {
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		fs.SetOutput(w)
+		fs.String("run-dir", "", "a directory")
+		fs.Bool("fresh-home", false, "empty HOME")
+		fs.Bool("v", false, "verbose")
+		fs.Int("n", 3, "a count")
+		fs.Duration("timeout", 0, "how long")
+		fs.PrintDefaults()
+	}
+	want := map[string]bool{"run-dir": true, "fresh-home": false, "v": false, "n": true, "timeout": true}
+	if got := goFlags(flags); !maps.Equal(got, want) {
+		t.Errorf("goFlags = %v, want %v", got, want)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--run-dir", "--fresh-hme", "--v"}, ""},                           // --fresh-hme is run-dir's value
+		{[]string{"-n", "2", "--v", "--", "--nope"}, ""},                            // after "--": the command's
+		{[]string{"--fresh-home", "--run-dr=x"}, "Did you mean this?\n\t--run-dir"}, // refused, with the close one
+		{[]string{"--v", "cmd", "--nope"}, ""},                                      // after the first argument
+	} {
+		got := ""
+		if err := CheckFlags(tc.args, flags); err != nil {
+			got = err.Error()
+		}
+		if (got == "") != (tc.want == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("CheckFlags(%q) = %q, want %q", tc.args, got, tc.want)
 		}
 	}
 }

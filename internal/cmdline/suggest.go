@@ -2,7 +2,6 @@ package cmdline
 
 import (
 	"io"
-	"regexp"
 	"slices"
 	"strings"
 
@@ -76,21 +75,37 @@ func distance(a, b string) int {
 	return prev[len(b)]
 }
 
-// goFlagDefault is one flag of a Go flag set's PrintDefaults: "  -name" and,
-// for a flag that takes a value, a space and its type ("  -run-dir
-// string"); a boolean shows no type.
-var goFlagDefault = regexp.MustCompile(`(?m)^  -([^\s=]+)( \S+)?`)
-
 // goFlags reads the flags that flags writes (PrintDefaults): each name, and
-// whether it takes a value.
+// whether it takes a value. A flag's line is "  -name" and, for a flag that
+// takes a value, a space and its type ("  -run-dir string"); a boolean
+// shows no type. It is read by hand, not with a regexp: every run of a
+// command with flags reads it, the sandbox's among them, and compiling a
+// regexp cost each start more than the reading.
 func goFlags(flags func(w io.Writer)) map[string]bool {
 	var b strings.Builder
 	flags(&b)
 	known := map[string]bool{}
-	for _, m := range goFlagDefault.FindAllStringSubmatch(b.String(), -1) {
-		known[m[1]] = m[2] != ""
+	for line := range strings.Lines(b.String()) {
+		rest, ok := strings.CutPrefix(line, "  -")
+		if !ok {
+			continue
+		}
+		end := strings.IndexFunc(rest, func(r rune) bool { return flagSpace(r) || r == '=' })
+		if end < 0 {
+			end = len(rest)
+		}
+		if end == 0 {
+			continue
+		}
+		after := rest[end:]
+		known[rest[:end]] = len(after) > 1 && after[0] == ' ' && !flagSpace(rune(after[1]))
 	}
 	return known
+}
+
+// flagSpace is what ends a flag's name or type in PrintDefaults' lines.
+func flagSpace(r rune) bool {
+	return r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\f'
 }
 
 // CheckFlags refuses the first flag of args that flags (a Go flag set's

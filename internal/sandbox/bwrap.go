@@ -1,6 +1,10 @@
 package sandbox
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/bushost/bushost/internal/sandbox/pid1"
+)
 
 // UnavailableError means bwrap cannot confine a session here. There is no
 // unconfined fallback: the caller refuses with this reason.
@@ -9,14 +13,12 @@ type UnavailableError struct{ Reason string }
 func (e *UnavailableError) Error() string { return "sandbox-unavailable: " + e.Reason }
 
 // The descriptors run hands to bwrap after stdin, stdout and stderr. bwrap
-// takes the first two; the session's pid 1 inherits the others.
+// takes the first two; the session's pid 1 inherits 5 to 8, in the order
+// pid1 gives them: pid1.FDMonitor, FDReady, FDGate, FDRelay.
 const (
 	fdSeccomp = 3
 	fdStatus  = 4 // bwrap's --json-status-fd: pid 1's host pid, the command's status
-	fdMonitor = 5 // the status pipe's read end: it hangs up when bwrap's outer process dies
-	fdReady   = 6 // pid 1 writes a byte here once it forwards signals
-	fdGate    = 7 // with limits: run writes a byte here once the session is in its cgroup
-	fdRelay   = 8 // with --net=proxy: pid 1 sends the relay's listening socket here
+	fdGate    = pid1.FDGate
 	// fdWorkspace is the workspace as opened and checked: bwrap binds it
 	// with --bind-fd (and closes it), so no path is resolved again.
 	fdWorkspace = 9

@@ -83,7 +83,8 @@ type Config struct {
 	Bushost        string   // "" means: next to the sandbox executable, else on PATH
 	Bwrap          string   // "" means /usr/bin/bwrap, else bwrap on PATH
 	// Init is the executable bound as the session's pid 1 and run with
-	// InitVerb; "" means this one (cmd/sandbox hands InitVerb to Init).
+	// pid1.Verb; "" means sandbox-init beside this one, else this one
+	// (cmd/sandbox hands pid1.Verb to pid1.Main).
 	Init string
 	JSON bool
 	// FreshHome empties RUN/home before the launch, for a run directory

@@ -42,7 +42,7 @@ type egressProxy struct {
 	audit          *auditor  // nil: decisions go to log only
 
 	// ctl receives the relay's socket from pid 1; child is its other end,
-	// which run hands to the session as fdRelay and then closes.
+	// which run hands to the session as pid1.FDRelay and then closes.
 	ctl   *net.UnixConn
 	child *os.File
 	// handed is closed once pid 1's message was read (or could not be).

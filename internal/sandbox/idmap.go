@@ -34,10 +34,6 @@ import (
 // the launch, attached only in the private mount namespace bwrap starts in.
 type idmapped struct {
 	mounts []idmount
-	// helpers are the killed children whose user namespaces the mounts
-	// map through, reaped by close: waiting for each to die would make
-	// every start wait on the scheduler.
-	helpers []int
 }
 
 // idmount is one tree: mfd is the idmapped clone of the tree held by fd
@@ -99,14 +95,11 @@ func (m *idmapped) close() error {
 		unix.Close(x.fd)
 	}
 	m.mounts = nil
-	for _, pid := range m.helpers {
-		reapHelper(pid)
-	}
-	m.helpers = nil
 	return errors.Join(errs...)
 }
 
-// reapHelper waits for the (killed) helper child pid to be gone.
+// reapHelper reaps usernsMapping's child pid, which has exited or is
+// about to.
 func reapHelper(pid int) {
 	for {
 		if _, err := unix.Wait4(pid, nil, 0, nil); err != unix.EINTR {
@@ -147,12 +140,8 @@ func (p *Plan) idmapTrees(trees []tree, id uint32) (*idmapped, error) {
 		key := [2]uint32{st.Uid, st.Gid}
 		ns, ok := userns[key]
 		if !ok {
-			var pid int
 			var err error
-			ns, pid, err = usernsMapping(st.Uid, st.Gid, id)
-			if pid > 0 {
-				m.helpers = append(m.helpers, pid)
-			}
+			ns, err = usernsMapping(st.Uid, st.Gid, id)
 			if err != nil {
 				m.close()
 				return nil, &errNoIDMap{fmt.Sprintf("make a user namespace for the mapping: %v", err)}
@@ -241,52 +230,38 @@ func idmapClone(fd, ns int, dir bool) (int, error) {
 }
 
 // holdSignals is every signal: blocked around the clone below, so the
-// copy of this process that only waits to be killed never runs a handler.
+// child, which shares this process's memory and stack, never runs a
+// handler.
 var holdSignals = ^uint64(0)
 
 // usernsMapping makes a user namespace whose uid map takes uid to id and
 // whose gid map takes gid to id and every other group to itself, and
 // returns its descriptor, what mount_setattr reads an idmap from. The
-// namespace is a child's, cloned straight into it; the child waits in
-// ppoll, touching nothing of the Go runtime it was copied from, until it is
-// killed once the descriptor is open. The caller reaps the child, whose
-// pid it gets whenever there is one (reapHelper).
-func usernsMapping(uid, gid, id uint32) (int, int, error) {
+// namespace is a child's, cloned straight into it (cloneExited), which
+// exits at once: its credentials, and so its namespace, stay until it is
+// reaped, here, once the maps are written through its /proc entry and the
+// namespace is held by the descriptor.
+func usernsMapping(uid, gid, id uint32) (int, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var old uint64
 	if _, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, uintptr(unsafe.Pointer(&holdSignals)), uintptr(unsafe.Pointer(&old)), 8, 0, 0); errno != 0 {
-		return -1, 0, errno
+		return -1, errno
 	}
-	pid, _, errno := unix.RawSyscall6(unix.SYS_CLONE, uintptr(unix.CLONE_NEWUSER|unix.SIGCHLD), 0, 0, 0, 0, 0)
-	if pid == 0 && errno == 0 {
-		waitToBeKilled()
-	}
+	pid, errno := cloneExited(uintptr(unix.CLONE_NEWUSER | unix.SIGCHLD))
 	unix.RawSyscall6(unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, uintptr(unsafe.Pointer(&old)), 0, 8, 0, 0)
 	if errno != 0 {
-		return -1, 0, fmt.Errorf("clone: %w", errno)
+		return -1, fmt.Errorf("clone: %w", unix.Errno(errno))
 	}
-	defer unix.Kill(int(pid), unix.SIGKILL)
+	defer reapHelper(int(pid))
 	dir := "/proc/" + strconv.Itoa(int(pid)) + "/"
 	if err := os.WriteFile(dir+"uid_map", []byte(fmt.Sprintf("%d %d 1\n", uid, id)), 0); err != nil {
-		return -1, int(pid), err
+		return -1, err
 	}
 	if err := os.WriteFile(dir+"gid_map", []byte(gidMap(gid, id)), 0); err != nil {
-		return -1, int(pid), err
+		return -1, err
 	}
-	fd, err := unix.Open(dir+"ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	return fd, int(pid), err
-}
-
-// waitToBeKilled is all the cloned child does: it dies with its parent
-// thread too, should that go first.
-//
-//go:nosplit
-func waitToBeKilled() {
-	unix.RawSyscall(unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0)
-	for {
-		unix.RawSyscall6(unix.SYS_PPOLL, 0, 0, 0, 0, 0, 0)
-	}
+	return unix.Open(dir+"ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 }
 
 // maxID bounds the ids a map may name: (uid_t)-1 is no id.
@@ -368,10 +343,7 @@ func (p *Plan) shareMode() string {
 	why := p.idmapBlocked()
 	if why == "" {
 		st := p.ws.Stat()
-		ns, pid, err := usernsMapping(st.Uid, st.Gid, p.Config.UIDLow)
-		if pid > 0 {
-			defer reapHelper(pid)
-		}
+		ns, err := usernsMapping(st.Uid, st.Gid, p.Config.UIDLow)
 		if err == nil {
 			var mfd int
 			mfd, err = idmapClone(p.ws.Fd(), ns, true)

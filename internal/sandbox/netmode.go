@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/bounds"
+	"github.com/bushost/bushost/internal/sandbox/pid1"
 )
 
 // The session's network, as --net names it.
@@ -20,13 +21,12 @@ const (
 	NetHost = bounds.NetHost
 )
 
-// relayAddr is where a proxy session's programs reach the egress proxy:
-// HTTP (with CONNECT) and SOCKS5 on one port, told apart by the proxy from
-// the first byte. pid 1 makes the socket in the session's namespace and
-// hands it to the proxy outside (handOffRelay). relayPort is its port.
+// relayAddr is where a proxy session's programs reach the egress proxy,
+// on relayPort: pid 1 makes the socket in the session's namespace and
+// hands it to the proxy outside (internal/sandbox/pid1).
 const (
-	relayAddr = "127.0.0.1:3128"
-	relayPort = 3128
+	relayAddr = pid1.RelayAddr
+	relayPort = pid1.RelayPort
 )
 
 // Default limits of the egress proxy.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/safepath"
+	"github.com/bushost/bushost/internal/sandbox/pid1"
 )
 
 // Where the sandbox puts its own files inside the session. They live in the
@@ -230,11 +231,12 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	} else {
 		p.Notes = append(p.Notes, note)
 	}
-	if p.initExe, err = initExecutable(cfg.Init); err != nil {
+	initWhich := ""
+	if p.initExe, initWhich, err = initExecutable(cfg.Init); err != nil {
 		return nil, err
 	}
 	p.Binds = append(p.Binds,
-		Bind{KindROBind, p.initExe, initPath, "this sandbox binary, run as the session's pid 1: it dies with the bwrap process outside, reaps orphans, forwards SIGTERM, SIGINT and the like to the command and exits with its status"},
+		Bind{KindROBind, p.initExe, initPath, initWhich + ", run as the session's pid 1: it dies with the bwrap process outside, reaps orphans, forwards SIGTERM, SIGINT and the like to the command and exits with its status"},
 		Bind{KindRemountRO, "", "/", "the root bwrap built is made read-only: nothing but the workspace, the run directory and /tmp is writable"},
 	)
 
@@ -305,7 +307,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		{Flag: "--json-status-fd", Why: "bwrap reports pid 1, which sandbox run passes its signals to and makes sure is gone once bwrap has exited, and the command's status"},
 	}
 	if p.ScopeAbstract {
-		p.Hardening = append(p.Hardening, Flag{Flag: "landlock " + initScopeAbstract, Why: "--net shares the host's network namespace, where abstract Unix socket names live: pid 1 starts the command in a Landlock domain (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET) that cannot connect to one made outside the session"})
+		p.Hardening = append(p.Hardening, Flag{Flag: "landlock " + pid1.OptScopeAbstract, Why: "--net shares the host's network namespace, where abstract Unix socket names live: pid 1 starts the command in a Landlock domain (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET) that cannot connect to one made outside the session"})
 	}
 	if u.Dynamic {
 		p.Hardening = append(p.Hardening, Flag{Flag: fmt.Sprintf("uid %d-%d", cfg.UIDLow, cfg.UIDHigh), Why: fmt.Sprintf("started as root: bwrap and the session run as a uid (and gid) of their own, free in /etc/passwd, /etc/group and among running processes, locked in %s, so no other session can read, write or signal this one", cfg.StateDir)})
@@ -637,18 +639,54 @@ func findBwrap(flagPath string) (string, error) {
 	return p, nil
 }
 
-// initExecutable is the session's pid 1: the given path, or this executable.
-func initExecutable(flagPath string) (string, error) {
-	exe := flagPath
-	if exe == "" {
-		var err error
-		if exe, err = os.Executable(); err != nil {
-			return "", fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
-		}
+// InitName is the session's pid 1 run binds from beside its own
+// executable: cmd/sandbox-init, a small binary whose start faults in far
+// fewer pages than this one's, and every session's start waits for it.
+const InitName = "sandbox-init"
+
+// initPath is where pid 1's binary is bound in the session, to be run by
+// bwrap (--as-pid-1) as `init [OPTIONS] EXE ARGV...` (internal/sandbox/pid1).
+const initPath = sessionDir + "/init"
+
+// initExecutable is the session's pid 1, and which binary it is, for the
+// bind's why: the given path; else InitName beside this executable, if it
+// is a regular file of the same owner that no one else may write, in a
+// directory no one but its owner may write (as trusted as this
+// executable, then); else this executable, whose main
+// hands pid1.Verb to pid1.Main.
+func initExecutable(flagPath string) (string, string, error) {
+	if flagPath != "" {
+		exe, err := absReal(flagPath)
+		return exe, "the given init binary", err
 	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", "", fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
+	}
+	if self, err = absReal(self); err != nil {
+		return "", "", err
+	}
+	exe, which := initBeside(self)
+	return exe, which, nil
+}
+
+// initBeside is InitName beside the executable self, if it may be pid 1
+// (see initExecutable), else self; and which of the two it is.
+func initBeside(self string) (string, string) {
+	var own, dir, st unix.Stat_t
+	next := filepath.Join(filepath.Dir(self), InitName)
+	if unix.Stat(self, &own) == nil && unix.Stat(filepath.Dir(self), &dir) == nil && unix.Lstat(next, &st) == nil &&
+		dir.Mode&0o022 == 0 && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Uid == own.Uid && st.Mode&0o022 == 0 && st.Mode&0o111 != 0 {
+		return next, InitName + ", the small pid 1 binary beside this one"
+	}
+	return self, "this sandbox binary (no " + InitName + " of its owner beside it, so each start pays this binary's start twice)"
+}
+
+// absReal is exe with every link resolved, absolute.
+func absReal(exe string) (string, error) {
 	real, err := filepath.EvalSymlinks(exe)
 	if err != nil {
-		return "", fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
+		return "", fmt.Errorf("find the executable for the session's pid 1: %w", err)
 	}
 	return filepath.Abs(real)
 }

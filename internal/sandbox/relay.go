@@ -10,40 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// initRelay is the option that makes pid 1 make the relay's listening
-// socket of a --net=proxy session and hand it to the egress proxy.
-const initRelay = "--relay"
-
-// relayBacklog bounds the connections the kernel queues on the relay's
-// socket before the proxy accepts them; the proxy bounds those it serves
-// (--egress-conns).
-const relayBacklog = 128
-
-// handOffRelay makes the relay's socket, listening on relayAddr in the
-// session's own network namespace, and sends it to the egress proxy over
-// fdRelay (SCM_RIGHTS). The proxy, outside, accepts the session's
-// connections on it itself: a byte crosses one process (the proxy) between
-// the session's program and the server, not two, and pid 1 neither reads
-// nor holds any of it. It runs before the command starts, so no session
-// process can take the port first or send on fdRelay.
-func handOffRelay() error {
-	defer unix.Close(fdRelay)
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: relayPort, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		return err
-	}
-	if err := unix.Listen(fd, relayBacklog); err != nil {
-		return err
-	}
-	return unix.Sendmsg(fdRelay, []byte{'L'}, unix.UnixRights(fd), nil, 0)
-}
-
 // relayPair is the socket pair pid 1 sends the relay's socket over: child
-// goes to the session as fdRelay, parent stays with the proxy.
+// goes to the session as pid1.FDRelay, parent stays with the proxy.
 func relayPair() (parent *net.UnixConn, child *os.File, err error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {

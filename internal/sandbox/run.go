@@ -17,26 +17,23 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bushost/bushost/internal/safepath"
+	"github.com/bushost/bushost/internal/sandbox/pid1"
 	"github.com/bushost/bushost/internal/testhook"
 )
 
 // ExitSandbox is run's exit status when the sandbox itself failed and the
 // command never ran (as with env(1) and container runtimes: 126 and 127
-// stay "found but not runnable" and "not found").
-const ExitSandbox = 125
-
-// forwarded are the signals run passes on to the command, through the
-// session's pid 1. The job-control and fatal ones stay with run.
-var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
-	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH}
+// stay "found but not runnable" and "not found"); pid 1's too.
+const ExitSandbox = pid1.ExitSandbox
 
 // Run starts the plan's command in its sandbox, waits for it, and returns
 // the status run exits with: the command's, or 128+n if a signal ended it.
 // An error means the session never started; an *UnavailableError then
 // carries the probe's reason. A nil file stands for /dev/null.
 //
-// The session's pid 1 is this executable again, started by bwrap with
-// --as-pid-1 and the verb InitVerb (see Init): it dies with the bwrap
+// The session's pid 1 is sandbox-init (internal/sandbox/pid1), or this
+// executable again, started by bwrap with --as-pid-1 and the verb
+// pid1.Verb: it dies with the bwrap
 // process outside, reaps orphans, forwards the signals run passes on and
 // exits with the command's status, which bwrap reports. Run forwards its
 // signals to pid 1 and, once bwrap has exited, makes sure pid 1 and so the
@@ -49,7 +46,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	// not acted on: one that comes while the session is being built (or
 	// its trees handed over) reaches the command once pid 1 is ready.
 	sigc := make(chan os.Signal, 8)
-	signal.Notify(sigc, forwarded...)
+	signal.Notify(sigc, pid1.Forwarded...)
 	defer signal.Stop(sigc)
 	var held *lease
 	var share *idmapped
@@ -217,7 +214,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		defer eg.stop()
 	}
 	argv := append([]string{p.Bwrap}, p.bwrapArgs()...)
-	argv = append(argv, initPath, InitVerb)
+	argv = append(argv, initPath, pid1.Verb)
 	files := []uintptr{stdio[0], stdio[1], stdio[2], seccompR.Fd(), statusW.Fd(), rawFD(statusR), uintptr(ready[1])}
 	var gateW *os.File
 	if cg != nil {
@@ -229,18 +226,18 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		defer w.Close()
 		gateW = w
 		files = append(files, gateR.Fd())
-		argv = append(argv, initGate)
+		argv = append(argv, pid1.OptGate)
 	}
 	if p.ScopeAbstract {
-		argv = append(argv, initScopeAbstract)
+		argv = append(argv, pid1.OptScopeAbstract)
 	}
 	if eg != nil {
-		// fdRelay, after fdGate or a closed one in its place.
+		// pid1.FDRelay, after fdGate or a closed one in its place.
 		if len(files) == fdGate {
 			files = append(files, ^uintptr(0))
 		}
 		files = append(files, eg.child.Fd())
-		argv = append(argv, initRelay)
+		argv = append(argv, pid1.OptRelay)
 	}
 	// fdWorkspace, for bwrap's --bind-fd, after closed ones in the places
 	// of those not used.
@@ -253,7 +250,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	attr := &syscall.ProcAttr{
 		Dir: "/",
 		Env: p.Env,
-		// pid 1 inherits the status pipe's read end (fdMonitor) only to see
+		// pid 1 inherits the status pipe's read end (pid1.FDMonitor) only to see
 		// whether bwrap's outer process is still there, and closes it.
 		Files: files,
 		// Its own process group: a ^C on the caller's terminal reaches run,

@@ -139,9 +139,59 @@ func TestPlanBindTable(t *testing.T) {
 	if b := p.Binds[seen[initPath]]; b.Kind != KindROBind || b.Source != "/usr/bin/true" {
 		t.Errorf("pid 1 bound as %+v, want a read-only bind of Config.Init", b)
 	}
-	exe, err := initExecutable("")
+	exe, _, err := initExecutable("")
 	if self, _ := os.Executable(); err != nil || exe != self {
-		t.Errorf("pid 1 by default is %q (%v), want this executable %q", exe, err, self)
+		t.Errorf("pid 1 by default, with no sandbox-init beside, is %q (%v), want this executable %q", exe, err, self)
+	}
+}
+
+// TestInitBeside: sandbox-init beside the sandbox binary is pid 1 only
+// when it is as trusted as that binary (a regular file of its owner that
+// no one else may write, in a directory no one else may write); else the
+// sandbox binary itself is.
+func TestInitBeside(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		setup    func(dir, init string)
+		useSmall bool
+	}{
+		{"beside", func(dir, init string) {}, true},
+		{"missing", func(dir, init string) { os.Remove(init) }, false},
+		{"group-writable", func(dir, init string) { os.Chmod(init, 0o775) }, false},
+		{"not executable", func(dir, init string) { os.Chmod(init, 0o644) }, false},
+		{"a symlink", func(dir, init string) {
+			os.Remove(init)
+			os.Symlink("/usr/bin/true", init)
+		}, false},
+		{"a directory", func(dir, init string) {
+			os.Remove(init)
+			os.Mkdir(init, 0o755)
+		}, false},
+		{"in a directory others may write", func(dir, init string) { os.Chmod(dir, 0o777) }, false},
+		{"another owner's", func(dir, init string) { os.Chown(init, 65534, 65534) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "another owner's" {
+				testenv.NeedRoot(t, "chown the sandbox-init of another owner")
+			}
+			dir := t.TempDir()
+			os.Chmod(dir, 0o755)
+			self, init := filepath.Join(dir, "sandbox"), filepath.Join(dir, InitName)
+			for _, f := range []string{self, init} {
+				if err := os.WriteFile(f, []byte("#!/bin/sh\n"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tc.setup(dir, init)
+			got, which := initBeside(self)
+			want := self
+			if tc.useSmall {
+				want = init
+			}
+			if got != want || !strings.Contains(which, InitName) {
+				t.Errorf("pid 1 is %q (%s), want %q", got, which, want)
+			}
+		})
 	}
 }
 

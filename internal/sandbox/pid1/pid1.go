@@ -1,4 +1,10 @@
-package sandbox
+// Package pid1 is a session's pid 1, which bwrap starts (--as-pid-1) as
+// `init [OPTIONS] EXE ARGV...`. It is its own package, importing little,
+// so that cmd/sandbox-init, the small binary run as pid 1, starts with
+// few pages to fault in and few package initialisations: every session's
+// start waits for it. cmd/sandbox runs it too (its `init` verb), where
+// no sandbox-init lies beside it.
+package pid1
 
 import (
 	"io"
@@ -14,24 +20,43 @@ import (
 	"github.com/bushost/bushost/internal/testhook"
 )
 
-// initPath is where the sandbox binary is bound in the session, to be run
-// by bwrap (--as-pid-1) as the session's pid 1: `init EXE ARGV...`.
-const initPath = sessionDir + "/init"
+// Verb is the first argument of pid 1's command line. A main that calls
+// sandbox.Run without a sandbox-init beside it must hand this verb to
+// Main before anything else it does: Run binds that main's executable
+// as pid 1.
+const Verb = "init"
 
-// InitVerb is the first argument that makes the sandbox binary the
-// session's pid 1. A main that calls Run must hand this verb to Init
-// before anything else it does: Run binds its own executable as pid 1.
-const InitVerb = "init"
+// The options before EXE.
+const (
+	// OptScopeAbstract makes pid 1 start the command in a Landlock
+	// domain scoped off abstract Unix sockets (see scopeAbstractUnix).
+	OptScopeAbstract = "--scope-abstract-unix"
+	// OptGate makes pid 1 wait, before it starts the command, for run's
+	// byte on FDGate.
+	OptGate = "--gate"
+	// OptRelay makes pid 1 make the relay's listening socket of a
+	// --net=proxy session and hand it to the egress proxy (handOffRelay).
+	OptRelay = "--relay"
+)
 
-// initScopeAbstract is the option that makes pid 1 start the command in a
-// Landlock domain scoped off abstract Unix sockets (see scopeAbstractUnix).
-const initScopeAbstract = "--scope-abstract-unix"
+// The descriptors pid 1 inherits from sandbox run, through bwrap.
+const (
+	FDMonitor = 5 // the status pipe's read end: it hangs up when bwrap's outer process dies
+	FDReady   = 6 // pid 1 writes a byte here once it forwards signals
+	FDGate    = 7 // with limits: run writes a byte here once the session is in its cgroup
+	FDRelay   = 8 // with --net=proxy: pid 1 sends the relay's listening socket here
+)
 
-// initGate is the option that makes pid 1 wait, before it starts the
-// command, for run's byte on fdGate.
-const initGate = "--gate"
+// ExitSandbox is pid 1's status when it failed and the command never ran:
+// sandbox run's own (sandbox.ExitSandbox).
+const ExitSandbox = 125
 
-// Init is the session's pid 1. It dies with the bwrap process outside
+// Forwarded are the signals sandbox run passes on to the command through
+// pid 1. The job-control and fatal ones stay with run.
+var Forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
+	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH}
+
+// Main is the session's pid 1. It dies with the bwrap process outside
 // (SIGKILL as its parent-death signal), tells run it is ready for signals,
 // starts the command, forwards run's signals to it, reaps every orphan, and
 // returns the command's status (128+n if signal n ended it). Whatever is
@@ -41,15 +66,15 @@ const initGate = "--gate"
 // 1 does not search PATH) and its argv. It is the only work a session's
 // start adds to bwrap's, so it does no more than this, allocates little,
 // and writes only when something fails.
-func Init(args []string, stderr io.Writer) int {
+func Main(args []string, stderr io.Writer) int {
 	var gate, scope, relay bool
 	for len(args) > 0 && strings.HasPrefix(args[0], "--") {
 		switch args[0] {
-		case initGate:
+		case OptGate:
 			gate = true
-		case initScopeAbstract:
+		case OptScopeAbstract:
 			scope = true
-		case initRelay:
+		case OptRelay:
 			relay = true
 		default:
 			initFailed(stderr, "unknown option "+args[0], nil)
@@ -77,7 +102,7 @@ func Init(args []string, stderr io.Writer) int {
 		return ExitSandbox
 	}
 	sigc := make(chan os.Signal, 8)
-	signal.Notify(sigc, forwarded...)
+	signal.Notify(sigc, Forwarded...)
 	// A channel of its own, so a burst of forwarded signals cannot crowd
 	// out the one that says a child exited.
 	chld := make(chan os.Signal, 1)
@@ -90,7 +115,7 @@ func Init(args []string, stderr io.Writer) int {
 	signal.Notify(dropped, crashSignals...)
 	// From here on run's signals are caught; before, pid 1 of a namespace
 	// would have dropped them, so run holds them until it reads this byte.
-	if _, err := unix.Write(fdReady, []byte{1}); err != nil {
+	if _, err := unix.Write(FDReady, []byte{1}); err != nil {
 		initFailed(stderr, "tell sandbox run the session is up", err)
 		return ExitSandbox
 	}
@@ -101,20 +126,20 @@ func Init(args []string, stderr io.Writer) int {
 	// hold its own among them (the netpoller's, made at the first timer of
 	// a package's init, takes the lowest free number), and closing it
 	// under the runtime crashes pid 1.
-	unix.Close(fdReady)
+	unix.Close(FDReady)
 	if gate {
 		// run puts the session into its cgroup, then says go: the command
 		// never runs outside its limits. End of file means run is gone.
 		var b [1]byte
-		n, err := unix.Read(fdGate, b[:])
+		n, err := unix.Read(FDGate, b[:])
 		for err == unix.EINTR {
-			n, err = unix.Read(fdGate, b[:])
+			n, err = unix.Read(FDGate, b[:])
 		}
 		if n != 1 {
 			initFailed(stderr, "wait for sandbox run to apply the limits", err)
 			return ExitSandbox
 		}
-		unix.Close(fdGate)
+		unix.Close(FDGate)
 	}
 	if err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		initFailed(stderr, "close inherited descriptors", err)
@@ -129,7 +154,7 @@ func Init(args []string, stderr io.Writer) int {
 	// can take its port first.
 	if relay {
 		if err := handOffRelay(); err != nil {
-			initFailed(stderr, "hand the egress proxy a socket listening on "+relayAddr, err)
+			initFailed(stderr, "hand the egress proxy a socket listening on "+RelayAddr, err)
 			return ExitSandbox
 		}
 	}
@@ -176,13 +201,13 @@ var crashSignals = []os.Signal{syscall.SIGABRT, syscall.SIGILL, syscall.SIGTRAP,
 	syscall.SIGSYS, syscall.SIGSEGV, syscall.SIGBUS, syscall.SIGFPE, syscall.SIGPIPE}
 
 // monitorAlive reports whether bwrap's outer process still holds the write
-// end of the status pipe whose read end is fdMonitor, and closes it.
+// end of the status pipe whose read end is FDMonitor, and closes it.
 func monitorAlive() bool {
-	fds := []unix.PollFd{{Fd: fdMonitor, Events: unix.POLLIN}}
+	fds := []unix.PollFd{{Fd: FDMonitor, Events: unix.POLLIN}}
 	for {
 		_, err := unix.Poll(fds, 0)
 		if err != unix.EINTR {
-			unix.Close(fdMonitor)
+			unix.Close(FDMonitor)
 			return err == nil && fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) == 0
 		}
 	}
