@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/bushost/bushost/internal/treesnap"
 )
 
 // hostileText holds what a terminal must never get raw: an OSC that
@@ -314,5 +316,76 @@ func TestMCPHostileClient(t *testing.T) {
 		}
 		r.cmd.Wait()
 		t.Logf("after %.20q: %v, stderr %s", bad, r.cmd.ProcessState, r.errb.String())
+	}
+}
+
+// TestMCPGitDirOutside: repositories inside the server's working directory
+// whose git directory is elsewhere (a .git file naming another repository,
+// as a worktree has; a .git link to it; a commondir naming it) are refused
+// GIT_DIR_OUTSIDE_REPO by every tool that takes a repo, and the other
+// repository is left exactly as it was, as is the bus host's store.
+func TestMCPGitDirOutside(t *testing.T) {
+	h := startHost(t)
+	h.AddProject(t, "acme", "web")
+	m := newMCPTask(t, h, "t1")
+	// The task has a push, so fetch_work and fetch_review have one to write.
+	callOK(t, m.worker, "fetch_main", map[string]any{"repo": "w"})
+	m.commit(t, "w", "a.txt", "a\n")
+	callOK(t, m.worker, "push_working", map[string]any{"repo": "w"})
+	req := callOK(t, m.worker, "review_request", nil)
+
+	other := filepath.Join(filepath.Dir(m.workerDir), "other")
+	testGit(t, filepath.Dir(other), "init", "-q", other)
+	if err := os.WriteFile(filepath.Join(other, "o.txt"), []byte("o\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testGit(t, other, "add", "o.txt")
+	testGit(t, other, "commit", "-q", "-m", "other")
+	for _, dir := range []string{m.workerDir, m.reviewerDir} {
+		for _, r := range []string{"pointer", "linked", "common"} {
+			if err := os.MkdirAll(filepath.Join(dir, r), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mustWrite(t, filepath.Join(dir, "pointer", ".git"), "gitdir: "+filepath.Join(other, ".git")+"\n", 0o644)
+		if err := os.Symlink(filepath.Join(other, ".git"), filepath.Join(dir, "linked", ".git")); err != nil {
+			t.Fatal(err)
+		}
+		testGit(t, dir, "init", "-q", "common")
+		mustWrite(t, filepath.Join(dir, "common", ".git", "commondir"), filepath.Join(other, ".git")+"\n", 0o644)
+	}
+	before := treesnap.Take(t, other)
+	store := storeSnapshot(t, h)
+	for _, r := range []string{"pointer", "linked", "common"} {
+		for _, c := range []struct {
+			cs   *sdk.ClientSession
+			tool string
+			args map[string]any
+		}{
+			{m.worker, "fetch_main", map[string]any{"repo": r}},
+			{m.worker, "fetch_work", map[string]any{"repo": r}},
+			{m.worker, "push_working", map[string]any{"repo": r}},
+			{m.reviewer, "fetch_main", map[string]any{"repo": r}},
+			{m.reviewer, "fetch_review", map[string]any{"repo": r}},
+			{m.reviewer, "review_verdict", map[string]any{"request": req["request_id"], "approve": true, "repo": r}},
+		} {
+			if got := callRefused(t, c.cs, c.tool, c.args); got["reason"] != "GIT_DIR_OUTSIDE_REPO" {
+				t.Errorf("%s repo %s: %v, want GIT_DIR_OUTSIDE_REPO", c.tool, r, got)
+			}
+		}
+	}
+	if d := treesnap.Diff(before, treesnap.Take(t, other)); d != "" {
+		t.Errorf("the refused calls changed the other repository:\n%s", d)
+	}
+	if d := treesnap.Diff(store, storeSnapshot(t, h)); d != "" {
+		t.Errorf("the refused calls changed the bus host's store:\n%s", d)
+	}
+	if s := callOK(t, m.worker, "task_show", nil); s["state"] == "closed" {
+		t.Errorf("task_show: %v", s)
+	}
+	for _, dir := range []string{m.workerDir, m.reviewerDir} {
+		if left, _ := os.ReadDir(mcpTemp(t, dir)); len(left) != 0 {
+			t.Errorf("the refused calls left %d temporary files", len(left))
+		}
 	}
 }
