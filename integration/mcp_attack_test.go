@@ -218,9 +218,10 @@ func (r *rawMCP) call(t *testing.T, id int, name, args string) map[string]any {
 // tools by name, arguments of the wrong type, flag-like values, NUL,
 // huge strings and deep nesting are each refused (a protocol error for an
 // unknown tool, a tool error with USAGE or ARGUMENT_INVALID for bad
-// arguments), the server serves on, and nothing is made in its working
-// directory; a last request with no newline before EOF is answered and the
-// server exits 0, leaving no temporary file.
+// arguments), the server serves on, a flood of calls is answered call by
+// call, and nothing is made in its working directory; a last request with no newline before EOF is answered and the
+// server exits 0, leaving no temporary file; a line that is not JSON-RPC
+// is answered with a JSON-RPC error and the session goes on.
 func TestMCPHostileClient(t *testing.T) {
 	h := startHost(t)
 	h.AddProject(t, "acme", "web")
@@ -285,6 +286,30 @@ func TestMCPHostileClient(t *testing.T) {
 			break
 		}
 	}
+	// A flood of calls sent at once, without waiting for answers: the
+	// server runs a few at a time, reads on as it answers, and answers
+	// each.
+	const flood = 3 * 32
+	sent := make(chan error, 1)
+	go func() {
+		var b strings.Builder
+		for i := range flood {
+			fmt.Fprintf(&b, `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"task_show","arguments":{}}}`+"\n", 1000+i)
+		}
+		_, err := io.WriteString(r.in, b.String())
+		sent <- err
+	}()
+	answered := map[float64]bool{}
+	for range flood {
+		m := r.reply(t)
+		if res, _ := m["result"].(map[string]any); res == nil || res["isError"] == true {
+			t.Fatalf("a call of the flood: %v", m)
+		}
+		answered[m["id"].(float64)] = true
+	}
+	if err := <-sent; err != nil || len(answered) != flood {
+		t.Fatalf("the flood: %v, %d answered, want %d", err, len(answered), flood)
+	}
 	if left, _ := os.ReadDir(dir); len(left) != 1 {
 		t.Errorf("refused calls left %v in the working directory", left)
 	}
@@ -306,16 +331,34 @@ func TestMCPHostileClient(t *testing.T) {
 	}
 
 	// A line that is not JSON-RPC (not JSON, nested deeper than the SDK
-	// decodes, an id that is an object) ends the session: the SDK closes the connection on a
-	// frame it cannot decode. The server exits; it does not hang.
-	for _, bad := range []string{"{not json\n", strings.Repeat("[", 2000) + strings.Repeat("]", 2000) + "\n", `{"jsonrpc":"2.0","id":{"a":1},"method":"tools/list"}` + "\n"} {
-		r := startRawMCP(t, h, token, dir)
-		r.send(t, bad)
-		if _, err := r.out.ReadBytes('\n'); err != io.EOF {
-			t.Errorf("after %.20q: %v, want the server to close stdout", bad, err)
+	// decodes, an id that is an object) is answered with the JSON-RPC
+	// error the spec gives, id null, and the session goes on; at EOF the
+	// server exits 0.
+	r = startRawMCP(t, h, token, dir)
+	for i, bad := range []struct {
+		line string
+		code float64
+	}{
+		{"{not json\n", -32700},
+		{strings.Repeat("[", 2000) + strings.Repeat("]", 2000) + "\n", -32600},
+		{`{"jsonrpc":"2.0","id":{"a":1},"method":"tools/list"}` + "\n", -32600},
+	} {
+		r.send(t, bad.line)
+		m := r.reply(t)
+		e, _ := m["error"].(map[string]any)
+		if m["id"] != nil || e == nil || e["code"] != bad.code {
+			t.Errorf("after %.20q: %v, want the error %v with id null", bad.line, m, bad.code)
 		}
-		r.cmd.Wait()
-		t.Logf("after %.20q: %v, stderr %s", bad, r.cmd.ProcessState, r.errb.String())
+		if m := r.call(t, 400+i, "events", `{}`); m["result"] == nil {
+			t.Errorf("events after %.20q: %v", bad.line, m)
+		}
+	}
+	r.in.Close()
+	if err := r.cmd.Wait(); err != nil {
+		t.Errorf("bushost mcp after EOF: %v\nstderr: %s", err, r.errb.String())
+	}
+	if left, _ := os.ReadDir(mcpTemp(t, dir)); len(left) != 0 {
+		t.Errorf("the server left %d temporary files", len(left))
 	}
 }
 
