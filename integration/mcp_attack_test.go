@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -83,10 +82,7 @@ func TestMCPEscapesHostileText(t *testing.T) {
 	h := startHost(t)
 	h.AddProject(t, "acme", "web")
 	m := newMCPTask(t, h, "t1")
-	callOK(t, m.worker, "fetch_main", map[string]any{"repo": "w"})
-	m.commit(t, "w", "a.txt", "a\n")
-	callOK(t, m.worker, "push_working", map[string]any{"repo": "w"})
-	req := callOK(t, m.worker, "review_request", nil)
+	req := m.request(t)
 	callOK(t, m.reviewer, "fetch_review", map[string]any{"repo": "r"})
 	v, err := m.reviewer.CallTool(context.Background(), &sdk.CallToolParams{Name: "review_verdict",
 		Arguments: map[string]any{"request": req["request_id"], "approve": false, "comment": hostileText, "repo": "r"}})
@@ -123,25 +119,7 @@ type rawMCP struct {
 	cmd  *exec.Cmd
 	in   io.WriteCloser
 	out  *bufio.Reader
-	errb *lockedBuffer
-}
-
-// lockedBuffer is a process's stderr, read while it is written.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	errb *syncBuf
 }
 
 func startRawMCP(t *testing.T, h *Host, token, dir string) *rawMCP {
@@ -149,7 +127,7 @@ func startRawMCP(t *testing.T, h *Host, token, dir string) *rawMCP {
 	cmd := exec.Command(h.client, "mcp")
 	cmd.Dir = dir
 	cmd.Env = append(cleanEnv(), "BUSHOST_HOME="+h.Home, "BUS_TOKEN_FILE="+token, "TMPDIR="+mcpTemp(t, dir))
-	r := &rawMCP{cmd: cmd, errb: &lockedBuffer{}}
+	r := &rawMCP{cmd: cmd, errb: &syncBuf{}}
 	cmd.Stderr = r.errb
 	var err error
 	if r.in, err = cmd.StdinPipe(); err != nil {
@@ -372,10 +350,7 @@ func TestMCPGitDirOutside(t *testing.T) {
 	h.AddProject(t, "acme", "web")
 	m := newMCPTask(t, h, "t1")
 	// The task has a push, so fetch_work and fetch_review have one to write.
-	callOK(t, m.worker, "fetch_main", map[string]any{"repo": "w"})
-	m.commit(t, "w", "a.txt", "a\n")
-	callOK(t, m.worker, "push_working", map[string]any{"repo": "w"})
-	req := callOK(t, m.worker, "review_request", nil)
+	req := m.request(t)
 
 	other := filepath.Join(filepath.Dir(m.workerDir), "other")
 	testGit(t, filepath.Dir(other), "init", "-q", other)
