@@ -342,7 +342,8 @@ func TestMCPHostileClient(t *testing.T) {
 
 // TestMCPGitDirOutside: repositories inside the server's working directory
 // whose git directory is elsewhere (a .git file naming another repository,
-// as a worktree has; a .git link to it; a commondir naming it) are refused
+// as a worktree has; a .git link to it; a commondir naming it; a refs
+// directory linked into it) are refused
 // GIT_DIR_OUTSIDE_REPO by every tool that takes a repo, and the other
 // repository is left exactly as it was, as is the bus host's store.
 func TestMCPGitDirOutside(t *testing.T) {
@@ -371,10 +372,15 @@ func TestMCPGitDirOutside(t *testing.T) {
 		}
 		testGit(t, dir, "init", "-q", "common")
 		mustWrite(t, filepath.Join(dir, "common", ".git", "commondir"), filepath.Join(other, ".git")+"\n", 0o644)
+		// fetch_main would write refs/remotes/bushost/main into other.
+		testGit(t, dir, "init", "-q", "refs")
+		if err := os.Symlink(filepath.Join(other, ".git", "refs", "heads"), filepath.Join(dir, "refs", ".git", "refs", "remotes")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	before := treesnap.Take(t, other)
 	store := storeSnapshot(t, h)
-	for _, r := range []string{"pointer", "linked", "common"} {
+	for _, r := range []string{"pointer", "linked", "common", "refs"} {
 		for _, c := range []struct {
 			cs   *sdk.ClientSession
 			tool string

@@ -94,9 +94,12 @@ func dirsBelow(base, rel string) (exists bool, stop string, err error) {
 // (GIT_DIR_OUTSIDE_REPO). Git follows a .git that is a link, a .git file
 // ("gitdir: PATH", as a worktree or a submodule has) and a commondir file
 // in the git directory to wherever they point, and would read and write
-// objects and refs there. A .git file or commondir naming a directory
-// inside the repository, reached through directories only, is kept; a
-// .git link is refused wherever it points, as a tool follows no link.
+// objects and refs there; it writes through a link among the git
+// directory's own entries, its objects' directories and its refs and
+// logs, and reads the objects objects/info/alternates names. A .git file
+// or commondir naming a directory inside the repository, reached through
+// directories only, is kept; a link is refused wherever it points, as a
+// tool follows none.
 func gitDirInside(dir, rel string) error {
 	refuse := func(format string, a ...any) error {
 		msg := fmt.Sprintf("repo %q: ", rel) + fmt.Sprintf(format, a...) +
@@ -107,7 +110,12 @@ func gitDirInside(dir, rel string) error {
 	fi, err := os.Lstat(gitDir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		gitDir = dir // a new directory, or a bare repository
+		// A new directory, a bare repository (which has a HEAD), or no
+		// repository at all, which the command refuses.
+		if _, err := os.Lstat(filepath.Join(dir, "HEAD")); err != nil {
+			return nil
+		}
+		gitDir = dir
 	case err != nil:
 		return refuse("%v", err)
 	case fi.Mode()&fs.ModeSymlink != 0:
@@ -123,24 +131,82 @@ func gitDirInside(dir, rel string) error {
 	case !fi.IsDir():
 		return refuse(".git is neither a directory nor a gitdir: file")
 	}
+	commonDir := gitDir
 	common := filepath.Join(gitDir, "commondir")
 	fi, err = os.Lstat(common)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil
 	case err != nil:
 		return refuse("%v", err)
 	case !fi.Mode().IsRegular():
 		return refuse("%s is not a regular file", common)
+	default:
+		target, err := pointer(common, "")
+		if err != nil {
+			return refuse("%v", err)
+		}
+		if commonDir, err = inside(dir, gitDir, target); err != nil {
+			return refuse("%s names the common git directory %s, %v", common, target, err)
+		}
 	}
-	target, err := pointer(common, "")
-	if err != nil {
-		return refuse("%v", err)
+	for _, d := range []string{gitDir, commonDir} {
+		link, err := linkIn(d)
+		if err != nil {
+			return refuse("%v", err)
+		}
+		if link != "" {
+			return refuse("%s is a symbolic link, which git would follow", link)
+		}
 	}
-	if _, err := inside(dir, gitDir, target); err != nil {
-		return refuse("%s names the common git directory %s, %v", common, target, err)
+	if alt := filepath.Join(commonDir, "objects", "info", "alternates"); exists(alt) {
+		return refuse("%s borrows objects from other repositories", alt)
 	}
 	return nil
+}
+
+// linkIn returns the first symbolic link in git directory gd that git
+// would follow to write: one of its entries, one in objects/ (the loose
+// objects' directories, pack, info), or one anywhere under refs/ and
+// logs/; "" if there is none.
+func linkIn(gd string) (string, error) {
+	for _, sub := range []string{".", "objects"} {
+		ents, err := os.ReadDir(filepath.Join(gd, sub))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		for _, e := range ents {
+			if e.Type()&fs.ModeSymlink != 0 {
+				return filepath.Join(gd, sub, e.Name()), nil
+			}
+		}
+	}
+	for _, sub := range []string{"refs", "logs"} {
+		link := ""
+		err := filepath.WalkDir(filepath.Join(gd, sub), func(p string, d fs.DirEntry, err error) error {
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+				return nil
+			case err != nil:
+				return err
+			case d.Type()&fs.ModeSymlink != 0:
+				link = p
+				return fs.SkipAll
+			}
+			return nil
+		})
+		if err != nil || link != "" {
+			return link, err
+		}
+	}
+	return "", nil
+}
+
+func exists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
 }
 
 // pointer reads a one-line file that names a directory (.git's "gitdir:

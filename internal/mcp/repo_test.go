@@ -70,8 +70,10 @@ func TestRepoConfined(t *testing.T) {
 // TestRepoGitDirInside sends repositories whose git directory lies
 // elsewhere, as git would follow it: a .git link, a .git file or a
 // commondir naming a directory outside the repository (or inside it
-// through a link). Each is refused GIT_DIR_OUTSIDE_REPO, and nothing is
-// written where they point; a .git file naming a directory inside is kept.
+// through a link), a link among the git directory's entries, objects,
+// refs or logs, alternates. Each is refused GIT_DIR_OUTSIDE_REPO, and
+// nothing is written where they point; a .git file naming a directory
+// inside, and a link in the work tree, are kept.
 func TestRepoGitDirInside(t *testing.T) {
 	base := t.TempDir()
 	root := filepath.Join(base, "root")
@@ -118,9 +120,24 @@ func TestRepoGitDirInside(t *testing.T) {
 	write("commonabs/.git/commondir", outside+"\n")
 	mkdir("commonlink/.git")
 	link(filepath.Join(outside, "commondir"), "commonlink/.git/commondir")
+	write("bare/HEAD", "ref: refs/heads/main\n")
 	write("bare/commondir", outside+"\n")
+	write("barelink/HEAD", "ref: refs/heads/main\n")
+	link(outside, "barelink/objects")
+	mkdir("objlink/.git/objects")
+	link(outside, "objlink/.git/objects/ab")
+	mkdir("reflink/.git/refs")
+	link(outside, "reflink/.git/refs/remotes")
+	mkdir("deepref/.git/refs/remotes")
+	link(outside, "deepref/.git/refs/remotes/bushost")
+	mkdir("loglink/.git")
+	link(outside, "loglink/.git/logs")
+	write("packed/.git/HEAD", "ref: refs/heads/main\n")
+	link(filepath.Join(outside, "packed-refs"), "packed/.git/packed-refs")
+	write("alt/.git/objects/info/alternates", outside+"/objects\n")
 	sv := &server{root: root}
-	for _, rel := range []string{"linked", "linkedin", "abs", "up", "missing", "junk", "big", "via", "common", "commonabs", "commonlink", "bare"} {
+	for _, rel := range []string{"linked", "linkedin", "abs", "up", "missing", "junk", "big", "via", "common", "commonabs", "commonlink",
+		"bare", "barelink", "objlink", "reflink", "deepref", "loglink", "packed", "alt"} {
 		got, err := sv.repo(rel)
 		if errdefs.ReasonOf(err) != errdefs.GitDirOutsideRepo {
 			t.Errorf("repo %q: %q, %v; want GIT_DIR_OUTSIDE_REPO", rel, got, err)
@@ -131,8 +148,11 @@ func TestRepoGitDirInside(t *testing.T) {
 	write("inner/.git", "gitdir: .g/worktrees/wt\n") // a worktree's layout, within inner
 	write("inner/.g/worktrees/wt/commondir", "../..\n")
 	write("self/.git", "gitdir: .\n")
-	mkdir("plain/.git")
-	for _, rel := range []string{"inner", "self", "plain", "new"} {
+	mkdir("plain/.git/refs/heads")
+	link(outside, "plain/worktree-link") // the work tree's, which git does not follow
+	mkdir("notrepo")
+	link(outside, "notrepo/l")
+	for _, rel := range []string{"inner", "self", "plain", "notrepo", "new"} {
 		if got, err := sv.repo(rel); err != nil || got != filepath.Join(root, rel) {
 			t.Errorf("repo %q: %q, %v; want it kept", rel, got, err)
 		}
