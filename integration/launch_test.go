@@ -40,15 +40,7 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 	t.Helper()
 	testenv.NeedRoot(t, "sandbox serve gives each session a uid of its own")
 	// A group of the test's own, removed at the end.
-	group := "bhl" + randSuffix()
-	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
-		t.Fatalf("groupadd: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("groupdel", group).CombinedOutput(); err != nil {
-			t.Errorf("groupdel %s: %v\n%s", group, err, out)
-		}
-	})
+	group := testGroup(t, "bhl"+randSuffix())
 	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
 	h.AddProject(t, "acme", "web")
 	h.AddProject(t, "acme", "api")

@@ -10,10 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/bushost/bushost/internal/treesnap"
 )
 
 // hostileText holds what a terminal must never get raw: an OSC that
@@ -81,10 +82,7 @@ func TestMCPEscapesHostileText(t *testing.T) {
 	h := startHost(t)
 	h.AddProject(t, "acme", "web")
 	m := newMCPTask(t, h, "t1")
-	callOK(t, m.worker, "fetch_main", map[string]any{"repo": "w"})
-	m.commit(t, "w", "a.txt", "a\n")
-	callOK(t, m.worker, "push_working", map[string]any{"repo": "w"})
-	req := callOK(t, m.worker, "review_request", nil)
+	req := m.request(t)
 	callOK(t, m.reviewer, "fetch_review", map[string]any{"repo": "r"})
 	v, err := m.reviewer.CallTool(context.Background(), &sdk.CallToolParams{Name: "review_verdict",
 		Arguments: map[string]any{"request": req["request_id"], "approve": false, "comment": hostileText, "repo": "r"}})
@@ -121,25 +119,7 @@ type rawMCP struct {
 	cmd  *exec.Cmd
 	in   io.WriteCloser
 	out  *bufio.Reader
-	errb *lockedBuffer
-}
-
-// lockedBuffer is a process's stderr, read while it is written.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	errb *syncBuf
 }
 
 func startRawMCP(t *testing.T, h *Host, token, dir string) *rawMCP {
@@ -147,7 +127,7 @@ func startRawMCP(t *testing.T, h *Host, token, dir string) *rawMCP {
 	cmd := exec.Command(h.client, "mcp")
 	cmd.Dir = dir
 	cmd.Env = append(cleanEnv(), "BUSHOST_HOME="+h.Home, "BUS_TOKEN_FILE="+token, "TMPDIR="+mcpTemp(t, dir))
-	r := &rawMCP{cmd: cmd, errb: &lockedBuffer{}}
+	r := &rawMCP{cmd: cmd, errb: &syncBuf{}}
 	cmd.Stderr = r.errb
 	var err error
 	if r.in, err = cmd.StdinPipe(); err != nil {
@@ -216,9 +196,10 @@ func (r *rawMCP) call(t *testing.T, id int, name, args string) map[string]any {
 // tools by name, arguments of the wrong type, flag-like values, NUL,
 // huge strings and deep nesting are each refused (a protocol error for an
 // unknown tool, a tool error with USAGE or ARGUMENT_INVALID for bad
-// arguments), the server serves on, and nothing is made in its working
-// directory; a last request with no newline before EOF is answered and the
-// server exits 0, leaving no temporary file.
+// arguments), the server serves on, a flood of calls is answered call by
+// call, and nothing is made in its working directory; a last request with no newline before EOF is answered and the
+// server exits 0, leaving no temporary file; a line that is not JSON-RPC
+// is answered with a JSON-RPC error and the session goes on.
 func TestMCPHostileClient(t *testing.T) {
 	h := startHost(t)
 	h.AddProject(t, "acme", "web")
@@ -283,6 +264,30 @@ func TestMCPHostileClient(t *testing.T) {
 			break
 		}
 	}
+	// A flood of calls sent at once, without waiting for answers: the
+	// server runs a few at a time, reads on as it answers, and answers
+	// each.
+	const flood = 3 * 32
+	sent := make(chan error, 1)
+	go func() {
+		var b strings.Builder
+		for i := range flood {
+			fmt.Fprintf(&b, `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"task_show","arguments":{}}}`+"\n", 1000+i)
+		}
+		_, err := io.WriteString(r.in, b.String())
+		sent <- err
+	}()
+	answered := map[float64]bool{}
+	for range flood {
+		m := r.reply(t)
+		if res, _ := m["result"].(map[string]any); res == nil || res["isError"] == true {
+			t.Fatalf("a call of the flood: %v", m)
+		}
+		answered[m["id"].(float64)] = true
+	}
+	if err := <-sent; err != nil || len(answered) != flood {
+		t.Fatalf("the flood: %v, %d answered, want %d", err, len(answered), flood)
+	}
 	if left, _ := os.ReadDir(dir); len(left) != 1 {
 		t.Errorf("refused calls left %v in the working directory", left)
 	}
@@ -304,15 +309,107 @@ func TestMCPHostileClient(t *testing.T) {
 	}
 
 	// A line that is not JSON-RPC (not JSON, nested deeper than the SDK
-	// decodes, an id that is an object) ends the session: the SDK closes the connection on a
-	// frame it cannot decode. The server exits; it does not hang.
-	for _, bad := range []string{"{not json\n", strings.Repeat("[", 2000) + strings.Repeat("]", 2000) + "\n", `{"jsonrpc":"2.0","id":{"a":1},"method":"tools/list"}` + "\n"} {
-		r := startRawMCP(t, h, token, dir)
-		r.send(t, bad)
-		if _, err := r.out.ReadBytes('\n'); err != io.EOF {
-			t.Errorf("after %.20q: %v, want the server to close stdout", bad, err)
+	// decodes, an id that is an object) is answered with the JSON-RPC
+	// error the spec gives, id null, and the session goes on; at EOF the
+	// server exits 0.
+	r = startRawMCP(t, h, token, dir)
+	for i, bad := range []struct {
+		line string
+		code float64
+	}{
+		{"{not json\n", -32700},
+		{strings.Repeat("[", 2000) + strings.Repeat("]", 2000) + "\n", -32600},
+		{`{"jsonrpc":"2.0","id":{"a":1},"method":"tools/list"}` + "\n", -32600},
+	} {
+		r.send(t, bad.line)
+		m := r.reply(t)
+		e, _ := m["error"].(map[string]any)
+		if m["id"] != nil || e == nil || e["code"] != bad.code {
+			t.Errorf("after %.20q: %v, want the error %v with id null", bad.line, m, bad.code)
 		}
-		r.cmd.Wait()
-		t.Logf("after %.20q: %v, stderr %s", bad, r.cmd.ProcessState, r.errb.String())
+		if m := r.call(t, 400+i, "events", `{}`); m["result"] == nil {
+			t.Errorf("events after %.20q: %v", bad.line, m)
+		}
+	}
+	r.in.Close()
+	if err := r.cmd.Wait(); err != nil {
+		t.Errorf("bushost mcp after EOF: %v\nstderr: %s", err, r.errb.String())
+	}
+	if left, _ := os.ReadDir(mcpTemp(t, dir)); len(left) != 0 {
+		t.Errorf("the server left %d temporary files", len(left))
+	}
+}
+
+// TestMCPGitDirOutside: repositories inside the server's working directory
+// whose git directory is elsewhere (a .git file naming another repository,
+// as a worktree has; a .git link to it; a commondir naming it; a refs
+// directory linked into it) are refused
+// GIT_DIR_OUTSIDE_REPO by every tool that takes a repo, and the other
+// repository is left exactly as it was, as is the bus host's store.
+func TestMCPGitDirOutside(t *testing.T) {
+	h := startHost(t)
+	h.AddProject(t, "acme", "web")
+	m := newMCPTask(t, h, "t1")
+	// The task has a push, so fetch_work and fetch_review have one to write.
+	req := m.request(t)
+
+	other := filepath.Join(filepath.Dir(m.workerDir), "other")
+	testGit(t, filepath.Dir(other), "init", "-q", other)
+	if err := os.WriteFile(filepath.Join(other, "o.txt"), []byte("o\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testGit(t, other, "add", "o.txt")
+	testGit(t, other, "commit", "-q", "-m", "other")
+	for _, dir := range []string{m.workerDir, m.reviewerDir} {
+		for _, r := range []string{"pointer", "linked", "common"} {
+			if err := os.MkdirAll(filepath.Join(dir, r), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mustWrite(t, filepath.Join(dir, "pointer", ".git"), "gitdir: "+filepath.Join(other, ".git")+"\n", 0o644)
+		if err := os.Symlink(filepath.Join(other, ".git"), filepath.Join(dir, "linked", ".git")); err != nil {
+			t.Fatal(err)
+		}
+		testGit(t, dir, "init", "-q", "common")
+		mustWrite(t, filepath.Join(dir, "common", ".git", "commondir"), filepath.Join(other, ".git")+"\n", 0o644)
+		// fetch_main would write refs/remotes/bushost/main into other.
+		testGit(t, dir, "init", "-q", "refs")
+		if err := os.Symlink(filepath.Join(other, ".git", "refs", "heads"), filepath.Join(dir, "refs", ".git", "refs", "remotes")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := treesnap.Take(t, other)
+	store := storeSnapshot(t, h)
+	for _, r := range []string{"pointer", "linked", "common", "refs"} {
+		for _, c := range []struct {
+			cs   *sdk.ClientSession
+			tool string
+			args map[string]any
+		}{
+			{m.worker, "fetch_main", map[string]any{"repo": r}},
+			{m.worker, "fetch_work", map[string]any{"repo": r}},
+			{m.worker, "push_working", map[string]any{"repo": r}},
+			{m.reviewer, "fetch_main", map[string]any{"repo": r}},
+			{m.reviewer, "fetch_review", map[string]any{"repo": r}},
+			{m.reviewer, "review_verdict", map[string]any{"request": req["request_id"], "approve": true, "repo": r}},
+		} {
+			if got := callRefused(t, c.cs, c.tool, c.args); got["reason"] != "GIT_DIR_OUTSIDE_REPO" {
+				t.Errorf("%s repo %s: %v, want GIT_DIR_OUTSIDE_REPO", c.tool, r, got)
+			}
+		}
+	}
+	if d := treesnap.Diff(before, treesnap.Take(t, other)); d != "" {
+		t.Errorf("the refused calls changed the other repository:\n%s", d)
+	}
+	if d := treesnap.Diff(store, storeSnapshot(t, h)); d != "" {
+		t.Errorf("the refused calls changed the bus host's store:\n%s", d)
+	}
+	if s := callOK(t, m.worker, "task_show", nil); s["state"] == "closed" {
+		t.Errorf("task_show: %v", s)
+	}
+	for _, dir := range []string{m.workerDir, m.reviewerDir} {
+		if left, _ := os.ReadDir(mcpTemp(t, dir)); len(left) != 0 {
+			t.Errorf("the refused calls left %d temporary files", len(left))
+		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,6 +154,17 @@ func (m *mcpTask) commit(t *testing.T, repo, file, text string) string {
 	testGit(t, dir, "add", file)
 	testGit(t, dir, "commit", "-q", "-m", "change "+file)
 	return testGit(t, dir, "rev-parse", "HEAD")
+}
+
+// request pushes a first commit (fetch_main, a commit of a.txt,
+// push_working) and asks for its review; it returns review_request's
+// result.
+func (m *mcpTask) request(t *testing.T) map[string]any {
+	t.Helper()
+	callOK(t, m.worker, "fetch_main", map[string]any{"repo": "w"})
+	m.commit(t, "w", "a.txt", "a\n")
+	callOK(t, m.worker, "push_working", map[string]any{"repo": "w"})
+	return callOK(t, m.worker, "review_request", nil)
 }
 
 // approve runs the loop up to an approve verdict through tools only:
@@ -418,40 +428,8 @@ func TestMCPCancelPush(t *testing.T) {
 // the tools work on the session's workspace.
 func TestMCPInSandbox(t *testing.T) {
 	testenv.NeedRoot(t, "sandbox run starts the session as nobody, with a group that opens the bus host's sockets")
-	group := fmt.Sprintf("bhm-%d-%s", os.Getpid(), randSuffix()[:6])
-	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
-		t.Fatalf("groupadd: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("groupdel", group).CombinedOutput(); err != nil {
-			t.Errorf("groupdel %s: %v\n%s", group, err, out)
-		}
-	})
-	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
-	h.AddProject(t, "acme", "web")
-	token := h.Grant(t, "acme", "web", "t1", "coder", "git.push.working", "review.request")
-	base := filepath.Dir(h.Home)
-	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
-	for _, d := range []string{ws, run} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Chown(ws, 65534, 65534); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1","token_file":"token"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := os.ReadFile(token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(run, "token"), tok, 0o400); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin(t, "sandbox"), "run", "--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "git.push.working,review.request",
-		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--git-socket", filepath.Join(h.Home, "git.sock"), "--", "bushost", "mcp")
+	s := newSessionHost(t, "git.push.working", "review.request")
+	cmd := exec.Command(bin(t, "sandbox"), append(append([]string{"run"}, s.flags...), "--", "bushost", "mcp")...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	c := sdk.NewClient(&sdk.Implementation{Name: "bushost-test", Version: "1"}, nil)
@@ -466,13 +444,13 @@ func TestMCPInSandbox(t *testing.T) {
 		t.Errorf("the session's tools: %v", names)
 	}
 	main := callOK(t, cs, "fetch_main", map[string]any{"repo": "repo"})["commit"]
-	if s := callOK(t, cs, "task_show", nil); s["task"] != "t1" {
-		t.Errorf("task_show in the session: %v", s)
+	if shown := callOK(t, cs, "task_show", nil); shown["task"] != "t1" {
+		t.Errorf("task_show in the session: %v", shown)
 	}
 	if err := cs.Close(); err != nil {
 		t.Logf("close: %v", err)
 	}
-	if got := testGit(t, filepath.Join(ws, "repo"), "-c", "safe.directory=*", "rev-parse", "refs/remotes/bushost/main"); got != main {
+	if got := testGit(t, filepath.Join(s.ws, "repo"), "-c", "safe.directory=*", "rev-parse", "refs/remotes/bushost/main"); got != main {
 		t.Fatalf("the workspace's refs/remotes/bushost/main is %s, want main %v", got, main)
 	}
 	if strings.Contains(stderr.String(), raceReport) {

@@ -1056,50 +1056,9 @@ func TestSandboxExplain(t *testing.T) {
 // stays unreadable.
 func TestSandboxPushWorking(t *testing.T) {
 	testenv.NeedRoot(t, "makes a group and runs the session as nobody, who must not read the host's admin.token")
-	// The group is the test's own, named uniquely, and removed at the end,
-	// so no group that existed before is touched.
-	group := fmt.Sprintf("bht-%d-%s", os.Getpid(), randSuffix()[:6])
-	if out, err := exec.Command("groupadd", group).CombinedOutput(); err != nil {
-		t.Fatalf("groupadd: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("groupdel", group).CombinedOutput(); err != nil {
-			t.Errorf("groupdel %s: %v\n%s", group, err, out)
-		}
-	})
-	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
-	h.AddProject(t, "acme", "web")
-	token := h.Grant(t, "acme", "web", "t1", "coder", "git.push.working")
-
-	base := filepath.Dir(h.Home)
-	ws, run := filepath.Join(base, "ws"), filepath.Join(base, "run")
-	// The workspace is the session user's; the run directory root's, as
-	// sandbox run started by root requires.
-	for _, d := range []string{ws, run} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Chown(ws, 65534, 65534); err != nil {
-		t.Fatal(err)
-	}
-	// session.json names the token: run hands it to the session's uid.
-	if err := os.WriteFile(filepath.Join(run, "session.json"), []byte(`{"task":"t1","token_file":"token"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// The session's own token, root's in its run directory: sandbox run
-	// hands it to the session's uid alone.
-	tok, err := os.ReadFile(token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sessionToken := filepath.Join(run, "token")
-	if err := os.WriteFile(sessionToken, tok, 0o400); err != nil {
-		t.Fatal(err)
-	}
+	s := newSessionHost(t, "git.push.working")
+	h, group, ws, sessionToken, flags := s.h, s.group, s.ws, s.token, s.flags
 	sb := bin(t, "sandbox")
-	flags := []string{"--run-dir", run, "--workspace", ws, "--role", "coder", "--caps", "git.push.working",
-		"--broker-socket", filepath.Join(h.Home, "broker.sock"), "--git-socket", filepath.Join(h.Home, "git.sock")}
 
 	gr, err := os.Stat(filepath.Join(h.Home, "git.sock"))
 	if err != nil {

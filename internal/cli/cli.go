@@ -62,6 +62,9 @@ type Env struct {
 	// dialed is the socket last dialed, for the hint on a server that
 	// does not answer (bushostd's sockets, or the launcher's).
 	dialed string
+	// longLived: the command runs inside a server that outlives it
+	// (bushost mcp), so it leaves process-wide settings alone.
+	longLived bool
 }
 
 // runFunc runs a command once its flags are parsed; args are its

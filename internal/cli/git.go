@@ -102,9 +102,11 @@ func gitRunner() (*gitcmd.Runner, func(), error) {
 // milliseconds: nothing is collected until the heap nears 64 MiB (a push
 // streams through fixed buffers, so it stays under that), which saves a
 // small push the three or four collections, and their CPU, it would
-// otherwise start. A GOGC or GOMEMLIMIT the caller set is kept.
-func shortLived() {
-	if os.Getenv("GOGC") == "" && os.Getenv("GOMEMLIMIT") == "" {
+// otherwise start. A GOGC or GOMEMLIMIT the caller set is kept, and so is
+// a long-lived process's own setting (e.longLived: bushost mcp runs many
+// commands in one process, for which a one-shot setting is wrong).
+func shortLived(e *Env) {
+	if !e.longLived && os.Getenv("GOGC") == "" && os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetGCPercent(-1)
 		debug.SetMemoryLimit(64 << 20)
 	}
@@ -114,7 +116,7 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 	repo := fs.String("repo", ".", "the worker's repository")
 	file := fs.String("bundle", "", "send this bundle file as is instead of bundling HEAD")
 	return func(ctx context.Context, e *Env, args []string) (err error) {
-		shortLived()
+		shortLived(e)
 		// A refusal of an object over its limit is completed with the
 		// object's id and path, which only this repository knows.
 		var base, head string

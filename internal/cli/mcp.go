@@ -73,7 +73,7 @@ func (r mcpRunner) Run(ctx context.Context, words string, flags []mcp.Flag, args
 	defer sout.Flush()
 	defer serr.Flush()
 	e := &Env{Home: r.e.Home, TokenFile: r.e.TokenFile, JSON: true, Timeout: r.e.Timeout,
-		Stdin: strings.NewReader(""), Stdout: sout, Stderr: serr, Getenv: r.e.Getenv}
+		Stdin: strings.NewReader(""), Stdout: sout, Stderr: serr, Getenv: r.e.Getenv, longLived: true}
 	err := run(ctx, e, args)
 	if _, exit := err.(statusExit); err == nil || exit {
 		// session wait ends with the session's own status, printed.

@@ -161,6 +161,8 @@ const (
 	RepoNotTopLevel   Reason = "REPO_NOT_TOP_LEVEL"
 	PathUnsafe        Reason = "PATH_UNSAFE"
 	PathChanged       Reason = "PATH_CHANGED"
+	// bushost mcp: a repo argument's git directory is elsewhere.
+	GitDirOutsideRepo Reason = "GIT_DIR_OUTSIDE_REPO"
 	CommitUnknown     Reason = "COMMIT_UNKNOWN"
 	TaskLanded        Reason = "TASK_LANDED"
 	MainMoved         Reason = "MAIN_MOVED"

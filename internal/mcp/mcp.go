@@ -23,6 +23,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -63,6 +64,15 @@ const maxArguments = 256 << 10
 // there and says there are more.
 const maxOutput = 4 << 20
 
+// maxCalls bounds the tool calls that run at once, each a command in this
+// process. A call past it waits for one to end (saying so in its progress
+// notifications), until the client cancels it. With maxUnanswered and
+// maxLine (transport.go) this bounds what the calls hold together: at most
+// maxCalls commands, each with at most maxOutput bytes of output and as
+// many of warnings, and at most maxUnanswered requests of at most maxLine
+// bytes each.
+const maxCalls = 4
+
 // Serve runs the server on in and out until the client closes in or ctx
 // ends. It asks the broker for the grant once, first: a token the broker
 // refuses, or the host's admin token (which holds no grant:
@@ -77,7 +87,7 @@ func Serve(ctx context.Context, r Runner, in io.ReadCloser, out io.WriteCloser, 
 		return err
 	}
 	s := NewServer(r, g, root, version)
-	err = s.Run(ctx, &sdk.IOTransport{Reader: in, Writer: out})
+	err = s.Run(ctx, &stdio{in: in, out: out})
 	if err == nil || errors.Is(err, io.EOF) || ctx.Err() != nil {
 		return nil
 	}
@@ -86,8 +96,9 @@ func Serve(ctx context.Context, r Runner, in io.ReadCloser, out io.WriteCloser, 
 
 // server is what every tool's handler shares.
 type server struct {
-	r    Runner
-	root string // the working directory repo arguments are relative to
+	r     Runner
+	root  string        // the working directory repo arguments are relative to
+	slots chan struct{} // one token a call running, at most maxCalls
 }
 
 // NewServer returns the MCP server for grant g: the tools g may use,
@@ -98,7 +109,7 @@ func NewServer(r Runner, g Grant, root, version string) *sdk.Server {
 			"a reviewer fetch_review then review_verdict; task_close or task_land once the latest push is approved. " +
 			"A refusal's structured content has a reason (NON_FAST_FORWARD, GATE_NO_APPROVAL, ...) and its text says what to do.",
 	})
-	sv := &server{r: r, root: root}
+	sv := &server{r: r, root: root, slots: make(chan struct{}, maxCalls)}
 	for _, t := range tools {
 		if t.allowed(g) {
 			t.add(s, sv)
@@ -187,9 +198,12 @@ func define[In, Out any](name, desc string, k kind, idempotent bool, caps []stri
 				return refusal(err), nil
 			}
 			c := &call{req: req}
-			stop := c.heartbeat(ctx, name)
+			end, err := sv.begin(ctx, c, name)
+			if err != nil {
+				return refusal(err), nil
+			}
 			o, err := fn(ctx, sv, c, v)
-			stop()
+			end()
 			if err != nil {
 				return refusal(err), nil
 			}
@@ -321,7 +335,41 @@ func decode(err error) *errdefs.Error {
 
 // call is one tool call in progress.
 type call struct {
-	req *sdk.CallToolRequest
+	req     *sdk.CallToolRequest
+	waiting atomic.Bool // for a slot (begin)
+}
+
+// begin takes one of the server's maxCalls slots for call c, waiting while
+// all are taken until ctx ends (the client cancelled the call), and starts
+// c's heartbeat, which says that it waits; end gives both back.
+func (sv *server) begin(ctx context.Context, c *call, name string) (end func(), err error) {
+	select {
+	case sv.slots <- struct{}{}:
+	default:
+		c.waiting.Store(true)
+	}
+	stop := c.heartbeat(ctx, name)
+	if c.waiting.Load() {
+		select {
+		case sv.slots <- struct{}{}:
+			c.waiting.Store(false)
+		case <-ctx.Done():
+		}
+		// A call cancelled while it waited never runs, even when a slot
+		// came free at the same time.
+		if ctx.Err() != nil {
+			if !c.waiting.Load() {
+				<-sv.slots
+			}
+			stop()
+			return nil, errdefs.New(errdefs.KindCanceled, errdefs.Canceled,
+				"%s: cancelled while it waited for one of the %d calls running at once to end", name, maxCalls).With("limit", fmt.Sprint(maxCalls))
+		}
+	}
+	return func() {
+		stop()
+		<-sv.slots
+	}, nil
 }
 
 // heartbeat sends notifications/progress every second while a call runs,
@@ -343,6 +391,9 @@ func (c *call) heartbeat(ctx context.Context, name string) func() {
 		for {
 			n++
 			msg := fmt.Sprintf("%s running (%s)", name, time.Since(start).Round(time.Second))
+			if c.waiting.Load() {
+				msg = fmt.Sprintf("%s waiting for one of the %d calls running at once to end (%s)", name, maxCalls, time.Since(start).Round(time.Second))
+			}
 			if c.req.Session.NotifyProgress(ctx, &sdk.ProgressNotificationParams{ProgressToken: token, Progress: float64(n), Message: msg}) != nil {
 				return
 			}

@@ -17,14 +17,10 @@ import (
 // The tools, in the order tools/list gives them. Each runs the CLI command
 // of its name; docs/mcp.md has the table.
 var tools = []tool{
-	define("fetch_main", "Fetch the bus host's main into repo (made if absent): set refs/remotes/bushost/main and fast-forward main; returns main's commit. Do this before you start work.",
-		local, true, capsFetchMain, func(ctx context.Context, sv *server, c *call, in repoArg) (fetchOut, error) {
-			return sv.fetch(ctx, "fetch-main", in.Repo)
-		}),
-	define("fetch_work", "Fetch the task's latest push into repo's refs/work/<task> (to get your work back in a new clone); returns its commit.",
-		local, true, capsPush, func(ctx context.Context, sv *server, c *call, in repoArg) (fetchOut, error) {
-			return sv.fetch(ctx, "fetch-work", in.Repo)
-		}),
+	fetchTool("fetch_main", "fetch-main", capsFetchMain,
+		"Fetch the bus host's main into repo (made if absent): set refs/remotes/bushost/main and fast-forward main; returns main's commit. Do this before you start work."),
+	fetchTool("fetch_work", "fetch-work", capsPush,
+		"Fetch the task's latest push into repo's refs/work/<task> (to get your work back in a new clone); returns its commit."),
 	define("push_working", "Push the commit at repo's HEAD (bundled against the main fetch_main fetched) to the task's work ref; returns the commit pushed. Commit first; NON_FAST_FORWARD means fetch_work and rebase.",
 		additive, true, capsPush, func(ctx context.Context, sv *server, c *call, in repoArg) (pushOut, error) {
 			var out pushOut
@@ -36,16 +32,10 @@ var tools = []tool{
 			out.Warning = warn
 			return out, err
 		}),
-	define("review_request", "Ask for a review of the task's latest push; returns the request id (the same one when asked again for the same push).",
-		additive, true, capsRequest, func(ctx context.Context, sv *server, c *call, in noArgs) (requestOut, error) {
-			var out requestOut
-			_, err := sv.run(ctx, "review request", nil, nil, &out)
-			return out, err
-		}),
-	define("fetch_review", "Fetch the task's latest push into repo's refs/review/<task>, checked as the bus host checks pushes, to review it; returns its commit.",
-		local, true, capsVerdict, func(ctx context.Context, sv *server, c *call, in repoArg) (fetchOut, error) {
-			return sv.fetch(ctx, "fetch-review", in.Repo)
-		}),
+	commandTool[requestOut]("review_request", "review request", additive, true, capsRequest,
+		"Ask for a review of the task's latest push; returns the request id (the same one when asked again for the same push)."),
+	fetchTool("fetch_review", "fetch-review", capsVerdict,
+		"Fetch the task's latest push into repo's refs/review/<task>, checked as the bus host checks pushes, to review it; returns its commit."),
 	define("review_verdict", "Approve (approve: true) or reject the push of a review request, on the commit fetch_review left in repo; the one verdict of that request.",
 		additive, false, capsVerdict, func(ctx context.Context, sv *server, c *call, in verdictArgs) (verdictOut, error) {
 			var out verdictOut
@@ -67,18 +57,10 @@ var tools = []tool{
 			_, err = sv.run(ctx, "review verdict", flags, nil, &out)
 			return out, err
 		}),
-	define("task_show", "Show the task from its log: state, latest push, each review request with its verdict and comment, its landing.",
-		readOnly, true, nil, func(ctx context.Context, sv *server, c *call, in noArgs) (map[string]any, error) {
-			out := map[string]any{}
-			_, err := sv.run(ctx, "task show", nil, nil, &out)
-			return out, err
-		}),
-	define("task_close", "Close the task; with a push, only once its latest push is approved (else GATE_NO_APPROVAL).",
-		destructive, true, capsClose, func(ctx context.Context, sv *server, c *call, in noArgs) (closeOut, error) {
-			var out closeOut
-			_, err := sv.run(ctx, "task close", nil, nil, &out)
-			return out, err
-		}),
+	commandTool[map[string]any]("task_show", "task show", readOnly, true, nil,
+		"Show the task from its log: state, latest push, each review request with its verdict and comment, its landing."),
+	commandTool[closeOut]("task_close", "task close", destructive, true, capsClose,
+		"Close the task; with a push, only once its latest push is approved (else GATE_NO_APPROVAL)."),
 	define("task_land", "Put the task's approved latest push on main and close the task; if main moved, merge: true has the bus host merge (MERGE_CONFLICT lists the paths).",
 		destructive, false, capsLand, func(ctx context.Context, sv *server, c *call, in landArgs) (landOut, error) {
 			var out landOut
@@ -107,23 +89,43 @@ var tools = []tool{
 		readOnly, true, capsLaunch, func(ctx context.Context, sv *server, c *call, in noArgs) (sessionsOut, error) {
 			return sv.sessions(ctx)
 		}),
-	define("session_wait", "Wait for session id to end; returns the session with its exit status (124 for a timeout, 128+n for a signal).",
-		readOnly, true, capsLaunch, func(ctx context.Context, sv *server, c *call, in idArg) (map[string]any, error) {
-			return sv.session(ctx, "session wait", in.ID)
-		}),
-	define("session_logs", "Return session id's output as the launcher kept it: the last 1 MiB of its stdout and of its stderr.",
-		readOnly, true, capsLaunch, func(ctx context.Context, sv *server, c *call, in idArg) (logsOut, error) {
-			var out logsOut
-			if err := needID(in.ID); err != nil {
-				return out, err
-			}
-			_, err := sv.run(ctx, "session logs", nil, []string{in.ID}, &out)
-			return out, err
-		}),
-	define("session_stop", "Stop session id (SIGTERM, then SIGKILL after the launcher's grace); returns once it has ended.",
-		destructive, true, capsLaunch, func(ctx context.Context, sv *server, c *call, in idArg) (map[string]any, error) {
-			return sv.session(ctx, "session stop", in.ID)
-		}),
+	sessionTool[map[string]any]("session_wait", "session wait", readOnly,
+		"Wait for session id to end; returns the session with its exit status (124 for a timeout, 128+n for a signal)."),
+	sessionTool[logsOut]("session_logs", "session logs", readOnly,
+		"Return session id's output as the launcher kept it: the last 1 MiB of its stdout and of its stderr."),
+	sessionTool[map[string]any]("session_stop", "session stop", destructive,
+		"Stop session id (SIGTERM, then SIGKILL after the launcher's grace); returns once it has ended."),
+}
+
+// fetchTool is a tool that runs fetch command words into repo and
+// returns the commit fetched: it writes repo only.
+func fetchTool(name, words string, caps []string, desc string) tool {
+	return define(name, desc, local, true, caps, func(ctx context.Context, sv *server, c *call, in repoArg) (fetchOut, error) {
+		return sv.fetch(ctx, words, in.Repo)
+	})
+}
+
+// commandTool is a tool without arguments that runs command words and
+// returns the JSON object it prints.
+func commandTool[Out any](name, words string, k kind, idempotent bool, caps []string, desc string) tool {
+	return define(name, desc, k, idempotent, caps, func(ctx context.Context, sv *server, c *call, in noArgs) (Out, error) {
+		var out Out
+		_, err := sv.run(ctx, words, nil, nil, &out)
+		return out, err
+	})
+}
+
+// sessionTool is a session.launch tool that runs command words on the
+// session id and returns the JSON object it prints.
+func sessionTool[Out any](name, words string, k kind, desc string) tool {
+	return define(name, desc, k, true, capsLaunch, func(ctx context.Context, sv *server, c *call, in idArg) (Out, error) {
+		var out Out
+		if strings.TrimSpace(in.ID) == "" {
+			return out, errdefs.InvalidArgument(errdefs.Usage, "%s: give id, a session's id (session_list lists them)", name)
+		}
+		_, err := sv.run(ctx, words, nil, []string{in.ID}, &out)
+		return out, err
+	})
 }
 
 type noArgs struct{}
@@ -280,23 +282,6 @@ func (sv *server) sessions(ctx context.Context) (sessionsOut, error) {
 		out.Sessions = append(out.Sessions, s)
 	}
 	return out, nil
-}
-
-// session runs session wait or stop on id and returns the session.
-func (sv *server) session(ctx context.Context, words, id string) (map[string]any, error) {
-	out := map[string]any{}
-	if err := needID(id); err != nil {
-		return out, err
-	}
-	_, err := sv.run(ctx, words, nil, []string{id}, &out)
-	return out, err
-}
-
-func needID(id string) error {
-	if strings.TrimSpace(id) == "" {
-		return errdefs.InvalidArgument(errdefs.Usage, "give id, a session's id (session_list lists them)")
-	}
-	return nil
 }
 
 func (sv *server) launchFlags(in launchArgs) ([]Flag, error) {
