@@ -38,7 +38,7 @@ func (s *Service) ArchiveTask(ctx context.Context, t names.Task) (ArchiveResult,
 		return ArchiveResult{}, err
 	}
 	defer release()
-	unlock, err := s.lock(ctx, r)
+	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return ArchiveResult{}, err
 	}
@@ -76,7 +76,7 @@ func (s *Service) ArchiveTask(ctx context.Context, t names.Task) (ArchiveResult,
 	if err := os.RemoveAll(aside); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Error("archive: remove the renamed repository (cleaned at the next start)", "dir", aside, "err", err)
 	}
-	s.forgetUsage(r)
+	r.state().forget()
 	s.log.Info("archived a task's repository; its events stay in the log", "repo", r.Path, "task", task, "bytes", n)
 	return ArchiveResult{Removed: true, Bytes: n}, nil
 }

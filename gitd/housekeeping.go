@@ -505,15 +505,15 @@ func (s *Service) housekeep(ctx context.Context, r repo, force bool) (run Housek
 	if plan.empty() {
 		return run
 	}
-	// The project's cached size (quota.go) follows the run: a repack
+	// The project's cached size (project.go) follows the run: a repack
 	// changes the repository's bytes, and forgetting the figure would make
 	// the next push read the whole project again.
 	before, berr := dirBytes(r.objects())
 	defer func() {
 		if after, err := dirBytes(r.objects()); err == nil && berr == nil {
-			s.adjustUsage(r, after-before)
+			r.state().grow(after - before)
 		} else {
-			s.forgetUsage(r)
+			r.state().forget()
 		}
 	}()
 	if err := s.execute(ctx, r, plan, &run); err != nil {
@@ -562,9 +562,9 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 		var unlock func()
 		var err error
 		if r.isPool() {
-			unlock, err = s.lockProject(ctx, r, 1)
+			unlock, err = r.state().share(ctx)
 		} else {
-			unlock, err = s.lockTask(ctx, r)
+			unlock, err = r.state().lockTask(ctx, r.Task)
 		}
 		if err != nil {
 			return err
@@ -605,7 +605,7 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 	if p.packRefs {
 		// pack-refs rewrites packed-refs and removes loose refs: under the
 		// project's lock, as a ref move.
-		unlock, err := s.lock(ctx, r)
+		unlock, err := r.state().lock(ctx)
 		if err != nil {
 			return err
 		}

@@ -140,7 +140,7 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	if !p.exists() {
 		return res, projectNotFound(business, project)
 	}
-	unlock, err := s.lock(ctx, p)
+	unlock, err := p.state().lock(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -1072,7 +1072,7 @@ func (tx *importTx) lock(ctx context.Context, scope names.Project) (err error) {
 	tx.madeBusiness = errors.Is(err, os.ErrNotExist)
 	_, err = os.Stat(tx.p.LockPath)
 	tx.madeLock = errors.Is(err, os.ErrNotExist)
-	tx.unlock, err = tx.s.lock(ctx, tx.p)
+	tx.unlock, err = tx.p.state().lock(ctx)
 	return err
 }
 
@@ -1105,7 +1105,7 @@ func (tx *importTx) Commit() {
 	if err := os.RemoveAll(tx.aside); err != nil {
 		tx.s.log.Error("import: remove the copy set aside (cleaned at the next start)", "dir", tx.aside, "err", err)
 	}
-	tx.s.forgetUsage(tx.p)
+	tx.p.state().forget()
 }
 
 // Rollback puts the store back as the import found it (importTx).

@@ -72,7 +72,7 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 	if !r.exists() {
 		return "", "", projectNotFound(r.Business, r.Project)
 	}
-	unlock, err := s.lock(ctx, r)
+	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return "", "", err
 	}

@@ -197,7 +197,7 @@ type writeTx struct {
 	walked func() error
 	// undone is the repository's undoneCount when the push began: a
 	// push whose checks may have read objects removed since is refused
-	// (lock).
+	// (lockTask).
 	undone   uint64
 	unlock   func()
 	reserved int64
@@ -216,7 +216,7 @@ type writeTx struct {
 // and the walk's "there before"). Counted now and again under the lock,
 // such an undo refuses this push (TestAttackPushOnARefusedPushInFlight).
 func (s *Service) beginPush(r repo) (*writeTx, error) {
-	tx := &writeTx{s: s, r: r, undone: s.undoneCount(r)}
+	tx := &writeTx{s: s, r: r, undone: r.state().undoneCount(r.Task)}
 	q, err := r.quarantine()
 	if err != nil {
 		return nil, err
@@ -235,10 +235,9 @@ func (s *Service) beginLand(r repo) (*writeTx, error) {
 	return &writeTx{s: s, r: r, q: q}, nil
 }
 
-// lockProject takes the whole project's lock (Service.lock), as a landing
-// does.
+// lockProject takes the whole project's lock, as a landing does.
 func (tx *writeTx) lockProject(ctx context.Context) error {
-	unlock, err := tx.s.lock(ctx, tx.r)
+	unlock, err := tx.r.state().lock(ctx)
 	if err != nil {
 		return err
 	}
@@ -246,29 +245,18 @@ func (tx *writeTx) lockProject(ctx context.Context) error {
 	return nil
 }
 
-// lockTask takes the task's lock (Service.lockTask) and refuses the push
+// lockTask takes the task's lock (project.lockTask) and refuses the push
 // if objects its checks may have read were removed since it began.
 func (tx *writeTx) lockTask(ctx context.Context, commit string) error {
-	unlock, err := tx.s.lockTask(ctx, tx.r)
+	unlock, err := tx.r.state().lockTask(ctx, tx.r.Task)
 	if err != nil {
 		return err
 	}
 	tx.unlock = unlock
-	if tx.s.undoneCount(tx.r) != tx.undone {
+	if tx.r.state().undoneCount(tx.r.Task) != tx.undone {
 		return errdefs.Aborted(errdefs.ObjectsUndone, "while push %s was checked, another push to task %s (or a landing) was refused and its objects removed, which the checks may have read: push again", commit, tx.r.Task).
 			With("commit", commit).With("task", tx.r.Task)
 	}
-	return nil
-}
-
-// reserve checks the quotas and reserves the pack's bytes in the
-// project's figure until the push is accounted or rolled back.
-func (tx *writeTx) reserve() error {
-	n, err := tx.s.checkQuotas(tx.r, tx.q)
-	if err != nil {
-		return err
-	}
-	tx.reserved = n
 	return nil
 }
 
@@ -296,7 +284,7 @@ func (tx *writeTx) prepareRef(ctx context.Context, ref gitid.ReferenceName, newI
 // (and a prepared ref lock's) in one batch.
 func (tx *writeTx) moveIn() error {
 	if err := tx.q.Migrate(); err != nil {
-		tx.s.markUndone(tx.r) // Migrate removed what it had moved in
+		tx.r.state().markUndone(tx.r.Task) // Migrate removed what it had moved in
 		return err
 	}
 	tx.migrated = true
@@ -323,7 +311,7 @@ func (tx *writeTx) keep() { tx.kept = true }
 // ref in place. After it, Rollback only releases.
 func (tx *writeTx) Commit(ctx context.Context) error {
 	tx.done = true
-	tx.s.account(tx.r, tx.reserved, tx.q)
+	tx.r.state().grow(addedBytes(tx.q))
 	if tx.mv == nil {
 		return nil
 	}
@@ -341,7 +329,7 @@ func (tx *writeTx) Rollback() {
 	if !tx.done {
 		removed := !tx.migrated
 		if tx.migrated && !tx.kept {
-			if err := tx.s.undo(tx.r, tx.q); err != nil {
+			if err := tx.r.state().undo(tx.r.Task, tx.q); err != nil {
 				tx.s.log.Error("remove the objects of a refused write", "repo", tx.r.Path, "err", err)
 			} else {
 				removed = true
@@ -353,7 +341,7 @@ func (tx *writeTx) Rollback() {
 	}
 	tx.done = true
 	if tx.reserved != 0 {
-		tx.s.release(tx.r, tx.reserved)
+		tx.r.state().release(tx.reserved)
 		tx.reserved = 0
 	}
 	if tx.unlock != nil {

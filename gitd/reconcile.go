@@ -55,7 +55,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 	if err != nil {
 		return err
 	}
-	unlock, err := s.lock(ctx, r)
+	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return err
 	}

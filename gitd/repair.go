@@ -74,7 +74,7 @@ func (s *Service) RepairTask(ctx context.Context, t names.Task) (RepairResult, e
 	if !r.pool().exists() {
 		return RepairResult{}, errdefs.NotFound(errdefs.ProjectNotFound, "project %s/%s was never added", business, project)
 	}
-	unlock, err := s.lock(ctx, r)
+	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return RepairResult{}, err
 	}

@@ -53,7 +53,13 @@ type repo struct {
 	// entered (task is zero for a pool): a repo is made only from them.
 	proj names.Project
 	task names.Task
+	// all holds the project's shared state (state).
+	all *projects
 }
+
+// state is what r's project shares in this process: its lock, its task
+// locks, its quota reservation and its undone counts (project.go).
+func (r repo) state() *project { return r.all.get(r.Dir, r.LockPath) }
 
 func (r repo) isPool() bool { return r.Task == "" }
 
@@ -112,7 +118,7 @@ func (r repo) quarantine() (*bundle.Quarantine, error) {
 // ref is not at old. It moves it by git's lock-file protocol (refs.go:
 // PrepareRef, then Commit, which a push splits around its record); a
 // symbolic ref or one with a reflog by `git update-ref`. The caller holds
-// the ref's lock (Service.lock or Service.lockTask).
+// the ref's lock (r.state().lock, or lockTask for a task's ref).
 func (r repo) UpdateRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
 	m, err := r.PrepareRef(ctx, ref, newID, old)
 	if err != nil {
@@ -130,7 +136,7 @@ func (s *Service) project(p names.Project) (repo, error) {
 	business, project := p.Business(), p.Name()
 	dir := filepath.Join(s.o.ReposDir, business, project)
 	r := repo{Business: business, Project: project, Dir: dir, Path: filepath.Join(dir, poolName),
-		LockPath: filepath.Join(s.o.ReposDir, business, project+".flock"), git: s.git, proj: p}
+		LockPath: filepath.Join(s.o.ReposDir, business, project+".flock"), git: s.git, proj: p, all: &s.projects}
 	// The directories, as they are opened, must be the daemon's (not
 	// links, writable by nobody else).
 	for _, d := range []string{filepath.Dir(dir), dir, r.Path, filepath.Join(dir, tasksDir)} {

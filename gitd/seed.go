@@ -36,7 +36,7 @@ func (s *Service) AddProject(ctx context.Context, p names.Project, root string) 
 	if err != nil {
 		return "", false, err
 	}
-	unlock, err := s.lock(ctx, r)
+	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return "", false, err
 	}
