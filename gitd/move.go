@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/bushost/bushost/gitd/bundle"
@@ -140,59 +141,21 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	if !p.exists() {
 		return res, projectNotFound(business, project)
 	}
-	unlock, err := p.state().lock(ctx)
+	tx, err := s.beginExport(ctx, m, p)
 	if err != nil {
 		return res, err
 	}
-	locked := true
-	defer func() {
-		if locked {
-			unlock()
-		}
-	}()
+	defer func() { tx.Rollback(err) }()
 	step("check the repositories against the log")
 	repos, err := s.exportRepos(ctx, p)
 	if err != nil {
 		return res, err
 	}
-	// The spool is made before the export begins and named by its id: a
-	// spool found at start is an export cut before its file was complete
-	// (the daemon killed), which settleExports cancels. It goes once the
-	// file is sent, or the export is cancelled.
-	id := authz.NewExportID()
-	spool := filepath.Join(filepath.Dir(p.Dir), exportSpoolPrefix+project+"-"+id)
-	if err := os.Mkdir(spool, 0o700); err != nil {
-		return res, err
-	}
-	keepSpool := false
-	defer func() {
-		if !keepSpool {
-			os.RemoveAll(spool)
-		}
-	}()
-	if err := os.Mkdir(filepath.Join(spool, "tasks"), 0o700); err != nil {
-		return res, err
-	}
-	ex, err := m.BeginExport(ctx, business, project, id)
+	ex, err := tx.begin(ctx)
 	if err != nil {
-		// Begun or not, unknown: the next start cancels it if it was.
-		keepSpool = errdefs.ReasonOf(err) == errdefs.CommitUnknown
 		return res, err
 	}
-	defer func() {
-		if err == nil {
-			return
-		}
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
-		defer cancel()
-		// This export only: another may have replaced it meanwhile.
-		if _, cerr := m.CancelExport(cctx, business, project, ex.ID); cerr != nil {
-			keepSpool = true
-			s.log.Error("export failed, and cancelling it failed too: the project stays moving until the next start of bushostd or 'bushost project export --cancel'", "business", business, "project", project, "err", cerr)
-			return
-		}
-		s.log.Warn("export failed and was cancelled: the project takes pushes again", "business", business, "project", project, "err", err)
-	}()
+	spool := tx.spool
 	res.Export = ex
 	// Under the lock, nothing recorded a push of the project between the
 	// check and BeginExport: the log's tasks are those checked.
@@ -256,8 +219,7 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	}
 	// The spool is the export's own: pushes are refused from here on and
 	// wait for nothing, so the lock is not held while the archive streams.
-	unlock()
-	locked = false
+	tx.unlock()
 	step("send the archive")
 	h := sha256.New()
 	cw := &countWriter{w: io.MultiWriter(w, h)}
@@ -287,14 +249,92 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	if err := w.Flush(); err != nil {
 		return res, err
 	}
-	// The file is whole: from here a crash leaves nothing to cancel.
-	if err := os.RemoveAll(spool); err != nil {
+	if err := tx.Commit(); err != nil {
 		return res, err
 	}
 	res.Bytes, res.SHA256 = cw.n, hex.EncodeToString(h.Sum(nil))
 	s.log.Info("exported a project: it is moving, pushes are refused until it is imported elsewhere or the export is cancelled",
 		"business", business, "project", project, "export_id", ex.ID, "head_seq", ex.HeadSeq, "bytes", res.Bytes, "tasks", res.Tasks)
 	return res, nil
+}
+
+// exportTx is an export's hold on the store: the project's lock (until
+// the archive is sealed), the spool the bundles are written into, and the
+// export begun with the broker. Commit, once the file is whole, removes
+// the spool: from then a crash leaves nothing to cancel. Rollback,
+// deferred right after beginExport, cancels a begun export that did not
+// commit (the project takes pushes again), removes the spool unless the
+// export's fate is unknown (settleExports cancels it at the next start),
+// and releases the lock.
+type exportTx struct {
+	s *Service
+	// ctx outlives the call: the cancel runs when the client went away.
+	ctx         context.Context
+	m           authz.Mover
+	p           repo
+	unlock      func()
+	spool       string
+	ex          authz.Export
+	begun, done bool
+	keep        bool // leave the spool
+}
+
+// beginExport takes p's project lock for an export.
+func (s *Service) beginExport(ctx context.Context, m authz.Mover, p repo) (*exportTx, error) {
+	unlock, err := p.state().lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &exportTx{s: s, ctx: context.WithoutCancel(ctx), m: m, p: p, unlock: sync.OnceFunc(unlock)}, nil
+}
+
+// begin makes the spool, named by the export's id, and has the broker
+// begin the export (pushes, landings and syncs are refused from then on).
+func (tx *exportTx) begin(ctx context.Context) (authz.Export, error) {
+	id := authz.NewExportID()
+	spool := filepath.Join(filepath.Dir(tx.p.Dir), exportSpoolPrefix+tx.p.Project+"-"+id)
+	if err := os.Mkdir(spool, 0o700); err != nil {
+		return authz.Export{}, err
+	}
+	tx.spool = spool
+	if err := os.Mkdir(filepath.Join(spool, "tasks"), 0o700); err != nil {
+		return authz.Export{}, err
+	}
+	ex, err := tx.m.BeginExport(ctx, tx.p.Business, tx.p.Project, id)
+	// Begun or not, unknown: the next start cancels it if it was.
+	tx.keep = errdefs.ReasonOf(err) == errdefs.CommitUnknown
+	tx.ex, tx.begun = ex, err == nil
+	return ex, err
+}
+
+// Commit ends a whole export: its spool goes (if it cannot, Rollback
+// cancels the export).
+func (tx *exportTx) Commit() error {
+	err := os.RemoveAll(tx.spool)
+	tx.done = err == nil
+	return err
+}
+
+// Rollback undoes what Commit did not make final (exportTx); cause is why
+// the export failed, for the log.
+func (tx *exportTx) Rollback(cause error) {
+	if tx.begun && !tx.done {
+		tx.done = true
+		business, project := tx.p.Business, tx.p.Project
+		ctx, cancel := context.WithTimeout(tx.ctx, criticalTimeout)
+		// This export only: another may have replaced it meanwhile.
+		if _, err := tx.m.CancelExport(ctx, business, project, tx.ex.ID); err != nil {
+			tx.keep = true
+			tx.s.log.Error("export failed, and cancelling it failed too: the project stays moving until the next start of bushostd or 'bushost project export --cancel'", "business", business, "project", project, "err", err)
+		} else {
+			tx.s.log.Warn("export failed and was cancelled: the project takes pushes again", "business", business, "project", project, "err", cause)
+		}
+		cancel()
+	}
+	if tx.spool != "" && !tx.keep {
+		os.RemoveAll(tx.spool)
+	}
+	tx.unlock()
 }
 
 // exportRefs are a project's refs as an export found them.
