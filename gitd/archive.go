@@ -25,7 +25,7 @@ type ArchiveResult struct {
 // its reviewer fetch. Archiving twice is no error (Removed is false).
 func (s *Service) ArchiveTask(ctx context.Context, t names.Task) (ArchiveResult, error) {
 	business, project, task := t.Business(), t.Project().Name(), t.Name()
-	r, err := s.task(t)
+	r, err := s.store.task(t)
 	if err != nil {
 		return ArchiveResult{}, err
 	}
@@ -33,7 +33,7 @@ func (s *Service) ArchiveTask(ctx context.Context, t names.Task) (ArchiveResult,
 		return ArchiveResult{}, projectNotFound(business, project)
 	}
 	// No housekeeping run may write into the repository as it goes.
-	release, err := s.hk.hold(ctx, r)
+	release, err := r.state().hold(ctx, r.Task)
 	if err != nil {
 		return ArchiveResult{}, err
 	}

@@ -27,7 +27,7 @@ func (s *Service) refToSend(r repo, ref string, reason errdefs.Reason, missing s
 	if err != nil {
 		return nil, "", err
 	}
-	commit, err := readRef(gg, ref)
+	commit, err := gg.readRef(ref)
 	if err != nil {
 		return nil, "", err
 	}
@@ -41,7 +41,7 @@ func (s *Service) refToSend(r repo, ref string, reason errdefs.Reason, missing s
 // refs/heads/main, full history) to w, calling begin with main's commit
 // before the first byte.
 func (s *Service) WriteMainBundle(ctx context.Context, p names.Project, have string, begin func(commit string) error, w io.Writer) error {
-	r, err := s.project(p)
+	r, err := s.store.project(p)
 	if err != nil {
 		return err
 	}
@@ -93,7 +93,7 @@ func (s *Service) WriteReviewBundle(ctx context.Context, t names.Task, have stri
 		}
 	}
 	ref := t.WorkRef()
-	r, err := s.task(t)
+	r, err := s.store.task(t)
 	if err != nil {
 		return err
 	}

@@ -407,7 +407,7 @@ func testTask(task string) names.Task {
 // quota and not yet accounted or released.
 func (e *env) reserved(t *testing.T) int64 {
 	t.Helper()
-	r, err := e.svc.project(testScope())
+	r, err := e.svc.store.project(testScope())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,7 +87,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 		return LandResult{}, fmt.Errorf("this bus host's broker cannot land work")
 	}
 	business, project, task := scope.Business(), scope.Project().Name(), scope.Name()
-	t, err := s.task(scope)
+	t, err := s.store.task(scope)
 	if err != nil {
 		return LandResult{}, err
 	}
@@ -99,11 +99,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	if err != nil {
 		return LandResult{}, err
 	}
-	gg, err := s.open(r)
-	if err != nil {
-		return LandResult{}, err
-	}
-	old, err := readRef(gg, MainRef)
+	old, err := r.readRef(MainRef)
 	if err != nil {
 		return LandResult{}, err
 	}
@@ -157,11 +153,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	// Only the lock's holder moves main: unmoved now, it stays so until
 	// the update-ref below. Read afresh, not through a handle opened
 	// before another landing may have moved it.
-	now, err := s.open(r)
-	if err != nil {
-		return LandResult{}, err
-	}
-	if cur, err := readRef(now, MainRef); err != nil {
+	if cur, err := r.readRef(MainRef); err != nil {
 		return LandResult{}, err
 	} else if cur != old {
 		return LandResult{}, errdefs.Aborted(errdefs.MainMoved, "main moved to %s while the landing of %s was made on %s: land again", cur, approved, old).
@@ -330,7 +322,7 @@ func (s *Service) reconcileMain(ctx context.Context, r repo) error {
 	if err != nil {
 		return err
 	}
-	cur, err := readRef(gg, MainRef)
+	cur, err := gg.readRef(MainRef)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/bushost/bushost/gitd/bundle"
@@ -134,7 +133,7 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	if err != nil {
 		return res, err
 	}
-	p, err := s.project(scope)
+	p, err := s.store.project(scope)
 	if err != nil {
 		return res, err
 	}
@@ -145,7 +144,7 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	if err != nil {
 		return res, err
 	}
-	defer func() { tx.Rollback(err) }()
+	defer func() { tx.Rollback(ctx, err) }()
 	step("check the repositories against the log")
 	repos, err := s.exportRepos(ctx, p)
 	if err != nil {
@@ -189,7 +188,7 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 			if err != nil {
 				return res, err
 			}
-			r, err := s.task(tn)
+			r, err := s.store.task(tn)
 			if err != nil {
 				return res, err
 			}
@@ -220,6 +219,7 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	// The spool is the export's own: pushes are refused from here on and
 	// wait for nothing, so the lock is not held while the archive streams.
 	tx.unlock()
+	tx.unlock = nil
 	step("send the archive")
 	h := sha256.New()
 	cw := &countWriter{w: io.MultiWriter(w, h)}
@@ -267,12 +267,10 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 // export's fate is unknown (settleExports cancels it at the next start),
 // and releases the lock.
 type exportTx struct {
-	s *Service
-	// ctx outlives the call: the cancel runs when the client went away.
-	ctx         context.Context
+	s           *Service
 	m           authz.Mover
 	p           repo
-	unlock      func()
+	unlock      func() // the project's lock, until the export is sealed
 	spool       string
 	ex          authz.Export
 	begun, done bool
@@ -285,7 +283,7 @@ func (s *Service) beginExport(ctx context.Context, m authz.Mover, p repo) (*expo
 	if err != nil {
 		return nil, err
 	}
-	return &exportTx{s: s, ctx: context.WithoutCancel(ctx), m: m, p: p, unlock: sync.OnceFunc(unlock)}, nil
+	return &exportTx{s: s, m: m, p: p, unlock: unlock}, nil
 }
 
 // begin makes the spool, named by the export's id, and has the broker
@@ -316,12 +314,13 @@ func (tx *exportTx) Commit() error {
 }
 
 // Rollback undoes what Commit did not make final (exportTx); cause is why
-// the export failed, for the log.
-func (tx *exportTx) Rollback(cause error) {
+// the export failed, for the log. The broker's cancel runs even when ctx,
+// the call's, ended (the client went away).
+func (tx *exportTx) Rollback(ctx context.Context, cause error) {
 	if tx.begun && !tx.done {
 		tx.done = true
 		business, project := tx.p.Business, tx.p.Project
-		ctx, cancel := context.WithTimeout(tx.ctx, criticalTimeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
 		// This export only: another may have replaced it meanwhile.
 		if _, err := tx.m.CancelExport(ctx, business, project, tx.ex.ID); err != nil {
 			tx.keep = true
@@ -334,7 +333,10 @@ func (tx *exportTx) Rollback(cause error) {
 	if tx.spool != "" && !tx.keep {
 		os.RemoveAll(tx.spool)
 	}
-	tx.unlock()
+	if tx.unlock != nil {
+		tx.unlock()
+		tx.unlock = nil
+	}
 }
 
 // exportRefs are a project's refs as an export found them.
@@ -370,7 +372,7 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 			p.Business, p.Project, task, ref, log).
 			With("task", p.Business+"/"+p.Project+"/"+task).With("ref_commit", ref).With("log_commit", log)
 	}
-	ts, err := s.tasks(p)
+	ts, err := p.tasks()
 	if err != nil {
 		return out, err
 	}
@@ -698,7 +700,7 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 		if err := os.MkdirAll(filepath.Dir(r.Path), 0o700); err != nil {
 			return res, err
 		}
-		if err := s.initTask(ctx, r.Path); err != nil {
+		if err := initTask(r.Path); err != nil {
 			return res, err
 		}
 		if err := s.importRepo(ctx, r, *t.Repository, files); err != nil {
@@ -1105,7 +1107,7 @@ func (tx *importTx) built() string { return filepath.Join(tx.stage, "project") }
 // lock takes the project's lock, noting whether its business's directory
 // and its lock file were there before.
 func (tx *importTx) lock(ctx context.Context, scope names.Project) (err error) {
-	if tx.p, err = tx.s.project(scope); err != nil {
+	if tx.p, err = tx.s.store.project(scope); err != nil {
 		return err
 	}
 	_, err = os.Stat(filepath.Dir(tx.p.Dir))

@@ -65,7 +65,7 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 		return "", "", err
 	}
 	ref := "refs/heads/" + branch
-	r, err := s.project(p)
+	r, err := s.store.project(p)
 	if err != nil {
 		return "", "", err
 	}
@@ -91,7 +91,7 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 	if err != nil {
 		return "", "", err
 	}
-	main, err := readRef(gg, MainRef)
+	main, err := gg.readRef(MainRef)
 	if err != nil {
 		return "", "", err
 	}

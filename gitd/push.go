@@ -49,7 +49,7 @@ const criticalTimeout = time.Minute
 // repaired by Reconcile.
 func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer authz.Peer, size int64, body io.Reader) (PushResult, error) {
 	ref := t.WorkRef()
-	r, err := s.task(t)
+	r, err := s.store.task(t)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -118,7 +118,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 	if err := s.checkCommit(ctx, r, q, objs, commit); err != nil {
 		return PushResult{}, err
 	}
-	old, err := readRef(gg, ref)
+	old, err := gg.readRef(ref)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -132,7 +132,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 	if err := tx.lockTask(ctx, commit); err != nil {
 		return PushResult{}, err
 	}
-	cur, err := readRef(gg, ref)
+	cur, err := gg.readRef(ref)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -263,7 +263,7 @@ func (tx *writeTx) lockTask(ctx context.Context, commit string) error {
 // prepareRef makes the task's repository on its first push and prepares
 // the ref move from old to newID, for moveIn to fsync with the objects.
 func (tx *writeTx) prepareRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
-	made, err := tx.s.ensure(ctx, tx.r)
+	made, err := tx.r.ensure()
 	if err != nil {
 		return err
 	}
@@ -329,14 +329,18 @@ func (tx *writeTx) Rollback() {
 	if !tx.done {
 		removed := !tx.migrated
 		if tx.migrated && !tx.kept {
-			if err := tx.r.state().undo(tx.r.Task, tx.q); err != nil {
+			err := tx.q.Rollback()
+			tx.r.state().markUndone(tx.r.Task)
+			if err != nil {
 				tx.s.log.Error("remove the objects of a refused write", "repo", tx.r.Path, "err", err)
 			} else {
 				removed = true
 			}
 		}
 		if tx.made && removed {
-			tx.s.dropNew(tx.r)
+			if err := tx.r.dropNew(); err != nil {
+				tx.s.log.Error("remove the repository of a refused first push", "repo", tx.r.Path, "err", err)
+			}
 		}
 	}
 	tx.done = true
@@ -399,7 +403,7 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 		}
 		return nil
 	}
-	main, err := readRef(gg.poolView(), MainRef)
+	main, err := gg.poolView().readRef(MainRef)
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ var indexPackConfig = []string{"pack.threads=1", "core.deltaBaseCacheLimit=32m"}
 // what it pushed that the pool did not hold. A project's bytes are its
 // directory's objects (the pool and every task repository), read from disk
 // once and then kept up to date in memory by the pushes, the landings and
-// the housekeeping runs (project.go); an import or an archive forgets the
+// the housekeeping runs (store.go); an import or an archive forgets the
 // figure, to be read again.
 
 // reserve checks the quotas and reserves the quarantined pack's bytes in
@@ -51,7 +51,7 @@ func (tx *writeTx) reserve() error {
 			"task %s holds %d bytes in its repository; this push's %d bytes would take it over the limit of %d bytes (bushostd --max-task-bytes)",
 			r.Task, used, n, o.MaxTaskBytes).With("limit", o.MaxTaskBytes).With("used", used).With("size", n)
 	}
-	proj, ok, err := r.state().reserve(n, o.MaxProjectBytes, func() (int64, error) { return dirBytes(r.Dir) })
+	proj, ok, err := r.state().reserve(n, o.MaxProjectBytes)
 	if err != nil {
 		return err
 	}

@@ -32,7 +32,7 @@ import (
 // store that cannot be listed is an error.
 func (s *Service) Reconcile(ctx context.Context) error {
 	s.settleExports(ctx)
-	rs, err := s.repos()
+	rs, err := s.store.repos()
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -63,7 +63,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 	if err := removeStaleLocks(r.Path); err != nil {
 		return err
 	}
-	ts, err := s.tasks(r)
+	ts, err := r.tasks()
 	if err != nil {
 		return err
 	}
@@ -85,7 +85,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 			continue
 		}
 		ref := tn.WorkRef()
-		t, err := s.task(tn)
+		t, err := s.store.task(tn)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -95,7 +95,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 			errs = append(errs, err)
 			continue
 		}
-		cur, err := readRef(gg, ref)
+		cur, err := gg.readRef(ref)
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -19,7 +19,7 @@ import (
 func refEnv(t *testing.T, n int) (*env, repo, []gitid.ObjectID) {
 	t.Helper()
 	e := newEnv(t)
-	r, err := e.svc.project(testScope())
+	r, err := e.svc.store.project(testScope())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,11 +201,11 @@ func noLocks(t *testing.T, dir string) {
 func TestLockTaskSharesTheProject(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	t1, err := e.svc.task(testTask("t1"))
+	t1, err := e.svc.store.task(testTask("t1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t2, _ := e.svc.task(testTask("t2"))
+	t2, _ := e.svc.store.task(testTask("t2"))
 	un1, err := t1.state().lockTask(ctx, t1.Task)
 	if err != nil {
 		t.Fatal(err)

@@ -28,7 +28,7 @@ const rootKey = "bushost.root"
 // all: it is built beside its final path and renamed into place under the
 // project's lock.
 func (s *Service) AddProject(ctx context.Context, p names.Project, root string) (commit string, created bool, err error) {
-	r, err := s.project(p)
+	r, err := s.store.project(p)
 	if err != nil {
 		return "", false, err
 	}
@@ -42,11 +42,7 @@ func (s *Service) AddProject(ctx context.Context, p names.Project, root string) 
 	}
 	defer unlock()
 	if r.exists() {
-		g, err := s.open(r)
-		if err != nil {
-			return "", false, err
-		}
-		commit, err := readRef(g, MainRef)
+		commit, err := r.readRef(MainRef)
 		if err != nil {
 			return "", false, err
 		}
@@ -103,7 +99,7 @@ func (s *Service) AddProject(ctx context.Context, p names.Project, root string) 
 // when its files changed.
 func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, previous string, err error) {
 	business, project := p.Business(), p.Name()
-	r, err := s.project(p)
+	r, err := s.store.project(p)
 	if err != nil {
 		return "", "", err
 	}
@@ -133,11 +129,7 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 	if root, err = checkRoot(root); err != nil {
 		return "", "", err
 	}
-	g, err := s.open(r)
-	if err != nil {
-		return "", "", err
-	}
-	old, err := readRef(g, MainRef)
+	old, err := r.readRef(MainRef)
 	if err != nil {
 		return "", "", err
 	}

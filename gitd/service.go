@@ -10,7 +10,7 @@
 // in quarantine; a task's repository reads only itself and its pool, never
 // another task's objects; refs move only through repo.UpdateRef (git's
 // lock-file protocol against their old value, refs.go) under the project's
-// lock, or for a push under its task's (project.go), and only after the
+// lock, or for a push under its task's (store.go), and only after the
 // broker recorded the push; a refused push leaves no ref, no
 // object, no repository and no temp file. Every git process runs through
 // internal/gitcmd; go-git only reads.
@@ -30,7 +30,6 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/limits"
-	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/testhook"
 )
 
@@ -68,16 +67,19 @@ type Options struct {
 	Housekeeping bool
 }
 
-// Service owns the repositories under Options.ReposDir.
+// Service runs the operations on the store (a push, a landing, a move...):
+// the GitService server (server.go) calls it with names already parsed,
+// and it asks the store for repos, each repo's project for its lock and
+// quota, and the repo for its reads and ref moves.
 type Service struct {
 	o   Options
 	git *gitcmd.Runner
 	log *slog.Logger
 
-	// projects is the state of each project in this process: its
-	// locks, quota reservation, cached size and undone counts.
-	projects projects
-	hk       *housekeeper
+	// store makes the repos of ReposDir and keeps what each project's
+	// repos share in this process (store.go).
+	store *store
+	hk    *housekeeper
 	// treeSizes remembers what the trees walked expand to (treesize.go).
 	treeSizes treeSizes
 	// skip is what a test's build turned off (the zero value in service).
@@ -126,7 +128,8 @@ func New(o Options) (*Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Service{o: o, git: g, log: log.With("service", "gitd"), skip: testhook.Skipped()}
+	s := &Service{o: o, git: g, log: log.With("service", "gitd"), skip: testhook.Skipped(),
+		store: &store{dir: dir, git: g, projects: map[string]*project{}}}
 	s.hk = newHousekeeper(s, o.Housekeeping)
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
@@ -140,39 +143,6 @@ func New(o Options) (*Service, error) {
 // seedPrefix starts the name of a repository being seeded, beside the
 // final one; no valid project or task name starts with '.'.
 const seedPrefix = ".seeding-"
-
-// repos lists every project's pool in the store.
-func (s *Service) repos() ([]repo, error) {
-	var out []repo
-	bs, err := os.ReadDir(s.o.ReposDir)
-	if err != nil {
-		return nil, err
-	}
-	for _, b := range bs {
-		if !b.IsDir() || names.Check("business", b.Name()) != nil {
-			continue
-		}
-		ps, err := os.ReadDir(filepath.Join(s.o.ReposDir, b.Name()))
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range ps {
-			if !p.IsDir() {
-				continue
-			}
-			scope, err := names.ParseProject(b.Name(), p.Name())
-			if err != nil {
-				continue
-			}
-			r, err := s.project(scope)
-			if err != nil || !r.exists() {
-				continue
-			}
-			out = append(out, r)
-		}
-	}
-	return out, nil
-}
 
 // cleanStale removes seeding directories and quarantines left by a killed
 // process: in the store (an import's staging), in each business (a
@@ -194,7 +164,7 @@ func (s *Service) cleanStale() error {
 			return err
 		}
 	}
-	rs, err := s.repos()
+	rs, err := s.store.repos()
 	if err != nil {
 		return err
 	}
@@ -205,7 +175,7 @@ func (s *Service) cleanStale() error {
 		if err := bundle.CleanStale(r.objects()); err != nil {
 			return err
 		}
-		ts, err := s.tasks(r)
+		ts, err := r.tasks()
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package gitd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,7 +12,9 @@ import (
 	"github.com/gofrs/flock"
 	"golang.org/x/sync/semaphore"
 
-	"github.com/bushost/bushost/gitd/bundle"
+	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/safepath"
 )
 
 // project is what the repositories of one project share in this process,
@@ -22,12 +25,14 @@ import (
 // project reaches the same *project (repo.state); nothing else keeps
 // state by project.
 type project struct {
+	dir      string // the project's directory (repo.Dir)
 	lockPath string // <project>.flock, which other processes take too
 	sem      *semaphore.Weighted
 
 	mu sync.Mutex
-	// tasks are the task repositories' locks, by task.
-	tasks map[string]chan struct{}
+	// tasks are the task repositories' locks, by task; runs hold each
+	// repository ("" the pool) for a housekeeping run or an archive.
+	tasks, runs map[string]chan struct{}
 	// reserved is the bytes of pushes past the project quota check and
 	// not yet accounted: pushes to two tasks check the quota side by side.
 	reserved int64
@@ -41,30 +46,101 @@ type project struct {
 	undone map[string]uint64
 }
 
-// projects holds the state of each project this process has touched, by
-// its directory.
-type projects struct {
-	mu sync.Mutex
-	m  map[string]*project
+// store is the repositories under ReposDir (their layout is in
+// repository.go): the one maker of a repo, and, by project directory, the
+// *project its repos share in this process.
+type store struct {
+	dir string // ReposDir
+	git *gitcmd.Runner
+
+	mu       sync.Mutex
+	projects map[string]*project
 }
 
-// get returns the project at dir, made on first use.
-func (ps *projects) get(dir, lockPath string) *project {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	p, ok := ps.m[dir]
+// state returns the project at dir, made on first use.
+func (st *store) state(dir, lockPath string) *project {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	p, ok := st.projects[dir]
 	if !ok {
-		if ps.m == nil {
-			ps.m = map[string]*project{}
-		}
-		p = &project{lockPath: lockPath, sem: semaphore.NewWeighted(projectShares), tasks: map[string]chan struct{}{}, undone: map[string]uint64{}}
-		ps.m[dir] = p
+		p = &project{dir: dir, lockPath: lockPath, sem: semaphore.NewWeighted(projectShares), tasks: map[string]chan struct{}{},
+			runs: map[string]chan struct{}{}, undone: map[string]uint64{}}
+		st.projects[dir] = p
 	}
 	return p
 }
 
+// project returns p's pool, its directories checked to be the daemon's.
+func (st *store) project(p names.Project) (repo, error) {
+	if p.IsZero() {
+		return repo{}, errors.New("gitd: a repository of no project")
+	}
+	business, project := p.Business(), p.Name()
+	dir := filepath.Join(st.dir, business, project)
+	r := repo{Business: business, Project: project, Dir: dir, Path: filepath.Join(dir, poolName),
+		LockPath: filepath.Join(st.dir, business, project+".flock"), git: st.git, proj: p, st: st}
+	// The directories, as they are opened, must be the daemon's (not
+	// links, writable by nobody else).
+	for _, d := range []string{filepath.Dir(dir), dir, r.Path, filepath.Join(dir, tasksDir)} {
+		if err := safepath.IfExists(d, os.Geteuid(), safepath.Dir); err != nil {
+			return repo{}, err
+		}
+	}
+	return r, nil
+}
+
+// task returns t's repository (it may not exist yet: ensure makes it).
+func (st *store) task(t names.Task) (repo, error) {
+	if t.IsZero() {
+		return repo{}, errors.New("gitd: a repository of no task")
+	}
+	p, err := st.project(t.Project())
+	if err != nil {
+		return repo{}, err
+	}
+	r := p
+	r.Task, r.task, r.Path = t.Name(), t, filepath.Join(p.Dir, tasksDir, t.Name()+".git")
+	if err := safepath.IfExists(r.Path, os.Geteuid(), safepath.Dir); err != nil {
+		return repo{}, err
+	}
+	return r, nil
+}
+
+// repos lists every project's pool in the store.
+func (st *store) repos() ([]repo, error) {
+	var out []repo
+	bs, err := os.ReadDir(st.dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range bs {
+		if !b.IsDir() || names.Check("business", b.Name()) != nil {
+			continue
+		}
+		ps, err := os.ReadDir(filepath.Join(st.dir, b.Name()))
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range ps {
+			if !p.IsDir() {
+				continue
+			}
+			scope, err := names.ParseProject(b.Name(), p.Name())
+			if err != nil {
+				continue
+			}
+			r, err := st.project(scope)
+			if err != nil || !r.exists() {
+				continue
+			}
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
 // projectShares is the weight of a project's lock: lock takes all of it,
-// share and lockTask one share, so that pushes to the project's tasks run
+// lockShared and lockTask one share, so that pushes to the project's tasks run
 // side by side and everything else runs alone.
 const projectShares = 1 << 30
 
@@ -75,9 +151,9 @@ const projectShares = 1 << 30
 // syncing and landing main, publishing, archiving, repair, Reconcile.
 func (p *project) lock(ctx context.Context) (func(), error) { return p.take(ctx, projectShares) }
 
-// share takes one share of the project's lock (LOCK_SH on its flock): what
+// lockShared takes one share of the project's lock (LOCK_SH on its flock): what
 // a push holds, and a repack of the pool.
-func (p *project) share(ctx context.Context) (func(), error) { return p.take(ctx, 1) }
+func (p *project) lockShared(ctx context.Context) (func(), error) { return p.take(ctx, 1) }
 
 // lockTask takes what a push's ref move needs: one share of the
 // project's lock, then the task repository's own lock. Pushes to
@@ -87,27 +163,44 @@ func (p *project) share(ctx context.Context) (func(), error) { return p.take(ctx
 // ref itself, <ref>.lock (refs.go): one host serves a project (its
 // placement), so nothing else moves a task's ref.
 func (p *project) lockTask(ctx context.Context, task string) (func(), error) {
-	unlock, err := p.share(ctx)
+	unlock, err := p.lockShared(ctx)
 	if err != nil {
 		return nil, err
 	}
+	release, err := p.one(ctx, p.tasks, task)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	return func() {
+		release()
+		unlock()
+	}, nil
+}
+
+// hold waits until no housekeeping run is in progress on task's
+// repository ("": the pool) and keeps others off it until release is
+// called: a run, or ArchiveTask, which removes the repository.
+func (p *project) hold(ctx context.Context, task string) (release func(), err error) {
+	return p.one(ctx, p.runs, task)
+}
+
+// one takes the lock of key in locks (a channel of one, made on first
+// use), or gives up when ctx ends.
+func (p *project) one(ctx context.Context, locks map[string]chan struct{}, key string) (func(), error) {
 	p.mu.Lock()
-	ch, ok := p.tasks[task]
+	ch, ok := locks[key]
 	if !ok {
 		ch = make(chan struct{}, 1)
-		p.tasks[task] = ch
+		locks[key] = ch
 	}
 	p.mu.Unlock()
 	select {
 	case ch <- struct{}{}:
+		return func() { <-ch }, nil
 	case <-ctx.Done():
-		unlock()
 		return nil, ctx.Err()
 	}
-	return func() {
-		<-ch
-		unlock()
-	}, nil
 }
 
 // take takes n shares of the project's lock, and the flock: shared for
@@ -139,18 +232,9 @@ func (p *project) take(ctx context.Context, n int64) (func(), error) {
 	}, nil
 }
 
-// undo removes what q moved into task's repository ("": the pool's) (a
-// refused push or landing, or a migration that failed half way) and counts
-// it for undoneCount.
-func (p *project) undo(task string, q *bundle.Quarantine) error {
-	err := q.Rollback()
-	p.markUndone(task)
-	return err
-}
-
-// markUndone counts objects of task's repository moved in and removed
-// again (after the removal: a push that reads the count later cannot have
-// read them).
+// markUndone counts objects of task's repository ("": the pool's) moved
+// in and removed again (a refused push or landing), after the removal: a
+// push that reads the count later cannot have read them.
 func (p *project) markUndone(task string) {
 	p.mu.Lock()
 	p.undone[task]++
@@ -173,24 +257,25 @@ func (p *project) undoneCount(task string) uint64 {
 }
 
 // reserve adds n bytes to the project's reservations if they fit limit
-// beside the project's size (read by size when not cached) and what other
-// pushes reserved; else it returns false and the figure n did not fit.
-func (p *project) reserve(n, limit int64, size func() (int64, error)) (used int64, ok bool, err error) {
+// beside the project's size (read from disk when not cached) and what
+// other pushes reserved; else it returns false and the figure n did not
+// fit.
+func (p *project) reserve(n, limit int64) (used int64, ok bool, err error) {
 	p.mu.Lock()
-	used, known := p.usage, p.known
+	known := p.known
 	p.mu.Unlock()
 	if !known {
-		if used, err = size(); err != nil {
+		v, err := dirBytes(p.dir)
+		if err != nil {
 			return 0, false, err
 		}
 		p.mu.Lock()
-		p.usage, p.known = used, true
+		p.usage, p.known = v, true
 		p.mu.Unlock()
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	used += p.reserved
-	if used+n > limit {
+	if used = p.usage + p.reserved; used+n > limit {
 		return used, false, nil
 	}
 	p.reserved += n
