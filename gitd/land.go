@@ -116,13 +116,14 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 		return LandResult{}, err
 	}
 	res := LandResult{Commit: approved, MainOld: old}
+	ancestor := func(a, b string) bool { ok, err := r.isAncestor(ctx, q, a, b); return ok && err == nil }
 	switch {
 	case old == approved:
 		res.MainNew = old
-	case s.ancestor(ctx, r, q, approved, old):
+	case ancestor(approved, old):
 		// main already holds the work (a sync brought it): nothing moves.
 		res.MainNew = old
-	case s.ancestor(ctx, r, q, old, approved):
+	case ancestor(old, approved):
 		res.MainNew = approved
 	case !o.Merge:
 		return LandResult{}, errdefs.Aborted(errdefs.MainMoved, "main moved to %s since %s was made: land with --merge, or rebase onto main, push and get a new approval", old, approved).
@@ -213,12 +214,6 @@ func (s *Service) newMain(ctx context.Context, r repo, q *bundle.Quarantine, old
 		return "", err
 	}
 	return merge, nil
-}
-
-// ancestor says whether a is an ancestor of b, reading through q (false
-// when git cannot say).
-func (s *Service) ancestor(ctx context.Context, r repo, q *bundle.Quarantine, a, b string) bool {
-	return q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}}) == nil
 }
 
 // intoPool fetches the objects of the task's work (refs/work/<task>, of

@@ -146,7 +146,7 @@ func (s *Service) landedWorkMissing(ctx context.Context, r repo, q *bundle.Quara
 		return err
 	}
 	last := ls[len(ls)-1]
-	in, err := s.isAncestor(ctx, r, q, last.New, next)
+	in, err := r.isAncestor(ctx, q, last.New, next)
 	if err != nil || in {
 		return err
 	}

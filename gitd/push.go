@@ -392,7 +392,7 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 	if old != "" {
 		ok, err := objs.isAncestor(old, commit)
 		if err != nil {
-			ok, err = s.isAncestor(ctx, r, q, old, commit)
+			ok, err = r.isAncestor(ctx, q, old, commit)
 		}
 		if err != nil {
 			return err
@@ -413,7 +413,7 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 	if ok, err := objs.isAncestor(main, commit); err == nil && ok {
 		return nil
 	}
-	_, err = s.mergeBase(ctx, r, q, main, commit)
+	_, err = r.mergeBase(ctx, q, main, commit)
 	if errors.Is(err, errNoMergeBase) {
 		return errdefs.FailedPrecondition(errdefs.UnrelatedHistory, "%s shares no history with main; start from a main fetched from the bus host", commit).With("commit", commit)
 	}

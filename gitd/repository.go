@@ -283,3 +283,29 @@ func (r repo) hasObject(h plumbing.Hash) (bool, error) {
 	}
 	return false, nil
 }
+
+// isAncestor reports whether a is an ancestor of b (objects read through q).
+func (r repo) isAncestor(ctx context.Context, q *bundle.Quarantine, a, b string) (bool, error) {
+	err := q.Run(ctx, r.git, gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}})
+	if err == nil {
+		return true, nil
+	}
+	if gitcmd.ExitCode(err) == 1 {
+		return false, nil
+	}
+	return false, err
+}
+
+var errNoMergeBase = errors.New("no merge base")
+
+// mergeBase returns a merge base of a and b, or errNoMergeBase.
+func (r repo) mergeBase(ctx context.Context, q *bundle.Quarantine, a, b string) (string, error) {
+	out, err := r.git.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Args: []string{a, b}, Env: q.Env()}, gitcmd.MaxLine)
+	if err == nil {
+		return out, nil
+	}
+	if gitcmd.ExitCode(err) == 1 {
+		return "", errNoMergeBase
+	}
+	return "", err
+}
