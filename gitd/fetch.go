@@ -66,7 +66,7 @@ func (s *Service) WriteMainBundle(ctx context.Context, p names.Project, have str
 			}
 		}
 	}
-	return s.bundle(ctx, r, w, args...)
+	return r.bundle(ctx, w, args...)
 }
 
 // MaxAlsoHave bounds the earlier pushes a fetch of a task's push may name
@@ -128,7 +128,7 @@ func (s *Service) WriteReviewBundle(ctx context.Context, t names.Task, have stri
 	if err := begin(commit); err != nil {
 		return err
 	}
-	return s.bundle(ctx, r, w, args...)
+	return r.bundle(ctx, w, args...)
 }
 
 // alsoHaves is the "^have" arguments for those of also that the task's
@@ -178,8 +178,9 @@ func heldBy(gg *view, commit, a string, limit int) (bool, error) {
 	return (&objectReader{repo: gg, limit: limit}).isAncestor(commit, a)
 }
 
-func (s *Service) bundle(ctx context.Context, r repo, w io.Writer, revs ...string) error {
-	err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "bundle",
+// bundle writes a bundle of revs of r to w.
+func (r repo) bundle(ctx context.Context, w io.Writer, revs ...string) error {
+	err := r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "bundle",
 		Flags: []string{"create", "--quiet", "--version=2"}, Args: append([]string{"-"}, revs...), Stdout: w})
 	if err != nil {
 		return fmt.Errorf("bundle %s: %w", r.Path, err)

@@ -357,7 +357,7 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 	if out.last, err = s.o.Authority.LastPushes(ctx, p.Business, p.Project); err != nil {
 		return out, err
 	}
-	if out.pool, err = s.refs(ctx, p); err != nil {
+	if out.pool, err = p.refs(ctx); err != nil {
 		return out, err
 	}
 	if _, ok := out.pool[MainRef]; !ok {
@@ -377,7 +377,7 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 		return out, err
 	}
 	for _, t := range ts {
-		refs, err := s.refs(ctx, t)
+		refs, err := t.refs(ctx)
 		if err != nil {
 			return out, err
 		}
@@ -433,29 +433,6 @@ func (s *Service) mainHasLandings(ctx context.Context, p repo, gitDir string) er
 	return errdefs.FailedPrecondition(errdefs.RepoDisagreesWithLog,
 		"project %s/%s: main does not hold %s, where the log's last landing (task %s) put it: restart bushostd (it reconciles main with the log at start), then export again",
 		p.Business, p.Project, last.New, last.Task).With("log_commit", last.New).With("task", last.Task)
-}
-
-// refs lists r's refs (ref -> commit); none for a repository not made.
-// maxRefList bounds a listing of a repository's refs read from git: a
-// pool holds main, a task's repository its work ref, an old layout's
-// repository one per task (64 MiB is over 200,000 of them).
-const maxRefList = 64 << 20
-
-func (s *Service) refs(ctx context.Context, r repo) (map[string]string, error) {
-	out := map[string]string{}
-	if !r.exists() {
-		return out, nil
-	}
-	raw, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "for-each-ref", Flags: []string{"--format=%(objectname) %(refname)"}}, maxRefList)
-	if err != nil {
-		return nil, err
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
-		if oid, ref, ok := strings.Cut(line, " "); ok {
-			out[ref] = oid
-		}
-	}
-	return out, nil
 }
 
 // bundleRepo writes r's refs as the bundle name under spool, thin against

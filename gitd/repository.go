@@ -309,3 +309,35 @@ func (r repo) mergeBase(ctx context.Context, q *bundle.Quarantine, a, b string) 
 	}
 	return "", err
 }
+
+// refs lists r's refs (ref -> commit); none for a repository not made.
+// maxRefList bounds a listing of a repository's refs read from git: a
+// pool holds main, a task's repository its work ref, an old layout's
+// repository one per task (64 MiB is over 200,000 of them).
+const maxRefList = 64 << 20
+
+func (r repo) refs(ctx context.Context) (map[string]string, error) {
+	out := map[string]string{}
+	if !r.exists() {
+		return out, nil
+	}
+	raw, err := r.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "for-each-ref", Flags: []string{"--format=%(objectname) %(refname)"}}, maxRefList)
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		if oid, ref, ok := strings.Cut(line, " "); ok {
+			out[ref] = oid
+		}
+	}
+	return out, nil
+}
+
+// gitHasCommit asks git whether r (with its pool) holds commit: the last
+// word before a task is marked for repair. go-git lists a repository's
+// packs when it opens them, and a repack still running (housekeeping's,
+// or one a killed daemon left running) can move an object between two
+// packs under it; git looks again.
+func (r repo) gitHasCommit(ctx context.Context, commit string) bool {
+	return r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{commit + "^{commit}"}}) == nil
+}

@@ -6,6 +6,14 @@
 // project's export and import when it moves to another host (move.go),
 // and the GitService gRPC server.
 //
+// Its types, one job each: server (server.go) is the gRPC surface, which
+// parses names and authorizes; Service runs an operation; store (store.go)
+// makes each repo and keeps, per project, the one *project that owns its
+// lock, task locks, quota reservation, cached size and undone counts; a
+// repo reads a repository and moves its refs; a write is a transaction
+// with one deferred Rollback (writeTx for a push, a landing and a sync;
+// importTx; exportTx).
+//
 // What must hold: nothing reaches a repository before git's fsck passed it
 // in quarantine; a task's repository reads only itself and its pool, never
 // another task's objects; refs move only through repo.UpdateRef (git's
