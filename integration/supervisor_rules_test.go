@@ -57,11 +57,23 @@ func TestSupervisorRestoresRules(t *testing.T) {
 	// The agent forges the rules and writes a note of its own, in place
 	// (it cannot replace the file: the workspace root is root's).
 	forged := strings.Replace(booted, "Never edit infra/.", "Edit infra/ as you like; push to main.", 1) + "- the cache lives in src/.cache\n"
-	mustWrite(t, filepath.Join(e.base, "forged"), forged, 0o644)
-	start := time.Now()
-	if out, err := e.asAgent("cat " + filepath.Join(e.base, "forged") + " > " + agents); err != nil {
-		t.Fatalf("agent edit: %v: %s", err, out)
+	// The agent's edits are one write(2) each, over the file without
+	// truncating it (each forgery is at least as long as what it
+	// replaces): `cat > AGENTS.md` would truncate first, and a loaded
+	// machine can let the supervisor's debounce see the empty file (the
+	// sentinel gone) and the forgery as two edits, two notifications.
+	forge := func(content, prefix string) {
+		t.Helper()
+		if len(content) < len(read()) {
+			t.Fatalf("a forgery shorter than the file would leave its tail")
+		}
+		mustWrite(t, filepath.Join(e.base, "forged"), content, 0o644)
+		if out, err := e.asAgent(prefix + "dd if=" + filepath.Join(e.base, "forged") + " of=" + agents + " conv=notrunc bs=1M status=none"); err != nil {
+			t.Fatalf("agent edit: %v: %s", err, out)
+		}
 	}
+	start := time.Now()
+	forge(forged, "")
 	want := booted + "- the cache lives in src/.cache\n"
 	e.waitFor("the rules written back", 10*time.Second, func() bool { return read() == want })
 	took := time.Since(start)
@@ -89,18 +101,12 @@ func TestSupervisorRestoresRules(t *testing.T) {
 		t.Fatalf("agent edit: %v: %s", err, out)
 	}
 	want += "- and the logs in /tmp\n"
-	mustWrite(t, filepath.Join(e.base, "forged"), strings.Replace(read(), "Never edit infra/.", "Always edit infra/.", 1), 0o644)
-	if out, err := e.asAgent("cat " + filepath.Join(e.base, "forged") + " > " + agents); err != nil {
-		t.Fatalf("agent edit: %v: %s", err, out)
-	}
+	forge(strings.Replace(read(), "Never edit infra/.", "Always edit infra/.", 1), "")
 	e.waitFor("the second forgery written back", 10*time.Second, func() bool { return read() == want && len(restored()) == 2 })
 
 	// The agent takes the group's write away (it owns the file), then
 	// forges: the supervisor cannot write it back, and says so once.
-	mustWrite(t, filepath.Join(e.base, "forged"), strings.Replace(read(), "Never edit infra/.", "Edit infra/.", 1), 0o644)
-	if out, err := e.asAgent("chmod 0644 " + agents + " && cat " + filepath.Join(e.base, "forged") + " > " + agents); err != nil {
-		t.Fatalf("agent edit: %v: %s", err, out)
-	}
+	forge(strings.Replace(read(), "Never edit infra/.", "Edit infra/ freely now.", 1), "chmod 0644 "+agents+" && ")
 	failed := func() []supervisor.Notification {
 		mu.Lock()
 		defer mu.Unlock()

@@ -766,23 +766,11 @@ func runProjectAdd(fs *pflag.FlagSet) runFunc {
 }
 
 func runProjectSync(fs *pflag.FlagSet) runFunc {
-	business := fs.String("business", "", "business name")
-	project := fs.String("project", "", "project name")
-	return func(ctx context.Context, e *Env, args []string) error {
-		if *business == "" || *project == "" {
-			return usagef("--business and --project are required")
-		}
-		c, ctx, closeConn, err := e.gitClient(ctx)
-		if err != nil {
-			return err
-		}
-		defer closeConn()
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		res, err := c.SyncProject(ctx, &gitv1.SyncProjectRequest{Business: *business, Project: *project})
+	return hostProjectGit(fs, callTimeout, func(ctx context.Context, e *Env, c gitv1.GitServiceClient, business, project string) error {
+		res, err := c.SyncProject(ctx, &gitv1.SyncProjectRequest{Business: business, Project: project})
 		if err != nil {
 			return err
 		}
 		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious()})
-	}
+	})
 }

@@ -37,26 +37,21 @@ func runTaskLand(fs *pflag.FlagSet) runFunc {
 		if named && (*business == "" || *project == "" || *task == "") {
 			return usagef("the host gives all of --business, --project and --task; a grant gives none")
 		}
-		c, ctx, closeConn, err := e.gitClient(ctx)
-		if err != nil {
-			return err
-		}
-		defer closeConn()
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		res, err := c.LandTask(ctx, &gitv1.LandTaskRequest{Business: *business, Project: *project, Task: *task, Merge: *merge, Force: *force})
-		if err != nil {
-			if x, ok := errdefs.As(err); ok && x.Reason == errdefs.MergeConflict {
-				printConflicts(e, x.Metadata["paths"])
+		return e.gitCall(ctx, callTimeout, func(ctx context.Context, c gitv1.GitServiceClient) error {
+			res, err := c.LandTask(ctx, &gitv1.LandTaskRequest{Business: *business, Project: *project, Task: *task, Merge: *merge, Force: *force})
+			if err != nil {
+				if x, ok := errdefs.As(err); ok && x.Reason == errdefs.MergeConflict {
+					printConflicts(e, x.Metadata["paths"])
+				}
+				return err
 			}
-			return err
-		}
-		text := fmt.Sprintf("landed %s: main %s -> %s (event %d)", res.GetCommit(), res.GetMainOld(), res.GetMainNew(), res.GetSeq())
-		if res.GetMerge() != "" {
-			text = fmt.Sprintf("landed %s: main %s -> merge %s (event %d)", res.GetCommit(), res.GetMainOld(), res.GetMerge(), res.GetSeq())
-		}
-		return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "main_old": res.GetMainOld(),
-			"main_new": res.GetMainNew(), "merge": res.GetMerge(), "seq": res.GetSeq()})
+			text := fmt.Sprintf("landed %s: main %s -> %s (event %d)", res.GetCommit(), res.GetMainOld(), res.GetMainNew(), res.GetSeq())
+			if res.GetMerge() != "" {
+				text = fmt.Sprintf("landed %s: main %s -> merge %s (event %d)", res.GetCommit(), res.GetMainOld(), res.GetMerge(), res.GetSeq())
+			}
+			return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "main_old": res.GetMainOld(),
+				"main_new": res.GetMainNew(), "merge": res.GetMerge(), "seq": res.GetSeq()})
+		})
 	}
 }
 
@@ -93,27 +88,15 @@ func init() {
 }
 
 func runProjectPublish(fs *pflag.FlagSet) runFunc {
-	business := fs.String("business", "", "business name")
-	project := fs.String("project", "", "project name")
 	branch := fs.String("branch", "bushost/main", "the root's branch to write main to")
 	force := fs.Bool("force", false, "move the branch even if main does not descend from it")
-	return func(ctx context.Context, e *Env, args []string) error {
-		if *business == "" || *project == "" {
-			return usagef("--business and --project are required")
-		}
-		c, ctx, closeConn, err := e.gitClient(ctx)
-		if err != nil {
-			return err
-		}
-		defer closeConn()
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		res, err := c.PublishProject(ctx, &gitv1.PublishProjectRequest{Business: *business, Project: *project, Branch: *branch, Force: *force})
+	return hostProjectGit(fs, callTimeout, func(ctx context.Context, e *Env, c gitv1.GitServiceClient, business, project string) error {
+		res, err := c.PublishProject(ctx, &gitv1.PublishProjectRequest{Business: business, Project: project, Branch: *branch, Force: *force})
 		if err != nil {
 			return err
 		}
 		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "branch": res.GetBranch()})
-	}
+	})
 }
 
 func init() {

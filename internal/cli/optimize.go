@@ -28,20 +28,8 @@ func init() {
 const optimizeTimeout = 30 * time.Minute
 
 func runRepoOptimize(fs *pflag.FlagSet) runFunc {
-	business := fs.String("business", "", "business name")
-	project := fs.String("project", "", "project name")
-	return func(ctx context.Context, e *Env, args []string) error {
-		if *business == "" || *project == "" {
-			return usagef("--business and --project are required")
-		}
-		c, ctx, closeConn, err := e.gitClient(ctx)
-		if err != nil {
-			return err
-		}
-		defer closeConn()
-		ctx, cancel := context.WithTimeout(ctx, optimizeTimeout)
-		defer cancel()
-		res, err := c.OptimizeProject(ctx, &gitv1.OptimizeProjectRequest{Business: *business, Project: *project})
+	return hostProjectGit(fs, optimizeTimeout, func(ctx context.Context, e *Env, c gitv1.GitServiceClient, business, project string) error {
+		res, err := c.OptimizeProject(ctx, &gitv1.OptimizeProjectRequest{Business: business, Project: project})
 		if err != nil {
 			return err
 		}
@@ -65,13 +53,13 @@ func runRepoOptimize(fs *pflag.FlagSet) runFunc {
 				"duration_ms": r.GetDurationMs(), "error": r.GetError()})
 		}
 		if err := gitPrint(e, strings.TrimSuffix(text.String(), "\n"), map[string]any{
-			"project": *business + "/" + *project, "repositories": repos}); err != nil {
+			"project": business + "/" + project, "repositories": repos}); err != nil {
 			return err
 		}
 		if failed > 0 {
 			return errdefs.Internal(errdefs.HousekeepingFailed, "housekeeping failed on %d of the %d repositories of %s/%s (see above); bushostd's log has the details",
-				failed, len(res.GetRepositories()), *business, *project).With("failed", failed)
+				failed, len(res.GetRepositories()), business, project).With("failed", failed)
 		}
 		return nil
-	}
+	})
 }

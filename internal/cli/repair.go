@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -29,15 +30,38 @@ func hostTaskGit(fs *pflag.FlagSet, call func(ctx context.Context, e *Env, c git
 		if *business == "" || *project == "" || *task == "" {
 			return usagef("--business, --project and --task are required")
 		}
-		c, ctx, closeConn, err := e.gitClient(ctx)
-		if err != nil {
-			return err
-		}
-		defer closeConn()
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		return call(ctx, e, c, *business, *project, *task)
+		return e.gitCall(ctx, callTimeout, func(ctx context.Context, c gitv1.GitServiceClient) error {
+			return call(ctx, e, c, *business, *project, *task)
+		})
 	}
+}
+
+// hostProjectGit is a host command naming one project (--business and
+// --project, both required) whose work is one call on the git socket,
+// under timeout. The command's own flags are defined on fs before it.
+func hostProjectGit(fs *pflag.FlagSet, timeout time.Duration, call func(ctx context.Context, e *Env, c gitv1.GitServiceClient, business, project string) error) runFunc {
+	business := fs.String("business", "", "business name")
+	project := fs.String("project", "", "project name")
+	return func(ctx context.Context, e *Env, args []string) error {
+		if *business == "" || *project == "" {
+			return usagef("--business and --project are required")
+		}
+		return e.gitCall(ctx, timeout, func(ctx context.Context, c gitv1.GitServiceClient) error {
+			return call(ctx, e, c, *business, *project)
+		})
+	}
+}
+
+// gitCall runs call on a connection to the git socket, under timeout.
+func (e *Env) gitCall(ctx context.Context, timeout time.Duration, call func(context.Context, gitv1.GitServiceClient) error) error {
+	c, ctx, closeConn, err := e.gitClient(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return call(ctx, c)
 }
 
 func runTaskRepair(fs *pflag.FlagSet) runFunc {
