@@ -56,8 +56,7 @@ type repo struct {
 	st   *store
 }
 
-// state is what r's project shares in this process: its lock, its task
-// locks, its quota reservation and its undone counts (store.go).
+// state is what r's project shares in this process (store.go).
 func (r repo) state() *project { return r.st.state(r.Dir, r.LockPath) }
 
 func (r repo) isPool() bool { return r.Task == "" }

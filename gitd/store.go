@@ -17,13 +17,9 @@ import (
 	"github.com/bushost/bushost/internal/safepath"
 )
 
-// project is what the repositories of one project share in this process,
-// and its one owner: the project's lock (shared by pushes, whole for
-// everything else), its task repositories' locks, the bytes reserved by
-// pushes past the project quota check, the cached size of its objects
-// and the count of objects moved in and removed again. Every repo of the
-// project reaches the same *project (repo.state); nothing else keeps
-// state by project.
+// project is the one owner of what the repositories of one project share
+// in this process: every repo of the project reaches the same *project
+// (repo.state), and nothing else keeps state by project.
 type project struct {
 	dir      string // the project's directory (repo.Dir)
 	lockPath string // <project>.flock, which other processes take too
