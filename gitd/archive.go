@@ -25,7 +25,7 @@ type ArchiveResult struct {
 // its reviewer fetch. Archiving twice is no error (Removed is false).
 func (s *Service) ArchiveTask(ctx context.Context, t names.Task) (ArchiveResult, error) {
 	business, project, task := t.Business(), t.Project().Name(), t.Name()
-	r, err := s.task(t)
+	r, err := s.store.task(t)
 	if err != nil {
 		return ArchiveResult{}, err
 	}
@@ -33,12 +33,12 @@ func (s *Service) ArchiveTask(ctx context.Context, t names.Task) (ArchiveResult,
 		return ArchiveResult{}, projectNotFound(business, project)
 	}
 	// No housekeeping run may write into the repository as it goes.
-	release, err := s.hk.hold(ctx, r)
+	release, err := r.state().hold(ctx, r.Task)
 	if err != nil {
 		return ArchiveResult{}, err
 	}
 	defer release()
-	unlock, err := s.lock(ctx, r)
+	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return ArchiveResult{}, err
 	}
@@ -76,7 +76,7 @@ func (s *Service) ArchiveTask(ctx context.Context, t names.Task) (ArchiveResult,
 	if err := os.RemoveAll(aside); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Error("archive: remove the renamed repository (cleaned at the next start)", "dir", aside, "err", err)
 	}
-	s.forgetUsage(r)
+	r.state().forget()
 	s.log.Info("archived a task's repository; its events stay in the log", "repo", r.Path, "task", task, "bytes", n)
 	return ArchiveResult{Removed: true, Bytes: n}, nil
 }

@@ -186,7 +186,7 @@ func refuseOnceSecondWaits(e *env, ha *hookAuth, first string, second []byte, be
 			res, err := e.push("t1", second)
 			done <- pushOutcome{res, err}
 		}()
-		for !parkedIn("gitd.(*Service).Push", "gitd.(*Service).lockTask") || parkedIn("gitd.walkBeyondGit", "") {
+		for !parkedIn("gitd.(*Service).Push", "gitd.(*project).lockTask") || parkedIn("gitd.walkBeyondGit", "") {
 			select {
 			case r := <-done:
 				done <- r

@@ -117,7 +117,7 @@ func TestPushQuotas(t *testing.T) {
 }
 
 func (s *Service) mustTask(t *testing.T, task string) repo {
-	r, err := s.task(testTask(task))
+	r, err := s.store.task(testTask(task))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func (s *Service) refToSend(r repo, ref string, reason errdefs.Reason, missing s
 	if err != nil {
 		return nil, "", err
 	}
-	commit, err := readRef(gg, ref)
+	commit, err := gg.readRef(ref)
 	if err != nil {
 		return nil, "", err
 	}
@@ -41,7 +41,7 @@ func (s *Service) refToSend(r repo, ref string, reason errdefs.Reason, missing s
 // refs/heads/main, full history) to w, calling begin with main's commit
 // before the first byte.
 func (s *Service) WriteMainBundle(ctx context.Context, p names.Project, have string, begin func(commit string) error, w io.Writer) error {
-	r, err := s.project(p)
+	r, err := s.store.project(p)
 	if err != nil {
 		return err
 	}
@@ -66,7 +66,7 @@ func (s *Service) WriteMainBundle(ctx context.Context, p names.Project, have str
 			}
 		}
 	}
-	return s.bundle(ctx, r, w, args...)
+	return r.bundle(ctx, w, args...)
 }
 
 // MaxAlsoHave bounds the earlier pushes a fetch of a task's push may name
@@ -93,7 +93,7 @@ func (s *Service) WriteReviewBundle(ctx context.Context, t names.Task, have stri
 		}
 	}
 	ref := t.WorkRef()
-	r, err := s.task(t)
+	r, err := s.store.task(t)
 	if err != nil {
 		return err
 	}
@@ -128,7 +128,7 @@ func (s *Service) WriteReviewBundle(ctx context.Context, t names.Task, have stri
 	if err := begin(commit); err != nil {
 		return err
 	}
-	return s.bundle(ctx, r, w, args...)
+	return r.bundle(ctx, w, args...)
 }
 
 // alsoHaves is the "^have" arguments for those of also that the task's
@@ -178,8 +178,9 @@ func heldBy(gg *view, commit, a string, limit int) (bool, error) {
 	return (&objectReader{repo: gg, limit: limit}).isAncestor(commit, a)
 }
 
-func (s *Service) bundle(ctx context.Context, r repo, w io.Writer, revs ...string) error {
-	err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "bundle",
+// bundle writes a bundle of revs of r to w.
+func (r repo) bundle(ctx context.Context, w io.Writer, revs ...string) error {
+	err := r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "bundle",
 		Flags: []string{"create", "--quiet", "--version=2"}, Args: append([]string{"-"}, revs...), Stdout: w})
 	if err != nil {
 		return fmt.Errorf("bundle %s: %w", r.Path, err)

@@ -403,6 +403,20 @@ func testTask(task string) names.Task {
 	return t
 }
 
+// reserved is what pushes to the test project have reserved against its
+// quota and not yet accounted or released.
+func (e *env) reserved(t *testing.T) int64 {
+	t.Helper()
+	r, err := e.svc.store.project(testScope())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := r.state()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.reserved
+}
+
 func mustProject(business, project string) names.Project {
 	p, err := names.ParseProject(business, project)
 	if err != nil {

@@ -321,7 +321,7 @@ func decide(pool bool, st hkStats, force, prune bool) hkPlan {
 }
 
 // housekeeper queues repositories and runs their housekeeping, one job per
-// repository at a time and hkWorkers at once.
+// repository at a time (project.hold) and hkWorkers at once.
 type housekeeper struct {
 	s    *Service
 	auto bool
@@ -329,14 +329,13 @@ type housekeeper struct {
 	mu      sync.Mutex
 	queue   []repo
 	queued  map[string]bool
-	busy    map[string]chan struct{} // a run in progress, by repository
 	wake    chan struct{}
 	running bool
 	wg      sync.WaitGroup
 }
 
 func newHousekeeper(s *Service, auto bool) *housekeeper {
-	return &housekeeper{s: s, auto: auto, queued: map[string]bool{}, busy: map[string]chan struct{}{}, wake: make(chan struct{}, 1)}
+	return &housekeeper{s: s, auto: auto, queued: map[string]bool{}, wake: make(chan struct{}, 1)}
 }
 
 // Notify queues r (after a push or a landing changed it) for an automatic
@@ -356,32 +355,6 @@ func (h *housekeeper) Notify(r repo) {
 	select {
 	case h.wake <- struct{}{}:
 	default:
-	}
-}
-
-// hold waits until no run is in progress on r and keeps others off it
-// until release is called: a run, or ArchiveTask, which removes r.
-func (h *housekeeper) hold(ctx context.Context, r repo) (release func(), err error) {
-	for {
-		h.mu.Lock()
-		ch, ok := h.busy[r.Path]
-		if !ok {
-			ch = make(chan struct{})
-			h.busy[r.Path] = ch
-			h.mu.Unlock()
-			return func() {
-				h.mu.Lock()
-				delete(h.busy, r.Path)
-				h.mu.Unlock()
-				close(ch)
-			}, nil
-		}
-		h.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
 	}
 }
 
@@ -437,14 +410,14 @@ func (s *Service) StartHousekeeping(ctx context.Context) (stop func()) {
 // progress on each first. A failed repository does not stop the others;
 // its run says why.
 func (s *Service) OptimizeProject(ctx context.Context, scope names.Project) ([]HousekeepingRun, error) {
-	p, err := s.project(scope)
+	p, err := s.store.project(scope)
 	if err != nil {
 		return nil, err
 	}
 	if !p.exists() {
 		return nil, projectNotFound(p.Business, p.Project)
 	}
-	ts, err := s.tasks(p)
+	ts, err := p.tasks()
 	if err != nil {
 		return nil, err
 	}
@@ -473,7 +446,7 @@ func (s *Service) housekeep(ctx context.Context, r repo, force bool) (run Housek
 		run.Duration = time.Since(start)
 		metrics.Housekeeping(kind, run.Outcome, run.Duration, run.PacksAfter)
 	}()
-	release, err := s.hk.hold(ctx, r)
+	release, err := r.state().hold(ctx, r.Task)
 	if err != nil {
 		run.Outcome, run.Err = HKFailed, err
 		return run
@@ -505,15 +478,15 @@ func (s *Service) housekeep(ctx context.Context, r repo, force bool) (run Housek
 	if plan.empty() {
 		return run
 	}
-	// The project's cached size (quota.go) follows the run: a repack
+	// The project's cached size (store.go) follows the run: a repack
 	// changes the repository's bytes, and forgetting the figure would make
 	// the next push read the whole project again.
 	before, berr := dirBytes(r.objects())
 	defer func() {
 		if after, err := dirBytes(r.objects()); err == nil && berr == nil {
-			s.adjustUsage(r, after-before)
+			r.state().grow(after - before)
 		} else {
-			s.forgetUsage(r)
+			r.state().forget()
 		}
 	}()
 	if err := s.execute(ctx, r, plan, &run); err != nil {
@@ -562,9 +535,9 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 		var unlock func()
 		var err error
 		if r.isPool() {
-			unlock, err = s.lockProject(ctx, r, 1)
+			unlock, err = r.state().lockShared(ctx)
 		} else {
-			unlock, err = s.lockTask(ctx, r)
+			unlock, err = r.state().lockTask(ctx, r.Task)
 		}
 		if err != nil {
 			return err
@@ -605,7 +578,7 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 	if p.packRefs {
 		// pack-refs rewrites packed-refs and removes loose refs: under the
 		// project's lock, as a ref move.
-		unlock, err := s.lock(ctx, r)
+		unlock, err := r.state().lock(ctx)
 		if err != nil {
 			return err
 		}

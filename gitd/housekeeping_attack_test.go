@@ -175,7 +175,7 @@ func TestAttackRepackDuringRefusedLanding(t *testing.T) {
 func refuseBesideHousekeeping(ctx context.Context, e *env, r repo, done chan HousekeepingRun) error {
 	go func() { done <- e.svc.housekeep(ctx, r, true) }()
 	var run *HousekeepingRun
-	for run == nil && !parkedIn("gitd.(*Service).housekeep", "gitd.(*Service).lock") {
+	for run == nil && !parkedIn("gitd.(*Service).housekeep", "gitd.(*project).lock") {
 		select {
 		case got := <-done:
 			run = &got

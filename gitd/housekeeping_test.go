@@ -209,7 +209,7 @@ func TestHousekeepingPoolKeepsBorrowed(t *testing.T) {
 	if e.ref("refs/work/t1") != y {
 		t.Fatal("push not taken")
 	}
-	p, _ := e.svc.project(testScope())
+	p, _ := e.svc.store.project(testScope())
 	for i := range 3 {
 		run := e.svc.housekeep(ctx, p, true)
 		if run.Err != nil {
@@ -358,7 +358,7 @@ func TestViewAfterRepack(t *testing.T) {
 // call for no pack-refs.
 func TestHousekeepingLocksAreNotRefs(t *testing.T) {
 	e := newEnv(t)
-	r, err := e.svc.project(testScope())
+	r, err := e.svc.store.project(testScope())
 	if err != nil {
 		t.Fatal(err)
 	}

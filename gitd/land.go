@@ -87,7 +87,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 		return LandResult{}, fmt.Errorf("this bus host's broker cannot land work")
 	}
 	business, project, task := scope.Business(), scope.Project().Name(), scope.Name()
-	t, err := s.task(scope)
+	t, err := s.store.task(scope)
 	if err != nil {
 		return LandResult{}, err
 	}
@@ -99,11 +99,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	if err != nil {
 		return LandResult{}, err
 	}
-	gg, err := s.open(r)
-	if err != nil {
-		return LandResult{}, err
-	}
-	old, err := readRef(gg, MainRef)
+	old, err := r.readRef(MainRef)
 	if err != nil {
 		return LandResult{}, err
 	}
@@ -120,13 +116,14 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 		return LandResult{}, err
 	}
 	res := LandResult{Commit: approved, MainOld: old}
+	ancestor := func(a, b string) bool { ok, err := r.isAncestor(ctx, q, a, b); return ok && err == nil }
 	switch {
 	case old == approved:
 		res.MainNew = old
-	case s.ancestor(ctx, r, q, approved, old):
+	case ancestor(approved, old):
 		// main already holds the work (a sync brought it): nothing moves.
 		res.MainNew = old
-	case s.ancestor(ctx, r, q, old, approved):
+	case ancestor(old, approved):
 		res.MainNew = approved
 	case !o.Merge:
 		return LandResult{}, errdefs.Aborted(errdefs.MainMoved, "main moved to %s since %s was made: land with --merge, or rebase onto main, push and get a new approval", old, approved).
@@ -157,11 +154,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	// Only the lock's holder moves main: unmoved now, it stays so until
 	// the update-ref below. Read afresh, not through a handle opened
 	// before another landing may have moved it.
-	now, err := s.open(r)
-	if err != nil {
-		return LandResult{}, err
-	}
-	if cur, err := readRef(now, MainRef); err != nil {
+	if cur, err := r.readRef(MainRef); err != nil {
 		return LandResult{}, err
 	} else if cur != old {
 		return LandResult{}, errdefs.Aborted(errdefs.MainMoved, "main moved to %s while the landing of %s was made on %s: land again", cur, approved, old).
@@ -221,12 +214,6 @@ func (s *Service) newMain(ctx context.Context, r repo, q *bundle.Quarantine, old
 		return "", err
 	}
 	return merge, nil
-}
-
-// ancestor says whether a is an ancestor of b, reading through q (false
-// when git cannot say).
-func (s *Service) ancestor(ctx context.Context, r repo, q *bundle.Quarantine, a, b string) bool {
-	return q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}}) == nil
 }
 
 // intoPool fetches the objects of the task's work (refs/work/<task>, of
@@ -330,7 +317,7 @@ func (s *Service) reconcileMain(ctx context.Context, r repo) error {
 	if err != nil {
 		return err
 	}
-	cur, err := readRef(gg, MainRef)
+	cur, err := gg.readRef(MainRef)
 	if err != nil {
 		return err
 	}

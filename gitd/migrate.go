@@ -80,7 +80,7 @@ func (s *Service) migrate(ctx context.Context) error {
 
 func (s *Service) migrateProject(ctx context.Context, scope names.Project) error {
 	business, project := scope.Business(), scope.Name()
-	p, err := s.project(scope)
+	p, err := s.store.project(scope)
 	if err != nil {
 		return err
 	}
@@ -131,7 +131,7 @@ func (s *Service) migrateProject(ctx context.Context, scope names.Project) error
 		if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 			return err
 		}
-		if err := s.initTask(ctx, dir); err != nil {
+		if err := initTask(dir); err != nil {
 			return err
 		}
 		if err := fetch(dir, ref); err != nil {

@@ -133,66 +133,28 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	if err != nil {
 		return res, err
 	}
-	p, err := s.project(scope)
+	p, err := s.store.project(scope)
 	if err != nil {
 		return res, err
 	}
 	if !p.exists() {
 		return res, projectNotFound(business, project)
 	}
-	unlock, err := s.lock(ctx, p)
+	tx, err := s.beginExport(ctx, m, p)
 	if err != nil {
 		return res, err
 	}
-	locked := true
-	defer func() {
-		if locked {
-			unlock()
-		}
-	}()
+	defer func() { tx.Rollback(ctx, err) }()
 	step("check the repositories against the log")
 	repos, err := s.exportRepos(ctx, p)
 	if err != nil {
 		return res, err
 	}
-	// The spool is made before the export begins and named by its id: a
-	// spool found at start is an export cut before its file was complete
-	// (the daemon killed), which settleExports cancels. It goes once the
-	// file is sent, or the export is cancelled.
-	id := authz.NewExportID()
-	spool := filepath.Join(filepath.Dir(p.Dir), exportSpoolPrefix+project+"-"+id)
-	if err := os.Mkdir(spool, 0o700); err != nil {
-		return res, err
-	}
-	keepSpool := false
-	defer func() {
-		if !keepSpool {
-			os.RemoveAll(spool)
-		}
-	}()
-	if err := os.Mkdir(filepath.Join(spool, "tasks"), 0o700); err != nil {
-		return res, err
-	}
-	ex, err := m.BeginExport(ctx, business, project, id)
+	ex, err := tx.begin(ctx)
 	if err != nil {
-		// Begun or not, unknown: the next start cancels it if it was.
-		keepSpool = errdefs.ReasonOf(err) == errdefs.CommitUnknown
 		return res, err
 	}
-	defer func() {
-		if err == nil {
-			return
-		}
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
-		defer cancel()
-		// This export only: another may have replaced it meanwhile.
-		if _, cerr := m.CancelExport(cctx, business, project, ex.ID); cerr != nil {
-			keepSpool = true
-			s.log.Error("export failed, and cancelling it failed too: the project stays moving until the next start of bushostd or 'bushost project export --cancel'", "business", business, "project", project, "err", cerr)
-			return
-		}
-		s.log.Warn("export failed and was cancelled: the project takes pushes again", "business", business, "project", project, "err", err)
-	}()
+	spool := tx.spool
 	res.Export = ex
 	// Under the lock, nothing recorded a push of the project between the
 	// check and BeginExport: the log's tasks are those checked.
@@ -226,7 +188,7 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 			if err != nil {
 				return res, err
 			}
-			r, err := s.task(tn)
+			r, err := s.store.task(tn)
 			if err != nil {
 				return res, err
 			}
@@ -256,8 +218,8 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	}
 	// The spool is the export's own: pushes are refused from here on and
 	// wait for nothing, so the lock is not held while the archive streams.
-	unlock()
-	locked = false
+	tx.unlock()
+	tx.unlock = nil
 	step("send the archive")
 	h := sha256.New()
 	cw := &countWriter{w: io.MultiWriter(w, h)}
@@ -287,14 +249,94 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	if err := w.Flush(); err != nil {
 		return res, err
 	}
-	// The file is whole: from here a crash leaves nothing to cancel.
-	if err := os.RemoveAll(spool); err != nil {
+	if err := tx.Commit(); err != nil {
 		return res, err
 	}
 	res.Bytes, res.SHA256 = cw.n, hex.EncodeToString(h.Sum(nil))
 	s.log.Info("exported a project: it is moving, pushes are refused until it is imported elsewhere or the export is cancelled",
 		"business", business, "project", project, "export_id", ex.ID, "head_seq", ex.HeadSeq, "bytes", res.Bytes, "tasks", res.Tasks)
 	return res, nil
+}
+
+// exportTx is an export's hold on the store: the project's lock (until
+// the archive is sealed), the spool the bundles are written into, and the
+// export begun with the broker. Commit, once the file is whole, removes
+// the spool: from then a crash leaves nothing to cancel. Rollback,
+// deferred right after beginExport, cancels a begun export that did not
+// commit (the project takes pushes again), removes the spool unless the
+// export's fate is unknown (settleExports cancels it at the next start),
+// and releases the lock.
+type exportTx struct {
+	s           *Service
+	m           authz.Mover
+	p           repo
+	unlock      func() // the project's lock, until the export is sealed
+	spool       string
+	ex          authz.Export
+	begun, done bool
+	keep        bool // leave the spool
+}
+
+// beginExport takes p's project lock for an export.
+func (s *Service) beginExport(ctx context.Context, m authz.Mover, p repo) (*exportTx, error) {
+	unlock, err := p.state().lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &exportTx{s: s, m: m, p: p, unlock: unlock}, nil
+}
+
+// begin makes the spool, named by the export's id, and has the broker
+// begin the export (pushes, landings and syncs are refused from then on).
+func (tx *exportTx) begin(ctx context.Context) (authz.Export, error) {
+	id := authz.NewExportID()
+	spool := filepath.Join(filepath.Dir(tx.p.Dir), exportSpoolPrefix+tx.p.Project+"-"+id)
+	if err := os.Mkdir(spool, 0o700); err != nil {
+		return authz.Export{}, err
+	}
+	tx.spool = spool
+	if err := os.Mkdir(filepath.Join(spool, "tasks"), 0o700); err != nil {
+		return authz.Export{}, err
+	}
+	ex, err := tx.m.BeginExport(ctx, tx.p.Business, tx.p.Project, id)
+	// Begun or not, unknown: the next start cancels it if it was.
+	tx.keep = errdefs.ReasonOf(err) == errdefs.CommitUnknown
+	tx.ex, tx.begun = ex, err == nil
+	return ex, err
+}
+
+// Commit ends a whole export: its spool goes (if it cannot, Rollback
+// cancels the export).
+func (tx *exportTx) Commit() error {
+	err := os.RemoveAll(tx.spool)
+	tx.done = err == nil
+	return err
+}
+
+// Rollback undoes what Commit did not make final (exportTx); cause is why
+// the export failed, for the log. The broker's cancel runs even when ctx,
+// the call's, ended (the client went away).
+func (tx *exportTx) Rollback(ctx context.Context, cause error) {
+	if tx.begun && !tx.done {
+		tx.done = true
+		business, project := tx.p.Business, tx.p.Project
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
+		// This export only: another may have replaced it meanwhile.
+		if _, err := tx.m.CancelExport(ctx, business, project, tx.ex.ID); err != nil {
+			tx.keep = true
+			tx.s.log.Error("export failed, and cancelling it failed too: the project stays moving until the next start of bushostd or 'bushost project export --cancel'", "business", business, "project", project, "err", err)
+		} else {
+			tx.s.log.Warn("export failed and was cancelled: the project takes pushes again", "business", business, "project", project, "err", cause)
+		}
+		cancel()
+	}
+	if tx.spool != "" && !tx.keep {
+		os.RemoveAll(tx.spool)
+	}
+	if tx.unlock != nil {
+		tx.unlock()
+		tx.unlock = nil
+	}
 }
 
 // exportRefs are a project's refs as an export found them.
@@ -315,7 +357,7 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 	if out.last, err = s.o.Authority.LastPushes(ctx, p.Business, p.Project); err != nil {
 		return out, err
 	}
-	if out.pool, err = s.refs(ctx, p); err != nil {
+	if out.pool, err = p.refs(ctx); err != nil {
 		return out, err
 	}
 	if _, ok := out.pool[MainRef]; !ok {
@@ -330,12 +372,12 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 			p.Business, p.Project, task, ref, log).
 			With("task", p.Business+"/"+p.Project+"/"+task).With("ref_commit", ref).With("log_commit", log)
 	}
-	ts, err := s.tasks(p)
+	ts, err := p.tasks()
 	if err != nil {
 		return out, err
 	}
 	for _, t := range ts {
-		refs, err := s.refs(ctx, t)
+		refs, err := t.refs(ctx)
 		if err != nil {
 			return out, err
 		}
@@ -391,29 +433,6 @@ func (s *Service) mainHasLandings(ctx context.Context, p repo, gitDir string) er
 	return errdefs.FailedPrecondition(errdefs.RepoDisagreesWithLog,
 		"project %s/%s: main does not hold %s, where the log's last landing (task %s) put it: restart bushostd (it reconciles main with the log at start), then export again",
 		p.Business, p.Project, last.New, last.Task).With("log_commit", last.New).With("task", last.Task)
-}
-
-// refs lists r's refs (ref -> commit); none for a repository not made.
-// maxRefList bounds a listing of a repository's refs read from git: a
-// pool holds main, a task's repository its work ref, an old layout's
-// repository one per task (64 MiB is over 200,000 of them).
-const maxRefList = 64 << 20
-
-func (s *Service) refs(ctx context.Context, r repo) (map[string]string, error) {
-	out := map[string]string{}
-	if !r.exists() {
-		return out, nil
-	}
-	raw, err := s.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "for-each-ref", Flags: []string{"--format=%(objectname) %(refname)"}}, maxRefList)
-	if err != nil {
-		return nil, err
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
-		if oid, ref, ok := strings.Cut(line, " "); ok {
-			out[ref] = oid
-		}
-	}
-	return out, nil
 }
 
 // bundleRepo writes r's refs as the bundle name under spool, thin against
@@ -658,7 +677,7 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 		if err := os.MkdirAll(filepath.Dir(r.Path), 0o700); err != nil {
 			return res, err
 		}
-		if err := s.initTask(ctx, r.Path); err != nil {
+		if err := initTask(r.Path); err != nil {
 			return res, err
 		}
 		if err := s.importRepo(ctx, r, *t.Repository, files); err != nil {
@@ -1065,14 +1084,14 @@ func (tx *importTx) built() string { return filepath.Join(tx.stage, "project") }
 // lock takes the project's lock, noting whether its business's directory
 // and its lock file were there before.
 func (tx *importTx) lock(ctx context.Context, scope names.Project) (err error) {
-	if tx.p, err = tx.s.project(scope); err != nil {
+	if tx.p, err = tx.s.store.project(scope); err != nil {
 		return err
 	}
 	_, err = os.Stat(filepath.Dir(tx.p.Dir))
 	tx.madeBusiness = errors.Is(err, os.ErrNotExist)
 	_, err = os.Stat(tx.p.LockPath)
 	tx.madeLock = errors.Is(err, os.ErrNotExist)
-	tx.unlock, err = tx.s.lock(ctx, tx.p)
+	tx.unlock, err = tx.p.state().lock(ctx)
 	return err
 }
 
@@ -1105,7 +1124,7 @@ func (tx *importTx) Commit() {
 	if err := os.RemoveAll(tx.aside); err != nil {
 		tx.s.log.Error("import: remove the copy set aside (cleaned at the next start)", "dir", tx.aside, "err", err)
 	}
-	tx.s.forgetUsage(tx.p)
+	tx.p.state().forget()
 }
 
 // Rollback puts the store back as the import found it (importTx).

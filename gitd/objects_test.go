@@ -31,7 +31,7 @@ func TestObjectReaderWalk(t *testing.T) {
 	if _, err := bundle.ReadHeader(br); err != nil {
 		t.Fatal(err)
 	}
-	r, err := e.svc.project(testScope())
+	r, err := e.svc.store.project(testScope())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,14 +65,14 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 		return "", "", err
 	}
 	ref := "refs/heads/" + branch
-	r, err := s.project(p)
+	r, err := s.store.project(p)
 	if err != nil {
 		return "", "", err
 	}
 	if !r.exists() {
 		return "", "", projectNotFound(r.Business, r.Project)
 	}
-	unlock, err := s.lock(ctx, r)
+	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return "", "", err
 	}
@@ -91,7 +91,7 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 	if err != nil {
 		return "", "", err
 	}
-	main, err := readRef(gg, MainRef)
+	main, err := gg.readRef(MainRef)
 	if err != nil {
 		return "", "", err
 	}
@@ -146,7 +146,7 @@ func (s *Service) landedWorkMissing(ctx context.Context, r repo, q *bundle.Quara
 		return err
 	}
 	last := ls[len(ls)-1]
-	in, err := s.isAncestor(ctx, r, q, last.New, next)
+	in, err := r.isAncestor(ctx, q, last.New, next)
 	if err != nil || in {
 		return err
 	}

@@ -49,7 +49,7 @@ const criticalTimeout = time.Minute
 // repaired by Reconcile.
 func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer authz.Peer, size int64, body io.Reader) (PushResult, error) {
 	ref := t.WorkRef()
-	r, err := s.task(t)
+	r, err := s.store.task(t)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -118,7 +118,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 	if err := s.checkCommit(ctx, r, q, objs, commit); err != nil {
 		return PushResult{}, err
 	}
-	old, err := readRef(gg, ref)
+	old, err := gg.readRef(ref)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -132,7 +132,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 	if err := tx.lockTask(ctx, commit); err != nil {
 		return PushResult{}, err
 	}
-	cur, err := readRef(gg, ref)
+	cur, err := gg.readRef(ref)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -197,7 +197,7 @@ type writeTx struct {
 	walked func() error
 	// undone is the repository's undoneCount when the push began: a
 	// push whose checks may have read objects removed since is refused
-	// (lock).
+	// (lockTask).
 	undone   uint64
 	unlock   func()
 	reserved int64
@@ -216,7 +216,7 @@ type writeTx struct {
 // and the walk's "there before"). Counted now and again under the lock,
 // such an undo refuses this push (TestAttackPushOnARefusedPushInFlight).
 func (s *Service) beginPush(r repo) (*writeTx, error) {
-	tx := &writeTx{s: s, r: r, undone: s.undoneCount(r)}
+	tx := &writeTx{s: s, r: r, undone: r.state().undoneCount(r.Task)}
 	q, err := r.quarantine()
 	if err != nil {
 		return nil, err
@@ -235,10 +235,9 @@ func (s *Service) beginLand(r repo) (*writeTx, error) {
 	return &writeTx{s: s, r: r, q: q}, nil
 }
 
-// lockProject takes the whole project's lock (Service.lock), as a landing
-// does.
+// lockProject takes the whole project's lock, as a landing does.
 func (tx *writeTx) lockProject(ctx context.Context) error {
-	unlock, err := tx.s.lock(ctx, tx.r)
+	unlock, err := tx.r.state().lock(ctx)
 	if err != nil {
 		return err
 	}
@@ -246,36 +245,25 @@ func (tx *writeTx) lockProject(ctx context.Context) error {
 	return nil
 }
 
-// lockTask takes the task's lock (Service.lockTask) and refuses the push
+// lockTask takes the task's lock (project.lockTask) and refuses the push
 // if objects its checks may have read were removed since it began.
 func (tx *writeTx) lockTask(ctx context.Context, commit string) error {
-	unlock, err := tx.s.lockTask(ctx, tx.r)
+	unlock, err := tx.r.state().lockTask(ctx, tx.r.Task)
 	if err != nil {
 		return err
 	}
 	tx.unlock = unlock
-	if tx.s.undoneCount(tx.r) != tx.undone {
+	if tx.r.state().undoneCount(tx.r.Task) != tx.undone {
 		return errdefs.Aborted(errdefs.ObjectsUndone, "while push %s was checked, another push to task %s (or a landing) was refused and its objects removed, which the checks may have read: push again", commit, tx.r.Task).
 			With("commit", commit).With("task", tx.r.Task)
 	}
 	return nil
 }
 
-// reserve checks the quotas and reserves the pack's bytes in the
-// project's figure until the push is accounted or rolled back.
-func (tx *writeTx) reserve() error {
-	n, err := tx.s.checkQuotas(tx.r, tx.q)
-	if err != nil {
-		return err
-	}
-	tx.reserved = n
-	return nil
-}
-
 // prepareRef makes the task's repository on its first push and prepares
 // the ref move from old to newID, for moveIn to fsync with the objects.
 func (tx *writeTx) prepareRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
-	made, err := tx.s.ensure(ctx, tx.r)
+	made, err := tx.r.ensure()
 	if err != nil {
 		return err
 	}
@@ -296,7 +284,7 @@ func (tx *writeTx) prepareRef(ctx context.Context, ref gitid.ReferenceName, newI
 // (and a prepared ref lock's) in one batch.
 func (tx *writeTx) moveIn() error {
 	if err := tx.q.Migrate(); err != nil {
-		tx.s.markUndone(tx.r) // Migrate removed what it had moved in
+		tx.r.state().markUndone(tx.r.Task) // Migrate removed what it had moved in
 		return err
 	}
 	tx.migrated = true
@@ -323,7 +311,7 @@ func (tx *writeTx) keep() { tx.kept = true }
 // ref in place. After it, Rollback only releases.
 func (tx *writeTx) Commit(ctx context.Context) error {
 	tx.done = true
-	tx.s.account(tx.r, tx.reserved, tx.q)
+	tx.r.state().grow(addedBytes(tx.q))
 	if tx.mv == nil {
 		return nil
 	}
@@ -341,19 +329,23 @@ func (tx *writeTx) Rollback() {
 	if !tx.done {
 		removed := !tx.migrated
 		if tx.migrated && !tx.kept {
-			if err := tx.s.undo(tx.r, tx.q); err != nil {
+			err := tx.q.Rollback()
+			tx.r.state().markUndone(tx.r.Task)
+			if err != nil {
 				tx.s.log.Error("remove the objects of a refused write", "repo", tx.r.Path, "err", err)
 			} else {
 				removed = true
 			}
 		}
 		if tx.made && removed {
-			tx.s.dropNew(tx.r)
+			if err := tx.r.dropNew(); err != nil {
+				tx.s.log.Error("remove the repository of a refused first push", "repo", tx.r.Path, "err", err)
+			}
 		}
 	}
 	tx.done = true
 	if tx.reserved != 0 {
-		tx.s.release(tx.r, tx.reserved)
+		tx.r.state().release(tx.reserved)
 		tx.reserved = 0
 	}
 	if tx.unlock != nil {
@@ -400,7 +392,7 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 	if old != "" {
 		ok, err := objs.isAncestor(old, commit)
 		if err != nil {
-			ok, err = s.isAncestor(ctx, r, q, old, commit)
+			ok, err = r.isAncestor(ctx, q, old, commit)
 		}
 		if err != nil {
 			return err
@@ -411,7 +403,7 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 		}
 		return nil
 	}
-	main, err := readRef(gg.poolView(), MainRef)
+	main, err := gg.poolView().readRef(MainRef)
 	if err != nil {
 		return err
 	}
@@ -421,7 +413,7 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 	if ok, err := objs.isAncestor(main, commit); err == nil && ok {
 		return nil
 	}
-	_, err = s.mergeBase(ctx, r, q, main, commit)
+	_, err = r.mergeBase(ctx, q, main, commit)
 	if errors.Is(err, errNoMergeBase) {
 		return errdefs.FailedPrecondition(errdefs.UnrelatedHistory, "%s shares no history with main; start from a main fetched from the bus host", commit).With("commit", commit)
 	}

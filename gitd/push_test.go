@@ -444,11 +444,8 @@ func TestPushRefLockHeld(t *testing.T) {
 	}
 	// The project's reservation was released: the figure is the
 	// repository's, not twice the refused pack.
-	e.svc.mu.Lock()
-	reserved := e.svc.reserved
-	e.svc.mu.Unlock()
-	if len(reserved) != 0 {
-		t.Fatalf("reservations left: %v", reserved)
+	if n := e.reserved(t); n != 0 {
+		t.Fatalf("reservations left: %d bytes", n)
 	}
 	e.fsck()
 }

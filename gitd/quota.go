@@ -30,103 +30,54 @@ var indexPackConfig = []string{"pack.threads=1", "core.deltaBaseCacheLimit=32m"}
 // what it pushed that the pool did not hold. A project's bytes are its
 // directory's objects (the pool and every task repository), read from disk
 // once and then kept up to date in memory by the pushes, the landings and
-// the housekeeping runs; a sync of main or an archive forgets the figure,
-// to be read again.
+// the housekeeping runs (store.go); an import or an archive forgets the
+// figure, to be read again.
 
-// checkQuotas returns the bytes the quarantine would add, or the refusal.
-func (s *Service) checkQuotas(r repo, q *bundle.Quarantine) (int64, error) {
-	n, err := dirBytes(q.Dir)
+// reserve checks the quotas and reserves the quarantined pack's bytes in
+// the project's figure until the push is accounted (Commit) or rolled
+// back.
+func (tx *writeTx) reserve() error {
+	r, o := tx.r, tx.s.o
+	n, err := dirBytes(tx.q.Dir)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	used, err := taskBytes(r)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	if used+n > s.o.MaxTaskBytes {
-		return 0, errdefs.ResourceExhausted(errdefs.TaskQuota,
+	if used+n > o.MaxTaskBytes {
+		return errdefs.ResourceExhausted(errdefs.TaskQuota,
 			"task %s holds %d bytes in its repository; this push's %d bytes would take it over the limit of %d bytes (bushostd --max-task-bytes)",
-			r.Task, used, n, s.o.MaxTaskBytes).With("limit", s.o.MaxTaskBytes).With("used", used).With("size", n)
+			r.Task, used, n, o.MaxTaskBytes).With("limit", o.MaxTaskBytes).With("used", used).With("size", n)
 	}
-	proj, err := s.projectBytes(r)
+	proj, ok, err := r.state().reserve(n, o.MaxProjectBytes)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	proj += s.reserved[r.Dir]
-	if proj+n > s.o.MaxProjectBytes {
+	if !ok {
 		// The project's usage is every task's: the pusher learns only
 		// that its push does not fit, and the host's log has the numbers.
-		s.log.Warn("push refused: project quota", "business", r.Business, "project", r.Project, "task", r.Task,
-			"used", proj, "size", n, "limit", s.o.MaxProjectBytes)
-		return 0, errdefs.ResourceExhausted(errdefs.ProjectQuota,
+		tx.s.log.Warn("push refused: project quota", "business", r.Business, "project", r.Project, "task", r.Task,
+			"used", proj, "size", n, "limit", o.MaxProjectBytes)
+		return errdefs.ResourceExhausted(errdefs.ProjectQuota,
 			"this push's %d bytes would take project %s/%s over its limit of %d bytes (bushostd --max-project-bytes)",
-			n, r.Business, r.Project, s.o.MaxProjectBytes).With("limit", s.o.MaxProjectBytes).With("size", n)
+			n, r.Business, r.Project, o.MaxProjectBytes).With("limit", o.MaxProjectBytes).With("size", n)
 	}
-	s.reserved[r.Dir] += n
-	return n, nil
+	tx.reserved = n
+	return nil
 }
 
-// release drops the reservation checkQuotas made for n bytes, once the
-// push is accounted or refused.
-func (s *Service) release(r repo, n int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.reserved[r.Dir] -= n; s.reserved[r.Dir] <= 0 {
-		delete(s.reserved, r.Dir)
-	}
-}
-
-// account adds an accepted push's bytes to its project's figure: only the
-// files Migrate added (one already there is shared).
-func (s *Service) account(r repo, n int64, q *bundle.Quarantine) {
+// addedBytes is what q's Migrate added to the repository: only the files
+// it added (one already there is shared).
+func addedBytes(q *bundle.Quarantine) int64 {
 	var added int64
 	for _, f := range q.Added() {
 		if fi, err := os.Stat(f); err == nil {
 			added += fi.Size()
 		}
 	}
-	s.mu.Lock()
-	if v, ok := s.usage[r.Dir]; ok {
-		s.usage[r.Dir] = v + added
-	}
-	s.mu.Unlock()
-}
-
-// forgetUsage drops a repository's cached size after a write that did not
-// go through a push (an import).
-func (s *Service) forgetUsage(r repo) {
-	s.mu.Lock()
-	delete(s.usage, r.Dir)
-	s.mu.Unlock()
-}
-
-// adjustUsage adds delta (a housekeeping run's change to a repository's
-// objects) to the project's cached size, if it has one.
-func (s *Service) adjustUsage(r repo, delta int64) {
-	s.mu.Lock()
-	if v, ok := s.usage[r.Dir]; ok {
-		s.usage[r.Dir] = max(v+delta, 0)
-	}
-	s.mu.Unlock()
-}
-
-func (s *Service) projectBytes(r repo) (int64, error) {
-	s.mu.Lock()
-	v, ok := s.usage[r.Dir]
-	s.mu.Unlock()
-	if ok {
-		return v, nil
-	}
-	v, err := dirBytes(r.Dir)
-	if err != nil {
-		return 0, err
-	}
-	s.mu.Lock()
-	s.usage[r.Dir] = v
-	s.mu.Unlock()
-	return v, nil
+	return added
 }
 
 // dirBytes sums the sizes of the regular files under dir, skipping

@@ -13,7 +13,6 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
-	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
 )
 
@@ -32,7 +31,7 @@ import (
 // store that cannot be listed is an error.
 func (s *Service) Reconcile(ctx context.Context) error {
 	s.settleExports(ctx)
-	rs, err := s.repos()
+	rs, err := s.store.repos()
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -55,7 +54,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 	if err != nil {
 		return err
 	}
-	unlock, err := s.lock(ctx, r)
+	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return err
 	}
@@ -63,7 +62,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 	if err := removeStaleLocks(r.Path); err != nil {
 		return err
 	}
-	ts, err := s.tasks(r)
+	ts, err := r.tasks()
 	if err != nil {
 		return err
 	}
@@ -85,7 +84,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 			continue
 		}
 		ref := tn.WorkRef()
-		t, err := s.task(tn)
+		t, err := s.store.task(tn)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -95,7 +94,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 			errs = append(errs, err)
 			continue
 		}
-		cur, err := readRef(gg, ref)
+		cur, err := gg.readRef(ref)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -106,7 +105,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 		if !t.exists() && s.o.Authority.TaskOpen(ctx, authz.Grant{Business: r.Business, Project: r.Project, Task: task}) != nil {
 			continue // a closed task whose repository the host archived
 		}
-		if !t.exists() || gg.HasEncodedObject(plumbing.NewHash(commit)) != nil && !s.gitHasCommit(ctx, t, commit) {
+		if !t.exists() || gg.HasEncodedObject(plumbing.NewHash(commit)) != nil && !t.gitHasCommit(ctx, commit) {
 			why := fmt.Sprintf("the log's latest push %s is not in the repository (%s is at %q)", commit, ref, cur)
 			if err := s.o.Authority.MarkNeedsRepair(ctx, r.Business, r.Project, task, why, commit); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %s, and marking the task failed: %w", ref, why, err))
@@ -142,13 +141,4 @@ func removeStaleLocks(gitDir string) error {
 		}
 		return nil
 	})
-}
-
-// gitHasCommit asks git whether r (with its pool) holds commit: the last
-// word before a task is marked for repair. go-git lists a repository's
-// packs when it opens them, and a repack still running (housekeeping's,
-// or one a killed daemon left running) can move an object between two
-// packs under it; git looks again.
-func (s *Service) gitHasCommit(ctx context.Context, r repo, commit string) bool {
-	return s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{commit + "^{commit}"}}) == nil
 }

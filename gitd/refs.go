@@ -59,7 +59,7 @@ type RefMove struct {
 // PrepareRef prepares the move of ref from old ("" or gitid.Zero: the ref
 // must not exist yet) to newID: it takes <ref>.lock, refuses (errRefMoved)
 // unless the ref is at old, and writes newID into the lock. The caller
-// holds the ref's lock (Service.lock or Service.lockTask).
+// holds the ref's lock (project.lock, or lockTask for a task's ref).
 func (r repo) PrepareRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) (*RefMove, error) {
 	if err := gitid.CheckReferenceName(string(ref)); err != nil {
 		return nil, fmt.Errorf("update-ref: %w", err)

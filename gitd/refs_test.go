@@ -19,7 +19,7 @@ import (
 func refEnv(t *testing.T, n int) (*env, repo, []gitid.ObjectID) {
 	t.Helper()
 	e := newEnv(t)
-	r, err := e.svc.project(testScope())
+	r, err := e.svc.store.project(testScope())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,18 +201,18 @@ func noLocks(t *testing.T, dir string) {
 func TestLockTaskSharesTheProject(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	t1, err := e.svc.task(testTask("t1"))
+	t1, err := e.svc.store.task(testTask("t1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t2, _ := e.svc.task(testTask("t2"))
-	un1, err := e.svc.lockTask(ctx, t1)
+	t2, _ := e.svc.store.task(testTask("t2"))
+	un1, err := t1.state().lockTask(ctx, t1.Task)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A second task's lock is had while the first is held (a deadlock
 	// here would be the project serializing pushes).
-	un2, err := e.svc.lockTask(ctx, t2)
+	un2, err := t2.state().lockTask(ctx, t2.Task)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestLockTaskSharesTheProject(t *testing.T) {
 	whole := make(chan struct{})
 	go func() {
 		defer close(whole)
-		un, err := e.svc.lock(ctx, t1.pool())
+		un, err := t1.state().lock(ctx)
 		if err != nil {
 			t.Error(err)
 			return
@@ -233,7 +233,7 @@ func TestLockTaskSharesTheProject(t *testing.T) {
 	again := make(chan struct{})
 	go func() {
 		defer close(again)
-		un, err := e.svc.lockTask(ctx, t1)
+		un, err := t1.state().lockTask(ctx, t1.Task)
 		if err != nil {
 			t.Error(err)
 			return
@@ -345,11 +345,8 @@ func TestProjectQuotaSideBySide(t *testing.T) {
 	if ok != 1 {
 		t.Fatalf("%d pushes accepted in room for one", ok)
 	}
-	e.svc.mu.Lock()
-	left := len(e.svc.reserved)
-	e.svc.mu.Unlock()
-	if left != 0 {
-		t.Fatalf("reservations left: %v", e.svc.reserved)
+	if n := e.reserved(t); n != 0 {
+		t.Fatalf("reservations left: %d bytes", n)
 	}
 	assertNoQuarantine(t, e)
 	e.fsck()

@@ -67,14 +67,14 @@ type RepairResult struct {
 // task's latest push becomes what its ref holds.
 func (s *Service) RepairTask(ctx context.Context, t names.Task) (RepairResult, error) {
 	business, project, task, ref := t.Business(), t.Project().Name(), t.Name(), t.WorkRef()
-	r, err := s.task(t)
+	r, err := s.store.task(t)
 	if err != nil {
 		return RepairResult{}, err
 	}
 	if !r.pool().exists() {
 		return RepairResult{}, errdefs.NotFound(errdefs.ProjectNotFound, "project %s/%s was never added", business, project)
 	}
-	unlock, err := s.lock(ctx, r)
+	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return RepairResult{}, err
 	}
@@ -90,7 +90,7 @@ func (s *Service) RepairTask(ctx context.Context, t names.Task) (RepairResult, e
 	if err != nil {
 		return RepairResult{}, err
 	}
-	cur, err := readRef(gg, ref)
+	cur, err := gg.readRef(ref)
 	if err != nil {
 		return RepairResult{}, err
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 
 	"github.com/bushost/bushost/gitd/bundle"
@@ -15,7 +16,6 @@ import (
 	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/gitobj"
 	"github.com/bushost/bushost/internal/names"
-	"github.com/bushost/bushost/internal/safepath"
 )
 
 // The store's layout (docs/git-service.md, "Layout"):
@@ -53,7 +53,11 @@ type repo struct {
 	// entered (task is zero for a pool): a repo is made only from them.
 	proj names.Project
 	task names.Task
+	st   *store
 }
+
+// state is what r's project shares in this process (store.go).
+func (r repo) state() *project { return r.st.state(r.Dir, r.LockPath) }
 
 func (r repo) isPool() bool { return r.Task == "" }
 
@@ -112,7 +116,7 @@ func (r repo) quarantine() (*bundle.Quarantine, error) {
 // ref is not at old. It moves it by git's lock-file protocol (refs.go:
 // PrepareRef, then Commit, which a push splits around its record); a
 // symbolic ref or one with a reflog by `git update-ref`. The caller holds
-// the ref's lock (Service.lock or Service.lockTask).
+// the ref's lock (r.state().lock, or lockTask for a task's ref).
 func (r repo) UpdateRef(ctx context.Context, ref gitid.ReferenceName, newID, old gitid.ObjectID) error {
 	m, err := r.PrepareRef(ctx, ref, newID, old)
 	if err != nil {
@@ -122,102 +126,60 @@ func (r repo) UpdateRef(ctx context.Context, ref gitid.ReferenceName, newID, old
 	return m.Commit(ctx)
 }
 
-// project returns p's pool, its directories checked to be the daemon's.
-func (s *Service) project(p names.Project) (repo, error) {
-	if p.IsZero() {
-		return repo{}, errors.New("gitd: a repository of no project")
-	}
-	business, project := p.Business(), p.Name()
-	dir := filepath.Join(s.o.ReposDir, business, project)
-	r := repo{Business: business, Project: project, Dir: dir, Path: filepath.Join(dir, poolName),
-		LockPath: filepath.Join(s.o.ReposDir, business, project+".flock"), git: s.git, proj: p}
-	// The directories, as they are opened, must be the daemon's (not
-	// links, writable by nobody else).
-	for _, d := range []string{filepath.Dir(dir), dir, r.Path, filepath.Join(dir, tasksDir)} {
-		if err := safepath.IfExists(d, os.Geteuid(), safepath.Dir); err != nil {
-			return repo{}, err
-		}
-	}
-	return r, nil
-}
-
-// task returns t's repository (it may not exist yet: ensure makes it).
-func (s *Service) task(t names.Task) (repo, error) {
-	if t.IsZero() {
-		return repo{}, errors.New("gitd: a repository of no task")
-	}
-	p, err := s.project(t.Project())
-	if err != nil {
-		return repo{}, err
-	}
-	r := p
-	r.Task, r.task, r.Path = t.Name(), t, filepath.Join(p.Dir, tasksDir, t.Name()+".git")
-	if err := safepath.IfExists(r.Path, os.Geteuid(), safepath.Dir); err != nil {
-		return repo{}, err
-	}
-	return r, nil
-}
-
 // ensure makes a task's repository on its first push: a bare repository
 // whose objects' alternate is the pool, built beside its final path and
-// renamed into place, not yet fsynced (the caller syncs its parent). made
-// says it did. The caller holds the task's lock (or the project's).
-func (s *Service) ensure(ctx context.Context, r repo) (made bool, err error) {
+// renamed into place, not yet fsynced (the caller syncs its parent: Push,
+// with its pack, in one batch of fsyncs). made says it did. The caller
+// holds the task's lock (or the project's).
+func (r repo) ensure() (made bool, err error) {
 	if r.isPool() || r.exists() {
 		return false, nil
 	}
-	return true, s.makeTask(ctx, r)
-}
-
-// dropNew removes a task repository ensure just made for a push that was
-// then refused, unless something else already entered it (another push's
-// quarantine): a refused first push leaves no repository behind. The
-// caller holds the task's lock (or the project's).
-func (s *Service) dropNew(r repo) {
-	ents, err := os.ReadDir(r.objects())
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		if e.Name() != "info" && e.Name() != "pack" {
-			return
-		}
-	}
-	if packs, _ := os.ReadDir(filepath.Join(r.objects(), "pack")); len(packs) > 0 {
-		return
-	}
-	if err := os.RemoveAll(r.Path); err != nil {
-		s.log.Error("remove the repository of a refused first push", "repo", r.Path, "err", err)
-		return
-	}
-	// The tasks directory goes too when it held only this one.
-	os.Remove(filepath.Dir(r.Path))
-}
-
-func (s *Service) makeTask(ctx context.Context, r repo) error {
 	dir := filepath.Dir(r.Path)
 	var tmp string
-	var err error
 	// A refused first push to another task (dropNew) may remove the
 	// tasks directory between the two calls: make it again.
 	for try := 0; try < 3; try++ {
 		if err = os.MkdirAll(dir, 0o700); err != nil {
-			return err
+			return false, err
 		}
 		if tmp, err = os.MkdirTemp(dir, seedPrefix+r.Task+"-"); !errors.Is(err, os.ErrNotExist) {
 			break
 		}
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer os.RemoveAll(tmp)
-	if err := s.initTask(ctx, tmp); err != nil {
+	if err := initTask(tmp); err != nil {
+		return false, err
+	}
+	return true, os.Rename(tmp, r.Path)
+}
+
+// dropNew removes a task repository ensure just made for a push that was
+// then refused, unless something else already entered it (another push's
+// quarantine): a refused first push leaves no repository behind. The
+// caller holds the task's lock (or the project's).
+func (r repo) dropNew() error {
+	ents, err := os.ReadDir(r.objects())
+	if err != nil {
+		return nil
+	}
+	for _, e := range ents {
+		if e.Name() != "info" && e.Name() != "pack" {
+			return nil
+		}
+	}
+	if packs, _ := os.ReadDir(filepath.Join(r.objects(), "pack")); len(packs) > 0 {
+		return nil
+	}
+	if err := os.RemoveAll(r.Path); err != nil {
 		return err
 	}
-	// The caller makes the rename durable (Push: with its pack, in one
-	// batch of fsyncs).
-	return os.Rename(tmp, r.Path)
+	// The tasks directory goes too when it held only this one.
+	os.Remove(filepath.Dir(r.Path))
+	return nil
 }
 
 // initTask makes a bare repository at dir whose alternate is the pool two
@@ -230,7 +192,7 @@ func (s *Service) makeTask(ctx context.Context, r repo) error {
 // and refs/tags, which nothing here uses: a directory costs a first push
 // an inode and a block, 0.1-0.4 ms of kernel time each on the development
 // VM, more with pushes side by side.
-func (s *Service) initTask(_ context.Context, dir string) error {
+func initTask(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -252,7 +214,7 @@ func (s *Service) initTask(_ context.Context, dir string) error {
 }
 
 // tasks lists the task repositories of p's project.
-func (s *Service) tasks(p repo) ([]repo, error) {
+func (p repo) tasks() ([]repo, error) {
 	ents, err := os.ReadDir(filepath.Join(p.Dir, tasksDir))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -272,7 +234,7 @@ func (s *Service) tasks(p repo) ([]repo, error) {
 		if err != nil {
 			continue
 		}
-		t, err := s.task(tn)
+		t, err := p.st.task(tn)
 		if err != nil {
 			continue
 		}
@@ -283,14 +245,19 @@ func (s *Service) tasks(p repo) ([]repo, error) {
 
 // readRef returns the commit ref points at in the view's own repository,
 // or "" if it does not exist. It reads the ref afresh each time.
-func (v *view) readRef(ref string) (string, error) {
-	if !v.r.exists() {
+func (v *view) readRef(ref string) (string, error) { return v.r.readRefIn(v.own, ref) }
+
+// readRef is view.readRef for a caller that reads nothing else of r.
+func (r repo) readRef(ref string) (string, error) { return r.readRefIn(nil, ref) }
+
+// readRefIn reads ref through g, r opened (nil: opened here).
+func (r repo) readRefIn(g *git.Repository, ref string) (string, error) {
+	if !r.exists() {
 		return "", nil
 	}
-	g := v.own
 	if g == nil {
 		var err error
-		if g, err = gitobj.OpenRepository(v.r.Path); err != nil {
+		if g, err = gitobj.OpenRepository(r.Path); err != nil {
 			return "", err
 		}
 	}
@@ -304,9 +271,6 @@ func (v *view) readRef(ref string) (string, error) {
 	return rf.Hash().String(), nil
 }
 
-// readRef reads ref of g (a view).
-func readRef(g *view, ref string) (string, error) { return g.readRef(ref) }
-
 // hasObject reports whether r may read h: loose or in a pack of one of the
 // object directories it sees (see hasObjectIn).
 func (r repo) hasObject(h plumbing.Hash) (bool, error) {
@@ -317,4 +281,62 @@ func (r repo) hasObject(h plumbing.Hash) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// isAncestor reports whether a is an ancestor of b (objects read through q).
+func (r repo) isAncestor(ctx context.Context, q *bundle.Quarantine, a, b string) (bool, error) {
+	err := q.Run(ctx, r.git, gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}})
+	if err == nil {
+		return true, nil
+	}
+	if gitcmd.ExitCode(err) == 1 {
+		return false, nil
+	}
+	return false, err
+}
+
+var errNoMergeBase = errors.New("no merge base")
+
+// mergeBase returns a merge base of a and b, or errNoMergeBase.
+func (r repo) mergeBase(ctx context.Context, q *bundle.Quarantine, a, b string) (string, error) {
+	out, err := r.git.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Args: []string{a, b}, Env: q.Env()}, gitcmd.MaxLine)
+	if err == nil {
+		return out, nil
+	}
+	if gitcmd.ExitCode(err) == 1 {
+		return "", errNoMergeBase
+	}
+	return "", err
+}
+
+// refs lists r's refs (ref -> commit); none for a repository not made.
+// maxRefList bounds a listing of a repository's refs read from git: a
+// pool holds main, a task's repository its work ref, an old layout's
+// repository one per task (64 MiB is over 200,000 of them).
+const maxRefList = 64 << 20
+
+func (r repo) refs(ctx context.Context) (map[string]string, error) {
+	out := map[string]string{}
+	if !r.exists() {
+		return out, nil
+	}
+	raw, err := r.git.Output(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "for-each-ref", Flags: []string{"--format=%(objectname) %(refname)"}}, maxRefList)
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		if oid, ref, ok := strings.Cut(line, " "); ok {
+			out[ref] = oid
+		}
+	}
+	return out, nil
+}
+
+// gitHasCommit asks git whether r (with its pool) holds commit: the last
+// word before a task is marked for repair. go-git lists a repository's
+// packs when it opens them, and a repack still running (housekeeping's,
+// or one a killed daemon left running) can move an object between two
+// packs under it; git looks again.
+func (r repo) gitHasCommit(ctx context.Context, commit string) bool {
+	return r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{commit + "^{commit}"}}) == nil
 }

@@ -28,7 +28,7 @@ const rootKey = "bushost.root"
 // all: it is built beside its final path and renamed into place under the
 // project's lock.
 func (s *Service) AddProject(ctx context.Context, p names.Project, root string) (commit string, created bool, err error) {
-	r, err := s.project(p)
+	r, err := s.store.project(p)
 	if err != nil {
 		return "", false, err
 	}
@@ -36,17 +36,13 @@ func (s *Service) AddProject(ctx context.Context, p names.Project, root string) 
 	if err != nil {
 		return "", false, err
 	}
-	unlock, err := s.lock(ctx, r)
+	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return "", false, err
 	}
 	defer unlock()
 	if r.exists() {
-		g, err := s.open(r)
-		if err != nil {
-			return "", false, err
-		}
-		commit, err := readRef(g, MainRef)
+		commit, err := r.readRef(MainRef)
 		if err != nil {
 			return "", false, err
 		}
@@ -103,7 +99,7 @@ func (s *Service) AddProject(ctx context.Context, p names.Project, root string) 
 // when its files changed.
 func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, previous string, err error) {
 	business, project := p.Business(), p.Name()
-	r, err := s.project(p)
+	r, err := s.store.project(p)
 	if err != nil {
 		return "", "", err
 	}
@@ -133,11 +129,7 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 	if root, err = checkRoot(root); err != nil {
 		return "", "", err
 	}
-	g, err := s.open(r)
-	if err != nil {
-		return "", "", err
-	}
-	old, err := readRef(g, MainRef)
+	old, err := r.readRef(MainRef)
 	if err != nil {
 		return "", "", err
 	}
@@ -159,7 +151,7 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 		if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{next}}); err != nil {
 			return "", "", errdefs.Aborted(errdefs.RefChanged, "HEAD of %s moved during the sync; run it again", root).With("root", root)
 		}
-		ok, err := s.isAncestor(ctx, r, q, old, next)
+		ok, err := r.isAncestor(ctx, q, old, next)
 		if err != nil {
 			return "", "", err
 		}
@@ -278,32 +270,4 @@ func isGitRepo(root string) bool {
 	h, err1 := os.Stat(filepath.Join(root, "HEAD"))
 	o, err2 := os.Stat(filepath.Join(root, "objects"))
 	return err1 == nil && err2 == nil && !h.IsDir() && o.IsDir()
-}
-
-// isAncestor reports whether a is an ancestor of b (objects read through q).
-func (s *Service) isAncestor(ctx context.Context, r repo, q *bundle.Quarantine, a, b string) (bool, error) {
-	err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}})
-	if err == nil {
-		return true, nil
-	}
-	if gitcmd.ExitCode(err) == 1 {
-		return false, nil
-	}
-	return false, err
-}
-
-var errNoMergeBase = errors.New("no merge base")
-
-// mergeBase returns a merge base of a and b, or errNoMergeBase.
-func (s *Service) mergeBase(ctx context.Context, r repo, q *bundle.Quarantine, a, b string) (string, error) {
-	c := gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Args: []string{a, b}}
-	c.Env = q.Env()
-	out, err := s.git.Line(ctx, c, gitcmd.MaxLine)
-	if err == nil {
-		return out, nil
-	}
-	if gitcmd.ExitCode(err) == 1 {
-		return "", errNoMergeBase
-	}
-	return "", err
 }

@@ -6,11 +6,19 @@
 // project's export and import when it moves to another host (move.go),
 // and the GitService gRPC server.
 //
+// Its types, one job each: server (server.go) is the gRPC surface, which
+// parses names and authorizes; Service runs an operation; store (store.go)
+// makes each repo and keeps, per project, the one *project that owns its
+// lock, task locks, quota reservation, cached size and undone counts; a
+// repo reads a repository and moves its refs; a write is a transaction
+// with one deferred Rollback (writeTx for a push, a landing and a sync;
+// importTx; exportTx).
+//
 // What must hold: nothing reaches a repository before git's fsck passed it
 // in quarantine; a task's repository reads only itself and its pool, never
 // another task's objects; refs move only through repo.UpdateRef (git's
 // lock-file protocol against their old value, refs.go) under the project's
-// lock, or for a push under its task's (lockTask), and only after the
+// lock, or for a push under its task's (store.go), and only after the
 // broker recorded the push; a refused push leaves no ref, no
 // object, no repository and no temp file. Every git process runs through
 // internal/gitcmd; go-git only reads.
@@ -24,17 +32,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/gofrs/flock"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/limits"
-	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/testhook"
 )
 
@@ -72,31 +75,19 @@ type Options struct {
 	Housekeeping bool
 }
 
-// Service owns the repositories under Options.ReposDir.
+// Service runs the operations on the store (a push, a landing, a move...):
+// the GitService server (server.go) calls it with names already parsed,
+// and it asks the store for repos, each repo's project for its lock and
+// quota, and the repo for its reads and ref moves.
 type Service struct {
 	o   Options
 	git *gitcmd.Runner
 	log *slog.Logger
 
-	mu sync.Mutex
-	// locks are the projects' locks in this process (by LockPath): a
-	// push holds one share (lockTask), everything else all of it (lock).
-	locks map[string]*semaphore.Weighted
-	// taskLocks are the task repositories' locks (by Path), in this
-	// process.
-	taskLocks map[string]chan struct{}
-	// reserved is the bytes of pushes past the project quota check and
-	// not yet accounted, by project (Dir): pushes to two tasks of one
-	// project check the quota side by side.
-	reserved map[string]int64
-	// usage caches each repository's object bytes (under its lock), so
-	// that a push's project quota check does not walk the objects.
-	usage map[string]int64
-	// undone counts, by repository Path, the objects moved in and removed
-	// again (a refused push or landing): a push whose checks ran meanwhile
-	// may have read them (undoneCount).
-	undone map[string]uint64
-	hk     *housekeeper
+	// store makes the repos of ReposDir and keeps what each project's
+	// repos share in this process (store.go).
+	store *store
+	hk    *housekeeper
 	// treeSizes remembers what the trees walked expand to (treesize.go).
 	treeSizes treeSizes
 	// skip is what a test's build turned off (the zero value in service).
@@ -145,8 +136,8 @@ func New(o Options) (*Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Service{o: o, git: g, log: log.With("service", "gitd"), locks: map[string]*semaphore.Weighted{},
-		taskLocks: map[string]chan struct{}{}, reserved: map[string]int64{}, usage: map[string]int64{}, undone: map[string]uint64{}, skip: testhook.Skipped()}
+	s := &Service{o: o, git: g, log: log.With("service", "gitd"), skip: testhook.Skipped(),
+		store: &store{dir: dir, git: g, projects: map[string]*project{}}}
 	s.hk = newHousekeeper(s, o.Housekeeping)
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
@@ -160,120 +151,6 @@ func New(o Options) (*Service, error) {
 // seedPrefix starts the name of a repository being seeded, beside the
 // final one; no valid project or task name starts with '.'.
 const seedPrefix = ".seeding-"
-
-// projectShares is the weight of a project's lock: lock takes all of it,
-// lockTask one share, so that pushes to the project's tasks run side by
-// side and everything else runs alone.
-const projectShares = 1 << 30
-
-// lock takes the project's lock whole (for its pool and all its task
-// repositories): first among this process's goroutines, then the flock on
-// <project>.flock that other processes (a second host on shared storage, a
-// backup) take too. Everything but a push to a task takes it: seeding,
-// syncing and landing main, publishing, archiving, repair, Reconcile.
-func (s *Service) lock(ctx context.Context, r repo) (func(), error) {
-	return s.lockProject(ctx, r, projectShares)
-}
-
-// lockTask takes what a push's ref move needs: one share of the
-// project's lock (LOCK_SH on its flock), then the task repository's own
-// lock. Pushes to different tasks of one project hold theirs at once;
-// anything holding the whole project's lock waits for them and stops
-// new ones. Across processes the task's lock is the project's flock
-// (shared) and, for the ref itself, <ref>.lock (refs.go): one host serves
-// a project (its placement), so nothing else moves a task's ref.
-func (s *Service) lockTask(ctx context.Context, r repo) (func(), error) {
-	unlock, err := s.lockProject(ctx, r, 1)
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	ch, ok := s.taskLocks[r.Path]
-	if !ok {
-		ch = make(chan struct{}, 1)
-		s.taskLocks[r.Path] = ch
-	}
-	s.mu.Unlock()
-	select {
-	case ch <- struct{}{}:
-	case <-ctx.Done():
-		unlock()
-		return nil, ctx.Err()
-	}
-	return func() {
-		<-ch
-		unlock()
-	}, nil
-}
-
-// lockProject takes n shares of r's project lock, and the flock: shared
-// for less than all of it.
-func (s *Service) lockProject(ctx context.Context, r repo, n int64) (func(), error) {
-	s.mu.Lock()
-	sem, ok := s.locks[r.LockPath]
-	if !ok {
-		sem = semaphore.NewWeighted(projectShares)
-		s.locks[r.LockPath] = sem
-	}
-	s.mu.Unlock()
-	if err := sem.Acquire(ctx, n); err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(filepath.Dir(r.LockPath), 0o700); err != nil {
-		sem.Release(n)
-		return nil, err
-	}
-	fl := flock.New(r.LockPath)
-	take := fl.TryLockContext
-	if n < projectShares {
-		take = fl.TryRLockContext
-	}
-	ok, err := take(ctx, 10*time.Millisecond)
-	if err != nil || !ok {
-		sem.Release(n)
-		if err == nil {
-			err = ctx.Err()
-		}
-		return nil, fmt.Errorf("lock %s: %w", r.LockPath, err)
-	}
-	return func() {
-		fl.Unlock()
-		sem.Release(n)
-	}, nil
-}
-
-// repos lists every project's pool in the store.
-func (s *Service) repos() ([]repo, error) {
-	var out []repo
-	bs, err := os.ReadDir(s.o.ReposDir)
-	if err != nil {
-		return nil, err
-	}
-	for _, b := range bs {
-		if !b.IsDir() || names.Check("business", b.Name()) != nil {
-			continue
-		}
-		ps, err := os.ReadDir(filepath.Join(s.o.ReposDir, b.Name()))
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range ps {
-			if !p.IsDir() {
-				continue
-			}
-			scope, err := names.ParseProject(b.Name(), p.Name())
-			if err != nil {
-				continue
-			}
-			r, err := s.project(scope)
-			if err != nil || !r.exists() {
-				continue
-			}
-			out = append(out, r)
-		}
-	}
-	return out, nil
-}
 
 // cleanStale removes seeding directories and quarantines left by a killed
 // process: in the store (an import's staging), in each business (a
@@ -295,7 +172,7 @@ func (s *Service) cleanStale() error {
 			return err
 		}
 	}
-	rs, err := s.repos()
+	rs, err := s.store.repos()
 	if err != nil {
 		return err
 	}
@@ -306,7 +183,7 @@ func (s *Service) cleanStale() error {
 		if err := bundle.CleanStale(r.objects()); err != nil {
 			return err
 		}
-		ts, err := s.tasks(r)
+		ts, err := r.tasks()
 		if err != nil {
 			return err
 		}
@@ -334,35 +211,4 @@ func removeSeeding(dir string) error {
 		}
 	}
 	return nil
-}
-
-// undo removes what q moved into r (a refused push or landing, or a
-// migration that failed half way) and counts it for undoneCount.
-func (s *Service) undo(r repo, q *bundle.Quarantine) error {
-	err := q.Rollback()
-	s.markUndone(r)
-	return err
-}
-
-// markUndone counts objects of r moved in and removed again (after the
-// removal: a push that reads the count later cannot have read them).
-func (s *Service) markUndone(r repo) {
-	s.mu.Lock()
-	s.undone[r.Path]++
-	s.mu.Unlock()
-}
-
-// undoneCount is how many times objects r sees (its own and its pool's)
-// were moved in and removed again. A push reads it before its checks and
-// again under its task's lock: every undo of its task's repository (under
-// that lock) or of the pool (under the whole project's lock) that could
-// have shown the checks what is gone is counted by then.
-func (s *Service) undoneCount(r repo) uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := s.undone[r.Path]
-	if !r.isPool() {
-		n += s.undone[r.pool().Path]
-	}
-	return n
 }
