@@ -164,7 +164,7 @@ func TestLaunchHomeAttack(t *testing.T) {
 		chownAll(t, home, 65534)
 		cmd := exec.Command(sb, append([]string{"serve", "--home", home}, noDefaults...)...)
 		cmd.Env = cleanEnv()
-		var out lockedBuffer
+		var out syncBuf
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
