@@ -137,37 +137,37 @@ func (q *queries) landRefusal(ctx context.Context, t taskRow) (Event, bool, erro
 	return e, ok, err
 }
 
-// landingActor checks what a landing's record needs before its
-// transaction (g may land l's task; commits are object ids) and returns
-// the actor of its events.
-func landingActor(g authz.Grant, l authz.Landing, commits ...string) (string, error) {
+// landWrite records a landing's outcome. It checks what the record needs
+// before its transaction (g may land l's task; commits are object ids),
+// then runs fn in a write transaction, after rechecking that a grant (not
+// the host) still holds task.land, with the actor of its events.
+func (b *Broker) landWrite(ctx context.Context, g authz.Grant, l authz.Landing, commits []string, fn func(ctx context.Context, q *writeTx, actor string) error) error {
 	if err := mayLand(g, l.Business, l.Project, l.Task); err != nil {
-		return "", err
+		return err
 	}
 	for _, c := range commits {
 		if !isObjectID(c) {
-			return "", errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(c))
+			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(c))
 		}
 	}
+	actor := g.ID
 	if g.Host {
-		return authz.HostID, nil
+		actor = authz.HostID
 	}
-	return g.ID, nil
-}
-
-// RecordLandRefusal implements authz.Lander.
-func (b *Broker) RecordLandRefusal(ctx context.Context, g authz.Grant, l authz.Landing, reason string, peer authz.Peer) (int64, error) {
-	actor, err := landingActor(g, l, l.Approved, l.Old)
-	if err != nil {
-		return 0, err
-	}
-	var seq int64
-	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
+	return b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if !g.Host {
 			if err := recheck(ctx, q, g, authz.CapTaskLand); err != nil {
 				return err
 			}
 		}
+		return fn(ctx, q, actor)
+	})
+}
+
+// RecordLandRefusal implements authz.Lander.
+func (b *Broker) RecordLandRefusal(ctx context.Context, g authz.Grant, l authz.Landing, reason string, peer authz.Peer) (int64, error) {
+	var seq int64
+	err := b.landWrite(ctx, g, l, []string{l.Approved, l.Old}, func(ctx context.Context, q *writeTx, actor string) error {
 		t, err := openTask(ctx, &q.queries, l.Business, l.Project, l.Task, "landings")
 		if err != nil {
 			return err
@@ -185,17 +185,8 @@ func (b *Broker) RecordLandRefusal(ctx context.Context, g authz.Grant, l authz.L
 
 // RecordLanding implements authz.Lander.
 func (b *Broker) RecordLanding(ctx context.Context, g authz.Grant, l authz.Landing, peer authz.Peer) (int64, error) {
-	actor, err := landingActor(g, l, l.Approved, l.Old, l.New)
-	if err != nil {
-		return 0, err
-	}
 	var seq int64
-	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		if !g.Host {
-			if err := recheck(ctx, q, g, authz.CapTaskLand); err != nil {
-				return err
-			}
-		}
+	err := b.landWrite(ctx, g, l, []string{l.Approved, l.Old, l.New}, func(ctx context.Context, q *writeTx, actor string) error {
 		if err := writable(ctx, &q.queries, b.hostID, l.Business, l.Project); err != nil {
 			return err
 		}

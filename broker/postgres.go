@@ -15,8 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// postgresSchema is the schema, one migration per entry. A released
-// migration is never edited: a change is a new entry.
+// postgresSchema is the schema, one migration per entry; SQLite's
+// (sqliteSchema) is the same in its own types. A released migration is
+// never edited: a change is a new entry.
 var postgresSchema = [][]string{{
 	`CREATE TABLE projects (business TEXT NOT NULL, project TEXT NOT NULL, PRIMARY KEY (business, project))`,
 	`CREATE TABLE tasks (business TEXT NOT NULL, project TEXT NOT NULL, task TEXT NOT NULL,

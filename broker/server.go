@@ -44,103 +44,83 @@ func (s *server) hostCaller(ctx context.Context, caps ...string) (authz.Grant, s
 	return g, PeerString(p, ok), err
 }
 
+// serve answers a call: it resolves the caller (see caller; the host when
+// caps is empty) and runs do with its grant and process. The answer is
+// do's reply, or nil and the error of either.
+func serve[R any](ctx context.Context, s *server, caps []string, do func(g authz.Grant, peer string) (*R, error)) (*R, error) {
+	g, peer, err := s.caller(ctx, caps...)
+	if err != nil {
+		return nil, err
+	}
+	r, err := do(g, peer)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
 func (s *server) AddTask(ctx context.Context, r *brokerv1.AddTaskRequest) (*brokerv1.AddTaskResponse, error) {
-	_, peer, err := s.caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	created, err := s.b.AddTask(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask())
-	if err != nil {
-		return nil, err
-	}
-	return &brokerv1.AddTaskResponse{Created: created}, nil
+	return serve(ctx, s, nil, func(_ authz.Grant, peer string) (*brokerv1.AddTaskResponse, error) {
+		created, err := s.b.AddTask(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask())
+		return &brokerv1.AddTaskResponse{Created: created}, err
+	})
 }
 
 func (s *server) CreateGrant(ctx context.Context, r *brokerv1.CreateGrantRequest) (*brokerv1.CreateGrantResponse, error) {
-	_, peer, err := s.caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if r.GetTtlSeconds() < 0 || r.GetTtlSeconds() > int64(100*365*24*time.Hour/time.Second) {
-		return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "ttl_seconds %d out of range", r.GetTtlSeconds())
-	}
-	ig, err := s.b.CreateGrant(ctx, peer, GrantRequest{
-		Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask(),
-		Role: r.GetRole(), Caps: r.GetCapabilities(), TTL: time.Duration(r.GetTtlSeconds()) * time.Second,
-		Launch: launchSet(r.GetLaunch()), LaunchedBy: r.GetLaunchedBy(), LaunchBounds: launchBounds(r.GetLaunchBounds()),
+	return serve(ctx, s, nil, func(_ authz.Grant, peer string) (*brokerv1.CreateGrantResponse, error) {
+		if r.GetTtlSeconds() < 0 || r.GetTtlSeconds() > int64(100*365*24*time.Hour/time.Second) {
+			return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "ttl_seconds %d out of range", r.GetTtlSeconds())
+		}
+		ig, err := s.b.CreateGrant(ctx, peer, GrantRequest{
+			Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask(),
+			Role: r.GetRole(), Caps: r.GetCapabilities(), TTL: time.Duration(r.GetTtlSeconds()) * time.Second,
+			Launch: launchSet(r.GetLaunch()), LaunchedBy: r.GetLaunchedBy(), LaunchBounds: launchBounds(r.GetLaunchBounds()),
+		})
+		return &brokerv1.CreateGrantResponse{GrantId: ig.ID, Token: ig.Token, ExpiresAt: ig.ExpiresAt.Format(time.RFC3339)}, err
 	})
-	if err != nil {
-		return nil, err
-	}
-	return &brokerv1.CreateGrantResponse{GrantId: ig.ID, Token: ig.Token, ExpiresAt: ig.ExpiresAt.Format(time.RFC3339)}, nil
 }
 
 func (s *server) RevokeGrant(ctx context.Context, r *brokerv1.RevokeGrantRequest) (*brokerv1.RevokeGrantResponse, error) {
-	_, peer, err := s.caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.b.RevokeGrant(ctx, peer, r.GetGrantId()); err != nil {
-		return nil, err
-	}
-	return &brokerv1.RevokeGrantResponse{}, nil
+	return serve(ctx, s, nil, func(_ authz.Grant, peer string) (*brokerv1.RevokeGrantResponse, error) {
+		return &brokerv1.RevokeGrantResponse{}, s.b.RevokeGrant(ctx, peer, r.GetGrantId())
+	})
 }
 
 func (s *server) RequestReview(ctx context.Context, _ *brokerv1.RequestReviewRequest) (*brokerv1.RequestReviewResponse, error) {
-	g, peer, err := s.caller(ctx, authz.CapReviewRequest, authz.CapPushWorking)
-	if err != nil {
-		return nil, err
-	}
-	rv, err := s.b.RequestReview(ctx, g, peer)
-	if err != nil {
-		return nil, err
-	}
-	return &brokerv1.RequestReviewResponse{RequestId: rv.RequestID, Commit: rv.Commit, Created: rv.Created}, nil
+	return serve(ctx, s, []string{authz.CapReviewRequest, authz.CapPushWorking}, func(g authz.Grant, peer string) (*brokerv1.RequestReviewResponse, error) {
+		rv, err := s.b.RequestReview(ctx, g, peer)
+		return &brokerv1.RequestReviewResponse{RequestId: rv.RequestID, Commit: rv.Commit, Created: rv.Created}, err
+	})
 }
 
 func (s *server) SubmitVerdict(ctx context.Context, r *brokerv1.SubmitVerdictRequest) (*brokerv1.SubmitVerdictResponse, error) {
-	g, peer, err := s.caller(ctx, authz.CapReviewVerdict)
-	if err != nil {
-		return nil, err
-	}
-	var verdict string
-	switch r.GetVerdict() {
-	case brokerv1.Verdict_VERDICT_APPROVE:
-		verdict = Approve
-	case brokerv1.Verdict_VERDICT_REJECT:
-		verdict = Reject
-	default:
-		return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "verdict must be approve or reject")
-	}
-	seq, err := s.b.SubmitVerdict(ctx, g, peer, r.GetRequestId(), r.GetCommit(), verdict, r.GetComment())
-	if err != nil {
-		return nil, err
-	}
-	return &brokerv1.SubmitVerdictResponse{Seq: seq}, nil
+	return serve(ctx, s, []string{authz.CapReviewVerdict}, func(g authz.Grant, peer string) (*brokerv1.SubmitVerdictResponse, error) {
+		var verdict string
+		switch r.GetVerdict() {
+		case brokerv1.Verdict_VERDICT_APPROVE:
+			verdict = Approve
+		case brokerv1.Verdict_VERDICT_REJECT:
+			verdict = Reject
+		default:
+			return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "verdict must be approve or reject")
+		}
+		seq, err := s.b.SubmitVerdict(ctx, g, peer, r.GetRequestId(), r.GetCommit(), verdict, r.GetComment())
+		return &brokerv1.SubmitVerdictResponse{Seq: seq}, err
+	})
 }
 
 func (s *server) CloseTask(ctx context.Context, _ *brokerv1.CloseTaskRequest) (*brokerv1.CloseTaskResponse, error) {
-	g, peer, err := s.caller(ctx, authz.CapTaskClose)
-	if err != nil {
-		return nil, err
-	}
-	seq, err := s.b.CloseTask(ctx, g, peer)
-	if err != nil {
-		return nil, err
-	}
-	return &brokerv1.CloseTaskResponse{Seq: seq}, nil
+	return serve(ctx, s, []string{authz.CapTaskClose}, func(g authz.Grant, peer string) (*brokerv1.CloseTaskResponse, error) {
+		seq, err := s.b.CloseTask(ctx, g, peer)
+		return &brokerv1.CloseTaskResponse{Seq: seq}, err
+	})
 }
 
 func (s *server) ReopenTask(ctx context.Context, r *brokerv1.ReopenTaskRequest) (*brokerv1.ReopenTaskResponse, error) {
-	_, peer, err := s.caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	seq, err := s.b.ReopenTask(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask())
-	if err != nil {
-		return nil, err
-	}
-	return &brokerv1.ReopenTaskResponse{Seq: seq}, nil
+	return serve(ctx, s, nil, func(_ authz.Grant, peer string) (*brokerv1.ReopenTaskResponse, error) {
+		seq, err := s.b.ReopenTask(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask())
+		return &brokerv1.ReopenTaskResponse{Seq: seq}, err
+	})
 }
 
 func (s *server) ListTasks(ctx context.Context, r *brokerv1.ListTasksRequest) (*brokerv1.ListTasksResponse, error) {
@@ -250,78 +230,54 @@ func LaunchRoles(m map[string][]string) []*brokerv1.LaunchRole {
 }
 
 func (s *server) Whoami(ctx context.Context, _ *brokerv1.WhoamiRequest) (*brokerv1.WhoamiResponse, error) {
-	g, _, err := s.caller(ctx, authz.Capabilities...)
-	if err != nil {
-		return nil, err
-	}
-	g, err = s.b.Whoami(ctx, g)
-	if err != nil {
-		return nil, err
-	}
-	return &brokerv1.WhoamiResponse{GrantId: g.ID, Business: g.Business, Project: g.Project, Task: g.Task, Role: g.Role,
-		Capabilities: g.Caps, Launch: LaunchRoles(g.Launch), LaunchedBy: g.LaunchedBy, LaunchDepth: int64(g.LaunchDepth),
-		LaunchBounds: launchBoundsProto(g.LaunchBounds)}, nil
+	return serve(ctx, s, authz.Capabilities, func(g authz.Grant, _ string) (*brokerv1.WhoamiResponse, error) {
+		g, err := s.b.Whoami(ctx, g)
+		return &brokerv1.WhoamiResponse{GrantId: g.ID, Business: g.Business, Project: g.Project, Task: g.Task, Role: g.Role,
+			Capabilities: g.Caps, Launch: LaunchRoles(g.Launch), LaunchedBy: g.LaunchedBy, LaunchDepth: int64(g.LaunchDepth),
+			LaunchBounds: launchBoundsProto(g.LaunchBounds)}, err
+	})
 }
 
 func (s *server) RecordEvent(ctx context.Context, r *brokerv1.RecordEventRequest) (*brokerv1.RecordEventResponse, error) {
 	if r.GetBusiness() != "" || r.GetProject() != "" || r.GetTask() != "" {
 		// The host's record of a launched session, on the session's task.
-		_, peer, err := s.caller(ctx)
-		if err != nil {
-			return nil, err
-		}
-		e, err := s.b.RecordSessionEvent(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask(), r.GetType(), r.GetData(), r.GetIdempotencyKey())
-		if err != nil {
-			return nil, err
-		}
-		return &brokerv1.RecordEventResponse{Event: eventProto(e)}, nil
+		return serve(ctx, s, nil, func(_ authz.Grant, peer string) (*brokerv1.RecordEventResponse, error) {
+			e, err := s.b.RecordSessionEvent(ctx, peer, r.GetBusiness(), r.GetProject(), r.GetTask(), r.GetType(), r.GetData(), r.GetIdempotencyKey())
+			return &brokerv1.RecordEventResponse{Event: eventProto(e)}, err
+		})
 	}
 	// Either capability lets the call in; RecordEvent decides which the
 	// type needs.
-	g, peer, err := s.caller(ctx, authz.CapEventRecord, authz.CapNetworkAudit)
-	if err != nil {
-		return nil, err
-	}
-	e, err := s.b.RecordEvent(ctx, g, peer, r.GetType(), r.GetData(), r.GetIdempotencyKey())
-	if err != nil {
-		return nil, err
-	}
-	return &brokerv1.RecordEventResponse{Event: eventProto(e)}, nil
+	return serve(ctx, s, []string{authz.CapEventRecord, authz.CapNetworkAudit}, func(g authz.Grant, peer string) (*brokerv1.RecordEventResponse, error) {
+		e, err := s.b.RecordEvent(ctx, g, peer, r.GetType(), r.GetData(), r.GetIdempotencyKey())
+		return &brokerv1.RecordEventResponse{Event: eventProto(e)}, err
+	})
 }
 
 func (s *server) RecordEvents(ctx context.Context, r *brokerv1.RecordEventsRequest) (*brokerv1.RecordEventsResponse, error) {
-	g, peer, err := s.caller(ctx, authz.CapEventRecord, authz.CapNetworkAudit)
-	if err != nil {
-		return nil, err
-	}
-	rs := make([]Record, len(r.GetEvents()))
-	for i, e := range r.GetEvents() {
-		rs[i] = Record{Type: e.GetType(), Data: e.GetData(), Key: e.GetIdempotencyKey()}
-	}
-	evs, err := s.b.RecordEvents(ctx, g, peer, rs)
-	if err != nil {
-		return nil, err
-	}
-	out := &brokerv1.RecordEventsResponse{Events: make([]*brokerv1.Event, len(evs))}
-	for i, e := range evs {
-		out.Events[i] = eventProto(e)
-	}
-	return out, nil
+	return serve(ctx, s, []string{authz.CapEventRecord, authz.CapNetworkAudit}, func(g authz.Grant, peer string) (*brokerv1.RecordEventsResponse, error) {
+		rs := make([]Record, len(r.GetEvents()))
+		for i, e := range r.GetEvents() {
+			rs[i] = Record{Type: e.GetType(), Data: e.GetData(), Key: e.GetIdempotencyKey()}
+		}
+		evs, err := s.b.RecordEvents(ctx, g, peer, rs)
+		if err != nil {
+			return nil, err
+		}
+		out := &brokerv1.RecordEventsResponse{Events: make([]*brokerv1.Event, len(evs))}
+		for i, e := range evs {
+			out.Events[i] = eventProto(e)
+		}
+		return out, nil
+	})
 }
 
 func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.BrokerService_ListEventsServer) error {
 	ctx := stream.Context()
-	if err := s.b.Halted(); err != nil {
-		return err
-	}
-	tok := authz.TokenFromContext(ctx)
-	g, err := s.b.authorize(ctx, tok)
+	// The host, or any valid grant, which reads its own task's events.
+	g, err := s.listCaller(ctx)
 	if err != nil {
-		// Not the host: any valid grant may read its own task's events.
-		g, err = s.b.authorize(ctx, tok, authz.Capabilities...)
-		if err != nil {
-			return err
-		}
+		return err
 	}
 	f := Filter{Business: r.GetBusiness(), Project: r.GetProject(), Task: r.GetTask()}
 	if !g.Host {

@@ -264,36 +264,21 @@ func (r *rebuild) compare(ctx context.Context, q *queries) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	for k, want := range r.tasks {
-		got, ok := tasks[k]
-		if !ok {
-			add("tasks %s: the log has it (task.added), the table does not", k)
-			continue
-		}
-		cols(add, "tasks "+k, [][3]any{
+	diffTable(add, "tasks", "task.added", tasks, r.tasks, func(got, want taskRow) [][3]any {
+		return [][3]any{
 			{"closed_seq", got.ClosedSeq, want.ClosedSeq},
 			{"last_push_seq", got.LastPushSeq, want.LastPushSeq},
 			{"last_push_commit", got.LastPushCommit, want.LastPushCommit},
 			{"last_push_actor", got.LastPushActor, want.LastPushActor},
-		})
-	}
-	for k := range tasks {
-		if _, ok := r.tasks[k]; !ok {
-			add("tasks %s: in the table, but no task.added in the log", k)
 		}
-	}
+	})
 
 	grants, err := q.allGrants(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for id, want := range r.grants {
-		got, ok := grants[id]
-		if !ok {
-			add("grants %s: the log has it (grant.created), the table does not", id)
-			continue
-		}
-		cols(add, "grants "+id, [][3]any{
+	diffTable(add, "grants", "grant.created", grants, r.grants, func(got, want grantRow) [][3]any {
+		return [][3]any{
 			{"scope", scopeString(got.Business, got.Project, got.Task), scopeString(want.Business, want.Project, want.Task)},
 			{"role", got.Role, want.Role},
 			{"caps", strings.Join(got.Caps, ","), strings.Join(want.Caps, ",")},
@@ -304,25 +289,15 @@ func (r *rebuild) compare(ctx context.Context, q *queries) ([]string, error) {
 			{"launched_by", got.LaunchedBy, want.LaunchedBy},
 			{"launch_depth", got.LaunchDepth, want.LaunchDepth},
 			{"launch_bounds", got.LaunchBounds, want.LaunchBounds},
-		})
-	}
-	for id := range grants {
-		if _, ok := r.grants[id]; !ok {
-			add("grants %s: in the table, but no grant.created in the log", id)
 		}
-	}
+	})
 
 	reqs, err := q.allRequests(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for id, want := range r.requests {
-		got, ok := reqs[id]
-		if !ok {
-			add("review_requests %s: the log has it (review.request), the table does not", id)
-			continue
-		}
-		cols(add, "review_requests "+id, [][3]any{
+	diffTable(add, "review_requests", "review.request", reqs, r.requests, func(got, want requestRow) [][3]any {
+		return [][3]any{
 			{"scope", scopeString(got.Business, got.Project, got.Task), scopeString(want.Business, want.Project, want.Task)},
 			{"push_seq", got.PushSeq, want.PushSeq},
 			{"commit_id", got.Commit, want.Commit},
@@ -331,19 +306,33 @@ func (r *rebuild) compare(ctx context.Context, q *queries) ([]string, error) {
 			{"verdict", got.Verdict, want.Verdict},
 			{"verdict_seq", got.VerdictSeq, want.VerdictSeq},
 			{"reviewer", got.Reviewer, want.Reviewer},
-		})
-	}
-	for id := range reqs {
-		if _, ok := r.requests[id]; !ok {
-			add("review_requests %s: in the table, but no review.request in the log", id)
 		}
-	}
+	})
 	sort.Strings(diffs)
 	if len(diffs) > maxDifferences {
 		n := len(diffs) - maxDifferences
 		diffs = append(diffs[:maxDifferences], fmt.Sprintf("... and %d more", n))
 	}
 	return diffs, nil
+}
+
+// diffTable reports each row of a derived table (got, by key) that
+// differs from the log's (want, which event adds): missing, extra, or a
+// column of columns(got, want) with another value.
+func diffTable[R any](add func(string, ...any), table, event string, got, want map[string]R, columns func(got, want R) [][3]any) {
+	for k, w := range want {
+		g, ok := got[k]
+		if !ok {
+			add("%s %s: the log has it (%s), the table does not", table, k, event)
+			continue
+		}
+		cols(add, table+" "+k, columns(g, w))
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			add("%s %s: in the table, but no %s in the log", table, k, event)
+		}
+	}
 }
 
 // cols reports each column whose table value (1) is not the log's (2).

@@ -31,10 +31,7 @@ var Registry = NewRegistry()
 // bushostd adds its own to Registry; the supervisor makes one per run.
 func NewRegistry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
-	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "build_info",
-		Help: "Always 1; the labels say which build of bushost is running.",
-	}, []string{"version", "revision", "goversion"})
+	buildInfo := gaugeVec("build_info", "Always 1; the labels say which build of bushost is running.", "version", "revision", "goversion")
 	in := version.Read()
 	buildInfo.WithLabelValues(in.Module, in.Revision, in.Go).Set(1)
 	r.MustRegister(buildInfo,
@@ -44,92 +41,73 @@ func NewRegistry() *prometheus.Registry {
 	return r
 }
 
+// The constructors of bushost's own collectors: each is in Namespace.
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+}
+
+func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+}
+
+func histogram(name, help string, buckets []float64) prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, Buckets: buckets})
+}
+
+func histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, Buckets: buckets}, labels)
+}
+
 // Durations from a millisecond to a few minutes: a push of a small change
 // takes milliseconds, one of a 256 MiB bundle tens of seconds.
 var durationBuckets = prometheus.ExponentialBuckets(0.001, 2.5, 14)
 
+// The broker's write latencies start ten times lower, at 100µs.
+var writeBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 14)
+
 var (
 	// Calls counts every finished call by socket, method and outcome (the
 	// errdefs reason, "OK" on success).
-	Calls = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "calls_total",
-		Help: "gRPC calls finished, by socket, method and outcome (errdefs reason, OK on success).",
-	}, []string{"socket", "method", "outcome"})
+	Calls = counterVec("calls_total",
+		"gRPC calls finished, by socket, method and outcome (errdefs reason, OK on success).", "socket", "method", "outcome")
 	// Pushes counts PushWorking calls by outcome: "OK" or the reason.
-	Pushes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "pushes_total",
-		Help: "Pushes (PushWorking) accepted (outcome OK) or refused (outcome = errdefs reason).",
-	}, []string{"outcome"})
-	PushSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: Namespace, Name: "push_duration_seconds",
-		Help:    "Duration of a PushWorking call, from its first message to its answer.",
-		Buckets: durationBuckets,
-	})
+	Pushes = counterVec("pushes_total",
+		"Pushes (PushWorking) accepted (outcome OK) or refused (outcome = errdefs reason).", "outcome")
+	PushSeconds = histogram("push_duration_seconds",
+		"Duration of a PushWorking call, from its first message to its answer.", durationBuckets)
 	PushBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "push_bundle_bytes_total",
 		Help: "Bundle bytes received by PushWorking calls (accepted or not).",
 	})
-	indexPackSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: Namespace, Name: "index_pack_duration_seconds",
-		Help:    "Duration of git index-pack --strict on a pushed bundle's pack, in quarantine.",
-		Buckets: durationBuckets,
-	})
-	writes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "broker_writes_total",
-		Help: "Broker log writes, by result: committed (it appended its events) or refused (it appended nothing).",
-	}, []string{"result"})
-	writeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: Namespace, Name: "broker_append_duration_seconds",
-		Help:    "Append latency: from a broker write's call to its durable commit (group commit included).",
-		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
-	})
-	lockWaitSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: Namespace, Name: "broker_write_lock_wait_seconds",
-		Help:    "How long a broker write transaction waited for the log's write lock (on PostgreSQL, shared by every host of the fleet).",
-		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
-	})
-	lockHoldSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: Namespace, Name: "broker_write_lock_hold_seconds",
-		Help:    "How long a broker write transaction held the log's write lock, its commit included.",
-		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
-	})
+	indexPackSeconds = histogram("index_pack_duration_seconds",
+		"Duration of git index-pack --strict on a pushed bundle's pack, in quarantine.", durationBuckets)
+	writes = counterVec("broker_writes_total",
+		"Broker log writes, by result: committed (it appended its events) or refused (it appended nothing).", "result")
+	writeSeconds = histogram("broker_append_duration_seconds",
+		"Append latency: from a broker write's call to its durable commit (group commit included).", writeBuckets)
+	lockWaitSeconds = histogram("broker_write_lock_wait_seconds",
+		"How long a broker write transaction waited for the log's write lock (on PostgreSQL, shared by every host of the fleet).", writeBuckets)
+	lockHoldSeconds = histogram("broker_write_lock_hold_seconds",
+		"How long a broker write transaction held the log's write lock, its commit included.", writeBuckets)
 	// Gate counts task.close decisions: "closed" or the refusal's reason.
-	Gate = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "gate_decisions_total",
-		Help: "task.close gate decisions: closed, or the refusal's errdefs reason.",
-	}, []string{"decision"})
+	Gate = counterVec("gate_decisions_total",
+		"task.close gate decisions: closed, or the refusal's errdefs reason.", "decision")
 	// LimitRefusals counts calls refused with ResourceExhausted, by socket
 	// and reason.
-	LimitRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "limit_refusals_total",
-		Help: "Calls refused for a limit (ResourceExhausted), by socket and reason.",
-	}, []string{"socket", "reason"})
+	LimitRefusals = counterVec("limit_refusals_total",
+		"Calls refused for a limit (ResourceExhausted), by socket and reason.", "socket", "reason")
 	// InFlight and Conns are per socket gauges.
-	InFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "calls_in_flight",
-		Help: "Calls being served, by socket.",
-	}, []string{"socket"})
-	Conns = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: Namespace, Name: "connections_open",
-		Help: "Connections open, by socket.",
-	}, []string{"socket"})
+	InFlight = gaugeVec("calls_in_flight", "Calls being served, by socket.", "socket")
+	Conns    = gaugeVec("connections_open", "Connections open, by socket.", "socket")
 )
 
 var (
-	housekeepingRuns = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "git_housekeeping_runs_total",
-		Help: "Housekeeping runs on a repository, by repository kind (pool, task) and outcome (optimized, clean, failed).",
-	}, []string{"repository", "outcome"})
-	housekeepingSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: Namespace, Name: "git_housekeeping_duration_seconds",
-		Help:    "Duration of a housekeeping run on a repository, by repository kind.",
-		Buckets: durationBuckets,
-	}, []string{"repository"})
-	housekeepingPacks = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: Namespace, Name: "git_housekeeping_packs",
-		Help:    "Packs a repository holds after a housekeeping run, by repository kind.",
-		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
-	}, []string{"repository"})
+	housekeepingRuns = counterVec("git_housekeeping_runs_total",
+		"Housekeeping runs on a repository, by repository kind (pool, task) and outcome (optimized, clean, failed).", "repository", "outcome")
+	housekeepingSeconds = histogramVec("git_housekeeping_duration_seconds",
+		"Duration of a housekeeping run on a repository, by repository kind.", durationBuckets, "repository")
+	housekeepingPacks = histogramVec("git_housekeeping_packs",
+		"Packs a repository holds after a housekeeping run, by repository kind.", []float64{1, 2, 4, 8, 16, 32, 64, 128}, "repository")
 )
 
 func init() {

@@ -511,27 +511,24 @@ func notLink(fd int) (int, error) {
 // Dir checks a directory the daemon owns: not a link, a directory, owned
 // by uid, writable by nobody else. fi is from Lstat.
 func Dir(path string, fi fs.FileInfo, uid int) error {
-	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		return refuse(path, fi, "is a symbolic link, not a directory of the host's")
-	case !fi.IsDir():
-		return refuse(path, fi, "is not a directory")
-	case ownerOf(fi) != uid:
-		return refuse(path, fi, "belongs to another user, not to the daemon's "+Owner(uid))
-	case fi.Mode().Perm()&0o022 != 0:
-		return refuse(path, fi, "is writable by group or others")
-	}
-	return nil
+	return owned(path, fi, uid, "directory", fi.IsDir(), "is not a directory")
 }
 
 // File checks a regular file the daemon owns, from Lstat or an open
 // file's Stat: not a link, regular, owned by uid, writable by nobody else.
 func File(path string, fi fs.FileInfo, uid int) error {
+	return owned(path, fi, uid, "file", fi.Mode().IsRegular(), "is not a regular file")
+}
+
+// owned is Dir's and File's check: fi is not a link, is of its kind
+// (isKind; else the refusal says notKind), is owned by uid and is
+// writable by nobody else.
+func owned(path string, fi fs.FileInfo, uid int, kind string, isKind bool, notKind string) error {
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
-		return refuse(path, fi, "is a symbolic link, not a file of the host's")
-	case !fi.Mode().IsRegular():
-		return refuse(path, fi, "is not a regular file")
+		return refuse(path, fi, "is a symbolic link, not a "+kind+" of the host's")
+	case !isKind:
+		return refuse(path, fi, notKind)
 	case ownerOf(fi) != uid:
 		return refuse(path, fi, "belongs to another user, not to the daemon's "+Owner(uid))
 	case fi.Mode().Perm()&0o022 != 0:

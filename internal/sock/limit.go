@@ -57,10 +57,8 @@ type Admission struct {
 	lim AdmitLimits
 
 	mu        sync.Mutex
-	conns     int
-	connsBy   map[uint32]int
-	calls     int
-	callsBy   map[uint32]int
+	conns     tally
+	calls     tally
 	onRefused func(reason errdefs.Reason) // tests and logs; may be nil
 }
 
@@ -68,7 +66,53 @@ type Admission struct {
 func NewAdmission(l AdmitLimits) *Admission {
 	l.ReservedConns = min(l.ReservedConns, l.MaxConns/2)
 	l.ReservedCalls = min(l.ReservedCalls, l.MaxCalls/2)
-	return &Admission{lim: l, connsBy: map[uint32]int{}, callsBy: map[uint32]int{}}
+	return &Admission{lim: l,
+		conns: tally{max: l.MaxConns, reserved: l.ReservedConns, perUID: l.MaxConnsPerUID, by: map[uint32]int{},
+			what: "connections", where: "to this socket", flag: "--max-conns-per-uid", then: "close some and retry",
+			full: errdefs.TooManyConns, uidFull: errdefs.TooManyConnsPerUID},
+		calls: tally{max: l.MaxCalls, reserved: l.ReservedCalls, perUID: l.MaxCallsPerUID, by: map[uint32]int{},
+			what: "calls in flight", where: "on this socket", flag: "--max-calls-per-uid", then: "retry later",
+			full: errdefs.TooManyCalls, uidFull: errdefs.TooManyCallsPerUID},
+	}
+}
+
+// tally counts what a socket admits of one kind (connections or calls),
+// in all and per peer uid, against its limits. The rest words its
+// refusals: "too many WHAT WHERE (limit N); THEN" (reason full), and
+// "too many WHAT from uid U (limit N, FLAG); THEN" (reason uidFull).
+type tally struct {
+	n                       int
+	by                      map[uint32]int
+	max, reserved, perUID   int
+	what, where, flag, then string
+	full, uidFull           errdefs.Reason
+}
+
+// admit counts one more of uid, or says why not. The daemon's own uid is
+// not held to perUID and may use the reserve, which others may not.
+func (t *tally) admit(uid uint32, own bool) *errdefs.Error {
+	total := t.max
+	if !own {
+		total -= t.reserved
+	}
+	if t.n >= total {
+		return errdefs.ResourceExhausted(t.full, "too many %s %s (limit %d); %s", t.what, t.where, total, t.then).
+			With("limit", total).Retry(time.Second)
+	}
+	if !own && t.by[uid] >= t.perUID {
+		return errdefs.ResourceExhausted(t.uidFull, "too many %s from uid %d (limit %d, %s); %s", t.what, uid, t.perUID, t.flag, t.then).
+			With("limit", t.perUID).With("uid", uid).Retry(time.Second)
+	}
+	t.n++
+	t.by[uid]++
+	return nil
+}
+
+func (t *tally) release(uid uint32) {
+	t.n--
+	if t.by[uid]--; t.by[uid] <= 0 {
+		delete(t.by, uid)
+	}
 }
 
 // OnRefused sets a function told of every refusal (for the daemon's log).
@@ -80,73 +124,24 @@ func (a *Admission) refused(r errdefs.Reason) {
 	}
 }
 
-// admitConn counts one connection of uid, or says why not.
-func (a *Admission) admitConn(uid uint32) (*errdefs.Error, bool) {
+// admit counts one of uid in t (a.conns or a.calls), or says why not.
+func (a *Admission) admit(t *tally, uid uint32) *errdefs.Error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	own := int(uid) == a.lim.OwnUID
-	total := a.lim.MaxConns
-	if !own {
-		total -= a.lim.ReservedConns
-	}
-	if a.conns >= total {
-		return errdefs.ResourceExhausted(errdefs.TooManyConns, "too many connections to this socket (limit %d); close some and retry", total).
-			With("limit", total).Retry(time.Second), false
-	}
-	if !own && a.connsBy[uid] >= a.lim.MaxConnsPerUID {
-		return errdefs.ResourceExhausted(errdefs.TooManyConnsPerUID, "too many connections from uid %d (limit %d, --max-conns-per-uid); close some and retry", uid, a.lim.MaxConnsPerUID).
-			With("limit", a.lim.MaxConnsPerUID).With("uid", uid).Retry(time.Second), false
-	}
-	a.conns++
-	a.connsBy[uid]++
-	return nil, true
+	return t.admit(uid, int(uid) == a.lim.OwnUID)
 }
 
-func (a *Admission) releaseConn(uid uint32) {
+func (a *Admission) release(t *tally, uid uint32) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.conns--
-	if a.connsBy[uid]--; a.connsBy[uid] <= 0 {
-		delete(a.connsBy, uid)
-	}
-}
-
-// admitCall counts one call of uid, or says why not.
-func (a *Admission) admitCall(uid uint32) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	own := int(uid) == a.lim.OwnUID
-	total := a.lim.MaxCalls
-	if !own {
-		total -= a.lim.ReservedCalls
-	}
-	if a.calls >= total {
-		return errdefs.ResourceExhausted(errdefs.TooManyCalls, "too many calls in flight on this socket (limit %d); retry later", total).
-			With("limit", total).Retry(time.Second)
-	}
-	if !own && a.callsBy[uid] >= a.lim.MaxCallsPerUID {
-		return errdefs.ResourceExhausted(errdefs.TooManyCallsPerUID, "too many calls in flight from uid %d (limit %d, --max-calls-per-uid); retry later", uid, a.lim.MaxCallsPerUID).
-			With("limit", a.lim.MaxCallsPerUID).With("uid", uid).Retry(time.Second)
-	}
-	a.calls++
-	a.callsBy[uid]++
-	return nil
-}
-
-func (a *Admission) releaseCall(uid uint32) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.calls--
-	if a.callsBy[uid]--; a.callsBy[uid] <= 0 {
-		delete(a.callsBy, uid)
-	}
+	t.release(uid)
 }
 
 // Counts reports the connections and calls now admitted (for tests).
 func (a *Admission) Counts() (conns, calls int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.conns, a.calls
+	return a.conns.n, a.calls.n
 }
 
 // Listener wraps l: a connection over the limits is told why (an HTTP/2
@@ -172,7 +167,7 @@ func (l *admitListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		if e, ok := l.a.admitConn(cred.Uid); !ok {
+		if e := l.a.admit(&l.a.conns, cred.Uid); e != nil {
 			l.a.refused(e.Reason)
 			go refuseConn(c, e)
 			continue
@@ -293,7 +288,7 @@ type countedConn struct {
 }
 
 func (c *countedConn) Close() error {
-	c.once.Do(func() { c.a.releaseConn(c.cred.Uid) })
+	c.once.Do(func() { c.a.release(&c.a.conns, c.cred.Uid) })
 	return c.Conn.Close()
 }
 
@@ -329,9 +324,9 @@ func (a *Admission) Tap(ctx context.Context, _ *tap.Info) (context.Context, erro
 		return ctx, grpcerr.ToStatus(errdefs.PermissionDenied(errdefs.InternalError, "no peer credentials on this connection"))
 	}
 	uid := uint32(ai.Peer.UID)
-	if err := a.admitCall(uid); err != nil {
-		a.refused(errdefs.ReasonOf(err))
-		return ctx, grpcerr.ToStatus(err)
+	if e := a.admit(&a.calls, uid); e != nil {
+		a.refused(e.Reason)
+		return ctx, grpcerr.ToStatus(e)
 	}
 	cctx, cancel := context.WithCancelCause(ctx)
 	ctx = cutCtx{cctx}
@@ -344,7 +339,7 @@ func (a *Admission) Tap(ctx context.Context, _ *tap.Info) (context.Context, erro
 	}
 	context.AfterFunc(ctx, func() {
 		g.requestArrived()
-		a.releaseCall(uid)
+		a.release(&a.calls, uid)
 	})
 	return context.WithValue(ctx, guardKey{}, g), nil
 }
