@@ -14,9 +14,11 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -256,8 +258,22 @@ func serveLauncher(args []string, stderr io.Writer) int {
 // ("STATUS PEAK"), atomically (a new file renamed over), for a launcher
 // that is not its parent any more.
 func writeExit(path string, status int, peak int64) error {
+	// A name already there (a link, left or planted) is removed, never
+	// written through: the new file is made with O_EXCL.
 	tmp := path + ".new"
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(status)+" "+strconv.FormatInt(peak, 10)+"\n"), 0o600); err != nil {
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(strconv.Itoa(status) + " " + strconv.FormatInt(peak, 10) + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
 		return err
 	}
 	return os.Rename(tmp, path)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -45,5 +47,38 @@ func TestNoProtobufInPid1(t *testing.T) {
 		if strings.HasPrefix(p, "google.golang.org/protobuf") || strings.HasPrefix(p, "google.golang.org/grpc") {
 			t.Fatalf("cmd/sandbox links %s", p)
 		}
+	}
+}
+
+// TestWriteExitThroughNoLink: sandbox keep leaves a session's status in
+// its exit file by a new file renamed over it; a link planted at either
+// name is replaced, never written through.
+func TestWriteExitThroughNoLink(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("keep\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	exit := filepath.Join(dir, "exit")
+	for _, name := range []string{exit, exit + ".new"} {
+		if err := os.Symlink(victim, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writeExit(exit, 3, 42); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "keep\n" {
+		t.Errorf("victim now %q", b)
+	}
+	fi, err := os.Lstat(exit)
+	if err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("exit file: %v %v", fi, err)
+	}
+	if b, _ := os.ReadFile(exit); string(b) != "3 42\n" {
+		t.Errorf("exit file holds %q", b)
+	}
+	if _, err := os.Lstat(exit + ".new"); !os.IsNotExist(err) {
+		t.Errorf("%s.new left: %v", exit, err)
 	}
 }

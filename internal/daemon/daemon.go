@@ -397,18 +397,11 @@ func listen(h home.Home, name string, gid int, inherited map[string]net.Listener
 		return adm.Listener(countConns(l, strings.TrimSuffix(name, ".sock"))), nil
 	}
 	path := h.Path(name)
-	l, err := sock.Listen(path, 0o660)
+	l, err := sock.Listen(path, 0o660, gid)
 	if err != nil {
 		return nil, err
 	}
-	l = countConns(l, strings.TrimSuffix(name, ".sock"))
-	if gid >= 0 {
-		if err := os.Lchown(path, -1, gid); err != nil {
-			l.Close()
-			return nil, fmt.Errorf("give %s to group %d: %w", path, gid, err)
-		}
-	}
-	return adm.Listener(l), nil
+	return adm.Listener(countConns(l, strings.TrimSuffix(name, ".sock"))), nil
 }
 
 // lookupGroup resolves a group name or number from /etc/group.

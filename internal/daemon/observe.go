@@ -324,7 +324,7 @@ func serveMetrics(addr string, log *slog.Logger) (func(), error) {
 	var l net.Listener
 	var err error
 	if network == "unix" {
-		l, err = sock.Listen(where, 0o660)
+		l, err = sock.Listen(where, 0o660, -1)
 	} else {
 		l, err = net.Listen(network, where)
 	}

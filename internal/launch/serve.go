@@ -144,17 +144,16 @@ func serve(o *Options, stderr io.Writer) error {
 	}
 	defer s.Close()
 	path := home.At(o.Home).LaunchSock()
-	l, err := sock.Listen(path, 0o660)
-	if err != nil {
-		return err
-	}
 	// The socket group is bushostd's: whoever may reach broker.sock may
 	// reach the launcher, whose every call the broker's grant then rules.
-	if st, err := os.Stat(home.At(s.o.BusHome).BrokerSock()); err == nil {
-		if err := os.Lchown(path, -1, int(st.Sys().(*syscall.Stat_t).Gid)); err != nil {
-			l.Close()
-			return err
-		}
+	// broker.sock is looked at, not through: a link there names no group.
+	gid := -1
+	if st, err := os.Lstat(home.At(s.o.BusHome).BrokerSock()); err == nil && st.Mode()&os.ModeSocket != 0 {
+		gid = int(st.Sys().(*syscall.Stat_t).Gid)
+	}
+	l, err := sock.Listen(path, 0o660, gid)
+	if err != nil {
+		return err
 	}
 	srv, adm := newServer(o.Sock, s.admin)
 	l = adm.Listener(l)

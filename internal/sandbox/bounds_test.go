@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/testenv"
 )
@@ -39,6 +41,65 @@ func TestProbeCgroup(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(cgroupRoot); len(ents) != 0 {
 		t.Errorf("the probe left %d entries", len(ents))
+	}
+}
+
+// TestMountDiskOnWhatWasMade: a session's disk goes on the empty
+// directory of root's its caller made, never through a name swapped for
+// a link to another directory, nor on one that holds something or that
+// others may write; what was refused is left as it was, unmounted.
+func TestMountDiskOnWhatWasMade(t *testing.T) {
+	testenv.NeedRoot(t, "mounts a tmpfs")
+	base := t.TempDir()
+	victim := filepath.Join(base, "victim")
+	if err := os.Mkdir(victim, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(base, "disk")
+	if err := os.Symlink(victim, link); err != nil {
+		t.Fatal(err)
+	}
+	full := filepath.Join(base, "full")
+	if err := os.Mkdir(full, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(full, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	open := filepath.Join(base, "open")
+	if err := os.Mkdir(open, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	theirs := filepath.Join(base, "theirs")
+	if err := os.Mkdir(theirs, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(theirs, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{link, full, open, theirs} {
+		if err := MountDisk(dir, 8<<20); err == nil {
+			UnmountDisk(dir)
+			t.Errorf("MountDisk(%s) mounted", dir)
+		}
+	}
+	for _, dir := range []string{victim, full, open, theirs} {
+		var here, parent unix.Stat_t
+		if err := unix.Stat(dir, &here); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Stat(base, &parent); err != nil {
+			t.Fatal(err)
+		}
+		if here.Dev != parent.Dev {
+			t.Errorf("%s has a file system mounted on it", dir)
+		}
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the link was changed: %v %v", fi, err)
 	}
 }
 

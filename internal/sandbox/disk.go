@@ -23,14 +23,31 @@ import (
 func diskInodes(size int64) int64 { return max(size/8192, 4096) }
 
 // MountDisk mounts a session's disk of size bytes on dir, an empty
-// directory of root's under directories only root writes (the
-// launcher's session directory), itself root's, mode 0711.
+// directory of root's, writable by no one else, that its caller just made (the
+// launcher's session directory, or the probe's). dir is opened once
+// without following a link and the mount goes on that descriptor: if
+// whoever owns a directory above swapped a name for a link after the
+// mkdir, the disk still lands on the directory made, or nowhere.
 func MountDisk(dir string, size int64) error {
 	if size <= 0 {
 		return errors.New("a disk of no size")
 	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the session's disk %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("the session's disk %s: %w", dir, err)
+	}
+	if st.Uid != 0 || st.Mode&0o022 != 0 || st.Nlink != 2 {
+		return fmt.Errorf("the session's disk %s: not the empty directory of root's, writable by root alone, just made: owner %d, mode %o, %d links: refused", dir, st.Uid, st.Mode&0o7777, st.Nlink)
+	}
 	data := "size=" + strconv.FormatInt(size, 10) + ",nr_inodes=" + strconv.FormatInt(diskInodes(size), 10) + ",mode=0711,uid=0,gid=0"
-	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+	// The descriptor's /proc name reaches the directory it holds without
+	// resolving dir again.
+	if err := unix.Mount("tmpfs", fmt.Sprintf("/proc/self/fd/%d", fd), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
 		return refuse(ReasonLimitUnavailable, exitRefused, "cannot apply --disk here: mount a tmpfs (%s) on %s: %v", data, dir, err)
 	}
 	return nil

@@ -3,14 +3,19 @@ package sock
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/testenv"
 )
 
 // A hostile peer over its limit opens connections as fast as it can and
@@ -61,5 +66,60 @@ func TestAttackRefusedConnectionFlood(t *testing.T) {
 	}
 	if _, err := first.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("the admitted client after the flood: %v", err)
+	}
+}
+
+// TestListenModeThroughDescriptor: the socket's mode and group are set on
+// what was bound, never on what its name points at afterwards. Whoever
+// may write the socket's directory swaps the name for a link to a file of
+// theirs, or for a socket of their own; root's Listen changes neither.
+func TestListenModeThroughDescriptor(t *testing.T) {
+	testenv.NeedRoot(t, "a socket of another user")
+	dir := shortDir(t)
+	target := filepath.Join(dir, "target")
+	if err := os.WriteFile(target, []byte("theirs"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.sock")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := setMode(link, 0o666, 0); err == nil {
+		t.Fatal("setMode followed a link")
+	}
+	if fi, _ := os.Stat(target); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the link's target became %v", fi.Mode())
+	}
+
+	// A socket of another user in the bound socket's place.
+	other := filepath.Join(dir, "other.sock")
+	l, err := net.Listen("unix", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := os.Chmod(other, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(other, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := setMode(other, 0o666, 0); err == nil || !strings.Contains(err.Error(), "replaced after the bind") {
+		t.Fatalf("setMode on another user's socket: %v", err)
+	}
+	if fi, _ := os.Stat(other); fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Gid != 65534 {
+		t.Fatalf("another user's socket became %v", fi.Mode())
+	}
+
+	// What Listen binds gets the mode and group asked for.
+	own := filepath.Join(dir, "own.sock")
+	l2, err := Listen(own, 0o660, 65534)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	fi, err := os.Lstat(own)
+	if err != nil || fi.Mode().Perm() != 0o660 || fi.Sys().(*syscall.Stat_t).Gid != 65534 {
+		t.Fatalf("Listen's socket: %v %v", fi, err)
 	}
 }

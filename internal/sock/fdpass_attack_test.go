@@ -31,7 +31,7 @@ func serveFDsAs(t *testing.T, connsPerUID int) (string, *fdHealth) {
 func serveFDsAdm(t *testing.T, connsPerUID int) (string, *fdHealth, *Admission) {
 	t.Helper()
 	path := filepath.Join(shortDir(t), "f.sock")
-	l, err := Listen(path, 0o660)
+	l, err := Listen(path, 0o660, -1)
 	if err != nil {
 		t.Fatal(err)
 	}

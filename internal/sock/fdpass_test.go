@@ -42,7 +42,7 @@ func (h *fdHealth) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*
 func serveFDs(t *testing.T, pass bool) (*FDDialer, *fdHealth) {
 	t.Helper()
 	path := filepath.Join(shortDir(t), "f.sock")
-	l, err := Listen(path, 0o660)
+	l, err := Listen(path, 0o660, -1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,15 +11,25 @@ import (
 	"os"
 	"syscall"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 
 	"github.com/bushost/bushost/internal/authz"
 )
 
-// Listen makes a Unix socket at path with the given mode. A stale socket
-// file (nobody listening) is replaced; any other file there is an error.
-func Listen(path string, mode os.FileMode) (net.Listener, error) {
+// Listen makes a Unix socket at path with the given mode and, when gid
+// is not -1, group. A stale socket file (nobody listening) is replaced;
+// any other file there is an error.
+//
+// The socket is made under a restrictive umask and then opened up to
+// mode, so there is no moment where it is wider than asked. The mode and
+// group are set through a descriptor opened on the name without
+// following a link and checked to be a socket of this process's user:
+// whoever may write the socket's directory (a home's owner, when root
+// serves in it) cannot swap the name for a link between the bind and the
+// chmod and have root change the mode or group of a file of its choice.
+func Listen(path string, mode os.FileMode, gid int) (net.Listener, error) {
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
@@ -32,8 +42,6 @@ func Listen(path string, mode os.FileMode) (net.Listener, error) {
 			return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
 		}
 	}
-	// The socket is made under a restrictive umask and then opened up to
-	// mode, so there is no moment where it is wider than asked.
 	old := syscall.Umask(0o177)
 	l, err := net.Listen("unix", path)
 	syscall.Umask(old)
@@ -41,11 +49,40 @@ func Listen(path string, mode os.FileMode) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(true)
-	if err := os.Chmod(path, mode); err != nil {
+	if err := setMode(path, mode, gid); err != nil {
 		l.Close()
-		return nil, fmt.Errorf("listen %s: chmod: %w", path, err)
+		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	return l, nil
+}
+
+// setMode gives the socket at path its mode and group through a
+// descriptor that names it, never through the name again.
+func setMode(path string, mode os.FileMode, gid int) error {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the socket: %w", err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("stat the socket: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK || int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("the name was replaced after the bind (now mode %o, owner %d): refused to change it", st.Mode, st.Uid)
+	}
+	// An O_PATH descriptor takes no fchmod; its /proc name reaches the
+	// inode it holds without resolving the path again.
+	self := fmt.Sprintf("/proc/self/fd/%d", fd)
+	if gid >= 0 {
+		if err := os.Chown(self, -1, gid); err != nil {
+			return fmt.Errorf("give it to group %d: %w", gid, err)
+		}
+	}
+	if err := os.Chmod(self, mode); err != nil {
+		return fmt.Errorf("chmod: %w", err)
+	}
+	return nil
 }
 
 // AuthInfo is the peer credential of a Unix socket connection.

@@ -38,7 +38,7 @@ func shortDir(t *testing.T) string {
 
 func TestListenModeAndStaleSocket(t *testing.T) {
 	path := filepath.Join(shortDir(t), "x.sock")
-	l, err := Listen(path, 0o660)
+	l, err := Listen(path, 0o660, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,14 +55,14 @@ func TestListenModeAndStaleSocket(t *testing.T) {
 			c.Close()
 		}
 	}()
-	if _, err := Listen(path, 0o660); err == nil {
+	if _, err := Listen(path, 0o660, -1); err == nil {
 		t.Fatal("a second listener took a socket that is being served")
 	}
 	// A socket left by a dead process is replaced: make one without
 	// unlinking it on close.
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
-	l2, err := Listen(path, 0o660)
+	l2, err := Listen(path, 0o660, -1)
 	if err != nil {
 		t.Fatalf("stale socket not replaced: %v", err)
 	}
@@ -73,7 +73,7 @@ func TestListenModeAndStaleSocket(t *testing.T) {
 	// Anything but a socket is never removed.
 	plain := filepath.Join(filepath.Dir(path), "plain")
 	os.WriteFile(plain, []byte("keep"), 0o600)
-	if _, err := Listen(plain, 0o660); err == nil {
+	if _, err := Listen(plain, 0o660, -1); err == nil {
 		t.Fatal("Listen replaced a regular file")
 	}
 	if b, _ := os.ReadFile(plain); string(b) != "keep" {
@@ -96,7 +96,7 @@ func serve(t *testing.T, maxConns, maxInFlight int) *server {
 func serveWith(t *testing.T, lim AdmitLimits) *server {
 	t.Helper()
 	s := &server{path: filepath.Join(shortDir(t), "h.sock"), seen: make(chan authz.Peer, 16)}
-	l, err := Listen(s.path, 0o660)
+	l, err := Listen(s.path, 0o660, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
