@@ -748,22 +748,17 @@ func runProjectAdd(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		c, ctx, closeConn, err := e.gitClient(ctx)
-		if err != nil {
-			return err
-		}
-		defer closeConn()
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		res, err := c.AddProject(ctx, &gitv1.AddProjectRequest{Business: *business, Project: *project, Root: abs})
-		if err != nil {
-			return err
-		}
-		text := res.GetCommit()
-		if !res.GetCreated() {
-			text += " (project existed; main unchanged)"
-		}
-		return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "created": res.GetCreated()})
+		return e.gitCall(ctx, callTimeout, func(ctx context.Context, c gitv1.GitServiceClient) error {
+			res, err := c.AddProject(ctx, &gitv1.AddProjectRequest{Business: *business, Project: *project, Root: abs})
+			if err != nil {
+				return err
+			}
+			text := res.GetCommit()
+			if !res.GetCreated() {
+				text += " (project existed; main unchanged)"
+			}
+			return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "created": res.GetCreated()})
+		})
 	}
 }
 

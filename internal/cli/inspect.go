@@ -231,121 +231,116 @@ func runTaskShow(fs *pflag.FlagSet) runFunc {
 		if err := names.CheckFilter("business", *business, "project", *project, "task", *task); err != nil {
 			return err
 		}
-		c, ctx, done, err := e.brokerClient(ctx)
-		if err != nil {
-			return err
-		}
-		defer done()
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		b, p, t := *business, *project, *task
-		if b == "" || p == "" || t == "" {
-			r, err := c.ListTasks(ctx, &brokerv1.ListTasksRequest{Business: b, Project: p})
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			b, p, t := *business, *project, *task
+			if b == "" || p == "" || t == "" {
+				r, err := c.ListTasks(ctx, &brokerv1.ListTasksRequest{Business: b, Project: p})
+				if err != nil {
+					return err
+				}
+				var match []*brokerv1.TaskInfo
+				for _, ti := range r.GetTasks() {
+					if t == "" || ti.GetTask() == t {
+						match = append(match, ti)
+					}
+				}
+				switch len(match) {
+				case 0:
+					return errdefs.NotFound(errdefs.TaskNotFound, "no task matches %s/%s/%s that this token may see", orDash(b), orDash(p), orDash(t))
+				case 1:
+					b, p, t = match[0].GetBusiness(), match[0].GetProject(), match[0].GetTask()
+				default:
+					return usagef("%d tasks match: give --business, --project and --task", len(match))
+				}
+			}
+			stream, err := c.ListEvents(ctx, &brokerv1.ListEventsRequest{Business: b, Project: p, Task: t})
 			if err != nil {
 				return err
 			}
-			var match []*brokerv1.TaskInfo
-			for _, ti := range r.GetTasks() {
-				if t == "" || ti.GetTask() == t {
-					match = append(match, ti)
-				}
+			st := taskShowJSON{Business: b, Project: p, Task: t, Reviews: []reviewJSON{}}
+			type push struct {
+				seq         int64
+				grant, time string
 			}
-			switch len(match) {
-			case 0:
-				return errdefs.NotFound(errdefs.TaskNotFound, "no task matches %s/%s/%s that this token may see", orDash(b), orDash(p), orDash(t))
-			case 1:
-				b, p, t = match[0].GetBusiness(), match[0].GetProject(), match[0].GetTask()
-			default:
-				return usagef("%d tasks match: give --business, --project and --task", len(match))
-			}
-		}
-		stream, err := c.ListEvents(ctx, &brokerv1.ListEventsRequest{Business: b, Project: p, Task: t})
-		if err != nil {
-			return err
-		}
-		st := taskShowJSON{Business: b, Project: p, Task: t, Reviews: []reviewJSON{}}
-		type push struct {
-			seq         int64
-			grant, time string
-		}
-		pushes := map[string]push{}
-		reviews := map[string]int{}
-		seen := false
-		for {
-			r, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			ev := r.GetEvent()
-			var d struct {
-				Capability string `json:"capability"`
-				Commit     string `json:"commit"`
-				RequestID  string `json:"request_id"`
-				PushSeq    int64  `json:"push_seq"`
-				Verdict    string `json:"verdict"`
-				Comment    string `json:"comment"`
-				Reason     string `json:"reason"`
-				Outcome    string `json:"outcome"`
-				RefCommit  string `json:"ref_commit"`
-				MainOld    string `json:"main_old"`
-				MainNew    string `json:"main_new"`
-				Merge      string `json:"merge"`
-			}
-			json.Unmarshal([]byte(ev.GetData()), &d)
-			switch ev.GetType() {
-			case "task.added":
-				seen = true
-				st.State = "open"
-			case "task.closed":
-				// A landing closes its task: it stays "landed".
-				st.ClosedSeq = ev.GetSeq()
-				if st.Landing == nil {
-					st.State = "closed"
-				}
-			case "task.reopened":
-				st.State, st.ClosedSeq, st.ReopenedSeq = "open", 0, ev.GetSeq()
-			case "task.landed":
-				st.State = "landed"
-				st.Landing = &landingJSON{Seq: ev.GetSeq(), Commit: d.Commit, MainOld: d.MainOld, MainNew: d.MainNew, Merge: d.Merge}
-			case "action.allowed":
-				if d.Capability != "git.push.working" {
+			pushes := map[string]push{}
+			reviews := map[string]int{}
+			seen := false
+			for {
+				r, err := stream.Recv()
+				if errors.Is(err, io.EOF) {
 					break
 				}
-				st.LastPush, st.LastPushSeq, st.LastPushGrant, st.LastPushTime = d.Commit, ev.GetSeq(), ev.GetActor(), ev.GetTime()
-				pushes[d.Commit] = push{ev.GetSeq(), ev.GetActor(), ev.GetTime()}
-			case "review.request":
-				reviews[d.RequestID] = len(st.Reviews)
-				st.Reviews = append(st.Reviews, reviewJSON{RequestID: d.RequestID, Commit: d.Commit, PushSeq: d.PushSeq, RequestSeq: ev.GetSeq(), RequestedBy: ev.GetActor()})
-			case "review.verdict":
-				if i, ok := reviews[d.RequestID]; ok {
-					rv := &st.Reviews[i]
-					rv.Verdict, rv.VerdictSeq, rv.VerdictCommit, rv.Reviewer, rv.Comment = d.Verdict, ev.GetSeq(), d.Commit, ev.GetActor(), d.Comment
+				if err != nil {
+					return err
 				}
-			case "task.needs_repair":
-				st.NeedsRepair = fmt.Sprintf("%s (event %d)", d.Reason, ev.GetSeq())
-			case "task.repaired":
-				st.NeedsRepair = ""
-				if d.Outcome == "push_lost" {
-					pu := pushes[d.RefCommit]
-					st.LastPush, st.LastPushSeq, st.LastPushGrant, st.LastPushTime = d.RefCommit, pu.seq, pu.grant, pu.time
+				ev := r.GetEvent()
+				var d struct {
+					Capability string `json:"capability"`
+					Commit     string `json:"commit"`
+					RequestID  string `json:"request_id"`
+					PushSeq    int64  `json:"push_seq"`
+					Verdict    string `json:"verdict"`
+					Comment    string `json:"comment"`
+					Reason     string `json:"reason"`
+					Outcome    string `json:"outcome"`
+					RefCommit  string `json:"ref_commit"`
+					MainOld    string `json:"main_old"`
+					MainNew    string `json:"main_new"`
+					Merge      string `json:"merge"`
+				}
+				json.Unmarshal([]byte(ev.GetData()), &d)
+				switch ev.GetType() {
+				case "task.added":
+					seen = true
+					st.State = "open"
+				case "task.closed":
+					// A landing closes its task: it stays "landed".
+					st.ClosedSeq = ev.GetSeq()
+					if st.Landing == nil {
+						st.State = "closed"
+					}
+				case "task.reopened":
+					st.State, st.ClosedSeq, st.ReopenedSeq = "open", 0, ev.GetSeq()
+				case "task.landed":
+					st.State = "landed"
+					st.Landing = &landingJSON{Seq: ev.GetSeq(), Commit: d.Commit, MainOld: d.MainOld, MainNew: d.MainNew, Merge: d.Merge}
+				case "action.allowed":
+					if d.Capability != "git.push.working" {
+						break
+					}
+					st.LastPush, st.LastPushSeq, st.LastPushGrant, st.LastPushTime = d.Commit, ev.GetSeq(), ev.GetActor(), ev.GetTime()
+					pushes[d.Commit] = push{ev.GetSeq(), ev.GetActor(), ev.GetTime()}
+				case "review.request":
+					reviews[d.RequestID] = len(st.Reviews)
+					st.Reviews = append(st.Reviews, reviewJSON{RequestID: d.RequestID, Commit: d.Commit, PushSeq: d.PushSeq, RequestSeq: ev.GetSeq(), RequestedBy: ev.GetActor()})
+				case "review.verdict":
+					if i, ok := reviews[d.RequestID]; ok {
+						rv := &st.Reviews[i]
+						rv.Verdict, rv.VerdictSeq, rv.VerdictCommit, rv.Reviewer, rv.Comment = d.Verdict, ev.GetSeq(), d.Commit, ev.GetActor(), d.Comment
+					}
+				case "task.needs_repair":
+					st.NeedsRepair = fmt.Sprintf("%s (event %d)", d.Reason, ev.GetSeq())
+				case "task.repaired":
+					st.NeedsRepair = ""
+					if d.Outcome == "push_lost" {
+						pu := pushes[d.RefCommit]
+						st.LastPush, st.LastPushSeq, st.LastPushGrant, st.LastPushTime = d.RefCommit, pu.seq, pu.grant, pu.time
+					}
 				}
 			}
-		}
-		if !seen {
-			return errdefs.NotFound(errdefs.TaskNotFound, "no task %s/%s/%s", b, p, t)
-		}
-		for i := range st.Reviews {
-			if rv := &st.Reviews[i]; rv.VerdictSeq != 0 && rv.VerdictSeq < st.ReopenedSeq {
-				rv.Withdrawn = true
+			if !seen {
+				return errdefs.NotFound(errdefs.TaskNotFound, "no task %s/%s/%s", b, p, t)
 			}
-		}
-		if e.JSON {
-			return brokerPrint(e, "", st)
-		}
-		return printTaskShow(e, st)
+			for i := range st.Reviews {
+				if rv := &st.Reviews[i]; rv.VerdictSeq != 0 && rv.VerdictSeq < st.ReopenedSeq {
+					rv.Withdrawn = true
+				}
+			}
+			if e.JSON {
+				return brokerPrint(e, "", st)
+			}
+			return printTaskShow(e, st)
+		})
 	}
 }
 
