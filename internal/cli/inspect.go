@@ -76,37 +76,35 @@ type projectJSON struct {
 
 func runProjectList(fs *pflag.FlagSet) runFunc {
 	business := fs.String("business", "", "only this business")
-	return func(ctx context.Context, e *Env, args []string) error {
-		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-			r, err := c.ListProjects(ctx, &brokerv1.ListProjectsRequest{Business: *business})
-			if err != nil {
-				return err
+	return brokerCall(func(ctx context.Context, e *Env, c brokerv1.BrokerServiceClient) error {
+		r, err := c.ListProjects(ctx, &brokerv1.ListProjectsRequest{Business: *business})
+		if err != nil {
+			return err
+		}
+		ps := []projectJSON{}
+		for _, p := range r.GetProjects() {
+			ps = append(ps, projectJSON{Business: p.GetBusiness(), Project: p.GetProject(), Host: p.GetHost(), Moving: p.GetMoving(), Here: p.GetHere(), SizeBytes: p.GetSizeBytes(),
+				Tasks: p.GetTasks(), LastPush: p.GetLastPushCommit(), LastPushSeq: p.GetLastPushSeq(), LastPushTask: p.GetLastPushTask(), LastPushTime: p.GetLastPushTime()})
+		}
+		if e.JSON {
+			return brokerPrint(e, "", map[string]any{"projects": ps})
+		}
+		w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "BUSINESS\tPROJECT\tHOST\tSIZE\tTASKS\tLAST PUSH\tPUSH TASK\tPUSHED AT")
+		for _, p := range ps {
+			size := fmt.Sprint(p.SizeBytes)
+			if !p.Here {
+				size = "-"
 			}
-			ps := []projectJSON{}
-			for _, p := range r.GetProjects() {
-				ps = append(ps, projectJSON{Business: p.GetBusiness(), Project: p.GetProject(), Host: p.GetHost(), Moving: p.GetMoving(), Here: p.GetHere(), SizeBytes: p.GetSizeBytes(),
-					Tasks: p.GetTasks(), LastPush: p.GetLastPushCommit(), LastPushSeq: p.GetLastPushSeq(), LastPushTask: p.GetLastPushTask(), LastPushTime: p.GetLastPushTime()})
+			host := orDash(p.Host)
+			if p.Moving {
+				host += " (moving)"
 			}
-			if e.JSON {
-				return brokerPrint(e, "", map[string]any{"projects": ps})
-			}
-			w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "BUSINESS\tPROJECT\tHOST\tSIZE\tTASKS\tLAST PUSH\tPUSH TASK\tPUSHED AT")
-			for _, p := range ps {
-				size := fmt.Sprint(p.SizeBytes)
-				if !p.Here {
-					size = "-"
-				}
-				host := orDash(p.Host)
-				if p.Moving {
-					host += " (moving)"
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Business, p.Project, host, size, p.Tasks,
-					orDash(p.LastPush), orDash(p.LastPushTask), orDash(p.LastPushTime))
-			}
-			return w.Flush()
-		})
-	}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Business, p.Project, host, size, p.Tasks,
+				orDash(p.LastPush), orDash(p.LastPushTask), orDash(p.LastPushTime))
+		}
+		return w.Flush()
+	})
 }
 
 // grantJSON is the stable --json shape of one grant (docs/broker.md).
@@ -133,46 +131,44 @@ type grantJSON struct {
 
 func runGrantList(fs *pflag.FlagSet) runFunc {
 	business, project, task := scopeFlags(fs)
-	return func(ctx context.Context, e *Env, args []string) error {
-		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-			r, err := c.ListGrants(ctx, &brokerv1.ListGrantsRequest{Business: *business, Project: *project, Task: *task})
-			if err != nil {
-				return err
+	return brokerCall(func(ctx context.Context, e *Env, c brokerv1.BrokerServiceClient) error {
+		r, err := c.ListGrants(ctx, &brokerv1.ListGrantsRequest{Business: *business, Project: *project, Task: *task})
+		if err != nil {
+			return err
+		}
+		gs := []grantJSON{}
+		for _, g := range r.GetGrants() {
+			caps := g.GetCapabilities()
+			if caps == nil {
+				caps = []string{}
 			}
-			gs := []grantJSON{}
-			for _, g := range r.GetGrants() {
-				caps := g.GetCapabilities()
-				if caps == nil {
-					caps = []string{}
-				}
-				launch := map[string][]string{}
-				for _, l := range g.GetLaunch() {
-					launch[l.GetRole()] = append([]string{}, l.GetCapabilities()...)
-				}
-				gs = append(gs, grantJSON{ID: g.GetId(), Business: g.GetBusiness(), Project: g.GetProject(), Task: g.GetTask(), Role: g.GetRole(),
-					Capabilities: caps, ExpiresAt: g.GetExpiresAt(), Expired: g.GetExpired(), Revoked: g.GetRevokedSeq() != 0, RevokedSeq: g.GetRevokedSeq(),
-					Launch: launch, LaunchedBy: g.GetLaunchedBy(), LaunchDepth: g.GetLaunchDepth(),
-					LaunchBounds: bounds.Launch{Nets: g.GetLaunchBounds().GetNet(), Max: g.GetLaunchBounds().GetMax(), Tasks: g.GetLaunchBounds().GetTasks(),
-						AllowDomains: g.GetLaunchBounds().GetAllowDomains(), AllowHosts: g.GetLaunchBounds().GetAllowHosts()}})
+			launch := map[string][]string{}
+			for _, l := range g.GetLaunch() {
+				launch[l.GetRole()] = append([]string{}, l.GetCapabilities()...)
 			}
-			if e.JSON {
-				return brokerPrint(e, "", map[string]any{"grants": gs})
+			gs = append(gs, grantJSON{ID: g.GetId(), Business: g.GetBusiness(), Project: g.GetProject(), Task: g.GetTask(), Role: g.GetRole(),
+				Capabilities: caps, ExpiresAt: g.GetExpiresAt(), Expired: g.GetExpired(), Revoked: g.GetRevokedSeq() != 0, RevokedSeq: g.GetRevokedSeq(),
+				Launch: launch, LaunchedBy: g.GetLaunchedBy(), LaunchDepth: g.GetLaunchDepth(),
+				LaunchBounds: bounds.Launch{Nets: g.GetLaunchBounds().GetNet(), Max: g.GetLaunchBounds().GetMax(), Tasks: g.GetLaunchBounds().GetTasks(),
+					AllowDomains: g.GetLaunchBounds().GetAllowDomains(), AllowHosts: g.GetLaunchBounds().GetAllowHosts()}})
+		}
+		if e.JSON {
+			return brokerPrint(e, "", map[string]any{"grants": gs})
+		}
+		w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "ID\tBUSINESS\tPROJECT\tTASK\tROLE\tCAPABILITIES\tLAUNCH\tEXPIRES\tSTATE")
+		for _, g := range gs {
+			state := "valid"
+			switch {
+			case g.Revoked:
+				state = fmt.Sprintf("revoked (event %d)", g.RevokedSeq)
+			case g.Expired:
+				state = "expired"
 			}
-			w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tBUSINESS\tPROJECT\tTASK\tROLE\tCAPABILITIES\tLAUNCH\tEXPIRES\tSTATE")
-			for _, g := range gs {
-				state := "valid"
-				switch {
-				case g.Revoked:
-					state = fmt.Sprintf("revoked (event %d)", g.RevokedSeq)
-				case g.Expired:
-					state = "expired"
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Capabilities, ","), launchText(g.Launch, g.LaunchBounds), g.ExpiresAt, state)
-			}
-			return w.Flush()
-		})
-	}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Capabilities, ","), launchText(g.Launch, g.LaunchBounds), g.ExpiresAt, state)
+		}
+		return w.Flush()
+	})
 }
 
 // reviewJSON is one review request of a task and its verdict, if any.
