@@ -86,12 +86,7 @@ func runProjectList(fs *pflag.FlagSet) runFunc {
 			ps = append(ps, projectJSON{Business: p.GetBusiness(), Project: p.GetProject(), Host: p.GetHost(), Moving: p.GetMoving(), Here: p.GetHere(), SizeBytes: p.GetSizeBytes(),
 				Tasks: p.GetTasks(), LastPush: p.GetLastPushCommit(), LastPushSeq: p.GetLastPushSeq(), LastPushTask: p.GetLastPushTask(), LastPushTime: p.GetLastPushTime()})
 		}
-		if e.JSON {
-			return brokerPrint(e, "", map[string]any{"projects": ps})
-		}
-		w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "BUSINESS\tPROJECT\tHOST\tSIZE\tTASKS\tLAST PUSH\tPUSH TASK\tPUSHED AT")
-		for _, p := range ps {
+		return printList(e, "projects", ps, "BUSINESS\tPROJECT\tHOST\tSIZE\tTASKS\tLAST PUSH\tPUSH TASK\tPUSHED AT", func(w io.Writer, p projectJSON) {
 			size := fmt.Sprint(p.SizeBytes)
 			if !p.Here {
 				size = "-"
@@ -102,8 +97,7 @@ func runProjectList(fs *pflag.FlagSet) runFunc {
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Business, p.Project, host, size, p.Tasks,
 				orDash(p.LastPush), orDash(p.LastPushTask), orDash(p.LastPushTime))
-		}
-		return w.Flush()
+		})
 	})
 }
 
@@ -152,12 +146,7 @@ func runGrantList(fs *pflag.FlagSet) runFunc {
 				LaunchBounds: bounds.Launch{Nets: g.GetLaunchBounds().GetNet(), Max: g.GetLaunchBounds().GetMax(), Tasks: g.GetLaunchBounds().GetTasks(),
 					AllowDomains: g.GetLaunchBounds().GetAllowDomains(), AllowHosts: g.GetLaunchBounds().GetAllowHosts()}})
 		}
-		if e.JSON {
-			return brokerPrint(e, "", map[string]any{"grants": gs})
-		}
-		w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ID\tBUSINESS\tPROJECT\tTASK\tROLE\tCAPABILITIES\tLAUNCH\tEXPIRES\tSTATE")
-		for _, g := range gs {
+		return printList(e, "grants", gs, "ID\tBUSINESS\tPROJECT\tTASK\tROLE\tCAPABILITIES\tLAUNCH\tEXPIRES\tSTATE", func(w io.Writer, g grantJSON) {
 			state := "valid"
 			switch {
 			case g.Revoked:
@@ -166,8 +155,7 @@ func runGrantList(fs *pflag.FlagSet) runFunc {
 				state = "expired"
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Capabilities, ","), launchText(g.Launch, g.LaunchBounds), g.ExpiresAt, state)
-		}
-		return w.Flush()
+		})
 	})
 }
 
@@ -338,6 +326,20 @@ func runTaskShow(fs *pflag.FlagSet) runFunc {
 			return printTaskShow(e, st)
 		})
 	}
+}
+
+// printList prints rows: with --json as {key: rows}, else as a table
+// under header, one line a row.
+func printList[T any](e *Env, key string, rows []T, header string, line func(w io.Writer, row T)) error {
+	if e.JSON {
+		return brokerPrint(e, "", map[string]any{key: rows})
+	}
+	w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, header)
+	for _, r := range rows {
+		line(w, r)
+	}
+	return w.Flush()
 }
 
 func printTaskShow(e *Env, st taskShowJSON) error {
