@@ -142,30 +142,35 @@ func exitParse(verb string, err error, stderr io.Writer) int {
 	return 2
 }
 
-// failer writes a failure of verb in the chosen log format (in JSON, a
-// record like every other line) and returns code.
-func failer(verb string, lf *logFlags, log *slog.Logger, stderr io.Writer) func(code int, err error) int {
-	return func(code int, err error) int {
+// start begins verb: it refuses a missing required flag (missing, with
+// the message need) and makes the logger lf chooses. fail writes a failure
+// of verb in that format (in JSON, a record like every other line) and
+// returns its code. code is not 0 when verb ends here.
+func start(verb string, missing bool, need string, lf *logFlags, stderr io.Writer) (log *slog.Logger, fail func(code int, err error) int, code int) {
+	if missing {
+		fmt.Fprintf(stderr, "supervisor %s: %s\n", verb, need)
+		return nil, nil, 2
+	}
+	log, err := supervisor.NewLogger(stderr, lf.format, lf.level)
+	if err != nil {
+		fmt.Fprintf(stderr, "supervisor %s: %v\n", verb, err)
+		return nil, nil, 2
+	}
+	return log, func(code int, err error) int {
 		if lf.format == "json" {
 			log.Error("supervisor "+verb+" failed", "err", err)
 		} else {
 			fmt.Fprintf(stderr, "supervisor %s: %v\n", verb, err)
 		}
 		return code
-	}
+	}, 0
 }
 
 func runSupervisor(config string, lf *logFlags, stderr io.Writer) int {
-	if config == "" {
-		fmt.Fprint(stderr, "supervisor run: --config FILE is required\n")
-		return 2
+	log, fail, code := start("run", config == "", "--config FILE is required", lf, stderr)
+	if code != 0 {
+		return code
 	}
-	log, err := supervisor.NewLogger(stderr, lf.format, lf.level)
-	if err != nil {
-		fmt.Fprintf(stderr, "supervisor run: %v\n", err)
-		return 2
-	}
-	fail := failer("run", lf, log, stderr)
 	cfg, err := supervisor.LoadConfig(config)
 	if err != nil {
 		return fail(2, err)
@@ -186,21 +191,15 @@ func runSupervisor(config string, lf *logFlags, stderr io.Writer) int {
 }
 
 func initWorkspace(config, seed string, lf *logFlags, stderr io.Writer) int {
-	if config == "" || seed == "" {
-		fmt.Fprint(stderr, "supervisor init: --config FILE and --seed DIR are required\n")
-		return 2
-	}
-	log, err := supervisor.NewLogger(stderr, lf.format, lf.level)
-	if err != nil {
-		fmt.Fprintf(stderr, "supervisor init: %v\n", err)
-		return 2
+	log, fail, code := start("init", config == "" || seed == "", "--config FILE and --seed DIR are required", lf, stderr)
+	if code != 0 {
+		return code
 	}
 	// As a container's PID 1, init reaps: the work goes on in a child.
 	if code, ok := supervisor.ReapAsPID1(); ok {
 		return code
 	}
-	// Every line init writes is in the chosen format.
-	fail := failer("init", lf, log, stderr)
+	// Every line init writes is in the chosen format (fail).
 	abs, err := filepath.Abs(config)
 	if err != nil {
 		return fail(2, err)

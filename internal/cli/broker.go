@@ -112,6 +112,15 @@ func required(pairs ...string) error {
 	return nil
 }
 
+// brokerCall is a command whose work is one broker call (unary).
+func brokerCall(call func(ctx context.Context, e *Env, c brokerv1.BrokerServiceClient) error) runFunc {
+	return func(ctx context.Context, e *Env, args []string) error {
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			return call(ctx, e, c)
+		})
+	}
+}
+
 // unary runs one call with the broker client under callTimeout.
 func unary(ctx context.Context, e *Env, call func(ctx context.Context, c brokerv1.BrokerServiceClient) error) error {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
@@ -288,15 +297,13 @@ func runRevoke(fs *pflag.FlagSet) runFunc {
 }
 
 func runReviewRequest(fs *pflag.FlagSet) runFunc {
-	return func(ctx context.Context, e *Env, args []string) error {
-		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-			r, err := c.RequestReview(ctx, &brokerv1.RequestReviewRequest{})
-			if err != nil {
-				return err
-			}
-			return brokerPrint(e, r.RequestId, map[string]any{"request_id": r.RequestId, "commit": r.Commit, "created": r.Created})
-		})
-	}
+	return brokerCall(func(ctx context.Context, e *Env, c brokerv1.BrokerServiceClient) error {
+		r, err := c.RequestReview(ctx, &brokerv1.RequestReviewRequest{})
+		if err != nil {
+			return err
+		}
+		return brokerPrint(e, r.RequestId, map[string]any{"request_id": r.RequestId, "commit": r.Commit, "created": r.Created})
+	})
 }
 
 func runReviewVerdict(fs *pflag.FlagSet) runFunc {
@@ -332,15 +339,13 @@ func runReviewVerdict(fs *pflag.FlagSet) runFunc {
 }
 
 func runTaskClose(fs *pflag.FlagSet) runFunc {
-	return func(ctx context.Context, e *Env, args []string) error {
-		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-			r, err := c.CloseTask(ctx, &brokerv1.CloseTaskRequest{})
-			if err != nil {
-				return err
-			}
-			return brokerPrint(e, fmt.Sprintf("closed (event %d)", r.Seq), map[string]any{"closed": true, "seq": r.Seq})
-		})
-	}
+	return brokerCall(func(ctx context.Context, e *Env, c brokerv1.BrokerServiceClient) error {
+		r, err := c.CloseTask(ctx, &brokerv1.CloseTaskRequest{})
+		if err != nil {
+			return err
+		}
+		return brokerPrint(e, fmt.Sprintf("closed (event %d)", r.Seq), map[string]any{"closed": true, "seq": r.Seq})
+	})
 }
 
 func runEventRecord(fs *pflag.FlagSet) runFunc {

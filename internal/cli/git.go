@@ -628,28 +628,14 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 
 func runFetchReview(fs *pflag.FlagSet) runFunc {
 	open := func(ctx context.Context, c gitv1.GitServiceClient, have string, also []string) (taskPushRecv, error) {
-		st, err := c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have, AlsoHave: also})
-		if err != nil {
-			return nil, err
-		}
-		return func() (string, []byte, error) {
-			m, err := st.Recv()
-			return m.GetCommit(), m.GetChunk(), err
-		}, nil
+		return taskPushStream(c.FetchReview(ctx, &gitv1.FetchReviewRequest{Have: have, AlsoHave: also}))
 	}
 	return fetchTaskPush(fs, "review", "the reviewer's repository (made if absent)", "refs/review/", names.ReviewRef, open)
 }
 
 func runFetchWork(fs *pflag.FlagSet) runFunc {
 	open := func(ctx context.Context, c gitv1.GitServiceClient, have string, also []string) (taskPushRecv, error) {
-		st, err := c.FetchWork(ctx, &gitv1.FetchWorkRequest{Have: have, AlsoHave: also})
-		if err != nil {
-			return nil, err
-		}
-		return func() (string, []byte, error) {
-			m, err := st.Recv()
-			return m.GetCommit(), m.GetChunk(), err
-		}, nil
+		return taskPushStream(c.FetchWork(ctx, &gitv1.FetchWorkRequest{Have: have, AlsoHave: also}))
 	}
 	return fetchTaskPush(fs, "work", "the worker's repository (made if absent)", "refs/work/", names.WorkRef, open)
 }
@@ -657,6 +643,20 @@ func runFetchWork(fs *pflag.FlagSet) runFunc {
 // taskPushRecv returns the next message of a fetch of a task's push: the
 // commit (first message) or a chunk.
 type taskPushRecv func() (commit string, chunk []byte, err error)
+
+// taskPushStream reads a FetchReview or FetchWork stream as a taskPushRecv.
+func taskPushStream[M interface {
+	GetCommit() string
+	GetChunk() []byte
+}](st interface{ Recv() (M, error) }, err error) (taskPushRecv, error) {
+	if err != nil {
+		return nil, err
+	}
+	return func() (string, []byte, error) {
+		m, err := st.Recv()
+		return m.GetCommit(), m.GetChunk(), err
+	}, nil
+}
 
 // maxAlsoHave is how many earlier pushes a fetch names beside its have:
 // the server's bound (gitd.MaxAlsoHave).
@@ -748,22 +748,17 @@ func runProjectAdd(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		c, ctx, closeConn, err := e.gitClient(ctx)
-		if err != nil {
-			return err
-		}
-		defer closeConn()
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		res, err := c.AddProject(ctx, &gitv1.AddProjectRequest{Business: *business, Project: *project, Root: abs})
-		if err != nil {
-			return err
-		}
-		text := res.GetCommit()
-		if !res.GetCreated() {
-			text += " (project existed; main unchanged)"
-		}
-		return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "created": res.GetCreated()})
+		return e.gitCall(ctx, callTimeout, func(ctx context.Context, c gitv1.GitServiceClient) error {
+			res, err := c.AddProject(ctx, &gitv1.AddProjectRequest{Business: *business, Project: *project, Root: abs})
+			if err != nil {
+				return err
+			}
+			text := res.GetCommit()
+			if !res.GetCreated() {
+				text += " (project existed; main unchanged)"
+			}
+			return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "created": res.GetCreated()})
+		})
 	}
 }
 

@@ -76,37 +76,29 @@ type projectJSON struct {
 
 func runProjectList(fs *pflag.FlagSet) runFunc {
 	business := fs.String("business", "", "only this business")
-	return func(ctx context.Context, e *Env, args []string) error {
-		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-			r, err := c.ListProjects(ctx, &brokerv1.ListProjectsRequest{Business: *business})
-			if err != nil {
-				return err
+	return brokerCall(func(ctx context.Context, e *Env, c brokerv1.BrokerServiceClient) error {
+		r, err := c.ListProjects(ctx, &brokerv1.ListProjectsRequest{Business: *business})
+		if err != nil {
+			return err
+		}
+		ps := []projectJSON{}
+		for _, p := range r.GetProjects() {
+			ps = append(ps, projectJSON{Business: p.GetBusiness(), Project: p.GetProject(), Host: p.GetHost(), Moving: p.GetMoving(), Here: p.GetHere(), SizeBytes: p.GetSizeBytes(),
+				Tasks: p.GetTasks(), LastPush: p.GetLastPushCommit(), LastPushSeq: p.GetLastPushSeq(), LastPushTask: p.GetLastPushTask(), LastPushTime: p.GetLastPushTime()})
+		}
+		return printList(e, "projects", ps, "BUSINESS\tPROJECT\tHOST\tSIZE\tTASKS\tLAST PUSH\tPUSH TASK\tPUSHED AT", func(w io.Writer, p projectJSON) {
+			size := fmt.Sprint(p.SizeBytes)
+			if !p.Here {
+				size = "-"
 			}
-			ps := []projectJSON{}
-			for _, p := range r.GetProjects() {
-				ps = append(ps, projectJSON{Business: p.GetBusiness(), Project: p.GetProject(), Host: p.GetHost(), Moving: p.GetMoving(), Here: p.GetHere(), SizeBytes: p.GetSizeBytes(),
-					Tasks: p.GetTasks(), LastPush: p.GetLastPushCommit(), LastPushSeq: p.GetLastPushSeq(), LastPushTask: p.GetLastPushTask(), LastPushTime: p.GetLastPushTime()})
+			host := orDash(p.Host)
+			if p.Moving {
+				host += " (moving)"
 			}
-			if e.JSON {
-				return brokerPrint(e, "", map[string]any{"projects": ps})
-			}
-			w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "BUSINESS\tPROJECT\tHOST\tSIZE\tTASKS\tLAST PUSH\tPUSH TASK\tPUSHED AT")
-			for _, p := range ps {
-				size := fmt.Sprint(p.SizeBytes)
-				if !p.Here {
-					size = "-"
-				}
-				host := orDash(p.Host)
-				if p.Moving {
-					host += " (moving)"
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Business, p.Project, host, size, p.Tasks,
-					orDash(p.LastPush), orDash(p.LastPushTask), orDash(p.LastPushTime))
-			}
-			return w.Flush()
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Business, p.Project, host, size, p.Tasks,
+				orDash(p.LastPush), orDash(p.LastPushTask), orDash(p.LastPushTime))
 		})
-	}
+	})
 }
 
 // grantJSON is the stable --json shape of one grant (docs/broker.md).
@@ -133,46 +125,38 @@ type grantJSON struct {
 
 func runGrantList(fs *pflag.FlagSet) runFunc {
 	business, project, task := scopeFlags(fs)
-	return func(ctx context.Context, e *Env, args []string) error {
-		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-			r, err := c.ListGrants(ctx, &brokerv1.ListGrantsRequest{Business: *business, Project: *project, Task: *task})
-			if err != nil {
-				return err
+	return brokerCall(func(ctx context.Context, e *Env, c brokerv1.BrokerServiceClient) error {
+		r, err := c.ListGrants(ctx, &brokerv1.ListGrantsRequest{Business: *business, Project: *project, Task: *task})
+		if err != nil {
+			return err
+		}
+		gs := []grantJSON{}
+		for _, g := range r.GetGrants() {
+			caps := g.GetCapabilities()
+			if caps == nil {
+				caps = []string{}
 			}
-			gs := []grantJSON{}
-			for _, g := range r.GetGrants() {
-				caps := g.GetCapabilities()
-				if caps == nil {
-					caps = []string{}
-				}
-				launch := map[string][]string{}
-				for _, l := range g.GetLaunch() {
-					launch[l.GetRole()] = append([]string{}, l.GetCapabilities()...)
-				}
-				gs = append(gs, grantJSON{ID: g.GetId(), Business: g.GetBusiness(), Project: g.GetProject(), Task: g.GetTask(), Role: g.GetRole(),
-					Capabilities: caps, ExpiresAt: g.GetExpiresAt(), Expired: g.GetExpired(), Revoked: g.GetRevokedSeq() != 0, RevokedSeq: g.GetRevokedSeq(),
-					Launch: launch, LaunchedBy: g.GetLaunchedBy(), LaunchDepth: g.GetLaunchDepth(),
-					LaunchBounds: bounds.Launch{Nets: g.GetLaunchBounds().GetNet(), Max: g.GetLaunchBounds().GetMax(), Tasks: g.GetLaunchBounds().GetTasks(),
-						AllowDomains: g.GetLaunchBounds().GetAllowDomains(), AllowHosts: g.GetLaunchBounds().GetAllowHosts()}})
+			launch := map[string][]string{}
+			for _, l := range g.GetLaunch() {
+				launch[l.GetRole()] = append([]string{}, l.GetCapabilities()...)
 			}
-			if e.JSON {
-				return brokerPrint(e, "", map[string]any{"grants": gs})
+			gs = append(gs, grantJSON{ID: g.GetId(), Business: g.GetBusiness(), Project: g.GetProject(), Task: g.GetTask(), Role: g.GetRole(),
+				Capabilities: caps, ExpiresAt: g.GetExpiresAt(), Expired: g.GetExpired(), Revoked: g.GetRevokedSeq() != 0, RevokedSeq: g.GetRevokedSeq(),
+				Launch: launch, LaunchedBy: g.GetLaunchedBy(), LaunchDepth: g.GetLaunchDepth(),
+				LaunchBounds: bounds.Launch{Nets: g.GetLaunchBounds().GetNet(), Max: g.GetLaunchBounds().GetMax(), Tasks: g.GetLaunchBounds().GetTasks(),
+					AllowDomains: g.GetLaunchBounds().GetAllowDomains(), AllowHosts: g.GetLaunchBounds().GetAllowHosts()}})
+		}
+		return printList(e, "grants", gs, "ID\tBUSINESS\tPROJECT\tTASK\tROLE\tCAPABILITIES\tLAUNCH\tEXPIRES\tSTATE", func(w io.Writer, g grantJSON) {
+			state := "valid"
+			switch {
+			case g.Revoked:
+				state = fmt.Sprintf("revoked (event %d)", g.RevokedSeq)
+			case g.Expired:
+				state = "expired"
 			}
-			w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tBUSINESS\tPROJECT\tTASK\tROLE\tCAPABILITIES\tLAUNCH\tEXPIRES\tSTATE")
-			for _, g := range gs {
-				state := "valid"
-				switch {
-				case g.Revoked:
-					state = fmt.Sprintf("revoked (event %d)", g.RevokedSeq)
-				case g.Expired:
-					state = "expired"
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Capabilities, ","), launchText(g.Launch, g.LaunchBounds), g.ExpiresAt, state)
-			}
-			return w.Flush()
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Capabilities, ","), launchText(g.Launch, g.LaunchBounds), g.ExpiresAt, state)
 		})
-	}
+	})
 }
 
 // reviewJSON is one review request of a task and its verdict, if any.
@@ -231,122 +215,131 @@ func runTaskShow(fs *pflag.FlagSet) runFunc {
 		if err := names.CheckFilter("business", *business, "project", *project, "task", *task); err != nil {
 			return err
 		}
-		c, ctx, done, err := e.brokerClient(ctx)
-		if err != nil {
-			return err
-		}
-		defer done()
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		b, p, t := *business, *project, *task
-		if b == "" || p == "" || t == "" {
-			r, err := c.ListTasks(ctx, &brokerv1.ListTasksRequest{Business: b, Project: p})
+		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
+			b, p, t := *business, *project, *task
+			if b == "" || p == "" || t == "" {
+				r, err := c.ListTasks(ctx, &brokerv1.ListTasksRequest{Business: b, Project: p})
+				if err != nil {
+					return err
+				}
+				var match []*brokerv1.TaskInfo
+				for _, ti := range r.GetTasks() {
+					if t == "" || ti.GetTask() == t {
+						match = append(match, ti)
+					}
+				}
+				switch len(match) {
+				case 0:
+					return errdefs.NotFound(errdefs.TaskNotFound, "no task matches %s/%s/%s that this token may see", orDash(b), orDash(p), orDash(t))
+				case 1:
+					b, p, t = match[0].GetBusiness(), match[0].GetProject(), match[0].GetTask()
+				default:
+					return usagef("%d tasks match: give --business, --project and --task", len(match))
+				}
+			}
+			stream, err := c.ListEvents(ctx, &brokerv1.ListEventsRequest{Business: b, Project: p, Task: t})
 			if err != nil {
 				return err
 			}
-			var match []*brokerv1.TaskInfo
-			for _, ti := range r.GetTasks() {
-				if t == "" || ti.GetTask() == t {
-					match = append(match, ti)
-				}
+			st := taskShowJSON{Business: b, Project: p, Task: t, Reviews: []reviewJSON{}}
+			type push struct {
+				seq         int64
+				grant, time string
 			}
-			switch len(match) {
-			case 0:
-				return errdefs.NotFound(errdefs.TaskNotFound, "no task matches %s/%s/%s that this token may see", orDash(b), orDash(p), orDash(t))
-			case 1:
-				b, p, t = match[0].GetBusiness(), match[0].GetProject(), match[0].GetTask()
-			default:
-				return usagef("%d tasks match: give --business, --project and --task", len(match))
-			}
-		}
-		stream, err := c.ListEvents(ctx, &brokerv1.ListEventsRequest{Business: b, Project: p, Task: t})
-		if err != nil {
-			return err
-		}
-		st := taskShowJSON{Business: b, Project: p, Task: t, Reviews: []reviewJSON{}}
-		type push struct {
-			seq         int64
-			grant, time string
-		}
-		pushes := map[string]push{}
-		reviews := map[string]int{}
-		seen := false
-		for {
-			r, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			ev := r.GetEvent()
-			var d struct {
-				Capability string `json:"capability"`
-				Commit     string `json:"commit"`
-				RequestID  string `json:"request_id"`
-				PushSeq    int64  `json:"push_seq"`
-				Verdict    string `json:"verdict"`
-				Comment    string `json:"comment"`
-				Reason     string `json:"reason"`
-				Outcome    string `json:"outcome"`
-				RefCommit  string `json:"ref_commit"`
-				MainOld    string `json:"main_old"`
-				MainNew    string `json:"main_new"`
-				Merge      string `json:"merge"`
-			}
-			json.Unmarshal([]byte(ev.GetData()), &d)
-			switch ev.GetType() {
-			case "task.added":
-				seen = true
-				st.State = "open"
-			case "task.closed":
-				// A landing closes its task: it stays "landed".
-				st.ClosedSeq = ev.GetSeq()
-				if st.Landing == nil {
-					st.State = "closed"
-				}
-			case "task.reopened":
-				st.State, st.ClosedSeq, st.ReopenedSeq = "open", 0, ev.GetSeq()
-			case "task.landed":
-				st.State = "landed"
-				st.Landing = &landingJSON{Seq: ev.GetSeq(), Commit: d.Commit, MainOld: d.MainOld, MainNew: d.MainNew, Merge: d.Merge}
-			case "action.allowed":
-				if d.Capability != "git.push.working" {
+			pushes := map[string]push{}
+			reviews := map[string]int{}
+			seen := false
+			for {
+				r, err := stream.Recv()
+				if errors.Is(err, io.EOF) {
 					break
 				}
-				st.LastPush, st.LastPushSeq, st.LastPushGrant, st.LastPushTime = d.Commit, ev.GetSeq(), ev.GetActor(), ev.GetTime()
-				pushes[d.Commit] = push{ev.GetSeq(), ev.GetActor(), ev.GetTime()}
-			case "review.request":
-				reviews[d.RequestID] = len(st.Reviews)
-				st.Reviews = append(st.Reviews, reviewJSON{RequestID: d.RequestID, Commit: d.Commit, PushSeq: d.PushSeq, RequestSeq: ev.GetSeq(), RequestedBy: ev.GetActor()})
-			case "review.verdict":
-				if i, ok := reviews[d.RequestID]; ok {
-					rv := &st.Reviews[i]
-					rv.Verdict, rv.VerdictSeq, rv.VerdictCommit, rv.Reviewer, rv.Comment = d.Verdict, ev.GetSeq(), d.Commit, ev.GetActor(), d.Comment
+				if err != nil {
+					return err
 				}
-			case "task.needs_repair":
-				st.NeedsRepair = fmt.Sprintf("%s (event %d)", d.Reason, ev.GetSeq())
-			case "task.repaired":
-				st.NeedsRepair = ""
-				if d.Outcome == "push_lost" {
-					pu := pushes[d.RefCommit]
-					st.LastPush, st.LastPushSeq, st.LastPushGrant, st.LastPushTime = d.RefCommit, pu.seq, pu.grant, pu.time
+				ev := r.GetEvent()
+				var d struct {
+					Capability string `json:"capability"`
+					Commit     string `json:"commit"`
+					RequestID  string `json:"request_id"`
+					PushSeq    int64  `json:"push_seq"`
+					Verdict    string `json:"verdict"`
+					Comment    string `json:"comment"`
+					Reason     string `json:"reason"`
+					Outcome    string `json:"outcome"`
+					RefCommit  string `json:"ref_commit"`
+					MainOld    string `json:"main_old"`
+					MainNew    string `json:"main_new"`
+					Merge      string `json:"merge"`
+				}
+				json.Unmarshal([]byte(ev.GetData()), &d)
+				switch ev.GetType() {
+				case "task.added":
+					seen = true
+					st.State = "open"
+				case "task.closed":
+					// A landing closes its task: it stays "landed".
+					st.ClosedSeq = ev.GetSeq()
+					if st.Landing == nil {
+						st.State = "closed"
+					}
+				case "task.reopened":
+					st.State, st.ClosedSeq, st.ReopenedSeq = "open", 0, ev.GetSeq()
+				case "task.landed":
+					st.State = "landed"
+					st.Landing = &landingJSON{Seq: ev.GetSeq(), Commit: d.Commit, MainOld: d.MainOld, MainNew: d.MainNew, Merge: d.Merge}
+				case "action.allowed":
+					if d.Capability != "git.push.working" {
+						break
+					}
+					st.LastPush, st.LastPushSeq, st.LastPushGrant, st.LastPushTime = d.Commit, ev.GetSeq(), ev.GetActor(), ev.GetTime()
+					pushes[d.Commit] = push{ev.GetSeq(), ev.GetActor(), ev.GetTime()}
+				case "review.request":
+					reviews[d.RequestID] = len(st.Reviews)
+					st.Reviews = append(st.Reviews, reviewJSON{RequestID: d.RequestID, Commit: d.Commit, PushSeq: d.PushSeq, RequestSeq: ev.GetSeq(), RequestedBy: ev.GetActor()})
+				case "review.verdict":
+					if i, ok := reviews[d.RequestID]; ok {
+						rv := &st.Reviews[i]
+						rv.Verdict, rv.VerdictSeq, rv.VerdictCommit, rv.Reviewer, rv.Comment = d.Verdict, ev.GetSeq(), d.Commit, ev.GetActor(), d.Comment
+					}
+				case "task.needs_repair":
+					st.NeedsRepair = fmt.Sprintf("%s (event %d)", d.Reason, ev.GetSeq())
+				case "task.repaired":
+					st.NeedsRepair = ""
+					if d.Outcome == "push_lost" {
+						pu := pushes[d.RefCommit]
+						st.LastPush, st.LastPushSeq, st.LastPushGrant, st.LastPushTime = d.RefCommit, pu.seq, pu.grant, pu.time
+					}
 				}
 			}
-		}
-		if !seen {
-			return errdefs.NotFound(errdefs.TaskNotFound, "no task %s/%s/%s", b, p, t)
-		}
-		for i := range st.Reviews {
-			if rv := &st.Reviews[i]; rv.VerdictSeq != 0 && rv.VerdictSeq < st.ReopenedSeq {
-				rv.Withdrawn = true
+			if !seen {
+				return errdefs.NotFound(errdefs.TaskNotFound, "no task %s/%s/%s", b, p, t)
 			}
-		}
-		if e.JSON {
-			return brokerPrint(e, "", st)
-		}
-		return printTaskShow(e, st)
+			for i := range st.Reviews {
+				if rv := &st.Reviews[i]; rv.VerdictSeq != 0 && rv.VerdictSeq < st.ReopenedSeq {
+					rv.Withdrawn = true
+				}
+			}
+			if e.JSON {
+				return brokerPrint(e, "", st)
+			}
+			return printTaskShow(e, st)
+		})
 	}
+}
+
+// printList prints rows: with --json as {key: rows}, else as a table
+// under header, one line a row.
+func printList[T any](e *Env, key string, rows []T, header string, line func(w io.Writer, row T)) error {
+	if e.JSON {
+		return brokerPrint(e, "", map[string]any{key: rows})
+	}
+	w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, header)
+	for _, r := range rows {
+		line(w, r)
+	}
+	return w.Flush()
 }
 
 func printTaskShow(e *Env, st taskShowJSON) error {

@@ -110,19 +110,13 @@ func init() {
 }
 
 func runTaskReopen(fs *pflag.FlagSet) runFunc {
-	business := fs.String("business", "", "business name")
-	project := fs.String("project", "", "project name")
-	task := fs.String("task", "", "task name")
-	return func(ctx context.Context, e *Env, args []string) error {
-		if *business == "" || *project == "" || *task == "" {
-			return usagef("--business, --project and --task are required")
-		}
+	return hostTask(fs, func(ctx context.Context, e *Env, business, project, task string) error {
 		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-			r, err := c.ReopenTask(ctx, &brokerv1.ReopenTaskRequest{Business: *business, Project: *project, Task: *task})
+			r, err := c.ReopenTask(ctx, &brokerv1.ReopenTaskRequest{Business: business, Project: project, Task: task})
 			if err != nil {
 				return err
 			}
 			return brokerPrint(e, fmt.Sprintf("reopened (event %d)", r.GetSeq()), map[string]any{"reopened": true, "seq": r.GetSeq()})
 		})
-	}
+	})
 }

@@ -3,7 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
-	"text/tabwriter"
+	"io"
 
 	"github.com/spf13/pflag"
 
@@ -52,19 +52,13 @@ func runTaskList(fs *pflag.FlagSet) runFunc {
 				tasks = append(tasks, taskJSON{Business: t.GetBusiness(), Project: t.GetProject(), Task: t.GetTask(), State: t.GetState(),
 					LastPush: t.GetLastPushCommit(), LastPushSeq: t.GetLastPushSeq(), LandedSeq: t.GetLandedSeq()})
 			}
-			if e.JSON {
-				return brokerPrint(e, "", map[string]any{"tasks": tasks})
-			}
-			w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "BUSINESS\tPROJECT\tTASK\tSTATE\tLAST PUSH")
-			for _, t := range tasks {
+			return printList(e, "tasks", tasks, "BUSINESS\tPROJECT\tTASK\tSTATE\tLAST PUSH", func(w io.Writer, t taskJSON) {
 				push := t.LastPush
 				if push == "" {
 					push = "-"
 				}
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", t.Business, t.Project, t.Task, t.State, push)
-			}
-			return w.Flush()
+			})
 		})
 	}
 }

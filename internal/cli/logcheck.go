@@ -29,15 +29,13 @@ func init() {
 }
 
 func runLogHead(fs *pflag.FlagSet) runFunc {
-	return func(ctx context.Context, e *Env, args []string) error {
-		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
-			r, err := c.LogHead(ctx, &brokerv1.LogHeadRequest{})
-			if err != nil {
-				return err
-			}
-			return brokerPrint(e, fmt.Sprintf("%d %s", r.Seq, r.Hash), map[string]any{"seq": r.Seq, "hash": r.Hash})
-		})
-	}
+	return brokerCall(func(ctx context.Context, e *Env, c brokerv1.BrokerServiceClient) error {
+		r, err := c.LogHead(ctx, &brokerv1.LogHeadRequest{})
+		if err != nil {
+			return err
+		}
+		return brokerPrint(e, fmt.Sprintf("%d %s", r.Seq, r.Hash), map[string]any{"seq": r.Seq, "hash": r.Hash})
+	})
 }
 
 // parseHead reads "SEQ:HASH" or "SEQ HASH".

@@ -20,20 +20,25 @@ func init() {
 	})
 }
 
-// hostTaskGit is a host command naming one task (--business, --project
-// and --task, all required) whose work is one call on the git socket.
-func hostTaskGit(fs *pflag.FlagSet, call func(ctx context.Context, e *Env, c gitv1.GitServiceClient, business, project, task string) error) runFunc {
-	business := fs.String("business", "", "business name")
-	project := fs.String("project", "", "project name")
-	task := fs.String("task", "", "task name")
+// hostTask is a host command naming one task: --business, --project and
+// --task, all required.
+func hostTask(fs *pflag.FlagSet, run func(ctx context.Context, e *Env, business, project, task string) error) runFunc {
+	business, project, task := scopeFlags(fs)
 	return func(ctx context.Context, e *Env, args []string) error {
 		if *business == "" || *project == "" || *task == "" {
 			return usagef("--business, --project and --task are required")
 		}
-		return e.gitCall(ctx, callTimeout, func(ctx context.Context, c gitv1.GitServiceClient) error {
-			return call(ctx, e, c, *business, *project, *task)
-		})
+		return run(ctx, e, *business, *project, *task)
 	}
+}
+
+// hostTaskGit is a hostTask whose work is one call on the git socket.
+func hostTaskGit(fs *pflag.FlagSet, call func(ctx context.Context, e *Env, c gitv1.GitServiceClient, business, project, task string) error) runFunc {
+	return hostTask(fs, func(ctx context.Context, e *Env, business, project, task string) error {
+		return e.gitCall(ctx, callTimeout, func(ctx context.Context, c gitv1.GitServiceClient) error {
+			return call(ctx, e, c, business, project, task)
+		})
+	})
 }
 
 // hostProjectGit is a host command naming one project (--business and

@@ -184,11 +184,17 @@ func runSessionList(fs *pflag.FlagSet) runFunc {
 	}
 }
 
-func oneID(args []string) (string, error) {
-	if len(args) != 1 || strings.TrimSpace(args[0]) == "" {
-		return "", usagef("give exactly one session ID")
+// sessionCall is a command naming one session (its one argument) whose
+// work is one launcher call (launchCall, bounded if bounded() says so).
+func sessionCall(bounded func() bool, call func(ctx context.Context, e *Env, c launchv1.LaunchServiceClient, id string) error) runFunc {
+	return func(ctx context.Context, e *Env, args []string) error {
+		if len(args) != 1 || strings.TrimSpace(args[0]) == "" {
+			return usagef("give exactly one session ID")
+		}
+		return launchCall(ctx, e, bounded(), func(ctx context.Context, c launchv1.LaunchServiceClient) error {
+			return call(ctx, e, c, args[0])
+		})
 	}
-	return args[0], nil
 }
 
 // sessionStatus is how a command ends for an ended session: its own exit
@@ -207,97 +213,73 @@ func sessionStatus(e *Env, s *launchv1.Session) error {
 }
 
 func runSessionWait(fs *pflag.FlagSet) runFunc {
-	return func(ctx context.Context, e *Env, args []string) error {
-		id, err := oneID(args)
+	return sessionCall(func() bool { return false }, func(ctx context.Context, e *Env, c launchv1.LaunchServiceClient, id string) error {
+		r, err := c.Wait(ctx, &launchv1.WaitRequest{Id: id})
 		if err != nil {
 			return err
 		}
-		return launchCall(ctx, e, false, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
-			r, err := c.Wait(ctx, &launchv1.WaitRequest{Id: id})
-			if err != nil {
-				return err
-			}
-			return sessionStatus(e, r.Session)
-		})
-	}
+		return sessionStatus(e, r.Session)
+	})
 }
 
 func runSessionStop(fs *pflag.FlagSet) runFunc {
-	return func(ctx context.Context, e *Env, args []string) error {
-		id, err := oneID(args)
+	return sessionCall(func() bool { return false }, func(ctx context.Context, e *Env, c launchv1.LaunchServiceClient, id string) error {
+		r, err := c.Stop(ctx, &launchv1.StopRequest{Id: id})
 		if err != nil {
 			return err
 		}
-		return launchCall(ctx, e, false, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
-			r, err := c.Stop(ctx, &launchv1.StopRequest{Id: id})
-			if err != nil {
-				return err
-			}
-			return brokerPrint(e, fmt.Sprintf("session %s %s (exit %d)", r.Session.Id, r.Session.State, r.Session.Exit), sessionJSON(r.Session))
-		})
-	}
+		return brokerPrint(e, fmt.Sprintf("session %s %s (exit %d)", r.Session.Id, r.Session.State, r.Session.Exit), sessionJSON(r.Session))
+	})
 }
 
 func runSessionRm(fs *pflag.FlagSet) runFunc {
-	return func(ctx context.Context, e *Env, args []string) error {
-		id, err := oneID(args)
+	return sessionCall(func() bool { return true }, func(ctx context.Context, e *Env, c launchv1.LaunchServiceClient, id string) error {
+		r, err := c.Remove(ctx, &launchv1.RemoveRequest{Id: id})
 		if err != nil {
 			return err
 		}
-		return launchCall(ctx, e, true, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
-			r, err := c.Remove(ctx, &launchv1.RemoveRequest{Id: id})
-			if err != nil {
-				return err
-			}
-			return brokerPrint(e, "removed session "+r.Session.Id, sessionJSON(r.Session))
-		})
-	}
+		return brokerPrint(e, "removed session "+r.Session.Id, sessionJSON(r.Session))
+	})
 }
 
 func runSessionLogs(fs *pflag.FlagSet) runFunc {
 	follow := fs.Bool("follow", false, "keep printing what the session writes until it has ended")
-	return func(ctx context.Context, e *Env, args []string) error {
-		id, err := oneID(args)
-		if err != nil {
-			return err
+	return sessionCall(func() bool { return !*follow }, func(ctx context.Context, e *Env, c launchv1.LaunchServiceClient, id string) error {
+		if !*follow {
+			return sessionTail(ctx, e, c, id)
 		}
-		return launchCall(ctx, e, !*follow, func(ctx context.Context, c launchv1.LaunchServiceClient) error {
-			if !*follow {
-				return sessionTail(ctx, e, c, id)
+		req := &launchv1.LogsRequest{Id: id}
+		for {
+			r, err := c.Logs(ctx, req)
+			if err != nil {
+				return err
 			}
-			req := &launchv1.LogsRequest{Id: id}
-			for {
-				r, err := c.Logs(ctx, req)
-				if err != nil {
+			if e.JSON {
+				if err := brokerPrint(e, "", map[string]any{"stdout": string(r.Stdout), "stderr": string(r.Stderr), "truncated": r.Truncated}); err != nil {
 					return err
 				}
-				if e.JSON {
-					if err := brokerPrint(e, "", map[string]any{"stdout": string(r.Stdout), "stderr": string(r.Stderr), "truncated": r.Truncated}); err != nil {
-						return err
-					}
-				} else {
-					if _, err := e.Stdout.Write(r.Stdout); err != nil {
-						return err
-					}
-					if _, err := e.Stderr.Write(r.Stderr); err != nil {
-						return err
-					}
+			} else {
+				if _, err := e.Stdout.Write(r.Stdout); err != nil {
+					return err
 				}
-				if r.Ended {
-					return nil
-				}
-				req = &launchv1.LogsRequest{Id: id, FromOffsets: true, StdoutOffset: r.StdoutNext, StderrOffset: r.StderrNext}
-				if r.Truncated || len(r.Stdout)+len(r.Stderr) > 0 {
-					continue
-				}
-				select {
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-time.After(250 * time.Millisecond):
+				if _, err := e.Stderr.Write(r.Stderr); err != nil {
+					return err
 				}
 			}
-		})
-	}
+			if r.Ended {
+				return nil
+			}
+			req = &launchv1.LogsRequest{Id: id, FromOffsets: true, StdoutOffset: r.StdoutNext, StderrOffset: r.StderrNext}
+			if r.Truncated || len(r.Stdout)+len(r.Stderr) > 0 {
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	})
 }
 
 // sessionTail prints the tail of a session's output: an answer carries a

@@ -248,6 +248,11 @@ func (e *egressProxy) serve(ln net.Listener) {
 			return
 		}
 		id := e.lastConn.Add(1)
+		// sem holds c's place until do, on c, has ended.
+		sem, do := e.slots, func() {
+			defer lingerClose(c)
+			e.handle(c, id)
+		}
 		select {
 		case e.slots <- struct{}{}:
 		default:
@@ -260,36 +265,25 @@ func (e *egressProxy) serve(ln net.Listener) {
 				c.Close()
 				continue
 			}
-			if !e.track(c, true) {
-				c.Close()
-				<-e.refusing
-				return
-			}
-			e.wg.Add(1)
-			go func() {
-				defer e.wg.Done()
-				defer func() { <-e.refusing }()
-				// Tracked, so that stop closes it rather than wait out
-				// the handshake's bound.
-				defer e.track(c, false)
+			sem, do = e.refusing, func() {
 				c.SetDeadline(time.Now().Add(egressHandshake))
 				e.refuseEarly(c, fmt.Sprintf("%s: the session holds %d connections, the most --egress-conns allows", ReasonEgressConnections, e.maxConns))
 				lingerClose(c)
-			}()
-			continue
+			}
 		}
 		if !e.track(c, true) {
 			c.Close()
-			<-e.slots
+			<-sem
 			return
 		}
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
-			defer func() { <-e.slots }()
+			defer func() { <-sem }()
+			// Tracked, so that stop closes it rather than wait out
+			// the handshake's bound.
 			defer e.track(c, false)
-			defer lingerClose(c)
-			e.handle(c, id)
+			do()
 		}()
 	}
 }

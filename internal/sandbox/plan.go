@@ -137,11 +137,8 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if p.Session, err = readSessionFile(p.run); err != nil {
 		return nil, err
 	}
-	broker, err := callerPath("broker socket", cfg.BrokerSocket)
+	broker, err := callerSocket("broker socket", cfg.BrokerSocket)
 	if err != nil {
-		return nil, err
-	}
-	if err := mustBeSocket("broker socket", broker); err != nil {
 		return nil, err
 	}
 
@@ -180,11 +177,8 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case cfg.GitSocket == "":
 		p.Notes = append(p.Notes, fmt.Sprintf("no --git-socket given: role %s holds a git capability but the session cannot push or fetch", cfg.Role))
 	default:
-		gs, err := callerPath("git socket", cfg.GitSocket)
+		gs, err := callerSocket("git socket", cfg.GitSocket)
 		if err != nil {
-			return nil, err
-		}
-		if err := mustBeSocket("git socket", gs); err != nil {
 			return nil, err
 		}
 		p.busSockets = append(p.busSockets, gs)
@@ -198,11 +192,8 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case cfg.LaunchSocket == "":
 		p.Notes = append(p.Notes, fmt.Sprintf("no --launch-socket given: role %s holds %s but the session cannot launch", cfg.Role, CapSessionLaunch))
 	default:
-		ls, err := callerPath("launch socket", cfg.LaunchSocket)
+		ls, err := callerSocket("launch socket", cfg.LaunchSocket)
 		if err != nil {
-			return nil, err
-		}
-		if err := mustBeSocket("launch socket", ls); err != nil {
 			return nil, err
 		}
 		p.busSockets = append(p.busSockets, ls)
@@ -607,15 +598,20 @@ func callerPath(what, path string) (string, error) {
 	return callerDir(what, real)
 }
 
-func mustBeSocket(what, path string) error {
-	st, err := os.Stat(path)
+// callerSocket is callerPath for a socket: anything else is refused.
+func callerSocket(what, path string) (string, error) {
+	real, err := callerPath(what, path)
 	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+		return "", err
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", what, err)
 	}
 	if st.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("%s %s is not a socket", what, path)
+		return "", fmt.Errorf("%s %s is not a socket", what, real)
 	}
-	return nil
+	return real, nil
 }
 
 // within reports whether path is dir or below it.

@@ -536,31 +536,15 @@ func QuotePath(p string) string {
 	b.WriteByte('"')
 	for i := 0; i < len(p); i++ {
 		c := p[i]
-		switch c {
-		case '\a':
-			b.WriteString(`\a`)
-		case '\b':
-			b.WriteString(`\b`)
-		case '\t':
-			b.WriteString(`\t`)
-		case '\n':
-			b.WriteString(`\n`)
-		case '\v':
-			b.WriteString(`\v`)
-		case '\f':
-			b.WriteString(`\f`)
-		case '\r':
-			b.WriteString(`\r`)
-		case '"':
-			b.WriteString(`\"`)
-		case '\\':
-			b.WriteString(`\\`)
+		// The bytes with a letter escape, and their letters.
+		switch j := strings.IndexByte("\a\b\t\n\v\f\r\"\\", c); {
+		case j >= 0:
+			b.WriteByte('\\')
+			b.WriteByte(`abtnvfr"\`[j])
+		case c < 0x20 || c >= 0x7f:
+			fmt.Fprintf(&b, "\\%03o", c)
 		default:
-			if c < 0x20 || c >= 0x7f {
-				fmt.Fprintf(&b, "\\%03o", c)
-			} else {
-				b.WriteByte(c)
-			}
+			b.WriteByte(c)
 		}
 	}
 	b.WriteByte('"')
