@@ -414,15 +414,10 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 // mainHasLandings refuses a pool (at gitDir) whose main does not hold the
 // log's last landing of p's project.
 func (s *Service) mainHasLandings(ctx context.Context, p repo, gitDir string) error {
-	l, ok := s.o.Authority.(authz.Lander)
-	if !ok {
-		return nil
-	}
-	ls, err := l.Landings(ctx, p.Business, p.Project)
-	if err != nil || len(ls) == 0 {
+	last, err := s.lastLanding(ctx, p.Business, p.Project)
+	if last == nil {
 		return err
 	}
-	last := ls[len(ls)-1]
 	err = s.git.Run(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{last.New, MainRef}})
 	if err == nil {
 		return nil

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/bushost/bushost/gitd/bundle"
-	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
@@ -137,15 +136,10 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 // (the last landing's main is not in the root's HEAD): syncing would drop
 // it. The host publishes main to the root and merges it there first.
 func (s *Service) landedWorkMissing(ctx context.Context, r repo, q *bundle.Quarantine, business, project, root, next string) error {
-	l, ok := s.o.Authority.(authz.Lander)
-	if !ok {
-		return nil
-	}
-	ls, err := l.Landings(ctx, business, project)
-	if err != nil || len(ls) == 0 {
+	last, err := s.lastLanding(ctx, business, project)
+	if last == nil {
 		return err
 	}
-	last := ls[len(ls)-1]
 	in, err := r.isAncestor(ctx, q, last.New, next)
 	if err != nil || in {
 		return err
