@@ -1109,7 +1109,7 @@ func (tx *importTx) place() error {
 		return err
 	}
 	tx.placed = true
-	return bundle.SyncDir(bdir)
+	return bundle.Sync(bdir)
 }
 
 // Commit makes the placement final: the copy set aside goes, and the
@@ -1138,7 +1138,7 @@ func (tx *importTx) Rollback() {
 				os.Remove(tx.aside)
 			}
 		}
-		bundle.SyncDir(bdir)
+		bundle.Sync(bdir)
 	}
 	tx.done = true
 	if tx.unlock != nil {

@@ -88,7 +88,7 @@ func (s *Service) AddProject(ctx context.Context, p names.Project, root string) 
 	if err := os.Rename(tmpDir, r.Dir); err != nil {
 		return "", false, err
 	}
-	if err := bundle.SyncDir(dir); err != nil {
+	if err := bundle.Sync(dir); err != nil {
 		return "", false, err
 	}
 	return commit, true, nil

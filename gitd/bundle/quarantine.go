@@ -427,9 +427,10 @@ func CleanStale(objects string) error {
 	return nil
 }
 
-// SyncDir fsyncs a directory, making the links and renames in it durable.
-func SyncDir(dir string) error {
-	f, err := os.Open(dir)
+// Sync fsyncs the file or directory at path; a directory's, to make the
+// links and renames in it durable.
+func Sync(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
