@@ -413,13 +413,21 @@ func (q *Quarantine) waitWriteback() {
 // CleanStale removes quarantine directories left in objects by a process
 // that died; call it only while no ingestion into that repository runs.
 func CleanStale(objects string) error {
-	ents, err := os.ReadDir(objects)
+	return RemoveEntries(objects, func(e os.DirEntry) bool {
+		return e.IsDir() && strings.HasPrefix(e.Name(), QuarantinePrefix)
+	})
+}
+
+// RemoveEntries removes, with all they hold, the entries of dir that
+// match.
+func RemoveEntries(dir string, match func(os.DirEntry) bool) error {
+	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return err
 	}
 	for _, e := range ents {
-		if e.IsDir() && strings.HasPrefix(e.Name(), QuarantinePrefix) {
-			if err := os.RemoveAll(filepath.Join(objects, e.Name())); err != nil {
+		if match(e) {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}
 		}
