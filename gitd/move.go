@@ -133,12 +133,9 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	if err != nil {
 		return res, err
 	}
-	p, err := s.store.project(scope)
+	p, err := s.store.existingProject(scope)
 	if err != nil {
 		return res, err
-	}
-	if !p.exists() {
-		return res, projectNotFound(business, project)
 	}
 	tx, err := s.beginExport(ctx, m, p)
 	if err != nil {

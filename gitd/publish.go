@@ -64,12 +64,9 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 		return "", "", err
 	}
 	ref := "refs/heads/" + branch
-	r, err := s.store.project(p)
+	r, err := s.store.existingProject(p)
 	if err != nil {
 		return "", "", err
-	}
-	if !r.exists() {
-		return "", "", projectNotFound(r.Business, r.Project)
 	}
 	unlock, err := r.state().lock(ctx)
 	if err != nil {

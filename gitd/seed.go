@@ -99,12 +99,9 @@ func (s *Service) AddProject(ctx context.Context, p names.Project, root string) 
 // when its files changed.
 func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, previous string, err error) {
 	business, project := p.Business(), p.Name()
-	r, err := s.store.project(p)
+	r, err := s.store.existingProject(p)
 	if err != nil {
 		return "", "", err
-	}
-	if !r.exists() {
-		return "", "", projectNotFound(r.Business, r.Project)
 	}
 	tx, err := s.beginLand(r)
 	if err != nil {
