@@ -360,17 +360,7 @@ func SyncAll(paths []string) error {
 	errs := make([]error, len(paths))
 	var wg sync.WaitGroup
 	for i, p := range paths {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f, err := os.Open(p)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer f.Close()
-			errs[i] = f.Sync()
-		}()
+		wg.Go(func() { errs[i] = Sync(p) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
