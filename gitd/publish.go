@@ -73,11 +73,8 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 		return "", "", err
 	}
 	defer unlock()
-	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine)
+	root, err := s.rootOf(ctx, r)
 	if err != nil {
-		return "", "", fmt.Errorf("repository %s does not know its root: %w", r.Path, err)
-	}
-	if root, err = checkRoot(root); err != nil {
 		return "", "", err
 	}
 	if !isGitRepo(root) {
