@@ -70,7 +70,7 @@ func (s *Service) ArchiveTask(ctx context.Context, t names.Task) (ArchiveResult,
 		os.Remove(aside)
 		return ArchiveResult{}, err
 	}
-	if err := bundle.SyncDir(filepath.Dir(r.Path)); err != nil {
+	if err := bundle.Sync(filepath.Dir(r.Path)); err != nil {
 		return ArchiveResult{}, err
 	}
 	if err := os.RemoveAll(aside); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -139,27 +139,17 @@ func (s *Service) startBeyondGit(ctx context.Context, r repo, q *bundle.Quaranti
 	// What the walk let through, for the second asking; the walk's
 	// goroutine writes them, walked reads them once it is done.
 	var trees, blobs, others []plumbing.Hash
-	has := func(h plumbing.Hash) bool {
-		if own(h) || pooled(h) {
-			trees = append(trees, h)
-			return true
+	noted := func(in func(plumbing.Hash) bool, into *[]plumbing.Hash) func(plumbing.Hash) bool {
+		return func(h plumbing.Hash) bool {
+			if in(h) {
+				*into = append(*into, h)
+				return true
+			}
+			return false
 		}
-		return false
 	}
-	pooledBlob := func(h plumbing.Hash) bool {
-		if pooled(h) {
-			blobs = append(blobs, h)
-			return true
-		}
-		return false
-	}
-	before := func(h plumbing.Hash) bool {
-		if own(h) || pooled(h) {
-			others = append(others, h)
-			return true
-		}
-		return false
-	}
+	there := func(h plumbing.Hash) bool { return own(h) || pooled(h) }
+	has, pooledBlob, before := noted(there, &trees), noted(pooled, &blobs), noted(there, &others)
 	type walkResult struct {
 		later []plumbing.Hash
 		err   error

@@ -224,12 +224,5 @@ func (s *Service) contains(ctx context.Context, r repo, gg *view, have, commit s
 	if err == nil {
 		return ok, nil
 	}
-	err = s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{commit, have}})
-	if err == nil {
-		return true, nil
-	}
-	if gitcmd.ExitCode(err) == 1 {
-		return false, nil
-	}
-	return false, err
+	return ancestry(s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{commit, have}}))
 }

@@ -410,12 +410,9 @@ func (s *Service) StartHousekeeping(ctx context.Context) (stop func()) {
 // progress on each first. A failed repository does not stop the others;
 // its run says why.
 func (s *Service) OptimizeProject(ctx context.Context, scope names.Project) ([]HousekeepingRun, error) {
-	p, err := s.store.project(scope)
+	p, err := s.store.existingProject(scope)
 	if err != nil {
 		return nil, err
-	}
-	if !p.exists() {
-		return nil, projectNotFound(p.Business, p.Project)
 	}
 	ts, err := p.tasks()
 	if err != nil {

@@ -300,19 +300,28 @@ func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 		Flags: []string{"-p" + old, "-p" + approved, "-m" + msg}, Args: []string{tree}, Env: env}, gitcmd.MaxLine)
 }
 
+// lastLanding is the log's last landing of the project; nil when there
+// is none, the broker keeps no landings, or (with err) reading them failed.
+func (s *Service) lastLanding(ctx context.Context, business, project string) (*authz.Landing, error) {
+	l, ok := s.o.Authority.(authz.Lander)
+	if !ok {
+		return nil, nil
+	}
+	ls, err := l.Landings(ctx, business, project)
+	if err != nil || len(ls) == 0 {
+		return nil, err
+	}
+	return &ls[len(ls)-1], nil
+}
+
 // reconcileMain moves main to the last landing's new main when main is
 // still that landing's old main: the landing was recorded, and bushostd
 // stopped before main moved. The caller holds the repository's lock.
 func (s *Service) reconcileMain(ctx context.Context, r repo) error {
-	l, ok := s.o.Authority.(authz.Lander)
-	if !ok {
-		return nil
-	}
-	ls, err := l.Landings(ctx, r.Business, r.Project)
-	if err != nil || len(ls) == 0 {
+	last, err := s.lastLanding(ctx, r.Business, r.Project)
+	if last == nil {
 		return err
 	}
-	last := ls[len(ls)-1]
 	gg, err := s.open(r)
 	if err != nil {
 		return err

@@ -66,26 +66,9 @@ func (sv *server) PublishProject(ctx context.Context, req *gitv1.PublishProjectR
 // FetchWork gives a worker its task's latest push back (a lost clone), the
 // bundle FetchReview sends a reviewer.
 func (sv *server) FetchWork(req *gitv1.FetchWorkRequest, stream grpc.ServerStreamingServer[gitv1.FetchWorkResponse]) error {
-	ctx := stream.Context()
-	g, err := sv.authorize(ctx, authz.CapPushWorking)
-	if err != nil {
-		return err
-	}
-	if err := sv.s.notMarked(ctx, g.Grant); err != nil {
-		return err
-	}
-	still := sv.stillValid(ctx, g.Grant)
-	w := newChunkWriter(func(b []byte) error {
-		if err := still.check(); err != nil {
-			return err
-		}
-		return stream.Send(&gitv1.FetchWorkResponse{Msg: &gitv1.FetchWorkResponse_Chunk{Chunk: b}})
+	return sendPush(sv, stream, authz.CapPushWorking, req.GetHave(), req.GetAlsoHave(), func(c string) *gitv1.FetchWorkResponse {
+		return &gitv1.FetchWorkResponse{Msg: &gitv1.FetchWorkResponse_Commit{Commit: c}}
+	}, func(b []byte) *gitv1.FetchWorkResponse {
+		return &gitv1.FetchWorkResponse{Msg: &gitv1.FetchWorkResponse_Chunk{Chunk: b}}
 	})
-	begin := func(c string) error {
-		return stream.Send(&gitv1.FetchWorkResponse{Msg: &gitv1.FetchWorkResponse_Commit{Commit: c}})
-	}
-	if err := sv.s.WriteReviewBundle(ctx, g.task, req.GetHave(), req.GetAlsoHave(), begin, w); err != nil {
-		return still.first(err)
-	}
-	return still.first(w.Flush())
 }

@@ -91,7 +91,7 @@ func (s *Service) migrateProject(ctx context.Context, scope names.Project) error
 		if err := os.RemoveAll(old); err != nil {
 			return err
 		}
-		return bundle.SyncDir(filepath.Dir(old))
+		return bundle.Sync(filepath.Dir(old))
 	}
 	log.Info("migration: moving the project's repository to a pool and one repository per task")
 	staging := filepath.Join(s.o.ReposDir, business, migratePrefix+project)
@@ -146,14 +146,14 @@ func (s *Service) migrateProject(ctx context.Context, scope names.Project) error
 	if err := os.Rename(staging, p.Dir); err != nil {
 		return err
 	}
-	if err := bundle.SyncDir(filepath.Dir(p.Dir)); err != nil {
+	if err := bundle.Sync(filepath.Dir(p.Dir)); err != nil {
 		return err
 	}
 	crashpoint("migrate:renamed")
 	if err := os.RemoveAll(old); err != nil {
 		return err
 	}
-	if err := bundle.SyncDir(filepath.Dir(old)); err != nil {
+	if err := bundle.Sync(filepath.Dir(old)); err != nil {
 		return err
 	}
 	log.Info("migration: done", "pool", p.Path, "tasks", moved)
@@ -167,14 +167,9 @@ func syncTree(dir string) error {
 		if err != nil {
 			return err
 		}
-		f, err := os.Open(p)
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return nil
-			}
+		if err := bundle.Sync(p); !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
-		defer f.Close()
-		return f.Sync()
+		return nil
 	})
 }

@@ -133,12 +133,9 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	if err != nil {
 		return res, err
 	}
-	p, err := s.store.project(scope)
+	p, err := s.store.existingProject(scope)
 	if err != nil {
 		return res, err
-	}
-	if !p.exists() {
-		return res, projectNotFound(business, project)
 	}
 	tx, err := s.beginExport(ctx, m, p)
 	if err != nil {
@@ -414,15 +411,10 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 // mainHasLandings refuses a pool (at gitDir) whose main does not hold the
 // log's last landing of p's project.
 func (s *Service) mainHasLandings(ctx context.Context, p repo, gitDir string) error {
-	l, ok := s.o.Authority.(authz.Lander)
-	if !ok {
-		return nil
-	}
-	ls, err := l.Landings(ctx, p.Business, p.Project)
-	if err != nil || len(ls) == 0 {
+	last, err := s.lastLanding(ctx, p.Business, p.Project)
+	if last == nil {
 		return err
 	}
-	last := ls[len(ls)-1]
 	err = s.git.Run(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{last.New, MainRef}})
 	if err == nil {
 		return nil
@@ -1114,7 +1106,7 @@ func (tx *importTx) place() error {
 		return err
 	}
 	tx.placed = true
-	return bundle.SyncDir(bdir)
+	return bundle.Sync(bdir)
 }
 
 // Commit makes the placement final: the copy set aside goes, and the
@@ -1143,7 +1135,7 @@ func (tx *importTx) Rollback() {
 				os.Remove(tx.aside)
 			}
 		}
-		bundle.SyncDir(bdir)
+		bundle.Sync(bdir)
 	}
 	tx.done = true
 	if tx.unlock != nil {

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/bushost/bushost/gitd/bundle"
-	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
@@ -65,23 +64,17 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 		return "", "", err
 	}
 	ref := "refs/heads/" + branch
-	r, err := s.store.project(p)
+	r, err := s.store.existingProject(p)
 	if err != nil {
 		return "", "", err
-	}
-	if !r.exists() {
-		return "", "", projectNotFound(r.Business, r.Project)
 	}
 	unlock, err := r.state().lock(ctx)
 	if err != nil {
 		return "", "", err
 	}
 	defer unlock()
-	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine)
+	root, err := s.rootOf(ctx, r)
 	if err != nil {
-		return "", "", fmt.Errorf("repository %s does not know its root: %w", r.Path, err)
-	}
-	if root, err = checkRoot(root); err != nil {
 		return "", "", err
 	}
 	if !isGitRepo(root) {
@@ -137,15 +130,10 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 // (the last landing's main is not in the root's HEAD): syncing would drop
 // it. The host publishes main to the root and merges it there first.
 func (s *Service) landedWorkMissing(ctx context.Context, r repo, q *bundle.Quarantine, business, project, root, next string) error {
-	l, ok := s.o.Authority.(authz.Lander)
-	if !ok {
-		return nil
-	}
-	ls, err := l.Landings(ctx, business, project)
-	if err != nil || len(ls) == 0 {
+	last, err := s.lastLanding(ctx, business, project)
+	if last == nil {
 		return err
 	}
-	last := ls[len(ls)-1]
 	in, err := r.isAncestor(ctx, q, last.New, next)
 	if err != nil || in {
 		return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 
+	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/gitobj"
@@ -148,7 +149,7 @@ func (m *RefMove) Commit(ctx context.Context) error {
 		return m.r.gitUpdateRef(ctx, m.ref, m.newID, m.old)
 	}
 	if !m.synced {
-		if err := SyncFile(m.lock); err != nil {
+		if err := bundle.Sync(m.lock); err != nil {
 			return err
 		}
 	}
@@ -168,16 +169,6 @@ func (m *RefMove) Abort() {
 	if !m.byGit {
 		os.Remove(m.lock)
 	}
-}
-
-// SyncFile fsyncs the file at p.
-func SyncFile(p string) error {
-	f, err := os.Open(p)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // createRefLock creates lock with O_EXCL, waiting up to refLockWait while

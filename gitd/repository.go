@@ -285,14 +285,16 @@ func (r repo) hasObject(h plumbing.Hash) (bool, error) {
 
 // isAncestor reports whether a is an ancestor of b (objects read through q).
 func (r repo) isAncestor(ctx context.Context, q *bundle.Quarantine, a, b string) (bool, error) {
-	err := q.Run(ctx, r.git, gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}})
-	if err == nil {
-		return true, nil
-	}
+	return ancestry(q.Run(ctx, r.git, gitcmd.Cmd{GitDir: r.gitDir(), Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{a, b}}))
+}
+
+// ancestry reads the outcome err of `git merge-base --is-ancestor`: exit
+// 0 is yes, 1 no, anything else an error.
+func ancestry(err error) (bool, error) {
 	if gitcmd.ExitCode(err) == 1 {
 		return false, nil
 	}
-	return false, err
+	return err == nil, err
 }
 
 var errNoMergeBase = errors.New("no merge base")

@@ -88,7 +88,7 @@ func (s *Service) AddProject(ctx context.Context, p names.Project, root string) 
 	if err := os.Rename(tmpDir, r.Dir); err != nil {
 		return "", false, err
 	}
-	if err := bundle.SyncDir(dir); err != nil {
+	if err := bundle.Sync(dir); err != nil {
 		return "", false, err
 	}
 	return commit, true, nil
@@ -99,12 +99,9 @@ func (s *Service) AddProject(ctx context.Context, p names.Project, root string) 
 // when its files changed.
 func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, previous string, err error) {
 	business, project := p.Business(), p.Name()
-	r, err := s.store.project(p)
+	r, err := s.store.existingProject(p)
 	if err != nil {
 		return "", "", err
-	}
-	if !r.exists() {
-		return "", "", projectNotFound(r.Business, r.Project)
 	}
 	tx, err := s.beginLand(r)
 	if err != nil {
@@ -122,11 +119,8 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 			return "", "", err
 		}
 	}
-	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine)
+	root, err := s.rootOf(ctx, r)
 	if err != nil {
-		return "", "", fmt.Errorf("repository %s does not know its root: %w", r.Path, err)
-	}
-	if root, err = checkRoot(root); err != nil {
 		return "", "", err
 	}
 	old, err := r.readRef(MainRef)
@@ -230,6 +224,15 @@ func (s *Service) commitDir(ctx context.Context, dir, root, parent string, env [
 		return "", false, err
 	}
 	return commit, false, nil
+}
+
+// rootOf is r's root, as AddProject recorded it, checked again.
+func (s *Service) rootOf(ctx context.Context, r repo) (string, error) {
+	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine)
+	if err != nil {
+		return "", fmt.Errorf("repository %s does not know its root: %w", r.Path, err)
+	}
+	return checkRoot(root)
 }
 
 // checkRoot requires an absolute path to an existing directory. A daemon

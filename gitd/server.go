@@ -127,42 +127,52 @@ func (sv *server) FetchMain(req *gitv1.FetchMainRequest, stream grpc.ServerStrea
 	if err != nil {
 		return err
 	}
-	still := sv.stillValid(ctx, g.Grant)
-	w := newChunkWriter(func(b []byte) error {
-		if err := still.check(); err != nil {
-			return err
-		}
-		return stream.Send(&gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Chunk{Chunk: b}})
+	return sendBundle(sv, g.Grant, stream, func(begin func(string) error, w io.Writer) error {
+		return sv.s.WriteMainBundle(ctx, g.task.Project(), req.GetHave(), begin, w)
+	}, func(c string) *gitv1.FetchMainResponse {
+		return &gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Commit{Commit: c}}
+	}, func(b []byte) *gitv1.FetchMainResponse {
+		return &gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Chunk{Chunk: b}}
 	})
-	begin := func(c string) error {
-		return stream.Send(&gitv1.FetchMainResponse{Msg: &gitv1.FetchMainResponse_Commit{Commit: c}})
-	}
-	if err := sv.s.WriteMainBundle(ctx, g.task.Project(), req.GetHave(), begin, w); err != nil {
-		return still.first(err)
-	}
-	return still.first(w.Flush())
 }
 
 func (sv *server) FetchReview(req *gitv1.FetchReviewRequest, stream grpc.ServerStreamingServer[gitv1.FetchReviewResponse]) error {
+	return sendPush(sv, stream, authz.CapReviewVerdict, req.GetHave(), req.GetAlsoHave(), func(c string) *gitv1.FetchReviewResponse {
+		return &gitv1.FetchReviewResponse{Msg: &gitv1.FetchReviewResponse_Commit{Commit: c}}
+	}, func(b []byte) *gitv1.FetchReviewResponse {
+		return &gitv1.FetchReviewResponse{Msg: &gitv1.FetchReviewResponse_Chunk{Chunk: b}}
+	})
+}
+
+// sendPush sends a task's latest push as a bundle (FetchReview,
+// FetchWork) to a grant with capability cap whose task is not marked.
+func sendPush[R any](sv *server, stream grpc.ServerStreamingServer[R], cap, have string, also []string, commit func(string) *R, chunk func([]byte) *R) error {
 	ctx := stream.Context()
-	g, err := sv.authorize(ctx, authz.CapReviewVerdict)
+	g, err := sv.authorize(ctx, cap)
 	if err != nil {
 		return err
 	}
 	if err := sv.s.notMarked(ctx, g.Grant); err != nil {
 		return err
 	}
-	still := sv.stillValid(ctx, g.Grant)
+	return sendBundle(sv, g.Grant, stream, func(begin func(string) error, w io.Writer) error {
+		return sv.s.WriteReviewBundle(ctx, g.task, have, also, begin, w)
+	}, commit, chunk)
+}
+
+// sendBundle streams the bundle write makes: the message commit makes of
+// its commit first, then chunk's of its bytes, each chunk sent only while
+// the grant g still holds; a refused grant is the stream's end.
+func sendBundle[R any](sv *server, g authz.Grant, stream grpc.ServerStreamingServer[R], write func(begin func(string) error, w io.Writer) error, commit func(string) *R, chunk func([]byte) *R) error {
+	still := sv.stillValid(stream.Context(), g)
 	w := newChunkWriter(func(b []byte) error {
 		if err := still.check(); err != nil {
 			return err
 		}
-		return stream.Send(&gitv1.FetchReviewResponse{Msg: &gitv1.FetchReviewResponse_Chunk{Chunk: b}})
+		return stream.Send(chunk(b))
 	})
-	begin := func(c string) error {
-		return stream.Send(&gitv1.FetchReviewResponse{Msg: &gitv1.FetchReviewResponse_Commit{Commit: c}})
-	}
-	if err := sv.s.WriteReviewBundle(ctx, g.task, req.GetHave(), req.GetAlsoHave(), begin, w); err != nil {
+	begin := func(c string) error { return stream.Send(commit(c)) }
+	if err := write(begin, w); err != nil {
 		return still.first(err)
 	}
 	return still.first(w.Flush())

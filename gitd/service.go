@@ -198,17 +198,8 @@ func (s *Service) cleanStale() error {
 
 // removeSeeding removes the seeding directories in dir.
 func removeSeeding(dir string) error {
-	ps, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, p := range ps {
+	return bundle.RemoveEntries(dir, func(p os.DirEntry) bool {
 		// An export's spool stays until settleExports has cancelled it.
-		if strings.HasPrefix(p.Name(), seedPrefix) && !strings.HasPrefix(p.Name(), exportSpoolPrefix) {
-			if err := os.RemoveAll(filepath.Join(dir, p.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+		return strings.HasPrefix(p.Name(), seedPrefix) && !strings.HasPrefix(p.Name(), exportSpoolPrefix)
+	})
 }

@@ -85,6 +85,16 @@ func (st *store) project(p names.Project) (repo, error) {
 	return r, nil
 }
 
+// existingProject is project for a call that needs the pool made:
+// PROJECT_NOT_FOUND when it never was.
+func (st *store) existingProject(p names.Project) (repo, error) {
+	r, err := st.project(p)
+	if err == nil && !r.exists() {
+		err = projectNotFound(r.Business, r.Project)
+	}
+	return r, err
+}
+
 // task returns t's repository (it may not exist yet: ensure makes it).
 func (st *store) task(t names.Task) (repo, error) {
 	if t.IsZero() {

@@ -360,17 +360,7 @@ func SyncAll(paths []string) error {
 	errs := make([]error, len(paths))
 	var wg sync.WaitGroup
 	for i, p := range paths {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f, err := os.Open(p)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer f.Close()
-			errs[i] = f.Sync()
-		}()
+		wg.Go(func() { errs[i] = Sync(p) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -413,13 +403,21 @@ func (q *Quarantine) waitWriteback() {
 // CleanStale removes quarantine directories left in objects by a process
 // that died; call it only while no ingestion into that repository runs.
 func CleanStale(objects string) error {
-	ents, err := os.ReadDir(objects)
+	return RemoveEntries(objects, func(e os.DirEntry) bool {
+		return e.IsDir() && strings.HasPrefix(e.Name(), QuarantinePrefix)
+	})
+}
+
+// RemoveEntries removes, with all they hold, the entries of dir that
+// match.
+func RemoveEntries(dir string, match func(os.DirEntry) bool) error {
+	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return err
 	}
 	for _, e := range ents {
-		if e.IsDir() && strings.HasPrefix(e.Name(), QuarantinePrefix) {
-			if err := os.RemoveAll(filepath.Join(objects, e.Name())); err != nil {
+		if match(e) {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}
 		}
@@ -427,9 +425,10 @@ func CleanStale(objects string) error {
 	return nil
 }
 
-// SyncDir fsyncs a directory, making the links and renames in it durable.
-func SyncDir(dir string) error {
-	f, err := os.Open(dir)
+// Sync fsyncs the file or directory at path; a directory's, to make the
+// links and renames in it durable.
+func Sync(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}

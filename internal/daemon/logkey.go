@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/bushost/bushost/broker"
+	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/safepath"
 )
@@ -87,7 +88,7 @@ func logKey(path string) (key ed25519.PrivateKey, made bool, keep func() error, 
 		if err := os.Rename(pending, path); err != nil {
 			return fmt.Errorf("log signing key: %w", err)
 		}
-		return syncDir(filepath.Dir(path))
+		return bundle.Sync(filepath.Dir(path))
 	}
 	return key, true, keep, nil
 }
@@ -103,16 +104,6 @@ func readSigningKey(path string) (ed25519.PrivateKey, error) {
 		return nil, fmt.Errorf("log signing key %s: %w", path, err)
 	}
 	return key, nil
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // readKeyFile reads path, opened once without following a link, after
