@@ -85,15 +85,30 @@ func TestLaunchBeyondGrant(t *testing.T) {
 	e.refusedLaunch(t, e.lead, "--timeout 3h", "--task", "t1", "--role", "worker", "--caps", "git.push.working", "--timeout", "3h")
 	e.refusedLaunch(t, e.lead, "task t2", "--task", "t2", "--role", "worker", "--caps", "git.push.working")
 
-	// Naming no limits: the host's defaults, all of them.
-	id, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working", "--", "true")
+	// Naming no limits: the host's defaults, all of them. The session
+	// lives until the launcher has seen its bwrap and recorded its
+	// cgroup, one directory per controller the defaults need (to remove
+	// it if its sandbox run dies first); a session that ends at once may
+	// end before the launcher looks.
+	id, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working", "--", "sleep", "600")
 	id = strings.TrimSpace(id)
 	if code != 0 {
 		t.Fatalf("session launch: exit %d\n%s", code, errOut)
 	}
-	if _, errOut, code := e.as(t, e.lead, "session", "wait", id); code != 0 {
-		t.Fatalf("session wait: exit %d\n%s", code, errOut)
+	var rec struct {
+		Cgroup []string `json:"cgroup"`
 	}
+	testenv.WaitFor(t, time.Minute, "the launcher records the session's cgroup", func() bool {
+		b, err := os.ReadFile(filepath.Join(e.h.Home, "sessions", id, "record.json"))
+		return err == nil && json.Unmarshal(b, &rec) == nil && len(rec.Cgroup) > 0
+	})
+	if len(rec.Cgroup) != 3 {
+		t.Errorf("record.json of a session with the default limits: cgroup %v", rec.Cgroup)
+	}
+	if _, errOut, code := e.as(t, e.lead, "session", "stop", id); code != 0 {
+		t.Fatalf("session stop: exit %d\n%s", code, errOut)
+	}
+	e.as(t, e.lead, "session", "wait", id)
 	data := e.launchedEvent(t, id)
 	limits, _ := data["limits"].(map[string]any)
 	for _, l := range bounds.Limits {
@@ -104,14 +119,6 @@ func TestLaunchBeyondGrant(t *testing.T) {
 	}
 	if data["net"] != "none" {
 		t.Errorf("session.launched net %v, want none", data["net"])
-	}
-	// The launcher knows its cgroup (to remove it if its sandbox run dies
-	// first), one directory per controller the defaults need.
-	var rec struct {
-		Cgroup []string `json:"cgroup"`
-	}
-	if b, err := os.ReadFile(filepath.Join(e.h.Home, "sessions", id, "record.json")); err != nil || json.Unmarshal(b, &rec) != nil || len(rec.Cgroup) != 3 {
-		t.Errorf("record.json of a session with the default limits: cgroup %v, %v", rec.Cgroup, err)
 	}
 
 	// Every limit of sandbox run can be asked for through the launcher.
