@@ -14,7 +14,6 @@ import (
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
-	"github.com/bushost/bushost/internal/gitobj"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -257,7 +256,7 @@ func (r repo) readRefIn(g *git.Repository, ref string) (string, error) {
 	}
 	if g == nil {
 		var err error
-		if g, err = gitobj.OpenRepository(r.Path); err != nil {
+		if g, err = openGoGit(r.Path); err != nil {
 			return "", err
 		}
 	}

@@ -11,9 +11,30 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/cache"
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+	"github.com/go-git/go-git/v5/storage/filesystem"
 
 	"github.com/bushost/bushost/internal/gitobj"
 )
+
+// openGoGit opens the bare repository at path with go-git, for its refs
+// and its storage's reads: a caller that reads many objects reads them
+// through mapped indexes (views), since go-git's storage decodes every
+// index of a repository whole on its first read. It is here, not in
+// internal/gitobj, because go-git's root package links its transports
+// (ssh, http, openpgp, os/user and so cgo) into whatever imports it, and
+// the client imports gitobj (through gitd/bundle): without them a
+// `bushost` start costs about 7 ms less CPU (docs/performance.md,
+// BenchmarkPushConcurrent).
+func openGoGit(path string) (*git.Repository, error) {
+	fs := osfs.New(path)
+	if _, err := fs.Stat(""); err != nil {
+		if os.IsNotExist(err) {
+			return nil, git.ErrRepositoryNotExists
+		}
+		return nil, err
+	}
+	return git.Open(filesystem.NewStorage(fs, cache.NewObjectLRUDefault()), nil)
+}
 
 // view is one request's reads of a repository's objects: its own, then
 // its pool's, and never anything else. Packed objects are read through
@@ -71,7 +92,7 @@ func (p *viewPack) index() *packIndex {
 func (s *Service) open(r repo) (*view, error) {
 	v := &view{r: r, maxObject: s.o.MaxObjectBytes, bases: cache.NewObjectLRU(viewBaseCache)}
 	if r.exists() {
-		g, err := gitobj.OpenRepository(r.Path)
+		g, err := openGoGit(r.Path)
 		if err != nil {
 			return nil, err
 		}
@@ -154,7 +175,7 @@ func (v *view) reload() bool {
 		return false
 	}
 	if v.own == nil && v.r.exists() {
-		if g, err := gitobj.OpenRepository(v.r.Path); err == nil {
+		if g, err := openGoGit(v.r.Path); err == nil {
 			v.own = g
 		}
 	}
@@ -168,7 +189,7 @@ func (v *view) poolView() *view {
 		return v
 	}
 	p := &view{r: v.r.pool(), maxObject: v.maxObject, bases: v.bases}
-	if g, err := gitobj.OpenRepository(p.r.Path); err == nil {
+	if g, err := openGoGit(p.r.Path); err == nil {
 		p.own = g
 	}
 	// The pool is v's last directory: its packs as v listed them.

@@ -254,6 +254,14 @@ func (h *Host) Run(t testing.TB, env []string, args ...string) (stdout, stderr s
 // RunIn is Run in directory dir.
 func (h *Host) RunIn(t testing.TB, dir string, env []string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	stdout, stderr, code, _ = h.RunCPU(t, dir, env, args...)
+	return stdout, stderr, code
+}
+
+// RunCPU is RunIn that also returns the CPU bushost and the children it
+// waited for (its git processes) used: the rusage wait4 reports.
+func (h *Host) RunCPU(t testing.TB, dir string, env []string, args ...string) (stdout, stderr string, code int, cpu time.Duration) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, h.client, append([]string{"--home", h.Home}, args...)...)
@@ -274,7 +282,10 @@ func (h *Host) RunIn(t testing.TB, dir string, env []string, args ...string) (st
 	if strings.Contains(errb.String(), raceReport) {
 		t.Errorf("bushost %v (built with -race) reported a data race:\n%s", args, errb.String())
 	}
-	return out.String(), errb.String(), code
+	if cmd.ProcessState != nil {
+		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}
+	return out.String(), errb.String(), code, cpu
 }
 
 // raceReport starts what a binary built with -race prints on a data race.

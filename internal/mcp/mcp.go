@@ -110,7 +110,7 @@ func NewServer(r Runner, g Grant, root, version string) *sdk.Server {
 			"A refusal's structured content has a reason (NON_FAST_FORWARD, GATE_NO_APPROVAL, ...) and its text says what to do.",
 	})
 	sv := &server{r: r, root: root, slots: make(chan struct{}, maxCalls)}
-	for _, t := range tools {
+	for _, t := range tools() {
 		if t.allowed(g) {
 			t.add(s, sv)
 		}

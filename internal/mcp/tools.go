@@ -9,93 +9,99 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
 )
 
-// The tools, in the order tools/list gives them. Each runs the CLI command
-// of its name; docs/mcp.md has the table.
-var tools = []tool{
-	fetchTool("fetch_main", "fetch-main", capsFetchMain,
-		"Fetch the bus host's main into repo (made if absent): set refs/remotes/bushost/main and fast-forward main; returns main's commit. Do this before you start work."),
-	fetchTool("fetch_work", "fetch-work", capsPush,
-		"Fetch the task's latest push into repo's refs/work/<task> (to get your work back in a new clone); returns its commit."),
-	define("push_working", "Push the commit at repo's HEAD (bundled against the main fetch_main fetched) to the task's work ref; returns the commit pushed. Commit first; NON_FAST_FORWARD means fetch_work and rebase.",
-		additive, true, capsPush, func(ctx context.Context, sv *server, c *call, in repoArg) (pushOut, error) {
-			var out pushOut
-			dir, err := sv.repo(in.Repo)
-			if err != nil {
+// tools are the tools, in the order tools/list gives them. Each runs the
+// CLI command of its name; docs/mcp.md has the table. They are made on
+// first use, not at package init: their JSON schemas cost every bushost
+// command about 4 ms of CPU and 540 KB of allocations at start, which
+// only bushost mcp needs.
+var tools = sync.OnceValue(func() []tool {
+	return []tool{
+		fetchTool("fetch_main", "fetch-main", capsFetchMain,
+			"Fetch the bus host's main into repo (made if absent): set refs/remotes/bushost/main and fast-forward main; returns main's commit. Do this before you start work."),
+		fetchTool("fetch_work", "fetch-work", capsPush,
+			"Fetch the task's latest push into repo's refs/work/<task> (to get your work back in a new clone); returns its commit."),
+		define("push_working", "Push the commit at repo's HEAD (bundled against the main fetch_main fetched) to the task's work ref; returns the commit pushed. Commit first; NON_FAST_FORWARD means fetch_work and rebase.",
+			additive, true, capsPush, func(ctx context.Context, sv *server, c *call, in repoArg) (pushOut, error) {
+				var out pushOut
+				dir, err := sv.repo(in.Repo)
+				if err != nil {
+					return out, err
+				}
+				warn, err := sv.run(ctx, "push-working", []Flag{{"repo", dir}}, nil, &out)
+				out.Warning = warn
 				return out, err
-			}
-			warn, err := sv.run(ctx, "push-working", []Flag{{"repo", dir}}, nil, &out)
-			out.Warning = warn
-			return out, err
-		}),
-	commandTool[requestOut]("review_request", "review request", additive, true, capsRequest,
-		"Ask for a review of the task's latest push; returns the request id (the same one when asked again for the same push)."),
-	fetchTool("fetch_review", "fetch-review", capsVerdict,
-		"Fetch the task's latest push into repo's refs/review/<task>, checked as the bus host checks pushes, to review it; returns its commit."),
-	define("review_verdict", "Approve (approve: true) or reject the push of a review request, on the commit fetch_review left in repo; the one verdict of that request.",
-		additive, false, capsVerdict, func(ctx context.Context, sv *server, c *call, in verdictArgs) (verdictOut, error) {
-			var out verdictOut
-			if in.Request == "" {
-				return out, errdefs.InvalidArgument(errdefs.Usage, "review_verdict: give request, the id review_request returned")
-			}
-			dir, err := sv.repo(in.Repo)
-			if err != nil {
+			}),
+		commandTool[requestOut]("review_request", "review request", additive, true, capsRequest,
+			"Ask for a review of the task's latest push; returns the request id (the same one when asked again for the same push)."),
+		fetchTool("fetch_review", "fetch-review", capsVerdict,
+			"Fetch the task's latest push into repo's refs/review/<task>, checked as the bus host checks pushes, to review it; returns its commit."),
+		define("review_verdict", "Approve (approve: true) or reject the push of a review request, on the commit fetch_review left in repo; the one verdict of that request.",
+			additive, false, capsVerdict, func(ctx context.Context, sv *server, c *call, in verdictArgs) (verdictOut, error) {
+				var out verdictOut
+				if in.Request == "" {
+					return out, errdefs.InvalidArgument(errdefs.Usage, "review_verdict: give request, the id review_request returned")
+				}
+				dir, err := sv.repo(in.Repo)
+				if err != nil {
+					return out, err
+				}
+				word := "reject"
+				if in.Approve {
+					word = "approve"
+				}
+				flags := []Flag{{"request", in.Request}, {word, "true"}, {"repo", dir}}
+				if in.Comment != "" {
+					flags = append(flags, Flag{"comment", in.Comment})
+				}
+				_, err = sv.run(ctx, "review verdict", flags, nil, &out)
 				return out, err
-			}
-			word := "reject"
-			if in.Approve {
-				word = "approve"
-			}
-			flags := []Flag{{"request", in.Request}, {word, "true"}, {"repo", dir}}
-			if in.Comment != "" {
-				flags = append(flags, Flag{"comment", in.Comment})
-			}
-			_, err = sv.run(ctx, "review verdict", flags, nil, &out)
-			return out, err
-		}),
-	commandTool[map[string]any]("task_show", "task show", readOnly, true, nil,
-		"Show the task from its log: state, latest push, each review request with its verdict and comment, its landing."),
-	commandTool[closeOut]("task_close", "task close", destructive, true, capsClose,
-		"Close the task; with a push, only once its latest push is approved (else GATE_NO_APPROVAL)."),
-	define("task_land", "Put the task's approved latest push on main and close the task; if main moved, merge: true has the bus host merge (MERGE_CONFLICT lists the paths).",
-		destructive, false, capsLand, func(ctx context.Context, sv *server, c *call, in landArgs) (landOut, error) {
-			var out landOut
-			var flags []Flag
-			if in.Merge {
-				flags = append(flags, Flag{"merge", "true"})
-			}
-			_, err := sv.run(ctx, "task land", flags, nil, &out)
-			return out, err
-		}),
-	define("events", "List the task's events from the log in order, those after sequence number since; more: true means call again with since set to the last one's seq.",
-		readOnly, true, nil, func(ctx context.Context, sv *server, c *call, in eventsArgs) (eventsOut, error) {
-			return sv.events(ctx, in.Since)
-		}),
-	define("session_launch", "Launch a confined session for a task of your project with a role and capabilities from your grant's launch set, running command; returns the session.",
-		additive, false, capsLaunch, func(ctx context.Context, sv *server, c *call, in launchArgs) (map[string]any, error) {
-			out := map[string]any{}
-			flags, err := sv.launchFlags(in)
-			if err != nil {
+			}),
+		commandTool[map[string]any]("task_show", "task show", readOnly, true, nil,
+			"Show the task from its log: state, latest push, each review request with its verdict and comment, its landing."),
+		commandTool[closeOut]("task_close", "task close", destructive, true, capsClose,
+			"Close the task; with a push, only once its latest push is approved (else GATE_NO_APPROVAL)."),
+		define("task_land", "Put the task's approved latest push on main and close the task; if main moved, merge: true has the bus host merge (MERGE_CONFLICT lists the paths).",
+			destructive, false, capsLand, func(ctx context.Context, sv *server, c *call, in landArgs) (landOut, error) {
+				var out landOut
+				var flags []Flag
+				if in.Merge {
+					flags = append(flags, Flag{"merge", "true"})
+				}
+				_, err := sv.run(ctx, "task land", flags, nil, &out)
 				return out, err
-			}
-			_, err = sv.run(ctx, "session launch", flags, in.Command, &out)
-			return out, err
-		}),
-	define("session_list", "List the sessions you launched: id, task, role, state, exit.",
-		readOnly, true, capsLaunch, func(ctx context.Context, sv *server, c *call, in noArgs) (sessionsOut, error) {
-			return sv.sessions(ctx)
-		}),
-	sessionTool[map[string]any]("session_wait", "session wait", readOnly,
-		"Wait for session id to end; returns the session with its exit status (124 for a timeout, 128+n for a signal)."),
-	sessionTool[logsOut]("session_logs", "session logs", readOnly,
-		"Return session id's output as the launcher kept it: the last 1 MiB of its stdout and of its stderr."),
-	sessionTool[map[string]any]("session_stop", "session stop", destructive,
-		"Stop session id (SIGTERM, then SIGKILL after the launcher's grace); returns once it has ended."),
-}
+			}),
+		define("events", "List the task's events from the log in order, those after sequence number since; more: true means call again with since set to the last one's seq.",
+			readOnly, true, nil, func(ctx context.Context, sv *server, c *call, in eventsArgs) (eventsOut, error) {
+				return sv.events(ctx, in.Since)
+			}),
+		define("session_launch", "Launch a confined session for a task of your project with a role and capabilities from your grant's launch set, running command; returns the session.",
+			additive, false, capsLaunch, func(ctx context.Context, sv *server, c *call, in launchArgs) (map[string]any, error) {
+				out := map[string]any{}
+				flags, err := sv.launchFlags(in)
+				if err != nil {
+					return out, err
+				}
+				_, err = sv.run(ctx, "session launch", flags, in.Command, &out)
+				return out, err
+			}),
+		define("session_list", "List the sessions you launched: id, task, role, state, exit.",
+			readOnly, true, capsLaunch, func(ctx context.Context, sv *server, c *call, in noArgs) (sessionsOut, error) {
+				return sv.sessions(ctx)
+			}),
+		sessionTool[map[string]any]("session_wait", "session wait", readOnly,
+			"Wait for session id to end; returns the session with its exit status (124 for a timeout, 128+n for a signal)."),
+		sessionTool[logsOut]("session_logs", "session logs", readOnly,
+			"Return session id's output as the launcher kept it: the last 1 MiB of its stdout and of its stderr."),
+		sessionTool[map[string]any]("session_stop", "session stop", destructive,
+			"Stop session id (SIGTERM, then SIGKILL after the launcher's grace); returns once it has ended."),
+	}
+})
 
 // fetchTool is a tool that runs fetch command words into repo and
 // returns the commit fetched: it writes repo only.
