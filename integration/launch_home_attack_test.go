@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,9 +23,9 @@ var noDefaults = []string{"--default-memory", "none", "--default-pids", "none", 
 // sandbox serve runs as root in the home a flag (or $BUSHOST_HOME) names.
 // A home someone else made or can change is refused before root makes,
 // opens or changes anything in it: a home a user made in a directory
-// anyone may write, one writable by others, a link, and links planted
+// anyone may write, one writable by others, a link, links planted
 // where root makes its lock, its state directory and reads the admin
-// token. Nothing outside is touched (a root directory's mode, a file
+// token, and a --launch-state a user owns or reached through a link. Nothing outside is touched (a root directory's mode, a file
 // made), nothing is left in the home but, in a home it trusts, the
 // launcher's own lock.
 func TestLaunchHomeAttack(t *testing.T) {
@@ -112,6 +114,19 @@ func TestLaunchHomeAttack(t *testing.T) {
 			os.Symlink(victim, filepath.Join(dir, "sessions"))
 			return nil, []string{"--home", dir}
 		}, "sessions is a symbolic link"},
+		{"a state directory a user owns", func(t *testing.T, dir string) ([]string, []string) {
+			mkdirMode(t, dir, 0o700)
+			mustWrite(t, filepath.Join(dir, "admin.token"), token, 0o600)
+			evil := evilDir(t, base)
+			chownAll(t, evil, 65534)
+			return nil, []string{"--home", dir, "--launch-state", filepath.Join(evil, "state")}
+		}, "belongs to another user, not root"},
+		{"a state directory through a link", func(t *testing.T, dir string) ([]string, []string) {
+			mkdirMode(t, dir, 0o700)
+			mustWrite(t, filepath.Join(dir, "admin.token"), token, 0o600)
+			os.Symlink(victim, filepath.Join(dir, "l"))
+			return nil, []string{"--home", dir, "--launch-state", filepath.Join(dir, "l", "state")}
+		}, "l is a symbolic link"},
 		{"admin.token a link to a root file", func(t *testing.T, dir string) ([]string, []string) {
 			mkdirMode(t, dir, 0o700)
 			os.Symlink(filepath.Join(victim, "secret"), filepath.Join(dir, "admin.token"))
@@ -148,44 +163,181 @@ func TestLaunchHomeAttack(t *testing.T) {
 		})
 	}
 
-	// The deployed layout still serves: bushostd's user owns the home
-	// (0710, in a directory only root may write); root makes its lock and
-	// its state directory there, root's.
-	t.Run("bushostd's home", func(t *testing.T) {
-		lib, err := os.MkdirTemp("/var/lib", "bh-atk-")
+	t.Run("bushostd's home", func(t *testing.T) { launchOnUsersHome(t) })
+}
+
+// launchOnUsersHome: the deployed layout, end to end. bushostd's user owns
+// the home (0710, in a directory only root may write); the launcher keeps
+// its state outside it, in a directory root alone may write, and a worker
+// it launches runs to completion. The home's owner then plants links
+// where the launcher's state used to lie (sessions/, launch.lock,
+// probe-disk) and where sessions' directories were, while a session runs,
+// after it ended, across a restart (re-adoption), a workspace sweep and
+// session rm: root writes, mounts and removes nothing outside its state
+// directory.
+func launchOnUsersHome(t *testing.T) {
+	lib, err := os.MkdirTemp("/var/lib", "bh-atk-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(lib) })
+	os.Chmod(lib, 0o755)
+	victim := filepath.Join(lib, "victim") // stands for /root, /etc
+	mkdirMode(t, filepath.Join(victim, "dir"), 0o700)
+	mkdirMode(t, victim, 0o700)
+	mustWrite(t, filepath.Join(victim, "secret"), "root's secret\n", 0o600)
+	mustWrite(t, filepath.Join(victim, "dir", "keep"), "kept\n", 0o600)
+	home := filepath.Join(lib, "home")
+	mkdirMode(t, home, 0o700)
+	const owner = 65534 // bushostd's user
+	e := newLaunchEnvAt(t, home, func(e *launchEnv) {
+		// bushostd (root in this test) made its files; the home is its
+		// user's, its group the sockets' (sessions enter it).
+		grp, err := user.LookupGroup(e.group)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { os.RemoveAll(lib) })
-		os.Chmod(lib, 0o755)
-		home := filepath.Join(lib, "home")
-		mkdirMode(t, home, 0o710)
-		mustWrite(t, filepath.Join(home, "admin.token"), token, 0o600)
-		chownAll(t, home, 65534)
-		cmd := exec.Command(sb, append([]string{"serve", "--home", home}, noDefaults...)...)
-		cmd.Env = cleanEnv()
-		var out syncBuf
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
+		gid, _ := strconv.Atoi(grp.Gid)
+		if err := os.Lchown(home, owner, gid); err != nil {
 			t.Fatal(err)
 		}
-		defer func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			cmd.Wait()
-		}()
-		testenv.WaitFor(t, time.Minute, "sandbox serve serving", func() bool {
-			return strings.Contains(out.String(), "serving") || cmd.ProcessState != nil
-		})
-		if !strings.Contains(out.String(), "serving "+filepath.Join(home, "launch.sock")) {
-			t.Fatalf("sandbox serve on bushostd's home:\n%s", out.String())
+		os.Chmod(home, 0o710)
+	}, "--keep-workspaces", "2s")
+	testenv.WaitFor(t, time.Minute, "sandbox serve naming its state directory", func() bool {
+		b, _ := os.ReadFile(e.log)
+		_, st, ok := strings.Cut(string(b), ", state in ")
+		st, _, nl := strings.Cut(st, "\n")
+		if ok && nl {
+			e.state = st
 		}
-		for name, want := range map[string]os.FileMode{"launch.lock": 0o600, "sessions": os.ModeDir | 0o711} {
-			fi, err := os.Lstat(filepath.Join(home, name))
-			if err != nil || fi.Mode() != want || fi.Sys().(*syscall.Stat_t).Uid != 0 {
-				t.Errorf("%s: %v, want root's %v (%v)", name, fi.Mode(), want, err)
+		return ok && nl
+	})
+	if !strings.HasPrefix(e.state, "/var/lib/bushost-launch/") {
+		t.Fatalf("state directory %q, want one of /var/lib/bushost-launch", e.state)
+	}
+	t.Cleanup(func() {
+		os.RemoveAll(e.state)
+		os.Remove(filepath.Dir(e.state)) // only if no other launcher's is there
+	})
+	for p := e.state; p != "/"; p = filepath.Dir(p) {
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.IsDir() || fi.Sys().(*syscall.Stat_t).Uid != 0 || fi.Mode().Perm()&0o022 != 0 {
+			t.Fatalf("%s: %v (%v), want a directory root alone may write", p, fi.Mode(), err)
+		}
+	}
+	for _, name := range []string{"launch.lock", "launch.sock", "sessions", "probe-disk"} {
+		want := name == "launch.sock" // the socket is where bushost finds it
+		if _, err := os.Lstat(filepath.Join(home, name)); (err == nil) != want {
+			t.Errorf("%s in the home: %v", name, err)
+		}
+		if _, err := os.Lstat(filepath.Join(e.state, name)); (err == nil) != (name == "launch.lock" || name == "sessions") {
+			t.Errorf("%s in the state directory: %v", name, err)
+		}
+	}
+
+	// (1) A worker runs a command to completion.
+	id, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",
+		"--", "sh", "-c", "echo made by a worker; exit 5")
+	id = strings.TrimSpace(id)
+	if code != 0 || !strings.HasPrefix(id, "s-") {
+		t.Fatalf("session launch on bushostd's home: exit %d, %q\n%s", code, id, errOut)
+	}
+	if out, errOut, code := e.as(t, e.lead, "session", "wait", id); code != 5 {
+		t.Fatalf("session wait: exit %d, want the session's 5\n%s%s", code, out, errOut)
+	}
+	if logs, _, _ := e.as(t, e.lead, "session", "logs", id); !strings.Contains(logs, "made by a worker") {
+		t.Fatalf("session logs: %q", logs)
+	}
+
+	// (2) The home's owner plants links where root's state lay, for a
+	// session running and one ended.
+	before := lsnap(t, victim, "")
+	// What it plants is its own (the uid alone: the group stays the
+	// sockets', which sessions need).
+	own := func(paths ...string) {
+		t.Helper()
+		for _, p := range paths {
+			if err := os.Lchown(p, owner, -1); err != nil {
+				t.Fatal(err)
 			}
 		}
+	}
+	plant := func(id string) {
+		t.Helper()
+		sess := filepath.Join(home, "sessions")
+		os.Rename(sess, sess+".old")
+		mkdirMode(t, sess, 0o755)
+		own(sess)
+		for _, p := range []string{id, "probe"} {
+			os.Symlink(victim, filepath.Join(sess, p))
+			own(filepath.Join(sess, p))
+		}
+		for _, name := range []string{"launch.lock", "probe-disk"} {
+			os.Remove(filepath.Join(home, name))
+			os.Symlink(filepath.Join(victim, "dir"), filepath.Join(home, name))
+			own(filepath.Join(home, name))
+		}
+	}
+	plant(id)
+	run, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",
+		"--", "sleep", "600")
+	run = strings.TrimSpace(run)
+	if code != 0 {
+		t.Fatalf("session launch: exit %d\n%s", code, errOut)
+	}
+	plant(run)
+	// The sessions' directory itself a link, to the victim.
+	os.Rename(filepath.Join(home, "sessions"), filepath.Join(home, "sessions.2"))
+	os.Symlink(victim, filepath.Join(home, "sessions"))
+	own(filepath.Join(home, "sessions"))
+	if out, errOut, code := e.as(t, e.lead, "session", "stop", run); code != 0 {
+		t.Fatalf("session stop: exit %d\n%s%s", code, out, errOut)
+	}
+	e.as(t, e.lead, "session", "wait", run)
+	// A restart re-adopts both from the state directory.
+	e.stop(t)
+	e.start(t)
+	rows := decodeSessions(t, e.h.Must(t, "session", "list", "--json"))
+	if len(rows) != 2 {
+		t.Fatalf("session list after a restart: %+v, want the two sessions", rows)
+	}
+	// The sweep (--keep-workspaces 2s) removes both workspaces, then
+	// session rm both sessions.
+	testenv.WaitFor(t, time.Minute, "the workspaces swept", func() bool {
+		for _, s := range []string{id, run} {
+			b, _ := os.ReadFile(filepath.Join(e.state, "sessions", s, "record.json"))
+			if !strings.Contains(string(b), `"workspace_removed": true`) {
+				return false
+			}
+		}
+		return true
 	})
+	for _, s := range []string{id, run} {
+		if out, errOut, code := e.as(t, e.lead, "session", "rm", s); code != 0 {
+			t.Fatalf("session rm %s: exit %d\n%s%s", s, code, out, errOut)
+		}
+		if _, err := os.Lstat(filepath.Join(e.state, "sessions", s)); !os.IsNotExist(err) {
+			t.Errorf("session rm %s left its directory: %v", s, err)
+		}
+	}
+	if after := lsnap(t, victim, ""); after != before {
+		t.Errorf("root changed what the home's links named:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && (strings.HasPrefix(f[4], lib+"/") || strings.HasPrefix(f[4], e.state+"/")) {
+			t.Errorf("mounted: %s", line)
+		}
+	}
+	// What the home's owner planted is still there, the owner's.
+	for _, p := range []string{"sessions", "sessions.old", "sessions.2", "launch.lock", "probe-disk"} {
+		if fi, err := os.Lstat(filepath.Join(home, p)); err != nil || fi.Sys().(*syscall.Stat_t).Uid != owner {
+			t.Errorf("%s in the home: %v", p, err)
+		}
+	}
 }
 
 func mkdirMode(t *testing.T, dir string, mode os.FileMode) {

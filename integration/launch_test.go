@@ -23,6 +23,7 @@ import (
 // sockets) and a sandbox serve on the same home.
 type launchEnv struct {
 	h     *Host
+	state string // the launcher's state directory: the home, when root's
 	group string // the socket group
 	serve *exec.Cmd
 	log   string
@@ -38,20 +39,31 @@ type launchEnv struct {
 
 func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 	t.Helper()
+	return newLaunchEnvAt(t, "", nil, serveArgs...)
+}
+
+// newLaunchEnvAt is newLaunchEnv on the home dir ("" for a new one), with
+// prepare, when set, run on the home after bushostd started and before
+// the launcher does (to give the home to another user).
+func newLaunchEnvAt(t *testing.T, dir string, prepare func(e *launchEnv), serveArgs ...string) *launchEnv {
+	t.Helper()
 	testenv.NeedRoot(t, "sandbox serve gives each session a uid of its own")
 	// A group of the test's own, removed at the end.
 	group := testGroup(t, "bhl"+randSuffix())
-	h := startHostWith(t, hostOpts{Args: []string{"--socket-group", group}})
+	h := startHostWith(t, hostOpts{Home: dir, Args: []string{"--socket-group", group}})
 	h.AddProject(t, "acme", "web")
 	h.AddProject(t, "acme", "api")
 	h.Must(t, "task", "add", "--business", "acme", "--project", "web", "--task", "t1")
 	h.Must(t, "task", "add", "--business", "acme", "--project", "api", "--task", "a1")
-	e := &launchEnv{h: h, group: group, args: serveArgs, log: filepath.Join(filepath.Dir(h.Home), "serve.log")}
+	e := &launchEnv{h: h, state: h.Home, group: group, args: serveArgs, log: filepath.Join(filepath.Dir(h.Home), "serve.log")}
 	e.lead = filepath.Join(filepath.Dir(h.Home), "lead.token")
 	h.Must(t, "grant", "--business", "acme", "--project", "web", "--task", "t1", "--role", "lead",
 		"--cap", "session.launch", "--launch", "worker=git.push.working", "--out", e.lead)
 	bin(t, "bushostd") // sandbox serve becomes the bushostd beside it
 	bin(t, "bushost")  // bound into sessions from beside the sandbox
+	if prepare != nil {
+		prepare(e)
+	}
 	e.start(t)
 	t.Cleanup(func() {
 		// Whatever a failed test left running is stopped, then the launcher.
@@ -64,7 +76,7 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 		e.stop(t)
 		// The disks of sessions whose workspace is still kept (sandbox
 		// serve --keep-workspaces) are tmpfs mounts: gone with the test.
-		disks, _ := filepath.Glob(filepath.Join(h.Home, "sessions", "*", "disk"))
+		disks, _ := filepath.Glob(filepath.Join(e.state, "sessions", "*", "disk"))
 		for _, d := range disks {
 			if err := syscall.Unmount(d, syscall.MNT_DETACH); err != nil && err != syscall.EINVAL {
 				t.Errorf("unmount %s: %v", d, err)
@@ -72,7 +84,7 @@ func newLaunchEnv(t *testing.T, serveArgs ...string) *launchEnv {
 		}
 		// A failed test may leave what the launcher no longer follows:
 		// every recorded process still there is killed.
-		recs, _ := filepath.Glob(filepath.Join(h.Home, "sessions", "*", "record.json"))
+		recs, _ := filepath.Glob(filepath.Join(e.state, "sessions", "*", "record.json"))
 		for _, f := range recs {
 			var rec struct {
 				PID        int      `json:"pid"`

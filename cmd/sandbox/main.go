@@ -80,12 +80,15 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			func(args []string) int { return runOrExplain("run", args, stdin, stdout, stderr, nil) }),
 	)
 	root.AddCommand(cmdline.Passthrough("serve", "serve the launch socket: sessions launched by a grant with session.launch",
-		"usage: sandbox serve [--home DIR] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--keep-ended N] [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D]\n"+
-			"                     [--keep-workspaces D] [--default-memory SIZE] [--default-pids N] [--default-cpu F] [--default-nofile N] [--default-fsize SIZE]\n"+
+		"usage: sandbox serve [--home DIR] [--launch-state STATE] [--bus-home DIR] [--max-sessions-per-grant N] [--max-sessions N] [--max-launch-depth N] [--keep-ended N]\n"+
+			"                     [--uid-range LOW-HIGH] [--state-dir DIR] [--stop-grace D] [--keep-workspaces D]\n"+
+			"                     [--default-memory SIZE] [--default-pids N] [--default-cpu F] [--default-nofile N] [--default-fsize SIZE]\n"+
 			"                     [--default-timeout D] [--default-disk SIZE]\n"+
 			"                     [--max-conns N] [--max-in-flight N] [--max-conns-per-uid N] [--max-calls-per-uid N] [--reserved-conns N] [--reserved-calls N]\n"+
 			"                     [--max-calls-per-grant N] [--request-timeout D] [--idle-timeout D]\n\n"+
-			"serve LaunchService on DIR/launch.sock (docs/launch.md), as root. The server is bushostd's\n"+
+			"serve LaunchService on DIR/launch.sock (docs/launch.md), as root, keeping sessions' state in\n"+
+			"STATE, a directory root alone may write (the home when it is root's, else\n"+
+			"/var/lib/bushost-launch/HASH-OF-HOME). The server is bushostd's\n"+
 			"(next to this executable, else on PATH), which this process becomes: the sandbox links no\n"+
 			"gRPC, since it is also every session's pid 1. `bushostd launcher --help` describes every flag.",
 		nil,

@@ -79,10 +79,12 @@ func (h Home) LogKey() string { return h.Path("log.key") }
 // LogPub is the public key of LogKey, written at each start.
 func (h Home) LogPub() string { return h.Path("log.pub") }
 
-// Sessions is the launcher's state directory: one directory per session.
+// Sessions, in the launcher's state directory (the home when it is
+// root's), holds one directory per session.
 func (h Home) Sessions() string { return h.Path("sessions") }
 
-// LaunchLock is the launcher's lock: one launcher per home.
+// LaunchLock, in the launcher's state directory, is its lock: one
+// launcher per state directory.
 func (h Home) LaunchLock() string { return h.Path("launch.lock") }
 
 // ProbeDisk is where the launcher checks at start that a session's disk

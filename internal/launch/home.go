@@ -1,6 +1,8 @@
 package launch
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +26,10 @@ import (
 // directory above it are root's or the owner's, writable by no one else,
 // reached through no link. A home that is not root's must also lie in no
 // directory others may write (/tmp): there anyone could have made it.
+// Root keeps its own state (launch.lock, sessions/, probe-disk) only in a
+// directory root alone may write: the home when it is root's, else one
+// outside it (stateFor), since the owner of a directory may rename what
+// is in it and put its own tree, with links, in its place.
 
 // trustHome resolves dir (relative, with "..": cleaned, once) and says
 // whose rule root acts under there: root's for a home that is missing or
@@ -56,33 +62,68 @@ func trustHome(flag, dir string) (abs string, uid int, err error) {
 	}
 }
 
-// openHome checks the launcher's home (made 0700 if missing) and takes
-// its lock, made without following a link and root's; the home's
-// absolute path is the one to use from then on.
-func openHome(dir string) (abs string, lock *os.File, err error) {
+// StateBase holds the state directory of each home that is not root's
+// (sandbox serve --launch-state's default there): root's, outside every
+// home, so that its owner names nothing root acts on.
+const StateBase = "/var/lib/bushost-launch"
+
+// stateFor is the launcher's state directory for the home abs, whose
+// owner is uid: the home itself when it is root's (trustHome and
+// safepath then found it, and every directory above, writable by root
+// alone), else one of StateBase's, named by a hash of the home's path.
+func stateFor(abs string, uid int) string {
+	if uid == 0 {
+		return abs
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return filepath.Join(StateBase, hex.EncodeToString(sum[:8]))
+}
+
+// openHome checks the launcher's home (made 0700 if missing) and its
+// state directory (state, "" for stateFor's), made 0711 if missing, root's
+// with every directory above, reached through no link; it takes the
+// state's lock, made there without following a link and root's. It
+// returns the absolute paths to use from then on.
+func openHome(dir, state string) (abs, stateAbs string, lock *os.File, err error) {
 	abs, uid, err := trustHome("--home", dir)
 	if err != nil {
-		return "", nil, err
+		return "", "", nil, err
 	}
 	h, err := safepath.MkdirAll(abs, uid, 0o700)
 	if err != nil {
-		return "", nil, err
+		return "", "", nil, err
 	}
-	h.Close()
-	path := home.At(abs).LaunchLock()
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	stateAbs = stateFor(abs, uid)
+	if state != "" {
+		if stateAbs, err = filepath.Abs(state); err != nil {
+			h.Close()
+			return "", "", nil, fmt.Errorf("--launch-state %s: %w", state, err)
+		}
+	}
+	if stateAbs != abs || uid != 0 {
+		h.Close()
+		// Under root's rule: a directory the home's owner (or anyone but
+		// root) may write is refused, the home among them.
+		if h, err = safepath.MkdirAll(stateAbs, 0, 0o711); err != nil {
+			return "", "", nil, err
+		}
+	}
+	defer h.Close()
+	path := home.At(stateAbs).LaunchLock()
+	fd, err := unix.Openat(h.Fd(), filepath.Base(path), unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return "", nil, safepath.Linked(path, err)
+		return "", "", nil, safepath.Linked(path, err)
 	}
+	f := os.NewFile(uintptr(fd), path)
 	fi, err := f.Stat()
 	if err == nil {
 		err = safepath.File(path, fi, 0)
 	}
 	if err != nil {
 		f.Close()
-		return "", nil, err
+		return "", "", nil, err
 	}
-	return abs, f, nil
+	return abs, stateAbs, f, nil
 }
 
 // makeSessionsDir makes the state directory (0711), root's, following no

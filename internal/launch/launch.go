@@ -55,8 +55,9 @@ const DefaultKeepEnded = 16
 
 // Options configure a launcher.
 type Options struct {
-	// Home holds launch.sock and sessions/ (the state directory).
-	Home string
+	// Home holds launch.sock; State (default Home) is the state
+	// directory: launch.lock, sessions/, root's alone (see openHome).
+	Home, State string
 	// BusHome is bushostd's home: broker.sock, git.sock, admin.token.
 	BusHome string
 	// Sandbox is the sandbox executable sessions are run with.
@@ -121,13 +122,16 @@ func (l *live) snapshot() record {
 	return l.rec
 }
 
-func (s *Server) sessionsDir() string { return home.At(s.o.Home).Sessions() }
+func (s *Server) sessionsDir() string { return home.At(s.o.State).Sessions() }
 
 // New opens the launcher's state: it reads the admin token, connects to
 // the broker, and re-adopts every session its state directory records.
 func New(o Options) (*Server, error) {
 	if o.BusHome == "" {
 		o.BusHome = o.Home
+	}
+	if o.State == "" {
+		o.State = o.Home
 	}
 	if o.StopGrace <= 0 {
 		o.StopGrace = 10 * time.Second

@@ -26,7 +26,8 @@ func ServeFlags(args []string, stderr io.Writer) (*Options, error) {
 	o := &Options{}
 	fs := flag.NewFlagSet("sandbox serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.Home, "home", "", "the launcher's home: launch.sock and sessions/, the state directory (default $BUSHOST_HOME, else /var/lib/bushost)")
+	fs.StringVar(&o.Home, "home", "", "the launcher's home, where it serves launch.sock (default $BUSHOST_HOME, else /var/lib/bushost)")
+	fs.StringVar(&o.State, "launch-state", "", "the launcher's state directory: launch.lock, sessions/ and all root writes per session; every directory of its path root's and writable by root alone (default: the home when it is root's, else "+StateBase+"/HASH-OF-HOME)")
 	fs.StringVar(&o.Sandbox, "sandbox", "", "the sandbox executable sessions run with (sandbox serve sets it to itself)")
 	fs.StringVar(&o.BusHome, "bus-home", "", "bushostd's home: broker.sock, git.sock and the host's admin.token (default --home)")
 	fs.IntVar(&o.MaxPerGrant, "max-sessions-per-grant", 8, "sessions one launcher grant may run at once")
@@ -121,20 +122,21 @@ func serve(o *Options, stderr io.Writer) error {
 	if err := sandbox.ProbeCgroup(sandbox.LimitsOf(o.Defaults)); err != nil {
 		return fmt.Errorf("the default limits cannot be applied on this host (%v): give sandbox serve --default-memory none --default-pids none --default-cpu none, or make a cgroup available", err)
 	}
-	// One launcher per home: two would both adopt the same sessions.
-	abs, lock, err := openHome(o.Home)
+	// One launcher per state directory: two would both adopt the same
+	// sessions.
+	abs, state, lock, err := openHome(o.Home, o.State)
 	if err != nil {
 		return err
 	}
 	defer lock.Close()
-	o.Home = abs
+	o.Home, o.State = abs, state
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return fmt.Errorf("another sandbox serve runs on %s: %w", o.Home, err)
+		return fmt.Errorf("another sandbox serve runs on %s (state %s): %w", o.Home, o.State, err)
 	}
 	if disk, ok := o.Defaults["disk"]; ok {
 		// As for the cgroup: a default disk that cannot be mounted here
 		// would refuse every launch naming none.
-		if err := sandbox.ProbeDisk(home.At(o.Home).ProbeDisk(), disk); err != nil {
+		if err := sandbox.ProbeDisk(home.At(o.State).ProbeDisk(), disk); err != nil {
 			return fmt.Errorf("the default --disk cannot be applied on this host (%v): give sandbox serve --default-disk none, or let it mount a tmpfs", err)
 		}
 	}
@@ -167,6 +169,6 @@ func serve(o *Options, stderr io.Writer) error {
 		<-ctx.Done()
 		srv.Stop() // a Wait in flight would hold a graceful stop forever
 	}()
-	fmt.Fprintf(stderr, "sandbox serve: serving %s\n", path)
+	fmt.Fprintf(stderr, "sandbox serve: serving %s, state in %s\n", path, o.State)
 	return srv.Serve(l)
 }
