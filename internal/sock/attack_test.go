@@ -123,3 +123,33 @@ func TestListenModeThroughDescriptor(t *testing.T) {
 		t.Fatalf("Listen's socket: %v %v", fi, err)
 	}
 }
+
+// TestAttackListenModeHardLink: between the bind and the chmod, whoever
+// may write the socket's directory moves root's socket aside and puts a
+// hard link to another root socket in its place (where the host lets
+// users link files they do not own: fs.protected_hardlinks=0). It is a
+// socket, and root's, but not the one bound: root must not open it to
+// the home's group. A socket just bound has one name.
+func TestAttackListenModeHardLink(t *testing.T) {
+	testenv.NeedRoot(t, "a root socket elsewhere, as a host's")
+	dir := shortDir(t)
+	other := filepath.Join(dir, "rootonly.sock")
+	l, err := net.Listen("unix", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := os.Chmod(other, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	planted := filepath.Join(dir, "launch.sock")
+	if err := os.Link(other, planted); err != nil {
+		t.Fatal(err)
+	}
+	if err := setMode(planted, 0o666, 65534); err == nil || !strings.Contains(err.Error(), "replaced after the bind") {
+		t.Fatalf("setMode on a hard link to another root socket: %v", err)
+	}
+	if fi, _ := os.Stat(other); fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Gid != 0 {
+		t.Fatalf("the other root socket became %v, group %d", fi.Mode(), fi.Sys().(*syscall.Stat_t).Gid)
+	}
+}

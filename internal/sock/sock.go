@@ -25,10 +25,11 @@ import (
 // The socket is made under a restrictive umask and then opened up to
 // mode, so there is no moment where it is wider than asked. The mode and
 // group are set through a descriptor opened on the name without
-// following a link and checked to be a socket of this process's user:
-// whoever may write the socket's directory (a home's owner, when root
-// serves in it) cannot swap the name for a link between the bind and the
-// chmod and have root change the mode or group of a file of its choice.
+// following a link and checked to be a socket of this process's user
+// with no other name: whoever may write the socket's directory (a home's
+// owner, when root serves in it) cannot swap the name for a link, symbolic
+// or hard, between the bind and the chmod and have root change the mode
+// or group of a file of its choice.
 func Listen(path string, mode os.FileMode, gid int) (net.Listener, error) {
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
@@ -68,8 +69,11 @@ func setMode(path string, mode os.FileMode, gid int) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("stat the socket: %w", err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFSOCK || int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("the name was replaced after the bind (now mode %o, owner %d): refused to change it", st.Mode, st.Uid)
+	// One name: a hard link to another of this user's sockets (where the
+	// host lets anyone link files of others: fs.protected_hardlinks=0) is
+	// a socket of this user too, but not the one just bound.
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK || int(st.Uid) != os.Geteuid() || st.Nlink != 1 {
+		return fmt.Errorf("the name was replaced after the bind (now mode %o, owner %d, %d names): refused to change it", st.Mode, st.Uid, st.Nlink)
 	}
 	// An O_PATH descriptor takes no fchmod; its /proc name reaches the
 	// inode it holds without resolving the path again.
