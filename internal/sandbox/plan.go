@@ -602,27 +602,44 @@ func callerPath(what, path string) (string, error) {
 	return callerDir(what, real)
 }
 
-// callerSocket is callerPath for a socket, opened there once without
-// following a link (O_PATH) and checked to be a socket; anything else is
-// refused. It adds the socket to busSockets and its descriptor to busFDs,
-// which bwrap binds: the name lies in a home its owner may write, who
-// could otherwise swap it, after this check, for a link to a file or
-// directory anywhere that root reaches.
+// callerSocket is a bus socket the host named: links in the directories
+// above it are followed (its real path is bind source and target), but its
+// last name must be the socket itself, opened there once without following
+// a link (O_PATH) and checked to be a socket; anything else is refused. A
+// link there would be whoever may write that directory (a home's owner)
+// choosing which socket on the host the session reaches, and its group,
+// which the session is given (addSocketGroups): docker.sock's is root.
+// The socket goes to busSockets and its descriptor to busFDs, which bwrap
+// binds, so that the name swapped after this check changes nothing.
 func (p *Plan) callerSocket(what, path string) (string, error) {
-	real, err := callerPath(what, path)
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	real, err := callerDir(what, filepath.Join(dir, filepath.Base(abs)))
 	if err != nil {
 		return "", err
 	}
 	fd, err := unix.Open(real, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", fmt.Errorf("%s %s: %w", what, real, err)
+		return "", fmt.Errorf("%s %s: %w", what, path, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
 		return "", fmt.Errorf("%s %s: %w", what, real, err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFSOCK:
+	case unix.S_IFLNK:
+		unix.Close(fd)
+		to, _ := os.Readlink(real)
+		return "", fmt.Errorf("%s %s is a link (to %s): name the socket itself; through a link, whoever may write %s would choose which socket the session reaches, and its group", what, real, to, dir)
+	default:
 		unix.Close(fd)
 		return "", fmt.Errorf("%s %s is not a socket", what, real)
 	}

@@ -1,10 +1,12 @@
 package sandbox
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -15,9 +17,11 @@ import (
 // TestAttackBusSocketSwappedAfterPlan: the broker socket lies in a home
 // its owner (bushostd's user) may write. Between the plan, which checked
 // it is a socket, and bwrap's mount, that owner swaps the name for a link
-// to a file behind a directory only root may cross. bwrap must bind what
-// was checked, not what the name reaches by then: the session sees the
-// socket, never the file.
+// to a file (here behind a directory only root may cross, bwrap running as
+// root; in a session bwrap runs as its uid: any host file that uid may
+// read, outside its bind table). bwrap must bind what was checked, not
+// what the name reaches by then: the session sees the socket, never the
+// file.
 func TestAttackBusSocketSwappedAfterPlan(t *testing.T) {
 	testenv.NeedRoot(t, "bwrap binds as root, as sandbox serve's sessions are")
 	bwrap, err := exec.LookPath("bwrap")
@@ -82,5 +86,56 @@ func TestAttackBusSocketSwappedAfterPlan(t *testing.T) {
 	// Nothing left behind: the home holds the owner's link, untouched.
 	if target, err := os.Readlink(broker); err != nil || target != secret {
 		t.Errorf("%s now %q (%v), want the owner's link left as it was", broker, target, err)
+	}
+}
+
+// TestAttackBusSocketLinkedToAnotherSocket: the home's owner makes
+// broker.sock a link to another socket on the host, one whose group is
+// power (docker.sock's docker group, which is root). Root resolved the
+// link and gave the session the group of whatever socket it reached, so
+// the session could connect to it. A bus socket whose last name is a
+// link is refused: the link's owner would choose which socket, and which
+// group, the session gets. Nothing is given, nothing is left.
+func TestAttackBusSocketLinkedToAnotherSocket(t *testing.T) {
+	testenv.NeedRoot(t, "only a session started by root is given groups")
+	base, flags := layout(t)
+	gid := freeGID(t)
+	socketHome(t, base, gid)
+	elsewhere := filepath.Join(base, "elsewhere")
+	if err := os.Mkdir(elsewhere, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	power := filepath.Join(elsewhere, "power.sock")
+	l, err := net.Listen("unix", power)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := os.Chown(power, 0, int(gid+1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(power, 0o660); err != nil {
+		t.Fatal(err)
+	}
+	broker := filepath.Join(base, "bus", "broker.sock")
+	if err := os.Rename(broker, broker+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(power, broker); err != nil {
+		t.Fatal(err)
+	}
+	p, err := plan(t, flags...)
+	if err == nil {
+		defer p.Close()
+		t.Fatalf("planned with broker.sock a link to %s: session groups %v, socket groups %+v", power, p.User.Groups, p.SocketGroups)
+	}
+	if !strings.Contains(err.Error(), broker) || !strings.Contains(err.Error(), "link") {
+		t.Errorf("refusal %q does not name %s as a link", err, broker)
+	}
+	if target, err := os.Readlink(broker); err != nil || target != power {
+		t.Errorf("%s now %q (%v), want the owner's link left as it was", broker, target, err)
+	}
+	if fi, err := os.Stat(power); err != nil || fi.Mode().Perm() != 0o660 || fi.Sys().(*syscall.Stat_t).Gid != gid+1 {
+		t.Errorf("the other socket changed: %v %v", fi, err)
 	}
 }
