@@ -603,14 +603,15 @@ func callerPath(what, path string) (string, error) {
 }
 
 // callerSocket is a bus socket the host named: links in the directories
-// above it are followed (its real path is bind source and target), but its
-// last name must be the socket itself, opened there once without following
-// a link (O_PATH) and checked to be a socket; anything else is refused. A
-// link there would be whoever may write that directory (a home's owner)
-// choosing which socket on the host the session reaches, and its group,
-// which the session is given (addSocketGroups): docker.sock's is root.
-// The socket goes to busSockets and its descriptor to busFDs, which bwrap
-// binds, so that the name swapped after this check changes nothing.
+// above it are followed (its real path is bind source and target), but
+// its last name must be the socket itself, opened there once without
+// following a link (O_PATH) and checked to be a socket with that name
+// alone; anything else is refused. A link there, symbolic or hard, would
+// be whoever may write that directory (a home's owner) choosing which
+// socket on the host the session reaches, and its group, which the
+// session is given (addSocketGroups): docker.sock's is root. The socket
+// goes to busSockets and its descriptor to busFDs, which bwrap binds, so
+// that the name swapped after this check changes nothing.
 func (p *Plan) callerSocket(what, path string) (string, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -635,6 +636,12 @@ func (p *Plan) callerSocket(what, path string) (string, error) {
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFSOCK:
+		if st.Nlink != 1 {
+			// A hard link, where the host lets users link files of
+			// others (fs.protected_hardlinks=0): as above.
+			unix.Close(fd)
+			return "", fmt.Errorf("%s %s is a socket with %d names: name one that has only its own; another name would be whoever may write %s choosing which socket the session reaches, and its group", what, real, st.Nlink, dir)
+		}
 	case unix.S_IFLNK:
 		unix.Close(fd)
 		to, _ := os.Readlink(real)

@@ -91,51 +91,62 @@ func TestAttackBusSocketSwappedAfterPlan(t *testing.T) {
 
 // TestAttackBusSocketLinkedToAnotherSocket: the home's owner makes
 // broker.sock a link to another socket on the host, one whose group is
-// power (docker.sock's docker group, which is root). Root resolved the
-// link and gave the session the group of whatever socket it reached, so
-// the session could connect to it. A bus socket whose last name is a
-// link is refused: the link's owner would choose which socket, and which
+// power (docker.sock's docker group, which is root): a symbolic link, or
+// a hard link where the host lets users link files of others
+// (fs.protected_hardlinks=0). Root resolved the link and gave the session
+// the group of whatever socket it reached, so the session could connect
+// to it. A bus socket whose last name is a link, or that has another
+// name, is refused: the link's owner would choose which socket, and which
 // group, the session gets. Nothing is given, nothing is left.
 func TestAttackBusSocketLinkedToAnotherSocket(t *testing.T) {
 	testenv.NeedRoot(t, "only a session started by root is given groups")
-	base, flags := layout(t)
-	gid := freeGID(t)
-	socketHome(t, base, gid)
-	elsewhere := filepath.Join(base, "elsewhere")
-	if err := os.Mkdir(elsewhere, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	power := filepath.Join(elsewhere, "power.sock")
-	l, err := net.Listen("unix", power)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := os.Chown(power, 0, int(gid+1)); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(power, 0o660); err != nil {
-		t.Fatal(err)
-	}
-	broker := filepath.Join(base, "bus", "broker.sock")
-	if err := os.Rename(broker, broker+".old"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(power, broker); err != nil {
-		t.Fatal(err)
-	}
-	p, err := plan(t, flags...)
-	if err == nil {
-		defer p.Close()
-		t.Fatalf("planned with broker.sock a link to %s: session groups %v, socket groups %+v", power, p.User.Groups, p.SocketGroups)
-	}
-	if !strings.Contains(err.Error(), broker) || !strings.Contains(err.Error(), "link") {
-		t.Errorf("refusal %q does not name %s as a link", err, broker)
-	}
-	if target, err := os.Readlink(broker); err != nil || target != power {
-		t.Errorf("%s now %q (%v), want the owner's link left as it was", broker, target, err)
-	}
-	if fi, err := os.Stat(power); err != nil || fi.Mode().Perm() != 0o660 || fi.Sys().(*syscall.Stat_t).Gid != gid+1 {
-		t.Errorf("the other socket changed: %v %v", fi, err)
+	for _, link := range []struct {
+		name string
+		make func(oldname, newname string) error
+		want string
+	}{{"symbolic", os.Symlink, "is a link"}, {"hard", os.Link, "2 names"}} {
+		t.Run(link.name, func(t *testing.T) {
+			base, flags := layout(t)
+			gid := freeGID(t)
+			socketHome(t, base, gid)
+			elsewhere := filepath.Join(base, "elsewhere")
+			if err := os.Mkdir(elsewhere, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			power := filepath.Join(elsewhere, "power.sock")
+			l, err := net.Listen("unix", power)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if err := os.Chown(power, 0, int(gid+1)); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(power, 0o660); err != nil {
+				t.Fatal(err)
+			}
+			broker := filepath.Join(base, "bus", "broker.sock")
+			if err := os.Rename(broker, broker+".old"); err != nil {
+				t.Fatal(err)
+			}
+			if err := link.make(power, broker); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := os.Lstat(broker)
+			p, err := plan(t, flags...)
+			if err == nil {
+				defer p.Close()
+				t.Fatalf("planned with broker.sock a %s link to %s: session groups %v, socket groups %+v", link.name, power, p.User.Groups, p.SocketGroups)
+			}
+			if !strings.Contains(err.Error(), broker) || !strings.Contains(err.Error(), link.want) {
+				t.Errorf("refusal %q does not name %s as %q", err, broker, link.want)
+			}
+			if after, err := os.Lstat(broker); err != nil || !os.SameFile(before, after) || after.Mode() != before.Mode() {
+				t.Errorf("%s changed: %v (%v), was %v", broker, after, err, before)
+			}
+			if fi, err := os.Stat(power); err != nil || fi.Mode().Perm() != 0o660 || fi.Sys().(*syscall.Stat_t).Gid != gid+1 {
+				t.Errorf("the other socket changed: %v %v", fi, err)
+			}
+		})
 	}
 }
