@@ -2,6 +2,7 @@ package sock
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -151,5 +152,48 @@ func TestAttackListenModeHardLink(t *testing.T) {
 	}
 	if fi, _ := os.Stat(other); fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Gid != 0 {
 		t.Fatalf("the other root socket became %v, group %d", fi.Mode(), fi.Sys().(*syscall.Stat_t).Gid)
+	}
+}
+
+// TestAttackListenStaleCheckFollowsNoLink: Listen dials a socket already
+// at its name to tell a live one from a stale one. Whoever may write the
+// directory swaps that socket, after the Lstat, for a link to another
+// socket (root's, which that user may not reach): root must not connect
+// to what the link names, nor call the name served because of it.
+func TestAttackListenStaleCheckFollowsNoLink(t *testing.T) {
+	testenv.NeedRoot(t, "a socket only root may reach")
+	dir := shortDir(t)
+	private := filepath.Join(dir, "private")
+	if err := os.Mkdir(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(private, "v.sock")
+	vl, err := net.Listen("unix", victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vl.Close()
+	name := filepath.Join(dir, "launch.sock")
+	if err := os.Symlink(victim, name); err != nil {
+		t.Fatal(err)
+	}
+	if live, err := serving(name); live || err == nil {
+		t.Errorf("a link to another socket: served %v (%v), want refused as not a socket", live, err)
+	}
+	// Connections wait in the victim's backlog in order: the first one it
+	// accepts must be this one, which says so.
+	c, err := net.Dial("unix", victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("mine"))
+	c.Close()
+	a, err := vl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if b, _ := io.ReadAll(a); string(b) != "mine" {
+		t.Fatalf("the victim's first connection said %q: root connected to the socket the link named", b)
 	}
 }

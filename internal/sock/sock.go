@@ -6,6 +6,7 @@ package sock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -31,12 +32,12 @@ import (
 // or hard, between the bind and the chmod and have root change the mode
 // or group of a file of its choice.
 func Listen(path string, mode os.FileMode, gid int) (net.Listener, error) {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
+	if _, err := os.Lstat(path); err == nil {
+		live, err := serving(path)
+		if err != nil {
+			return nil, fmt.Errorf("listen %s: %w", path, err)
 		}
-		if c, err := net.Dial("unix", path); err == nil {
-			c.Close()
+		if live {
 			return nil, fmt.Errorf("listen %s: another process is serving it", path)
 		}
 		if err := os.Remove(path); err != nil {
@@ -55,6 +56,31 @@ func Listen(path string, mode os.FileMode, gid int) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	return l, nil
+}
+
+// serving says whether a process serves the socket at path: it is
+// opened without following a link, checked to be a socket, and dialled
+// through that descriptor, so that a name swapped for a link has root
+// connect to no socket of the link's choosing.
+func serving(path string) (bool, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return false, errors.New("exists and is not a socket")
+	}
+	c, err := net.Dial("unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		return false, nil
+	}
+	c.Close()
+	return true, nil
 }
 
 // setMode gives the socket at path its mode and group through a
