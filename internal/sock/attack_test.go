@@ -156,10 +156,11 @@ func TestAttackListenModeHardLink(t *testing.T) {
 }
 
 // TestAttackListenStaleCheckFollowsNoLink: Listen dials a socket already
-// at its name to tell a live one from a stale one. Whoever may write the
-// directory swaps that socket, after the Lstat, for a link to another
-// socket (root's, which that user may not reach): root must not connect
-// to what the link names, nor call the name served because of it.
+// at its name to tell a live one from a stale one, the launcher dials
+// broker.sock: DialNoFollow, both. Whoever may write the directory swaps
+// the socket, after the Lstat, for a link to another socket (root's,
+// which that user may not reach): root must not connect to what the link
+// names, nor call the name served because of it.
 func TestAttackListenStaleCheckFollowsNoLink(t *testing.T) {
 	testenv.NeedRoot(t, "a socket only root may reach")
 	dir := shortDir(t)
@@ -177,8 +178,12 @@ func TestAttackListenStaleCheckFollowsNoLink(t *testing.T) {
 	if err := os.Symlink(victim, name); err != nil {
 		t.Fatal(err)
 	}
-	if live, err := serving(name); live || err == nil {
-		t.Errorf("a link to another socket: served %v (%v), want refused as not a socket", live, err)
+	if live, err := serving(name); live || err == nil || !strings.Contains(err.Error(), "is a link") {
+		t.Errorf("a link to another socket: served %v (%v), want refused as a link", live, err)
+	}
+	if c, err := DialNoFollow(context.Background(), name); err == nil {
+		c.Close()
+		t.Errorf("DialNoFollow dialled through a link")
 	}
 	// Connections wait in the victim's backlog in order: the first one it
 	// accepts must be this one, which says so.

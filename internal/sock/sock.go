@@ -58,29 +58,52 @@ func Listen(path string, mode os.FileMode, gid int) (net.Listener, error) {
 	return l, nil
 }
 
-// serving says whether a process serves the socket at path: it is
-// opened without following a link, checked to be a socket, and dialled
-// through that descriptor, so that a name swapped for a link has root
-// connect to no socket of the link's choosing.
+// serving says whether a process serves the socket at path (DialNoFollow
+// connects).
 func serving(path string) (bool, error) {
-	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
+	c, err := DialNoFollow(context.Background(), path)
+	var notSock *notSocketError
+	switch {
+	case errors.As(err, &notSock):
 		return false, err
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return false, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return false, errors.New("exists and is not a socket")
-	}
-	c, err := net.Dial("unix", fmt.Sprintf("/proc/self/fd/%d", fd))
-	if err != nil {
+	case err != nil:
 		return false, nil
 	}
 	c.Close()
 	return true, nil
+}
+
+// DialNoFollow connects to the Unix socket at path as its name is: opened
+// without following a link, checked to be a socket, and dialled through
+// that descriptor. Root dialling a name in a directory another user may
+// write (a home's owner) thus connects to no socket of a link's choosing.
+func DialNoFollow(ctx context.Context, path string) (net.Conn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: &os.PathError{Op: "open", Path: path, Err: err}}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, &notSocketError{path: path, mode: st.Mode}
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+}
+
+type notSocketError struct {
+	path string
+	mode uint32
+}
+
+func (e *notSocketError) Error() string {
+	if e.mode&unix.S_IFMT == unix.S_IFLNK {
+		return e.path + " is a link: what it names is not dialled"
+	}
+	return fmt.Sprintf("%s is not a socket (mode %o)", e.path, e.mode)
 }
 
 // setMode gives the socket at path its mode and group through a
