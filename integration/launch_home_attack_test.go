@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -174,7 +175,8 @@ func TestLaunchHomeAttack(t *testing.T) {
 // probe-disk) and where sessions' directories were, while a session runs,
 // after it ended, across a restart (re-adoption), a workspace sweep and
 // session rm: root writes, mounts and removes nothing outside its state
-// directory.
+// directory. Last it makes broker.sock a link to a socket of power: no
+// session reaches that socket.
 func launchOnUsersHome(t *testing.T) {
 	lib, err := os.MkdirTemp("/var/lib", "bh-atk-")
 	if err != nil {
@@ -320,6 +322,48 @@ func launchOnUsersHome(t *testing.T) {
 			t.Errorf("session rm %s left its directory: %v", s, err)
 		}
 	}
+	// (3) The home's owner makes broker.sock a link to another socket on
+	// the host, one of a group of power (docker.sock's): root, resolving
+	// it, bound that socket and gave sessions its group: they connected.
+	// A launch is refused, naming the link; no session reaches it.
+	const power = 54399
+	powerSock := filepath.Join(lib, "power.sock")
+	pl, err := net.Listen("unix", powerSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pl.Close()
+	if err := os.Chown(powerSock, 0, power); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(powerSock, 0o660)
+	broker := filepath.Join(home, "broker.sock")
+	if err := os.Rename(broker, broker+".real"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(powerSock, broker); err != nil {
+		t.Fatal(err)
+	}
+	own(broker)
+	// The session tries the socket (python3: this host's tools are bound).
+	out, errOut, code := e.as(t, e.lead, "session", "launch", "--task", "t1", "--role", "worker", "--caps", "git.push.working",
+		"--", "python3", "-c", fmt.Sprintf("import socket; socket.socket(socket.AF_UNIX).connect(%q); print('connected')", powerSock))
+	if code == 0 {
+		linked := strings.TrimSpace(out)
+		e.as(t, e.lead, "session", "wait", linked)
+		out, errOut, _ = e.as(t, e.lead, "session", "logs", linked)
+		e.as(t, e.lead, "session", "rm", linked)
+	}
+	if strings.Contains(out, "connected") || !strings.Contains(errOut, "is a link") {
+		t.Errorf("a launch with broker.sock a link to %s: exit %d, session said %q, %q; want refused naming the link", powerSock, code, out, errOut)
+	}
+	if err := os.Remove(broker); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(broker+".real", broker); err != nil {
+		t.Fatal(err)
+	}
+
 	if after := lsnap(t, victim, ""); after != before {
 		t.Errorf("root changed what the home's links named:\nbefore:\n%s\nafter:\n%s", before, after)
 	}

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -150,8 +151,13 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the host's admin token (--bus-home %s): %w", o.BusHome, err)
 	}
+	// broker.sock lies in bushostd's home, whose owner may swap it for a
+	// link: root dials the socket there, never what a link names.
 	conn, err := grpc.NewClient("unix://"+bus.BrokerSock(),
-		append(grpcerr.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		append(grpcerr.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+				return sock.DialNoFollow(ctx, bus.BrokerSock())
+			}))...)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/bushost/bushost/internal/sandbox/pid1"
 )
@@ -22,6 +23,10 @@ const (
 	// fdWorkspace is the workspace as opened and checked: bwrap binds it
 	// with --bind-fd (and closes it), so no path is resolved again.
 	fdWorkspace = 9
+	// fdBusSockets is the first of the bus sockets as opened and checked
+	// (Plan.busFDs, in their order), bound with --ro-bind-fd: the home
+	// they lie in is its owner's to rename in.
+	fdBusSockets = fdWorkspace + 1
 )
 
 // bwrapArgs is the bwrap command line for the plan, up to and including
@@ -39,18 +44,21 @@ func (p *Plan) bwrapArgs() []string {
 		"--seccomp", fmt.Sprint(fdSeccomp),
 		"--json-status-fd", fmt.Sprint(fdStatus),
 	)
-	args = append(args, bindArgs(p.Binds, p.Workspace)...)
+	args = append(args, bindArgs(p.Binds, p.Workspace, p.busSockets)...)
 	return append(args, "--chdir", p.Workspace, "--")
 }
 
 // bindArgs turns the bind table into bwrap's options; the workspace's
-// read-write bind is made from its descriptor.
-func bindArgs(binds []Bind, workspace string) []string {
+// read-write bind and the bus sockets' read-only ones are made from their
+// descriptors (fdWorkspace, fdBusSockets on).
+func bindArgs(binds []Bind, workspace string, sockets []string) []string {
 	var args []string
 	for _, b := range binds {
-		switch {
+		switch i := slices.Index(sockets, b.Source); {
 		case b.Kind == KindBind && b.Source == workspace:
 			args = append(args, "--bind-fd", fmt.Sprint(fdWorkspace), b.Target)
+		case b.Kind == KindROBind && i >= 0:
+			args = append(args, "--ro-bind-fd", fmt.Sprint(fdBusSockets+i), b.Target)
 		case b.Kind == KindProc, b.Kind == KindDev, b.Kind == KindRemountRO:
 			args = append(args, "--"+b.Kind, b.Target)
 		default:

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -94,6 +93,10 @@ type Plan struct {
 	// busSockets are the bound broker and git sockets: the only binds
 	// whose group the session user is given.
 	busSockets []string
+	// busFDs hold busSockets, each opened once without following a link
+	// and checked to be a socket: bwrap binds these (--ro-bind-fd), never
+	// the names again, which the home's owner may swap meanwhile.
+	busFDs []int
 	// ws and run are the workspace and the run directory, each opened
 	// once and checked (internal/safepath): what run hands over, binds
 	// and hands back.
@@ -104,6 +107,10 @@ type Plan struct {
 func (p *Plan) Close() {
 	p.ws.Close()
 	p.run.Close()
+	for _, fd := range p.busFDs {
+		unix.Close(fd)
+	}
+	p.busFDs = nil
 }
 
 // reserved are session paths the sandbox builds itself; a caller path on
@@ -137,7 +144,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if p.Session, err = readSessionFile(p.run); err != nil {
 		return nil, err
 	}
-	broker, err := callerSocket("broker socket", cfg.BrokerSocket)
+	broker, err := p.callerSocket("broker socket", cfg.BrokerSocket)
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +175,6 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		{KindROBind, sessionJSON, sessionJSON, "the host's description of the session; read-only so the session cannot rewrite what the host will trust"},
 		{KindROBind, broker, broker, "the broker socket: events, reviews and task.close, each checked against the role's grant"},
 	}
-	p.busSockets = []string{broker}
 	switch {
 	case !cfg.HasCap(CapPushWorking) && !cfg.HasCap(CapReviewVerdict):
 		if cfg.GitSocket != "" {
@@ -177,11 +183,10 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case cfg.GitSocket == "":
 		p.Notes = append(p.Notes, fmt.Sprintf("no --git-socket given: role %s holds a git capability but the session cannot push or fetch", cfg.Role))
 	default:
-		gs, err := callerSocket("git socket", cfg.GitSocket)
+		gs, err := p.callerSocket("git socket", cfg.GitSocket)
 		if err != nil {
 			return nil, err
 		}
-		p.busSockets = append(p.busSockets, gs)
 		caller = append(caller, Bind{KindROBind, gs, gs, fmt.Sprintf("the git socket, because role %s holds %s: pushes and fetches as bundles, checked by the host", cfg.Role, gitCapsOf(cfg))})
 	}
 	switch {
@@ -192,11 +197,10 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case cfg.LaunchSocket == "":
 		p.Notes = append(p.Notes, fmt.Sprintf("no --launch-socket given: role %s holds %s but the session cannot launch", cfg.Role, CapSessionLaunch))
 	default:
-		ls, err := callerSocket("launch socket", cfg.LaunchSocket)
+		ls, err := p.callerSocket("launch socket", cfg.LaunchSocket)
 		if err != nil {
 			return nil, err
 		}
-		p.busSockets = append(p.busSockets, ls)
 		// Beside the broker socket, in the home bushost sees inside.
 		caller = append(caller, Bind{KindROBind, ls, home.At(filepath.Dir(broker)).LaunchSock(),
 			fmt.Sprintf("the launch socket, because role %s holds %s: sessions from the grant's launch set, checked by sandbox serve", cfg.Role, CapSessionLaunch)})
@@ -353,12 +357,12 @@ func (p *Plan) addSocketGroups() {
 	if !p.User.Drop {
 		return
 	}
-	for _, sock := range p.busSockets {
-		st, err := os.Stat(sock)
-		if err != nil || st.Mode()&os.ModeSocket == 0 {
+	for i, sock := range p.busSockets {
+		var st unix.Stat_t
+		if unix.Fstat(p.busFDs[i], &st) != nil {
 			continue
 		}
-		gid := st.Sys().(*syscall.Stat_t).Gid
+		gid := st.Gid
 		if gid == 0 {
 			continue // group root is never a session's, whatever the socket says
 		}
@@ -598,19 +602,56 @@ func callerPath(what, path string) (string, error) {
 	return callerDir(what, real)
 }
 
-// callerSocket is callerPath for a socket: anything else is refused.
-func callerSocket(what, path string) (string, error) {
-	real, err := callerPath(what, path)
+// callerSocket is a bus socket the host named: links in the directories
+// above it are followed (its real path is bind source and target), but
+// its last name must be the socket itself, opened there once without
+// following a link (O_PATH) and checked to be a socket with that name
+// alone; anything else is refused. A link there, symbolic or hard, would
+// be whoever may write that directory (a home's owner) choosing which
+// socket on the host the session reaches, and its group, which the
+// session is given (addSocketGroups): docker.sock's is root. The socket
+// goes to busSockets and its descriptor to busFDs, which bwrap binds, so
+// that the name swapped after this check changes nothing.
+func (p *Plan) callerSocket(what, path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	real, err := callerDir(what, filepath.Join(dir, filepath.Base(abs)))
 	if err != nil {
 		return "", err
 	}
-	st, err := os.Stat(real)
+	fd, err := unix.Open(real, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", what, err)
+		return "", fmt.Errorf("%s %s: %w", what, path, err)
 	}
-	if st.Mode()&os.ModeSocket == 0 {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return "", fmt.Errorf("%s %s: %w", what, real, err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFSOCK:
+		if st.Nlink != 1 {
+			// A hard link, where the host lets users link files of
+			// others (fs.protected_hardlinks=0): as above.
+			unix.Close(fd)
+			return "", fmt.Errorf("%s %s is a socket with %d names: name one that has only its own; another name would be whoever may write %s choosing which socket the session reaches, and its group", what, real, st.Nlink, dir)
+		}
+	case unix.S_IFLNK:
+		unix.Close(fd)
+		to, _ := os.Readlink(real)
+		return "", fmt.Errorf("%s %s is a link (to %s): name the socket itself; through a link, whoever may write %s would choose which socket the session reaches, and its group", what, real, to, dir)
+	default:
+		unix.Close(fd)
 		return "", fmt.Errorf("%s %s is not a socket", what, real)
 	}
+	p.busSockets = append(p.busSockets, real)
+	p.busFDs = append(p.busFDs, fd)
 	return real, nil
 }
 

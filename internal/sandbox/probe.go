@@ -41,7 +41,7 @@ func Probe(userName, bwrapPath string) (string, error) {
 	}
 	args := []string{"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net",
 		"--disable-userns", "--new-session", "--cap-drop", "ALL", "--seccomp", fmt.Sprint(fdSeccomp)}
-	args = append(args, bindArgs(binds, "")...)
+	args = append(args, bindArgs(binds, "", nil)...)
 	args = append(args, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--", "/usr/bin/true")
 	cmd := exec.Command(bw, args...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}

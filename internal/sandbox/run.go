@@ -245,6 +245,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		files = append(files, ^uintptr(0))
 	}
 	files = append(files, uintptr(p.ws.Fd()))
+	for _, fd := range p.busFDs { // fdBusSockets on
+		files = append(files, uintptr(fd))
+	}
 	argv = append(argv, exe)
 	argv = append(argv, p.Command...)
 	attr := &syscall.ProcAttr{

@@ -2,6 +2,7 @@ package sock
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -121,5 +122,83 @@ func TestListenModeThroughDescriptor(t *testing.T) {
 	fi, err := os.Lstat(own)
 	if err != nil || fi.Mode().Perm() != 0o660 || fi.Sys().(*syscall.Stat_t).Gid != 65534 {
 		t.Fatalf("Listen's socket: %v %v", fi, err)
+	}
+}
+
+// TestAttackListenModeHardLink: between the bind and the chmod, whoever
+// may write the socket's directory moves root's socket aside and puts a
+// hard link to another root socket in its place (where the host lets
+// users link files they do not own: fs.protected_hardlinks=0). It is a
+// socket, and root's, but not the one bound: root must not open it to
+// the home's group. A socket just bound has one name.
+func TestAttackListenModeHardLink(t *testing.T) {
+	testenv.NeedRoot(t, "a root socket elsewhere, as a host's")
+	dir := shortDir(t)
+	other := filepath.Join(dir, "rootonly.sock")
+	l, err := net.Listen("unix", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := os.Chmod(other, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	planted := filepath.Join(dir, "launch.sock")
+	if err := os.Link(other, planted); err != nil {
+		t.Fatal(err)
+	}
+	if err := setMode(planted, 0o666, 65534); err == nil || !strings.Contains(err.Error(), "replaced after the bind") {
+		t.Fatalf("setMode on a hard link to another root socket: %v", err)
+	}
+	if fi, _ := os.Stat(other); fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Gid != 0 {
+		t.Fatalf("the other root socket became %v, group %d", fi.Mode(), fi.Sys().(*syscall.Stat_t).Gid)
+	}
+}
+
+// TestAttackListenStaleCheckFollowsNoLink: Listen dials a socket already
+// at its name to tell a live one from a stale one, the launcher dials
+// broker.sock: DialNoFollow, both. Whoever may write the directory swaps
+// the socket, after the Lstat, for a link to another socket (root's,
+// which that user may not reach): root must not connect to what the link
+// names, nor call the name served because of it.
+func TestAttackListenStaleCheckFollowsNoLink(t *testing.T) {
+	testenv.NeedRoot(t, "a socket only root may reach")
+	dir := shortDir(t)
+	private := filepath.Join(dir, "private")
+	if err := os.Mkdir(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(private, "v.sock")
+	vl, err := net.Listen("unix", victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vl.Close()
+	name := filepath.Join(dir, "launch.sock")
+	if err := os.Symlink(victim, name); err != nil {
+		t.Fatal(err)
+	}
+	if live, err := serving(name); live || err == nil || !strings.Contains(err.Error(), "is a link") {
+		t.Errorf("a link to another socket: served %v (%v), want refused as a link", live, err)
+	}
+	if c, err := DialNoFollow(context.Background(), name); err == nil {
+		c.Close()
+		t.Errorf("DialNoFollow dialled through a link")
+	}
+	// Connections wait in the victim's backlog in order: the first one it
+	// accepts must be this one, which says so.
+	c, err := net.Dial("unix", victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("mine"))
+	c.Close()
+	a, err := vl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if b, _ := io.ReadAll(a); string(b) != "mine" {
+		t.Fatalf("the victim's first connection said %q: root connected to the socket the link named", b)
 	}
 }

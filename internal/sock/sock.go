@@ -6,6 +6,7 @@ package sock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -25,17 +26,18 @@ import (
 // The socket is made under a restrictive umask and then opened up to
 // mode, so there is no moment where it is wider than asked. The mode and
 // group are set through a descriptor opened on the name without
-// following a link and checked to be a socket of this process's user:
-// whoever may write the socket's directory (a home's owner, when root
-// serves in it) cannot swap the name for a link between the bind and the
-// chmod and have root change the mode or group of a file of its choice.
+// following a link and checked to be a socket of this process's user
+// with no other name: whoever may write the socket's directory (a home's
+// owner, when root serves in it) cannot swap the name for a link, symbolic
+// or hard, between the bind and the chmod and have root change the mode
+// or group of a file of its choice.
 func Listen(path string, mode os.FileMode, gid int) (net.Listener, error) {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
+	if _, err := os.Lstat(path); err == nil {
+		live, err := serving(path)
+		if err != nil {
+			return nil, fmt.Errorf("listen %s: %w", path, err)
 		}
-		if c, err := net.Dial("unix", path); err == nil {
-			c.Close()
+		if live {
 			return nil, fmt.Errorf("listen %s: another process is serving it", path)
 		}
 		if err := os.Remove(path); err != nil {
@@ -56,6 +58,54 @@ func Listen(path string, mode os.FileMode, gid int) (net.Listener, error) {
 	return l, nil
 }
 
+// serving says whether a process serves the socket at path (DialNoFollow
+// connects).
+func serving(path string) (bool, error) {
+	c, err := DialNoFollow(context.Background(), path)
+	var notSock *notSocketError
+	switch {
+	case errors.As(err, &notSock):
+		return false, err
+	case err != nil:
+		return false, nil
+	}
+	c.Close()
+	return true, nil
+}
+
+// DialNoFollow connects to the Unix socket at path as its name is: opened
+// without following a link, checked to be a socket, and dialled through
+// that descriptor. Root dialling a name in a directory another user may
+// write (a home's owner) thus connects to no socket of a link's choosing.
+func DialNoFollow(ctx context.Context, path string) (net.Conn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: &os.PathError{Op: "open", Path: path, Err: err}}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, &notSocketError{path: path, mode: st.Mode}
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+}
+
+type notSocketError struct {
+	path string
+	mode uint32
+}
+
+func (e *notSocketError) Error() string {
+	if e.mode&unix.S_IFMT == unix.S_IFLNK {
+		return e.path + " is a link: what it names is not dialled"
+	}
+	return fmt.Sprintf("%s is not a socket (mode %o)", e.path, e.mode)
+}
+
 // setMode gives the socket at path its mode and group through a
 // descriptor that names it, never through the name again.
 func setMode(path string, mode os.FileMode, gid int) error {
@@ -68,8 +118,11 @@ func setMode(path string, mode os.FileMode, gid int) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("stat the socket: %w", err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFSOCK || int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("the name was replaced after the bind (now mode %o, owner %d): refused to change it", st.Mode, st.Uid)
+	// One name: a hard link to another of this user's sockets (where the
+	// host lets anyone link files of others: fs.protected_hardlinks=0) is
+	// a socket of this user too, but not the one just bound.
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK || int(st.Uid) != os.Geteuid() || st.Nlink != 1 {
+		return fmt.Errorf("the name was replaced after the bind (now mode %o, owner %d, %d names): refused to change it", st.Mode, st.Uid, st.Nlink)
 	}
 	// An O_PATH descriptor takes no fchmod; its /proc name reaches the
 	// inode it holds without resolving the path again.
