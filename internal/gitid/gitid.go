@@ -92,14 +92,6 @@ func CheckReferenceName(s string) error {
 	return nil
 }
 
-// ParseReferenceName returns s as a ReferenceName, or why it is not one.
-func ParseReferenceName(s string) (ReferenceName, error) {
-	if err := CheckReferenceName(s); err != nil {
-		return "", err
-	}
-	return ReferenceName(s), nil
-}
-
 func (r ReferenceName) String() string { return string(r) }
 
 func clip(s string) string {

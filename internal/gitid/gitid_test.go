@@ -40,8 +40,8 @@ func TestReferenceName(t *testing.T) {
 		{"refs/heads/a b", false}, {"refs/heads/a~1", false}, {"refs/heads/a@{1}", false},
 		{"refs/heads/a\nb", false}, {"refs/" + strings.Repeat("x", 1100), false},
 	} {
-		if _, err := ParseReferenceName(tc.s); (err == nil) != tc.ok {
-			t.Errorf("ParseReferenceName(%q) = %v", tc.s, err)
+		if err := CheckReferenceName(tc.s); (err == nil) != tc.ok {
+			t.Errorf("CheckReferenceName(%q) = %v", tc.s, err)
 		}
 	}
 }

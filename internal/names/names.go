@@ -5,7 +5,7 @@ package names
 
 import (
 	"fmt"
-	"path/filepath"
+	"strings"
 )
 
 // Pattern is the rule for every name of the project: business, project,
@@ -38,12 +38,12 @@ func Check(kind, s string) error {
 	if !Matches(s) {
 		return fmt.Errorf("invalid %s name %q: must match %s", kind, clip(s), Pattern)
 	}
-	if containsDotDot(s) {
+	if strings.Contains(s, "..") {
 		return fmt.Errorf("invalid %s name %q: must not contain '..'", kind, s)
 	}
 	// A ref component may not end in ".lock" or "."; keep names usable as
 	// ref components and as file names alike.
-	if len(s) >= 5 && s[len(s)-5:] == ".lock" || s[len(s)-1] == '.' {
+	if strings.HasSuffix(s, ".lock") || strings.HasSuffix(s, ".") {
 		return fmt.Errorf("invalid %s name %q: must not end in '.' or '.lock'", kind, s)
 	}
 	return nil
@@ -70,17 +70,6 @@ func CheckScope(s Scope) error {
 	return nil
 }
 
-// RepoPath is <root>/<business>/<project>.git, after validation.
-func RepoPath(root, business, project string) (string, error) {
-	if err := Check("business", business); err != nil {
-		return "", err
-	}
-	if err := Check("project", project); err != nil {
-		return "", err
-	}
-	return filepath.Join(root, business, project+".git"), nil
-}
-
 // WorkRef is refs/work/<task>, after validation.
 func WorkRef(task string) (string, error) {
 	if err := Check("task", task); err != nil {
@@ -95,15 +84,6 @@ func ReviewRef(task string) (string, error) {
 		return "", err
 	}
 	return "refs/review/" + task, nil
-}
-
-func containsDotDot(s string) bool {
-	for i := 0; i+1 < len(s); i++ {
-		if s[i] == '.' && s[i+1] == '.' {
-			return true
-		}
-	}
-	return false
 }
 
 // clip keeps error messages short when a hostile caller sends a huge name.

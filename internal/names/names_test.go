@@ -25,13 +25,6 @@ func TestCheck(t *testing.T) {
 }
 
 func TestPathsAndRefs(t *testing.T) {
-	p, err := RepoPath("/h/repos", "acme", "web")
-	if err != nil || p != "/h/repos/acme/web.git" {
-		t.Fatalf("RepoPath = %q, %v", p, err)
-	}
-	if _, err := RepoPath("/h/repos", "..", "web"); err == nil {
-		t.Fatal("RepoPath accepted ..")
-	}
 	if r, err := WorkRef("t1"); err != nil || r != "refs/work/t1" {
 		t.Fatalf("WorkRef = %q, %v", r, err)
 	}
