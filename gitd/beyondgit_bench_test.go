@@ -102,7 +102,7 @@ func BenchmarkBeyondGitWalk(b *testing.B) {
 		// No tree sizes known: the walk reads the 40 directories the
 		// push left alone from the repository, as a daemon's first push
 		// after its start does.
-		v, err := (&Service{}).open(repo{Dir: dir, Path: repoDir})
+		v, err := repo{Dir: dir, Path: repoDir, st: &store{limits: &limits.Limits{}}}.open()
 		if err != nil {
 			b.Fatal(err)
 		}

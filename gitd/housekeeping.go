@@ -388,7 +388,7 @@ func (s *Service) StartHousekeeping(ctx context.Context) (stop func()) {
 						return
 					}
 				}
-				run := s.housekeep(ctx, r, false)
+				run := h.housekeep(ctx, r, false)
 				if run.Err != nil && ctx.Err() == nil {
 					s.log.Error("housekeeping failed", "repo", r.Path, "err", run.Err)
 				}
@@ -418,12 +418,12 @@ func (s *Service) OptimizeProject(ctx context.Context, scope names.Project) ([]H
 	if err != nil {
 		return nil, err
 	}
-	runs := []HousekeepingRun{s.housekeep(ctx, p, true)}
+	runs := []HousekeepingRun{s.hk.housekeep(ctx, p, true)}
 	for _, t := range ts {
 		if err := ctx.Err(); err != nil {
 			return runs, err
 		}
-		runs = append(runs, s.housekeep(ctx, t, true))
+		runs = append(runs, s.hk.housekeep(ctx, t, true))
 	}
 	return runs, nil
 }
@@ -432,7 +432,8 @@ func (s *Service) OptimizeProject(ctx context.Context, scope names.Project) ([]H
 // holds r (no other run, no archive) throughout, and the project's lock
 // only for pack-refs. The run is a named result so that its duration,
 // taken when it returns, is in what the caller gets.
-func (s *Service) housekeep(ctx context.Context, r repo, force bool) (run HousekeepingRun) {
+func (h *housekeeper) housekeep(ctx context.Context, r repo, force bool) (run HousekeepingRun) {
+	s := h.s
 	run = HousekeepingRun{Repository: "pool", Outcome: HKClean}
 	kind := "pool"
 	if !r.isPool() {
@@ -486,7 +487,7 @@ func (s *Service) housekeep(ctx context.Context, r repo, force bool) (run Housek
 			r.state().forget()
 		}
 	}()
-	if err := s.execute(ctx, r, plan, &run); err != nil {
+	if err := r.execute(ctx, plan, &run); err != nil {
 		run.Outcome, run.Err = HKFailed, err
 	} else if len(run.Actions) > 0 {
 		run.Outcome = HKOptimized
@@ -509,7 +510,7 @@ func hkRepackConfig() []string {
 	return []string{"pack.threads=" + strconv.Itoa(max(1, runtime.NumCPU()/2))}
 }
 
-func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *HousekeepingRun) error {
+func (r repo) execute(ctx context.Context, p hkPlan, run *HousekeepingRun) error {
 	for _, path := range p.clean {
 		if err := os.RemoveAll(path); err != nil {
 			return fmt.Errorf("remove stale %s: %w", path, err)
@@ -540,7 +541,7 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 			return err
 		}
 		defer unlock()
-		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "repack", Flags: append(flags, "-q"), Config: hkRepackConfig()}); err != nil {
+		if err := r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "repack", Flags: append(flags, "-q"), Config: hkRepackConfig()}); err != nil {
 			return err
 		}
 		run.Actions = append(run.Actions, action)
@@ -579,7 +580,7 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 		if err != nil {
 			return err
 		}
-		err = s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "pack-refs", Flags: []string{"--all"}})
+		err = r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "pack-refs", Flags: []string{"--all"}})
 		unlock()
 		if err != nil {
 			return err
@@ -590,7 +591,7 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 		// Only the pool has a commit-graph: a task's git reads the pool's
 		// (a split chain in a task would name the pool's layers, which the
 		// pool's next write may merge away).
-		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "commit-graph",
+		if err := r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "commit-graph",
 			Flags: []string{"write", "--reachable", "--split", "--no-progress"}}); err != nil {
 			return err
 		}

@@ -106,13 +106,13 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	if old == "" {
 		return LandResult{}, errdefs.FailedPrecondition(errdefs.MainNotFound, "project %s/%s has no main", business, project)
 	}
-	tx, err := s.beginLand(r)
+	tx, err := r.beginLand()
 	if err != nil {
 		return LandResult{}, err
 	}
 	defer tx.Rollback()
 	q := tx.q
-	if err := s.intoPool(ctx, t, q, approved); err != nil {
+	if err := t.intoPool(ctx, q, approved); err != nil {
 		return LandResult{}, err
 	}
 	res := LandResult{Commit: approved, MainOld: old}
@@ -221,17 +221,17 @@ func (s *Service) newMain(ctx context.Context, r repo, q *bundle.Quarantine, old
 // quarantine of the pool: a landing's objects are the pool's before main
 // names them. git's local transport runs the task side without q's
 // environment, so it reads the task's repository and the pool as usual.
-func (s *Service) intoPool(ctx context.Context, t repo, q *bundle.Quarantine, approved string) error {
+func (t repo) intoPool(ctx context.Context, q *bundle.Quarantine, approved string) error {
 	if !t.exists() {
 		return fmt.Errorf("task %s has no repository", t.Task)
 	}
 	ref := t.task.WorkRef()
 	r := t.pool()
-	if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "fetch",
+	if err := q.Run(ctx, t.git, gitcmd.Cmd{GitDir: r.Path, Sub: "fetch",
 		Flags: []string{"--quiet", "--no-tags", "--no-write-fetch-head"}, Args: []string{t.Path, ref}}); err != nil {
 		return fmt.Errorf("copy the work of %s into the pool: %w", t.Task, err)
 	}
-	if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{approved + "^{commit}"}}); err != nil {
+	if err := q.Run(ctx, t.git, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{approved + "^{commit}"}}); err != nil {
 		return fmt.Errorf("the approved commit %s is not in the work of %s: %w", approved, t.Task, err)
 	}
 	return nil
@@ -322,7 +322,7 @@ func (s *Service) reconcileMain(ctx context.Context, r repo) error {
 	if last == nil {
 		return err
 	}
-	gg, err := s.open(r)
+	gg, err := r.open()
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,7 @@ func TestObjectReaderWalk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gg, err := e.svc.open(r)
+	gg, err := r.open()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,14 +73,14 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 		return "", "", err
 	}
 	defer unlock()
-	root, err := s.rootOf(ctx, r)
+	root, err := r.root(ctx)
 	if err != nil {
 		return "", "", err
 	}
 	if !isGitRepo(root) {
 		return "", "", errdefs.FailedPrecondition(errdefs.RootInvalid, "the root %s is a plain directory, not a git repository: it has no branch to publish to", root).With("root", root)
 	}
-	gg, err := s.open(r)
+	gg, err := r.open()
 	if err != nil {
 		return "", "", err
 	}

@@ -89,7 +89,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 			errs = append(errs, err)
 			continue
 		}
-		gg, err := s.open(t)
+		gg, err := t.open()
 		if err != nil {
 			errs = append(errs, err)
 			continue

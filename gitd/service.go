@@ -136,13 +136,13 @@ func New(o Options) (*Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Service{o: o, git: g, log: log.With("service", "gitd"), skip: testhook.Skipped(),
-		store: &store{dir: dir, git: g, projects: map[string]*project{}}}
+	s := &Service{o: o, git: g, log: log.With("service", "gitd"), skip: testhook.Skipped()}
+	s.store = &store{dir: dir, git: g, log: s.log, limits: &s.o.Limits, projects: map[string]*project{}}
 	s.hk = newHousekeeper(s, o.Housekeeping)
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
 	}
-	if err := s.cleanStale(); err != nil {
+	if err := s.store.cleanStale(); err != nil {
 		return nil, fmt.Errorf("gitd: clean stale files: %w", err)
 	}
 	return s, nil
@@ -156,11 +156,11 @@ const seedPrefix = ".seeding-"
 // process: in the store (an import's staging), in each business (a
 // project's seeding; an export's spool is settleExports'), in the pools
 // and in the task repositories.
-func (s *Service) cleanStale() error {
-	if err := removeSeeding(s.o.ReposDir); err != nil {
+func (st *store) cleanStale() error {
+	if err := removeSeeding(st.dir); err != nil {
 		return err
 	}
-	bs, err := os.ReadDir(s.o.ReposDir)
+	bs, err := os.ReadDir(st.dir)
 	if err != nil {
 		return err
 	}
@@ -168,11 +168,11 @@ func (s *Service) cleanStale() error {
 		if !b.IsDir() {
 			continue
 		}
-		if err := removeSeeding(filepath.Join(s.o.ReposDir, b.Name())); err != nil {
+		if err := removeSeeding(filepath.Join(st.dir, b.Name())); err != nil {
 			return err
 		}
 	}
-	rs, err := s.store.repos()
+	rs, err := st.repos()
 	if err != nil {
 		return err
 	}

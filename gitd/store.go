@@ -9,10 +9,13 @@ import (
 	"sync"
 	"time"
 
+	"log/slog"
+
 	"github.com/gofrs/flock"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/limits"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/safepath"
 )
@@ -48,6 +51,10 @@ type project struct {
 type store struct {
 	dir string // ReposDir
 	git *gitcmd.Runner
+	log *slog.Logger
+	// limits are the Service's Options.Limits, filled: a view reads no
+	// object over MaxObjectBytes, a push stores no more than the quotas.
+	limits *limits.Limits
 
 	mu       sync.Mutex
 	projects map[string]*project

@@ -89,8 +89,8 @@ func (p *viewPack) index() *packIndex {
 }
 
 // open returns a view of r for reads.
-func (s *Service) open(r repo) (*view, error) {
-	v := &view{r: r, maxObject: s.o.MaxObjectBytes, bases: cache.NewObjectLRU(viewBaseCache)}
+func (r repo) open() (*view, error) {
+	v := &view{r: r, maxObject: r.st.limits.MaxObjectBytes, bases: cache.NewObjectLRU(viewBaseCache)}
 	if r.exists() {
 		g, err := openGoGit(r.Path)
 		if err != nil {
@@ -104,8 +104,8 @@ func (s *Service) open(r repo) (*view, error) {
 
 // openWith returns a view of r that reads the object directories front
 // (a quarantine of r's) before r's own.
-func (s *Service) openWith(r repo, front ...string) (*view, error) {
-	v, err := s.open(r)
+func (r repo) openWith(front ...string) (*view, error) {
+	v, err := r.open()
 	if err != nil {
 		return nil, err
 	}
