@@ -128,11 +128,7 @@ func (s *Service) startBeyondGit(ctx context.Context, r repo, q *bundle.Quaranti
 	}
 	// The walk reads the repository's trees on a view of its own: a view
 	// serves one goroutine.
-	vw, err := r.open()
-	if err != nil {
-		pack.Close()
-		return func() error { return fmt.Errorf("beyond-git walk: %w", err) }
-	}
+	vw := r.open()
 	// The pool is the last directory a task's repository sees.
 	vis := r.visible()
 	own, pooled := objectsBefore(vis[:len(vis)-1]), objectsBefore(vis[len(vis)-1:])

@@ -23,11 +23,8 @@ func (r repo) refToSend(ref string, reason errdefs.Reason, missing string) (*vie
 	if !r.pool().exists() {
 		return nil, "", projectNotFound(r.Business, r.Project)
 	}
-	gg, err := r.open()
-	if err != nil {
-		return nil, "", err
-	}
-	commit, err := gg.readRef(ref)
+	gg := r.open()
+	commit, err := r.readRef(ref)
 	if err != nil {
 		return nil, "", err
 	}

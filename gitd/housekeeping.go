@@ -2,7 +2,6 @@ package gitd
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -105,7 +104,8 @@ const (
 )
 
 // hkStats are the numbers housekeeping decides by; reading them costs a
-// few directory reads and 1 KiB of each pack index.
+// few directory reads and 1 KiB of each pack index (mapped, and kept in
+// the daemon's cache of indexes, packindex.go).
 type hkStats struct {
 	packs     []uint32 // object counts of the non-cruft packs, ascending
 	cruft     int      // cruft packs (.mtimes)
@@ -155,11 +155,11 @@ func readStats(r repo, now time.Time, exact bool) (hkStats, error) {
 		if names[base+".bitmap"] {
 			st.bitmap = true
 		}
-		n, err := idxObjects(filepath.Join(packDir, base+".idx"))
+		ix, err := indexes.get(filepath.Join(packDir, base+".idx"))
 		if err != nil {
 			continue // being written or removed: the next run sees it
 		}
-		st.packs = append(st.packs, n)
+		st.packs = append(st.packs, uint32(ix.Len()))
 		if fi, err := e.Info(); err == nil && fi.ModTime().After(st.newest) {
 			st.newest = fi.ModTime()
 		}
@@ -193,24 +193,6 @@ func readStats(r repo, now time.Time, exact bool) (hkStats, error) {
 	}
 	st.stale = staleFiles(r, now)
 	return st, nil
-}
-
-// idxObjects is the object count of a version-2 pack index (its last
-// fan-out entry).
-func idxObjects(path string) (uint32, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	var head [8 + 256*4]byte
-	if _, err := f.ReadAt(head[:], 0); err != nil {
-		return 0, err
-	}
-	if string(head[:8]) != "\xfftOc\x00\x00\x00\x02" {
-		return 0, errors.New("not a version-2 pack index")
-	}
-	return binary.BigEndian.Uint32(head[8+255*4:]), nil
 }
 
 // staleFiles lists r's quarantines and git's temporary files whose newest

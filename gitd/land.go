@@ -69,7 +69,7 @@ const (
 // commit's objects fetched from the task's repository into a quarantine
 // of the pool (the pool must hold what main names; the task repository
 // may be archived later); the new main (the approved commit when main
-// fast-forwards to it, or a merge: newMain). All of that without the
+// fast-forwards to it, or a merge: mergeCommit). All of that without the
 // project's lock, so that a long merge delays no push; the merge has a
 // deadline of its own (Options.MergeTimeout), and a merge refused or cut
 // by it is recorded (task.land_refused), so that the same push is not
@@ -129,7 +129,12 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 		return LandResult{}, errdefs.Aborted(errdefs.MainMoved, "main moved to %s since %s was made: land with --merge, or rebase onto main, push and get a new approval", old, approved).
 			With("main", old).With("commit", approved)
 	default:
-		res.Merge, err = s.newMain(ctx, r, q, old, approved, task)
+		// Every check of a merge's result is here, the one place a
+		// landing makes new trees.
+		res.Merge, err = s.mergeCommit(ctx, r, q, old, approved, task)
+		if err == nil {
+			err = s.checkLanding(ctx, r, q, res.Merge, true)
+		}
 		if err != nil {
 			// A refusal of the merge (a conflict, the deadline, a
 			// .gitmodules the merge made) is recorded; a failure of
@@ -142,7 +147,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 		res.MainNew = res.Merge
 	}
 	// A fast-forward's new main is checked as a push's tree is (a merge
-	// was, in newMain): outside the lock, before anything is recorded.
+	// was, above): outside the lock, before anything is recorded.
 	if res.MainNew != old && res.Merge == "" {
 		if err := s.checkLanding(ctx, r, q, res.MainNew, false); err != nil {
 			return LandResult{}, err
@@ -199,21 +204,6 @@ func (s *Service) recordRefusal(ctx context.Context, l authz.Lander, g authz.Gra
 	if _, err := l.RecordLandRefusal(cctx, g, ld, string(errdefs.ReasonOf(cause)), peer); err != nil {
 		s.log.Warn("a landing's merge was refused, and recording the refusal failed", "business", ld.Business, "project", ld.Project, "task", ld.Task, "commit", ld.Approved, "cause", cause, "err", err)
 	}
-}
-
-// newMain is the merge commit that lands approved on main (old): the
-// merge computed (mergeCommit, bounded by Options.MergeTimeout and
-// MergeRenameLimit) and what it wrote checked, in q. Every check of a
-// merge's result belongs here, the one place a landing makes new trees.
-func (s *Service) newMain(ctx context.Context, r repo, q *bundle.Quarantine, old, approved, task string) (string, error) {
-	merge, err := s.mergeCommit(ctx, r, q, old, approved, task)
-	if err != nil {
-		return "", err
-	}
-	if err := s.checkLanding(ctx, r, q, merge, true); err != nil {
-		return "", err
-	}
-	return merge, nil
 }
 
 // intoPool fetches the objects of the task's work (refs/work/<task>, of
@@ -322,11 +312,8 @@ func (s *Service) reconcileMain(ctx context.Context, r repo) error {
 	if last == nil {
 		return err
 	}
-	gg, err := r.open()
-	if err != nil {
-		return err
-	}
-	cur, err := gg.readRef(MainRef)
+	gg := r.open()
+	cur, err := r.readRef(MainRef)
 	if err != nil {
 		return err
 	}

@@ -359,7 +359,7 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 	if _, ok := out.pool[MainRef]; !ok {
 		return out, errdefs.FailedPrecondition(errdefs.MainNotFound, "project %s/%s has no main", p.Business, p.Project)
 	}
-	if err := s.mainHasLandings(ctx, p, p.Path); err != nil {
+	if err := s.mainHasLandings(ctx, p); err != nil {
 		return out, err
 	}
 	disagree := func(task, ref, log string) error {
@@ -407,14 +407,14 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 	return out, nil
 }
 
-// mainHasLandings refuses a pool (at gitDir) whose main does not hold the
-// log's last landing of p's project.
-func (s *Service) mainHasLandings(ctx context.Context, p repo, gitDir string) error {
+// mainHasLandings refuses a pool p whose main does not hold the log's
+// last landing of its project.
+func (s *Service) mainHasLandings(ctx context.Context, p repo) error {
 	last, err := s.lastLanding(ctx, p.Business, p.Project)
 	if last == nil {
 		return err
 	}
-	err = s.git.Run(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{last.New, MainRef}})
+	err = p.git.Run(ctx, gitcmd.Cmd{GitDir: p.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{last.New, MainRef}})
 	if err == nil {
 		return nil
 	}
@@ -678,8 +678,12 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 			res.Bundles++
 		}
 	}
+	// The refs set are the manifest's, checked by manifestAgrees; main
+	// must hold the last landing.
 	step("check the refs against the log")
-	if err := s.importAgrees(ctx, p); err != nil {
+	if err := s.mainHasLandings(ctx, p); errdefs.ReasonOf(err) == errdefs.RepoDisagreesWithLog {
+		return res, altered("%v", err)
+	} else if err != nil {
 		return res, err
 	}
 	step("place the project")
@@ -982,18 +986,6 @@ func (s *Service) manifestAgrees(ctx context.Context, mf manifest) error {
 		if s.o.Authority.TaskOpen(ctx, authz.Grant{Business: mf.Business, Project: mf.Project, Task: task}) == nil {
 			return altered("open task %s has a push (%s) but the file carries no repository for it", task, commit).With("task", task)
 		}
-	}
-	return nil
-}
-
-// importAgrees checks the built pool against the log: main holds the
-// last landing. (The refs set are the manifest's, checked by
-// manifestAgrees.)
-func (s *Service) importAgrees(ctx context.Context, p repo) error {
-	if err := s.mainHasLandings(ctx, p, p.Path); errdefs.ReasonOf(err) == errdefs.RepoDisagreesWithLog {
-		return altered("%v", err)
-	} else if err != nil {
-		return err
 	}
 	return nil
 }

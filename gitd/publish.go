@@ -80,11 +80,8 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 	if !isGitRepo(root) {
 		return "", "", errdefs.FailedPrecondition(errdefs.RootInvalid, "the root %s is a plain directory, not a git repository: it has no branch to publish to", root).With("root", root)
 	}
-	gg, err := r.open()
-	if err != nil {
-		return "", "", err
-	}
-	main, err := gg.readRef(MainRef)
+	gg := r.open()
+	main, err := r.readRef(MainRef)
 	if err != nil {
 		return "", "", err
 	}

@@ -81,10 +81,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 	}
 	defer tx.Rollback()
 	q := tx.q
-	gg, err := r.open()
-	if err != nil {
-		return PushResult{}, err
-	}
+	gg := r.open()
 	for _, p := range h.Prerequisites {
 		ok, err := r.hasObject(plumbing.NewHash(p))
 		if err != nil {
@@ -118,21 +115,21 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 	if err := tx.checkCommit(ctx, commit); err != nil {
 		return PushResult{}, err
 	}
-	old, err := gg.readRef(ref)
+	old, err := r.readRef(ref)
 	if err != nil {
 		return PushResult{}, err
 	}
 	if old == commit {
 		return PushResult{Commit: commit, Previous: old, Ref: ref}, nil
 	}
-	if err := tx.checkHistory(ctx, gg, ref, old, commit); err != nil {
+	if err := tx.checkHistory(ctx, ref, old, commit); err != nil {
 		return PushResult{}, err
 	}
 
 	if err := tx.lockTask(ctx, commit); err != nil {
 		return PushResult{}, err
 	}
-	cur, err := gg.readRef(ref)
+	cur, err := r.readRef(ref)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -140,7 +137,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 		return PushResult{Commit: commit, Previous: cur, Ref: ref}, nil
 	}
 	if cur != old {
-		if err := tx.checkHistory(ctx, gg, ref, cur, commit); err != nil {
+		if err := tx.checkHistory(ctx, ref, cur, commit); err != nil {
 			return PushResult{}, err
 		}
 	}
@@ -387,7 +384,7 @@ func (tx *writeTx) checkCommit(ctx context.Context, commit string) error {
 // for a new ref, to share history with main. A short walk in process
 // answers the usual case (commit descends from old, or from main); git
 // answers the rest.
-func (tx *writeTx) checkHistory(ctx context.Context, gg *view, ref, old, commit string) error {
+func (tx *writeTx) checkHistory(ctx context.Context, ref, old, commit string) error {
 	r, q, objs := tx.r, tx.q, tx.objs
 	if old != "" {
 		ok, err := objs.isAncestor(old, commit)
@@ -403,7 +400,7 @@ func (tx *writeTx) checkHistory(ctx context.Context, gg *view, ref, old, commit 
 		}
 		return nil
 	}
-	main, err := gg.poolView().readRef(MainRef)
+	main, err := r.pool().readRef(MainRef)
 	if err != nil {
 		return err
 	}

@@ -86,11 +86,8 @@ func (s *Service) RepairTask(ctx context.Context, t names.Task) (RepairResult, e
 	if why == "" {
 		return RepairResult{}, errdefs.FailedPrecondition(errdefs.TaskNeedsRepair, "task %s/%s/%s does not need repair", business, project, task).With("needs_repair", false)
 	}
-	gg, err := r.open()
-	if err != nil {
-		return RepairResult{}, err
-	}
-	cur, err := gg.readRef(ref)
+	gg := r.open()
+	cur, err := r.readRef(ref)
 	if err != nil {
 		return RepairResult{}, err
 	}

@@ -100,7 +100,7 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	}
 	rr := newRecvReader(stream, sv.s.o.IdleTimeout)
 	defer rr.stop()
-	ctx, cancel := sv.s.pushBounds(ctx, rr)
+	ctx, cancel := rr.bound(ctx, sv.s.o.Limits)
 	defer cancel()
 	first, err := rr.next()
 	if err != nil {
@@ -299,7 +299,7 @@ type recvReader struct {
 	idle time.Duration
 	buf  []byte
 	err  error
-	// cut, when set, ends a wait early with its error (pushBounds: the
+	// cut, when set, ends a wait early with its error (bound: the
 	// push's deadline or its minimum rate); got counts chunk bytes.
 	cut <-chan struct{}
 	// cutErr is set before cut is closed.

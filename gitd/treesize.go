@@ -261,10 +261,7 @@ func readTree(obj plumbing.EncodedObject) ([]byte, error) {
 // new blobs: a fast-forward's trees are a push's, checked when they came
 // in (the bounds are checked again: they may have changed since).
 func (s *Service) checkLanding(ctx context.Context, r repo, q *bundle.Quarantine, commit string, merged bool) error {
-	v, err := r.openWith(q.Dir)
-	if err != nil {
-		return err
-	}
+	v := r.openWith(q.Dir)
 	before := objectsBefore([]string{r.objects()})
 	var isNew func(plumbing.Hash) bool
 	if merged {
