@@ -21,7 +21,7 @@ const MaxChunk = 1 << 20
 // missing).
 func (r repo) refToSend(ref string, reason errdefs.Reason, missing string) (*view, string, error) {
 	if !r.pool().exists() {
-		return nil, "", projectNotFound(r.Business, r.Project)
+		return nil, "", projectNotFound(r.proj)
 	}
 	gg := r.open()
 	commit, err := r.readRef(ref)

@@ -93,7 +93,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	}
 	r := t.pool()
 	if !r.exists() {
-		return LandResult{}, projectNotFound(business, project)
+		return LandResult{}, projectNotFound(scope.Project())
 	}
 	approved, err := l.LandApproved(ctx, g, business, project, task, o.Force)
 	if err != nil {
@@ -133,7 +133,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 		// landing makes new trees.
 		res.Merge, err = s.mergeCommit(ctx, r, q, old, approved, task)
 		if err == nil {
-			err = s.checkLanding(ctx, r, q, res.Merge, true)
+			err = r.checkLanding(ctx, q, res.Merge, true)
 		}
 		if err != nil {
 			// A refusal of the merge (a conflict, the deadline, a
@@ -149,7 +149,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	// A fast-forward's new main is checked as a push's tree is (a merge
 	// was, above): outside the lock, before anything is recorded.
 	if res.MainNew != old && res.Merge == "" {
-		if err := s.checkLanding(ctx, r, q, res.MainNew, false); err != nil {
+		if err := r.checkLanding(ctx, q, res.MainNew, false); err != nil {
 			return LandResult{}, err
 		}
 	}
@@ -292,12 +292,12 @@ func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 
 // lastLanding is the log's last landing of the project; nil when there
 // is none, the broker keeps no landings, or (with err) reading them failed.
-func (s *Service) lastLanding(ctx context.Context, business, project string) (*authz.Landing, error) {
+func (s *Service) lastLanding(ctx context.Context, p names.Project) (*authz.Landing, error) {
 	l, ok := s.o.Authority.(authz.Lander)
 	if !ok {
 		return nil, nil
 	}
-	ls, err := l.Landings(ctx, business, project)
+	ls, err := l.Landings(ctx, p.Business(), p.Name())
 	if err != nil || len(ls) == 0 {
 		return nil, err
 	}
@@ -308,7 +308,7 @@ func (s *Service) lastLanding(ctx context.Context, business, project string) (*a
 // still that landing's old main: the landing was recorded, and bushostd
 // stopped before main moved. The caller holds the repository's lock.
 func (s *Service) reconcileMain(ctx context.Context, r repo) error {
-	last, err := s.lastLanding(ctx, r.Business, r.Project)
+	last, err := s.lastLanding(ctx, r.proj)
 	if last == nil {
 		return err
 	}

@@ -410,7 +410,7 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 // mainHasLandings refuses a pool p whose main does not hold the log's
 // last landing of its project.
 func (s *Service) mainHasLandings(ctx context.Context, p repo) error {
-	last, err := s.lastLanding(ctx, p.Business, p.Project)
+	last, err := s.lastLanding(ctx, p.proj)
 	if last == nil {
 		return err
 	}

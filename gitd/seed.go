@@ -150,7 +150,7 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 			return "", "", err
 		}
 		if !ok {
-			if err := s.landedWorkMissing(ctx, r, q, business, project, root, next); err != nil {
+			if err := s.landedWorkMissing(ctx, r, q, root, next); err != nil {
 				return "", "", err
 			}
 			return "", "", errdefs.FailedPrecondition(errdefs.NonFastForward, "non-fast-forward: HEAD of %s (%s) does not descend from main (%s); main only moves forward", root, next, old).

@@ -88,8 +88,6 @@ type Service struct {
 	// repos share in this process (store.go).
 	store *store
 	hk    *housekeeper
-	// treeSizes remembers what the trees walked expand to (treesize.go).
-	treeSizes treeSizes
 	// skip is what a test's build turned off (the zero value in service).
 	skip testhook.Skips
 }
@@ -139,7 +137,7 @@ func New(o Options) (*Service, error) {
 	s := &Service{o: o, git: g, log: log.With("service", "gitd"), skip: testhook.Skipped()}
 	s.store = &store{dir: dir, git: g, log: s.log, limits: &s.o.Limits, projects: map[string]*project{}}
 	s.hk = newHousekeeper(s, o.Housekeeping)
-	if err := s.migrate(context.Background()); err != nil {
+	if err := s.store.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
 	}
 	if err := s.store.cleanStale(); err != nil {
