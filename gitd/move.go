@@ -103,7 +103,6 @@ type Flusher interface {
 
 // ExportResult is what ExportProject wrote.
 type ExportResult struct {
-	Export         authz.Export
 	Bytes          int64  // the archive's
 	SHA256         string // the archive's
 	ManifestSHA256 string
@@ -152,7 +151,6 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 		return res, err
 	}
 	spool := tx.spool
-	res.Export = ex
 	// Under the lock, nothing recorded a push of the project between the
 	// check and BeginExport: the log's tasks are those checked.
 	for _, t := range ex.Tasks {

@@ -7,12 +7,15 @@
 // and the GitService gRPC server.
 //
 // Its types, one job each: server (server.go) is the gRPC surface, which
-// parses names and authorizes; Service runs an operation; store (store.go)
-// makes each repo and keeps, per project, the one *project that owns its
-// lock, task locks, quota reservation, cached size and undone counts; a
-// repo reads a repository and moves its refs; a write is a transaction
-// with one deferred Rollback (writeTx for a push, a landing and a sync;
-// importTx; exportTx).
+// parses names and authorizes; Service holds the options and the broker
+// and runs each operation's steps that ask the broker; store (store.go)
+// makes each repo, holds the limits and the memory of tree sizes, and
+// keeps, per project, the one *project that owns its lock, task locks,
+// quota reservation, cached size and undone counts; a repo reads,
+// bundles and imports a repository and moves its refs, and a view reads
+// its objects; a write is a transaction with one deferred Rollback
+// (writeTx for a push, a landing and a sync, which checks its own push;
+// importTx; exportTx); the housekeeper runs housekeeping.
 //
 // What must hold: nothing reaches a repository before git's fsck passed it
 // in quarantine; a task's repository reads only itself and its pool, never
@@ -77,8 +80,8 @@ type Options struct {
 
 // Service runs the operations on the store (a push, a landing, a move...):
 // the GitService server (server.go) calls it with names already parsed,
-// and it asks the store for repos, each repo's project for its lock and
-// quota, and the repo for its reads and ref moves.
+// and it asks the broker (Options.Authority), the store for repos, and
+// those for their locks, transactions, reads and ref moves.
 type Service struct {
 	o   Options
 	git *gitcmd.Runner
