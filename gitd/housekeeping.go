@@ -316,10 +316,6 @@ type housekeeper struct {
 	wg      sync.WaitGroup
 }
 
-func newHousekeeper(s *Service, auto bool) *housekeeper {
-	return &housekeeper{s: s, auto: auto, queued: map[string]bool{}, wake: make(chan struct{}, 1)}
-}
-
 // Notify queues r (after a push or a landing changed it) for an automatic
 // run, unless housekeeping is off or r is queued already. It never blocks.
 func (h *housekeeper) Notify(r repo) {

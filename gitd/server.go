@@ -164,7 +164,7 @@ func sendPush[R any](sv *server, stream grpc.ServerStreamingServer[R], cap, have
 // its commit first, then chunk's of its bytes, each chunk sent only while
 // the grant g still holds; a refused grant is the stream's end.
 func sendBundle[R any](sv *server, g authz.Grant, stream grpc.ServerStreamingServer[R], write func(begin func(string) error, w io.Writer) error, commit func(string) *R, chunk func([]byte) *R) error {
-	still := sv.stillValid(stream.Context(), g)
+	still := &grantCheck{ctx: stream.Context(), a: sv.s.o.Authority, g: g}
 	w := newChunkWriter(func(b []byte) error {
 		if err := still.check(); err != nil {
 			return err
@@ -268,10 +268,6 @@ type grantCheck struct {
 	a      authz.Authority
 	g      authz.Grant
 	denied error
-}
-
-func (sv *server) stillValid(ctx context.Context, g authz.Grant) *grantCheck {
-	return &grantCheck{ctx: ctx, a: sv.s.o.Authority, g: g}
 }
 
 func (c *grantCheck) check() error {

@@ -139,7 +139,7 @@ func New(o Options) (*Service, error) {
 	}
 	s := &Service{o: o, git: g, log: log.With("service", "gitd"), skip: testhook.Skipped()}
 	s.store = &store{dir: dir, git: g, log: s.log, limits: &s.o.Limits, projects: map[string]*project{}}
-	s.hk = newHousekeeper(s, o.Housekeeping)
+	s.hk = &housekeeper{s: s, auto: o.Housekeeping, queued: map[string]bool{}, wake: make(chan struct{}, 1)}
 	if err := s.store.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
 	}
