@@ -131,7 +131,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	default:
 		// Every check of a merge's result is here, the one place a
 		// landing makes new trees.
-		res.Merge, err = s.mergeCommit(ctx, r, q, old, approved, task)
+		res.Merge, err = s.mergeCommit(ctx, r, q, old, approved, scope)
 		if err == nil {
 			err = r.checkLanding(ctx, q, res.Merge, true)
 		}
@@ -235,7 +235,7 @@ func (t repo) intoPool(ctx context.Context, q *bundle.Quarantine, approved strin
 // detection over thousands of renamed and edited files runs for minutes)
 // and detects inexact renames only up to Options.MergeRenameLimit files;
 // past the deadline git is killed and the landing refused MERGE_TIMEOUT.
-func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine, old, approved, task string) (string, error) {
+func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine, old, approved string, t names.Task) (string, error) {
 	timeout, limit := s.o.MergeTimeout, s.o.MergeRenameLimit
 	if timeout <= 0 {
 		timeout = DefaultMergeTimeout
@@ -285,7 +285,7 @@ func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 		return "", err
 	}
 	env := append(q.Env(), "GIT_AUTHOR_NAME="+name, "GIT_AUTHOR_EMAIL="+email, "GIT_COMMITTER_NAME="+name, "GIT_COMMITTER_EMAIL="+email)
-	msg := fmt.Sprintf("Land task %s\n\nMerge approved commit %s into main.\n", task, approved)
+	msg := fmt.Sprintf("Land task %s\n\nMerge approved commit %s into main.\n", t.Name(), approved)
 	return s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "commit-tree",
 		Flags: []string{"-p" + old, "-p" + approved, "-m" + msg}, Args: []string{tree}, Env: env}, gitcmd.MaxLine)
 }
