@@ -30,7 +30,7 @@ func (s *Service) ArchiveTask(ctx context.Context, t names.Task) (ArchiveResult,
 		return ArchiveResult{}, err
 	}
 	if !r.pool().exists() {
-		return ArchiveResult{}, projectNotFound(business, project)
+		return ArchiveResult{}, projectNotFound(t.Project())
 	}
 	// No housekeeping run may write into the repository as it goes.
 	release, err := r.state().hold(ctx, r.Task)

@@ -108,7 +108,7 @@ const maxEntryName = 4096
 // waits before the push is recorded: a refused push is rolled back like
 // one the broker refuses, so the walk costs a push its CPU, not its time.
 // The walk ends soon after ctx does (each tree and commit read checks
-// it). Unless a benchmark's build turned it off (testhook.Skips).
+// it).
 //
 // What the walk lets through for being there before (a tree it would
 // refuse, a .gitmodules of the pool's, an object no pushed commit
@@ -118,8 +118,9 @@ const maxEntryName = 4096
 // once the push holds the lock (the caller waits for the walk only then),
 // of what the repository and its pool hold now, the push's own files
 // (q.Added) left out (TestAttackWalkTrustsARefusedPushInFlight).
-func (s *Service) startBeyondGit(ctx context.Context, r repo, q *bundle.Quarantine, objs *objectReader, tip string) func() error {
-	if s.skip.BeyondGit || objs.pack == nil {
+func (tx *writeTx) startBeyondGit(ctx context.Context, tip string) func() error {
+	r, q, objs := tx.r, tx.q, tx.objs
+	if objs.pack == nil {
 		return func() error { return nil }
 	}
 	pack, err := objs.reopen()
@@ -128,11 +129,7 @@ func (s *Service) startBeyondGit(ctx context.Context, r repo, q *bundle.Quaranti
 	}
 	// The walk reads the repository's trees on a view of its own: a view
 	// serves one goroutine.
-	vw, err := s.open(r)
-	if err != nil {
-		pack.Close()
-		return func() error { return fmt.Errorf("beyond-git walk: %w", err) }
-	}
+	vw := r.open()
 	// The pool is the last directory a task's repository sees.
 	vis := r.visible()
 	own, pooled := objectsBefore(vis[:len(vis)-1]), objectsBefore(vis[len(vis)-1:])
@@ -158,7 +155,7 @@ func (s *Service) startBeyondGit(ctx context.Context, r repo, q *bundle.Quaranti
 	go func() {
 		defer pack.Close()
 		p := pushedPack{pack: pack, idx: objs.idx, repo: vw, tip: plumbing.NewHash(tip),
-			has: has, pooled: pooledBlob, before: before, bounds: s.treeBounds()}
+			has: has, pooled: pooledBlob, before: before, bounds: r.st.treeBounds()}
 		later, err := walkBeyondGit(ctx, p)
 		done <- walkResult{later, err}
 	}()
@@ -307,10 +304,6 @@ type pushedPack struct {
 type treeBounds struct {
 	maxPaths, maxDepth int64
 	known              *treeSizes
-}
-
-func (s *Service) treeBounds() treeBounds {
-	return treeBounds{maxPaths: s.o.MaxTreePaths, maxDepth: s.o.MaxTreeDepth, known: &s.treeSizes}
 }
 
 // walkBeyondGit walks what the push brings, from its commit: the commits

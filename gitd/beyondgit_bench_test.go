@@ -102,10 +102,7 @@ func BenchmarkBeyondGitWalk(b *testing.B) {
 		// No tree sizes known: the walk reads the 40 directories the
 		// push left alone from the repository, as a daemon's first push
 		// after its start does.
-		v, err := (&Service{}).open(repo{Dir: dir, Path: repoDir})
-		if err != nil {
-			b.Fatal(err)
-		}
+		v := repo{Dir: dir, Path: repoDir, st: &store{limits: &limits.Limits{}}}.open()
 		p := pushedPack{pack: objs.pack, idx: objs.idx, repo: v, tip: plumbing.NewHash(h.Refs[0].Commit),
 			has: has, pooled: has, before: has,
 			bounds: treeBounds{maxPaths: limits.DefaultMaxTreePaths, maxDepth: limits.DefaultMaxTreeDepth, known: &treeSizes{}}}

@@ -25,10 +25,6 @@ func checkDeltaDepth(path string, idx *idxfile.MemoryIndex) error {
 	if err != nil || off < 0 {
 		return err
 	}
-	return deltaTooDeep(off)
-}
-
-func deltaTooDeep(off int64) error {
 	return errdefs.InvalidArgument(errdefs.DeltaChainTooDeep, "the pack has a delta chain of more than %d links (the entry at offset %d); git writes none that deep: make the bundle again with git bundle create", maxDeltaDepth, off).
 		With("limit", maxDeltaDepth).With("offset", off)
 }

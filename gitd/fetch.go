@@ -19,15 +19,12 @@ const MaxChunk = 1 << 20
 // refToSend opens r (a pool or a task's repository) for a fetch and
 // resolves ref, which must exist (else NotFound with reason, saying
 // missing).
-func (s *Service) refToSend(r repo, ref string, reason errdefs.Reason, missing string) (*view, string, error) {
+func (r repo) refToSend(ref string, reason errdefs.Reason, missing string) (*view, string, error) {
 	if !r.pool().exists() {
-		return nil, "", projectNotFound(r.Business, r.Project)
+		return nil, "", projectNotFound(r.proj)
 	}
-	gg, err := s.open(r)
-	if err != nil {
-		return nil, "", err
-	}
-	commit, err := gg.readRef(ref)
+	gg := r.open()
+	commit, err := r.readRef(ref)
 	if err != nil {
 		return nil, "", err
 	}
@@ -45,7 +42,7 @@ func (s *Service) WriteMainBundle(ctx context.Context, p names.Project, have str
 	if err != nil {
 		return err
 	}
-	gg, commit, err := s.refToSend(r, MainRef, errdefs.MainNotFound, "has no main")
+	gg, commit, err := r.refToSend(MainRef, errdefs.MainNotFound, "has no main")
 	if err != nil {
 		return err
 	}
@@ -59,7 +56,7 @@ func (s *Service) WriteMainBundle(ctx context.Context, p names.Project, have str
 	if have != "" && gitid.Valid(have) {
 		// An older main of the client's: only what main gained since.
 		// Anything else is sent whole, without a word about why.
-		if a := s.alsoHaves(r, gg, []string{have}, commit); len(a) == 1 {
+		if a := gg.alsoHaves([]string{have}, commit); len(a) == 1 {
 			o := &objectReader{repo: gg, limit: alsoHaveWalk}
 			if ok, err := o.isAncestor(have, commit); err == nil && ok {
 				args = append(args, a...)
@@ -99,7 +96,7 @@ func (s *Service) WriteReviewBundle(ctx context.Context, t names.Task, have stri
 	}
 	// The task's repository and the pool are all the fetch sees: a have
 	// naming another task's commit is answered as one naming nothing.
-	gg, commit, err := s.refToSend(r, ref, errdefs.PushNotFound, "task "+t.Name()+" has no push yet")
+	gg, commit, err := r.refToSend(ref, errdefs.PushNotFound, "task "+t.Name()+" has no push yet")
 	if err != nil {
 		return err
 	}
@@ -108,14 +105,14 @@ func (s *Service) WriteReviewBundle(ctx context.Context, t names.Task, have stri
 		if !gitid.Valid(have) {
 			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %q is not a full object id", have)
 		}
-		use, err := s.haveFits(ctx, r, gg, have)
+		use, err := gg.haveFits(ctx, have)
 		if err != nil {
 			return err
 		}
 		if use {
 			// A push that have already contains would make an empty
 			// bundle, which git refuses: send it whole instead.
-			contained, err := s.contains(ctx, r, gg, have, commit)
+			contained, err := gg.contains(ctx, have, commit)
 			if err != nil {
 				return err
 			}
@@ -124,7 +121,7 @@ func (s *Service) WriteReviewBundle(ctx context.Context, t names.Task, have stri
 			}
 		}
 	}
-	args = append(args, s.alsoHaves(r, gg, also, commit)...)
+	args = append(args, gg.alsoHaves(also, commit)...)
 	if err := begin(commit); err != nil {
 		return err
 	}
@@ -136,7 +133,7 @@ func (s *Service) WriteReviewBundle(ctx context.Context, t names.Task, have stri
 // that do not hold commit (which would leave the bundle empty). Any other
 // is left out, the same way whether it names another task's commit,
 // something else, or nothing: the answer says nothing of them.
-func (s *Service) alsoHaves(r repo, gg *view, also []string, commit string) []string {
+func (gg *view) alsoHaves(also []string, commit string) []string {
 	var args []string
 	seen := map[string]bool{commit: true}
 	for _, a := range also {
@@ -146,7 +143,7 @@ func (s *Service) alsoHaves(r repo, gg *view, also []string, commit string) []st
 		seen[a] = true
 		h := plumbing.NewHash(a)
 		size, err := gg.EncodedObjectSize(h)
-		if err != nil || size > s.o.MaxCommitBytes || size > maxCommitBytes {
+		if err != nil || size > gg.r.st.limits.MaxCommitBytes || size > maxCommitBytes {
 			continue
 		}
 		if obj, err := gg.EncodedObject(plumbing.AnyObject, h); err != nil || obj.Type() != plumbing.CommitObject {
@@ -194,19 +191,20 @@ func (r repo) bundle(ctx context.Context, w io.Writer, revs ...string) error {
 // one there: pushes are bounded) is ignored, and the bundle is sent whole,
 // so a have costs the daemon no more than any other; anything else is
 // refused.
-func (s *Service) haveFits(ctx context.Context, r repo, gg *view, have string) (bool, error) {
+func (gg *view) haveFits(ctx context.Context, have string) (bool, error) {
+	r := gg.r
 	notCommit := errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "have %s is not a commit of %s/%s", have, r.Business, r.Project).With("have", have)
 	h := plumbing.NewHash(have)
 	size, err := gg.EncodedObjectSize(h)
 	if err != nil {
 		return false, notCommit
 	}
-	if size > s.o.MaxCommitBytes || size > maxCommitBytes {
-		typ, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{have}}, gitcmd.MaxLine)
+	if size > r.st.limits.MaxCommitBytes || size > maxCommitBytes {
+		typ, err := r.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{have}}, gitcmd.MaxLine)
 		if err != nil || typ != "commit" {
 			return false, notCommit
 		}
-		s.log.Info("have is a commit over --max-commit-bytes; sending the bundle whole", "repo", r.Path, "have", have, "size", size)
+		r.st.log.Info("have is a commit over --max-commit-bytes; sending the bundle whole", "repo", r.Path, "have", have, "size", size)
 		return false, nil
 	}
 	obj, err := gg.EncodedObject(plumbing.AnyObject, h)
@@ -219,10 +217,10 @@ func (s *Service) haveFits(ctx context.Context, r repo, gg *view, have string) (
 // contains reports whether commit is have or one of its ancestors: a
 // bounded walk in process (objectReader reads no commit over its bound),
 // else git.
-func (s *Service) contains(ctx context.Context, r repo, gg *view, have, commit string) (bool, error) {
+func (gg *view) contains(ctx context.Context, have, commit string) (bool, error) {
 	ok, err := heldBy(gg, commit, have, walkLimit)
 	if err == nil {
 		return ok, nil
 	}
-	return ancestry(s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{commit, have}}))
+	return ancestry(gg.r.git.Run(ctx, gitcmd.Cmd{GitDir: gg.r.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{commit, have}}))
 }

@@ -2,7 +2,6 @@ package gitd
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -105,7 +104,8 @@ const (
 )
 
 // hkStats are the numbers housekeeping decides by; reading them costs a
-// few directory reads and 1 KiB of each pack index.
+// few directory reads and 1 KiB of each pack index (mapped, and kept in
+// the daemon's cache of indexes, packindex.go).
 type hkStats struct {
 	packs     []uint32 // object counts of the non-cruft packs, ascending
 	cruft     int      // cruft packs (.mtimes)
@@ -155,11 +155,11 @@ func readStats(r repo, now time.Time, exact bool) (hkStats, error) {
 		if names[base+".bitmap"] {
 			st.bitmap = true
 		}
-		n, err := idxObjects(filepath.Join(packDir, base+".idx"))
+		ix, err := indexes.get(filepath.Join(packDir, base+".idx"))
 		if err != nil {
 			continue // being written or removed: the next run sees it
 		}
-		st.packs = append(st.packs, n)
+		st.packs = append(st.packs, uint32(ix.Len()))
 		if fi, err := e.Info(); err == nil && fi.ModTime().After(st.newest) {
 			st.newest = fi.ModTime()
 		}
@@ -193,24 +193,6 @@ func readStats(r repo, now time.Time, exact bool) (hkStats, error) {
 	}
 	st.stale = staleFiles(r, now)
 	return st, nil
-}
-
-// idxObjects is the object count of a version-2 pack index (its last
-// fan-out entry).
-func idxObjects(path string) (uint32, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	var head [8 + 256*4]byte
-	if _, err := f.ReadAt(head[:], 0); err != nil {
-		return 0, err
-	}
-	if string(head[:8]) != "\xfftOc\x00\x00\x00\x02" {
-		return 0, errors.New("not a version-2 pack index")
-	}
-	return binary.BigEndian.Uint32(head[8+255*4:]), nil
 }
 
 // staleFiles lists r's quarantines and git's temporary files whose newest
@@ -334,10 +316,6 @@ type housekeeper struct {
 	wg      sync.WaitGroup
 }
 
-func newHousekeeper(s *Service, auto bool) *housekeeper {
-	return &housekeeper{s: s, auto: auto, queued: map[string]bool{}, wake: make(chan struct{}, 1)}
-}
-
 // Notify queues r (after a push or a landing changed it) for an automatic
 // run, unless housekeeping is off or r is queued already. It never blocks.
 func (h *housekeeper) Notify(r repo) {
@@ -388,7 +366,7 @@ func (s *Service) StartHousekeeping(ctx context.Context) (stop func()) {
 						return
 					}
 				}
-				run := s.housekeep(ctx, r, false)
+				run := h.housekeep(ctx, r, false)
 				if run.Err != nil && ctx.Err() == nil {
 					s.log.Error("housekeeping failed", "repo", r.Path, "err", run.Err)
 				}
@@ -418,12 +396,12 @@ func (s *Service) OptimizeProject(ctx context.Context, scope names.Project) ([]H
 	if err != nil {
 		return nil, err
 	}
-	runs := []HousekeepingRun{s.housekeep(ctx, p, true)}
+	runs := []HousekeepingRun{s.hk.housekeep(ctx, p, true)}
 	for _, t := range ts {
 		if err := ctx.Err(); err != nil {
 			return runs, err
 		}
-		runs = append(runs, s.housekeep(ctx, t, true))
+		runs = append(runs, s.hk.housekeep(ctx, t, true))
 	}
 	return runs, nil
 }
@@ -432,7 +410,8 @@ func (s *Service) OptimizeProject(ctx context.Context, scope names.Project) ([]H
 // holds r (no other run, no archive) throughout, and the project's lock
 // only for pack-refs. The run is a named result so that its duration,
 // taken when it returns, is in what the caller gets.
-func (s *Service) housekeep(ctx context.Context, r repo, force bool) (run HousekeepingRun) {
+func (h *housekeeper) housekeep(ctx context.Context, r repo, force bool) (run HousekeepingRun) {
+	s := h.s
 	run = HousekeepingRun{Repository: "pool", Outcome: HKClean}
 	kind := "pool"
 	if !r.isPool() {
@@ -486,7 +465,7 @@ func (s *Service) housekeep(ctx context.Context, r repo, force bool) (run Housek
 			r.state().forget()
 		}
 	}()
-	if err := s.execute(ctx, r, plan, &run); err != nil {
+	if err := r.execute(ctx, plan, &run); err != nil {
 		run.Outcome, run.Err = HKFailed, err
 	} else if len(run.Actions) > 0 {
 		run.Outcome = HKOptimized
@@ -509,7 +488,7 @@ func hkRepackConfig() []string {
 	return []string{"pack.threads=" + strconv.Itoa(max(1, runtime.NumCPU()/2))}
 }
 
-func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *HousekeepingRun) error {
+func (r repo) execute(ctx context.Context, p hkPlan, run *HousekeepingRun) error {
 	for _, path := range p.clean {
 		if err := os.RemoveAll(path); err != nil {
 			return fmt.Errorf("remove stale %s: %w", path, err)
@@ -540,7 +519,7 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 			return err
 		}
 		defer unlock()
-		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "repack", Flags: append(flags, "-q"), Config: hkRepackConfig()}); err != nil {
+		if err := r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "repack", Flags: append(flags, "-q"), Config: hkRepackConfig()}); err != nil {
 			return err
 		}
 		run.Actions = append(run.Actions, action)
@@ -579,7 +558,7 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 		if err != nil {
 			return err
 		}
-		err = s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "pack-refs", Flags: []string{"--all"}})
+		err = r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "pack-refs", Flags: []string{"--all"}})
 		unlock()
 		if err != nil {
 			return err
@@ -590,7 +569,7 @@ func (s *Service) execute(ctx context.Context, r repo, p hkPlan, run *Housekeepi
 		// Only the pool has a commit-graph: a task's git reads the pool's
 		// (a split chain in a task would name the pool's layers, which the
 		// pool's next write may merge away).
-		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "commit-graph",
+		if err := r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "commit-graph",
 			Flags: []string{"write", "--reachable", "--split", "--no-progress"}}); err != nil {
 			return err
 		}

@@ -173,9 +173,9 @@ func TestAttackRepackDuringRefusedLanding(t *testing.T) {
 // ended (its result put back on done) or waits on a lock: the run is then
 // as far into the refused push's or landing's window as it can get.
 func refuseBesideHousekeeping(ctx context.Context, e *env, r repo, done chan HousekeepingRun) error {
-	go func() { done <- e.svc.housekeep(ctx, r, true) }()
+	go func() { done <- e.svc.hk.housekeep(ctx, r, true) }()
 	var run *HousekeepingRun
-	for run == nil && !parkedIn("gitd.(*Service).housekeep", "gitd.(*project).lock") {
+	for run == nil && !parkedIn("gitd.(*housekeeper).housekeep", "gitd.(*project).lock") {
 		select {
 		case got := <-done:
 			run = &got

@@ -103,7 +103,7 @@ func TestHousekeepingRepacksPushes(t *testing.T) {
 		t.Fatalf("%d packs after 8 pushes", n)
 	}
 	r := e.svc.mustTask(t, "t1")
-	run := e.svc.housekeep(ctx, r, false)
+	run := e.svc.hk.housekeep(ctx, r, false)
 	if run.Err != nil || run.Outcome != HKOptimized || !slices.Contains(run.Actions, HKRepackGeometric) {
 		t.Fatalf("run: %+v", run)
 	}
@@ -117,7 +117,7 @@ func TestHousekeepingRepacksPushes(t *testing.T) {
 		t.Fatal("the ref moved")
 	}
 	e.fsck()
-	if run := e.svc.housekeep(ctx, r, false); run.Outcome != HKClean || run.Err != nil {
+	if run := e.svc.hk.housekeep(ctx, r, false); run.Outcome != HKClean || run.Err != nil {
 		t.Fatalf("second run: %+v", run)
 	}
 	// The pool: a forced run leaves one pack with a bitmap and a
@@ -162,7 +162,7 @@ func TestHousekeepingStaleFiles(t *testing.T) {
 	tmp := filepath.Join(r.objects(), "pack", "tmp_idx_y")
 	os.WriteFile(tmp, nil, 0o644)
 	os.Chtimes(tmp, old, old)
-	run := e.svc.housekeep(ctx, r, false)
+	run := e.svc.hk.housekeep(ctx, r, false)
 	if run.Err != nil || !slices.Contains(run.Actions, HKRemoveStale) {
 		t.Fatalf("run: %+v", run)
 	}
@@ -211,7 +211,7 @@ func TestHousekeepingPoolKeepsBorrowed(t *testing.T) {
 	}
 	p, _ := e.svc.store.project(testScope())
 	for i := range 3 {
-		run := e.svc.housekeep(ctx, p, true)
+		run := e.svc.hk.housekeep(ctx, p, true)
 		if run.Err != nil {
 			t.Fatalf("run %d: %+v", i, run)
 		}
@@ -232,14 +232,14 @@ func TestHousekeepingPrunesOnlyClosed(t *testing.T) {
 	ctx := context.Background()
 	e.pushChain("t1", 2)
 	r := e.svc.mustTask(t, "t1")
-	run := e.svc.housekeep(ctx, r, true)
+	run := e.svc.hk.housekeep(ctx, r, true)
 	if run.Err != nil || slices.Contains(run.Actions, HKPrune) {
 		t.Fatalf("open task: %+v", run)
 	}
 	e.auth.mu.Lock()
 	e.auth.closed["t1"] = true
 	e.auth.mu.Unlock()
-	run = e.svc.housekeep(ctx, r, true)
+	run = e.svc.hk.housekeep(ctx, r, true)
 	if run.Err != nil || !slices.Contains(run.Actions, HKPrune) {
 		t.Fatalf("closed task: %+v", run)
 	}
@@ -332,15 +332,12 @@ func TestViewAfterRepack(t *testing.T) {
 	first := e.pushChain("t1", 1)
 	last := e.pushChain("t1", 3)
 	r := e.svc.mustTask(t, "t1")
-	v, err := e.svc.open(r)
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := r.open()
 	// The view lists the packs (go-git does so on its first read).
 	if err := v.HasEncodedObject(plumbing.NewHash(first)); err != nil {
 		t.Fatal(err)
 	}
-	if run := e.svc.housekeep(ctx, r, true); run.Err != nil || run.PacksAfter != 1 {
+	if run := e.svc.hk.housekeep(ctx, r, true); run.Err != nil || run.PacksAfter != 1 {
 		t.Fatalf("run: %+v", run)
 	}
 	for _, id := range []string{last, e.main} {

@@ -69,7 +69,7 @@ const (
 // commit's objects fetched from the task's repository into a quarantine
 // of the pool (the pool must hold what main names; the task repository
 // may be archived later); the new main (the approved commit when main
-// fast-forwards to it, or a merge: newMain). All of that without the
+// fast-forwards to it, or a merge: mergeCommit). All of that without the
 // project's lock, so that a long merge delays no push; the merge has a
 // deadline of its own (Options.MergeTimeout), and a merge refused or cut
 // by it is recorded (task.land_refused), so that the same push is not
@@ -93,7 +93,7 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	}
 	r := t.pool()
 	if !r.exists() {
-		return LandResult{}, projectNotFound(business, project)
+		return LandResult{}, projectNotFound(scope.Project())
 	}
 	approved, err := l.LandApproved(ctx, g, business, project, task, o.Force)
 	if err != nil {
@@ -106,13 +106,13 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 	if old == "" {
 		return LandResult{}, errdefs.FailedPrecondition(errdefs.MainNotFound, "project %s/%s has no main", business, project)
 	}
-	tx, err := s.beginLand(r)
+	tx, err := r.beginLand()
 	if err != nil {
 		return LandResult{}, err
 	}
 	defer tx.Rollback()
 	q := tx.q
-	if err := s.intoPool(ctx, t, q, approved); err != nil {
+	if err := t.intoPool(ctx, q, approved); err != nil {
 		return LandResult{}, err
 	}
 	res := LandResult{Commit: approved, MainOld: old}
@@ -129,7 +129,12 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 		return LandResult{}, errdefs.Aborted(errdefs.MainMoved, "main moved to %s since %s was made: land with --merge, or rebase onto main, push and get a new approval", old, approved).
 			With("main", old).With("commit", approved)
 	default:
-		res.Merge, err = s.newMain(ctx, r, q, old, approved, task)
+		// Every check of a merge's result is here, the one place a
+		// landing makes new trees.
+		res.Merge, err = s.mergeCommit(ctx, r, q, old, approved, scope)
+		if err == nil {
+			err = r.checkLanding(ctx, q, res.Merge, true)
+		}
 		if err != nil {
 			// A refusal of the merge (a conflict, the deadline, a
 			// .gitmodules the merge made) is recorded; a failure of
@@ -142,9 +147,9 @@ func (s *Service) Land(ctx context.Context, g authz.Grant, peer authz.Peer, scop
 		res.MainNew = res.Merge
 	}
 	// A fast-forward's new main is checked as a push's tree is (a merge
-	// was, in newMain): outside the lock, before anything is recorded.
+	// was, above): outside the lock, before anything is recorded.
 	if res.MainNew != old && res.Merge == "" {
-		if err := s.checkLanding(ctx, r, q, res.MainNew, false); err != nil {
+		if err := r.checkLanding(ctx, q, res.MainNew, false); err != nil {
 			return LandResult{}, err
 		}
 	}
@@ -201,37 +206,22 @@ func (s *Service) recordRefusal(ctx context.Context, l authz.Lander, g authz.Gra
 	}
 }
 
-// newMain is the merge commit that lands approved on main (old): the
-// merge computed (mergeCommit, bounded by Options.MergeTimeout and
-// MergeRenameLimit) and what it wrote checked, in q. Every check of a
-// merge's result belongs here, the one place a landing makes new trees.
-func (s *Service) newMain(ctx context.Context, r repo, q *bundle.Quarantine, old, approved, task string) (string, error) {
-	merge, err := s.mergeCommit(ctx, r, q, old, approved, task)
-	if err != nil {
-		return "", err
-	}
-	if err := s.checkLanding(ctx, r, q, merge, true); err != nil {
-		return "", err
-	}
-	return merge, nil
-}
-
 // intoPool fetches the objects of the task's work (refs/work/<task>, of
 // which approved is the tip or an ancestor) that the pool lacks into q, a
 // quarantine of the pool: a landing's objects are the pool's before main
 // names them. git's local transport runs the task side without q's
 // environment, so it reads the task's repository and the pool as usual.
-func (s *Service) intoPool(ctx context.Context, t repo, q *bundle.Quarantine, approved string) error {
+func (t repo) intoPool(ctx context.Context, q *bundle.Quarantine, approved string) error {
 	if !t.exists() {
 		return fmt.Errorf("task %s has no repository", t.Task)
 	}
 	ref := t.task.WorkRef()
 	r := t.pool()
-	if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "fetch",
+	if err := q.Run(ctx, t.git, gitcmd.Cmd{GitDir: r.Path, Sub: "fetch",
 		Flags: []string{"--quiet", "--no-tags", "--no-write-fetch-head"}, Args: []string{t.Path, ref}}); err != nil {
 		return fmt.Errorf("copy the work of %s into the pool: %w", t.Task, err)
 	}
-	if err := q.Run(ctx, s.git, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{approved + "^{commit}"}}); err != nil {
+	if err := q.Run(ctx, t.git, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-e"}, Args: []string{approved + "^{commit}"}}); err != nil {
 		return fmt.Errorf("the approved commit %s is not in the work of %s: %w", approved, t.Task, err)
 	}
 	return nil
@@ -245,7 +235,7 @@ func (s *Service) intoPool(ctx context.Context, t repo, q *bundle.Quarantine, ap
 // detection over thousands of renamed and edited files runs for minutes)
 // and detects inexact renames only up to Options.MergeRenameLimit files;
 // past the deadline git is killed and the landing refused MERGE_TIMEOUT.
-func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine, old, approved, task string) (string, error) {
+func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine, old, approved string, t names.Task) (string, error) {
 	timeout, limit := s.o.MergeTimeout, s.o.MergeRenameLimit
 	if timeout <= 0 {
 		timeout = DefaultMergeTimeout
@@ -295,19 +285,19 @@ func (s *Service) mergeCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 		return "", err
 	}
 	env := append(q.Env(), "GIT_AUTHOR_NAME="+name, "GIT_AUTHOR_EMAIL="+email, "GIT_COMMITTER_NAME="+name, "GIT_COMMITTER_EMAIL="+email)
-	msg := fmt.Sprintf("Land task %s\n\nMerge approved commit %s into main.\n", task, approved)
+	msg := fmt.Sprintf("Land task %s\n\nMerge approved commit %s into main.\n", t.Name(), approved)
 	return s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "commit-tree",
 		Flags: []string{"-p" + old, "-p" + approved, "-m" + msg}, Args: []string{tree}, Env: env}, gitcmd.MaxLine)
 }
 
 // lastLanding is the log's last landing of the project; nil when there
 // is none, the broker keeps no landings, or (with err) reading them failed.
-func (s *Service) lastLanding(ctx context.Context, business, project string) (*authz.Landing, error) {
+func (s *Service) lastLanding(ctx context.Context, p names.Project) (*authz.Landing, error) {
 	l, ok := s.o.Authority.(authz.Lander)
 	if !ok {
 		return nil, nil
 	}
-	ls, err := l.Landings(ctx, business, project)
+	ls, err := l.Landings(ctx, p.Business(), p.Name())
 	if err != nil || len(ls) == 0 {
 		return nil, err
 	}
@@ -318,15 +308,12 @@ func (s *Service) lastLanding(ctx context.Context, business, project string) (*a
 // still that landing's old main: the landing was recorded, and bushostd
 // stopped before main moved. The caller holds the repository's lock.
 func (s *Service) reconcileMain(ctx context.Context, r repo) error {
-	last, err := s.lastLanding(ctx, r.Business, r.Project)
+	last, err := s.lastLanding(ctx, r.proj)
 	if last == nil {
 		return err
 	}
-	gg, err := s.open(r)
-	if err != nil {
-		return err
-	}
-	cur, err := gg.readRef(MainRef)
+	gg := r.open()
+	cur, err := r.readRef(MainRef)
 	if err != nil {
 		return err
 	}

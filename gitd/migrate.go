@@ -37,8 +37,8 @@ import (
 const migratePrefix = ".migrating-"
 
 // migrate moves every old-layout repository of the store to the new layout.
-func (s *Service) migrate(ctx context.Context) error {
-	bs, err := os.ReadDir(s.o.ReposDir)
+func (st *store) migrate(ctx context.Context) error {
+	bs, err := os.ReadDir(st.dir)
 	if err != nil {
 		return err
 	}
@@ -46,7 +46,7 @@ func (s *Service) migrate(ctx context.Context) error {
 		if !b.IsDir() || names.Check("business", b.Name()) != nil {
 			continue
 		}
-		dir := filepath.Join(s.o.ReposDir, b.Name())
+		dir := filepath.Join(st.dir, b.Name())
 		ents, err := os.ReadDir(dir)
 		if err != nil {
 			return err
@@ -55,7 +55,7 @@ func (s *Service) migrate(ctx context.Context) error {
 			if strings.HasPrefix(e.Name(), migratePrefix) {
 				// Cut before its rename: roll back; the old repository,
 				// still there, is migrated again below.
-				s.log.Warn("migration: removing a staging directory a cut migration left", "dir", filepath.Join(dir, e.Name()))
+				st.log.Warn("migration: removing a staging directory a cut migration left", "dir", filepath.Join(dir, e.Name()))
 				if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 					return err
 				}
@@ -70,7 +70,7 @@ func (s *Service) migrate(ctx context.Context) error {
 			if err != nil {
 				continue
 			}
-			if err := s.migrateProject(ctx, scope); err != nil {
+			if err := st.migrateProject(ctx, scope); err != nil {
 				return fmt.Errorf("migrate %s/%s: %w", b.Name(), project, err)
 			}
 		}
@@ -78,14 +78,14 @@ func (s *Service) migrate(ctx context.Context) error {
 	return nil
 }
 
-func (s *Service) migrateProject(ctx context.Context, scope names.Project) error {
+func (st *store) migrateProject(ctx context.Context, scope names.Project) error {
 	business, project := scope.Business(), scope.Name()
-	p, err := s.store.project(scope)
+	p, err := st.project(scope)
 	if err != nil {
 		return err
 	}
-	old := filepath.Join(s.o.ReposDir, business, project+".git")
-	log := s.log.With("business", business, "project", project, "old", old)
+	old := filepath.Join(st.dir, business, project+".git")
+	log := st.log.With("business", business, "project", project, "old", old)
 	if p.exists() {
 		log.Info("migration: the new layout is in place; removing the old repository", "pool", p.Path)
 		if err := os.RemoveAll(old); err != nil {
@@ -94,29 +94,29 @@ func (s *Service) migrateProject(ctx context.Context, scope names.Project) error
 		return bundle.Sync(filepath.Dir(old))
 	}
 	log.Info("migration: moving the project's repository to a pool and one repository per task")
-	staging := filepath.Join(s.o.ReposDir, business, migratePrefix+project)
+	staging := filepath.Join(st.dir, business, migratePrefix+project)
 	if err := os.Mkdir(staging, 0o700); err != nil {
 		return err
 	}
 	pool := filepath.Join(staging, poolName)
-	if err := s.git.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{pool}}); err != nil {
+	if err := st.git.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{pool}}); err != nil {
 		return err
 	}
-	if root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine); err == nil && root != "" {
-		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: pool, Sub: "config", Args: []string{rootKey, root}}); err != nil {
+	if root, err := st.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine); err == nil && root != "" {
+		if err := st.git.Run(ctx, gitcmd.Cmd{GitDir: pool, Sub: "config", Args: []string{rootKey, root}}); err != nil {
 			return err
 		}
 	}
 	fetch := func(gitDir, ref string) error {
-		return s.git.Run(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "fetch",
+		return st.git.Run(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "fetch",
 			Flags: []string{"--quiet", "--no-tags", "--no-write-fetch-head"}, Args: []string{old, ref + ":" + ref}})
 	}
-	if main, _ := s.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "for-each-ref", Flags: []string{"--format=%(objectname)"}, Args: []string{MainRef}}, gitcmd.MaxLine); main != "" {
+	if main, _ := st.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "for-each-ref", Flags: []string{"--format=%(objectname)"}, Args: []string{MainRef}}, gitcmd.MaxLine); main != "" {
 		if err := fetch(pool, MainRef); err != nil {
 			return err
 		}
 	}
-	out, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "for-each-ref", Flags: []string{"--format=%(refname)"}, Args: []string{"refs/work/"}}, maxRefList)
+	out, err := st.git.Line(ctx, gitcmd.Cmd{GitDir: old, Sub: "for-each-ref", Flags: []string{"--format=%(refname)"}, Args: []string{"refs/work/"}}, maxRefList)
 	if err != nil {
 		return err
 	}

@@ -103,7 +103,6 @@ type Flusher interface {
 
 // ExportResult is what ExportProject wrote.
 type ExportResult struct {
-	Export         authz.Export
 	Bytes          int64  // the archive's
 	SHA256         string // the archive's
 	ManifestSHA256 string
@@ -137,7 +136,7 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	if err != nil {
 		return res, err
 	}
-	tx, err := s.beginExport(ctx, m, p)
+	tx, err := p.beginExport(ctx, m)
 	if err != nil {
 		return res, err
 	}
@@ -152,7 +151,6 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 		return res, err
 	}
 	spool := tx.spool
-	res.Export = ex
 	// Under the lock, nothing recorded a push of the project between the
 	// check and BeginExport: the log's tasks are those checked.
 	for _, t := range ex.Tasks {
@@ -173,7 +171,7 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 	for _, oid := range repos.pool {
 		poolTips = append(poolTips, "^"+oid)
 	}
-	if mf.Pool, err = s.bundleRepo(ctx, p, repos.pool, nil, spool, poolBundle); err != nil {
+	if mf.Pool, err = p.bundleRefs(ctx, repos.pool, nil, spool, poolBundle); err != nil {
 		return res, err
 	}
 	files := []string{poolBundle}
@@ -189,7 +187,7 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 			if err != nil {
 				return res, err
 			}
-			mr, err := s.bundleRepo(ctx, r, refs, poolTips, spool, taskBundleName(t.Task))
+			mr, err := r.bundleRefs(ctx, refs, poolTips, spool, taskBundleName(t.Task))
 			if err != nil {
 				return res, err
 			}
@@ -264,7 +262,6 @@ func (s *Service) ExportProject(ctx context.Context, scope names.Project, step f
 // export's fate is unknown (settleExports cancels it at the next start),
 // and releases the lock.
 type exportTx struct {
-	s           *Service
 	m           authz.Mover
 	p           repo
 	unlock      func() // the project's lock, until the export is sealed
@@ -275,12 +272,12 @@ type exportTx struct {
 }
 
 // beginExport takes p's project lock for an export.
-func (s *Service) beginExport(ctx context.Context, m authz.Mover, p repo) (*exportTx, error) {
+func (p repo) beginExport(ctx context.Context, m authz.Mover) (*exportTx, error) {
 	unlock, err := p.state().lock(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &exportTx{s: s, m: m, p: p, unlock: unlock}, nil
+	return &exportTx{m: m, p: p, unlock: unlock}, nil
 }
 
 // begin makes the spool, named by the export's id, and has the broker
@@ -321,9 +318,9 @@ func (tx *exportTx) Rollback(ctx context.Context, cause error) {
 		// This export only: another may have replaced it meanwhile.
 		if _, err := tx.m.CancelExport(ctx, business, project, tx.ex.ID); err != nil {
 			tx.keep = true
-			tx.s.log.Error("export failed, and cancelling it failed too: the project stays moving until the next start of bushostd or 'bushost project export --cancel'", "business", business, "project", project, "err", err)
+			tx.p.st.log.Error("export failed, and cancelling it failed too: the project stays moving until the next start of bushostd or 'bushost project export --cancel'", "business", business, "project", project, "err", err)
 		} else {
-			tx.s.log.Warn("export failed and was cancelled: the project takes pushes again", "business", business, "project", project, "err", cause)
+			tx.p.st.log.Warn("export failed and was cancelled: the project takes pushes again", "business", business, "project", project, "err", cause)
 		}
 		cancel()
 	}
@@ -360,7 +357,7 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 	if _, ok := out.pool[MainRef]; !ok {
 		return out, errdefs.FailedPrecondition(errdefs.MainNotFound, "project %s/%s has no main", p.Business, p.Project)
 	}
-	if err := s.mainHasLandings(ctx, p, p.Path); err != nil {
+	if err := s.mainHasLandings(ctx, p); err != nil {
 		return out, err
 	}
 	disagree := func(task, ref, log string) error {
@@ -408,14 +405,14 @@ func (s *Service) exportRepos(ctx context.Context, p repo) (exportRefs, error) {
 	return out, nil
 }
 
-// mainHasLandings refuses a pool (at gitDir) whose main does not hold the
-// log's last landing of p's project.
-func (s *Service) mainHasLandings(ctx context.Context, p repo, gitDir string) error {
-	last, err := s.lastLanding(ctx, p.Business, p.Project)
+// mainHasLandings refuses a pool p whose main does not hold the log's
+// last landing of its project.
+func (s *Service) mainHasLandings(ctx context.Context, p repo) error {
+	last, err := s.lastLanding(ctx, p.proj)
 	if last == nil {
 		return err
 	}
-	err = s.git.Run(ctx, gitcmd.Cmd{GitDir: gitDir, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{last.New, MainRef}})
+	err = p.git.Run(ctx, gitcmd.Cmd{GitDir: p.Path, Sub: "merge-base", Flags: []string{"--is-ancestor"}, Args: []string{last.New, MainRef}})
 	if err == nil {
 		return nil
 	}
@@ -427,11 +424,11 @@ func (s *Service) mainHasLandings(ctx context.Context, p repo, gitDir string) er
 		p.Business, p.Project, last.New, last.Task).With("log_commit", last.New).With("task", last.Task)
 }
 
-// bundleRepo writes r's refs as the bundle name under spool, thin against
+// bundleRefs writes r's refs as the bundle name under spool, thin against
 // not (^commit of the pool's refs; nil for the pool itself), and returns
 // its manifest entry: no file when the pool already holds every commit the
 // refs reach (git refuses an empty bundle).
-func (s *Service) bundleRepo(ctx context.Context, r repo, refs map[string]string, not []string, spool, name string) (manifestRepo, error) {
+func (r repo) bundleRefs(ctx context.Context, refs map[string]string, not []string, spool, name string) (manifestRepo, error) {
 	mr := manifestRepo{Refs: refs}
 	revs := make([]string, 0, len(refs)+len(not))
 	for ref := range refs {
@@ -440,7 +437,7 @@ func (s *Service) bundleRepo(ctx context.Context, r repo, refs map[string]string
 	sort.Strings(revs)
 	revs = append(revs, not...)
 	if len(not) > 0 {
-		n, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "rev-list", Flags: []string{"--count"}, Args: revs}, gitcmd.MaxLine)
+		n, err := r.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "rev-list", Flags: []string{"--count"}, Args: revs}, gitcmd.MaxLine)
 		if err != nil {
 			return mr, err
 		}
@@ -449,7 +446,7 @@ func (s *Service) bundleRepo(ctx context.Context, r repo, refs map[string]string
 		}
 	}
 	path := filepath.Join(spool, name)
-	if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "bundle", Flags: []string{"create", "--quiet", "--version=2"},
+	if err := r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "bundle", Flags: []string{"create", "--quiet", "--version=2"},
 		Args: append([]string{path}, revs...)}); err != nil {
 		return mr, fmt.Errorf("bundle %s: %w", r.Path, err)
 	}
@@ -616,7 +613,7 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 	if err != nil {
 		return res, err
 	}
-	tx, err := s.beginImport()
+	tx, err := s.store.beginImport()
 	if err != nil {
 		return res, err
 	}
@@ -650,7 +647,7 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 	if err := s.git.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{p.Path}}); err != nil {
 		return res, err
 	}
-	if err := s.importRepo(ctx, p, mf.Pool, files); err != nil {
+	if err := p.importBundle(ctx, mf.Pool, files); err != nil {
 		return res, err
 	}
 	res.Bundles++
@@ -672,19 +669,23 @@ func (s *Service) ImportProject(ctx context.Context, body io.Reader, step func(s
 		if err := initTask(r.Path); err != nil {
 			return res, err
 		}
-		if err := s.importRepo(ctx, r, *t.Repository, files); err != nil {
+		if err := r.importBundle(ctx, *t.Repository, files); err != nil {
 			return res, err
 		}
 		if t.Repository.File != "" {
 			res.Bundles++
 		}
 	}
+	// The refs set are the manifest's, checked by manifestAgrees; main
+	// must hold the last landing.
 	step("check the refs against the log")
-	if err := s.importAgrees(ctx, p); err != nil {
+	if err := s.mainHasLandings(ctx, p); errdefs.ReasonOf(err) == errdefs.RepoDisagreesWithLog {
+		return res, altered("%v", err)
+	} else if err != nil {
 		return res, err
 	}
 	step("place the project")
-	res.Seq, err = s.placeImport(ctx, tx, m, c, mf.scope)
+	res.Seq, err = tx.place(ctx, m, c, mf.scope)
 	if err != nil {
 		return res, err
 	}
@@ -889,14 +890,14 @@ func readBundles(ctx context.Context, tr *tar.Reader, mf manifest, dir string) e
 	return nil
 }
 
-// importRepo brings mr's bundle into r (made, empty but for its pool) the
+// importBundle brings mr's bundle into r (made, empty but for its pool) the
 // checked way, and sets exactly mr's refs: `git bundle verify` (its
 // prerequisites are in the pool), the header's refs the manifest's, the
 // pack through index-pack --strict in a quarantine, as a push's.
-func (s *Service) importRepo(ctx context.Context, r repo, mr manifestRepo, files string) error {
+func (r repo) importBundle(ctx context.Context, mr manifestRepo, files string) error {
 	if mr.File != "" {
 		path := filepath.Join(files, mr.File)
-		if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "bundle", Flags: []string{"verify", "--quiet"}, Args: []string{path}}); err != nil {
+		if err := r.git.Run(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "bundle", Flags: []string{"verify", "--quiet"}, Args: []string{path}}); err != nil {
 			return altered("bundle %s does not verify: %v", mr.File, err).Wrap(err)
 		}
 		f, err := os.Open(path)
@@ -930,7 +931,7 @@ func (s *Service) importRepo(ctx context.Context, r repo, mr manifestRepo, files
 		}
 		defer q.Remove()
 		q.IndexConfig = indexPackConfig
-		if _, err := q.IndexPack(ctx, s.git, r.gitDir(), br); err != nil {
+		if _, err := q.IndexPack(ctx, r.git, r.gitDir(), br); err != nil {
 			return err
 		}
 		if err := q.Migrate(); err != nil {
@@ -944,7 +945,7 @@ func (s *Service) importRepo(ctx context.Context, r repo, mr manifestRepo, files
 	sort.Strings(refs)
 	for _, ref := range refs {
 		oid := mr.Refs[ref]
-		typ, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{oid}}, gitcmd.MaxLine)
+		typ, err := r.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "cat-file", Flags: []string{"-t"}, Args: []string{oid}}, gitcmd.MaxLine)
 		if err != nil || typ != "commit" {
 			return altered("%s of %s names %s, not a commit the file carries", ref, filepath.Base(r.Path), oid)
 		}
@@ -987,24 +988,12 @@ func (s *Service) manifestAgrees(ctx context.Context, mf manifest) error {
 	return nil
 }
 
-// importAgrees checks the built pool against the log: main holds the
-// last landing. (The refs set are the manifest's, checked by
-// manifestAgrees.)
-func (s *Service) importAgrees(ctx context.Context, p repo) error {
-	if err := s.mainHasLandings(ctx, p, p.Path); errdefs.ReasonOf(err) == errdefs.RepoDisagreesWithLog {
-		return altered("%v", err)
-	} else if err != nil {
-		return err
-	}
-	return nil
-}
-
-// placeImport renames the project tx built into the store and has the
+// place renames the project tx built into the store and has the
 // broker place it here, under the project's lock. A copy already there
 // (this host owned the project before, and kept its repositories when it
 // moved away) is set aside and removed once the placement is here (Commit),
 // or put back if it is refused (Rollback).
-func (s *Service) placeImport(ctx context.Context, tx *importTx, m authz.Mover, c authz.ImportClaim, scope names.Project) (int64, error) {
+func (tx *importTx) place(ctx context.Context, m authz.Mover, c authz.ImportClaim, scope names.Project) (int64, error) {
 	if err := tx.lock(ctx, scope); err != nil {
 		return 0, err
 	}
@@ -1016,7 +1005,7 @@ func (s *Service) placeImport(ctx context.Context, tx *importTx, m authz.Mover, 
 	if err := m.CheckImport(ctx, c); err != nil {
 		return 0, err
 	}
-	if err := tx.place(); err != nil {
+	if err := tx.rename(); err != nil {
 		return 0, err
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), criticalTimeout)
@@ -1032,7 +1021,7 @@ func (s *Service) placeImport(ctx context.Context, tx *importTx, m authz.Mover, 
 			// Still unknown: the repositories stay, since the project may
 			// be placed here now. If it is not, nothing serves them, and
 			// a retry of the import replaces them.
-			s.log.Error("import: whether the placement moved is unknown; the repositories are left in place", "dir", tx.p.Dir, "err", perr)
+			tx.st.log.Error("import: whether the placement moved is unknown; the repositories are left in place", "dir", tx.p.Dir, "err", perr)
 			tx.Commit()
 			return 0, err
 		}
@@ -1052,7 +1041,7 @@ func (s *Service) placeImport(ctx context.Context, tx *importTx, m authz.Mover, 
 // Commit did not make final, in reverse order, releases the lock and
 // removes the staging directory. It may be called more than once.
 type importTx struct {
-	s                      *Service
+	st                     *store
 	stage                  string
 	p                      repo // the project's place in the store
 	unlock                 func()
@@ -1062,12 +1051,12 @@ type importTx struct {
 }
 
 // beginImport makes an import's staging directory in the store.
-func (s *Service) beginImport() (*importTx, error) {
-	stage, err := os.MkdirTemp(s.o.ReposDir, seedPrefix+"import-")
+func (st *store) beginImport() (*importTx, error) {
+	stage, err := os.MkdirTemp(st.dir, seedPrefix+"import-")
 	if err != nil {
 		return nil, err
 	}
-	return &importTx{s: s, stage: stage}, nil
+	return &importTx{st: st, stage: stage}, nil
 }
 
 // built is where the project is built before it is placed.
@@ -1076,7 +1065,7 @@ func (tx *importTx) built() string { return filepath.Join(tx.stage, "project") }
 // lock takes the project's lock, noting whether its business's directory
 // and its lock file were there before.
 func (tx *importTx) lock(ctx context.Context, scope names.Project) (err error) {
-	if tx.p, err = tx.s.store.project(scope); err != nil {
+	if tx.p, err = tx.st.project(scope); err != nil {
 		return err
 	}
 	_, err = os.Stat(filepath.Dir(tx.p.Dir))
@@ -1087,9 +1076,9 @@ func (tx *importTx) lock(ctx context.Context, scope names.Project) (err error) {
 	return err
 }
 
-// place sets the project's copy in the store aside, if there is one, and
+// rename sets the project's copy in the store aside, if there is one, and
 // renames the built project into its place.
-func (tx *importTx) place() error {
+func (tx *importTx) rename() error {
 	bdir := filepath.Dir(tx.p.Dir)
 	if _, err := os.Stat(tx.p.Dir); err == nil {
 		aside, err := os.MkdirTemp(bdir, seedPrefix+"replaced-"+tx.p.Project+"-")
@@ -1114,7 +1103,7 @@ func (tx *importTx) place() error {
 func (tx *importTx) Commit() {
 	tx.done = true
 	if err := os.RemoveAll(tx.aside); err != nil {
-		tx.s.log.Error("import: remove the copy set aside (cleaned at the next start)", "dir", tx.aside, "err", err)
+		tx.st.log.Error("import: remove the copy set aside (cleaned at the next start)", "dir", tx.aside, "err", err)
 	}
 	tx.p.state().forget()
 }
@@ -1130,7 +1119,7 @@ func (tx *importTx) Rollback() {
 		}
 		if tx.aside != "" {
 			if err := os.Rename(filepath.Join(tx.aside, "project"), tx.p.Dir); err != nil {
-				tx.s.log.Error("import refused, and putting back the copy set aside failed", "dir", tx.aside, "err", err)
+				tx.st.log.Error("import refused, and putting back the copy set aside failed", "dir", tx.aside, "err", err)
 			} else {
 				os.Remove(tx.aside)
 			}

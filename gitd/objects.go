@@ -235,7 +235,7 @@ func idxHas(path string, h plumbing.Hash) (bool, error) {
 		}
 		return false, err
 	}
-	return ix.find(h) >= 0, nil
+	return ix.Find(h) >= 0, nil
 }
 
 const hashLen = 20

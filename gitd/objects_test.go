@@ -44,10 +44,7 @@ func TestObjectReaderWalk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gg, err := e.svc.open(r)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gg := r.open()
 	objs, err := openObjects(q.Dir, name, gg)
 	if err != nil {
 		t.Fatal(err)

@@ -48,24 +48,18 @@ func openPackIndex(path string) (*packIndex, error) {
 	return &packIndex{Index: ix, path: path}, nil
 }
 
-// find is h's position, or -1.
-func (ix *packIndex) find(h plumbing.Hash) int { return ix.Find(h) }
-
-// offset is the pack offset of the object at pos.
-func (ix *packIndex) offset(pos int) (int64, error) { return ix.Offset(pos) }
-
-func (ix *packIndex) Contains(h plumbing.Hash) (bool, error) { return ix.find(h) >= 0, nil }
+func (ix *packIndex) Contains(h plumbing.Hash) (bool, error) { return ix.Find(h) >= 0, nil }
 
 func (ix *packIndex) FindOffset(h plumbing.Hash) (int64, error) {
-	pos := ix.find(h)
+	pos := ix.Find(h)
 	if pos < 0 {
 		return 0, plumbing.ErrObjectNotFound
 	}
-	return ix.offset(pos)
+	return ix.Offset(pos)
 }
 
 func (ix *packIndex) FindCRC32(h plumbing.Hash) (uint32, error) {
-	pos := ix.find(h)
+	pos := ix.Find(h)
 	if pos < 0 {
 		return 0, plumbing.ErrObjectNotFound
 	}
@@ -81,7 +75,7 @@ func (ix *packIndex) FindHash(o int64) (plumbing.Hash, error) {
 	}
 	var err error
 	i := sort.Search(len(ix.byOffset), func(i int) bool {
-		at, e := ix.offset(int(ix.byOffset[i]))
+		at, e := ix.Offset(int(ix.byOffset[i]))
 		if e != nil {
 			err = e
 		}
@@ -93,7 +87,7 @@ func (ix *packIndex) FindHash(o int64) (plumbing.Hash, error) {
 	if i == len(ix.byOffset) {
 		return plumbing.ZeroHash, plumbing.ErrObjectNotFound
 	}
-	if at, _ := ix.offset(int(ix.byOffset[i])); at != o {
+	if at, _ := ix.Offset(int(ix.byOffset[i])); at != o {
 		return plumbing.ZeroHash, plumbing.ErrObjectNotFound
 	}
 	return plumbing.Hash(ix.Name(int(ix.byOffset[i]))), nil
@@ -104,7 +98,7 @@ func (ix *packIndex) sortByOffset() {
 	offs := make([]int64, n)
 	pos := make([]uint32, n)
 	for i := range n {
-		o, err := ix.offset(i)
+		o, err := ix.Offset(i)
 		if err != nil {
 			ix.byOffsetErr = err
 			return

@@ -242,7 +242,7 @@ func TestAttackIndexTablesBounded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		o, err := ix.offset(0)
+		o, err := ix.Offset(0)
 		if err != nil {
 			t.Fatal(err)
 		}

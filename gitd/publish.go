@@ -73,24 +73,21 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 		return "", "", err
 	}
 	defer unlock()
-	root, err := s.rootOf(ctx, r)
+	root, err := r.root(ctx)
 	if err != nil {
 		return "", "", err
 	}
 	if !isGitRepo(root) {
 		return "", "", errdefs.FailedPrecondition(errdefs.RootInvalid, "the root %s is a plain directory, not a git repository: it has no branch to publish to", root).With("root", root)
 	}
-	gg, err := s.open(r)
-	if err != nil {
-		return "", "", err
-	}
-	main, err := gg.readRef(MainRef)
+	gg := r.open()
+	main, err := r.readRef(MainRef)
 	if err != nil {
 		return "", "", err
 	}
 	// The root's checkout and the host's tools expand what is published:
 	// held to the tree bounds as a push and a landing are.
-	if _, err := s.checkResultTree(ctx, gg, main, nil); err != nil {
+	if _, err := gg.checkResultTree(ctx, main, nil); err != nil {
 		return "", "", err
 	}
 	if head, err := s.git.Line(ctx, gitcmd.Cmd{Dir: root, Sub: "symbolic-ref", Flags: []string{"--quiet"}, Args: []string{"HEAD"}}, gitcmd.MaxLine); err == nil && head == ref {
@@ -129,8 +126,8 @@ func (s *Service) PublishProject(ctx context.Context, p names.Project, branch st
 // landedWorkMissing refuses a sync whose root lacks work landed on main
 // (the last landing's main is not in the root's HEAD): syncing would drop
 // it. The host publishes main to the root and merges it there first.
-func (s *Service) landedWorkMissing(ctx context.Context, r repo, q *bundle.Quarantine, business, project, root, next string) error {
-	last, err := s.lastLanding(ctx, business, project)
+func (s *Service) landedWorkMissing(ctx context.Context, r repo, q *bundle.Quarantine, root, next string) error {
+	last, err := s.lastLanding(ctx, r.proj)
 	if last == nil {
 		return err
 	}
@@ -140,6 +137,6 @@ func (s *Service) landedWorkMissing(ctx context.Context, r repo, q *bundle.Quara
 	}
 	return errdefs.FailedPrecondition(errdefs.MainHasLandedWork,
 		"main has landed work that HEAD of %s lacks (task %s, main %s): run 'bushost project publish --business %s --project %s', merge %s in the root, then sync",
-		root, last.Task, last.New, business, project, DefaultPublishBranch).
+		root, last.Task, last.New, r.Business, r.Project, DefaultPublishBranch).
 		With("task", last.Task).With("main", last.New).With("root", root)
 }

@@ -57,10 +57,10 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 		return PushResult{}, err
 	}
 	if !r.pool().exists() {
-		return PushResult{}, projectNotFound(g.Business, g.Project)
+		return PushResult{}, projectNotFound(t.Project())
 	}
 	if size > s.o.MaxBundleBytes {
-		return PushResult{}, s.tooLarge(size)
+		return PushResult{}, tooLarge(size, s.o.MaxBundleBytes)
 	}
 	lr := &limitReader{r: body, left: s.o.MaxBundleBytes, max: s.o.MaxBundleBytes}
 	br := bufio.NewReaderSize(lr, 64<<10)
@@ -75,16 +75,13 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 	// Every read from here on sees the pool and this task's repository
 	// only: another task's objects are neither a prerequisite, a delta
 	// base nor a tree entry here, and no answer depends on them.
-	tx, err := s.beginPush(r)
+	tx, err := r.beginPush()
 	if err != nil {
 		return PushResult{}, err
 	}
 	defer tx.Rollback()
 	q := tx.q
-	gg, err := s.open(r)
-	if err != nil {
-		return PushResult{}, err
-	}
+	gg := r.open()
 	for _, p := range h.Prerequisites {
 		ok, err := r.hasObject(plumbing.NewHash(p))
 		if err != nil {
@@ -114,25 +111,27 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 		return PushResult{}, err
 	}
 	tx.objs = objs
-	tx.walked = s.startBeyondGit(ctx, r, q, objs, commit)
-	if err := s.checkCommit(ctx, r, q, objs, commit); err != nil {
+	if !s.skip.BeyondGit { // unless a benchmark's build turned it off
+		tx.walked = tx.startBeyondGit(ctx, commit)
+	}
+	if err := tx.checkCommit(ctx, commit); err != nil {
 		return PushResult{}, err
 	}
-	old, err := gg.readRef(ref)
+	old, err := r.readRef(ref)
 	if err != nil {
 		return PushResult{}, err
 	}
 	if old == commit {
 		return PushResult{Commit: commit, Previous: old, Ref: ref}, nil
 	}
-	if err := s.checkHistory(ctx, r, q, objs, gg, ref, old, commit); err != nil {
+	if err := tx.checkHistory(ctx, ref, old, commit); err != nil {
 		return PushResult{}, err
 	}
 
 	if err := tx.lockTask(ctx, commit); err != nil {
 		return PushResult{}, err
 	}
-	cur, err := gg.readRef(ref)
+	cur, err := r.readRef(ref)
 	if err != nil {
 		return PushResult{}, err
 	}
@@ -140,7 +139,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 		return PushResult{Commit: commit, Previous: cur, Ref: ref}, nil
 	}
 	if cur != old {
-		if err := s.checkHistory(ctx, r, q, objs, gg, ref, cur, commit); err != nil {
+		if err := tx.checkHistory(ctx, ref, cur, commit); err != nil {
 			return PushResult{}, err
 		}
 	}
@@ -166,7 +165,7 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 		if errdefs.ReasonOf(err) != errdefs.CommitUnknown {
 			return PushResult{}, err
 		}
-		if err := s.settleUnclear(cctx, tx, g, commit, err); err != nil {
+		if err := tx.settleUnclear(cctx, s.o.Authority, g, commit, err); err != nil {
 			return PushResult{}, err
 		}
 	}
@@ -188,7 +187,6 @@ func (s *Service) Push(ctx context.Context, g authz.Grant, t names.Task, peer au
 // deferred right after begin, undoes whatever Commit did not make final,
 // in order, and only releases after a Commit.
 type writeTx struct {
-	s *Service
 	r repo
 	q *bundle.Quarantine
 	// objs reads a push's quarantined pack; walked waits for the
@@ -215,8 +213,8 @@ type writeTx struct {
 // meanwhile (its prerequisite, index-pack's connectivity, the ancestry
 // and the walk's "there before"). Counted now and again under the lock,
 // such an undo refuses this push (TestAttackPushOnARefusedPushInFlight).
-func (s *Service) beginPush(r repo) (*writeTx, error) {
-	tx := &writeTx{s: s, r: r, undone: r.state().undoneCount(r.Task)}
+func (r repo) beginPush() (*writeTx, error) {
+	tx := &writeTx{r: r, undone: r.state().undoneCount(r.Task)}
 	q, err := r.quarantine()
 	if err != nil {
 		return nil, err
@@ -227,12 +225,12 @@ func (s *Service) beginPush(r repo) (*writeTx, error) {
 
 // beginLand starts a landing's or a sync's write into the pool r: a
 // quarantine of its objects.
-func (s *Service) beginLand(r repo) (*writeTx, error) {
+func (r repo) beginLand() (*writeTx, error) {
 	q, err := bundle.NewQuarantine(r.objects())
 	if err != nil {
 		return nil, err
 	}
-	return &writeTx{s: s, r: r, q: q}, nil
+	return &writeTx{r: r, q: q}, nil
 }
 
 // lockProject takes the whole project's lock, as a landing does.
@@ -332,14 +330,14 @@ func (tx *writeTx) Rollback() {
 			err := tx.q.Rollback()
 			tx.r.state().markUndone(tx.r.Task)
 			if err != nil {
-				tx.s.log.Error("remove the objects of a refused write", "repo", tx.r.Path, "err", err)
+				tx.r.st.log.Error("remove the objects of a refused write", "repo", tx.r.Path, "err", err)
 			} else {
 				removed = true
 			}
 		}
 		if tx.made && removed {
 			if err := tx.r.dropNew(); err != nil {
-				tx.s.log.Error("remove the repository of a refused first push", "repo", tx.r.Path, "err", err)
+				tx.r.st.log.Error("remove the repository of a refused first push", "repo", tx.r.Path, "err", err)
 			}
 		}
 	}
@@ -368,13 +366,13 @@ func (tx *writeTx) Rollback() {
 // target) are neither in the pack nor in the repository, and every object in
 // the repository entered it the same way (or by a fetch, which checks
 // connectivity), so the links of what is already there are complete too.
-func (s *Service) checkCommit(ctx context.Context, r repo, q *bundle.Quarantine, objs *objectReader, commit string) error {
+func (tx *writeTx) checkCommit(ctx context.Context, commit string) error {
 	typ := ""
-	if t, err := objs.objectType(commit); err == nil {
+	if t, err := tx.objs.objectType(commit); err == nil {
 		typ = t.String()
 	} else {
-		c := gitcmd.Cmd{GitDir: r.gitDir(), Sub: "cat-file", Flags: []string{"-t"}, Args: []string{commit}, Env: q.Env()}
-		if typ, err = s.git.Line(ctx, c, gitcmd.MaxLine); err != nil {
+		c := gitcmd.Cmd{GitDir: tx.r.gitDir(), Sub: "cat-file", Flags: []string{"-t"}, Args: []string{commit}, Env: tx.q.Env()}
+		if typ, err = tx.r.git.Line(ctx, c, gitcmd.MaxLine); err != nil {
 			return errdefs.InvalidArgument(errdefs.BundleInvalid, "the bundle's ref names %s, which neither the bundle nor the repository holds", commit).With("commit", commit)
 		}
 	}
@@ -388,7 +386,8 @@ func (s *Service) checkCommit(ctx context.Context, r repo, q *bundle.Quarantine,
 // for a new ref, to share history with main. A short walk in process
 // answers the usual case (commit descends from old, or from main); git
 // answers the rest.
-func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine, objs *objectReader, gg *view, ref, old, commit string) error {
+func (tx *writeTx) checkHistory(ctx context.Context, ref, old, commit string) error {
+	r, q, objs := tx.r, tx.q, tx.objs
 	if old != "" {
 		ok, err := objs.isAncestor(old, commit)
 		if err != nil {
@@ -403,7 +402,7 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 		}
 		return nil
 	}
-	main, err := gg.poolView().readRef(MainRef)
+	main, err := r.pool().readRef(MainRef)
 	if err != nil {
 		return err
 	}
@@ -420,9 +419,9 @@ func (s *Service) checkHistory(ctx context.Context, r repo, q *bundle.Quarantine
 	return err
 }
 
-func (s *Service) tooLarge(n int64) error {
-	return errdefs.ResourceExhausted(errdefs.BundleTooLarge, "bundle too large: %d bytes is over the limit of %d bytes (bushostd --max-bundle-bytes)", n, s.o.MaxBundleBytes).
-		With("limit", s.o.MaxBundleBytes).With("size", n)
+func tooLarge(n, limit int64) error {
+	return errdefs.ResourceExhausted(errdefs.BundleTooLarge, "bundle too large: %d bytes is over the limit of %d bytes (bushostd --max-bundle-bytes)", n, limit).
+		With("limit", limit).With("size", n)
 }
 
 // limitReader counts a push's bytes and fails past the limit, remembering

@@ -49,7 +49,7 @@ func (sv *server) pushPassed(ctx context.Context, stream grpc.ClientStreamingSer
 		return errdefs.InvalidArgument(errdefs.PushFDRefused, "the passed bundle descriptor is refused: %v; pass an open regular bundle file, or send its bytes", err).Wrap(err)
 	}
 	if pf.Size > sv.s.o.MaxBundleBytes {
-		return sv.s.tooLarge(pf.Size)
+		return tooLarge(pf.Size, sv.s.o.MaxBundleBytes)
 	}
 	body := &passedBody{f: f, pf: pf, r: io.NewSectionReader(f, 0, pf.Size)}
 	defer func() { metrics.NotePassed(ctx, body.n) }()

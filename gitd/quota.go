@@ -37,7 +37,7 @@ var indexPackConfig = []string{"pack.threads=1", "core.deltaBaseCacheLimit=32m"}
 // the project's figure until the push is accounted (Commit) or rolled
 // back.
 func (tx *writeTx) reserve() error {
-	r, o := tx.r, tx.s.o
+	r, o := tx.r, tx.r.st.limits
 	n, err := dirBytes(tx.q.Dir)
 	if err != nil {
 		return err
@@ -58,7 +58,7 @@ func (tx *writeTx) reserve() error {
 	if !ok {
 		// The project's usage is every task's: the pusher learns only
 		// that its push does not fit, and the host's log has the numbers.
-		tx.s.log.Warn("push refused: project quota", "business", r.Business, "project", r.Project, "task", r.Task,
+		r.st.log.Warn("push refused: project quota", "business", r.Business, "project", r.Project, "task", r.Task,
 			"used", proj, "size", n, "limit", o.MaxProjectBytes)
 		return errdefs.ResourceExhausted(errdefs.ProjectQuota,
 			"this push's %d bytes would take project %s/%s over its limit of %d bytes (bushostd --max-project-bytes)",

@@ -78,7 +78,7 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 	for task, commit := range last {
 		// The log's task names were checked when they entered it; they
 		// are parsed again here as any name the store is built from.
-		tn, err := r.scope().Task(task)
+		tn, err := r.proj.Task(task)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -89,12 +89,8 @@ func (s *Service) reconcile(ctx context.Context, r repo) error {
 			errs = append(errs, err)
 			continue
 		}
-		gg, err := s.open(t)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		cur, err := gg.readRef(ref)
+		gg := t.open()
+		cur, err := t.readRef(ref)
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -19,25 +19,25 @@ import (
 // client told to push again; not learned, the pack is kept (Reconcile moves
 // the ref at the next start if the record did commit) and the client gets
 // a retryable Unavailable.
-func (s *Service) settleUnclear(ctx context.Context, tx *writeTx, g authz.Grant, commit string, cause error) error {
-	r := tx.r
-	recorded, err := s.o.Authority.PushRecorded(ctx, g.Business, g.Project, g.Task, commit)
+func (tx *writeTx) settleUnclear(ctx context.Context, a authz.Authority, g authz.Grant, commit string, cause error) error {
+	r, log := tx.r, tx.r.st.log
+	recorded, err := a.PushRecorded(ctx, g.Business, g.Project, g.Task, commit)
 	switch {
 	case err != nil:
 		tx.keep()
-		s.log.Warn("a push's record may or may not have committed and the log could not be read back; its pack is kept, and the next start settles the ref by the log",
+		log.Warn("a push's record may or may not have committed and the log could not be read back; its pack is kept, and the next start settles the ref by the log",
 			"repo", r.Path, "task", g.Task, "commit", commit, "cause", cause, "err", err)
 		return errdefs.Unavailable(errdefs.CommitUnknown,
 			"the record of push %s may or may not have committed, and the log could not be read back: push again (its pack is kept)", commit).
 			With("commit", commit).Retry(time.Second).Wrap(err)
 	case !recorded:
 		// The caller's Rollback removes the pack.
-		s.log.Warn("a push's record did not commit (the log has no such push); its pack is removed", "repo", r.Path, "task", g.Task, "commit", commit, "cause", cause)
+		log.Warn("a push's record did not commit (the log has no such push); its pack is removed", "repo", r.Path, "task", g.Task, "commit", commit, "cause", cause)
 		return errdefs.Unavailable(errdefs.CommitUnknown,
 			"the record of push %s did not commit (the store's connection failed; the log has no such push): push again", commit).
 			With("commit", commit).With("recorded", false).Retry(time.Second).Wrap(cause)
 	}
-	s.log.Warn("a push's record committed although its commit reported an error; the ref moves as usual", "repo", r.Path, "task", g.Task, "commit", commit, "cause", cause)
+	log.Warn("a push's record committed although its commit reported an error; the ref moves as usual", "repo", r.Path, "task", g.Task, "commit", commit, "cause", cause)
 	return nil
 }
 
@@ -86,11 +86,8 @@ func (s *Service) RepairTask(ctx context.Context, t names.Task) (RepairResult, e
 	if why == "" {
 		return RepairResult{}, errdefs.FailedPrecondition(errdefs.TaskNeedsRepair, "task %s/%s/%s does not need repair", business, project, task).With("needs_repair", false)
 	}
-	gg, err := s.open(r)
-	if err != nil {
-		return RepairResult{}, err
-	}
-	cur, err := gg.readRef(ref)
+	gg := r.open()
+	cur, err := r.readRef(ref)
 	if err != nil {
 		return RepairResult{}, err
 	}

@@ -3,17 +3,16 @@ package gitd
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
-	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 
 	"github.com/bushost/bushost/gitd/bundle"
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
+	"github.com/bushost/bushost/internal/gitobj"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -59,9 +58,6 @@ type repo struct {
 func (r repo) state() *project { return r.st.state(r.Dir, r.LockPath) }
 
 func (r repo) isPool() bool { return r.Task == "" }
-
-// scope is r's project, as validated where the call entered.
-func (r repo) scope() names.Project { return r.proj }
 
 // pool is the pool of r's project (r itself for the pool).
 func (r repo) pool() repo {
@@ -229,7 +225,7 @@ func (p repo) tasks() ([]repo, error) {
 		}
 		// A directory's name is checked as a request's would be: what
 		// is not a task's name is not a task's repository.
-		tn, err := p.scope().Task(name)
+		tn, err := p.proj.Task(name)
 		if err != nil {
 			continue
 		}
@@ -242,32 +238,15 @@ func (p repo) tasks() ([]repo, error) {
 	return out, nil
 }
 
-// readRef returns the commit ref points at in the view's own repository,
-// or "" if it does not exist. It reads the ref afresh each time.
-func (v *view) readRef(ref string) (string, error) { return v.r.readRefIn(v.own, ref) }
-
-// readRef is view.readRef for a caller that reads nothing else of r.
-func (r repo) readRef(ref string) (string, error) { return r.readRefIn(nil, ref) }
-
-// readRefIn reads ref through g, r opened (nil: opened here).
-func (r repo) readRefIn(g *git.Repository, ref string) (string, error) {
+// readRef returns the commit ref points at in r itself (not its pool), or
+// "" if it does not exist, r included. It reads the ref afresh each time,
+// as git does, refusing a value that is not an object id (gitobj.ReadRef,
+// which the ref moves read too).
+func (r repo) readRef(ref string) (string, error) {
 	if !r.exists() {
 		return "", nil
 	}
-	if g == nil {
-		var err error
-		if g, err = openGoGit(r.Path); err != nil {
-			return "", err
-		}
-	}
-	rf, err := g.Reference(plumbing.ReferenceName(ref), true)
-	if errors.Is(err, plumbing.ErrReferenceNotFound) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("read %s: %w", ref, err)
-	}
-	return rf.Hash().String(), nil
+	return gitobj.ReadRef(r.Path, ref)
 }
 
 // hasObject reports whether r may read h: loose or in a pack of one of the

@@ -69,7 +69,7 @@ func (s *Service) AddProject(ctx context.Context, p names.Project, root string) 
 			return "", false, errdefs.InvalidArgument(errdefs.RootInvalid, "fetch HEAD of %s: %v", root, err).With("root", root)
 		}
 	} else {
-		c, _, err := s.commitDir(ctx, dir, root, "", []string{"GIT_OBJECT_DIRECTORY=" + filepath.Join(tmp, "objects")}, "Seed main from "+root)
+		c, _, err := commitDir(ctx, s.git, dir, root, "", []string{"GIT_OBJECT_DIRECTORY=" + filepath.Join(tmp, "objects")}, "Seed main from "+root)
 		if err != nil {
 			return "", false, err
 		}
@@ -103,7 +103,7 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 	if err != nil {
 		return "", "", err
 	}
-	tx, err := s.beginLand(r)
+	tx, err := r.beginLand()
 	if err != nil {
 		return "", "", err
 	}
@@ -119,7 +119,7 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 			return "", "", err
 		}
 	}
-	root, err := s.rootOf(ctx, r)
+	root, err := r.root(ctx)
 	if err != nil {
 		return "", "", err
 	}
@@ -150,7 +150,7 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 			return "", "", err
 		}
 		if !ok {
-			if err := s.landedWorkMissing(ctx, r, q, business, project, root, next); err != nil {
+			if err := s.landedWorkMissing(ctx, r, q, root, next); err != nil {
 				return "", "", err
 			}
 			return "", "", errdefs.FailedPrecondition(errdefs.NonFastForward, "non-fast-forward: HEAD of %s (%s) does not descend from main (%s); main only moves forward", root, next, old).
@@ -158,7 +158,7 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 		}
 	} else {
 		var same bool
-		next, same, err = s.commitDir(ctx, filepath.Dir(r.Dir), root, old, q.Env(), "Sync main from "+root)
+		next, same, err = commitDir(ctx, s.git, filepath.Dir(r.Dir), root, old, q.Env(), "Sync main from "+root)
 		if err != nil {
 			return "", "", err
 		}
@@ -184,31 +184,31 @@ func (s *Service) SyncProject(ctx context.Context, p names.Project) (commit, pre
 // none) through a scratch git directory made beside the repositories, with
 // env saying where the objects go. same is true when root's tree equals the
 // parent's, and then no commit is made.
-func (s *Service) commitDir(ctx context.Context, dir, root, parent string, env []string, msg string) (commit string, same bool, err error) {
+func commitDir(ctx context.Context, g *gitcmd.Runner, dir, root, parent string, env []string, msg string) (commit string, same bool, err error) {
 	scratch, err := os.MkdirTemp(dir, seedPrefix+"scratch-")
 	if err != nil {
 		return "", false, err
 	}
 	defer os.RemoveAll(scratch)
-	if err := s.git.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{scratch}}); err != nil {
+	if err := g.Run(ctx, gitcmd.Cmd{Sub: "init", Flags: []string{"--bare", "--quiet"}, Args: []string{scratch}}); err != nil {
 		return "", false, err
 	}
 	// A git dir whose config says it is not bare, given explicitly, takes
 	// the working directory (root) as its work tree; root gets no .git.
-	if err := s.git.Run(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "config", Args: []string{"core.bare", "false"}}); err != nil {
+	if err := g.Run(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "config", Args: []string{"core.bare", "false"}}); err != nil {
 		return "", false, err
 	}
 	env = append(env, "GIT_INDEX_FILE="+filepath.Join(scratch, "seed-index"))
-	if err := s.git.Run(ctx, gitcmd.Cmd{Dir: root, GitDir: scratch, Sub: "add", Flags: []string{"--all", "--force"}, Env: env}); err != nil {
+	if err := g.Run(ctx, gitcmd.Cmd{Dir: root, GitDir: scratch, Sub: "add", Flags: []string{"--all", "--force"}, Env: env}); err != nil {
 		return "", false, fmt.Errorf("add files of %s: %w", root, err)
 	}
-	tree, err := s.git.Line(ctx, gitcmd.Cmd{Dir: root, GitDir: scratch, Sub: "write-tree", Env: env}, gitcmd.MaxLine)
+	tree, err := g.Line(ctx, gitcmd.Cmd{Dir: root, GitDir: scratch, Sub: "write-tree", Env: env}, gitcmd.MaxLine)
 	if err != nil {
 		return "", false, err
 	}
 	flags := []string{"-m" + msg}
 	if parent != "" {
-		ptree, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{parent + "^{tree}"}, Env: env}, gitcmd.MaxLine)
+		ptree, err := g.Line(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "rev-parse", Flags: []string{"--verify"}, Args: []string{parent + "^{tree}"}, Env: env}, gitcmd.MaxLine)
 		if err != nil {
 			return "", false, err
 		}
@@ -219,16 +219,16 @@ func (s *Service) commitDir(ctx context.Context, dir, root, parent string, env [
 	}
 	env = append(env, "GIT_AUTHOR_NAME=bushost", "GIT_AUTHOR_EMAIL=bushost@localhost",
 		"GIT_COMMITTER_NAME=bushost", "GIT_COMMITTER_EMAIL=bushost@localhost")
-	commit, err = s.git.Line(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "commit-tree", Flags: flags, Args: []string{tree}, Env: env}, gitcmd.MaxLine)
+	commit, err = g.Line(ctx, gitcmd.Cmd{GitDir: scratch, Sub: "commit-tree", Flags: flags, Args: []string{tree}, Env: env}, gitcmd.MaxLine)
 	if err != nil {
 		return "", false, err
 	}
 	return commit, false, nil
 }
 
-// rootOf is r's root, as AddProject recorded it, checked again.
-func (s *Service) rootOf(ctx context.Context, r repo) (string, error) {
-	root, err := s.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine)
+// root is r's root, as AddProject recorded it, checked again.
+func (r repo) root(ctx context.Context) (string, error) {
+	root, err := r.git.Line(ctx, gitcmd.Cmd{GitDir: r.Path, Sub: "config", Flags: []string{"--get"}, Args: []string{rootKey}}, gitcmd.MaxLine)
 	if err != nil {
 		return "", fmt.Errorf("repository %s does not know its root: %w", r.Path, err)
 	}

@@ -100,7 +100,7 @@ func (sv *server) PushWorking(stream grpc.ClientStreamingServer[gitv1.PushWorkin
 	}
 	rr := newRecvReader(stream, sv.s.o.IdleTimeout)
 	defer rr.stop()
-	ctx, cancel := sv.s.pushBounds(ctx, rr)
+	ctx, cancel := rr.bound(ctx, sv.s.o.Limits)
 	defer cancel()
 	first, err := rr.next()
 	if err != nil {
@@ -164,7 +164,7 @@ func sendPush[R any](sv *server, stream grpc.ServerStreamingServer[R], cap, have
 // its commit first, then chunk's of its bytes, each chunk sent only while
 // the grant g still holds; a refused grant is the stream's end.
 func sendBundle[R any](sv *server, g authz.Grant, stream grpc.ServerStreamingServer[R], write func(begin func(string) error, w io.Writer) error, commit func(string) *R, chunk func([]byte) *R) error {
-	still := sv.stillValid(stream.Context(), g)
+	still := &grantCheck{ctx: stream.Context(), a: sv.s.o.Authority, g: g}
 	w := newChunkWriter(func(b []byte) error {
 		if err := still.check(); err != nil {
 			return err
@@ -270,10 +270,6 @@ type grantCheck struct {
 	denied error
 }
 
-func (sv *server) stillValid(ctx context.Context, g authz.Grant) *grantCheck {
-	return &grantCheck{ctx: ctx, a: sv.s.o.Authority, g: g}
-}
-
 func (c *grantCheck) check() error {
 	if c.denied == nil {
 		c.denied = c.a.GrantValid(c.ctx, c.g)
@@ -299,7 +295,7 @@ type recvReader struct {
 	idle time.Duration
 	buf  []byte
 	err  error
-	// cut, when set, ends a wait early with its error (pushBounds: the
+	// cut, when set, ends a wait early with its error (bound: the
 	// push's deadline or its minimum rate); got counts chunk bytes.
 	cut <-chan struct{}
 	// cutErr is set before cut is closed.

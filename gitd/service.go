@@ -7,12 +7,15 @@
 // and the GitService gRPC server.
 //
 // Its types, one job each: server (server.go) is the gRPC surface, which
-// parses names and authorizes; Service runs an operation; store (store.go)
-// makes each repo and keeps, per project, the one *project that owns its
-// lock, task locks, quota reservation, cached size and undone counts; a
-// repo reads a repository and moves its refs; a write is a transaction
-// with one deferred Rollback (writeTx for a push, a landing and a sync;
-// importTx; exportTx).
+// parses names and authorizes; Service holds the options and the broker
+// and runs each operation's steps that ask the broker; store (store.go)
+// makes each repo, holds the limits and the memory of tree sizes, and
+// keeps, per project, the one *project that owns its lock, task locks,
+// quota reservation, cached size and undone counts; a repo reads,
+// bundles and imports a repository and moves its refs, and a view reads
+// its objects; a write is a transaction with one deferred Rollback
+// (writeTx for a push, a landing and a sync, which checks its own push;
+// importTx; exportTx); the housekeeper runs housekeeping.
 //
 // What must hold: nothing reaches a repository before git's fsck passed it
 // in quarantine; a task's repository reads only itself and its pool, never
@@ -77,8 +80,8 @@ type Options struct {
 
 // Service runs the operations on the store (a push, a landing, a move...):
 // the GitService server (server.go) calls it with names already parsed,
-// and it asks the store for repos, each repo's project for its lock and
-// quota, and the repo for its reads and ref moves.
+// and it asks the broker (Options.Authority), the store for repos, and
+// those for their locks, transactions, reads and ref moves.
 type Service struct {
 	o   Options
 	git *gitcmd.Runner
@@ -88,8 +91,6 @@ type Service struct {
 	// repos share in this process (store.go).
 	store *store
 	hk    *housekeeper
-	// treeSizes remembers what the trees walked expand to (treesize.go).
-	treeSizes treeSizes
 	// skip is what a test's build turned off (the zero value in service).
 	skip testhook.Skips
 }
@@ -136,13 +137,13 @@ func New(o Options) (*Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Service{o: o, git: g, log: log.With("service", "gitd"), skip: testhook.Skipped(),
-		store: &store{dir: dir, git: g, projects: map[string]*project{}}}
-	s.hk = newHousekeeper(s, o.Housekeeping)
-	if err := s.migrate(context.Background()); err != nil {
+	s := &Service{o: o, git: g, log: log.With("service", "gitd"), skip: testhook.Skipped()}
+	s.store = &store{dir: dir, git: g, log: s.log, limits: &s.o.Limits, projects: map[string]*project{}}
+	s.hk = &housekeeper{s: s, auto: o.Housekeeping, queued: map[string]bool{}, wake: make(chan struct{}, 1)}
+	if err := s.store.migrate(context.Background()); err != nil {
 		return nil, fmt.Errorf("gitd: migrate the store to a pool and a repository per task: %w", err)
 	}
-	if err := s.cleanStale(); err != nil {
+	if err := s.store.cleanStale(); err != nil {
 		return nil, fmt.Errorf("gitd: clean stale files: %w", err)
 	}
 	return s, nil
@@ -156,11 +157,11 @@ const seedPrefix = ".seeding-"
 // process: in the store (an import's staging), in each business (a
 // project's seeding; an export's spool is settleExports'), in the pools
 // and in the task repositories.
-func (s *Service) cleanStale() error {
-	if err := removeSeeding(s.o.ReposDir); err != nil {
+func (st *store) cleanStale() error {
+	if err := removeSeeding(st.dir); err != nil {
 		return err
 	}
-	bs, err := os.ReadDir(s.o.ReposDir)
+	bs, err := os.ReadDir(st.dir)
 	if err != nil {
 		return err
 	}
@@ -168,11 +169,11 @@ func (s *Service) cleanStale() error {
 		if !b.IsDir() {
 			continue
 		}
-		if err := removeSeeding(filepath.Join(s.o.ReposDir, b.Name())); err != nil {
+		if err := removeSeeding(filepath.Join(st.dir, b.Name())); err != nil {
 			return err
 		}
 	}
-	rs, err := s.store.repos()
+	rs, err := st.repos()
 	if err != nil {
 		return err
 	}

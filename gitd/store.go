@@ -9,10 +9,13 @@ import (
 	"sync"
 	"time"
 
+	"log/slog"
+
 	"github.com/gofrs/flock"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/limits"
 	"github.com/bushost/bushost/internal/names"
 	"github.com/bushost/bushost/internal/safepath"
 )
@@ -48,9 +51,21 @@ type project struct {
 type store struct {
 	dir string // ReposDir
 	git *gitcmd.Runner
+	log *slog.Logger
+	// limits are the Service's Options.Limits, filled: a view reads no
+	// object over MaxObjectBytes, a push stores no more than the quotas.
+	limits *limits.Limits
+	// treeSizes remembers what the trees walked expand to (treesize.go).
+	treeSizes treeSizes
 
 	mu       sync.Mutex
 	projects map[string]*project
+}
+
+// treeBounds are the tree bounds of the limits, and the store's memory of
+// tree sizes.
+func (st *store) treeBounds() treeBounds {
+	return treeBounds{maxPaths: st.limits.MaxTreePaths, maxDepth: st.limits.MaxTreeDepth, known: &st.treeSizes}
 }
 
 // state returns the project at dir, made on first use.
@@ -90,7 +105,7 @@ func (st *store) project(p names.Project) (repo, error) {
 func (st *store) existingProject(p names.Project) (repo, error) {
 	r, err := st.project(p)
 	if err == nil && !r.exists() {
-		err = projectNotFound(r.Business, r.Project)
+		err = projectNotFound(p)
 	}
 	return r, err
 }

@@ -260,17 +260,14 @@ func readTree(obj plumbing.EncodedObject) ([]byte, error) {
 // git refuses (submodule "a" beside a nested "a/b"). Only a merge writes
 // new blobs: a fast-forward's trees are a push's, checked when they came
 // in (the bounds are checked again: they may have changed since).
-func (s *Service) checkLanding(ctx context.Context, r repo, q *bundle.Quarantine, commit string, merged bool) error {
-	v, err := s.openWith(r, q.Dir)
-	if err != nil {
-		return err
-	}
+func (r repo) checkLanding(ctx context.Context, q *bundle.Quarantine, commit string, merged bool) error {
+	v := r.openWith(q.Dir)
 	before := objectsBefore([]string{r.objects()})
 	var isNew func(plumbing.Hash) bool
 	if merged {
 		isNew = func(h plumbing.Hash) bool { return !before(h) }
 	}
-	gitmodules, err := s.checkResultTree(ctx, v, commit, isNew)
+	gitmodules, err := v.checkResultTree(ctx, commit, isNew)
 	if err != nil {
 		return err
 	}
@@ -288,7 +285,7 @@ func (s *Service) checkLanding(ctx context.Context, r repo, q *bundle.Quarantine
 // isNew says is new (nil: none is) is read even when its size is known,
 // and the .gitmodules entries (files or links, under any spelling) of the
 // new trees are returned, by blob.
-func (s *Service) checkResultTree(ctx context.Context, v *view, commit string, isNew func(plumbing.Hash) bool) (map[plumbing.Hash]plumbing.Hash, error) {
+func (v *view) checkResultTree(ctx context.Context, commit string, isNew func(plumbing.Hash) bool) (map[plumbing.Hash]plumbing.Hash, error) {
 	c := plumbing.NewHash(commit)
 	obj, err := v.EncodedObject(plumbing.CommitObject, c)
 	if err != nil {
@@ -302,7 +299,7 @@ func (s *Service) checkResultTree(ctx context.Context, v *view, commit string, i
 		isNew = func(plumbing.Hash) bool { return false }
 	}
 	gitmodules := map[plumbing.Hash]plumbing.Hash{}
-	b := s.treeBounds()
+	b := v.r.st.treeBounds()
 	w := treeWalk{ctx: ctx, isNew: isNew, maxPaths: b.maxPaths, maxDepth: b.maxDepth, known: b.known,
 		read: func(h plumbing.Hash) ([]byte, error) {
 			obj, err := v.EncodedObject(plumbing.TreeObject, h)

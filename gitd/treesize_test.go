@@ -178,7 +178,7 @@ func TestPushTreeBounds(t *testing.T) {
 		e.run(e.work, "rev-parse", nil, "--", "HEAD:README"), aTree, aTree)))
 	twice := e.run(e.work, "commit-tree", nil, "-p"+first, "-mtwice", "--", root)
 	e.run(e.work, "update-ref", nil, "--", "refs/heads/work", twice)
-	e.svc.treeSizes = treeSizes{}
+	e.svc.store.treeSizes = treeSizes{}
 	refused("a tree naming an old subtree twice", "--max-tree-paths", e.bundle("HEAD", "^"+first))
 	// The same commit under a tip that is small again: every pushed
 	// commit counts, not only the tip.

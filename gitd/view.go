@@ -7,45 +7,21 @@ import (
 	"strings"
 
 	"github.com/go-git/go-billy/v5/osfs"
-	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/cache"
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
-	"github.com/go-git/go-git/v5/storage/filesystem"
 
 	"github.com/bushost/bushost/internal/gitobj"
 )
-
-// openGoGit opens the bare repository at path with go-git, for its refs
-// and its storage's reads: a caller that reads many objects reads them
-// through mapped indexes (views), since go-git's storage decodes every
-// index of a repository whole on its first read. It is here, not in
-// internal/gitobj, because go-git's root package links its transports
-// (ssh, http, openpgp, os/user and so cgo) into whatever imports it, and
-// the client imports gitobj (through gitd/bundle): without them a
-// `bushost` start costs about 7 ms less CPU (docs/performance.md,
-// BenchmarkPushConcurrent).
-func openGoGit(path string) (*git.Repository, error) {
-	fs := osfs.New(path)
-	if _, err := fs.Stat(""); err != nil {
-		if os.IsNotExist(err) {
-			return nil, git.ErrRepositoryNotExists
-		}
-		return nil, err
-	}
-	return git.Open(filesystem.NewStorage(fs, cache.NewObjectLRUDefault()), nil)
-}
 
 // view is one request's reads of a repository's objects: its own, then
 // its pool's, and never anything else. Packed objects are read through
 // the daemon's mapped pack indexes (packindex.go) and go-git's pack
 // reader; loose ones from their files. A view serves one goroutine (its
-// delta-base cache is its own); go-git's handle of the repository is kept
-// for its refs only.
+// delta-base cache is its own).
 type view struct {
 	r    repo
-	own  *git.Repository // refs; nil: a task repository not made yet
-	dirs []viewDir       // front, then r.visible(), own first
+	dirs []viewDir // front, then r.visible(), own first
 	// front are object directories read before r's own: a landing's
 	// quarantine (openWith).
 	// maxObject bounds EncodedObject: a larger object is not read here.
@@ -89,29 +65,19 @@ func (p *viewPack) index() *packIndex {
 }
 
 // open returns a view of r for reads.
-func (s *Service) open(r repo) (*view, error) {
-	v := &view{r: r, maxObject: s.o.MaxObjectBytes, bases: cache.NewObjectLRU(viewBaseCache)}
-	if r.exists() {
-		g, err := openGoGit(r.Path)
-		if err != nil {
-			return nil, err
-		}
-		v.own = g
-	}
+func (r repo) open() *view {
+	v := &view{r: r, maxObject: r.st.limits.MaxObjectBytes, bases: cache.NewObjectLRU(viewBaseCache)}
 	v.list()
-	return v, nil
+	return v
 }
 
 // openWith returns a view of r that reads the object directories front
 // (a quarantine of r's) before r's own.
-func (s *Service) openWith(r repo, front ...string) (*view, error) {
-	v, err := s.open(r)
-	if err != nil {
-		return nil, err
-	}
+func (r repo) openWith(front ...string) *view {
+	v := r.open()
 	v.front = front
 	v.list()
-	return v, nil
+	return v
 }
 
 // visible is the object directories v reads, in order.
@@ -171,32 +137,11 @@ const maxReloads = 3
 // reload lists v's packs again when they changed since, and says whether
 // they did (then a failed read is worth a retry).
 func (v *view) reload() bool {
-	if packList(v.visible()) == v.packs && (v.own != nil || !v.r.exists()) {
+	if packList(v.visible()) == v.packs {
 		return false
-	}
-	if v.own == nil && v.r.exists() {
-		if g, err := openGoGit(v.r.Path); err == nil {
-			v.own = g
-		}
 	}
 	v.list()
 	return true
-}
-
-// poolView is the view of the pool behind v.
-func (v *view) poolView() *view {
-	if v.r.isPool() {
-		return v
-	}
-	p := &view{r: v.r.pool(), maxObject: v.maxObject, bases: v.bases}
-	if g, err := openGoGit(p.r.Path); err == nil {
-		p.own = g
-	}
-	// The pool is v's last directory: its packs as v listed them.
-	lists := strings.Split(strings.TrimSuffix(v.packs, "/"), "/")
-	p.packs = lists[len(lists)-1] + "/"
-	p.dirs = []viewDir{v.dirs[len(v.dirs)-1]}
-	return p
 }
 
 // where is an object found: a pack and its offset, or a loose file.
