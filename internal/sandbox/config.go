@@ -110,13 +110,24 @@ type Config struct {
 }
 
 // HasCap reports whether the role holds capability c.
-func (c *Config) HasCap(cap string) bool {
-	for _, h := range c.Caps {
-		if h == cap {
-			return true
+func (c *Config) HasCap(cap string) bool { return slices.Contains(c.Caps, cap) }
+
+// parseCaps reads a comma-separated list of capabilities, each kept once;
+// an empty item is skipped with skipEmpty, else refused as unknown.
+func parseCaps(list string, skipEmpty bool) ([]string, error) {
+	caps := []string{}
+	for _, cp := range strings.Split(list, ",") {
+		cp = strings.TrimSpace(cp)
+		switch {
+		case cp == "" && skipEmpty:
+		case !knownCaps[cp]:
+			return nil, fmt.Errorf("%w: unknown capability %q (known: %s, %s, %s, %s, %s)", ErrUsage, cp,
+				CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord)
+		case !slices.Contains(caps, cp):
+			caps = append(caps, cp)
 		}
 	}
-	return false
+	return caps, nil
 }
 
 type listFlag []string
@@ -197,9 +208,9 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	if c.EgressConns < 1 || c.EgressIdle <= 0 {
 		return nil, fmt.Errorf("%w: --egress-conns must be at least 1 and --egress-idle positive", ErrUsage)
 	}
-	var rerr error
-	if c.UIDLow, c.UIDHigh, rerr = parseUIDRange(uidRange); rerr != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUsage, rerr)
+	var err error
+	if c.UIDLow, c.UIDHigh, err = parseUIDRange(uidRange); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	rest := fs.Args()
 	switch verb {
@@ -227,15 +238,8 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("%w: role %q: want %s and no '..'", ErrUsage, c.Role, names.Pattern)
 	}
 	if caps != "" {
-		for _, cp := range strings.Split(caps, ",") {
-			cp = strings.TrimSpace(cp)
-			if !knownCaps[cp] {
-				return nil, fmt.Errorf("%w: unknown capability %q (known: %s, %s, %s, %s, %s)", ErrUsage, cp,
-					CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord)
-			}
-			if !c.HasCap(cp) {
-				c.Caps = append(c.Caps, cp)
-			}
+		if c.Caps, err = parseCaps(caps, false); err != nil {
+			return nil, err
 		}
 	}
 	for _, e := range c.Env {
@@ -336,19 +340,9 @@ func ParsePrepareFlags(args []string, stderr io.Writer) (*PrepareConfig, error) 
 			return nil, fmt.Errorf("%w: %s %q: want %s and no '..'", ErrUsage, n.kind, n.v, names.Pattern)
 		}
 	}
-	s.Caps = []string{}
-	for _, cp := range strings.Split(caps, ",") {
-		cp = strings.TrimSpace(cp)
-		if cp == "" {
-			continue
-		}
-		if !knownCaps[cp] {
-			return nil, fmt.Errorf("%w: unknown capability %q (known: %s, %s, %s, %s, %s)", ErrUsage, cp,
-				CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord)
-		}
-		if !slices.Contains(s.Caps, cp) {
-			s.Caps = append(s.Caps, cp)
-		}
+	var err error
+	if s.Caps, err = parseCaps(caps, true); err != nil {
+		return nil, err
 	}
 	if (gitName == "") != (gitEmail == "") {
 		return nil, fmt.Errorf("%w: --git-name and --git-email go together", ErrUsage)

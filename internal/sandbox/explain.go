@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -35,11 +36,7 @@ func explain(w io.Writer, p *Plan, asJSON bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tSOURCE\tTARGET\tWHY")
 	for _, b := range p.Binds {
-		src := b.Source
-		if src == "" {
-			src = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", b.Kind, src, b.Target, b.Why)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", b.Kind, cmp.Or(b.Source, "-"), b.Target, b.Why)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -53,11 +50,7 @@ func explain(w io.Writer, p *Plan, asJSON bool) error {
 		fmt.Fprintf(w, "share: %s\n", p.Share)
 	}
 	for _, g := range p.SocketGroups {
-		name := g.Name
-		if name == "" {
-			name = "-"
-		}
-		fmt.Fprintf(w, "group: %d (%s) for %s: %s\n", g.GID, name, strings.Join(g.Sockets, " "), g.Why)
+		fmt.Fprintf(w, "group: %d (%s) for %s: %s\n", g.GID, cmp.Or(g.Name, "-"), strings.Join(g.Sockets, " "), g.Why)
 	}
 	if l := p.Limits; l != (Limits{}) {
 		fmt.Fprintf(w, "limits: %s (core dumps off; the cgroup is made at launch, or the launch refused)\n", l)
