@@ -209,7 +209,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("%w: --egress-conns must be at least 1 and --egress-idle positive", ErrUsage)
 	}
 	var err error
-	if c.UIDLow, c.UIDHigh, err = parseUIDRange(uidRange); err != nil {
+	if c.UIDLow, c.UIDHigh, err = ParseUIDRange(uidRange); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	rest := fs.Args()

@@ -703,6 +703,12 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 	// moves, but no read times out either), so it is woken by deadlines
 	// in the past and ends too.
 	var idled atomic.Bool
+	cut := func() {
+		idled.Store(true)
+		now := time.Now()
+		c.SetDeadline(now)
+		up.SetDeadline(now)
+	}
 	copyDir := func(dst net.Conn, src io.Reader, srcConn net.Conn, n *atomic.Int64) {
 		// io.Copy lets the kernel move the bytes (splice(2) from one TCP
 		// connection to the other): the idle check runs
@@ -724,10 +730,7 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 			if time.Since(time.Unix(0, last.Load())) < e.idle {
 				continue
 			}
-			idled.Store(true)
-			now := time.Now()
-			c.SetDeadline(now)
-			up.SetDeadline(now)
+			cut()
 			break
 		}
 		// The other way may still carry a response: half-close.
@@ -754,10 +757,7 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 			waiting = false
 		case <-tick.C:
 			if time.Since(time.Unix(0, last.Load())) >= e.idle {
-				idled.Store(true)
-				now := time.Now()
-				c.SetDeadline(now)
-				up.SetDeadline(now)
+				cut()
 			}
 		}
 	}

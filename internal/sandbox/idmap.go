@@ -98,12 +98,12 @@ func (m *idmapped) close() error {
 	return errors.Join(errs...)
 }
 
-// reapHelper reaps usernsMapping's child pid, which has exited or is
-// about to.
-func reapHelper(pid int) {
+// waitPid waits for the child pid to exit, reaps it and returns its
+// status.
+func waitPid(pid int) (ws unix.WaitStatus) {
 	for {
-		if _, err := unix.Wait4(pid, nil, 0, nil); err != unix.EINTR {
-			return
+		if _, err := unix.Wait4(pid, &ws, 0, nil); err != unix.EINTR {
+			return ws
 		}
 	}
 }
@@ -253,7 +253,7 @@ func usernsMapping(uid, gid, id uint32) (int, error) {
 	if errno != 0 {
 		return -1, fmt.Errorf("clone: %w", unix.Errno(errno))
 	}
-	defer reapHelper(int(pid))
+	defer waitPid(int(pid))
 	dir := "/proc/" + strconv.Itoa(int(pid)) + "/"
 	if err := os.WriteFile(dir+"uid_map", []byte(fmt.Sprintf("%d %d 1\n", uid, id)), 0); err != nil {
 		return -1, err

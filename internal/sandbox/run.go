@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -343,12 +344,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 			retry = time.After(5 * time.Millisecond)
 		}
 	}
-	var ws syscall.WaitStatus
-	for {
-		if _, err := syscall.Wait4(bwrapPid, &ws, 0, nil); err != syscall.EINTR {
-			break
-		}
-	}
+	ws := waitPid(bwrapPid)
 	testhook.Step("bwrap-exited")
 	// bwrap is gone: so is the session, whatever the command left behind.
 	s.end()
@@ -440,48 +436,28 @@ type bwrapStatus struct {
 // readStatus parses what bwrap writes on --json-status-fd: first
 // {"child-pid": N, ..., "pid-namespace": N, ...} right after the clone, then
 // {"exit-code": N} only if the command was started (bwrap 0.8 reports no
-// exit code when the setup or the exec failed). Both are flat objects of
-// numbers, read here without a JSON decoder.
+// exit code when the setup or the exec failed). It reads to end of file,
+// which comes when bwrap exits.
 func readStatus(r io.Reader, out chan<- bwrapStatus) {
 	defer close(out)
-	var buf []byte
-	chunk := make([]byte, 512)
+	dec := json.NewDecoder(r)
 	for {
-		n, err := r.Read(chunk)
-		buf = append(buf, chunk[:n]...)
-		for {
-			i := strings.IndexByte(string(buf), '}')
-			if i < 0 {
-				break
-			}
-			doc := string(buf[:i])
-			buf = buf[i+1:]
-			if pid, ok := jsonNumber(doc, "child-pid"); ok {
-				ns, _ := jsonNumber(doc, "pid-namespace")
-				out <- bwrapStatus{childPid: pid, pidNS: fmt.Sprintf("pid:[%d]", ns), exitCode: -1}
-			}
-			if code, ok := jsonNumber(doc, "exit-code"); ok {
-				out <- bwrapStatus{exitCode: code}
-			}
+		var doc struct {
+			ChildPid *int   `json:"child-pid"`
+			PidNS    uint64 `json:"pid-namespace"`
+			ExitCode *int   `json:"exit-code"`
 		}
-		if err != nil {
+		if err := dec.Decode(&doc); err != nil {
+			io.Copy(io.Discard, r)
 			return
 		}
+		if doc.ChildPid != nil {
+			out <- bwrapStatus{childPid: *doc.ChildPid, pidNS: fmt.Sprintf("pid:[%d]", doc.PidNS), exitCode: -1}
+		}
+		if doc.ExitCode != nil {
+			out <- bwrapStatus{exitCode: *doc.ExitCode}
+		}
 	}
-}
-
-// jsonNumber finds "key": N in a flat JSON object of numbers.
-func jsonNumber(doc, key string) (int, bool) {
-	i := strings.Index(doc, `"`+key+`"`)
-	if i < 0 {
-		return 0, false
-	}
-	rest := strings.TrimLeft(doc[i+len(key)+2:], " \t\n:")
-	n, digits := 0, 0
-	for ; digits < len(rest) && rest[digits] >= '0' && rest[digits] <= '9'; digits++ {
-		n = n*10 + int(rest[digits]-'0')
-	}
-	return n, digits > 0
 }
 
 // session follows a running session from outside through a pidfd of its
@@ -760,15 +736,13 @@ func (p *Plan) prepareRunDir() error {
 // The caller closes the descriptors of all but the first two.
 func (p *Plan) handedTrees() ([]tree, error) {
 	trees := []tree{{p.ws.Fd(), p.Workspace, true, true}, {p.run.Fd(), p.RunDir, false, true}}
-	names := []struct {
+	type entry struct {
 		name  string
 		flags int
-	}{{"home", unix.O_RDONLY | unix.O_DIRECTORY}, {"tmp", unix.O_RDONLY | unix.O_DIRECTORY}}
+	}
+	names := []entry{{"home", unix.O_RDONLY | unix.O_DIRECTORY}, {"tmp", unix.O_RDONLY | unix.O_DIRECTORY}}
 	if p.Session.TokenFile != "" {
-		names = append(names, struct {
-			name  string
-			flags int
-		}{p.Session.TokenFile, unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY})
+		names = append(names, entry{p.Session.TokenFile, unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY})
 	}
 	for _, n := range names {
 		fd, err := safepath.OpenBeneath(p.run.Fd(), n.name, n.flags)

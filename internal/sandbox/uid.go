@@ -102,15 +102,19 @@ func acquireUID(state string, lo, hi uint32) (*lease, error) {
 
 // tryLease locks uid's file, reclaiming a dead launcher's record; nil if
 // another launcher holds it.
-func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
-	path := filepath.Join(state, strconv.FormatUint(uint64(uid), 10)+".lock")
+func tryLease(state string, uid, lo, hi uint32) (l *lease, err error) {
+	path := lockPath(state, uid)
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open lock %s: %w", path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
+	defer func() {
+		if l == nil {
+			f.Close()
+		}
+	}()
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, nil
 		}
@@ -121,13 +125,11 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 	// longer there, and must not use it.
 	var held, named unix.Stat_t
 	if unix.Fstat(fd, &held) != nil || unix.Lstat(path, &named) != nil || held.Ino != named.Ino || held.Dev != named.Dev {
-		f.Close()
 		return nil, nil
 	}
-	l := &lease{path: path, uid: uid, lo: lo, hi: hi, lock: f, rec: leaseRecord{UID: uid}}
+	l = &lease{path: path, uid: uid, lo: lo, hi: hi, lock: f, rec: leaseRecord{UID: uid}}
 	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
 	if err != nil {
-		f.Close()
 		return nil, err
 	}
 	if len(data) > 0 {
@@ -135,14 +137,12 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 		// any more: hand back what it had handed over.
 		var old leaseRecord
 		if err := json.Unmarshal(data, &old); err != nil || old.UID != uid {
-			f.Close()
 			return nil, fmt.Errorf("lock %s holds no record of uid %d: remove it by hand once you know no session uses the uid", path, uid)
 		}
 		l.rec = old
 		if err := l.handBack(); err != nil {
 			// Left as it is, record and all, for a person to look at:
 			// this launch takes another uid.
-			f.Close()
 			return nil, nil
 		}
 		if old.Session != nil {
@@ -150,6 +150,11 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 		}
 	}
 	return l, nil
+}
+
+// lockPath is uid's lock file in the state directory.
+func lockPath(state string, uid uint32) string {
+	return filepath.Join(state, strconv.FormatUint(uint64(uid), 10)+".lock")
 }
 
 // save writes the record before anything is handed over, so that a
@@ -224,7 +229,7 @@ func (l *lease) handOver(trees ...tree) error {
 		if !o.recurse {
 			continue
 		}
-		err := walkAt(o.fd, o.path, func(fd int, st *unix.Stat_t) error {
+		err := walkAt(o.fd, o.path, 0, func(fd int, st *unix.Stat_t) error {
 			switch st.Mode & unix.S_IFMT {
 			case unix.S_IFDIR, unix.S_IFLNK:
 			case unix.S_IFREG:
@@ -328,7 +333,7 @@ func (l *lease) handBackOne(i int) error {
 		return err
 	}
 	if h.Recurse {
-		err := walkAt(fd, h.Path, func(fd int, st *unix.Stat_t) error {
+		err := walkAt(fd, h.Path, 0, func(fd int, st *unix.Stat_t) error {
 			if uid, gid := back(st); uid >= 0 || gid >= 0 {
 				return chownFd(fd, uid, gid)
 			}
@@ -368,12 +373,9 @@ const maxDepth = 4096
 // once through its parent's descriptor without following a link (O_PATH,
 // so that a fifo or a device is never opened for real), and what fn
 // checks and does is on that descriptor: an entry renamed or swapped
-// after the walk looked at it is not the one acted on.
-func walkAt(dirfd int, path string, fn func(fd int, st *unix.Stat_t) error) error {
-	return walkDepth(dirfd, path, fn, 0)
-}
-
-func walkDepth(dirfd int, path string, fn func(fd int, st *unix.Stat_t) error, depth int) error {
+// after the walk looked at it is not the one acted on. depth is dirfd's,
+// 0 at the top.
+func walkAt(dirfd int, path string, depth int, fn func(fd int, st *unix.Stat_t) error) error {
 	if depth > maxDepth {
 		return fmt.Errorf("%s: more than %d directories deep", path, maxDepth)
 	}
@@ -391,14 +393,14 @@ func walkDepth(dirfd int, path string, fn func(fd int, st *unix.Stat_t) error, d
 		return fmt.Errorf("read %s: %w", path, err)
 	}
 	for _, name := range names {
-		if err := walkEntry(dirfd, path, name, fn, depth); err != nil {
+		if err := walkEntry(dirfd, path, name, depth, fn); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func walkEntry(dirfd int, path, name string, fn func(fd int, st *unix.Stat_t) error, depth int) error {
+func walkEntry(dirfd int, path, name string, depth int, fn func(fd int, st *unix.Stat_t) error) error {
 	sub := filepath.Join(path, name)
 	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
@@ -421,7 +423,7 @@ func walkEntry(dirfd int, path, name string, fn func(fd int, st *unix.Stat_t) er
 			return fmt.Errorf("open %s: %w", sub, err)
 		}
 		fd = dfd
-		if err := walkDepth(fd, sub, fn, depth+1); err != nil {
+		if err := walkAt(fd, sub, depth+1, fn); err != nil {
 			unix.Close(fd)
 			return err
 		}
@@ -443,13 +445,10 @@ func chownFd(fd, uid, gid int) error {
 // a session's uid is also its gid, so neither may be taken.
 func namedIDs() (map[uint32]bool, error) {
 	named := map[uint32]bool{}
-	for _, f := range []struct {
-		path  string
-		field int
-	}{{"/etc/passwd", 2}, {"/etc/group", 2}} {
-		err := eachLine(f.path, func(fields []string) bool {
-			if len(fields) > f.field {
-				if id, err := strconv.ParseUint(fields[f.field], 10, 32); err == nil {
+	for _, path := range []string{"/etc/passwd", "/etc/group"} {
+		err := eachLine(path, func(fields []string) bool {
+			if len(fields) > 2 {
+				if id, err := strconv.ParseUint(fields[2], 10, 32); err == nil {
 					named[uint32(id)] = true
 				}
 			}
@@ -502,8 +501,9 @@ func runningUIDs() map[uint32]bool {
 	return uids
 }
 
-// parseUIDRange reads LOW-HIGH.
-func parseUIDRange(s string) (uint32, uint32, error) {
+// ParseUIDRange reads --uid-range LOW-HIGH, for run and for sandbox serve
+// to tell sessions' uids.
+func ParseUIDRange(s string) (uint32, uint32, error) {
 	a, b, ok := strings.Cut(s, "-")
 	lo, err1 := strconv.ParseUint(a, 10, 32)
 	hi, err2 := strconv.ParseUint(b, 10, 32)
