@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/bushost/bushost/internal/sandbox/pid1"
 )
 
 // egressProxy is the one proxy of one session: a set of goroutines in the
@@ -47,7 +49,7 @@ type egressProxy struct {
 	child *os.File
 	// handed is closed once pid 1's message was read (or could not be).
 	handed chan struct{}
-	// relayPort is the port the relay's socket must listen on: relayPort,
+	// relayPort is the port the relay's socket must listen on: pid1.RelayPort,
 	// but another for unit tests, which play pid 1 in the host's namespace.
 	relayPort int
 	slots     chan struct{}
@@ -86,7 +88,7 @@ const maxRequestHead = 64 << 10
 // launched starts waiting for it.
 func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, error) {
 	e := &egressProxy{allowDomains: cfg.AllowDomains, allowHosts: cfg.AllowHosts, maxConns: cfg.EgressConns,
-		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}, relayPort: relayPort, hostAddrs: hostAddrs}
+		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}, relayPort: pid1.RelayPort, hostAddrs: hostAddrs}
 	for _, a := range cfg.AllowHostAddrs {
 		e.allowHostAddrs = append(e.allowHostAddrs, net.ParseIP(a))
 	}
@@ -673,15 +675,7 @@ func (e *egressProxy) resolve(name string) ([]net.IP, error) {
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, egressHandshake)
 	defer cancel()
-	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	ips := make([]net.IP, len(addrs))
-	for i, a := range addrs {
-		ips[i] = a.IP
-	}
-	return ips, nil
+	return net.DefaultResolver.LookupIP(ctx, "ip", name)
 }
 
 // pipe copies both ways until either side closes or the connection has

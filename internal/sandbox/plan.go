@@ -241,8 +241,8 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case NetNone:
 		p.Network.Why = "a network namespace of its own with only a loopback: no route anywhere"
 	case NetProxy:
-		p.Network.Why = "a network namespace of its own with only a loopback, where pid 1 makes a socket listening on " + relayAddr + " and hands it to the egress proxy run keeps outside, which serves it (HTTP with CONNECT, SOCKS5), allows only what is listed here and resolves names itself"
-		p.Network.Relay = relayAddr
+		p.Network.Why = "a network namespace of its own with only a loopback, where pid 1 makes a socket listening on " + pid1.RelayAddr + " and hands it to the egress proxy run keeps outside, which serves it (HTTP with CONNECT, SOCKS5), allows only what is listed here and resolves names itself"
+		p.Network.Relay = pid1.RelayAddr
 		p.Network.Limits = fmt.Sprintf("at most %d connections at once (--egress-conns; one more gets HTTP 503 EGRESS_CONNECTIONS_EXHAUSTED), each closed once idle both ways for %s (--egress-idle)", cfg.EgressConns, cfg.EgressIdle)
 		p.Network.Audit = "sandbox run's stderr, a line per decision and per close (no --audit-token-file)"
 		if cfg.AuditTokenFile != "" {

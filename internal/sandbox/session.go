@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/safepath"
 )
 
@@ -65,12 +66,12 @@ func (n *SessionNetwork) check() error {
 		return fmt.Errorf("network: at most %d allow_domains and %d allow_hosts", maxAllowRules, maxAllowRules)
 	}
 	for _, d := range n.AllowDomains {
-		if err := checkDomainPattern(d); err != nil {
+		if err := bounds.CheckDomainPattern(d); err != nil {
 			return fmt.Errorf("network.allow_domains: %w", err)
 		}
 	}
 	for _, h := range n.AllowHosts {
-		if err := checkHostPort(h); err != nil {
+		if err := bounds.CheckHostPort(h); err != nil {
 			return fmt.Errorf("network.allow_hosts: %w", err)
 		}
 	}

@@ -318,23 +318,16 @@ func (l *lease) handBackOne(i int) error {
 		return err
 	}
 	defer unix.Close(fd)
-	back := func(st *unix.Stat_t) (int, int) {
-		uid, gid := -1, -1
-		if st.Uid == l.uid {
-			uid = int(h.UID)
-		}
-		if st.Gid == l.uid {
-			gid = int(h.GID)
-		}
-		return uid, gid
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return err
-	}
 	if h.Recurse {
 		err := walkAt(fd, h.Path, 0, func(fd int, st *unix.Stat_t) error {
-			if uid, gid := back(st); uid >= 0 || gid >= 0 {
+			uid, gid := -1, -1
+			if st.Uid == l.uid {
+				uid = int(h.UID)
+			}
+			if st.Gid == l.uid {
+				gid = int(h.GID)
+			}
+			if uid >= 0 || gid >= 0 {
 				return chownFd(fd, uid, gid)
 			}
 			return nil
