@@ -62,7 +62,6 @@ type egressProxy struct {
 	mu      sync.Mutex
 	ln      net.Listener // the relay's socket, once pid 1 sent it
 	conns   map[net.Conn]bool
-	logMu   sync.Mutex
 	// lastConn numbers the session's connections to the proxy (the
 	// decision's conn).
 	lastConn atomic.Int64
@@ -167,9 +166,8 @@ func (e *egressProxy) stop() {
 	e.wg.Wait()
 }
 
+// logf writes one line, in one Write: e.log serialises them (lineLimiter).
 func (e *egressProxy) logf(format string, a ...any) {
-	e.logMu.Lock()
-	defer e.logMu.Unlock()
 	fmt.Fprintf(e.log, "sandbox: network.egress "+format+"\n", a...)
 }
 
@@ -371,36 +369,31 @@ func (e *egressProxy) socks(c net.Conn, br *bufio.Reader, id int64) {
 		reply(7) // command not supported: CONNECT only
 		return
 	}
-	var t target
+	// The address (IPv4, IPv6, or a name after its length), then the port.
+	var addr []byte
 	switch req[3] {
-	case 1, 4:
-		ip := make(net.IP, 4)
-		if req[3] == 4 {
-			ip = make(net.IP, 16)
-		}
-		if _, err := io.ReadFull(br, ip); err != nil {
-			return
-		}
-		t.host = ip.String()
+	case 1:
+		addr = make([]byte, 4+2)
+	case 4:
+		addr = make([]byte, 16+2)
 	case 3:
 		n, err := br.ReadByte()
 		if err != nil {
 			return
 		}
-		name := make([]byte, n)
-		if _, err := io.ReadFull(br, name); err != nil {
-			return
-		}
-		t.host = string(name)
+		addr = make([]byte, int(n)+2)
 	default:
 		reply(8)
 		return
 	}
-	var port [2]byte
-	if _, err := io.ReadFull(br, port[:]); err != nil {
+	if _, err := io.ReadFull(br, addr); err != nil {
 		return
 	}
-	t.port = int(binary.BigEndian.Uint16(port[:]))
+	host, port := addr[:len(addr)-2], addr[len(addr)-2:]
+	t := target{host: string(host), port: int(binary.BigEndian.Uint16(port))}
+	if req[3] != 3 {
+		t.host = net.IP(host).String()
+	}
 	up, why := e.connect(id, t)
 	if up == nil {
 		switch {

@@ -34,9 +34,7 @@ type lineLimiter struct {
 }
 
 func newLineLimiter(w io.Writer) *lineLimiter {
-	l := &lineLimiter{w: w, now: time.Now, tokens: egressLogBurst}
-	l.last = l.now()
-	return l
+	return &lineLimiter{w: w, now: time.Now, tokens: egressLogBurst, last: time.Now()}
 }
 
 func (l *lineLimiter) Write(p []byte) (int, error) {

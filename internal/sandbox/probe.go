@@ -39,9 +39,7 @@ func Probe(userName, bwrapPath string) (string, error) {
 	if err != nil {
 		return "", &UnavailableError{Reason: err.Error()}
 	}
-	args := []string{"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net",
-		"--disable-userns", "--new-session", "--cap-drop", "ALL", "--seccomp", fmt.Sprint(fdSeccomp)}
-	args = append(args, bindArgs(binds, "", nil)...)
+	args := append(confineArgs(NetNone), bindArgs(binds, "", nil)...)
 	args = append(args, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--", "/usr/bin/true")
 	cmd := exec.Command(bw, args...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}

@@ -50,14 +50,9 @@ func receiveRelay(c *net.UnixConn, port int) (*net.TCPListener, error) {
 	if n == 0 && len(fds) == 0 {
 		return nil, io.EOF // pid 1 is gone without a word: it says why itself
 	}
-	if len(fds) > 1 {
-		for _, fd := range fds[1:] {
-			unix.Close(fd)
-		}
-	}
 	if perr != nil || n != 1 || buf[0] != 'L' || len(fds) != 1 {
-		if len(fds) > 0 {
-			unix.Close(fds[0])
+		for _, fd := range fds {
+			unix.Close(fd)
 		}
 		return nil, errors.New("pid 1 sent no relay socket")
 	}
