@@ -43,6 +43,11 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
+	// run's own messages: on stderr, or nowhere without one.
+	var warn io.Writer = io.Discard
+	if stderr != nil {
+		warn = stderr
+	}
 	// From here on the signals run forwards are held for the session,
 	// not acted on: one that comes while the session is being built (or
 	// its trees handed over) reaches the command once pid 1 is ready.
@@ -68,8 +73,8 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		testhook.Step("uid")
 		// Last of all: the session is gone by the time this runs.
 		defer func() {
-			if err := l.release(); err != nil && stderr != nil {
-				fmt.Fprintf(stderr, "sandbox: hand the session's files back from uid %d: %v\n", l.uid, err)
+			if err := l.release(); err != nil {
+				fmt.Fprintf(warn, "sandbox: hand the session's files back from uid %d: %v\n", l.uid, err)
 			}
 			testhook.Step("released")
 		}()
@@ -85,7 +90,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		share, err = p.share(l, trees, stderr)
+		share, err = p.share(l, trees, warn)
 		for _, t := range trees[2:] {
 			unix.Close(t.fd)
 		}
@@ -94,8 +99,8 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		}
 		if share != nil {
 			defer func() {
-				if err := share.close(); err != nil && stderr != nil {
-					fmt.Fprintf(stderr, "sandbox: %v\n", err)
+				if err := share.close(); err != nil {
+					fmt.Fprintf(warn, "sandbox: %v\n", err)
 				}
 			}()
 		}
@@ -108,9 +113,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if status != 0 {
 		// bwrap would only say "execvp: ..." and exit 1; the shell's
 		// statuses tell a caller what went wrong.
-		if stderr != nil {
-			fmt.Fprintf(stderr, "sandbox: %s: %s\n", p.Command[0], msg)
-		}
+		fmt.Fprintf(warn, "sandbox: %s: %s\n", p.Command[0], msg)
 		return status, nil
 	}
 	// Whatever the caller left open beyond stdio must not reach bwrap and
@@ -194,13 +197,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	}
 	var eg *egressProxy
 	if p.Config.Net == NetProxy {
-		var log io.Writer = io.Discard
-		if stderr != nil {
-			lim := newLineLimiter(stderr)
-			// After the proxy and the auditor have stopped.
-			defer lim.close()
-			log = lim
-		}
+		log := newLineLimiter(warn)
+		// After the proxy and the auditor have stopped.
+		defer log.close()
 		var audit *auditor
 		if p.Config.AuditTokenFile != "" {
 			audit = startAuditor(p.bushostExe, p.brokerSocket(), p.Config.AuditTokenFile, log)
@@ -357,9 +356,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	case gateErr != nil:
 		return 0, refuse(ReasonLimitUnavailable, exitRefused, "put the session into its cgroup: %v", gateErr)
 	case timedOut:
-		if stderr != nil {
-			fmt.Fprintf(stderr, "sandbox: %s: timed out after %s\n", p.Command[0], limits.Timeout)
-		}
+		fmt.Fprintf(warn, "sandbox: %s: timed out after %s\n", p.Command[0], limits.Timeout)
 		return ExitTimeout, nil
 	case exitCode >= 0:
 		return exitCode, nil
@@ -405,7 +402,7 @@ func startBwrap(share *idmapped, bwrap string, argv []string, attr *syscall.Proc
 // where this kernel or file system has none, by handing them over (and
 // back at the end), which it says once on stderr. A tree another session's
 // uid owns is refused either way.
-func (p *Plan) share(l *lease, trees []tree, stderr io.Writer) (*idmapped, error) {
+func (p *Plan) share(l *lease, trees []tree, warn io.Writer) (*idmapped, error) {
 	for _, t := range trees {
 		var st unix.Stat_t
 		if err := unix.Fstat(t.fd, &st); err != nil {
@@ -420,9 +417,7 @@ func (p *Plan) share(l *lease, trees []tree, stderr io.Writer) (*idmapped, error
 	if err == nil || !errors.As(err, &no) {
 		return m, err
 	}
-	if stderr != nil {
-		fmt.Fprintf(stderr, "sandbox: no idmapped mounts here (%s): the workspace and run directory are handed to uid %d by walking them, before and after the session\n", no.why, l.uid)
-	}
+	fmt.Fprintf(warn, "sandbox: no idmapped mounts here (%s): the workspace and run directory are handed to uid %d by walking them, before and after the session\n", no.why, l.uid)
 	return nil, l.handOver(trees...)
 }
 

@@ -230,19 +230,12 @@ func (l *lease) handOver(trees ...tree) error {
 			continue
 		}
 		err := walkAt(o.fd, o.path, 0, func(fd int, st *unix.Stat_t) error {
-			switch st.Mode & unix.S_IFMT {
-			case unix.S_IFDIR, unix.S_IFLNK:
-			case unix.S_IFREG:
-				if st.Nlink > 1 {
-					return nil
-				}
-			default:
-				return nil // devices, fifos, sockets: never handed over
+			switch typ := st.Mode & unix.S_IFMT; {
+			case st.Uid != o.owner:
+			case typ == unix.S_IFDIR, typ == unix.S_IFLNK, typ == unix.S_IFREG && st.Nlink <= 1:
+				return chownFd(fd, int(l.uid), -1)
 			}
-			if st.Uid != o.owner {
-				return nil
-			}
-			return chownFd(fd, int(l.uid), -1)
+			return nil // devices, fifos, sockets, files with other links: never handed over
 		})
 		if err != nil {
 			return err
