@@ -95,9 +95,5 @@ func joinGIDs(gids []uint32) string {
 	if len(gids) == 0 {
 		return "none"
 	}
-	s := make([]string, len(gids))
-	for i, g := range gids {
-		s[i] = fmt.Sprint(g)
-	}
-	return strings.Join(s, " ")
+	return strings.Trim(fmt.Sprint(gids), "[]")
 }

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -184,11 +185,7 @@ func newCgroup(l Limits, parents []string) (*cgroup, error) {
 			why = append(why, fmt.Sprintf("cgroup v1: no %s hierarchy mounted at %s", ctrl, mount))
 			return nil, refuse(ReasonLimitUnavailable, exitRefused, "cannot apply --%s here: %s", ctrl, strings.Join(why, "; "))
 		}
-		if p, ok := under[ctrl]; ok {
-			c.dirs = append(c.dirs, filepath.Join(p, name))
-			continue
-		}
-		c.dirs = append(c.dirs, filepath.Join(mount, path, name))
+		c.dirs = append(c.dirs, filepath.Join(cmp.Or(under[ctrl], filepath.Join(mount, path)), name))
 	}
 	if err := c.make(l); err != nil {
 		why = append(why, "cgroup v1: "+err.Error())

@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -153,8 +152,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.Binds = append(p.Binds, system...)
-	p.Binds = append(p.Binds,
+	p.Binds = append(system,
 		Bind{KindProc, "", "/proc", "a /proc of the session's own pid namespace: it lists the session's processes and no host process"},
 		Bind{KindDev, "", "/dev", "a minimal /dev (null, zero, full, random, urandom, tty, a private pts): no host device"},
 		Bind{KindBind, p.Tmp, "/tmp", "the session's private /tmp, on disk in the run directory so the host can read it after the session"},
@@ -213,7 +211,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		caller = append(caller, Bind{KindROBind, rp, rp, "asked for with --ro by the host that started the session"})
 	}
 	// A parent must be mounted before its children, or it would hide them.
-	sort.SliceStable(caller, func(i, j int) bool { return depth(caller[i].Target) < depth(caller[j].Target) })
+	slices.SortStableFunc(caller, func(a, b Bind) int { return depth(a.Target) - depth(b.Target) })
 	p.Binds = append(p.Binds, caller...)
 
 	bushost, note, err := findBushost(cfg.Bushost)

@@ -154,15 +154,14 @@ func openInRunDir(run *safepath.Handle, name string, uid int) (*os.File, error) 
 	}
 	f := os.NewFile(uintptr(fd), path)
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, err
+	err = unix.Fstat(fd, &st)
+	if err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+		err = fmt.Errorf("%s is not a regular file", path)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		f.Close()
-		return nil, fmt.Errorf("%s is not a regular file", path)
+	if err == nil {
+		err = safepath.Trusted(path, &st, uid)
 	}
-	if err := safepath.Trusted(path, &st, uid); err != nil {
+	if err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -231,19 +230,17 @@ func PrepareRunDir(cfg *PrepareConfig) (err error) {
 	if err != nil {
 		return fmt.Errorf("open run directory %s (a directory, not a symlink): %w", dir, err)
 	}
+	runDir := os.NewFile(uintptr(runFD), dir)
+	defer runDir.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(runFD, &st); err != nil {
-		unix.Close(runFD)
 		return err
 	}
 	// An existing one another user owns or can write is not the host's:
 	// that user could rewrite session.json or the token under the session.
 	if err := safepath.Trusted(dir, &st, os.Geteuid()); err != nil {
-		unix.Close(runFD)
 		return err
 	}
-	runDir := os.NewFile(uintptr(runFD), dir)
-	defer runDir.Close()
 	if names, err := runDir.Readdirnames(1); err != nil && err != io.EOF {
 		return fmt.Errorf("read %s: %w", dir, err)
 	} else if len(names) > 0 {
