@@ -427,7 +427,6 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 		ahead, _ := head.Peek(n)
 		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(ahead)), br), 4096)
 	}
-	var t target
 	hostport := req.Host
 	if req.Method != http.MethodConnect {
 		if req.URL.Scheme != "http" || req.URL.Host == "" {
@@ -449,7 +448,7 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 		writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: a host name is at most 253 bytes")
 		return
 	}
-	t = target{host: h, port: port}
+	t := target{host: h, port: port}
 	up, why := e.connect(id, t)
 	if up == nil {
 		code := http.StatusBadGateway

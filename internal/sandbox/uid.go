@@ -185,17 +185,12 @@ func (l *lease) save() error {
 // alone, and skips files with more than one link (a hard link would hand
 // over a file outside the tree).
 func (l *lease) handOver(trees ...tree) error {
-	type opened struct {
-		tree
-		owner uint32
-		isDir bool
-	}
-	var open []opened
+	sts := make([]unix.Stat_t, len(trees))
 	// Every root is checked, and the record written once, before
 	// anything changes hands.
-	for _, t := range trees {
-		var st unix.Stat_t
-		if err := unix.Fstat(t.fd, &st); err != nil {
+	for i, t := range trees {
+		st := &sts[i]
+		if err := unix.Fstat(t.fd, st); err != nil {
 			return err
 		}
 		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
@@ -209,29 +204,29 @@ func (l *lease) handOver(trees ...tree) error {
 		if err != nil {
 			return err
 		}
-		open = append(open, opened{t, st.Uid, isDir})
 		l.held = append(l.held, fd)
 		l.rec.Handed = append(l.rec.Handed, handed{Path: t.path, Dev: st.Dev, Ino: st.Ino, UID: st.Uid, GID: st.Gid, Mode: st.Mode & 0o7777, Recurse: (t.recurse || t.back) && isDir})
 	}
 	if err := l.save(); err != nil {
 		return fmt.Errorf("record the hand-over: %w", err)
 	}
-	for _, o := range open {
-		if err := unix.Fchown(o.fd, int(l.uid), -1); err != nil {
-			return fmt.Errorf("give %s to uid %d: %w", o.path, l.uid, err)
+	for i, t := range trees {
+		if err := unix.Fchown(t.fd, int(l.uid), -1); err != nil {
+			return fmt.Errorf("give %s to uid %d: %w", t.path, l.uid, err)
 		}
-		if !o.isDir {
+		if sts[i].Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue
 		}
-		if err := unix.Fchmod(o.fd, 0o700); err != nil {
+		if err := unix.Fchmod(t.fd, 0o700); err != nil {
 			return err
 		}
-		if !o.recurse {
+		if !t.recurse {
 			continue
 		}
-		err := walkAt(o.fd, o.path, 0, func(fd int, st *unix.Stat_t) error {
+		owner := sts[i].Uid
+		err := walkAt(t.fd, t.path, 0, func(fd int, st *unix.Stat_t) error {
 			switch typ := st.Mode & unix.S_IFMT; {
-			case st.Uid != o.owner:
+			case st.Uid != owner:
 			case typ == unix.S_IFDIR, typ == unix.S_IFLNK, typ == unix.S_IFREG && st.Nlink <= 1:
 				return chownFd(fd, int(l.uid), -1)
 			}
