@@ -731,10 +731,6 @@ func (p *Plan) prepareRunDir() error {
 // The caller closes the descriptors of all but the first two.
 func (p *Plan) handedTrees() ([]tree, error) {
 	trees := []tree{{p.ws.Fd(), p.Workspace, true, true}, {p.run.Fd(), p.RunDir, false, true}}
-	type entry struct {
-		name  string
-		flags int
-	}
 	names := []entry{{"home", unix.O_RDONLY | unix.O_DIRECTORY}, {"tmp", unix.O_RDONLY | unix.O_DIRECTORY}}
 	if p.Session.TokenFile != "" {
 		names = append(names, entry{p.Session.TokenFile, unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY})

@@ -246,11 +246,7 @@ func PrepareRunDir(cfg *PrepareConfig) (err error) {
 	} else if len(names) > 0 {
 		return refuse(ReasonRunDirNotEmpty, exitConflict, "run directory %s is not empty: prepare makes a new session's directory, it never rewrites one", dir)
 	}
-	type entry struct {
-		name  string
-		flags int // unix.AT_REMOVEDIR for a directory
-	}
-	var created []entry
+	var created []entry // flags: unix.AT_REMOVEDIR for a directory
 	defer func() {
 		if err == nil {
 			return
@@ -304,6 +300,13 @@ func PrepareRunDir(cfg *PrepareConfig) (err error) {
 		}
 	}
 	return nil
+}
+
+// entry is a name in the run directory and the flags to open it, or to
+// unlink it, with.
+type entry struct {
+	name  string
+	flags int
 }
 
 // readToken reads a grant's token: one line of printable ASCII, bounded,

@@ -89,12 +89,8 @@ func acquireUID(state string, lo, hi uint32) (*lease, error) {
 		if named[uid] || running[uid] {
 			continue
 		}
-		l, err := tryLease(state, uid, lo, hi)
-		if err != nil {
-			return nil, err
-		}
-		if l != nil {
-			return l, nil
+		if l, err := tryLease(state, uid, lo, hi); err != nil || l != nil {
+			return l, err
 		}
 	}
 	return nil, refuse(ReasonSessionUIDsExhausted, exitLimit, "no free session uid in %d-%d (each is named in /etc/passwd or /etc/group, run by a process, or locked in %s)", lo, hi, state)
