@@ -111,7 +111,7 @@ func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, erro
 	e.slots = make(chan struct{}, e.maxConns)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.refusing = make(chan struct{}, maxRefusing)
-	e.denials = newPacer(egressDenyRate, egressDenyBurst)
+	e.denials = &pacer{rate: egressDenyRate, burst: egressDenyBurst, tokens: egressDenyBurst, last: time.Now()}
 	e.handed = make(chan struct{})
 	return e, nil
 }
@@ -573,10 +573,6 @@ type pacer struct {
 	rate, tokens float64
 	burst        float64
 	last         time.Time
-}
-
-func newPacer(rate, burst float64) *pacer {
-	return &pacer{rate: rate, burst: burst, tokens: burst, last: time.Now()}
 }
 
 // wait returns once the caller's turn has come, at most egressHandshake

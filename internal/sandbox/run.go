@@ -687,13 +687,7 @@ func (p *Plan) prepareRunDir() error {
 			return fmt.Errorf("open %s (a directory, not a symlink): %w", filepath.Join(p.RunDir, d.name), err)
 		}
 		f := os.NewFile(uintptr(fd), filepath.Join(p.RunDir, d.name))
-		if d.empty && p.Config.FreshHome {
-			if err := emptyDir(f); err != nil {
-				f.Close()
-				return err
-			}
-		}
-		err = prepareDir(f, p.User, d.mode, d.owned, d.empty)
+		err = p.prepareDir(f, d.mode, d.owned, d.empty)
 		f.Close()
 		if err != nil {
 			return err
@@ -772,7 +766,12 @@ func emptyDir(f *os.File) error {
 	return nil
 }
 
-func prepareDir(f *os.File, u User, mode uint32, owned, empty bool) error {
+func (p *Plan) prepareDir(f *os.File, mode uint32, owned, empty bool) error {
+	if empty && p.Config.FreshHome {
+		if err := emptyDir(f); err != nil {
+			return err
+		}
+	}
 	if empty {
 		names, err := f.Readdirnames(1)
 		if err != nil && err != io.EOF {
@@ -782,7 +781,7 @@ func prepareDir(f *os.File, u User, mode uint32, owned, empty bool) error {
 			return fmt.Errorf("%s is not empty: a session starts with an empty HOME (--fresh-home empties it)", f.Name())
 		}
 	}
-	if owned && u.Drop && !u.Dynamic {
+	if u := p.User; owned && u.Drop && !u.Dynamic {
 		if err := unix.Fchown(int(f.Fd()), int(u.UID), int(u.GID)); err != nil {
 			return fmt.Errorf("chown %s to %s: %w", f.Name(), u.Name, err)
 		}
