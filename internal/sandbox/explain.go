@@ -15,23 +15,19 @@ import (
 func Explain(out io.Writer, p *Plan, asJSON bool) error {
 	// tabwriter writes cell by cell: one write(2) per cell without this.
 	w := bufio.NewWriter(out)
-	if err := explain(w, p, asJSON); err != nil {
-		return err
-	}
-	return w.Flush()
-}
-
-func explain(w io.Writer, p *Plan, asJSON bool) error {
 	if p.User.Dynamic {
 		p.Share = p.shareMode()
 	}
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
+		if err := enc.Encode(struct {
 			*Plan
 			EnvNames []string `json:"env"`
-		}{p, envNames(p.Env)})
+		}{p, envNames(p.Env)}); err != nil {
+			return err
+		}
+		return w.Flush()
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tSOURCE\tTARGET\tWHY")
@@ -79,7 +75,7 @@ func explain(w io.Writer, p *Plan, asJSON bool) error {
 	for _, pr := range p.Problems {
 		fmt.Fprintf(w, "problem: %s\n", pr)
 	}
-	return nil
+	return w.Flush()
 }
 
 // envNames lists variable names only: --env values may be secrets.
