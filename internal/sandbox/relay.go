@@ -30,7 +30,7 @@ func relayPair() (parent *net.UnixConn, child *os.File, err error) {
 
 // receiveRelay reads the one message pid 1 sends on the pair and returns
 // the listener it carries, checked to be what pid 1 makes: a listening TCP
-// socket on relayAddr. Whatever else arrives (more descriptors, another
+// socket on pid1.RelayAddr. Whatever else arrives (more descriptors, another
 // kind of socket, a file) is closed and refused: the session's side of the
 // pair is not to be trusted more than the session.
 func receiveRelay(c *net.UnixConn, port int) (*net.TCPListener, error) {
