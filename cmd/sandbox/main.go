@@ -122,12 +122,12 @@ func probeFlags(w io.Writer) *flag.FlagSet {
 
 func probe(args []string, stdout, stderr io.Writer) int {
 	fs := probeFlags(io.Discard)
-	if err := fs.Parse(args); err != nil {
-		fmt.Fprintf(stderr, "sandbox probe: %v\nRun 'sandbox probe --help' for usage.\n", err)
-		return 2
+	err := fs.Parse(args)
+	if err == nil && fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sandbox probe: unexpected argument %q\nRun 'sandbox probe --help' for usage.\n", fs.Arg(0))
+	if err != nil {
+		fmt.Fprintf(stderr, "sandbox probe: %v\nRun 'sandbox probe --help' for usage.\n", err)
 		return 2
 	}
 	msg, err := sandbox.Probe(fs.Lookup("user").Value.String(), fs.Lookup("bwrap").Value.String())

@@ -65,12 +65,9 @@ func permits(u User, path string, want uint32) error {
 
 func accName(want uint32) string {
 	s := ""
-	for _, b := range []struct {
-		bit  uint32
-		name string
-	}{{accR, "r"}, {accW, "w"}, {accX, "x"}} {
-		if want&b.bit != 0 {
-			s += b.name
+	for i, c := range "rwx" {
+		if want&(accR>>i) != 0 {
+			s += string(c)
 		}
 	}
 	return s

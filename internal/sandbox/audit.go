@@ -274,27 +274,23 @@ func (a *auditor) flush(tick bool) bool {
 		return false
 	}
 	err := a.record(events)
-	if err == nil {
-		for _, p := range batch {
-			if p.done != nil {
-				p.done <- nil
-			}
+	// A connection waiting for its event is told whether the broker holds
+	// it, and refused if not. Not in the log: a close or an unreachable
+	// one waits for the next batch; the denials go to stderr (bounded),
+	// and the next batch the broker takes says how many.
+	var again []pending
+	for _, p := range batch {
+		switch {
+		case p.done != nil:
+			p.done <- err
+		case err != nil:
+			again = append(again, p)
 		}
+	}
+	if err == nil {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return len(a.sure) > 0
-	}
-	// Not in the log. A connection waiting for its event is refused; a
-	// close or an unreachable one waits for the next batch; the denials
-	// go to stderr (bounded), and the next batch the broker takes says
-	// how many.
-	var again []pending
-	for _, p := range batch {
-		if p.done != nil {
-			p.done <- err
-		} else {
-			again = append(again, p)
-		}
 	}
 	lost := int64(len(denied))
 	for _, d := range denied {

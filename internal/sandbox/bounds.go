@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -97,7 +96,7 @@ func (p *Plan) sessionBounds(cg *cgroup) (*SessionBounds, error) {
 // uid's lock file in state; nil if no session holds uid. The file must be
 // root's and a regular file, never followed through a link.
 func ReadSessionBounds(state string, uid uint32) (*SessionBounds, error) {
-	path := filepath.Join(state, strconv.FormatUint(uint64(uid), 10)+".lock")
+	path := lockPath(state, uid)
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
@@ -140,10 +139,6 @@ func RemoveCgroups(dirs []string) {
 		}
 	}
 }
-
-// ParseUIDRange reads --uid-range LOW-HIGH, for sandbox serve to tell
-// sessions' uids.
-var ParseUIDRange = parseUIDRange
 
 // procStartTime reads field 22 of /proc/PID/stat, counted after the
 // command name (which may hold spaces and parentheses).

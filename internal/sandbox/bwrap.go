@@ -32,20 +32,19 @@ const (
 // bwrapArgs is the bwrap command line for the plan, up to and including
 // the "--" before the session's pid 1 and its command.
 func (p *Plan) bwrapArgs() []string {
-	args := []string{
-		"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-	}
-	if p.Config.Net != NetHost {
-		args = append(args, "--unshare-net")
-	}
-	args = append(args,
-		"--disable-userns", "--new-session", "--cap-drop", "ALL", "--as-pid-1",
-		"--hostname", "sandbox",
-		"--seccomp", fmt.Sprint(fdSeccomp),
-		"--json-status-fd", fmt.Sprint(fdStatus),
-	)
+	args := append(confineArgs(p.Config.Net), "--as-pid-1", "--hostname", "sandbox", "--json-status-fd", fmt.Sprint(fdStatus))
 	args = append(args, bindArgs(p.Binds, p.Workspace, p.busSockets)...)
 	return append(args, "--chdir", p.Workspace, "--")
+}
+
+// confineArgs are the namespaces and the hardening bwrap gives a session
+// of network mode net, as run and Probe start it.
+func confineArgs(net string) []string {
+	args := []string{"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"}
+	if net != NetHost {
+		args = append(args, "--unshare-net")
+	}
+	return append(args, "--disable-userns", "--new-session", "--cap-drop", "ALL", "--seccomp", fmt.Sprint(fdSeccomp))
 }
 
 // bindArgs turns the bind table into bwrap's options; the workspace's

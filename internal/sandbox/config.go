@@ -12,8 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/home"
 	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/sandbox/pid1"
 	"github.com/bushost/bushost/internal/size"
 )
 
@@ -110,13 +112,24 @@ type Config struct {
 }
 
 // HasCap reports whether the role holds capability c.
-func (c *Config) HasCap(cap string) bool {
-	for _, h := range c.Caps {
-		if h == cap {
-			return true
+func (c *Config) HasCap(cap string) bool { return slices.Contains(c.Caps, cap) }
+
+// parseCaps reads a comma-separated list of capabilities, each kept once;
+// an empty item is skipped with skipEmpty, else refused as unknown.
+func parseCaps(list string, skipEmpty bool) ([]string, error) {
+	caps := []string{}
+	for _, cp := range strings.Split(list, ",") {
+		cp = strings.TrimSpace(cp)
+		switch {
+		case cp == "" && skipEmpty:
+		case !knownCaps[cp]:
+			return nil, fmt.Errorf("%w: unknown capability %q (known: %s, %s, %s, %s, %s)", ErrUsage, cp,
+				CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord)
+		case !slices.Contains(caps, cp):
+			caps = append(caps, cp)
 		}
 	}
-	return false
+	return caps, nil
 }
 
 type listFlag []string
@@ -132,7 +145,6 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs := flag.NewFlagSet("sandbox "+verb, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var caps string
-	var ro, env, domains, hosts, hostAddrs, cgroupParents listFlag
 	c.Net = NetNone
 	fs.StringVar(&c.RunDir, "run-dir", "", "the run directory (session.json, bundle/, home/, tmp/)")
 	fs.StringVar(&c.Workspace, "workspace", "", "the workspace the session works in (read-write)")
@@ -143,16 +155,16 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&c.GitSocket, "git-socket", "", "the bus host's git.sock (bound only for git.push.working or review.verdict)")
 	fs.StringVar(&c.LaunchSocket, "launch-socket", "", "sandbox serve's launch.sock (bound only for session.launch)")
 	fs.Var(netFlag{&c.Net}, "net", "the session's network, always with '=': none (the default: loopback only), proxy (loopback and a relay to an egress proxy that allows only --allow-domain and --allow-host), host (the host's network; --net alone means host; needs Landlock ABI 6 to keep off the host's abstract Unix sockets)")
-	fs.Var(&domains, "allow-domain", "with --net=proxy: let the session reach NAME[:PORT]: the name (api.example.com) or every name under it (*.example.com), on PORT, or without one on 443 and 80, if it resolves to public addresses only, none of them the host's own (repeatable)")
-	fs.Var(&hostAddrs, "allow-host-address", "with --net=proxy: let an --allow-domain name resolve to ADDR, one of the host's own addresses (refused by default, as a private range is) (repeatable)")
-	fs.Var(&hosts, "allow-host", "with --net=proxy: let the session reach exactly HOST:PORT, even a loopback or private address (repeatable)")
+	fs.Var((*listFlag)(&c.AllowDomains), "allow-domain", "with --net=proxy: let the session reach NAME[:PORT]: the name (api.example.com) or every name under it (*.example.com), on PORT, or without one on 443 and 80, if it resolves to public addresses only, none of them the host's own (repeatable)")
+	fs.Var((*listFlag)(&c.AllowHostAddrs), "allow-host-address", "with --net=proxy: let an --allow-domain name resolve to ADDR, one of the host's own addresses (refused by default, as a private range is) (repeatable)")
+	fs.Var((*listFlag)(&c.AllowHosts), "allow-host", "with --net=proxy: let the session reach exactly HOST:PORT, even a loopback or private address (repeatable)")
 	fs.StringVar(&c.ResolveFile, "resolve-file", "", "with --net=proxy: a hosts(5) file the proxy looks names up in before the host's resolver (tests, air-gapped sites)")
 	fs.StringVar(&c.AuditTokenFile, "audit-token-file", "", "with --net=proxy: a grant holding network.audit (bushost grant --cap network.audit --out F) that run records every egress decision with, as network.egress events on its task; the session cannot read it (default: decisions go to stderr)")
 	fs.IntVar(&c.EgressConns, "egress-conns", DefaultEgressConns, "with --net=proxy: the most connections the session may hold through the proxy at once")
 	fs.DurationVar(&c.EgressIdle, "egress-idle", DefaultEgressIdle, "with --net=proxy: close a proxied connection idle this long")
 	fs.BoolVar(&c.AllowAbstractSockets, "allow-abstract-sockets", false, "with --net on a kernel without Landlock ABI 6: start anyway, reaching the host's abstract Unix sockets")
-	fs.Var(&ro, "ro", "bind PATH read-only at the same path (repeatable)")
-	fs.Var(&env, "env", "set NAME=VALUE in the session, or pass NAME through (repeatable)")
+	fs.Var((*listFlag)(&c.RO), "ro", "bind PATH read-only at the same path (repeatable)")
+	fs.Var((*listFlag)(&c.Env), "env", "set NAME=VALUE in the session, or pass NAME through (repeatable)")
 	fs.StringVar(&c.User, "user", "", "run the session as this fixed user when started as root (default: a uid of its own from --uid-range)")
 	uidRange := fmt.Sprintf("%d-%d", DefaultUIDLow, DefaultUIDHigh)
 	fs.StringVar(&uidRange, "uid-range", uidRange, "started as root without --user: the range LOW-HIGH a session's own uid comes from")
@@ -166,7 +178,7 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	fs.Var(size.Value{P: &c.Limits.FSize}, "fsize", "RLIMIT_FSIZE: the largest file a session process may write (64M, 1G)")
 	fs.Var(size.Value{P: &c.Limits.Disk}, "disk", "what the session may write to its run directory (HOME, /tmp) and a workspace on the same file system, together (64M, 1G): run checks the run directory is on a tmpfs of at most this size (sandbox serve mounts one per session) and refuses otherwise; a workspace elsewhere is outside it")
 	fs.DurationVar(&c.Limits.Timeout, "timeout", 0, "end the session after this long (SIGTERM, SIGKILL 5s later); run exits 124")
-	fs.Var(&cgroupParents, "cgroup-parent", "a cgroup directory (of the session that launched this one) this session's cgroup nests in, one per cgroup v1 controller; set by sandbox serve (repeatable)")
+	fs.Var((*listFlag)(&c.CgroupParents), "cgroup-parent", "a cgroup directory (of the session that launched this one) this session's cgroup nests in, one per cgroup v1 controller; set by sandbox serve (repeatable)")
 	fs.StringVar(&c.EndWith, "end-with", "", "PID:STARTTIME of a process (the launching session's sandbox run): end this session when it ends; set by sandbox serve")
 	fs.BoolVar(&c.FreshHome, "fresh-home", false, "empty the run directory's home/ before the launch (default: refuse a HOME that is not empty)")
 	if verb == "explain" {
@@ -175,31 +187,30 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	c.RO, c.Env, c.AllowDomains, c.AllowHosts, c.AllowHostAddrs, c.CgroupParents = ro, env, domains, hosts, hostAddrs, cgroupParents
-	if c.Net != NetProxy && (len(domains) > 0 || len(hosts) > 0 || len(hostAddrs) > 0 || c.ResolveFile != "" || c.AuditTokenFile != "") {
+	if c.Net != NetProxy && (len(c.AllowDomains) > 0 || len(c.AllowHosts) > 0 || len(c.AllowHostAddrs) > 0 || c.ResolveFile != "" || c.AuditTokenFile != "") {
 		return nil, fmt.Errorf("%w: --allow-domain, --allow-host, --allow-host-address, --resolve-file and --audit-token-file need --net=proxy", ErrUsage)
 	}
-	for _, a := range hostAddrs {
+	for _, a := range c.AllowHostAddrs {
 		if net.ParseIP(a) == nil {
 			return nil, fmt.Errorf("%w: --allow-host-address %q: want an IP address", ErrUsage, a)
 		}
 	}
-	for _, d := range domains {
-		if err := checkDomainPattern(d); err != nil {
+	for _, d := range c.AllowDomains {
+		if err := bounds.CheckDomainPattern(d); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 		}
 	}
-	for _, h := range hosts {
-		if err := checkHostPort(h); err != nil {
+	for _, h := range c.AllowHosts {
+		if err := bounds.CheckHostPort(h); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 		}
 	}
 	if c.EgressConns < 1 || c.EgressIdle <= 0 {
 		return nil, fmt.Errorf("%w: --egress-conns must be at least 1 and --egress-idle positive", ErrUsage)
 	}
-	var rerr error
-	if c.UIDLow, c.UIDHigh, rerr = parseUIDRange(uidRange); rerr != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUsage, rerr)
+	var err error
+	if c.UIDLow, c.UIDHigh, err = ParseUIDRange(uidRange); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	rest := fs.Args()
 	switch verb {
@@ -227,15 +238,8 @@ func ParseFlags(verb string, args []string, stderr io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("%w: role %q: want %s and no '..'", ErrUsage, c.Role, names.Pattern)
 	}
 	if caps != "" {
-		for _, cp := range strings.Split(caps, ",") {
-			cp = strings.TrimSpace(cp)
-			if !knownCaps[cp] {
-				return nil, fmt.Errorf("%w: unknown capability %q (known: %s, %s, %s, %s, %s)", ErrUsage, cp,
-					CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord)
-			}
-			if !c.HasCap(cp) {
-				c.Caps = append(c.Caps, cp)
-			}
+		if c.Caps, err = parseCaps(caps, false); err != nil {
+			return nil, err
 		}
 	}
 	for _, e := range c.Env {
@@ -277,9 +281,9 @@ func (c *Config) sessionEnv(p *Plan) []string {
 	if c.Net == NetProxy {
 		// curl reads only the lowercase http_proxy; others the upper.
 		for _, name := range []string{"http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"} {
-			env = append(env, name+"=http://"+relayAddr)
+			env = append(env, name+"=http://"+pid1.RelayAddr)
 		}
-		env = append(env, "all_proxy=socks5h://"+relayAddr, "ALL_PROXY=socks5h://"+relayAddr, "no_proxy=", "NO_PROXY=")
+		env = append(env, "all_proxy=socks5h://"+pid1.RelayAddr, "ALL_PROXY=socks5h://"+pid1.RelayAddr, "no_proxy=", "NO_PROXY=")
 	}
 	for _, e := range c.Env {
 		if strings.Contains(e, "=") {
@@ -336,19 +340,9 @@ func ParsePrepareFlags(args []string, stderr io.Writer) (*PrepareConfig, error) 
 			return nil, fmt.Errorf("%w: %s %q: want %s and no '..'", ErrUsage, n.kind, n.v, names.Pattern)
 		}
 	}
-	s.Caps = []string{}
-	for _, cp := range strings.Split(caps, ",") {
-		cp = strings.TrimSpace(cp)
-		if cp == "" {
-			continue
-		}
-		if !knownCaps[cp] {
-			return nil, fmt.Errorf("%w: unknown capability %q (known: %s, %s, %s, %s, %s)", ErrUsage, cp,
-				CapPushWorking, CapReviewRequest, CapReviewVerdict, CapTaskClose, CapEventRecord)
-		}
-		if !slices.Contains(s.Caps, cp) {
-			s.Caps = append(s.Caps, cp)
-		}
+	var err error
+	if s.Caps, err = parseCaps(caps, true); err != nil {
+		return nil, err
 	}
 	if (gitName == "") != (gitEmail == "") {
 		return nil, fmt.Errorf("%w: --git-name and --git-email go together", ErrUsage)

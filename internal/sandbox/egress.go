@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/bushost/bushost/internal/sandbox/pid1"
 )
 
 // egressProxy is the one proxy of one session: a set of goroutines in the
@@ -47,7 +49,7 @@ type egressProxy struct {
 	child *os.File
 	// handed is closed once pid 1's message was read (or could not be).
 	handed chan struct{}
-	// relayPort is the port the relay's socket must listen on: relayPort,
+	// relayPort is the port the relay's socket must listen on: pid1.RelayPort,
 	// but another for unit tests, which play pid 1 in the host's namespace.
 	relayPort int
 	slots     chan struct{}
@@ -60,7 +62,6 @@ type egressProxy struct {
 	mu      sync.Mutex
 	ln      net.Listener // the relay's socket, once pid 1 sent it
 	conns   map[net.Conn]bool
-	logMu   sync.Mutex
 	// lastConn numbers the session's connections to the proxy (the
 	// decision's conn).
 	lastConn atomic.Int64
@@ -86,7 +87,7 @@ const maxRequestHead = 64 << 10
 // launched starts waiting for it.
 func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, error) {
 	e := &egressProxy{allowDomains: cfg.AllowDomains, allowHosts: cfg.AllowHosts, maxConns: cfg.EgressConns,
-		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}, relayPort: relayPort, hostAddrs: hostAddrs}
+		idle: cfg.EgressIdle, log: log, audit: audit, conns: map[net.Conn]bool{}, relayPort: pid1.RelayPort, hostAddrs: hostAddrs}
 	for _, a := range cfg.AllowHostAddrs {
 		e.allowHostAddrs = append(e.allowHostAddrs, net.ParseIP(a))
 	}
@@ -110,7 +111,7 @@ func startEgress(cfg *Config, log io.Writer, audit *auditor) (*egressProxy, erro
 	e.slots = make(chan struct{}, e.maxConns)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.refusing = make(chan struct{}, maxRefusing)
-	e.denials = newPacer(egressDenyRate, egressDenyBurst)
+	e.denials = &pacer{rate: egressDenyRate, burst: egressDenyBurst, tokens: egressDenyBurst, last: time.Now()}
 	e.handed = make(chan struct{})
 	return e, nil
 }
@@ -165,9 +166,8 @@ func (e *egressProxy) stop() {
 	e.wg.Wait()
 }
 
+// logf writes one line, in one Write: e.log serialises them (lineLimiter).
 func (e *egressProxy) logf(format string, a ...any) {
-	e.logMu.Lock()
-	defer e.logMu.Unlock()
 	fmt.Fprintf(e.log, "sandbox: network.egress "+format+"\n", a...)
 }
 
@@ -369,36 +369,31 @@ func (e *egressProxy) socks(c net.Conn, br *bufio.Reader, id int64) {
 		reply(7) // command not supported: CONNECT only
 		return
 	}
-	var t target
+	// The address (IPv4, IPv6, or a name after its length), then the port.
+	var addr []byte
 	switch req[3] {
-	case 1, 4:
-		ip := make(net.IP, 4)
-		if req[3] == 4 {
-			ip = make(net.IP, 16)
-		}
-		if _, err := io.ReadFull(br, ip); err != nil {
-			return
-		}
-		t.host = ip.String()
+	case 1:
+		addr = make([]byte, 4+2)
+	case 4:
+		addr = make([]byte, 16+2)
 	case 3:
 		n, err := br.ReadByte()
 		if err != nil {
 			return
 		}
-		name := make([]byte, n)
-		if _, err := io.ReadFull(br, name); err != nil {
-			return
-		}
-		t.host = string(name)
+		addr = make([]byte, int(n)+2)
 	default:
 		reply(8)
 		return
 	}
-	var port [2]byte
-	if _, err := io.ReadFull(br, port[:]); err != nil {
+	if _, err := io.ReadFull(br, addr); err != nil {
 		return
 	}
-	t.port = int(binary.BigEndian.Uint16(port[:]))
+	host, port := addr[:len(addr)-2], addr[len(addr)-2:]
+	t := target{host: string(host), port: int(binary.BigEndian.Uint16(port))}
+	if req[3] != 3 {
+		t.host = net.IP(host).String()
+	}
 	up, why := e.connect(id, t)
 	if up == nil {
 		switch {
@@ -432,7 +427,6 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 		ahead, _ := head.Peek(n)
 		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(ahead)), br), 4096)
 	}
-	var t target
 	hostport := req.Host
 	if req.Method != http.MethodConnect {
 		if req.URL.Scheme != "http" || req.URL.Host == "" {
@@ -454,7 +448,7 @@ func (e *egressProxy) httpProxy(c net.Conn, br *bufio.Reader, id int64) {
 		writeHTTPRefusal(c, http.StatusBadRequest, "sandbox: a host name is at most 253 bytes")
 		return
 	}
-	t = target{host: h, port: port}
+	t := target{host: h, port: port}
 	up, why := e.connect(id, t)
 	if up == nil {
 		code := http.StatusBadGateway
@@ -581,10 +575,6 @@ type pacer struct {
 	last         time.Time
 }
 
-func newPacer(rate, burst float64) *pacer {
-	return &pacer{rate: rate, burst: burst, tokens: burst, last: time.Now()}
-}
-
 // wait returns once the caller's turn has come, at most egressHandshake
 // from now, or when ctx ends.
 func (p *pacer) wait(ctx context.Context) {
@@ -673,15 +663,7 @@ func (e *egressProxy) resolve(name string) ([]net.IP, error) {
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, egressHandshake)
 	defer cancel()
-	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	ips := make([]net.IP, len(addrs))
-	for i, a := range addrs {
-		ips[i] = a.IP
-	}
-	return ips, nil
+	return net.DefaultResolver.LookupIP(ctx, "ip", name)
 }
 
 // pipe copies both ways until either side closes or the connection has
@@ -703,6 +685,12 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 	// moves, but no read times out either), so it is woken by deadlines
 	// in the past and ends too.
 	var idled atomic.Bool
+	cut := func() {
+		idled.Store(true)
+		now := time.Now()
+		c.SetDeadline(now)
+		up.SetDeadline(now)
+	}
 	copyDir := func(dst net.Conn, src io.Reader, srcConn net.Conn, n *atomic.Int64) {
 		// io.Copy lets the kernel move the bytes (splice(2) from one TCP
 		// connection to the other): the idle check runs
@@ -724,10 +712,7 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 			if time.Since(time.Unix(0, last.Load())) < e.idle {
 				continue
 			}
-			idled.Store(true)
-			now := time.Now()
-			c.SetDeadline(now)
-			up.SetDeadline(now)
+			cut()
 			break
 		}
 		// The other way may still carry a response: half-close.
@@ -754,10 +739,7 @@ func (e *egressProxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn, id int64, 
 			waiting = false
 		case <-tick.C:
 			if time.Since(time.Unix(0, last.Load())) >= e.idle {
-				idled.Store(true)
-				now := time.Now()
-				c.SetDeadline(now)
-				up.SetDeadline(now)
+				cut()
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,32 +15,24 @@ import (
 func Explain(out io.Writer, p *Plan, asJSON bool) error {
 	// tabwriter writes cell by cell: one write(2) per cell without this.
 	w := bufio.NewWriter(out)
-	if err := explain(w, p, asJSON); err != nil {
-		return err
-	}
-	return w.Flush()
-}
-
-func explain(w io.Writer, p *Plan, asJSON bool) error {
 	if p.User.Dynamic {
 		p.Share = p.shareMode()
 	}
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
+		if err := enc.Encode(struct {
 			*Plan
 			EnvNames []string `json:"env"`
-		}{p, envNames(p.Env)})
+		}{p, envNames(p.Env)}); err != nil {
+			return err
+		}
+		return w.Flush()
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tSOURCE\tTARGET\tWHY")
 	for _, b := range p.Binds {
-		src := b.Source
-		if src == "" {
-			src = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", b.Kind, src, b.Target, b.Why)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", b.Kind, cmp.Or(b.Source, "-"), b.Target, b.Why)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -53,11 +46,7 @@ func explain(w io.Writer, p *Plan, asJSON bool) error {
 		fmt.Fprintf(w, "share: %s\n", p.Share)
 	}
 	for _, g := range p.SocketGroups {
-		name := g.Name
-		if name == "" {
-			name = "-"
-		}
-		fmt.Fprintf(w, "group: %d (%s) for %s: %s\n", g.GID, name, strings.Join(g.Sockets, " "), g.Why)
+		fmt.Fprintf(w, "group: %d (%s) for %s: %s\n", g.GID, cmp.Or(g.Name, "-"), strings.Join(g.Sockets, " "), g.Why)
 	}
 	if l := p.Limits; l != (Limits{}) {
 		fmt.Fprintf(w, "limits: %s (core dumps off; the cgroup is made at launch, or the launch refused)\n", l)
@@ -86,7 +75,7 @@ func explain(w io.Writer, p *Plan, asJSON bool) error {
 	for _, pr := range p.Problems {
 		fmt.Fprintf(w, "problem: %s\n", pr)
 	}
-	return nil
+	return w.Flush()
 }
 
 // envNames lists variable names only: --env values may be secrets.
@@ -102,9 +91,5 @@ func joinGIDs(gids []uint32) string {
 	if len(gids) == 0 {
 		return "none"
 	}
-	s := make([]string, len(gids))
-	for i, g := range gids {
-		s[i] = fmt.Sprint(g)
-	}
-	return strings.Join(s, " ")
+	return strings.Trim(fmt.Sprint(gids), "[]")
 }

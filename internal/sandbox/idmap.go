@@ -3,6 +3,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -98,12 +99,12 @@ func (m *idmapped) close() error {
 	return errors.Join(errs...)
 }
 
-// reapHelper reaps usernsMapping's child pid, which has exited or is
-// about to.
-func reapHelper(pid int) {
+// waitPid waits for the child pid to exit, reaps it and returns its
+// status.
+func waitPid(pid int) (ws unix.WaitStatus) {
 	for {
-		if _, err := unix.Wait4(pid, nil, 0, nil); err != unix.EINTR {
-			return
+		if _, err := unix.Wait4(pid, &ws, 0, nil); err != unix.EINTR {
+			return ws
 		}
 	}
 }
@@ -117,7 +118,7 @@ func (e *errNoIDMap) Error() string { return e.why }
 // itself excepted: it stays the host's, and the session only passes
 // through it), mapping the uid and gid owning its root to id. An
 // *errNoIDMap says this kernel or file system cannot; run then walks.
-func (p *Plan) idmapTrees(trees []tree, id uint32) (*idmapped, error) {
+func (p *Plan) idmapTrees(trees []tree, id uint32) (_ *idmapped, err error) {
 	if why := p.idmapBlocked(); why != "" {
 		return nil, &errNoIDMap{why}
 	}
@@ -127,6 +128,9 @@ func (p *Plan) idmapTrees(trees []tree, id uint32) (*idmapped, error) {
 		for _, fd := range userns {
 			unix.Close(fd)
 		}
+		if err != nil {
+			m.close()
+		}
 	}()
 	for _, t := range trees {
 		if t.fd == p.run.Fd() {
@@ -134,7 +138,6 @@ func (p *Plan) idmapTrees(trees []tree, id uint32) (*idmapped, error) {
 		}
 		var st unix.Stat_t
 		if err := unix.Fstat(t.fd, &st); err != nil {
-			m.close()
 			return nil, err
 		}
 		key := [2]uint32{st.Uid, st.Gid}
@@ -143,20 +146,17 @@ func (p *Plan) idmapTrees(trees []tree, id uint32) (*idmapped, error) {
 			var err error
 			ns, err = usernsMapping(st.Uid, st.Gid, id)
 			if err != nil {
-				m.close()
 				return nil, &errNoIDMap{fmt.Sprintf("make a user namespace for the mapping: %v", err)}
 			}
 			userns[key] = ns
 		}
 		mfd, err := idmapClone(t.fd, ns, st.Mode&unix.S_IFMT == unix.S_IFDIR)
 		if err != nil {
-			m.close()
 			return nil, &errNoIDMap{fmt.Sprintf("%s: %v", t.path, err)}
 		}
 		fd, err := unix.FcntlInt(uintptr(t.fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
 			unix.Close(mfd)
-			m.close()
 			return nil, err
 		}
 		m.mounts = append(m.mounts, idmount{mfd: mfd, fd: fd, path: t.path, st: st})
@@ -192,20 +192,10 @@ func dirEmpty(fd int) bool {
 	if err != nil {
 		return false
 	}
-	defer unix.Close(d)
-	buf := make([]byte, 4096)
-	for {
-		n, err := unix.Getdents(d, buf)
-		if err != nil {
-			return false
-		}
-		if n <= 0 {
-			return true
-		}
-		if _, count, _ := unix.ParseDirent(buf[:n], 1, nil); count > 0 {
-			return false
-		}
-	}
+	f := os.NewFile(uintptr(d), ".")
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	return len(names) == 0 && err == io.EOF
 }
 
 // idmapClone clones the mount of what fd holds (with the mounts under it,
@@ -253,7 +243,7 @@ func usernsMapping(uid, gid, id uint32) (int, error) {
 	if errno != 0 {
 		return -1, fmt.Errorf("clone: %w", unix.Errno(errno))
 	}
-	defer reapHelper(int(pid))
+	defer waitPid(int(pid))
 	dir := "/proc/" + strconv.Itoa(int(pid)) + "/"
 	if err := os.WriteFile(dir+"uid_map", []byte(fmt.Sprintf("%d %d 1\n", uid, id)), 0); err != nil {
 		return -1, err

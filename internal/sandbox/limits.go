@@ -1,7 +1,7 @@
 package sandbox
 
 import (
-	"bufio"
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -41,27 +41,18 @@ const timeoutGrace = 5 * time.Second
 // String lists the limits set, as their flags.
 func (l Limits) String() string {
 	var s []string
-	if l.Memory > 0 {
-		s = append(s, "--memory "+strconv.FormatInt(l.Memory, 10))
+	add := func(set bool, flag, v string) {
+		if set {
+			s = append(s, flag+" "+v)
+		}
 	}
-	if l.Pids > 0 {
-		s = append(s, "--pids "+strconv.Itoa(l.Pids))
-	}
-	if l.CPU > 0 {
-		s = append(s, "--cpu "+strconv.FormatFloat(l.CPU, 'g', -1, 64))
-	}
-	if l.NoFile > 0 {
-		s = append(s, "--nofile "+strconv.FormatUint(l.NoFile, 10))
-	}
-	if l.FSize > 0 {
-		s = append(s, "--fsize "+strconv.FormatInt(l.FSize, 10))
-	}
-	if l.Timeout > 0 {
-		s = append(s, "--timeout "+l.Timeout.String())
-	}
-	if l.Disk > 0 {
-		s = append(s, "--disk "+strconv.FormatInt(l.Disk, 10))
-	}
+	add(l.Memory > 0, "--memory", strconv.FormatInt(l.Memory, 10))
+	add(l.Pids > 0, "--pids", strconv.Itoa(l.Pids))
+	add(l.CPU > 0, "--cpu", strconv.FormatFloat(l.CPU, 'g', -1, 64))
+	add(l.NoFile > 0, "--nofile", strconv.FormatUint(l.NoFile, 10))
+	add(l.FSize > 0, "--fsize", strconv.FormatInt(l.FSize, 10))
+	add(l.Timeout > 0, "--timeout", l.Timeout.String())
+	add(l.Disk > 0, "--disk", strconv.FormatInt(l.Disk, 10))
 	return strings.Join(s, " ")
 }
 
@@ -122,8 +113,6 @@ func (l Limits) withRlimits(start func() error) error {
 type cgroup struct {
 	dirs []string
 	v2   bool
-	// explain tells what was made where, for explain and errors.
-	where string
 }
 
 // cgroupRoot is where control groups are mounted; a variable so that a
@@ -178,14 +167,14 @@ func newCgroup(l Limits, parents []string) (*cgroup, error) {
 	var why []string
 	if len(under) > 0 {
 		why = append(why, "cgroup v2: not used, the launching session's cgroup is v1")
-	} else if dir, err := v2Parent(own[""], need); err == nil {
-		c := &cgroup{v2: true, dirs: []string{filepath.Join(dir, name)}}
-		if err := c.make(l); err == nil {
-			return c, nil
-		} else {
-			why = append(why, "cgroup v2: "+err.Error())
-		}
 	} else {
+		dir, err := v2Parent(own[""], need)
+		if err == nil {
+			c := &cgroup{v2: true, dirs: []string{filepath.Join(dir, name)}}
+			if err = c.make(l); err == nil {
+				return c, nil
+			}
+		}
 		why = append(why, "cgroup v2: "+err.Error())
 	}
 	c := &cgroup{}
@@ -196,11 +185,7 @@ func newCgroup(l Limits, parents []string) (*cgroup, error) {
 			why = append(why, fmt.Sprintf("cgroup v1: no %s hierarchy mounted at %s", ctrl, mount))
 			return nil, refuse(ReasonLimitUnavailable, exitRefused, "cannot apply --%s here: %s", ctrl, strings.Join(why, "; "))
 		}
-		if p, ok := under[ctrl]; ok {
-			c.dirs = append(c.dirs, filepath.Join(p, name))
-			continue
-		}
-		c.dirs = append(c.dirs, filepath.Join(mount, path, name))
+		c.dirs = append(c.dirs, filepath.Join(cmp.Or(under[ctrl], filepath.Join(mount, path)), name))
 	}
 	if err := c.make(l); err != nil {
 		why = append(why, "cgroup v1: "+err.Error())
@@ -370,15 +355,13 @@ func (c *cgroup) remove() {
 // ownCgroups reads /proc/self/cgroup: each v1 controller's path, and the v2
 // path under "".
 func ownCgroups() (map[string]string, error) {
-	f, err := os.Open("/proc/self/cgroup")
+	data, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	own := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		parts := strings.SplitN(sc.Text(), ":", 3)
+	for _, line := range strings.Split(string(data), "\n") {
+		parts := strings.SplitN(line, ":", 3)
 		if len(parts) != 3 {
 			continue
 		}
@@ -386,7 +369,7 @@ func ownCgroups() (map[string]string, error) {
 			own[ctrl] = parts[2]
 		}
 	}
-	return own, sc.Err()
+	return own, nil
 }
 
 // v2Parent is the launcher's own cgroup v2 directory when it has delegated

@@ -34,9 +34,7 @@ type lineLimiter struct {
 }
 
 func newLineLimiter(w io.Writer) *lineLimiter {
-	l := &lineLimiter{w: w, now: time.Now, tokens: egressLogBurst}
-	l.last = l.now()
-	return l
+	return &lineLimiter{w: w, now: time.Now, tokens: egressLogBurst, last: time.Now()}
 }
 
 func (l *lineLimiter) Write(p []byte) (int, error) {
@@ -70,20 +68,14 @@ func (l *lineLimiter) close() {
 	l.report()
 }
 
-// always writes p past the bound.
-func (l *lineLimiter) always(p []byte) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.report()
-	l.w.Write(p)
-}
-
-// writeAlways writes p to w, past w's bound if it is a lineLimiter: the
-// lines of connections the session made.
+// writeAlways writes p to w, past w's bound if it is a lineLimiter (after
+// its count of lines left out): the lines of connections the session made.
 func writeAlways(w io.Writer, p []byte) {
 	if l, ok := w.(*lineLimiter); ok {
-		l.always(p)
-		return
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.report()
+		w = l.w
 	}
 	w.Write(p)
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/bounds"
-	"github.com/bushost/bushost/internal/sandbox/pid1"
 )
 
 // The session's network, as --net names it.
@@ -19,14 +18,6 @@ const (
 	NetProxy = bounds.NetProxy
 	// NetHost: the host's network namespace, all of it.
 	NetHost = bounds.NetHost
-)
-
-// relayAddr is where a proxy session's programs reach the egress proxy,
-// on relayPort: pid 1 makes the socket in the session's namespace and
-// hands it to the proxy outside (internal/sandbox/pid1).
-const (
-	relayAddr = pid1.RelayAddr
-	relayPort = pid1.RelayPort
 )
 
 // Default limits of the egress proxy.
@@ -62,13 +53,6 @@ func (f netFlag) Set(v string) error {
 	return nil
 }
 
-// checkDomainPattern and checkHostPort are the launch set's checks: a
-// grant's allow-list and a session's are read the same way.
-var (
-	checkDomainPattern = bounds.CheckDomainPattern
-	checkHostPort      = bounds.CheckHostPort
-)
-
 // domainAllowed reports which pattern (NAME[:PORT]) allows name:port, or "".
 func domainAllowed(patterns []string, name string, port int) string {
 	for _, p := range patterns {
@@ -83,7 +67,7 @@ func domainAllowed(patterns []string, name string, port int) string {
 // digits, '-' and '_' between dots (a final dot allowed), as an
 // --allow-domain NAME is. An address, with or without a zone, is not.
 func hostName(name string) bool {
-	return !strings.ContainsAny(name, "*:") && checkDomainPattern(strings.TrimSuffix(name, ".")) == nil
+	return !strings.ContainsAny(name, "*:") && bounds.CheckDomainPattern(strings.TrimSuffix(name, ".")) == nil
 }
 
 // hostAddrs lists the addresses of the host's own interfaces (all of

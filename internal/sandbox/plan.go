@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -153,8 +152,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.Binds = append(p.Binds, system...)
-	p.Binds = append(p.Binds,
+	p.Binds = append(system,
 		Bind{KindProc, "", "/proc", "a /proc of the session's own pid namespace: it lists the session's processes and no host process"},
 		Bind{KindDev, "", "/dev", "a minimal /dev (null, zero, full, random, urandom, tty, a private pts): no host device"},
 		Bind{KindBind, p.Tmp, "/tmp", "the session's private /tmp, on disk in the run directory so the host can read it after the session"},
@@ -213,7 +211,7 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 		caller = append(caller, Bind{KindROBind, rp, rp, "asked for with --ro by the host that started the session"})
 	}
 	// A parent must be mounted before its children, or it would hide them.
-	sort.SliceStable(caller, func(i, j int) bool { return depth(caller[i].Target) < depth(caller[j].Target) })
+	slices.SortStableFunc(caller, func(a, b Bind) int { return depth(a.Target) - depth(b.Target) })
 	p.Binds = append(p.Binds, caller...)
 
 	bushost, note, err := findBushost(cfg.Bushost)
@@ -241,31 +239,27 @@ func BuildPlan(cfg *Config) (*Plan, error) {
 	case NetNone:
 		p.Network.Why = "a network namespace of its own with only a loopback: no route anywhere"
 	case NetProxy:
-		p.Network.Why = "a network namespace of its own with only a loopback, where pid 1 makes a socket listening on " + relayAddr + " and hands it to the egress proxy run keeps outside, which serves it (HTTP with CONNECT, SOCKS5), allows only what is listed here and resolves names itself"
-		p.Network.Relay = relayAddr
+		p.Network.Why = "a network namespace of its own with only a loopback, where pid 1 makes a socket listening on " + pid1.RelayAddr + " and hands it to the egress proxy run keeps outside, which serves it (HTTP with CONNECT, SOCKS5), allows only what is listed here and resolves names itself"
+		p.Network.Relay = pid1.RelayAddr
 		p.Network.Limits = fmt.Sprintf("at most %d connections at once (--egress-conns; one more gets HTTP 503 EGRESS_CONNECTIONS_EXHAUSTED), each closed once idle both ways for %s (--egress-idle)", cfg.EgressConns, cfg.EgressIdle)
 		p.Network.Audit = "sandbox run's stderr, a line per decision and per close (no --audit-token-file)"
 		if cfg.AuditTokenFile != "" {
 			p.Network.Audit = "the broker: a network.egress event per decision and per close, on the task of " + cfg.AuditTokenFile + "'s grant (network.audit), written in batches, a connection's before it is made (and not made if it cannot be), denials past 20 a second counted in one summary a second; the session cannot read that token"
 		}
-		for _, d := range cfg.AllowDomains {
-			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "given on the command line: " + domainWhat})
+		allow := func(flag string, rules []string, why string) {
+			for _, r := range rules {
+				p.Network.Allowed = append(p.Network.Allowed, Allowed{flag + " " + r, why})
+			}
 		}
-		for _, h := range cfg.AllowHosts {
-			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host " + h, "given on the command line: exactly this host and port, even a loopback or private address"})
-		}
-		for _, a := range cfg.AllowHostAddrs {
-			p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host-address " + a, "given on the command line: an --allow-domain name may resolve to this address of the host's own (a name resolving to any other is refused)"})
-		}
+		const hostWhat = "exactly this host and port, even a loopback or private address"
+		allow("--allow-domain", cfg.AllowDomains, "given on the command line: "+domainWhat)
+		allow("--allow-host", cfg.AllowHosts, "given on the command line: "+hostWhat)
+		allow("--allow-host-address", cfg.AllowHostAddrs, "given on the command line: an --allow-domain name may resolve to this address of the host's own (a name resolving to any other is refused)")
 		if n := p.Session.Network; n != nil {
-			for _, d := range n.AllowDomains {
-				cfg.AllowDomains = append(cfg.AllowDomains, d)
-				p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-domain " + d, "from session.json (sandbox prepare --allow-domain): " + domainWhat})
-			}
-			for _, h := range n.AllowHosts {
-				cfg.AllowHosts = append(cfg.AllowHosts, h)
-				p.Network.Allowed = append(p.Network.Allowed, Allowed{"--allow-host " + h, "from session.json (sandbox prepare --allow-host): exactly this host and port, even a loopback or private address"})
-			}
+			allow("--allow-domain", n.AllowDomains, "from session.json (sandbox prepare --allow-domain): "+domainWhat)
+			allow("--allow-host", n.AllowHosts, "from session.json (sandbox prepare --allow-host): "+hostWhat)
+			cfg.AllowDomains = append(cfg.AllowDomains, n.AllowDomains...)
+			cfg.AllowHosts = append(cfg.AllowHosts, n.AllowHosts...)
 		}
 		if cfg.AuditTokenFile != "" {
 			p.checkAuditToken()
@@ -404,10 +398,7 @@ func (p *Plan) checkSession() {
 // network.egress itself.
 func (p *Plan) checkAuditToken() {
 	f := p.Config.AuditTokenFile
-	real, err := filepath.EvalSymlinks(f)
-	if err == nil {
-		real, err = filepath.Abs(real)
-	}
+	real, err := realPath(f)
 	if err != nil {
 		p.Problems = append(p.Problems, fmt.Sprintf("--audit-token-file %s: %v", f, err))
 		return
@@ -630,25 +621,22 @@ func (p *Plan) callerSocket(what, path string) (string, error) {
 		return "", fmt.Errorf("%s %s: %w", what, path, err)
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return "", fmt.Errorf("%s %s: %w", what, real, err)
-	}
-	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFSOCK:
-		if st.Nlink != 1 {
-			// A hard link, where the host lets users link files of
-			// others (fs.protected_hardlinks=0): as above.
-			unix.Close(fd)
-			return "", fmt.Errorf("%s %s is a socket with %d names: name one that has only its own; another name would be whoever may write %s choosing which socket the session reaches, and its group", what, real, st.Nlink, dir)
-		}
-	case unix.S_IFLNK:
-		unix.Close(fd)
+	switch err = unix.Fstat(fd, &st); {
+	case err != nil:
+		err = fmt.Errorf("%s %s: %w", what, real, err)
+	case st.Mode&unix.S_IFMT == unix.S_IFSOCK && st.Nlink != 1:
+		// A hard link, where the host lets users link files of
+		// others (fs.protected_hardlinks=0): as above.
+		err = fmt.Errorf("%s %s is a socket with %d names: name one that has only its own; another name would be whoever may write %s choosing which socket the session reaches, and its group", what, real, st.Nlink, dir)
+	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
 		to, _ := os.Readlink(real)
-		return "", fmt.Errorf("%s %s is a link (to %s): name the socket itself; through a link, whoever may write %s would choose which socket the session reaches, and its group", what, real, to, dir)
-	default:
+		err = fmt.Errorf("%s %s is a link (to %s): name the socket itself; through a link, whoever may write %s would choose which socket the session reaches, and its group", what, real, to, dir)
+	case st.Mode&unix.S_IFMT != unix.S_IFSOCK:
+		err = fmt.Errorf("%s %s is not a socket", what, real)
+	}
+	if err != nil {
 		unix.Close(fd)
-		return "", fmt.Errorf("%s %s is not a socket", what, real)
+		return "", err
 	}
 	p.busSockets = append(p.busSockets, real)
 	p.busFDs = append(p.busFDs, fd)
@@ -692,18 +680,19 @@ const initPath = sessionDir + "/init"
 // executable, then); else this executable, whose main
 // hands pid1.Verb to pid1.Main.
 func initExecutable(flagPath string) (string, string, error) {
+	exe, err := flagPath, error(nil)
+	if exe == "" {
+		if exe, err = os.Executable(); err != nil {
+			return "", "", fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
+		}
+	}
+	if exe, err = realPath(exe); err != nil {
+		return "", "", fmt.Errorf("find the executable for the session's pid 1: %w", err)
+	}
 	if flagPath != "" {
-		exe, err := absReal(flagPath)
-		return exe, "the given init binary", err
+		return exe, "the given init binary", nil
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return "", "", fmt.Errorf("find the sandbox executable for the session's pid 1: %w", err)
-	}
-	if self, err = absReal(self); err != nil {
-		return "", "", err
-	}
-	exe, which := initBeside(self)
+	exe, which := initBeside(exe)
 	return exe, which, nil
 }
 
@@ -719,11 +708,11 @@ func initBeside(self string) (string, string) {
 	return self, "this sandbox binary (no " + InitName + " of its owner beside it, so each start pays this binary's start twice)"
 }
 
-// absReal is exe with every link resolved, absolute.
-func absReal(exe string) (string, error) {
-	real, err := filepath.EvalSymlinks(exe)
+// realPath is path with every link resolved, absolute.
+func realPath(path string) (string, error) {
+	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
-		return "", fmt.Errorf("find the executable for the session's pid 1: %w", err)
+		return "", err
 	}
 	return filepath.Abs(real)
 }
@@ -733,10 +722,7 @@ func absReal(exe string) (string, error) {
 // session without it could not push, so a wrong path is an error, not a note.
 func findBushost(flagPath string) (path, note string, err error) {
 	if flagPath != "" {
-		real, err := filepath.EvalSymlinks(flagPath)
-		if err == nil {
-			real, err = filepath.Abs(real)
-		}
+		real, err := realPath(flagPath)
 		if err != nil {
 			return "", "", fmt.Errorf("--bushost %s: %w", flagPath, err)
 		}
@@ -748,16 +734,14 @@ func findBushost(flagPath string) (path, note string, err error) {
 	if exe, err := os.Executable(); err == nil {
 		next := filepath.Join(filepath.Dir(exe), "bushost")
 		if st, err := os.Stat(next); err == nil && st.Mode().IsRegular() {
-			if real, err := filepath.EvalSymlinks(next); err == nil {
+			if real, err := realPath(next); err == nil {
 				return real, "", nil
 			}
 		}
 	}
 	if p, err := exec.LookPath("bushost"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			if abs, err := filepath.Abs(real); err == nil {
-				return abs, "", nil
-			}
+		if real, err := realPath(p); err == nil {
+			return real, "", nil
 		}
 	}
 	return "", "bushost not bound: none next to the sandbox executable nor on PATH (give --bushost PATH)", nil

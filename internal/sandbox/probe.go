@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"os"
 	"os/exec"
@@ -39,9 +40,7 @@ func Probe(userName, bwrapPath string) (string, error) {
 	if err != nil {
 		return "", &UnavailableError{Reason: err.Error()}
 	}
-	args := []string{"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net",
-		"--disable-userns", "--new-session", "--cap-drop", "ALL", "--seccomp", fmt.Sprint(fdSeccomp)}
-	args = append(args, bindArgs(binds, "", nil)...)
+	args := append(confineArgs(NetNone), bindArgs(binds, "", nil)...)
 	args = append(args, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--", "/usr/bin/true")
 	cmd := exec.Command(bw, args...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
@@ -54,10 +53,7 @@ func Probe(userName, bwrapPath string) (string, error) {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
 	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if msg == "" {
-			msg = err.Error()
-		}
+		msg := cmp.Or(strings.TrimSpace(stderr.String()), err.Error())
 		return "", &UnavailableError{Reason: fmt.Sprintf("%s as %s: %s", bw, u.Name, msg)}
 	}
 	return fmt.Sprintf("ok: %s confines sessions as %s (uid %d)", bw, u.Name, u.UID), nil

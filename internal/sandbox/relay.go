@@ -30,7 +30,7 @@ func relayPair() (parent *net.UnixConn, child *os.File, err error) {
 
 // receiveRelay reads the one message pid 1 sends on the pair and returns
 // the listener it carries, checked to be what pid 1 makes: a listening TCP
-// socket on relayAddr. Whatever else arrives (more descriptors, another
+// socket on pid1.RelayAddr. Whatever else arrives (more descriptors, another
 // kind of socket, a file) is closed and refused: the session's side of the
 // pair is not to be trusted more than the session.
 func receiveRelay(c *net.UnixConn, port int) (*net.TCPListener, error) {
@@ -50,14 +50,9 @@ func receiveRelay(c *net.UnixConn, port int) (*net.TCPListener, error) {
 	if n == 0 && len(fds) == 0 {
 		return nil, io.EOF // pid 1 is gone without a word: it says why itself
 	}
-	if len(fds) > 1 {
-		for _, fd := range fds[1:] {
-			unix.Close(fd)
-		}
-	}
 	if perr != nil || n != 1 || buf[0] != 'L' || len(fds) != 1 {
-		if len(fds) > 0 {
-			unix.Close(fds[0])
+		for _, fd := range fds {
+			unix.Close(fd)
 		}
 		return nil, errors.New("pid 1 sent no relay socket")
 	}

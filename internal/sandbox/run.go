@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -42,6 +43,11 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if len(p.Problems) > 0 {
 		return 0, fmt.Errorf("refusing to start the session:\n  %s", strings.Join(p.Problems, "\n  "))
 	}
+	// run's own messages: on stderr, or nowhere without one.
+	var warn io.Writer = io.Discard
+	if stderr != nil {
+		warn = stderr
+	}
 	// From here on the signals run forwards are held for the session,
 	// not acted on: one that comes while the session is being built (or
 	// its trees handed over) reaches the command once pid 1 is ready.
@@ -67,8 +73,8 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		testhook.Step("uid")
 		// Last of all: the session is gone by the time this runs.
 		defer func() {
-			if err := l.release(); err != nil && stderr != nil {
-				fmt.Fprintf(stderr, "sandbox: hand the session's files back from uid %d: %v\n", l.uid, err)
+			if err := l.release(); err != nil {
+				fmt.Fprintf(warn, "sandbox: hand the session's files back from uid %d: %v\n", l.uid, err)
 			}
 			testhook.Step("released")
 		}()
@@ -84,7 +90,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		share, err = p.share(l, trees, stderr)
+		share, err = p.share(l, trees, warn)
 		for _, t := range trees[2:] {
 			unix.Close(t.fd)
 		}
@@ -93,8 +99,8 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 		}
 		if share != nil {
 			defer func() {
-				if err := share.close(); err != nil && stderr != nil {
-					fmt.Fprintf(stderr, "sandbox: %v\n", err)
+				if err := share.close(); err != nil {
+					fmt.Fprintf(warn, "sandbox: %v\n", err)
 				}
 			}()
 		}
@@ -107,9 +113,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	if status != 0 {
 		// bwrap would only say "execvp: ..." and exit 1; the shell's
 		// statuses tell a caller what went wrong.
-		if stderr != nil {
-			fmt.Fprintf(stderr, "sandbox: %s: %s\n", p.Command[0], msg)
-		}
+		fmt.Fprintf(warn, "sandbox: %s: %s\n", p.Command[0], msg)
 		return status, nil
 	}
 	// Whatever the caller left open beyond stdio must not reach bwrap and
@@ -193,13 +197,9 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	}
 	var eg *egressProxy
 	if p.Config.Net == NetProxy {
-		var log io.Writer = io.Discard
-		if stderr != nil {
-			lim := newLineLimiter(stderr)
-			// After the proxy and the auditor have stopped.
-			defer lim.close()
-			log = lim
-		}
+		log := newLineLimiter(warn)
+		// After the proxy and the auditor have stopped.
+		defer log.close()
 		var audit *auditor
 		if p.Config.AuditTokenFile != "" {
 			audit = startAuditor(p.bushostExe, p.brokerSocket(), p.Config.AuditTokenFile, log)
@@ -343,12 +343,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 			retry = time.After(5 * time.Millisecond)
 		}
 	}
-	var ws syscall.WaitStatus
-	for {
-		if _, err := syscall.Wait4(bwrapPid, &ws, 0, nil); err != syscall.EINTR {
-			break
-		}
-	}
+	ws := waitPid(bwrapPid)
 	testhook.Step("bwrap-exited")
 	// bwrap is gone: so is the session, whatever the command left behind.
 	s.end()
@@ -361,9 +356,7 @@ func Run(p *Plan, stdin, stdout, stderr *os.File) (int, error) {
 	case gateErr != nil:
 		return 0, refuse(ReasonLimitUnavailable, exitRefused, "put the session into its cgroup: %v", gateErr)
 	case timedOut:
-		if stderr != nil {
-			fmt.Fprintf(stderr, "sandbox: %s: timed out after %s\n", p.Command[0], limits.Timeout)
-		}
+		fmt.Fprintf(warn, "sandbox: %s: timed out after %s\n", p.Command[0], limits.Timeout)
 		return ExitTimeout, nil
 	case exitCode >= 0:
 		return exitCode, nil
@@ -409,7 +402,7 @@ func startBwrap(share *idmapped, bwrap string, argv []string, attr *syscall.Proc
 // where this kernel or file system has none, by handing them over (and
 // back at the end), which it says once on stderr. A tree another session's
 // uid owns is refused either way.
-func (p *Plan) share(l *lease, trees []tree, stderr io.Writer) (*idmapped, error) {
+func (p *Plan) share(l *lease, trees []tree, warn io.Writer) (*idmapped, error) {
 	for _, t := range trees {
 		var st unix.Stat_t
 		if err := unix.Fstat(t.fd, &st); err != nil {
@@ -424,9 +417,7 @@ func (p *Plan) share(l *lease, trees []tree, stderr io.Writer) (*idmapped, error
 	if err == nil || !errors.As(err, &no) {
 		return m, err
 	}
-	if stderr != nil {
-		fmt.Fprintf(stderr, "sandbox: no idmapped mounts here (%s): the workspace and run directory are handed to uid %d by walking them, before and after the session\n", no.why, l.uid)
-	}
+	fmt.Fprintf(warn, "sandbox: no idmapped mounts here (%s): the workspace and run directory are handed to uid %d by walking them, before and after the session\n", no.why, l.uid)
 	return nil, l.handOver(trees...)
 }
 
@@ -440,48 +431,28 @@ type bwrapStatus struct {
 // readStatus parses what bwrap writes on --json-status-fd: first
 // {"child-pid": N, ..., "pid-namespace": N, ...} right after the clone, then
 // {"exit-code": N} only if the command was started (bwrap 0.8 reports no
-// exit code when the setup or the exec failed). Both are flat objects of
-// numbers, read here without a JSON decoder.
+// exit code when the setup or the exec failed). It reads to end of file,
+// which comes when bwrap exits.
 func readStatus(r io.Reader, out chan<- bwrapStatus) {
 	defer close(out)
-	var buf []byte
-	chunk := make([]byte, 512)
+	dec := json.NewDecoder(r)
 	for {
-		n, err := r.Read(chunk)
-		buf = append(buf, chunk[:n]...)
-		for {
-			i := strings.IndexByte(string(buf), '}')
-			if i < 0 {
-				break
-			}
-			doc := string(buf[:i])
-			buf = buf[i+1:]
-			if pid, ok := jsonNumber(doc, "child-pid"); ok {
-				ns, _ := jsonNumber(doc, "pid-namespace")
-				out <- bwrapStatus{childPid: pid, pidNS: fmt.Sprintf("pid:[%d]", ns), exitCode: -1}
-			}
-			if code, ok := jsonNumber(doc, "exit-code"); ok {
-				out <- bwrapStatus{exitCode: code}
-			}
+		var doc struct {
+			ChildPid *int   `json:"child-pid"`
+			PidNS    uint64 `json:"pid-namespace"`
+			ExitCode *int   `json:"exit-code"`
 		}
-		if err != nil {
+		if err := dec.Decode(&doc); err != nil {
+			io.Copy(io.Discard, r)
 			return
 		}
+		if doc.ChildPid != nil {
+			out <- bwrapStatus{childPid: *doc.ChildPid, pidNS: fmt.Sprintf("pid:[%d]", doc.PidNS), exitCode: -1}
+		}
+		if doc.ExitCode != nil {
+			out <- bwrapStatus{exitCode: *doc.ExitCode}
+		}
 	}
-}
-
-// jsonNumber finds "key": N in a flat JSON object of numbers.
-func jsonNumber(doc, key string) (int, bool) {
-	i := strings.Index(doc, `"`+key+`"`)
-	if i < 0 {
-		return 0, false
-	}
-	rest := strings.TrimLeft(doc[i+len(key)+2:], " \t\n:")
-	n, digits := 0, 0
-	for ; digits < len(rest) && rest[digits] >= '0' && rest[digits] <= '9'; digits++ {
-		n = n*10 + int(rest[digits]-'0')
-	}
-	return n, digits > 0
 }
 
 // session follows a running session from outside through a pidfd of its
@@ -716,13 +687,7 @@ func (p *Plan) prepareRunDir() error {
 			return fmt.Errorf("open %s (a directory, not a symlink): %w", filepath.Join(p.RunDir, d.name), err)
 		}
 		f := os.NewFile(uintptr(fd), filepath.Join(p.RunDir, d.name))
-		if d.empty && p.Config.FreshHome {
-			if err := emptyDir(f); err != nil {
-				f.Close()
-				return err
-			}
-		}
-		err = prepareDir(f, p.User, d.mode, d.owned, d.empty)
+		err = p.prepareDir(f, d.mode, d.owned, d.empty)
 		f.Close()
 		if err != nil {
 			return err
@@ -760,15 +725,9 @@ func (p *Plan) prepareRunDir() error {
 // The caller closes the descriptors of all but the first two.
 func (p *Plan) handedTrees() ([]tree, error) {
 	trees := []tree{{p.ws.Fd(), p.Workspace, true, true}, {p.run.Fd(), p.RunDir, false, true}}
-	names := []struct {
-		name  string
-		flags int
-	}{{"home", unix.O_RDONLY | unix.O_DIRECTORY}, {"tmp", unix.O_RDONLY | unix.O_DIRECTORY}}
+	names := []entry{{"home", unix.O_RDONLY | unix.O_DIRECTORY}, {"tmp", unix.O_RDONLY | unix.O_DIRECTORY}}
 	if p.Session.TokenFile != "" {
-		names = append(names, struct {
-			name  string
-			flags int
-		}{p.Session.TokenFile, unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY})
+		names = append(names, entry{p.Session.TokenFile, unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY})
 	}
 	for _, n := range names {
 		fd, err := safepath.OpenBeneath(p.run.Fd(), n.name, n.flags)
@@ -807,7 +766,12 @@ func emptyDir(f *os.File) error {
 	return nil
 }
 
-func prepareDir(f *os.File, u User, mode uint32, owned, empty bool) error {
+func (p *Plan) prepareDir(f *os.File, mode uint32, owned, empty bool) error {
+	if empty && p.Config.FreshHome {
+		if err := emptyDir(f); err != nil {
+			return err
+		}
+	}
 	if empty {
 		names, err := f.Readdirnames(1)
 		if err != nil && err != io.EOF {
@@ -817,7 +781,7 @@ func prepareDir(f *os.File, u User, mode uint32, owned, empty bool) error {
 			return fmt.Errorf("%s is not empty: a session starts with an empty HOME (--fresh-home empties it)", f.Name())
 		}
 	}
-	if owned && u.Drop && !u.Dynamic {
+	if u := p.User; owned && u.Drop && !u.Dynamic {
 		if err := unix.Fchown(int(f.Fd()), int(u.UID), int(u.GID)); err != nil {
 			return fmt.Errorf("chown %s to %s: %w", f.Name(), u.Name, err)
 		}

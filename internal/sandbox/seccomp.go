@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 
@@ -131,11 +130,7 @@ func Filter() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var buf bytes.Buffer
-	if err := binary.Write(&buf, binary.NativeEndian, prog); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return binary.Append(nil, binary.NativeEndian, prog)
 }
 
 func filterProgram() ([]unix.SockFilter, error) {

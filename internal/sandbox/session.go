@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/safepath"
 )
 
@@ -65,12 +66,12 @@ func (n *SessionNetwork) check() error {
 		return fmt.Errorf("network: at most %d allow_domains and %d allow_hosts", maxAllowRules, maxAllowRules)
 	}
 	for _, d := range n.AllowDomains {
-		if err := checkDomainPattern(d); err != nil {
+		if err := bounds.CheckDomainPattern(d); err != nil {
 			return fmt.Errorf("network.allow_domains: %w", err)
 		}
 	}
 	for _, h := range n.AllowHosts {
-		if err := checkHostPort(h); err != nil {
+		if err := bounds.CheckHostPort(h); err != nil {
 			return fmt.Errorf("network.allow_hosts: %w", err)
 		}
 	}
@@ -153,15 +154,14 @@ func openInRunDir(run *safepath.Handle, name string, uid int) (*os.File, error) 
 	}
 	f := os.NewFile(uintptr(fd), path)
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, err
+	err = unix.Fstat(fd, &st)
+	if err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+		err = fmt.Errorf("%s is not a regular file", path)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		f.Close()
-		return nil, fmt.Errorf("%s is not a regular file", path)
+	if err == nil {
+		err = safepath.Trusted(path, &st, uid)
 	}
-	if err := safepath.Trusted(path, &st, uid); err != nil {
+	if err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -230,29 +230,23 @@ func PrepareRunDir(cfg *PrepareConfig) (err error) {
 	if err != nil {
 		return fmt.Errorf("open run directory %s (a directory, not a symlink): %w", dir, err)
 	}
+	runDir := os.NewFile(uintptr(runFD), dir)
+	defer runDir.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(runFD, &st); err != nil {
-		unix.Close(runFD)
 		return err
 	}
 	// An existing one another user owns or can write is not the host's:
 	// that user could rewrite session.json or the token under the session.
 	if err := safepath.Trusted(dir, &st, os.Geteuid()); err != nil {
-		unix.Close(runFD)
 		return err
 	}
-	runDir := os.NewFile(uintptr(runFD), dir)
-	defer runDir.Close()
 	if names, err := runDir.Readdirnames(1); err != nil && err != io.EOF {
 		return fmt.Errorf("read %s: %w", dir, err)
 	} else if len(names) > 0 {
 		return refuse(ReasonRunDirNotEmpty, exitConflict, "run directory %s is not empty: prepare makes a new session's directory, it never rewrites one", dir)
 	}
-	type entry struct {
-		name  string
-		flags int // unix.AT_REMOVEDIR for a directory
-	}
-	var created []entry
+	var created []entry // flags: unix.AT_REMOVEDIR for a directory
 	defer func() {
 		if err == nil {
 			return
@@ -306,6 +300,13 @@ func PrepareRunDir(cfg *PrepareConfig) (err error) {
 		}
 	}
 	return nil
+}
+
+// entry is a name in the run directory and the flags to open it, or to
+// unlink it, with.
+type entry struct {
+	name  string
+	flags int
 }
 
 // readToken reads a grant's token: one line of printable ASCII, bounded,

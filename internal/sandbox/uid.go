@@ -89,12 +89,8 @@ func acquireUID(state string, lo, hi uint32) (*lease, error) {
 		if named[uid] || running[uid] {
 			continue
 		}
-		l, err := tryLease(state, uid, lo, hi)
-		if err != nil {
-			return nil, err
-		}
-		if l != nil {
-			return l, nil
+		if l, err := tryLease(state, uid, lo, hi); err != nil || l != nil {
+			return l, err
 		}
 	}
 	return nil, refuse(ReasonSessionUIDsExhausted, exitLimit, "no free session uid in %d-%d (each is named in /etc/passwd or /etc/group, run by a process, or locked in %s)", lo, hi, state)
@@ -102,15 +98,19 @@ func acquireUID(state string, lo, hi uint32) (*lease, error) {
 
 // tryLease locks uid's file, reclaiming a dead launcher's record; nil if
 // another launcher holds it.
-func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
-	path := filepath.Join(state, strconv.FormatUint(uint64(uid), 10)+".lock")
+func tryLease(state string, uid, lo, hi uint32) (l *lease, err error) {
+	path := lockPath(state, uid)
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open lock %s: %w", path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
+	defer func() {
+		if l == nil {
+			f.Close()
+		}
+	}()
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, nil
 		}
@@ -121,13 +121,11 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 	// longer there, and must not use it.
 	var held, named unix.Stat_t
 	if unix.Fstat(fd, &held) != nil || unix.Lstat(path, &named) != nil || held.Ino != named.Ino || held.Dev != named.Dev {
-		f.Close()
 		return nil, nil
 	}
-	l := &lease{path: path, uid: uid, lo: lo, hi: hi, lock: f, rec: leaseRecord{UID: uid}}
+	l = &lease{path: path, uid: uid, lo: lo, hi: hi, lock: f, rec: leaseRecord{UID: uid}}
 	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
 	if err != nil {
-		f.Close()
 		return nil, err
 	}
 	if len(data) > 0 {
@@ -135,14 +133,12 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 		// any more: hand back what it had handed over.
 		var old leaseRecord
 		if err := json.Unmarshal(data, &old); err != nil || old.UID != uid {
-			f.Close()
 			return nil, fmt.Errorf("lock %s holds no record of uid %d: remove it by hand once you know no session uses the uid", path, uid)
 		}
 		l.rec = old
 		if err := l.handBack(); err != nil {
 			// Left as it is, record and all, for a person to look at:
 			// this launch takes another uid.
-			f.Close()
 			return nil, nil
 		}
 		if old.Session != nil {
@@ -150,6 +146,11 @@ func tryLease(state string, uid, lo, hi uint32) (*lease, error) {
 		}
 	}
 	return l, nil
+}
+
+// lockPath is uid's lock file in the state directory.
+func lockPath(state string, uid uint32) string {
+	return filepath.Join(state, strconv.FormatUint(uint64(uid), 10)+".lock")
 }
 
 // save writes the record before anything is handed over, so that a
@@ -180,17 +181,12 @@ func (l *lease) save() error {
 // alone, and skips files with more than one link (a hard link would hand
 // over a file outside the tree).
 func (l *lease) handOver(trees ...tree) error {
-	type opened struct {
-		tree
-		owner uint32
-		isDir bool
-	}
-	var open []opened
+	sts := make([]unix.Stat_t, len(trees))
 	// Every root is checked, and the record written once, before
 	// anything changes hands.
-	for _, t := range trees {
-		var st unix.Stat_t
-		if err := unix.Fstat(t.fd, &st); err != nil {
+	for i, t := range trees {
+		st := &sts[i]
+		if err := unix.Fstat(t.fd, st); err != nil {
 			return err
 		}
 		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
@@ -204,40 +200,33 @@ func (l *lease) handOver(trees ...tree) error {
 		if err != nil {
 			return err
 		}
-		open = append(open, opened{t, st.Uid, isDir})
 		l.held = append(l.held, fd)
 		l.rec.Handed = append(l.rec.Handed, handed{Path: t.path, Dev: st.Dev, Ino: st.Ino, UID: st.Uid, GID: st.Gid, Mode: st.Mode & 0o7777, Recurse: (t.recurse || t.back) && isDir})
 	}
 	if err := l.save(); err != nil {
 		return fmt.Errorf("record the hand-over: %w", err)
 	}
-	for _, o := range open {
-		if err := unix.Fchown(o.fd, int(l.uid), -1); err != nil {
-			return fmt.Errorf("give %s to uid %d: %w", o.path, l.uid, err)
+	for i, t := range trees {
+		if err := unix.Fchown(t.fd, int(l.uid), -1); err != nil {
+			return fmt.Errorf("give %s to uid %d: %w", t.path, l.uid, err)
 		}
-		if !o.isDir {
+		if sts[i].Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue
 		}
-		if err := unix.Fchmod(o.fd, 0o700); err != nil {
+		if err := unix.Fchmod(t.fd, 0o700); err != nil {
 			return err
 		}
-		if !o.recurse {
+		if !t.recurse {
 			continue
 		}
-		err := walkAt(o.fd, o.path, func(fd int, st *unix.Stat_t) error {
-			switch st.Mode & unix.S_IFMT {
-			case unix.S_IFDIR, unix.S_IFLNK:
-			case unix.S_IFREG:
-				if st.Nlink > 1 {
-					return nil
-				}
-			default:
-				return nil // devices, fifos, sockets: never handed over
+		owner := sts[i].Uid
+		err := walkAt(t.fd, t.path, 0, func(fd int, st *unix.Stat_t) error {
+			switch typ := st.Mode & unix.S_IFMT; {
+			case st.Uid != owner:
+			case typ == unix.S_IFDIR, typ == unix.S_IFLNK, typ == unix.S_IFREG && st.Nlink <= 1:
+				return chownFd(fd, int(l.uid), -1)
 			}
-			if st.Uid != o.owner {
-				return nil
-			}
-			return chownFd(fd, int(l.uid), -1)
+			return nil // devices, fifos, sockets, files with other links: never handed over
 		})
 		if err != nil {
 			return err
@@ -313,23 +302,16 @@ func (l *lease) handBackOne(i int) error {
 		return err
 	}
 	defer unix.Close(fd)
-	back := func(st *unix.Stat_t) (int, int) {
-		uid, gid := -1, -1
-		if st.Uid == l.uid {
-			uid = int(h.UID)
-		}
-		if st.Gid == l.uid {
-			gid = int(h.GID)
-		}
-		return uid, gid
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return err
-	}
 	if h.Recurse {
-		err := walkAt(fd, h.Path, func(fd int, st *unix.Stat_t) error {
-			if uid, gid := back(st); uid >= 0 || gid >= 0 {
+		err := walkAt(fd, h.Path, 0, func(fd int, st *unix.Stat_t) error {
+			uid, gid := -1, -1
+			if st.Uid == l.uid {
+				uid = int(h.UID)
+			}
+			if st.Gid == l.uid {
+				gid = int(h.GID)
+			}
+			if uid >= 0 || gid >= 0 {
 				return chownFd(fd, uid, gid)
 			}
 			return nil
@@ -368,12 +350,9 @@ const maxDepth = 4096
 // once through its parent's descriptor without following a link (O_PATH,
 // so that a fifo or a device is never opened for real), and what fn
 // checks and does is on that descriptor: an entry renamed or swapped
-// after the walk looked at it is not the one acted on.
-func walkAt(dirfd int, path string, fn func(fd int, st *unix.Stat_t) error) error {
-	return walkDepth(dirfd, path, fn, 0)
-}
-
-func walkDepth(dirfd int, path string, fn func(fd int, st *unix.Stat_t) error, depth int) error {
+// after the walk looked at it is not the one acted on. depth is dirfd's,
+// 0 at the top.
+func walkAt(dirfd int, path string, depth int, fn func(fd int, st *unix.Stat_t) error) error {
 	if depth > maxDepth {
 		return fmt.Errorf("%s: more than %d directories deep", path, maxDepth)
 	}
@@ -391,14 +370,14 @@ func walkDepth(dirfd int, path string, fn func(fd int, st *unix.Stat_t) error, d
 		return fmt.Errorf("read %s: %w", path, err)
 	}
 	for _, name := range names {
-		if err := walkEntry(dirfd, path, name, fn, depth); err != nil {
+		if err := walkEntry(dirfd, path, name, depth, fn); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func walkEntry(dirfd int, path, name string, fn func(fd int, st *unix.Stat_t) error, depth int) error {
+func walkEntry(dirfd int, path, name string, depth int, fn func(fd int, st *unix.Stat_t) error) error {
 	sub := filepath.Join(path, name)
 	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
@@ -421,7 +400,7 @@ func walkEntry(dirfd int, path, name string, fn func(fd int, st *unix.Stat_t) er
 			return fmt.Errorf("open %s: %w", sub, err)
 		}
 		fd = dfd
-		if err := walkDepth(fd, sub, fn, depth+1); err != nil {
+		if err := walkAt(fd, sub, depth+1, fn); err != nil {
 			unix.Close(fd)
 			return err
 		}
@@ -443,13 +422,10 @@ func chownFd(fd, uid, gid int) error {
 // a session's uid is also its gid, so neither may be taken.
 func namedIDs() (map[uint32]bool, error) {
 	named := map[uint32]bool{}
-	for _, f := range []struct {
-		path  string
-		field int
-	}{{"/etc/passwd", 2}, {"/etc/group", 2}} {
-		err := eachLine(f.path, func(fields []string) bool {
-			if len(fields) > f.field {
-				if id, err := strconv.ParseUint(fields[f.field], 10, 32); err == nil {
+	for _, path := range []string{"/etc/passwd", "/etc/group"} {
+		err := eachLine(path, func(fields []string) bool {
+			if len(fields) > 2 {
+				if id, err := strconv.ParseUint(fields[2], 10, 32); err == nil {
 					named[uint32(id)] = true
 				}
 			}
@@ -502,8 +478,9 @@ func runningUIDs() map[uint32]bool {
 	return uids
 }
 
-// parseUIDRange reads LOW-HIGH.
-func parseUIDRange(s string) (uint32, uint32, error) {
+// ParseUIDRange reads --uid-range LOW-HIGH, for run and for sandbox serve
+// to tell sessions' uids.
+func ParseUIDRange(s string) (uint32, uint32, error) {
 	a, b, ok := strings.Cut(s, "-")
 	lo, err1 := strconv.ParseUint(a, 10, 32)
 	hi, err2 := strconv.ParseUint(b, 10, 32)

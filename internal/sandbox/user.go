@@ -3,6 +3,7 @@ package sandbox
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -110,16 +111,11 @@ func lookupPasswd(nameOrUID string) (passwd, error) {
 func memberOf(user string) ([]uint32, error) {
 	var gids []uint32
 	err := eachLine("/etc/group", func(f []string) bool {
-		if len(f) < 4 {
+		if len(f) < 4 || !slices.Contains(strings.Split(f[3], ","), user) {
 			return true
 		}
-		for _, m := range strings.Split(f[3], ",") {
-			if m == user {
-				if g, err := strconv.ParseUint(f[2], 10, 32); err == nil {
-					gids = append(gids, uint32(g))
-				}
-				break
-			}
+		if g, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+			gids = append(gids, uint32(g))
 		}
 		return true
 	})
@@ -156,14 +152,4 @@ func eachLine(path string, fn func(fields []string) bool) error {
 	return nil
 }
 
-func (u User) inGroup(gid uint32) bool {
-	if gid == u.GID {
-		return true
-	}
-	for _, g := range u.Groups {
-		if g == gid {
-			return true
-		}
-	}
-	return false
-}
+func (u User) inGroup(gid uint32) bool { return gid == u.GID || slices.Contains(u.Groups, gid) }

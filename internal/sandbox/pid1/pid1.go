@@ -77,23 +77,20 @@ func Main(args []string, stderr io.Writer) int {
 		case OptRelay:
 			relay = true
 		default:
-			initFailed(stderr, "unknown option "+args[0], nil)
-			return ExitSandbox
+			return initFailed(stderr, "unknown option "+args[0], nil)
 		}
 		args = args[1:]
 	}
 	testhook.Step("init")
 	if os.Getpid() != 1 || len(args) < 2 {
-		initFailed(stderr, "runs only as a session's pid 1 (sandbox run starts it)", nil)
-		return ExitSandbox
+		return initFailed(stderr, "runs only as a session's pid 1 (sandbox run starts it)", nil)
 	}
 	// The parent-death signal belongs to the thread that sets it (the
 	// kernel looks at each thread of a child whose parent died): keep this
 	// goroutine, and so that thread, until pid 1 exits.
 	runtime.LockOSThread()
 	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
-		initFailed(stderr, "set the parent-death signal", err)
-		return ExitSandbox
+		return initFailed(stderr, "set the parent-death signal", err)
 	}
 	// bwrap may have died before the prctl, and then no signal comes. Its
 	// outer process alone holds the status pipe's write end: a hang-up on
@@ -116,8 +113,7 @@ func Main(args []string, stderr io.Writer) int {
 	// From here on run's signals are caught; before, pid 1 of a namespace
 	// would have dropped them, so run holds them until it reads this byte.
 	if _, err := unix.Write(FDReady, []byte{1}); err != nil {
-		initFailed(stderr, "tell sandbox run the session is up", err)
-		return ExitSandbox
+		return initFailed(stderr, "tell sandbox run the session is up", err)
 	}
 	// Nothing run or bwrap handed down reaches the command, and a
 	// non-dumpable pid 1 keeps its /proc/1 entries (fd, root, mem, environ)
@@ -136,34 +132,29 @@ func Main(args []string, stderr io.Writer) int {
 			n, err = unix.Read(FDGate, b[:])
 		}
 		if n != 1 {
-			initFailed(stderr, "wait for sandbox run to apply the limits", err)
-			return ExitSandbox
+			return initFailed(stderr, "wait for sandbox run to apply the limits", err)
 		}
 		unix.Close(FDGate)
 	}
 	if err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC); err != nil {
-		initFailed(stderr, "close inherited descriptors", err)
-		return ExitSandbox
+		return initFailed(stderr, "close inherited descriptors", err)
 	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		initFailed(stderr, "make pid 1 non-dumpable", err)
-		return ExitSandbox
+		return initFailed(stderr, "make pid 1 non-dumpable", err)
 	}
 
 	// The relay listens before the command starts, so no session process
 	// can take its port first.
 	if relay {
 		if err := handOffRelay(); err != nil {
-			initFailed(stderr, "hand the egress proxy a socket listening on "+RelayAddr, err)
-			return ExitSandbox
+			return initFailed(stderr, "hand the egress proxy a socket listening on "+RelayAddr, err)
 		}
 	}
 	// Landlock binds the thread that asks, and this goroutine's thread is
 	// locked: the command, forked from it below, starts in the domain.
 	if scope {
 		if err := scopeAbstractUnix(); err != nil {
-			initFailed(stderr, "scope the session off abstract Unix sockets (Landlock)", err)
-			return ExitSandbox
+			return initFailed(stderr, "scope the session off abstract Unix sockets (Landlock)", err)
 		}
 	}
 	testhook.Step("init-exec")
@@ -234,10 +225,12 @@ func reap(command int) (int, bool) {
 	}
 }
 
-func initFailed(stderr io.Writer, what string, err error) {
+// initFailed says what failed and is pid 1's status then, ExitSandbox.
+func initFailed(stderr io.Writer, what string, err error) int {
 	msg := "sandbox init: " + what
 	if err != nil {
 		msg += ": " + err.Error()
 	}
 	io.WriteString(stderr, msg+"\n")
+	return ExitSandbox
 }
