@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -55,23 +53,12 @@ func probe(ctx context.Context, h *HealthCheck, dir string, env []string, run pr
 			r.Close()
 			return err
 		}
-		var mu sync.Mutex
-		var out bytes.Buffer
+		defer r.Close()
+		out := &boundedBuffer{limit: 4096}
 		readerDone := make(chan struct{})
 		go func() {
 			defer close(readerDone)
-			buf := make([]byte, 4096)
-			for {
-				n, err := r.Read(buf)
-				mu.Lock()
-				if out.Len() < 4096 {
-					out.Write(buf[:n])
-				}
-				mu.Unlock()
-				if err != nil {
-					return
-				}
-			}
+			io.Copy(out, r)
 		}()
 		var code int
 		select {
@@ -79,15 +66,11 @@ func probe(ctx context.Context, h *HealthCheck, dir string, env []string, run pr
 		case <-ctx.Done():
 			run.signal(pid, syscall.SIGKILL)
 			<-done
-			r.Close()
 			return fmt.Errorf("%s: timed out after %v", h.Exec[0], h.Timeout.Duration)
 		}
 		// Let the reader take what the check wrote before it exited.
 		r.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		<-readerDone
-		mu.Lock()
-		defer mu.Unlock()
-		defer r.Close()
 		if code != 0 {
 			msg := strings.TrimSpace(out.String())
 			if len(msg) > 512 {
