@@ -504,12 +504,9 @@ func copyEntry(src, dst int, path, name string, depth int) error {
 // agent can read. The new file replaces the old one by a rename in the
 // workspace root, which only root can write.
 func writeAgentsFile(wsfd int, gitDir string, log *slog.Logger) error {
-	rules, exists, err := readFileBeneath(wsfd, "infra/AGENTS.md", maxAgentsBytes)
+	rules, err := hostRules(wsfd, gitDir)
 	if err != nil {
-		return fmt.Errorf("infra/AGENTS.md: %w", err)
-	}
-	if !exists {
-		rules = []byte(strings.ReplaceAll(defaultRules, "{{git_dir}}", gitDir))
+		return err
 	}
 	old, exists, err := readFileBeneath(wsfd, "AGENTS.md", maxAgentsBytes)
 	if err != nil {
