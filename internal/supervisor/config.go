@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -31,9 +32,6 @@ func (d *Duration) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// MarshalText writes the duration the way UnmarshalText reads it.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
-
 // Identity is a git author and committer.
 type Identity struct {
 	Name  string `toml:"name"`
@@ -49,8 +47,6 @@ type HealthCheck struct {
 	Interval Duration `toml:"interval"`
 	Timeout  Duration `toml:"timeout"`
 }
-
-func (h *HealthCheck) set() bool { return h.HTTP != "" || h.TCP != "" || len(h.Exec) > 0 }
 
 // ServiceConfig is one [[service]] table.
 type ServiceConfig struct {
@@ -280,11 +276,8 @@ func (c *Config) check() error {
 		if clean == "." {
 			return bad(key, `"." would hand the whole workspace, infra/ included, to the agent`)
 		}
-		top := strings.SplitN(clean, "/", 2)[0]
-		for _, r := range reservedTops {
-			if top == r {
-				return bad(key, "%q lies in %s, which the agent must not own", w, r)
-			}
+		if top, _, _ := strings.Cut(clean, "/"); slices.Contains(reservedTops, top) {
+			return bad(key, "%q lies in %s, which the agent must not own", w, top)
 		}
 		if seen[clean] {
 			return bad(key, "%q is listed twice", w)
@@ -306,11 +299,8 @@ func (c *Config) check() error {
 			return bad("health_socket", "%q is longer than a socket path may be (100 bytes)", c.HealthSocket)
 		}
 	}
-	if c.NotifyURL != "" {
-		u, err := url.Parse(c.NotifyURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return bad("notify_url", "%q is not an http(s) URL", c.NotifyURL)
-		}
+	if c.NotifyURL != "" && !isHTTPURL(c.NotifyURL) {
+		return bad("notify_url", "%q is not an http(s) URL", c.NotifyURL)
 	}
 	for key, d := range map[string]time.Duration{
 		"debounce": c.Debounce.Duration, "good_after": c.GoodAfter.Duration,
@@ -376,11 +366,8 @@ func (c *Config) check() error {
 			if n != 1 {
 				return bad(hk, "set exactly one of http, tcp, exec")
 			}
-			if h.HTTP != "" {
-				u, err := url.Parse(h.HTTP)
-				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-					return bad(hk+".http", "%q is not an http(s) URL", h.HTTP)
-				}
+			if h.HTTP != "" && !isHTTPURL(h.HTTP) {
+				return bad(hk+".http", "%q is not an http(s) URL", h.HTTP)
 			}
 			if h.TCP != "" {
 				if _, _, err := net.SplitHostPort(h.TCP); err != nil {
@@ -399,6 +386,12 @@ func (c *Config) check() error {
 		}
 	}
 	return nil
+}
+
+// isHTTPURL reports whether s is an absolute http or https URL.
+func isHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 // userNameRE is what useradd accepts by default, within 32 bytes.

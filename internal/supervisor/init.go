@@ -12,6 +12,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,11 +65,9 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, log *slo
 		return Account{}, err
 	}
 	for _, g := range svc.Groups {
-		for _, h := range app.Groups {
-			if g == h {
-				return Account{}, errdefs.FailedPrecondition(errdefs.WorkspaceUnsafe,
-					"services user %s shares group %d with %s: a service could then reach the supervisor's files", svc.Name, g, app.Name)
-			}
+		if slices.Contains(app.Groups, g) {
+			return Account{}, errdefs.FailedPrecondition(errdefs.WorkspaceUnsafe,
+				"services user %s shares group %d with %s: a service could then reach the supervisor's files", svc.Name, g, app.Name)
 		}
 	}
 	if err := refuseAgentProcesses(agent); err != nil {
@@ -162,19 +161,17 @@ func openWorkspace(ws string) (fd int, fresh bool, err error) {
 		return -1, false, unsafePath(ws, err)
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return -1, false, err
+	d := -1
+	err = unix.Fstat(fd, &st)
+	if err == nil {
+		err = unix.Fchown(fd, 0, 0)
 	}
-	if err := unix.Fchown(fd, 0, 0); err != nil {
-		unix.Close(fd)
-		return -1, false, err
+	if err == nil {
+		err = unix.Fchmod(fd, st.Mode&0o7777&^0o022)
 	}
-	if err := unix.Fchmod(fd, st.Mode&0o7777&^0o022); err != nil {
-		unix.Close(fd)
-		return -1, false, err
+	if err == nil {
+		d, err = unix.Openat(fd, ".", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	}
-	d, err := unix.Openat(fd, ".", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		unix.Close(fd)
 		return -1, false, err
@@ -375,10 +372,8 @@ func ensureUser(name string, flags []string) (Account, error) {
 }
 
 func ensureInGroup(a Account, group string, gid int) (Account, error) {
-	for _, g := range a.Groups {
-		if g == gid {
-			return a, nil
-		}
+	if slices.Contains(a.Groups, gid) {
+		return a, nil
 	}
 	if out, err := exec.Command("usermod", "--append", "--groups", group, a.Name).CombinedOutput(); err != nil {
 		return a, fmt.Errorf("usermod: add %s to group %s: %v: %s", a.Name, group, err, strings.TrimSpace(string(out)))
@@ -697,7 +692,7 @@ func trustWorkspaceForAgent(agent Account, ws string) error {
 	if err != nil {
 		return err
 	}
-	entry := "\tdirectory = \"" + escapeConfig(ws, true) + "\"\n"
+	entry := "\tdirectory = \"" + escapeConfig(ws) + "\"\n"
 	if strings.Contains(string(b), entry) {
 		return nil
 	}
@@ -800,17 +795,17 @@ func userEnv(a Account) []string {
 	return append(env, "HOME="+a.Home, "USER="+a.Name, "LOGNAME="+a.Name)
 }
 
-// escapeConfig quotes s for a git config file, as a value or a subsection.
-func escapeConfig(s string, value bool) string {
+// escapeConfig quotes s for a git config file, as a value.
+func escapeConfig(s string) string {
 	var b strings.Builder
 	for _, c := range s {
 		switch {
 		case c == '\\' || c == '"':
 			b.WriteByte('\\')
 			b.WriteRune(c)
-		case value && c == '\n':
+		case c == '\n':
 			b.WriteString(`\n`)
-		case value && c == '\t':
+		case c == '\t':
 			b.WriteString(`\t`)
 		default:
 			b.WriteRune(c)

@@ -66,9 +66,6 @@ func NewRepo(git *gitcmd.Runner, dir, gitDir string, watch, ignore []string, log
 	return &Repo{dir: dir, gitDir: gitDir, git: git, watch: watch, ignore: ignore, log: log, safeDir: safe}
 }
 
-// GitDir is the repository's git dir.
-func (r *Repo) GitDir() string { return r.gitDir }
-
 // cmd builds a git command on the workspace. The git dir is the
 // supervisor's, so its config is too; the -c entries pin what matters
 // anyway.
