@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -177,12 +176,12 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 		return nil, &ConfigError{File: path, Key: key, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 	}
 	if und := md.Undecoded(); len(und) > 0 {
-		keys := make([]string, len(und))
-		for i, k := range und {
-			keys[i] = k.String()
+		// The first in sorted order, whatever order the file has them in.
+		key := und[0].String()
+		for _, k := range und[1:] {
+			key = min(key, k.String())
 		}
-		sort.Strings(keys)
-		return nil, &ConfigError{File: path, Key: keys[0], Msg: "unknown key"}
+		return nil, &ConfigError{File: path, Key: key, Msg: "unknown key"}
 	}
 	if !md.IsDefined("watch") {
 		cfg.Watch = Default().Watch
@@ -397,7 +396,7 @@ func isHTTPURL(s string) bool {
 // userNameRE is what useradd accepts by default, within 32 bytes.
 var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
 
-// within reports whether p is dir or lies below it (both clean and absolute).
+// within reports whether p is dir or lies below it (both clean).
 func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }

@@ -528,15 +528,9 @@ func writeAgentsFile(wsfd int, gitDir string, log *slog.Logger) error {
 // group whatever its umask. Every change goes through a descriptor opened
 // beneath the parent it walked from, following no link.
 func setOwnership(wsfd int, ws string, watch []string, agent Account, log *slog.Logger) error {
-	agentRoots := []string{".git", "AGENTS.md"}
-	agentRoots = append(agentRoots, watch...)
+	agentRoots := append([]string{".git", "AGENTS.md"}, watch...)
 	ownedByAgent := func(rel string) bool {
-		for _, r := range agentRoots {
-			if rel == r || strings.HasPrefix(rel, r+"/") {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(agentRoots, func(r string) bool { return within(rel, r) })
 	}
 	o := &owner{agent: agent, log: log, ownedByAgent: ownedByAgent}
 	return walkTree(wsfd, walkFuncs{

@@ -185,7 +185,7 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 		opts.Shim = []string{exe}
 	}
 	sink := &logSink{w: opts.Log, json: opts.LogFormat == "json"}
-	log, err := NewLogger(sinkWriter{sink}, opts.LogFormat, opts.LogLevel)
+	log, err := NewLogger(sink, opts.LogFormat, opts.LogLevel)
 	if err != nil {
 		return nil, err
 	}
@@ -238,15 +238,6 @@ func durationString(_ []string, a slog.Attr) slog.Attr {
 		a.Value = slog.StringValue(a.Value.Duration().String())
 	}
 	return a
-}
-
-// sinkWriter lets slog share the services' serialised output.
-type sinkWriter struct{ s *logSink }
-
-func (w sinkWriter) Write(p []byte) (int, error) {
-	w.s.mu.Lock()
-	defer w.s.mu.Unlock()
-	return w.s.w.Write(p)
 }
 
 // gitTimeout bounds each git operation of the loop.
@@ -773,9 +764,10 @@ func (s *Supervisor) halt(svc *service, reason string) {
 		// a person reading text.
 		return
 	}
-	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
-	s.sink.line("supervisor", []byte(banner))
-	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
+	bar := strings.Repeat("!", 72)
+	for _, l := range []string{bar, banner, bar} {
+		s.sink.line("supervisor", []byte(l))
+	}
 }
 
 // persist writes the halt and the pending acknowledgement to the git dir,
