@@ -158,11 +158,9 @@ func LoadConfig(path string) (*Config, error) {
 
 // ParseConfig checks data as if read from path.
 func ParseConfig(path string, data []byte) (*Config, error) {
+	// A list the file sets replaces the default one: toml sets a slice's
+	// length to the file's, it does not append.
 	cfg := Default()
-	// Decode into a copy whose lists are empty, so that a key present in the
-	// file replaces the default list instead of appending to it.
-	cfg.Watch = nil
-	cfg.Ignore = nil
 	md, err := toml.Decode(string(data), &cfg)
 	if err != nil {
 		var pe toml.ParseError
@@ -182,12 +180,6 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 			key = min(key, k.String())
 		}
 		return nil, &ConfigError{File: path, Key: key, Msg: "unknown key"}
-	}
-	if !md.IsDefined("watch") {
-		cfg.Watch = Default().Watch
-	}
-	if !md.IsDefined("ignore") {
-		cfg.Ignore = Default().Ignore
 	}
 	for _, k := range []struct {
 		key string

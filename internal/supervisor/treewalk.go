@@ -42,7 +42,7 @@ type walkFrame struct {
 // and its lstat, at depth 1 for the root's entries; a directory is entered
 // when it returns true. post is called once a directory entered has been
 // walked, with its parent's descriptor. dirErr is called for a directory
-// that cannot be opened or read: a non-nil return stops the walk.
+// that cannot be opened or read: a non-nil return (or no dirErr) ends the walk.
 type walkFuncs struct {
 	visit  func(dirfd int, rel, name string, st *unix.Stat_t, depth int) (bool, error)
 	post   func(dirfd int, rel, name string) error
@@ -61,6 +61,9 @@ type dirWalk struct {
 // same directory (device and inode), or the walk fails with
 // errTreeChanged.
 func walkTree(root int, f walkFuncs) error {
+	if f.dirErr == nil {
+		f.dirErr = func(rel string, err error) error { return fmt.Errorf("%s: %w", QuotePath(rel), err) }
+	}
 	w := &dirWalk{frames: []walkFrame{{fd: root}}}
 	defer func() {
 		for len(w.frames) > 1 {
@@ -192,9 +195,6 @@ func (w *dirWalk) dir(rel string, depth int, f walkFuncs) error {
 		}
 		names, next, err := readNames(fd, pos)
 		if err != nil {
-			if f.dirErr == nil {
-				return fmt.Errorf("%s: %w", QuotePath(rel), err)
-			}
 			return f.dirErr(rel, err)
 		}
 		if len(names) == 0 {
@@ -234,9 +234,6 @@ func (w *dirWalk) entries(rel string, depth, top int, names []string, f walkFunc
 			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, errTreeChanged) {
 				// Swapped or removed since the stat: not followed.
 				continue
-			}
-			if f.dirErr == nil {
-				return fmt.Errorf("%s: %w", QuotePath(crel), err)
 			}
 			if err := f.dirErr(crel, err); err != nil {
 				return err
