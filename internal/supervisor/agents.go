@@ -107,10 +107,7 @@ func rulesPart(rules []byte) []byte {
 			kept.WriteString(line)
 		}
 	}
-	var b bytes.Buffer
-	b.WriteString(strings.TrimRight(kept.String(), "\n \t"))
-	b.WriteString("\n\n" + AgentsSentinel + "\n")
-	return b.Bytes()
+	return []byte(strings.TrimRight(kept.String(), "\n \t") + "\n\n" + AgentsSentinel + "\n")
 }
 
 // notesBelowSentinel returns what follows the first sentinel line of old.

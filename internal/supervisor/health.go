@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -55,11 +56,8 @@ func probe(ctx context.Context, h *HealthCheck, dir string, env []string, run pr
 		}
 		defer r.Close()
 		out := &boundedBuffer{limit: 4096}
-		readerDone := make(chan struct{})
-		go func() {
-			defer close(readerDone)
-			io.Copy(out, r)
-		}()
+		var reader sync.WaitGroup
+		reader.Go(func() { io.Copy(out, r) })
 		var code int
 		select {
 		case code = <-done:
@@ -70,7 +68,7 @@ func probe(ctx context.Context, h *HealthCheck, dir string, env []string, run pr
 		}
 		// Let the reader take what the check wrote before it exited.
 		r.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-		<-readerDone
+		reader.Wait()
 		if code != 0 {
 			msg := strings.TrimSpace(out.String())
 			if len(msg) > 512 {

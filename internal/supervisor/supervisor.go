@@ -311,12 +311,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	defer guard.Stop()
 	if s.notify != nil {
 		nctx, stop := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			s.notify.run(nctx)
-		}()
-		defer func() { stop(); <-done }()
+		var wg sync.WaitGroup
+		wg.Go(func() { s.notify.run(nctx) })
+		defer func() { stop(); wg.Wait() }()
 	}
 
 	addr := ""
