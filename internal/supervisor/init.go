@@ -778,14 +778,10 @@ func DropAndExec(app Account, args []string) error {
 
 // userEnv is this process's environment with HOME, USER and LOGNAME of a.
 func userEnv(a Account) []string {
-	env := []string{}
-	for _, kv := range os.Environ() {
-		switch name, _, _ := strings.Cut(kv, "="); name {
-		case "HOME", "USER", "LOGNAME":
-		default:
-			env = append(env, kv)
-		}
-	}
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return name == "HOME" || name == "USER" || name == "LOGNAME"
+	})
 	return append(env, "HOME="+a.Home, "USER="+a.Name, "LOGNAME="+a.Name)
 }
 
