@@ -534,8 +534,8 @@ func setOwnership(wsfd int, ws string, watch []string, agent Account, log *slog.
 	}
 	o := &owner{agent: agent, log: log, ownedByAgent: ownedByAgent}
 	return walkTree(wsfd, walkFuncs{
-		visit: func(dirfd int, rel, name string, _ *unix.Stat_t, _ int) (bool, error) {
-			return o.entry(dirfd, filepath.Join(ws, rel), rel, name)
+		visit: func(dirfd int, rel, name string, lst *unix.Stat_t, _ int) (bool, error) {
+			return o.entry(dirfd, filepath.Join(ws, rel), rel, name, lst)
 		},
 		dirErr: func(rel string, err error) error {
 			return fmt.Errorf("%s: %w", filepath.Join(ws, rel), err)
@@ -550,16 +550,10 @@ type owner struct {
 	aclWarned    bool
 }
 
-// entry hands over one entry of the directory dirfd, and reports whether
-// the walk should enter it (a directory it handed over).
-func (o *owner) entry(dirfd int, path, rel, name string) (bool, error) {
-	var lst unix.Stat_t
-	if err := unix.Fstatat(dirfd, name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("%s: %w", path, err)
-	}
+// entry hands over one entry of the directory dirfd, as the walk found it
+// (lst), and reports whether the walk should enter it (a directory it
+// handed over).
+func (o *owner) entry(dirfd int, path, rel, name string, lst *unix.Stat_t) (bool, error) {
 	agent := o.ownedByAgent(rel)
 	uid, gid := 0, 0
 	if agent {
