@@ -257,7 +257,6 @@ func (c *Config) check() error {
 	if len(c.Watch) == 0 {
 		return bad("watch", "must name at least one tree")
 	}
-	seen := map[string]bool{}
 	for i, w := range c.Watch {
 		key := fmt.Sprintf("watch[%d]", i)
 		clean, err := relInside(w)
@@ -270,10 +269,9 @@ func (c *Config) check() error {
 		if top, _, _ := strings.Cut(clean, "/"); slices.Contains(reservedTops, top) {
 			return bad(key, "%q lies in %s, which the agent must not own", w, top)
 		}
-		if seen[clean] {
+		if slices.Contains(c.Watch[:i], clean) {
 			return bad(key, "%q is listed twice", w)
 		}
-		seen[clean] = true
 		c.Watch[i] = clean
 	}
 	if c.HealthAddr != "" {
@@ -322,17 +320,15 @@ func (c *Config) check() error {
 			return bad(id.key+".email", "%q: %v", id.v.Email, err)
 		}
 	}
-	services := map[string]bool{}
 	for i := range c.Services {
 		s := &c.Services[i]
 		key := fmt.Sprintf("service[%d]", i)
 		if !names.Matches(s.Name) {
 			return bad(key+".name", "%q must match %s", s.Name, names.Pattern)
 		}
-		if services[s.Name] {
+		if slices.ContainsFunc(c.Services[:i], func(o ServiceConfig) bool { return o.Name == s.Name }) {
 			return bad(key+".name", "%q is used by another service", s.Name)
 		}
-		services[s.Name] = true
 		if len(s.Command) == 0 || s.Command[0] == "" {
 			return bad(key+".command", "must be a non-empty list such as [\"bash\", \"-c\", \"exec ./serve.sh\"]")
 		}

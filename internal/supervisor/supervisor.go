@@ -76,13 +76,12 @@ type RevertRecord struct {
 }
 
 type service struct {
-	cfg     *ServiceConfig
-	dir     string
-	env     []string
-	state   string
-	gen     int
-	pid     int
-	started bool
+	cfg   *ServiceConfig
+	dir   string
+	env   []string
+	state string
+	gen   int
+	pid   int
 	// startedAt is when the current or last process started.
 	startedAt time.Time
 	restarts  int
@@ -492,12 +491,12 @@ func (s *Supervisor) fail(what string, err error) {
 // group whose parent-death signal reaches the shim.
 func (s *Supervisor) start(svc *service) {
 	svc.stopTimer()
+	// gen counts the starts: each but the first is a restart.
 	svc.gen++
 	gen := svc.gen
-	if svc.started {
+	if gen > 1 {
 		svc.restarts++
 	}
-	svc.started = true
 	now := time.Now()
 	svc.startedAt = now
 	fail := func(err error) {

@@ -34,9 +34,8 @@ func newWatcher(root string, trees, ignore []string, log *slog.Logger) (*watcher
 	}
 	w := &watcher{ignore: ignore, w: fw, log: log, dirty: make(chan struct{}, 1), done: make(chan struct{})}
 	for _, t := range trees {
-		w.trees = append(w.trees, filepath.Join(root, t))
-	}
-	for _, t := range w.trees {
+		t = filepath.Join(root, t)
+		w.trees = append(w.trees, t)
 		if err := w.addTree(t); err != nil {
 			fw.Close()
 			return nil, err
