@@ -27,7 +27,7 @@ import (
 // the supervisor (parent-death signal), taking the services down with it.
 //
 // Without a launcher (`supervisor run` on its own), services run as the
-// supervisor's own user, as they always did.
+// supervisor's own user.
 
 // launcherEnv names, in `supervisor run`, the descriptor of the socket to
 // the launcher.
