@@ -318,14 +318,10 @@ func refuseAgentProcesses(agent Account) error {
 			if v, ok := strings.CutPrefix(line, "Name:"); ok {
 				name = strings.TrimSpace(v)
 			}
-			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
-				for _, id := range strings.Fields(v) {
-					if id == want {
-						return errdefs.FailedPrecondition(errdefs.AgentProcessRunning,
-							"process %d (%s) of user %s is running: init must not run while the agent can change the workspace",
-							pid, name, agent.Name).With("pid", pid)
-					}
-				}
+			if v, ok := strings.CutPrefix(line, "Uid:"); ok && slices.Contains(strings.Fields(v), want) {
+				return errdefs.FailedPrecondition(errdefs.AgentProcessRunning,
+					"process %d (%s) of user %s is running: init must not run while the agent can change the workspace",
+					pid, name, agent.Name).With("pid", pid)
 			}
 		}
 	}
@@ -528,11 +524,7 @@ func writeAgentsFile(wsfd int, gitDir string, log *slog.Logger) error {
 // group whatever its umask. Every change goes through a descriptor opened
 // beneath the parent it walked from, following no link.
 func setOwnership(wsfd int, ws string, watch []string, agent Account, log *slog.Logger) error {
-	agentRoots := append([]string{".git", "AGENTS.md"}, watch...)
-	ownedByAgent := func(rel string) bool {
-		return slices.ContainsFunc(agentRoots, func(r string) bool { return within(rel, r) })
-	}
-	o := &owner{agent: agent, log: log, ownedByAgent: ownedByAgent}
+	o := &owner{agent: agent, log: log, agentRoots: append([]string{".git", "AGENTS.md"}, watch...)}
 	return walkTree(wsfd, walkFuncs{
 		visit: func(dirfd int, rel, name string, lst *unix.Stat_t, _ int) (bool, error) {
 			return o.entry(dirfd, filepath.Join(ws, rel), rel, name, lst)
@@ -544,17 +536,18 @@ func setOwnership(wsfd int, ws string, watch []string, agent Account, log *slog.
 }
 
 type owner struct {
-	agent        Account
-	log          *slog.Logger
-	ownedByAgent func(rel string) bool
-	aclWarned    bool
+	agent Account
+	log   *slog.Logger
+	// agentRoots are the agent's, with everything below them.
+	agentRoots []string
+	aclWarned  bool
 }
 
 // entry hands over one entry of the directory dirfd, as the walk found it
 // (lst), and reports whether the walk should enter it (a directory it
 // handed over).
 func (o *owner) entry(dirfd int, path, rel, name string, lst *unix.Stat_t) (bool, error) {
-	agent := o.ownedByAgent(rel)
+	agent := slices.ContainsFunc(o.agentRoots, func(r string) bool { return within(rel, r) })
 	uid, gid := 0, 0
 	if agent {
 		uid, gid = o.agent.UID, o.agent.GID
