@@ -255,10 +255,10 @@ func (g *rulesGuard) check() (string, error) {
 		why = "the sentinel line is gone: the notes are put back as last seen"
 	}
 	out := append(slices.Clone(g.head), g.notes...)
-	if _, err := f.WriteAt(out, 0); err != nil {
-		return "", fmt.Errorf("write AGENTS.md back: %w", err)
+	if _, err = f.WriteAt(out, 0); err == nil {
+		err = f.Truncate(int64(len(out)))
 	}
-	if err := f.Truncate(int64(len(out))); err != nil {
+	if err != nil {
 		return "", fmt.Errorf("write AGENTS.md back: %w", err)
 	}
 	// What this write made is what the next look compares with.

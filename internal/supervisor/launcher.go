@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -258,11 +259,7 @@ func (r *remoteRunner) read() {
 		case "exited":
 			if c := r.exited[rep.ID]; c != nil {
 				delete(r.exited, rep.ID)
-				for pid, id := range r.ids {
-					if id == rep.ID {
-						delete(r.ids, pid)
-					}
-				}
+				maps.DeleteFunc(r.ids, func(_ int, id uint64) bool { return id == rep.ID })
 				c <- rep.Status
 			}
 		}
