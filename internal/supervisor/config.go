@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -195,16 +196,10 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 	}
 	for i := range cfg.Services {
 		s := &cfg.Services[i]
-		if s.Dir == "" {
-			s.Dir = "."
-		}
-		if s.Health != nil {
-			if s.Health.Interval.Duration == 0 {
-				s.Health.Interval.Duration = defaultHealthInterval
-			}
-			if s.Health.Timeout.Duration == 0 {
-				s.Health.Timeout.Duration = defaultHealthTimeout
-			}
+		s.Dir = cmp.Or(s.Dir, ".")
+		if h := s.Health; h != nil {
+			h.Interval.Duration = cmp.Or(h.Interval.Duration, defaultHealthInterval)
+			h.Timeout.Duration = cmp.Or(h.Timeout.Duration, defaultHealthTimeout)
 		}
 	}
 	if err := cfg.check(); err != nil {

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -262,9 +263,7 @@ func (r *Repo) Tree(ctx context.Context, commit string) (string, error) {
 // SetGood moves refs/supervisor/good to commit, if it still points at old
 // ("" for a ref that must not exist yet).
 func (r *Repo) SetGood(ctx context.Context, commit, old string) error {
-	if old == "" {
-		old = strings.Repeat("0", len(commit))
-	}
+	old = cmp.Or(old, strings.Repeat("0", len(commit)))
 	if err := r.git.Run(ctx, r.cmd("update-ref", nil, GoodRef, commit, old)); err != nil {
 		return fmt.Errorf("move %s: %w", GoodRef, err)
 	}
