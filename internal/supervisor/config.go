@@ -269,10 +269,8 @@ func (c *Config) check() error {
 		}
 		c.Watch[i] = clean
 	}
-	if c.HealthAddr != "" {
-		if _, _, err := net.SplitHostPort(c.HealthAddr); err != nil {
-			return bad("health_addr", "%q: %v", c.HealthAddr, err)
-		}
+	if _, _, err := net.SplitHostPort(c.HealthAddr); c.HealthAddr != "" && err != nil {
+		return bad("health_addr", "%q: %v", c.HealthAddr, err)
 	}
 	if c.HealthSocket != "" {
 		c.HealthSocket = filepath.Clean(c.HealthSocket)
@@ -351,10 +349,8 @@ func (c *Config) check() error {
 			if h.HTTP != "" && !isHTTPURL(h.HTTP) {
 				return bad(hk+".http", "%q is not an http(s) URL", h.HTTP)
 			}
-			if h.TCP != "" {
-				if _, _, err := net.SplitHostPort(h.TCP); err != nil {
-					return bad(hk+".tcp", "%q: %v", h.TCP, err)
-				}
+			if _, _, err := net.SplitHostPort(h.TCP); h.TCP != "" && err != nil {
+				return bad(hk+".tcp", "%q: %v", h.TCP, err)
 			}
 			if len(h.Exec) > 0 && h.Exec[0] == "" {
 				return bad(hk+".exec", "program must not be empty")
