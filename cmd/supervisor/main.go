@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/spf13/cobra"
+
 	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/supervisor"
 )
@@ -49,36 +51,40 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return supervisor.RunShim(args[1:])
 	}
 	root := cmdline.Root("supervisor", "supervisor: run the services an agent may edit", "supervisor: run the services an agent may edit.\n\n"+usage+"\n"+reference())
+	// sub is a subcommand whose flag set (writing to w) gives what it
+	// runs once parsed.
+	sub := func(name, short, long string, flags func(w io.Writer) (*flag.FlagSet, func() int)) *cobra.Command {
+		return cmdline.Passthrough(name, short, long,
+			func(w io.Writer) { fs, _ := flags(w); fs.PrintDefaults() },
+			func(args []string) int {
+				fs, run := flags(io.Discard)
+				if err := fs.Parse(args); err != nil {
+					return exitParse(name, err, stderr)
+				}
+				return run()
+			})
+	}
 	root.AddCommand(
-		cmdline.Passthrough("run", "supervise the services of a workspace",
+		sub("run", "supervise the services of a workspace",
 			"usage: supervisor run --config FILE [--log-format text|json] [--log-level LEVEL]\n\nsupervise the services of FILE's workspace.\n\n"+reference(),
-			func(w io.Writer) { fs, _, _ := flags("run", w); fs.PrintDefaults() },
-			func(args []string) int {
-				fs, config, lf := flags("run", io.Discard)
-				if err := fs.Parse(args); err != nil {
-					return exitParse("run", err, stderr)
-				}
-				return runSupervisor(*config, lf, stderr)
+			func(w io.Writer) (*flag.FlagSet, func() int) {
+				fs, config, lf := flags("run", w)
+				return fs, func() int { return runSupervisor(*config, lf, stderr) }
 			}),
-		cmdline.Passthrough("init", "as root: users, seed, ownership, then run as app",
+		sub("init", "as root: users, seed, ownership, then run as app",
 			"usage: supervisor init --config FILE --seed DIR [--log-format text|json] [--log-level LEVEL]\n\nas root: make the users, seed the workspace, hand it over, write AGENTS.md,\nthen drop to user app and run.\n\n"+reference(),
-			func(w io.Writer) { fs, _, _, _ := initFlags(w); fs.PrintDefaults() },
-			func(args []string) int {
-				fs, config, seed, lf := initFlags(io.Discard)
-				if err := fs.Parse(args); err != nil {
-					return exitParse("init", err, stderr)
-				}
-				return initWorkspace(*config, *seed, lf, stderr)
+			func(w io.Writer) (*flag.FlagSet, func() int) {
+				fs, config, lf := flags("init", w)
+				seed := fs.String("seed", "", "directory that seeds the workspace on first boot")
+				return fs, func() int { return initWorkspace(*config, *seed, lf, stderr) }
 			}),
-		cmdline.Passthrough("ack", "acknowledge files adopted without history",
+		sub("ack", "acknowledge files adopted without history",
 			"usage: supervisor ack --config FILE\n\nas root or the supervisor's user (app): acknowledge the first commit of a\nworkspace whose git_dir held no history (/status awaiting_ack), so that it\nmay become good once healthy for good_after. The agent cannot: git_dir is\nnot its to write.\n\n"+reference(),
-			func(w io.Writer) { fs, _ := ackFlags(w); fs.PrintDefaults() },
-			func(args []string) int {
-				fs, config := ackFlags(io.Discard)
-				if err := fs.Parse(args); err != nil {
-					return exitParse("ack", err, stderr)
-				}
-				return ack(*config, stdout, stderr)
+			func(w io.Writer) (*flag.FlagSet, func() int) {
+				fs := flag.NewFlagSet("supervisor ack", flag.ContinueOnError)
+				fs.SetOutput(w)
+				config := fs.String("config", "", "TOML configuration file (required)")
+				return fs, func() int { return ack(*config, stdout, stderr) }
 			}),
 	)
 	return cmdline.Execute(root, args, stdout, stderr)
@@ -100,18 +106,6 @@ func flags(name string, out io.Writer) (*flag.FlagSet, *string, *logFlags) {
 	fs.StringVar(&lf.format, "log-format", "text", "log format: text or json (in json, the services' output lines too)")
 	fs.StringVar(&lf.level, "log-level", "info", "least severe log level written: debug, info, warn or error")
 	return fs, config, lf
-}
-
-func initFlags(out io.Writer) (*flag.FlagSet, *string, *string, *logFlags) {
-	fs, config, lf := flags("init", out)
-	seed := fs.String("seed", "", "directory that seeds the workspace on first boot")
-	return fs, config, seed, lf
-}
-
-func ackFlags(out io.Writer) (*flag.FlagSet, *string) {
-	fs := flag.NewFlagSet("supervisor ack", flag.ContinueOnError)
-	fs.SetOutput(out)
-	return fs, fs.String("config", "", "TOML configuration file (required)")
 }
 
 func ack(config string, stdout, stderr io.Writer) int {

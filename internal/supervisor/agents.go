@@ -42,6 +42,20 @@ what broke and why, what to try next. This part survives every reboot.
 // maxAgentsBytes bounds how much of an existing AGENTS.md init reads.
 const maxAgentsBytes = 1 << 20
 
+// hostRules reads the rules from infra/AGENTS.md under the workspace
+// wsfd, following no link (readFileBeneath), or, without one, gives
+// defaultRules.
+func hostRules(wsfd int, gitDir string) ([]byte, error) {
+	rules, exists, err := readFileBeneath(wsfd, "infra/AGENTS.md", maxAgentsBytes)
+	if err != nil {
+		return nil, fmt.Errorf("infra/AGENTS.md: %w", err)
+	}
+	if !exists {
+		rules = []byte(strings.ReplaceAll(defaultRules, "{{git_dir}}", gitDir))
+	}
+	return rules, nil
+}
+
 // RegenerateAgents returns the new AGENTS.md: rules, the sentinel line, then
 // the agent's notes. The notes are what followed the sentinel in old. A
 // rules part the agent changed is never kept in the file: without a
@@ -93,31 +107,17 @@ func rulesPart(rules []byte) []byte {
 			kept.WriteString(line)
 		}
 	}
-	var b bytes.Buffer
-	b.WriteString(strings.TrimRight(kept.String(), "\n \t"))
-	b.WriteString("\n\n" + AgentsSentinel + "\n")
-	return b.Bytes()
+	return []byte(strings.TrimRight(kept.String(), "\n \t") + "\n\n" + AgentsSentinel + "\n")
 }
 
 // notesBelowSentinel returns what follows the first sentinel line of old.
 func notesBelowSentinel(old []byte) (string, bool) {
-	s := string(old)
-	pos := 0
-	for pos <= len(s) {
-		end := strings.IndexByte(s[pos:], '\n')
-		line := s[pos:]
-		next := len(s) + 1
-		if end >= 0 {
-			line = s[pos : pos+end]
-			next = pos + end + 1
-		}
+	s, next := string(old), 0
+	for line := range strings.Lines(s) {
+		next += len(line)
 		if strings.TrimSpace(line) == AgentsSentinel {
-			if next > len(s) {
-				return "", true
-			}
 			return s[next:], true
 		}
-		pos = next
 	}
 	return "", false
 }
@@ -171,13 +171,10 @@ func newRulesGuard(workspace, gitDir string) (*rulesGuard, error) {
 	if err != nil {
 		return nil, err
 	}
-	rules, exists, err := readFileBeneath(fd, "infra/AGENTS.md", maxAgentsBytes)
+	rules, err := hostRules(fd, gitDir)
 	if err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("infra/AGENTS.md: %w", err)
-	}
-	if !exists {
-		rules = []byte(strings.ReplaceAll(defaultRules, "{{git_dir}}", gitDir))
+		return nil, err
 	}
 	g := &rulesGuard{wsfd: fd, head: rulesPart(rules)}
 	data, f, err := g.open()
@@ -258,10 +255,10 @@ func (g *rulesGuard) check() (string, error) {
 		why = "the sentinel line is gone: the notes are put back as last seen"
 	}
 	out := append(slices.Clone(g.head), g.notes...)
-	if _, err := f.WriteAt(out, 0); err != nil {
-		return "", fmt.Errorf("write AGENTS.md back: %w", err)
+	if _, err = f.WriteAt(out, 0); err == nil {
+		err = f.Truncate(int64(len(out)))
 	}
-	if err := f.Truncate(int64(len(out))); err != nil {
+	if err != nil {
 		return "", fmt.Errorf("write AGENTS.md back: %w", err)
 	}
 	// What this write made is what the next look compares with.

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -9,7 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,9 +32,6 @@ func (d *Duration) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// MarshalText writes the duration the way UnmarshalText reads it.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
-
 // Identity is a git author and committer.
 type Identity struct {
 	Name  string `toml:"name"`
@@ -49,8 +47,6 @@ type HealthCheck struct {
 	Interval Duration `toml:"interval"`
 	Timeout  Duration `toml:"timeout"`
 }
-
-func (h *HealthCheck) set() bool { return h.HTTP != "" || h.TCP != "" || len(h.Exec) > 0 }
 
 // ServiceConfig is one [[service]] table.
 type ServiceConfig struct {
@@ -163,11 +159,9 @@ func LoadConfig(path string) (*Config, error) {
 
 // ParseConfig checks data as if read from path.
 func ParseConfig(path string, data []byte) (*Config, error) {
+	// A list the file sets replaces the default one: toml sets a slice's
+	// length to the file's, it does not append.
 	cfg := Default()
-	// Decode into a copy whose lists are empty, so that a key present in the
-	// file replaces the default list instead of appending to it.
-	cfg.Watch = nil
-	cfg.Ignore = nil
 	md, err := toml.Decode(string(data), &cfg)
 	if err != nil {
 		var pe toml.ParseError
@@ -181,18 +175,12 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 		return nil, &ConfigError{File: path, Key: key, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 	}
 	if und := md.Undecoded(); len(und) > 0 {
-		keys := make([]string, len(und))
-		for i, k := range und {
-			keys[i] = k.String()
+		// The first in sorted order, whatever order the file has them in.
+		key := und[0].String()
+		for _, k := range und[1:] {
+			key = min(key, k.String())
 		}
-		sort.Strings(keys)
-		return nil, &ConfigError{File: path, Key: keys[0], Msg: "unknown key"}
-	}
-	if !md.IsDefined("watch") {
-		cfg.Watch = Default().Watch
-	}
-	if !md.IsDefined("ignore") {
-		cfg.Ignore = Default().Ignore
+		return nil, &ConfigError{File: path, Key: key, Msg: "unknown key"}
 	}
 	for _, k := range []struct {
 		key string
@@ -208,16 +196,10 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 	}
 	for i := range cfg.Services {
 		s := &cfg.Services[i]
-		if s.Dir == "" {
-			s.Dir = "."
-		}
-		if s.Health != nil {
-			if s.Health.Interval.Duration == 0 {
-				s.Health.Interval.Duration = defaultHealthInterval
-			}
-			if s.Health.Timeout.Duration == 0 {
-				s.Health.Timeout.Duration = defaultHealthTimeout
-			}
+		s.Dir = cmp.Or(s.Dir, ".")
+		if h := s.Health; h != nil {
+			h.Interval.Duration = cmp.Or(h.Interval.Duration, defaultHealthInterval)
+			h.Timeout.Duration = cmp.Or(h.Timeout.Duration, defaultHealthTimeout)
 		}
 	}
 	if err := cfg.check(); err != nil {
@@ -270,7 +252,6 @@ func (c *Config) check() error {
 	if len(c.Watch) == 0 {
 		return bad("watch", "must name at least one tree")
 	}
-	seen := map[string]bool{}
 	for i, w := range c.Watch {
 		key := fmt.Sprintf("watch[%d]", i)
 		clean, err := relInside(w)
@@ -280,22 +261,16 @@ func (c *Config) check() error {
 		if clean == "." {
 			return bad(key, `"." would hand the whole workspace, infra/ included, to the agent`)
 		}
-		top := strings.SplitN(clean, "/", 2)[0]
-		for _, r := range reservedTops {
-			if top == r {
-				return bad(key, "%q lies in %s, which the agent must not own", w, r)
-			}
+		if top, _, _ := strings.Cut(clean, "/"); slices.Contains(reservedTops, top) {
+			return bad(key, "%q lies in %s, which the agent must not own", w, top)
 		}
-		if seen[clean] {
+		if slices.Contains(c.Watch[:i], clean) {
 			return bad(key, "%q is listed twice", w)
 		}
-		seen[clean] = true
 		c.Watch[i] = clean
 	}
-	if c.HealthAddr != "" {
-		if _, _, err := net.SplitHostPort(c.HealthAddr); err != nil {
-			return bad("health_addr", "%q: %v", c.HealthAddr, err)
-		}
+	if _, _, err := net.SplitHostPort(c.HealthAddr); c.HealthAddr != "" && err != nil {
+		return bad("health_addr", "%q: %v", c.HealthAddr, err)
 	}
 	if c.HealthSocket != "" {
 		c.HealthSocket = filepath.Clean(c.HealthSocket)
@@ -306,11 +281,8 @@ func (c *Config) check() error {
 			return bad("health_socket", "%q is longer than a socket path may be (100 bytes)", c.HealthSocket)
 		}
 	}
-	if c.NotifyURL != "" {
-		u, err := url.Parse(c.NotifyURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return bad("notify_url", "%q is not an http(s) URL", c.NotifyURL)
-		}
+	if c.NotifyURL != "" && !isHTTPURL(c.NotifyURL) {
+		return bad("notify_url", "%q is not an http(s) URL", c.NotifyURL)
 	}
 	for key, d := range map[string]time.Duration{
 		"debounce": c.Debounce.Duration, "good_after": c.GoodAfter.Duration,
@@ -341,17 +313,15 @@ func (c *Config) check() error {
 			return bad(id.key+".email", "%q: %v", id.v.Email, err)
 		}
 	}
-	services := map[string]bool{}
 	for i := range c.Services {
 		s := &c.Services[i]
 		key := fmt.Sprintf("service[%d]", i)
 		if !names.Matches(s.Name) {
 			return bad(key+".name", "%q must match %s", s.Name, names.Pattern)
 		}
-		if services[s.Name] {
+		if slices.ContainsFunc(c.Services[:i], func(o ServiceConfig) bool { return o.Name == s.Name }) {
 			return bad(key+".name", "%q is used by another service", s.Name)
 		}
-		services[s.Name] = true
 		if len(s.Command) == 0 || s.Command[0] == "" {
 			return bad(key+".command", "must be a non-empty list such as [\"bash\", \"-c\", \"exec ./serve.sh\"]")
 		}
@@ -376,16 +346,11 @@ func (c *Config) check() error {
 			if n != 1 {
 				return bad(hk, "set exactly one of http, tcp, exec")
 			}
-			if h.HTTP != "" {
-				u, err := url.Parse(h.HTTP)
-				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-					return bad(hk+".http", "%q is not an http(s) URL", h.HTTP)
-				}
+			if h.HTTP != "" && !isHTTPURL(h.HTTP) {
+				return bad(hk+".http", "%q is not an http(s) URL", h.HTTP)
 			}
-			if h.TCP != "" {
-				if _, _, err := net.SplitHostPort(h.TCP); err != nil {
-					return bad(hk+".tcp", "%q: %v", h.TCP, err)
-				}
+			if _, _, err := net.SplitHostPort(h.TCP); h.TCP != "" && err != nil {
+				return bad(hk+".tcp", "%q: %v", h.TCP, err)
 			}
 			if len(h.Exec) > 0 && h.Exec[0] == "" {
 				return bad(hk+".exec", "program must not be empty")
@@ -401,10 +366,16 @@ func (c *Config) check() error {
 	return nil
 }
 
+// isHTTPURL reports whether s is an absolute http or https URL.
+func isHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+}
+
 // userNameRE is what useradd accepts by default, within 32 bytes.
 var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
 
-// within reports whether p is dir or lies below it (both clean and absolute).
+// within reports whether p is dir or lies below it (both clean).
 func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }

@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -55,39 +54,21 @@ func probe(ctx context.Context, h *HealthCheck, dir string, env []string, run pr
 			r.Close()
 			return err
 		}
-		var mu sync.Mutex
-		var out bytes.Buffer
-		readerDone := make(chan struct{})
-		go func() {
-			defer close(readerDone)
-			buf := make([]byte, 4096)
-			for {
-				n, err := r.Read(buf)
-				mu.Lock()
-				if out.Len() < 4096 {
-					out.Write(buf[:n])
-				}
-				mu.Unlock()
-				if err != nil {
-					return
-				}
-			}
-		}()
+		defer r.Close()
+		out := &boundedBuffer{limit: 4096}
+		var reader sync.WaitGroup
+		reader.Go(func() { io.Copy(out, r) })
 		var code int
 		select {
 		case code = <-done:
 		case <-ctx.Done():
 			run.signal(pid, syscall.SIGKILL)
 			<-done
-			r.Close()
 			return fmt.Errorf("%s: timed out after %v", h.Exec[0], h.Timeout.Duration)
 		}
 		// Let the reader take what the check wrote before it exited.
 		r.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-		<-readerDone
-		mu.Lock()
-		defer mu.Unlock()
-		defer r.Close()
+		reader.Wait()
 		if code != 0 {
 			msg := strings.TrimSpace(out.String())
 			if len(msg) > 512 {

@@ -12,6 +12,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,11 +65,9 @@ func Prepare(ctx context.Context, cfg *Config, configPath, seed string, log *slo
 		return Account{}, err
 	}
 	for _, g := range svc.Groups {
-		for _, h := range app.Groups {
-			if g == h {
-				return Account{}, errdefs.FailedPrecondition(errdefs.WorkspaceUnsafe,
-					"services user %s shares group %d with %s: a service could then reach the supervisor's files", svc.Name, g, app.Name)
-			}
+		if slices.Contains(app.Groups, g) {
+			return Account{}, errdefs.FailedPrecondition(errdefs.WorkspaceUnsafe,
+				"services user %s shares group %d with %s: a service could then reach the supervisor's files", svc.Name, g, app.Name)
 		}
 	}
 	if err := refuseAgentProcesses(agent); err != nil {
@@ -162,19 +161,17 @@ func openWorkspace(ws string) (fd int, fresh bool, err error) {
 		return -1, false, unsafePath(ws, err)
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return -1, false, err
+	d := -1
+	err = unix.Fstat(fd, &st)
+	if err == nil {
+		err = unix.Fchown(fd, 0, 0)
 	}
-	if err := unix.Fchown(fd, 0, 0); err != nil {
-		unix.Close(fd)
-		return -1, false, err
+	if err == nil {
+		err = unix.Fchmod(fd, st.Mode&0o7777&^0o022)
 	}
-	if err := unix.Fchmod(fd, st.Mode&0o7777&^0o022); err != nil {
-		unix.Close(fd)
-		return -1, false, err
+	if err == nil {
+		d, err = unix.Openat(fd, ".", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	}
-	d, err := unix.Openat(fd, ".", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		unix.Close(fd)
 		return -1, false, err
@@ -321,14 +318,10 @@ func refuseAgentProcesses(agent Account) error {
 			if v, ok := strings.CutPrefix(line, "Name:"); ok {
 				name = strings.TrimSpace(v)
 			}
-			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
-				for _, id := range strings.Fields(v) {
-					if id == want {
-						return errdefs.FailedPrecondition(errdefs.AgentProcessRunning,
-							"process %d (%s) of user %s is running: init must not run while the agent can change the workspace",
-							pid, name, agent.Name).With("pid", pid)
-					}
-				}
+			if v, ok := strings.CutPrefix(line, "Uid:"); ok && slices.Contains(strings.Fields(v), want) {
+				return errdefs.FailedPrecondition(errdefs.AgentProcessRunning,
+					"process %d (%s) of user %s is running: init must not run while the agent can change the workspace",
+					pid, name, agent.Name).With("pid", pid)
 			}
 		}
 	}
@@ -375,10 +368,8 @@ func ensureUser(name string, flags []string) (Account, error) {
 }
 
 func ensureInGroup(a Account, group string, gid int) (Account, error) {
-	for _, g := range a.Groups {
-		if g == gid {
-			return a, nil
-		}
+	if slices.Contains(a.Groups, gid) {
+		return a, nil
 	}
 	if out, err := exec.Command("usermod", "--append", "--groups", group, a.Name).CombinedOutput(); err != nil {
 		return a, fmt.Errorf("usermod: add %s to group %s: %v: %s", a.Name, group, err, strings.TrimSpace(string(out)))
@@ -504,12 +495,9 @@ func copyEntry(src, dst int, path, name string, depth int) error {
 // agent can read. The new file replaces the old one by a rename in the
 // workspace root, which only root can write.
 func writeAgentsFile(wsfd int, gitDir string, log *slog.Logger) error {
-	rules, exists, err := readFileBeneath(wsfd, "infra/AGENTS.md", maxAgentsBytes)
+	rules, err := hostRules(wsfd, gitDir)
 	if err != nil {
-		return fmt.Errorf("infra/AGENTS.md: %w", err)
-	}
-	if !exists {
-		rules = []byte(strings.ReplaceAll(defaultRules, "{{git_dir}}", gitDir))
+		return err
 	}
 	old, exists, err := readFileBeneath(wsfd, "AGENTS.md", maxAgentsBytes)
 	if err != nil {
@@ -536,20 +524,10 @@ func writeAgentsFile(wsfd int, gitDir string, log *slog.Logger) error {
 // group whatever its umask. Every change goes through a descriptor opened
 // beneath the parent it walked from, following no link.
 func setOwnership(wsfd int, ws string, watch []string, agent Account, log *slog.Logger) error {
-	agentRoots := []string{".git", "AGENTS.md"}
-	agentRoots = append(agentRoots, watch...)
-	ownedByAgent := func(rel string) bool {
-		for _, r := range agentRoots {
-			if rel == r || strings.HasPrefix(rel, r+"/") {
-				return true
-			}
-		}
-		return false
-	}
-	o := &owner{agent: agent, log: log, ownedByAgent: ownedByAgent}
+	o := &owner{agent: agent, log: log, agentRoots: append([]string{".git", "AGENTS.md"}, watch...)}
 	return walkTree(wsfd, walkFuncs{
-		visit: func(dirfd int, rel, name string, _ *unix.Stat_t, _ int) (bool, error) {
-			return o.entry(dirfd, filepath.Join(ws, rel), rel, name)
+		visit: func(dirfd int, rel, name string, lst *unix.Stat_t, _ int) (bool, error) {
+			return o.entry(dirfd, filepath.Join(ws, rel), rel, name, lst)
 		},
 		dirErr: func(rel string, err error) error {
 			return fmt.Errorf("%s: %w", filepath.Join(ws, rel), err)
@@ -558,23 +536,18 @@ func setOwnership(wsfd int, ws string, watch []string, agent Account, log *slog.
 }
 
 type owner struct {
-	agent        Account
-	log          *slog.Logger
-	ownedByAgent func(rel string) bool
-	aclWarned    bool
+	agent Account
+	log   *slog.Logger
+	// agentRoots are the agent's, with everything below them.
+	agentRoots []string
+	aclWarned  bool
 }
 
-// entry hands over one entry of the directory dirfd, and reports whether
-// the walk should enter it (a directory it handed over).
-func (o *owner) entry(dirfd int, path, rel, name string) (bool, error) {
-	var lst unix.Stat_t
-	if err := unix.Fstatat(dirfd, name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("%s: %w", path, err)
-	}
-	agent := o.ownedByAgent(rel)
+// entry hands over one entry of the directory dirfd, as the walk found it
+// (lst), and reports whether the walk should enter it (a directory it
+// handed over).
+func (o *owner) entry(dirfd int, path, rel, name string, lst *unix.Stat_t) (bool, error) {
+	agent := slices.ContainsFunc(o.agentRoots, func(r string) bool { return within(rel, r) })
 	uid, gid := 0, 0
 	if agent {
 		uid, gid = o.agent.UID, o.agent.GID
@@ -700,7 +673,7 @@ func trustWorkspaceForAgent(agent Account, ws string) error {
 	if err != nil {
 		return err
 	}
-	entry := "\tdirectory = \"" + escapeConfig(ws, true) + "\"\n"
+	entry := "\tdirectory = \"" + escapeConfig(ws) + "\"\n"
 	if strings.Contains(string(b), entry) {
 		return nil
 	}
@@ -792,28 +765,24 @@ func DropAndExec(app Account, args []string) error {
 
 // userEnv is this process's environment with HOME, USER and LOGNAME of a.
 func userEnv(a Account) []string {
-	env := []string{}
-	for _, kv := range os.Environ() {
-		switch name, _, _ := strings.Cut(kv, "="); name {
-		case "HOME", "USER", "LOGNAME":
-		default:
-			env = append(env, kv)
-		}
-	}
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return name == "HOME" || name == "USER" || name == "LOGNAME"
+	})
 	return append(env, "HOME="+a.Home, "USER="+a.Name, "LOGNAME="+a.Name)
 }
 
-// escapeConfig quotes s for a git config file, as a value or a subsection.
-func escapeConfig(s string, value bool) string {
+// escapeConfig quotes s for a git config file, as a value.
+func escapeConfig(s string) string {
 	var b strings.Builder
 	for _, c := range s {
 		switch {
 		case c == '\\' || c == '"':
 			b.WriteByte('\\')
 			b.WriteRune(c)
-		case value && c == '\n':
+		case c == '\n':
 			b.WriteString(`\n`)
-		case value && c == '\t':
+		case c == '\t':
 			b.WriteString(`\t`)
 		default:
 			b.WriteRune(c)

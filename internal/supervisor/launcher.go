@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -26,7 +28,7 @@ import (
 // the supervisor (parent-death signal), taking the services down with it.
 //
 // Without a launcher (`supervisor run` on its own), services run as the
-// supervisor's own user, as they always did.
+// supervisor's own user.
 
 // launcherEnv names, in `supervisor run`, the descriptor of the socket to
 // the launcher.
@@ -80,13 +82,19 @@ type procRunner interface {
 type localRunner struct{ shim []string }
 
 func (l localRunner) start(shim bool, argv []string, dir string, env []string, out *os.File) (int, <-chan int, error) {
-	pdeath := syscall.SIGKILL
-	if shim {
-		args := append(append(append([]string{}, l.shim[1:]...), ShimArg, strconv.Itoa(os.Getpid()), "--"), argv...)
-		argv = append([]string{l.shim[0]}, args...)
-		pdeath = syscall.SIGTERM
-	}
+	argv, pdeath := underShim(l.shim, shim, argv)
 	return startGroup(argv, dir, env, out, pdeath)
+}
+
+// underShim is argv run under the shim (the command shimCmd, this process
+// the shim's parent) if shim is set, else argv itself; and the
+// parent-death signal to start it with: SIGTERM for the shim, which then
+// takes its group down, SIGKILL for anything else.
+func underShim(shimCmd []string, shim bool, argv []string) ([]string, syscall.Signal) {
+	if !shim {
+		return argv, syscall.SIGKILL
+	}
+	return slices.Concat(shimCmd, []string{ShimArg, strconv.Itoa(os.Getpid()), "--"}, argv), syscall.SIGTERM
 }
 
 func (localRunner) signal(pid int, sig syscall.Signal) { signalService(pid, sig) }
@@ -251,11 +259,7 @@ func (r *remoteRunner) read() {
 		case "exited":
 			if c := r.exited[rep.ID]; c != nil {
 				delete(r.exited, rep.ID)
-				for pid, id := range r.ids {
-					if id == rep.ID {
-						delete(r.ids, pid)
-					}
-				}
+				maps.DeleteFunc(r.ids, func(_ int, id uint64) bool { return id == rep.ID })
 				c <- rep.Status
 			}
 		}
@@ -357,33 +361,24 @@ func runLauncher() int {
 		if err != nil || n == 0 {
 			break
 		}
+		// The output descriptor, if any, is the started process's alone
+		// once the request is served.
 		out := receivedFile(oob[:oobn])
 		var req launchRequest
 		if err := json.Unmarshal(buf[:n], &req); err != nil {
-			if out != nil {
-				out.Close()
-			}
-			continue
+			req.Op = ""
 		}
 		switch req.Op {
 		case "start":
 			if out == nil || len(req.Argv) == 0 || req.Argv[0] == "" {
-				if out != nil {
-					out.Close()
-				}
 				reply(launchReply{Op: "started", ID: req.ID, Err: "launcher: a start needs a command and an output descriptor"})
-				continue
+				break
 			}
-			argv, pdeath := req.Argv, syscall.SIGKILL
-			if req.Shim {
-				argv = append([]string{exe, ShimArg, strconv.Itoa(os.Getpid()), "--"}, argv...)
-				pdeath = syscall.SIGTERM
-			}
+			argv, pdeath := underShim([]string{exe}, req.Shim, req.Argv)
 			pid, done, err := startGroup(argv, req.Dir, req.Env, out, pdeath)
-			out.Close()
 			if err != nil {
 				reply(launchReply{Op: "started", ID: req.ID, Err: err.Error()})
-				continue
+				break
 			}
 			mu.Lock()
 			pids[req.ID] = pid
@@ -397,19 +392,15 @@ func runLauncher() int {
 				reply(launchReply{Op: "exited", ID: id, Status: status})
 			}(req.ID)
 		case "signal":
-			if out != nil {
-				out.Close()
-			}
 			mu.Lock()
 			pid, ok := pids[req.ID]
 			mu.Unlock()
 			if ok && req.Sig > 0 && req.Sig < 65 {
 				signalService(pid, syscall.Signal(req.Sig))
 			}
-		default:
-			if out != nil {
-				out.Close()
-			}
+		}
+		if out != nil {
+			out.Close()
 		}
 	}
 	mu.Lock()

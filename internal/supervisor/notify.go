@@ -191,11 +191,9 @@ func (q *notifier) deliver(ctx context.Context, n Notification) bool {
 			return false
 		}
 		q.log.Warn("notification failed; retrying", "event", n.Event, "seq", n.Seq, "attempt", attempt, "retry_in", delay, "err", err)
-		t := time.NewTimer(delay)
 		select {
-		case <-t.C:
+		case <-time.After(delay):
 		case <-ctx.Done():
-			t.Stop()
 		}
 		delay = min(2*delay, q.maxBackoff)
 	}

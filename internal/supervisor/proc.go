@@ -194,7 +194,10 @@ type logSink struct {
 }
 
 func (l *logSink) line(prefix string, b []byte) {
-	if l.json {
+	var out []byte
+	if !l.json {
+		out = fmt.Appendf(nil, "%s | %s\n", prefix, b)
+	} else {
 		rec, _ := json.Marshal(struct {
 			Time    time.Time `json:"time"`
 			Level   string    `json:"level"`
@@ -202,14 +205,17 @@ func (l *logSink) line(prefix string, b []byte) {
 			Service string    `json:"service"`
 			Line    string    `json:"line"`
 		}{time.Now(), "INFO", "output", prefix, string(b)})
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.w.Write(append(rec, '\n'))
-		return
+		out = append(rec, '\n')
 	}
+	l.Write(out)
+}
+
+// Write writes p whole, between the lines of others: slog's records
+// share the services' serialised output this way.
+func (l *logSink) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	fmt.Fprintf(l.w, "%s | %s\n", prefix, b)
+	return l.w.Write(p)
 }
 
 // copyLines prefixes every line read from r with name until r ends.

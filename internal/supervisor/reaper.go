@@ -32,11 +32,10 @@ func ReapAsPID1() (code int, ok bool) {
 		return 0, false
 	}
 	exe, err := os.Executable()
-	if err != nil {
-		os.Stderr.WriteString("supervisor: PID 1: " + err.Error() + "\n")
-		return 1, true
+	code = 1
+	if err == nil {
+		code, err = reapChild(exe, os.Args)
 	}
-	code, err = reapChild(exe, os.Args)
 	if err != nil {
 		os.Stderr.WriteString("supervisor: PID 1: " + err.Error() + "\n")
 	}

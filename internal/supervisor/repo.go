@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -66,9 +67,6 @@ func NewRepo(git *gitcmd.Runner, dir, gitDir string, watch, ignore []string, log
 	return &Repo{dir: dir, gitDir: gitDir, git: git, watch: watch, ignore: ignore, log: log, safeDir: safe}
 }
 
-// GitDir is the repository's git dir.
-func (r *Repo) GitDir() string { return r.gitDir }
-
 // cmd builds a git command on the workspace. The git dir is the
 // supervisor's, so its config is too; the -c entries pin what matters
 // anyway.
@@ -88,13 +86,6 @@ func (r *Repo) cmd(sub string, flags []string, args ...string) gitcmd.Cmd {
 			"submodule.recurse=false",
 			"diff.renames=false",
 		},
-	}
-}
-
-func identityEnv(id Identity) []string {
-	return []string{
-		"GIT_AUTHOR_NAME=" + id.Name, "GIT_AUTHOR_EMAIL=" + id.Email,
-		"GIT_COMMITTER_NAME=" + id.Name, "GIT_COMMITTER_EMAIL=" + id.Email,
 	}
 }
 
@@ -192,27 +183,17 @@ func checkOwnDir(dir string) error {
 	return nil
 }
 
-// writeFileAtomic replaces path with data. The rename replaces a symlink at
-// path rather than writing through it.
-func writeFileAtomic(path string, data []byte, mode fs.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+// writeFileAtomic replaces path with data (replaceFileAt in its
+// directory). The rename replaces a symlink at path rather than writing
+// through it.
+func writeFileAtomic(path string, data []byte, mode uint32) error {
+	dir, err := unix.Open(filepath.Dir(path), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		err = replaceFileAt(dir, filepath.Base(path), data, mode)
+		unix.Close(dir)
+	}
 	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, werr := f.Write(data)
-	if werr == nil {
-		werr = f.Chmod(mode)
-	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Rename(tmp, path)
-	}
-	if werr != nil {
-		os.Remove(tmp)
-		return werr
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }
@@ -220,24 +201,14 @@ func writeFileAtomic(path string, data []byte, mode fs.FileMode) error {
 // ignored reports whether any component of the slash-separated rel matches
 // one of the ignore patterns. A nested ".git" is always ignored.
 func ignored(rel string, patterns []string) bool {
-	for _, part := range strings.Split(rel, "/") {
-		if ignoredName(part, patterns) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(strings.Split(rel, "/"), func(part string) bool { return ignoredName(part, patterns) })
 }
 
 func ignoredName(name string, patterns []string) bool {
-	if name == ".git" {
-		return true
-	}
-	for _, p := range patterns {
-		if ok, _ := path.Match(p, name); ok {
-			return true
-		}
-	}
-	return false
+	return name == ".git" || slices.ContainsFunc(patterns, func(p string) bool {
+		ok, _ := path.Match(p, name)
+		return ok
+	})
 }
 
 // pathspecs names tree w and excludes, in git's glob magic, every path one
@@ -292,9 +263,7 @@ func (r *Repo) Tree(ctx context.Context, commit string) (string, error) {
 // SetGood moves refs/supervisor/good to commit, if it still points at old
 // ("" for a ref that must not exist yet).
 func (r *Repo) SetGood(ctx context.Context, commit, old string) error {
-	if old == "" {
-		old = strings.Repeat("0", len(commit))
-	}
+	old = cmp.Or(old, strings.Repeat("0", len(commit)))
 	if err := r.git.Run(ctx, r.cmd("update-ref", nil, GoodRef, commit, old)); err != nil {
 		return fmt.Errorf("move %s: %w", GoodRef, err)
 	}
@@ -341,23 +310,22 @@ func (r *Repo) stage(ctx context.Context, head string) ([]string, error) {
 			return nil, fmt.Errorf("stage %s: a directory went while git staged it (the agent at work): tried again", w)
 		}
 	}
-	var out []byte
-	if head == "" {
-		out, err = r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}), maxPathList)
-	} else {
-		out, err = r.git.Output(ctx, r.cmd("diff-index", []string{"--cached", "--name-only", "--no-renames", "-z"}, head), maxPathList)
+	list := r.cmd("ls-files", []string{"--cached", "-z"})
+	if head != "" {
+		list = r.cmd("diff-index", []string{"--cached", "--name-only", "--no-renames", "-z"}, head)
 	}
+	paths, err := r.paths(ctx, list)
 	if err != nil {
 		return nil, fmt.Errorf("list staged changes: %w", err)
 	}
-	var paths []string
-	for _, p := range bytes.Split(out, []byte{0}) {
-		if len(p) > 0 {
-			paths = append(paths, string(p))
-		}
-	}
-	sort.Strings(paths)
+	slices.Sort(paths)
 	return paths, nil
+}
+
+// paths runs c, which lists paths (-z), and returns them.
+func (r *Repo) paths(ctx context.Context, c gitcmd.Cmd) ([]string, error) {
+	out, err := r.git.Output(ctx, c, maxPathList)
+	return strings.FieldsFunc(string(out), func(c rune) bool { return c == 0 }), err
 }
 
 // BlockedError is a watched tree that cannot be recorded as it is: each
@@ -427,7 +395,10 @@ func (r *Repo) commit(ctx context.Context, who Identity, msg string, allowEmpty 
 		flags = append(flags, "--allow-empty")
 	}
 	c := r.cmd("commit", flags)
-	c.Env = identityEnv(who)
+	c.Env = []string{
+		"GIT_AUTHOR_NAME=" + who.Name, "GIT_AUTHOR_EMAIL=" + who.Email,
+		"GIT_COMMITTER_NAME=" + who.Name, "GIT_COMMITTER_EMAIL=" + who.Email,
+	}
 	if err := r.git.Run(ctx, c); err != nil {
 		return "", fmt.Errorf("commit: %w", err)
 	}
@@ -522,14 +493,9 @@ func editMessage(paths []string) string {
 // \v \f \r \" \\ and three-digit octal for other control bytes and every
 // byte above 0x7f.
 func QuotePath(p string) string {
-	need := false
-	for i := 0; i < len(p); i++ {
-		if c := p[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x7f {
-			need = true
-			break
-		}
-	}
-	if !need {
+	// A byte above 0x7f is in a rune above it, or makes an invalid one
+	// (utf8.RuneError, above it too).
+	if !strings.ContainsFunc(p, func(c rune) bool { return c < 0x20 || c == '"' || c == '\\' || c >= 0x7f }) {
 		return p
 	}
 	var b strings.Builder
@@ -635,16 +601,12 @@ func short(id string) string {
 // only lists what it would remove (at most a few).
 func (r *Repo) removeUntracked(ctx context.Context, commit string, dryRun bool) ([]string, error) {
 	args := append([]string{commit, "--"}, r.watch...)
-	out, err := r.git.Output(ctx, r.cmd("ls-tree", []string{"-r", "-z", "--name-only", "--full-tree"}, args...), maxPathList)
+	names, err := r.paths(ctx, r.cmd("ls-tree", []string{"-r", "-z", "--name-only", "--full-tree"}, args...))
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", short(commit), err)
 	}
 	files, dirs := map[string]bool{}, map[string]bool{}
-	for _, p := range bytes.Split(out, []byte{0}) {
-		if len(p) == 0 {
-			continue
-		}
-		name := string(p)
+	for _, name := range names {
 		files[name] = true
 		for d := path.Dir(name); d != "."; d = path.Dir(d) {
 			dirs[d] = true
@@ -743,13 +705,13 @@ const maxNested = 64
 // repositories.
 // Ignored directories are not entered, as git does not enter them.
 func (r *Repo) scan(ctx context.Context) (nested, problems []string, err error) {
-	out, err := r.git.Output(ctx, r.cmd("ls-files", []string{"--cached", "-z"}), maxPathList)
+	files, err := r.paths(ctx, r.cmd("ls-files", []string{"--cached", "-z"}))
 	if err != nil {
 		return nil, nil, fmt.Errorf("list tracked files: %w", err)
 	}
 	tracked := map[string]bool{}
-	for _, p := range bytes.Split(out, []byte{0}) {
-		for d := path.Dir(string(p)); d != "." && d != "/" && !tracked[d]; d = path.Dir(d) {
+	for _, p := range files {
+		for d := path.Dir(p); d != "." && d != "/" && !tracked[d]; d = path.Dir(d) {
 			tracked[d] = true
 		}
 	}

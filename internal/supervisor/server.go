@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -111,17 +110,15 @@ func (s *Supervisor) Handler() http.Handler {
 			return
 		}
 		w.WriteHeader(http.StatusServiceUnavailable)
-		var b strings.Builder
-		fmt.Fprintln(&b, st.State)
+		fmt.Fprintln(w, st.State)
 		if st.HaltReason != "" {
-			fmt.Fprintf(&b, "recovery halted: %s\n", st.HaltReason)
+			fmt.Fprintf(w, "recovery halted: %s\n", st.HaltReason)
 		}
 		for _, svc := range st.Services {
 			if !svc.Healthy {
-				fmt.Fprintf(&b, "%s: %s %s\n", svc.Name, svc.State, svc.HealthError)
+				fmt.Fprintf(w, "%s: %s %s\n", svc.Name, svc.State, svc.HealthError)
 			}
 		}
-		w.Write([]byte(b.String()))
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

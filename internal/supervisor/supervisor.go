@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,13 +76,12 @@ type RevertRecord struct {
 }
 
 type service struct {
-	cfg     *ServiceConfig
-	dir     string
-	env     []string
-	state   string
-	gen     int
-	pid     int
-	started bool
+	cfg   *ServiceConfig
+	dir   string
+	env   []string
+	state string
+	gen   int
+	pid   int
 	// startedAt is when the current or last process started.
 	startedAt time.Time
 	restarts  int
@@ -163,6 +163,14 @@ type Supervisor struct {
 	rules *rulesGuard
 }
 
+// stopTimer cancels svc's pending restart, kill or revert retry.
+func (svc *service) stopTimer() {
+	if svc.timer != nil {
+		svc.timer.Stop()
+		svc.timer = nil
+	}
+}
+
 // New checks the options; Run does the work.
 func New(cfg *Config, opts Options) (*Supervisor, error) {
 	if opts.Log == nil {
@@ -176,7 +184,7 @@ func New(cfg *Config, opts Options) (*Supervisor, error) {
 		opts.Shim = []string{exe}
 	}
 	sink := &logSink{w: opts.Log, json: opts.LogFormat == "json"}
-	log, err := NewLogger(sinkWriter{sink}, opts.LogFormat, opts.LogLevel)
+	log, err := NewLogger(sink, opts.LogFormat, opts.LogLevel)
 	if err != nil {
 		return nil, err
 	}
@@ -229,15 +237,6 @@ func durationString(_ []string, a slog.Attr) slog.Attr {
 		a.Value = slog.StringValue(a.Value.Duration().String())
 	}
 	return a
-}
-
-// sinkWriter lets slog share the services' serialised output.
-type sinkWriter struct{ s *logSink }
-
-func (w sinkWriter) Write(p []byte) (int, error) {
-	w.s.mu.Lock()
-	defer w.s.mu.Unlock()
-	return w.s.w.Write(p)
 }
 
 // gitTimeout bounds each git operation of the loop.
@@ -311,12 +310,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	defer guard.Stop()
 	if s.notify != nil {
 		nctx, stop := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			s.notify.run(nctx)
-		}()
-		defer func() { stop(); <-done }()
+		var wg sync.WaitGroup
+		wg.Go(func() { s.notify.run(nctx) })
+		defer func() { stop(); wg.Wait() }()
 	}
 
 	addr := ""
@@ -371,35 +367,37 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	tick := time.NewTicker(s.tickInterval())
 	defer tick.Stop()
 	for {
+		var step func()
 		select {
 		case <-ctx.Done():
 			s.shutdown()
 			return nil
-		case fn := <-s.events:
-			s.mu.Lock()
-			fn()
-			s.mu.Unlock()
+		case step = <-s.events:
 		case <-w.dirty:
-			s.mu.Lock()
-			s.noteDirty()
-			s.mu.Unlock()
+			step = s.noteDirty
 		case <-s.debounce.C:
-			s.mu.Lock()
-			s.dirtySince = time.Time{}
-			s.commitEdits()
-			s.mu.Unlock()
+			step = func() {
+				s.dirtySince = time.Time{}
+				s.commitEdits()
+			}
 		case <-guard.C:
-			s.mu.Lock()
-			s.guardRules()
-			s.mu.Unlock()
+			step = s.guardRules
 		case <-tick.C:
-			s.mu.Lock()
-			s.checkHealth()
-			s.evaluateGood()
-			s.snapshot()
-			s.mu.Unlock()
+			step = func() {
+				s.checkHealth()
+				s.evaluateGood()
+				s.snapshot()
+			}
 		}
+		s.locked(step)
 	}
+}
+
+// locked runs fn holding mu.
+func (s *Supervisor) locked(fn func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fn()
 }
 
 // warnUnheard says loudly, at start, when no one will hear of a revert or
@@ -492,16 +490,13 @@ func (s *Supervisor) fail(what string, err error) {
 // start runs svc's command under the shim, as the leader of a new process
 // group whose parent-death signal reaches the shim.
 func (s *Supervisor) start(svc *service) {
-	if svc.timer != nil {
-		svc.timer.Stop()
-		svc.timer = nil
-	}
+	svc.stopTimer()
+	// gen counts the starts: each but the first is a restart.
 	svc.gen++
 	gen := svc.gen
-	if svc.started {
+	if gen > 1 {
 		svc.restarts++
 	}
-	svc.started = true
 	now := time.Now()
 	svc.startedAt = now
 	fail := func(err error) {
@@ -543,10 +538,7 @@ func (s *Supervisor) start(svc *service) {
 // stop signals svc's group with SIGTERM, then SIGKILL after stop_grace, and
 // runs then (if not nil) on the loop once it has exited.
 func (s *Supervisor) stop(svc *service, then func()) {
-	if svc.timer != nil {
-		svc.timer.Stop()
-		svc.timer = nil
-	}
+	svc.stopTimer()
 	if svc.pid == 0 {
 		if svc.state != StateBricked {
 			svc.state = StateStopped
@@ -575,15 +567,20 @@ func (s *Supervisor) restart(svc *service) {
 	s.stop(svc, func() { s.start(svc) })
 }
 
+// restartAfresh restarts svc with its crash count and backoff reset: the
+// tree it runs changed.
+func (s *Supervisor) restartAfresh(svc *service) {
+	svc.crashes = nil
+	svc.backoff = s.cfg.RestartBackoff.Duration
+	s.restart(svc)
+}
+
 // exited handles the end of generation gen of svc.
 func (s *Supervisor) exited(svc *service, gen, code int, at time.Time) {
 	if gen != svc.gen {
 		return
 	}
-	if svc.timer != nil {
-		svc.timer.Stop()
-		svc.timer = nil
-	}
+	svc.stopTimer()
 	ran := at.Sub(svc.startedAt)
 	svc.pid = 0
 	svc.healthySince = time.Time{}
@@ -606,13 +603,9 @@ func (s *Supervisor) exited(svc *service, gen, code int, at time.Time) {
 		svc.exits = svc.exits[len(svc.exits)-keptExits:]
 	}
 	if code != 0 {
-		kept := svc.crashes[:0]
-		for _, t := range svc.crashes {
-			if at.Sub(t) < s.cfg.CrashWindow.Duration {
-				kept = append(kept, t)
-			}
-		}
-		svc.crashes = append(kept, at)
+		svc.crashes = append(slices.DeleteFunc(svc.crashes, func(t time.Time) bool {
+			return at.Sub(t) >= s.cfg.CrashWindow.Duration
+		}), at)
 	}
 	if len(svc.crashes) >= s.cfg.CrashThreshold {
 		svc.state = StateBricked
@@ -683,15 +676,12 @@ func (s *Supervisor) recover(svc *service, reason string) {
 		s.head, s.headChangedAt = commit, time.Now()
 	}
 	if err != nil {
-		rec.Error = err.Error()
-		s.reverts = append(s.reverts, rec)
 		svc.revertsFailed++
-		s.fail("revert", err)
+		s.noteRevert(rec, "revert", err)
 		if s.unfinished == "" {
 			s.unfinished = reason
 			s.persist()
 		}
-		s.notify.send(s.notification(EventRevertFailed, svc.cfg.Name, rec))
 		// Try again later; each try counts toward max_failed_reverts.
 		svc.timer = s.after(s.cfg.RestartBackoff.Duration, func() {
 			if svc.state == StateBricked && !s.halted {
@@ -700,18 +690,14 @@ func (s *Supervisor) recover(svc *service, reason string) {
 		})
 		return
 	}
-	s.reverts = append(s.reverts, rec)
 	svc.reverted++
 	if s.unfinished != "" {
 		s.unfinished = ""
 		s.persist()
 	}
-	s.log.Warn("reverted to the good commit", "commit", short(commit), "good", short(s.good), "reason", reason)
-	s.notify.send(s.notification(EventRevert, svc.cfg.Name, rec))
+	s.noteRevert(rec, "", nil)
 	for _, other := range s.services {
-		other.crashes = nil
-		other.backoff = s.cfg.RestartBackoff.Duration
-		s.restart(other)
+		s.restartAfresh(other)
 	}
 }
 
@@ -734,21 +720,30 @@ func (s *Supervisor) finishRevert(reason string) {
 		s.head = from
 	}
 	if err != nil && !errors.Is(err, ErrNothingToRevert) {
-		rec.Error = err.Error()
-		s.reverts = append(s.reverts, rec)
-		s.fail("finish the revert that failed before the restart", err)
-		s.notify.send(s.notification(EventRevertFailed, s.troubled, rec))
+		s.noteRevert(rec, "finish the revert that failed before the restart", err)
 		return
 	}
 	if commit != "" {
 		rec.Commit = commit
 		s.head, s.headChangedAt = commit, time.Now()
-		s.reverts = append(s.reverts, rec)
-		s.log.Warn("reverted to the good commit", "commit", short(commit), "good", short(s.good), "reason", reason)
-		s.notify.send(s.notification(EventRevert, s.troubled, rec))
+		s.noteRevert(rec, "", nil)
 	}
 	s.unfinished = ""
 	s.persist()
+}
+
+// noteRevert keeps rec for /status and tells the log and notify_url of
+// it: a revert that made rec.Commit, or one that failed (what, err).
+func (s *Supervisor) noteRevert(rec RevertRecord, what string, err error) {
+	event := EventRevert
+	if err != nil {
+		rec.Error, event = err.Error(), EventRevertFailed
+		s.fail(what, err)
+	} else {
+		s.log.Warn("reverted to the good commit", "commit", short(rec.Commit), "good", short(s.good), "reason", rec.Reason)
+	}
+	s.reverts = append(s.reverts, rec)
+	s.notify.send(s.notification(event, rec.Service, rec))
 }
 
 // halt stops automatic recovery, loudly; svc's crash loop led to it.
@@ -765,9 +760,10 @@ func (s *Supervisor) halt(svc *service, reason string) {
 		// a person reading text.
 		return
 	}
-	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
-	s.sink.line("supervisor", []byte(banner))
-	s.sink.line("supervisor", []byte(strings.Repeat("!", 72)))
+	bar := strings.Repeat("!", 72)
+	for _, l := range []string{bar, banner, bar} {
+		s.sink.line("supervisor", []byte(l))
+	}
 }
 
 // persist writes the halt and the pending acknowledgement to the git dir,
@@ -816,26 +812,16 @@ func (s *Supervisor) commitEdits() {
 	if len(paths) == 0 {
 		return
 	}
-	shared := false
-	for _, p := range paths {
-		inAny := false
-		for _, svc := range s.services {
-			if under(p, svc.cfg.Dir) {
-				inAny = true
-				break
-			}
-		}
-		shared = shared || !inAny
+	touches := func(svc *service) bool {
+		return slices.ContainsFunc(paths, func(p string) bool { return under(p, svc.cfg.Dir) })
 	}
+	// A path no service's dir holds may be shared by any of them.
+	shared := slices.ContainsFunc(paths, func(p string) bool {
+		return !slices.ContainsFunc(s.services, func(svc *service) bool { return under(p, svc.cfg.Dir) })
+	})
 	for _, svc := range s.services {
-		touched := shared
-		for _, p := range paths {
-			touched = touched || under(p, svc.cfg.Dir)
-		}
-		if touched || svc.state == StateBricked {
-			svc.crashes = nil
-			svc.backoff = s.cfg.RestartBackoff.Duration
-			s.restart(svc)
+		if shared || touches(svc) || svc.state == StateBricked {
+			s.restartAfresh(svc)
 		}
 	}
 }
@@ -1002,39 +988,34 @@ func (s *Supervisor) evaluateGood() {
 // a second.
 func (s *Supervisor) shutdown() {
 	defer close(s.closed)
-	s.mu.Lock()
-	s.debounce.Stop()
-	s.log.Info("supervisor stopping services")
-	for _, svc := range s.services {
-		s.stop(svc, nil)
-	}
-	s.mu.Unlock()
-	deadline := time.After(s.cfg.StopGrace.Duration + time.Second)
-	for {
-		s.mu.Lock()
-		running := 0
+	s.locked(func() {
+		s.debounce.Stop()
+		s.log.Info("supervisor stopping services")
 		for _, svc := range s.services {
-			if svc.pid != 0 {
-				running++
-			}
+			s.stop(svc, nil)
 		}
-		s.mu.Unlock()
-		if running == 0 {
-			return
-		}
-		select {
-		case fn := <-s.events:
-			s.mu.Lock()
-			fn()
-			s.mu.Unlock()
-		case <-deadline:
-			s.mu.Lock()
+	})
+	// kill signals each service still running; it reports whether any is.
+	kill := func(sig syscall.Signal) (running bool) {
+		s.locked(func() {
 			for _, svc := range s.services {
 				if svc.pid != 0 {
-					s.run.signal(svc.pid, syscall.SIGKILL)
+					running = true
+					if sig != 0 {
+						s.run.signal(svc.pid, sig)
+					}
 				}
 			}
-			s.mu.Unlock()
+		})
+		return running
+	}
+	deadline := time.After(s.cfg.StopGrace.Duration + time.Second)
+	for kill(0) {
+		select {
+		case fn := <-s.events:
+			s.locked(fn)
+		case <-deadline:
+			kill(syscall.SIGKILL)
 			return
 		}
 	}

@@ -42,7 +42,7 @@ type walkFrame struct {
 // and its lstat, at depth 1 for the root's entries; a directory is entered
 // when it returns true. post is called once a directory entered has been
 // walked, with its parent's descriptor. dirErr is called for a directory
-// that cannot be opened or read: a non-nil return stops the walk.
+// that cannot be opened or read: a non-nil return (or no dirErr) ends the walk.
 type walkFuncs struct {
 	visit  func(dirfd int, rel, name string, st *unix.Stat_t, depth int) (bool, error)
 	post   func(dirfd int, rel, name string) error
@@ -61,6 +61,9 @@ type dirWalk struct {
 // same directory (device and inode), or the walk fails with
 // errTreeChanged.
 func walkTree(root int, f walkFuncs) error {
+	if f.dirErr == nil {
+		f.dirErr = func(rel string, err error) error { return fmt.Errorf("%s: %w", QuotePath(rel), err) }
+	}
 	w := &dirWalk{frames: []walkFrame{{fd: root}}}
 	defer func() {
 		for len(w.frames) > 1 {
@@ -83,17 +86,15 @@ func (w *dirWalk) fd(i int) (int, error) {
 	}
 	cur, curHeld := w.frames[j].fd, true
 	for k := j + 1; k <= i; k++ {
-		fd, err := safepath.OpenBeneath(cur, w.frames[k].name, unix.O_RDONLY|unix.O_DIRECTORY)
+		fd, err := openSame(cur, w.frames[k].name, w.frames[k].dev, w.frames[k].ino)
 		if !curHeld {
 			unix.Close(cur)
 		}
+		if errors.Is(err, errTreeChanged) {
+			return -1, err
+		}
 		if err != nil {
 			return -1, fmt.Errorf("%w: %v", errTreeChanged, err)
-		}
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil || st.Dev != w.frames[k].dev || st.Ino != w.frames[k].ino {
-			unix.Close(fd)
-			return -1, errTreeChanged
 		}
 		cur, curHeld = fd, k > i-heldDirs
 		if curHeld {
@@ -103,6 +104,24 @@ func (w *dirWalk) fd(i int) (int, error) {
 	}
 	w.trim()
 	return cur, nil
+}
+
+// openSame opens the directory name beneath dirfd, following no link, and
+// refuses (errTreeChanged) one that is not the directory dev, ino.
+func openSame(dirfd int, name string, dev, ino uint64) (int, error) {
+	fd, err := safepath.OpenBeneath(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err = unix.Fstat(fd, &st); err == nil && (st.Dev != dev || st.Ino != ino) {
+		err = errTreeChanged
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }
 
 // trim lets go of the held descriptors nearest the root (never the root's
@@ -176,9 +195,6 @@ func (w *dirWalk) dir(rel string, depth int, f walkFuncs) error {
 		}
 		names, next, err := readNames(fd, pos)
 		if err != nil {
-			if f.dirErr == nil {
-				return fmt.Errorf("%s: %w", QuotePath(rel), err)
-			}
 			return f.dirErr(rel, err)
 		}
 		if len(names) == 0 {
@@ -213,23 +229,11 @@ func (w *dirWalk) entries(rel string, depth, top int, names []string, f walkFunc
 		if !enter || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue
 		}
-		cfd, err := safepath.OpenBeneath(fd, name, unix.O_RDONLY|unix.O_DIRECTORY)
-		if err == nil {
-			var got unix.Stat_t
-			if err = unix.Fstat(cfd, &got); err == nil && (got.Dev != st.Dev || got.Ino != st.Ino) {
-				err = errTreeChanged
-			}
-			if err != nil {
-				unix.Close(cfd)
-			}
-		}
+		cfd, err := openSame(fd, name, st.Dev, st.Ino)
 		if err != nil {
 			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, errTreeChanged) {
 				// Swapped or removed since the stat: not followed.
 				continue
-			}
-			if f.dirErr == nil {
-				return fmt.Errorf("%s: %w", QuotePath(crel), err)
 			}
 			if err := f.dirErr(crel, err); err != nil {
 				return err
@@ -260,16 +264,26 @@ func (w *dirWalk) entries(rel string, depth, top int, names []string, f walkFunc
 // holding at most heldDirs descriptors. It returns the first path (from
 // rel, name's own path) it could not remove.
 func removeAllAt(dirfd int, rel, name string) error {
+	// at names the path crel below rel in an error.
+	at := func(crel string, err error) error {
+		return fmt.Errorf("%s: %w", QuotePath(path.Join(rel, crel)), err)
+	}
+	unlink := func(dirfd int, crel, name string, flags int) error {
+		if err := unix.Unlinkat(dirfd, name, flags); err != nil && !errors.Is(err, unix.ENOENT) {
+			return at(crel, err)
+		}
+		return nil
+	}
 	err := unix.Unlinkat(dirfd, name, 0)
 	if err == nil || errors.Is(err, unix.ENOENT) {
 		return nil
 	}
 	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
-		return fmt.Errorf("%s: %w", QuotePath(rel), err)
+		return at("", err)
 	}
 	fd, err := safepath.OpenBeneath(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
-		return fmt.Errorf("%s: %w", QuotePath(rel), err)
+		return at("", err)
 	}
 	defer unix.Close(fd)
 	err = walkTree(fd, walkFuncs{
@@ -277,26 +291,13 @@ func removeAllAt(dirfd int, rel, name string) error {
 			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 				return true, nil
 			}
-			if err := unix.Unlinkat(dirfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-				return false, fmt.Errorf("%s: %w", QuotePath(path.Join(rel, crel)), err)
-			}
-			return false, nil
+			return false, unlink(dirfd, crel, name, 0)
 		},
-		post: func(dirfd int, crel, name string) error {
-			if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("%s: %w", QuotePath(path.Join(rel, crel)), err)
-			}
-			return nil
-		},
-		dirErr: func(crel string, err error) error {
-			return fmt.Errorf("%s: %w", QuotePath(path.Join(rel, crel)), err)
-		},
+		post:   func(dirfd int, crel, name string) error { return unlink(dirfd, crel, name, unix.AT_REMOVEDIR) },
+		dirErr: at,
 	})
 	if err != nil {
 		return err
 	}
-	if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("%s: %w", QuotePath(rel), err)
-	}
-	return nil
+	return unlink(dirfd, "", name, unix.AT_REMOVEDIR)
 }

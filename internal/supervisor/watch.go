@@ -17,7 +17,6 @@ import (
 // the supervisor's own resets (which leave the trees equal to HEAD) and from
 // ignored files end in no commit and no restart.
 type watcher struct {
-	root   string
 	trees  []string
 	ignore []string
 	w      *fsnotify.Watcher
@@ -33,11 +32,10 @@ func newWatcher(root string, trees, ignore []string, log *slog.Logger) (*watcher
 	if err != nil {
 		return nil, err
 	}
-	w := &watcher{root: root, ignore: ignore, w: fw, log: log, dirty: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &watcher{ignore: ignore, w: fw, log: log, dirty: make(chan struct{}, 1), done: make(chan struct{})}
 	for _, t := range trees {
-		w.trees = append(w.trees, filepath.Join(root, t))
-	}
-	for _, t := range w.trees {
+		t = filepath.Join(root, t)
+		w.trees = append(w.trees, t)
 		if err := w.addTree(t); err != nil {
 			fw.Close()
 			return nil, err
