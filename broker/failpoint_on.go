@@ -50,9 +50,8 @@ func failArmed(batch []*op) bool {
 // terminate cuts the PostgreSQL backend pid from another connection (if
 // the pool hands out pid's own connection, it is held while a second one
 // does the cut).
-func terminate(ctx context.Context, st store, pid int) error {
-	s, ok := st.(*sqlStore)
-	if !ok || s.d.name != "postgres" {
+func terminate(ctx context.Context, s *sqlStore, pid int) error {
+	if s.d.name != "postgres" {
 		return nil
 	}
 	var conns []*sql.Conn
@@ -83,12 +82,11 @@ func terminate(ctx context.Context, st store, pid int) error {
 	return fmt.Errorf("failpoint: no other connection to terminate backend %d from", pid)
 }
 
-func failBeforeCommit(ctx context.Context, st store, tx *writeTx, batch []*op) error {
+func failBeforeCommit(ctx context.Context, st *sqlStore, tx *writeTx, batch []*op) error {
 	if !failArmed(batch) {
 		return nil
 	}
-	s, _ := st.(*sqlStore)
-	pg := s != nil && s.d.name == "postgres"
+	pg := st.d.name == "postgres"
 	pid := 0
 	if pg {
 		if err := tx.tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
@@ -133,7 +131,7 @@ func hold(ctx context.Context, file string) error {
 	}
 }
 
-func failAfterCommit(ctx context.Context, st store, batch []*op) error {
+func failAfterCommit(ctx context.Context, st *sqlStore, batch []*op) error {
 	if (failMode != "record-push:after" && failMode != "record-push:blind") || !failArmed(batch) {
 		return nil
 	}

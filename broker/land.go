@@ -7,6 +7,7 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -146,7 +147,7 @@ func (b *Broker) landWrite(ctx context.Context, g authz.Grant, l authz.Landing, 
 		return err
 	}
 	for _, c := range commits {
-		if !isObjectID(c) {
+		if !gitid.Valid(c) {
 			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(c))
 		}
 	}

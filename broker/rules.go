@@ -11,6 +11,7 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -349,7 +350,7 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 	if len(comment) > maxCommentBytes {
 		return 0, errdefs.ResourceExhausted(errdefs.CommentTooLarge, "comment is %d bytes; at most %d", len(comment), maxCommentBytes)
 	}
-	if !isObjectID(commit) {
+	if !gitid.Valid(commit) {
 		return 0, errdefs.InvalidArgument(errdefs.VerdictCommitMissing,
 			"a verdict names the commit the reviewer saw (full hex id), got %q: fetch-review, then give --commit or --repo", clip(commit)).With("commit", clip(commit))
 	}

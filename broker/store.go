@@ -11,26 +11,19 @@ import (
 	"github.com/bushost/bushost/internal/metrics"
 )
 
-// store is where the broker keeps its state: the event log and the tables
-// derived from it (tasks, grants, review requests, idempotency keys), which
-// let every rule decide with a few indexed reads, whatever the log's length.
+// sqlStore is where the broker keeps its state: the event log and the
+// tables derived from it (tasks, grants, review requests, idempotency
+// keys), which let every rule decide with a few indexed reads, whatever
+// the log's length.
 //
 // A write transaction holds the store's write lock, which is exclusive
 // across every process sharing the database: every rule is checked and its
 // event appended inside one, so nothing can interleave between the check and
 // the append. The rules live in the broker and only speak to queries; the
 // two stores differ only in how they open, lock and migrate (dialect).
-type store interface {
-	// begin starts a write transaction holding the write lock.
-	begin(ctx context.Context) (*writeTx, error)
-	// read returns queries outside any transaction, for reads that need no
-	// lock (each statement sees one consistent snapshot).
-	read() *queries
-	// snapshot starts a read-only transaction whose statements all see one
-	// state of the store, taking no lock a write waits for; whole is for a
-	// read of the whole log (log verify), whose statements may run long.
-	snapshot(ctx context.Context, whole bool) (*readTx, error)
-	close() error
+type sqlStore struct {
+	db *sql.DB
+	d  dialect
 }
 
 // dialect is what differs between SQLite and PostgreSQL.
@@ -47,15 +40,13 @@ type dialect struct {
 	long func(ctx context.Context, tx *sql.Tx) error
 }
 
-type sqlStore struct {
-	db *sql.DB
-	d  dialect
-}
-
+// read returns queries outside any transaction, for reads that need no
+// lock (each statement sees one consistent snapshot).
 func (s *sqlStore) read() *queries { return &queries{db: s.db} }
 
 func (s *sqlStore) close() error { return s.db.Close() }
 
+// begin starts a write transaction holding the write lock.
 func (s *sqlStore) begin(ctx context.Context) (*writeTx, error) {
 	start := time.Now()
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -69,6 +60,9 @@ func (s *sqlStore) begin(ctx context.Context) (*writeTx, error) {
 	return &writeTx{queries: queries{db: tx}, tx: tx, began: start, locked: time.Now()}, nil
 }
 
+// snapshot starts a read-only transaction whose statements all see one
+// state of the store, taking no lock a write waits for; whole is for a
+// read of the whole log (log verify), whose statements may run long.
 func (s *sqlStore) snapshot(ctx context.Context, whole bool) (*readTx, error) {
 	tx, err := s.db.BeginTx(ctx, s.d.snapshot)
 	if err != nil {
