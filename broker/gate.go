@@ -85,30 +85,11 @@ func (q *queries) reviewEventsAfter(ctx context.Context, business, project, task
 		business, project, task, seq, TypeReviewRequest, TypeReviewVerdict)
 }
 
-// eventsWhere returns the events that where selects, in order.
-func (q *queries) eventsWhere(ctx context.Context, where string, args ...any) ([]Event, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE `+where+` ORDER BY seq`, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Event
-	for rows.Next() {
-		e, err := scanEvent(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	return out, rows.Err()
-}
-
-// latestReopened returns the task's latest task.reopened event, if any.
-func (q *queries) latestReopened(ctx context.Context, business, project, task string) (Event, bool, error) {
-	e, err := scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 ORDER BY seq DESC LIMIT 1`,
-		business, project, task, TypeTaskReopened))
-	ok, err := found(err)
-	return e, ok, err
+// latestEvent returns the task's latest event of type typ after seq, if
+// any.
+func (q *queries) latestEvent(ctx context.Context, business, project, task, typ string, after int64) (Event, bool, error) {
+	return one(scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 AND seq > $5 ORDER BY seq DESC LIMIT 1`,
+		business, project, task, typ, after)))
 }
 
 // proven refuses, shutting the gate of task t, an event the gate read
@@ -150,7 +131,7 @@ func gate(ctx context.Context, q *queries, keys *Keyring, t taskRow) (string, er
 		}
 	}
 	var reopened int64
-	if re, ok, err := q.latestReopened(ctx, t.Business, t.Project, t.Task); err != nil {
+	if re, ok, err := q.latestEvent(ctx, t.Business, t.Project, t.Task, TypeTaskReopened, 0); err != nil {
 		return "", err
 	} else if ok {
 		if err := proven(keys, t, re); err != nil {

@@ -387,43 +387,31 @@ func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, projec
 		business, project, task = g.Business, g.Project, g.Task
 	}
 	where, args := scopeWhere(1, business, project, task)
-	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth, launch_bounds FROM grants` + whereClause(where)
 	args = append(args, maxListGrants+1)
-	query += fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args))
 	tx, err := b.st.snapshot(ctx, false)
 	if err != nil {
 		return nil, err
 	}
 	defer tx.done()
-	rows, err := tx.db.QueryContext(ctx, query, args...)
+	rows, err := all(ctx, &tx.queries, scanGrant, `SELECT `+grantCols+` FROM grants`+whereClause(where)+fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args)), args...)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	now := time.Now()
 	var out []GrantInfo
-	for rows.Next() {
-		var gi GrantInfo
-		var caps, launch, lb string
-		var expires int64
-		if err := rows.Scan(&gi.ID, &gi.Business, &gi.Project, &gi.Task, &gi.Role, &caps, &expires, &gi.RevokedSeq, &launch, &gi.LaunchedBy, &gi.LaunchDepth, &lb); err != nil {
-			return nil, err
-		}
-		gi.LaunchBounds = ParseLaunchBounds(lb)
-		if launch != "" {
-			if err := json.Unmarshal([]byte(launch), &gi.Launch); err != nil {
+	for _, r := range rows {
+		gi := GrantInfo{ID: r.ID, Business: r.Business, Project: r.Project, Task: r.Task, Role: r.Role, Caps: r.Caps,
+			ExpiresAt: time.Unix(0, r.ExpiresAt).UTC(), Expired: now.UnixNano() >= r.ExpiresAt, RevokedSeq: r.RevokedSeq,
+			LaunchedBy: r.LaunchedBy, LaunchDepth: r.LaunchDepth, LaunchBounds: ParseLaunchBounds(r.LaunchBounds)}
+		if r.Launch != "" {
+			if err := json.Unmarshal([]byte(r.Launch), &gi.Launch); err != nil {
 				return nil, fmt.Errorf("grant %s: launch set: %w", gi.ID, err)
 			}
 		}
 		if len(out) == maxListGrants {
 			return nil, errdefs.ResourceExhausted(errdefs.GrantListTooLong, "more than %d grants match: give --business, --project or --task", maxListGrants).With("limit", maxListGrants)
 		}
-		if caps != "" {
-			gi.Caps = strings.Split(caps, ",")
-		}
-		gi.ExpiresAt = time.Unix(0, expires).UTC()
-		gi.Expired = now.UnixNano() >= expires
 		out = append(out, gi)
 	}
-	return out, rows.Err()
+	return out, nil
 }

@@ -211,11 +211,7 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 			if err := usable(parent); err != nil {
 				return err
 			}
-			_, _, depth, _, err := q.grantLaunch(ctx, parent.ID)
-			if err != nil {
-				return err
-			}
-			g.LaunchDepth = depth + 1
+			g.LaunchDepth = parent.LaunchDepth + 1
 			data["launched_by"] = parent.ID
 			data["launch_depth"] = g.LaunchDepth
 		}
@@ -297,7 +293,7 @@ func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) 
 					r.Commit, scope, r.ID, r.VerdictSeq).
 					With("request", r.ID).With("commit", r.Commit).With("verdict", r.Verdict)
 			}
-			re, hasReopen, err := q.latestReopened(ctx, t.Business, t.Project, t.Task)
+			re, hasReopen, err := q.latestEvent(ctx, t.Business, t.Project, t.Task, TypeTaskReopened, 0)
 			if err != nil {
 				return err
 			}
@@ -698,10 +694,10 @@ func (b *Broker) RecordSessionEvent(ctx context.Context, peer, business, project
 
 // Whoami returns g with its launch set and place in a chain of launches.
 func (b *Broker) Whoami(ctx context.Context, g authz.Grant) (authz.Grant, error) {
-	launch, by, depth, lb, err := b.st.read().grantLaunch(ctx, g.ID)
+	row, _, err := b.st.read().grantByID(ctx, g.ID)
 	if err != nil {
 		return authz.Grant{}, fmt.Errorf("look up grant: %w", err)
 	}
-	g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds = ParseLaunchSet(launch), by, depth, ParseLaunchBounds(lb)
+	g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds = ParseLaunchSet(row.Launch), row.LaunchedBy, row.LaunchDepth, ParseLaunchBounds(row.LaunchBounds)
 	return g, nil
 }

@@ -225,8 +225,7 @@ type grantRow struct {
 	ExpiresAt               int64 // unix nanoseconds
 	RevokedSeq              int64
 	// Launch is the launch set (JSON, role to capabilities), LaunchedBy
-	// and LaunchDepth where the grant stands in a chain of launches; read
-	// by grantLaunch only, beside grantCols.
+	// and LaunchDepth where the grant stands in a chain of launches.
 	Launch      string
 	LaunchedBy  string
 	LaunchDepth int
@@ -252,6 +251,12 @@ func found(err error) (bool, error) {
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// one is a single row as scanned, whether it was found, and the error.
+func one[T any](v T, err error) (T, bool, error) {
+	ok, err := found(err)
+	return v, ok, err
 }
 
 func (q *queries) projectExists(ctx context.Context, business, project string) (bool, error) {
@@ -307,36 +312,30 @@ func (q *queries) lastPushes(ctx context.Context, business, project string) (map
 	return m, rows.Err()
 }
 
-const grantCols = `id, token_hash, business, project, task, role, caps, expires_at, revoked_seq`
+const grantCols = `id, token_hash, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth, launch_bounds`
 
-func scanGrant(row *sql.Row) (grantRow, bool, error) {
+func scanGrant(s scanner) (grantRow, error) {
 	var g grantRow
 	var caps string
-	ok, err := found(row.Scan(&g.ID, &g.TokenHash, &g.Business, &g.Project, &g.Task, &g.Role, &caps, &g.ExpiresAt, &g.RevokedSeq))
+	err := s.Scan(&g.ID, &g.TokenHash, &g.Business, &g.Project, &g.Task, &g.Role, &caps, &g.ExpiresAt, &g.RevokedSeq, &g.Launch, &g.LaunchedBy, &g.LaunchDepth, &g.LaunchBounds)
 	if caps != "" {
 		g.Caps = strings.Split(caps, ",")
 	}
-	return g, ok, err
+	return g, err
 }
 
 func (q *queries) grantByHash(ctx context.Context, hash string) (grantRow, bool, error) {
-	return scanGrant(q.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE token_hash = $1`, hash))
+	return one(scanGrant(q.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE token_hash = $1`, hash)))
 }
 
 func (q *queries) grantByID(ctx context.Context, id string) (grantRow, bool, error) {
-	return scanGrant(q.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE id = $1`, id))
+	return one(scanGrant(q.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE id = $1`, id)))
 }
 
 func (q *queries) insertGrant(ctx context.Context, g grantRow) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO grants (`+grantCols+`, launch, launched_by, launch_depth, launch_bounds) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11, $12)`,
+	_, err := q.db.ExecContext(ctx, `INSERT INTO grants (`+grantCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11, $12)`,
 		g.ID, g.TokenHash, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Caps, ","), g.ExpiresAt, g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds)
 	return err
-}
-
-// grantLaunch reads grant id's launch set and place in a chain of launches.
-func (q *queries) grantLaunch(ctx context.Context, id string) (launch, by string, depth int, lb string, err error) {
-	_, err = found(q.db.QueryRowContext(ctx, `SELECT launch, launched_by, launch_depth, launch_bounds FROM grants WHERE id = $1`, id).Scan(&launch, &by, &depth, &lb))
-	return launch, by, depth, lb, err
 }
 
 func (q *queries) revokeGrant(ctx context.Context, id string, seq int64) error {
@@ -360,7 +359,33 @@ func (q *queries) insertEvent(ctx context.Context, e Event) error {
 
 const eventCols = `seq, business, project, task, type, actor, data, time, peer, prev_hash, hash, sig`
 
-func scanEvent(s interface{ Scan(...any) error }) (Event, error) {
+// scanner is a *sql.Row or *sql.Rows.
+type scanner interface{ Scan(...any) error }
+
+// all returns every row query selects, each read by scan.
+func all[T any](ctx context.Context, q *queries, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := q.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// eventsWhere returns the events that where selects, in order.
+func (q *queries) eventsWhere(ctx context.Context, where string, args ...any) ([]Event, error) {
+	return all(ctx, q, scanEvent, `SELECT `+eventCols+` FROM events WHERE `+where+` ORDER BY seq`, args...)
+}
+
+func scanEvent(s scanner) (Event, error) {
 	var e Event
 	sel := [4]textColumn{{s: &e.Business}, {s: &e.Project}, {s: &e.Task}, {s: &e.Type}}
 	if err := s.Scan(&e.Seq, &sel[0], &sel[1], &sel[2], &sel[3], &e.Actor, &e.Data, &e.Time, &e.Peer, &e.PrevHash, &e.Hash, &e.Sig); err != nil {
@@ -399,9 +424,7 @@ func (c *textColumn) Scan(v any) error {
 }
 
 func (q *queries) event(ctx context.Context, seq int64) (Event, bool, error) {
-	e, err := scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE seq = $1`, seq))
-	ok, err := found(err)
-	return e, ok, err
+	return one(scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE seq = $1`, seq)))
 }
 
 // Filter selects events of one business, project or task ("" matches all).
@@ -412,19 +435,12 @@ type Filter struct {
 	Still func(ctx context.Context) error
 }
 
-// events returns up to limit events after seq that match f, in order.
 // events reads at most limit events after seq after that f selects, and
 // stops early once their data passed maxBytes (at least one is read);
 // full reports a page cut by either bound, so more may follow.
 func (q *queries) events(ctx context.Context, f Filter, after int64, limit int, maxBytes int) (out []Event, full bool, err error) {
-	where := []string{`seq > $1`}
-	args := []any{after}
-	for _, c := range []struct{ col, val string }{{"business", f.Business}, {"project", f.Project}, {"task", f.Task}} {
-		if c.val != "" {
-			args = append(args, c.val)
-			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
-		}
-	}
+	where, args := scopeWhere(2, f.Business, f.Project, f.Task)
+	where, args = append([]string{`seq > $1`}, where...), append([]any{after}, args...)
 	args = append(args, limit)
 	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE `+strings.Join(where, " AND ")+fmt.Sprintf(` ORDER BY seq LIMIT $%d`, len(args)), args...)
 	if err != nil {
@@ -467,19 +483,18 @@ func (q *queries) eachEvent(ctx context.Context, fn func(Event) error) error {
 
 const requestCols = `id, business, project, task, push_seq, commit_id, push_actor, request_seq, verdict, verdict_seq, reviewer`
 
-func scanRequest(row *sql.Row) (requestRow, bool, error) {
-	var r requestRow
-	ok, err := found(row.Scan(&r.ID, &r.Business, &r.Project, &r.Task, &r.PushSeq, &r.Commit, &r.PushActor, &r.RequestSeq, &r.Verdict, &r.VerdictSeq, &r.Reviewer))
-	return r, ok, err
+func scanRequest(s scanner) (r requestRow, err error) {
+	err = s.Scan(&r.ID, &r.Business, &r.Project, &r.Task, &r.PushSeq, &r.Commit, &r.PushActor, &r.RequestSeq, &r.Verdict, &r.VerdictSeq, &r.Reviewer)
+	return r, err
 }
 
 func (q *queries) request(ctx context.Context, id string) (requestRow, bool, error) {
-	return scanRequest(q.db.QueryRowContext(ctx, `SELECT `+requestCols+` FROM review_requests WHERE id = $1`, id))
+	return one(scanRequest(q.db.QueryRowContext(ctx, `SELECT `+requestCols+` FROM review_requests WHERE id = $1`, id)))
 }
 
 func (q *queries) requestForPush(ctx context.Context, t taskRow, pushSeq int64) (requestRow, bool, error) {
-	return scanRequest(q.db.QueryRowContext(ctx, `SELECT `+requestCols+` FROM review_requests WHERE business = $1 AND project = $2 AND task = $3 AND push_seq = $4`,
-		t.Business, t.Project, t.Task, pushSeq))
+	return one(scanRequest(q.db.QueryRowContext(ctx, `SELECT `+requestCols+` FROM review_requests WHERE business = $1 AND project = $2 AND task = $3 AND push_seq = $4`,
+		t.Business, t.Project, t.Task, pushSeq)))
 }
 
 func (q *queries) insertRequest(ctx context.Context, r requestRow) error {
