@@ -203,13 +203,5 @@ func (b *Broker) Halted() error {
 
 // isSHA256Hex: 64 lowercase hex digits (a head's hash, not a git object).
 func isSHA256Hex(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
+	return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == ""
 }

@@ -78,13 +78,6 @@ func (q *queries) latestPush(ctx context.Context, business, project, task string
 	return Event{}, eventFields{}, false, rows.Err()
 }
 
-// reviewEventsAfter returns the task's review.request and review.verdict
-// events after seq, in order.
-func (q *queries) reviewEventsAfter(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
-	return q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq > $4 AND type IN ($5, $6)`,
-		business, project, task, seq, TypeReviewRequest, TypeReviewVerdict)
-}
-
 // latestEvent returns the task's latest event of type typ after seq, if
 // any.
 func (q *queries) latestEvent(ctx context.Context, business, project, task, typ string, after int64) (Event, bool, error) {
@@ -121,7 +114,9 @@ func gate(ctx context.Context, q *queries, keys *Keyring, t taskRow) (string, er
 	if err := proven(keys, t, push); err != nil {
 		return "", err
 	}
-	evs, err := q.reviewEventsAfter(ctx, t.Business, t.Project, t.Task, push.Seq)
+	// The task's review.request and review.verdict events after the push.
+	evs, err := q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq > $4 AND type IN ($5, $6)`,
+		t.Business, t.Project, t.Task, push.Seq, TypeReviewRequest, TypeReviewVerdict)
 	if err != nil {
 		return "", err
 	}
@@ -197,7 +192,8 @@ scan:
 // push and the reviews after it, as log verify does (verdictAuthority),
 // at the cost of one more read of the task's events and a few proofs.
 func approvedBy(ctx context.Context, q *queries, keys *Keyring, t taskRow, push Event, reviews []Event, approval Event) error {
-	grants, err := q.grantEventsBefore(ctx, t.Business, t.Project, t.Task, approval.Seq)
+	grants, err := q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq < $4 AND type IN ($5, $6)`,
+		t.Business, t.Project, t.Task, approval.Seq, TypeGrantCreated, TypeGrantRevoked)
 	if err != nil {
 		return err
 	}
@@ -220,13 +216,6 @@ func approvedBy(ctx context.Context, q *queries, keys *Keyring, t taskRow, push 
 		}
 	}
 	return nil
-}
-
-// grantEventsBefore returns the task's grant.created and grant.revoked
-// events before seq, in order.
-func (q *queries) grantEventsBefore(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
-	return q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq < $4 AND type IN ($5, $6)`,
-		business, project, task, seq, TypeGrantCreated, TypeGrantRevoked)
 }
 
 // tokenOfRecord refuses g's call unless the token it presented is the one

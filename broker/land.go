@@ -221,12 +221,9 @@ func (b *Broker) ReopenTask(ctx context.Context, peer, business, project, task s
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		t, ok, err := q.task(ctx, business, project, task)
+		t, err := q.knownTask(ctx, business, project, task)
 		if err != nil {
 			return err
-		}
-		if !ok {
-			return errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
 		}
 		if e, landed, err := q.latestEvent(ctx, business, project, task, TypeTaskLanded, 0); err != nil {
 			return err

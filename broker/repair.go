@@ -97,12 +97,9 @@ func (b *Broker) Repaired(ctx context.Context, business, project, task string, r
 		if err := writable(ctx, &q.queries, b.hostID, business, project); err != nil {
 			return err
 		}
-		t, ok, err := q.task(ctx, business, project, task)
+		t, err := q.knownTask(ctx, business, project, task)
 		if err != nil {
 			return err
-		}
-		if !ok {
-			return errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
 		}
 		if t.NeedsRepair == "" {
 			return errdefs.FailedPrecondition(errdefs.TaskNeedsNoRepair, "task %s does not need repair", scopeString(business, project, task))
@@ -142,12 +139,9 @@ func (b *Broker) LastPush(ctx context.Context, business, project, task string) (
 	if _, err := names.ParseTask(business, project, task); err != nil {
 		return "", "", err
 	}
-	t, ok, err := b.st.read().task(ctx, business, project, task)
+	t, err := b.st.read().knownTask(ctx, business, project, task)
 	if err != nil {
 		return "", "", err
-	}
-	if !ok {
-		return "", "", errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
 	}
 	return t.LastPushCommit, t.NeedsRepair, nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/metrics"
 )
 
@@ -277,6 +278,15 @@ func (q *queries) task(ctx context.Context, business, project, task string) (tas
 	ok, err := found(q.db.QueryRowContext(ctx, `SELECT closed_seq, last_push_seq, last_push_commit, last_push_actor, needs_repair, repair_seq FROM tasks WHERE business = $1 AND project = $2 AND task = $3`,
 		business, project, task).Scan(&t.ClosedSeq, &t.LastPushSeq, &t.LastPushCommit, &t.LastPushActor, &t.NeedsRepair, &t.RepairSeq))
 	return t, ok, err
+}
+
+// knownTask returns the task, refusing an unknown one (TASK_NOT_FOUND).
+func (q *queries) knownTask(ctx context.Context, business, project, task string) (taskRow, error) {
+	t, ok, err := q.task(ctx, business, project, task)
+	if err == nil && !ok {
+		err = errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
+	}
+	return t, err
 }
 
 func (q *queries) insertTask(ctx context.Context, business, project, task string) (bool, error) {
