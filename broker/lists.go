@@ -65,42 +65,30 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 	q := &tx.queries
 	landed := map[string]int64{}
 	lwhere, largs := scopeWhere(2, business, project, task)
-	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, seq FROM events WHERE `+strings.Join(append([]string{"type = $1"}, lwhere...), " AND "),
+	err = each(ctx, q, func(s scanner) error {
+		var bb, p, t string
+		var seq int64
+		err := s.Scan(&bb, &p, &t, &seq)
+		landed[scopeString(bb, p, t)] = seq
+		return err
+	}, `SELECT business, project, task, seq FROM events WHERE `+strings.Join(append([]string{"type = $1"}, lwhere...), " AND "),
 		append([]any{TypeTaskLanded}, largs...)...)
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var bb, p, t string
-		var seq int64
-		if err := rows.Scan(&bb, &p, &t, &seq); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		landed[scopeString(bb, p, t)] = seq
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
 	where, args := scopeWhere(1, business, project, task)
-	rows, err = q.db.QueryContext(ctx, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks`+whereClause(where)+` ORDER BY business, project, task`, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
 	var out []TaskInfo
-	for rows.Next() {
+	err = each(ctx, q, func(s scanner) error {
 		var t TaskInfo
 		var closed int64
-		if err := rows.Scan(&t.Business, &t.Project, &t.Task, &closed, &t.LastPushSeq, &t.LastPushCommit); err != nil {
-			return nil, err
+		if err := s.Scan(&t.Business, &t.Project, &t.Task, &closed, &t.LastPushSeq, &t.LastPushCommit); err != nil {
+			return err
 		}
 		if !g.Host && (t.Business != g.Business || t.Project != g.Project || t.Task != g.Task) {
-			continue
+			return nil
 		}
 		if business != "" && t.Business != business || project != "" && t.Project != project {
-			continue
+			return nil
 		}
 		t.LandedSeq = landed[scopeString(t.Business, t.Project, t.Task)]
 		switch {
@@ -112,14 +100,18 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 			t.State = StateOpen
 		}
 		if state != "" && t.State != state {
-			continue
+			return nil
 		}
 		if len(out) == maxListTasks {
-			return nil, errdefs.ResourceExhausted(errdefs.TaskListTooLong, "more than %d tasks match: give --business, --project or --state", maxListTasks).With("limit", maxListTasks)
+			return errdefs.ResourceExhausted(errdefs.TaskListTooLong, "more than %d tasks match: give --business, --project or --state", maxListTasks).With("limit", maxListTasks)
 		}
 		out = append(out, t)
+		return nil
+	}, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks`+whereClause(where)+` ORDER BY business, project, task`, args...)
+	if err != nil {
+		return nil, err
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // scopeWhere is the SQL conditions selecting the rows of business,
@@ -231,20 +223,15 @@ func (b *Broker) listProjects(ctx context.Context, g authz.Grant, business strin
 		taskWhere, taskArgs = scopeWhere(1, business, "", "")
 		projWhere, projArgs = taskWhere, taskArgs
 	}
-	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`+whereClause(taskWhere), taskArgs...)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
+	err = each(ctx, q, func(s scanner) error {
 		var bb, p, t, c string
 		var seq int64
-		if err := rows.Scan(&bb, &p, &t, &seq, &c); err != nil {
-			rows.Close()
-			return nil, err
+		if err := s.Scan(&bb, &p, &t, &seq, &c); err != nil {
+			return err
 		}
 		if !g.Host && (bb != g.Business || p != g.Project || t != g.Task) {
 			// A session learns nothing of its project's other tasks.
-			continue
+			return nil
 		}
 		k := bb + "/" + p
 		po := pushes[k]
@@ -256,38 +243,32 @@ func (b *Broker) listProjects(ctx context.Context, g authz.Grant, business strin
 		if seq > po.seq {
 			po.seq, po.commit, po.task = seq, c, t
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows, err = q.db.QueryContext(ctx, `SELECT business, project, host, moving_id FROM projects`+whereClause(projWhere)+` ORDER BY business, project`, projArgs...)
+		return nil
+	}, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`+whereClause(taskWhere), taskArgs...)
 	if err != nil {
 		return nil, err
 	}
 	var out []ProjectInfo
-	for rows.Next() {
+	err = each(ctx, q, func(s scanner) error {
 		var p ProjectInfo
 		var moving string
-		if err := rows.Scan(&p.Business, &p.Project, &p.Host, &moving); err != nil {
-			rows.Close()
-			return nil, err
+		if err := s.Scan(&p.Business, &p.Project, &p.Host, &moving); err != nil {
+			return err
 		}
 		p.Moving = moving != ""
 		if !g.Host && (p.Business != g.Business || p.Project != g.Project) || business != "" && p.Business != business {
-			continue
+			return nil
 		}
 		if len(out) == maxListProjects {
-			rows.Close()
-			return nil, errdefs.ResourceExhausted(errdefs.ProjectListTooLong, "more than %d projects match: give --business", maxListProjects).With("limit", maxListProjects)
+			return errdefs.ResourceExhausted(errdefs.ProjectListTooLong, "more than %d projects match: give --business", maxListProjects).With("limit", maxListProjects)
 		}
 		if po := pushes[p.Business+"/"+p.Project]; po != nil {
 			p.Tasks, p.LastPushSeq, p.LastPushCommit, p.LastPushTask = po.tasks, po.seq, po.commit, po.task
 		}
 		out = append(out, p)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return nil
+	}, `SELECT business, project, host, moving_id FROM projects`+whereClause(projWhere)+` ORDER BY business, project`, projArgs...)
+	if err != nil {
 		return nil, err
 	}
 	for i := range out {

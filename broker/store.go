@@ -306,20 +306,14 @@ func (q *queries) setClosed(ctx context.Context, t taskRow, seq int64) error {
 }
 
 func (q *queries) lastPushes(ctx context.Context, business, project string) (map[string]string, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT task, last_push_commit FROM tasks WHERE business = $1 AND project = $2 AND last_push_seq > 0`, business, project)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
 	m := map[string]string{}
-	for rows.Next() {
+	err := each(ctx, q, func(s scanner) error {
 		var t, c string
-		if err := rows.Scan(&t, &c); err != nil {
-			return nil, err
-		}
+		err := s.Scan(&t, &c)
 		m[t] = c
-	}
-	return m, rows.Err()
+		return err
+	}, `SELECT task, last_push_commit FROM tasks WHERE business = $1 AND project = $2 AND last_push_seq > 0`, business, project)
+	return m, err
 }
 
 const grantCols = `id, token_hash, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth, launch_bounds`
@@ -372,22 +366,34 @@ const eventCols = `seq, business, project, task, type, actor, data, time, peer, 
 // scanner is a *sql.Row or *sql.Rows.
 type scanner interface{ Scan(...any) error }
 
+// each calls fn with every row query selects, in one statement, until
+// fn fails.
+func each(ctx context.Context, q *queries, fn func(scanner) error, query string, args ...any) error {
+	rows, err := q.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
 // all returns every row query selects, each read by scan.
 func all[T any](ctx context.Context, q *queries, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
-	rows, err := q.db.QueryContext(ctx, query, args...)
+	var out []T
+	err := each(ctx, q, func(s scanner) error {
+		v, err := scan(s)
+		out = append(out, v)
+		return err
+	}, query, args...)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []T
-	for rows.Next() {
-		v, err := scan(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // eventsWhere returns the events that where selects, in order.
@@ -474,21 +480,13 @@ func (q *queries) events(ctx context.Context, f Filter, after int64, limit int, 
 // eachEvent calls fn for every event in seq order, in one statement (one
 // snapshot).
 func (q *queries) eachEvent(ctx context.Context, fn func(Event) error) error {
-	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events ORDER BY seq`)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		e, err := scanEvent(rows)
+	return each(ctx, q, func(s scanner) error {
+		e, err := scanEvent(s)
 		if err != nil {
 			return err
 		}
-		if err := fn(e); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
+		return fn(e)
+	}, `SELECT `+eventCols+` FROM events ORDER BY seq`)
 }
 
 const requestCols = `id, business, project, task, push_seq, commit_id, push_actor, request_seq, verdict, verdict_seq, reviewer`
