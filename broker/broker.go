@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -117,14 +118,6 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	ttl := o.DefaultTTL
-	if ttl == 0 {
-		ttl = 24 * time.Hour
-	}
-	hostID := o.HostID
-	if hostID == "" {
-		hostID = DefaultHostID
-	}
 	if o.SigningKey == nil {
 		st.close()
 		return nil, errors.New("broker: no signing key: every event a host appends is signed (Options.SigningKey)")
@@ -133,10 +126,10 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	b := &Broker{
 		signer:      signer,
 		keys:        NewKeyring(append([]ed25519.PublicKey{signer.Public()}, o.TrustedKeys...)...),
-		hostID:      hostID,
+		hostID:      cmp.Or(o.HostID, DefaultHostID),
 		st:          st,
 		admin:       o.AdminToken,
-		defaultTTL:  ttl,
+		defaultTTL:  cmp.Or(o.DefaultTTL, 24*time.Hour),
 		reposDir:    o.ReposDir,
 		quota:       newEventQuota(o.EventRate, o.EventBytesRate),
 		egressQuota: newEgressQuota(o.EgressRate, o.EgressBytesRate),
@@ -366,9 +359,7 @@ func appendEvent(ctx context.Context, q *writeTx, e *Event) error {
 	e.Seq = seq + 1
 	e.PrevHash = prev
 	e.Time = now()
-	if e.Data == "" {
-		e.Data = "{}"
-	}
+	e.Data = cmp.Or(e.Data, "{}")
 	e.Hash = HashEvent(*e)
 	e.Sig = q.signer.sign(e.Hash)
 	if err := q.insertEvent(ctx, *e); err != nil {
@@ -434,10 +425,8 @@ func (b *Broker) Authorize(ctx context.Context, token string, caps ...string) (a
 	if len(caps) == 0 {
 		return authz.Grant{}, errdefs.PermissionDenied(errdefs.HostOnly, "only the host (admin.token) may do this; grant %s is a task's grant", g.ID)
 	}
-	for _, c := range caps {
-		if ag.Has(c) {
-			return ag, nil
-		}
+	if slices.ContainsFunc(caps, ag.Has) {
+		return ag, nil
 	}
 	return authz.Grant{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s (role %s) lacks capability %s", g.ID, g.Role, strings.Join(caps, " or "))
 }
@@ -559,9 +548,7 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 	if err != nil {
 		return Event{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
-	if p.Ref == "" {
-		p.Ref = ref
-	}
+	p.Ref = cmp.Or(p.Ref, ref)
 	if p.Ref != ref {
 		return Event{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "a push of task %s moves %s, not %q", g.Task, ref, p.Ref)
 	}
@@ -619,17 +606,9 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 // one whose ref move this host has not made yet) recorded first.
 func pushConflict(g authz.Grant, p authz.Push, latest string) error {
 	scope := scopeString(g.Business, g.Project, g.Task)
-	from := p.Previous
-	if from == "" {
-		from = "nothing (a first push)"
-	}
-	now := latest
-	if now == "" {
-		now = "none"
-	}
 	return errdefs.Aborted(errdefs.PushConflict,
 		"push %s of task %s extends %s, but the task's latest recorded push is %s: run 'bushost fetch-work', rebase onto it and push again",
-		p.Commit, scope, from, now).
+		p.Commit, scope, cmp.Or(p.Previous, "nothing (a first push)"), cmp.Or(latest, "none")).
 		With("commit", p.Commit).With("previous", p.Previous).With("latest", latest).With("task", scope)
 }
 

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -30,8 +29,7 @@ import (
 var (
 	failMode  = os.Getenv("BUSHOST_FAILPOINT")
 	failFired atomic.Bool
-	failMu    sync.Mutex
-	failPID   int
+	failPID   atomic.Int64
 	failBlind atomic.Bool
 )
 
@@ -93,9 +91,7 @@ func failBeforeCommit(ctx context.Context, st *sqlStore, tx *writeTx, batch []*o
 			return err
 		}
 	}
-	failMu.Lock()
-	failPID = pid
-	failMu.Unlock()
+	failPID.Store(int64(pid))
 	if failMode == "record-push:hold" {
 		failFired.Store(true)
 		return hold(ctx, os.Getenv("BUSHOST_FAILPOINT_FILE"))
@@ -136,10 +132,7 @@ func failAfterCommit(ctx context.Context, st *sqlStore, batch []*op) error {
 		return nil
 	}
 	failFired.Store(true)
-	failMu.Lock()
-	pid := failPID
-	failMu.Unlock()
-	if pid != 0 {
+	if pid := int(failPID.Load()); pid != 0 {
 		if err := terminate(ctx, st, pid); err != nil {
 			return err
 		}

@@ -55,9 +55,8 @@ func (q *queries) project(ctx context.Context, business, project string) (projec
 // setPlacement places business/project on host, moving by the export id
 // appended at event seq, or not moving (id "").
 func (q *queries) setPlacement(ctx context.Context, business, project, host, id string, seq int64) error {
-	_, err := q.db.ExecContext(ctx, `UPDATE projects SET host = $1, moving_id = $2, moving_seq = $3, moving_digest = '' WHERE business = $4 AND project = $5`,
+	return q.exec(ctx, `UPDATE projects SET host = $1, moving_id = $2, moving_seq = $3, moving_digest = '' WHERE business = $4 AND project = $5`,
 		host, id, seq, business, project)
-	return err
 }
 
 // ownProject is business/project's row, refused unless it exists and is
@@ -102,14 +101,9 @@ func projectMoving(business, project string, r projectRow) error {
 		Retry(time.Minute)
 }
 
-func checkProjectNames(business, project string) error {
-	_, err := names.ParseProject(business, project)
-	return err
-}
-
 // NotMoving implements authz.Mover.
 func (b *Broker) NotMoving(ctx context.Context, business, project string) error {
-	if err := checkProjectNames(business, project); err != nil {
+	if _, err := names.ParseProject(business, project); err != nil {
 		return err
 	}
 	return writable(ctx, b.st.read(), b.hostID, business, project)
@@ -120,7 +114,7 @@ func (b *Broker) NotMoving(ctx context.Context, business, project string) error 
 // export names; it returns the project's tasks as the log has them then.
 // A task marked TASK_NEEDS_REPAIR is refused: the host repairs it first.
 func (b *Broker) BeginExport(ctx context.Context, business, project, id string) (authz.Export, error) {
-	if err := checkProjectNames(business, project); err != nil {
+	if _, err := names.ParseProject(business, project); err != nil {
 		return authz.Export{}, err
 	}
 	if !authz.ValidExportID(id) {
@@ -177,7 +171,7 @@ func (q *queries) exportTasks(ctx context.Context, business, project string) ([]
 
 // SealExport implements authz.Mover.
 func (b *Broker) SealExport(ctx context.Context, business, project, id, digest string) error {
-	if err := checkProjectNames(business, project); err != nil {
+	if _, err := names.ParseProject(business, project); err != nil {
 		return err
 	}
 	return b.write(ctx, func(ctx context.Context, q *writeTx) error {
@@ -188,14 +182,13 @@ func (b *Broker) SealExport(ctx context.Context, business, project, id, digest s
 		if !ok || r.Host != b.hostID || r.MovingID != id {
 			return errdefs.FailedPrecondition(errdefs.ExportStale, "export %s of %s/%s was cancelled or replaced while it was written", id, business, project)
 		}
-		_, err = q.db.ExecContext(ctx, `UPDATE projects SET moving_digest = $1 WHERE business = $2 AND project = $3`, digest, business, project)
-		return err
+		return q.exec(ctx, `UPDATE projects SET moving_digest = $1 WHERE business = $2 AND project = $3`, digest, business, project)
 	})
 }
 
 // CancelExport implements authz.Mover.
 func (b *Broker) CancelExport(ctx context.Context, business, project, id string) (int64, error) {
-	if err := checkProjectNames(business, project); err != nil {
+	if _, err := names.ParseProject(business, project); err != nil {
 		return 0, err
 	}
 	var seq int64
@@ -220,7 +213,7 @@ func (b *Broker) CancelExport(ctx context.Context, business, project, id string)
 
 // CheckImport implements authz.Mover.
 func (b *Broker) CheckImport(ctx context.Context, c authz.ImportClaim) error {
-	if err := checkProjectNames(c.Business, c.Project); err != nil {
+	if _, err := names.ParseProject(c.Business, c.Project); err != nil {
 		return err
 	}
 	_, err := b.checkClaim(ctx, b.st.read(), c)
@@ -229,7 +222,7 @@ func (b *Broker) CheckImport(ctx context.Context, c authz.ImportClaim) error {
 
 // CompleteImport implements authz.Mover.
 func (b *Broker) CompleteImport(ctx context.Context, c authz.ImportClaim) (int64, error) {
-	if err := checkProjectNames(c.Business, c.Project); err != nil {
+	if _, err := names.ParseProject(c.Business, c.Project); err != nil {
 		return 0, err
 	}
 	var seq int64

@@ -131,10 +131,9 @@ func (q *queries) bucket(ctx context.Context, grant, kind string) (bucket, bool,
 
 // setBucket writes grant's bucket of kind.
 func (q *queries) setBucket(ctx context.Context, grant, kind string, b bucket) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO quota_buckets (grant_id, kind, events, bytes, at) VALUES ($1, $2, $3, $4, $5)
+	return q.exec(ctx, `INSERT INTO quota_buckets (grant_id, kind, events, bytes, at) VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (grant_id, kind) DO UPDATE SET events = excluded.events, bytes = excluded.bytes, at = excluded.at`,
 		grant, kind, b.events, b.bytes, b.at.UnixNano())
-	return err
 }
 
 // minutes is m minutes, rounded up to a whole millisecond and at least one.

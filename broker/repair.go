@@ -78,9 +78,8 @@ func (b *Broker) MarkNeedsRepair(ctx context.Context, business, project, task, w
 		if err := appendEvent(ctx, q, &e); err != nil {
 			return err
 		}
-		_, err = q.db.ExecContext(ctx, `UPDATE tasks SET needs_repair = $1, repair_seq = $2 WHERE business = $3 AND project = $4 AND task = $5`,
+		return q.exec(ctx, `UPDATE tasks SET needs_repair = $1, repair_seq = $2 WHERE business = $3 AND project = $4 AND task = $5`,
 			why, e.Seq, business, project, task)
-		return err
 	})
 }
 

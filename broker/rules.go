@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -172,11 +173,7 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 	if r.TTL < 0 {
 		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "negative lifetime %s", r.TTL)
 	}
-	ttl := r.TTL
-	if ttl == 0 {
-		ttl = b.defaultTTL
-	}
-	ig := IssuedGrant{ID: randomID("g-", 8), Token: randomID("bht_", 32), ExpiresAt: time.Now().Add(ttl).UTC()}
+	ig := IssuedGrant{ID: randomID("g-", 8), Token: randomID("bht_", 32), ExpiresAt: time.Now().Add(cmp.Or(r.TTL, b.defaultTTL)).UTC()}
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if _, err := openTask(ctx, &q.queries, r.Business, r.Project, r.Task, "grants"); err != nil {
 			return err

@@ -160,19 +160,16 @@ func (w *writeTx) insertEvent(ctx context.Context, e Event) error {
 }
 
 func (w *writeTx) savepoint(ctx context.Context) error {
-	_, err := w.tx.ExecContext(ctx, `SAVEPOINT op`)
-	return err
+	return w.exec(ctx, `SAVEPOINT op`)
 }
 
 func (w *writeTx) rollbackTo(ctx context.Context) error {
 	w.headKnown = false
-	_, err := w.tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT op`)
-	return err
+	return w.exec(ctx, `ROLLBACK TO SAVEPOINT op`)
 }
 
 func (w *writeTx) release(ctx context.Context) error {
-	_, err := w.tx.ExecContext(ctx, `RELEASE SAVEPOINT op`)
-	return err
+	return w.exec(ctx, `RELEASE SAVEPOINT op`)
 }
 
 func (w *writeTx) commit() error {
@@ -205,6 +202,11 @@ type dbtx interface {
 // PostgreSQL share ($N placeholders, ON CONFLICT DO NOTHING).
 type queries struct {
 	db dbtx
+}
+
+func (q *queries) exec(ctx context.Context, query string, args ...any) error {
+	_, err := q.db.ExecContext(ctx, query, args...)
+	return err
 }
 
 type taskRow struct {
@@ -295,14 +297,12 @@ func (q *queries) insertTask(ctx context.Context, business, project, task string
 }
 
 func (q *queries) setLastPush(ctx context.Context, t taskRow, seq int64, commit, actor string) error {
-	_, err := q.db.ExecContext(ctx, `UPDATE tasks SET last_push_seq = $1, last_push_commit = $2, last_push_actor = $3 WHERE business = $4 AND project = $5 AND task = $6`,
+	return q.exec(ctx, `UPDATE tasks SET last_push_seq = $1, last_push_commit = $2, last_push_actor = $3 WHERE business = $4 AND project = $5 AND task = $6`,
 		seq, commit, actor, t.Business, t.Project, t.Task)
-	return err
 }
 
 func (q *queries) setClosed(ctx context.Context, t taskRow, seq int64) error {
-	_, err := q.db.ExecContext(ctx, `UPDATE tasks SET closed_seq = $1 WHERE business = $2 AND project = $3 AND task = $4`, seq, t.Business, t.Project, t.Task)
-	return err
+	return q.exec(ctx, `UPDATE tasks SET closed_seq = $1 WHERE business = $2 AND project = $3 AND task = $4`, seq, t.Business, t.Project, t.Task)
 }
 
 func (q *queries) lastPushes(ctx context.Context, business, project string) (map[string]string, error) {
@@ -337,14 +337,12 @@ func (q *queries) grantByID(ctx context.Context, id string) (grantRow, bool, err
 }
 
 func (q *queries) insertGrant(ctx context.Context, g grantRow) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO grants (`+grantCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11, $12)`,
+	return q.exec(ctx, `INSERT INTO grants (`+grantCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11, $12)`,
 		g.ID, g.TokenHash, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Caps, ","), g.ExpiresAt, g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds)
-	return err
 }
 
 func (q *queries) revokeGrant(ctx context.Context, id string, seq int64) error {
-	_, err := q.db.ExecContext(ctx, `UPDATE grants SET revoked_seq = $1 WHERE id = $2`, seq, id)
-	return err
+	return q.exec(ctx, `UPDATE grants SET revoked_seq = $1 WHERE id = $2`, seq, id)
 }
 
 // head returns the last event's seq and hash (0, "" for an empty log).
@@ -356,9 +354,8 @@ func (q *queries) head(ctx context.Context) (int64, string, error) {
 }
 
 func (q *queries) insertEvent(ctx context.Context, e Event) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO events (`+eventCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+	return q.exec(ctx, `INSERT INTO events (`+eventCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		e.Seq, e.Business, e.Project, e.Task, e.Type, e.Actor, e.Data, e.Time, e.Peer, e.PrevHash, e.Hash, e.Sig)
-	return err
 }
 
 const eventCols = `seq, business, project, task, type, actor, data, time, peer, prev_hash, hash, sig`
@@ -506,14 +503,12 @@ func (q *queries) requestForPush(ctx context.Context, t taskRow, pushSeq int64) 
 }
 
 func (q *queries) insertRequest(ctx context.Context, r requestRow) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO review_requests (`+requestCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, '', 0, '')`,
+	return q.exec(ctx, `INSERT INTO review_requests (`+requestCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, '', 0, '')`,
 		r.ID, r.Business, r.Project, r.Task, r.PushSeq, r.Commit, r.PushActor, r.RequestSeq)
-	return err
 }
 
 func (q *queries) setVerdict(ctx context.Context, id, verdict string, seq int64, reviewer string) error {
-	_, err := q.db.ExecContext(ctx, `UPDATE review_requests SET verdict = $1, verdict_seq = $2, reviewer = $3 WHERE id = $4`, verdict, seq, reviewer, id)
-	return err
+	return q.exec(ctx, `UPDATE review_requests SET verdict = $1, verdict_seq = $2, reviewer = $3 WHERE id = $4`, verdict, seq, reviewer, id)
 }
 
 func (q *queries) idempotent(ctx context.Context, actor, key string) (bodyHash string, seq int64, ok bool, err error) {
@@ -522,6 +517,5 @@ func (q *queries) idempotent(ctx context.Context, actor, key string) (bodyHash s
 }
 
 func (q *queries) insertIdempotent(ctx context.Context, actor, key, bodyHash string, seq int64) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO idempotency (actor, key, body_hash, seq) VALUES ($1, $2, $3, $4)`, actor, key, bodyHash, seq)
-	return err
+	return q.exec(ctx, `INSERT INTO idempotency (actor, key, body_hash, seq) VALUES ($1, $2, $3, $4)`, actor, key, bodyHash, seq)
 }
