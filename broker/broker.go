@@ -176,10 +176,9 @@ func (b *Broker) Close() error {
 
 // op is one write waiting for the committer.
 type op struct {
-	ctx      context.Context
-	fn       func(ctx context.Context, q *writeTx) error
-	done     chan error
-	appended bool
+	ctx  context.Context
+	fn   func(ctx context.Context, q *writeTx) error
+	done chan error
 }
 
 // write runs fn in a write transaction and returns once that transaction is

@@ -64,19 +64,18 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 	defer tx.done()
 	q := &tx.queries
 	landed := map[string]int64{}
-	lwhere, largs := scopeWhere(2, business, project, task)
+	lwhere, largs := scopeWhere([]string{"type = $1"}, []any{TypeTaskLanded}, business, project, task)
 	err = each(ctx, q, func(s scanner) error {
 		var bb, p, t string
 		var seq int64
 		err := s.Scan(&bb, &p, &t, &seq)
 		landed[scopeString(bb, p, t)] = seq
 		return err
-	}, `SELECT business, project, task, seq FROM events WHERE `+strings.Join(append([]string{"type = $1"}, lwhere...), " AND "),
-		append([]any{TypeTaskLanded}, largs...)...)
+	}, `SELECT business, project, task, seq FROM events`+lwhere, largs...)
 	if err != nil {
 		return nil, err
 	}
-	where, args := scopeWhere(1, business, project, task)
+	where, args := scopeWhere(nil, nil, business, project, task)
 	var out []TaskInfo
 	err = each(ctx, q, func(s scanner) error {
 		var t TaskInfo
@@ -107,34 +106,27 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 		}
 		out = append(out, t)
 		return nil
-	}, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks`+whereClause(where)+` ORDER BY business, project, task`, args...)
+	}, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks`+where+` ORDER BY business, project, task`, args...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-// scopeWhere is the SQL conditions selecting the rows of business,
-// project and task ("" for any), their placeholders numbered from
-// $first, and their arguments.
-func scopeWhere(first int, business, project, task string) ([]string, []any) {
-	var where []string
-	var args []any
+// scopeWhere is the SQL WHERE clause ("" for none) of conds, whose
+// arguments are args, and of the conditions selecting the rows of
+// business, project and task ("" for any); and args with theirs appended.
+func scopeWhere(conds []string, args []any, business, project, task string) (string, []any) {
 	for _, c := range []struct{ col, val string }{{"business", business}, {"project", project}, {"task", task}} {
 		if c.val != "" {
-			where = append(where, fmt.Sprintf("%s = $%d", c.col, first+len(args)))
 			args = append(args, c.val)
+			conds = append(conds, fmt.Sprintf("%s = $%d", c.col, len(args)))
 		}
 	}
-	return where, args
-}
-
-// whereClause is " WHERE " and the conditions, or "" for none.
-func whereClause(where []string) string {
-	if len(where) == 0 {
-		return ""
+	if len(conds) == 0 {
+		return "", args
 	}
-	return ` WHERE ` + strings.Join(where, " AND ")
+	return ` WHERE ` + strings.Join(conds, " AND "), args
 }
 
 // maxListProjects and maxListGrants bound one listing.
@@ -211,16 +203,16 @@ func (b *Broker) listProjects(ctx context.Context, g authz.Grant, business strin
 	}
 	pushes := map[string]*pushOf{}
 	// A grant reads its own task's and project's rows only.
-	var taskWhere, projWhere []string
+	var taskWhere, projWhere string
 	var taskArgs, projArgs []any
 	if !g.Host {
 		if business != "" && business != g.Business {
 			return nil, nil
 		}
-		taskWhere, taskArgs = scopeWhere(1, g.Business, g.Project, g.Task)
-		projWhere, projArgs = scopeWhere(1, g.Business, g.Project, "")
+		taskWhere, taskArgs = scopeWhere(nil, nil, g.Business, g.Project, g.Task)
+		projWhere, projArgs = scopeWhere(nil, nil, g.Business, g.Project, "")
 	} else {
-		taskWhere, taskArgs = scopeWhere(1, business, "", "")
+		taskWhere, taskArgs = scopeWhere(nil, nil, business, "", "")
 		projWhere, projArgs = taskWhere, taskArgs
 	}
 	err = each(ctx, q, func(s scanner) error {
@@ -244,7 +236,7 @@ func (b *Broker) listProjects(ctx context.Context, g authz.Grant, business strin
 			po.seq, po.commit, po.task = seq, c, t
 		}
 		return nil
-	}, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`+whereClause(taskWhere), taskArgs...)
+	}, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`+taskWhere, taskArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +259,7 @@ func (b *Broker) listProjects(ctx context.Context, g authz.Grant, business strin
 		}
 		out = append(out, p)
 		return nil
-	}, `SELECT business, project, host, moving_id FROM projects`+whereClause(projWhere)+` ORDER BY business, project`, projArgs...)
+	}, `SELECT business, project, host, moving_id FROM projects`+projWhere+` ORDER BY business, project`, projArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -367,14 +359,14 @@ func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, projec
 		}
 		business, project, task = g.Business, g.Project, g.Task
 	}
-	where, args := scopeWhere(1, business, project, task)
+	where, args := scopeWhere(nil, nil, business, project, task)
 	args = append(args, maxListGrants+1)
 	tx, err := b.st.snapshot(ctx, false)
 	if err != nil {
 		return nil, err
 	}
 	defer tx.done()
-	rows, err := all(ctx, &tx.queries, scanGrant, `SELECT `+grantCols+` FROM grants`+whereClause(where)+fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args)), args...)
+	rows, err := all(ctx, &tx.queries, scanGrant, `SELECT `+grantCols+` FROM grants`+where+fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args)), args...)
 	if err != nil {
 		return nil, err
 	}

@@ -452,10 +452,9 @@ type Filter struct {
 // stops early once their data passed maxBytes (at least one is read);
 // full reports a page cut by either bound, so more may follow.
 func (q *queries) events(ctx context.Context, f Filter, after int64, limit int, maxBytes int) (out []Event, full bool, err error) {
-	where, args := scopeWhere(2, f.Business, f.Project, f.Task)
-	where, args = append([]string{`seq > $1`}, where...), append([]any{after}, args...)
+	where, args := scopeWhere([]string{`seq > $1`}, []any{after}, f.Business, f.Project, f.Task)
 	args = append(args, limit)
-	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE `+strings.Join(where, " AND ")+fmt.Sprintf(` ORDER BY seq LIMIT $%d`, len(args)), args...)
+	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events`+where+fmt.Sprintf(` ORDER BY seq LIMIT $%d`, len(args)), args...)
 	if err != nil {
 		return nil, false, err
 	}
