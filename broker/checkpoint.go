@@ -139,11 +139,11 @@ func (c *checkpoint) record(h Head) error {
 		c.failed = nil
 		return nil
 	}
-	if _, err := c.f.WriteString(h.String() + "\n"); err != nil {
-		c.failed, c.want = err, h
-		return err
+	_, err := c.f.WriteString(h.String() + "\n")
+	if err == nil {
+		err = c.f.Sync()
 	}
-	if err := c.f.Sync(); err != nil {
+	if err != nil {
 		c.failed, c.want = err, h
 		return err
 	}

@@ -299,24 +299,16 @@ func projectSize(reposDir, business, project string, sum bool) (size int64, here
 			continue
 		}
 		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
-					return nil
+			if err == nil && d.Type().IsRegular() {
+				var fi fs.FileInfo
+				if fi, err = d.Info(); err == nil {
+					size += fi.Size()
 				}
-				return err
 			}
-			if !d.Type().IsRegular() {
-				return nil
-			}
-			fi, err := d.Info()
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil
 			}
-			if err != nil {
-				return err
-			}
-			size += fi.Size()
-			return nil
+			return err
 		})
 		if err != nil {
 			return 0, false, err
