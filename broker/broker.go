@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -72,7 +73,7 @@ type Broker struct {
 	placedHere sync.Map // "business/project" -> true, seen placed here and not moving
 	placeMu    sync.Mutex
 	placeGen   uint64 // bumped by forgetPlacement, under placeMu
-	st         store
+	st         *sqlStore
 	admin      string
 	defaultTTL time.Duration
 	reposDir   string
@@ -117,14 +118,6 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	ttl := o.DefaultTTL
-	if ttl == 0 {
-		ttl = 24 * time.Hour
-	}
-	hostID := o.HostID
-	if hostID == "" {
-		hostID = DefaultHostID
-	}
 	if o.SigningKey == nil {
 		st.close()
 		return nil, errors.New("broker: no signing key: every event a host appends is signed (Options.SigningKey)")
@@ -133,10 +126,10 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	b := &Broker{
 		signer:      signer,
 		keys:        NewKeyring(append([]ed25519.PublicKey{signer.Public()}, o.TrustedKeys...)...),
-		hostID:      hostID,
+		hostID:      cmp.Or(o.HostID, DefaultHostID),
 		st:          st,
 		admin:       o.AdminToken,
-		defaultTTL:  ttl,
+		defaultTTL:  cmp.Or(o.DefaultTTL, 24*time.Hour),
 		reposDir:    o.ReposDir,
 		quota:       newEventQuota(o.EventRate, o.EventBytesRate),
 		egressQuota: newEgressQuota(o.EgressRate, o.EgressBytesRate),
@@ -183,10 +176,9 @@ func (b *Broker) Close() error {
 
 // op is one write waiting for the committer.
 type op struct {
-	ctx      context.Context
-	fn       func(ctx context.Context, q *writeTx) error
-	done     chan error
-	appended bool
+	ctx  context.Context
+	fn   func(ctx context.Context, q *writeTx) error
+	done chan error
 }
 
 // write runs fn in a write transaction and returns once that transaction is
@@ -247,8 +239,12 @@ func (b *Broker) runBatch(batch []*op) {
 	// does not roll back the others.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	finish := func() {
+	// finish answers every caller, those not answered yet with err.
+	finish := func(err error) {
 		for i, o := range batch {
+			if errs[i] == nil {
+				errs[i] = err
+			}
 			o.done <- errs[i]
 		}
 	}
@@ -265,10 +261,7 @@ func (b *Broker) runBatch(batch []*op) {
 		}
 	}
 	if err != nil {
-		for i := range errs {
-			errs[i] = err
-		}
-		finish()
+		finish(err)
 		return
 	}
 	// A batch of one needs no savepoint: its refusal rolls back the whole
@@ -277,12 +270,7 @@ func (b *Broker) runBatch(batch []*op) {
 	alone := len(batch) == 1
 	abort := func(err error) {
 		tx.rollback()
-		for i := range errs {
-			if errs[i] == nil {
-				errs[i] = err
-			}
-		}
-		finish()
+		finish(err)
 	}
 	ran := false
 	for i, o := range batch {
@@ -316,8 +304,7 @@ func (b *Broker) runBatch(batch []*op) {
 		ran = true
 	}
 	if !ran {
-		tx.rollback()
-		finish()
+		abort(nil)
 		return
 	}
 	// The head this batch leaves, read under the write lock: what the
@@ -329,48 +316,29 @@ func (b *Broker) runBatch(batch []*op) {
 			return
 		}
 	}
-	if err := failBeforeCommit(ctx, b.st, tx, batch); err != nil {
+	if err = failBeforeCommit(ctx, b.st, tx, batch); err != nil {
 		tx.rollback()
-		for i := range errs {
-			if errs[i] == nil {
-				errs[i] = errdefs.Unavailable(errdefs.CommitUnknown, "commit: %v: whether this write committed is unknown", err).Wrap(err).Retry(time.Second)
-			}
-		}
-		finish()
-		return
-	}
-	err = tx.commit()
-	if err == nil {
+	} else if err = tx.commit(); err == nil {
 		err = failAfterCommit(ctx, b.st, batch)
 	}
 	if err != nil {
 		// The commit may have reached the store before the failure: what
 		// it wrote is unknown until the log is read again.
-		for i := range errs {
-			if errs[i] == nil {
-				errs[i] = errdefs.Unavailable(errdefs.CommitUnknown, "commit: %v: whether this write committed is unknown", err).Wrap(err).Retry(time.Second)
-			}
-		}
-		finish()
+		finish(errdefs.Unavailable(errdefs.CommitUnknown, "commit: %v: whether this write committed is unknown", err).Wrap(err).Retry(time.Second))
 		return
 	}
 	// No caller hears of its event before the head that holds it is in
 	// the checkpoint file: the log never runs ahead of its anchor.
 	if b.cp != nil {
-		if err := b.cp.record(head); err != nil {
+		if err = b.cp.record(head); err != nil {
 			err = b.cp.appendRefusal(err, true)
-			for i := range errs {
-				if errs[i] == nil {
-					errs[i] = err
-				}
-			}
 		}
 	}
 	b.changeMu.Lock()
 	close(b.changed)
 	b.changed = make(chan struct{})
 	b.changeMu.Unlock()
-	finish()
+	finish(err)
 }
 
 // changes returns a channel closed at the next commit.
@@ -390,9 +358,7 @@ func appendEvent(ctx context.Context, q *writeTx, e *Event) error {
 	e.Seq = seq + 1
 	e.PrevHash = prev
 	e.Time = now()
-	if e.Data == "" {
-		e.Data = "{}"
-	}
+	e.Data = cmp.Or(e.Data, "{}")
 	e.Hash = HashEvent(*e)
 	e.Sig = q.signer.sign(e.Hash)
 	if err := q.insertEvent(ctx, *e); err != nil {
@@ -413,9 +379,7 @@ func PeerString(p authz.Peer, ok bool) string {
 
 func randomID(prefix string, n int) string {
 	buf := make([]byte, n)
-	if _, err := rand.Read(buf); err != nil {
-		panic(fmt.Sprintf("broker: crypto/rand: %v", err))
-	}
+	rand.Read(buf) // crypto/rand never fails: it panics instead
 	return prefix + hex.EncodeToString(buf)
 }
 
@@ -428,11 +392,11 @@ func scopeString(business, project, task string) string {
 	return business + "/" + project + "/" + task
 }
 
-// authorize resolves token. With no caps it requires the admin token;
-// otherwise the grant must hold at least one of caps.
-// Whose token it is goes to the call's log line (metrics.NoteGrant), even
-// when the grant is then refused.
-func (b *Broker) authorize(ctx context.Context, token string, caps ...string) (authz.Grant, error) {
+// Authorize implements authz.Authority: it resolves token. With no caps it
+// requires the admin token; otherwise the grant must hold at least one of
+// caps. Whose token it is goes to the call's log line (metrics.NoteGrant),
+// even when the grant is then refused.
+func (b *Broker) Authorize(ctx context.Context, token string, caps ...string) (authz.Grant, error) {
 	if token == "" {
 		return authz.Grant{}, errdefs.Unauthenticated(errdefs.TokenMissing, "no token: send 'authorization: Bearer <token>' (bushost: --token-file FILE, $BUS_TOKEN_FILE or $BUS_TOKEN)")
 	}
@@ -458,10 +422,8 @@ func (b *Broker) authorize(ctx context.Context, token string, caps ...string) (a
 	if len(caps) == 0 {
 		return authz.Grant{}, errdefs.PermissionDenied(errdefs.HostOnly, "only the host (admin.token) may do this; grant %s is a task's grant", g.ID)
 	}
-	for _, c := range caps {
-		if ag.Has(c) {
-			return ag, nil
-		}
+	if slices.ContainsFunc(caps, ag.Has) {
+		return ag, nil
 	}
 	return authz.Grant{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "grant %s (role %s) lacks capability %s", g.ID, g.Role, strings.Join(caps, " or "))
 }
@@ -525,17 +487,8 @@ func openTask(ctx context.Context, q *queries, business, project, task string, w
 	return t, nil
 }
 
-// Authorize implements authz.Authority.
-func (b *Broker) Authorize(ctx context.Context, token string, caps ...string) (authz.Grant, error) {
-	return b.authorize(ctx, token, caps...)
-}
-
 // EnsureProject implements authz.Authority: it registers business/project.
 func (b *Broker) EnsureProject(ctx context.Context, business, project string) error {
-	return b.ensureProject(ctx, business, project)
-}
-
-func (b *Broker) ensureProject(ctx context.Context, business, project string) error {
 	if _, err := names.ParseProject(business, project); err != nil {
 		return err
 	}
@@ -545,10 +498,6 @@ func (b *Broker) ensureProject(ctx context.Context, business, project string) er
 // GrantValid implements authz.Authority: a stream in flight ends when its
 // grant is revoked or expires.
 func (b *Broker) GrantValid(ctx context.Context, g authz.Grant) error {
-	return b.grantValid(ctx, g)
-}
-
-func (b *Broker) grantValid(ctx context.Context, g authz.Grant) error {
 	if g.Host {
 		return nil
 	}
@@ -596,16 +545,14 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 	if err != nil {
 		return Event{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
-	if p.Ref == "" {
-		p.Ref = ref
-	}
+	p.Ref = cmp.Or(p.Ref, ref)
 	if p.Ref != ref {
 		return Event{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "a push of task %s moves %s, not %q", g.Task, ref, p.Ref)
 	}
-	if !isObjectID(p.Commit) {
+	if !gitid.Valid(p.Commit) {
 		return Event{}, errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(p.Commit))
 	}
-	if p.Previous != "" && !isObjectID(p.Previous) {
+	if p.Previous != "" && !gitid.Valid(p.Previous) {
 		return Event{}, errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "previous commit %q is not a full hex object id", clip(p.Previous))
 	}
 	var e Event
@@ -656,23 +603,11 @@ func (b *Broker) recordPush(ctx context.Context, g authz.Grant, p authz.Push, pe
 // one whose ref move this host has not made yet) recorded first.
 func pushConflict(g authz.Grant, p authz.Push, latest string) error {
 	scope := scopeString(g.Business, g.Project, g.Task)
-	from := p.Previous
-	if from == "" {
-		from = "nothing (a first push)"
-	}
-	now := latest
-	if now == "" {
-		now = "none"
-	}
 	return errdefs.Aborted(errdefs.PushConflict,
 		"push %s of task %s extends %s, but the task's latest recorded push is %s: run 'bushost fetch-work', rebase onto it and push again",
-		p.Commit, scope, from, now).
+		p.Commit, scope, cmp.Or(p.Previous, "nothing (a first push)"), cmp.Or(latest, "none")).
 		With("commit", p.Commit).With("previous", p.Previous).With("latest", latest).With("task", scope)
 }
-
-// isObjectID: a git object id, by the one validator (gitid.Valid; SHA-1
-// only).
-func isObjectID(s string) bool { return gitid.Valid(s) }
 
 // LastPushes implements authz.Authority.
 func (b *Broker) LastPushes(ctx context.Context, business, project string) (map[string]string, error) {

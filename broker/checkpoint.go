@@ -139,11 +139,11 @@ func (c *checkpoint) record(h Head) error {
 		c.failed = nil
 		return nil
 	}
-	if _, err := c.f.WriteString(h.String() + "\n"); err != nil {
-		c.failed, c.want = err, h
-		return err
+	_, err := c.f.WriteString(h.String() + "\n")
+	if err == nil {
+		err = c.f.Sync()
 	}
-	if err := c.f.Sync(); err != nil {
+	if err != nil {
 		c.failed, c.want = err, h
 		return err
 	}
@@ -203,13 +203,5 @@ func (b *Broker) Halted() error {
 
 // isSHA256Hex: 64 lowercase hex digits (a head's hash, not a git object).
 func isSHA256Hex(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
+	return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == ""
 }

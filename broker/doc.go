@@ -1,6 +1,6 @@
 // Package broker is the bus host's broker: the append-only event log with
 // its hash chain, the capability vocabulary and grants, the review rules and
-// the task.close gate, behind one store interface with two implementations
+// the task.close gate, behind one SQL store with two dialects
 // (SQLite for one host, PostgreSQL for several sharing one database), and
 // for several hosts each project's placement and its moves (placement.go,
 // move.go).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"github.com/bushost/bushost/internal/errdefs"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -91,13 +92,10 @@ func CheckRecordType(typ string) error {
 	return nil
 }
 
+// reserved says whether typ is under a reserved prefix, or is its word
+// ("task" for "task.").
 func reserved(typ string) bool {
-	for _, p := range reservedPrefixes {
-		if strings.HasPrefix(typ, p) || typ+"." == p {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(reservedPrefixes, func(p string) bool { return strings.HasPrefix(typ+".", p) })
 }
 
 // canonicalData parses s as one JSON object ("" means {}) and returns it

@@ -148,7 +148,7 @@ func TestVerifyLogCatchesEdits(t *testing.T) {
 		if err != nil || !v.Ok || v.Events != e.head() {
 			t.Fatalf("verify: %v %v", v, err)
 		}
-		db := e.b.st.(*sqlStore).db
+		db := e.b.st.db
 		// Edits made and committed, the way someone with the file would.
 		if _, err := db.Exec(`UPDATE events SET data = '{"forged":true}' WHERE seq = 4`); err != nil {
 			t.Fatal(err)

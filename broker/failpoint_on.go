@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -30,8 +29,7 @@ import (
 var (
 	failMode  = os.Getenv("BUSHOST_FAILPOINT")
 	failFired atomic.Bool
-	failMu    sync.Mutex
-	failPID   int
+	failPID   atomic.Int64
 	failBlind atomic.Bool
 )
 
@@ -50,9 +48,8 @@ func failArmed(batch []*op) bool {
 // terminate cuts the PostgreSQL backend pid from another connection (if
 // the pool hands out pid's own connection, it is held while a second one
 // does the cut).
-func terminate(ctx context.Context, st store, pid int) error {
-	s, ok := st.(*sqlStore)
-	if !ok || s.d.name != "postgres" {
+func terminate(ctx context.Context, s *sqlStore, pid int) error {
+	if s.d.name != "postgres" {
 		return nil
 	}
 	var conns []*sql.Conn
@@ -83,21 +80,18 @@ func terminate(ctx context.Context, st store, pid int) error {
 	return fmt.Errorf("failpoint: no other connection to terminate backend %d from", pid)
 }
 
-func failBeforeCommit(ctx context.Context, st store, tx *writeTx, batch []*op) error {
+func failBeforeCommit(ctx context.Context, st *sqlStore, tx *writeTx, batch []*op) error {
 	if !failArmed(batch) {
 		return nil
 	}
-	s, _ := st.(*sqlStore)
-	pg := s != nil && s.d.name == "postgres"
+	pg := st.d.name == "postgres"
 	pid := 0
 	if pg {
 		if err := tx.tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 			return err
 		}
 	}
-	failMu.Lock()
-	failPID = pid
-	failMu.Unlock()
+	failPID.Store(int64(pid))
 	if failMode == "record-push:hold" {
 		failFired.Store(true)
 		return hold(ctx, os.Getenv("BUSHOST_FAILPOINT_FILE"))
@@ -133,15 +127,12 @@ func hold(ctx context.Context, file string) error {
 	}
 }
 
-func failAfterCommit(ctx context.Context, st store, batch []*op) error {
+func failAfterCommit(ctx context.Context, st *sqlStore, batch []*op) error {
 	if (failMode != "record-push:after" && failMode != "record-push:blind") || !failArmed(batch) {
 		return nil
 	}
 	failFired.Store(true)
-	failMu.Lock()
-	pid := failPID
-	failMu.Unlock()
-	if pid != 0 {
+	if pid := int(failPID.Load()); pid != 0 {
 		if err := terminate(ctx, st, pid); err != nil {
 			return err
 		}

@@ -78,37 +78,11 @@ func (q *queries) latestPush(ctx context.Context, business, project, task string
 	return Event{}, eventFields{}, false, rows.Err()
 }
 
-// reviewEventsAfter returns the task's review.request and review.verdict
-// events after seq, in order.
-func (q *queries) reviewEventsAfter(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
-	return q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq > $4 AND type IN ($5, $6)`,
-		business, project, task, seq, TypeReviewRequest, TypeReviewVerdict)
-}
-
-// eventsWhere returns the events that where selects, in order.
-func (q *queries) eventsWhere(ctx context.Context, where string, args ...any) ([]Event, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE `+where+` ORDER BY seq`, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Event
-	for rows.Next() {
-		e, err := scanEvent(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	return out, rows.Err()
-}
-
-// latestReopened returns the task's latest task.reopened event, if any.
-func (q *queries) latestReopened(ctx context.Context, business, project, task string) (Event, bool, error) {
-	e, err := scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 ORDER BY seq DESC LIMIT 1`,
-		business, project, task, TypeTaskReopened))
-	ok, err := found(err)
-	return e, ok, err
+// latestEvent returns the task's latest event of type typ after seq, if
+// any.
+func (q *queries) latestEvent(ctx context.Context, business, project, task, typ string, after int64) (Event, bool, error) {
+	return one(scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 AND seq > $5 ORDER BY seq DESC LIMIT 1`,
+		business, project, task, typ, after)))
 }
 
 // proven refuses, shutting the gate of task t, an event the gate read
@@ -140,7 +114,9 @@ func gate(ctx context.Context, q *queries, keys *Keyring, t taskRow) (string, er
 	if err := proven(keys, t, push); err != nil {
 		return "", err
 	}
-	evs, err := q.reviewEventsAfter(ctx, t.Business, t.Project, t.Task, push.Seq)
+	// The task's review.request and review.verdict events after the push.
+	evs, err := q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq > $4 AND type IN ($5, $6)`,
+		t.Business, t.Project, t.Task, push.Seq, TypeReviewRequest, TypeReviewVerdict)
 	if err != nil {
 		return "", err
 	}
@@ -150,7 +126,7 @@ func gate(ctx context.Context, q *queries, keys *Keyring, t taskRow) (string, er
 		}
 	}
 	var reopened int64
-	if re, ok, err := q.latestReopened(ctx, t.Business, t.Project, t.Task); err != nil {
+	if re, ok, err := q.latestEvent(ctx, t.Business, t.Project, t.Task, TypeTaskReopened, 0); err != nil {
 		return "", err
 	} else if ok {
 		if err := proven(keys, t, re); err != nil {
@@ -216,7 +192,8 @@ scan:
 // push and the reviews after it, as log verify does (verdictAuthority),
 // at the cost of one more read of the task's events and a few proofs.
 func approvedBy(ctx context.Context, q *queries, keys *Keyring, t taskRow, push Event, reviews []Event, approval Event) error {
-	grants, err := q.grantEventsBefore(ctx, t.Business, t.Project, t.Task, approval.Seq)
+	grants, err := q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq < $4 AND type IN ($5, $6)`,
+		t.Business, t.Project, t.Task, approval.Seq, TypeGrantCreated, TypeGrantRevoked)
 	if err != nil {
 		return err
 	}
@@ -239,13 +216,6 @@ func approvedBy(ctx context.Context, q *queries, keys *Keyring, t taskRow, push 
 		}
 	}
 	return nil
-}
-
-// grantEventsBefore returns the task's grant.created and grant.revoked
-// events before seq, in order.
-func (q *queries) grantEventsBefore(ctx context.Context, business, project, task string, seq int64) ([]Event, error) {
-	return q.eventsWhere(ctx, `business = $1 AND project = $2 AND task = $3 AND seq < $4 AND type IN ($5, $6)`,
-		business, project, task, seq, TypeGrantCreated, TypeGrantRevoked)
 }
 
 // tokenOfRecord refuses g's call unless the token it presented is the one

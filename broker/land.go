@@ -7,6 +7,7 @@ import (
 
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -41,27 +42,12 @@ func mayLand(g authz.Grant, business, project, task string) error {
 	return nil
 }
 
-// landedEvent returns the task's task.landed event, if any, from the log.
-func (q *queries) landedEvent(ctx context.Context, business, project, task string) (Event, bool, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 ORDER BY seq DESC`,
-		business, project, task, TypeTaskLanded)
-	if err != nil {
-		return Event{}, false, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		e, err := scanEvent(rows)
-		return e, err == nil, err
-	}
-	return Event{}, false, rows.Err()
-}
-
 // landable returns the commit the task may land: its latest push, approved.
 func landable(ctx context.Context, q *queries, keys *Keyring, business, project, task string) (taskRow, string, error) {
 	if _, err := names.ParseTask(business, project, task); err != nil {
 		return taskRow{}, "", err
 	}
-	e, ok, err := q.landedEvent(ctx, business, project, task)
+	e, ok, err := q.latestEvent(ctx, business, project, task, TypeTaskLanded, 0)
 	if err != nil {
 		return taskRow{}, "", err
 	}
@@ -104,7 +90,7 @@ func (b *Broker) LandApproved(ctx context.Context, g authz.Grant, business, proj
 	// A push whose landing was refused (its merge conflicted or ran out
 	// of time) is not tried again by itself: a loop of landings would
 	// hold a CPU. A new push is a new commit; --force says try anyway.
-	e, ok, err := q.landRefusal(ctx, t)
+	e, ok, err := q.latestEvent(ctx, t.Business, t.Project, t.Task, TypeTaskLandRefused, t.LastPushSeq)
 	if err != nil {
 		return "", err
 	}
@@ -128,15 +114,6 @@ type landRefusalFields struct {
 	Reason string `json:"reason"`
 }
 
-// landRefusal returns the task's latest task.land_refused event after its
-// latest push, if any.
-func (q *queries) landRefusal(ctx context.Context, t taskRow) (Event, bool, error) {
-	e, err := scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND task = $3 AND type = $4 AND seq > $5 ORDER BY seq DESC LIMIT 1`,
-		t.Business, t.Project, t.Task, TypeTaskLandRefused, t.LastPushSeq))
-	ok, err := found(err)
-	return e, ok, err
-}
-
 // landWrite records a landing's outcome. It checks what the record needs
 // before its transaction (g may land l's task; commits are object ids),
 // then runs fn in a write transaction, after rechecking that a grant (not
@@ -146,7 +123,7 @@ func (b *Broker) landWrite(ctx context.Context, g authz.Grant, l authz.Landing, 
 		return err
 	}
 	for _, c := range commits {
-		if !isObjectID(c) {
+		if !gitid.Valid(c) {
 			return errdefs.InvalidArgument(errdefs.ObjectIDInvalid, "commit %q is not a full hex object id", clip(c))
 		}
 	}
@@ -220,25 +197,19 @@ func (b *Broker) Landings(ctx context.Context, business, project string) ([]auth
 	if _, err := names.ParseProject(business, project); err != nil {
 		return nil, err
 	}
-	rows, err := b.st.read().db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE business = $1 AND project = $2 AND type = $3 ORDER BY seq`,
-		business, project, TypeTaskLanded)
+	evs, err := b.st.read().eventsWhere(ctx, `business = $1 AND project = $2 AND type = $3`, business, project, TypeTaskLanded)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	var out []authz.Landing
-	for rows.Next() {
-		e, err := scanEvent(rows)
-		if err != nil {
-			return nil, err
-		}
+	for _, e := range evs {
 		var f landingFields
 		if err := json.Unmarshal([]byte(e.Data), &f); err != nil {
 			return nil, fmt.Errorf("event %d: %w", e.Seq, err)
 		}
 		out = append(out, authz.Landing{Business: e.Business, Project: e.Project, Task: e.Task, Approved: f.Commit, Old: f.MainOld, New: f.MainNew, Merge: f.Merge})
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // ReopenTask (host) reopens a closed task: task.reopened, and it takes
@@ -250,14 +221,11 @@ func (b *Broker) ReopenTask(ctx context.Context, peer, business, project, task s
 	}
 	var seq int64
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		t, ok, err := q.task(ctx, business, project, task)
+		t, err := q.knownTask(ctx, business, project, task)
 		if err != nil {
 			return err
 		}
-		if !ok {
-			return errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
-		}
-		if e, landed, err := q.landedEvent(ctx, business, project, task); err != nil {
+		if e, landed, err := q.latestEvent(ctx, business, project, task, TypeTaskLanded, 0); err != nil {
 			return err
 		} else if landed {
 			return errdefs.FailedPrecondition(errdefs.TaskLanded, "task %s landed on main (event %d) and is not reopened: start a new task", scopeString(business, project, task), e.Seq).

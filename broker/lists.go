@@ -64,43 +64,30 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 	defer tx.done()
 	q := &tx.queries
 	landed := map[string]int64{}
-	lwhere, largs := scopeWhere(2, business, project, task)
-	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, seq FROM events WHERE `+strings.Join(append([]string{"type = $1"}, lwhere...), " AND "),
-		append([]any{TypeTaskLanded}, largs...)...)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
+	lwhere, largs := scopeWhere([]string{"type = $1"}, []any{TypeTaskLanded}, business, project, task)
+	err = each(ctx, q, func(s scanner) error {
 		var bb, p, t string
 		var seq int64
-		if err := rows.Scan(&bb, &p, &t, &seq); err != nil {
-			rows.Close()
-			return nil, err
-		}
+		err := s.Scan(&bb, &p, &t, &seq)
 		landed[scopeString(bb, p, t)] = seq
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	where, args := scopeWhere(1, business, project, task)
-	rows, err = q.db.QueryContext(ctx, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks`+whereClause(where)+` ORDER BY business, project, task`, args...)
+		return err
+	}, `SELECT business, project, task, seq FROM events`+lwhere, largs...)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
+	where, args := scopeWhere(nil, nil, business, project, task)
 	var out []TaskInfo
-	for rows.Next() {
+	err = each(ctx, q, func(s scanner) error {
 		var t TaskInfo
 		var closed int64
-		if err := rows.Scan(&t.Business, &t.Project, &t.Task, &closed, &t.LastPushSeq, &t.LastPushCommit); err != nil {
-			return nil, err
+		if err := s.Scan(&t.Business, &t.Project, &t.Task, &closed, &t.LastPushSeq, &t.LastPushCommit); err != nil {
+			return err
 		}
 		if !g.Host && (t.Business != g.Business || t.Project != g.Project || t.Task != g.Task) {
-			continue
+			return nil
 		}
 		if business != "" && t.Business != business || project != "" && t.Project != project {
-			continue
+			return nil
 		}
 		t.LandedSeq = landed[scopeString(t.Business, t.Project, t.Task)]
 		switch {
@@ -112,37 +99,34 @@ func (b *Broker) ListTasks(ctx context.Context, g authz.Grant, business, project
 			t.State = StateOpen
 		}
 		if state != "" && t.State != state {
-			continue
+			return nil
 		}
 		if len(out) == maxListTasks {
-			return nil, errdefs.ResourceExhausted(errdefs.TaskListTooLong, "more than %d tasks match: give --business, --project or --state", maxListTasks).With("limit", maxListTasks)
+			return errdefs.ResourceExhausted(errdefs.TaskListTooLong, "more than %d tasks match: give --business, --project or --state", maxListTasks).With("limit", maxListTasks)
 		}
 		out = append(out, t)
+		return nil
+	}, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit FROM tasks`+where+` ORDER BY business, project, task`, args...)
+	if err != nil {
+		return nil, err
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
-// scopeWhere is the SQL conditions selecting the rows of business,
-// project and task ("" for any), their placeholders numbered from
-// $first, and their arguments.
-func scopeWhere(first int, business, project, task string) ([]string, []any) {
-	var where []string
-	var args []any
+// scopeWhere is the SQL WHERE clause ("" for none) of conds, whose
+// arguments are args, and of the conditions selecting the rows of
+// business, project and task ("" for any); and args with theirs appended.
+func scopeWhere(conds []string, args []any, business, project, task string) (string, []any) {
 	for _, c := range []struct{ col, val string }{{"business", business}, {"project", project}, {"task", task}} {
 		if c.val != "" {
-			where = append(where, fmt.Sprintf("%s = $%d", c.col, first+len(args)))
 			args = append(args, c.val)
+			conds = append(conds, fmt.Sprintf("%s = $%d", c.col, len(args)))
 		}
 	}
-	return where, args
-}
-
-// whereClause is " WHERE " and the conditions, or "" for none.
-func whereClause(where []string) string {
-	if len(where) == 0 {
-		return ""
+	if len(conds) == 0 {
+		return "", args
 	}
-	return ` WHERE ` + strings.Join(where, " AND ")
+	return ` WHERE ` + strings.Join(conds, " AND "), args
 }
 
 // maxListProjects and maxListGrants bound one listing.
@@ -219,32 +203,27 @@ func (b *Broker) listProjects(ctx context.Context, g authz.Grant, business strin
 	}
 	pushes := map[string]*pushOf{}
 	// A grant reads its own task's and project's rows only.
-	var taskWhere, projWhere []string
+	var taskWhere, projWhere string
 	var taskArgs, projArgs []any
 	if !g.Host {
 		if business != "" && business != g.Business {
 			return nil, nil
 		}
-		taskWhere, taskArgs = scopeWhere(1, g.Business, g.Project, g.Task)
-		projWhere, projArgs = scopeWhere(1, g.Business, g.Project, "")
+		taskWhere, taskArgs = scopeWhere(nil, nil, g.Business, g.Project, g.Task)
+		projWhere, projArgs = scopeWhere(nil, nil, g.Business, g.Project, "")
 	} else {
-		taskWhere, taskArgs = scopeWhere(1, business, "", "")
+		taskWhere, taskArgs = scopeWhere(nil, nil, business, "", "")
 		projWhere, projArgs = taskWhere, taskArgs
 	}
-	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`+whereClause(taskWhere), taskArgs...)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
+	err = each(ctx, q, func(s scanner) error {
 		var bb, p, t, c string
 		var seq int64
-		if err := rows.Scan(&bb, &p, &t, &seq, &c); err != nil {
-			rows.Close()
-			return nil, err
+		if err := s.Scan(&bb, &p, &t, &seq, &c); err != nil {
+			return err
 		}
 		if !g.Host && (bb != g.Business || p != g.Project || t != g.Task) {
 			// A session learns nothing of its project's other tasks.
-			continue
+			return nil
 		}
 		k := bb + "/" + p
 		po := pushes[k]
@@ -256,38 +235,32 @@ func (b *Broker) listProjects(ctx context.Context, g authz.Grant, business strin
 		if seq > po.seq {
 			po.seq, po.commit, po.task = seq, c, t
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows, err = q.db.QueryContext(ctx, `SELECT business, project, host, moving_id FROM projects`+whereClause(projWhere)+` ORDER BY business, project`, projArgs...)
+		return nil
+	}, `SELECT business, project, task, last_push_seq, last_push_commit FROM tasks`+taskWhere, taskArgs...)
 	if err != nil {
 		return nil, err
 	}
 	var out []ProjectInfo
-	for rows.Next() {
+	err = each(ctx, q, func(s scanner) error {
 		var p ProjectInfo
 		var moving string
-		if err := rows.Scan(&p.Business, &p.Project, &p.Host, &moving); err != nil {
-			rows.Close()
-			return nil, err
+		if err := s.Scan(&p.Business, &p.Project, &p.Host, &moving); err != nil {
+			return err
 		}
 		p.Moving = moving != ""
 		if !g.Host && (p.Business != g.Business || p.Project != g.Project) || business != "" && p.Business != business {
-			continue
+			return nil
 		}
 		if len(out) == maxListProjects {
-			rows.Close()
-			return nil, errdefs.ResourceExhausted(errdefs.ProjectListTooLong, "more than %d projects match: give --business", maxListProjects).With("limit", maxListProjects)
+			return errdefs.ResourceExhausted(errdefs.ProjectListTooLong, "more than %d projects match: give --business", maxListProjects).With("limit", maxListProjects)
 		}
 		if po := pushes[p.Business+"/"+p.Project]; po != nil {
 			p.Tasks, p.LastPushSeq, p.LastPushCommit, p.LastPushTask = po.tasks, po.seq, po.commit, po.task
 		}
 		out = append(out, p)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return nil
+	}, `SELECT business, project, host, moving_id FROM projects`+projWhere+` ORDER BY business, project`, projArgs...)
+	if err != nil {
 		return nil, err
 	}
 	for i := range out {
@@ -326,24 +299,16 @@ func projectSize(reposDir, business, project string, sum bool) (size int64, here
 			continue
 		}
 		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
-					return nil
+			if err == nil && d.Type().IsRegular() {
+				var fi fs.FileInfo
+				if fi, err = d.Info(); err == nil {
+					size += fi.Size()
 				}
-				return err
 			}
-			if !d.Type().IsRegular() {
-				return nil
-			}
-			fi, err := d.Info()
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil
 			}
-			if err != nil {
-				return err
-			}
-			size += fi.Size()
-			return nil
+			return err
 		})
 		if err != nil {
 			return 0, false, err
@@ -386,44 +351,32 @@ func (b *Broker) ListGrants(ctx context.Context, g authz.Grant, business, projec
 		}
 		business, project, task = g.Business, g.Project, g.Task
 	}
-	where, args := scopeWhere(1, business, project, task)
-	query := `SELECT id, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth, launch_bounds FROM grants` + whereClause(where)
+	where, args := scopeWhere(nil, nil, business, project, task)
 	args = append(args, maxListGrants+1)
-	query += fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args))
 	tx, err := b.st.snapshot(ctx, false)
 	if err != nil {
 		return nil, err
 	}
 	defer tx.done()
-	rows, err := tx.db.QueryContext(ctx, query, args...)
+	rows, err := all(ctx, &tx.queries, scanGrant, `SELECT `+grantCols+` FROM grants`+where+fmt.Sprintf(` ORDER BY business, project, task, id LIMIT $%d`, len(args)), args...)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	now := time.Now()
 	var out []GrantInfo
-	for rows.Next() {
-		var gi GrantInfo
-		var caps, launch, lb string
-		var expires int64
-		if err := rows.Scan(&gi.ID, &gi.Business, &gi.Project, &gi.Task, &gi.Role, &caps, &expires, &gi.RevokedSeq, &launch, &gi.LaunchedBy, &gi.LaunchDepth, &lb); err != nil {
-			return nil, err
-		}
-		gi.LaunchBounds = ParseLaunchBounds(lb)
-		if launch != "" {
-			if err := json.Unmarshal([]byte(launch), &gi.Launch); err != nil {
+	for _, r := range rows {
+		gi := GrantInfo{ID: r.ID, Business: r.Business, Project: r.Project, Task: r.Task, Role: r.Role, Caps: r.Caps,
+			ExpiresAt: time.Unix(0, r.ExpiresAt).UTC(), Expired: now.UnixNano() >= r.ExpiresAt, RevokedSeq: r.RevokedSeq,
+			LaunchedBy: r.LaunchedBy, LaunchDepth: r.LaunchDepth, LaunchBounds: ParseLaunchBounds(r.LaunchBounds)}
+		if r.Launch != "" {
+			if err := json.Unmarshal([]byte(r.Launch), &gi.Launch); err != nil {
 				return nil, fmt.Errorf("grant %s: launch set: %w", gi.ID, err)
 			}
 		}
 		if len(out) == maxListGrants {
 			return nil, errdefs.ResourceExhausted(errdefs.GrantListTooLong, "more than %d grants match: give --business, --project or --task", maxListGrants).With("limit", maxListGrants)
 		}
-		if caps != "" {
-			gi.Caps = strings.Split(caps, ",")
-		}
-		gi.ExpiresAt = time.Unix(0, expires).UTC()
-		gi.Expired = now.UnixNano() >= expires
 		out = append(out, gi)
 	}
-	return out, rows.Err()
+	return out, nil
 }

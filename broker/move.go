@@ -2,8 +2,6 @@ package broker
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -49,12 +47,16 @@ type projectRow struct {
 
 func (q *queries) project(ctx context.Context, business, project string) (projectRow, bool, error) {
 	var r projectRow
-	err := q.db.QueryRowContext(ctx, `SELECT host, moving_id, moving_seq, moving_digest FROM projects WHERE business = $1 AND project = $2`,
-		business, project).Scan(&r.Host, &r.MovingID, &r.MovingSeq, &r.MovingDigest)
-	if errors.Is(err, sql.ErrNoRows) {
-		return r, false, nil
-	}
-	return r, err == nil, err
+	ok, err := found(q.db.QueryRowContext(ctx, `SELECT host, moving_id, moving_seq, moving_digest FROM projects WHERE business = $1 AND project = $2`,
+		business, project).Scan(&r.Host, &r.MovingID, &r.MovingSeq, &r.MovingDigest))
+	return r, ok, err
+}
+
+// setPlacement places business/project on host, moving by the export id
+// appended at event seq, or not moving (id "").
+func (q *queries) setPlacement(ctx context.Context, business, project, host, id string, seq int64) error {
+	return q.exec(ctx, `UPDATE projects SET host = $1, moving_id = $2, moving_seq = $3, moving_digest = '' WHERE business = $4 AND project = $5`,
+		host, id, seq, business, project)
 }
 
 // ownProject is business/project's row, refused unless it exists and is
@@ -99,14 +101,9 @@ func projectMoving(business, project string, r projectRow) error {
 		Retry(time.Minute)
 }
 
-func checkProjectNames(business, project string) error {
-	_, err := names.ParseProject(business, project)
-	return err
-}
-
 // NotMoving implements authz.Mover.
 func (b *Broker) NotMoving(ctx context.Context, business, project string) error {
-	if err := checkProjectNames(business, project); err != nil {
+	if _, err := names.ParseProject(business, project); err != nil {
 		return err
 	}
 	return writable(ctx, b.st.read(), b.hostID, business, project)
@@ -117,7 +114,7 @@ func (b *Broker) NotMoving(ctx context.Context, business, project string) error 
 // export names; it returns the project's tasks as the log has them then.
 // A task marked TASK_NEEDS_REPAIR is refused: the host repairs it first.
 func (b *Broker) BeginExport(ctx context.Context, business, project, id string) (authz.Export, error) {
-	if err := checkProjectNames(business, project); err != nil {
+	if _, err := names.ParseProject(business, project); err != nil {
 		return authz.Export{}, err
 	}
 	if !authz.ValidExportID(id) {
@@ -142,9 +139,7 @@ func (b *Broker) BeginExport(ctx context.Context, business, project, id string) 
 			return err
 		}
 		ex.HeadSeq, ex.HeadHash = e.Seq, e.Hash
-		_, err = q.db.ExecContext(ctx, `UPDATE projects SET host = $1, moving_id = $2, moving_seq = $3, moving_digest = '' WHERE business = $4 AND project = $5`,
-			b.hostID, ex.ID, e.Seq, business, project)
-		return err
+		return q.setPlacement(ctx, business, project, b.hostID, ex.ID, e.Seq)
 	})
 	// Whatever the outcome, this host no longer answers placement from
 	// its cache: a moving project may leave it.
@@ -158,34 +153,25 @@ func (b *Broker) BeginExport(ctx context.Context, business, project, id string) 
 // exportTasks lists business/project's tasks with their latest push,
 // refusing if one needs the host's repair.
 func (q *queries) exportTasks(ctx context.Context, business, project string) ([]authz.ExportTask, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT task, last_push_commit, closed_seq, needs_repair FROM tasks WHERE business = $1 AND project = $2 ORDER BY task`,
-		business, project)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []authz.ExportTask
-	for rows.Next() {
-		var t authz.ExportTask
+	return all(ctx, q, func(s scanner) (t authz.ExportTask, err error) {
 		var closed int64
 		var repair string
-		if err := rows.Scan(&t.Task, &t.Commit, &closed, &repair); err != nil {
-			return nil, err
+		if err := s.Scan(&t.Task, &t.Commit, &closed, &repair); err != nil {
+			return t, err
 		}
 		if repair != "" {
-			return nil, errdefs.FailedPrecondition(errdefs.TaskNeedsRepair,
+			return t, errdefs.FailedPrecondition(errdefs.TaskNeedsRepair,
 				"task %s needs the host's repair before its project can move (%s): run 'bushost task repair --business %s --project %s --task %s'",
 				scopeString(business, project, t.Task), repair, business, project, t.Task).With("task", scopeString(business, project, t.Task))
 		}
 		t.Closed = closed != 0
-		out = append(out, t)
-	}
-	return out, rows.Err()
+		return t, nil
+	}, `SELECT task, last_push_commit, closed_seq, needs_repair FROM tasks WHERE business = $1 AND project = $2 ORDER BY task`, business, project)
 }
 
 // SealExport implements authz.Mover.
 func (b *Broker) SealExport(ctx context.Context, business, project, id, digest string) error {
-	if err := checkProjectNames(business, project); err != nil {
+	if _, err := names.ParseProject(business, project); err != nil {
 		return err
 	}
 	return b.write(ctx, func(ctx context.Context, q *writeTx) error {
@@ -196,14 +182,13 @@ func (b *Broker) SealExport(ctx context.Context, business, project, id, digest s
 		if !ok || r.Host != b.hostID || r.MovingID != id {
 			return errdefs.FailedPrecondition(errdefs.ExportStale, "export %s of %s/%s was cancelled or replaced while it was written", id, business, project)
 		}
-		_, err = q.db.ExecContext(ctx, `UPDATE projects SET moving_digest = $1 WHERE business = $2 AND project = $3`, digest, business, project)
-		return err
+		return q.exec(ctx, `UPDATE projects SET moving_digest = $1 WHERE business = $2 AND project = $3`, digest, business, project)
 	})
 }
 
 // CancelExport implements authz.Mover.
 func (b *Broker) CancelExport(ctx context.Context, business, project, id string) (int64, error) {
-	if err := checkProjectNames(business, project); err != nil {
+	if _, err := names.ParseProject(business, project); err != nil {
 		return 0, err
 	}
 	var seq int64
@@ -221,16 +206,14 @@ func (b *Broker) CancelExport(ctx context.Context, business, project, id string)
 			return err
 		}
 		seq = e.Seq
-		_, err = q.db.ExecContext(ctx, `UPDATE projects SET moving_id = '', moving_seq = 0, moving_digest = '' WHERE business = $1 AND project = $2`,
-			business, project)
-		return err
+		return q.setPlacement(ctx, business, project, r.Host, "", 0)
 	})
 	return seq, err
 }
 
 // CheckImport implements authz.Mover.
 func (b *Broker) CheckImport(ctx context.Context, c authz.ImportClaim) error {
-	if err := checkProjectNames(c.Business, c.Project); err != nil {
+	if _, err := names.ParseProject(c.Business, c.Project); err != nil {
 		return err
 	}
 	_, err := b.checkClaim(ctx, b.st.read(), c)
@@ -239,7 +222,7 @@ func (b *Broker) CheckImport(ctx context.Context, c authz.ImportClaim) error {
 
 // CompleteImport implements authz.Mover.
 func (b *Broker) CompleteImport(ctx context.Context, c authz.ImportClaim) (int64, error) {
-	if err := checkProjectNames(c.Business, c.Project); err != nil {
+	if _, err := names.ParseProject(c.Business, c.Project); err != nil {
 		return 0, err
 	}
 	var seq int64
@@ -254,9 +237,7 @@ func (b *Broker) CompleteImport(ctx context.Context, c authz.ImportClaim) (int64
 			return err
 		}
 		seq = e.Seq
-		_, err = q.db.ExecContext(ctx, `UPDATE projects SET host = $1, moving_id = '', moving_seq = 0, moving_digest = '' WHERE business = $2 AND project = $3`,
-			b.hostID, c.Business, c.Project)
-		return err
+		return q.setPlacement(ctx, c.Business, c.Project, b.hostID, "", 0)
 	})
 	b.forgetPlacement(c.Business, c.Project)
 	return seq, err
@@ -311,14 +292,14 @@ func (b *Broker) checkClaim(ctx context.Context, q *queries, c authz.ImportClaim
 	}
 	var next int64
 	var typ string
-	err = q.db.QueryRowContext(ctx, `SELECT seq, type FROM events WHERE seq > $1 AND business = $2 AND project = $3 ORDER BY seq LIMIT 1`,
-		c.HeadSeq, c.Business, c.Project).Scan(&next, &typ)
-	if err == nil {
+	ok, err = found(q.db.QueryRowContext(ctx, `SELECT seq, type FROM events WHERE seq > $1 AND business = $2 AND project = $3 ORDER BY seq LIMIT 1`,
+		c.HeadSeq, c.Business, c.Project).Scan(&next, &typ))
+	if err != nil {
+		return r, fmt.Errorf("read the project's events after %d: %w", c.HeadSeq, err)
+	}
+	if ok {
 		return r, stale("the log moved past the file's head (event %d): event %d (%s) was recorded for the project since; export again", c.HeadSeq, next, typ).
 			With("seq", next).With("type", typ)
-	}
-	if !errors.Is(err, sql.ErrNoRows) {
-		return r, fmt.Errorf("read the project's events after %d: %w", c.HeadSeq, err)
 	}
 	return r, nil
 }

@@ -2,8 +2,6 @@ package broker
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/names"
@@ -116,20 +114,12 @@ func (b *Broker) CheckPlacement(ctx context.Context, business, project string) e
 // Placement returns the host business/project is placed on ("" when it was
 // registered before placement and no host has claimed it yet).
 func (b *Broker) Placement(ctx context.Context, business, project string) (string, bool, error) {
-	return b.st.read().projectHost(ctx, business, project)
+	r, ok, err := b.st.read().project(ctx, business, project)
+	return r.Host, ok, err
 }
 
 func onOtherHost(business, project, host string) error {
 	return errdefs.FailedPrecondition(errdefs.ProjectOnOtherHost,
 		"project %s/%s is placed on bus host %q, not this one: use that host (launch the session where its project lives)", business, project, host).
 		With("host", host).With("project", business+"/"+project)
-}
-
-func (q *queries) projectHost(ctx context.Context, business, project string) (string, bool, error) {
-	var host string
-	err := q.db.QueryRowContext(ctx, `SELECT host FROM projects WHERE business = $1 AND project = $2`, business, project).Scan(&host)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", false, nil
-	}
-	return host, err == nil, err
 }

@@ -66,17 +66,15 @@ func (u *unproven) first() int64 {
 }
 
 func (u *unproven) String() string {
-	var b strings.Builder
+	whys := make([]string, len(u.named))
 	for i, n := range u.named {
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		b.WriteString(n.why)
+		whys[i] = n.why
 	}
+	s := strings.Join(whys, "; ")
 	if u.n > len(u.named) {
-		fmt.Fprintf(&b, "; and %d more", u.n-len(u.named))
+		s += fmt.Sprintf("; and %d more", u.n-len(u.named))
 	}
-	return b.String()
+	return s
 }
 
 // prover proves events on every core while its caller walks the log in

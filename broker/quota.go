@@ -35,27 +35,22 @@ type bucket struct {
 }
 
 func newEventQuota(perMin int, bytesPerMin int64) *eventQuota {
-	if perMin <= 0 {
-		perMin = limits.DefaultEventRate
-	}
-	if bytesPerMin <= 0 {
-		bytesPerMin = limits.DefaultEventBytesRate
-	}
-	return &eventQuota{kind: "event", perMin: float64(perMin), bytesPerMin: float64(bytesPerMin),
+	return &eventQuota{kind: "event", perMin: positiveOr(perMin, limits.DefaultEventRate), bytesPerMin: positiveOr(bytesPerMin, limits.DefaultEventBytesRate),
 		rateFlag: "--event-rate", bytesFlag: "--event-bytes-rate", now: time.Now}
 }
 
 // newEgressQuota is network.egress's own bound (Options.EgressRate).
 func newEgressQuota(perMin int, bytesPerMin int64) *eventQuota {
-	if perMin <= 0 {
-		perMin = limits.DefaultEgressRate
+	return &eventQuota{kind: "egress", perMin: positiveOr(perMin, limits.DefaultEgressRate), bytesPerMin: positiveOr(bytesPerMin, limits.DefaultEgressBytesRate),
+		rateFlag: "--egress-event-rate", bytesFlag: "--egress-event-bytes-rate", now: time.Now}
+}
+
+// positiveOr is rate v, or d where v is not positive.
+func positiveOr[T int | int64](v, d T) float64 {
+	if v <= 0 {
+		v = d
 	}
-	if bytesPerMin <= 0 {
-		bytesPerMin = limits.DefaultEgressBytesRate
-	}
-	q := newEventQuota(perMin, bytesPerMin)
-	q.kind, q.rateFlag, q.bytesFlag = "egress", "--egress-event-rate", "--egress-event-bytes-rate"
-	return q
+	return float64(v)
 }
 
 // charge takes n events of size bytes in all from grant's bucket in w,
@@ -131,10 +126,9 @@ func (q *queries) bucket(ctx context.Context, grant, kind string) (bucket, bool,
 
 // setBucket writes grant's bucket of kind.
 func (q *queries) setBucket(ctx context.Context, grant, kind string, b bucket) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO quota_buckets (grant_id, kind, events, bytes, at) VALUES ($1, $2, $3, $4, $5)
+	return q.exec(ctx, `INSERT INTO quota_buckets (grant_id, kind, events, bytes, at) VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (grant_id, kind) DO UPDATE SET events = excluded.events, bytes = excluded.bytes, at = excluded.at`,
 		grant, kind, b.events, b.bytes, b.at.UnixNano())
-	return err
 }
 
 // minutes is m minutes, rounded up to a whole millisecond and at least one.

@@ -78,9 +78,8 @@ func (b *Broker) MarkNeedsRepair(ctx context.Context, business, project, task, w
 		if err := appendEvent(ctx, q, &e); err != nil {
 			return err
 		}
-		_, err = q.db.ExecContext(ctx, `UPDATE tasks SET needs_repair = $1, repair_seq = $2 WHERE business = $3 AND project = $4 AND task = $5`,
+		return q.exec(ctx, `UPDATE tasks SET needs_repair = $1, repair_seq = $2 WHERE business = $3 AND project = $4 AND task = $5`,
 			why, e.Seq, business, project, task)
-		return err
 	})
 }
 
@@ -97,12 +96,9 @@ func (b *Broker) Repaired(ctx context.Context, business, project, task string, r
 		if err := writable(ctx, &q.queries, b.hostID, business, project); err != nil {
 			return err
 		}
-		t, ok, err := q.task(ctx, business, project, task)
+		t, err := q.knownTask(ctx, business, project, task)
 		if err != nil {
 			return err
-		}
-		if !ok {
-			return errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
 		}
 		if t.NeedsRepair == "" {
 			return errdefs.FailedPrecondition(errdefs.TaskNeedsNoRepair, "task %s does not need repair", scopeString(business, project, task))
@@ -142,12 +138,9 @@ func (b *Broker) LastPush(ctx context.Context, business, project, task string) (
 	if _, err := names.ParseTask(business, project, task); err != nil {
 		return "", "", err
 	}
-	t, ok, err := b.st.read().task(ctx, business, project, task)
+	t, err := b.st.read().knownTask(ctx, business, project, task)
 	if err != nil {
 		return "", "", err
-	}
-	if !ok {
-		return "", "", errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
 	}
 	return t.LastPushCommit, t.NeedsRepair, nil
 }

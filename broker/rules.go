@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/bounds"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
 )
 
@@ -83,17 +85,12 @@ func checkLaunchSet(caps []string, set map[string][]string) (string, error) {
 		if len(rc) == 0 {
 			return "", errdefs.InvalidArgument(errdefs.LaunchSetInvalid, "launch set: role %s has no capabilities", role)
 		}
-		var out []string
 		for _, c := range rc {
 			if !slices.Contains(authz.Capabilities, c) || c == authz.CapNetworkAudit {
 				return "", errdefs.InvalidArgument(errdefs.LaunchSetInvalid, "launch set: role %s: capability %q is not one a session may hold: the vocabulary is %v, without %s", role, clip(c), authz.Capabilities, authz.CapNetworkAudit)
 			}
-			if !slices.Contains(out, c) {
-				out = append(out, c)
-			}
 		}
-		slices.Sort(out)
-		clean[role] = out
+		clean[role] = slices.Compact(slices.Sorted(slices.Values(rc)))
 	}
 	b, err := json.Marshal(clean)
 	return string(b), err
@@ -159,16 +156,12 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 	if len(r.Caps) == 0 {
 		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.CapabilityInvalid, "a grant needs at least one capability of %v", authz.Capabilities)
 	}
-	var caps []string
 	for _, c := range r.Caps {
 		if !slices.Contains(authz.Capabilities, c) {
 			return IssuedGrant{}, errdefs.InvalidArgument(errdefs.CapabilityInvalid, "unknown capability %q: the vocabulary is %v", clip(c), authz.Capabilities)
 		}
-		if !slices.Contains(caps, c) {
-			caps = append(caps, c)
-		}
 	}
-	slices.Sort(caps)
+	caps := slices.Compact(slices.Sorted(slices.Values(r.Caps)))
 	launch, err := checkLaunchSet(caps, r.Launch)
 	if err != nil {
 		return IssuedGrant{}, err
@@ -180,11 +173,7 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 	if r.TTL < 0 {
 		return IssuedGrant{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "negative lifetime %s", r.TTL)
 	}
-	ttl := r.TTL
-	if ttl == 0 {
-		ttl = b.defaultTTL
-	}
-	ig := IssuedGrant{ID: randomID("g-", 8), Token: randomID("bht_", 32), ExpiresAt: time.Now().Add(ttl).UTC()}
+	ig := IssuedGrant{ID: randomID("g-", 8), Token: randomID("bht_", 32), ExpiresAt: time.Now().Add(cmp.Or(r.TTL, b.defaultTTL)).UTC()}
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
 		if _, err := openTask(ctx, &q.queries, r.Business, r.Project, r.Task, "grants"); err != nil {
 			return err
@@ -210,11 +199,7 @@ func (b *Broker) CreateGrant(ctx context.Context, peer string, r GrantRequest) (
 			if err := usable(parent); err != nil {
 				return err
 			}
-			_, _, depth, _, err := q.grantLaunch(ctx, parent.ID)
-			if err != nil {
-				return err
-			}
-			g.LaunchDepth = depth + 1
+			g.LaunchDepth = parent.LaunchDepth + 1
 			data["launched_by"] = parent.ID
 			data["launch_depth"] = g.LaunchDepth
 		}
@@ -296,7 +281,7 @@ func (b *Broker) RequestReview(ctx context.Context, g authz.Grant, peer string) 
 					r.Commit, scope, r.ID, r.VerdictSeq).
 					With("request", r.ID).With("commit", r.Commit).With("verdict", r.Verdict)
 			}
-			re, hasReopen, err := q.latestReopened(ctx, t.Business, t.Project, t.Task)
+			re, hasReopen, err := q.latestEvent(ctx, t.Business, t.Project, t.Task, TypeTaskReopened, 0)
 			if err != nil {
 				return err
 			}
@@ -349,7 +334,7 @@ func (b *Broker) SubmitVerdict(ctx context.Context, g authz.Grant, peer, request
 	if len(comment) > maxCommentBytes {
 		return 0, errdefs.ResourceExhausted(errdefs.CommentTooLarge, "comment is %d bytes; at most %d", len(comment), maxCommentBytes)
 	}
-	if !isObjectID(commit) {
+	if !gitid.Valid(commit) {
 		return 0, errdefs.InvalidArgument(errdefs.VerdictCommitMissing,
 			"a verdict names the commit the reviewer saw (full hex id), got %q: fetch-review, then give --commit or --repo", clip(commit)).With("commit", clip(commit))
 	}
@@ -477,7 +462,7 @@ func (b *Broker) RecordEvents(ctx context.Context, g authz.Grant, peer string, r
 		return nil, errdefs.ResourceExhausted(errdefs.EventBatchTooLarge, "a batch of %d events; at most %d", len(rs), MaxBatchEvents).With("limit", MaxBatchEvents)
 	}
 	type checked struct {
-		need, typ, data, key, body string
+		need, typ, data, key string
 	}
 	cs := make([]checked, len(rs))
 	// What the batch costs each bound: egress events count against
@@ -512,7 +497,7 @@ func (b *Broker) RecordEvents(ctx context.Context, g authz.Grant, peer string, r
 		} else {
 			nOther, bOther = nOther+1, bOther+size
 		}
-		cs[i] = checked{need: need, typ: r.Type, data: data, key: r.Key, body: tokenHash(r.Type + "\x00" + data)}
+		cs[i] = checked{need: need, typ: r.Type, data: data, key: r.Key}
 	}
 	var evs []Event
 	err := b.write(ctx, func(ctx context.Context, q *writeTx) error {
@@ -536,50 +521,23 @@ func (b *Broker) RecordEvents(ctx context.Context, g authz.Grant, peer string, r
 				return err
 			}
 		}
-		t, ok, err := q.task(ctx, g.Business, g.Project, g.Task)
-		if err != nil || !ok {
-			if err == nil {
-				err = errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(g.Business, g.Project, g.Task))
-			}
+		t, err := q.knownTask(ctx, g.Business, g.Project, g.Task)
+		if err != nil {
 			return err
 		}
 		for _, c := range cs {
-			if c.key != "" {
-				h, seq, ok, err := q.idempotent(ctx, g.ID, c.key)
-				if err != nil {
-					return err
-				}
-				if ok {
-					if h != c.body {
-						return errdefs.AlreadyExists(errdefs.IdempotencyKeyReused, "idempotency key %q was first used with another body (event %d)", clip(c.key), seq)
-					}
-					e, found, err := q.event(ctx, seq)
-					if err == nil && !found {
-						err = fmt.Errorf("idempotency key %q names missing event %d", clip(c.key), seq)
-					}
-					if err != nil {
-						return err
-					}
-					evs = append(evs, e)
-					continue
-				}
-			}
 			// A closed task's log is done: a session's grant, which
 			// outlives the close, adds nothing to it. Its launcher's
 			// egress audit (network.audit) still lands: those are
 			// records of what the session did before it ended.
+			var closed error
 			if t.ClosedSeq != 0 && c.need == authz.CapEventRecord {
-				return errdefs.FailedPrecondition(errdefs.TaskClosed, "task %s is closed (event %d): it takes no more events",
+				closed = errdefs.FailedPrecondition(errdefs.TaskClosed, "task %s is closed (event %d): it takes no more events",
 					scopeString(g.Business, g.Project, g.Task), t.ClosedSeq).With("closed_seq", t.ClosedSeq)
 			}
 			e := Event{Business: g.Business, Project: g.Project, Task: g.Task, Type: c.typ, Actor: g.ID, Peer: peer, Data: c.data}
-			if err := appendEvent(ctx, q, &e); err != nil {
+			if err := appendOnce(ctx, q, &e, c.key, closed); err != nil {
 				return err
-			}
-			if c.key != "" {
-				if err := q.insertIdempotent(ctx, g.ID, c.key, c.body, e.Seq); err != nil {
-					return err
-				}
 			}
 			evs = append(evs, e)
 		}
@@ -657,50 +615,58 @@ func (b *Broker) RecordSessionEvent(ctx context.Context, peer, business, project
 	if len(key) > maxKeyBytes {
 		return Event{}, errdefs.InvalidArgument(errdefs.IdempotencyKeyInvalid, "idempotency key is %d bytes; at most %d", len(key), maxKeyBytes)
 	}
-	body := tokenHash(typ + "\x00" + data)
 	var e Event
 	err = b.write(ctx, func(ctx context.Context, q *writeTx) error {
-		if _, ok, err := q.task(ctx, business, project, task); err != nil || !ok {
-			if err == nil {
-				err = errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
-			}
+		if _, err := q.knownTask(ctx, business, project, task); err != nil {
 			return err
-		}
-		if key != "" {
-			h, seq, ok, err := q.idempotent(ctx, authz.HostID, key)
-			if err != nil {
-				return err
-			}
-			if ok {
-				if h != body {
-					return errdefs.AlreadyExists(errdefs.IdempotencyKeyReused, "idempotency key %q was first used with another body (event %d)", clip(key), seq)
-				}
-				var found bool
-				e, found, err = q.event(ctx, seq)
-				if err == nil && !found {
-					err = fmt.Errorf("idempotency key %q names missing event %d", clip(key), seq)
-				}
-				return err
-			}
 		}
 		e = Event{Business: business, Project: project, Task: task, Type: typ, Actor: authz.HostID, Peer: peer, Data: data}
-		if err := appendEvent(ctx, q, &e); err != nil {
-			return err
-		}
-		if key != "" {
-			return q.insertIdempotent(ctx, authz.HostID, key, body, e.Seq)
-		}
-		return nil
+		return appendOnce(ctx, q, &e, key, nil)
 	})
 	return e, err
 }
 
+// appendOnce appends e, or with key replays it: the same key (of the same
+// actor) with the same type and data is answered with the event it first
+// appended, and with another body refused. refuse, when set, is what a
+// new append is answered, never a replay.
+func appendOnce(ctx context.Context, q *writeTx, e *Event, key string, refuse error) error {
+	body := tokenHash(e.Type + "\x00" + e.Data)
+	if key != "" {
+		h, seq, ok, err := q.idempotent(ctx, e.Actor, key)
+		if err != nil {
+			return err
+		}
+		if ok {
+			if h != body {
+				return errdefs.AlreadyExists(errdefs.IdempotencyKeyReused, "idempotency key %q was first used with another body (event %d)", clip(key), seq)
+			}
+			first, found, err := q.event(ctx, seq)
+			if err == nil && !found {
+				err = fmt.Errorf("idempotency key %q names missing event %d", clip(key), seq)
+			}
+			*e = first
+			return err
+		}
+	}
+	if refuse != nil {
+		return refuse
+	}
+	if err := appendEvent(ctx, q, e); err != nil {
+		return err
+	}
+	if key != "" {
+		return q.insertIdempotent(ctx, e.Actor, key, body, e.Seq)
+	}
+	return nil
+}
+
 // Whoami returns g with its launch set and place in a chain of launches.
 func (b *Broker) Whoami(ctx context.Context, g authz.Grant) (authz.Grant, error) {
-	launch, by, depth, lb, err := b.st.read().grantLaunch(ctx, g.ID)
+	row, _, err := b.st.read().grantByID(ctx, g.ID)
 	if err != nil {
 		return authz.Grant{}, fmt.Errorf("look up grant: %w", err)
 	}
-	g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds = ParseLaunchSet(launch), by, depth, ParseLaunchBounds(lb)
+	g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds = ParseLaunchSet(row.Launch), row.LaunchedBy, row.LaunchDepth, ParseLaunchBounds(row.LaunchBounds)
 	return g, nil
 }

@@ -39,7 +39,7 @@ func (s *server) caller(ctx context.Context, caps ...string) (authz.Grant, strin
 }
 
 func (s *server) hostCaller(ctx context.Context, caps ...string) (authz.Grant, string, error) {
-	g, err := s.b.authorize(ctx, authz.TokenFromContext(ctx), caps...)
+	g, err := s.b.Authorize(ctx, authz.TokenFromContext(ctx), caps...)
 	p, ok := sock.PeerFromContext(ctx)
 	return g, PeerString(p, ok), err
 }
@@ -147,9 +147,9 @@ func (s *server) listCaller(ctx context.Context) (authz.Grant, error) {
 		return authz.Grant{}, err
 	}
 	tok := authz.TokenFromContext(ctx)
-	g, err := s.b.authorize(ctx, tok)
+	g, err := s.b.Authorize(ctx, tok)
 	if err != nil {
-		g, err = s.b.authorize(ctx, tok, authz.Capabilities...)
+		g, err = s.b.Authorize(ctx, tok, authz.Capabilities...)
 	}
 	return g, err
 }
@@ -288,7 +288,7 @@ func (s *server) ListEvents(r *brokerv1.ListEventsRequest, stream brokerv1.Broke
 			}
 		}
 		f = own
-		f.Still = func(ctx context.Context) error { return s.b.grantValid(ctx, g) }
+		f.Still = func(ctx context.Context) error { return s.b.GrantValid(ctx, g) }
 	}
 	err = s.b.Events(ctx, f, r.GetAfterSeq(), r.GetFollow(), func(e Event) error {
 		return stream.Send(&brokerv1.ListEventsResponse{Event: eventProto(e)})

@@ -11,7 +11,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -78,12 +79,7 @@ func NewKeyring(pubs ...ed25519.PublicKey) *Keyring {
 
 // ids lists the trusted keys' ids, sorted.
 func (k *Keyring) ids() []string {
-	out := make([]string, 0, len(k.keys))
-	for id := range k.keys {
-		out = append(out, id)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(k.keys))
 }
 
 // prove returns nil when e is proven: its content hashes to its hash, and
@@ -166,11 +162,8 @@ func ParseTrustedKeys(data []byte) ([]ed25519.PublicKey, error) {
 			break
 		}
 		// pem.Decode would skip text before a block: refuse it instead.
-		if !bytes.HasPrefix(rest, []byte("-----BEGIN PUBLIC KEY-----")) {
-			return nil, fmt.Errorf("key %d: not a PEM PUBLIC KEY block", n)
-		}
 		blk, r := pem.Decode(rest)
-		if blk == nil || blk.Type != "PUBLIC KEY" {
+		if !bytes.HasPrefix(rest, []byte("-----BEGIN PUBLIC KEY-----")) || blk == nil || blk.Type != "PUBLIC KEY" {
 			return nil, fmt.Errorf("key %d: not a PEM PUBLIC KEY block", n)
 		}
 		rest = r

@@ -8,29 +8,23 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/metrics"
 )
 
-// store is where the broker keeps its state: the event log and the tables
-// derived from it (tasks, grants, review requests, idempotency keys), which
-// let every rule decide with a few indexed reads, whatever the log's length.
+// sqlStore is where the broker keeps its state: the event log and the
+// tables derived from it (tasks, grants, review requests, idempotency
+// keys), which let every rule decide with a few indexed reads, whatever
+// the log's length.
 //
 // A write transaction holds the store's write lock, which is exclusive
 // across every process sharing the database: every rule is checked and its
 // event appended inside one, so nothing can interleave between the check and
 // the append. The rules live in the broker and only speak to queries; the
 // two stores differ only in how they open, lock and migrate (dialect).
-type store interface {
-	// begin starts a write transaction holding the write lock.
-	begin(ctx context.Context) (*writeTx, error)
-	// read returns queries outside any transaction, for reads that need no
-	// lock (each statement sees one consistent snapshot).
-	read() *queries
-	// snapshot starts a read-only transaction whose statements all see one
-	// state of the store, taking no lock a write waits for; whole is for a
-	// read of the whole log (log verify), whose statements may run long.
-	snapshot(ctx context.Context, whole bool) (*readTx, error)
-	close() error
+type sqlStore struct {
+	db *sql.DB
+	d  dialect
 }
 
 // dialect is what differs between SQLite and PostgreSQL.
@@ -47,15 +41,13 @@ type dialect struct {
 	long func(ctx context.Context, tx *sql.Tx) error
 }
 
-type sqlStore struct {
-	db *sql.DB
-	d  dialect
-}
-
+// read returns queries outside any transaction, for reads that need no
+// lock (each statement sees one consistent snapshot).
 func (s *sqlStore) read() *queries { return &queries{db: s.db} }
 
 func (s *sqlStore) close() error { return s.db.Close() }
 
+// begin starts a write transaction holding the write lock.
 func (s *sqlStore) begin(ctx context.Context) (*writeTx, error) {
 	start := time.Now()
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -69,6 +61,9 @@ func (s *sqlStore) begin(ctx context.Context) (*writeTx, error) {
 	return &writeTx{queries: queries{db: tx}, tx: tx, began: start, locked: time.Now()}, nil
 }
 
+// snapshot starts a read-only transaction whose statements all see one
+// state of the store, taking no lock a write waits for; whole is for a
+// read of the whole log (log verify), whose statements may run long.
 func (s *sqlStore) snapshot(ctx context.Context, whole bool) (*readTx, error) {
 	tx, err := s.db.BeginTx(ctx, s.d.snapshot)
 	if err != nil {
@@ -165,19 +160,16 @@ func (w *writeTx) insertEvent(ctx context.Context, e Event) error {
 }
 
 func (w *writeTx) savepoint(ctx context.Context) error {
-	_, err := w.tx.ExecContext(ctx, `SAVEPOINT op`)
-	return err
+	return w.exec(ctx, `SAVEPOINT op`)
 }
 
 func (w *writeTx) rollbackTo(ctx context.Context) error {
 	w.headKnown = false
-	_, err := w.tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT op`)
-	return err
+	return w.exec(ctx, `ROLLBACK TO SAVEPOINT op`)
 }
 
 func (w *writeTx) release(ctx context.Context) error {
-	_, err := w.tx.ExecContext(ctx, `RELEASE SAVEPOINT op`)
-	return err
+	return w.exec(ctx, `RELEASE SAVEPOINT op`)
 }
 
 func (w *writeTx) commit() error {
@@ -212,6 +204,11 @@ type queries struct {
 	db dbtx
 }
 
+func (q *queries) exec(ctx context.Context, query string, args ...any) error {
+	_, err := q.db.ExecContext(ctx, query, args...)
+	return err
+}
+
 type taskRow struct {
 	Business, Project, Task string
 	ClosedSeq               int64
@@ -231,8 +228,7 @@ type grantRow struct {
 	ExpiresAt               int64 // unix nanoseconds
 	RevokedSeq              int64
 	// Launch is the launch set (JSON, role to capabilities), LaunchedBy
-	// and LaunchDepth where the grant stands in a chain of launches; read
-	// by grantLaunch only, beside grantCols.
+	// and LaunchDepth where the grant stands in a chain of launches.
 	Launch      string
 	LaunchedBy  string
 	LaunchDepth int
@@ -260,6 +256,12 @@ func found(err error) (bool, error) {
 	return err == nil, err
 }
 
+// one is a single row as scanned, whether it was found, and the error.
+func one[T any](v T, err error) (T, bool, error) {
+	ok, err := found(err)
+	return v, ok, err
+}
+
 func (q *queries) projectExists(ctx context.Context, business, project string) (bool, error) {
 	var one int
 	return found(q.db.QueryRowContext(ctx, `SELECT 1 FROM projects WHERE business = $1 AND project = $2`, business, project).Scan(&one))
@@ -280,74 +282,67 @@ func (q *queries) task(ctx context.Context, business, project, task string) (tas
 	return t, ok, err
 }
 
+// knownTask returns the task, refusing an unknown one (TASK_NOT_FOUND).
+func (q *queries) knownTask(ctx context.Context, business, project, task string) (taskRow, error) {
+	t, ok, err := q.task(ctx, business, project, task)
+	if err == nil && !ok {
+		err = errdefs.NotFound(errdefs.TaskNotFound, "no task %s", scopeString(business, project, task))
+	}
+	return t, err
+}
+
 func (q *queries) insertTask(ctx context.Context, business, project, task string) (bool, error) {
 	r, err := q.db.ExecContext(ctx, `INSERT INTO tasks (business, project, task) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, business, project, task)
 	return affected(r, err)
 }
 
 func (q *queries) setLastPush(ctx context.Context, t taskRow, seq int64, commit, actor string) error {
-	_, err := q.db.ExecContext(ctx, `UPDATE tasks SET last_push_seq = $1, last_push_commit = $2, last_push_actor = $3 WHERE business = $4 AND project = $5 AND task = $6`,
+	return q.exec(ctx, `UPDATE tasks SET last_push_seq = $1, last_push_commit = $2, last_push_actor = $3 WHERE business = $4 AND project = $5 AND task = $6`,
 		seq, commit, actor, t.Business, t.Project, t.Task)
-	return err
 }
 
 func (q *queries) setClosed(ctx context.Context, t taskRow, seq int64) error {
-	_, err := q.db.ExecContext(ctx, `UPDATE tasks SET closed_seq = $1 WHERE business = $2 AND project = $3 AND task = $4`, seq, t.Business, t.Project, t.Task)
-	return err
+	return q.exec(ctx, `UPDATE tasks SET closed_seq = $1 WHERE business = $2 AND project = $3 AND task = $4`, seq, t.Business, t.Project, t.Task)
 }
 
 func (q *queries) lastPushes(ctx context.Context, business, project string) (map[string]string, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT task, last_push_commit FROM tasks WHERE business = $1 AND project = $2 AND last_push_seq > 0`, business, project)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
 	m := map[string]string{}
-	for rows.Next() {
+	err := each(ctx, q, func(s scanner) error {
 		var t, c string
-		if err := rows.Scan(&t, &c); err != nil {
-			return nil, err
-		}
+		err := s.Scan(&t, &c)
 		m[t] = c
-	}
-	return m, rows.Err()
+		return err
+	}, `SELECT task, last_push_commit FROM tasks WHERE business = $1 AND project = $2 AND last_push_seq > 0`, business, project)
+	return m, err
 }
 
-const grantCols = `id, token_hash, business, project, task, role, caps, expires_at, revoked_seq`
+const grantCols = `id, token_hash, business, project, task, role, caps, expires_at, revoked_seq, launch, launched_by, launch_depth, launch_bounds`
 
-func scanGrant(row *sql.Row) (grantRow, bool, error) {
+func scanGrant(s scanner) (grantRow, error) {
 	var g grantRow
 	var caps string
-	ok, err := found(row.Scan(&g.ID, &g.TokenHash, &g.Business, &g.Project, &g.Task, &g.Role, &caps, &g.ExpiresAt, &g.RevokedSeq))
+	err := s.Scan(&g.ID, &g.TokenHash, &g.Business, &g.Project, &g.Task, &g.Role, &caps, &g.ExpiresAt, &g.RevokedSeq, &g.Launch, &g.LaunchedBy, &g.LaunchDepth, &g.LaunchBounds)
 	if caps != "" {
 		g.Caps = strings.Split(caps, ",")
 	}
-	return g, ok, err
+	return g, err
 }
 
 func (q *queries) grantByHash(ctx context.Context, hash string) (grantRow, bool, error) {
-	return scanGrant(q.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE token_hash = $1`, hash))
+	return one(scanGrant(q.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE token_hash = $1`, hash)))
 }
 
 func (q *queries) grantByID(ctx context.Context, id string) (grantRow, bool, error) {
-	return scanGrant(q.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE id = $1`, id))
+	return one(scanGrant(q.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE id = $1`, id)))
 }
 
 func (q *queries) insertGrant(ctx context.Context, g grantRow) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO grants (`+grantCols+`, launch, launched_by, launch_depth, launch_bounds) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11, $12)`,
+	return q.exec(ctx, `INSERT INTO grants (`+grantCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11, $12)`,
 		g.ID, g.TokenHash, g.Business, g.Project, g.Task, g.Role, strings.Join(g.Caps, ","), g.ExpiresAt, g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds)
-	return err
-}
-
-// grantLaunch reads grant id's launch set and place in a chain of launches.
-func (q *queries) grantLaunch(ctx context.Context, id string) (launch, by string, depth int, lb string, err error) {
-	_, err = found(q.db.QueryRowContext(ctx, `SELECT launch, launched_by, launch_depth, launch_bounds FROM grants WHERE id = $1`, id).Scan(&launch, &by, &depth, &lb))
-	return launch, by, depth, lb, err
 }
 
 func (q *queries) revokeGrant(ctx context.Context, id string, seq int64) error {
-	_, err := q.db.ExecContext(ctx, `UPDATE grants SET revoked_seq = $1 WHERE id = $2`, seq, id)
-	return err
+	return q.exec(ctx, `UPDATE grants SET revoked_seq = $1 WHERE id = $2`, seq, id)
 }
 
 // head returns the last event's seq and hash (0, "" for an empty log).
@@ -359,14 +354,51 @@ func (q *queries) head(ctx context.Context) (int64, string, error) {
 }
 
 func (q *queries) insertEvent(ctx context.Context, e Event) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO events (`+eventCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+	return q.exec(ctx, `INSERT INTO events (`+eventCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		e.Seq, e.Business, e.Project, e.Task, e.Type, e.Actor, e.Data, e.Time, e.Peer, e.PrevHash, e.Hash, e.Sig)
-	return err
 }
 
 const eventCols = `seq, business, project, task, type, actor, data, time, peer, prev_hash, hash, sig`
 
-func scanEvent(s interface{ Scan(...any) error }) (Event, error) {
+// scanner is a *sql.Row or *sql.Rows.
+type scanner interface{ Scan(...any) error }
+
+// each calls fn with every row query selects, in one statement, until
+// fn fails.
+func each(ctx context.Context, q *queries, fn func(scanner) error, query string, args ...any) error {
+	rows, err := q.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// all returns every row query selects, each read by scan.
+func all[T any](ctx context.Context, q *queries, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+	var out []T
+	err := each(ctx, q, func(s scanner) error {
+		v, err := scan(s)
+		out = append(out, v)
+		return err
+	}, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// eventsWhere returns the events that where selects, in order.
+func (q *queries) eventsWhere(ctx context.Context, where string, args ...any) ([]Event, error) {
+	return all(ctx, q, scanEvent, `SELECT `+eventCols+` FROM events WHERE `+where+` ORDER BY seq`, args...)
+}
+
+func scanEvent(s scanner) (Event, error) {
 	var e Event
 	sel := [4]textColumn{{s: &e.Business}, {s: &e.Project}, {s: &e.Task}, {s: &e.Type}}
 	if err := s.Scan(&e.Seq, &sel[0], &sel[1], &sel[2], &sel[3], &e.Actor, &e.Data, &e.Time, &e.Peer, &e.PrevHash, &e.Hash, &e.Sig); err != nil {
@@ -405,9 +437,7 @@ func (c *textColumn) Scan(v any) error {
 }
 
 func (q *queries) event(ctx context.Context, seq int64) (Event, bool, error) {
-	e, err := scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE seq = $1`, seq))
-	ok, err := found(err)
-	return e, ok, err
+	return one(scanEvent(q.db.QueryRowContext(ctx, `SELECT `+eventCols+` FROM events WHERE seq = $1`, seq)))
 }
 
 // Filter selects events of one business, project or task ("" matches all).
@@ -418,21 +448,13 @@ type Filter struct {
 	Still func(ctx context.Context) error
 }
 
-// events returns up to limit events after seq that match f, in order.
 // events reads at most limit events after seq after that f selects, and
 // stops early once their data passed maxBytes (at least one is read);
 // full reports a page cut by either bound, so more may follow.
 func (q *queries) events(ctx context.Context, f Filter, after int64, limit int, maxBytes int) (out []Event, full bool, err error) {
-	where := []string{`seq > $1`}
-	args := []any{after}
-	for _, c := range []struct{ col, val string }{{"business", f.Business}, {"project", f.Project}, {"task", f.Task}} {
-		if c.val != "" {
-			args = append(args, c.val)
-			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
-		}
-	}
+	where, args := scopeWhere([]string{`seq > $1`}, []any{after}, f.Business, f.Project, f.Task)
 	args = append(args, limit)
-	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events WHERE `+strings.Join(where, " AND ")+fmt.Sprintf(` ORDER BY seq LIMIT $%d`, len(args)), args...)
+	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events`+where+fmt.Sprintf(` ORDER BY seq LIMIT $%d`, len(args)), args...)
 	if err != nil {
 		return nil, false, err
 	}
@@ -454,49 +476,38 @@ func (q *queries) events(ctx context.Context, f Filter, after int64, limit int, 
 // eachEvent calls fn for every event in seq order, in one statement (one
 // snapshot).
 func (q *queries) eachEvent(ctx context.Context, fn func(Event) error) error {
-	rows, err := q.db.QueryContext(ctx, `SELECT `+eventCols+` FROM events ORDER BY seq`)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		e, err := scanEvent(rows)
+	return each(ctx, q, func(s scanner) error {
+		e, err := scanEvent(s)
 		if err != nil {
 			return err
 		}
-		if err := fn(e); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
+		return fn(e)
+	}, `SELECT `+eventCols+` FROM events ORDER BY seq`)
 }
 
 const requestCols = `id, business, project, task, push_seq, commit_id, push_actor, request_seq, verdict, verdict_seq, reviewer`
 
-func scanRequest(row *sql.Row) (requestRow, bool, error) {
-	var r requestRow
-	ok, err := found(row.Scan(&r.ID, &r.Business, &r.Project, &r.Task, &r.PushSeq, &r.Commit, &r.PushActor, &r.RequestSeq, &r.Verdict, &r.VerdictSeq, &r.Reviewer))
-	return r, ok, err
+func scanRequest(s scanner) (r requestRow, err error) {
+	err = s.Scan(&r.ID, &r.Business, &r.Project, &r.Task, &r.PushSeq, &r.Commit, &r.PushActor, &r.RequestSeq, &r.Verdict, &r.VerdictSeq, &r.Reviewer)
+	return r, err
 }
 
 func (q *queries) request(ctx context.Context, id string) (requestRow, bool, error) {
-	return scanRequest(q.db.QueryRowContext(ctx, `SELECT `+requestCols+` FROM review_requests WHERE id = $1`, id))
+	return one(scanRequest(q.db.QueryRowContext(ctx, `SELECT `+requestCols+` FROM review_requests WHERE id = $1`, id)))
 }
 
 func (q *queries) requestForPush(ctx context.Context, t taskRow, pushSeq int64) (requestRow, bool, error) {
-	return scanRequest(q.db.QueryRowContext(ctx, `SELECT `+requestCols+` FROM review_requests WHERE business = $1 AND project = $2 AND task = $3 AND push_seq = $4`,
-		t.Business, t.Project, t.Task, pushSeq))
+	return one(scanRequest(q.db.QueryRowContext(ctx, `SELECT `+requestCols+` FROM review_requests WHERE business = $1 AND project = $2 AND task = $3 AND push_seq = $4`,
+		t.Business, t.Project, t.Task, pushSeq)))
 }
 
 func (q *queries) insertRequest(ctx context.Context, r requestRow) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO review_requests (`+requestCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, '', 0, '')`,
+	return q.exec(ctx, `INSERT INTO review_requests (`+requestCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, '', 0, '')`,
 		r.ID, r.Business, r.Project, r.Task, r.PushSeq, r.Commit, r.PushActor, r.RequestSeq)
-	return err
 }
 
 func (q *queries) setVerdict(ctx context.Context, id, verdict string, seq int64, reviewer string) error {
-	_, err := q.db.ExecContext(ctx, `UPDATE review_requests SET verdict = $1, verdict_seq = $2, reviewer = $3 WHERE id = $4`, verdict, seq, reviewer, id)
-	return err
+	return q.exec(ctx, `UPDATE review_requests SET verdict = $1, verdict_seq = $2, reviewer = $3 WHERE id = $4`, verdict, seq, reviewer, id)
 }
 
 func (q *queries) idempotent(ctx context.Context, actor, key string) (bodyHash string, seq int64, ok bool, err error) {
@@ -505,6 +516,5 @@ func (q *queries) idempotent(ctx context.Context, actor, key string) (bodyHash s
 }
 
 func (q *queries) insertIdempotent(ctx context.Context, actor, key, bodyHash string, seq int64) error {
-	_, err := q.db.ExecContext(ctx, `INSERT INTO idempotency (actor, key, body_hash, seq) VALUES ($1, $2, $3, $4)`, actor, key, bodyHash, seq)
-	return err
+	return q.exec(ctx, `INSERT INTO idempotency (actor, key, body_hash, seq) VALUES ($1, $2, $3, $4)`, actor, key, bodyHash, seq)
 }

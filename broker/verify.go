@@ -260,11 +260,14 @@ func (r *rebuild) compare(ctx context.Context, q *queries) ([]string, error) {
 	diffs := slices.Clone(r.problems)
 	add := func(format string, a ...any) { diffs = append(diffs, fmt.Sprintf(format, a...)) }
 
-	tasks, err := q.allTasks(ctx)
+	tasks, err := all(ctx, q, func(s scanner) (t taskRow, err error) {
+		err = s.Scan(&t.Business, &t.Project, &t.Task, &t.ClosedSeq, &t.LastPushSeq, &t.LastPushCommit, &t.LastPushActor)
+		return t, err
+	}, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit, last_push_actor FROM tasks`)
 	if err != nil {
 		return nil, err
 	}
-	diffTable(add, "tasks", "task.added", tasks, r.tasks, func(got, want taskRow) [][3]any {
+	diffTable(add, "tasks", "task.added", tasks, func(t taskRow) string { return scopeString(t.Business, t.Project, t.Task) }, r.tasks, func(got, want taskRow) [][3]any {
 		return [][3]any{
 			{"closed_seq", got.ClosedSeq, want.ClosedSeq},
 			{"last_push_seq", got.LastPushSeq, want.LastPushSeq},
@@ -273,11 +276,11 @@ func (r *rebuild) compare(ctx context.Context, q *queries) ([]string, error) {
 		}
 	})
 
-	grants, err := q.allGrants(ctx)
+	grants, err := all(ctx, q, scanGrant, `SELECT `+grantCols+` FROM grants`)
 	if err != nil {
 		return nil, err
 	}
-	diffTable(add, "grants", "grant.created", grants, r.grants, func(got, want grantRow) [][3]any {
+	diffTable(add, "grants", "grant.created", grants, func(g grantRow) string { return g.ID }, r.grants, func(got, want grantRow) [][3]any {
 		return [][3]any{
 			{"scope", scopeString(got.Business, got.Project, got.Task), scopeString(want.Business, want.Project, want.Task)},
 			{"role", got.Role, want.Role},
@@ -292,11 +295,11 @@ func (r *rebuild) compare(ctx context.Context, q *queries) ([]string, error) {
 		}
 	})
 
-	reqs, err := q.allRequests(ctx)
+	reqs, err := all(ctx, q, scanRequest, `SELECT `+requestCols+` FROM review_requests`)
 	if err != nil {
 		return nil, err
 	}
-	diffTable(add, "review_requests", "review.request", reqs, r.requests, func(got, want requestRow) [][3]any {
+	diffTable(add, "review_requests", "review.request", reqs, func(row requestRow) string { return row.ID }, r.requests, func(got, want requestRow) [][3]any {
 		return [][3]any{
 			{"scope", scopeString(got.Business, got.Project, got.Task), scopeString(want.Business, want.Project, want.Task)},
 			{"push_seq", got.PushSeq, want.PushSeq},
@@ -316,10 +319,14 @@ func (r *rebuild) compare(ctx context.Context, q *queries) ([]string, error) {
 	return diffs, nil
 }
 
-// diffTable reports each row of a derived table (got, by key) that
+// diffTable reports each row of a derived table (rows, by key) that
 // differs from the log's (want, which event adds): missing, extra, or a
 // column of columns(got, want) with another value.
-func diffTable[R any](add func(string, ...any), table, event string, got, want map[string]R, columns func(got, want R) [][3]any) {
+func diffTable[R any](add func(string, ...any), table, event string, rows []R, key func(R) string, want map[string]R, columns func(got, want R) [][3]any) {
+	got := map[string]R{}
+	for _, r := range rows {
+		got[key(r)] = r
+	}
 	for k, w := range want {
 		g, ok := got[k]
 		if !ok {
@@ -342,79 +349,4 @@ func cols(add func(string, ...any), row string, cs [][3]any) {
 			add("%s: %s is %q in the table, %q in the log", row, c[0], fmt.Sprint(c[1]), fmt.Sprint(c[2]))
 		}
 	}
-}
-
-func (q *queries) allTasks(ctx context.Context) (map[string]taskRow, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT business, project, task, closed_seq, last_push_seq, last_push_commit, last_push_actor FROM tasks`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	m := map[string]taskRow{}
-	for rows.Next() {
-		var t taskRow
-		if err := rows.Scan(&t.Business, &t.Project, &t.Task, &t.ClosedSeq, &t.LastPushSeq, &t.LastPushCommit, &t.LastPushActor); err != nil {
-			return nil, err
-		}
-		m[scopeString(t.Business, t.Project, t.Task)] = t
-	}
-	return m, rows.Err()
-}
-
-func (q *queries) allGrants(ctx context.Context) (map[string]grantRow, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT `+grantCols+` FROM grants`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	m := map[string]grantRow{}
-	for rows.Next() {
-		var g grantRow
-		var caps string
-		if err := rows.Scan(&g.ID, &g.TokenHash, &g.Business, &g.Project, &g.Task, &g.Role, &caps, &g.ExpiresAt, &g.RevokedSeq); err != nil {
-			return nil, err
-		}
-		if caps != "" {
-			g.Caps = strings.Split(caps, ",")
-		}
-		m[g.ID] = g
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows.Close()
-	// The launch columns, read apart from grantCols like grantLaunch.
-	lrows, err := q.db.QueryContext(ctx, `SELECT id, launch, launched_by, launch_depth, launch_bounds FROM grants`)
-	if err != nil {
-		return nil, err
-	}
-	defer lrows.Close()
-	for lrows.Next() {
-		var id, launch, by, lb string
-		var depth int
-		if err := lrows.Scan(&id, &launch, &by, &depth, &lb); err != nil {
-			return nil, err
-		}
-		g := m[id]
-		g.Launch, g.LaunchedBy, g.LaunchDepth, g.LaunchBounds = launch, by, depth, lb
-		m[id] = g
-	}
-	return m, lrows.Err()
-}
-
-func (q *queries) allRequests(ctx context.Context) (map[string]requestRow, error) {
-	rows, err := q.db.QueryContext(ctx, `SELECT `+requestCols+` FROM review_requests`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	m := map[string]requestRow{}
-	for rows.Next() {
-		var r requestRow
-		if err := rows.Scan(&r.ID, &r.Business, &r.Project, &r.Task, &r.PushSeq, &r.Commit, &r.PushActor, &r.RequestSeq, &r.Verdict, &r.VerdictSeq, &r.Reviewer); err != nil {
-			return nil, err
-		}
-		m[r.ID] = r
-	}
-	return m, rows.Err()
 }
