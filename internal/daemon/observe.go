@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -376,12 +375,4 @@ func (c *gaugeConn) Close() error {
 		c.g.Dec()
 	}
 	return c.Conn.Close()
-}
-
-// SyscallConn lets the handshake read SO_PEERCRED through the wrapper.
-func (c *gaugeConn) SyscallConn() (syscall.RawConn, error) {
-	if sc, ok := c.Conn.(syscall.Conn); ok {
-		return sc.SyscallConn()
-	}
-	return nil, syscall.EINVAL
 }

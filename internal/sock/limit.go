@@ -295,14 +295,6 @@ func (c *countedConn) Close() error {
 // NetConn returns the connection under the wrapper.
 func (c *countedConn) NetConn() net.Conn { return c.Conn }
 
-// SyscallConn lets the handshake read SO_PEERCRED through the wrapper.
-func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
-	if sc, ok := c.Conn.(syscall.Conn); ok {
-		return sc.SyscallConn()
-	}
-	return nil, syscall.EINVAL
-}
-
 // guard is what Tap attaches to an admitted stream: its cancel (with a
 // cause), and the timer that ends it if its request does not arrive.
 type guard struct {
@@ -447,12 +439,14 @@ func Cut(ctx context.Context, cause *errdefs.Error) bool {
 	return true
 }
 
+// peerCred reads SO_PEERCRED of the Unix connection under c's wrappers
+// (unixConn).
 func peerCred(c net.Conn) (*syscall.Ucred, error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
+	u := unixConn(c)
+	if u == nil {
 		return nil, errors.New("peercred: not a unix connection")
 	}
-	raw, err := sc.SyscallConn()
+	raw, err := u.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
