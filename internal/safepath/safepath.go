@@ -170,7 +170,7 @@ func (h *Handle) Is(st *unix.Stat_t) bool { return st.Dev == h.st.Dev && st.Ino 
 // (renamed away, swapped for a link or another directory), or with the
 // walk's own refusal.
 func (h *Handle) Recheck() error {
-	again, err := open(h.path, h.uid, unix.O_PATH, kindAny)
+	again, err := walk(h.path, h.uid, unix.O_PATH, kindAny, nil)
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
@@ -209,7 +209,7 @@ const (
 // OpenDir opens the directory path under uid's rule (see the package
 // comment).
 func OpenDir(path string, uid int) (*Handle, error) {
-	return open(path, uid, unix.O_RDONLY|unix.O_DIRECTORY, kindDir)
+	return walk(path, uid, unix.O_RDONLY|unix.O_DIRECTORY, kindDir, nil)
 }
 
 // OpenFile opens the regular file path under uid's rule with flags
@@ -217,7 +217,7 @@ func OpenDir(path string, uid int) (*Handle, error) {
 // with O_EXCL, mode 0600). Anything but a regular file (a fifo, a device,
 // a directory) is refused before it is opened, so nothing blocks.
 func OpenFile(path string, uid int, flags int) (*Handle, error) {
-	return open(path, uid, flags, kindFile)
+	return walk(path, uid, flags, kindFile, nil)
 }
 
 // MkdirAll makes the directory path (mode perm) and whatever is missing
@@ -225,10 +225,6 @@ func OpenFile(path string, uid int, flags int) (*Handle, error) {
 // returns the directory opened.
 func MkdirAll(path string, uid int, perm uint32) (*Handle, error) {
 	return walk(path, uid, unix.O_RDONLY|unix.O_DIRECTORY, kindDir, &perm)
-}
-
-func open(path string, uid int, flags int, k kind) (*Handle, error) {
-	return walk(path, uid, flags, k, nil)
 }
 
 // Trusted checks a file or directory opened under a directory already
@@ -273,18 +269,16 @@ func walk(path string, uid int, flags int, k kind, mkdir *uint32) (*Handle, erro
 	if err != nil {
 		return nil, err
 	}
-	closeCur := func() { unix.Close(cur) }
 	var st unix.Stat_t
-	if err := unix.Fstat(cur, &st); err != nil {
-		closeCur()
-		return nil, err
+	err = unix.Fstat(cur, &st)
+	if err == nil && path == "/" {
+		err = refuseStat("/", &st, "is the root directory")
 	}
-	if path == "/" {
-		closeCur()
-		return nil, refuseStat("/", &st, "is the root directory")
+	if err == nil {
+		err = trusted("/", &st, uid, false)
 	}
-	if err := trusted("/", &st, uid, false); err != nil {
-		closeCur()
+	if err != nil {
+		unix.Close(cur)
 		return nil, err
 	}
 	return walkFrom(cur, "", strings.Split(strings.TrimPrefix(path, "/"), "/"), uid, flags, k, mkdir)
@@ -328,17 +322,16 @@ func walkFrom(cur int, sofar string, parts []string, uid int, flags int, k kind,
 			return nil, fmt.Errorf("%s: %w", sofar, err)
 		}
 		cur = next
-		if err := unix.Fstat(cur, &st); err != nil {
+		err = unix.Fstat(cur, &st)
+		if err == nil {
+			err = trusted(sofar, &st, uid, false)
+		}
+		if err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			err = fmt.Errorf("%s: %w", sofar, unix.ENOTDIR)
+		}
+		if err != nil {
 			closeCur()
 			return nil, err
-		}
-		if err := trusted(sofar, &st, uid, false); err != nil {
-			closeCur()
-			return nil, err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			closeCur()
-			return nil, fmt.Errorf("%s: %w", sofar, unix.ENOTDIR)
 		}
 	}
 	defer closeCur()
