@@ -1,20 +1,15 @@
 package launch
 
 import (
-	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
-	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/limits"
@@ -105,7 +100,6 @@ func newServer(l SockLimits, adminToken string) (*grpc.Server, *sock.Admission) 
 		ReservedConns: l.ReservedConns, ReservedCalls: l.ReservedCalls, OwnUID: os.Getuid(),
 		RequestTimeout: l.RequestTimeout, SendTimeout: l.IdleTimeout,
 	})
-	grants := &grantCalls{max: l.MaxCallsPerGrant, admin: sha256.Sum256([]byte(adminToken)), n: map[[sha256.Size]byte]int{}}
 	srv := grpc.NewServer(
 		grpc.Creds(sock.PeerCred{}),
 		grpc.MaxRecvMsgSize(maxRecvMsg),
@@ -121,42 +115,17 @@ func newServer(l SockLimits, adminToken string) (*grpc.Server, *sock.Admission) 
 		grpc.InTapHandle(adm.Tap),
 		// grpcerr runs first: every error a handler or interceptor
 		// returns leaves as its status (the LaunchService has no stream).
-		grpc.ChainUnaryInterceptor(grpcerr.UnaryServer, adm.Unary, grants.unary),
+		grpc.ChainUnaryInterceptor(grpcerr.UnaryServer, adm.Unary, grantCalls(l.MaxCallsPerGrant, adminToken)),
 	)
 	return srv, adm
 }
 
-// grantCalls bounds the calls in flight of one grant, counted by its
-// token's hash (a grant has one token) before any broker lookup; the
-// host's admin token is not counted.
-type grantCalls struct {
-	max   int
-	admin [sha256.Size]byte
-	mu    sync.Mutex
-	n     map[[sha256.Size]byte]int
-}
-
-func (g *grantCalls) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	tok := authz.TokenFromContext(ctx)
-	k := sha256.Sum256([]byte(tok))
-	if tok == "" || subtle.ConstantTimeCompare(k[:], g.admin[:]) == 1 {
-		return h(ctx, req)
-	}
-	g.mu.Lock()
-	if g.n[k] >= g.max {
-		n := g.n[k]
-		g.mu.Unlock()
-		return nil, errdefs.ResourceExhausted(errdefs.TooManyCallsPerGrant, "this grant already has %d calls in flight on launch.sock (limit %d, sandbox serve --max-calls-per-grant); end some and retry", n, g.max).
-			With("limit", g.max).Retry(time.Second)
-	}
-	g.n[k]++
-	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		if g.n[k]--; g.n[k] <= 0 {
-			delete(g.n, k)
-		}
-		g.mu.Unlock()
-	}()
-	return h(ctx, req)
+// grantCalls refuses the calls in flight of one grant past
+// --max-calls-per-grant (sock.GrantSlots: the host's admin token is not
+// counted).
+func grantCalls(max int, adminToken string) grpc.UnaryServerInterceptor {
+	return sock.NewGrantSlots(adminToken).Unary(max, func(n int) error {
+		return errdefs.ResourceExhausted(errdefs.TooManyCallsPerGrant, "this grant already has %d calls in flight on launch.sock (limit %d, sandbox serve --max-calls-per-grant); end some and retry", n, max).
+			With("limit", max).Retry(time.Second)
+	})
 }

@@ -3,6 +3,8 @@ package sock
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -21,6 +23,7 @@ import (
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
 )
@@ -112,6 +115,59 @@ func (t *tally) release(uid uint32) {
 	t.n--
 	if t.by[uid]--; t.by[uid] <= 0 {
 		delete(t.by, uid)
+	}
+}
+
+// GrantSlots counts what each grant holds of one kind (calls in flight,
+// streams), on any number of sockets, by its token's hash: a grant has
+// exactly one token, so that costs no store lookup before the call is
+// admitted, and a call with an unknown token, counted the same way, is
+// refused by the service right after. The host's admin token, and a call
+// with none, are not counted.
+type GrantSlots struct {
+	admin [sha256.Size]byte
+	mu    sync.Mutex
+	n     map[[sha256.Size]byte]int
+}
+
+// NewGrantSlots counts the slots of every grant but the host's.
+func NewGrantSlots(adminToken string) *GrantSlots {
+	return &GrantSlots{admin: sha256.Sum256([]byte(adminToken)), n: map[[sha256.Size]byte]int{}}
+}
+
+// Take takes one of the max slots of the grant of ctx's token, or
+// returns full(n), n being what it holds; release gives the slot back.
+func (g *GrantSlots) Take(ctx context.Context, max int, full func(n int) error) (release func(), err error) {
+	tok := authz.TokenFromContext(ctx)
+	k := sha256.Sum256([]byte(tok))
+	if tok == "" || subtle.ConstantTimeCompare(k[:], g.admin[:]) == 1 {
+		return func() {}, nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if n := g.n[k]; n >= max {
+		return nil, full(n)
+	}
+	g.n[k]++
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.n[k]--; g.n[k] <= 0 {
+			delete(g.n, k)
+		}
+	}, nil
+}
+
+// Unary is a grpc.UnaryServerInterceptor that holds one of the call's
+// grant's slots (Take) while the call runs.
+func (g *GrantSlots) Unary(max int, full func(n int) error) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		release, err := g.Take(ctx, max, full)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		return h(ctx, req)
 	}
 }
 
