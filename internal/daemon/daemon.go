@@ -482,19 +482,7 @@ func prepareHome(h home.Home, gid int) error {
 			return fmt.Errorf("home %s: make it %04o: %w", dir, mode, err)
 		}
 	}
-	repos := h.Repos()
-	if err := os.Mkdir(repos, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	if err := safepath.IfExists(repos, uid, safepath.Dir); err != nil {
-		return err
-	}
-	r, err := os.OpenFile(repos, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return safepath.Linked(repos, err)
-	}
-	defer r.Close()
-	return r.Chmod(0o700)
+	return safepath.MkdirOwned(h.Repos(), uid, 0o700)
 }
 
 // homeLock is the home's lock, held for the daemon's lifetime.

@@ -177,7 +177,8 @@ func New(o Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{o: o, admin: tok, conn: conn, bc: brokerv1.NewBrokerServiceClient(conn), sessions: map[string]*live{}, quit: make(chan struct{})}
-	if err := makeSessionsDir(s.sessionsDir()); err != nil {
+	// Root's, 0711, reached through no link.
+	if err := safepath.MkdirOwned(s.sessionsDir(), 0, 0o711); err != nil {
 		conn.Close()
 		return nil, err
 	}

@@ -537,6 +537,34 @@ func ownerOf(fi fs.FileInfo) int {
 	return -1
 }
 
+// MkdirOwned makes the directory path (perm) unless it is there, and
+// checks it as Dir does through a descriptor opened without following a
+// link, then gives it perm through that descriptor.
+func MkdirOwned(path string, uid int, perm fs.FileMode) error {
+	if err := os.Mkdir(path, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		// A link is ENOTDIR here: O_DIRECTORY is judged on the link.
+		if fi, lerr := os.Lstat(path); lerr == nil {
+			if derr := Dir(path, fi, uid); derr != nil {
+				return derr
+			}
+		}
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if err := Dir(path, fi, uid); err != nil {
+		return err
+	}
+	return f.Chmod(perm)
+}
+
 // IfExists runs check on path's Lstat if path exists; a missing path is
 // fine (the daemon makes it).
 func IfExists(path string, uid int, check func(string, fs.FileInfo, int) error) error {
