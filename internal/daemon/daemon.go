@@ -31,6 +31,7 @@ import (
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/broker"
 	"github.com/bushost/bushost/gitd"
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/home"
@@ -126,7 +127,7 @@ func Serve(ctx context.Context, o Options) error {
 	// Text on stderr is for a person: the next steps go there too.
 	person := o.Logger == nil && o.Observe.LogFormat != "json"
 	if o.Logger == nil {
-		l, err := o.Observe.logger()
+		l, err := cmdline.Logger(os.Stderr, o.Observe.LogFormat, o.Observe.LogLevel)
 		if err != nil {
 			return err
 		}
@@ -393,13 +394,12 @@ func newServer(o Options, grants *grantLimiter, ob *observer, passFDs bool) (*gr
 // manager passed (its unit sets the mode and group); adm admits its
 // connections.
 func listen(h home.Home, name string, gid int, inherited map[string]net.Listener, adm *sock.Admission) (net.Listener, error) {
-	if l, ok := inherited[name]; ok {
-		return adm.Listener(countConns(l, strings.TrimSuffix(name, ".sock"))), nil
-	}
-	path := h.Path(name)
-	l, err := sock.Listen(path, 0o660, gid)
-	if err != nil {
-		return nil, err
+	l, ok := inherited[name]
+	if !ok {
+		var err error
+		if l, err = sock.Listen(h.Path(name), 0o660, gid); err != nil {
+			return nil, err
+		}
 	}
 	return adm.Listener(countConns(l, strings.TrimSuffix(name, ".sock"))), nil
 }

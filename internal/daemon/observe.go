@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -28,7 +27,6 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
-	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/metrics"
@@ -62,11 +60,6 @@ func (ob *Observe) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&ob.LogLevel, "log-level", "info", "least severe log level written: debug, info, warn or error")
 	fs.StringVar(&ob.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at /metrics on 127.0.0.1:PORT or unix:PATH (default: off)")
 	fs.DurationVar(&ob.DrainGrace, "drain-grace", DefaultDrainGrace, "on SIGTERM, how long health checks answer NOT_SERVING (new calls get Unavailable) before the sockets close")
-}
-
-// logger builds the daemon's logger from the flags.
-func (ob *Observe) logger() (*slog.Logger, error) {
-	return cmdline.Logger(os.Stderr, ob.LogFormat, ob.LogLevel)
 }
 
 // nextSteps is what a person who just started bushostd does next, printed
