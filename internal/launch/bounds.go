@@ -57,7 +57,14 @@ func asked(r *launchv1.LaunchRequest) (bounds.Values, error) {
 	for k, v := range r.GetLimits() {
 		m[k] = v
 	}
-	for _, f := range [][2]string{{"memory", r.GetMemory()}, {"pids", nonZero(r.GetPids())}, {"timeout", seconds(r.GetTimeoutSeconds())}} {
+	pids, timeout := "", ""
+	if n := r.GetPids(); n != 0 {
+		pids = strconv.FormatInt(n, 10)
+	}
+	if n := r.GetTimeoutSeconds(); n != 0 {
+		timeout = (time.Duration(n) * time.Second).String()
+	}
+	for _, f := range [][2]string{{"memory", r.GetMemory()}, {"pids", pids}, {"timeout", timeout}} {
 		if f[1] == "" {
 			continue
 		}
@@ -71,20 +78,6 @@ func asked(r *launchv1.LaunchRequest) (bounds.Values, error) {
 		return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "%v", err)
 	}
 	return v, nil
-}
-
-func nonZero(n int64) string {
-	if n == 0 {
-		return ""
-	}
-	return strconv.FormatInt(n, 10)
-}
-
-func seconds(n int64) string {
-	if n == 0 {
-		return ""
-	}
-	return (time.Duration(n) * time.Second).String()
 }
 
 // settle decides a launch's network and limits, or lists what is over

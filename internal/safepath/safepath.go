@@ -517,24 +517,18 @@ func File(path string, fi fs.FileInfo, uid int) error {
 // (isKind; else the refusal says notKind), is owned by uid and is
 // writable by nobody else.
 func owned(path string, fi fs.FileInfo, uid int, kind string, isKind bool, notKind string) error {
+	st, _ := fi.Sys().(*syscall.Stat_t)
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
 		return refuse(path, fi, "is a symbolic link, not a "+kind+" of the host's")
 	case !isKind:
 		return refuse(path, fi, notKind)
-	case ownerOf(fi) != uid:
+	case st == nil || int(st.Uid) != uid:
 		return refuse(path, fi, "belongs to another user, not to the daemon's "+Owner(uid))
 	case fi.Mode().Perm()&0o022 != 0:
 		return refuse(path, fi, "is writable by group or others")
 	}
 	return nil
-}
-
-func ownerOf(fi fs.FileInfo) int {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return int(st.Uid)
-	}
-	return -1
 }
 
 // MkdirOwned makes the directory path (perm) unless it is there, and

@@ -91,9 +91,13 @@ type tally struct {
 	full, uidFull           errdefs.Reason
 }
 
-// admit counts one more of uid, or says why not. The daemon's own uid is
-// not held to perUID and may use the reserve, which others may not.
-func (t *tally) admit(uid uint32, own bool) *errdefs.Error {
+// admit counts one more of uid in t (a.conns or a.calls), or says why
+// not. The daemon's own uid is not held to perUID and may use the
+// reserve, which others may not.
+func (a *Admission) admit(t *tally, uid uint32) *errdefs.Error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	own := int(uid) == a.lim.OwnUID
 	total := t.max
 	if !own {
 		total -= t.reserved
@@ -111,7 +115,9 @@ func (t *tally) admit(uid uint32, own bool) *errdefs.Error {
 	return nil
 }
 
-func (t *tally) release(uid uint32) {
+func (a *Admission) release(t *tally, uid uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	t.n--
 	if t.by[uid]--; t.by[uid] <= 0 {
 		delete(t.by, uid)
@@ -178,19 +184,6 @@ func (a *Admission) refused(r errdefs.Reason) {
 	if a.onRefused != nil {
 		a.onRefused(r)
 	}
-}
-
-// admit counts one of uid in t (a.conns or a.calls), or says why not.
-func (a *Admission) admit(t *tally, uid uint32) *errdefs.Error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return t.admit(uid, int(uid) == a.lim.OwnUID)
-}
-
-func (a *Admission) release(t *tally, uid uint32) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	t.release(uid)
 }
 
 // Counts reports the connections and calls now admitted (for tests).
