@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
@@ -362,26 +361,8 @@ func newServer(o Options, grants *grantLimiter, ob *observer, passFDs bool) (*gr
 	})
 	log := o.Logger
 	adm.OnRefused(func(r errdefs.Reason) { log.Debug("refused", "reason", r) })
-	srv := grpc.NewServer(
-		// git.sock takes a pushed bundle file's descriptor (passFDs).
-		grpc.Creds(sock.PeerCred{PassFDs: passFDs}),
-		grpc.MaxRecvMsgSize(maxRecvMsg),
-		grpc.MaxConcurrentStreams(uint32(l.MaxStreamsPerConn)),
-		grpc.MaxHeaderListSize(uint32(l.MaxHeaderBytes)),
-		grpc.InitialWindowSize(streamWindow),
-		grpc.InitialConnWindowSize(connWindow),
-		grpc.ReadBufferSize(ioBuffer),
-		grpc.WriteBufferSize(ioBuffer),
-		// A peer must finish its handshake (SO_PEERCRED, HTTP/2 preface)
-		// promptly.
-		grpc.ConnectionTimeout(l.RequestTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionIdle: l.IdleTimeout,
-			Time:              l.IdleTimeout,
-			Timeout:           l.RequestTimeout,
-		}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
-		grpc.InTapHandle(adm.Tap),
+	// git.sock takes a pushed bundle file's descriptor (passFDs).
+	srv := adm.Server(passFDs, maxRecvMsg, uint32(l.MaxStreamsPerConn), uint32(l.MaxHeaderBytes), l.IdleTimeout,
 		// grpcerr runs first: every error any handler or interceptor
 		// returns leaves as its status.
 		grpc.ChainUnaryInterceptor(grpcerr.UnaryServer, ob.unary, adm.Unary, grants.unary),

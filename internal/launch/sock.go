@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
@@ -75,20 +74,17 @@ func (l SockLimits) check() error {
 // the stream lasts, and a stream lasts until its answer is read, past the
 // end of the call: a connection holds maxStreams of them at most.
 const (
-	maxStreams   = 2
-	maxAnswer    = maxRecvMsg + 4<<10
-	maxRecvMsg   = 64 << 10
-	streamWindow = 64 << 10
-	connWindow   = 256 << 10
-	ioBuffer     = 32 << 10
-	maxHeader    = 16 << 10
+	maxStreams = 2
+	maxAnswer  = maxRecvMsg + 4<<10
+	maxRecvMsg = 64 << 10
+	maxHeader  = 16 << 10
 )
 
 // Budget is the bound on the launcher's live memory: a baseline, each
 // connection at its buffers, one header list and the answers its streams
 // may hold unread, each call in flight at a request buffered and decoded.
 func (l SockLimits) Budget() int64 {
-	const baseline, perConn, perCall = 32 << 20, 3*ioBuffer + maxHeader + maxStreams*maxAnswer, 2*maxRecvMsg + streamWindow
+	const baseline, perConn, perCall = 32 << 20, 3*sock.IOBuffer + maxHeader + maxStreams*maxAnswer, 2*maxRecvMsg + sock.StreamWindow
 	return baseline + int64(l.MaxConns)*perConn + int64(l.MaxCalls)*perCall
 }
 
@@ -100,19 +96,7 @@ func newServer(l SockLimits, adminToken string) (*grpc.Server, *sock.Admission) 
 		ReservedConns: l.ReservedConns, ReservedCalls: l.ReservedCalls, OwnUID: os.Getuid(),
 		RequestTimeout: l.RequestTimeout, SendTimeout: l.IdleTimeout,
 	})
-	srv := grpc.NewServer(
-		grpc.Creds(sock.PeerCred{}),
-		grpc.MaxRecvMsgSize(maxRecvMsg),
-		grpc.MaxConcurrentStreams(maxStreams),
-		grpc.MaxHeaderListSize(maxHeader),
-		grpc.InitialWindowSize(streamWindow),
-		grpc.InitialConnWindowSize(connWindow),
-		grpc.ReadBufferSize(ioBuffer),
-		grpc.WriteBufferSize(ioBuffer),
-		grpc.ConnectionTimeout(l.RequestTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.IdleTimeout, Time: l.IdleTimeout, Timeout: l.RequestTimeout}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
-		grpc.InTapHandle(adm.Tap),
+	srv := adm.Server(false, maxRecvMsg, maxStreams, maxHeader, l.IdleTimeout,
 		// grpcerr runs first: every error a handler or interceptor
 		// returns leaves as its status (the LaunchService has no stream).
 		grpc.ChainUnaryInterceptor(grpcerr.UnaryServer, adm.Unary, grantCalls(l.MaxCallsPerGrant, adminToken)),

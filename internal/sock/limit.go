@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
@@ -50,6 +51,43 @@ type AdmitLimits struct {
 	// SendTimeout cuts a stream whose reader takes none of a message for
 	// this long.
 	SendTimeout time.Duration
+}
+
+// The HTTP/2 sizes of every socket's server (Admission.Server), part of
+// the memory budgets of bushostd and sandbox serve (docs/limits.md).
+const (
+	// StreamWindow and ConnWindow are the HTTP/2 flow-control windows:
+	// what a peer may send before the server reads it. Setting them turns
+	// off grpc's window growth (BDP estimation), which would let a peer
+	// grow them to megabytes per connection.
+	StreamWindow = 64 << 10
+	ConnWindow   = 256 << 10
+	// IOBuffer is each connection's read and write buffer.
+	IOBuffer = 32 << 10
+)
+
+// Server is a gRPC server on the socket a admits (its listener wrapped
+// in a.Listener, its streams admitted by a.Tap): it reads each peer's
+// credentials (PeerCred, with passFDs), bounds a message to maxMsg bytes
+// and a connection to maxStreams streams and maxHeader bytes of headers,
+// has the windows and buffers above, closes a connection idle for idle,
+// and wants a peer's handshake (SO_PEERCRED, HTTP/2 preface) within the
+// request timeout. opts add the interceptors.
+func (a *Admission) Server(passFDs bool, maxMsg int, maxStreams, maxHeader uint32, idle time.Duration, opts ...grpc.ServerOption) *grpc.Server {
+	return grpc.NewServer(append([]grpc.ServerOption{
+		grpc.Creds(PeerCred{PassFDs: passFDs}),
+		grpc.MaxRecvMsgSize(maxMsg),
+		grpc.MaxConcurrentStreams(maxStreams),
+		grpc.MaxHeaderListSize(maxHeader),
+		grpc.InitialWindowSize(StreamWindow),
+		grpc.InitialConnWindowSize(ConnWindow),
+		grpc.ReadBufferSize(IOBuffer),
+		grpc.WriteBufferSize(IOBuffer),
+		grpc.ConnectionTimeout(a.lim.RequestTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle, Time: idle, Timeout: a.lim.RequestTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
+		grpc.InTapHandle(a.Tap),
+	}, opts...)...)
 }
 
 // Admission applies AdmitLimits to one socket: Listener closes
