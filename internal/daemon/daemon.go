@@ -5,6 +5,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -97,16 +98,10 @@ type Options struct {
 const DefaultDrainTimeout = 30 * time.Second
 
 func (o *Options) fill() {
-	if o.Home == "" {
-		o.Home = home.Default
-	}
-	if o.DrainTimeout == 0 {
-		o.DrainTimeout = DefaultDrainTimeout
-	}
+	o.Home = cmp.Or(o.Home, home.Default)
+	o.DrainTimeout = cmp.Or(o.DrainTimeout, DefaultDrainTimeout)
 	o.Limits.Fill()
-	if o.Observe.DrainGrace == 0 {
-		o.Observe.DrainGrace = DefaultDrainGrace
-	}
+	o.Observe.DrainGrace = cmp.Or(o.Observe.DrainGrace, DefaultDrainGrace)
 }
 
 // ErrHomeBusy is returned when another process serves the same home.
@@ -204,11 +199,7 @@ func Serve(ctx context.Context, o Options) error {
 	if created {
 		log.Info("made the host's admin token", "path", h.AdminToken())
 	}
-	dsn := o.BrokerDSN
-	if dsn == "" {
-		dsn = h.BrokerDB()
-	}
-	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, Limits: o.Limits, CheckpointFile: o.CheckpointFile, HostID: hostID,
+	b, err := broker.Open(ctx, broker.Options{DSN: cmp.Or(o.BrokerDSN, h.BrokerDB()), AdminToken: token, Limits: o.Limits, CheckpointFile: o.CheckpointFile, HostID: hostID,
 		ReposDir: h.Repos(), Postgres: o.BrokerPostgres,
 		SigningKey: signingKey, TrustedKeys: trusted, AdoptUnsigned: adopt})
 	if err != nil {

@@ -5,6 +5,7 @@ package daemon
 // drain grace that lets probes see NOT_SERVING before the sockets close.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -166,10 +167,7 @@ func (ob *observer) done(ctx context.Context, method string, c *metrics.Call, st
 	var e *errdefs.Error
 	if err != nil {
 		e = grpcerr.Of(err)
-		kind, outcome = e.Kind, string(e.Reason)
-		if outcome == "" {
-			outcome = e.Kind.String()
-		}
+		kind, outcome = e.Kind, cmp.Or(string(e.Reason), e.Kind.String())
 	}
 	metrics.Calls.WithLabelValues(ob.socket, method, outcome).Inc()
 	switch method {

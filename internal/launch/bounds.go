@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"slices"
@@ -83,12 +84,9 @@ func asked(r *launchv1.LaunchRequest) (bounds.Values, error) {
 // settle decides a launch's network and limits, or lists what is over
 // (missing, for LAUNCH_NOT_ALLOWED); an error is a malformed request.
 func (s *Server) settle(g authz.Grant, r *launchv1.LaunchRequest, from *sandbox.SessionBounds) (settled, []string, error) {
-	out := settled{net: r.GetNet(), limits: bounds.Values{}, from: from}
+	out := settled{net: cmp.Or(r.GetNet(), bounds.NetNone), limits: bounds.Values{}, from: from}
 	var missing []string
 	lb := g.LaunchBounds
-	if out.net == "" {
-		out.net = bounds.NetNone
-	}
 	if bounds.NetRank(out.net) < 0 {
 		return settled{}, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--net=%q: want none, proxy or host", clip(out.net))
 	}

@@ -11,6 +11,7 @@
 package launch
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -143,12 +144,7 @@ func (s *Server) sessionsDir() string { return home.At(s.o.State).Sessions() }
 // New opens the launcher's state: it reads the admin token, connects to
 // the broker, and re-adopts every session its state directory records.
 func New(o Options) (*Server, error) {
-	if o.BusHome == "" {
-		o.BusHome = o.Home
-	}
-	if o.State == "" {
-		o.State = o.Home
-	}
+	o.BusHome, o.State = cmp.Or(o.BusHome, o.Home), cmp.Or(o.State, o.Home)
 	if o.StopGrace <= 0 {
 		o.StopGrace = 10 * time.Second
 	}
@@ -270,13 +266,7 @@ func (s *Server) Launch(ctx context.Context, r *launchv1.LaunchRequest) (*launch
 	if g.Host || !g.Has(authz.CapSessionLaunch) {
 		return nil, errdefs.PermissionDenied(errdefs.CapabilityMissing, "launching a session takes a grant with %s (grant %s lacks it)", authz.CapSessionLaunch, g.ID)
 	}
-	business, project := r.GetBusiness(), r.GetProject()
-	if business == "" {
-		business = g.Business
-	}
-	if project == "" {
-		project = g.Project
-	}
+	business, project := cmp.Or(r.GetBusiness(), g.Business), cmp.Or(r.GetProject(), g.Project)
 	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: r.GetTask()}); err != nil || r.GetTask() == "" {
 		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "a session is for one task: give a valid --task")
 	}
