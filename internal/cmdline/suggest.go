@@ -2,6 +2,7 @@ package cmdline
 
 import (
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -132,11 +133,7 @@ func CheckFlags(args []string, flags func(w io.Writer)) error {
 			if name == "h" || name == "help" {
 				return nil
 			}
-			names := make([]string, 0, len(known))
-			for n := range known {
-				names = append(names, n)
-			}
-			best := suggest(name, names, true)
+			best := suggest(name, slices.Collect(maps.Keys(known)), true)
 			slices.Sort(best)
 			return UsageError{"unknown flag: --" + name + didYouMean(best)}
 		}

@@ -319,9 +319,7 @@ func Serve(ctx context.Context, o Options) error {
 func drain(timeout time.Duration, srvs ...*grpc.Server) {
 	var wg sync.WaitGroup
 	for _, s := range srvs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			done := make(chan struct{})
 			go func() { s.GracefulStop(); close(done) }()
 			select {
@@ -329,7 +327,7 @@ func drain(timeout time.Duration, srvs ...*grpc.Server) {
 			case <-time.After(timeout):
 				s.Stop()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 }

@@ -273,13 +273,7 @@ func (s *Server) Launch(ctx context.Context, r *launchv1.LaunchRequest) (*launch
 	if err := names.Check("role", r.GetRole()); err != nil {
 		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
-	var caps []string
-	for _, c := range r.GetCapabilities() {
-		if !slices.Contains(caps, c) {
-			caps = append(caps, c)
-		}
-	}
-	slices.Sort(caps)
+	caps := slices.Compact(slices.Sorted(slices.Values(r.GetCapabilities())))
 	if len(caps) == 0 {
 		return nil, errdefs.InvalidArgument(errdefs.CapabilityInvalid, "a session needs at least one capability (--caps)")
 	}
