@@ -162,9 +162,6 @@ func (h *Handle) File() (*os.File, error) {
 	return os.NewFile(uintptr(fd), h.path), nil
 }
 
-// Is reports whether st is the file the handle holds.
-func (h *Handle) Is(st *unix.Stat_t) bool { return st.Dev == h.st.Dev && st.Ino == h.st.Ino }
-
 // Recheck walks the path again under the rule it was opened with and
 // refuses with PATH_CHANGED when it no longer leads to the handle's file
 // (renamed away, swapped for a link or another directory), or with the
@@ -180,7 +177,7 @@ func (h *Handle) Recheck() error {
 		return err
 	}
 	defer again.Close()
-	if !h.Is(&again.st) {
+	if again.st.Dev != h.st.Dev || again.st.Ino != h.st.Ino {
 		return &Error{Reason: ReasonChanged, Path: h.path, Owner: again.Owner(), Mode: modeOf(&again.st),
 			Msg: fmt.Sprintf("PATH_CHANGED: %s is no longer what was checked (now owner %s, mode %v): refused, never followed", h.path, Owner(again.Owner()), modeOf(&again.st))}
 	}

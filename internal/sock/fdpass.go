@@ -403,18 +403,11 @@ func checkPassed(fd int, st *syscall.Stat_t) error {
 // Changed reports whether f's size, modification or change time differ
 // from what CheckPassedFile saw.
 func (p PassedFile) Changed(f *os.File) (bool, error) {
-	var st syscall.Stat_t
-	rc, err := f.SyscallConn()
+	fi, err := f.Stat() // fstat of f's descriptor
 	if err != nil {
 		return true, err
 	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = syscall.Fstat(int(fd), &st) }); err != nil {
-		return true, err
-	}
-	if serr != nil {
-		return true, serr
-	}
+	st := fi.Sys().(*syscall.Stat_t)
 	return st.Size != p.st.Size || st.Mtim != p.st.Mtim || st.Ctim != p.st.Ctim, nil
 }
 
