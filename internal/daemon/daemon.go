@@ -168,7 +168,7 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	defer lock.Unlock()
+	defer lock.Close()
 
 	// A home without an admin token is new: it served no log before
 	// signing, so it vouches for none. Its key is kept at once and signs
@@ -455,18 +455,11 @@ func prepareHome(h home.Home, gid int) error {
 	return safepath.MkdirOwned(h.Repos(), uid, 0o700)
 }
 
-// homeLock is the home's lock, held for the daemon's lifetime.
-type homeLock struct{ f *os.File }
-
-func (l *homeLock) Unlock() {
-	syscall.Flock(int(l.f.Fd()), syscall.LOCK_UN)
-	l.f.Close()
-}
-
 // lockHome takes the home's lock for the daemon's lifetime and writes our
 // pid into it, so that a second daemon can say who holds it. The lock file
-// is opened without following a link and must be ours.
-func lockHome(h home.Home) (*homeLock, error) {
+// is opened without following a link and must be ours; closing it (no
+// child inherits it) lets the lock go.
+func lockHome(h home.Home) (*os.File, error) {
 	dir, path := h.Dir(), h.Lock()
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -494,15 +487,14 @@ func lockHome(h home.Home) (*homeLock, error) {
 		return nil, errdefs.FailedPrecondition(errdefs.HomeInUse, "%v: %s is served by %s (lock %s)", ErrHomeBusy, dir, holder, path).
 			With("home", dir).With("holder", holder).Wrap(ErrHomeBusy)
 	}
-	l := &homeLock{f: f}
 	if err := f.Truncate(0); err == nil {
 		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	if err != nil {
-		l.Unlock()
+		f.Close()
 		return nil, fmt.Errorf("lock %s: write pid: %w", path, err)
 	}
-	return l, nil
+	return f, nil
 }
 
 // writeNew makes path (never following a link, never over an existing
