@@ -22,19 +22,17 @@ import (
 // grant, and how long a request may take to arrive and a connection may
 // idle. A session wait is a call in flight for as long as it waits.
 type SockLimits struct {
-	MaxConns, MaxCalls             int
-	MaxConnsPerUID, MaxCallsPerUID int
-	ReservedConns, ReservedCalls   int
-	MaxCallsPerGrant               int
-	RequestTimeout, IdleTimeout    time.Duration
+	sock.AdmitLimits // OwnUID and SendTimeout (IdleTimeout) set by newServer
+	MaxCallsPerGrant int
+	IdleTimeout      time.Duration
 }
 
 // DefaultSockLimits are bushostd's defaults, but for calls per grant:
 // a lead may wait for each of its --max-sessions-per-grant sessions and
 // still launch.
 func DefaultSockLimits() SockLimits {
-	return SockLimits{MaxConns: 256, MaxCalls: 64, MaxConnsPerUID: 32, MaxCallsPerUID: 16, ReservedConns: 16, ReservedCalls: 8,
-		MaxCallsPerGrant: 16, RequestTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second}
+	return SockLimits{AdmitLimits: sock.AdmitLimits{MaxConns: 256, MaxCalls: 64, MaxConnsPerUID: 32, MaxCallsPerUID: 16,
+		ReservedConns: 16, ReservedCalls: 8, RequestTimeout: 10 * time.Second}, MaxCallsPerGrant: 16, IdleTimeout: 30 * time.Second}
 }
 
 func (l *SockLimits) addFlags(fs *flag.FlagSet) {
@@ -91,11 +89,9 @@ func (l SockLimits) Budget() int64 {
 // newServer is launch.sock's gRPC server with its bounds, and the
 // admission its listener must be wrapped in.
 func newServer(l SockLimits, adminToken string) (*grpc.Server, *sock.Admission) {
-	adm := sock.NewAdmission(sock.AdmitLimits{
-		MaxConns: l.MaxConns, MaxCalls: l.MaxCalls, MaxConnsPerUID: l.MaxConnsPerUID, MaxCallsPerUID: l.MaxCallsPerUID,
-		ReservedConns: l.ReservedConns, ReservedCalls: l.ReservedCalls, OwnUID: os.Getuid(),
-		RequestTimeout: l.RequestTimeout, SendTimeout: l.IdleTimeout,
-	})
+	a := l.AdmitLimits
+	a.OwnUID, a.SendTimeout = os.Getuid(), l.IdleTimeout
+	adm := sock.NewAdmission(a)
 	srv := adm.Server(false, maxRecvMsg, maxStreams, maxHeader, l.IdleTimeout,
 		// grpcerr runs first: every error a handler or interceptor
 		// returns leaves as its status (the LaunchService has no stream).

@@ -111,9 +111,7 @@ func refuse(path string, fi fs.FileInfo, why string) error {
 	if !ok {
 		return &Error{Reason: ReasonUnsafe, Path: path, Owner: -1, Mode: fi.Mode(), Msg: fmt.Sprintf("%s %s (mode %v)", path, why, fi.Mode())}
 	}
-	var ust unix.Stat_t
-	ust.Uid, ust.Mode = st.Uid, st.Mode
-	return refuseStat(path, &ust, why)
+	return refuseStat(path, &unix.Stat_t{Uid: st.Uid, Mode: st.Mode}, why)
 }
 
 // Handle is a file or directory opened once and checked: Fd is what was
