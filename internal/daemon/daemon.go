@@ -152,13 +152,9 @@ func Serve(ctx context.Context, o Options) error {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(budget(o.Limits) + budget(o.Limits)/4)
 	}
-	gid := -1
-	if o.SocketGroup != "" {
-		g, err := lookupGroup(o.SocketGroup)
-		if err != nil {
-			return err
-		}
-		gid = g
+	gid, err := lookupGroup(o.SocketGroup)
+	if err != nil {
+		return err
 	}
 	h := home.At(o.Home)
 	if err := prepareHome(h, gid); err != nil {
@@ -374,8 +370,12 @@ func listen(h home.Home, name string, gid int, inherited map[string]net.Listener
 	return adm.Listener(countConns(l, strings.TrimSuffix(name, ".sock"))), nil
 }
 
-// lookupGroup resolves a group name or number from /etc/group.
+// lookupGroup resolves a group name or number from /etc/group; "" is
+// none (-1).
 func lookupGroup(name string) (int, error) {
+	if name == "" {
+		return -1, nil
+	}
 	if n, err := strconv.Atoi(name); err == nil && n >= 0 {
 		return n, nil
 	}
