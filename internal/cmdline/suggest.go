@@ -2,6 +2,7 @@ package cmdline
 
 import (
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -111,17 +112,12 @@ func flagSpace(r rune) bool {
 // CheckFlags refuses the first flag of args that flags (a Go flag set's
 // PrintDefaults) does not list, as a UsageError naming the flags close to
 // it; nil when every flag is known. For a command whose flags another
-// process parses (sandbox serve, which bushostd serves).
+// process parses (sandbox serve, which bushostd serves). args are read as
+// Go's flag package will parse them (flags up to the first argument that
+// is not one, or "--"); syntax the flag package refuses on its own
+// ("---x", "-=x") is left to it.
 func CheckFlags(args []string, flags func(w io.Writer)) error {
-	return checkGoFlags(args, goFlags(flags))
-}
-
-// checkGoFlags finds, as Go's flag package will parse args (flags up to
-// the first argument that is not one, or "--"), the first flag that is
-// not in known, and returns it as a UsageError with the flags close to
-// it. Syntax the flag package refuses on its own ("---x", "-=x") is left
-// to it.
-func checkGoFlags(args []string, known map[string]bool) error {
+	known := goFlags(flags)
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "--" || a == "-" || !strings.HasPrefix(a, "-") {
@@ -137,11 +133,7 @@ func checkGoFlags(args []string, known map[string]bool) error {
 			if name == "h" || name == "help" {
 				return nil
 			}
-			names := make([]string, 0, len(known))
-			for n := range known {
-				names = append(names, n)
-			}
-			best := suggest(name, names, true)
+			best := suggest(name, slices.Collect(maps.Keys(known)), true)
 			slices.Sort(best)
 			return UsageError{"unknown flag: --" + name + didYouMean(best)}
 		}

@@ -40,8 +40,9 @@ func inheritedSockets(h home.Home) (map[string]net.Listener, error) {
 		return nil, err
 	}
 	out := map[string]net.Listener{}
+	var held []net.Listener // every one made, closed on a failure
 	fail := func(err error) (map[string]net.Listener, error) {
-		for _, l := range out {
+		for _, l := range held {
 			l.Close()
 		}
 		return nil, err
@@ -55,19 +56,17 @@ func inheritedSockets(h home.Home) (map[string]net.Listener, error) {
 		if err != nil {
 			return fail(fmt.Errorf("inherited fd %d: %w", fd, err))
 		}
+		held = append(held, l)
 		ul, ok := l.(*net.UnixListener)
 		if !ok {
-			l.Close()
 			return fail(fmt.Errorf("inherited fd %d is not a Unix stream socket", fd))
 		}
 		path := ul.Addr().String()
 		name := filepath.Base(path)
 		if filepath.Dir(path) != abs || (name != home.GitSockName && name != home.BrokerSockName) {
-			l.Close()
 			return fail(fmt.Errorf("inherited socket %s: want %s or %s", path, home.At(abs).GitSock(), home.At(abs).BrokerSock()))
 		}
 		if _, dup := out[name]; dup {
-			l.Close()
 			return fail(fmt.Errorf("inherited %s twice", path))
 		}
 		ul.SetUnlinkOnClose(false)

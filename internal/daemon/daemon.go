@@ -5,6 +5,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -25,12 +26,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/broker"
 	"github.com/bushost/bushost/gitd"
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/home"
@@ -97,16 +98,10 @@ type Options struct {
 const DefaultDrainTimeout = 30 * time.Second
 
 func (o *Options) fill() {
-	if o.Home == "" {
-		o.Home = home.Default
-	}
-	if o.DrainTimeout == 0 {
-		o.DrainTimeout = DefaultDrainTimeout
-	}
+	o.Home = cmp.Or(o.Home, home.Default)
+	o.DrainTimeout = cmp.Or(o.DrainTimeout, DefaultDrainTimeout)
 	o.Limits.Fill()
-	if o.Observe.DrainGrace == 0 {
-		o.Observe.DrainGrace = DefaultDrainGrace
-	}
+	o.Observe.DrainGrace = cmp.Or(o.Observe.DrainGrace, DefaultDrainGrace)
 }
 
 // ErrHomeBusy is returned when another process serves the same home.
@@ -126,7 +121,7 @@ func Serve(ctx context.Context, o Options) error {
 	// Text on stderr is for a person: the next steps go there too.
 	person := o.Logger == nil && o.Observe.LogFormat != "json"
 	if o.Logger == nil {
-		l, err := o.Observe.logger()
+		l, err := cmdline.Logger(os.Stderr, o.Observe.LogFormat, o.Observe.LogLevel)
 		if err != nil {
 			return err
 		}
@@ -157,13 +152,9 @@ func Serve(ctx context.Context, o Options) error {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(budget(o.Limits) + budget(o.Limits)/4)
 	}
-	gid := -1
-	if o.SocketGroup != "" {
-		g, err := lookupGroup(o.SocketGroup)
-		if err != nil {
-			return err
-		}
-		gid = g
+	gid, err := lookupGroup(o.SocketGroup)
+	if err != nil {
+		return err
 	}
 	h := home.At(o.Home)
 	if err := prepareHome(h, gid); err != nil {
@@ -173,7 +164,7 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	defer lock.Unlock()
+	defer lock.Close()
 
 	// A home without an admin token is new: it served no log before
 	// signing, so it vouches for none. Its key is kept at once and signs
@@ -204,11 +195,7 @@ func Serve(ctx context.Context, o Options) error {
 	if created {
 		log.Info("made the host's admin token", "path", h.AdminToken())
 	}
-	dsn := o.BrokerDSN
-	if dsn == "" {
-		dsn = h.BrokerDB()
-	}
-	b, err := broker.Open(ctx, broker.Options{DSN: dsn, AdminToken: token, Limits: o.Limits, CheckpointFile: o.CheckpointFile, HostID: hostID,
+	b, err := broker.Open(ctx, broker.Options{DSN: cmp.Or(o.BrokerDSN, h.BrokerDB()), AdminToken: token, Limits: o.Limits, CheckpointFile: o.CheckpointFile, HostID: hostID,
 		ReposDir: h.Repos(), Postgres: o.BrokerPostgres,
 		SigningKey: signingKey, TrustedKeys: trusted, AdoptUnsigned: adopt})
 	if err != nil {
@@ -328,9 +315,7 @@ func Serve(ctx context.Context, o Options) error {
 func drain(timeout time.Duration, srvs ...*grpc.Server) {
 	var wg sync.WaitGroup
 	for _, s := range srvs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			done := make(chan struct{})
 			go func() { s.GracefulStop(); close(done) }()
 			select {
@@ -338,7 +323,7 @@ func drain(timeout time.Duration, srvs ...*grpc.Server) {
 			case <-time.After(timeout):
 				s.Stop()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 }
@@ -361,26 +346,8 @@ func newServer(o Options, grants *grantLimiter, ob *observer, passFDs bool) (*gr
 	})
 	log := o.Logger
 	adm.OnRefused(func(r errdefs.Reason) { log.Debug("refused", "reason", r) })
-	srv := grpc.NewServer(
-		// git.sock takes a pushed bundle file's descriptor (passFDs).
-		grpc.Creds(sock.PeerCred{PassFDs: passFDs}),
-		grpc.MaxRecvMsgSize(maxRecvMsg),
-		grpc.MaxConcurrentStreams(uint32(l.MaxStreamsPerConn)),
-		grpc.MaxHeaderListSize(uint32(l.MaxHeaderBytes)),
-		grpc.InitialWindowSize(streamWindow),
-		grpc.InitialConnWindowSize(connWindow),
-		grpc.ReadBufferSize(ioBuffer),
-		grpc.WriteBufferSize(ioBuffer),
-		// A peer must finish its handshake (SO_PEERCRED, HTTP/2 preface)
-		// promptly.
-		grpc.ConnectionTimeout(l.RequestTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionIdle: l.IdleTimeout,
-			Time:              l.IdleTimeout,
-			Timeout:           l.RequestTimeout,
-		}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
-		grpc.InTapHandle(adm.Tap),
+	// git.sock takes a pushed bundle file's descriptor (passFDs).
+	srv := adm.Server(passFDs, maxRecvMsg, uint32(l.MaxStreamsPerConn), uint32(l.MaxHeaderBytes), l.IdleTimeout,
 		// grpcerr runs first: every error any handler or interceptor
 		// returns leaves as its status.
 		grpc.ChainUnaryInterceptor(grpcerr.UnaryServer, ob.unary, adm.Unary, grants.unary),
@@ -393,19 +360,22 @@ func newServer(o Options, grants *grantLimiter, ob *observer, passFDs bool) (*gr
 // manager passed (its unit sets the mode and group); adm admits its
 // connections.
 func listen(h home.Home, name string, gid int, inherited map[string]net.Listener, adm *sock.Admission) (net.Listener, error) {
-	if l, ok := inherited[name]; ok {
-		return adm.Listener(countConns(l, strings.TrimSuffix(name, ".sock"))), nil
-	}
-	path := h.Path(name)
-	l, err := sock.Listen(path, 0o660, gid)
-	if err != nil {
-		return nil, err
+	l, ok := inherited[name]
+	if !ok {
+		var err error
+		if l, err = sock.Listen(h.Path(name), 0o660, gid); err != nil {
+			return nil, err
+		}
 	}
 	return adm.Listener(countConns(l, strings.TrimSuffix(name, ".sock"))), nil
 }
 
-// lookupGroup resolves a group name or number from /etc/group.
+// lookupGroup resolves a group name or number from /etc/group; "" is
+// none (-1).
 func lookupGroup(name string) (int, error) {
+	if name == "" {
+		return -1, nil
+	}
 	if n, err := strconv.Atoi(name); err == nil && n >= 0 {
 		return n, nil
 	}
@@ -482,33 +452,14 @@ func prepareHome(h home.Home, gid int) error {
 			return fmt.Errorf("home %s: make it %04o: %w", dir, mode, err)
 		}
 	}
-	repos := h.Repos()
-	if err := os.Mkdir(repos, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	if err := safepath.IfExists(repos, uid, safepath.Dir); err != nil {
-		return err
-	}
-	r, err := os.OpenFile(repos, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return safepath.Linked(repos, err)
-	}
-	defer r.Close()
-	return r.Chmod(0o700)
-}
-
-// homeLock is the home's lock, held for the daemon's lifetime.
-type homeLock struct{ f *os.File }
-
-func (l *homeLock) Unlock() {
-	syscall.Flock(int(l.f.Fd()), syscall.LOCK_UN)
-	l.f.Close()
+	return safepath.MkdirOwned(h.Repos(), uid, 0o700)
 }
 
 // lockHome takes the home's lock for the daemon's lifetime and writes our
 // pid into it, so that a second daemon can say who holds it. The lock file
-// is opened without following a link and must be ours.
-func lockHome(h home.Home) (*homeLock, error) {
+// is opened without following a link and must be ours; closing it (no
+// child inherits it) lets the lock go.
+func lockHome(h home.Home) (*os.File, error) {
 	dir, path := h.Dir(), h.Lock()
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -536,15 +487,14 @@ func lockHome(h home.Home) (*homeLock, error) {
 		return nil, errdefs.FailedPrecondition(errdefs.HomeInUse, "%v: %s is served by %s (lock %s)", ErrHomeBusy, dir, holder, path).
 			With("home", dir).With("holder", holder).Wrap(ErrHomeBusy)
 	}
-	l := &homeLock{f: f}
 	if err := f.Truncate(0); err == nil {
 		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	if err != nil {
-		l.Unlock()
+		f.Close()
 		return nil, fmt.Errorf("lock %s: write pid: %w", path, err)
 	}
-	return l, nil
+	return f, nil
 }
 
 // writeNew makes path (never following a link, never over an existing

@@ -1,16 +1,11 @@
 package daemon
 
 import (
-	"context"
-	"crypto/sha256"
-	"crypto/subtle"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
-	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/limits"
 	"github.com/bushost/bushost/internal/sock"
@@ -19,67 +14,33 @@ import (
 // grantLimiter bounds the calls in flight of one grant and its `events
 // --follow` streams, on both sockets together, so that one token cannot
 // take every slot of its uid or socket from the grant's other users and
-// from other tasks. A grant has exactly one token, so it is counted by its
-// token's hash: that costs no store lookup before the call is admitted,
-// and a call with an unknown token, counted the same way, is refused by
-// the service right after. The host's admin token is not counted.
+// from other tasks (sock.GrantSlots: the host's admin token is not
+// counted).
 type grantLimiter struct {
-	maxCalls, maxFollows int
-	listTimeout          time.Duration
-	admin                [sha256.Size]byte
-
-	mu      sync.Mutex
-	calls   map[[sha256.Size]byte]int
-	follows map[[sha256.Size]byte]int
+	calls, follows         *sock.GrantSlots
+	maxCalls, maxFollows   int
+	callsFull, followsFull func(n int) error
+	unary                  grpc.UnaryServerInterceptor
+	listTimeout            time.Duration
 }
 
 func newGrantLimiter(l limits.Limits, adminToken string) *grantLimiter {
-	return &grantLimiter{
+	g := &grantLimiter{
+		calls: sock.NewGrantSlots(adminToken), follows: sock.NewGrantSlots(adminToken),
 		maxCalls: l.MaxCallsPerGrant, maxFollows: l.MaxStreamsPerGrant, listTimeout: l.ListTimeout,
-		admin: sha256.Sum256([]byte(adminToken)),
-		calls: map[[sha256.Size]byte]int{}, follows: map[[sha256.Size]byte]int{},
+		callsFull:   full(errdefs.TooManyCallsPerGrant, l.MaxCallsPerGrant, "calls in flight (--max-calls-per-grant)"),
+		followsFull: full(errdefs.TooManyFollows, l.MaxStreamsPerGrant, "'events --follow' streams (--max-streams-per-grant)"),
 	}
+	g.unary = g.calls.Unary(g.maxCalls, g.callsFull)
+	return g
 }
 
-// key returns the token's counter key; ok is false for no token and for
-// the admin token.
-func (g *grantLimiter) key(ctx context.Context) (k [sha256.Size]byte, ok bool) {
-	tok := authz.TokenFromContext(ctx)
-	if tok == "" {
-		return k, false
-	}
-	k = sha256.Sum256([]byte(tok))
-	return k, subtle.ConstantTimeCompare(k[:], g.admin[:]) != 1
-}
-
-func (g *grantLimiter) acquire(m map[[sha256.Size]byte]int, k [sha256.Size]byte, max int, reason errdefs.Reason, what string) (func(), error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if m[k] >= max {
-		return nil, errdefs.ResourceExhausted(reason, "this grant already has %d %s (limit %d); end some and retry", m[k], what, max).
+// full is the refusal of a grant that holds n of its max slots of what.
+func full(reason errdefs.Reason, max int, what string) func(n int) error {
+	return func(n int) error {
+		return errdefs.ResourceExhausted(reason, "this grant already has %d %s (limit %d); end some and retry", n, what, max).
 			With("limit", max).Retry(time.Second)
 	}
-	m[k]++
-	return func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if m[k]--; m[k] <= 0 {
-			delete(m, k)
-		}
-	}, nil
-}
-
-func (g *grantLimiter) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	k, ok := g.key(ctx)
-	if !ok {
-		return h(ctx, req)
-	}
-	release, err := g.acquire(g.calls, k, g.maxCalls, errdefs.TooManyCallsPerGrant, "calls in flight (--max-calls-per-grant)")
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	return h(ctx, req)
 }
 
 func (g *grantLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
@@ -89,19 +50,16 @@ func (g *grantLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 			r()
 		}
 	}()
-	k, counted := g.key(ss.Context())
-	if counted {
-		r, err := g.acquire(g.calls, k, g.maxCalls, errdefs.TooManyCallsPerGrant, "calls in flight (--max-calls-per-grant)")
-		if err != nil {
-			return err
-		}
-		release = append(release, r)
+	r, err := g.calls.Take(ss.Context(), g.maxCalls, g.callsFull)
+	if err != nil {
+		return err
 	}
+	release = append(release, r)
 	if info.FullMethod != brokerv1.BrokerService_ListEvents_FullMethodName {
 		return h(srv, ss)
 	}
-	ls := &listStream{ServerStream: ss, g: g, key: k, counted: counted, release: &release}
-	err := h(srv, ls)
+	ls := &listStream{ServerStream: ss, g: g, release: &release}
+	err = h(srv, ls)
 	if ls.refused != nil {
 		return ls.refused
 	}
@@ -114,8 +72,6 @@ func (g *grantLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 type listStream struct {
 	grpc.ServerStream
 	g       *grantLimiter
-	key     [sha256.Size]byte
-	counted bool
 	release *[]func()
 	seen    bool
 	refused error
@@ -138,10 +94,7 @@ func (s *listStream) RecvMsg(m any) error {
 		*s.release = append(*s.release, func() { t.Stop() })
 		return nil
 	}
-	if !s.counted {
-		return nil
-	}
-	r, err := s.g.acquire(s.g.follows, s.key, s.g.maxFollows, errdefs.TooManyFollows, "'events --follow' streams (--max-streams-per-grant)")
+	r, err := s.g.follows.Take(s.Context(), s.g.maxFollows, s.g.followsFull)
 	if err != nil {
 		s.refused = err
 		return err

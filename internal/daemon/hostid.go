@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -66,11 +67,7 @@ func hostnamePart() string {
 			break
 		}
 	}
-	s := strings.Trim(b.String(), "-")
-	if s == "" {
-		return "host"
-	}
-	return s
+	return cmp.Or(strings.Trim(b.String(), "-"), "host")
 }
 
 // readSmall reads a file of at most 4 KiB without following a link.

@@ -1,26 +1,19 @@
 package daemon
 
-import "github.com/bushost/bushost/internal/limits"
+import (
+	"github.com/bushost/bushost/internal/limits"
+	"github.com/bushost/bushost/internal/sock"
+)
 
 // The transport's bounds are limits.Limits (every one a flag of bushostd
 // serve, docs/limits.md); newServer builds the gRPC server options and
 // the admission of each socket from it. What they let a peer make the
 // daemon hold follows below.
 
-// Fixed transport sizes, part of the budget in docs/limits.md.
-const (
-	// maxRecvMsg bounds one message: bundles come in chunks of at most
-	// 1 MiB; nothing legitimate is bigger than that plus framing.
-	maxRecvMsg = 1<<20 + 16<<10
-	// streamWindow and connWindow are the HTTP/2 flow-control windows:
-	// what a peer may send before the daemon reads it. Setting them turns
-	// off grpc's window growth (BDP estimation), which would let a peer
-	// grow them to megabytes per connection.
-	streamWindow = 64 << 10
-	connWindow   = 256 << 10
-	// ioBuffer is each connection's read and write buffer.
-	ioBuffer = 32 << 10
-)
+// maxRecvMsg bounds one message, part of the budget in docs/limits.md
+// with sock's windows and buffers: bundles come in chunks of at most 1
+// MiB; nothing legitimate is bigger than that plus framing.
+const maxRecvMsg = 1<<20 + 16<<10
 
 // Memory budget (docs/limits.md). What a peer can make the daemon hold
 // live is bounded by the limits: per connection a fixed cost (its buffers,
@@ -29,8 +22,8 @@ const (
 // (or, for a listing, one page and the event being sent).
 const (
 	budgetBaseline = 32 << 20
-	budgetPerConn  = 2*ioBuffer + 32<<10 // + the header list, below
-	budgetPerCall  = 2*maxRecvMsg + streamWindow
+	budgetPerConn  = 2*sock.IOBuffer + 32<<10 // + the header list, below
+	budgetPerCall  = 2*maxRecvMsg + sock.StreamWindow
 )
 
 // connBudget is what one connection may hold.

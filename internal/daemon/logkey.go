@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"crypto/ed25519"
 	"errors"
 	"fmt"
@@ -32,10 +33,7 @@ const maxKeyFile = 1 << 20
 // public key to HOME/log.pub. A key not made yet is made (below): then
 // made is true, and keep must be called once the broker opened with it.
 func logKeys(h home.Home, path, trustedPath, hostID string) (key ed25519.PrivateKey, trusted []ed25519.PublicKey, made bool, keep func() error, err error) {
-	if path == "" {
-		path = h.LogKey()
-	}
-	key, made, keep, err = logKey(path)
+	key, made, keep, err = logKey(cmp.Or(path, h.LogKey()))
 	if err != nil {
 		return nil, nil, false, nil, err
 	}

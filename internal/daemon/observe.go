@@ -5,17 +5,16 @@ package daemon
 // drain grace that lets probes see NOT_SERVING before the sockets close.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,7 +28,6 @@ import (
 
 	brokerv1 "github.com/bushost/bushost/api/bushost/broker/v1"
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
-	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/metrics"
@@ -63,11 +61,6 @@ func (ob *Observe) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&ob.LogLevel, "log-level", "info", "least severe log level written: debug, info, warn or error")
 	fs.StringVar(&ob.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at /metrics on 127.0.0.1:PORT or unix:PATH (default: off)")
 	fs.DurationVar(&ob.DrainGrace, "drain-grace", DefaultDrainGrace, "on SIGTERM, how long health checks answer NOT_SERVING (new calls get Unavailable) before the sockets close")
-}
-
-// logger builds the daemon's logger from the flags.
-func (ob *Observe) logger() (*slog.Logger, error) {
-	return cmdline.Logger(os.Stderr, ob.LogFormat, ob.LogLevel)
 }
 
 // nextSteps is what a person who just started bushostd does next, printed
@@ -174,10 +167,7 @@ func (ob *observer) done(ctx context.Context, method string, c *metrics.Call, st
 	var e *errdefs.Error
 	if err != nil {
 		e = grpcerr.Of(err)
-		kind, outcome = e.Kind, string(e.Reason)
-		if outcome == "" {
-			outcome = e.Kind.String()
-		}
+		kind, outcome = e.Kind, cmp.Or(string(e.Reason), e.Kind.String())
 	}
 	metrics.Calls.WithLabelValues(ob.socket, method, outcome).Inc()
 	switch method {
@@ -376,12 +366,4 @@ func (c *gaugeConn) Close() error {
 		c.g.Dec()
 	}
 	return c.Conn.Close()
-}
-
-// SyscallConn lets the handshake read SO_PEERCRED through the wrapper.
-func (c *gaugeConn) SyscallConn() (syscall.RawConn, error) {
-	if sc, ok := c.Conn.(syscall.Conn); ok {
-		return sc.SyscallConn()
-	}
-	return nil, syscall.EINVAL
 }

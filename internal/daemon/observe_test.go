@@ -14,6 +14,7 @@ import (
 
 	gitv1 "github.com/bushost/bushost/api/bushost/git/v1"
 	"github.com/bushost/bushost/internal/authz"
+	"github.com/bushost/bushost/internal/cmdline"
 	"github.com/bushost/bushost/internal/metrics"
 	"github.com/bushost/bushost/internal/sock"
 )
@@ -101,7 +102,7 @@ func TestLoggerFlags(t *testing.T) {
 		{"xml", "info", false},
 		{"json", "loud", false},
 	} {
-		_, err := (&Observe{LogFormat: tc.format, LogLevel: tc.level}).logger()
+		_, err := cmdline.Logger(io.Discard, tc.format, tc.level)
 		if (err == nil) != tc.ok {
 			t.Errorf("--log-format %q --log-level %q: %v, want ok=%v", tc.format, tc.level, err, tc.ok)
 		}

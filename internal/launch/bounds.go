@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"slices"
@@ -57,7 +58,14 @@ func asked(r *launchv1.LaunchRequest) (bounds.Values, error) {
 	for k, v := range r.GetLimits() {
 		m[k] = v
 	}
-	for _, f := range [][2]string{{"memory", r.GetMemory()}, {"pids", nonZero(r.GetPids())}, {"timeout", seconds(r.GetTimeoutSeconds())}} {
+	pids, timeout := "", ""
+	if n := r.GetPids(); n != 0 {
+		pids = strconv.FormatInt(n, 10)
+	}
+	if n := r.GetTimeoutSeconds(); n != 0 {
+		timeout = (time.Duration(n) * time.Second).String()
+	}
+	for _, f := range [][2]string{{"memory", r.GetMemory()}, {"pids", pids}, {"timeout", timeout}} {
 		if f[1] == "" {
 			continue
 		}
@@ -73,29 +81,12 @@ func asked(r *launchv1.LaunchRequest) (bounds.Values, error) {
 	return v, nil
 }
 
-func nonZero(n int64) string {
-	if n == 0 {
-		return ""
-	}
-	return strconv.FormatInt(n, 10)
-}
-
-func seconds(n int64) string {
-	if n == 0 {
-		return ""
-	}
-	return (time.Duration(n) * time.Second).String()
-}
-
 // settle decides a launch's network and limits, or lists what is over
 // (missing, for LAUNCH_NOT_ALLOWED); an error is a malformed request.
 func (s *Server) settle(g authz.Grant, r *launchv1.LaunchRequest, from *sandbox.SessionBounds) (settled, []string, error) {
-	out := settled{net: r.GetNet(), limits: bounds.Values{}, from: from}
+	out := settled{net: cmp.Or(r.GetNet(), bounds.NetNone), limits: bounds.Values{}, from: from}
 	var missing []string
 	lb := g.LaunchBounds
-	if out.net == "" {
-		out.net = bounds.NetNone
-	}
 	if bounds.NetRank(out.net) < 0 {
 		return settled{}, nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "--net=%q: want none, proxy or host", clip(out.net))
 	}

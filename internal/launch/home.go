@@ -126,33 +126,6 @@ func openHome(dir, state string) (abs, stateAbs string, lock *os.File, err error
 	return abs, stateAbs, f, nil
 }
 
-// makeSessionsDir makes the state directory (0711), root's, following no
-// link.
-func makeSessionsDir(path string) error {
-	if err := os.Mkdir(path, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		// A link is ENOTDIR here: O_DIRECTORY is judged on the link.
-		if fi, lerr := os.Lstat(path); lerr == nil {
-			if derr := safepath.Dir(path, fi, 0); derr != nil {
-				return derr
-			}
-		}
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if err := safepath.Dir(path, fi, 0); err != nil {
-		return err
-	}
-	return f.Chmod(0o711)
-}
-
 // readAdminToken reads the host's admin token in bushostd's home dir, as
 // its owner could.
 func readAdminToken(dir string) (string, error) {

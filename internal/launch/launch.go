@@ -11,6 +11,7 @@
 package launch
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -123,17 +124,27 @@ func (l *live) snapshot() record {
 	return l.rec
 }
 
+// set changes the record under the lock, save also writes it to the
+// session's directory.
+func (l *live) set(f func(r *record)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f(&l.rec)
+}
+
+func (l *live) save(f func(r *record)) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f(&l.rec)
+	return l.rec.save(l.dir)
+}
+
 func (s *Server) sessionsDir() string { return home.At(s.o.State).Sessions() }
 
 // New opens the launcher's state: it reads the admin token, connects to
 // the broker, and re-adopts every session its state directory records.
 func New(o Options) (*Server, error) {
-	if o.BusHome == "" {
-		o.BusHome = o.Home
-	}
-	if o.State == "" {
-		o.State = o.Home
-	}
+	o.BusHome, o.State = cmp.Or(o.BusHome, o.Home), cmp.Or(o.State, o.Home)
 	if o.StopGrace <= 0 {
 		o.StopGrace = 10 * time.Second
 	}
@@ -162,7 +173,8 @@ func New(o Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{o: o, admin: tok, conn: conn, bc: brokerv1.NewBrokerServiceClient(conn), sessions: map[string]*live{}, quit: make(chan struct{})}
-	if err := makeSessionsDir(s.sessionsDir()); err != nil {
+	// Root's, 0711, reached through no link.
+	if err := safepath.MkdirOwned(s.sessionsDir(), 0, 0o711); err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -247,71 +259,51 @@ func randomID() string {
 
 // Launch implements LaunchService.
 func (s *Server) Launch(ctx context.Context, r *launchv1.LaunchRequest) (*launchv1.LaunchResponse, error) {
-	rec, err := s.launch(ctx, r)
+	g, err := s.caller(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &launchv1.LaunchResponse{Session: sessionProto(rec)}, nil
-}
-
-func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record, error) {
-	g, err := s.caller(ctx)
-	if err != nil {
-		return record{}, err
-	}
 	if g.Host || !g.Has(authz.CapSessionLaunch) {
-		return record{}, errdefs.PermissionDenied(errdefs.CapabilityMissing, "launching a session takes a grant with %s (grant %s lacks it)", authz.CapSessionLaunch, g.ID)
+		return nil, errdefs.PermissionDenied(errdefs.CapabilityMissing, "launching a session takes a grant with %s (grant %s lacks it)", authz.CapSessionLaunch, g.ID)
 	}
-	business, project := r.GetBusiness(), r.GetProject()
-	if business == "" {
-		business = g.Business
-	}
-	if project == "" {
-		project = g.Project
-	}
+	business, project := cmp.Or(r.GetBusiness(), g.Business), cmp.Or(r.GetProject(), g.Project)
 	if err := names.CheckScope(names.Scope{Business: business, Project: project, Task: r.GetTask()}); err != nil || r.GetTask() == "" {
-		return record{}, errdefs.InvalidArgument(errdefs.NameInvalid, "a session is for one task: give a valid --task")
+		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "a session is for one task: give a valid --task")
 	}
 	if err := names.Check("role", r.GetRole()); err != nil {
-		return record{}, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
+		return nil, errdefs.InvalidArgument(errdefs.NameInvalid, "%v", err)
 	}
-	var caps []string
-	for _, c := range r.GetCapabilities() {
-		if !slices.Contains(caps, c) {
-			caps = append(caps, c)
-		}
-	}
-	slices.Sort(caps)
+	caps := slices.Compact(slices.Sorted(slices.Values(r.GetCapabilities())))
 	if len(caps) == 0 {
-		return record{}, errdefs.InvalidArgument(errdefs.CapabilityInvalid, "a session needs at least one capability (--caps)")
+		return nil, errdefs.InvalidArgument(errdefs.CapabilityInvalid, "a session needs at least one capability (--caps)")
 	}
 	if len(r.GetCommand()) == 0 {
-		return record{}, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "no command: give it after --")
+		return nil, errdefs.InvalidArgument(errdefs.ArgumentInvalid, "no command: give it after --")
 	}
 	peer, ok := sock.PeerFromContext(ctx)
 	if !ok {
-		return record{}, errdefs.PermissionDenied(errdefs.LaunchNotAllowed, "no peer credentials on this connection")
+		return nil, errdefs.PermissionDenied(errdefs.LaunchNotAllowed, "no peer credentials on this connection")
 	}
 	from, err := s.callerSession(peer)
 	if err != nil {
-		return record{}, err
+		return nil, err
 	}
 	if err := s.fromOwnSession(g, from); err != nil {
-		return record{}, err
+		return nil, err
 	}
 	set, over, err := s.settle(g, r, from)
 	if err != nil {
-		return record{}, err
+		return nil, err
 	}
 	if missing := append(s.allowed(g, business, project, r.GetTask(), r.GetRole(), caps), over...); len(missing) > 0 {
-		return record{}, errdefs.PermissionDenied(errdefs.LaunchNotAllowed, "grant %s may not launch this: %s", g.ID, strings.Join(missing, "; ")).
+		return nil, errdefs.PermissionDenied(errdefs.LaunchNotAllowed, "grant %s may not launch this: %s", g.ID, strings.Join(missing, "; ")).
 			With("missing", strings.Join(missing, "\n"))
 	}
 	limits, runFlags := set.limits.Strings(), set.runFlags()
 	var ws *safepath.Handle
 	if path := r.GetWorkspace(); path != "" {
 		if ws, err = openWorkspace(path, peer, from); err != nil {
-			return record{}, err
+			return nil, err
 		}
 		defer ws.Close()
 		testhook.Swap("launch.workspace")
@@ -336,12 +328,12 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 	}
 	if mine >= s.o.MaxPerGrant {
 		s.mu.Unlock()
-		return record{}, errdefs.ResourceExhausted(errdefs.SessionLimit, "grant %s already runs %d sessions (sandbox serve --max-sessions-per-grant %d): wait for one to end", g.ID, mine, s.o.MaxPerGrant).
+		return nil, errdefs.ResourceExhausted(errdefs.SessionLimit, "grant %s already runs %d sessions (sandbox serve --max-sessions-per-grant %d): wait for one to end", g.ID, mine, s.o.MaxPerGrant).
 			With("limit", strconv.Itoa(s.o.MaxPerGrant))
 	}
 	if s.o.MaxSessions > 0 && all >= s.o.MaxSessions {
 		s.mu.Unlock()
-		return record{}, errdefs.ResourceExhausted(errdefs.SessionLimit, "the host already runs %d sessions (sandbox serve --max-sessions %d)", all, s.o.MaxSessions).
+		return nil, errdefs.ResourceExhausted(errdefs.SessionLimit, "the host already runs %d sessions (sandbox serve --max-sessions %d)", all, s.o.MaxSessions).
 			With("limit", strconv.Itoa(s.o.MaxSessions))
 	}
 	s.sessions[id] = l
@@ -361,7 +353,7 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 				s.logf("revoke grant %s of session %s that did not start: %v", grantID, id, rerr)
 			}
 		}
-		return record{}, err
+		return nil, err
 	}
 	rec := l.snapshot()
 	data := map[string]any{"session_id": id, "launcher_grant_id": g.ID, "grant_id": rec.GrantID, "role": rec.Role, "capabilities": caps,
@@ -376,7 +368,7 @@ func (s *Server) launch(ctx context.Context, r *launchv1.LaunchRequest) (record,
 		s.logf("record session.launched of %s: %v", id, err)
 	}
 	go s.watch(l)
-	return rec, nil
+	return &launchv1.LaunchResponse{Session: sessionProto(rec)}, nil
 }
 
 // openWorkspace opens the caller's workspace once, from /, following no
@@ -492,9 +484,7 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws *safepath
 		if err := sandbox.MountDisk(path, n["disk"]); err != nil {
 			return ig.GrantId, err
 		}
-		l.mu.Lock()
-		l.rec.Disk = true
-		l.mu.Unlock()
+		l.set(func(r *record) { r.Disk = true })
 		rec.Disk = true
 	}
 	tokFile := filepath.Join(l.dir, tokenName)
@@ -513,9 +503,7 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws *safepath
 		if err := os.Mkdir(path, 0o755); err != nil {
 			return ig.GrantId, err
 		}
-		l.mu.Lock()
-		l.rec.OwnWorkspace = true
-		l.mu.Unlock()
+		l.set(func(r *record) { r.OwnWorkspace = true })
 		if ws, err = safepath.OpenDir(path, 0); err != nil {
 			return ig.GrantId, err
 		}
@@ -586,18 +574,13 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws *safepath
 	}()
 	// Saved at once, so that a launcher killed from here on finds the
 	// session again; saved again once its uid is known.
-	l.mu.Lock()
-	l.rec.GrantID, l.rec.PID, l.rec.StartTime, l.rec.State, l.rec.Started = ig.GrantId, pid, st, StateRunning, time.Now().UTC()
-	err = l.rec.save(l.dir)
-	l.mu.Unlock()
-	if err != nil {
+	if err := l.save(func(r *record) {
+		r.GrantID, r.PID, r.StartTime, r.State, r.Started = ig.GrantId, pid, st, StateRunning, time.Now().UTC()
+	}); err != nil {
 		s.logf("save the record of session %s: %v", rec.ID, err)
 	}
 	s.learnUID(l)
-	l.mu.Lock()
-	err = l.rec.save(l.dir)
-	l.mu.Unlock()
-	if err != nil {
+	if err := l.save(func(*record) {}); err != nil {
 		s.logf("save the record of session %s: %v", rec.ID, err)
 	}
 	return ig.GrantId, nil
@@ -617,9 +600,7 @@ func (s *Server) learnUID(l *live) {
 			if b, err := sandbox.ReadSessionBounds(s.stateDir(), uint32(uid)); err == nil && b != nil && b.PID == l.rec.PID {
 				cg = b.Cgroup
 			}
-			l.mu.Lock()
-			l.rec.UID, l.rec.BwrapPID, l.rec.BwrapStart, l.rec.Cgroup = uid, child, st, cg
-			l.mu.Unlock()
+			l.set(func(r *record) { r.UID, r.BwrapPID, r.BwrapStart, r.Cgroup = uid, child, st, cg })
 			return
 		}
 		select {
@@ -651,12 +632,10 @@ func (s *Server) watch(l *live) {
 	status, peak, ok := readExit(filepath.Join(l.dir, exitName))
 	l.mu.Lock()
 	l.rec.PeakMemory = peak
-	l.mu.Unlock()
 	if !ok {
-		l.mu.Lock()
 		status, ok = l.status, l.known
-		l.mu.Unlock()
 	}
+	l.mu.Unlock()
 	s.finish(l, status, ok)
 }
 
@@ -669,22 +648,35 @@ func (s *Server) revoke(l *live) {
 	if rec.Revoked || rec.GrantID == "" {
 		return
 	}
-	for attempt := 0; ; attempt++ {
+	revoked := s.retry(func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
 		_, err := s.bc.RevokeGrant(withToken(ctx, s.admin), &brokerv1.RevokeGrantRequest{GrantId: rec.GrantID})
-		cancel()
-		if err == nil || errdefs.ReasonOf(err) == errdefs.GrantNotFound {
-			l.mu.Lock()
-			l.rec.Revoked = true
-			if err := l.rec.save(l.dir); err != nil {
-				s.logf("save the record of session %s: %v", rec.ID, err)
-			}
-			l.mu.Unlock()
-			return
+		if errdefs.ReasonOf(err) == errdefs.GrantNotFound {
+			return nil
 		}
-		s.logf("revoke grant %s of session %s: %v", rec.GrantID, rec.ID, err)
+		return err
+	}, "revoke grant %s of session %s", rec.GrantID, rec.ID)
+	if !revoked {
+		return
+	}
+	if err := l.save(func(r *record) { r.Revoked = true }); err != nil {
+		s.logf("save the record of session %s: %v", rec.ID, err)
+	}
+}
+
+// retry runs f until it succeeds, five times at most, a second longer
+// apart each time, and logs each failure (what, then the error); it
+// reports whether f succeeded.
+func (s *Server) retry(f func() error, what string, args ...any) bool {
+	for attempt := 0; ; attempt++ {
+		err := f()
+		if err == nil {
+			return true
+		}
+		s.logf(what+": %v", append(args, err)...)
 		if attempt == 4 {
-			return
+			return false
 		}
 		time.Sleep(time.Duration(attempt+1) * time.Second)
 	}
@@ -695,17 +687,17 @@ func (s *Server) revoke(l *live) {
 // (its token copy goes with it); the uid is reclaimed by the next sandbox
 // run given it.
 func (s *Server) finish(l *live, status int, known bool) {
-	l.mu.Lock()
-	if l.rec.Ended.IsZero() {
-		l.rec.Ended = time.Now().UTC()
-	}
-	l.rec.State, l.rec.Exit = StateExited, status
-	if !known {
-		l.rec.State, l.rec.Exit = StateLost, -1
-	}
-	rec := l.rec
-	_ = l.rec.save(l.dir)
-	l.mu.Unlock()
+	var rec record
+	_ = l.save(func(r *record) {
+		if r.Ended.IsZero() {
+			r.Ended = time.Now().UTC()
+		}
+		r.State, r.Exit = StateExited, status
+		if !known {
+			r.State, r.Exit = StateLost, -1
+		}
+		rec = *r
+	})
 	// First of all: the grant ends with the session.
 	s.revoke(l)
 	if !alive(rec.BwrapPID, rec.BwrapStart) {
@@ -721,26 +713,15 @@ func (s *Server) finish(l *live, status int, known bool) {
 	if rec.PeakMemory > 0 {
 		data["peak_memory"] = rec.PeakMemory
 	}
-	for attempt := 0; ; attempt++ {
-		err := s.record(rec, "session.ended", data)
-		if err == nil {
-			break
-		}
-		s.logf("record session.ended of %s: %v", rec.ID, err)
-		if attempt == 4 {
-			// Left unrecorded: the next start of the launcher tries again.
-			close(l.done)
-			return
-		}
-		time.Sleep(time.Duration(attempt+1) * time.Second)
+	if !s.retry(func() error { return s.record(rec, "session.ended", data) }, "record session.ended of %s", rec.ID) {
+		// Left unrecorded: the next start of the launcher tries again.
+		close(l.done)
+		return
 	}
 	if err := os.RemoveAll(filepath.Join(rec.under(l.dir), runName)); err != nil {
 		s.logf("remove the run directory of %s: %v", rec.ID, err)
 	}
-	l.mu.Lock()
-	l.rec.Recorded = true
-	_ = l.rec.save(l.dir)
-	l.mu.Unlock()
+	_ = l.save(func(r *record) { r.Recorded = true })
 	close(l.done)
 	s.prune(rec.Launcher)
 }

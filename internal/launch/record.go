@@ -89,8 +89,6 @@ func (r *record) under(dir string) string {
 	return dir
 }
 
-func (r *record) fill() { r.Business, r.Project, r.Task = r.Scope[0], r.Scope[1], r.Scope[2] }
-
 // save writes the record to dir atomically (a new file renamed over).
 func (r *record) save(dir string) error {
 	r.Scope = [3]string{r.Business, r.Project, r.Task}
@@ -122,7 +120,7 @@ func loadRecord(dir string) (*record, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, recordName), err)
 	}
-	r.fill()
+	r.Business, r.Project, r.Task = r.Scope[0], r.Scope[1], r.Scope[2]
 	return &r, nil
 }
 

@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -70,12 +71,7 @@ func ServeFlags(args []string, stderr io.Writer) (*Options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if o.Home == "" {
-		o.Home = os.Getenv(home.Env)
-	}
-	if o.Home == "" {
-		o.Home = home.LauncherDefault
-	}
+	o.Home = cmp.Or(o.Home, os.Getenv(home.Env), home.LauncherDefault)
 	if o.Sandbox == "" {
 		return nil, errors.New("--sandbox is required: start the launcher as `sandbox serve`")
 	}

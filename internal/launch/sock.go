@@ -1,20 +1,14 @@
 package launch
 
 import (
-	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
-	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
 	"github.com/bushost/bushost/internal/limits"
@@ -28,19 +22,17 @@ import (
 // grant, and how long a request may take to arrive and a connection may
 // idle. A session wait is a call in flight for as long as it waits.
 type SockLimits struct {
-	MaxConns, MaxCalls             int
-	MaxConnsPerUID, MaxCallsPerUID int
-	ReservedConns, ReservedCalls   int
-	MaxCallsPerGrant               int
-	RequestTimeout, IdleTimeout    time.Duration
+	sock.AdmitLimits // OwnUID and SendTimeout (IdleTimeout) set by newServer
+	MaxCallsPerGrant int
+	IdleTimeout      time.Duration
 }
 
 // DefaultSockLimits are bushostd's defaults, but for calls per grant:
 // a lead may wait for each of its --max-sessions-per-grant sessions and
 // still launch.
 func DefaultSockLimits() SockLimits {
-	return SockLimits{MaxConns: 256, MaxCalls: 64, MaxConnsPerUID: 32, MaxCallsPerUID: 16, ReservedConns: 16, ReservedCalls: 8,
-		MaxCallsPerGrant: 16, RequestTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second}
+	return SockLimits{AdmitLimits: sock.AdmitLimits{MaxConns: 256, MaxCalls: 64, MaxConnsPerUID: 32, MaxCallsPerUID: 16,
+		ReservedConns: 16, ReservedCalls: 8, RequestTimeout: 10 * time.Second}, MaxCallsPerGrant: 16, IdleTimeout: 30 * time.Second}
 }
 
 func (l *SockLimits) addFlags(fs *flag.FlagSet) {
@@ -80,83 +72,40 @@ func (l SockLimits) check() error {
 // the stream lasts, and a stream lasts until its answer is read, past the
 // end of the call: a connection holds maxStreams of them at most.
 const (
-	maxStreams   = 2
-	maxAnswer    = maxRecvMsg + 4<<10
-	maxRecvMsg   = 64 << 10
-	streamWindow = 64 << 10
-	connWindow   = 256 << 10
-	ioBuffer     = 32 << 10
-	maxHeader    = 16 << 10
+	maxStreams = 2
+	maxAnswer  = maxRecvMsg + 4<<10
+	maxRecvMsg = 64 << 10
+	maxHeader  = 16 << 10
 )
 
 // Budget is the bound on the launcher's live memory: a baseline, each
 // connection at its buffers, one header list and the answers its streams
 // may hold unread, each call in flight at a request buffered and decoded.
 func (l SockLimits) Budget() int64 {
-	const baseline, perConn, perCall = 32 << 20, 3*ioBuffer + maxHeader + maxStreams*maxAnswer, 2*maxRecvMsg + streamWindow
+	const baseline, perConn, perCall = 32 << 20, 3*sock.IOBuffer + maxHeader + maxStreams*maxAnswer, 2*maxRecvMsg + sock.StreamWindow
 	return baseline + int64(l.MaxConns)*perConn + int64(l.MaxCalls)*perCall
 }
 
 // newServer is launch.sock's gRPC server with its bounds, and the
 // admission its listener must be wrapped in.
 func newServer(l SockLimits, adminToken string) (*grpc.Server, *sock.Admission) {
-	adm := sock.NewAdmission(sock.AdmitLimits{
-		MaxConns: l.MaxConns, MaxCalls: l.MaxCalls, MaxConnsPerUID: l.MaxConnsPerUID, MaxCallsPerUID: l.MaxCallsPerUID,
-		ReservedConns: l.ReservedConns, ReservedCalls: l.ReservedCalls, OwnUID: os.Getuid(),
-		RequestTimeout: l.RequestTimeout, SendTimeout: l.IdleTimeout,
-	})
-	grants := &grantCalls{max: l.MaxCallsPerGrant, admin: sha256.Sum256([]byte(adminToken)), n: map[[sha256.Size]byte]int{}}
-	srv := grpc.NewServer(
-		grpc.Creds(sock.PeerCred{}),
-		grpc.MaxRecvMsgSize(maxRecvMsg),
-		grpc.MaxConcurrentStreams(maxStreams),
-		grpc.MaxHeaderListSize(maxHeader),
-		grpc.InitialWindowSize(streamWindow),
-		grpc.InitialConnWindowSize(connWindow),
-		grpc.ReadBufferSize(ioBuffer),
-		grpc.WriteBufferSize(ioBuffer),
-		grpc.ConnectionTimeout(l.RequestTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: l.IdleTimeout, Time: l.IdleTimeout, Timeout: l.RequestTimeout}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
-		grpc.InTapHandle(adm.Tap),
+	a := l.AdmitLimits
+	a.OwnUID, a.SendTimeout = os.Getuid(), l.IdleTimeout
+	adm := sock.NewAdmission(a)
+	srv := adm.Server(false, maxRecvMsg, maxStreams, maxHeader, l.IdleTimeout,
 		// grpcerr runs first: every error a handler or interceptor
 		// returns leaves as its status (the LaunchService has no stream).
-		grpc.ChainUnaryInterceptor(grpcerr.UnaryServer, adm.Unary, grants.unary),
+		grpc.ChainUnaryInterceptor(grpcerr.UnaryServer, adm.Unary, grantCalls(l.MaxCallsPerGrant, adminToken)),
 	)
 	return srv, adm
 }
 
-// grantCalls bounds the calls in flight of one grant, counted by its
-// token's hash (a grant has one token) before any broker lookup; the
-// host's admin token is not counted.
-type grantCalls struct {
-	max   int
-	admin [sha256.Size]byte
-	mu    sync.Mutex
-	n     map[[sha256.Size]byte]int
-}
-
-func (g *grantCalls) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	tok := authz.TokenFromContext(ctx)
-	k := sha256.Sum256([]byte(tok))
-	if tok == "" || subtle.ConstantTimeCompare(k[:], g.admin[:]) == 1 {
-		return h(ctx, req)
-	}
-	g.mu.Lock()
-	if g.n[k] >= g.max {
-		n := g.n[k]
-		g.mu.Unlock()
-		return nil, errdefs.ResourceExhausted(errdefs.TooManyCallsPerGrant, "this grant already has %d calls in flight on launch.sock (limit %d, sandbox serve --max-calls-per-grant); end some and retry", n, g.max).
-			With("limit", g.max).Retry(time.Second)
-	}
-	g.n[k]++
-	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		if g.n[k]--; g.n[k] <= 0 {
-			delete(g.n, k)
-		}
-		g.mu.Unlock()
-	}()
-	return h(ctx, req)
+// grantCalls refuses the calls in flight of one grant past
+// --max-calls-per-grant (sock.GrantSlots: the host's admin token is not
+// counted).
+func grantCalls(max int, adminToken string) grpc.UnaryServerInterceptor {
+	return sock.NewGrantSlots(adminToken).Unary(max, func(n int) error {
+		return errdefs.ResourceExhausted(errdefs.TooManyCallsPerGrant, "this grant already has %d calls in flight on launch.sock (limit %d, sandbox serve --max-calls-per-grant); end some and retry", n, max).
+			With("limit", max).Retry(time.Second)
+	})
 }

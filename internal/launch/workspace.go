@@ -37,10 +37,7 @@ func (s *Server) removeWorkspace(l *live) error {
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.rec.WorkspaceRemoved = true
-	return l.rec.save(l.dir)
+	return l.save(func(r *record) { r.WorkspaceRemoved = true })
 }
 
 // sweepEvery is how often the launcher looks for workspaces kept past

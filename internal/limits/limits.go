@@ -12,6 +12,7 @@ package limits
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -99,37 +100,13 @@ type Rates struct {
 	EgressBytesRate int64
 }
 
-// Defaults (docs/limits.md gives the reason for each).
+// Defaults that code outside this package names (docs/limits.md gives
+// the reason for each, and Default all of them).
 const (
-	DefaultMaxBundleBytes     = 256 << 20
-	DefaultMaxConns           = 256
-	DefaultMaxInFlight        = 64
-	DefaultMaxConnsPerUID     = 32
-	DefaultMaxCallsPerUID     = 16
-	DefaultReservedConns      = 16
-	DefaultReservedCalls      = 8
-	DefaultMaxStreamsPerConn  = 16
-	DefaultMaxHeaderBytes     = 16 << 10
-	DefaultMaxCallsPerGrant   = 8
-	DefaultMaxStreamsPerGrant = 4
-	DefaultRequestTimeout     = 10 * time.Second
-	DefaultIdleTimeout        = 30 * time.Second
-	DefaultSendTimeout        = 30 * time.Second
-	DefaultListTimeout        = 5 * time.Minute
-	DefaultPushTimeout        = 10 * time.Minute
-	DefaultMinPushRate        = 64 << 10
-	DefaultPushRateGrace      = 10 * time.Second
-
-	DefaultMaxObjectBytes  = 100 << 20
-	DefaultMaxCommitBytes  = 1 << 20
-	DefaultMaxTreeBytes    = 16 << 20
-	DefaultMaxPackObjects  = 1 << 20
-	DefaultMaxPushInflated = 4 << 30
-	DefaultMaxTreePaths    = 1_000_000
-	DefaultMaxTreeDepth    = 1024
-
-	DefaultMaxTaskBytes    = 1 << 30
-	DefaultMaxProjectBytes = 10 << 30
+	DefaultMaxBundleBytes = 256 << 20
+	DefaultIdleTimeout    = 30 * time.Second
+	DefaultMaxTreePaths   = 1_000_000
+	DefaultMaxTreeDepth   = 1024
 
 	DefaultEventRate      = 600     // events per minute
 	DefaultEventBytesRate = 1 << 20 // bytes (type and data) per minute
@@ -140,91 +117,60 @@ const (
 	DefaultEgressBytesRate = 4 << 20 // bytes per minute
 )
 
-// Default returns the documented defaults.
+// Default returns the documented defaults (docs/limits.md gives the
+// reason for each).
 func Default() Limits {
 	return Limits{
 		Transport: Transport{
 			MaxBundleBytes: DefaultMaxBundleBytes,
-			MaxConns:       DefaultMaxConns, MaxInFlight: DefaultMaxInFlight,
-			MaxConnsPerUID: DefaultMaxConnsPerUID, MaxCallsPerUID: DefaultMaxCallsPerUID,
-			ReservedConns: DefaultReservedConns, ReservedCalls: DefaultReservedCalls,
-			MaxStreamsPerConn: DefaultMaxStreamsPerConn, MaxHeaderBytes: DefaultMaxHeaderBytes,
-			MaxCallsPerGrant: DefaultMaxCallsPerGrant, MaxStreamsPerGrant: DefaultMaxStreamsPerGrant,
-			RequestTimeout: DefaultRequestTimeout, IdleTimeout: DefaultIdleTimeout,
-			SendTimeout: DefaultSendTimeout, ListTimeout: DefaultListTimeout,
-			PushTimeout: DefaultPushTimeout, MinPushRate: DefaultMinPushRate, PushRateGrace: DefaultPushRateGrace,
+			MaxConns:       256, MaxInFlight: 64,
+			MaxConnsPerUID: 32, MaxCallsPerUID: 16,
+			ReservedConns: 16, ReservedCalls: 8,
+			MaxStreamsPerConn: 16, MaxHeaderBytes: 16 << 10,
+			MaxCallsPerGrant: 8, MaxStreamsPerGrant: 4,
+			RequestTimeout: 10 * time.Second, IdleTimeout: DefaultIdleTimeout,
+			SendTimeout: 30 * time.Second, ListTimeout: 5 * time.Minute,
+			PushTimeout: 10 * time.Minute, MinPushRate: 64 << 10, PushRateGrace: 10 * time.Second,
 		},
 		Objects: Objects{
-			MaxObjectBytes: DefaultMaxObjectBytes, MaxCommitBytes: DefaultMaxCommitBytes, MaxTreeBytes: DefaultMaxTreeBytes,
-			MaxPackObjects: DefaultMaxPackObjects, MaxPushInflated: DefaultMaxPushInflated,
+			MaxObjectBytes: 100 << 20, MaxCommitBytes: 1 << 20, MaxTreeBytes: 16 << 20,
+			MaxPackObjects: 1 << 20, MaxPushInflated: 4 << 30,
 			MaxTreePaths: DefaultMaxTreePaths, MaxTreeDepth: DefaultMaxTreeDepth,
 		},
-		Quotas: Quotas{MaxTaskBytes: DefaultMaxTaskBytes, MaxProjectBytes: DefaultMaxProjectBytes},
+		Quotas: Quotas{MaxTaskBytes: 1 << 30, MaxProjectBytes: 10 << 30},
 		Rates: Rates{EventRate: DefaultEventRate, EventBytesRate: DefaultEventBytesRate,
 			EgressRate: DefaultEgressRate, EgressBytesRate: DefaultEgressBytesRate},
 	}
 }
 
-// orDefault puts def in *p if it is zero. A negative value is left for
+// fill puts def's value in every zero field of *p, and of the structs
+// *p embeds (every field here is a number). A negative value is left for
 // the caller to refuse (Check, and the daemon's own checks).
-func orDefault[T int | int64 | time.Duration](p *T, def T) {
-	if *p == 0 {
-		*p = def
+func fill[T any](p *T, def T) { fillValue(reflect.ValueOf(p).Elem(), reflect.ValueOf(def)) }
+
+func fillValue(v, def reflect.Value) {
+	for i := range v.NumField() {
+		switch f := v.Field(i); {
+		case f.Kind() == reflect.Struct:
+			fillValue(f, def.Field(i))
+		case f.IsZero():
+			f.Set(def.Field(i))
+		}
 	}
 }
 
 // Fill puts the default in every zero field but the reserves.
 func (l *Limits) Fill() {
-	d := Default()
-	t := &l.Transport
-	orDefault(&t.MaxBundleBytes, d.MaxBundleBytes)
-	orDefault(&t.MaxConns, d.MaxConns)
-	orDefault(&t.MaxInFlight, d.MaxInFlight)
-	orDefault(&t.MaxConnsPerUID, d.MaxConnsPerUID)
-	orDefault(&t.MaxCallsPerUID, d.MaxCallsPerUID)
-	orDefault(&t.MaxStreamsPerConn, d.MaxStreamsPerConn)
-	orDefault(&t.MaxHeaderBytes, d.MaxHeaderBytes)
-	orDefault(&t.MaxCallsPerGrant, d.MaxCallsPerGrant)
-	orDefault(&t.MaxStreamsPerGrant, d.MaxStreamsPerGrant)
-	orDefault(&t.RequestTimeout, d.RequestTimeout)
-	orDefault(&t.IdleTimeout, d.IdleTimeout)
-	orDefault(&t.SendTimeout, d.SendTimeout)
-	orDefault(&t.ListTimeout, d.ListTimeout)
-	orDefault(&t.PushTimeout, d.PushTimeout)
-	orDefault(&t.MinPushRate, d.MinPushRate)
-	orDefault(&t.PushRateGrace, d.PushRateGrace)
-	l.Objects.Fill()
-	l.Quotas.Fill()
-	l.Rates.Fill()
+	conns, calls := l.ReservedConns, l.ReservedCalls
+	fill(l, Default())
+	l.ReservedConns, l.ReservedCalls = conns, calls
 }
 
 // Fill puts the default in every zero field.
-func (o *Objects) Fill() {
-	d := Default().Objects
-	orDefault(&o.MaxObjectBytes, d.MaxObjectBytes)
-	orDefault(&o.MaxCommitBytes, d.MaxCommitBytes)
-	orDefault(&o.MaxTreeBytes, d.MaxTreeBytes)
-	orDefault(&o.MaxPackObjects, d.MaxPackObjects)
-	orDefault(&o.MaxPushInflated, d.MaxPushInflated)
-	orDefault(&o.MaxTreePaths, d.MaxTreePaths)
-	orDefault(&o.MaxTreeDepth, d.MaxTreeDepth)
-}
+func (o *Objects) Fill() { fill(o, Default().Objects) }
 
 // Fill puts the default in every zero field.
-func (q *Quotas) Fill() {
-	d := Default().Quotas
-	orDefault(&q.MaxTaskBytes, d.MaxTaskBytes)
-	orDefault(&q.MaxProjectBytes, d.MaxProjectBytes)
-}
-
-// Fill puts the default in every zero field.
-func (r *Rates) Fill() {
-	d := Default().Rates
-	orDefault(&r.EventRate, d.EventRate)
-	orDefault(&r.EventBytesRate, d.EventBytesRate)
-	orDefault(&r.EgressRate, d.EgressRate)
-	orDefault(&r.EgressBytesRate, d.EgressBytesRate)
-}
+func (q *Quotas) Fill() { fill(q, Default().Quotas) }
 
 // MaxCount bounds every count of the transport (connections, calls,
 // streams): far above what one host serves, and low enough that a count

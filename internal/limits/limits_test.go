@@ -20,7 +20,7 @@ func TestDefaultsFlagsAndFill(t *testing.T) {
 		t.Fatalf("flags give %+v,\ndefaults are %+v", l, Default())
 	}
 	// Fill leaves the reserves alone: zero is a valid "none".
-	filled := Limits{Transport: Transport{ReservedConns: DefaultReservedConns, ReservedCalls: DefaultReservedCalls}}
+	filled := Limits{Transport: Transport{ReservedConns: Default().ReservedConns, ReservedCalls: Default().ReservedCalls}}
 	filled.Fill()
 	if filled != Default() {
 		t.Fatalf("Fill gives %+v", filled)

@@ -111,9 +111,7 @@ func refuse(path string, fi fs.FileInfo, why string) error {
 	if !ok {
 		return &Error{Reason: ReasonUnsafe, Path: path, Owner: -1, Mode: fi.Mode(), Msg: fmt.Sprintf("%s %s (mode %v)", path, why, fi.Mode())}
 	}
-	var ust unix.Stat_t
-	ust.Uid, ust.Mode = st.Uid, st.Mode
-	return refuseStat(path, &ust, why)
+	return refuseStat(path, &unix.Stat_t{Uid: st.Uid, Mode: st.Mode}, why)
 }
 
 // Handle is a file or directory opened once and checked: Fd is what was
@@ -162,15 +160,12 @@ func (h *Handle) File() (*os.File, error) {
 	return os.NewFile(uintptr(fd), h.path), nil
 }
 
-// Is reports whether st is the file the handle holds.
-func (h *Handle) Is(st *unix.Stat_t) bool { return st.Dev == h.st.Dev && st.Ino == h.st.Ino }
-
 // Recheck walks the path again under the rule it was opened with and
 // refuses with PATH_CHANGED when it no longer leads to the handle's file
 // (renamed away, swapped for a link or another directory), or with the
 // walk's own refusal.
 func (h *Handle) Recheck() error {
-	again, err := open(h.path, h.uid, unix.O_PATH, kindAny)
+	again, err := walk(h.path, h.uid, unix.O_PATH, kindAny, nil)
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
@@ -180,7 +175,7 @@ func (h *Handle) Recheck() error {
 		return err
 	}
 	defer again.Close()
-	if !h.Is(&again.st) {
+	if again.st.Dev != h.st.Dev || again.st.Ino != h.st.Ino {
 		return &Error{Reason: ReasonChanged, Path: h.path, Owner: again.Owner(), Mode: modeOf(&again.st),
 			Msg: fmt.Sprintf("PATH_CHANGED: %s is no longer what was checked (now owner %s, mode %v): refused, never followed", h.path, Owner(again.Owner()), modeOf(&again.st))}
 	}
@@ -209,7 +204,7 @@ const (
 // OpenDir opens the directory path under uid's rule (see the package
 // comment).
 func OpenDir(path string, uid int) (*Handle, error) {
-	return open(path, uid, unix.O_RDONLY|unix.O_DIRECTORY, kindDir)
+	return walk(path, uid, unix.O_RDONLY|unix.O_DIRECTORY, kindDir, nil)
 }
 
 // OpenFile opens the regular file path under uid's rule with flags
@@ -217,7 +212,7 @@ func OpenDir(path string, uid int) (*Handle, error) {
 // with O_EXCL, mode 0600). Anything but a regular file (a fifo, a device,
 // a directory) is refused before it is opened, so nothing blocks.
 func OpenFile(path string, uid int, flags int) (*Handle, error) {
-	return open(path, uid, flags, kindFile)
+	return walk(path, uid, flags, kindFile, nil)
 }
 
 // MkdirAll makes the directory path (mode perm) and whatever is missing
@@ -225,10 +220,6 @@ func OpenFile(path string, uid int, flags int) (*Handle, error) {
 // returns the directory opened.
 func MkdirAll(path string, uid int, perm uint32) (*Handle, error) {
 	return walk(path, uid, unix.O_RDONLY|unix.O_DIRECTORY, kindDir, &perm)
-}
-
-func open(path string, uid int, flags int, k kind) (*Handle, error) {
-	return walk(path, uid, flags, k, nil)
 }
 
 // Trusted checks a file or directory opened under a directory already
@@ -273,18 +264,16 @@ func walk(path string, uid int, flags int, k kind, mkdir *uint32) (*Handle, erro
 	if err != nil {
 		return nil, err
 	}
-	closeCur := func() { unix.Close(cur) }
 	var st unix.Stat_t
-	if err := unix.Fstat(cur, &st); err != nil {
-		closeCur()
-		return nil, err
+	err = unix.Fstat(cur, &st)
+	if err == nil && path == "/" {
+		err = refuseStat("/", &st, "is the root directory")
 	}
-	if path == "/" {
-		closeCur()
-		return nil, refuseStat("/", &st, "is the root directory")
+	if err == nil {
+		err = trusted("/", &st, uid, false)
 	}
-	if err := trusted("/", &st, uid, false); err != nil {
-		closeCur()
+	if err != nil {
+		unix.Close(cur)
 		return nil, err
 	}
 	return walkFrom(cur, "", strings.Split(strings.TrimPrefix(path, "/"), "/"), uid, flags, k, mkdir)
@@ -328,17 +317,16 @@ func walkFrom(cur int, sofar string, parts []string, uid int, flags int, k kind,
 			return nil, fmt.Errorf("%s: %w", sofar, err)
 		}
 		cur = next
-		if err := unix.Fstat(cur, &st); err != nil {
+		err = unix.Fstat(cur, &st)
+		if err == nil {
+			err = trusted(sofar, &st, uid, false)
+		}
+		if err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			err = fmt.Errorf("%s: %w", sofar, unix.ENOTDIR)
+		}
+		if err != nil {
 			closeCur()
 			return nil, err
-		}
-		if err := trusted(sofar, &st, uid, false); err != nil {
-			closeCur()
-			return nil, err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			closeCur()
-			return nil, fmt.Errorf("%s: %w", sofar, unix.ENOTDIR)
 		}
 	}
 	defer closeCur()
@@ -524,12 +512,13 @@ func File(path string, fi fs.FileInfo, uid int) error {
 // (isKind; else the refusal says notKind), is owned by uid and is
 // writable by nobody else.
 func owned(path string, fi fs.FileInfo, uid int, kind string, isKind bool, notKind string) error {
+	st, _ := fi.Sys().(*syscall.Stat_t)
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
 		return refuse(path, fi, "is a symbolic link, not a "+kind+" of the host's")
 	case !isKind:
 		return refuse(path, fi, notKind)
-	case ownerOf(fi) != uid:
+	case st == nil || int(st.Uid) != uid:
 		return refuse(path, fi, "belongs to another user, not to the daemon's "+Owner(uid))
 	case fi.Mode().Perm()&0o022 != 0:
 		return refuse(path, fi, "is writable by group or others")
@@ -537,11 +526,32 @@ func owned(path string, fi fs.FileInfo, uid int, kind string, isKind bool, notKi
 	return nil
 }
 
-func ownerOf(fi fs.FileInfo) int {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return int(st.Uid)
+// MkdirOwned makes the directory path (perm) unless it is there, and
+// checks it as Dir does through a descriptor opened without following a
+// link, then gives it perm through that descriptor.
+func MkdirOwned(path string, uid int, perm fs.FileMode) error {
+	if err := os.Mkdir(path, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
 	}
-	return -1
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		// A link is ENOTDIR here: O_DIRECTORY is judged on the link.
+		if fi, lerr := os.Lstat(path); lerr == nil {
+			if derr := Dir(path, fi, uid); derr != nil {
+				return derr
+			}
+		}
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if err := Dir(path, fi, uid); err != nil {
+		return err
+	}
+	return f.Chmod(perm)
 }
 
 // IfExists runs check on path's Lstat if path exists; a missing path is

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -106,11 +107,7 @@ func (q *fdQueue) add(fd int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.n++
-	if q.closed || len(q.pending) >= MaxPendingFDs || holdsOthers(fd) {
-		syscall.Close(fd)
-		return
-	}
-	if !hold(q.uid) {
+	if q.closed || len(q.pending) >= MaxPendingFDs || holdsOthers(fd) || !hold(q.uid) {
 		syscall.Close(fd)
 		return
 	}
@@ -366,74 +363,52 @@ func CheckPassedFile(f *os.File) (PassedFile, error) {
 		return p, err
 	}
 	var cerr error
-	err = rc.Control(func(fd uintptr) {
-		flags, err := fcntlGetfl(int(fd))
-		if err != nil {
-			cerr = err
-			return
-		}
-		if flags&oPath != 0 {
-			cerr = errors.New("an O_PATH descriptor, which cannot be read")
-			return
-		}
-		if flags&syscall.O_DIRECT != 0 {
-			cerr = errors.New("an O_DIRECT descriptor, which reads only into aligned buffers")
-			return
-		}
-		if flags&syscall.O_ACCMODE == syscall.O_WRONLY {
-			cerr = errors.New("a descriptor open for writing only")
-			return
-		}
-		if err := syscall.Fstat(int(fd), &p.st); err != nil {
-			cerr = err
-			return
-		}
-		if t := p.st.Mode & syscall.S_IFMT; t != syscall.S_IFREG {
-			cerr = fmt.Errorf("not a regular file (%s)", fileType(t))
-			return
-		}
-		var fs syscall.Statfs_t
-		if err := syscall.Fstatfs(int(fd), &fs); err != nil {
-			cerr = err
-			return
-		}
-		if _, ok := passableFS[int64(fs.Type)]; !ok {
-			cerr = fmt.Errorf("a file on a file system of type %#x, not a disk or memory file system", fs.Type)
-		}
-	})
-	if err == nil {
+	if err = rc.Control(func(fd uintptr) { cerr = checkPassed(int(fd), &p.st) }); err == nil {
 		err = cerr
 	}
 	p.Size = p.st.Size
 	return p, err
 }
 
+// checkPassed is CheckPassedFile's check of the descriptor fd, whose
+// fstat it leaves in st.
+func checkPassed(fd int, st *syscall.Stat_t) error {
+	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	switch {
+	case err != nil:
+		return err
+	case flags&unix.O_PATH != 0:
+		return errors.New("an O_PATH descriptor, which cannot be read")
+	case flags&syscall.O_DIRECT != 0:
+		return errors.New("an O_DIRECT descriptor, which reads only into aligned buffers")
+	case flags&syscall.O_ACCMODE == syscall.O_WRONLY:
+		return errors.New("a descriptor open for writing only")
+	}
+	if err := syscall.Fstat(fd, st); err != nil {
+		return err
+	}
+	if t := st.Mode & syscall.S_IFMT; t != syscall.S_IFREG {
+		return fmt.Errorf("not a regular file (%s)", fileType(t))
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Fstatfs(fd, &fs); err != nil {
+		return err
+	}
+	if _, ok := passableFS[int64(fs.Type)]; !ok {
+		return fmt.Errorf("a file on a file system of type %#x, not a disk or memory file system", fs.Type)
+	}
+	return nil
+}
+
 // Changed reports whether f's size, modification or change time differ
 // from what CheckPassedFile saw.
 func (p PassedFile) Changed(f *os.File) (bool, error) {
-	var st syscall.Stat_t
-	rc, err := f.SyscallConn()
+	fi, err := f.Stat() // fstat of f's descriptor
 	if err != nil {
 		return true, err
 	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = syscall.Fstat(int(fd), &st) }); err != nil {
-		return true, err
-	}
-	if serr != nil {
-		return true, serr
-	}
+	st := fi.Sys().(*syscall.Stat_t)
 	return st.Size != p.st.Size || st.Mtim != p.st.Mtim || st.Ctim != p.st.Ctim, nil
-}
-
-const oPath = 0x200000 // O_PATH, Linux
-
-func fcntlGetfl(fd int) (int, error) {
-	r, _, e := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_GETFL, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(r), nil
 }
 
 func fileType(t uint32) string {

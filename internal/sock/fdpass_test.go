@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -196,7 +197,7 @@ func TestCheckPassedFile(t *testing.T) {
 	}
 	for name, f := range map[string]*os.File{
 		"fifo": open(fifo, syscall.O_RDWR), "dir": open(dir, syscall.O_RDONLY), "/dev/zero": open("/dev/zero", syscall.O_RDONLY),
-		"O_PATH": open(reg, oPath), "write-only": open(reg, syscall.O_WRONLY), "procfs": open("/proc/self/status", syscall.O_RDONLY),
+		"O_PATH": open(reg, unix.O_PATH), "write-only": open(reg, syscall.O_WRONLY), "procfs": open("/proc/self/status", syscall.O_RDONLY),
 	} {
 		if _, err := CheckPassedFile(f); err == nil {
 			t.Errorf("%s accepted", name)

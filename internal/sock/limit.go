@@ -3,6 +3,8 @@ package sock
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -17,10 +19,12 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/bushost/bushost/internal/authz"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/grpcerr"
 )
@@ -47,6 +51,43 @@ type AdmitLimits struct {
 	// SendTimeout cuts a stream whose reader takes none of a message for
 	// this long.
 	SendTimeout time.Duration
+}
+
+// The HTTP/2 sizes of every socket's server (Admission.Server), part of
+// the memory budgets of bushostd and sandbox serve (docs/limits.md).
+const (
+	// StreamWindow and ConnWindow are the HTTP/2 flow-control windows:
+	// what a peer may send before the server reads it. Setting them turns
+	// off grpc's window growth (BDP estimation), which would let a peer
+	// grow them to megabytes per connection.
+	StreamWindow = 64 << 10
+	ConnWindow   = 256 << 10
+	// IOBuffer is each connection's read and write buffer.
+	IOBuffer = 32 << 10
+)
+
+// Server is a gRPC server on the socket a admits (its listener wrapped
+// in a.Listener, its streams admitted by a.Tap): it reads each peer's
+// credentials (PeerCred, with passFDs), bounds a message to maxMsg bytes
+// and a connection to maxStreams streams and maxHeader bytes of headers,
+// has the windows and buffers above, closes a connection idle for idle,
+// and wants a peer's handshake (SO_PEERCRED, HTTP/2 preface) within the
+// request timeout. opts add the interceptors.
+func (a *Admission) Server(passFDs bool, maxMsg int, maxStreams, maxHeader uint32, idle time.Duration, opts ...grpc.ServerOption) *grpc.Server {
+	return grpc.NewServer(append([]grpc.ServerOption{
+		grpc.Creds(PeerCred{PassFDs: passFDs}),
+		grpc.MaxRecvMsgSize(maxMsg),
+		grpc.MaxConcurrentStreams(maxStreams),
+		grpc.MaxHeaderListSize(maxHeader),
+		grpc.InitialWindowSize(StreamWindow),
+		grpc.InitialConnWindowSize(ConnWindow),
+		grpc.ReadBufferSize(IOBuffer),
+		grpc.WriteBufferSize(IOBuffer),
+		grpc.ConnectionTimeout(a.lim.RequestTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle, Time: idle, Timeout: a.lim.RequestTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
+		grpc.InTapHandle(a.Tap),
+	}, opts...)...)
 }
 
 // Admission applies AdmitLimits to one socket: Listener closes
@@ -88,9 +129,13 @@ type tally struct {
 	full, uidFull           errdefs.Reason
 }
 
-// admit counts one more of uid, or says why not. The daemon's own uid is
-// not held to perUID and may use the reserve, which others may not.
-func (t *tally) admit(uid uint32, own bool) *errdefs.Error {
+// admit counts one more of uid in t (a.conns or a.calls), or says why
+// not. The daemon's own uid is not held to perUID and may use the
+// reserve, which others may not.
+func (a *Admission) admit(t *tally, uid uint32) *errdefs.Error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	own := int(uid) == a.lim.OwnUID
 	total := t.max
 	if !own {
 		total -= t.reserved
@@ -108,10 +153,65 @@ func (t *tally) admit(uid uint32, own bool) *errdefs.Error {
 	return nil
 }
 
-func (t *tally) release(uid uint32) {
+func (a *Admission) release(t *tally, uid uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	t.n--
 	if t.by[uid]--; t.by[uid] <= 0 {
 		delete(t.by, uid)
+	}
+}
+
+// GrantSlots counts what each grant holds of one kind (calls in flight,
+// streams), on any number of sockets, by its token's hash: a grant has
+// exactly one token, so that costs no store lookup before the call is
+// admitted, and a call with an unknown token, counted the same way, is
+// refused by the service right after. The host's admin token, and a call
+// with none, are not counted.
+type GrantSlots struct {
+	admin [sha256.Size]byte
+	mu    sync.Mutex
+	n     map[[sha256.Size]byte]int
+}
+
+// NewGrantSlots counts the slots of every grant but the host's.
+func NewGrantSlots(adminToken string) *GrantSlots {
+	return &GrantSlots{admin: sha256.Sum256([]byte(adminToken)), n: map[[sha256.Size]byte]int{}}
+}
+
+// Take takes one of the max slots of the grant of ctx's token, or
+// returns full(n), n being what it holds; release gives the slot back.
+func (g *GrantSlots) Take(ctx context.Context, max int, full func(n int) error) (release func(), err error) {
+	tok := authz.TokenFromContext(ctx)
+	k := sha256.Sum256([]byte(tok))
+	if tok == "" || subtle.ConstantTimeCompare(k[:], g.admin[:]) == 1 {
+		return func() {}, nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if n := g.n[k]; n >= max {
+		return nil, full(n)
+	}
+	g.n[k]++
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.n[k]--; g.n[k] <= 0 {
+			delete(g.n, k)
+		}
+	}, nil
+}
+
+// Unary is a grpc.UnaryServerInterceptor that holds one of the call's
+// grant's slots (Take) while the call runs.
+func (g *GrantSlots) Unary(max int, full func(n int) error) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		release, err := g.Take(ctx, max, full)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		return h(ctx, req)
 	}
 }
 
@@ -122,19 +222,6 @@ func (a *Admission) refused(r errdefs.Reason) {
 	if a.onRefused != nil {
 		a.onRefused(r)
 	}
-}
-
-// admit counts one of uid in t (a.conns or a.calls), or says why not.
-func (a *Admission) admit(t *tally, uid uint32) *errdefs.Error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return t.admit(uid, int(uid) == a.lim.OwnUID)
-}
-
-func (a *Admission) release(t *tally, uid uint32) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	t.release(uid)
 }
 
 // Counts reports the connections and calls now admitted (for tests).
@@ -295,14 +382,6 @@ func (c *countedConn) Close() error {
 // NetConn returns the connection under the wrapper.
 func (c *countedConn) NetConn() net.Conn { return c.Conn }
 
-// SyscallConn lets the handshake read SO_PEERCRED through the wrapper.
-func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
-	if sc, ok := c.Conn.(syscall.Conn); ok {
-		return sc.SyscallConn()
-	}
-	return nil, syscall.EINVAL
-}
-
 // guard is what Tap attaches to an admitted stream: its cancel (with a
 // cause), and the timer that ends it if its request does not arrive.
 type guard struct {
@@ -447,12 +526,14 @@ func Cut(ctx context.Context, cause *errdefs.Error) bool {
 	return true
 }
 
+// peerCred reads SO_PEERCRED of the Unix connection under c's wrappers
+// (unixConn).
 func peerCred(c net.Conn) (*syscall.Ucred, error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
+	u := unixConn(c)
+	if u == nil {
 		return nil, errors.New("peercred: not a unix connection")
 	}
-	raw, err := sc.SyscallConn()
+	raw, err := u.SyscallConn()
 	if err != nil {
 		return nil, err
 	}

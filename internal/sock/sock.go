@@ -33,11 +33,15 @@ import (
 // or group of a file of its choice.
 func Listen(path string, mode os.FileMode, gid int) (net.Listener, error) {
 	if _, err := os.Lstat(path); err == nil {
-		live, err := serving(path)
-		if err != nil {
+		// Stale unless a process serves it (DialNoFollow connects); a
+		// name that is no socket is refused, never removed.
+		c, err := DialNoFollow(context.Background(), path)
+		var notSock *notSocketError
+		switch {
+		case errors.As(err, &notSock):
 			return nil, fmt.Errorf("listen %s: %w", path, err)
-		}
-		if live {
+		case err == nil:
+			c.Close()
 			return nil, fmt.Errorf("listen %s: another process is serving it", path)
 		}
 		if err := os.Remove(path); err != nil {
@@ -56,21 +60,6 @@ func Listen(path string, mode os.FileMode, gid int) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	return l, nil
-}
-
-// serving says whether a process serves the socket at path (DialNoFollow
-// connects).
-func serving(path string) (bool, error) {
-	c, err := DialNoFollow(context.Background(), path)
-	var notSock *notSocketError
-	switch {
-	case errors.As(err, &notSock):
-		return false, err
-	case err != nil:
-		return false, nil
-	}
-	c.Close()
-	return true, nil
 }
 
 // DialNoFollow connects to the Unix socket at path as its name is: opened
