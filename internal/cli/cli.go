@@ -14,10 +14,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -206,13 +207,8 @@ func newRoot(ctx context.Context, e *Env, args []string) (*cobra.Command, *bool)
 		groups[key] = g
 		return g
 	}
-	names := make([]string, 0, len(commands))
-	for k := range commands {
-		names = append(names, k)
-	}
-	sort.Strings(names)
 	setups := map[*cobra.Command]func(){}
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(commands)) {
 		c := commands[k]
 		words := strings.Fields(c.words)
 		parentWords := words[:len(words)-1]
@@ -287,12 +283,7 @@ transfer); it exits 3 and leaves nothing behind.
 
 Commands:
 `)
-	names := make([]string, 0, len(commands))
-	for k := range commands {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(commands)) {
 		fmt.Fprintf(&b, "  bushost %s\n      %s\n", commands[k].usage, commands[k].short)
 	}
 	b.WriteString(`  bushost completion bash|zsh|fish
@@ -350,8 +341,7 @@ func (e *Env) report(cmd *cobra.Command, err error) int {
 	if st, ok := err.(statusExit); ok {
 		return int(st)
 	}
-	var ue usageError
-	if asUsage(err, &ue) {
+	if ue, ok := err.(usageError); ok {
 		x := errdefs.InvalidArgument(errdefs.Usage, "%s", ue.msg)
 		if e.JSON {
 			writeJSONError(e.Stderr, x)
@@ -374,14 +364,6 @@ func (e *Env) report(cmd *cobra.Command, err error) int {
 		fmt.Fprintf(e.Stderr, "%s: %s (%s): %s\n", path, x.Kind, x.Reason, x.Message)
 	}
 	return errdefs.ExitCode(x)
-}
-
-func asUsage(err error, ue *usageError) bool {
-	u, ok := err.(usageError)
-	if ok {
-		*ue = u
-	}
-	return ok
 }
 
 // classify turns any error a command returned into an *errdefs.Error: the

@@ -321,7 +321,7 @@ func runTaskShow(fs *pflag.FlagSet) runFunc {
 				}
 			}
 			if e.JSON {
-				return brokerPrint(e, "", st)
+				return printOut(e, "", st)
 			}
 			return printTaskShow(e, st)
 		})
@@ -332,7 +332,7 @@ func runTaskShow(fs *pflag.FlagSet) runFunc {
 // under header, one line a row.
 func printList[T any](e *Env, key string, rows []T, header string, line func(w io.Writer, row T)) error {
 	if e.JSON {
-		return brokerPrint(e, "", map[string]any{key: rows})
+		return printOut(e, "", map[string]any{key: rows})
 	}
 	w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, header)

@@ -52,7 +52,7 @@ func runRepoOptimize(fs *pflag.FlagSet) runFunc {
 				"actions": r.GetActions(), "packs_before": r.GetPacksBefore(), "packs_after": r.GetPacksAfter(),
 				"duration_ms": r.GetDurationMs(), "error": r.GetError()})
 		}
-		if err := gitPrint(e, strings.TrimSuffix(text.String(), "\n"), map[string]any{
+		if err := printOut(e, strings.TrimSuffix(text.String(), "\n"), map[string]any{
 			"project": business + "/" + project, "repositories": repos}); err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"os"
@@ -58,7 +59,7 @@ func pushPassed(cctx context.Context, c gitv1.GitServiceClient, d *sock.FDDialer
 	if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Header{Header: &gitv1.PushHeader{Size: pf.Size}}}); err != nil {
 		_, rerr := stream.CloseAndRecv()
 		if fdTaken(stream, rerr) {
-			return nil, true, gitFirst(rerr, err)
+			return nil, true, cmp.Or(rerr, err)
 		}
 		_, serr := f.Seek(0, io.SeekStart)
 		return nil, serr != nil, serr

@@ -83,6 +83,6 @@ func runTaskRepair(fs *pflag.FlagSet) runFunc {
 			}
 			text = fmt.Sprintf("push %s is lost: its objects are gone; the task's latest push is now %s (event %d)", res.GetCommit(), at, res.GetSeq())
 		}
-		return gitPrint(e, text, map[string]any{"outcome": res.GetOutcome(), "commit": res.GetCommit(), "ref_commit": res.GetRefCommit(), "seq": res.GetSeq()})
+		return printOut(e, text, map[string]any{"outcome": res.GetOutcome(), "commit": res.GetCommit(), "ref_commit": res.GetRefCommit(), "seq": res.GetSeq()})
 	})
 }

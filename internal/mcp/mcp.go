@@ -128,15 +128,7 @@ type tool struct {
 }
 
 func (t tool) allowed(g Grant) bool {
-	if len(t.caps) == 0 {
-		return true
-	}
-	for _, c := range t.caps {
-		if slices.Contains(g.Caps, c) {
-			return true
-		}
-	}
-	return false
+	return len(t.caps) == 0 || slices.ContainsFunc(t.caps, func(c string) bool { return slices.Contains(g.Caps, c) })
 }
 
 // kind is what a tool's annotations say it does.
