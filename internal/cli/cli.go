@@ -245,17 +245,13 @@ func newRoot(ctx context.Context, e *Env, args []string) (*cobra.Command, *bool)
 	// completion, a mistake) every command's are, and the root's help.
 	// A push pays for its own flags, not for sixty commands'.
 	cmd, _, err := root.Find(args)
-	if err == nil && setups[cmd] != nil {
-		for c := cmd; c != nil; c = c.Parent() {
-			if setup := setups[c]; setup != nil {
-				setup()
-			}
-		}
-		if again, _, err := root.Find(args); err == nil && again == cmd {
-			setups = nil
+	lazy := err == nil && setups[cmd] != nil
+	for c := cmd; lazy && c != nil; c = c.Parent() {
+		if setup := setups[c]; setup != nil {
+			setup()
 		}
 	}
-	if setups != nil {
+	if again, _, err := root.Find(args); !lazy || err != nil || again != cmd {
 		root.Long = rootLong()
 		for _, setup := range setups {
 			setup()

@@ -244,26 +244,18 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 				return cmp.Or(serr, err)
 			}
 		}
-		buf := make([]byte, gitChunk)
-		for {
-			n, rerr := io.ReadFull(body, buf)
-			if n > 0 {
-				if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Chunk{Chunk: buf[:n]}}); err != nil {
-					// The server ended the call; its status says why.
-					_, serr := stream.CloseAndRecv()
-					return cmp.Or(serr, err)
-				}
+		if err, rerr := sendChunks(body, func(b []byte) error {
+			return stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Chunk{Chunk: b}})
+		}); err != nil {
+			// The server ended the call; its status says why.
+			_, serr := stream.CloseAndRecv()
+			return cmp.Or(serr, err)
+		} else if rerr != nil {
+			scancel()
+			if errdefs.ReasonOf(rerr) == errdefs.NothingToPush {
+				return rerr
 			}
-			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
-				break
-			}
-			if rerr != nil {
-				scancel()
-				if errdefs.ReasonOf(rerr) == errdefs.NothingToPush {
-					return rerr
-				}
-				return fmt.Errorf("read bundle: %w", rerr)
-			}
+			return fmt.Errorf("read bundle: %w", rerr)
 		}
 		if wait != nil {
 			if err := wait(); err != nil {
@@ -277,6 +269,26 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 		}
 		warnNow()
 		return printOut(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
+	}
+}
+
+// sendChunks sends what r holds, in pieces of at most gitChunk bytes,
+// until it ends; it stops at the first error sending (err) or reading.
+func sendChunks(r io.Reader, send func([]byte) error) (err, rerr error) {
+	buf := make([]byte, gitChunk)
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			if err := send(buf[:n]); err != nil {
+				return err, nil
+			}
+		}
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			return nil, nil
+		}
+		if rerr != nil {
+			return nil, rerr
+		}
 	}
 }
 

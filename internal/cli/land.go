@@ -58,16 +58,8 @@ func runTaskLand(fs *pflag.FlagSet) runFunc {
 // printConflicts lists a MERGE_CONFLICT's paths on stdout: one per line,
 // or with --json {"conflicts":[...]}; the error itself goes to stderr.
 func printConflicts(e *Env, paths string) {
-	var list []string
-	for _, p := range strings.Split(paths, "\n") {
-		if p != "" {
-			list = append(list, p)
-		}
-	}
+	list := strings.FieldsFunc(paths, func(r rune) bool { return r == '\n' })
 	if e.JSON {
-		if list == nil {
-			list = []string{}
-		}
 		json.NewEncoder(e.Stdout).Encode(map[string]any{"conflicts": list})
 		return
 	}

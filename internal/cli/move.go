@@ -198,25 +198,12 @@ func runProjectImport(fs *pflag.FlagSet) runFunc {
 				}
 			}
 		}()
-		buf := make([]byte, gitChunk)
-		var sendErr error
-		for {
-			n, rerr := io.ReadFull(f, buf)
-			if n > 0 {
-				if err := stream.Send(&gitv1.ImportProjectRequest{Chunk: buf[:n]}); err != nil {
-					// The server ended the call: its status says why.
-					sendErr = err
-					break
-				}
-			}
-			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
-				break
-			}
-			if rerr != nil {
-				cancel()
-				<-answered
-				return fmt.Errorf("read %s: %w", *from, rerr)
-			}
+		// A send fails when the server ended the call: its status says why.
+		sendErr, rerr := sendChunks(f, func(b []byte) error { return stream.Send(&gitv1.ImportProjectRequest{Chunk: b}) })
+		if rerr != nil {
+			cancel()
+			<-answered
+			return fmt.Errorf("read %s: %w", *from, rerr)
 		}
 		stream.CloseSend()
 		a := <-answered
