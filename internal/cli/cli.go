@@ -8,6 +8,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -167,10 +168,7 @@ func newRoot(ctx context.Context, e *Env, args []string) (*cobra.Command, *bool)
 		_, err := fmt.Fprintf(c.OutOrStderr(), "Global flags:\n%s", c.LocalFlags().FlagUsages())
 		return err
 	})
-	dir := e.Getenv(home.Env)
-	if dir == "" {
-		dir = home.Default
-	}
+	dir := cmp.Or(e.Getenv(home.Env), home.Default)
 	pf := root.PersistentFlags()
 	pf.StringVar(&e.Home, "home", dir, "the bus host's home with git.sock, broker.sock and admin.token ($BUSHOST_HOME)")
 	pf.StringVar(&e.TokenFile, "token-file", "", "the session's grant token (else $BUS_TOKEN_FILE, $BUS_TOKEN, or the host's <home>/admin.token)")

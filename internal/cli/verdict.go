@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"strings"
 
@@ -16,9 +17,7 @@ func verdictCommit(ctx context.Context, commit, dir string) (string, error) {
 	if commit != "" {
 		return commit, nil
 	}
-	if dir == "" {
-		dir = "."
-	}
+	dir = cmp.Or(dir, ".")
 	g, done, err := gitRunner()
 	if err != nil {
 		return "", err
