@@ -590,12 +590,7 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("%s names %s, which %s lacks: remove that ref and run fetch-main again", gitBaseRef, commit, *dir)
 			}
 		} else {
-			ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
-				if pending != nil {
-					b := pending
-					pending = nil
-					return b, nil
-				}
+			ref, err := r.receive(ctx, g, &chunkReader{buf: pending, next: func() ([]byte, error) {
 				m, err := stream.Recv()
 				return m.GetChunk(), err
 			}})

@@ -125,10 +125,7 @@ func runGrantList(fs *pflag.FlagSet) runFunc {
 		}
 		gs := []grantJSON{}
 		for _, g := range r.GetGrants() {
-			caps := g.GetCapabilities()
-			if caps == nil {
-				caps = []string{}
-			}
+			caps := append([]string{}, g.GetCapabilities()...)
 			launch := map[string][]string{}
 			for _, l := range g.GetLaunch() {
 				launch[l.GetRole()] = append([]string{}, l.GetCapabilities()...)
