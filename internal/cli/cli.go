@@ -118,7 +118,7 @@ func mainWith(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv f
 	e := &Env{Stdin: stdin, Stdout: stdout, Stderr: stderr, Getenv: getenv}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	root, ran := newRoot(ctx, e, args)
+	root, ran := newRoot(ctx, e)
 	root.SetArgs(args)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
@@ -141,13 +141,14 @@ func mainWith(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv f
 	return e.report(cmd, err)
 }
 
-// newRoot builds the command tree for args. ran is set once a command's
-// own code starts, which tells cobra's usage errors from the command's.
-func newRoot(ctx context.Context, e *Env, args []string) (*cobra.Command, *bool) {
+// newRoot builds the command tree. ran is set once a command's own code
+// starts, which tells cobra's usage errors from the command's.
+func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 	ran := new(bool)
 	root := &cobra.Command{
 		Use:   "bushost",
 		Short: "bushost: the client of the bus host (bushostd)",
+		Long:  rootLong(),
 		// With no command, the usage is an answer to a mistake: exit 2.
 		RunE: func(cmd *cobra.Command, args []string) error {
 			*ran = true
@@ -205,7 +206,6 @@ func newRoot(ctx context.Context, e *Env, args []string) (*cobra.Command, *bool)
 		groups[key] = g
 		return g
 	}
-	setups := map[*cobra.Command]func(){}
 	for _, k := range slices.Sorted(maps.Keys(commands)) {
 		c := commands[k]
 		words := strings.Fields(c.words)
@@ -216,17 +216,8 @@ func newRoot(ctx context.Context, e *Env, args []string) (*cobra.Command, *bool)
 			args = cobra.NoArgs
 		}
 		cc := &cobra.Command{Use: use, Short: c.short, Long: c.help, Args: args}
-		var run runFunc
-		setups[cc] = func() {
-			if run == nil {
-				// Find merged the global flags in; a command's own
-				// flag may shadow one of them (session launch's
-				// --timeout), as when it is declared first.
-				cc.ResetFlags()
-				run = c.setup(cc.Flags())
-				completeFlagValues(cc)
-			}
-		}
+		run := c.setup(cc.Flags())
+		completeFlagValues(cc)
 		cc.RunE = func(cmd *cobra.Command, args []string) error {
 			*ran = true
 			return run(cmd.Context(), e, args)
@@ -235,24 +226,6 @@ func newRoot(ctx context.Context, e *Env, args []string) (*cobra.Command, *bool)
 		if _, ok := groups[k]; !ok {
 			// A command may have subcommands too ("grant", "grant list").
 			groups[k] = cc
-		}
-	}
-	// A command's flags are declared only when it is on the path to the
-	// command args run, found as cobra finds it (which reads the flags of
-	// the commands on that path alone); for anything else (help,
-	// completion, a mistake) every command's are, and the root's help.
-	// A push pays for its own flags, not for sixty commands'.
-	cmd, _, err := root.Find(args)
-	lazy := err == nil && setups[cmd] != nil
-	for c := cmd; lazy && c != nil; c = c.Parent() {
-		if setup := setups[c]; setup != nil {
-			setup()
-		}
-	}
-	if again, _, err := root.Find(args); !lazy || err != nil || again != cmd {
-		root.Long = rootLong()
-		for _, setup := range setups {
-			setup()
 		}
 	}
 	root.SetContext(ctx)
