@@ -30,6 +30,6 @@ func runTaskArchive(fs *pflag.FlagSet) runFunc {
 		if !res.GetRemoved() {
 			text = fmt.Sprintf("%s has no repository (no push, or archived before): nothing to remove", scope)
 		}
-		return gitPrint(e, text, map[string]any{"task": scope, "removed": res.GetRemoved(), "bytes": res.GetBytes()})
+		return printOut(e, text, map[string]any{"task": scope, "removed": res.GetRemoved(), "bytes": res.GetBytes()})
 	})
 }

@@ -89,8 +89,8 @@ func init() {
 	})
 }
 
-// brokerPrint prints text, or obj as one line of JSON with --json.
-func brokerPrint(e *Env, text string, obj any) error {
+// printOut prints text, or obj as one line of JSON with --json.
+func printOut(e *Env, text string, obj any) error {
 	if e.JSON {
 		return json.NewEncoder(e.Stdout).Encode(obj)
 	}
@@ -148,7 +148,7 @@ func runTaskAdd(fs *pflag.FlagSet) runFunc {
 			if !r.Created {
 				text = fmt.Sprintf("task %s/%s/%s already exists", *b, *p, *t)
 			}
-			return brokerPrint(e, text, map[string]any{"business": *b, "project": *p, "task": *t, "created": r.Created})
+			return printOut(e, text, map[string]any{"business": *b, "project": *p, "task": *t, "created": r.Created})
 		})
 	}
 }
@@ -267,7 +267,7 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 			if f == nil {
 				obj["token"] = r.Token
 				fmt.Fprintf(e.Stderr, "grant %s for %s/%s/%s expires at %s\n", r.GrantId, *b, *p, *t, r.ExpiresAt)
-				return brokerPrint(e, r.Token, obj)
+				return printOut(e, r.Token, obj)
 			}
 			if _, err := io.WriteString(f, r.Token+"\n"); err != nil {
 				return fmt.Errorf("write token file: %w", err)
@@ -276,7 +276,7 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("write token file: %w", err)
 			}
 			obj["token_file"] = *out
-			return brokerPrint(e, r.GrantId, obj)
+			return printOut(e, r.GrantId, obj)
 		})
 	}
 }
@@ -291,7 +291,7 @@ func runRevoke(fs *pflag.FlagSet) runFunc {
 			if _, err := c.RevokeGrant(ctx, &brokerv1.RevokeGrantRequest{GrantId: id}); err != nil {
 				return err
 			}
-			return brokerPrint(e, "revoked "+id, map[string]any{"grant_id": id, "revoked": true})
+			return printOut(e, "revoked "+id, map[string]any{"grant_id": id, "revoked": true})
 		})
 	}
 }
@@ -302,7 +302,7 @@ func runReviewRequest(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		return brokerPrint(e, r.RequestId, map[string]any{"request_id": r.RequestId, "commit": r.Commit, "created": r.Created})
+		return printOut(e, r.RequestId, map[string]any{"request_id": r.RequestId, "commit": r.Commit, "created": r.Created})
 	})
 }
 
@@ -333,7 +333,7 @@ func runReviewVerdict(fs *pflag.FlagSet) runFunc {
 			if err != nil {
 				return err
 			}
-			return brokerPrint(e, fmt.Sprintf("%s recorded (event %d)", word, r.Seq), map[string]any{"request_id": *id, "verdict": word, "seq": r.Seq, "commit": seen})
+			return printOut(e, fmt.Sprintf("%s recorded (event %d)", word, r.Seq), map[string]any{"request_id": *id, "verdict": word, "seq": r.Seq, "commit": seen})
 		})
 	}
 }
@@ -344,7 +344,7 @@ func runTaskClose(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		return brokerPrint(e, fmt.Sprintf("closed (event %d)", r.Seq), map[string]any{"closed": true, "seq": r.Seq})
+		return printOut(e, fmt.Sprintf("closed (event %d)", r.Seq), map[string]any{"closed": true, "seq": r.Seq})
 	})
 }
 
@@ -368,7 +368,7 @@ func runEventRecord(fs *pflag.FlagSet) runFunc {
 			if err != nil {
 				return err
 			}
-			return brokerPrint(e, fmt.Sprint(r.Event.GetSeq()), eventJSON(r.Event))
+			return printOut(e, fmt.Sprint(r.Event.GetSeq()), eventJSON(r.Event))
 		})
 	}
 }
@@ -410,7 +410,7 @@ func recordBatch(ctx context.Context, e *Env, typ, path string) error {
 			return err
 		}
 		for _, ev := range r.GetEvents() {
-			if err := brokerPrint(e, fmt.Sprint(ev.GetSeq()), eventJSON(ev)); err != nil {
+			if err := printOut(e, fmt.Sprint(ev.GetSeq()), eventJSON(ev)); err != nil {
 				return err
 			}
 		}
@@ -477,7 +477,7 @@ func runEvents(fs *pflag.FlagSet) runFunc {
 			printHeader()
 			ev := r.GetEvent()
 			text := fmt.Sprintf("%d\t%s\t%s/%s/%s\t%s\t%s\t%s", ev.GetSeq(), ev.GetTime(), ev.GetBusiness(), ev.GetProject(), ev.GetTask(), ev.GetType(), ev.GetActor(), ev.GetData())
-			if err := brokerPrint(e, text, eventJSON(ev)); err != nil {
+			if err := printOut(e, text, eventJSON(ev)); err != nil {
 				return err
 			}
 		}
@@ -517,7 +517,7 @@ func runLogVerify(fs *pflag.FlagSet) runFunc {
 				"differences": r.Differences, "head_seq": r.HeadSeq, "head_hash": r.HeadHash}
 			if !r.Ok {
 				if e.JSON {
-					if err := brokerPrint(e, "", obj); err != nil {
+					if err := printOut(e, "", obj); err != nil {
 						return err
 					}
 				}
@@ -530,10 +530,10 @@ func runLogVerify(fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("the derived tables differ from the log in %d rows (above); the gate decides from the log", len(r.Differences))
 			}
 			if len(heads) == 0 {
-				return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, each signed by a trusted host, derived tables agree; no recorded head was given to check the log against "+
+				return printOut(e, fmt.Sprintf("ok: %d events, hash chain intact, each signed by a trusted host, derived tables agree; no recorded head was given to check the log against "+
 					"(record one with 'bushost log head', or run bushostd with --checkpoint-file; then --head SEQ:HASH or --checkpoint-file PATH)", r.Events), obj)
 			}
-			return brokerPrint(e, fmt.Sprintf("ok: %d events, hash chain intact, each signed by a trusted host, %d recorded heads match, derived tables agree", r.Events, len(heads)), obj)
+			return printOut(e, fmt.Sprintf("ok: %d events, hash chain intact, each signed by a trusted host, %d recorded heads match, derived tables agree", r.Events, len(heads)), obj)
 		})
 	}
 }

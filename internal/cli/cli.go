@@ -8,16 +8,18 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -167,10 +169,7 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 		_, err := fmt.Fprintf(c.OutOrStderr(), "Global flags:\n%s", c.LocalFlags().FlagUsages())
 		return err
 	})
-	dir := e.Getenv(home.Env)
-	if dir == "" {
-		dir = home.Default
-	}
+	dir := cmp.Or(e.Getenv(home.Env), home.Default)
 	pf := root.PersistentFlags()
 	pf.StringVar(&e.Home, "home", dir, "the bus host's home with git.sock, broker.sock and admin.token ($BUSHOST_HOME)")
 	pf.StringVar(&e.TokenFile, "token-file", "", "the session's grant token (else $BUS_TOKEN_FILE, $BUS_TOKEN, or the host's <home>/admin.token)")
@@ -207,12 +206,7 @@ func newRoot(ctx context.Context, e *Env) (*cobra.Command, *bool) {
 		groups[key] = g
 		return g
 	}
-	names := make([]string, 0, len(commands))
-	for k := range commands {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(commands)) {
 		c := commands[k]
 		words := strings.Fields(c.words)
 		parentWords := words[:len(words)-1]
@@ -256,12 +250,7 @@ transfer); it exits 3 and leaves nothing behind.
 
 Commands:
 `)
-	names := make([]string, 0, len(commands))
-	for k := range commands {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(commands)) {
 		fmt.Fprintf(&b, "  bushost %s\n      %s\n", commands[k].usage, commands[k].short)
 	}
 	b.WriteString(`  bushost completion bash|zsh|fish
@@ -319,8 +308,7 @@ func (e *Env) report(cmd *cobra.Command, err error) int {
 	if st, ok := err.(statusExit); ok {
 		return int(st)
 	}
-	var ue usageError
-	if asUsage(err, &ue) {
+	if ue, ok := err.(usageError); ok {
 		x := errdefs.InvalidArgument(errdefs.Usage, "%s", ue.msg)
 		if e.JSON {
 			writeJSONError(e.Stderr, x)
@@ -343,14 +331,6 @@ func (e *Env) report(cmd *cobra.Command, err error) int {
 		fmt.Fprintf(e.Stderr, "%s: %s (%s): %s\n", path, x.Kind, x.Reason, x.Message)
 	}
 	return errdefs.ExitCode(x)
-}
-
-func asUsage(err error, ue *usageError) bool {
-	u, ok := err.(usageError)
-	if ok {
-		*ue = u
-	}
-	return ok
 }
 
 // classify turns any error a command returned into an *errdefs.Error: the

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -38,13 +39,10 @@ func completeFlagValues(cc *cobra.Command) {
 			}
 			i := strings.LastIndexByte(typed, ',')
 			done := typed[:i+1]
-			given := map[string]bool{}
-			for _, c := range strings.Split(done, ",") {
-				given[c] = true
-			}
+			given := strings.Split(done, ",")
 			var out []string
 			for _, c := range v.values {
-				if !given[c] {
+				if !slices.Contains(given, c) {
 					out = append(out, done+c)
 				}
 			}

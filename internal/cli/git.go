@@ -3,9 +3,9 @@ package cli
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -148,7 +148,7 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 				if err != nil {
 					return err
 				}
-				return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
+				return printOut(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
 			}
 			fi, err := f.Stat()
 			if err != nil {
@@ -236,34 +236,26 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 		}
 		if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Header{Header: &gitv1.PushHeader{Size: size}}}); err != nil {
 			_, rerr := stream.CloseAndRecv()
-			return gitFirst(rerr, err)
+			return cmp.Or(rerr, err)
 		}
 		if header != nil {
 			if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Chunk{Chunk: header}}); err != nil {
 				_, serr := stream.CloseAndRecv()
-				return gitFirst(serr, err)
+				return cmp.Or(serr, err)
 			}
 		}
-		buf := make([]byte, gitChunk)
-		for {
-			n, rerr := io.ReadFull(body, buf)
-			if n > 0 {
-				if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Chunk{Chunk: buf[:n]}}); err != nil {
-					// The server ended the call; its status says why.
-					_, serr := stream.CloseAndRecv()
-					return gitFirst(serr, err)
-				}
+		if err, rerr := sendChunks(body, func(b []byte) error {
+			return stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Chunk{Chunk: b}})
+		}); err != nil {
+			// The server ended the call; its status says why.
+			_, serr := stream.CloseAndRecv()
+			return cmp.Or(serr, err)
+		} else if rerr != nil {
+			scancel()
+			if errdefs.ReasonOf(rerr) == errdefs.NothingToPush {
+				return rerr
 			}
-			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
-				break
-			}
-			if rerr != nil {
-				scancel()
-				if errdefs.ReasonOf(rerr) == errdefs.NothingToPush {
-					return rerr
-				}
-				return fmt.Errorf("read bundle: %w", rerr)
-			}
+			return fmt.Errorf("read bundle: %w", rerr)
 		}
 		if wait != nil {
 			if err := wait(); err != nil {
@@ -276,7 +268,27 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		warnNow()
-		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
+		return printOut(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "ref": res.GetRef()})
+	}
+}
+
+// sendChunks sends what r holds, in pieces of at most gitChunk bytes,
+// until it ends; it stops at the first error sending (err) or reading.
+func sendChunks(r io.Reader, send func([]byte) error) (err, rerr error) {
+	buf := make([]byte, gitChunk)
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			if err := send(buf[:n]); err != nil {
+				return err, nil
+			}
+		}
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			return nil, nil
+		}
+		if rerr != nil {
+			return nil, rerr
+		}
 	}
 }
 
@@ -399,24 +411,6 @@ func warnUncommitted(e *Env, repo string, n int) {
 		return
 	}
 	fmt.Fprintf(e.Stderr, "bushost push-working: warning: %s has %d uncommitted change(s), not in this push (commit them to push them; 'git status' lists them)\n", repo, n)
-}
-
-func gitFirst(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// gitPrint prints text, or obj as JSON with --json.
-func gitPrint(e *Env, text string, obj map[string]any) error {
-	if e.JSON {
-		return json.NewEncoder(e.Stdout).Encode(obj)
-	}
-	_, err := fmt.Fprintln(e.Stdout, text)
-	return err
 }
 
 // gitRepo is a local repository the client writes fetched objects into.
@@ -596,12 +590,7 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 				return fmt.Errorf("%s names %s, which %s lacks: remove that ref and run fetch-main again", gitBaseRef, commit, *dir)
 			}
 		} else {
-			ref, err := r.receive(ctx, g, &chunkReader{next: func() ([]byte, error) {
-				if pending != nil {
-					b := pending
-					pending = nil
-					return b, nil
-				}
+			ref, err := r.receive(ctx, g, &chunkReader{buf: pending, next: func() ([]byte, error) {
 				m, err := stream.Recv()
 				return m.GetChunk(), err
 			}})
@@ -622,7 +611,7 @@ func runFetchMain(fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		r.tidy(ctx, g)
-		return gitPrint(e, commit, map[string]any{"commit": commit, "repo": *dir})
+		return printOut(e, commit, map[string]any{"commit": commit, "repo": *dir})
 	}
 }
 
@@ -732,7 +721,7 @@ func fetchTaskPush(fs *pflag.FlagSet, what, repoHelp, prefix string, refOf func(
 			return err
 		}
 		r.tidy(ctx, g)
-		return gitPrint(e, commit, map[string]any{"commit": commit, "ref": reviewRef, "task": task})
+		return printOut(e, commit, map[string]any{"commit": commit, "ref": reviewRef, "task": task})
 	}
 }
 
@@ -757,7 +746,7 @@ func runProjectAdd(fs *pflag.FlagSet) runFunc {
 			if !res.GetCreated() {
 				text += " (project existed; main unchanged)"
 			}
-			return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "created": res.GetCreated()})
+			return printOut(e, text, map[string]any{"commit": res.GetCommit(), "created": res.GetCreated()})
 		})
 	}
 }
@@ -768,6 +757,6 @@ func runProjectSync(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious()})
+		return printOut(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious()})
 	})
 }

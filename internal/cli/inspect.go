@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -51,14 +52,6 @@ func init() {
 	})
 }
 
-// orDash prints "" as "-" in a table.
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
 // projectJSON is the stable --json shape of one project (docs/broker.md).
 type projectJSON struct {
 	Business     string `json:"business"`
@@ -91,12 +84,12 @@ func runProjectList(fs *pflag.FlagSet) runFunc {
 			if !p.Here {
 				size = "-"
 			}
-			host := orDash(p.Host)
+			host := cmp.Or(p.Host, "-")
 			if p.Moving {
 				host += " (moving)"
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Business, p.Project, host, size, p.Tasks,
-				orDash(p.LastPush), orDash(p.LastPushTask), orDash(p.LastPushTime))
+				cmp.Or(p.LastPush, "-"), cmp.Or(p.LastPushTask, "-"), cmp.Or(p.LastPushTime, "-"))
 		})
 	})
 }
@@ -132,10 +125,7 @@ func runGrantList(fs *pflag.FlagSet) runFunc {
 		}
 		gs := []grantJSON{}
 		for _, g := range r.GetGrants() {
-			caps := g.GetCapabilities()
-			if caps == nil {
-				caps = []string{}
-			}
+			caps := append([]string{}, g.GetCapabilities()...)
 			launch := map[string][]string{}
 			for _, l := range g.GetLaunch() {
 				launch[l.GetRole()] = append([]string{}, l.GetCapabilities()...)
@@ -230,7 +220,7 @@ func runTaskShow(fs *pflag.FlagSet) runFunc {
 				}
 				switch len(match) {
 				case 0:
-					return errdefs.NotFound(errdefs.TaskNotFound, "no task matches %s/%s/%s that this token may see", orDash(b), orDash(p), orDash(t))
+					return errdefs.NotFound(errdefs.TaskNotFound, "no task matches %s/%s/%s that this token may see", cmp.Or(b, "-"), cmp.Or(p, "-"), cmp.Or(t, "-"))
 				case 1:
 					b, p, t = match[0].GetBusiness(), match[0].GetProject(), match[0].GetTask()
 				default:
@@ -321,7 +311,7 @@ func runTaskShow(fs *pflag.FlagSet) runFunc {
 				}
 			}
 			if e.JSON {
-				return brokerPrint(e, "", st)
+				return printOut(e, "", st)
 			}
 			return printTaskShow(e, st)
 		})
@@ -332,7 +322,7 @@ func runTaskShow(fs *pflag.FlagSet) runFunc {
 // under header, one line a row.
 func printList[T any](e *Env, key string, rows []T, header string, line func(w io.Writer, row T)) error {
 	if e.JSON {
-		return brokerPrint(e, "", map[string]any{key: rows})
+		return printOut(e, "", map[string]any{key: rows})
 	}
 	w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, header)
@@ -345,7 +335,7 @@ func printList[T any](e *Env, key string, rows []T, header string, line func(w i
 func printTaskShow(e *Env, st taskShowJSON) error {
 	w := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "BUSINESS\tPROJECT\tTASK\tSTATE\tLAST PUSH\tPUSHED BY\tPUSHED AT")
-	fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", st.Business, st.Project, st.Task, st.State, orDash(st.LastPush), orDash(st.LastPushGrant), orDash(st.LastPushTime))
+	fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", st.Business, st.Project, st.Task, st.State, cmp.Or(st.LastPush, "-"), cmp.Or(st.LastPushGrant, "-"), cmp.Or(st.LastPushTime, "-"))
 	if err := w.Flush(); err != nil {
 		return err
 	}
@@ -364,7 +354,7 @@ func printTaskShow(e *Env, st taskShowJSON) error {
 			if rv.VerdictSeq != 0 {
 				event = fmt.Sprint(rv.VerdictSeq)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", rv.RequestID, rv.Commit, rv.RequestedBy, verdict, orDash(rv.VerdictCommit), orDash(rv.Reviewer), event)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", rv.RequestID, rv.Commit, rv.RequestedBy, verdict, cmp.Or(rv.VerdictCommit, "-"), cmp.Or(rv.Reviewer, "-"), event)
 		}
 		if err := w.Flush(); err != nil {
 			return err
@@ -384,7 +374,7 @@ func printTaskShow(e *Env, st taskShowJSON) error {
 	if l := st.Landing; l != nil {
 		fmt.Fprintln(e.Stdout)
 		fmt.Fprintln(w, "LANDED\tCOMMIT\tMAIN OLD\tMAIN NEW\tMERGE")
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", l.Seq, l.Commit, l.MainOld, l.MainNew, orDash(l.Merge))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", l.Seq, l.Commit, l.MainOld, l.MainNew, cmp.Or(l.Merge, "-"))
 		if err := w.Flush(); err != nil {
 			return err
 		}

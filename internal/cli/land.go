@@ -49,7 +49,7 @@ func runTaskLand(fs *pflag.FlagSet) runFunc {
 			if res.GetMerge() != "" {
 				text = fmt.Sprintf("landed %s: main %s -> merge %s (event %d)", res.GetCommit(), res.GetMainOld(), res.GetMerge(), res.GetSeq())
 			}
-			return gitPrint(e, text, map[string]any{"commit": res.GetCommit(), "main_old": res.GetMainOld(),
+			return printOut(e, text, map[string]any{"commit": res.GetCommit(), "main_old": res.GetMainOld(),
 				"main_new": res.GetMainNew(), "merge": res.GetMerge(), "seq": res.GetSeq()})
 		})
 	}
@@ -58,16 +58,8 @@ func runTaskLand(fs *pflag.FlagSet) runFunc {
 // printConflicts lists a MERGE_CONFLICT's paths on stdout: one per line,
 // or with --json {"conflicts":[...]}; the error itself goes to stderr.
 func printConflicts(e *Env, paths string) {
-	var list []string
-	for _, p := range strings.Split(paths, "\n") {
-		if p != "" {
-			list = append(list, p)
-		}
-	}
+	list := strings.FieldsFunc(paths, func(r rune) bool { return r == '\n' })
 	if e.JSON {
-		if list == nil {
-			list = []string{}
-		}
 		json.NewEncoder(e.Stdout).Encode(map[string]any{"conflicts": list})
 		return
 	}
@@ -95,7 +87,7 @@ func runProjectPublish(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		return gitPrint(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "branch": res.GetBranch()})
+		return printOut(e, res.GetCommit(), map[string]any{"commit": res.GetCommit(), "previous": res.GetPrevious(), "branch": res.GetBranch()})
 	})
 }
 
@@ -116,7 +108,7 @@ func runTaskReopen(fs *pflag.FlagSet) runFunc {
 			if err != nil {
 				return err
 			}
-			return brokerPrint(e, fmt.Sprintf("reopened (event %d)", r.GetSeq()), map[string]any{"reopened": true, "seq": r.GetSeq()})
+			return printOut(e, fmt.Sprintf("reopened (event %d)", r.GetSeq()), map[string]any{"reopened": true, "seq": r.GetSeq()})
 		})
 	})
 }

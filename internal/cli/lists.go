@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -53,11 +54,7 @@ func runTaskList(fs *pflag.FlagSet) runFunc {
 					LastPush: t.GetLastPushCommit(), LastPushSeq: t.GetLastPushSeq(), LandedSeq: t.GetLandedSeq()})
 			}
 			return printList(e, "tasks", tasks, "BUSINESS\tPROJECT\tTASK\tSTATE\tLAST PUSH", func(w io.Writer, t taskJSON) {
-				push := t.LastPush
-				if push == "" {
-					push = "-"
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", t.Business, t.Project, t.Task, t.State, push)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", t.Business, t.Project, t.Task, t.State, cmp.Or(t.LastPush, "-"))
 			})
 		})
 	}

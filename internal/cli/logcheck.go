@@ -34,7 +34,7 @@ func runLogHead(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		return brokerPrint(e, fmt.Sprintf("%d %s", r.Seq, r.Hash), map[string]any{"seq": r.Seq, "hash": r.Hash})
+		return printOut(e, fmt.Sprintf("%d %s", r.Seq, r.Hash), map[string]any{"seq": r.Seq, "hash": r.Hash})
 	})
 }
 

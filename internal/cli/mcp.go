@@ -85,8 +85,7 @@ func (r mcpRunner) Run(ctx context.Context, words string, flags []mcp.Flag, args
 // toolError is err as report would print it: a usage error as USAGE, the
 // rest classified.
 func (e *Env) toolError(err error) *errdefs.Error {
-	var ue usageError
-	if asUsage(err, &ue) {
+	if ue, ok := err.(usageError); ok {
 		return errdefs.InvalidArgument(errdefs.Usage, "%s", ue.msg)
 	}
 	return e.classify(e.failure(err))

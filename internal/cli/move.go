@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -70,7 +71,7 @@ func runProjectExport(fs *pflag.FlagSet) runFunc {
 			if !res.GetCancelled() {
 				text = fmt.Sprintf("%s is not moving: nothing to cancel", scope)
 			}
-			return gitPrint(e, text, map[string]any{"project": scope, "cancelled": res.GetCancelled(), "seq": res.GetSeq()})
+			return printOut(e, text, map[string]any{"project": scope, "cancelled": res.GetCancelled(), "seq": res.GetSeq()})
 		}
 		return exportTo(cctx, e, c, *business, *project, *to)
 	}
@@ -146,7 +147,7 @@ func exportTo(ctx context.Context, e *Env, c gitv1.GitServiceClient, business, p
 	text := fmt.Sprintf("exported %s to %s (%d bytes, %d tasks, %d bundles) at the log's head %d %s; it is moving: pushes are refused until "+
 		"'bushost project import --from FILE' on the new host, or 'bushost project export --cancel' here",
 		scope, abs, n, done.GetTasks(), done.GetBundles(), begun.GetHeadSeq(), begun.GetHeadHash())
-	return gitPrint(e, text, map[string]any{"project": scope, "file": abs, "bytes": n, "sha256": done.GetSha256(),
+	return printOut(e, text, map[string]any{"project": scope, "file": abs, "bytes": n, "sha256": done.GetSha256(),
 		"export_id": begun.GetExportId(), "host": begun.GetHost(), "head_seq": begun.GetHeadSeq(), "head_hash": begun.GetHeadHash(),
 		"tasks": done.GetTasks(), "bundles": done.GetBundles(), "manifest_sha256": done.GetManifestSha256()})
 }
@@ -197,25 +198,12 @@ func runProjectImport(fs *pflag.FlagSet) runFunc {
 				}
 			}
 		}()
-		buf := make([]byte, gitChunk)
-		var sendErr error
-		for {
-			n, rerr := io.ReadFull(f, buf)
-			if n > 0 {
-				if err := stream.Send(&gitv1.ImportProjectRequest{Chunk: buf[:n]}); err != nil {
-					// The server ended the call: its status says why.
-					sendErr = err
-					break
-				}
-			}
-			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
-				break
-			}
-			if rerr != nil {
-				cancel()
-				<-answered
-				return fmt.Errorf("read %s: %w", *from, rerr)
-			}
+		// A send fails when the server ended the call: its status says why.
+		sendErr, rerr := sendChunks(f, func(b []byte) error { return stream.Send(&gitv1.ImportProjectRequest{Chunk: b}) })
+		if rerr != nil {
+			cancel()
+			<-answered
+			return fmt.Errorf("read %s: %w", *from, rerr)
 		}
 		stream.CloseSend()
 		a := <-answered
@@ -223,13 +211,13 @@ func runProjectImport(fs *pflag.FlagSet) runFunc {
 			return a.err
 		}
 		if a.done == nil {
-			return gitFirst(sendErr, fmt.Errorf("the bus host ended the import without its answer"))
+			return cmp.Or(sendErr, fmt.Errorf("the bus host ended the import without its answer"))
 		}
 		d := a.done
 		scope := d.GetBusiness() + "/" + d.GetProject()
 		text := fmt.Sprintf("imported %s from host %q: it is placed on this host (event %d); %d tasks, %d bundles verified",
 			scope, d.GetFrom(), d.GetSeq(), d.GetTasks(), d.GetBundles())
-		return gitPrint(e, text, map[string]any{"project": scope, "from": d.GetFrom(), "export_id": d.GetExportId(), "seq": d.GetSeq(),
+		return printOut(e, text, map[string]any{"project": scope, "from": d.GetFrom(), "export_id": d.GetExportId(), "seq": d.GetSeq(),
 			"tasks": d.GetTasks(), "bundles": d.GetBundles()})
 	}
 }

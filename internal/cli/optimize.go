@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -37,10 +38,7 @@ func runRepoOptimize(fs *pflag.FlagSet) runFunc {
 		var repos []map[string]any
 		failed := 0
 		for _, r := range res.GetRepositories() {
-			did := strings.Join(r.GetActions(), ", ")
-			if did == "" {
-				did = "nothing needed"
-			}
+			did := cmp.Or(strings.Join(r.GetActions(), ", "), "nothing needed")
 			fmt.Fprintf(&text, "%s: %s (%s); packs %d -> %d, %d ms", r.GetRepository(), r.GetOutcome(), did,
 				r.GetPacksBefore(), r.GetPacksAfter(), r.GetDurationMs())
 			if r.GetError() != "" {
@@ -52,7 +50,7 @@ func runRepoOptimize(fs *pflag.FlagSet) runFunc {
 				"actions": r.GetActions(), "packs_before": r.GetPacksBefore(), "packs_after": r.GetPacksAfter(),
 				"duration_ms": r.GetDurationMs(), "error": r.GetError()})
 		}
-		if err := gitPrint(e, strings.TrimSuffix(text.String(), "\n"), map[string]any{
+		if err := printOut(e, strings.TrimSuffix(text.String(), "\n"), map[string]any{
 			"project": business + "/" + project, "repositories": repos}); err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"os"
@@ -56,18 +57,12 @@ func pushPassed(cctx context.Context, c gitv1.GitServiceClient, d *sock.FDDialer
 		return nil, true, err
 	}
 	if err := stream.Send(&gitv1.PushWorkingRequest{Msg: &gitv1.PushWorkingRequest_Header{Header: &gitv1.PushHeader{Size: pf.Size}}}); err != nil {
-		_, rerr := stream.CloseAndRecv()
-		if fdTaken(stream, rerr) {
-			return nil, true, gitFirst(rerr, err)
+		if _, rerr := stream.CloseAndRecv(); fdTaken(stream, rerr) {
+			return nil, true, cmp.Or(rerr, err)
 		}
-		_, serr := f.Seek(0, io.SeekStart)
-		return nil, serr != nil, serr
-	}
-	res, err = stream.CloseAndRecv()
-	if err == nil {
+	} else if res, err = stream.CloseAndRecv(); err == nil {
 		return res, true, nil
-	}
-	if fdTaken(stream, err) {
+	} else if fdTaken(stream, err) {
 		return nil, true, err
 	}
 	// The bytes go in a new call, from the file's start (the daemon reads

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -77,12 +78,9 @@ func runTaskRepair(fs *pflag.FlagSet) runFunc {
 		}
 		text := fmt.Sprintf("restored: refs/work/%s is %s again (event %d)", task, res.GetCommit(), res.GetSeq())
 		if res.GetOutcome() != "restored" {
-			at := res.GetRefCommit()
-			if at == "" {
-				at = "nothing (no push)"
-			}
+			at := cmp.Or(res.GetRefCommit(), "nothing (no push)")
 			text = fmt.Sprintf("push %s is lost: its objects are gone; the task's latest push is now %s (event %d)", res.GetCommit(), at, res.GetSeq())
 		}
-		return gitPrint(e, text, map[string]any{"outcome": res.GetOutcome(), "commit": res.GetCommit(), "ref_commit": res.GetRefCommit(), "seq": res.GetSeq()})
+		return printOut(e, text, map[string]any{"outcome": res.GetOutcome(), "commit": res.GetCommit(), "ref_commit": res.GetRefCommit(), "seq": res.GetSeq()})
 	})
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitcmd"
+	"github.com/bushost/bushost/internal/gitid"
 )
 
 // The client writes only into the repository it was told: --repo DIR is a
@@ -125,11 +127,7 @@ func (r *gitRepo) setMain(ctx context.Context, g *gitcmd.Runner, commit string, 
 	bare, _ := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "rev-parse", Flags: []string{"--is-bare-repository"}}, gitcmd.MaxLine)
 	head, _ := g.Line(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "symbolic-ref", Flags: []string{"--quiet"}, Args: []string{"HEAD"}}, gitcmd.MaxLine)
 	if bare == "true" || head != "refs/heads/main" {
-		oldArg := old
-		if oldArg == "" {
-			oldArg = zeroOIDHex
-		}
-		return g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{"refs/heads/main", commit, oldArg}})
+		return g.Run(ctx, gitcmd.Cmd{GitDir: r.gitDir, Sub: "update-ref", Args: []string{"refs/heads/main", commit, cmp.Or(old, string(gitid.Zero))}})
 	}
 	if old == "" {
 		// An unborn main (a new repository): set it and check it out.
@@ -140,6 +138,3 @@ func (r *gitRepo) setMain(ctx context.Context, g *gitcmd.Runner, commit string, 
 	}
 	return g.Run(ctx, gitcmd.Cmd{Dir: r.dir, Sub: "reset", Flags: []string{"--keep", "--quiet"}, Args: []string{commit}})
 }
-
-// zeroOIDHex is the old value update-ref takes for "must not exist yet".
-const zeroOIDHex = "0000000000000000000000000000000000000000"

@@ -78,13 +78,13 @@ func (s statusExit) Error() string { return fmt.Sprintf("exit %d", int(s)) }
 // launchCall runs one call with the launch client. Without a deadline
 // of its own (wait, stop), only --timeout bounds it.
 func launchCall(ctx context.Context, e *Env, bounded bool, call func(ctx context.Context, c launchv1.LaunchServiceClient) error) error {
+	limit := e.Timeout
 	if bounded {
+		limit = callTimeout
+	}
+	if limit > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-	} else if e.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, e.Timeout)
+		ctx, cancel = context.WithTimeout(ctx, limit)
 		defer cancel()
 	}
 	conn, ctx, err := e.dial(ctx, home.LaunchSockName)
@@ -144,7 +144,7 @@ func runSessionLaunch(fs *pflag.FlagSet) runFunc {
 			if err != nil {
 				return err
 			}
-			return brokerPrint(e, r.Session.Id, sessionJSON(r.Session))
+			return printOut(e, r.Session.Id, sessionJSON(r.Session))
 		})
 	}
 }
@@ -165,7 +165,7 @@ func runSessionList(fs *pflag.FlagSet) runFunc {
 			}
 			if e.JSON {
 				for _, s := range r.Sessions {
-					if err := brokerPrint(e, "", sessionJSON(s)); err != nil {
+					if err := printOut(e, "", sessionJSON(s)); err != nil {
 						return err
 					}
 				}
@@ -201,7 +201,7 @@ func sessionCall(bounded func() bool, call func(ctx context.Context, e *Env, c l
 // status, or 1 with a message for a lost one.
 func sessionStatus(e *Env, s *launchv1.Session) error {
 	if e.JSON {
-		if err := brokerPrint(e, "", sessionJSON(s)); err != nil {
+		if err := printOut(e, "", sessionJSON(s)); err != nil {
 			return err
 		}
 	}
@@ -228,7 +228,7 @@ func runSessionStop(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		return brokerPrint(e, fmt.Sprintf("session %s %s (exit %d)", r.Session.Id, r.Session.State, r.Session.Exit), sessionJSON(r.Session))
+		return printOut(e, fmt.Sprintf("session %s %s (exit %d)", r.Session.Id, r.Session.State, r.Session.Exit), sessionJSON(r.Session))
 	})
 }
 
@@ -238,7 +238,7 @@ func runSessionRm(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		return brokerPrint(e, "removed session "+r.Session.Id, sessionJSON(r.Session))
+		return printOut(e, "removed session "+r.Session.Id, sessionJSON(r.Session))
 	})
 }
 
@@ -254,17 +254,8 @@ func runSessionLogs(fs *pflag.FlagSet) runFunc {
 			if err != nil {
 				return err
 			}
-			if e.JSON {
-				if err := brokerPrint(e, "", map[string]any{"stdout": string(r.Stdout), "stderr": string(r.Stderr), "truncated": r.Truncated}); err != nil {
-					return err
-				}
-			} else {
-				if _, err := e.Stdout.Write(r.Stdout); err != nil {
-					return err
-				}
-				if _, err := e.Stderr.Write(r.Stderr); err != nil {
-					return err
-				}
+			if err := printLogs(e, r.Stdout, r.Stderr, r.Truncated); err != nil {
+				return err
 			}
 			if r.Ended {
 				return nil
@@ -304,12 +295,18 @@ func sessionTail(ctx context.Context, e *Env, c launchv1.LaunchServiceClient, id
 		}
 		req = &launchv1.LogsRequest{Id: id, FromOffsets: true, StdoutOffset: r.StdoutNext, StderrOffset: r.StderrNext}
 	}
+	return printLogs(e, out, errb, truncated)
+}
+
+// printLogs prints a session's output: stdout and stderr to the client's
+// own, or with --json one object holding both.
+func printLogs(e *Env, stdout, stderr []byte, truncated bool) error {
 	if e.JSON {
-		return brokerPrint(e, "", map[string]any{"stdout": string(out), "stderr": string(errb), "truncated": truncated})
+		return printOut(e, "", map[string]any{"stdout": string(stdout), "stderr": string(stderr), "truncated": truncated})
 	}
-	if _, err := e.Stdout.Write(out); err != nil {
+	if _, err := e.Stdout.Write(stdout); err != nil {
 		return err
 	}
-	_, err := e.Stderr.Write(errb)
+	_, err := e.Stderr.Write(stderr)
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"maps"
 	"strconv"
 	"strings"
 
@@ -40,10 +41,7 @@ func nameTooLarge(ctx context.Context, err error, repo, base, head string) error
 		return err
 	}
 	named := *x
-	named.Metadata = map[string]string{}
-	for k, v := range x.Metadata {
-		named.Metadata[k] = v
-	}
+	named.Metadata = maps.Clone(x.Metadata)
 	where := ""
 	if path != "" {
 		where = " at " + path

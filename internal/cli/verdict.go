@@ -1,18 +1,23 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"strings"
 
 	"github.com/bushost/bushost/internal/gitcmd"
 )
 
-// reviewedCommit is the commit a verdict names when --commit is not given:
-// the one fetch-review left in dir's refs/review/<task>, which is what the
-// reviewer had to look at. The client does not know its grant's task, so
-// dir must hold exactly one such ref; none, or several, is a usage error
-// (give --commit).
-func reviewedCommit(ctx context.Context, dir string) (string, error) {
+// verdictCommit is the commit a verdict names: --commit (a full id as
+// given), else the one fetch-review left in dir's refs/review/<task>,
+// which is what the reviewer had to look at. The client does not know its
+// grant's task, so dir must hold exactly one such ref; none, or several,
+// is a usage error (give --commit).
+func verdictCommit(ctx context.Context, commit, dir string) (string, error) {
+	if commit != "" {
+		return commit, nil
+	}
+	dir = cmp.Or(dir, ".")
 	g, done, err := gitRunner()
 	if err != nil {
 		return "", err
@@ -22,12 +27,7 @@ func reviewedCommit(ctx context.Context, dir string) (string, error) {
 	if err != nil {
 		return "", usagef("no --commit, and %s is not a git repository with refs/review/<task>: %v", dir, err)
 	}
-	var found []string
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if line != "" {
-			found = append(found, line)
-		}
-	}
+	found := strings.FieldsFunc(string(out), func(r rune) bool { return r == '\n' })
 	switch len(found) {
 	case 0:
 		return "", usagef("no --commit, and %s has no refs/review/<task>: run 'bushost fetch-review --repo %s' first", dir, dir)
@@ -36,15 +36,4 @@ func reviewedCommit(ctx context.Context, dir string) (string, error) {
 		return commit, nil
 	}
 	return "", usagef("no --commit, and %s has %d refs/review/* (%s): give --commit SHA", dir, len(found), strings.Join(found, ", "))
-}
-
-// verdictCommit resolves --commit (a full id as given) or dir's review ref.
-func verdictCommit(ctx context.Context, commit, dir string) (string, error) {
-	if commit != "" {
-		return commit, nil
-	}
-	if dir == "" {
-		dir = "."
-	}
-	return reviewedCommit(ctx, dir)
 }

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -128,15 +129,7 @@ type tool struct {
 }
 
 func (t tool) allowed(g Grant) bool {
-	if len(t.caps) == 0 {
-		return true
-	}
-	for _, c := range t.caps {
-		if slices.Contains(g.Caps, c) {
-			return true
-		}
-	}
-	return false
+	return len(t.caps) == 0 || slices.ContainsFunc(t.caps, func(c string) bool { return slices.Contains(g.Caps, c) })
 }
 
 // kind is what a tool's annotations say it does.
@@ -170,24 +163,12 @@ func annotations(k kind, idempotent bool) *sdk.ToolAnnotations {
 // result (refusal). Its output schema admits Out or a refusal's fields.
 func define[In, Out any](name, desc string, k kind, idempotent bool, caps []string,
 	fn func(ctx context.Context, sv *server, call *call, in In) (Out, error)) tool {
-	in, err := jsonschema.For[In](nil)
-	if err != nil {
-		panic(fmt.Sprintf("mcp: tool %s: input schema: %v", name, err))
-	}
+	in := must[*jsonschema.Schema](name, "input")(jsonschema.For[In](nil))
 	// Every argument must be known: a misspelt one is refused, not ignored.
 	in.AdditionalProperties = &jsonschema.Schema{Not: &jsonschema.Schema{}}
-	check, err := in.Resolve(nil)
-	if err != nil {
-		panic(fmt.Sprintf("mcp: tool %s: input schema: %v", name, err))
-	}
-	out, err := jsonschema.For[Out](nil)
-	if err != nil {
-		panic(fmt.Sprintf("mcp: tool %s: output schema: %v", name, err))
-	}
-	refused, err := jsonschema.For[refusalJSON](nil)
-	if err != nil {
-		panic(err)
-	}
+	check := must[*jsonschema.Resolved](name, "input")(in.Resolve(nil))
+	out := must[*jsonschema.Schema](name, "output")(jsonschema.For[Out](nil))
+	refused := must[*jsonschema.Schema](name, "output")(jsonschema.For[refusalJSON](nil))
 	def := &sdk.Tool{Name: name, Description: desc, InputSchema: in,
 		OutputSchema: &jsonschema.Schema{Type: "object", AnyOf: []*jsonschema.Schema{out, refused}},
 		Annotations:  annotations(k, idempotent)}
@@ -214,6 +195,17 @@ func define[In, Out any](name, desc string, k kind, idempotent bool, caps []stri
 			return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: string(b)}}, StructuredContent: json.RawMessage(b)}, nil
 		})
 	}}
+}
+
+// must returns a tool's schema, or panics naming the tool: the schemas
+// are made from this package's types, so an error is a bug here.
+func must[T any](tool, which string) func(T, error) T {
+	return func(v T, err error) T {
+		if err != nil {
+			panic(fmt.Sprintf("mcp: tool %s: %s schema: %v", tool, which, err))
+		}
+		return v
+	}
 }
 
 // decodeArgs decodes a call's arguments into v: at most maxArguments
@@ -256,9 +248,9 @@ type refusalJSON struct {
 // and the reason a caller branches on as structured content.
 func refusal(err error) *sdk.CallToolResult {
 	x := decode(err)
-	md := map[string]string{}
-	for k, v := range x.Metadata {
-		md[k] = v
+	md := maps.Clone(x.Metadata)
+	if md == nil {
+		md = map[string]string{}
 	}
 	if x.RetryAfter > 0 {
 		md["retry_after"] = x.RetryAfter.String()

@@ -107,7 +107,13 @@ var tools = sync.OnceValue(func() []tool {
 // returns the commit fetched: it writes repo only.
 func fetchTool(name, words string, caps []string, desc string) tool {
 	return define(name, desc, local, true, caps, func(ctx context.Context, sv *server, c *call, in repoArg) (fetchOut, error) {
-		return sv.fetch(ctx, words, in.Repo)
+		var out fetchOut
+		dir, err := sv.repo(in.Repo)
+		if err != nil {
+			return out, err
+		}
+		_, err = sv.run(ctx, words, []Flag{{"repo", dir}}, nil, &out)
+		return out, err
 	})
 }
 
@@ -236,16 +242,6 @@ func (sv *server) run(ctx context.Context, words string, flags []Flag, args []st
 		return "", fmt.Errorf("%s printed no JSON object: %w", words, err)
 	}
 	return strings.TrimSpace(warn.String()), nil
-}
-
-func (sv *server) fetch(ctx context.Context, words, repo string) (fetchOut, error) {
-	var out fetchOut
-	dir, err := sv.repo(repo)
-	if err != nil {
-		return out, err
-	}
-	_, err = sv.run(ctx, words, []Flag{{"repo", dir}}, nil, &out)
-	return out, err
 }
 
 // events lists the events after since, up to maxOutput bytes of them.
