@@ -487,7 +487,8 @@ func lockHome(h home.Home) (*os.File, error) {
 		return nil, errdefs.FailedPrecondition(errdefs.HomeInUse, "%v: %s is served by %s (lock %s)", ErrHomeBusy, dir, holder, path).
 			With("home", dir).With("holder", holder).Wrap(ErrHomeBusy)
 	}
-	if err := f.Truncate(0); err == nil {
+	err = f.Truncate(0)
+	if err == nil {
 		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	if err != nil {

@@ -959,10 +959,12 @@ func (s *Server) Stop(ctx context.Context, r *launchv1.StopRequest) (*launchv1.S
 		return nil, err
 	}
 	rec := l.snapshot()
-	if fd, ok := openIfSame(rec.BwrapPID, rec.BwrapStart); ok && !alive(rec.PID, rec.StartTime) {
-		// Only bwrap is left (sandbox keep was killed): nothing would pass
-		// a SIGTERM on, so the session ends at once.
-		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	if fd, ok := openIfSame(rec.BwrapPID, rec.BwrapStart); ok {
+		if !alive(rec.PID, rec.StartTime) {
+			// Only bwrap is left (sandbox keep was killed): nothing would
+			// pass a SIGTERM on, so the session ends at once.
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		}
 		unix.Close(fd)
 	}
 	if fd, ok := openIfSame(rec.PID, rec.StartTime); ok {
