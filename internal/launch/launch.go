@@ -579,19 +579,31 @@ func (s *Server) start(ctx context.Context, l *live, g authz.Grant, ws *safepath
 	}); err != nil {
 		s.logf("save the record of session %s: %v", rec.ID, err)
 	}
-	s.learnUID(l)
-	if err := l.save(func(*record) {}); err != nil {
-		s.logf("save the record of session %s: %v", rec.ID, err)
+	learned := make(chan struct{})
+	go func() {
+		defer close(learned)
+		s.learnUID(l)
+		if err := l.save(func(*record) {}); err != nil {
+			s.logf("save the record of session %s: %v", rec.ID, err)
+		}
+	}()
+	// The call answers once the uid is known, or after a few seconds on a
+	// machine too busy to start the session sooner; learning goes on until
+	// the session ends, so that its record still names its uid, bwrap and
+	// cgroup for a stop and the cleanup.
+	select {
+	case <-learned:
+	case <-time.After(5 * time.Second):
 	}
 	return ig.GrantId, nil
 }
 
 // learnUID finds the session's uid: that of bwrap, the child sandbox run
 // starts as it once it has leased one. It gives up when the process ends
-// or after a few seconds (the uid then shows as 0).
+// (the uid then shows as 0).
 func (s *Server) learnUID(l *live) {
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	start := time.Now()
+	for {
 		if child, uid, ok := childOf(l.rec.PID); ok && uid > 0 {
 			st, _ := startTime(child)
 			// Its cgroup, as its sandbox run recorded it before starting
@@ -603,10 +615,14 @@ func (s *Server) learnUID(l *live) {
 			l.set(func(r *record) { r.UID, r.BwrapPID, r.BwrapStart, r.Cgroup = uid, child, st, cg })
 			return
 		}
+		poll := 10 * time.Millisecond
+		if time.Since(start) > 5*time.Second {
+			poll = time.Second
+		}
 		select {
 		case <-l.exited:
 			return
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(poll):
 		}
 	}
 }
