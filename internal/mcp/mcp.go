@@ -23,7 +23,6 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -261,12 +260,12 @@ func refusal(err error) *sdk.CallToolResult {
 		text = fmt.Sprintf("%s (%s): %s", r.Code, r.Reason, x.Message)
 	}
 	b, _ := safeJSON(r)
-	text = safeText(text)
+	text = textsafe.Text(text)
 	return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: text}}, StructuredContent: json.RawMessage(b)}
 }
 
 // safeJSON is v as JSON with every string in it (keys too) escaped as the
-// CLI prints text (safeText): a client that decodes the result, and the
+// CLI prints text (textsafe.Text): a client that decodes the result, and the
 // model it hands the text to, gets no control character raw. JSON alone
 // would not do: it leaves C1 controls and bidirectional overrides as they
 // are, and a decoded \u001b is ESC again.
@@ -287,11 +286,11 @@ func safeJSON(v any) ([]byte, error) {
 func escapeStrings(v any) any {
 	switch v := v.(type) {
 	case string:
-		return safeText(v)
+		return textsafe.Text(v)
 	case map[string]any:
 		m := make(map[string]any, len(v))
 		for k, x := range v {
-			m[safeText(k)] = escapeStrings(x)
+			m[textsafe.Text(k)] = escapeStrings(x)
 		}
 		return m
 	case []any:
@@ -301,17 +300,6 @@ func escapeStrings(v any) any {
 		return v
 	}
 	return v
-}
-
-// safeText is s as the CLI prints it (internal/textsafe): each control
-// character but newline and tab as \uXXXX, a byte that is not UTF-8 as
-// \xNN.
-func safeText(s string) string {
-	var b strings.Builder
-	w := textsafe.NewWriter(&b)
-	w.Write([]byte(s))
-	w.Flush()
-	return b.String()
 }
 
 // decode is the one place this package turns an error into the domain's

@@ -158,7 +158,8 @@ func gitDirInside(dir, rel string) error {
 			return refuse("%s is a symbolic link, which git would follow", link)
 		}
 	}
-	if alt := filepath.Join(commonDir, "objects", "info", "alternates"); exists(alt) {
+	alt := filepath.Join(commonDir, "objects", "info", "alternates")
+	if _, err := os.Lstat(alt); err == nil {
 		return refuse("%s borrows objects from other repositories", alt)
 	}
 	return nil
@@ -202,11 +203,6 @@ func linkIn(gd string) (string, error) {
 		}
 	}
 	return "", nil
-}
-
-func exists(p string) bool {
-	_, err := os.Lstat(p)
-	return err == nil
 }
 
 // pointer reads a one-line file that names a directory (.git's "gitdir:

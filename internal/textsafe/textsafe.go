@@ -36,15 +36,11 @@ func unsafe(r rune, keepLines bool) bool {
 // for one field (an id, a message) that must print as one line.
 func Quote(s string) string { return escape(s, false) }
 
+// Text returns s escaped as a Writer escapes it: newline and tab kept.
+func Text(s string) string { return escape(s, true) }
+
 func escape(s string, keepLines bool) string {
-	clean := true
-	for i, r := range s {
-		if (r == utf8.RuneError && !validAt(s, i)) || unsafe(r, keepLines) {
-			clean = false
-			break
-		}
-	}
-	if clean {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return unsafe(r, keepLines) }) {
 		return s
 	}
 	var b strings.Builder
@@ -61,11 +57,6 @@ func escape(s string, keepLines bool) string {
 		i += n
 	}
 	return b.String()
-}
-
-func validAt(s string, i int) bool {
-	r, n := utf8.DecodeRuneInString(s[i:])
-	return !(r == utf8.RuneError && n <= 1)
 }
 
 // Writer escapes what is written through it as Quote does, but keeps
@@ -110,19 +101,8 @@ func (w *Writer) Flush() error {
 // sequence that is not complete yet (0 if none).
 func incompleteTail(b []byte) int {
 	for k := 1; k <= 3 && k <= len(b); k++ {
-		c := b[len(b)-k]
-		if c < 0x80 {
-			return 0
-		}
-		if c >= 0xc0 { // a leading byte
-			need := 2
-			if c >= 0xe0 {
-				need = 3
-			}
-			if c >= 0xf0 {
-				need = 4
-			}
-			if need > k && c < 0xf8 {
+		if utf8.RuneStart(b[len(b)-k]) {
+			if !utf8.FullRune(b[len(b)-k:]) {
 				return k
 			}
 			return 0
