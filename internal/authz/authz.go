@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc/metadata"
@@ -70,12 +71,7 @@ type Grant struct {
 
 // Has reports whether g holds capability c.
 func (g Grant) Has(c string) bool {
-	for _, x := range g.Caps {
-		if x == c {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(g.Caps, c)
 }
 
 // Peer is the calling process as the socket saw it (SO_PEERCRED).
