@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -39,10 +40,8 @@ func (sv *server) repo(rel string) (string, error) {
 	case filepath.IsAbs(rel):
 		return "", errdefs.InvalidArgument(errdefs.ArgumentInvalid, "repo %q is absolute: give a directory relative to the server's working directory %s", rel, sv.root).With("repo", rel)
 	}
-	for _, part := range strings.Split(rel, "/") {
-		if part == ".." {
-			return "", errdefs.InvalidArgument(errdefs.ArgumentInvalid, "repo %q climbs out with \"..\": give a directory inside the server's working directory %s", rel, sv.root).With("repo", rel)
-		}
+	if slices.Contains(strings.Split(rel, "/"), "..") {
+		return "", errdefs.InvalidArgument(errdefs.ArgumentInvalid, "repo %q climbs out with \"..\": give a directory inside the server's working directory %s", rel, sv.root).With("repo", rel)
 	}
 	clean := filepath.Clean(rel)
 	if _, p, err := dirsBelow(sv.root, clean); err != nil {
