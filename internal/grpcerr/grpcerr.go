@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"maps"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -110,14 +109,7 @@ func ToStatus(err error) error {
 	}
 	e := errdefs.Of(err)
 	st := status.New(codes.Code(e.Kind), e.Message)
-	md := maps.Clone(e.Metadata)
-	if e.RetryAfter > 0 {
-		if md == nil {
-			md = map[string]string{}
-		}
-		md["retry_after"] = e.RetryAfter.String()
-	}
-	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Domain: errdefs.Domain, Reason: string(e.Reason), Metadata: md}}
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Domain: errdefs.Domain, Reason: string(e.Reason), Metadata: e.WireMetadata()}}
 	if e.RetryAfter > 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(e.RetryAfter)})
 	}

@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"slices"
 	"sync/atomic"
@@ -247,14 +246,7 @@ type refusalJSON struct {
 // and the reason a caller branches on as structured content.
 func refusal(err error) *sdk.CallToolResult {
 	x := decode(err)
-	md := maps.Clone(x.Metadata)
-	if md == nil {
-		md = map[string]string{}
-	}
-	if x.RetryAfter > 0 {
-		md["retry_after"] = x.RetryAfter.String()
-	}
-	r := refusalJSON{Code: x.Kind.String(), Reason: string(x.Reason), Message: x.Message, Metadata: md}
+	r := refusalJSON{Code: x.Kind.String(), Reason: string(x.Reason), Message: x.Message, Metadata: x.WireMetadata()}
 	text := x.Message
 	if r.Reason != "" && r.Reason != string(errdefs.LocalFailed) {
 		text = fmt.Sprintf("%s (%s): %s", r.Code, r.Reason, x.Message)
