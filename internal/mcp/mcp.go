@@ -141,17 +141,11 @@ const (
 )
 
 func annotations(k kind, idempotent bool) *sdk.ToolAnnotations {
-	closed := false
-	a := &sdk.ToolAnnotations{OpenWorldHint: &closed, IdempotentHint: idempotent}
-	switch k {
-	case readOnly:
+	a := &sdk.ToolAnnotations{OpenWorldHint: new(false), IdempotentHint: idempotent}
+	if k == readOnly {
 		a.ReadOnlyHint = true
-	case destructive:
-		yes := true
-		a.DestructiveHint = &yes
-	default:
-		no := false
-		a.DestructiveHint = &no
+	} else {
+		a.DestructiveHint = new(k == destructive)
 	}
 	return a
 }
