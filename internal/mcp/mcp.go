@@ -36,8 +36,6 @@ import (
 // Grant is what the server learns of its token once, at start: which
 // tools to list.
 type Grant struct {
-	ID   string
-	Role string
 	Caps []string
 }
 
