@@ -108,24 +108,19 @@ func NewServer(r Runner, g Grant, root, version string) *sdk.Server {
 	})
 	sv := &server{r: r, root: root, slots: make(chan struct{}, maxCalls)}
 	for _, t := range tools() {
-		if t.allowed(g) {
+		if len(t.caps) == 0 || slices.ContainsFunc(t.caps, func(c string) bool { return slices.Contains(g.Caps, c) }) {
 			t.add(s, sv)
 		}
 	}
 	return s
 }
 
-// tool is one tool: its definition, who may see it, and how it is added.
+// tool is one tool: who may see it, and how it is added.
 type tool struct {
-	def *sdk.Tool
 	// caps: a grant holding any of them sees the tool; none: every grant
 	// does.
 	caps []string
 	add  func(*sdk.Server, *server)
-}
-
-func (t tool) allowed(g Grant) bool {
-	return len(t.caps) == 0 || slices.ContainsFunc(t.caps, func(c string) bool { return slices.Contains(g.Caps, c) })
 }
 
 // kind is what a tool's annotations say it does.
@@ -162,7 +157,7 @@ func define[In, Out any](name, desc string, k kind, idempotent bool, caps []stri
 	def := &sdk.Tool{Name: name, Description: desc, InputSchema: in,
 		OutputSchema: &jsonschema.Schema{Type: "object", AnyOf: []*jsonschema.Schema{out, refused}},
 		Annotations:  annotations(k, idempotent)}
-	return tool{def: def, caps: caps, add: func(s *sdk.Server, sv *server) {
+	return tool{caps: caps, add: func(s *sdk.Server, sv *server) {
 		s.AddTool(def, func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
 			var v In
 			if err := decodeArgs(name, check, req.Params.Arguments, &v); err != nil {
