@@ -48,7 +48,7 @@ func (r mcpRunner) Whoami(ctx context.Context) (mcp.Grant, error) {
 		if err != nil {
 			return err
 		}
-		g = mcp.Grant{ID: w.GrantId, Role: w.Role, Caps: w.Capabilities}
+		g = mcp.Grant{Caps: w.Capabilities}
 		return nil
 	})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/bushost/bushost/internal/safepath"
@@ -123,6 +124,19 @@ func (e *Error) With(key string, value any) *Error {
 func (e *Error) Wrap(cause error) *Error {
 	e.cause = cause
 	return e
+}
+
+// WireMetadata is e's metadata as a client is sent it: a copy, with the
+// retry hint as "retry_after" when e has one.
+func (e *Error) WireMetadata() map[string]string {
+	md := maps.Clone(e.Metadata)
+	if md == nil {
+		md = map[string]string{}
+	}
+	if e.RetryAfter > 0 {
+		md["retry_after"] = e.RetryAfter.String()
+	}
+	return md
 }
 
 // Retry sets RetryAfter and returns e.

@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"maps"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -109,15 +108,8 @@ func ToStatus(err error) error {
 		return s.Err()
 	}
 	e := errdefs.Of(err)
-	st := status.New(codeOf(e.Kind), e.Message)
-	md := maps.Clone(e.Metadata)
-	if e.RetryAfter > 0 {
-		if md == nil {
-			md = map[string]string{}
-		}
-		md["retry_after"] = e.RetryAfter.String()
-	}
-	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Domain: errdefs.Domain, Reason: string(e.Reason), Metadata: md}}
+	st := status.New(codes.Code(e.Kind), e.Message)
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Domain: errdefs.Domain, Reason: string(e.Reason), Metadata: e.WireMetadata()}}
 	if e.RetryAfter > 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(e.RetryAfter)})
 	}
@@ -144,7 +136,7 @@ func FromStatus(err error) *errdefs.Error {
 	if !ok {
 		return errdefs.Unavailable(errdefs.Unreachable, "%s", err.Error()).Wrap(err)
 	}
-	e := errdefs.New(kindOf(st.Code()), "", "%s", st.Message()).Wrap(err)
+	e := errdefs.New(errdefs.Kind(st.Code()), "", "%s", st.Message()).Wrap(err)
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *errdetails.ErrorInfo:
@@ -171,9 +163,3 @@ func Of(err error) *errdefs.Error {
 	}
 	return errdefs.Of(err)
 }
-
-// codeOf and kindOf map a kind to its status code and back: errdefs' kinds
-// are gRPC's codes by name and number (TestKindsAreCodes).
-func codeOf(k errdefs.Kind) codes.Code { return codes.Code(k) }
-
-func kindOf(c codes.Code) errdefs.Kind { return errdefs.Kind(c) }

@@ -204,13 +204,13 @@ func TestNoServer(t *testing.T) {
 }
 
 // TestKindsAreCodes keeps errdefs' kinds equal to gRPC's codes by name and
-// number, which codeOf and kindOf rely on.
+// number, which ToStatus and FromStatus rely on.
 func TestKindsAreCodes(t *testing.T) {
 	if int(errdefs.KindUnauthenticated) != int(codes.Unauthenticated) {
 		t.Fatalf("the last kind is %d, the last code %d", errdefs.KindUnauthenticated, codes.Unauthenticated)
 	}
 	for k := errdefs.KindOK; k <= errdefs.KindUnauthenticated; k++ {
-		if c := codeOf(k); c.String() != k.String() || kindOf(c) != k {
+		if c := codes.Code(k); c.String() != k.String() || errdefs.Kind(c) != k {
 			t.Errorf("kind %s is code %s", k, c)
 		}
 	}

@@ -20,10 +20,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -38,8 +36,6 @@ import (
 // Grant is what the server learns of its token once, at start: which
 // tools to list.
 type Grant struct {
-	ID   string
-	Role string
 	Caps []string
 }
 
@@ -112,24 +108,19 @@ func NewServer(r Runner, g Grant, root, version string) *sdk.Server {
 	})
 	sv := &server{r: r, root: root, slots: make(chan struct{}, maxCalls)}
 	for _, t := range tools() {
-		if t.allowed(g) {
+		if len(t.caps) == 0 || slices.ContainsFunc(t.caps, func(c string) bool { return slices.Contains(g.Caps, c) }) {
 			t.add(s, sv)
 		}
 	}
 	return s
 }
 
-// tool is one tool: its definition, who may see it, and how it is added.
+// tool is one tool: who may see it, and how it is added.
 type tool struct {
-	def *sdk.Tool
 	// caps: a grant holding any of them sees the tool; none: every grant
 	// does.
 	caps []string
 	add  func(*sdk.Server, *server)
-}
-
-func (t tool) allowed(g Grant) bool {
-	return len(t.caps) == 0 || slices.ContainsFunc(t.caps, func(c string) bool { return slices.Contains(g.Caps, c) })
 }
 
 // kind is what a tool's annotations say it does.
@@ -143,17 +134,11 @@ const (
 )
 
 func annotations(k kind, idempotent bool) *sdk.ToolAnnotations {
-	closed := false
-	a := &sdk.ToolAnnotations{OpenWorldHint: &closed, IdempotentHint: idempotent}
-	switch k {
-	case readOnly:
+	a := &sdk.ToolAnnotations{OpenWorldHint: new(false), IdempotentHint: idempotent}
+	if k == readOnly {
 		a.ReadOnlyHint = true
-	case destructive:
-		yes := true
-		a.DestructiveHint = &yes
-	default:
-		no := false
-		a.DestructiveHint = &no
+	} else {
+		a.DestructiveHint = new(k == destructive)
 	}
 	return a
 }
@@ -172,7 +157,7 @@ func define[In, Out any](name, desc string, k kind, idempotent bool, caps []stri
 	def := &sdk.Tool{Name: name, Description: desc, InputSchema: in,
 		OutputSchema: &jsonschema.Schema{Type: "object", AnyOf: []*jsonschema.Schema{out, refused}},
 		Annotations:  annotations(k, idempotent)}
-	return tool{def: def, caps: caps, add: func(s *sdk.Server, sv *server) {
+	return tool{caps: caps, add: func(s *sdk.Server, sv *server) {
 		s.AddTool(def, func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
 			var v In
 			if err := decodeArgs(name, check, req.Params.Arguments, &v); err != nil {
@@ -248,25 +233,18 @@ type refusalJSON struct {
 // and the reason a caller branches on as structured content.
 func refusal(err error) *sdk.CallToolResult {
 	x := decode(err)
-	md := maps.Clone(x.Metadata)
-	if md == nil {
-		md = map[string]string{}
-	}
-	if x.RetryAfter > 0 {
-		md["retry_after"] = x.RetryAfter.String()
-	}
-	r := refusalJSON{Code: x.Kind.String(), Reason: string(x.Reason), Message: x.Message, Metadata: md}
+	r := refusalJSON{Code: x.Kind.String(), Reason: string(x.Reason), Message: x.Message, Metadata: x.WireMetadata()}
 	text := x.Message
 	if r.Reason != "" && r.Reason != string(errdefs.LocalFailed) {
 		text = fmt.Sprintf("%s (%s): %s", r.Code, r.Reason, x.Message)
 	}
 	b, _ := safeJSON(r)
-	text = safeText(text)
+	text = textsafe.Text(text)
 	return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: text}}, StructuredContent: json.RawMessage(b)}
 }
 
 // safeJSON is v as JSON with every string in it (keys too) escaped as the
-// CLI prints text (safeText): a client that decodes the result, and the
+// CLI prints text (textsafe.Text): a client that decodes the result, and the
 // model it hands the text to, gets no control character raw. JSON alone
 // would not do: it leaves C1 controls and bidirectional overrides as they
 // are, and a decoded \u001b is ESC again.
@@ -287,11 +265,11 @@ func safeJSON(v any) ([]byte, error) {
 func escapeStrings(v any) any {
 	switch v := v.(type) {
 	case string:
-		return safeText(v)
+		return textsafe.Text(v)
 	case map[string]any:
 		m := make(map[string]any, len(v))
 		for k, x := range v {
-			m[safeText(k)] = escapeStrings(x)
+			m[textsafe.Text(k)] = escapeStrings(x)
 		}
 		return m
 	case []any:
@@ -301,17 +279,6 @@ func escapeStrings(v any) any {
 		return v
 	}
 	return v
-}
-
-// safeText is s as the CLI prints it (internal/textsafe): each control
-// character but newline and tab as \uXXXX, a byte that is not UTF-8 as
-// \xNN.
-func safeText(s string) string {
-	var b strings.Builder
-	w := textsafe.NewWriter(&b)
-	w.Write([]byte(s))
-	w.Flush()
-	return b.String()
 }
 
 // decode is the one place this package turns an error into the domain's

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -39,10 +40,8 @@ func (sv *server) repo(rel string) (string, error) {
 	case filepath.IsAbs(rel):
 		return "", errdefs.InvalidArgument(errdefs.ArgumentInvalid, "repo %q is absolute: give a directory relative to the server's working directory %s", rel, sv.root).With("repo", rel)
 	}
-	for _, part := range strings.Split(rel, "/") {
-		if part == ".." {
-			return "", errdefs.InvalidArgument(errdefs.ArgumentInvalid, "repo %q climbs out with \"..\": give a directory inside the server's working directory %s", rel, sv.root).With("repo", rel)
-		}
+	if slices.Contains(strings.Split(rel, "/"), "..") {
+		return "", errdefs.InvalidArgument(errdefs.ArgumentInvalid, "repo %q climbs out with \"..\": give a directory inside the server's working directory %s", rel, sv.root).With("repo", rel)
 	}
 	clean := filepath.Clean(rel)
 	if _, p, err := dirsBelow(sv.root, clean); err != nil {
@@ -158,7 +157,8 @@ func gitDirInside(dir, rel string) error {
 			return refuse("%s is a symbolic link, which git would follow", link)
 		}
 	}
-	if alt := filepath.Join(commonDir, "objects", "info", "alternates"); exists(alt) {
+	alt := filepath.Join(commonDir, "objects", "info", "alternates")
+	if _, err := os.Lstat(alt); err == nil {
 		return refuse("%s borrows objects from other repositories", alt)
 	}
 	return nil
@@ -202,11 +202,6 @@ func linkIn(gd string) (string, error) {
 		}
 	}
 	return "", nil
-}
-
-func exists(p string) bool {
-	_, err := os.Lstat(p)
-	return err == nil
 }
 
 // pointer reads a one-line file that names a directory (.git's "gitdir:

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 
@@ -300,8 +299,8 @@ func (sv *server) launchFlags(in launchArgs) ([]Flag, error) {
 		}
 	}
 	for name := range in.Limits {
-		if !slices.ContainsFunc(bounds.Limits, func(l bounds.Limit) bool { return l.Name == name }) {
-			return nil, errdefs.InvalidArgument(errdefs.Usage, "session_launch: limits: no limit is named %q (the limits: %s)", name, limitNames())
+		if _, ok := bounds.Lookup(name); !ok {
+			return nil, errdefs.InvalidArgument(errdefs.Usage, "session_launch: limits: no limit is named %q (the limits: %s)", name, strings.Join(bounds.Names(), ", "))
 		}
 	}
 	for _, d := range in.AllowDomain {
@@ -318,14 +317,6 @@ func (sv *server) launchFlags(in launchArgs) ([]Flag, error) {
 		flags = append(flags, Flag{"workspace", dir})
 	}
 	return flags, nil
-}
-
-func limitNames() string {
-	var n []string
-	for _, l := range bounds.Limits {
-		n = append(n, l.Name)
-	}
-	return strings.Join(n, ", ")
 }
 
 // limited passes at most maxOutput bytes to w, then fails every write

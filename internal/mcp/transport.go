@@ -12,6 +12,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/bushost/bushost/internal/textsafe"
 )
 
 // maxLine bounds one message, a line of JSON, in bytes: twice what one
@@ -222,7 +224,7 @@ func (c *lineConn) refuse(id jsonrpc.ID, code int64, msg string) error {
 		JSONRPC string `json:"jsonrpc"`
 		ID      any    `json:"id"`
 		Error   any    `json:"error"`
-	}{"2.0", id.Raw(), &jsonrpc.Error{Code: code, Message: safeText(msg)}})
+	}{"2.0", id.Raw(), &jsonrpc.Error{Code: code, Message: textsafe.Text(msg)}})
 	if err != nil {
 		return err
 	}

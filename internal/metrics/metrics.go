@@ -66,11 +66,8 @@ var durationBuckets = prometheus.ExponentialBuckets(0.001, 2.5, 14)
 var writeBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 14)
 
 var (
-	// Calls counts every finished call by socket, method and outcome (the
-	// errdefs reason, "OK" on success).
 	Calls = counterVec("calls_total",
 		"gRPC calls finished, by socket, method and outcome (errdefs reason, OK on success).", "socket", "method", "outcome")
-	// Pushes counts PushWorking calls by outcome: "OK" or the reason.
 	Pushes = counterVec("pushes_total",
 		"Pushes (PushWorking) accepted (outcome OK) or refused (outcome = errdefs reason).", "outcome")
 	PushSeconds = histogram("push_duration_seconds",
@@ -89,14 +86,10 @@ var (
 		"How long a broker write transaction waited for the log's write lock (on PostgreSQL, shared by every host of the fleet).", writeBuckets)
 	lockHoldSeconds = histogram("broker_write_lock_hold_seconds",
 		"How long a broker write transaction held the log's write lock, its commit included.", writeBuckets)
-	// Gate counts task.close decisions: "closed" or the refusal's reason.
 	Gate = counterVec("gate_decisions_total",
 		"task.close gate decisions: closed, or the refusal's errdefs reason.", "decision")
-	// LimitRefusals counts calls refused with ResourceExhausted, by socket
-	// and reason.
 	LimitRefusals = counterVec("limit_refusals_total",
 		"Calls refused for a limit (ResourceExhausted), by socket and reason.", "socket", "reason")
-	// InFlight and Conns are per socket gauges.
 	InFlight = gaugeVec("calls_in_flight", "Calls being served, by socket.", "socket")
 	Conns    = gaugeVec("connections_open", "Connections open, by socket.", "socket")
 )

@@ -18,12 +18,12 @@ import (
 	"unicode/utf8"
 )
 
-// unsafe reports whether r must not reach a terminal raw; keepLines keeps
-// newline and tab.
-func unsafe(r rune, keepLines bool) bool {
+// unsafe reports whether r must not reach a terminal raw; newline and tab
+// only break lines.
+func unsafe(r rune) bool {
 	switch {
 	case r == '\n' || r == '\t':
-		return !keepLines
+		return false
 	case r < 0x20, r == 0x7f, r >= 0x80 && r <= 0x9f:
 		return true
 	case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
@@ -32,19 +32,10 @@ func unsafe(r rune, keepLines bool) bool {
 	return false
 }
 
-// Quote returns s with every control escaped, newline and tab included:
-// for one field (an id, a message) that must print as one line.
-func Quote(s string) string { return escape(s, false) }
-
-func escape(s string, keepLines bool) string {
-	clean := true
-	for i, r := range s {
-		if (r == utf8.RuneError && !validAt(s, i)) || unsafe(r, keepLines) {
-			clean = false
-			break
-		}
-	}
-	if clean {
+// Text returns s with every control escaped but newline and tab, as a
+// Writer writes it.
+func Text(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, unsafe) {
 		return s
 	}
 	var b strings.Builder
@@ -53,7 +44,7 @@ func escape(s string, keepLines bool) string {
 		switch {
 		case r == utf8.RuneError && n <= 1:
 			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case unsafe(r, keepLines):
+		case unsafe(r):
 			fmt.Fprintf(&b, `\u%04x`, r)
 		default:
 			b.WriteString(s[i : i+n])
@@ -63,14 +54,9 @@ func escape(s string, keepLines bool) string {
 	return b.String()
 }
 
-func validAt(s string, i int) bool {
-	r, n := utf8.DecodeRuneInString(s[i:])
-	return !(r == utf8.RuneError && n <= 1)
-}
-
-// Writer escapes what is written through it as Quote does, but keeps
-// newlines and tabs: wrap a command's stdout and stderr in one. A UTF-8
-// sequence split across writes is held until its end arrives.
+// Writer escapes what is written through it as Text does: wrap a
+// command's stdout and stderr in one. A UTF-8 sequence split across
+// writes is held until its end arrives.
 type Writer struct {
 	w    io.Writer
 	tail []byte // an incomplete UTF-8 sequence at the end of the last write
@@ -89,7 +75,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 		w.tail = append([]byte(nil), buf[len(buf)-k:]...)
 		buf = buf[:len(buf)-k]
 	}
-	if _, err := io.WriteString(w.w, escape(string(buf), true)); err != nil {
+	if _, err := io.WriteString(w.w, Text(string(buf))); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -102,7 +88,7 @@ func (w *Writer) Flush() error {
 	}
 	t := w.tail
 	w.tail = nil
-	_, err := io.WriteString(w.w, escape(string(t), true))
+	_, err := io.WriteString(w.w, Text(string(t)))
 	return err
 }
 
@@ -110,19 +96,8 @@ func (w *Writer) Flush() error {
 // sequence that is not complete yet (0 if none).
 func incompleteTail(b []byte) int {
 	for k := 1; k <= 3 && k <= len(b); k++ {
-		c := b[len(b)-k]
-		if c < 0x80 {
-			return 0
-		}
-		if c >= 0xc0 { // a leading byte
-			need := 2
-			if c >= 0xe0 {
-				need = 3
-			}
-			if c >= 0xf0 {
-				need = 4
-			}
-			if need > k && c < 0xf8 {
+		if utf8.RuneStart(b[len(b)-k]) {
+			if !utf8.FullRune(b[len(b)-k:]) {
 				return k
 			}
 			return 0

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestQuote(t *testing.T) {
+func TestText(t *testing.T) {
 	for in, want := range map[string]string{
 		"plain text, ünïcödé ✓":      "plain text, ünïcödé ✓",
 		"\x1b]0;pwned\x07title":      `\u001b]0;pwned\u0007title`,
@@ -16,12 +16,12 @@ func TestQuote(t *testing.T) {
 		"del\x7f":                    `del\u007f`,
 		"abc\u202edcba":              `abc\u202edcba`,
 		"\u2066iso\u2069":            `\u2066iso\u2069`,
-		"two\nlines\ttab":            `two\u000alines\u0009tab`,
+		"two\nlines\ttab":            "two\nlines\ttab",
 		"bad \xff\x9b byte":          `bad \xff\x9b byte`,
 		"\x1b]8;;http://x\x1b\\link": `\u001b]8;;http://x\u001b\link`,
 	} {
-		if got := Quote(in); got != want {
-			t.Errorf("Quote(%q) = %q, want %q", in, got, want)
+		if got := Text(in); got != want {
+			t.Errorf("Text(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
