@@ -318,3 +318,49 @@ func TestOpenDirBeneath(t *testing.T) {
 		}
 	}
 }
+
+// MkdirOwned (the daemon's repos/, the launcher's sessions/) refuses a
+// name that is a link, another user's directory or one others may write,
+// and changes nothing it refused: the link's target keeps its mode and
+// owner; what it makes or accepts ends up perm.
+func TestMkdirOwnedRefusesAndLeavesNothing(t *testing.T) {
+	testenv.NeedRoot(t, "directories of another user")
+	base := openBase(t)
+	stat := func(p string) unix.Stat_t {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	target := filepath.Join(base, "target")
+	mkdir(t, target, 0o755, 0)
+	link := filepath.Join(base, "link")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	theirs := filepath.Join(base, "theirs")
+	mkdir(t, theirs, 0o755, other)
+	open := filepath.Join(base, "open")
+	mkdir(t, open, 0o777, 0)
+	for _, tc := range []struct{ path, says string }{
+		{link, "symbolic link"}, {theirs, "another user"}, {open, "writable by group or others"},
+	} {
+		before := stat(tc.path)
+		wantRefusal(t, MkdirOwned(tc.path, 0, 0o700), ReasonUnsafe, tc.path, tc.says)
+		if after := stat(tc.path); after.Mode != before.Mode || after.Uid != before.Uid {
+			t.Errorf("%s changed: mode %o uid %d, was %o uid %d", tc.path, after.Mode, after.Uid, before.Mode, before.Uid)
+		}
+	}
+	if st := stat(target); st.Mode&0o7777 != 0o755 || st.Uid != 0 {
+		t.Errorf("the link's target changed: mode %o uid %d", st.Mode&0o7777, st.Uid)
+	}
+	made := filepath.Join(base, "made")
+	if err := MkdirOwned(made, 0, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if st := stat(made); st.Mode&0o7777 != 0o711 || st.Uid != 0 {
+		t.Errorf("made mode %o uid %d, want 0711 of root", st.Mode&0o7777, st.Uid)
+	}
+}
