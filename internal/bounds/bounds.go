@@ -359,12 +359,7 @@ func DomainCovered(patterns []string, p string) bool {
 		if err != nil {
 			continue
 		}
-		for _, port := range ports {
-			if !slices.Contains(qports, port) {
-				qname = ""
-			}
-		}
-		if qname == "" {
+		if qname == "" || slices.ContainsFunc(ports, func(port int) bool { return !slices.Contains(qports, port) }) {
 			continue
 		}
 		if qname == name {

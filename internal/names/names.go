@@ -71,19 +71,16 @@ func CheckScope(s Scope) error {
 }
 
 // WorkRef is refs/work/<task>, after validation.
-func WorkRef(task string) (string, error) {
-	if err := Check("task", task); err != nil {
-		return "", err
-	}
-	return "refs/work/" + task, nil
-}
+func WorkRef(task string) (string, error) { return taskRef("refs/work/", task) }
 
 // ReviewRef is refs/review/<task>, after validation.
-func ReviewRef(task string) (string, error) {
+func ReviewRef(task string) (string, error) { return taskRef("refs/review/", task) }
+
+func taskRef(prefix, task string) (string, error) {
 	if err := Check("task", task); err != nil {
 		return "", err
 	}
-	return "refs/review/" + task, nil
+	return prefix + task, nil
 }
 
 // clip keeps error messages short when a hostile caller sends a huge name.
