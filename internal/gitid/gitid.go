@@ -54,8 +54,6 @@ func ParseObjectID(s string) (ObjectID, error) {
 	return ObjectID(s), nil
 }
 
-func (o ObjectID) String() string { return string(o) }
-
 // IsZero reports whether o is Zero or empty.
 func (o ObjectID) IsZero() bool { return o == "" || o == Zero }
 
@@ -91,8 +89,6 @@ func CheckReferenceName(s string) error {
 	}
 	return nil
 }
-
-func (r ReferenceName) String() string { return string(r) }
 
 func clip(s string) string {
 	if len(s) > 80 {

@@ -18,18 +18,10 @@ func Parse(s string) (int64, error) {
 	if t == "" {
 		return 0, fmt.Errorf("size %q: empty", s)
 	}
+	// A suffix K, M, G or T, in either case, is 1024 to the power of its place.
 	mult := int64(1)
-	switch t[len(t)-1] {
-	case 'k', 'K':
-		mult = 1 << 10
-	case 'm', 'M':
-		mult = 1 << 20
-	case 'g', 'G':
-		mult = 1 << 30
-	case 't', 'T':
-		mult = 1 << 40
-	}
-	if mult != 1 {
+	if i := strings.IndexByte("kmgtKMGT", t[len(t)-1]); i >= 0 {
+		mult = 1 << (10 * (i%4 + 1))
 		t = t[:len(t)-1]
 	}
 	n, err := strconv.ParseInt(t, 10, 64)
