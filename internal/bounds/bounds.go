@@ -64,30 +64,26 @@ var Limits = []Limit{
 
 // Lookup returns the limit called name.
 func Lookup(name string) (Limit, bool) {
-	for _, l := range Limits {
-		if l.Name == name {
-			return l, true
-		}
+	i := slices.IndexFunc(Limits, func(l Limit) bool { return l.Name == name })
+	if i < 0 {
+		return Limit{}, false
 	}
-	return Limit{}, false
+	return Limits[i], true
 }
 
 // Parse reads v as a value of l, in its canonical unit.
 func (l Limit) Parse(v string) (int64, error) {
 	var n int64
+	var err error
 	switch l.Kind {
 	case Size:
-		b, err := size.Parse(v)
-		if err != nil {
+		if n, err = size.Parse(v); err != nil {
 			return 0, fmt.Errorf("--%s %q: want plain bytes or a number with K, M, G or T (64M, 1G)", l.Name, clip(v))
 		}
-		n = b
 	case Count:
-		c, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil || c < 0 {
+		if n, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64); err != nil || n < 0 {
 			return 0, fmt.Errorf("--%s %q: want a whole number", l.Name, clip(v))
 		}
-		n = c
 	case CPUs:
 		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil || f < 0 || f > 1024 || math.IsNaN(f) {
