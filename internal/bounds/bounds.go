@@ -208,11 +208,7 @@ func (l Launch) Check() (Launch, error) {
 			return Launch{}, fmt.Errorf("network mode %q: want %s", clip(n), strings.Join(Nets, ", "))
 		}
 	}
-	for _, n := range Nets {
-		if slices.Contains(l.Nets, n) {
-			out.Nets = append(out.Nets, n)
-		}
-	}
+	out.Nets = slices.DeleteFunc(slices.Clone(Nets), func(n string) bool { return !slices.Contains(l.Nets, n) })
 	if len(l.Max) > 0 {
 		v, err := ParseValues(l.Max)
 		if err != nil {

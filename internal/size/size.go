@@ -36,12 +36,9 @@ func Parse(s string) (int64, error) {
 
 // Format prints n the shortest exact way Parse reads back: 64M, 1G, 1000.
 func Format(n int64) string {
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
-		if n != 0 && n%u.mult == 0 {
-			return strconv.FormatInt(n/u.mult, 10) + u.suffix
+	for i := 4; i > 0; i-- { // T, G, M, K: 1024 to the power i
+		if mult := int64(1) << (10 * i); n != 0 && n%mult == 0 {
+			return strconv.FormatInt(n/mult, 10) + "KMGT"[i-1:i]
 		}
 	}
 	return strconv.FormatInt(n, 10)
