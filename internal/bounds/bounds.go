@@ -249,10 +249,8 @@ func CheckTaskPattern(p string) error {
 	if p == "" || len(p) > 63 {
 		return fmt.Errorf("task pattern %q: want 1 to 63 characters", clip(p))
 	}
-	for _, r := range p {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-' || r == '*') {
-			return fmt.Errorf("task pattern %q: only a-z, 0-9, '.', '_', '-' and '*'", clip(p))
-		}
+	if strings.Trim(p, "abcdefghijklmnopqrstuvwxyz0123456789._-*") != "" {
+		return fmt.Errorf("task pattern %q: only a-z, 0-9, '.', '_', '-' and '*'", clip(p))
 	}
 	return nil
 }
