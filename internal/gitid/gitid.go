@@ -31,15 +31,7 @@ const HexLen = 40
 
 // Valid reports whether s is a full lowercase SHA-1 object id.
 func Valid(s string) bool {
-	if len(s) != HexLen {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
+	return len(s) == HexLen && strings.Trim(s, "0123456789abcdef") == ""
 }
 
 // ParseObjectID returns s as an ObjectID, or an error that quotes at most
