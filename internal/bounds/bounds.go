@@ -64,30 +64,26 @@ var Limits = []Limit{
 
 // Lookup returns the limit called name.
 func Lookup(name string) (Limit, bool) {
-	for _, l := range Limits {
-		if l.Name == name {
-			return l, true
-		}
+	i := slices.IndexFunc(Limits, func(l Limit) bool { return l.Name == name })
+	if i < 0 {
+		return Limit{}, false
 	}
-	return Limit{}, false
+	return Limits[i], true
 }
 
 // Parse reads v as a value of l, in its canonical unit.
 func (l Limit) Parse(v string) (int64, error) {
 	var n int64
+	var err error
 	switch l.Kind {
 	case Size:
-		b, err := size.Parse(v)
-		if err != nil {
+		if n, err = size.Parse(v); err != nil {
 			return 0, fmt.Errorf("--%s %q: want plain bytes or a number with K, M, G or T (64M, 1G)", l.Name, clip(v))
 		}
-		n = b
 	case Count:
-		c, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil || c < 0 {
+		if n, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64); err != nil || n < 0 {
 			return 0, fmt.Errorf("--%s %q: want a whole number", l.Name, clip(v))
 		}
-		n = c
 	case CPUs:
 		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil || f < 0 || f > 1024 || math.IsNaN(f) {
@@ -212,11 +208,7 @@ func (l Launch) Check() (Launch, error) {
 			return Launch{}, fmt.Errorf("network mode %q: want %s", clip(n), strings.Join(Nets, ", "))
 		}
 	}
-	for _, n := range Nets {
-		if slices.Contains(l.Nets, n) {
-			out.Nets = append(out.Nets, n)
-		}
-	}
+	out.Nets = slices.DeleteFunc(slices.Clone(Nets), func(n string) bool { return !slices.Contains(l.Nets, n) })
 	if len(l.Max) > 0 {
 		v, err := ParseValues(l.Max)
 		if err != nil {
@@ -257,10 +249,8 @@ func CheckTaskPattern(p string) error {
 	if p == "" || len(p) > 63 {
 		return fmt.Errorf("task pattern %q: want 1 to 63 characters", clip(p))
 	}
-	for _, r := range p {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-' || r == '*') {
-			return fmt.Errorf("task pattern %q: only a-z, 0-9, '.', '_', '-' and '*'", clip(p))
-		}
+	if strings.Trim(p, "abcdefghijklmnopqrstuvwxyz0123456789._-*") != "" {
+		return fmt.Errorf("task pattern %q: only a-z, 0-9, '.', '_', '-' and '*'", clip(p))
 	}
 	return nil
 }
@@ -359,12 +349,7 @@ func DomainCovered(patterns []string, p string) bool {
 		if err != nil {
 			continue
 		}
-		for _, port := range ports {
-			if !slices.Contains(qports, port) {
-				qname = ""
-			}
-		}
-		if qname == "" {
+		if qname == "" || slices.ContainsFunc(ports, func(port int) bool { return !slices.Contains(qports, port) }) {
 			continue
 		}
 		if qname == name {

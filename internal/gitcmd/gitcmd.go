@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -167,9 +168,6 @@ func (r *Runner) WithParentDeath() *Runner {
 	return &c
 }
 
-// Home is the HOME every process of r sees.
-func (r *Runner) Home() string { return r.home }
-
 // Cmd describes one git invocation.
 type Cmd struct {
 	// Dir is the working directory (a work tree, or a bare repository).
@@ -249,7 +247,7 @@ func (r *Runner) Argv(c Cmd) ([]string, error) {
 	}
 	argv = append(argv, c.Sub)
 	for i, f := range c.Flags {
-		if !strings.HasPrefix(f, "-") && !(i == 0 && isVerb(c.Sub, f)) {
+		if !strings.HasPrefix(f, "-") && !(i == 0 && slices.Contains(verbs[c.Sub], f)) {
 			return nil, fmt.Errorf("gitcmd: flag %q of git %s does not start with '-'", f, c.Sub)
 		}
 		argv = append(argv, f)
@@ -273,15 +271,6 @@ func (r *Runner) Argv(c Cmd) ([]string, error) {
 var verbs = map[string][]string{
 	"bundle":       {"create", "verify", "list-heads", "unbundle"},
 	"commit-graph": {"write", "verify"},
-}
-
-func isVerb(sub, v string) bool {
-	for _, x := range verbs[sub] {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 func (r *Runner) env(c Cmd) ([]string, error) {
@@ -436,17 +425,11 @@ type tailBuffer struct {
 }
 
 func (t *tailBuffer) Write(p []byte) (int, error) {
-	room := t.limit - t.buf.Len()
-	if room <= 0 {
-		t.lost = true
-		return len(p), nil
-	}
+	room := max(t.limit-t.buf.Len(), 0)
 	if len(p) > room {
-		t.buf.Write(p[:room])
 		t.lost = true
-		return len(p), nil
 	}
-	t.buf.Write(p)
+	t.buf.Write(p[:min(len(p), room)])
 	return len(p), nil
 }
 

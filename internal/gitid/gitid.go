@@ -31,15 +31,7 @@ const HexLen = 40
 
 // Valid reports whether s is a full lowercase SHA-1 object id.
 func Valid(s string) bool {
-	if len(s) != HexLen {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
+	return len(s) == HexLen && strings.Trim(s, "0123456789abcdef") == ""
 }
 
 // ParseObjectID returns s as an ObjectID, or an error that quotes at most
@@ -54,7 +46,12 @@ func ParseObjectID(s string) (ObjectID, error) {
 	return ObjectID(s), nil
 }
 
-func (o ObjectID) String() string { return string(o) }
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
 
 // IsZero reports whether o is Zero or empty.
 func (o ObjectID) IsZero() bool { return o == "" || o == Zero }
@@ -90,13 +87,4 @@ func CheckReferenceName(s string) error {
 		}
 	}
 	return nil
-}
-
-func (r ReferenceName) String() string { return string(r) }
-
-func clip(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "..."
-	}
-	return s
 }

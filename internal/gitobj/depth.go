@@ -2,6 +2,7 @@ package gitobj
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"syscall"
 
@@ -73,10 +74,7 @@ func DeltaTooDeep(path string, idx *idxfile.MemoryIndex, max int) (int64, error)
 	}
 	// depth[i] is entry i's links to a whole object, -1 until known;
 	// each entry is settled once, so the whole pass is linear.
-	depth := make([]int32, len(offsets))
-	for i := range depth {
-		depth[i] = -1
-	}
+	depth := slices.Repeat([]int32{-1}, len(offsets))
 	var chain []int32
 	for i := range offsets {
 		chain = chain[:0]

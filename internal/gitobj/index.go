@@ -32,34 +32,24 @@ var ErrCorrupt = errors.New("pack index corrupt")
 // ErrTooSmall is a file shorter than what MapFile's caller needs.
 var ErrTooSmall = errors.New("too small")
 
-// OpenRegular opens the regular file at path for reading, without
-// blocking: push-working reads a worker's repository, where a FIFO in a
-// file's place would block the open and a device would read forever.
-func OpenRegular(path string) (*os.File, os.FileInfo, error) {
+// MapFile maps the regular file at path read-only, whole; one shorter than
+// min bytes (or too large to map) is ErrTooSmall, not mapped. The caller
+// unmaps it (syscall.Munmap). It opens without blocking: push-working
+// reads a worker's repository, where a FIFO in a file's place would block
+// the open and a device would read forever.
+func MapFile(path string, min int64) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	defer f.Close()
 	st, err := f.Stat()
 	if err == nil && !st.Mode().IsRegular() {
 		err = fmt.Errorf("%s: not a regular file", path)
 	}
 	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	return f, st, nil
-}
-
-// MapFile maps the file at path read-only, whole; one shorter than min
-// bytes (or too large to map) is ErrTooSmall, not mapped. The caller
-// unmaps it (syscall.Munmap).
-func MapFile(path string, min int64) ([]byte, error) {
-	f, st, err := OpenRegular(path)
-	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	size := st.Size()
 	if size < min || size > 1<<40 || int64(int(size)) != size {
 		return nil, fmt.Errorf("%s: %w: %d bytes", path, ErrTooSmall, size)

@@ -17,19 +17,8 @@ const Pattern = `^[a-z0-9][a-z0-9._-]{0,62}$`
 // session start imports this package; the regexp's {0,62} unrolls into 62
 // states, several milliseconds each time).
 func Matches(s string) bool {
-	if len(s) == 0 || len(s) > 63 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case i > 0 && (c == '.' || c == '_' || c == '-'):
-		default:
-			return false
-		}
-	}
-	return true
+	const alnum = "abcdefghijklmnopqrstuvwxyz0123456789"
+	return len(s) > 0 && len(s) <= 63 && strings.Contains(alnum, s[:1]) && strings.Trim(s, alnum+"._-") == ""
 }
 
 // Check returns an error naming kind ("business", "project", "task") and the
@@ -71,19 +60,16 @@ func CheckScope(s Scope) error {
 }
 
 // WorkRef is refs/work/<task>, after validation.
-func WorkRef(task string) (string, error) {
-	if err := Check("task", task); err != nil {
-		return "", err
-	}
-	return "refs/work/" + task, nil
-}
+func WorkRef(task string) (string, error) { return taskRef("refs/work/", task) }
 
 // ReviewRef is refs/review/<task>, after validation.
-func ReviewRef(task string) (string, error) {
+func ReviewRef(task string) (string, error) { return taskRef("refs/review/", task) }
+
+func taskRef(prefix, task string) (string, error) {
 	if err := Check("task", task); err != nil {
 		return "", err
 	}
-	return "refs/review/" + task, nil
+	return prefix + task, nil
 }
 
 // clip keeps error messages short when a hostile caller sends a huge name.

@@ -18,18 +18,10 @@ func Parse(s string) (int64, error) {
 	if t == "" {
 		return 0, fmt.Errorf("size %q: empty", s)
 	}
+	// A suffix K, M, G or T, in either case, is 1024 to the power of its place.
 	mult := int64(1)
-	switch t[len(t)-1] {
-	case 'k', 'K':
-		mult = 1 << 10
-	case 'm', 'M':
-		mult = 1 << 20
-	case 'g', 'G':
-		mult = 1 << 30
-	case 't', 'T':
-		mult = 1 << 40
-	}
-	if mult != 1 {
+	if i := strings.IndexByte("kmgtKMGT", t[len(t)-1]); i >= 0 {
+		mult = 1 << (10 * (i%4 + 1))
 		t = t[:len(t)-1]
 	}
 	n, err := strconv.ParseInt(t, 10, 64)
@@ -44,12 +36,9 @@ func Parse(s string) (int64, error) {
 
 // Format prints n the shortest exact way Parse reads back: 64M, 1G, 1000.
 func Format(n int64) string {
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
-		if n != 0 && n%u.mult == 0 {
-			return strconv.FormatInt(n/u.mult, 10) + u.suffix
+	for i := 4; i > 0; i-- { // T, G, M, K: 1024 to the power i
+		if mult := int64(1) << (10 * i); n != 0 && n%mult == 0 {
+			return strconv.FormatInt(n/mult, 10) + "KMGT"[i-1:i]
 		}
 	}
 	return strconv.FormatInt(n, 10)
