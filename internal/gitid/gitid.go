@@ -46,13 +46,6 @@ func ParseObjectID(s string) (ObjectID, error) {
 	return ObjectID(s), nil
 }
 
-func clip(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "..."
-	}
-	return s
-}
-
 // IsZero reports whether o is Zero or empty.
 func (o ObjectID) IsZero() bool { return o == "" || o == Zero }
 
@@ -87,4 +80,11 @@ func CheckReferenceName(s string) error {
 		}
 	}
 	return nil
+}
+
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
 }

@@ -44,11 +44,11 @@ func MapFile(path string, min int64) ([]byte, error) {
 	}
 	defer f.Close()
 	st, err := f.Stat()
-	if err == nil && !st.Mode().IsRegular() {
-		err = fmt.Errorf("%s: not a regular file", path)
-	}
 	if err != nil {
 		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
 	}
 	size := st.Size()
 	if size < min || size > 1<<40 || int64(int(size)) != size {
