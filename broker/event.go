@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/bushost/bushost/internal/errdefs"
+	"github.com/bushost/bushost/internal/textsafe"
 	"regexp"
 	"slices"
 	"strconv"
@@ -228,9 +229,4 @@ func HashEvent(e Event) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func clip(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "..."
-	}
-	return s
-}
+func clip(s string) string { return textsafe.Clip(s, 80) }

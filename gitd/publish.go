@@ -10,6 +10,7 @@ import (
 	"github.com/bushost/bushost/internal/gitcmd"
 	"github.com/bushost/bushost/internal/gitid"
 	"github.com/bushost/bushost/internal/names"
+	"github.com/bushost/bushost/internal/textsafe"
 )
 
 // DefaultPublishBranch is the root's branch `project publish` writes.
@@ -44,12 +45,7 @@ func checkBranch(b string) error {
 	return nil
 }
 
-func clipName(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
-}
+func clipName(s string) string { return textsafe.Clip(s, 64) }
 
 // PublishProject writes main to refs/heads/<branch> of the project's root,
 // a git repository: main's objects are fetched into the root (no ref of it

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"github.com/bushost/bushost/internal/errdefs"
 	"github.com/bushost/bushost/internal/gitid"
+	"github.com/bushost/bushost/internal/textsafe"
 	"io"
 	"strings"
 )
@@ -142,9 +143,4 @@ func readLine(r *bufio.Reader, total *int) (string, error) {
 	}
 }
 
-func clip(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "..."
-	}
-	return s
-}
+func clip(s string) string { return textsafe.Clip(s, 80) }

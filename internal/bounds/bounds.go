@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/bushost/bushost/internal/size"
+	"github.com/bushost/bushost/internal/textsafe"
 )
 
 // Kind is how a limit's value is written and compared.
@@ -367,9 +368,4 @@ func HostCovered(hosts []string, h string) bool {
 	return slices.Contains(hosts, strings.ToLower(h))
 }
 
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
-}
+func clip(s string) string { return textsafe.Clip(s, 64) }

@@ -17,6 +17,8 @@ package gitid
 import (
 	"fmt"
 	"strings"
+
+	"github.com/bushost/bushost/internal/textsafe"
 )
 
 // ObjectID is a full SHA-1 object id: 40 lowercase hexadecimal digits.
@@ -82,9 +84,4 @@ func CheckReferenceName(s string) error {
 	return nil
 }
 
-func clip(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "..."
-	}
-	return s
-}
+func clip(s string) string { return textsafe.Clip(s, 80) }

@@ -50,6 +50,7 @@ import (
 	"github.com/bushost/bushost/internal/sandbox"
 	"github.com/bushost/bushost/internal/sock"
 	"github.com/bushost/bushost/internal/testhook"
+	"github.com/bushost/bushost/internal/textsafe"
 )
 
 // DefaultKeepEnded is sandbox serve's --keep-ended.
@@ -919,12 +920,7 @@ func clipCommand(cmd []string, n int) []string {
 	return out
 }
 
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
-}
+func clip(s string) string { return textsafe.Clip(s, 64) }
 
 // List implements LaunchService.
 func (s *Server) List(ctx context.Context, _ *launchv1.ListRequest) (*launchv1.ListResponse, error) {

@@ -6,6 +6,8 @@ package names
 import (
 	"fmt"
 	"strings"
+
+	"github.com/bushost/bushost/internal/textsafe"
 )
 
 // Pattern is the rule for every name of the project: business, project,
@@ -73,9 +75,4 @@ func taskRef(prefix, task string) (string, error) {
 }
 
 // clip keeps error messages short when a hostile caller sends a huge name.
-func clip(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "..."
-	}
-	return s
-}
+func clip(s string) string { return textsafe.Clip(s, 80) }

@@ -105,3 +105,12 @@ func incompleteTail(b []byte) int {
 	}
 	return 0
 }
+
+// Clip keeps at most n bytes of s, marking a cut with "...": for quoting
+// a caller's value in an error without echoing a huge one back.
+func Clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
