@@ -161,52 +161,25 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 				return err
 			}
 			defer done()
-			// Git finds the repository --repo is in and reads HEAD and the
-			// recorded main, as it would for any other command.
-			head, base, err = pushHeads(ctx, g, *repo)
-			if err != nil {
-				return err
-			}
-			if base == "" {
-				if base, err = pushBase(ctx, cctx, g, c, *repo); err != nil {
-					return err
-				}
-			}
-			if base == head {
-				return errdefs.FailedPrecondition(errdefs.NothingToPush, "HEAD is main's commit %s: commit your work, then push", head).With("commit", head)
-			}
-			// Whether the working tree has changes this push leaves out is
-			// found beside the push (its warning printed at the end).
-			uncommitted := make(chan int, 1)
-			go func() { uncommitted <- countUncommitted(ctx, g, *repo) }()
-			warned := false
-			defer func() {
-				if !warned {
-					warnUncommitted(e, *repo, <-uncommitted)
-				}
-			}()
-			warnNow = func() {
-				warned = true
-				warnUncommitted(e, *repo, <-uncommitted)
-			}
-			// The bundle's header is written here and sent first, so
-			// that the bus host starts index-pack while pack-objects
-			// still works; the pack follows as git writes it (the
-			// goroutine has its own context and is joined before return).
-			// Its one prerequisite is base: all the pack leaves out is in
-			// base's history, which the bus host holds.
-			header = bundleHeader(base, head)
+			// pack-objects starts now, beside the cat-file below that names
+			// what it packs, so that its start (git's, the repository's
+			// config, the pack indexes) is not paid after it; it reads the
+			// two commits from revs once they are known. The pack follows
+			// the bundle's header (sent first, so that the bus host starts
+			// index-pack while pack-objects still works) as git writes it.
+			// The goroutine has its own context and is joined before
+			// return; a return before revs is written closes it, and
+			// pack-objects, given no commit, is cancelled.
 			bctx, cancel := context.WithCancel(ctx)
+			revs, revsW := io.Pipe()
 			pr, pw := io.Pipe()
 			errc := make(chan error, 1)
 			go func() {
 				pc := &packCount{w: pw}
 				err := g.Run(bctx, gitcmd.Cmd{Dir: *repo, Sub: "pack-objects", Flags: []string{"--revs", "--thin", "--stdout", "--delta-base-offset", "-q"},
-					Stdin: strings.NewReader(head + "\n^" + base + "\n"), Stdout: pc})
+					Stdin: revs, Stdout: pc})
 				if pc.empty {
-					// HEAD is in base's history: a pack of nothing.
-					err = errdefs.FailedPrecondition(errdefs.NothingToPush, "HEAD %s is in the history of main %s: nothing to push; commit your work, then push", head, base).
-						With("commit", head)
+					err = errEmptyPack
 				}
 				pw.CloseWithError(err)
 				errc <- err
@@ -221,10 +194,48 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			}
 			defer func() {
 				cancel()
+				revsW.Close()
 				pr.Close()
 				wait()
 			}()
 			body = pr
+			// Git finds the repository --repo is in and reads HEAD and the
+			// recorded main, as it would for any other command.
+			head, base, err = pushHeads(ctx, g, *repo)
+			if err != nil {
+				return err
+			}
+			if base == "" {
+				if base, err = pushBase(ctx, cctx, g, c, *repo); err != nil {
+					return err
+				}
+			}
+			if base == head {
+				return errdefs.FailedPrecondition(errdefs.NothingToPush, "HEAD is main's commit %s: commit your work, then push", head).With("commit", head)
+			}
+			// Its one prerequisite is base: all the pack leaves out is in
+			// base's history, which the bus host holds.
+			header = bundleHeader(base, head)
+			if _, err := io.WriteString(revsW, head+"\n^"+base+"\n"); err != nil {
+				return fmt.Errorf("bundle HEAD: %w", cmp.Or(wait(), err))
+			}
+			revsW.Close()
+			// Whether the working tree has changes this push leaves out is
+			// found beside the push (its warning printed at the end), by a
+			// git that runs at the lowest CPU priority: the push does not
+			// wait for it, and it must not slow the pack beside it.
+			uncommitted := make(chan int, 1)
+			go func() { uncommitted <- countUncommitted(ctx, g, *repo) }()
+			warned := false
+			defer func() {
+				if !warned {
+					warnUncommitted(e, *repo, <-uncommitted)
+				}
+			}()
+			warnNow = func() {
+				warned = true
+				warnUncommitted(e, *repo, <-uncommitted)
+			}
 		}
 		// A push this end gives up on is cancelled, never half-closed: the
 		// bus host must not take what was sent as the whole bundle.
@@ -252,13 +263,16 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			return cmp.Or(serr, err)
 		} else if rerr != nil {
 			scancel()
-			if errdefs.ReasonOf(rerr) == errdefs.NothingToPush {
-				return rerr
+			if errors.Is(rerr, errEmptyPack) {
+				return nothingNew(head, base)
 			}
 			return fmt.Errorf("read bundle: %w", rerr)
 		}
 		if wait != nil {
-			if err := wait(); err != nil {
+			if err := wait(); errors.Is(err, errEmptyPack) {
+				scancel()
+				return nothingNew(head, base)
+			} else if err != nil {
 				scancel()
 				return fmt.Errorf("bundle HEAD: %w", err)
 			}
@@ -298,6 +312,16 @@ func bundleHeader(base, head string) []byte {
 	return []byte("# v2 git bundle\n-" + base + "\n" + head + " HEAD\n\n")
 }
 
+// errEmptyPack is pack-objects' pack of no object: HEAD is in the
+// history of the commit the pack leaves out.
+var errEmptyPack = errors.New("an empty pack")
+
+// nothingNew refuses a push of a HEAD already in base's history.
+func nothingNew(head, base string) error {
+	return errdefs.FailedPrecondition(errdefs.NothingToPush, "HEAD %s is in the history of main %s: nothing to push; commit your work, then push", head, base).
+		With("commit", head)
+}
+
 // packCount passes a pack through to w and notes whether its header says
 // it holds no object; it then passes nothing on, and fails the write, so
 // that no empty pack is sent.
@@ -316,7 +340,7 @@ func (p *packCount) Write(b []byte) (int, error) {
 		}
 		if binary.BigEndian.Uint32(p.head[8:12]) == 0 {
 			p.empty = true
-			return 0, errors.New("an empty pack")
+			return 0, errEmptyPack
 		}
 		if _, err := p.w.Write(p.head); err != nil {
 			return 0, err
@@ -393,7 +417,7 @@ const maxStatusBytes = 16 << 20
 // leaves out, as `git status` lists them (0 when it cannot say, or the
 // repository is bare).
 func countUncommitted(ctx context.Context, g *gitcmd.Runner, repo string) int {
-	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "status", Flags: []string{"--porcelain", "-z", "--no-renames"}}, maxStatusBytes)
+	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "status", Background: true, Flags: []string{"--porcelain", "-z", "--no-renames"}}, maxStatusBytes)
 	if errdefs.ReasonOf(err) == errdefs.GitOutputTooLarge {
 		// At least as many as the whole entries read: enough to warn.
 		out = out[:bytes.LastIndexByte(out, 0)+1]
