@@ -240,8 +240,11 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 			roles = append(roles, &brokerv1.LaunchRole{Role: role, Capabilities: rc})
 		}
 		// Made before the call, so that a token is never issued with nowhere
-		// to go; O_EXCL never follows or replaces someone else's file.
+		// to go; O_EXCL never follows or replaces someone else's file. Until
+		// a grant is issued into it, any failure (no bus host, a refusal)
+		// removes it again: a retry with the same --out must not find it.
 		var f *os.File
+		issued := false
 		if *out != "" {
 			var err error
 			f, err = os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
@@ -251,18 +254,20 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 			if err != nil {
 				return usagef("--out: %v", err)
 			}
-			defer f.Close()
+			defer func() {
+				f.Close()
+				if !issued {
+					os.Remove(*out)
+				}
+			}()
 		}
 		return unary(ctx, e, func(ctx context.Context, c brokerv1.BrokerServiceClient) error {
 			r, err := c.CreateGrant(ctx, &brokerv1.CreateGrantRequest{Business: *b, Project: *p, Task: *t, Role: *role,
 				Capabilities: caps, TtlSeconds: int64(*ttl / time.Second), Launch: roles, LaunchBounds: lb.proto()})
 			if err != nil {
-				if f != nil {
-					f.Close()
-					os.Remove(*out)
-				}
 				return err
 			}
+			issued = true
 			obj := map[string]any{"grant_id": r.GrantId, "expires_at": r.ExpiresAt}
 			if f == nil {
 				obj["token"] = r.Token

@@ -271,3 +271,27 @@ func TestClassify(t *testing.T) {
 		t.Errorf("local failure: %+v", x)
 	}
 }
+
+// TestGrantOutLeftAloneWhenNothingIssued: grant --out makes its file before
+// the call; when no grant is issued (here no bus host answers) the file is
+// removed again, so that the same command succeeds once one does, and a
+// file that was already there is never touched.
+func TestGrantOutLeftAloneWhenNothingIssued(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "admin.token"), []byte("admin\n"), 0o600)
+	out := filepath.Join(dir, "worker.token")
+	args := []string{"--home", dir, "grant", "--business", "a", "--project", "b", "--task", "c", "--role", "worker", "--cap", "git.push.working", "--out", out}
+	_, errs, code := run(t, nil, args...)
+	if code != errdefs.ExitUnreachable {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if _, err := os.Lstat(out); !os.IsNotExist(err) {
+		t.Fatalf("a grant that was never issued left %s behind (%v)", out, err)
+	}
+	// Someone else's file at --out is refused and kept as it was.
+	os.WriteFile(out, []byte("theirs\n"), 0o600)
+	_, errs, code = run(t, nil, args...)
+	if b, _ := os.ReadFile(out); code != errdefs.ExitUsage || string(b) != "theirs\n" || !strings.Contains(errs, "never overwritten") {
+		t.Fatalf("exit %d, file %q: %s", code, b, errs)
+	}
+}
