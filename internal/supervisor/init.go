@@ -559,6 +559,7 @@ func (o *owner) entry(dirfd int, path, rel, name string, lst *unix.Stat_t) (bool
 		}
 		return false, nil
 	}
+	testhook.SwapEntry("init.owner", name)
 	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY
 	switch lst.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
@@ -573,7 +574,27 @@ func (o *owner) entry(dirfd int, path, rel, name string, lst *unix.Stat_t) (bool
 			return false, nil
 		}
 		defer unix.Close(fd)
-		return false, unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH)
+		// The name may have been swapped since the walk's stat, for a
+		// hard link to a file of someone else's: what gets chowned is
+		// what the handle holds, so that is what is checked.
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return false, fmt.Errorf("%s: %w", path, err)
+		}
+		if st.Mode&unix.S_IFMT != lst.Mode&unix.S_IFMT {
+			o.log.Warn("init: skipped a path that changed under it", "path", shortPath(path), "err", "no longer the type the walk saw")
+			return false, nil
+		}
+		// A hard link the agent made to a fifo or device it does not own
+		// must not become its own by our chown, as for a regular file.
+		if agent && st.Nlink > 1 && int(st.Uid) != o.agent.UID {
+			o.log.Warn("not taking ownership of a hard-linked file for the agent", "path", shortPath(path))
+			return false, nil
+		}
+		if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
+			return false, fmt.Errorf("%s: %w", path, err)
+		}
+		return false, nil
 	}
 	fd, err := safepath.OpenBeneath(dirfd, name, flags)
 	if err != nil {
