@@ -462,6 +462,66 @@ func TestSupervisorInitSeedSwapAtCheck(t *testing.T) {
 	}
 }
 
+// A fifo, or a symbolic link, in the agent's tree swapped, between the
+// walk's stat that saw it and init's chown, for a hard link the agent made
+// to a root-only file on the same filesystem: root's chown must not hand
+// the agent that file, and init goes on to serve.
+func TestSupervisorInitOwnerEntrySwappedForHardLink(t *testing.T) {
+	for _, kind := range []struct {
+		name string
+		make func(p string) error
+	}{
+		{"fifo", func(p string) error { return unix.Mkfifo(p, 0o660) }},
+		{"symlink", func(p string) error { return os.Symlink("elsewhere", p) }},
+	} {
+		t.Run(kind.name, func(t *testing.T) {
+			e := newSupEnv(t)
+			// A first boot makes the users and the workspace.
+			e.boot()
+			e.shutdown()
+			out, err := exec.Command("id", "-u", e.agent).Output()
+			if err != nil {
+				t.Fatal(err)
+			}
+			agent, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+			v := newVictim(t, filepath.Join(e.base, "victim"))
+			secret := filepath.Join(v.dir, "secret")
+			entry := filepath.Join(e.ws, "src", "entry")
+			if err := kind.make(entry); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Lchown(entry, agent, agent); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Link(secret, entry+".swap"); err != nil {
+				t.Fatal(err)
+			}
+			e.exe = hookBin(t, "supervisor")
+			e.env = []string{"BUSHOST_TESTHOOK_SWAP=init.owner=" + entry}
+			e.boot()
+			e.waitFor("/healthz 200", 10*time.Second, func() bool { return e.healthz() == 200 })
+			e.shutdown()
+			// The hook ran: the entry's name is now the hard link.
+			fi, err := os.Lstat(entry)
+			sfi, serr := os.Stat(secret)
+			if err != nil || serr != nil || !os.SameFile(fi, sfi) {
+				t.Fatalf("the hook did not swap %s for the hard link: %v %v %v\n%s", entry, fi, err, serr, e.out.String())
+			}
+			var st syscall.Stat_t
+			if err := syscall.Stat(secret, &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Uid != 0 || st.Gid != 0 || st.Mode&0o7777 != 0o600 {
+				t.Errorf("root's file is now %d:%d %o, was 0:0 600", st.Uid, st.Gid, st.Mode&0o7777)
+			}
+			v.untouched(t, "init with a "+kind.name+" swapped for a hard link to root's file", e.out.String())
+			if !strings.Contains(e.out.String(), "init: skipped a path that changed under it") {
+				t.Errorf("init did not say it skipped the swapped path:\n%s", e.out.String())
+			}
+		})
+	}
+}
+
 // The workspace swapped for a link to a root-only directory right after
 // init opened it: nothing is written there, and init refuses to run on
 // the path it no longer names.

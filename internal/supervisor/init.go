@@ -552,18 +552,25 @@ func (o *owner) entry(dirfd int, path, rel, name string, lst *unix.Stat_t) (bool
 	if agent {
 		uid, gid = o.agent.UID, o.agent.GID
 	}
-	if lst.Mode&unix.S_IFMT == unix.S_IFLNK {
-		// The link itself, never its target; a link has no mode.
-		if err := unix.Fchownat(dirfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.ENOENT) {
-			return false, fmt.Errorf("%s: %w", path, err)
-		}
-		return false, nil
-	}
+	testhook.SwapEntry("init.owner", name)
 	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY
 	switch lst.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
 		flags |= unix.O_DIRECTORY
 	case unix.S_IFREG:
+	case unix.S_IFLNK:
+		// The link itself, never its target (a link has no mode): a
+		// handle on the name, which O_PATH|O_NOFOLLOW leaves unfollowed.
+		fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil // removed since: nothing to hand over
+		}
+		if err != nil {
+			o.log.Warn("init: skipped a path that changed under it", "path", shortPath(path), "err", err)
+			return false, nil
+		}
+		defer unix.Close(fd)
+		return false, o.chownHandle(fd, path, lst, agent, uid, gid)
 	default:
 		// A fifo, socket or device: ownership through an O_PATH handle,
 		// no mode change.
@@ -573,7 +580,7 @@ func (o *owner) entry(dirfd int, path, rel, name string, lst *unix.Stat_t) (bool
 			return false, nil
 		}
 		defer unix.Close(fd)
-		return false, unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH)
+		return false, o.chownHandle(fd, path, lst, agent, uid, gid)
 	}
 	fd, err := safepath.OpenBeneath(dirfd, name, flags)
 	if err != nil {
@@ -626,6 +633,32 @@ func (o *owner) entry(dirfd int, path, rel, name string, lst *unix.Stat_t) (bool
 		}
 	}
 	return isDir, nil
+}
+
+// chownHandle hands over, through fd (an O_PATH handle on a link, fifo,
+// socket or device the walk saw as lst), what fd holds. The name may have
+// been swapped since the walk's stat, for a hard link to a file of
+// someone else's: what gets chowned is what the handle holds, so that is
+// what is checked, as for a regular file.
+func (o *owner) chownHandle(fd int, path string, lst *unix.Stat_t, agent bool, uid, gid int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != lst.Mode&unix.S_IFMT {
+		o.log.Warn("init: skipped a path that changed under it", "path", shortPath(path), "err", "no longer the type the walk saw")
+		return nil
+	}
+	// A hard link the agent made to one it does not own must not become
+	// its own by our chown.
+	if agent && st.Nlink > 1 && int(st.Uid) != o.agent.UID {
+		o.log.Warn("not taking ownership of a hard-linked file for the agent", "path", shortPath(path))
+		return nil
+	}
+	if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }
 
 // setDefaultACL sets the default ACL u::rwx,g::rwx,o::r-x on dir, written as

@@ -99,6 +99,48 @@ func TestSetOwnershipFollowsNoLinkUnderRace(t *testing.T) {
 	}
 }
 
+// A hard link in the agent's tree to a fifo root owns outside the
+// workspace (on the same filesystem) stays root's, as a hard-linked
+// regular file does; a fifo of the agent's own is handed over.
+func TestSetOwnershipLeavesHardLinkedFifo(t *testing.T) {
+	requireRoot(t)
+	base := t.TempDir()
+	ws := filepath.Join(base, "ws")
+	if err := os.MkdirAll(filepath.Join(ws, "src"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Outside the walk: the walk would hand root's part of the workspace
+	// back to root, hiding the chown.
+	roots := filepath.Join(base, "fifo")
+	if err := unix.Mkfifo(roots, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(roots, filepath.Join(ws, "src", "fifo")); err != nil {
+		t.Fatal(err)
+	}
+	own := filepath.Join(ws, "src", "own")
+	if err := unix.Mkfifo(own, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wsfd, err := unix.Open(ws, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(wsfd)
+	agent := Account{Name: "nobody-agent", UID: 54321, GID: 54321}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if err := setOwnership(wsfd, ws, []string{"src"}, agent, log); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(roots, &st); err != nil || st.Uid != 0 || st.Gid != 0 {
+		t.Errorf("root's hard-linked fifo was handed over: %d:%d, %v", st.Uid, st.Gid, err)
+	}
+	if err := syscall.Lstat(own, &st); err != nil || st.Uid != 54321 {
+		t.Errorf("the agent's fifo was not handed over: uid %d, %v", st.Uid, err)
+	}
+}
+
 func TestRefuseAgentProcessesNamesOne(t *testing.T) {
 	requireRoot(t)
 	agent := Account{Name: "test-agent", UID: 54322, GID: 54322}
