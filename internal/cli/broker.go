@@ -254,9 +254,17 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 			if err != nil {
 				return usagef("--out: %v", err)
 			}
+			// What it removes is the file it made: a file someone else put
+			// at --out since (after removing this one) is left as it is.
+			made, err := f.Stat()
+			if err != nil {
+				f.Close()
+				os.Remove(*out)
+				return fmt.Errorf("--out: %w", err)
+			}
 			defer func() {
 				f.Close()
-				if !issued {
+				if now, err := os.Lstat(*out); !issued && err == nil && os.SameFile(made, now) {
 					os.Remove(*out)
 				}
 			}()

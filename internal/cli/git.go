@@ -181,6 +181,9 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 				if pc.empty {
 					err = errEmptyPack
 				}
+				// A pack-objects that never started (or is gone) reads no
+				// revs: a write still to come fails instead of blocking.
+				revs.CloseWithError(cmp.Or(err, io.ErrClosedPipe))
 				pw.CloseWithError(err)
 				errc <- err
 			}()
