@@ -17,7 +17,7 @@ import (
 // (a user who gave up on a hung grant, removed its empty file and ran it
 // again); the first grant's failure must leave that file as it is.
 func TestGrantOutNeverRemovesAFileItDidNotMake(t *testing.T) {
-	dir, err := os.MkdirTemp("/tmp", "atk43-")
+	dir, err := os.MkdirTemp("/tmp", "grant-out-")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 func TestPushWorkingFailedPackStartEnds(t *testing.T) {
 	prlimit, err := exec.LookPath("prlimit")
 	if err != nil {
-		t.Skip("no prlimit")
+		t.Fatal("prlimit (util-linux) is not installed")
 	}
 	w := newGitWorld(t, hostOpts{})
 	w.commit(t, "a.txt", "a\n")
