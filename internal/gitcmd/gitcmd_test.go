@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -396,84 +395,4 @@ func parentDeathChild() {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// TestBackgroundRunsAtLowestPriority: a Background git runs at nice 19,
-// any other at the nice it was started with (this test's own).
-func TestBackgroundRunsAtLowestPriority(t *testing.T) {
-	r := newRunner(t).WithTimeout(0)
-	dir := initRepo(t, r)
-	own, err := niceOf(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct {
-		background bool
-		want       int
-	}{{true, 19}, {false, own}} {
-		pr, pw, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		// hash-object --stdin waits on a pipe until it is closed.
-		go func() {
-			done <- r.Run(context.Background(), Cmd{Dir: dir, Sub: "hash-object", Flags: []string{"--stdin"}, Stdin: pr, Background: c.background})
-		}()
-		pid := waitForChildGit(t)
-		// The runner sets it just after git started: wait for it.
-		got, err := niceOf(pid)
-		for deadline := time.Now().Add(10 * time.Second); err == nil && got != c.want && time.Now().Before(deadline); {
-			runtime.Gosched()
-			got, err = niceOf(pid)
-		}
-		pw.Close()
-		if rerr := <-done; rerr != nil {
-			t.Fatal(rerr)
-		}
-		pr.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got != c.want {
-			t.Fatalf("Background %v: git ran at nice %d, want %d", c.background, got, c.want)
-		}
-	}
-}
-
-// waitForChildGit returns the pid of a git process this test process
-// started, once there is one.
-func waitForChildGit(t *testing.T) int {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		tasks, _ := filepath.Glob("/proc/self/task/*/children")
-		for _, f := range tasks {
-			b, _ := os.ReadFile(f)
-			for _, p := range strings.Fields(string(b)) {
-				comm, _ := os.ReadFile("/proc/" + p + "/comm")
-				if strings.TrimSpace(string(comm)) == "git" {
-					var pid int
-					fmt.Sscan(p, &pid)
-					return pid
-				}
-			}
-		}
-		runtime.Gosched()
-	}
-	t.Fatal("no git process started")
-	return 0
-}
-
-// niceOf is a process's nice value (field 19 of /proc/<pid>/stat).
-func niceOf(pid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	var n int
-	_, err = fmt.Sscan(f[19-3], &n)
-	return n, err
 }
