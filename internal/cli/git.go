@@ -224,9 +224,7 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			}
 			revsW.Close()
 			// Whether the working tree has changes this push leaves out is
-			// found beside the push (its warning printed at the end), by a
-			// git that runs at the lowest CPU priority: the push does not
-			// wait for it, and it must not slow the pack beside it.
+			// found beside the push (its warning printed at the end).
 			uncommitted := make(chan int, 1)
 			go func() { uncommitted <- countUncommitted(ctx, g, *repo) }()
 			warned := false
@@ -420,7 +418,7 @@ const maxStatusBytes = 16 << 20
 // leaves out, as `git status` lists them (0 when it cannot say, or the
 // repository is bare).
 func countUncommitted(ctx context.Context, g *gitcmd.Runner, repo string) int {
-	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "status", Background: true, Flags: []string{"--porcelain", "-z", "--no-renames"}}, maxStatusBytes)
+	out, err := g.Output(ctx, gitcmd.Cmd{Dir: repo, Sub: "status", Flags: []string{"--porcelain", "-z", "--no-renames"}}, maxStatusBytes)
 	if errdefs.ReasonOf(err) == errdefs.GitOutputTooLarge {
 		// At least as many as the whole entries read: enough to warn.
 		out = out[:bytes.LastIndexByte(out, 0)+1]

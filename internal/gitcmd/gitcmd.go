@@ -196,9 +196,6 @@ type Cmd struct {
 	// gives without failing (the supervisor refuses a "could not open
 	// directory" while it stages).
 	Stderr io.Writer
-	// Background runs git at the lowest CPU priority (nice 19): work
-	// nothing waits on, which must not take CPU from the work beside it.
-	Background bool
 }
 
 // Error is a git process that failed. Stderr is git's own message, trimmed.
@@ -348,15 +345,7 @@ func (r *Runner) run(ctx context.Context, c Cmd, capped *cappedBuffer) error {
 	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	if err = cmd.Start(); err == nil {
-		if c.Background {
-			// Before git starts threads or children, which inherit it;
-			// at worst (git gone already) it fails, and nothing depends
-			// on it.
-			_ = syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, 19)
-		}
-		err = cmd.Wait()
-	}
+	err = cmd.Run()
 	args := argv[2*len(fixedConfig):]
 	if capped != nil && capped.exceeded {
 		return errdefs.ResourceExhausted(errdefs.GitOutputTooLarge, "git %s printed more than %d bytes, the most this call reads; it was stopped", c.Sub, capped.limit).
