@@ -218,7 +218,7 @@ func runGrant(fs *pflag.FlagSet) runFunc {
 	launch := fs.StringArray("launch", nil, "with --cap session.launch: ROLE=C[,C...], a role the grant may launch and its capabilities (repeatable)")
 	lb := launchBoundsFlags(fs)
 	ttl := fs.Duration("ttl", 0, "lifetime (e.g. 8h); default the server's (24h)")
-	out := fs.String("out", "", "write the token to this new file (0600) instead of printing it")
+	out := fs.String("out", "", "write the token to this new file (0600) instead of printing it; the file is removed again if no grant is issued")
 	return func(ctx context.Context, e *Env, args []string) error {
 		if err := required("business", *b, "project", *p, "task", *t, "role", *role); err != nil {
 			return err
