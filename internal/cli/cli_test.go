@@ -295,3 +295,32 @@ func TestGrantOutLeftAloneWhenNothingIssued(t *testing.T) {
 		t.Fatalf("exit %d, file %q: %s", code, b, errs)
 	}
 }
+
+// TestPushWorkingRepoMissing: a --repo that is not there, or not a
+// directory, is a usage error that names it, not git's "fork/exec" of a
+// process that could not start in it; nothing is sent.
+func TestPushWorkingRepoMissing(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "worker.token")
+	os.WriteFile(tok, []byte("worker\n"), 0o600)
+	// A bus host's socket that takes connections and is never asked.
+	l, err := net.Listen("unix", filepath.Join(dir, "git.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	file := filepath.Join(dir, "a-file")
+	os.WriteFile(file, []byte("x\n"), 0o644)
+	for repo, want := range map[string]string{
+		filepath.Join(dir, "absent"): "no such directory",
+		file:                         "not a directory",
+	} {
+		_, errs, code := run(t, nil, "--home", dir, "--token-file", tok, "push-working", "--repo", repo)
+		if code != errdefs.ExitUsage || !strings.Contains(errs, "--repo "+repo+": "+want) || strings.Contains(errs, "fork/exec") {
+			t.Fatalf("--repo %s: exit %d: %s", repo, code, errs)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "absent")); !os.IsNotExist(err) {
+		t.Fatalf("the absent --repo was made: %v", err)
+	}
+}

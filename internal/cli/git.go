@@ -156,6 +156,14 @@ func runPushWorking(fs *pflag.FlagSet) runFunc {
 			}
 			body, size = f, fi.Size()
 		} else {
+			// git would say only that it could not start ("fork/exec
+			// /usr/bin/git: no such file or directory") in a directory
+			// that is not there.
+			if fi, err := os.Stat(*repo); errors.Is(err, os.ErrNotExist) {
+				return usagef("--repo %s: no such directory", *repo)
+			} else if err == nil && !fi.IsDir() {
+				return usagef("--repo %s: not a directory", *repo)
+			}
 			g, done, err := gitRunner()
 			if err != nil {
 				return err
